@@ -1,0 +1,121 @@
+"""ModelConfig: the shape, dtypes and checkpointing switches of a transformer preset."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+
+__all__ = ["ATTENTION_KINDS", "FAMILIES", "ModelConfig"]
+
+FAMILIES = ("llama", "gpt2")
+ATTENTION_KINDS = ("xla", "cudnn", "auto")
+
+_DTYPES = {
+    "bf16": jnp.bfloat16,
+    "bfloat16": jnp.bfloat16,
+    "f32": jnp.float32,
+    "float32": jnp.float32,
+    "f16": jnp.float16,
+    "float16": jnp.float16,
+}
+
+
+def as_dtype(d: Any) -> Any:
+    """Reads a dtype from a string such as ``"bf16"`` or passes a jnp dtype through."""
+    if isinstance(d, str):
+        try:
+            return _DTYPES[d]
+        except KeyError:
+            raise ValueError(f"unknown dtype {d!r}; valid: {', '.join(_DTYPES)}") from None
+    return d
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Everything a model needs: published shape, dtypes and the remat switches.
+
+    ``policy`` is the one-line switch for the whole model (the Hugging Face
+    ``gradient_checkpointing_enable()`` of this project): every block is wrapped with it.
+    """
+
+    name: str
+    family: str
+    vocab_size: int
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_ff: int
+    max_seq_len: int = 2048
+    head_dim: int | None = None
+    norm_eps: float = 1e-5
+    rope_theta: float = 500_000.0
+    tie_embeddings: bool = False
+    causal: bool = True
+    dropout_rate: float = 0.0
+    dtype: Any = jnp.bfloat16
+    param_dtype: Any = jnp.bfloat16
+    scan_layers: bool = True
+    policy: str | Callable[..., Any] | None = "none"
+    attention: str = "xla"
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown family {self.family!r}; valid: {', '.join(FAMILIES)}")
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(
+                f"unknown attention {self.attention!r}; valid: {', '.join(ATTENTION_KINDS)}"
+            )
+        for field in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "d_ff",
+            "max_seq_len",
+        ):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{field}={value!r} must be a positive int")
+        if self.head_dim is None and self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
+                "pass head_dim or a width that is a multiple of the head count"
+            )
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        if not 0.0 <= self.dropout_rate < 1.0:
+            raise ValueError(f"dropout_rate={self.dropout_rate!r} must be in [0, 1)")
+        object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim or self.d_model // self.n_heads
+
+    def replace(self, **changes: Any) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def param_count(self) -> int:
+        """Parameter count from the shapes (embedding, blocks, norms, head)."""
+        d, h = self.d_model, self.dim_per_head
+        attn = d * h * (self.n_heads * 2 + self.n_kv_heads * 2)
+        if self.family == "llama":
+            mlp = 3 * d * self.d_ff
+            norms = 2 * d
+            extra = d  # final norm
+            pos = 0
+        else:
+            mlp = 2 * d * self.d_ff + self.d_ff + d
+            attn += h * (self.n_heads * 2 + self.n_kv_heads * 2) - h * self.n_heads + d
+            norms = 4 * d
+            extra = 2 * d
+            pos = self.max_seq_len * d
+        head = 0 if self.tie_embeddings else d * self.vocab_size
+        return self.vocab_size * d + pos + self.n_layers * (attn + mlp + norms) + extra + head

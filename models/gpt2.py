@@ -1,0 +1,116 @@
+"""A GPT-2-style decoder: LayerNorm, GELU MLP, learned positions, dropout, tied head.
+
+With ``causal=False`` the same stack is a BERT-base-sized encoder (pre-norm, unlike
+BERT's post-norm; the activation shapes that drive memory are the same).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
+
+from models.attention import SelfAttention
+from models.config import ModelConfig
+from models.stack import BlockStack
+from remat_kit import names
+
+
+class GeluMLP(nn.Module):
+    """out = gelu(x Wi + bi) Wo + bo."""
+
+    cfg: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        dense = lambda feats, name: nn.Dense(
+            feats,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.initializers.normal(0.02),
+            name=name,
+        )
+        hidden = checkpoint_name(dense(cfg.d_ff, "wi")(x), names.MLPWI)
+        out = checkpoint_name(dense(cfg.d_model, "wo")(nn.gelu(hidden)), names.MLPWO)
+        return nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(out)
+
+
+class GPT2Block(nn.Module):
+    """Pre-LayerNorm decoder layer with residual dropout."""
+
+    cfg: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
+        cfg = self.cfg
+        x = checkpoint_name(x, names.DECODER_LAYER_INPUT)
+        norm = lambda name: nn.LayerNorm(
+            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
+        )
+        attn = SelfAttention(
+            cfg, use_rope=False, use_bias=True, deterministic=self.deterministic, name="attention"
+        )
+        a = nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(attn(norm("ln_1")(x)))
+        x = checkpoint_name(x + a, names.ATTN_OUT)
+        x = x + GeluMLP(cfg, self.deterministic, name="mlp")(norm("ln_2")(x))
+        return checkpoint_name(x, names.BLOCK_OUT), None
+
+
+class GPT2(nn.Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab), head tied to the embedding.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, models
+      >>> cfg = models.get_config("tiny-gpt2")
+      >>> params = models.GPT2(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    """
+
+    cfg: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        s = tokens.shape[1]
+        if s > cfg.max_seq_len:
+            raise ValueError(
+                f"sequence length {s} exceeds {cfg.name}'s learned positions ({cfg.max_seq_len})"
+            )
+        wte = nn.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            embedding_init=nn.initializers.normal(0.02),
+            name="wte",
+        )
+        wpe = nn.Embed(
+            cfg.max_seq_len,
+            cfg.d_model,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            embedding_init=nn.initializers.normal(0.01),
+            name="wpe",
+        )
+        x = wte(tokens) + wpe(jnp.arange(s))[None]
+        x = nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(x)
+        x = BlockStack(cfg, GPT2Block, self.deterministic, name="decoder")(x)
+        x = nn.LayerNorm(
+            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="ln_f"
+        )(x)
+        if cfg.tie_embeddings:
+            return wte.attend(x)
+        return nn.Dense(
+            cfg.vocab_size,
+            use_bias=False,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            name="lm_head",
+        )(x)
+
+
+__all__ = ["GPT2", "GPT2Block", "GeluMLP"]

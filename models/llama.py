@@ -1,0 +1,96 @@
+"""A Llama-style decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, untied head."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+from jax.ad_checkpoint import checkpoint_name
+
+from models.attention import SelfAttention
+from models.config import ModelConfig
+from models.stack import BlockStack
+from remat_kit import names
+
+
+class SwiGLU(nn.Module):
+    """gate = x Wi_0, up = x Wi_1, out = (silu(gate) * up) Wo."""
+
+    cfg: ModelConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        dense = lambda feats, name: nn.Dense(
+            feats,
+            use_bias=False,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.initializers.normal(0.02),
+            name=name,
+        )
+        gate = checkpoint_name(dense(cfg.d_ff, "wi_0")(x), names.MLPWI_0)
+        up = checkpoint_name(dense(cfg.d_ff, "wi_1")(x), names.MLPWI_1)
+        out = dense(cfg.d_model, "wo")(nn.silu(gate) * up)
+        return checkpoint_name(out, names.MLPWO)
+
+
+class LlamaBlock(nn.Module):
+    """Pre-norm decoder layer; ``(x, None) -> (x, None)`` so nn.scan can carry x."""
+
+    cfg: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
+        cfg = self.cfg
+        x = checkpoint_name(x, names.DECODER_LAYER_INPUT)
+        norm = lambda name: nn.RMSNorm(
+            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
+        )
+        attn = SelfAttention(cfg, deterministic=self.deterministic, name="attention")
+        x = checkpoint_name(x + attn(norm("attention_norm")(x)), names.ATTN_OUT)
+        x = x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
+        return checkpoint_name(x, names.BLOCK_OUT), None
+
+
+class Llama(nn.Module):
+    """Token ids (batch, seq) -> logits (batch, seq, vocab).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, models
+      >>> cfg = models.get_config("tiny-llama")
+      >>> params = models.Llama(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+    """
+
+    cfg: ModelConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        embed = nn.Embed(
+            cfg.vocab_size,
+            cfg.d_model,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            embedding_init=nn.initializers.normal(0.02),
+            name="embed",
+        )
+        x = embed(tokens)
+        x = BlockStack(cfg, LlamaBlock, self.deterministic, name="decoder")(x)
+        x = nn.RMSNorm(
+            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="final_norm"
+        )(x)
+        if cfg.tie_embeddings:
+            return embed.attend(x)
+        return nn.Dense(
+            cfg.vocab_size,
+            use_bias=False,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=nn.initializers.normal(0.02),
+            name="lm_head",
+        )(x)
+
+
+__all__ = ["Llama", "LlamaBlock", "SwiGLU"]

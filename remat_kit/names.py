@@ -1,0 +1,73 @@
+"""The tagged-tensor vocabulary: the names models give their activations.
+
+The names follow MaxText's so that users coming from it recognise them. Models
+tag a tensor with ``jax.ad_checkpoint.checkpoint_name(x, NAME)``; name-based
+policies decide per name whether that tensor is saved, offloaded or recomputed.
+"""
+
+from __future__ import annotations
+
+DECODER_LAYER_INPUT = "decoder_layer_input"
+QUERY_PROJ = "query_proj"
+KEY_PROJ = "key_proj"
+VALUE_PROJ = "value_proj"
+ATTN_SCORES = "attn_scores"
+ATTN_PROBS = "attn_probs"
+CONTEXT = "context"
+OUT_PROJ = "out_proj"
+ATTN_OUT = "attn_out"
+MLPWI_0 = "mlpwi_0"
+MLPWI_1 = "mlpwi_1"
+MLPWI = "mlpwi"
+MLPWO = "mlpwo"
+BLOCK_OUT = "block_out"
+
+#: Every name a model in this project may tag, in the order they occur in a block.
+VOCABULARY: tuple[str, ...] = (
+    DECODER_LAYER_INPUT,
+    QUERY_PROJ,
+    KEY_PROJ,
+    VALUE_PROJ,
+    ATTN_SCORES,
+    ATTN_PROBS,
+    CONTEXT,
+    OUT_PROJ,
+    ATTN_OUT,
+    MLPWI_0,
+    MLPWI_1,
+    MLPWI,
+    MLPWO,
+    BLOCK_OUT,
+)
+
+#: What each name means, for `remat-kit policies` and the docs.
+DESCRIPTIONS: dict[str, str] = {
+    DECODER_LAYER_INPUT: "input of a decoder layer (the residual stream entering it)",
+    QUERY_PROJ: "query projection x @ Wq, per head",
+    KEY_PROJ: "key projection x @ Wk, per KV head",
+    VALUE_PROJ: "value projection x @ Wv, per KV head",
+    ATTN_SCORES: "attention logits q.k^T / sqrt(d), b x heads x s x s (absent under flash)",
+    ATTN_PROBS: "softmax of the scores (after dropout), b x heads x s x s (not under flash attention)",
+    CONTEXT: "attention output before the out projection, probs @ v",
+    OUT_PROJ: "output projection of attention, context @ Wo",
+    ATTN_OUT: "residual stream after the attention sub-block (x + out_proj)",
+    MLPWI_0: "first MLP input projection (the gate in SwiGLU)",
+    MLPWI_1: "second MLP input projection (the up projection in SwiGLU)",
+    MLPWI: "the MLP input projection of a non-gated MLP (GPT-2)",
+    MLPWO: "MLP output projection",
+    BLOCK_OUT: "output of the block (the residual stream leaving it)",
+}
+
+#: Tensors whose size grows with seq^2: they do not exist under flash attention.
+SCORE_NAMES: tuple[str, ...] = (ATTN_SCORES, ATTN_PROBS)
+#: The projection outputs (the matmuls with weights, no batch dimension in the contraction).
+PROJECTION_NAMES: tuple[str, ...] = (
+    QUERY_PROJ,
+    KEY_PROJ,
+    VALUE_PROJ,
+    OUT_PROJ,
+    MLPWI_0,
+    MLPWI_1,
+    MLPWI,
+    MLPWO,
+)

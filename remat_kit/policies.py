@@ -1,0 +1,435 @@
+"""The policy catalogue: name -> Policy, what a checkpointed block keeps in memory.
+
+A :class:`Policy` wraps the callable that ``jax.checkpoint(policy=...)`` takes. It is
+itself callable with the same signature, so a Policy goes wherever a raw jax policy
+does, and a raw jax policy callable goes wherever a Policy does (see :func:`as_policy`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+from jax._src.ad_checkpoint import name_p as _name_p
+from jax._src.interpreters import partial_eval as _pe
+
+from remat_kit import names as _names
+
+__all__ = [
+    "Policy",
+    "PolicyKind",
+    "as_policy",
+    "decide",
+    "parse_policy",
+    "policy",
+    "policy_names",
+]
+
+#: What a policy does with one tensor: keep it in HBM, move it to host, or recompute it.
+PolicyKind = str  # "save" | "offload" | "recompute"
+
+_OFFLOAD_DSTS = ("pinned_host", "unpinned_host")
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A rematerialization policy: what a checkpointed block keeps in memory.
+
+    Attributes:
+      name: catalogue name (``"custom"`` for a user's own callable).
+      description: one line a user can read in ``remat-kit policies``.
+      jax_policy: the callable handed to ``jax.checkpoint(policy=...)``. ``None`` only
+        for ``"none"``, which means no rematerialization at all.
+      params: the parameters a parameterized family was built with.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> rk.policy("dots_no_batch").name
+      'dots_no_batch'
+    """
+
+    name: str
+    description: str
+    jax_policy: Callable[..., Any] | None
+    params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def is_remat(self) -> bool:
+        """False only for ``none``: the block is not checkpointed at all."""
+        return self.jax_policy is not None
+
+    @property
+    def spec(self) -> str:
+        """The policy as a string :func:`parse_policy` reads back, e.g. ``names:save=context``."""
+        if not self.params:
+            return self.name
+        parts = []
+        for key, value in self.params.items():
+            if isinstance(value, Policy):
+                parts.append(f"{key}={value.spec}")
+            elif isinstance(value, tuple):
+                parts.append(f"{key}={'+'.join(value)}")
+            else:
+                parts.append(f"{key}={value}")
+        return f"{self.name}:{','.join(parts)}"
+
+    def __call__(self, prim: Any, *avals: Any, **params: Any) -> Any:
+        # "none" used as a raw policy means keep everything: no recomputation either way.
+        if self.jax_policy is None:
+            return True
+        return self.jax_policy(prim, *avals, **params)
+
+
+def decide(p: Policy | Callable[..., Any], name: str) -> PolicyKind:
+    """What ``p`` does with a tensor tagged ``name`` (via ``checkpoint_name``).
+
+    Args:
+      p: a Policy or a raw jax policy callable.
+      name: a tag, e.g. ``"query_proj"``.
+
+    Returns:
+      ``"save"``, ``"offload"`` or ``"recompute"``.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> rk.decide(rk.policy("minimal"), "query_proj"), rk.decide(rk.policy("minimal"), "context")
+      ('save', 'recompute')
+    """
+    return _kind(p(_name_p, name=name))
+
+
+def _kind(out: Any) -> PolicyKind:
+    if out is True or out is _pe.Saveable:
+        return "save"
+    if isinstance(out, _pe.Offloadable):
+        return "offload"
+    return "recompute"
+
+
+def _names_param(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise TypeError(
+            f"policy parameter {key}={value!r} must be a list of tag names, "
+            f"e.g. {key}=['query_proj']"
+        )
+    out = tuple(value)
+    for item in out:
+        if not isinstance(item, str):
+            raise TypeError(f"policy parameter {key} holds {item!r}; tag names are strings")
+    unknown = [n for n in out if n not in _names.VOCABULARY]
+    if unknown:
+        # Users tag their own tensors with their own names: a warning, never an error.
+        hints = {n: difflib.get_close_matches(n, _names.VOCABULARY, n=1) for n in unknown}
+        detail = ", ".join(
+            f"{n!r} (did you mean {h[0]!r}?)" if h else repr(n) for n, h in hints.items()
+        )
+        warnings.warn(
+            f"{key}: {detail} not in remat_kit's tag vocabulary; only tensors you tagged "
+            "yourself with these names will match",
+            stacklevel=4,
+        )
+    return out
+
+
+def _simple(
+    name: str, description: str, jax_policy: Callable[..., Any] | None
+) -> Callable[..., Policy]:
+    def make() -> Policy:
+        return Policy(name, description, jax_policy)
+
+    return make
+
+
+def _save_names(name: str, description: str, saved: tuple[str, ...]) -> Callable[..., Policy]:
+    return _simple(name, description, jax.checkpoint_policies.save_only_these_names(*saved))
+
+
+def _names_policy(save: Iterable[str]) -> Policy:
+    saved = _names_param("save", save)
+    return Policy(
+        "names",
+        f"save only tensors tagged {', '.join(saved) or '(none)'}; recompute the rest",
+        jax.checkpoint_policies.save_only_these_names(*saved),
+        {"save": saved},
+    )
+
+
+def _except_policy(names: Iterable[str]) -> Policy:
+    excluded = frozenset(_names_param("names", names))
+
+    # jax's save_anything_except_these_names also saves every *untagged* intermediate,
+    # which keeps the excluded tensors alive through their consumers; save tagged
+    # tensors only, so the excluded ones really are recomputed.
+    def save_tagged_except(prim: Any, *_: Any, **params: Any) -> bool:
+        return prim is _name_p and params["name"] not in excluded
+
+    return Policy(
+        "except",
+        f"save every tagged tensor except {', '.join(sorted(excluded)) or '(none)'}",
+        save_tagged_except,
+        {"names": tuple(sorted(excluded))},
+    )
+
+
+def _offload_policy(
+    offload: Iterable[str], save: Iterable[str] = (), dst: str = "pinned_host"
+) -> Policy:
+    moved = _names_param("offload", offload)
+    kept = _names_param("save", save)
+    if not isinstance(dst, str):
+        raise TypeError(
+            f"dst={dst!r} must be a memory kind string, one of {', '.join(_OFFLOAD_DSTS)}"
+        )
+    if dst not in _OFFLOAD_DSTS:
+        raise ValueError(f"unknown offload destination {dst!r}; valid: {', '.join(_OFFLOAD_DSTS)}")
+    both = set(moved) & set(kept)
+    if both:
+        raise ValueError(f"{sorted(both)} are both offloaded and saved; name each in one list only")
+    return Policy(
+        "offload",
+        f"offload {', '.join(moved) or '(nothing)'} to {dst}"
+        + (f", save {', '.join(kept)}" if kept else "")
+        + "; recompute the rest",
+        jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=list(kept),
+            names_which_can_be_offloaded=list(moved),
+            offload_src="device",
+            offload_dst=dst,
+        ),
+        {"offload": moved, "save": kept, "dst": dst},
+    )
+
+
+def _either_policy(a: Any, b: Any) -> Policy:
+    pa, pb = as_policy(a), as_policy(b)
+    if not (pa.is_remat and pb.is_remat):
+        raise ValueError(
+            "either(a, b) combines two remat policies; 'none' saves everything already"
+        )
+
+    # jax's save_from_both_policies rejects offload decisions; rank save > offload > recompute.
+    def save_either(prim: Any, *avals: Any, **params: Any) -> Any:
+        outs = (pa(prim, *avals, **params), pb(prim, *avals, **params))
+        kinds = [_kind(o) for o in outs]
+        if "save" in kinds:
+            return True
+        if "offload" in kinds:
+            return outs[kinds.index("offload")]
+        return False
+
+    return Policy(
+        "either",
+        f"save what {pa.spec} or {pb.spec} saves",
+        save_either,
+        {"a": pa, "b": pb},
+    )
+
+
+_MINIMAL = (
+    _names.QUERY_PROJ,
+    _names.KEY_PROJ,
+    _names.VALUE_PROJ,
+    _names.OUT_PROJ,
+    _names.MLPWI_0,
+    _names.MLPWI_1,
+    _names.MLPWI,
+    _names.MLPWO,
+)
+_QKV = (_names.QUERY_PROJ, _names.KEY_PROJ, _names.VALUE_PROJ)
+_MEGATRON = tuple(n for n in _names.VOCABULARY if n not in _names.SCORE_NAMES)
+
+_CATALOGUE: dict[str, Callable[..., Policy]] = {
+    "none": _simple("none", "no rematerialization: every activation is kept (the baseline)", None),
+    "full": _simple(
+        "full",
+        "save nothing inside a block: keep its input, recompute all of it",
+        jax.checkpoint_policies.nothing_saveable,
+    ),
+    "everything": _simple(
+        "everything",
+        "checkpointed, but every intermediate is saveable (recomputes nothing)",
+        jax.checkpoint_policies.everything_saveable,
+    ),
+    "dots": _simple(
+        "dots",
+        "save the result of every matmul (jax dots_saveable), including attention's",
+        jax.checkpoint_policies.dots_saveable,
+    ),
+    "dots_no_batch": _simple(
+        "dots_no_batch",
+        "save matmuls without batch dims, i.e. the weight projections (jax's policy)",
+        jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    ),
+    "offload_dots_no_batch": _simple(
+        "offload_dots_no_batch",
+        "offload the weight-projection matmul outputs to pinned host memory",
+        jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+    ),
+    "block": _save_names(
+        "block",
+        "save the residual stream between sub-blocks (attn_out, block_out); recompute internals",
+        (_names.ATTN_OUT, _names.BLOCK_OUT),
+    ),
+    "minimal": _save_names(
+        "minimal",
+        "save q/k/v/out and MLP in/out projections (MaxText 'minimal')",
+        _MINIMAL,
+    ),
+    "minimal_offloaded": _simple(
+        "minimal_offloaded",
+        "offload the 'minimal' projections to pinned host instead of keeping them",
+        jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=list(_MINIMAL),
+            offload_src="device",
+            offload_dst="pinned_host",
+        ),
+    ),
+    "qkv_proj": _save_names("qkv_proj", "save the q/k/v projections only", _QKV),
+    "context": _save_names(
+        "context", "save the attention context (probs @ v) only", (_names.CONTEXT,)
+    ),
+    "megatron": _save_names(
+        "megatron",
+        "selective recompute (Korthikanti et al. 2022): keep all but attention scores/probs",
+        _MEGATRON,
+    ),
+    "names": _names_policy,
+    "except": _except_policy,
+    "offload": _offload_policy,
+    "either": _either_policy,
+}
+
+_PARAMETERIZED = ("names", "except", "offload", "either")
+
+
+def policy_names() -> list[str]:
+    """All catalogue names, sorted.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> "full" in rk.policy_names()
+      True
+    """
+    return sorted(_CATALOGUE)
+
+
+def policy(name: str, **params: Any) -> Policy:
+    """Looks up a policy by name, building parameterized families from ``params``.
+
+    Args:
+      name: a catalogue name (see :func:`policy_names`).
+      **params: parameters of the parameterized families: ``names(save=[...])``,
+        ``except(names=[...])``, ``offload(offload=[...], save=[...], dst="pinned_host")``,
+        ``either(a=..., b=...)``.
+
+    Returns:
+      The Policy.
+
+    Raises:
+      ValueError: unknown name or parameter (the message lists close matches).
+      TypeError: a parameter of the wrong type.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> rk.policy("offload", offload=["context"], save=["query_proj"]).params["dst"]
+      'pinned_host'
+    """
+    if not isinstance(name, str):
+        raise TypeError(f"policy name must be a str, got {type(name).__name__} {name!r}")
+    try:
+        make = _CATALOGUE[name]
+    except KeyError:
+        close = difflib.get_close_matches(name, _CATALOGUE, n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(
+            f"unknown policy {name!r}.{hint} Known: {', '.join(policy_names())}"
+        ) from None
+    try:
+        return make(**params)
+    except TypeError as err:
+        if "argument" not in str(err):
+            raise
+        import inspect
+
+        valid = list(inspect.signature(make).parameters)
+        bad = [k for k in params if k not in valid]
+        missing = [
+            k
+            for k, v in inspect.signature(make).parameters.items()
+            if v.default is inspect.Parameter.empty and k not in params
+        ]
+        if bad:
+            close = {k: difflib.get_close_matches(k, valid, n=1) for k in bad}
+            detail = ", ".join(
+                f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items()
+            )
+            raise ValueError(
+                f"policy {name!r} takes no parameter {detail}; valid: {', '.join(valid) or 'none'}"
+            ) from None
+        raise ValueError(
+            f"policy {name!r} needs parameter(s) {', '.join(missing)}; e.g. "
+            f"rk.policy({name!r}, {missing[0]}=[...])"
+        ) from None
+
+
+def as_policy(p: str | Policy | Callable[..., Any] | None) -> Policy:
+    """Normalises what users pass as a policy: a name/spec, a Policy, a jax callable or None.
+
+    ``None`` means no rematerialization (``"none"``). A raw callable becomes a Policy
+    named ``custom``.
+
+    Raises:
+      TypeError: anything else.
+
+    Example:
+      >>> import jax, remat_kit as rk
+      >>> rk.as_policy(jax.checkpoint_policies.nothing_saveable).name
+      'custom'
+    """
+    if p is None:
+        return policy("none")
+    if isinstance(p, Policy):
+        return p
+    if isinstance(p, str):
+        return parse_policy(p)
+    if callable(p):
+        label = getattr(p, "__name__", type(p).__name__)
+        return Policy("custom", f"user policy {label}", p)
+    raise TypeError(
+        f"policy must be a name, rk.Policy or jax policy callable, got {type(p).__name__} {p!r}"
+    )
+
+
+def parse_policy(spec: str) -> Policy:
+    """Reads a policy from a command-line string.
+
+    Grammar: ``NAME`` or ``NAME:key=v1+v2,key2=v``; ``either`` takes ``a=`` and ``b=``
+    catalogue names. ``Policy.spec`` writes the same form.
+
+    Raises:
+      ValueError: unknown name or malformed spec.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> rk.parse_policy("names:save=query_proj+mlpwo").params["save"]
+      ('query_proj', 'mlpwo')
+    """
+    name, _, rest = spec.strip().partition(":")
+    if not rest:
+        return policy(name)
+    params: dict[str, Any] = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ValueError(f"cannot read {item!r} in policy spec {spec!r}; expected key=value")
+        key = key.strip()
+        if name == "either" or key == "dst":
+            params[key] = value.strip()
+        else:
+            params[key] = [v.strip() for v in value.split("+") if v.strip()]
+    return policy(name, **params)
