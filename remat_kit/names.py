@@ -47,7 +47,7 @@ DESCRIPTIONS: dict[str, str] = {
     KEY_PROJ: "key projection x @ Wk, per KV head",
     VALUE_PROJ: "value projection x @ Wv, per KV head",
     ATTN_SCORES: "attention logits q.k^T / sqrt(d), b x heads x s x s (absent under flash)",
-    ATTN_PROBS: "softmax of the scores (after dropout), b x heads x s x s (not under flash attention)",
+    ATTN_PROBS: "softmax of the scores (after dropout), b x heads x s x s (absent under flash)",
     CONTEXT: "attention output before the out projection, probs @ v",
     OUT_PROJ: "output projection of attention, context @ Wo",
     ATTN_OUT: "residual stream after the attention sub-block (x + out_proj)",

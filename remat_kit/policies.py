@@ -77,6 +77,10 @@ class Policy:
                 parts.append(f"{key}={value}")
         return f"{self.name}:{','.join(parts)}"
 
+    def __hash__(self) -> int:
+        # params may hold lists and Policies; the spec string identifies the policy.
+        return hash((self.name, self.spec, id(self.jax_policy) if self.name == "custom" else 0))
+
     def __call__(self, prim: Any, *avals: Any, **params: Any) -> Any:
         # "none" used as a raw policy means keep everything: no recomputation either way.
         if self.jax_policy is None:

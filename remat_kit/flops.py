@@ -1,0 +1,626 @@
+"""FLOPs of a jax function counted from its jaxpr, recomputation included.
+
+Why not XLA's own number: a deviceless GPU compile has no ``cost_analysis()`` (it returns None), and
+even where XLA does report one it counts a while-loop (scan) body once rather than once per trip, so
+scanned layers come out L times too cheap. The jaxpr has neither problem, and it makes recomputation
+visible: in the jaxpr of ``jax.grad`` of a ``jax.checkpoint``-ed function the recomputed forward
+ops appear a second time (inside the ``remat2``/``checkpoint`` equation of the backward pass), so
+counting every equation of the full jaxpr counts the recompute.
+
+What is counted:
+
+* ``matmul``: ``dot_general`` (``2 * batch * lhs_free * rhs_free * contracting``) and
+  ``conv_general_dilated`` (``2 * out_elems * kernel_spatial * in_features / feature_group_count``).
+* ``attention_kernel``: the cuDNN fused attention primitives that
+  ``jax.nn.dot_product_attention(..., implementation="cudnn")`` binds
+  (``dot_product_attention_fwd_wrapper`` / ``dot_product_attention_bwd_wrapper`` and their fp8 and
+  lowered variants). They are opaque, so they are counted from their shapes: forward
+  ``4 * b * s_q * s_kv * heads * head_dim`` (halved when causal), backward 2.5 x forward since flash
+  attention recomputes the scores.
+* ``other``: one FLOP per output element of floating-point elementwise arithmetic and comparisons
+  (transcendentals count 1) and one per *input* element of reductions; integer and boolean ops
+  (loop counters, index maths) are not FLOPs. Pure data movement (reshape, transpose, broadcast,
+  slice, concatenate, convert_element_type, gather/scatter, ...) is free.
+
+Control flow: ``scan`` bodies count ``length`` times; ``cond`` counts its most expensive branch;
+``while`` counts its trip count when it can be read statically (``fori_loop`` pattern: a counter
+started from a known value, stepped by a known amount and compared against a known bound), otherwise
+the body counts once and ``unknown_loops`` goes up by one. Any other equation holding jaxprs in its
+params (jit/pjit, remat, custom_jvp/custom_vjp, closed_call, shard_map, ...) is recursed into.
+``shard_map`` and ``pmap`` bodies see per-device shapes, so they are multiplied by the number of
+devices they run on: figures are global FLOPs.
+
+Dead code is counted as traced: ``jax.make_jaxpr(jax.grad(f))`` keeps the forward ops whose only use
+is the discarded loss value, which XLA would delete. Use ``jax.value_and_grad`` (what a train step
+does) for figures that match the executed program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend import core
+
+__all__ = [
+    "FlopCount",
+    "count_flops",
+    "count_jaxpr_flops",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlopCount:
+    """FLOPs of one traced function, split by kind.
+
+    Attributes:
+      total: all FLOPs: ``matmul + attention_kernel + other``.
+      matmul: ``dot_general`` and ``conv_general_dilated`` FLOPs.
+      attention_kernel: FLOPs of opaque fused attention kernels, counted from their shapes.
+      other: elementwise arithmetic and reductions.
+      unknown_loops: while loops whose trip count could not be read statically; each body was
+        counted once, so ``total`` is a lower bound when this is non-zero.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> count_flops(jnp.dot, jnp.ones((2, 3)), jnp.ones((3, 4))).matmul
+      48.0
+    """
+
+    total: float
+    matmul: float
+    attention_kernel: float
+    other: float
+    unknown_loops: int = 0
+
+    def to_dict(self) -> dict[str, float | int]:
+        """Returns the fields as a JSON-ready dict.
+
+        Returns:
+          ``{"total": ..., "matmul": ..., "attention_kernel": ..., "other": ...,
+          "unknown_loops": ...}``.
+        """
+        return dataclasses.asdict(self)
+
+
+def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FlopCount:
+    """Counts the FLOPs of ``fn(*args, **kwargs)`` from its jaxpr.
+
+    Nothing is allocated or executed: ``args`` may be arrays or pytrees of ``jax.ShapeDtypeStruct``.
+
+    Args:
+      fn: a traceable callable, e.g. a train step or ``jax.grad(loss)``.
+      *args: positional arguments for ``fn`` (arrays or ``jax.ShapeDtypeStruct`` pytrees).
+      **kwargs: keyword arguments for ``fn``, traced like ``args``.
+
+    Returns:
+      A ``FlopCount``; recomputation from ``jax.checkpoint`` is included.
+
+    Raises:
+      TypeError: if ``fn`` is not callable (tracing errors from ``jax.make_jaxpr`` propagate).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> x = jax.ShapeDtypeStruct((8, 16), jnp.float32)
+      >>> w = jax.ShapeDtypeStruct((16, 4), jnp.float32)
+      >>> count_flops(lambda x, w: x @ w, x, w).matmul == 2 * 8 * 16 * 4
+      True
+    """
+    if not callable(fn):
+        raise TypeError(f"count_flops needs a callable, got {type(fn).__name__}: {fn!r}")
+    closed = jax.make_jaxpr(fn)(*args, **kwargs)
+    return count_jaxpr_flops(closed)
+
+
+def count_jaxpr_flops(closed_jaxpr: core.ClosedJaxpr | core.Jaxpr) -> FlopCount:
+    """Counts the FLOPs of a jaxpr (see the module docstring for the rules).
+
+    Args:
+      closed_jaxpr: a ``ClosedJaxpr`` as returned by ``jax.make_jaxpr(fn)(...)``, or an open
+        ``Jaxpr``.
+
+    Returns:
+      A ``FlopCount``.
+
+    Raises:
+      TypeError: if ``closed_jaxpr`` is neither a ``ClosedJaxpr`` nor a ``Jaxpr``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> jaxpr = jax.make_jaxpr(jnp.tanh)(jnp.ones((3, 5)))
+      >>> count_jaxpr_flops(jaxpr).other
+      15.0
+    """
+    if not isinstance(closed_jaxpr, (core.ClosedJaxpr, core.Jaxpr)):
+        raise TypeError(
+            "count_jaxpr_flops needs a ClosedJaxpr (from jax.make_jaxpr(fn)(*args)) or a Jaxpr, "
+            f"got {type(closed_jaxpr).__name__}"
+        )
+    return _count(closed_jaxpr, {}).freeze()
+
+
+# --------------------------------------------------------------------------------------------------
+# Internal tally: plain numbers added and scaled while walking; frozen into a FlopCount at the end.
+
+
+@dataclasses.dataclass
+class _Tally:
+    matmul: float = 0.0
+    attention: float = 0.0
+    other: float = 0.0
+    unknown_loops: int = 0
+
+    @property
+    def total(self) -> float:
+        return self.matmul + self.attention + self.other
+
+    def add(self, other: _Tally, times: float = 1.0) -> None:
+        self.matmul += times * other.matmul
+        self.attention += times * other.attention
+        self.other += times * other.other
+        # A loop whose trip count is unknown is one place in the program, however often the
+        # enclosing code runs, so the count is not multiplied.
+        self.unknown_loops += other.unknown_loops
+
+    def freeze(self) -> FlopCount:
+        return FlopCount(
+            total=float(self.total),
+            matmul=float(self.matmul),
+            attention_kernel=float(self.attention),
+            other=float(self.other),
+            unknown_loops=int(self.unknown_loops),
+        )
+
+
+# Values known statically inside one jaxpr: scalar Vars bound to literals or constants. Used only
+# to read while-loop trip counts.
+_Known = Mapping[Any, Any]
+
+_ELEMENTWISE = frozenset(
+    {
+        # arithmetic
+        "add",
+        "add_any",
+        "sub",
+        "mul",
+        "div",
+        "rem",
+        "neg",
+        "abs",
+        "sign",
+        "max",
+        "min",
+        "pow",
+        "integer_pow",
+        "square",
+        "sqrt",
+        "rsqrt",
+        "cbrt",
+        "reciprocal",
+        "clamp",
+        "floor",
+        "ceil",
+        "round",
+        "nextafter",
+        "atan2",
+        # transcendental, counted as 1 like XLA does
+        "exp",
+        "exp2",
+        "log",
+        "log1p",
+        "expm1",
+        "tanh",
+        "logistic",
+        "sin",
+        "cos",
+        "tan",
+        "asin",
+        "acos",
+        "atan",
+        "sinh",
+        "cosh",
+        "asinh",
+        "acosh",
+        "atanh",
+        "erf",
+        "erfc",
+        "erf_inv",
+        "lgamma",
+        "digamma",
+        "igamma",
+        "igammac",
+        "bessel_i0e",
+        "bessel_i1e",
+        # comparisons
+        "eq",
+        "ne",
+        "lt",
+        "le",
+        "gt",
+        "ge",
+        "is_finite",
+    }
+)
+
+# A reduction of n elements costs about n operations whatever its output size, so these count per
+# *input* element (per output element would make a full sum cost 1).
+_REDUCTIONS = frozenset(
+    {
+        "reduce_sum",
+        "reduce_max",
+        "reduce_min",
+        "reduce_prod",
+        "argmax",
+        "argmin",
+        "cumsum",
+        "cumprod",
+        "cummax",
+        "cummin",
+        "cumlogsumexp",
+    }
+)
+
+_ATTENTION_FWD = frozenset(
+    {
+        "dot_product_attention_fwd_wrapper",
+        "dot_product_attention_fwd",
+        "dot_product_attention_fp8_fwd_wrapper",
+        "dot_product_attention_fp8_fwd",
+    }
+)
+_ATTENTION_BWD = frozenset(
+    {
+        "dot_product_attention_bwd_wrapper",
+        "dot_product_attention_bwd",
+        "dot_product_attention_fp8_bwd_wrapper",
+        "dot_product_attention_fp8_bwd",
+    }
+)
+# Flash attention's backward recomputes the scores and does four s x s matmuls.
+_ATTENTION_BWD_FACTOR = 2.5
+# jax/_src/cudnn/fused_attention_stablehlo.py: AttentionLayout.BNTH.value; BTNH is 0.
+_LAYOUT_BNTH = 1
+
+# Equations carrying several jaxprs of which only some run: count just these params.
+_ONLY_PARAMS = types.MappingProxyType(
+    {
+        "custom_vjp_call": ("call_jaxpr",),
+        "custom_vjp_call_jaxpr": ("fun_jaxpr",),
+        "linear_call": ("callee",),
+    }
+)
+
+_COMPARISONS = frozenset({"lt", "le", "gt", "ge", "ne"})
+# Comparison seen from the other side: ``b > a`` is ``a < b``.
+_FLIPPED = types.MappingProxyType({"lt": "gt", "gt": "lt", "le": "ge", "ge": "le", "ne": "ne"})
+
+
+def _count(jaxpr: core.ClosedJaxpr | core.Jaxpr, known_invars: Mapping[int, Any]) -> _Tally:
+    """Walks one (closed) jaxpr. ``known_invars`` maps invar positions to static scalar values."""
+    if isinstance(jaxpr, core.ClosedJaxpr):
+        inner, consts = jaxpr.jaxpr, jaxpr.consts
+    else:
+        inner, consts = jaxpr, ()
+    known = _known_consts(inner, consts)
+    for i, value in known_invars.items():
+        known[inner.invars[i]] = value
+    tally = _Tally()
+    for eqn in inner.eqns:
+        tally.add(_count_eqn(eqn, known))
+    return tally
+
+
+def _count_eqn(eqn: core.JaxprEqn, known: _Known) -> _Tally:
+    name = eqn.primitive.name
+    tally = _Tally()
+    if name == "dot_general":
+        tally.matmul = _dot_general_flops(eqn)
+    elif name == "conv_general_dilated":
+        tally.matmul = _conv_flops(eqn)
+    elif name in _ATTENTION_FWD:
+        tally.attention = _attention_fwd_flops(eqn)
+    elif name in _ATTENTION_BWD:
+        tally.attention = _ATTENTION_BWD_FACTOR * _attention_fwd_flops(eqn)
+    elif name in _ELEMENTWISE and _is_float_op(eqn):
+        tally.other = float(sum(_size(v.aval) for v in eqn.outvars))
+    elif name in _REDUCTIONS and _is_float_op(eqn):
+        tally.other = float(sum(_size(v.aval) for v in eqn.invars))
+    elif name == "scan":
+        tally = _count_scan(eqn, known)
+    elif name == "while":
+        tally = _count_while(eqn, known)
+    elif name == "cond":
+        tally = _count_cond(eqn, known)
+    else:
+        tally = _count_generic(eqn, known)
+    return tally
+
+
+def _count_scan(eqn: core.JaxprEqn, known: _Known) -> _Tally:
+    # Only the consts are the same on every iteration; the carry changes, so it is not "known".
+    num_consts = eqn.params["num_consts"]
+    body = _count(eqn.params["jaxpr"], _known_positions(eqn.invars[:num_consts], known))
+    tally = _Tally()
+    tally.add(body, times=eqn.params["length"])
+    return tally
+
+
+def _count_cond(eqn: core.JaxprEqn, known: _Known) -> _Tally:
+    operands = eqn.invars[1:]  # invars[0] is the branch index
+    branches = [_count(b, _known_positions(operands, known)) for b in eqn.params["branches"]]
+    tally = _Tally()
+    tally.add(max(branches, key=lambda t: t.total))
+    tally.unknown_loops = max(b.unknown_loops for b in branches)
+    return tally
+
+
+def _count_while(eqn: core.JaxprEqn, known: _Known) -> _Tally:
+    cond_n, body_n = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+    cond_consts = eqn.invars[:cond_n]
+    body_consts = eqn.invars[cond_n : cond_n + body_n]
+    body = _count(eqn.params["body_jaxpr"], _known_positions(body_consts, known))
+    cond = _count(eqn.params["cond_jaxpr"], _known_positions(cond_consts, known))
+    trips = _while_trip_count(eqn, known)
+    tally = _Tally()
+    if trips is None:
+        tally.add(body)
+        tally.add(cond)
+        tally.unknown_loops += 1
+    else:
+        tally.add(body, times=trips)
+        tally.add(cond, times=trips + 1)  # the predicate also runs once to exit
+    return tally
+
+
+def _count_generic(eqn: core.JaxprEqn, known: _Known) -> _Tally:
+    tally = _Tally()
+    times = _replication(eqn)
+    for sub in _sub_jaxprs(eqn):
+        inner = sub.jaxpr if isinstance(sub, core.ClosedJaxpr) else sub
+        # Call-like primitives pass their operands straight through; only then do positions line up.
+        positions = (
+            _known_positions(eqn.invars, known) if len(inner.invars) == len(eqn.invars) else {}
+        )
+        tally.add(_count(sub, positions), times=times)
+    return tally
+
+
+def _sub_jaxprs(eqn: core.JaxprEqn) -> Iterator[core.ClosedJaxpr | core.Jaxpr]:
+    """Yields each distinct jaxpr in the eqn's params (callables such as custom_jvp's jvp rule and
+    custom_vjp's bwd are not jaxprs and are skipped, so they are never double counted)."""
+    keys = _ONLY_PARAMS.get(eqn.primitive.name)
+    params = eqn.params if keys is None else {k: eqn.params[k] for k in keys if k in eqn.params}
+    seen: set[int] = set()
+    for value in params.values():
+        candidates = value if isinstance(value, (tuple, list)) else (value,)
+        for candidate in candidates:
+            if isinstance(candidate, (core.ClosedJaxpr, core.Jaxpr)) and id(candidate) not in seen:
+                seen.add(id(candidate))
+                yield candidate
+
+
+def _replication(eqn: core.JaxprEqn) -> int:
+    """How many copies of the body run: shard_map and pmap bodies are traced with per-device
+    shapes, so their FLOPs are multiplied by the devices they run on to give global FLOPs."""
+    params = eqn.params
+    if eqn.primitive.name == "shard_map" and "mesh" in params:
+        mesh_shape = dict(params["mesh"].shape)
+        # Nested shard_maps: the outer one already multiplied by its own axes.
+        axes = params.get("newly_manual_axes") or params.get("manual_axes") or mesh_shape
+        return math.prod(mesh_shape[a] for a in axes)
+    if eqn.primitive.name == "xla_pmap":
+        return int(params.get("axis_size", 1))
+    return 1
+
+
+# --------------------------------------------------------------------------------------------------
+# Per-primitive formulas.
+
+
+def _size(aval: Any) -> int:
+    return math.prod(getattr(aval, "shape", ()))
+
+
+def _is_float_op(eqn: core.JaxprEqn) -> bool:
+    # Integer and boolean arithmetic (loop counters, index maths, masks) are not floating-point
+    # operations; counting them would make a fori_loop's counter look like work.
+    dtype = getattr(eqn.invars[0].aval, "dtype", None) if eqn.invars else None
+    # jnp.issubdtype, not np.issubdtype: only jnp knows bfloat16 and float8 are floating types.
+    return dtype is not None and jnp.issubdtype(dtype, jnp.inexact)
+
+
+def _dot_general_flops(eqn: core.JaxprEqn) -> float:
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
+    lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    batch = math.prod(lhs[d] for d in lhs_batch)
+    contract = math.prod(lhs[d] for d in lhs_contract)
+    lhs_free = math.prod(s for d, s in enumerate(lhs) if d not in (*lhs_contract, *lhs_batch))
+    rhs_free = math.prod(s for d, s in enumerate(rhs) if d not in (*rhs_contract, *rhs_batch))
+    return 2.0 * batch * lhs_free * rhs_free * contract
+
+
+def _conv_flops(eqn: core.JaxprEqn) -> float:
+    dims = eqn.params["dimension_numbers"]
+    rhs = eqn.invars[1].aval.shape
+    out_elems = _size(eqn.outvars[0].aval)
+    # rhs_spec = (out_feature_dim, in_feature_dim, *spatial_dims); the kernel's in-feature size is
+    # already in_features / feature_group_count.
+    rhs_spec = dims.rhs_spec
+    kernel_in = rhs[rhs_spec[1]]
+    kernel_spatial = math.prod(rhs[d] for d in rhs_spec[2:])
+    return 2.0 * out_elems * kernel_spatial * kernel_in
+
+
+def _attention_fwd_flops(eqn: core.JaxprEqn) -> float:
+    """Forward FLOPs of one cuDNN fused attention call, from its query/key/value shapes.
+
+    ``4 * b * s_q * s_kv * heads * head_dim`` is two matmuls (QK^T and PV); it is written here as
+    ``2 * b * heads * s_q * s_kv * (d_qk + d_v)`` so a value head dim different from the query's is
+    right too.
+    """
+    params = eqn.params
+    query, key, value = (v.aval.shape for v in eqn.invars[:3])
+    layout = getattr(params.get("layout", 0), "value", params.get("layout", 0))
+    if layout == _LAYOUT_BNTH:
+        b, heads, s_q, d_qk = query
+        s_kv, d_v = key[2], value[3]
+    else:  # BTNH, what jax.nn.dot_product_attention uses
+        b, s_q, heads, d_qk = query
+        s_kv, d_v = key[1], value[3]
+    mask = params.get("mask_type")
+    causal = bool(params.get("use_causal_mask", False)) or "CAUSAL" in str(
+        getattr(mask, "name", mask)
+    )
+    window = params.get("sliding_window_length")
+    keys_per_query = float(s_kv)
+    if window is not None and 0 < window < s_kv:
+        keys_per_query = float(window)
+    elif causal:
+        keys_per_query = s_kv / 2.0
+    return 2.0 * b * heads * s_q * keys_per_query * (d_qk + d_v)
+
+
+# --------------------------------------------------------------------------------------------------
+# While-loop trip counts.
+
+
+def _as_scalar(value: Any) -> Any:
+    """The Python scalar held by a 0-d constant, or None if it is not one (or not concrete)."""
+    try:
+        array = np.asarray(value)
+    except Exception:  # tracers and other abstract values cannot be read
+        return None
+    if array.ndim != 0 or array.dtype.kind not in "biuf":
+        return None
+    return array.item()
+
+
+def _known_consts(jaxpr: core.Jaxpr, consts: Any) -> dict[Any, Any]:
+    """Maps the jaxpr's constvars that hold concrete scalars to their values."""
+    # Not strict: an open Jaxpr arrives without its const values, and then nothing is known.
+    values = {var: _as_scalar(value) for var, value in zip(jaxpr.constvars, consts, strict=False)}
+    return {var: value for var, value in values.items() if value is not None}
+
+
+def _value_of(atom: Any, known: _Known) -> Any:
+    if isinstance(atom, core.Literal):
+        return _as_scalar(atom.val)
+    return known.get(atom)
+
+
+def _known_positions(atoms: Any, known: _Known) -> dict[int, Any]:
+    values = {i: _value_of(a, known) for i, a in enumerate(atoms)}
+    return {i: v for i, v in values.items() if v is not None}
+
+
+def _producer(jaxpr: core.Jaxpr, var: Any) -> core.JaxprEqn | None:
+    for eqn in jaxpr.eqns:
+        if any(out is var for out in eqn.outvars):
+            return eqn
+    return None
+
+
+def _while_trip_count(eqn: core.JaxprEqn, known: _Known) -> int | None:
+    """Trip count of a ``fori_loop``-shaped while loop, or None when it cannot be read statically.
+
+    Recognised shape: the predicate is ``counter <op> bound`` (either side), the body returns
+    ``counter + step`` (or ``counter - step``) with a static step, the counter's initial value is
+    static, and the bound is static: a literal, a constant, or a carry the body passes through
+    unchanged whose initial value is static.
+    """
+    params = eqn.params
+    cond_n, body_n = params["cond_nconsts"], params["body_nconsts"]
+    cond_closed, body_closed = params["cond_jaxpr"], params["body_jaxpr"]
+    cond, body = cond_closed.jaxpr, body_closed.jaxpr
+    init = eqn.invars[cond_n + body_n :]
+
+    cond_known = _known_consts(cond, cond_closed.consts)
+    for i, value in _known_positions(eqn.invars[:cond_n], known).items():
+        cond_known[cond.invars[i]] = value
+    carry_in_cond = {var: i for i, var in enumerate(cond.invars[cond_n:])}
+
+    compare = _producer(cond, cond.outvars[0])
+    if compare is None or compare.primitive.name not in _COMPARISONS:
+        return None
+    op = compare.primitive.name
+    lhs, rhs = compare.invars
+    for counter_atom, bound_atom, op_on_counter in ((lhs, rhs, op), (rhs, lhs, _FLIPPED[op])):
+        counter = (
+            carry_in_cond.get(counter_atom) if not isinstance(counter_atom, core.Literal) else None
+        )
+        if counter is None:
+            continue
+        step = _body_step(
+            body, body_n, counter, body_closed, known, eqn.invars[cond_n : cond_n + body_n]
+        )
+        start = _value_of(init[counter], known)
+        bound = _value_of(bound_atom, cond_known)
+        if bound is None and not isinstance(bound_atom, core.Literal):
+            index = carry_in_cond.get(bound_atom)
+            # The bound may itself be a carry (fori_loop does this) if the body leaves it unchanged.
+            if index is not None and body.outvars[index] is body.invars[body_n + index]:
+                bound = _value_of(init[index], known)
+        if step is None or start is None or bound is None:
+            continue
+        trips = _trips(start, bound, step, op_on_counter)
+        if trips is not None:
+            return trips
+    return None
+
+
+def _body_step(
+    body: core.Jaxpr,
+    body_n: int,
+    counter: int,
+    body_closed: core.ClosedJaxpr,
+    known: _Known,
+    body_const_atoms: Any,
+) -> float | None:
+    """The static amount the body adds to carry ``counter`` each trip, or None."""
+    body_known = _known_consts(body, body_closed.consts)
+    for i, value in _known_positions(body_const_atoms, known).items():
+        body_known[body.invars[i]] = value
+    counter_in = body.invars[body_n + counter]
+    update = _producer(body, body.outvars[counter])
+    if update is None or update.primitive.name not in ("add", "sub"):
+        return None
+    a, b = update.invars
+    if a is counter_in:
+        step = _value_of(b, body_known)
+        sign = 1 if update.primitive.name == "add" else -1
+    elif b is counter_in and update.primitive.name == "add":
+        step, sign = _value_of(a, body_known), 1
+    else:
+        return None
+    return None if step is None else sign * step
+
+
+def _trips(start: float, bound: float, step: float, op: str) -> int | None:
+    """Iterations of ``i = start; while i <op> bound: i += step``, or None if it never ends."""
+    if step == 0:
+        return None
+    if op in ("lt", "le") and step > 0:
+        span = bound - start
+        count = math.ceil(span / step) if op == "lt" else math.floor(span / step) + 1
+        return max(0, count)
+    if op in ("gt", "ge") and step < 0:
+        span = start - bound
+        count = math.ceil(span / -step) if op == "gt" else math.floor(span / -step) + 1
+        return max(0, count)
+    if op == "ne":
+        span = bound - start
+        if span % step == 0 and span / step >= 0:
+            return int(span // step)
+        return None
+    # e.g. ``i < n`` with a negative step: the loop either never runs or never ends.
+    return 0 if not _holds(start, bound, op) else None
+
+
+def _holds(a: float, b: float, op: str) -> bool:
+    return {"lt": a < b, "le": a <= b, "gt": a > b, "ge": a >= b, "ne": a != b}[op]

@@ -1,0 +1,134 @@
+"""The catalogue: names, parameters, errors, and what each policy decides per tag."""
+
+import jax
+import pytest
+
+import remat_kit as rk
+from remat_kit import names
+
+REQUIRED = [
+    "none", "full", "everything", "dots", "dots_no_batch", "offload_dots_no_batch", "block",
+    "minimal", "qkv_proj", "context", "megatron", "names", "except", "offload", "either",
+]
+
+
+def test_catalogue_has_the_contract_names():
+    got = rk.policy_names()
+    assert got == sorted(got)
+    assert set(REQUIRED) <= set(got)
+
+
+@pytest.mark.parametrize("name", [n for n in rk.policy_names() if n not in
+                                  ("names", "except", "offload", "either")])
+def test_every_simple_policy_has_description_and_callable(name):
+    p = rk.policy(name)
+    assert p.name == name and len(p.description) > 10
+    assert (p.jax_policy is None) == (name == "none")
+
+
+def test_none_is_no_remat_and_full_saves_nothing():
+    assert not rk.policy("none").is_remat
+    assert rk.policy("full").jax_policy is jax.checkpoint_policies.nothing_saveable
+
+
+@pytest.mark.parametrize(
+    ("name", "saved"),
+    [
+        ("block", {names.ATTN_OUT, names.BLOCK_OUT}),
+        ("qkv_proj", {names.QUERY_PROJ, names.KEY_PROJ, names.VALUE_PROJ}),
+        ("context", {names.CONTEXT}),
+        ("minimal", set(names.PROJECTION_NAMES)),
+        ("megatron", set(names.VOCABULARY) - set(names.SCORE_NAMES)),
+        ("full", set()),
+        ("everything", set(names.VOCABULARY)),
+    ],
+)
+def test_name_decisions(name, saved):
+    p = rk.policy(name)
+    got = {n for n in names.VOCABULARY if rk.decide(p, n) == "save"}
+    assert got == saved
+
+
+def test_names_except_offload_either_decisions():
+    p = rk.policy("names", save=["context", "mlpwo"])
+    assert [rk.decide(p, n) for n in ("context", "mlpwo", "query_proj")] == [
+        "save", "save", "recompute"]
+    e = rk.policy("except", names=["attn_scores", "attn_probs"])
+    assert rk.decide(e, "attn_probs") == "recompute" and rk.decide(e, "context") == "save"
+    o = rk.policy("offload", offload=["context"], save=["query_proj"])
+    assert rk.decide(o, "context") == "offload" and rk.decide(o, "query_proj") == "save"
+    assert rk.decide(o, "mlpwo") == "recompute"
+    both = rk.policy("either", a="qkv_proj", b=o)
+    assert rk.decide(both, "key_proj") == "save"
+    assert rk.decide(both, "context") == "offload"
+    assert rk.decide(both, "mlpwo") == "recompute"
+
+
+def test_except_does_not_save_untagged_values():
+    # jax's save_anything_except_these_names saves every untagged value too; ours must not.
+    from jax._src.lax import lax
+
+    e = rk.policy("except", names=["context"])
+    assert e(lax.exp_p) is False
+
+
+def test_minimal_offloaded_offloads_projections():
+    p = rk.policy("minimal_offloaded")
+    assert {rk.decide(p, n) for n in names.PROJECTION_NAMES} == {"offload"}
+
+
+def test_unknown_policy_lists_close_matches():
+    with pytest.raises(ValueError, match=r"unknown policy 'minmal'.*Did you mean minimal"):
+        rk.policy("minmal")
+
+
+def test_bad_parameter_names_close_match():
+    with pytest.raises(ValueError, match=r"no parameter 'saves'.*did you mean 'save'"):
+        rk.policy("names", saves=["context"])
+    with pytest.raises(ValueError, match="needs parameter"):
+        rk.policy("names")
+
+
+def test_wrong_types_raise_type_error():
+    with pytest.raises(TypeError, match="list of tag names"):
+        rk.policy("names", save="context")
+    with pytest.raises(TypeError):
+        rk.policy("names", save=[3])
+    with pytest.raises(TypeError):
+        rk.policy(3)
+    with pytest.raises(TypeError):
+        rk.as_policy(3.5)
+
+
+def test_unknown_tag_warns_only():
+    with pytest.warns(UserWarning, match="'query_prj' \\(did you mean 'query_proj'"):
+        p = rk.policy("names", save=["query_prj"])
+    assert rk.decide(p, "query_prj") == "save"
+
+
+def test_offload_rejects_bad_destination_and_overlap():
+    with pytest.raises(ValueError, match="unknown offload destination"):
+        rk.policy("offload", offload=["context"], dst="disk")
+    with pytest.raises(ValueError, match="both offloaded and saved"):
+        rk.policy("offload", offload=["context"], save=["context"])
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["minimal", "names:save=query_proj+mlpwo", "offload:offload=context,save=query_proj",
+     "except:names=attn_probs+attn_scores"],
+)
+def test_spec_round_trip(spec):
+    p = rk.parse_policy(spec)
+    again = rk.parse_policy(p.spec)
+    assert again.spec == p.spec
+    assert [rk.decide(again, n) for n in names.VOCABULARY] == [
+        rk.decide(p, n) for n in names.VOCABULARY]
+
+
+def test_raw_callable_becomes_custom_policy_and_policy_is_callable():
+    p = rk.as_policy(jax.checkpoint_policies.dots_saveable)
+    assert p.name == "custom" and p.jax_policy is jax.checkpoint_policies.dots_saveable
+    # A Policy is itself a jax policy callable.
+    assert rk.decide(rk.policy("context"), "context") == "save"
+    assert hash(rk.policy("minimal")) == hash(rk.policy("minimal"))

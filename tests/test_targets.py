@@ -1,0 +1,347 @@
+"""Tests for remat_kit.targets: named deviceless GPUs, cpu and local targets."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import PartitionSpec
+
+from remat_kit import targets as rkt
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Independent copy of the table in shared/gpu_targets.md:
+# name -> (description, device_memory_size, cc, HBM bytes/s, host link bytes/s, peak bf16 FLOP/s)
+TABLE = {
+    "h100-80gb": ("NVIDIA H100 80GB HBM3", 84942979072, (9, 0), 3352320000000, 64e9, 989e12),
+    "h100-pcie": ("NVIDIA H100 PCIe", 84942979072, (9, 0), 2039040000000, 64e9, 756e12),
+    "h200": ("NVIDIA H200 141GB HBM3e", 151397597184, (9, 0), 4800000000000, 64e9, 989e12),
+    "a100-80gb": ("NVIDIA A100-SXM4-80GB", 85100068864, (8, 0), 2039040000000, 32e9, 312e12),
+    "a100-40gb": ("NVIDIA A100-SXM4-40GB", 42331013120, (8, 0), 1555200000000, 32e9, 312e12),
+    "rtx4090": ("NVIDIA GeForce RTX 4090", 25757220864, (8, 9), 1008000000000, 32e9, 165e12),
+    "l4": ("NVIDIA L4", 24152899584, (8, 9), 300000000000, 32e9, 121e12),
+}
+
+H100_FACTS = {
+    "sms": 132,
+    "fp32_per_sm": 128,
+    "smem_per_sm": 233472,
+    "smem_optin": 232448,
+    "threads_per_sm": 2048,
+    "hbm_bandwidth": 3352320000000,
+    "l2_bytes": 52428800,
+    "clock_ghz": 1.98,
+    "memory_bytes": 84942979072,
+    "compute_capability": (9, 0),
+    "host_link_bandwidth": 64e9,
+    "peak_bf16_flops": 989e12,
+    "description": "NVIDIA H100 80GB HBM3",
+}
+
+
+def _compile_square(t: rkt.Target, spec: PartitionSpec | None = None):
+    x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=t.sharding(spec))
+    return jax.jit(lambda a: a @ a).lower(x).compile()
+
+
+def test_target_names_are_sorted_canonical_and_complete():
+    names = rkt.target_names()
+    assert names == sorted(names)
+    assert set(names) == {*TABLE, "cpu", "local"}
+    assert not {"h100", "h100-sxm", "a100"} & set(names)
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_gpu_facts_match_table(name):
+    desc, memory, cc, hbm, link, peak = TABLE[name]
+    t = rkt.target(name)
+    assert (t.name, t.kind, t.description) == (name, "gpu", desc)
+    assert t.memory_bytes == memory
+    assert t.compute_capability == cc
+    assert t.hbm_bandwidth == hbm
+    assert t.host_link_bandwidth == link
+    assert t.peak_bf16_flops == peak
+    assert f"device_memory_size: {memory}" in t.target_config
+    assert f"cuda_compute_capability {{ major: {cc[0]} minor: {cc[1]} }}" in t.target_config
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_gpu_mesh_is_one_device_of_that_kind(name):
+    mesh = rkt.target(name).mesh()
+    assert mesh.devices.size == 1
+    assert mesh.axis_names == ("x",)
+    dev = mesh.devices.flat[0]
+    assert dev.device_kind == TABLE[name][0]
+    assert dev.platform == "gpu"
+
+
+@pytest.mark.parametrize("name", ["h100-80gb", "rtx4090"])
+def test_compile_goes_to_that_gpu(name):
+    compiled = _compile_square(rkt.target(name))
+    assert compiled.memory_analysis().argument_size_in_bytes == 256 * 256 * 2
+    sharding = compiled.input_shardings[0][0]
+    assert sharding.mesh.devices.flat[0].device_kind == TABLE[name][0]
+    # A GPU backend emits gemm fusions / library calls that the CPU compiler never does.
+    text = compiled.as_text()
+    assert any(k in text for k in ("triton", "cublas", "gemm_fusion"))
+
+
+def test_eight_devices_mesh_and_sharded_compile():
+    t = rkt.target("h100", devices=8)
+    mesh = t.mesh()
+    assert mesh.devices.size == 8
+    assert len({d.id for d in mesh.devices.flat}) == 8
+    assert {d.device_kind for d in mesh.devices.flat} == {TABLE["h100-80gb"][0]}
+    compiled = _compile_square(t, PartitionSpec("x"))
+    assert compiled.memory_analysis().argument_size_in_bytes == 256 * 256 * 2 // 8
+
+
+def test_multi_host_topology():
+    t = rkt.target("h100", devices=16, hosts=2)
+    assert t.topology == "1x2x8"
+    assert t.devices_per_host == 8
+    mesh = t.mesh(("data", "model"), (8, 2))
+    assert dict(mesh.shape) == {"data": 8, "model": 2}
+    assert {d.process_index for d in mesh.devices.flat} == {0, 1}
+
+
+def test_mesh_default_shape_with_several_axes():
+    mesh = rkt.target("a100", devices=4).mesh(("data", "model"))
+    assert dict(mesh.shape) == {"data": 4, "model": 1}
+
+
+@pytest.mark.parametrize(
+    ("names", "shape", "match"),
+    [(("x",), (3,), "holds 3 devices"), (("x",), (2, 2), "2 axes"), ((), None, "at least one")],
+)
+def test_mesh_rejects_bad_shape(names, shape, match):
+    with pytest.raises(ValueError, match=match):
+        rkt.target("h100", devices=4).mesh(names, shape)
+
+
+@pytest.mark.parametrize(
+    ("alias", "canonical"),
+    [
+        ("h100", "h100-80gb"),
+        ("h100-sxm", "h100-80gb"),
+        ("a100", "a100-80gb"),
+        ("H100", "h100-80gb"),
+    ],
+)
+def test_aliases_resolve(alias, canonical):
+    assert rkt.target(alias) == rkt.target(canonical)
+    assert rkt.target(alias).name == canonical
+
+
+def test_unknown_name_lists_close_matches_and_all_names():
+    with pytest.raises(ValueError, match="unknown target 'h10'") as info:
+        rkt.target("h10")
+    msg = str(info.value)
+    assert "Did you mean" in msg and "h100-80gb" in msg.split("Known:")[0]
+    for name in rkt.target_names():
+        assert name in msg.split("Known:")[1]
+    with pytest.raises(ValueError) as info:
+        rkt.target("zzzzzz")
+    assert "Did you mean" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"devices": 0}, ValueError, "devices must be a positive int, got 0"),
+        ({"devices": -2}, ValueError, "got -2"),
+        ({"devices": 3, "hosts": 2}, ValueError, "devices=3 is not divisible by hosts=2"),
+        ({"hosts": 0}, ValueError, "hosts must be a positive int, got 0"),
+        ({"devices": "8"}, TypeError, "devices must be an int, got str: '8'"),
+        ({"devices": 2.0}, TypeError, "got float"),
+        ({"devices": True}, TypeError, "got bool"),
+    ],
+)
+def test_bad_device_counts_raise(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        rkt.target("h100", **kwargs)
+
+
+def test_cpu_and_local_reject_hosts():
+    with pytest.raises(ValueError, match="hosts=2"):
+        rkt.target("cpu", devices=2, hosts=2)
+
+
+def test_custom_target_equals_builtin_and_compiles():
+    t = rkt.custom_target("my-h100", H100_FACTS)
+    ref = rkt.target("h100")
+    assert t.memory_bytes == ref.memory_bytes
+    assert t.target_config == ref.target_config
+    assert t == dataclasses.replace(ref, name="my-h100")
+    compiled = _compile_square(t)
+    assert compiled.memory_analysis().argument_size_in_bytes == 131072
+    assert (
+        compiled.input_shardings[0][0].mesh.devices.flat[0].device_kind == H100_FACTS["description"]
+    )
+
+
+def test_custom_target_changed_memory_reaches_the_proto():
+    facts = {k: v for k, v in H100_FACTS.items() if k != "description"}
+    facts["memory_bytes"] = 96 * 2**30
+    t = rkt.custom_target("h100-96gb", facts, devices=2)
+    assert t.description == "h100-96gb"
+    assert t.devices == 2
+    assert rkt.target_from_config(t.target_config).memory_bytes == 96 * 2**30
+    assert t.mesh().devices.size == 2
+
+
+def test_custom_target_missing_and_unknown_keys():
+    facts = {k: v for k, v in H100_FACTS.items() if k not in ("sms", "l2_bytes")}
+    with pytest.raises(ValueError, match="missing sms, l2_bytes") as info:
+        rkt.custom_target("x", facts)
+    assert "Keys: sms, fp32_per_sm" in str(info.value)
+    assert "peak_bf16_flops" in str(info.value)
+    with pytest.raises(ValueError, match="unknown smz"):
+        rkt.custom_target("x", {**H100_FACTS, "smz": 1})
+    with pytest.raises(ValueError, match="memory_bytes must be a positive number"):
+        rkt.custom_target("x", {**H100_FACTS, "memory_bytes": 0})
+
+
+@pytest.mark.parametrize("name", sorted(TABLE))
+def test_target_from_config_round_trip(name):
+    ref = rkt.target(name)
+    got = rkt.target_from_config(
+        ref.target_config,
+        name,
+        host_link_bandwidth=ref.host_link_bandwidth,
+        peak_bf16_flops=ref.peak_bf16_flops,
+    )
+    assert got == ref
+
+
+def test_target_from_config_file(tmp_path):
+    path = tmp_path / "my-rtx.txtpb"
+    path.write_text(rkt.target("rtx4090").target_config)
+    t = rkt.target_from_config(path)
+    assert t.name == "my-rtx"
+    assert (t.memory_bytes, t.compute_capability) == (25757220864, (8, 9))
+    assert t.description == "NVIDIA GeForce RTX 4090"
+    assert t.host_link_bandwidth is None
+    assert t.mesh().devices.flat[0].device_kind == "NVIDIA GeForce RTX 4090"
+    assert rkt.target_from_config(str(path), "other").name == "other"
+
+
+def test_target_from_config_errors(tmp_path):
+    bad = tmp_path / "bad.txtpb"
+    bad.write_text('gpu_device_info {\n  core_count: 132\n}\ndevice_description_str: "X"\n')
+    with pytest.raises(ValueError, match=r"bad\.txtpb.*device_memory_size"):
+        rkt.target_from_config(bad)
+    with pytest.raises(ValueError, match="does not exist"):
+        rkt.target_from_config(tmp_path / "missing.txtpb")
+
+
+def test_fits():
+    t = rkt.target("h100")
+    assert t.fits(84942979072) is True
+    assert t.fits(84942979073) is False
+    assert rkt.target("rtx4090").fits(30 * 2**30) is False
+    assert rkt.target("cpu").fits(1) is None
+
+
+def test_to_dict_is_json_ready():
+    d = rkt.target("a100-40gb", devices=8, hosts=2).to_dict()
+    assert "target_config" not in d
+    assert json.loads(json.dumps(d)) == d
+    assert d["memory_bytes"] == 42331013120
+    assert d["compute_capability"] == [8, 0]
+    assert (d["topology"], d["devices_per_host"], d["devices"]) == ("1x2x4", 4, 8)
+
+
+def test_cpu_target():
+    t = rkt.target("cpu")
+    assert (t.kind, t.memory_bytes, t.target_config) == ("cpu", None, None)
+    mesh = t.mesh()
+    assert mesh.devices.size == 1 and mesh.devices.flat[0].platform == "cpu"
+    n = len(jax.devices("cpu"))
+    too_many = rkt.target("cpu", devices=n + 1)
+    with pytest.raises(ValueError, match="xla_force_host_platform_device_count"):
+        too_many.mesh()
+
+
+def test_local_target_is_jax_default_device():
+    t = rkt.target("local")
+    dev = jax.devices()[0]
+    assert t.kind == "local"
+    assert t.description == dev.device_kind
+    assert t.mesh().devices.flat[0] == dev
+    if dev.platform == "cpu":
+        assert t.memory_bytes is None
+    with pytest.raises(ValueError, match="local"):
+        rkt.target("local", devices=len(jax.devices()) + 1)
+
+
+def test_check_deviceless_passes_here():
+    rkt.check_deviceless(rkt.target("l4"))  # must not raise under JAX_PLATFORMS=cpu
+    rkt.check_deviceless(rkt.target("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("installed", "match"),
+    [(False, r"pip install 'jax\[cuda12\]'"), (True, "JAX_PLATFORMS=cpu")],
+)
+def test_failures_become_actionable_target_errors(monkeypatch, installed, match):
+    def broken(config, topology):
+        raise NotImplementedError("topology not implemented for cuda")
+
+    monkeypatch.setattr(rkt, "_cached_topology", broken)
+    monkeypatch.setattr(rkt, "_cuda_plugin_installed", lambda: installed)
+    with pytest.raises(rkt.TargetError, match=match) as info:
+        rkt.target("h200").mesh()
+    assert isinstance(info.value, RuntimeError)
+    assert "h200" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a real GPU driver is present")
+def test_without_jax_platforms_the_error_says_what_to_set():
+    proc = _run(
+        "from remat_kit import targets as rkt\n"
+        "try:\n    rkt.target('h100').mesh(); print('NO ERROR')\n"
+        "except rkt.TargetError as e:\n    print('TargetError:', e)\n"
+    )
+    assert "TargetError:" in proc.stdout, proc.stdout + proc.stderr
+    assert "JAX_PLATFORMS=cpu" in proc.stdout
+
+
+def test_configure_for_deviceless_in_a_fresh_process():
+    proc = _run(
+        "import os, jax\n"
+        "from remat_kit import targets as rkt\n"
+        "rkt.configure_for_deviceless()\n"
+        "print(os.environ.get('JAX_PLATFORMS'))\n"
+        "print(rkt.target('h100').mesh().devices.flat[0].device_kind)\n"
+    )
+    assert proc.stdout.split("\n")[:2] == ["cpu", "NVIDIA H100 80GB HBM3"], proc.stderr
+
+
+def test_configure_for_deviceless_leaves_initialized_backends_alone():
+    proc = _run(
+        "import os, jax\n"
+        "jax.devices()\n"
+        "from remat_kit import targets as rkt\n"
+        "rkt.configure_for_deviceless()\n"
+        "print(os.environ.get('JAX_PLATFORMS'))\n"
+    )
+    assert proc.stdout.strip() == "None", proc.stderr
