@@ -58,7 +58,7 @@ def test_dropout_same_key_same_gradients(policy, scan):
 @pytest.mark.parametrize("model", MODELS)
 def test_scan_and_unrolled_agree(model):
     cfg_s, toks, params_s, (loss_s, _) = _setup(model, True)
-    cfg_u, _, params_u, (loss_u, grads_u) = _setup(model, False)
+    cfg_u, _, params_u, _ = _setup(model, False)
     # Unstack the scanned parameters into per-layer trees and compare the losses.
     stacked = params_s["params"]["decoder"]["layers"]
     unrolled = dict(params_u["params"])
@@ -79,8 +79,10 @@ def test_presets_param_count_matches_init(name):
 
 
 def test_published_sizes():
-    billions = {n: models.get_config(n).param_count() / 1e9 for n in
-                ("llama3-8b", "llama3-70b", "llama2-13b", "llama3.2-1b", "llama3.2-3b")}
+    billions = {
+        n: models.get_config(n).param_count() / 1e9
+        for n in ("llama3-8b", "llama3-70b", "llama2-13b", "llama3.2-1b", "llama3.2-3b")
+    }
     assert billions["llama3-8b"] == pytest.approx(8.03, abs=0.01)
     assert billions["llama3-70b"] == pytest.approx(70.55, abs=0.05)
     assert billions["llama2-13b"] == pytest.approx(13.02, abs=0.02)
@@ -92,9 +94,9 @@ def test_published_sizes():
 def test_overrides_and_errors():
     cfg = models.get_config("llama3-8b", layers=64, width=2048)
     assert (cfg.n_layers, cfg.d_model, cfg.dim_per_head) == (64, 2048, 64)
-    with pytest.raises(ValueError, match="unknown model 'llama3-7b'.*llama3-8b"):
+    with pytest.raises(ValueError, match=r"unknown model 'llama3-7b'.*llama3-8b"):
         models.get_config("llama3-7b")
-    with pytest.raises(ValueError, match="unknown model override 'layer'.*layers"):
+    with pytest.raises(ValueError, match=r"unknown model override 'layer'.*layers"):
         models.get_config("tiny-llama", layer=3)
     with pytest.raises(ValueError, match="not divisible"):
         models.get_config("tiny-llama", width=66)
@@ -113,7 +115,7 @@ def test_every_vocabulary_tag_exists_in_the_models():
         toks = tokens()
         module = models.build(cfg)
         params = module.init(jax.random.key(0), toks)
-        jaxpr = jax.make_jaxpr(lambda p: module.apply(p, toks))(params)
+        jaxpr = jax.make_jaxpr(module.apply)(params, toks)
         seen |= {str(e.params["name"]) for e in _eqns(jaxpr.jaxpr) if e.primitive.name == "name"}
     assert seen == set(names.VOCABULARY)
 

@@ -7,8 +7,21 @@ import remat_kit as rk
 from remat_kit import names
 
 REQUIRED = [
-    "none", "full", "everything", "dots", "dots_no_batch", "offload_dots_no_batch", "block",
-    "minimal", "qkv_proj", "context", "megatron", "names", "except", "offload", "either",
+    "none",
+    "full",
+    "everything",
+    "dots",
+    "dots_no_batch",
+    "offload_dots_no_batch",
+    "block",
+    "minimal",
+    "qkv_proj",
+    "context",
+    "megatron",
+    "names",
+    "except",
+    "offload",
+    "either",
 ]
 
 
@@ -18,8 +31,9 @@ def test_catalogue_has_the_contract_names():
     assert set(REQUIRED) <= set(got)
 
 
-@pytest.mark.parametrize("name", [n for n in rk.policy_names() if n not in
-                                  ("names", "except", "offload", "either")])
+@pytest.mark.parametrize(
+    "name", [n for n in rk.policy_names() if n not in ("names", "except", "offload", "either")]
+)
 def test_every_simple_policy_has_description_and_callable(name):
     p = rk.policy(name)
     assert p.name == name and len(p.description) > 10
@@ -52,7 +66,10 @@ def test_name_decisions(name, saved):
 def test_names_except_offload_either_decisions():
     p = rk.policy("names", save=["context", "mlpwo"])
     assert [rk.decide(p, n) for n in ("context", "mlpwo", "query_proj")] == [
-        "save", "save", "recompute"]
+        "save",
+        "save",
+        "recompute",
+    ]
     e = rk.policy("except", names=["attn_scores", "attn_probs"])
     assert rk.decide(e, "attn_probs") == "recompute" and rk.decide(e, "context") == "save"
     o = rk.policy("offload", offload=["context"], save=["query_proj"])
@@ -115,15 +132,20 @@ def test_offload_rejects_bad_destination_and_overlap():
 
 @pytest.mark.parametrize(
     "spec",
-    ["minimal", "names:save=query_proj+mlpwo", "offload:offload=context,save=query_proj",
-     "except:names=attn_probs+attn_scores"],
+    [
+        "minimal",
+        "names:save=query_proj+mlpwo",
+        "offload:offload=context,save=query_proj",
+        "except:names=attn_probs+attn_scores",
+    ],
 )
 def test_spec_round_trip(spec):
     p = rk.parse_policy(spec)
     again = rk.parse_policy(p.spec)
     assert again.spec == p.spec
     assert [rk.decide(again, n) for n in names.VOCABULARY] == [
-        rk.decide(p, n) for n in names.VOCABULARY]
+        rk.decide(p, n) for n in names.VOCABULARY
+    ]
 
 
 def test_raw_callable_becomes_custom_policy_and_policy_is_callable():
