@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from models.config import ModelConfig
+from models.lora import project
 from remat_kit import names
 
 
@@ -50,9 +51,13 @@ class SelfAttention(nn.Module):
             kernel_init=nn.initializers.normal(0.02),
             name=name,
         )
-        q = checkpoint_name(dense((n, h), "query")(x), names.QUERY_PROJ)
-        k = checkpoint_name(dense((kv, h), "key")(x), names.KEY_PROJ)
-        v = checkpoint_name(dense((kv, h), "value")(x), names.VALUE_PROJ)
+        q = checkpoint_name(
+            project(cfg, dense((n, h), "query"), x, (n, h), "query"), names.QUERY_PROJ
+        )
+        k = checkpoint_name(project(cfg, dense((kv, h), "key"), x, (kv, h), "key"), names.KEY_PROJ)
+        v = checkpoint_name(
+            project(cfg, dense((kv, h), "value"), x, (kv, h), "value"), names.VALUE_PROJ
+        )
         if self.use_rope:
             positions = jnp.arange(s)
             q = rope(q, positions, cfg.rope_theta)
@@ -71,7 +76,7 @@ class SelfAttention(nn.Module):
             context = self._einsum_attention(q, k, v)
         context = checkpoint_name(context, names.CONTEXT)
 
-        out = nn.DenseGeneral(
+        out_layer = nn.DenseGeneral(
             cfg.d_model,
             axis=(-2, -1),
             use_bias=self.use_bias,
@@ -79,7 +84,8 @@ class SelfAttention(nn.Module):
             param_dtype=cfg.param_dtype,
             kernel_init=nn.initializers.normal(0.02),
             name="out",
-        )(context)
+        )
+        out = project(cfg, out_layer, context, (cfg.d_model,), "out", in_axes=2)
         return checkpoint_name(out, names.OUT_PROJ)
 
     def _einsum_attention(self, q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:

@@ -61,6 +61,8 @@ class ModelConfig:
     scan_layers: bool = True
     policy: str | Callable[..., Any] | None = "none"
     attention: str = "xla"
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -89,6 +91,13 @@ class ModelConfig:
         if self.n_heads % self.n_kv_heads:
             raise ValueError(
                 f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            )
+        if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ValueError(f"lora_rank={self.lora_rank!r} must be a non-negative int")
+        if self.lora_rank > min(self.d_model, self.d_ff):
+            raise ValueError(
+                f"lora_rank={self.lora_rank} exceeds the model width {self.d_model}: "
+                f"use a rank below {min(self.d_model, self.d_ff)}"
             )
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate={self.dropout_rate!r} must be in [0, 1)")

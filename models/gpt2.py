@@ -13,6 +13,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from models.attention import SelfAttention
 from models.config import ModelConfig
+from models.lora import project
 from models.stack import BlockStack
 from remat_kit import names
 
@@ -33,8 +34,11 @@ class GeluMLP(nn.Module):
             kernel_init=nn.initializers.normal(0.02),
             name=name,
         )
-        hidden = checkpoint_name(dense(cfg.d_ff, "wi")(x), names.MLPWI)
-        out = checkpoint_name(dense(cfg.d_model, "wo")(nn.gelu(hidden)), names.MLPWO)
+        hidden = checkpoint_name(
+            project(cfg, dense(cfg.d_ff, "wi"), x, (cfg.d_ff,), "wi"), names.MLPWI
+        )
+        out = project(cfg, dense(cfg.d_model, "wo"), nn.gelu(hidden), (cfg.d_model,), "wo")
+        out = checkpoint_name(out, names.MLPWO)
         return nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(out)
 
 

@@ -8,6 +8,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 from models.attention import SelfAttention
 from models.config import ModelConfig
+from models.lora import project
 from models.stack import BlockStack
 from remat_kit import names
 
@@ -28,9 +29,12 @@ class SwiGLU(nn.Module):
             kernel_init=nn.initializers.normal(0.02),
             name=name,
         )
-        gate = checkpoint_name(dense(cfg.d_ff, "wi_0")(x), names.MLPWI_0)
-        up = checkpoint_name(dense(cfg.d_ff, "wi_1")(x), names.MLPWI_1)
-        out = dense(cfg.d_model, "wo")(nn.silu(gate) * up)
+        gate = project(cfg, dense(cfg.d_ff, "wi_0"), x, (cfg.d_ff,), "wi_0")
+        gate = checkpoint_name(gate, names.MLPWI_0)
+        up = checkpoint_name(
+            project(cfg, dense(cfg.d_ff, "wi_1"), x, (cfg.d_ff,), "wi_1"), names.MLPWI_1
+        )
+        out = project(cfg, dense(cfg.d_model, "wo"), nn.silu(gate) * up, (cfg.d_model,), "wo")
         return checkpoint_name(out, names.MLPWO)
 
 

@@ -7,16 +7,59 @@ Example:
 """
 
 from remat_kit import names
+from remat_kit.analysis import MemoryReport, RematWarning, abstract, memory_report
+from remat_kit.flops import FlopCount, count_flops, count_jaxpr_flops
 from remat_kit.policies import Policy, as_policy, decide, parse_policy, policy, policy_names
+from remat_kit.residuals import Residual, ResidualReport, saved_residuals
+from remat_kit.targets import (
+    Target,
+    TargetError,
+    configure_for_deviceless,
+    custom_target,
+    target,
+    target_from_config,
+    target_names,
+)
+from remat_kit.train import (
+    OPTIMIZERS,
+    TrainConfig,
+    TrainStep,
+    add_breakdown,
+    build_train_step,
+    make_optimizer,
+)
 from remat_kit.wrap import remat
 
 __all__ = [
+    "OPTIMIZERS",
+    "FlopCount",
+    "MemoryReport",
     "Policy",
+    "RematWarning",
+    "Residual",
+    "ResidualReport",
+    "Target",
+    "TargetError",
+    "TrainConfig",
+    "TrainStep",
+    "abstract",
+    "add_breakdown",
     "as_policy",
+    "build_train_step",
+    "configure_for_deviceless",
+    "count_flops",
+    "count_jaxpr_flops",
+    "custom_target",
     "decide",
+    "make_optimizer",
+    "memory_report",
     "names",
     "parse_policy",
     "policy",
     "policy_names",
     "remat",
+    "saved_residuals",
+    "target",
+    "target_from_config",
+    "target_names",
 ]

@@ -45,6 +45,9 @@ class Policy:
       jax_policy: the callable handed to ``jax.checkpoint(policy=...)``. ``None`` only
         for ``"none"``, which means no rematerialization at all.
       params: the parameters a parameterized family was built with.
+      tags: for a name-based policy, the tags it saves or offloads (empty otherwise):
+        a report warns when a program has none of them.
+      offloads: whether the policy moves anything to host memory.
 
     Example:
       >>> import remat_kit as rk
@@ -56,6 +59,8 @@ class Policy:
     description: str
     jax_policy: Callable[..., Any] | None
     params: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    offloads: bool = False
 
     @property
     def is_remat(self) -> bool:
@@ -149,7 +154,12 @@ def _simple(
 
 
 def _save_names(name: str, description: str, saved: tuple[str, ...]) -> Callable[..., Policy]:
-    return _simple(name, description, jax.checkpoint_policies.save_only_these_names(*saved))
+    def make() -> Policy:
+        return Policy(
+            name, description, jax.checkpoint_policies.save_only_these_names(*saved), tags=saved
+        )
+
+    return make
 
 
 def _names_policy(save: Iterable[str]) -> Policy:
@@ -159,6 +169,7 @@ def _names_policy(save: Iterable[str]) -> Policy:
         f"save only tensors tagged {', '.join(saved) or '(none)'}; recompute the rest",
         jax.checkpoint_policies.save_only_these_names(*saved),
         {"save": saved},
+        tags=saved,
     )
 
 
@@ -176,6 +187,7 @@ def _except_policy(names: Iterable[str]) -> Policy:
         f"save every tagged tensor except {', '.join(sorted(excluded)) or '(none)'}",
         save_tagged_except,
         {"names": tuple(sorted(excluded))},
+        tags=tuple(n for n in _names.VOCABULARY if n not in excluded),
     )
 
 
@@ -205,6 +217,8 @@ def _offload_policy(
             offload_dst=dst,
         ),
         {"offload": moved, "save": kept, "dst": dst},
+        tags=moved + kept,
+        offloads=True,
     )
 
 
@@ -230,6 +244,8 @@ def _either_policy(a: Any, b: Any) -> Policy:
         f"save what {pa.spec} or {pb.spec} saves",
         save_either,
         {"a": pa, "b": pb},
+        tags=tuple(dict.fromkeys(pa.tags + pb.tags)) if pa.tags and pb.tags else (),
+        offloads=pa.offloads or pb.offloads,
     )
 
 
@@ -268,10 +284,11 @@ _CATALOGUE: dict[str, Callable[..., Policy]] = {
         "save matmuls without batch dims, i.e. the weight projections (jax's policy)",
         jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
     ),
-    "offload_dots_no_batch": _simple(
+    "offload_dots_no_batch": lambda: Policy(
         "offload_dots_no_batch",
         "offload the weight-projection matmul outputs to pinned host memory",
         jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+        offloads=True,
     ),
     "block": _save_names(
         "block",
@@ -283,7 +300,7 @@ _CATALOGUE: dict[str, Callable[..., Policy]] = {
         "save q/k/v/out and MLP in/out projections (MaxText 'minimal')",
         _MINIMAL,
     ),
-    "minimal_offloaded": _simple(
+    "minimal_offloaded": lambda: Policy(
         "minimal_offloaded",
         "offload the 'minimal' projections to pinned host instead of keeping them",
         jax.checkpoint_policies.save_and_offload_only_these_names(
@@ -292,6 +309,8 @@ _CATALOGUE: dict[str, Callable[..., Policy]] = {
             offload_src="device",
             offload_dst="pinned_host",
         ),
+        tags=_MINIMAL,
+        offloads=True,
     ),
     "qkv_proj": _save_names("qkv_proj", "save the q/k/v projections only", _QKV),
     "context": _save_names(

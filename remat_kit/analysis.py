@@ -1,0 +1,299 @@
+"""Compile a function for a Target from abstract shapes and read XLA's memory analysis.
+
+Nothing is allocated: arguments become ``jax.ShapeDtypeStruct`` s placed on the
+target's mesh, the program is lowered and compiled for that target (a GPU that need
+not be present), and the compiled program's ``memory_analysis()`` gives the figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_kit import flops as _flops
+from remat_kit.policies import Policy, as_policy
+from remat_kit.residuals import tags_in
+from remat_kit.targets import Target, target as _target
+
+__all__ = ["MemoryReport", "RematWarning", "abstract", "memory_report"]
+
+
+class RematWarning(UserWarning):
+    """A report figure the user should read twice (a no-op policy, XLA's own remat, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """XLA's memory analysis of one compiled program for one target, per device.
+
+    Attributes:
+      target: target name; ``target_memory_bytes`` its device memory (None for cpu).
+      devices: devices the program was compiled for (figures are per device).
+      peak_bytes: argument + output + temp - alias, the usual total (MaxText, JAX's
+        host-offloading guide).
+      argument_bytes, output_bytes, temp_bytes, alias_bytes: XLA's fields.
+      host_bytes: bytes in pinned host memory (offloaded activations), all host fields.
+      host_temp_bytes: host temporaries alone.
+      xla_peak_bytes: XLA's own peak when this jaxlib reports one, else None.
+      flops: FLOPs of the whole program per step, recomputation included, scan bodies
+        times their trip count (counted from the jaxpr; XLA has none for these compiles).
+      flops_detail: FlopCount.to_dict().
+      tags: checkpoint-name tags present in the program.
+      xla_remat: XLA's rematerialization pass changed the program to fit the device;
+        the figures then include XLA's choices, not only the policy's.
+      policy, schedule, attention: what was measured (labels, set by the caller).
+      compile_seconds: lowering + compiling wall time.
+      breakdown: bytes by role (weights, gradients, optimizer, ...) when the caller
+        knows them (remat_kit.train does); activation bytes are what is left.
+      meta: other labels (model, batch, seq, ...).
+      warnings: messages for the user, also issued as RematWarning.
+    """
+
+    target: str
+    target_memory_bytes: int | None
+    devices: int
+    peak_bytes: int
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    host_bytes: int
+    host_temp_bytes: int
+    generated_code_bytes: int
+    xla_peak_bytes: int | None
+    flops: float
+    flops_detail: Mapping[str, Any]
+    tags: tuple[str, ...]
+    xla_remat: bool
+    policy: str | None
+    schedule: str | None
+    attention: str | None
+    compile_seconds: float
+    breakdown: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool | None:
+        """peak_bytes <= the target's memory (None for targets without a size)."""
+        if self.target_memory_bytes is None:
+            return None
+        return self.peak_bytes <= self.target_memory_bytes
+
+    @property
+    def over_by_bytes(self) -> int | None:
+        """How far the peak exceeds the target's memory (negative: room left)."""
+        if self.target_memory_bytes is None:
+            return None
+        return self.peak_bytes - self.target_memory_bytes
+
+    def replace(self, **changes: Any) -> MemoryReport:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict of every field, plus ``fits``."""
+        out = dataclasses.asdict(self)
+        out["breakdown"] = dict(self.breakdown)
+        out["meta"] = dict(self.meta)
+        out["flops_detail"] = dict(self.flops_detail)
+        out["tags"] = list(self.tags)
+        out["warnings"] = list(self.warnings)
+        out["fits"] = self.fits
+        return out
+
+
+def abstract(tree: Any, sharding: Any = None) -> Any:
+    """Arrays and ShapeDtypeStructs -> ShapeDtypeStructs (optionally placed on ``sharding``).
+
+    Args:
+      tree: a pytree of arrays, ShapeDtypeStructs or anything with shape and dtype.
+      sharding: a Sharding for every leaf, or a pytree prefix of Shardings; leaves that
+        already carry a NamedSharding on the same mesh keep theirs.
+
+    Returns:
+      The same pytree of ShapeDtypeStructs.
+    """
+
+    def one(x: Any, s: Any) -> Any:
+        if not (hasattr(x, "shape") and hasattr(x, "dtype")):
+            raise TypeError(
+                f"memory_report arguments must be arrays or jax.ShapeDtypeStruct, got "
+                f"{type(x).__name__} {x!r}"
+            )
+        own = getattr(x, "sharding", None)
+        keep = (
+            own is not None
+            and s is not None
+            and getattr(own, "mesh", None) == getattr(s, "mesh", None)
+        )
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=own if keep else s)
+
+    if sharding is None or not isinstance(sharding, jax.sharding.Sharding):
+        if sharding is None:
+            return jax.tree.map(lambda x: one(x, None), tree)
+        return jax.tree.map(one, tree, sharding)
+    return jax.tree.map(lambda x: one(x, sharding), tree)
+
+
+def memory_report(
+    fn: Callable[..., Any],
+    *args: Any,
+    target: Target | str = "h100-80gb",
+    donate_argnums: int | Sequence[int] = (),
+    in_shardings: Any = None,
+    out_shardings: Any = None,
+    policy: Policy | str | None = None,
+    schedule: str | None = None,
+    attention: str | None = None,
+    meta: Mapping[str, Any] | None = None,
+    count_flops: bool = True,
+    warn: bool = True,
+) -> MemoryReport:
+    """Compiles ``fn(*args)`` for ``target`` and reports its memory, per device.
+
+    Args:
+      fn: a jittable callable.
+      *args: arrays or ``jax.ShapeDtypeStruct`` pytrees (nothing is allocated).
+      target: a Target or target name; GPU targets compile deviceless.
+      donate_argnums: arguments whose buffers the outputs may reuse (train state).
+      in_shardings: a Sharding (or pytree prefix) per argument; default replicated on
+        the target's mesh.
+      out_shardings: passed to ``jax.jit``.
+      policy: the policy the program was built with: a label in the report, and the
+        basis of the "matched no tag" and "moved nothing to host" warnings.
+      schedule: label of the layer schedule used.
+      attention: label of the attention implementation used.
+      meta: extra labels kept in the report.
+      count_flops: count FLOPs from the jaxpr (a second trace; cheap).
+      warn: also issue the report's warnings as ``RematWarning``.
+
+    Returns:
+      The MemoryReport.
+
+    Raises:
+      TypeError: an argument leaf is not array-like.
+      remat_kit.TargetError: the GPU target cannot be compiled for here (one line on why).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat_kit as rk
+      >>> x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+      >>> r = rk.memory_report(lambda a: a @ a, x, target="h100")
+      >>> r.argument_bytes, r.fits
+      (2097152, True)
+    """
+    t = _target(target) if isinstance(target, str) else target
+    if not isinstance(t, Target):
+        raise TypeError(f"target must be a name or rk.Target, got {type(target).__name__}")
+    pol = as_policy(policy) if policy is not None else None
+    shardings = in_shardings if in_shardings is not None else t.sharding()
+    if in_shardings is not None and isinstance(in_shardings, Sequence):
+        abstract_args = tuple(abstract(a, s) for a, s in zip(args, in_shardings, strict=True))
+    else:
+        abstract_args = tuple(abstract(a, shardings) for a in args)
+
+    start = time.perf_counter()
+    jitted = jax.jit(fn, donate_argnums=donate_argnums, out_shardings=out_shardings)
+    with warnings.catch_warnings():
+        # Donation of buffers the output cannot reuse is routine for train states.
+        warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
+        lowered = jitted.lower(*abstract_args)
+        compiled = lowered.compile()
+    seconds = time.perf_counter() - start
+    stats = compiled.memory_analysis()
+
+    closed = jax.make_jaxpr(fn)(*abstract_args) if count_flops or pol is not None else None
+    count = _flops.count_jaxpr_flops(closed) if count_flops and closed is not None else None
+    tags = tuple(sorted(tags_in(closed))) if closed is not None else ()
+
+    arg, out = int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes)
+    temp, alias = int(stats.temp_size_in_bytes), int(stats.alias_size_in_bytes)
+    host_temp = int(getattr(stats, "host_temp_size_in_bytes", 0))
+    host = (
+        int(getattr(stats, "host_argument_size_in_bytes", 0))
+        + int(getattr(stats, "host_output_size_in_bytes", 0))
+        + host_temp
+        - int(getattr(stats, "host_alias_size_in_bytes", 0))
+    )
+    xla_peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0) or None
+    xla_remat = _xla_rematerialized(compiled)
+    report = MemoryReport(
+        target=t.name,
+        target_memory_bytes=t.memory_bytes,
+        devices=t.devices,
+        peak_bytes=arg + out + temp - alias,
+        argument_bytes=arg,
+        output_bytes=out,
+        temp_bytes=temp,
+        alias_bytes=alias,
+        host_bytes=host,
+        host_temp_bytes=host_temp,
+        generated_code_bytes=int(stats.generated_code_size_in_bytes),
+        xla_peak_bytes=xla_peak,
+        flops=float(count.total) if count is not None else float("nan"),
+        flops_detail=count.to_dict() if count is not None else {},
+        tags=tags,
+        xla_remat=xla_remat,
+        policy=pol.spec if pol is not None else None,
+        schedule=schedule,
+        attention=attention,
+        compile_seconds=seconds,
+        meta=dict(meta or {}),
+    )
+    notes = _warnings_for(report, pol, t)
+    if warn:
+        for note in notes:
+            warnings.warn(note, RematWarning, stacklevel=2)
+    return report.replace(warnings=tuple(notes))
+
+
+def _xla_rematerialized(compiled: Any) -> bool:
+    # XLA's HloRematerialization pass names the clones it makes "<op>.remat<N>".
+    try:
+        text = compiled.as_text()
+    except Exception:  # as_text is a debugging API; absence must not fail a report
+        return False
+    return ".remat" in text
+
+
+def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
+    notes = []
+    if pol is not None and pol.tags:
+        matched = set(pol.tags) & set(r.tags)
+        if not matched:
+            notes.append(
+                f"policy {pol.spec!r} names {', '.join(pol.tags)} but the program tags none of "
+                f"them (it has: {', '.join(r.tags) or 'no tags'}); it behaves like 'full'"
+            )
+    if pol is not None and pol.offloads and r.host_temp_bytes == 0 and r.host_bytes == 0:
+        notes.append(
+            f"policy {pol.spec!r} offloads to host but XLA moved 0 bytes there: nothing it "
+            "names is a residual of this program"
+        )
+    if r.xla_remat:
+        notes.append(
+            f"XLA's own rematerialization pass stepped in to fit {t.name}: these figures "
+            "include XLA's choices on top of the policy"
+        )
+    if r.fits is False:
+        over = r.peak_bytes - (r.target_memory_bytes or 0)
+        notes.append(
+            f"does not fit {t.name}: peak {r.peak_bytes / 2**30:.2f} GiB is "
+            f"{over / 2**30:.2f} GiB over its {(r.target_memory_bytes or 0) / 2**30:.2f} GiB"
+        )
+    return notes
+
+
+def nbytes(tree: Any) -> int:
+    """Total bytes of a pytree of arrays or ShapeDtypeStructs."""
+    return int(
+        sum(
+            int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+            for x in jax.tree.leaves(tree)
+        )
+    )

@@ -1,0 +1,293 @@
+"""What a policy actually keeps: the residuals of a function's backward pass, by tag name.
+
+The residuals are the values the forward pass hands to the backward pass: what stays
+in memory between them. We trace ``jax.vjp`` abstractly and follow every residual back
+to the op that made it, through ``scan`` (scanned layers stack residuals along a layer
+axis), ``jit`` and ``checkpoint`` boundaries and host-offload ``device_put`` s, so a
+residual is reported by its ``checkpoint_name`` tag even in a scanned model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.extend import core
+
+from remat_kit.policies import Policy, as_policy, decide
+
+__all__ = ["Residual", "ResidualReport", "saved_residuals", "tags_in"]
+
+# Primitives whose output is its (only) input, reshaped or retyped: look through them.
+_PASS_THROUGH = {
+    "convert_element_type",
+    "reduce_precision",
+    "copy",
+    "copy_p",
+    "reshape",
+    "squeeze",
+    "broadcast_in_dim",
+}
+# Primitives that wrap one sub-jaxpr whose outputs are the eqn's outputs one to one.
+_CALLS = {
+    "pjit",
+    "jit",
+    "closed_call",
+    "core_call",
+    "remat2",
+    "checkpoint",
+    "custom_jvp_call",
+    "custom_vjp_call",
+    "custom_vjp_call_jaxpr",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Residual:
+    """One value kept for the backward pass.
+
+    Attributes:
+      name: the ``checkpoint_name`` tag, ``"argument"`` for an input of the function (a
+        weight or the batch), else ``"<primitive>"`` of the op that produced it.
+      shape: its shape (with a leading layer axis when it comes out of a scan).
+      dtype: dtype name.
+      nbytes: bytes.
+      kind: ``"saved"`` (in device memory) or ``"offloaded"`` (in host memory).
+      layers: how many layers share it (the scan length, else 1).
+      source: where it came from, for a human reader.
+    """
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    kind: str
+    layers: int
+    source: str
+
+    @property
+    def tagged(self) -> bool:
+        return not (self.name == "argument" or self.name.startswith("<"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualReport:
+    """Residuals of a function's backward pass, and the decision for every tag.
+
+    Attributes:
+      residuals: every residual, in jaxpr order.
+      tags: tag name -> ``"saved" | "offloaded" | "recomputed"`` for every tag in the
+        forward pass (recomputed: tagged in the forward pass but not a residual).
+      tag_bytes: tag name -> bytes of one occurrence (a layer's worth).
+      tag_count: tag name -> number of occurrences (layers x uses).
+    """
+
+    residuals: tuple[Residual, ...]
+    tags: Mapping[str, str]
+    tag_bytes: Mapping[str, int]
+    tag_count: Mapping[str, int]
+
+    def bytes_by(self, kind: str | None = None, *, tagged_only: bool = False) -> int:
+        """Total residual bytes, optionally only ``kind`` and/or only tagged ones."""
+        return sum(
+            r.nbytes
+            for r in self.residuals
+            if (kind is None or r.kind == kind) and (r.tagged or not tagged_only)
+        )
+
+    def per_name(self) -> dict[str, dict[str, Any]]:
+        """name -> {kind, bytes, per_layer_bytes, count}, residuals grouped by name."""
+        out: dict[str, dict[str, Any]] = {}
+        for r in self.residuals:
+            key = r.name if r.name != "argument" else "arguments (weights, batch)"
+            row = out.setdefault(
+                key, {"kind": r.kind, "bytes": 0, "per_layer_bytes": 0, "count": 0}
+            )
+            row["bytes"] += r.nbytes
+            row["per_layer_bytes"] += r.nbytes // max(r.layers, 1)
+            row["count"] += r.layers
+            if row["kind"] != r.kind:
+                row["kind"] = "mixed"
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "tags": dict(self.tags),
+            "tag_bytes": dict(self.tag_bytes),
+            "tag_count": dict(self.tag_count),
+            "by_name": self.per_name(),
+            "saved_bytes": self.bytes_by("saved"),
+            "offloaded_bytes": self.bytes_by("offloaded"),
+        }
+
+
+def saved_residuals(fn: Callable[..., Any], *args: Any) -> ResidualReport:
+    """Traces ``jax.vjp(fn, *args)`` abstractly and names what the backward pass keeps.
+
+    Args:
+      fn: a differentiable function (e.g. a loss of the parameters).
+      *args: arrays or ``jax.ShapeDtypeStruct`` pytrees; nothing is allocated.
+
+    Returns:
+      A ResidualReport.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat_kit as rk
+      >>> from jax.ad_checkpoint import checkpoint_name
+      >>> f = rk.remat(lambda x: jnp.sin(checkpoint_name(jnp.sin(x), "context")).sum(), "context")
+      >>> rk.saved_residuals(f, jnp.ones(3)).tags["context"]
+      'saved'
+    """
+    leaves, tree = jax.tree.flatten(args)
+
+    def flat(*xs: Any) -> Any:
+        return fn(*jax.tree.unflatten(tree, xs))
+
+    closed, out_shape = jax.make_jaxpr(lambda *xs: jax.vjp(flat, *xs), return_shape=True)(*leaves)
+    jaxpr = closed.jaxpr
+    n_res = len(jax.tree.leaves(out_shape[1]))
+    res_vars = jaxpr.outvars[len(jaxpr.outvars) - n_res :]
+    producers = {v: e for e in jaxpr.eqns for v in e.outvars}
+    invars = list(jaxpr.invars)
+
+    residuals = []
+    seen: set[Any] = set()
+    for v in res_vars:
+        if isinstance(v, core.Literal) or v in seen:
+            continue
+        seen.add(v)
+        aval = v.aval
+        nbytes = int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+        name, layers, source = _trace_back(v, producers, invars)
+        kind = "offloaded" if _on_host(aval) else "saved"
+        residuals.append(
+            Residual(name, tuple(aval.shape), str(aval.dtype), nbytes, kind, layers, source)
+        )
+
+    present = tags_in(jax.make_jaxpr(flat)(*leaves))
+    decided: dict[str, str] = {}
+    for tag in present:
+        kinds = {r.kind for r in residuals if r.name == tag}
+        if "saved" in kinds:
+            decided[tag] = "saved"
+        elif "offloaded" in kinds:
+            decided[tag] = "offloaded"
+        else:
+            decided[tag] = "recomputed"
+    return ResidualReport(
+        residuals=tuple(residuals),
+        tags=decided,
+        tag_bytes={t: b for t, (b, _) in present.items()},
+        tag_count={t: c for t, (_, c) in present.items()},
+    )
+
+
+def expected_decisions(p: Policy | str, tags: Mapping[str, Any]) -> dict[str, str]:
+    """What a name-based policy says it does with each tag (no tracing)."""
+    pol = as_policy(p)
+    word = {"save": "saved", "offload": "offloaded", "recompute": "recomputed"}
+    return {t: word[decide(pol, t)] if pol.is_remat else "saved" for t in tags}
+
+
+def tags_in(closed: Any) -> dict[str, tuple[int, int]]:
+    """Tags of a (closed) jaxpr: name -> (bytes of one occurrence, occurrences).
+
+    Occurrences inside a scan count once per iteration.
+    """
+    out: dict[str, tuple[int, int]] = {}
+    _collect_tags(getattr(closed, "jaxpr", closed), 1, out)
+    return out
+
+
+def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> None:
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "name":
+            aval = eqn.outvars[0].aval
+            nbytes = int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+            name = str(eqn.params["name"])
+            prev = out.get(name, (nbytes, 0))
+            out[name] = (max(prev[0], nbytes), prev[1] + mult)
+            continue
+        inner_mult = (
+            mult * int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else mult
+        )
+        for sub in _sub_jaxprs(eqn):
+            _collect_tags(sub, inner_mult, out)
+
+
+def _sub_jaxprs(eqn: Any) -> list[Any]:
+    subs = []
+    for value in eqn.params.values():
+        items = value if isinstance(value, tuple | list) else (value,)
+        for item in items:
+            inner = getattr(item, "jaxpr", item)
+            if hasattr(inner, "eqns"):
+                subs.append(inner)
+    return subs
+
+
+def _on_host(aval: Any) -> bool:
+    space = getattr(aval, "memory_space", None)
+    return space is not None and "host" in str(space).lower()
+
+
+def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tuple[str, int, str]:
+    """Follows ``v`` to the op that made it: (name, layers it spans, source)."""
+    layers = 1
+    # Each frame: (producers, inner invars, the eqn that called into it); the bottom
+    # frame is the function itself, whose invars are its arguments.
+    frames: list[tuple[Mapping[Any, Any], list[Any], Any]] = [(producers, list(invars), None)]
+    for _ in range(256):  # bound on steps; real programs need a few dozen
+        prods, ins, caller = frames[-1]
+        if isinstance(v, core.Literal):
+            return "<literal>", layers, "a literal"
+        if v in ins:
+            if caller is None:
+                return "argument", layers, "an input of the function"
+            pos = ins.index(v)
+            if caller.primitive.name == "scan":
+                n_consts = caller.params["num_consts"]
+                if n_consts <= pos < n_consts + caller.params["num_carry"]:
+                    # A scan keeps each iteration's carry: for a layer stack, its input.
+                    return "<layer input>", layers, "the carry entering each scan iteration"
+            # Leave the sub-jaxpr: continue from the caller's matching operand.
+            v = caller.invars[pos]
+            frames.pop()
+            continue
+        eqn = prods.get(v)
+        if eqn is None:
+            return "<constant>", layers, "a constant"
+        prim = eqn.primitive.name
+        if prim == "name":
+            return str(eqn.params["name"]), layers, _where(eqn)
+        if prim == "device_put":
+            v = eqn.invars[eqn.outvars.index(v)]
+            continue
+        if prim in _PASS_THROUGH:
+            v = eqn.invars[0]
+            continue
+        subs = _sub_jaxprs(eqn)
+        if (prim == "scan" or prim in _CALLS) and len(subs) == 1:
+            inner = subs[0]
+            out = inner.outvars[eqn.outvars.index(v)]
+            if isinstance(out, core.Literal):
+                return "<literal>", layers, "a literal"
+            if prim == "scan":
+                layers *= int(eqn.params["length"])
+            frames.append(({o: e for e in inner.eqns for o in e.outvars}, list(inner.invars), eqn))
+            v = out
+            continue
+        return f"<{prim}>", layers, _where(eqn)
+    return "<unknown>", layers, "too deeply nested to follow"
+
+
+def _where(eqn: Any) -> str:
+    try:
+        from jax._src import source_info_util
+
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # source info is a debugging aid only
+        return ""
