@@ -19,7 +19,8 @@ import numpy as np
 from remat_kit import flops as _flops
 from remat_kit.policies import Policy, as_policy
 from remat_kit.residuals import tags_in
-from remat_kit.targets import Target, target as _target
+from remat_kit.targets import Target
+from remat_kit.targets import target as _target
 
 __all__ = ["MemoryReport", "RematWarning", "abstract", "memory_report"]
 

@@ -21,6 +21,7 @@ __all__ = [
     "TargetError",
     "check_deviceless",
     "configure_for_deviceless",
+    "cudnn_attention_available",
     "custom_target",
     "target",
     "target_from_config",
@@ -31,6 +32,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import importlib.util
 import math
 import numbers
 import os
@@ -492,6 +494,27 @@ def target_from_config(
         hosts=hosts,
         compute_capability=cc,
         target_config=text,
+    )
+
+
+def cudnn_attention_available(target: Target) -> bool:
+    """Whether cuDNN flash attention can be compiled for ``target`` here.
+
+    It needs an NVIDIA target of compute capability 8.0 or newer (a deviceless GPU or a
+    local GPU) and the cuDNN library wheel (``jax[cuda12]`` brings it).
+
+    Example:
+      >>> cudnn_attention_available(target("cpu"))
+      False
+    """
+    if target.kind == "cpu" or target.compute_capability is None:
+        return False
+    if target.kind == "local" and target.description.lower().startswith("cpu"):
+        return False
+    if tuple(target.compute_capability) < (8, 0):
+        return False
+    return importlib.util.find_spec("nvidia") is not None and (
+        importlib.util.find_spec("nvidia.cudnn") is not None
     )
 
 

@@ -212,7 +212,7 @@ def build_train_step(
         if accum == 1:
             loss, grads = grad_fn(tr, fr, tokens, targets)
         else:
-            shaped = lambda x: x.reshape(accum, micro_b, *x.shape[1:])  # noqa: E731
+            shaped = lambda x: x.reshape(accum, micro_b, *x.shape[1:])
             dtype = config.accum_dtype
 
             def one(carry: Any, mb: Any) -> Any:

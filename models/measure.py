@@ -1,0 +1,160 @@
+"""Preset name + policy + training options + target -> MemoryReport.
+
+The one place that joins the model registry to remat_kit's train step and analysis;
+the CLI and the experiments call it so they measure the same program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+import remat_kit as rk
+from models import build, get_config
+from models.config import ModelConfig
+from remat_kit.targets import cudnn_attention_available
+
+__all__ = ["Options", "baseline_flops", "measure", "model_config", "residuals", "resolve_attention"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """What a user sets on the command line besides the policy and target.
+
+    ``overrides`` holds model overrides (``layers``, ``width``, ...); ``lora`` is the
+    LoRA rank (0: full fine-tuning).
+    """
+
+    model: str
+    batch: int
+    seq: int
+    optimizer: str = "adamw"
+    lora: int = 0
+    accum: int = 1
+    param_dtype: str | None = None
+    dtype: str | None = None
+    attention: str = "auto"
+    scan_layers: bool = True
+    overrides: tuple[tuple[str, Any], ...] = ()
+
+    def train_config(self) -> rk.TrainConfig:
+        return rk.TrainConfig(
+            batch=self.batch,
+            seq=self.seq,
+            optimizer=self.optimizer,
+            lora=self.lora > 0,
+            accum=self.accum,
+        )
+
+
+def resolve_attention(requested: str, target: rk.Target) -> str:
+    """``auto`` -> ``cudnn`` where flash attention compiles for ``target``, else ``xla``.
+
+    Raises:
+      ValueError: ``cudnn`` asked for a target that cannot run it.
+    """
+    if requested == "auto":
+        return "cudnn" if cudnn_attention_available(target) else "xla"
+    if requested == "cudnn" and not cudnn_attention_available(target):
+        raise ValueError(
+            f"attention='cudnn' needs an NVIDIA target with compute capability >= 8.0 and the "
+            f"cuDNN wheel (pip install 'jax[cuda12]'); {target.name} has neither: use --attention xla"
+        )
+    return requested
+
+
+def model_config(opts: Options, policy: Any, target: rk.Target) -> ModelConfig:
+    """The ModelConfig an Options + policy + target describe (attention resolved)."""
+    extra: dict[str, Any] = dict(opts.overrides)
+    if opts.param_dtype:
+        extra["param_dtype"] = opts.param_dtype
+    if opts.dtype:
+        extra["dtype"] = opts.dtype
+    cfg = get_config(
+        opts.model,
+        policy=policy,
+        scan_layers=opts.scan_layers,
+        attention=resolve_attention(opts.attention, target),
+        lora_rank=opts.lora,
+        **extra,
+    )
+    if opts.seq > cfg.max_seq_len and cfg.family == "gpt2":
+        raise ValueError(
+            f"seq={opts.seq} exceeds {opts.model}'s learned positions ({cfg.max_seq_len}); "
+            f"use --seq <= {cfg.max_seq_len} or --max-seq"
+        )
+    return cfg
+
+
+def measure(
+    opts: Options,
+    policy: Any,
+    target: rk.Target | str,
+    *,
+    baseline: float | None = None,
+    warn: bool = False,
+) -> rk.MemoryReport:
+    """Compiles the train step of ``opts`` under ``policy`` for ``target`` and reports it.
+
+    Args:
+      opts: model preset, batch, sequence and training options.
+      policy: a policy name/spec, ``rk.Policy`` or jax policy callable.
+      target: a Target or target name.
+      baseline: FLOPs of the same step without remat; when given, the report's meta
+        holds ``recompute_overhead`` = flops / baseline - 1.
+      warn: issue the report's warnings as RematWarning too.
+
+    Returns:
+      The MemoryReport with its weights/gradients/optimizer/activations breakdown.
+    """
+    t = rk.target(target) if isinstance(target, str) else target
+    pol = rk.as_policy(policy)
+    cfg = model_config(opts, pol, t)
+    step = rk.build_train_step(build(cfg), opts.train_config())
+    meta = {
+        "model": opts.model,
+        "batch": opts.batch,
+        "seq": opts.seq,
+        "optimizer": opts.optimizer,
+        "lora": opts.lora,
+        "accum": opts.accum,
+        "param_dtype": jax.numpy.dtype(cfg.param_dtype).name,
+        "layers": cfg.n_layers,
+        "params": cfg.param_count(),
+        "tokens_per_step": opts.batch * opts.seq,
+    }
+    report = rk.memory_report(
+        step.fn,
+        *step.args,
+        target=t,
+        donate_argnums=step.donate_argnums,
+        policy=pol,
+        attention=cfg.attention,
+        schedule="per-layer",
+        meta=meta,
+        warn=warn,
+    )
+    report = rk.add_breakdown(report, step)
+    if baseline:
+        report = report.replace(
+            meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
+        )
+    return report
+
+
+def baseline_flops(opts: Options, target: rk.Target | str) -> float:
+    """FLOPs of the train step without rematerialization (traced, not compiled)."""
+    t = rk.target(target) if isinstance(target, str) else target
+    cfg = model_config(opts, "none", t)
+    step = rk.build_train_step(build(cfg), opts.train_config())
+    return rk.count_flops(step.fn, *step.args).total
+
+
+def residuals(opts: Options, policy: Any, target: rk.Target | str) -> rk.ResidualReport:
+    """What ``policy`` keeps for the backward pass of one micro-batch, by tag."""
+    t = rk.target(target) if isinstance(target, str) else target
+    cfg = model_config(opts, rk.as_policy(policy), t)
+    step = rk.build_train_step(build(cfg), opts.train_config())
+    return rk.saved_residuals(step.loss_fn, *step.loss_args)

@@ -1,0 +1,505 @@
+"""``remat-kit``: memory reports for a named GPU from the command line.
+
+Subcommands: ``report`` (one policy, with its breakdown and saved residuals),
+``compare`` (a table over policies), ``targets``, ``policies``, ``models``. Every
+figure comes from a compiled program (see remat_kit.analysis); this module only
+parses arguments and renders reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["MAIN_POLICIES", "main"]
+
+#: What ``compare`` measures when no ``--policies`` is given.
+MAIN_POLICIES = (
+    "none",
+    "full",
+    "block",
+    "dots",
+    "dots_no_batch",
+    "minimal",
+    "qkv_proj",
+    "context",
+    "megatron",
+    "offload_dots_no_batch",
+    "minimal_offloaded",
+)
+
+_GIB = 2**30
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{value} must be positive")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports errors as one line, ``remat-kit: ...``, exit code 2."""
+
+    def error(self, message: str) -> Any:  # type: ignore[override]
+        sys.stderr.write(f"remat-kit: {message}\n")
+        raise SystemExit(2)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="preset name (remat-kit models)")
+    p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
+    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per step")
+    p.add_argument("--seq", type=_positive_int, default=2048, help="tokens per sequence")
+    p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, sgd_momentum, ...")
+    p.add_argument("--lora", type=_non_negative_int, default=0, help="LoRA rank (0: off)")
+    p.add_argument("--accum", type=_positive_int, default=1, help="gradient accumulation")
+    p.add_argument("--param-dtype", default=None, help="bf16 or f32 (master weights)")
+    p.add_argument("--dtype", default=None, help="compute dtype (bf16, f32)")
+    p.add_argument(
+        "--attention", default="auto", help="xla | cudnn | auto (cudnn on NVIDIA targets)"
+    )
+    p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
+    p.add_argument("--gpus", type=_positive_int, default=1, help="devices of the target")
+    for flag, help_text in (
+        ("--layers", "number of layers"),
+        ("--width", "model width d_model"),
+        ("--heads", "attention heads"),
+        ("--kv-heads", "key/value heads"),
+        ("--ff", "MLP width"),
+        ("--vocab", "vocabulary size"),
+        ("--max-seq", "learned positions (GPT-2 family)"),
+    ):
+        p.add_argument(flag, type=_positive_int, default=None, help=f"override: {help_text}")
+    p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="remat-kit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    rep = sub.add_parser("report", help="peak HBM of one policy, with breakdown and residuals")
+    _add_model_args(rep)
+    rep.add_argument("--policy", default="full", help="policy name or spec")
+    rep.add_argument("--no-residuals", action="store_true", help="skip the residual table")
+    cmp_ = sub.add_parser("compare", help="a table of policies for one model and target")
+    _add_model_args(cmp_)
+    cmp_.add_argument(
+        "--policies", default=",".join(MAIN_POLICIES), help="comma-separated names or specs"
+    )
+    cmp_.add_argument("--csv", type=Path, default=None, help="write the rows as CSV")
+    sub.add_parser("targets", help="list the GPU targets")
+    sub.add_parser("policies", help="list the policies")
+    sub.add_parser("models", help="list the model presets")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``remat-kit``; returns the exit code.
+
+    Example:
+      >>> main(["policies"])  # doctest: +SKIP
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (ValueError, TypeError) as err:
+        sys.stderr.write(f"remat-kit: {err}\n")
+        return 2
+    except RuntimeError as err:
+        from remat_kit.targets import TargetError
+
+        if isinstance(err, TargetError):
+            sys.stderr.write(f"remat-kit: {err}\n")
+            return 2
+        raise
+
+
+def _run(args: argparse.Namespace) -> int:
+    import remat_kit as rk
+
+    if getattr(args, "target", None) != "local":
+        # Deviceless compiles need jax's CPU platform, chosen before its backends start.
+        rk.configure_for_deviceless()
+    if args.command == "targets":
+        return _list_targets(rk)
+    if args.command == "policies":
+        return _list_policies(rk)
+    if args.command == "models":
+        return _list_models()
+    if args.command == "report":
+        return _report(args, rk)
+    return _compare(args, rk)
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    return Console(width=max(110, min(160, _terminal_width())))
+
+
+def _terminal_width() -> int:
+    try:
+        return os.get_terminal_size().columns
+    except OSError:
+        return 120
+
+
+def _list_targets(rk: Any) -> int:
+    from rich.table import Table
+
+    table = Table(title="targets")
+    for col in ("name", "device", "memory GiB", "HBM TB/s", "host link GB/s", "bf16 TFLOP/s"):
+        table.add_column(col)
+    for name in rk.target_names():
+        t = rk.target(name)
+        table.add_row(
+            name,
+            t.description,
+            _fmt(t.memory_bytes, _GIB),
+            _fmt(t.hbm_bandwidth, 1e12),
+            _fmt(t.host_link_bandwidth, 1e9, 0),
+            _fmt(t.peak_bf16_flops, 1e12, 0),
+        )
+    _console().print(table)
+    return 0
+
+
+def _list_policies(rk: Any) -> int:
+    from rich.table import Table
+
+    table = Table(title="policies (rk.policy(name) / --policy NAME or NAME:key=a+b)")
+    table.add_column("name")
+    table.add_column("what it keeps")
+    examples = {
+        "names": "names:save=query_proj+mlpwo",
+        "except": "except:names=attn_scores+attn_probs",
+        "offload": "offload:offload=context,save=query_proj",
+        "either": "either:a=qkv_proj,b=context",
+    }
+    for name in rk.policy_names():
+        if name in examples:
+            p = rk.parse_policy(examples[name])
+            table.add_row(f"{name}  (e.g. {examples[name]})", p.description)
+        else:
+            table.add_row(name, rk.policy(name).description)
+    _console().print(table)
+    return 0
+
+
+def _list_models() -> int:
+    from rich.table import Table
+
+    import models
+
+    table = Table(title="model presets (override with --layers/--width/--heads/--ff/--vocab)")
+    for col in ("name", "family", "params", "layers", "d_model", "heads/kv", "d_ff", "vocab"):
+        table.add_column(col)
+    for name in models.preset_names():
+        c = models.get_config(name)
+        table.add_row(
+            name,
+            c.family,
+            f"{c.param_count() / 1e9:.2f} B",
+            str(c.n_layers),
+            str(c.d_model),
+            f"{c.n_heads}/{c.n_kv_heads}",
+            str(c.d_ff),
+            str(c.vocab_size),
+        )
+    _console().print(table)
+    return 0
+
+
+def _options(args: argparse.Namespace) -> Any:
+    from models.measure import Options
+
+    overrides = tuple(
+        (key, getattr(args, key))
+        for key in ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
+        if getattr(args, key) is not None
+    )
+    return Options(
+        model=args.model,
+        batch=args.batch,
+        seq=args.seq,
+        optimizer=args.optimizer,
+        lora=args.lora,
+        accum=args.accum,
+        param_dtype=args.param_dtype,
+        dtype=args.dtype,
+        attention=args.attention,
+        scan_layers=not args.no_scan,
+        overrides=overrides,
+    )
+
+
+def _report(args: argparse.Namespace, rk: Any) -> int:
+    from models.measure import baseline_flops, measure, residuals
+
+    opts = _options(args)
+    target = rk.target(args.target, devices=args.gpus)
+    policy = rk.as_policy(args.policy)
+    baseline = baseline_flops(opts, target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = measure(opts, policy, target, baseline=baseline)
+    res = None if args.no_residuals else residuals(opts, policy, target)
+    console = _console()
+    console.print(_report_table(report, target))
+    if res is not None:
+        console.print(_residual_table(res, report))
+    for note in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {note}")
+    if args.json:
+        out = report.to_dict()
+        if res is not None:
+            out["residuals"] = res.to_dict()
+        _write_json(args.json, out)
+    return 0
+
+
+def _compare(args: argparse.Namespace, rk: Any) -> int:
+    from rich.progress import Progress
+
+    from models.measure import baseline_flops, measure
+
+    opts = _options(args)
+    target = rk.target(args.target, devices=args.gpus)
+    specs = [s.strip() for s in args.policies.split(",") if s.strip()]
+    if not specs:
+        raise ValueError("--policies is empty; give names such as none,full,minimal")
+    policies = [rk.as_policy(s) for s in specs]  # fail on a bad name before compiling
+    start = time.perf_counter()
+    baseline = baseline_flops(opts, target)
+    reports = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task(f"compiling for {target.name}", total=len(policies))
+        for p in policies:
+            progress.update(task, description=f"compiling {p.spec} for {target.name}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                reports.append(measure(opts, p, target, baseline=baseline))
+            progress.advance(task)
+    total = time.perf_counter() - start
+    rows = compare_rows(reports)
+    console = _console()
+    console.print(_compare_table(rows, target, opts, total))
+    for r in reports:
+        # Not fitting and XLA's own remat are in the table's fits column already.
+        for note in r.warnings:
+            if not note.startswith(("does not fit", "XLA's own")):
+                console.print(f"[yellow]{r.policy}:[/yellow] {note}")
+    if args.json:
+        _write_json(args.json, rows)
+    if args.csv:
+        _write_csv(args.csv, rows)
+    return 0
+
+
+def compare_rows(reports: Sequence[Any]) -> list[dict[str, Any]]:
+    """Flat rows of a comparison: the report fields plus savings against ``none``.
+
+    ``saved_vs_none`` is 1 - peak/peak(none) when ``none`` is among the reports.
+    """
+    base = next((r for r in reports if r.policy == "none"), None)
+    rows = []
+    for r in reports:
+        row = {
+            "policy": r.policy,
+            "schedule": r.schedule,
+            "attention": r.attention,
+            "target": r.target,
+            "peak_bytes": r.peak_bytes,
+            "argument_bytes": r.argument_bytes,
+            "output_bytes": r.output_bytes,
+            "temp_bytes": r.temp_bytes,
+            "alias_bytes": r.alias_bytes,
+            "host_bytes": r.host_bytes,
+            "xla_peak_bytes": r.xla_peak_bytes,
+            "activation_bytes": r.breakdown.get("activations"),
+            "flops": r.flops,
+            "recompute_overhead": r.meta.get("recompute_overhead"),
+            "saved_vs_none": (1 - r.peak_bytes / base.peak_bytes) if base else None,
+            "fits": r.fits,
+            "xla_remat": r.xla_remat,
+            "compile_seconds": r.compile_seconds,
+            **{f"meta_{k}": v for k, v in r.meta.items() if k != "recompute_overhead"},
+            **{f"{k}_bytes": v for k, v in r.breakdown.items() if k != "activations"},
+        }
+        rows.append(row)
+    return rows
+
+
+def _compare_table(rows: list[dict[str, Any]], target: Any, opts: Any, total: float) -> Any:
+    from rich.table import Table
+
+    r0 = rows[0]
+    title = (
+        f"{opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}"
+        + (f" lora{opts.lora}" if opts.lora else "")
+        + (f" accum{opts.accum}" if opts.accum > 1 else "")
+        + f" on {target.name} ({_fmt(target.memory_bytes, _GIB)} GiB), attention={r0['attention']}"
+    )
+    caption = f"compiled {len(rows)} programs in {total:.1f} s"
+    if any(row["xla_remat"] for row in rows):
+        caption += (
+            "; (XLA remat): XLA's own rematerialization pass stepped in because the program "
+            "came near the device memory, so that figure includes XLA's choices"
+        )
+    table = Table(title=title, caption=caption)
+    for col in (
+        "policy",
+        "peak GiB",
+        "activations GiB",
+        "host GiB",
+        "saved vs none",
+        "recompute",
+        "fits",
+        "compile s",
+    ):
+        table.add_column(
+            col, justify="left" if col == "policy" else "right", no_wrap=col == "policy"
+        )
+    for row in rows:
+        fits = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[row["fits"]]
+        if row["xla_remat"]:
+            fits += " (XLA remat)"
+        table.add_row(
+            row["policy"],
+            _fmt(row["peak_bytes"], _GIB),
+            _fmt(row["activation_bytes"], _GIB),
+            _fmt(row["host_bytes"], _GIB),
+            _pct(row["saved_vs_none"]),
+            _pct(row["recompute_overhead"]),
+            fits,
+            f"{row['compile_seconds']:.1f}",
+        )
+    return table
+
+
+def _report_table(r: Any, target: Any) -> Any:
+    from rich.table import Table
+
+    m = r.meta
+    title = (
+        f"{m.get('model')} b{m.get('batch')} s{m.get('seq')} {m.get('optimizer')} "
+        f"policy={r.policy} attention={r.attention} on {target.name}"
+    )
+    table = Table(title=title, show_header=True)
+    table.add_column("what")
+    table.add_column("GiB", justify="right")
+    rows = [
+        ("peak (argument + output + temp - alias)", r.peak_bytes),
+        ("  weights", r.breakdown.get("weights")),
+        ("  gradients", r.breakdown.get("gradients")),
+        ("  optimizer state", r.breakdown.get("optimizer")),
+        ("  gradient accumulator", r.breakdown.get("grad_accumulator")),
+        ("  batch", r.breakdown.get("batch")),
+        ("  activations and temporaries", r.breakdown.get("activations")),
+        ("XLA argument / output / temp / alias", None),
+        ("  argument", r.argument_bytes),
+        ("  output", r.output_bytes),
+        ("  temp", r.temp_bytes),
+        ("  alias", r.alias_bytes),
+        ("host (offloaded, pinned host memory)", r.host_bytes),
+        ("XLA's own peak", r.xla_peak_bytes),
+        ("target memory", target.memory_bytes),
+    ]
+    for label, value in rows:
+        table.add_row(label, "" if value is None else _fmt(value, _GIB))
+    fits = {True: "yes", False: "NO", None: "-"}[r.fits]
+    table.caption = (
+        f"fits: {fits} | {r.flops / 1e12:.1f} TFLOP/step, recompute overhead "
+        f"{_pct(r.meta.get('recompute_overhead'))} | compiled in {r.compile_seconds:.1f} s"
+        + (" | XLA's own remat pass stepped in" if r.xla_remat else "")
+    )
+    return table
+
+
+def _residual_table(res: Any, r: Any) -> Any:
+    from rich.table import Table
+
+    layers = r.meta.get("layers") or 1
+    table = Table(title="what the policy keeps, per tag (one micro-batch)")
+    for col in ("tag", "decision", "MiB per layer", "MiB all layers"):
+        table.add_column(col, justify="left" if col in ("tag", "decision") else "right")
+    by_name = res.per_name()
+    for tag, decision in res.tags.items():
+        row = by_name.get(tag)
+        kept = row["bytes"] if row else 0
+        per_layer = kept / max(layers, 1) if row else res.tag_bytes.get(tag, 0)
+        table.add_row(
+            tag,
+            decision,
+            _fmt(per_layer if row else 0, 2**20),
+            _fmt(kept, 2**20),
+        )
+    untagged = sum(v["bytes"] for k, v in by_name.items() if k not in res.tags)
+    table.caption = (
+        f"residuals kept on device {res.bytes_by('saved') / _GIB:.2f} GiB "
+        f"(untagged values and weights included: {untagged / _GIB:.2f} GiB), "
+        f"offloaded {res.bytes_by('offloaded') / _GIB:.2f} GiB"
+    )
+    return table
+
+
+def _fmt(value: float | None, unit: float, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value / unit:.{digits}f}"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def _write_json(path: Path, data: Any) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=_json_default))
+    tmp.replace(path)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(buf.getvalue())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
