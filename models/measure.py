@@ -157,4 +157,4 @@ def residuals(opts: Options, policy: Any, target: rk.Target | str) -> rk.Residua
     t = rk.target(target) if isinstance(target, str) else target
     cfg = model_config(opts, rk.as_policy(policy), t)
     step = rk.build_train_step(build(cfg), opts.train_config())
-    return rk.saved_residuals(step.loss_fn, *step.loss_args)
+    return rk.saved_residuals(step.loss_fn, *step.loss_args, policy=cfg.policy)

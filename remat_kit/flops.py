@@ -52,6 +52,7 @@ __all__ = [
     "FlopCount",
     "count_flops",
     "count_jaxpr_flops",
+    "scan_operand_split",
 ]
 
 
@@ -342,9 +343,37 @@ def _count_eqn(eqn: core.JaxprEqn, known: _Known) -> _Tally:
     return tally
 
 
+def scan_operand_split(eqn: core.JaxprEqn) -> tuple[int, int]:
+    """``(num_consts, num_carry)`` of a ``scan`` equation, whose operands are consts, carry, xs.
+
+    Older jax stores both counts as params; newer jax (0.12+) drops them and describes the
+    operands with a flat tree ``ft_in`` whose three children are the consts, the carry and the xs.
+
+    Args:
+      eqn: a ``scan`` equation.
+
+    Returns:
+      The number of leading const operands and the number of carry operands after them.
+
+    Raises:
+      ValueError: if the equation carries neither form.
+    """
+    params = eqn.params
+    if "num_consts" in params and "num_carry" in params:
+        return int(params["num_consts"]), int(params["num_carry"])
+    ft_in = params.get("ft_in")
+    if ft_in is not None and hasattr(ft_in, "unpack"):
+        consts, carry, _ = ft_in.unpack()
+        return len(consts), len(carry)
+    raise ValueError(
+        "cannot tell a scan's consts from its carry: expected params num_consts/num_carry or "
+        f"ft_in, got {sorted(params)}"
+    )
+
+
 def _count_scan(eqn: core.JaxprEqn, known: _Known) -> _Tally:
     # Only the consts are the same on every iteration; the carry changes, so it is not "known".
-    num_consts = eqn.params["num_consts"]
+    num_consts, _ = scan_operand_split(eqn)
     body = _count(eqn.params["jaxpr"], _known_positions(eqn.invars[:num_consts], known))
     tally = _Tally()
     tally.add(body, times=eqn.params["length"])

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from jax.extend import core
 
+from remat_kit.flops import scan_operand_split
 from remat_kit.policies import Policy, as_policy, decide
 
 __all__ = ["Residual", "ResidualReport", "saved_residuals", "tags_in"]
@@ -79,8 +80,10 @@ class ResidualReport:
 
     Attributes:
       residuals: every residual, in jaxpr order.
-      tags: tag name -> ``"saved" | "offloaded" | "recomputed"`` for every tag in the
-        forward pass (recomputed: tagged in the forward pass but not a residual).
+      tags: tag name -> ``"saved" | "offloaded" | "recomputed" | "not needed"`` for every
+        tag in the forward pass. "recomputed": not kept, so recomputed if the backward
+        pass needs it; "not needed": the policy would keep it but the backward pass never
+        reads it (e.g. an output projection whose sum with the residual is kept).
       tag_bytes: tag name -> bytes of one occurrence (a layer's worth).
       tag_count: tag name -> number of occurrences (layers x uses).
     """
@@ -107,10 +110,11 @@ class ResidualReport:
                 key, {"kind": r.kind, "bytes": 0, "per_layer_bytes": 0, "count": 0}
             )
             row["bytes"] += r.nbytes
-            row["per_layer_bytes"] += r.nbytes // max(r.layers, 1)
             row["count"] += r.layers
             if row["kind"] != r.kind:
                 row["kind"] = "mixed"
+        for row in out.values():
+            row["per_layer_bytes"] = row["bytes"] // max(row["count"], 1)
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -124,12 +128,16 @@ class ResidualReport:
         }
 
 
-def saved_residuals(fn: Callable[..., Any], *args: Any) -> ResidualReport:
+def saved_residuals(
+    fn: Callable[..., Any], *args: Any, policy: Policy | str | None = None
+) -> ResidualReport:
     """Traces ``jax.vjp(fn, *args)`` abstractly and names what the backward pass keeps.
 
     Args:
       fn: a differentiable function (e.g. a loss of the parameters).
       *args: arrays or ``jax.ShapeDtypeStruct`` pytrees; nothing is allocated.
+      policy: the policy ``fn`` was built with, if known: tags it would save that are
+        not residuals are then reported as "not needed" instead of "recomputed".
 
     Returns:
       A ResidualReport.
@@ -168,6 +176,7 @@ def saved_residuals(fn: Callable[..., Any], *args: Any) -> ResidualReport:
         )
 
     present = tags_in(jax.make_jaxpr(flat)(*leaves))
+    intended = expected_decisions(policy, present) if policy is not None else {}
     decided: dict[str, str] = {}
     for tag in present:
         kinds = {r.kind for r in residuals if r.name == tag}
@@ -175,6 +184,8 @@ def saved_residuals(fn: Callable[..., Any], *args: Any) -> ResidualReport:
             decided[tag] = "saved"
         elif "offloaded" in kinds:
             decided[tag] = "offloaded"
+        elif intended.get(tag) in ("saved", "offloaded"):
+            decided[tag] = "not needed"
         else:
             decided[tag] = "recomputed"
     return ResidualReport(
@@ -249,8 +260,8 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
                 return "argument", layers, "an input of the function"
             pos = ins.index(v)
             if caller.primitive.name == "scan":
-                n_consts = caller.params["num_consts"]
-                if n_consts <= pos < n_consts + caller.params["num_carry"]:
+                n_consts, n_carry = scan_operand_split(caller)
+                if n_consts <= pos < n_consts + n_carry:
                     # A scan keeps each iteration's carry: for a layer stack, its input.
                     return "<layer input>", layers, "the carry entering each scan iteration"
             # Leave the sub-jaxpr: continue from the caller's matching operand.

@@ -1,0 +1,152 @@
+"""memory_report: fields, agreement with a direct compile, policy effects, warnings, FLOPs."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import topologies
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import models
+import remat_kit as rk
+from conftest import SMALL
+from models.measure import Options, baseline_flops
+
+# Written out here from ../shared/gpu_targets.md, independently of remat_kit.targets.
+H100_TEXT = """
+gpu_device_info {
+  threads_per_block_limit: 1024 threads_per_warp: 32 shared_memory_per_block: 49152
+  shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
+  fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
+  block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
+  clock_rate_ghz: 1.98 device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
+  cuda_compute_capability { major: 9 minor: 0 }
+  registers_per_core_limit: 65536 registers_per_block_limit: 65536
+}
+platform_name: "CUDA"
+dnn_version_info { major: 9 minor: 1 }
+device_description_str: "NVIDIA H100 80GB HBM3"
+"""
+
+
+def _mlp(x, w1, w2):
+    return jnp.tanh(x @ w1) @ w2
+
+
+def _mlp_args(dtype=jnp.bfloat16):
+    return (
+        jax.ShapeDtypeStruct((4096, 2048), dtype),
+        jax.ShapeDtypeStruct((2048, 8192), dtype),
+        jax.ShapeDtypeStruct((8192, 2048), dtype),
+    )
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_fields_present_and_consistent(small, policy):
+    r = small(policy)
+    assert r.peak_bytes == r.argument_bytes + r.output_bytes + r.temp_bytes - r.alias_bytes
+    assert r.target == "h100-80gb" and r.target_memory_bytes == 84942979072
+    assert r.fits is True and r.over_by_bytes < 0
+    assert r.flops > 0 and r.compile_seconds > 0
+    assert r.policy == policy and r.attention == "xla"
+    assert sum(r.breakdown.values()) - r.breakdown["trainable"] == r.peak_bytes
+    d = json.loads(json.dumps(r.to_dict()))
+    for key in ("peak_bytes", "argument_bytes", "output_bytes", "temp_bytes", "alias_bytes",
+                "host_bytes", "xla_peak_bytes", "flops", "fits", "policy", "compile_seconds"):
+        assert key in d
+
+
+def test_report_equals_independent_direct_compile():
+    topo = topologies.get_topology_desc(platform="cuda", target_config=H100_TEXT,
+                                        topology="1x1x1")
+    mesh = topologies.make_mesh(topo, (1,), ("x",))
+    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
+            for a in _mlp_args()]
+    direct = jax.jit(_mlp).lower(*args).compile().memory_analysis()
+    r = rk.memory_report(_mlp, *_mlp_args(), target="h100")
+    assert r.argument_bytes == direct.argument_size_in_bytes == 2 * (4096 * 2048 + 2 * 2048 * 8192)
+    assert r.output_bytes == direct.output_size_in_bytes
+    assert r.temp_bytes == direct.temp_size_in_bytes
+    assert r.alias_bytes == direct.alias_size_in_bytes
+
+
+def test_arrays_and_shape_structs_give_the_same_report():
+    small_args = [jax.ShapeDtypeStruct((64, 32), jnp.float32),
+                  jax.ShapeDtypeStruct((32, 128), jnp.float32),
+                  jax.ShapeDtypeStruct((128, 32), jnp.float32)]
+    arrays = [jnp.zeros(a.shape, a.dtype) for a in small_args]
+    a = rk.memory_report(_mlp, *small_args, target="rtx4090")
+    b = rk.memory_report(_mlp, *arrays, target="rtx4090")
+    assert (a.peak_bytes, a.temp_bytes, a.flops) == (b.peak_bytes, b.temp_bytes, b.flops)
+    assert a.flops == 2 * 64 * 32 * 128 * 2 + 64 * 128  # two matmuls and a tanh
+
+
+def test_remat_lowers_gpu_peak_and_costs_flops(small):
+    none, full, minimal = small("none"), small("full"), small("minimal")
+    assert full.peak_bytes < minimal.peak_bytes < none.peak_bytes
+    assert full.breakdown["activations"] < none.breakdown["activations"] / 2
+    assert none.meta["recompute_overhead"] == pytest.approx(0.0, abs=1e-9)
+    assert 0.15 < full.meta["recompute_overhead"] < 0.45
+    assert 0 < minimal.meta["recompute_overhead"] < full.meta["recompute_overhead"]
+
+
+def test_offload_moves_bytes_to_host(small):
+    off, full = small("offload_dots_no_batch"), small("full")
+    assert off.host_bytes > 0 and full.host_bytes == 0
+    assert not off.warnings
+
+
+def test_scanned_and_unrolled_flops_agree():
+    target = rk.target("h100")
+    for policy in ("none", "full", "minimal"):
+        scanned = baseline_flops(Options(**SMALL), target) if policy == "none" else None
+        flops = {}
+        for scan in (True, False):
+            cfg = models.get_config("tiny-llama", policy=policy, scan_layers=scan,
+                                    **dict(SMALL["overrides"]))
+            step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=4, seq=1024))
+            flops[scan] = rk.count_flops(step.fn, *step.args).total
+        assert flops[True] == pytest.approx(flops[False], rel=0.02)
+        if scanned is not None:
+            assert scanned == pytest.approx(flops[True], rel=0.02)
+
+
+def test_warning_when_names_match_no_tag_and_offload_moves_nothing():
+    with pytest.warns(UserWarning, match="not in remat_kit's tag vocabulary"):
+        pol = rk.policy("offload", offload=["my_tensor"])
+    f = rk.remat(lambda x, w: jnp.tanh(x @ w).sum(), pol)
+    args = (jax.ShapeDtypeStruct((256, 256), jnp.float32),) * 2
+    with pytest.warns(rk.RematWarning, match="tags none of them"):
+        r = rk.memory_report(jax.grad(f), *args, target="h100", policy=pol)
+    assert any("moved 0 bytes" in w for w in r.warnings)
+
+
+def test_does_not_fit_and_xla_remat_are_reported():
+    # 16 layers keep a 2 GiB activation each for the backward pass: > 24 GiB.
+    def f(x, w):
+        for _ in range(16):
+            x = jnp.tanh(x @ w)
+        return x.sum()
+
+    x = jax.ShapeDtypeStruct((64 * 1024, 8192), jnp.float32)
+    w = jax.ShapeDtypeStruct((8192, 8192), jnp.float32)
+    r = rk.memory_report(jax.grad(f, argnums=1), x, w, target="rtx4090", warn=False)
+    assert r.fits is False and r.over_by_bytes > 0
+    assert any(w.startswith("does not fit rtx4090") for w in r.warnings)
+    assert r.xla_remat and any("XLA's own rematerialization" in w for w in r.warnings)
+
+
+def test_cpu_target_has_no_fit():
+    r = rk.memory_report(_mlp, *[jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in
+                                 (jnp.zeros((8, 4)), jnp.zeros((4, 16)), jnp.zeros((16, 4)))],
+                         target="cpu")
+    assert r.fits is None and r.target_memory_bytes is None and r.peak_bytes > 0
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="arrays or jax.ShapeDtypeStruct"):
+        rk.memory_report(lambda s: s, "text", target="h100")
+    with pytest.raises(ValueError, match="unknown target"):
+        rk.memory_report(_mlp, *_mlp_args(), target="h1000")

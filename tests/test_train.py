@@ -1,0 +1,140 @@
+"""The train step: it trains, its breakdown adds up, LoRA and accumulation behave."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import models
+import remat_kit as rk
+from helpers import tokens
+
+
+def _concrete(tree, seed=0):
+    leaves, treedef = jax.tree.flatten(tree)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(
+        treedef, [0.02 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    )
+
+
+def _split(step, params):
+    from flax import traverse_util
+
+    flat = traverse_util.flatten_dict(params)
+    tr_keys = set(traverse_util.flatten_dict(step.args[0]))
+    tr = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k in tr_keys})
+    fr = traverse_util.unflatten_dict({k: v for k, v in flat.items() if k not in tr_keys})
+    return tr, fr
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd", "lion", "adafactor"])
+def test_step_trains_on_cpu(optimizer):
+    cfg = models.get_config("tiny-llama", layers=2, policy="full")
+    module = models.build(cfg)
+    step = rk.build_train_step(module, rk.TrainConfig(batch=4, seq=16, optimizer=optimizer,
+                                                      learning_rate=3e-3))
+    params = module.init(jax.random.key(0), jnp.zeros((4, 16), jnp.int32))
+    tr, fr = _split(step, params)
+    opt_state = rk.make_optimizer(optimizer, 3e-3).init(tr)
+    toks = tokens(batch=4, seq=16)
+    batch = {"tokens": toks, "targets": jnp.roll(toks, -1, axis=1)}
+    fn = jax.jit(step.fn)
+    losses = []
+    for _ in range(5):
+        tr, opt_state, loss = fn(tr, fr, opt_state, batch)
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+    assert np.isfinite(losses).all()
+
+
+def test_accumulation_equals_one_big_batch():
+    cfg = models.get_config("tiny-llama", layers=2)
+    module = models.build(cfg)
+    params = module.init(jax.random.key(0), jnp.zeros((4, 16), jnp.int32))
+    toks = tokens(batch=4, seq=16)
+    batch = {"tokens": toks, "targets": jnp.roll(toks, -1, axis=1)}
+    results = []
+    for accum in (1, 2, 4):
+        step = rk.build_train_step(
+            module, rk.TrainConfig(batch=4, seq=16, optimizer="sgd", accum=accum,
+                                   learning_rate=0.1)
+        )
+        tr, fr = _split(step, params)
+        opt_state = rk.make_optimizer("sgd", 0.1).init(tr)
+        results.append(jax.jit(step.fn)(tr, fr, opt_state, batch))
+    for other in results[1:]:
+        chex.assert_trees_all_close(other[0], results[0][0], rtol=1e-5, atol=1e-6)
+        chex.assert_trees_all_close(other[2], results[0][2], rtol=1e-5)
+
+
+def test_breakdown_from_shapes():
+    cfg = models.get_config("tiny-llama", param_dtype="f32")
+    n = cfg.param_count()
+    adamw = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16))
+    sgd = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16,
+                                                                optimizer="sgd"))
+    assert adamw.breakdown["weights"] == 4 * n == adamw.breakdown["gradients"]
+    # Two f32 moments per weight plus a step counter or two.
+    assert 8 * n <= adamw.breakdown["optimizer"] <= 8 * n + 64
+    assert sgd.breakdown["optimizer"] <= 64
+    assert adamw.breakdown["batch"] == 2 * 2 * 16 * 4
+
+
+def test_lora_trains_only_adapters():
+    cfg = models.get_config("tiny-llama", lora_rank=4)
+    step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16, lora=True))
+    from flax import traverse_util
+
+    trained = traverse_util.flatten_dict(step.args[0])
+    assert trained and all(any("lora" in k for k in path) for path in trained)
+    assert step.breakdown["trainable"] < step.breakdown["weights"] / 5
+    assert step.breakdown["optimizer"] <= 2 * step.breakdown["trainable"] + 64
+    base = models.get_config("tiny-llama")
+    with pytest.raises(ValueError, match="no parameter with 'lora'"):
+        rk.build_train_step(models.build(base), rk.TrainConfig(batch=2, seq=16, lora=True))
+
+
+def test_lora_gradients_unchanged_by_policy():
+    cfg = models.get_config("tiny-gpt2", layers=2, lora_rank=4, scan_layers=False)
+    module = models.build(cfg)
+    params = module.init(jax.random.key(0), jnp.zeros((2, 16), jnp.int32))
+    params = _concrete(params, seed=3)  # non-zero B so every adapter has a gradient
+    toks = tokens(batch=2, seq=16)
+    batch = {"tokens": toks, "targets": toks}
+    grads = []
+    for policy in ("none", "full", "minimal"):
+        step = rk.build_train_step(models.build(cfg.replace(policy=policy)),
+                                   rk.TrainConfig(batch=2, seq=16, lora=True))
+        tr, fr = _split(step, params)
+        grads.append(jax.grad(step.loss_fn)(tr, fr, batch))
+    for g in grads[1:]:
+        chex.assert_trees_all_close(g, grads[0], rtol=1e-5, atol=1e-7)
+
+
+def test_lora_and_accumulation_shrink_the_gpu_peak(small):
+    full_ft = small("full")
+    lora = small("full", optimizer="adamw", lora=8)
+    adamw = small("full", optimizer="adamw")
+    assert lora.peak_bytes < adamw.peak_bytes
+    assert lora.breakdown["optimizer"] < adamw.breakdown["optimizer"] / 10
+    accum = small("none", batch=16, accum=4)
+    big = small("none", batch=16)
+    assert accum.breakdown["activations"] < big.breakdown["activations"] / 2
+    assert full_ft.breakdown["grad_accumulator"] == 0 < accum.breakdown["grad_accumulator"]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(batch=0, seq=16), ValueError, "batch=0 must be positive"),
+        (dict(batch=2, seq=-1), ValueError, "seq=-1"),
+        (dict(batch=6, seq=16, accum=4), ValueError, "does not split"),
+        (dict(batch=2, seq=16, optimizer="adamww"), ValueError, "Did you mean adamw"),
+        (dict(batch=2.0, seq=16), TypeError, "batch must be an int"),
+    ],
+)
+def test_bad_train_config(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        rk.TrainConfig(**kwargs)
