@@ -37,14 +37,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     policies = POLICIES[:2] if args.quick else POLICIES
     rows = []
     # Warm-up: the first compile in a process pays for loading the CUDA compiler plugin.
-    _timed_report(Options("llama3-8b", 1, 256, optimizer="sgd", overrides=(("layers", 2),)),
-                  "full", target)
+    _timed_report(
+        Options("llama3-8b", 1, 256, optimizer="sgd", overrides=(("layers", 2),)), "full", target
+    )
     for layers in (16, 32, 64):
         for policy in policies:
             opts = Options("llama3-8b", 4, 2048, overrides=(("layers", layers),))
             seconds, r = _timed_report(opts, policy, target)
-            rows.append({"layers": layers, "policy": policy, "report_seconds": seconds,
-                         "compile_seconds": r.compile_seconds, "peak_gib": r.peak_bytes / GIB})
+            rows.append(
+                {
+                    "layers": layers,
+                    "policy": policy,
+                    "report_seconds": seconds,
+                    "compile_seconds": r.compile_seconds,
+                    "peak_gib": r.peak_bytes / GIB,
+                }
+            )
     by_depth = {
         L: statistics.median(r["report_seconds"] for r in rows if r["layers"] == L)
         for L in (16, 32, 64)
@@ -53,8 +61,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "target": target.name,
         "median_report_seconds_by_layers": by_depth,
         "ratio_64_over_16": by_depth[64] / by_depth[16],
-        "max_report_seconds_32_layers": max(r["report_seconds"] for r in rows
-                                            if r["layers"] == 32),
+        "max_report_seconds_32_layers": max(r["report_seconds"] for r in rows if r["layers"] == 32),
         "rows": rows,
     }
     write_json(args.out / "report_latency.json", summary)

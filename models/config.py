@@ -60,6 +60,7 @@ class ModelConfig:
     param_dtype: Any = jnp.bfloat16
     scan_layers: bool = True
     policy: str | Callable[..., Any] | None = "none"
+    schedule: Any = "none"
     attention: str = "xla"
     lora_rank: int = 0
     lora_alpha: float = 16.0

@@ -59,14 +59,17 @@ def resolve_attention(requested: str, target: rk.Target) -> str:
         return "cudnn" if cudnn_attention_available(target) else "xla"
     if requested == "cudnn" and not cudnn_attention_available(target):
         raise ValueError(
-            f"attention='cudnn' needs an NVIDIA target with compute capability >= 8.0 and the "
-            f"cuDNN wheel (pip install 'jax[cuda12]'); {target.name} has neither: use --attention xla"
+            "attention='cudnn' needs an NVIDIA target with compute capability >= 8.0 and the "
+            f"cuDNN wheel (pip install 'jax[cuda12]'); {target.name} has neither: "
+            "use --attention xla"
         )
     return requested
 
 
-def model_config(opts: Options, policy: Any, target: rk.Target) -> ModelConfig:
-    """The ModelConfig an Options + policy + target describe (attention resolved)."""
+def model_config(
+    opts: Options, policy: Any, target: rk.Target, schedule: Any = "none"
+) -> ModelConfig:
+    """The ModelConfig an Options + policy + schedule + target describe (attention resolved)."""
     extra: dict[str, Any] = dict(opts.overrides)
     if opts.param_dtype:
         extra["param_dtype"] = opts.param_dtype
@@ -75,6 +78,7 @@ def model_config(opts: Options, policy: Any, target: rk.Target) -> ModelConfig:
     cfg = get_config(
         opts.model,
         policy=policy,
+        schedule=rk.parse_schedule(schedule),
         scan_layers=opts.scan_layers,
         attention=resolve_attention(opts.attention, target),
         lora_rank=opts.lora,
@@ -93,6 +97,7 @@ def measure(
     policy: Any,
     target: rk.Target | str,
     *,
+    schedule: Any = "none",
     baseline: float | None = None,
     warn: bool = False,
 ) -> rk.MemoryReport:
@@ -102,6 +107,7 @@ def measure(
       opts: model preset, batch, sequence and training options.
       policy: a policy name/spec, ``rk.Policy`` or jax policy callable.
       target: a Target or target name.
+      schedule: a layer schedule (``rk.Schedule`` or spec such as ``every:2``).
       baseline: FLOPs of the same step without remat; when given, the report's meta
         holds ``recompute_overhead`` = flops / baseline - 1.
       warn: issue the report's warnings as RematWarning too.
@@ -111,7 +117,7 @@ def measure(
     """
     t = rk.target(target) if isinstance(target, str) else target
     pol = rk.as_policy(policy)
-    cfg = model_config(opts, pol, t)
+    cfg = model_config(opts, pol, t, schedule)
     step = rk.build_train_step(build(cfg), opts.train_config())
     meta = {
         "model": opts.model,
@@ -132,7 +138,7 @@ def measure(
         donate_argnums=step.donate_argnums,
         policy=pol,
         attention=cfg.attention,
-        schedule="per-layer",
+        schedule=cfg.schedule.spec,
         meta=meta,
         warn=warn,
     )
@@ -152,9 +158,11 @@ def baseline_flops(opts: Options, target: rk.Target | str) -> float:
     return rk.count_flops(step.fn, *step.args).total
 
 
-def residuals(opts: Options, policy: Any, target: rk.Target | str) -> rk.ResidualReport:
+def residuals(
+    opts: Options, policy: Any, target: rk.Target | str, schedule: Any = "none"
+) -> rk.ResidualReport:
     """What ``policy`` keeps for the backward pass of one micro-batch, by tag."""
     t = rk.target(target) if isinstance(target, str) else target
-    cfg = model_config(opts, rk.as_policy(policy), t)
+    cfg = model_config(opts, rk.as_policy(policy), t, schedule)
     step = rk.build_train_step(build(cfg), opts.train_config())
     return rk.saved_residuals(step.loss_fn, *step.loss_args, policy=cfg.policy)

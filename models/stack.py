@@ -1,4 +1,4 @@
-"""The layer stack: scanned or unrolled, each block wrapped with the config's policy."""
+"""The layer stack: scanned or unrolled, run under the config's policy and schedule."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ class BlockStack(nn.Module):
     """Applies ``cfg.n_layers`` copies of ``block`` to the residual stream.
 
     ``block`` is a linen Module class taking ``(cfg, deterministic)`` and called as
-    ``block(x, None) -> (x, None)`` so that the same class serves ``nn.scan``.
-    With ``scan_layers`` the parameters gain a leading layer axis and compile time
-    stays flat in depth.
+    ``block(x, None) -> (x, None)``. Parameters are laid out the same whatever the
+    policy and schedule - stacked under ``layers`` with a leading layer axis when
+    ``scan_layers`` (compile time flat in depth), else ``layers_0 ... layers_{L-1}`` -
+    so a checkpoint trained under one schedule loads under any other.
     """
 
     cfg: ModelConfig
@@ -24,20 +25,47 @@ class BlockStack(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
+        cfg, n = self.cfg, self.cfg.n_layers
+        if self.is_initializing():
+            return self._init_layers(x)
+        variables = self.variables["params"]
+        if cfg.scan_layers:
+            params = variables["layers"]
+        else:
+            params = [variables[f"layers_{i}"] for i in range(n)]
+        keys = None
+        if not self.deterministic and cfg.dropout_rate > 0.0:
+            keys = jax.random.split(self.make_rng("dropout"), n)
+        # Unbound (parent=None): applied functionally, not registered as a child.
+        module = self.block(cfg, self.deterministic, parent=None)
+
+        def layer(p: dict, h: jax.Array, key: jax.Array | None) -> jax.Array:
+            rngs = {} if key is None else {"dropout": key}
+            return module.apply({"params": p}, h, None, rngs=rngs)[0]
+
+        return rk.apply_layers(
+            layer,
+            params,
+            x,
+            n_layers=n,
+            schedule=cfg.schedule,
+            policy=cfg.policy,
+            scan=cfg.scan_layers,
+            keys=keys,
+        )
+
+    def _init_layers(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        # Inside nn.scan the loop boundary already stops XLA from CSE-ing the
-        # recomputation into the forward pass; outside it we need the barrier.
-        block = rk.remat(self.block, cfg.policy, prevent_cse=not cfg.scan_layers)
         if cfg.scan_layers:
             scanned = nn.scan(
-                block,
+                self.block,
                 variable_axes={"params": 0},
-                split_rngs={"params": True, "dropout": True},
+                split_rngs={"params": True},
                 in_axes=nn.broadcast,
                 length=cfg.n_layers,
             )
-            x, _ = scanned(cfg, self.deterministic, name="layers")(x, None)
+            x, _ = scanned(cfg, True, name="layers")(x, None)
             return x
         for i in range(cfg.n_layers):
-            x, _ = block(cfg, self.deterministic, name=f"layers_{i}")(x, None)
+            x, _ = self.block(cfg, True, name=f"layers_{i}")(x, None)
         return x

@@ -11,6 +11,14 @@ from remat_kit.analysis import MemoryReport, RematWarning, abstract, memory_repo
 from remat_kit.flops import FlopCount, count_flops, count_jaxpr_flops
 from remat_kit.policies import Policy, as_policy, decide, parse_policy, policy, policy_names
 from remat_kit.residuals import Residual, ResidualReport, saved_residuals
+from remat_kit.schedules import (
+    Run,
+    Schedule,
+    apply_layers,
+    parse_schedule,
+    schedule,
+    schedule_names,
+)
 from remat_kit.targets import (
     Target,
     TargetError,
@@ -38,12 +46,15 @@ __all__ = [
     "RematWarning",
     "Residual",
     "ResidualReport",
+    "Run",
+    "Schedule",
     "Target",
     "TargetError",
     "TrainConfig",
     "TrainStep",
     "abstract",
     "add_breakdown",
+    "apply_layers",
     "as_policy",
     "build_train_step",
     "configure_for_deviceless",
@@ -55,10 +66,13 @@ __all__ = [
     "memory_report",
     "names",
     "parse_policy",
+    "parse_schedule",
     "policy",
     "policy_names",
     "remat",
     "saved_residuals",
+    "schedule",
+    "schedule_names",
     "target",
     "target_from_config",
     "target_names",

@@ -274,6 +274,11 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
         prim = eqn.primitive.name
         if prim == "name":
             return str(eqn.params["name"]), layers, _where(eqn)
+        # jax's dot policies save (or offload) a matmul's output before the name op
+        # that tags it: report the value under the tag its consumer gives it.
+        tag = _tag_of_value(v, prods)
+        if tag is not None:
+            return tag, layers, _where(eqn)
         if prim == "device_put":
             v = eqn.invars[eqn.outvars.index(v)]
             continue
@@ -293,6 +298,13 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
             continue
         return f"<{prim}>", layers, _where(eqn)
     return "<unknown>", layers, "too deeply nested to follow"
+
+
+def _tag_of_value(v: Any, producers: Mapping[Any, Any]) -> str | None:
+    for eqn in producers.values():
+        if eqn.primitive.name == "name" and eqn.invars[0] is v:
+            return str(eqn.params["name"])
+    return None
 
 
 def _where(eqn: Any) -> str:

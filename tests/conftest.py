@@ -9,7 +9,7 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import pytest  # noqa: E402
+import pytest
 
 #: A small bf16 Llama whose train step shows remat effects on a GPU target.
 SMALL = dict(
@@ -20,8 +20,15 @@ SMALL = dict(
     param_dtype="bf16",
     dtype="bf16",
     attention="xla",
-    overrides=(("layers", 4), ("width", 512), ("heads", 8), ("kv_heads", 4), ("ff", 1024),
-               ("vocab", 1024), ("max_seq", 1024)),
+    overrides=(
+        ("layers", 4),
+        ("width", 512),
+        ("heads", 8),
+        ("kv_heads", 4),
+        ("ff", 1024),
+        ("vocab", 1024),
+        ("max_seq", 1024),
+    ),
 )
 
 

@@ -5,13 +5,13 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
+from conftest import SMALL
 from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import models
 import remat_kit as rk
-from conftest import SMALL
 from models.measure import Options, baseline_flops
 
 # Written out here from ../shared/gpu_targets.md, independently of remat_kit.targets.
@@ -53,17 +53,29 @@ def test_fields_present_and_consistent(small, policy):
     assert r.policy == policy and r.attention == "xla"
     assert sum(r.breakdown.values()) - r.breakdown["trainable"] == r.peak_bytes
     d = json.loads(json.dumps(r.to_dict()))
-    for key in ("peak_bytes", "argument_bytes", "output_bytes", "temp_bytes", "alias_bytes",
-                "host_bytes", "xla_peak_bytes", "flops", "fits", "policy", "compile_seconds"):
+    for key in (
+        "peak_bytes",
+        "argument_bytes",
+        "output_bytes",
+        "temp_bytes",
+        "alias_bytes",
+        "host_bytes",
+        "xla_peak_bytes",
+        "flops",
+        "fits",
+        "policy",
+        "compile_seconds",
+    ):
         assert key in d
 
 
 def test_report_equals_independent_direct_compile():
-    topo = topologies.get_topology_desc(platform="cuda", target_config=H100_TEXT,
-                                        topology="1x1x1")
+    topo = topologies.get_topology_desc(platform="cuda", target_config=H100_TEXT, topology="1x1x1")
     mesh = topologies.make_mesh(topo, (1,), ("x",))
-    args = [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
-            for a in _mlp_args()]
+    args = [
+        jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P()))
+        for a in _mlp_args()
+    ]
     direct = jax.jit(_mlp).lower(*args).compile().memory_analysis()
     r = rk.memory_report(_mlp, *_mlp_args(), target="h100")
     assert r.argument_bytes == direct.argument_size_in_bytes == 2 * (4096 * 2048 + 2 * 2048 * 8192)
@@ -73,9 +85,11 @@ def test_report_equals_independent_direct_compile():
 
 
 def test_arrays_and_shape_structs_give_the_same_report():
-    small_args = [jax.ShapeDtypeStruct((64, 32), jnp.float32),
-                  jax.ShapeDtypeStruct((32, 128), jnp.float32),
-                  jax.ShapeDtypeStruct((128, 32), jnp.float32)]
+    small_args = [
+        jax.ShapeDtypeStruct((64, 32), jnp.float32),
+        jax.ShapeDtypeStruct((32, 128), jnp.float32),
+        jax.ShapeDtypeStruct((128, 32), jnp.float32),
+    ]
     arrays = [jnp.zeros(a.shape, a.dtype) for a in small_args]
     a = rk.memory_report(_mlp, *small_args, target="rtx4090")
     b = rk.memory_report(_mlp, *arrays, target="rtx4090")
@@ -104,8 +118,9 @@ def test_scanned_and_unrolled_flops_agree():
         scanned = baseline_flops(Options(**SMALL), target) if policy == "none" else None
         flops = {}
         for scan in (True, False):
-            cfg = models.get_config("tiny-llama", policy=policy, scan_layers=scan,
-                                    **dict(SMALL["overrides"]))
+            cfg = models.get_config(
+                "tiny-llama", policy=policy, scan_layers=scan, **dict(SMALL["overrides"])
+            )
             step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=4, seq=1024))
             flops[scan] = rk.count_flops(step.fn, *step.args).total
         assert flops[True] == pytest.approx(flops[False], rel=0.02)
@@ -114,7 +129,7 @@ def test_scanned_and_unrolled_flops_agree():
 
 
 def test_warning_when_names_match_no_tag_and_offload_moves_nothing():
-    with pytest.warns(UserWarning, match="not in remat_kit's tag vocabulary"):
+    with pytest.warns(UserWarning, match=r"not in remat_kit's tag vocabulary"):
         pol = rk.policy("offload", offload=["my_tensor"])
     f = rk.remat(lambda x, w: jnp.tanh(x @ w).sum(), pol)
     args = (jax.ShapeDtypeStruct((256, 256), jnp.float32),) * 2
@@ -139,14 +154,19 @@ def test_does_not_fit_and_xla_remat_are_reported():
 
 
 def test_cpu_target_has_no_fit():
-    r = rk.memory_report(_mlp, *[jax.ShapeDtypeStruct(a.shape, jnp.float32) for a in
-                                 (jnp.zeros((8, 4)), jnp.zeros((4, 16)), jnp.zeros((16, 4)))],
-                         target="cpu")
+    r = rk.memory_report(
+        _mlp,
+        *[
+            jax.ShapeDtypeStruct(a.shape, jnp.float32)
+            for a in (jnp.zeros((8, 4)), jnp.zeros((4, 16)), jnp.zeros((16, 4)))
+        ],
+        target="cpu",
+    )
     assert r.fits is None and r.target_memory_bytes is None and r.peak_bytes > 0
 
 
 def test_bad_arguments():
-    with pytest.raises(TypeError, match="arrays or jax.ShapeDtypeStruct"):
+    with pytest.raises(TypeError, match=r"arrays or jax\.ShapeDtypeStruct"):
         rk.memory_report(lambda s: s, "text", target="h100")
     with pytest.raises(ValueError, match="unknown target"):
         rk.memory_report(_mlp, *_mlp_args(), target="h1000")

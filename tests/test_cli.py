@@ -7,15 +7,41 @@ import pytest
 
 from remat_kit.cli import main
 
-SMALL = ["--model", "tiny-llama", "--target", "h100", "--batch", "2", "--seq", "256",
-         "--optimizer", "sgd", "--width", "256", "--heads", "4", "--attention", "xla"]
+SMALL = [
+    "--model",
+    "tiny-llama",
+    "--target",
+    "h100",
+    "--batch",
+    "2",
+    "--seq",
+    "256",
+    "--optimizer",
+    "sgd",
+    "--width",
+    "256",
+    "--heads",
+    "4",
+    "--attention",
+    "xla",
+]
 
 
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli")
-    code = main(["compare", *SMALL, "--policies", "none,full,offload_dots_no_batch",
-                 "--json", str(out / "rows.json"), "--csv", str(out / "rows.csv")])
+    code = main(
+        [
+            "compare",
+            *SMALL,
+            "--policies",
+            "none,full,offload_dots_no_batch",
+            "--json",
+            str(out / "rows.json"),
+            "--csv",
+            str(out / "rows.csv"),
+        ]
+    )
     return code, out
 
 
@@ -25,8 +51,16 @@ def test_compare_writes_rows(compared):
     rows = json.loads((out / "rows.json").read_text())
     assert [r["policy"] for r in rows] == ["none", "full", "offload_dots_no_batch"]
     for row in rows:
-        for key in ("policy", "schedule", "peak_bytes", "temp_bytes", "host_bytes", "flops",
-                    "recompute_overhead", "fits"):
+        for key in (
+            "policy",
+            "schedule",
+            "peak_bytes",
+            "temp_bytes",
+            "host_bytes",
+            "flops",
+            "recompute_overhead",
+            "fits",
+        ):
             assert key in row
     none, full, off = rows
     assert full["peak_bytes"] < none["peak_bytes"] and full["recompute_overhead"] > 0.1
@@ -39,14 +73,23 @@ def test_compare_writes_rows(compared):
 def test_report_prints_breakdown_and_residuals(tmp_path, capsys):
     assert main(["report", *SMALL, "--policy", "minimal", "--json", str(tmp_path / "r.json")]) == 0
     text = capsys.readouterr().out
-    for needle in ("weights", "gradients", "optimizer state", "activations", "query_proj",
-                   "saved", "recomputed", "fits"):
+    for needle in (
+        "weights",
+        "gradients",
+        "optimizer state",
+        "activations",
+        "query_proj",
+        "saved",
+        "recomputed",
+        "fits",
+    ):
         assert needle in text
     data = json.loads((tmp_path / "r.json").read_text())
     assert data["residuals"]["tags"]["query_proj"] == "saved"
     assert data["residuals"]["tags"]["attn_probs"] == "recomputed"
-    assert data["peak_bytes"] == (data["argument_bytes"] + data["output_bytes"]
-                                  + data["temp_bytes"] - data["alias_bytes"])
+    assert data["peak_bytes"] == (
+        data["argument_bytes"] + data["output_bytes"] + data["temp_bytes"] - data["alias_bytes"]
+    )
 
 
 @pytest.mark.parametrize("what", ["targets", "policies", "models"])

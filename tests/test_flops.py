@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from remat_kit.flops import FlopCount, count_flops, count_jaxpr_flops
+from remat_kit.flops import FlopCount, count_flops, count_jaxpr_flops, scan_operand_split
 
 S = jax.ShapeDtypeStruct
 F32 = jnp.float32
@@ -100,6 +100,40 @@ def test_fori_loop_with_static_bounds_counts_trip_count():
         got = count_flops(fn, w)
         assert got.matmul == trips * single
         assert got.unknown_loops == 0
+
+
+def test_scan_operand_split_reads_consts_and_carry():
+    # jax < 0.12 stores num_consts/num_carry as scan params; jax 0.12 an ft_in flat tree.
+    def f(w, b, c0, xs):
+        def body(carry, x):
+            h, k = carry
+            return (jnp.tanh(h @ w + b), k + 1), x * 2.0
+
+        return jax.lax.scan(body, (c0, jnp.int32(0)), xs)
+
+    closed = jax.make_jaxpr(f)(_spec(4, 4), _spec(4), _spec(4), _spec(3, 4))
+    (eqn,) = [e for e in closed.jaxpr.eqns if e.primitive.name == "scan"]
+    assert scan_operand_split(eqn) == (2, 2)
+    assert len(eqn.invars) == 2 + 2 + 1
+
+
+def test_while_loop_inside_scan_reads_its_bound_from_a_scan_const():
+    d, trips, length = 8, 5, 3
+    # A concrete closure constant: the outer jaxpr holds its value and hands it to the scan as a
+    # const operand, so the while loop's bound inside the body is known statically.
+    bound = jnp.full((), trips, jnp.int32)
+
+    def f(w):
+        def body(c, _):
+            state = (jnp.int32(0), c)
+            out = jax.lax.while_loop(lambda s: s[0] < bound, lambda s: (s[0] + 1, s[1] @ w), state)
+            return out[1], None
+
+        return jax.lax.scan(body, jnp.eye(d), None, length=length)[0]
+
+    got = count_flops(f, _spec(d, d))
+    assert got.unknown_loops == 0
+    assert got.matmul == length * trips * 2 * d**3
 
 
 def test_while_loop_with_literal_bound_and_step():

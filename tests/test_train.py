@@ -14,9 +14,10 @@ from helpers import tokens
 def _concrete(tree, seed=0):
     leaves, treedef = jax.tree.flatten(tree)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(
-        treedef, [0.02 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
-    )
+    noise = [
+        0.02 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, noise)
 
 
 def _split(step, params):
@@ -33,8 +34,9 @@ def _split(step, params):
 def test_step_trains_on_cpu(optimizer):
     cfg = models.get_config("tiny-llama", layers=2, policy="full")
     module = models.build(cfg)
-    step = rk.build_train_step(module, rk.TrainConfig(batch=4, seq=16, optimizer=optimizer,
-                                                      learning_rate=3e-3))
+    step = rk.build_train_step(
+        module, rk.TrainConfig(batch=4, seq=16, optimizer=optimizer, learning_rate=3e-3)
+    )
     params = module.init(jax.random.key(0), jnp.zeros((4, 16), jnp.int32))
     tr, fr = _split(step, params)
     opt_state = rk.make_optimizer(optimizer, 3e-3).init(tr)
@@ -58,8 +60,7 @@ def test_accumulation_equals_one_big_batch():
     results = []
     for accum in (1, 2, 4):
         step = rk.build_train_step(
-            module, rk.TrainConfig(batch=4, seq=16, optimizer="sgd", accum=accum,
-                                   learning_rate=0.1)
+            module, rk.TrainConfig(batch=4, seq=16, optimizer="sgd", accum=accum, learning_rate=0.1)
         )
         tr, fr = _split(step, params)
         opt_state = rk.make_optimizer("sgd", 0.1).init(tr)
@@ -73,8 +74,7 @@ def test_breakdown_from_shapes():
     cfg = models.get_config("tiny-llama", param_dtype="f32")
     n = cfg.param_count()
     adamw = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16))
-    sgd = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16,
-                                                                optimizer="sgd"))
+    sgd = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16, optimizer="sgd"))
     assert adamw.breakdown["weights"] == 4 * n == adamw.breakdown["gradients"]
     # Two f32 moments per weight plus a step counter or two.
     assert 8 * n <= adamw.breakdown["optimizer"] <= 8 * n + 64
@@ -105,8 +105,9 @@ def test_lora_gradients_unchanged_by_policy():
     batch = {"tokens": toks, "targets": toks}
     grads = []
     for policy in ("none", "full", "minimal"):
-        step = rk.build_train_step(models.build(cfg.replace(policy=policy)),
-                                   rk.TrainConfig(batch=2, seq=16, lora=True))
+        step = rk.build_train_step(
+            models.build(cfg.replace(policy=policy)), rk.TrainConfig(batch=2, seq=16, lora=True)
+        )
         tr, fr = _split(step, params)
         grads.append(jax.grad(step.loss_fn)(tr, fr, batch))
     for g in grads[1:]:

@@ -54,6 +54,7 @@ def test_linen_policy_changes_what_is_saved():
     none_loss, _ = _linen_loss(MLP)
     assert "mlpwi" not in _residual_names(full_loss, params)
     assert "mlpwi" in _residual_names(keep_loss, params)
+
     # Without remat the hidden activations are kept; "full" keeps far fewer bytes.
     def activation_bytes(fn):
         res = rk.saved_residuals(fn, params).residuals
@@ -112,8 +113,11 @@ def test_function_wrap_and_prevent_cse_flag():
     x = jnp.arange(4.0)
     chex.assert_trees_all_close(jax.grad(g)(x), jax.grad(f)(x))
     jaxpr = jax.make_jaxpr(g)(x)
-    remat_eqns = [e for e in jaxpr.jaxpr.eqns if "remat" in e.primitive.name or
-                  e.primitive.name == "checkpoint"]
+    remat_eqns = [
+        e
+        for e in jaxpr.jaxpr.eqns
+        if "remat" in e.primitive.name or e.primitive.name == "checkpoint"
+    ]
     assert remat_eqns and remat_eqns[0].params["prevent_cse"] is False
 
 
