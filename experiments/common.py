@@ -55,3 +55,17 @@ def _cell(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
     return "-" if v is None else str(v)
+
+
+def progress(items: Sequence[Any], label: str):
+    """Iterates ``items`` with a rich progress bar on stderr."""
+    from rich.progress import track
+
+    return track(items, description=label, transient=True)
+
+
+def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Slope of log y against log x: y ~ x^slope."""
+    import numpy as np
+
+    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])

@@ -64,11 +64,6 @@ class SelfAttention(nn.Module):
             k = rope(k, positions, cfg.rope_theta)
 
         if cfg.attention == "cudnn":
-            if cfg.dropout_rate > 0.0 and not self.deterministic:
-                raise ValueError(
-                    "attention='cudnn' has no attention dropout in jax.nn.dot_product_attention; "
-                    "use attention='xla' or dropout_rate=0"
-                )
             context = jax.nn.dot_product_attention(
                 q, k, v, is_causal=cfg.causal, implementation="cudnn"
             )

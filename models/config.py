@@ -104,6 +104,17 @@ class ModelConfig:
             raise ValueError(f"dropout_rate={self.dropout_rate!r} must be in [0, 1)")
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
+        if self.attention == "cudnn":
+            if self.dropout_rate > 0.0:
+                raise ValueError(
+                    "attention='cudnn' has no attention dropout in jax.nn.dot_product_attention; "
+                    f"use attention='xla' or dropout_rate=0 (got {self.dropout_rate})"
+                )
+            if jnp.dtype(self.dtype).itemsize != 2:
+                raise ValueError(
+                    f"attention='cudnn' needs a 16-bit compute dtype (bf16/f16), got "
+                    f"{jnp.dtype(self.dtype).name}: pass dtype='bf16' or attention='xla'"
+                )
 
     @property
     def dim_per_head(self) -> int:

@@ -147,7 +147,33 @@ def measure(
         report = report.replace(
             meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
         )
+    if pol.offloads and report.host_bytes:
+        report = _with_offload_estimate(report, opts, pol, t, cfg)
     return report
+
+
+def _with_offload_estimate(
+    report: rk.MemoryReport, opts: Options, pol: rk.Policy, t: rk.Target, cfg: ModelConfig
+) -> rk.MemoryReport:
+    # The same step with the offloaded tensors recomputed instead: traced, not compiled.
+    alt = rk.build_train_step(
+        build(cfg.replace(policy=rk.recompute_instead(pol))), opts.train_config()
+    )
+    extra = rk.count_flops(alt.fn, *alt.args).total - report.flops
+    est = rk.transfer_estimate(report, t, max(extra, 0.0))
+    if est is None:
+        return report
+    notes = list(report.warnings)
+    if est.link_bound:
+        notes.append(
+            f"offloading {est.host_bytes / 2**30:.1f} GiB per step needs an estimated "
+            f"{est.transfer_seconds * 1e3:.0f} ms on {t.name}'s host link, more than the "
+            f"step's {est.step_compute_seconds * 1e3:.0f} ms of compute: it cannot hide "
+            "behind compute"
+        )
+    return report.replace(
+        meta={**report.meta, "offload_estimate": est._asdict()}, warnings=tuple(notes)
+    )
 
 
 def baseline_flops(opts: Options, target: rk.Target | str) -> float:

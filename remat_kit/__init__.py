@@ -7,9 +7,24 @@ Example:
 """
 
 from remat_kit import names
-from remat_kit.analysis import MemoryReport, RematWarning, abstract, memory_report
+from remat_kit.analysis import (
+    MemoryReport,
+    RematWarning,
+    TransferEstimate,
+    abstract,
+    memory_report,
+    transfer_estimate,
+)
 from remat_kit.flops import FlopCount, count_flops, count_jaxpr_flops
-from remat_kit.policies import Policy, as_policy, decide, parse_policy, policy, policy_names
+from remat_kit.policies import (
+    Policy,
+    as_policy,
+    decide,
+    parse_policy,
+    policy,
+    policy_names,
+    recompute_instead,
+)
 from remat_kit.residuals import Residual, ResidualReport, saved_residuals
 from remat_kit.schedules import (
     Run,
@@ -52,6 +67,7 @@ __all__ = [
     "TargetError",
     "TrainConfig",
     "TrainStep",
+    "TransferEstimate",
     "abstract",
     "add_breakdown",
     "apply_layers",
@@ -69,6 +85,7 @@ __all__ = [
     "parse_schedule",
     "policy",
     "policy_names",
+    "recompute_instead",
     "remat",
     "saved_residuals",
     "schedule",
@@ -76,4 +93,5 @@ __all__ = [
     "target",
     "target_from_config",
     "target_names",
+    "transfer_estimate",
 ]

@@ -11,18 +11,26 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
 
 from remat_kit import flops as _flops
-from remat_kit.policies import Policy, as_policy
+from remat_kit import names as _names
+from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target
 from remat_kit.targets import target as _target
 
-__all__ = ["MemoryReport", "RematWarning", "abstract", "memory_report"]
+__all__ = [
+    "MemoryReport",
+    "RematWarning",
+    "TransferEstimate",
+    "abstract",
+    "memory_report",
+    "transfer_estimate",
+]
 
 
 class RematWarning(UserWarning):
@@ -271,6 +279,20 @@ def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
                 f"policy {pol.spec!r} names {', '.join(pol.tags)} but the program tags none of "
                 f"them (it has: {', '.join(r.tags) or 'no tags'}); it behaves like 'full'"
             )
+    flash = _names.CONTEXT in r.tags and not set(_names.SCORE_NAMES) & set(r.tags)
+    if (
+        pol is not None
+        and pol.tags
+        and flash
+        and any(decide(pol, n) != "save" for n in _names.SCORE_NAMES)
+    ):
+        kept = [t for t in r.tags if decide(pol, t) == "save"]
+        if _names.CONTEXT in kept:
+            notes.append(
+                f"{pol.spec!r} recomputes attention scores/probabilities, which do not exist "
+                "under flash attention (the kernel recomputes them itself): here it is "
+                f"equivalent to names:save={'+'.join(kept)}"
+            )
     if pol is not None and pol.offloads and r.host_temp_bytes == 0 and r.host_bytes == 0:
         notes.append(
             f"policy {pol.spec!r} offloads to host but XLA moved 0 bytes there: nothing it "
@@ -288,6 +310,52 @@ def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
             f"{over / 2**30:.2f} GiB over its {(r.target_memory_bytes or 0) / 2**30:.2f} GiB"
         )
     return notes
+
+
+class TransferEstimate(NamedTuple):
+    """Offload against recompute for one step, estimated from a compiled report.
+
+    Estimates, not measurements: bytes come from XLA, times from the target's
+    public peak figures (host link per direction, dense bf16 throughput).
+
+    Attributes:
+      host_bytes: activations offloaded per step (XLA's host temp bytes).
+      transfer_seconds: device->host in the forward pass plus host->device in the
+        backward pass over the host link.
+      recompute_seconds: the same tensors recomputed instead, at peak bf16 throughput
+        (None when the recompute FLOPs are unknown).
+      step_compute_seconds: the whole step's FLOPs at peak bf16 throughput.
+      link_bound: the transfers take longer than the step's compute, so they cannot
+        hide behind it.
+    """
+
+    host_bytes: int
+    transfer_seconds: float
+    recompute_seconds: float | None
+    step_compute_seconds: float
+    link_bound: bool
+
+
+def transfer_estimate(
+    report: MemoryReport, target: Target, recompute_flops: float | None = None
+) -> TransferEstimate | None:
+    """Estimates what offloading costs on ``target``'s host link, beside recomputing.
+
+    Args:
+      report: a compiled report with host bytes.
+      target: the target it was compiled for (its host link and bf16 peak are used).
+      recompute_flops: extra FLOPs of recomputing the offloaded tensors instead.
+
+    Returns:
+      The estimate, or None when nothing was offloaded or the target lacks the figures.
+    """
+    bytes_ = report.host_temp_bytes or report.host_bytes
+    if not bytes_ or not target.host_link_bandwidth or not target.peak_bf16_flops:
+        return None
+    transfer = 2 * bytes_ / target.host_link_bandwidth
+    step = report.flops / target.peak_bf16_flops
+    recompute = None if recompute_flops is None else recompute_flops / target.peak_bf16_flops
+    return TransferEstimate(int(bytes_), transfer, recompute, step, transfer > step)
 
 
 def nbytes(tree: Any) -> int:

@@ -103,11 +103,20 @@ def _parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="peak HBM of one policy, with breakdown and residuals")
     _add_model_args(rep)
     rep.add_argument("--policy", default="full", help="policy name or spec")
+    rep.add_argument(
+        "--schedule", default="none", help="none | every:K | sqrt | nested:M | layers:0-7=full,..."
+    )
     rep.add_argument("--no-residuals", action="store_true", help="skip the residual table")
     cmp_ = sub.add_parser("compare", help="a table of policies for one model and target")
     _add_model_args(cmp_)
     cmp_.add_argument(
         "--policies", default=",".join(MAIN_POLICIES), help="comma-separated names or specs"
+    )
+    cmp_.add_argument(
+        "--schedules",
+        "--schedule",
+        default="none",
+        help="comma-free list separated by ';' or spaces, e.g. 'none;every:2;sqrt'",
     )
     cmp_.add_argument("--csv", type=Path, default=None, help="write the rows as CSV")
     sub.add_parser("targets", help="list the GPU targets")
@@ -157,7 +166,7 @@ def _run(args: argparse.Namespace) -> int:
 def _console() -> Any:
     from rich.console import Console
 
-    return Console(width=max(110, min(160, _terminal_width())))
+    return Console(width=max(150, min(200, _terminal_width())))
 
 
 def _terminal_width() -> int:
@@ -262,11 +271,12 @@ def _report(args: argparse.Namespace, rk: Any) -> int:
     opts = _options(args)
     target = rk.target(args.target, devices=args.gpus)
     policy = rk.as_policy(args.policy)
+    schedule = rk.parse_schedule(args.schedule)
     baseline = baseline_flops(opts, target)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        report = measure(opts, policy, target, baseline=baseline)
-    res = None if args.no_residuals else residuals(opts, policy, target)
+        report = measure(opts, policy, target, schedule=schedule, baseline=baseline)
+    res = None if args.no_residuals else residuals(opts, policy, target, schedule)
     console = _console()
     console.print(_report_table(report, target))
     if res is not None:
@@ -292,16 +302,21 @@ def _compare(args: argparse.Namespace, rk: Any) -> int:
     if not specs:
         raise ValueError("--policies is empty; give names such as none,full,minimal")
     policies = [rk.as_policy(s) for s in specs]  # fail on a bad name before compiling
+    schedules = [rk.parse_schedule(s) for s in args.schedules.replace(";", " ").split()]
+    if not schedules:
+        raise ValueError("--schedules is empty; give e.g. 'none;every:2;sqrt'")
+    cases = [(p, s) for s in schedules for p in policies]
     start = time.perf_counter()
     baseline = baseline_flops(opts, target)
     reports = []
     with Progress(transient=True) as progress:
-        task = progress.add_task(f"compiling for {target.name}", total=len(policies))
-        for p in policies:
-            progress.update(task, description=f"compiling {p.spec} for {target.name}")
+        task = progress.add_task(f"compiling for {target.name}", total=len(cases))
+        for p, sch in cases:
+            label = p.spec if sch.name == "none" else f"{p.spec} @ {sch.spec}"
+            progress.update(task, description=f"compiling {label} for {target.name}")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                reports.append(measure(opts, p, target, baseline=baseline))
+                reports.append(measure(opts, p, target, schedule=sch, baseline=baseline))
             progress.advance(task)
     total = time.perf_counter() - start
     rows = compare_rows(reports)
@@ -324,9 +339,10 @@ def compare_rows(reports: Sequence[Any]) -> list[dict[str, Any]]:
 
     ``saved_vs_none`` is 1 - peak/peak(none) when ``none`` is among the reports.
     """
-    base = next((r for r in reports if r.policy == "none"), None)
+    base = next((r for r in reports if r.policy == "none" and r.schedule == "none"), None)
     rows = []
     for r in reports:
+        est = r.meta.get("offload_estimate") or {}
         row = {
             "policy": r.policy,
             "schedule": r.schedule,
@@ -346,7 +362,14 @@ def compare_rows(reports: Sequence[Any]) -> list[dict[str, Any]]:
             "fits": r.fits,
             "xla_remat": r.xla_remat,
             "compile_seconds": r.compile_seconds,
-            **{f"meta_{k}": v for k, v in r.meta.items() if k != "recompute_overhead"},
+            "offload_transfer_seconds_est": est.get("transfer_seconds"),
+            "offload_recompute_seconds_est": est.get("recompute_seconds"),
+            "step_compute_seconds_est": est.get("step_compute_seconds"),
+            **{
+                f"meta_{k}": v
+                for k, v in r.meta.items()
+                if k not in ("recompute_overhead", "offload_estimate")
+            },
             **{f"{k}_bytes": v for k, v in r.breakdown.items() if k != "activations"},
         }
         rows.append(row)
@@ -370,16 +393,12 @@ def _compare_table(rows: list[dict[str, Any]], target: Any, opts: Any, total: fl
             "came near the device memory, so that figure includes XLA's choices"
         )
     table = Table(title=title, caption=caption)
-    for col in (
-        "policy",
-        "peak GiB",
-        "activations GiB",
-        "host GiB",
-        "saved vs none",
-        "recompute",
-        "fits",
-        "compile s",
-    ):
+    offload = any(row["offload_transfer_seconds_est"] for row in rows)
+    columns = ["policy", "peak GiB", "activations GiB", "host GiB", "saved vs none", "recompute"]
+    if offload:
+        columns.append("offload/recompute ms (est.)")
+    columns += ["fits", "compile s"]
+    for col in columns:
         table.add_column(
             col, justify="left" if col == "policy" else "right", no_wrap=col == "policy"
         )
@@ -387,16 +406,22 @@ def _compare_table(rows: list[dict[str, Any]], target: Any, opts: Any, total: fl
         fits = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}[row["fits"]]
         if row["xla_remat"]:
             fits += " (XLA remat)"
-        table.add_row(
-            row["policy"],
+        name = row["policy"]
+        if row["schedule"] not in (None, "none"):
+            name += f" @ {row['schedule']}"
+        cells = [
+            name,
             _fmt(row["peak_bytes"], _GIB),
             _fmt(row["activation_bytes"], _GIB),
             _fmt(row["host_bytes"], _GIB),
             _pct(row["saved_vs_none"]),
             _pct(row["recompute_overhead"]),
-            fits,
-            f"{row['compile_seconds']:.1f}",
-        )
+        ]
+        if offload:
+            t_ms = row["offload_transfer_seconds_est"]
+            r_ms = row["offload_recompute_seconds_est"]
+            cells.append("-" if t_ms is None else f"{t_ms * 1e3:.0f} vs recompute {r_ms * 1e3:.0f}")
+        table.add_row(*cells, fits, f"{row['compile_seconds']:.1f}")
     return table
 
 
@@ -406,7 +431,7 @@ def _report_table(r: Any, target: Any) -> Any:
     m = r.meta
     title = (
         f"{m.get('model')} b{m.get('batch')} s{m.get('seq')} {m.get('optimizer')} "
-        f"policy={r.policy} attention={r.attention} on {target.name}"
+        f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.name}"
     )
     table = Table(title=title, show_header=True)
     table.add_column("what")
@@ -436,6 +461,14 @@ def _report_table(r: Any, target: Any) -> Any:
         f"{_pct(r.meta.get('recompute_overhead'))} | compiled in {r.compile_seconds:.1f} s"
         + (" | XLA's own remat pass stepped in" if r.xla_remat else "")
     )
+    est = r.meta.get("offload_estimate")
+    if est:
+        table.caption += (
+            f"\noffload (estimates at the host link / bf16 peak): transfer "
+            f"{est['transfer_seconds'] * 1e3:.0f} ms per step vs recomputing the same tensors "
+            f"{est['recompute_seconds'] * 1e3:.0f} ms; step compute "
+            f"{est['step_compute_seconds'] * 1e3:.0f} ms"
+        )
     return table
 
 

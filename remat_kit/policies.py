@@ -27,6 +27,7 @@ __all__ = [
     "parse_policy",
     "policy",
     "policy_names",
+    "recompute_instead",
 ]
 
 #: What a policy does with one tensor: keep it in HBM, move it to host, or recompute it.
@@ -456,3 +457,31 @@ def parse_policy(spec: str) -> Policy:
         else:
             params[key] = [v.strip() for v in value.split("+") if v.strip()]
     return policy(name, **params)
+
+
+def recompute_instead(p: Policy | str) -> Policy:
+    """``p`` with every offload decision turned into recomputation.
+
+    The counterpart of an offload policy for cost comparisons: the same tensors are
+    recomputed instead of moved to host memory and back.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> rk.decide(rk.recompute_instead("minimal_offloaded"), "query_proj")
+      'recompute'
+    """
+    base = as_policy(p)
+    if not base.is_remat:
+        return base
+
+    def no_offload(prim: Any, *avals: Any, **params: Any) -> Any:
+        out = base(prim, *avals, **params)
+        return False if _kind(out) == "offload" else out
+
+    return Policy(
+        "custom",
+        f"{base.spec} with offloaded tensors recomputed instead",
+        no_offload,
+        {"of": base},
+        tags=base.tags,
+    )

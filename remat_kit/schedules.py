@@ -74,7 +74,7 @@ class Schedule:
     levels: int | None = None
     plan: tuple[tuple[int, int, str], ...] = ()
     rest: str | None = None
-    inner: str = "none"
+    inner: str | None = None
 
     @property
     def spec(self) -> str:
@@ -99,7 +99,8 @@ class Schedule:
         if n_layers <= 0:
             raise ValueError(f"n_layers={n_layers} must be positive")
         base = as_policy(policy)
-        inner = as_policy(self.inner)
+        # Inside a segment the layers run under the model's policy unless told otherwise.
+        inner = base if self.inner is None else as_policy(self.inner)
         if self.name == "none":
             return [Run(0, (n_layers,), base)]
         if self.name in ("every", "sqrt"):
@@ -161,7 +162,7 @@ def schedule(
     n: int | None = None,
     levels: int | None = None,
     plan: Mapping[Any, str] | None = None,
-    inner: str = "none",
+    inner: str | None = None,
 ) -> Schedule:
     """Builds a Schedule.
 
@@ -172,8 +173,8 @@ def schedule(
       plan: for ``layers``: ``{index | range | "a-b": policy, "rest": policy}``; layers
         not named use ``rest`` or, without it, the model's policy.
       inner: the per-layer policy inside a segment for ``every``/``sqrt``/``nested``
-        (default ``none``: a recomputed segment keeps its layers' activations while its
-        backward runs, as in Chen et al.).
+        (default: the model's policy; with ``none`` a recomputed segment keeps all its
+        layers' activations while its backward runs, as in Chen et al.).
 
     Returns:
       The Schedule.
@@ -191,7 +192,8 @@ def schedule(
         close = difflib.get_close_matches(name, _NAMES, n=2)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"unknown schedule {name!r}.{hint} Known: {', '.join(_NAMES)}")
-    as_policy(inner)  # validate early
+    if inner is not None:
+        as_policy(inner)  # validate early
     if name == "every":
         if n is None:
             raise ValueError("schedule 'every' needs n, the segment length: every:2")
