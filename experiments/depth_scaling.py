@@ -1,4 +1,4 @@
-"""Does sqrt(N) checkpointing give O(sqrt N) activation memory? (seed: 100 layers, 100 -> ~20 units).
+"""Does sqrt(N) checkpointing give O(sqrt N) activation memory? (seed: 100 layers -> ~20 units).
 
 Compiles the train step of a Llama-style stack (width 1024, scanned layers) for layer counts
 4..128 on an H100 target and reads XLA's memory analysis for each schedule. "Activations" is the
