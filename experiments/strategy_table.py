@@ -12,10 +12,17 @@ from collections.abc import Sequence
 
 from common import GIB, parse, table, write_json
 
+# "Checkpoint every k-th layer" is read two ways: segments of k layers of which only the
+# input is kept (Chen et al.; rk.schedule("every")), or checkpointing one layer in k and
+# keeping the others whole (a per-layer plan). Both are measured.
+_HALF = "layers:" + ",".join(f"{i}=full" for i in range(0, 12, 2))
+_QUARTER = "layers:" + ",".join(f"{i}=full" for i in range(0, 12, 4))
 ROWS = (  # (label, per-layer policy, schedule, claimed activation reduction)
     ("no checkpointing", "none", "none", 0.0),
-    ("every 2nd layer", "none", "every:2", 0.40),
-    ("every 4th layer", "none", "every:4", 0.65),
+    ("every 2nd layer: segments of 2", "none", "every:2", 0.40),
+    ("every 4th layer: segments of 4", "none", "every:4", 0.65),
+    ("every 2nd layer: 1 in 2 checkpointed", "none", _HALF, 0.40),
+    ("every 4th layer: 1 in 4 checkpointed", "none", _QUARTER, 0.65),
     ("block-level (each layer, full)", "full", "none", 0.70),
     ("block policy (keep attn_out)", "block", "none", None),
 )

@@ -277,6 +277,8 @@ def parse_schedule(spec: str | Schedule | None) -> Schedule:
     if not isinstance(spec, str):
         raise TypeError(f"schedule must be a spec string or rk.Schedule, got {spec!r}")
     name, _, arg = spec.strip().partition(":")
+    if name not in _NAMES:
+        schedule(name)  # raises, naming close matches
     if name == "every":
         return schedule("every", n=_int_arg(spec, arg))
     if name == "nested":

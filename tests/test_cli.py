@@ -123,3 +123,27 @@ def test_bad_input_is_one_line_exit_2(argv, message, capsys):
     assert code == 2
     assert message in err
     assert err.startswith("remat-kit: ") and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_report_with_schedule(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert (
+        main(
+            [
+                "report",
+                *SMALL,
+                "--policy",
+                "none",
+                "--schedule",
+                "every:2",
+                "--no-residuals",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    assert "schedule=every:2" in capsys.readouterr().out
+    assert json.loads(out.read_text())["schedule"] == "every:2"
+    code = main(["report", *SMALL, "--schedule", "evry:2"])
+    assert code == 2 and "Did you mean every" in capsys.readouterr().err
