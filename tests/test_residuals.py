@@ -7,6 +7,7 @@ import pytest
 import models
 import remat_kit as rk
 from remat_kit import names
+from remat_kit.residuals import expected_decisions
 
 PROJ_LLAMA = {
     names.QUERY_PROJ,
@@ -105,3 +106,30 @@ def test_dot_policies_report_the_projection_tags(policy, kind):
     # under the tag, so "what does dots_no_batch keep" has an answer in tag names.
     rep, _ = _report(policy, scan=True)
     assert {t for t, d in rep.tags.items() if d == kind} == PROJ_LLAMA
+
+
+NAME_BASED = [
+    "block",
+    "minimal",
+    "qkv_proj",
+    "context",
+    "megatron",
+    "minimal_offloaded",
+    "names:save=context+mlpwo",
+    "except:names=attn_probs+context",
+    "offload:offload=mlpwi_0,save=key_proj",
+    "either:a=qkv_proj,b=context",
+]
+
+
+@pytest.mark.parametrize("policy", NAME_BASED)
+def test_name_based_policies_keep_what_they_name(policy):
+    rep, _ = _report(policy, scan=True, tell_policy=True)
+    intended = expected_decisions(policy, rep.tags)
+    # Layer boundaries are kept as the next layer's input whatever the policy says.
+    boundaries = {names.DECODER_LAYER_INPUT, names.BLOCK_OUT}
+    for tag, got in rep.tags.items():
+        if tag not in boundaries:
+            assert got in (intended[tag], "not needed"), (tag, got, intended[tag])
+    # And the policy did something: some tag it names is kept or offloaded.
+    assert {d for t, d in rep.tags.items() if t not in boundaries} & {"saved", "offloaded"}
