@@ -16,7 +16,17 @@ from models import build, get_config
 from models.config import ModelConfig
 from remat_kit.targets import cudnn_attention_available
 
-__all__ = ["Options", "baseline_flops", "measure", "model_config", "residuals", "resolve_attention"]
+__all__ = [
+    "Options",
+    "baseline_flops",
+    "measure",
+    "model_config",
+    "residuals",
+    "resolve_attention",
+    "step_breakdown",
+    "step_flops",
+    "workload",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +59,20 @@ class Options:
         )
 
 
-def resolve_attention(requested: str, target: rk.Target) -> str:
+def resolve_attention(requested: str, target: rk.Target, cfg: ModelConfig | None = None) -> str:
     """``auto`` -> ``cudnn`` where flash attention compiles for ``target``, else ``xla``.
+
+    With ``cfg``, ``auto`` also falls back to ``xla`` where cuDNN's kernel cannot serve
+    the model (f32 compute, attention dropout).
 
     Raises:
       ValueError: ``cudnn`` asked for a target that cannot run it.
     """
     if requested == "auto":
-        return "cudnn" if cudnn_attention_available(target) else "xla"
+        usable = cfg is None or (
+            jax.numpy.dtype(cfg.dtype).itemsize == 2 and cfg.dropout_rate == 0.0
+        )
+        return "cudnn" if usable and cudnn_attention_available(target) else "xla"
     if requested == "cudnn" and not cudnn_attention_available(target):
         raise ValueError(
             "attention='cudnn' needs an NVIDIA target with compute capability >= 8.0 and the "
@@ -80,10 +96,11 @@ def model_config(
         policy=policy,
         schedule=rk.parse_schedule(schedule),
         scan_layers=opts.scan_layers,
-        attention=resolve_attention(opts.attention, target),
+        attention="xla",
         lora_rank=opts.lora,
         **extra,
     )
+    cfg = cfg.replace(attention=resolve_attention(opts.attention, target, cfg))
     if opts.seq > cfg.max_seq_len and cfg.family == "gpt2":
         raise ValueError(
             f"seq={opts.seq} exceeds {opts.model}'s learned positions ({cfg.max_seq_len}); "
@@ -192,3 +209,62 @@ def residuals(
     cfg = model_config(opts, rk.as_policy(policy), t, schedule)
     step = rk.build_train_step(build(cfg), opts.train_config())
     return rk.saved_residuals(step.loss_fn, *step.loss_args, policy=cfg.policy)
+
+
+def step_flops(
+    opts: Options, policy: Any, target: rk.Target | str, schedule: Any = "none"
+) -> float:
+    """FLOPs of the train step under ``policy`` and ``schedule`` (traced, not compiled)."""
+    t = rk.target(target) if isinstance(target, str) else target
+    cfg = model_config(opts, rk.as_policy(policy), t, schedule)
+    step = rk.build_train_step(build(cfg), opts.train_config())
+    return rk.count_flops(step.fn, *step.args).total
+
+
+def step_breakdown(opts: Options, target: rk.Target | str) -> dict[str, int]:
+    """Bytes of weights, gradients, optimizer state, batch and accumulator (from shapes)."""
+    t = rk.target(target) if isinstance(target, str) else target
+    cfg = model_config(opts, "full", t)
+    return dict(rk.build_train_step(build(cfg), opts.train_config()).breakdown)
+
+
+def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
+    """The train step of ``opts`` as an ``rk.Workload`` for the search (any batch size).
+
+    ``opts.batch`` is only a default: the search sets the batch. Reports, FLOPs and residuals
+    are cached in the returned object.
+
+    Example:
+      >>> import remat_kit as rk                                           # doctest: +SKIP
+      >>> w = workload(Options("llama3-8b", batch=4, seq=2048, optimizer="sgd"), "h100")
+      >>> rk.max_batch(w, "full").max_batch
+    """
+    t = rk.target(target) if isinstance(target, str) else target
+    cfg = model_config(opts, "none", t)  # validates the options before any search
+
+    def at(batch: int) -> Options:
+        return dataclasses.replace(opts, batch=batch)
+
+    def measure_fn(policy: rk.Policy, schedule: rk.Schedule, batch: int) -> rk.MemoryReport:
+        return measure(at(batch), policy, t, schedule=schedule)
+
+    def flops_fn(policy: rk.Policy, schedule: rk.Schedule, batch: int) -> float:
+        return step_flops(at(batch), policy, t, schedule)
+
+    def residuals_fn(policy: rk.Policy, schedule: rk.Schedule, batch: int) -> rk.ResidualReport:
+        return residuals(at(batch), policy, t, schedule)
+
+    label = f"{opts.model} s{opts.seq} {opts.optimizer}" + (
+        f" lora{opts.lora}" if opts.lora else ""
+    )
+    return rk.Workload(
+        measure_fn,
+        flops_fn,
+        target=t,
+        seq=opts.seq,
+        n_layers=cfg.n_layers,
+        batch_multiple=opts.accum,
+        residuals_fn=residuals_fn,
+        breakdown_fn=lambda batch: step_breakdown(at(batch), t),
+        label=label,
+    )

@@ -1,7 +1,8 @@
 """``remat-kit``: memory reports for a named GPU from the command line.
 
 Subcommands: ``report`` (one policy, with its breakdown and saved residuals),
-``compare`` (a table over policies), ``targets``, ``policies``, ``models``. Every
+``compare`` (a table over policies), ``fit`` (largest batch), ``plan`` (cheapest plan under
+a budget, Pareto front), ``advise`` (which GPU), ``targets``, ``policies``, ``models``. Every
 figure comes from a compiled program (see remat_kit.analysis); this module only
 parses arguments and renders reports.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -97,6 +99,32 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
 
 
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{value} must be in [0, 1)")
+    return value
+
+
+def _add_search_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--headroom",
+        type=_fraction,
+        default=0.03,
+        help="fraction of device memory kept free (CUDA context, fragmentation)",
+    )
+    p.add_argument("--no-offload", action="store_true", help="plans never offload to host")
+    p.add_argument(
+        "--hide",
+        type=_fraction,
+        default=0.5,
+        help="share of step compute time host transfers may take and count as hidden",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="remat-kit", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -119,6 +147,32 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-free list separated by ';' or spaces, e.g. 'none;every:2;sqrt'",
     )
     cmp_.add_argument("--csv", type=Path, default=None, help="write the rows as CSV")
+    fit = sub.add_parser("fit", help="the largest batch that fits, per policy")
+    _add_model_args(fit)
+    fit.add_argument("--policy", default=None, help="one policy (name or spec)")
+    fit.add_argument(
+        "--policies",
+        default="none,full,minimal,plan",
+        help="comma-separated policies; 'plan' is the planner at the largest batch",
+    )
+    fit.add_argument("--schedule", default="none", help="layer schedule for every policy")
+    _add_search_args(fit)
+    pln = sub.add_parser("plan", help="the cheapest plan whose compiled peak fits a budget")
+    _add_model_args(pln)
+    pln.add_argument(
+        "--budget", default=None, help="52GiB, 40GB or 0.8 (of the device); default: device"
+    )
+    pln.add_argument(
+        "--policies",
+        default=",".join(MAIN_POLICIES),
+        help="catalogue policies compiled beside the plan ('' for none)",
+    )
+    pln.add_argument("--plot", type=Path, default=None, help="write the Pareto front as PNG")
+    _add_search_args(pln)
+    adv = sub.add_parser("advise", help="for every GPU: does it fit, with which plan")
+    _add_model_args(adv)
+    adv.add_argument("--targets", default=None, help="comma-separated targets (default: all GPUs)")
+    _add_search_args(adv)
     sub.add_parser("targets", help="list the GPU targets")
     sub.add_parser("policies", help="list the policies")
     sub.add_parser("models", help="list the model presets")
@@ -160,6 +214,12 @@ def _run(args: argparse.Namespace) -> int:
         return _list_models()
     if args.command == "report":
         return _report(args, rk)
+    if args.command == "fit":
+        return _fit(args, rk)
+    if args.command == "plan":
+        return _plan(args, rk)
+    if args.command == "advise":
+        return _advise(args, rk)
     return _compare(args, rk)
 
 
@@ -332,6 +392,255 @@ def _compare(args: argparse.Namespace, rk: Any) -> int:
     if args.csv:
         _write_csv(args.csv, rows)
     return 0
+
+
+def _specs(text: str) -> list[str]:
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _fit(args: argparse.Namespace, rk: Any) -> int:
+    from rich.table import Table
+
+    from models.measure import workload
+
+    opts = _options(args)
+    target = rk.target(args.target, devices=args.gpus)
+    specs = [args.policy] if args.policy else _specs(args.policies)
+    if not specs:
+        raise ValueError("--policies is empty; give names such as none,full,minimal,plan")
+    policies = {s: None if s == "plan" else rk.as_policy(s) for s in specs}  # fail early
+    schedule = rk.parse_schedule(args.schedule)
+    w = workload(opts, target)
+    start = time.perf_counter()
+    rows = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tables show what matters
+        for pol in policies.values():
+            if pol is None:
+                fit, _ = rk.max_batch_plan(
+                    w,
+                    headroom=args.headroom,
+                    start=opts.batch,
+                    offload=not args.no_offload,
+                    hide=args.hide,
+                )
+                label = f"plan: {_label(fit.policy, fit.schedule)}" if fit.fits else "plan"
+            else:
+                fit = rk.max_batch(w, pol, schedule, headroom=args.headroom, start=opts.batch)
+                label = _label(fit.policy, fit.schedule)
+            rows.append({"label": label, **fit.to_dict()})
+    total = time.perf_counter() - start
+    title = (
+        f"largest batch: {opts.model} s{opts.seq} {opts.optimizer} on {target.name} "
+        f"(limit {_fmt(rows[0]['limit_bytes'], _GIB)} GiB = device - {100 * args.headroom:.0f}%)"
+    )
+    table = Table(title=title, caption=f"{w.compiles} compiles in {total:.1f} s")
+    for col in ("policy", "max batch", "peak GiB", "next batch GiB", "recompute", "tokens/step"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for row in rows:
+        table.add_row(
+            _short(row["label"]),
+            str(row["max_batch"]),
+            _fmt(row["peak_bytes"], _GIB),
+            _fmt(row["next_peak_bytes"], _GIB),
+            _pct(row["recompute_overhead"]),
+            str(row["tokens_per_step"]),
+        )
+    console = _console()
+    console.print(table)
+    for row in rows:
+        if not row["fits"] or row["label"].startswith("plan"):
+            console.print(row["message"])
+    if args.json:
+        _write_json(args.json, {"seconds": total, "compiles": w.compiles, "rows": rows})
+    return 0
+
+
+def _plan(args: argparse.Namespace, rk: Any) -> int:
+    from models.measure import workload
+
+    opts = _options(args)
+    target = rk.target(args.target, devices=args.gpus)
+    budget = None if args.budget is None else rk.parse_budget(args.budget, target.memory_bytes)
+    catalogue = [rk.as_policy(s) for s in _specs(args.policies)]  # fail early on a bad name
+    w = workload(opts, target)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tables show what matters
+        p = rk.plan(
+            w,
+            opts.batch,
+            budget,
+            headroom=args.headroom,
+            offload=not args.no_offload,
+            hide=args.hide,
+            extra=catalogue,
+        )
+        plan_seconds = time.perf_counter() - start
+        points = rk.front(
+            w, opts.batch, policies=catalogue, schedules=(), plans=[p], hide=args.hide
+        )
+        if args.plot:
+            extra_plans = _sweep_plans(rk, w, opts.batch, p, points, args)
+            sched = rk.front(w, opts.batch, policies=(), plans=extra_plans, hide=args.hide)
+            points = rk.pareto_front([*points, *sched])
+    total = time.perf_counter() - start
+    console = _console()
+    console.print(_plan_table(p, points, target, opts, plan_seconds, total, w.compiles))
+    console.print(_decision_table(p))
+    if not p.fits:
+        sys.stderr.write(f"remat-kit: {p.message}\n")
+    else:
+        console.print(p.message)
+        console.print(
+            "use it: models.get_config(..., policy=plan.policy, schedule=plan.schedule) or "
+            f"--policy '{p.policy.spec}'"
+            + (f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else "")
+        )
+    if args.plot:
+        rk.plot_front(
+            points,
+            args.plot,
+            title=f"{opts.model} b{opts.batch} s{opts.seq} {opts.optimizer} on {target.name}",
+            budget_bytes=p.budget_bytes,
+            device_bytes=target.memory_bytes,
+        )
+    if args.json:
+        _write_json(
+            args.json,
+            {
+                "plan": p.to_dict(),
+                "front": [dataclasses.asdict(pt) for pt in points],
+                "plan_seconds": plan_seconds,
+                "seconds": total,
+            },
+        )
+    return 0 if p.fits else 1
+
+
+def _sweep_plans(rk: Any, w: Any, batch: int, p: Any, points: Any, args: Any) -> list[Any]:
+    """Plans at the peaks of the catalogue points that fit: the planner's own curve."""
+    budgets = sorted(
+        {pt.peak_bytes for pt in points if pt.kind == "catalogue" and pt.fits} - {p.budget_bytes}
+    )
+    plans = []
+    for b in budgets[:4]:
+        got = rk.plan(w, batch, b, offload=not args.no_offload, hide=args.hide)
+        if got.fits:
+            plans.append(got)
+    return plans
+
+
+def _plan_table(
+    p: Any, points: Any, target: Any, opts: Any, plan_s: float, total: float, compiles: int
+) -> Any:
+    from rich.table import Table
+
+    title = (
+        f"plan for {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer} on {target.name}: "
+        f"budget {_fmt(p.budget_bytes, _GIB)} GiB, attention="
+        f"{p.report.attention if p.report is not None else '-'}"
+    )
+    caption = (
+        f"plan found in {plan_s:.1f} s ({p.compiles} compiles); {compiles} compiles in "
+        f"{total:.1f} s in all. overhead = recompute FLOPs + host transfer not hidden "
+        "(estimate); * = on the Pareto front"
+    )
+    table = Table(title=title, caption=caption)
+    for col in ("what", "peak GiB", "recompute", "overhead", "host GiB", "fits budget", "front"):
+        table.add_column(col, justify="left" if col == "what" else "right")
+    main = f"plan {p.budget_bytes / _GIB:.1f} GiB"
+    for pt in sorted(points, key=lambda q: (q.label != main, q.kind, q.peak_bytes)):
+        if pt.label == main:
+            label = f"PLAN: {p.label}"
+        elif pt.kind == "plan":
+            label = f"{pt.label} (plan at that budget)"
+        else:
+            label = pt.label
+        fits = pt.peak_bytes <= p.budget_bytes
+        table.add_row(
+            _short(label),
+            _fmt(pt.peak_bytes, _GIB),
+            _pct(pt.recompute_overhead),
+            _pct(pt.overhead),
+            _fmt(p.host_bytes if pt.label == main else None, _GIB),
+            "[green]yes[/green]" if fits else "[red]no[/red]",
+            "*" if not pt.dominated else f"dominated by {_short(pt.dominated_by or '', 30)}",
+        )
+    return table
+
+
+def _decision_table(p: Any) -> Any:
+    from rich.table import Table
+
+    table = Table(title="the plan, per tag")
+    table.add_column("tag")
+    table.add_column("decision")
+    if p.layers:
+        table.add_column(f"layers 0-{p.layers - 1}")
+    for tag, decision in p.decisions.items():
+        cells = [tag, decision]
+        if p.layers:
+            cells.append(p.layer_decisions.get(tag, decision))
+        table.add_row(*cells)
+    return table
+
+
+def _advise(args: argparse.Namespace, rk: Any) -> int:
+    from rich.table import Table
+
+    from models.measure import workload
+
+    opts = _options(args)
+    names = None if args.targets is None else _specs(args.targets)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tables show what matters
+        rows = rk.advise(
+            lambda t: workload(opts, rk.target(t.name, devices=args.gpus)),
+            opts.batch,
+            targets=names,
+            headroom=args.headroom,
+            offload=not args.no_offload,
+            hide=args.hide,
+        )
+    total = time.perf_counter() - start
+    table = Table(
+        title=f"which GPU: {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}",
+        caption=(
+            f"{total:.1f} s. fits = the plan's compiled peak <= device - "
+            f"{100 * args.headroom:.0f}%; max batch with 'full'"
+        ),
+    )
+    for col in ("target", "GiB", "fixed GiB", "fits", "plan", "peak GiB", "recompute", "max batch"):
+        table.add_column(col, justify="left" if col in ("target", "plan") else "right")
+    for a in rows:
+        table.add_row(
+            a.target,
+            _fmt(a.memory_bytes, _GIB, 0),
+            _fmt(a.fixed_bytes, _GIB),
+            "[green]yes[/green]" if a.fits else "[red]no[/red]",
+            _short(a.plan or "-"),
+            _fmt(a.peak_bytes, _GIB),
+            _pct(a.recompute_overhead),
+            str(a.max_batch),
+        )
+    console = _console()
+    console.print(table)
+    for a in rows:
+        if not a.fits:
+            console.print(f"{a.target}: {a.message}")
+    if args.json:
+        _write_json(args.json, [a.to_dict() for a in rows])
+    return 0
+
+
+def _label(policy: str, schedule: str) -> str:
+    return policy if schedule in ("none", "") else f"{policy} @ {schedule}"
+
+
+def _short(text: str, width: int = 70) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def compare_rows(reports: Sequence[Any]) -> list[dict[str, Any]]:

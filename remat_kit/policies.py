@@ -83,6 +83,15 @@ class Policy:
                 parts.append(f"{key}={value}")
         return f"{self.name}:{','.join(parts)}"
 
+    def __eq__(self, other: object) -> bool:
+        # Catalogue policies are equal by what they do (their spec), not by the identity
+        # of the closure jax builds for them; a custom policy is its callable.
+        if not isinstance(other, Policy):
+            return NotImplemented
+        if self.name == "custom" or other.name == "custom":
+            return self.name == other.name and self.jax_policy is other.jax_policy
+        return self.spec == other.spec
+
     def __hash__(self) -> int:
         # params may hold lists and Policies; the spec string identifies the policy.
         return hash((self.name, self.spec, id(self.jax_policy) if self.name == "custom" else 0))

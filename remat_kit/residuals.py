@@ -20,7 +20,7 @@ from jax.extend import core
 from remat_kit.flops import scan_operand_split
 from remat_kit.policies import Policy, as_policy, decide
 
-__all__ = ["Residual", "ResidualReport", "saved_residuals", "tags_in"]
+__all__ = ["Residual", "ResidualReport", "expected_decisions", "saved_residuals", "tags_in"]
 
 # Primitives whose output is its (only) input, reshaped or retyped: look through them.
 _PASS_THROUGH = {

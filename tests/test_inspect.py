@@ -1,0 +1,265 @@
+"""rk.inspect: what is live at the peak of a compiled train step, and when.
+
+Each GPU compile costs seconds, so the SMALL model is compiled once per policy
+(minimal, none) for the session; the parser tests read synthetic dump text.
+"""
+
+import argparse
+import importlib
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import pytest
+from conftest import SMALL
+
+import models
+import remat_kit as rk
+from models.measure import Options, model_config
+from remat_kit.inspect import (
+    CATEGORIES,
+    InspectError,
+    _parse_buffer_assignment,
+    _parse_hlo,
+    _parse_live_range,
+    add_inspect_parser,
+    diff,
+    run_inspect,
+)
+
+# rk.inspect is the function; the module is reached through the import system.
+rk_inspect_module = importlib.import_module("remat_kit.inspect")
+
+
+def _step(policy: str):
+    opts = Options(**SMALL)
+    target = rk.target("h100")
+    cfg = model_config(opts, rk.as_policy(policy), target)
+    return rk.build_train_step(models.build(cfg), opts.train_config()), target
+
+
+@pytest.fixture(scope="module")
+def minimal():
+    step, target = _step("minimal")
+    report = rk.inspect_step(step, target, meta={"policy": "minimal"})
+    plain = rk.memory_report(
+        step.fn, *step.args, target=target, donate_argnums=step.donate_argnums, warn=False
+    )
+    return report, plain
+
+
+@pytest.fixture(scope="module")
+def nothing_saved_but_inputs():
+    step, target = _step("none")
+    return rk.inspect_step(step, target, meta={"policy": "none"})
+
+
+def test_peak_equals_memory_report(minimal):
+    report, plain = minimal
+    assert report.peak_bytes == plain.peak_bytes
+    assert report.temp_bytes == plain.temp_bytes
+    assert report.argument_bytes == plain.argument_bytes
+
+
+def test_categories_add_up_to_the_peak(minimal, nothing_saved_but_inputs):
+    for r in (minimal[0], nothing_saved_but_inputs):
+        assert set(r.by_category) == set(CATEGORIES)
+        assert sum(r.by_category.values()) == r.peak_bytes
+        assert sum(r.by_layer.values()) == r.peak_bytes
+        assert sum(b.size_bytes for b in r.buffers) == r.live_peak_bytes
+        assert r.fragmentation_bytes == r.peak_bytes - r.live_peak_bytes >= 0
+
+
+def test_live_peak_is_the_timeline_maximum_and_matches_xla(minimal):
+    r, _ = minimal
+    assert len(r.timeline) == r.schedule_length
+    assert max(r.timeline) == r.live_peak_bytes == r.timeline[r.peak_position]
+    # Every argument is held for the whole step.
+    assert min(r.timeline) >= r.argument_bytes
+    if r.xla_peak_bytes is not None:  # XLA's heap-simulator peak, when jaxlib reports it
+        assert abs(r.xla_peak_bytes - r.live_peak_bytes) <= 1e-3 * r.peak_bytes
+
+
+def test_categories_are_what_the_program_holds(minimal):
+    r, _ = minimal
+    step, _ = _step("minimal")
+    weights = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(step.args[0]))
+    params = [b for b in r.buffers if b.category == "parameter" and b.op == "parameter"]
+    assert sum(b.size_bytes for b in params) == weights
+    assert r.by_category["input"] == 2 * SMALL["batch"] * SMALL["seq"] * 4  # int32 tokens, targets
+    assert r.by_category["optimizer state"] == 0  # sgd keeps none
+    # minimal recomputes inside the backward pass: the peak is there and it holds
+    # recomputed tensors beside the saved ones.
+    assert r.peak_phase == "backward"
+    assert r.by_category["recomputation workspace"] > 0
+    assert r.by_category["saved activation"] > 0
+    assert r.by_category["gradient"] > 0
+    saved = {b.checkpoint_name for b in r.buffers if b.category == "saved activation"}
+    assert {"query_proj", "out_proj"} <= saved, saved
+    recomputed = [b for b in r.buffers if b.category == "recomputation workspace"]
+    assert all("rematted_computation" in b.op_name for b in recomputed)
+    tagged = [b for b in r.buffers if b.category == "saved activation" and b.checkpoint_name]
+    assert tagged and all(b.layer == "scanned layers" for b in tagged)
+    assert all(b.shape[0] == 4 for b in tagged)  # stacked over the 4 scanned layers
+    sizes = [b.size_bytes for b in r.buffers]
+    assert sizes == sorted(sizes, reverse=True)
+
+
+def test_phases_cover_the_schedule_in_order(minimal):
+    r, _ = minimal
+    assert [p.name for p in r.phases] == ["forward", "backward", "optimizer"]
+    assert r.phases[0].start == 0 and r.phases[-1].end == r.schedule_length - 1
+    for a, b in zip(r.phases, r.phases[1:], strict=False):
+        assert b.start == a.end + 1
+    # Saved activations are made by forward ops and still held in the backward pass.
+    bwd = r.phases[1]
+    saved = [b for b in r.buffers if b.category == "saved activation"]
+    assert saved
+    for b in saved:
+        assert b.live[1] >= bwd.start and "transpose(" not in b.op_name
+
+
+def test_no_remat_saves_more_and_recomputes_nothing(minimal, nothing_saved_but_inputs):
+    low, high = minimal[0], nothing_saved_but_inputs
+    assert high.by_category["recomputation workspace"] == 0
+    assert high.by_category["saved activation"] > low.by_category["saved activation"]
+    d = diff(low, high)
+    assert d.peak_delta == high.peak_bytes - low.peak_bytes > 0
+    assert d.by_category["saved activation"] > 0 > d.by_category["recomputation workspace"]
+    assert d.kept and all(y > x for _, _, x, y in d.kept)
+    assert all(x > y for _, _, x, y in d.dropped)
+    assert any(c == "saved activation" for c, *_ in d.kept)
+    # The diff's rows add up to the difference of the peaks.
+    net = sum(y - x for _, _, x, y in d.kept) + sum(y - x for _, _, x, y in d.dropped)
+    assert net == d.peak_delta
+    assert diff(low, low).kept == () and diff(low, low).peak_delta == 0
+
+
+def test_to_dict_is_json_ready(minimal, tmp_path):
+    r, _ = minimal
+    back = json.loads(json.dumps(r.to_dict()))
+    assert back["peak_bytes"] == r.peak_bytes
+    assert sum(back["by_category"].values()) == r.peak_bytes
+    assert len(back["buffers"]) == len(r.buffers)
+    assert back["meta"]["policy"] == "minimal"
+    png = rk.plot_timeline(r, tmp_path / "t.png", memory_bytes=rk.target("h100").memory_bytes)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_arguments_by_category_and_dump_cleaned_up(monkeypatch):
+    made = []
+    real = rk_inspect_module.tempfile.TemporaryDirectory
+
+    def recording(*args, **kwargs):
+        d = real(*args, **kwargs)
+        made.append(d.name)
+        return d
+
+    monkeypatch.setattr(rk_inspect_module.tempfile, "TemporaryDirectory", recording)
+    w = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    m = jax.ShapeDtypeStruct((512, 512), jnp.float32)
+    x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+
+    def f(w, m, x):
+        return jnp.tanh(x @ w).sum() + m.sum()
+
+    r = rk.inspect(f, w, m, x, target="h100", categories={0: "parameter", 1: "optimizer state"})
+    assert made and not any(os.path.exists(d) for d in made)
+    assert r.by_category["parameter"] == 512 * 512 * 4
+    assert r.by_category["optimizer state"] == 512 * 512 * 4
+    assert r.by_category["input"] == 256 * 512 * 4  # arguments not named are inputs
+    assert r.phases == ()  # no backward pass: nothing to tell apart
+    assert sum(r.by_category.values()) == r.peak_bytes
+    with pytest.raises(ValueError, match="gradient"):
+        rk.inspect(f, w, m, x, target="h100", categories={0: "gradient"})
+
+
+def test_unreadable_lines_name_file_and_line(tmp_path):
+    good = [
+        "BufferAssignment:",
+        "allocation 0: size 16, page 0, parameter 0, shape |f32[4]| at ShapeIndex {}:",
+        " value: <0 p.1 @0> (size=16,offset=0): f32[4]{0}",
+        "allocation 1: size 64, preallocated-temp:",
+        " value: <3 fusion.2{} @0> (size=64,offset=0): f32[16]{0}",
+    ]
+    allocs, values = _parse_buffer_assignment("x-buffer-assignment.txt", good)
+    assert allocs[0].parameter == 0 and "preallocated-temp" in allocs[1].kinds
+    assert [v.name for v in values] == ["p.1{}", "fusion.2{}"]
+    bad = [*good[:3], "allocation one: size 16:", *good[3:]]
+    with pytest.raises(InspectError, match=r"x-buffer-assignment\.txt:4: cannot read"):
+        _parse_buffer_assignment("x-buffer-assignment.txt", bad)
+    bad_value = [*good[:2], " value: <0 p.1 @0> (size=sixteen,offset=0): f32[4]{0}"]
+    with pytest.raises(InspectError, match=r":3: cannot read a value line"):
+        _parse_buffer_assignment("x-buffer-assignment.txt", bad_value)
+
+    live = [
+        "HloLiveRange (max 2):",
+        "  InstructionSequence:",
+        "    0:p.1",
+        "    1:fusion.2",
+        "  BufferLiveRange:",
+        "    p.1{}:0-2",
+        "    fusion.2{}:1-2",
+    ]
+    parsed = _parse_live_range("x-live-range.txt", live)
+    assert parsed.sequence == ("p.1", "fusion.2") and parsed.ranges["fusion.2{}"] == (1, 2)
+    with pytest.raises(InspectError, match=r"x-live-range\.txt:7: cannot read a BufferLiveRange"):
+        _parse_live_range("x-live-range.txt", [*live[:6], "    fusion.2{}:one-2"])
+    with pytest.raises(InspectError, match=r":4: cannot read an InstructionSequence"):
+        _parse_live_range("x-live-range.txt", [*live[:3], "    5:fusion.2", *live[4:]])
+
+    hlo = [
+        "HloModule jit_f, is_scheduled=true",
+        "",
+        "ENTRY %main.3 (p.1: f32[4]) -> f32[16] {",
+        '  %p.1 = f32[4]{0} parameter(0), metadata={op_name="w"}',
+        "  ROOT %fusion.2 = f32[16]{0} fusion(%p.1), kind=kLoop, calls=%c, "
+        'metadata={op_name="jit(f)/jvp(M)/dense/dot_general"}',
+        "}",
+    ]
+    h = _parse_hlo("x.txt", hlo)
+    assert h.instructions["fusion.2"].operands == ("p.1",)
+    assert h.instructions["fusion.2"].op_name == "jit(f)/jvp(M)/dense/dot_general"
+    assert h.instructions["p.1"].index == 0 and h.entry == "main.3"
+    with pytest.raises(InspectError, match=r"x\.txt:5: cannot read an HLO instruction"):
+        _parse_hlo("x.txt", [*hlo[:4], "  ROOT garbage without equals", hlo[5]])
+
+
+def test_cli_functions_print_and_write(tmp_path, capsys):
+    def add_model_args(p):
+        p.add_argument("--model", required=True)
+        p.add_argument("--target", default="h100")
+        p.add_argument("--batch", type=int, default=2)
+        p.add_argument("--seq", type=int, default=128)
+        p.add_argument("--optimizer", default="sgd")
+        p.add_argument("--attention", default="xla")
+        p.add_argument("--layers", type=int, default=None)
+        p.add_argument("--json", type=str, default=None)
+
+    parser = argparse.ArgumentParser()
+    add_inspect_parser(parser.add_subparsers(dest="command"), add_model_args)
+    args = parser.parse_args(
+        [
+            "inspect",
+            "--model",
+            "tiny-llama",
+            "--layers",
+            "2",
+            "--diff",
+            "full",
+            "none",
+            "--json",
+            str(tmp_path / "i.json"),
+            "--plot",
+            str(tmp_path / "i.png"),
+        ]
+    )
+    assert run_inspect(args, rk) == 0
+    out = json.loads((tmp_path / "i.json").read_text())
+    assert [r["meta"]["policy"] for r in out["reports"]] == ["full", "none"]
+    a, b = out["reports"]
+    assert out["diff"]["peak_delta"] == b["peak_bytes"] - a["peak_bytes"]
+    assert (tmp_path / "i.png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "top 10 buffers live at the peak" in printed and "keeps at its peak" in printed
