@@ -18,6 +18,7 @@ from jax._src.ad_checkpoint import name_p as _name_p
 from jax._src.interpreters import partial_eval as _pe
 
 from remat_kit import names as _names
+from remat_kit._errors import unknown
 
 __all__ = [
     "Policy",
@@ -377,11 +378,7 @@ def policy(name: str, **params: Any) -> Policy:
     try:
         make = _CATALOGUE[name]
     except KeyError:
-        close = difflib.get_close_matches(name, _CATALOGUE, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(
-            f"unknown policy {name!r}.{hint} Known: {', '.join(policy_names())}"
-        ) from None
+        raise unknown("policy", name, _CATALOGUE) from None
     try:
         return make(**params)
     except TypeError as err:

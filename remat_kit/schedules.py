@@ -21,7 +21,6 @@ therefore every gradient - is the same whatever the schedule.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -29,6 +28,7 @@ from typing import Any
 
 import jax
 
+from remat_kit._errors import unknown
 from remat_kit.policies import Policy, as_policy
 from remat_kit.wrap import remat
 
@@ -189,9 +189,7 @@ def schedule(
       'layers:0-7=full,rest=minimal'
     """
     if name not in _NAMES:
-        close = difflib.get_close_matches(name, _NAMES, n=2)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"unknown schedule {name!r}.{hint} Known: {', '.join(_NAMES)}")
+        raise unknown("schedule", name, _NAMES, n=2)
     if inner is not None:
         as_policy(inner)  # validate early
     if name == "every":
