@@ -1,0 +1,225 @@
+"""Run every experiment, then regenerate README's results table from results/*.json.
+
+The table sits between the markers ``<!-- results:begin -->`` and ``<!-- results:end -->`` in
+README.md and is rebuilt only from the JSON files, so it can never drift from the data.
+``--table-only`` skips the runs and just rebuilds the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from common import RESULTS, ROOT, progress
+
+#: Script name -> the claim rows it feeds. Order is the README's.
+SCRIPTS = (
+    "finetune_memory",
+    "recompute_cost",
+    "max_batch_claims",
+    "strategy_table",
+    "depth_scaling",
+    "offload_vs_recompute",
+    "stack_70b",
+    "report_latency",
+)
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _cmd(name: str) -> str:
+    return f"`python experiments/{name}.py`"
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
+def _finetune(d: dict) -> list[list[str]]:
+    rows = []
+    cases = dict.fromkeys(r["case"] for r in d["rows"])
+    for case in cases:
+        for target in ("h100-80gb", "a100-40gb"):
+            rs = {r["policy"]: r for r in d["rows"] if r["case"] == case and r["target"] == target}
+            if not rs:
+                continue
+            none, full = rs["none"], rs["full"]
+            claim = f"{none['claimed_none_gb']} GB -> {none['claimed_ckpt_gb']} GB" + (
+                f", {_pct(none['claimed_slower'])} slower" if none["claimed_slower"] else ""
+            )
+            parts = [
+                f"none {none['peak_gb']:.0f} GB -> full {full['peak_gb']:.0f} GB "
+                f"({_pct(full['saved_vs_none'])} saved, +{_pct(full['recompute_overhead'])} "
+                f"FLOPs)"
+            ]
+            if "minimal" in rs:
+                parts.append(f"minimal {rs['minimal']['peak_gb']:.0f} GB")
+            if "plan" in rs:
+                p = rs["plan"]
+                parts.append(f"plan {p['peak_gb']:.0f} GB (+{_pct(p['recompute_overhead'])})")
+            holds = _verdict(none, full)
+            rows.append(
+                [
+                    f"{case} ({target})",
+                    claim,
+                    "; ".join(parts) + f" — {holds}",
+                    _cmd("finetune_memory"),
+                ]
+            )
+    return rows
+
+
+def _verdict(none: dict, full: dict) -> str:
+    claimed_saving = 1 - none["claimed_ckpt_gb"] / none["claimed_none_gb"]
+    if full["saved_vs_none"] >= claimed_saving - 0.05:
+        return "saving holds (at least as large)"
+    return "saving smaller than claimed"
+
+
+def _recompute(d: dict) -> list[list[str]]:
+    over = d["flops_overhead_full"].values()
+    red = d["activation_reduction_full"].values()
+    cpu = "; ".join(
+        f"{c['preset']} {c['full_ms']:.0f} vs {c['none_ms']:.0f} ms ({100 * c['slowdown']:+.0f}%)"
+        for c in d["cpu_wall_clock"]
+    )
+    return [
+        [
+            "full recompute costs ~33% more compute",
+            "~33%",
+            f"{100 * min(over):.0f}-{100 * max(over):.0f}% more FLOPs across "
+            f"{len(d['rows'])} presets (less than claimed: the backward pass is 2x the forward, "
+            f"so one extra forward is at most +33%); CPU wall clock full vs none: {cpu}",
+            _cmd("recompute_cost"),
+        ],
+        [
+            "activation memory drops 60-80% at 20-30% slower training",
+            "60-80%, 20-30%",
+            f"{100 * min(red):.0f}-{100 * max(red):.0f}% less activation memory with full, at "
+            f"{100 * min(over):.0f}-{100 * max(over):.0f}% more FLOPs",
+            _cmd("recompute_cost"),
+        ],
+    ]
+
+
+def _strategy(d: dict) -> list[list[str]]:
+    rows = []
+    for r in d["rows"]:
+        if r["claimed_reduction"]:
+            rows.append(
+                [
+                    f"{r['strategy']} (bert-base b32 s512, {r['attention']})",
+                    _pct(r["claimed_reduction"]),
+                    f"{_pct(r['reduction'])} less activation memory, "
+                    f"+{_pct(r['recompute_overhead'])} FLOPs",
+                    _cmd("strategy_table"),
+                ]
+            )
+    return rows
+
+
+def _depth(d: dict) -> list[list[str]]:
+    u = d.get("units_at_100_layers") or {}
+    e = d["exponents"]
+    return [
+        [
+            "sqrt(N) segments: 100 layers, 100 units -> ~20",
+            "~20 units",
+            f"sqrt: {u.get('sqrt', float('nan')):.1f} units (none 100); fitted exponents "
+            f"none L^{e['none']:.2f}, sqrt L^{e['sqrt']:.2f}, nested:3 L^{e['nested:3']:.2f}, "
+            f"full per layer L^{e['full per layer']:.2f} ({u.get('full per layer', 0):.1f} units)",
+            _cmd("depth_scaling"),
+        ]
+    ]
+
+
+def _offload(d: dict) -> list[list[str]]:
+    rows = []
+    for r in d["rows"]:
+        rows.append(
+            [
+                f"offloading is slower than recomputing ({r['target']}, {r['tensors']})",
+                "offload slower",
+                f"transfer {r['transfer_ms_est']:.0f} ms vs recompute "
+                f"{r['recompute_ms_est']:.0f} ms (est.); HBM {r['keep_peak_gib']:.1f} -> "
+                f"{r['offload_peak_gib']:.1f} GiB, {r['host_gib']:.1f} GiB on host",
+                _cmd("offload_vs_recompute"),
+            ]
+        )
+    return rows
+
+
+def _latency(d: dict) -> list[list[str]]:
+    by = d["median_report_seconds_by_layers"]
+    return [
+        [
+            "(ours) a report takes under 10 s; flat in depth when scanned",
+            "< 10 s, <= 1.3x",
+            f"median {by['16']:.1f} s (16 layers), {by['64']:.1f} s (64 layers): "
+            f"ratio {d['ratio_64_over_16']:.2f}",
+            _cmd("report_latency"),
+        ]
+    ]
+
+
+def _generic(d: dict) -> list[list[str]]:
+    return [list(map(str, row)) for row in d.get("readme_rows", [])]
+
+
+RENDER: dict[str, Callable[[dict], list[list[str]]]] = {
+    "finetune_memory": _finetune,
+    "recompute_cost": _recompute,
+    "max_batch_claims": _generic,
+    "strategy_table": _strategy,
+    "depth_scaling": _depth,
+    "offload_vs_recompute": _offload,
+    "stack_70b": _generic,
+    "report_latency": _latency,
+}
+
+
+def table_markdown() -> str:
+    lines = ["| claim | source figure | measured here | command |", "|---|---|---|---|"]
+    for name in SCRIPTS:
+        data = _load(name)
+        if data is None:
+            lines.append(f"| {name}: not run yet | - | - | {_cmd(name)} |")
+            continue
+        for row in RENDER[name](data):
+            lines.append("| " + " | ".join(cell.replace("|", "/") for cell in row) + " |")
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path = ROOT / "README.md") -> None:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{table_markdown()}\n{END}{tail}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--table-only", action="store_true")
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    if not args.table_only:
+        for name in progress(SCRIPTS, "experiments"):
+            module = importlib.import_module(name)
+            module.main(["--quick"] if args.quick else [])
+    update_readme()
+    print(table_markdown())
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).parent))
+    main()
