@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from models.axes import constrain, partitioned
 from models.config import ModelConfig
 from models.lora import project
 from remat_kit import names
@@ -43,21 +44,23 @@ class SelfAttention(nn.Module):
         cfg = self.cfg
         s = x.shape[1]
         h, n, kv = cfg.dim_per_head, cfg.n_heads, cfg.n_kv_heads
-        dense = lambda feats, name: nn.DenseGeneral(
+        dense = lambda feats, heads, name: nn.DenseGeneral(
             feats,
             use_bias=self.use_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.normal(0.02),
+            kernel_init=partitioned(nn.initializers.normal(0.02), ("embed", heads, "head_dim")),
+            bias_init=partitioned(nn.initializers.zeros, (heads, "head_dim")),
             name=name,
         )
-        q = checkpoint_name(
-            project(cfg, dense((n, h), "query"), x, (n, h), "query"), names.QUERY_PROJ
-        )
-        k = checkpoint_name(project(cfg, dense((kv, h), "key"), x, (kv, h), "key"), names.KEY_PROJ)
-        v = checkpoint_name(
-            project(cfg, dense((kv, h), "value"), x, (kv, h), "value"), names.VALUE_PROJ
-        )
+        q_axes = ("act_batch", None, "act_heads", None)
+        kv_axes = ("act_batch", None, "act_kv_heads", None)
+        q = project(cfg, dense((n, h), "heads", "query"), x, (n, h), "query")
+        q = checkpoint_name(constrain(q, q_axes), names.QUERY_PROJ)
+        k = project(cfg, dense((kv, h), "kv_heads", "key"), x, (kv, h), "key")
+        k = checkpoint_name(constrain(k, kv_axes), names.KEY_PROJ)
+        v = project(cfg, dense((kv, h), "kv_heads", "value"), x, (kv, h), "value")
+        v = checkpoint_name(constrain(v, kv_axes), names.VALUE_PROJ)
         if self.use_rope:
             positions = jnp.arange(s)
             q = rope(q, positions, cfg.rope_theta)
@@ -69,7 +72,7 @@ class SelfAttention(nn.Module):
             )
         else:
             context = self._einsum_attention(q, k, v)
-        context = checkpoint_name(context, names.CONTEXT)
+        context = checkpoint_name(constrain(context, q_axes), names.CONTEXT)
 
         out_layer = nn.DenseGeneral(
             cfg.d_model,
@@ -77,7 +80,8 @@ class SelfAttention(nn.Module):
             use_bias=self.use_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.normal(0.02),
+            kernel_init=partitioned(nn.initializers.normal(0.02), ("heads", "head_dim", "embed")),
+            bias_init=partitioned(nn.initializers.zeros, ("embed",)),
             name="out",
         )
         out = project(cfg, out_layer, context, (cfg.d_model,), "out", in_axes=2)

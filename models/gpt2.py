@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
 from models.attention import SelfAttention
+from models.axes import LOGITS_AXES, RESIDUAL_AXES, constrain, partitioned
 from models.config import ModelConfig
 from models.lora import project
 from models.stack import BlockStack
@@ -27,17 +28,18 @@ class GeluMLP(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        dense = lambda feats, name: nn.Dense(
+        dense = lambda feats, axes, name: nn.Dense(
             feats,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.normal(0.02),
+            kernel_init=partitioned(nn.initializers.normal(0.02), axes),
+            bias_init=partitioned(nn.initializers.zeros, axes[-1:]),
             name=name,
         )
-        hidden = checkpoint_name(
-            project(cfg, dense(cfg.d_ff, "wi"), x, (cfg.d_ff,), "wi"), names.MLPWI
-        )
-        out = project(cfg, dense(cfg.d_model, "wo"), nn.gelu(hidden), (cfg.d_model,), "wo")
+        hidden = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi"), x, (cfg.d_ff,), "wi")
+        hidden = checkpoint_name(constrain(hidden, ("act_batch", None, "act_mlp")), names.MLPWI)
+        wo = dense(cfg.d_model, ("mlp", "embed"), "wo")
+        out = project(cfg, wo, nn.gelu(hidden), (cfg.d_model,), "wo")
         out = checkpoint_name(out, names.MLPWO)
         return nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(out)
 
@@ -51,17 +53,15 @@ class GPT2Block(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
         cfg = self.cfg
-        x = checkpoint_name(x, names.DECODER_LAYER_INPUT)
-        norm = lambda name: nn.LayerNorm(
-            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
-        )
+        x = checkpoint_name(constrain(x, RESIDUAL_AXES), names.DECODER_LAYER_INPUT)
+        norm = lambda name: _layer_norm(cfg, name)
         attn = SelfAttention(
             cfg, use_rope=False, use_bias=True, deterministic=self.deterministic, name="attention"
         )
         a = nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(attn(norm("ln_1")(x)))
         x = checkpoint_name(x + a, names.ATTN_OUT)
         x = x + GeluMLP(cfg, self.deterministic, name="mlp")(norm("ln_2")(x))
-        return checkpoint_name(x, names.BLOCK_OUT), None
+        return checkpoint_name(constrain(x, RESIDUAL_AXES), names.BLOCK_OUT), None
 
 
 class GPT2(nn.Module):
@@ -89,7 +89,7 @@ class GPT2(nn.Module):
             cfg.d_model,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            embedding_init=nn.initializers.normal(0.02),
+            embedding_init=partitioned(nn.initializers.normal(0.02), ("vocab", "embed")),
             name="wte",
         )
         wpe = nn.Embed(
@@ -97,24 +97,35 @@ class GPT2(nn.Module):
             cfg.d_model,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            embedding_init=nn.initializers.normal(0.01),
+            embedding_init=partitioned(nn.initializers.normal(0.01), ("pos", "embed")),
             name="wpe",
         )
         x = wte(tokens) + wpe(jnp.arange(s))[None]
         x = nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(x)
         x = BlockStack(cfg, GPT2Block, self.deterministic, name="decoder")(x)
-        x = nn.LayerNorm(
-            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="ln_f"
-        )(x)
+        x = _layer_norm(cfg, "ln_f")(x)
         if cfg.tie_embeddings:
-            return wte.attend(x)
-        return nn.Dense(
+            return constrain(wte.attend(x), LOGITS_AXES)
+        logits = nn.Dense(
             cfg.vocab_size,
             use_bias=False,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
+            kernel_init=partitioned(nn.initializers.lecun_normal(), ("embed", "vocab")),
             name="lm_head",
         )(x)
+        return constrain(logits, LOGITS_AXES)
+
+
+def _layer_norm(cfg: ModelConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=cfg.norm_eps,
+        dtype=cfg.dtype,
+        param_dtype=cfg.param_dtype,
+        scale_init=partitioned(nn.initializers.ones, ("norm",)),
+        bias_init=partitioned(nn.initializers.zeros, ("norm",)),
+        name=name,
+    )
 
 
 __all__ = ["GPT2", "GPT2Block", "GeluMLP"]

@@ -7,6 +7,7 @@ import jax
 from jax.ad_checkpoint import checkpoint_name
 
 from models.attention import SelfAttention
+from models.axes import LOGITS_AXES, RESIDUAL_AXES, constrain, partitioned
 from models.config import ModelConfig
 from models.lora import project
 from models.stack import BlockStack
@@ -21,20 +22,21 @@ class SwiGLU(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        dense = lambda feats, name: nn.Dense(
+        dense = lambda feats, axes, name: nn.Dense(
             feats,
             use_bias=False,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.normal(0.02),
+            kernel_init=partitioned(nn.initializers.normal(0.02), axes),
             name=name,
         )
-        gate = project(cfg, dense(cfg.d_ff, "wi_0"), x, (cfg.d_ff,), "wi_0")
-        gate = checkpoint_name(gate, names.MLPWI_0)
-        up = checkpoint_name(
-            project(cfg, dense(cfg.d_ff, "wi_1"), x, (cfg.d_ff,), "wi_1"), names.MLPWI_1
-        )
-        out = project(cfg, dense(cfg.d_model, "wo"), nn.silu(gate) * up, (cfg.d_model,), "wo")
+        hidden = ("act_batch", None, "act_mlp")
+        gate = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi_0"), x, (cfg.d_ff,), "wi_0")
+        gate = checkpoint_name(constrain(gate, hidden), names.MLPWI_0)
+        up = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi_1"), x, (cfg.d_ff,), "wi_1")
+        up = checkpoint_name(constrain(up, hidden), names.MLPWI_1)
+        wo = dense(cfg.d_model, ("mlp", "embed"), "wo")
+        out = project(cfg, wo, nn.silu(gate) * up, (cfg.d_model,), "wo")
         return checkpoint_name(out, names.MLPWO)
 
 
@@ -47,14 +49,18 @@ class LlamaBlock(nn.Module):
     @nn.compact
     def __call__(self, x: jax.Array, _: None = None) -> tuple[jax.Array, None]:
         cfg = self.cfg
-        x = checkpoint_name(x, names.DECODER_LAYER_INPUT)
+        x = checkpoint_name(constrain(x, RESIDUAL_AXES), names.DECODER_LAYER_INPUT)
         norm = lambda name: nn.RMSNorm(
-            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name=name
+            epsilon=cfg.norm_eps,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            scale_init=partitioned(nn.initializers.ones, ("norm",)),
+            name=name,
         )
         attn = SelfAttention(cfg, deterministic=self.deterministic, name="attention")
         x = checkpoint_name(x + attn(norm("attention_norm")(x)), names.ATTN_OUT)
         x = x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
-        return checkpoint_name(x, names.BLOCK_OUT), None
+        return checkpoint_name(constrain(x, RESIDUAL_AXES), names.BLOCK_OUT), None
 
 
 class Llama(nn.Module):
@@ -77,24 +83,29 @@ class Llama(nn.Module):
             cfg.d_model,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            embedding_init=nn.initializers.normal(0.02),
+            embedding_init=partitioned(nn.initializers.normal(0.02), ("vocab", "embed")),
             name="embed",
         )
         x = embed(tokens)
         x = BlockStack(cfg, LlamaBlock, self.deterministic, name="decoder")(x)
         x = nn.RMSNorm(
-            epsilon=cfg.norm_eps, dtype=cfg.dtype, param_dtype=cfg.param_dtype, name="final_norm"
+            epsilon=cfg.norm_eps,
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            scale_init=partitioned(nn.initializers.ones, ("norm",)),
+            name="final_norm",
         )(x)
         if cfg.tie_embeddings:
-            return embed.attend(x)
-        return nn.Dense(
+            return constrain(embed.attend(x), LOGITS_AXES)
+        logits = nn.Dense(
             cfg.vocab_size,
             use_bias=False,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            kernel_init=nn.initializers.normal(0.02),
+            kernel_init=partitioned(nn.initializers.normal(0.02), ("embed", "vocab")),
             name="lm_head",
         )(x)
+        return constrain(logits, LOGITS_AXES)
 
 
 __all__ = ["Llama", "LlamaBlock", "SwiGLU"]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 
+from models.axes import partitioned
 from models.config import ModelConfig
 
 
@@ -27,10 +28,12 @@ class LoRA(nn.Module):
         cfg, r = self.cfg, self.cfg.lora_rank
         d_in = math.prod(x.shape[-self.in_axes :])
         d_out = math.prod(self.features)
-        a = self.param(
-            "lora_a", nn.initializers.normal(1.0 / math.sqrt(d_in)), (d_in, r), cfg.param_dtype
+        a_init = partitioned(
+            nn.initializers.normal(1.0 / math.sqrt(d_in)), ("lora_in", "lora_rank")
         )
-        b = self.param("lora_b", nn.initializers.zeros, (r, d_out), cfg.param_dtype)
+        b_init = partitioned(nn.initializers.zeros, ("lora_rank", "lora_out"))
+        a = self.param("lora_a", a_init, (d_in, r), cfg.param_dtype)
+        b = self.param("lora_b", b_init, (r, d_out), cfg.param_dtype)
         flat = x.reshape(*x.shape[: x.ndim - self.in_axes], d_in).astype(cfg.dtype)
         out = (flat @ a.astype(cfg.dtype)) @ b.astype(cfg.dtype) * (cfg.lora_alpha / r)
         return out.reshape(*x.shape[: x.ndim - self.in_axes], *self.features)

@@ -34,7 +34,10 @@ class Options:
     """What a user sets on the command line besides the policy and target.
 
     ``overrides`` holds model overrides (``layers``, ``width``, ...); ``lora`` is the
-    LoRA rank (0: full fine-tuning).
+    LoRA rank (0: full fine-tuning). ``shard`` is a mesh plan (``"fsdp:8"``,
+    ``"fsdp:4,tp:2"``; see ``rk.parse_shard``) over the target's devices: the step is
+    compiled sharded and every figure is what one device holds. ``batch`` stays the global
+    batch (per device: ``batch / plan.data_size``).
     """
 
     model: str
@@ -48,6 +51,7 @@ class Options:
     attention: str = "auto"
     scan_layers: bool = True
     overrides: tuple[tuple[str, Any], ...] = ()
+    shard: str | None = None
 
     def train_config(self) -> rk.TrainConfig:
         return rk.TrainConfig(
@@ -135,7 +139,7 @@ def measure(
     t = rk.target(target) if isinstance(target, str) else target
     pol = rk.as_policy(policy)
     cfg = model_config(opts, pol, t, schedule)
-    step = rk.build_train_step(build(cfg), opts.train_config())
+    step = _train_step(opts, cfg, t)
     meta = {
         "model": opts.model,
         "batch": opts.batch,
@@ -148,11 +152,20 @@ def measure(
         "params": cfg.param_count(),
         "tokens_per_step": opts.batch * opts.seq,
     }
+    if step.plan is not None:
+        meta.update(
+            mesh=step.plan.spec,
+            devices=t.devices,
+            hosts=t.hosts,
+            batch_per_device=opts.batch // step.plan.data_size,
+        )
     report = rk.memory_report(
         step.fn,
         *step.args,
         target=t,
         donate_argnums=step.donate_argnums,
+        in_shardings=step.in_shardings,
+        out_shardings=step.out_shardings,
         policy=pol,
         attention=cfg.attention,
         schedule=cfg.schedule.spec,
@@ -167,6 +180,14 @@ def measure(
     if pol.offloads and report.host_bytes:
         report = _with_offload_estimate(report, opts, pol, t, cfg)
     return report
+
+
+def _train_step(opts: Options, cfg: ModelConfig, t: rk.Target) -> rk.TrainStep:
+    """The train step of ``opts`` for ``cfg``, sharded over ``t``'s devices when asked."""
+    if not opts.shard:
+        return rk.build_train_step(build(cfg), opts.train_config())
+    plan = rk.parse_shard(opts.shard, t.devices)
+    return rk.build_train_step(build(cfg), opts.train_config(), sharding=plan, mesh=plan.mesh(t))
 
 
 def _with_offload_estimate(
@@ -222,10 +243,13 @@ def step_flops(
 
 
 def step_breakdown(opts: Options, target: rk.Target | str) -> dict[str, int]:
-    """Bytes of weights, gradients, optimizer state, batch and accumulator (from shapes)."""
+    """Bytes of weights, gradients, optimizer state, batch and accumulator (from shapes).
+
+    Per device when ``opts.shard`` is set.
+    """
     t = rk.target(target) if isinstance(target, str) else target
     cfg = model_config(opts, "full", t)
-    return dict(rk.build_train_step(build(cfg), opts.train_config()).breakdown)
+    return dict(_train_step(opts, cfg, t).breakdown)
 
 
 def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
@@ -241,6 +265,8 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
     """
     t = rk.target(target) if isinstance(target, str) else target
     cfg = model_config(opts, "none", t)  # validates the options before any search
+    # Under a mesh plan the global batch is a multiple of the data-parallel ways.
+    ways = rk.parse_shard(opts.shard, t.devices).data_size if opts.shard else 1
 
     def at(batch: int) -> Options:
         return dataclasses.replace(opts, batch=batch)
@@ -254,8 +280,10 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
     def residuals_fn(policy: rk.Policy, schedule: rk.Schedule, batch: int) -> rk.ResidualReport:
         return residuals(at(batch), policy, t, schedule)
 
-    label = f"{opts.model} s{opts.seq} {opts.optimizer}" + (
-        f" lora{opts.lora}" if opts.lora else ""
+    label = (
+        f"{opts.model} s{opts.seq} {opts.optimizer}"
+        + (f" lora{opts.lora}" if opts.lora else "")
+        + (f" {rk.parse_shard(opts.shard, t.devices).spec}" if opts.shard else "")
     )
     return rk.Workload(
         measure_fn,
@@ -263,7 +291,7 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
         target=t,
         seq=opts.seq,
         n_layers=cfg.n_layers,
-        batch_multiple=opts.accum,
+        batch_multiple=opts.accum * ways,
         residuals_fn=residuals_fn,
         breakdown_fn=lambda batch: step_breakdown(at(batch), t),
         label=label,

@@ -7,6 +7,7 @@ import jax
 
 import remat_kit as rk
 from models.config import ModelConfig
+from remat_kit import sharding
 
 
 class BlockStack(nn.Module):
@@ -28,7 +29,8 @@ class BlockStack(nn.Module):
         cfg, n = self.cfg, self.cfg.n_layers
         if self.is_initializing():
             return self._init_layers(x)
-        variables = self.variables["params"]
+        # Parameters may arrive boxed with their logical axes (nn.Partitioned): slice values.
+        variables = sharding.strip_boxes(self.variables["params"])
         if cfg.scan_layers:
             params = variables["layers"]
         else:
@@ -63,6 +65,7 @@ class BlockStack(nn.Module):
                 split_rngs={"params": True},
                 in_axes=nn.broadcast,
                 length=cfg.n_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
             )
             x, _ = scanned(cfg, True, name="layers")(x, None)
             return x

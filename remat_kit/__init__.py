@@ -66,6 +66,7 @@ from remat_kit.search import (
     plan,
     plot_front,
 )
+from remat_kit.sharding import MeshPlan, param_shardings, parse_shard
 from remat_kit.targets import (
     Target,
     TargetError,
@@ -98,6 +99,7 @@ __all__ = [
     "FrontPoint",
     "InspectError",
     "MemoryReport",
+    "MeshPlan",
     "PeakBuffer",
     "PeakDiff",
     "PeakReport",
@@ -136,10 +138,12 @@ __all__ = [
     "max_batch_plan",
     "memory_report",
     "names",
+    "param_shardings",
     "pareto_front",
     "parse_budget",
     "parse_policy",
     "parse_schedule",
+    "parse_shard",
     "plan",
     "plot_front",
     "plot_timeline",

@@ -549,7 +549,7 @@ def _plan_table(
     table = Table(title=title, caption=caption)
     for col in ("what", "peak GiB", "recompute", "overhead", "host GiB", "fits budget", "front"):
         table.add_column(col, justify="left" if col == "what" else "right")
-    main = f"plan {p.budget_bytes / _GIB:.1f} GiB"
+    main = f"plan {p.budget_bytes / _GIB:.2f} GiB"
     for pt in sorted(points, key=lambda q: (q.label != main, q.kind, q.peak_bytes)):
         if pt.label == main:
             label = f"PLAN: {p.label}"

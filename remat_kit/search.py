@@ -780,7 +780,7 @@ def plan(
        first ``k`` layers already at state ``i + 1`` (a ``layers`` schedule), so the plan sheds
        the bytes it must and not a whole tag more.
     5. Verification by compiling: the end of the sequence (everything recomputed or
-       offloaded) is compiled; if even it does not fit, segment schedules of ``full``
+       offloaded) is compiled; if even it does not fit, ``full`` and its segment schedules
        (``sqrt``, ``every:2``, ``nested:2/3``) are compiled in order of FLOPs. Otherwise the
        smallest ``x`` whose estimated peak fits is compiled; the estimate (compiled peak of
        a neighbour plus the residual bytes between them, a secant once two points are known)
@@ -1206,11 +1206,16 @@ def _search(
 
 
 def _segment_fallback(ctx: _PlanContext) -> PlanCandidate | None:
-    """``full`` with segment schedules, cheapest FLOPs first; the first that fits."""
+    """``full``, then with segment schedules, cheapest FLOPs first; the first that fits.
+
+    ``full`` comes first: the greedy's end point can keep tags whose recomputation frees
+    nothing on its own (``decoder_layer_input``) or offload buffers, so it is not always the
+    smallest per-layer policy.
+    """
     w, full = ctx.workload, as_policy("full")
-    options = [parse_schedule(s) for s in ("sqrt", "every:2", "nested:2", "nested:3")]
+    options = [parse_schedule(s) for s in ("none", "sqrt", "every:2", "nested:2", "nested:3")]
     if w.n_layers < 4:
-        options = options[:2]
+        options = options[:3]
     options.sort(key=lambda s: w.flops(full, s, ctx.batch))
     for sch in options:
         got = ctx.compile(full, sch, "schedule")
@@ -1394,7 +1399,7 @@ def front(
             raise ValueError(f"a plan for batch {p.batch} cannot join a front for batch {batch}")
         pts.append(
             FrontPoint(
-                label=f"plan {p.budget_bytes / _GIB:.1f} GiB",
+                label=f"plan {p.budget_bytes / _GIB:.2f} GiB",
                 kind="plan",
                 peak_bytes=p.peak_bytes,
                 overhead=p.overhead,
@@ -1484,8 +1489,10 @@ def plot_front(
             zorder=1,
             label="front",
         )
+    top = max((p.peak_bytes for p in points), default=0)
     for value, name, style in ((budget_bytes, "budget", "--"), (device_bytes, "device", ":")):
-        if value:
+        # A device far beyond every point would squash the plot: leave it out then.
+        if value and value <= 1.3 * top:
             ax.axvline(value / _GIB, color="black", ls=style, lw=1, label=name)
     ax.set_xlabel("compiled peak (GiB)")
     ax.set_ylabel("estimated overhead (% of step FLOPs)")

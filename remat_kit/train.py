@@ -9,6 +9,7 @@ figure that decides whether training fits.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 from collections.abc import Callable, Mapping
@@ -19,7 +20,9 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import traverse_util
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from remat_kit import sharding as _sharding
 from remat_kit.analysis import MemoryReport, nbytes
 
 __all__ = [
@@ -130,7 +133,12 @@ class TrainStep:
         residuals are what the policy keeps (see ``rk.saved_residuals``).
       loss_args: abstract arguments for ``loss_fn``.
       breakdown: bytes by role known from shapes: weights, trainable, gradients,
-        optimizer, batch, grad_accumulator.
+        optimizer, batch, grad_accumulator; per device when sharded.
+      in_shardings: with a mesh plan, the NamedShardings of ``args`` (pass them to
+        ``rk.memory_report(..., in_shardings=...)`` or ``jax.jit``); else None.
+      out_shardings: with a mesh plan, the NamedShardings of ``fn``'s outputs; else None.
+      plan: the ``rk.MeshPlan`` the step is sharded with, or None.
+      mesh: the mesh the shardings live on, or None.
     """
 
     fn: Callable[..., Any]
@@ -139,6 +147,10 @@ class TrainStep:
     loss_fn: Callable[..., Any]
     loss_args: tuple[Any, ...]
     breakdown: Mapping[str, int]
+    in_shardings: tuple[Any, ...] | None = None
+    out_shardings: tuple[Any, ...] | None = None
+    plan: _sharding.MeshPlan | None = None
+    mesh: Mesh | None = None
 
 
 def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -154,8 +166,13 @@ def build_train_step(
     *,
     trainable: Callable[[tuple[str, ...]], bool] | None = None,
     rng_seed: int = 0,
+    sharding: _sharding.MeshPlan | str | None = None,
+    mesh: Mesh | None = None,
 ) -> TrainStep:
     """Builds the next-token train step of ``module`` from abstract shapes.
+
+    Parameters may carry Flax logical-axis boxes (``nn.with_logical_partitioning``): the
+    step's arguments are unboxed, and with ``sharding`` the boxes say how each is split.
 
     Args:
       module: a linen Module, ``module.apply(params, tokens)`` -> logits.
@@ -163,13 +180,21 @@ def build_train_step(
       trainable: predicate on a parameter path (tuple of keys) deciding what is trained;
         default all parameters, or those with ``lora`` in the path when ``config.lora``.
       rng_seed: seed of the abstract init (shapes only; no values are computed).
+      sharding: a mesh plan (``"fsdp:8"``, ``"fsdp:4,tp:2"`` or ``rk.MeshPlan``): the step
+        gets ``in_shardings``/``out_shardings`` for its arguments and outputs, constrains
+        gradients like the parameters and the models' activations by the plan's rules, and
+        its breakdown is per device. None: unsharded, as before.
+      mesh: the plan's mesh (``plan.mesh(target)``, compile-only devices for a GPU target);
+        default the local devices.
 
     Returns:
       The TrainStep.
 
     Raises:
       ValueError: LoRA asked for but the module has no ``lora`` parameters, or nothing
-        is trainable.
+        is trainable; with ``sharding``: a mesh that does not match the plan, a batch or
+        sequence the plan's axes do not divide, or a parameter dimension a mesh axis
+        does not divide.
 
     Example:
       >>> import models, remat_kit as rk
@@ -177,9 +202,12 @@ def build_train_step(
       >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16))
       >>> step.breakdown["weights"] == step.breakdown["gradients"]
       True
+      >>> sharded = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=8, seq=16),
+      ...                               sharding="fsdp:8", mesh=mesh)      # doctest: +SKIP
     """
     micro = jax.ShapeDtypeStruct((config.micro_batch, config.seq), jnp.int32)
-    params = jax.eval_shape(module.init, jax.random.key(rng_seed), micro)
+    boxed = jax.eval_shape(module.init, jax.random.key(rng_seed), micro)
+    params = _sharding.strip_boxes(boxed)
     flat = traverse_util.flatten_dict(params)
     if trainable is None:
         trainable = (
@@ -199,6 +227,29 @@ def build_train_step(
     fr_abs = {k: v for k, v in flat.items() if k not in tr_abs}
     optimizer = make_optimizer(config.optimizer, config.learning_rate)
     opt_abs = jax.eval_shape(optimizer.init, _nest(tr_abs))
+    tokens = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
+    batch = {"tokens": tokens, "targets": tokens}
+    tr_nested, fr_nested = _nest(tr_abs), _nest(fr_abs)
+
+    plan, in_sh, out_sh = None, None, None
+    tr_sh: Any = None
+    context: Callable[[], Any] = contextlib.nullcontext
+    if sharding is not None:
+        plan, mesh = _plan_and_mesh(sharding, mesh)
+        _check_batch(plan, config)
+        p_sh = traverse_util.flatten_dict(_sharding.param_shardings(boxed, plan, mesh))
+        tr_sh = _nest({k: p_sh[k] for k in tr_abs})
+        fr_sh = _nest({k: p_sh[k] for k in fr_abs})
+        opt_sh = _sharding.opt_state_shardings(opt_abs, tr_nested, tr_sh, mesh)
+        b_sh = _sharding.batch_sharding(plan, mesh)
+        in_sh = (tr_sh, fr_sh, opt_sh, {"tokens": b_sh, "targets": b_sh})
+        out_sh = (tr_sh, opt_sh, NamedSharding(mesh, PartitionSpec()))
+        context = lambda: plan.activation_context(mesh)
+
+    def constrain(tree: Any) -> Any:
+        # Gradients (and their accumulator) live where the parameters do: sharded under
+        # fsdp (ZeRO-3), replicated under dp.
+        return tree if tr_sh is None else jax.lax.with_sharding_constraint(tree, tr_sh)
 
     def loss_fn(tr: Any, fr: Any, tokens: jax.Array, targets: jax.Array) -> jax.Array:
         merged = traverse_util.unflatten_dict({**_flat(tr), **_flat(fr)})
@@ -208,9 +259,14 @@ def build_train_step(
     accum, micro_b = config.accum, config.micro_batch
 
     def step(tr: Any, fr: Any, opt_state: Any, batch: Mapping[str, jax.Array]) -> Any:
+        with context():
+            return _step(tr, fr, opt_state, batch)
+
+    def _step(tr: Any, fr: Any, opt_state: Any, batch: Mapping[str, jax.Array]) -> Any:
         tokens, targets = batch["tokens"], batch["targets"]
         if accum == 1:
             loss, grads = grad_fn(tr, fr, tokens, targets)
+            grads = constrain(grads)
         else:
             shaped = lambda x: x.reshape(accum, micro_b, *x.shape[1:])
             dtype = config.accum_dtype
@@ -218,10 +274,10 @@ def build_train_step(
             def one(carry: Any, mb: Any) -> Any:
                 acc, total = carry
                 loss, g = grad_fn(tr, fr, *mb)
-                acc = jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g)
+                acc = constrain(jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g))
                 return (acc, total + loss), None
 
-            zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, dtype or p.dtype), tr)
+            zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, dtype or p.dtype), tr))
             (grads, loss), _ = jax.lax.scan(
                 one, (zeros, jnp.zeros((), jnp.float32)), (shaped(tokens), shaped(targets))
             )
@@ -230,34 +286,82 @@ def build_train_step(
         updates, opt_state = optimizer.update(grads, opt_state, tr)
         return optax.apply_updates(tr, updates), opt_state, loss
 
-    tokens = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
-    batch = {"tokens": tokens, "targets": tokens}
-    tr_nested, fr_nested = _nest(tr_abs), _nest(fr_abs)
-    grad_bytes = nbytes(tr_nested)
+    # Bytes by role; per device under a mesh plan (what one device holds of each).
+    size = nbytes if in_sh is None else _sharding.per_device_bytes
+    shard = (lambda i: ()) if in_sh is None else (lambda i: (in_sh[i],))
+    grad_bytes = size(tr_nested, *shard(0))
     acc_bytes = 0
     if accum > 1:
         acc_dtype = config.accum_dtype
-        acc_bytes = (
-            grad_bytes
+        acc_tree = (
+            tr_nested
             if acc_dtype is None
-            else sum(x.size * jnp.dtype(acc_dtype).itemsize for x in jax.tree.leaves(tr_nested))
+            else jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, acc_dtype), tr_nested)
         )
+        acc_bytes = size(acc_tree, *shard(0))
     breakdown = {
-        "weights": nbytes(params),
+        "weights": grad_bytes + size(fr_nested, *shard(1)),
         "trainable": grad_bytes,
         "gradients": grad_bytes,
-        "optimizer": nbytes(opt_abs),
-        "batch": nbytes(batch),
+        "optimizer": size(opt_abs, *shard(2)),
+        "batch": size(batch, *shard(3)),
         "grad_accumulator": int(acc_bytes),
     }
+
+    def micro_loss(tr: Any, fr: Any, mb: Mapping[str, jax.Array]) -> jax.Array:
+        with context():
+            return loss_fn(tr, fr, mb["tokens"], mb["targets"])
+
     return TrainStep(
         fn=step,
         args=(tr_nested, fr_nested, opt_abs, batch),
         donate_argnums=(0, 2) if config.donate else (),
-        loss_fn=lambda tr, fr, mb: loss_fn(tr, fr, mb["tokens"], mb["targets"]),
+        loss_fn=micro_loss,
         loss_args=(tr_nested, fr_nested, {"tokens": micro, "targets": micro}),
         breakdown=breakdown,
+        in_shardings=in_sh,
+        out_shardings=out_sh,
+        plan=plan,
+        mesh=mesh if plan is not None else None,
     )
+
+
+def _plan_and_mesh(
+    sharding: _sharding.MeshPlan | str, mesh: Mesh | None
+) -> tuple[_sharding.MeshPlan, Mesh]:
+    if mesh is None:
+        from remat_kit.targets import target
+
+        plan = _sharding.parse_shard(sharding)
+        return plan, plan.mesh(target("local", devices=plan.devices))
+    plan = _sharding.parse_shard(sharding, mesh.size)
+    got = dict(mesh.shape)
+    if got != dict(plan.axes):
+        want = ", ".join(f"{k}={n}" for k, n in plan.axes)
+        raise ValueError(
+            f"mesh axes {got} do not match the plan {plan.spec}: build the mesh with "
+            f"plan.mesh(target) (axes {want})"
+        )
+    return plan, mesh
+
+
+def _check_batch(plan: _sharding.MeshPlan, config: TrainConfig) -> None:
+    if config.micro_batch % plan.data_size:
+        what = (
+            f"batch={config.batch}"
+            if config.accum == 1
+            else f"micro-batch {config.micro_batch} (batch={config.batch}, accum={config.accum})"
+        )
+        raise ValueError(
+            f"{what} does not split over the data axes of {plan.spec} ({plan.data_size} ways): "
+            f"use a batch that is a multiple of {plan.data_size * config.accum}"
+        )
+    tp = plan.size("tp")
+    if config.seq % tp:
+        raise ValueError(
+            f"seq={config.seq} does not split over tp:{tp} (sequence parallelism between "
+            f"blocks): use a sequence length that is a multiple of {tp}"
+        )
 
 
 def add_breakdown(report: MemoryReport, step: TrainStep) -> MemoryReport:

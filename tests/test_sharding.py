@@ -1,0 +1,292 @@
+"""Sharding: mesh plans, logical-axis rules, per-device reports, and the same step on 8 devices."""
+
+import argparse
+import functools
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import traverse_util
+from flax.core import meta
+from jax.sharding import PartitionSpec as P
+
+import models
+import remat_kit as rk
+from remat_kit import sharding as rks
+
+HERE = Path(__file__).resolve().parent
+
+#: A bf16 Llama big enough for weights to dominate the per-device arguments, small enough to
+#: compile for 8 deviceless H100s in a few seconds.
+GPU = dict(
+    model="tiny-llama",
+    batch=8,
+    seq=256,
+    optimizer="adamw",
+    param_dtype="bf16",
+    dtype="bf16",
+    attention="xla",
+    overrides=(
+        ("layers", 2),
+        ("width", 1024),
+        ("heads", 8),
+        ("kv_heads", 8),
+        ("ff", 4096),
+        ("vocab", 8192),
+        ("max_seq", 1024),
+    ),
+)
+
+
+@functools.cache
+def _gpu_report(shard):
+    from models.measure import Options, measure
+
+    return measure(Options(**GPU, shard=shard), "full", rk.target("h100", devices=8))
+
+
+def _boxed(model="tiny-llama", **overrides):
+    cfg = models.get_config(model, layers=2, **overrides)
+    tok = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+    return jax.eval_shape(models.build(cfg).init, jax.random.key(0), tok)
+
+
+def _flat_specs(boxed, plan):
+    return traverse_util.flatten_dict(rks.param_specs(boxed, rk.parse_shard(plan))["params"])
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "devices", "canonical", "data"),
+    [
+        ("dp:8", None, "dp:8", 8),
+        ("fsdp:8", 8, "fsdp:8", 8),
+        ("tp:2,fsdp:4", 8, "fsdp:4,tp:2", 4),
+        ("fsdp:4+dp:2", None, "dp:2,fsdp:4", 8),
+        ("fsdp,tp:2", 16, "fsdp:8,tp:2", 8),
+        ("tp", 4, "tp:4", 1),
+    ],
+)
+def test_parse_shard(spec, devices, canonical, data):
+    plan = rk.parse_shard(spec, devices)
+    assert plan.spec == canonical
+    assert plan.data_size == data
+    assert rk.parse_shard(plan.spec) == plan
+    assert plan.devices == (devices or plan.devices)
+
+
+@pytest.mark.parametrize(
+    ("spec", "devices", "match"),
+    [
+        ("fsdp:4", 8, r"mesh fsdp:4 holds 4 devices but the target has 8.*fsdp:8"),
+        ("fsdp:3", 8, r"holds 3 devices but the target has 8"),
+        ("fsdp:4,tp:4", 8, r"holds 16 devices"),
+        ("zero:8", 8, r"unknown sharding axis 'zero'.*Valid: dp, fsdp, tp"),
+        ("fdsp:8", 8, r"Did you mean fsdp"),
+        ("fsdp:x", 8, r"cannot read size 'x' of axis 'fsdp'"),
+        ("fsdp:0", 8, r"size '0'"),
+        ("fsdp:4,fsdp:2", 8, r"fsdp named twice"),
+        ("fsdp,tp", 8, r"leaves the size of fsdp, tp open"),
+        ("fsdp,tp:3", 8, r"hold 3 devices, which does not divide the target's 8"),
+        ("", 8, r"empty shard spec"),
+    ],
+)
+def test_bad_shard_specs(spec, devices, match):
+    with pytest.raises(ValueError, match=match) as err:
+        rk.parse_shard(spec, devices)
+    assert "\n" not in str(err.value)
+
+
+def test_rules_per_strategy():
+    dp = dict(rk.parse_shard("dp:8").rules())
+    fsdp = dict(rk.parse_shard("fsdp:8").rules())
+    both = dict(rk.parse_shard("dp:2,fsdp:2,tp:2").rules())
+    assert all(v is None for k, v in dp.items() if k != "act_batch") and dp["act_batch"] == "dp"
+    assert fsdp["embed"] == "fsdp" and fsdp["heads"] is None and fsdp["act_batch"] == "fsdp"
+    assert both["act_batch"] == ("dp", "fsdp")
+    assert both["heads"] == both["mlp"] == both["vocab"] == both["act_seq"] == "tp"
+    assert set(both) == set(rks.PARAM_AXES) | set(rks.ACTIVATION_AXES)
+
+
+@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
+def test_every_model_axis_has_a_rule(model):
+    # A typo in a model's logical name would silently leave that parameter replicated.
+    boxed = _boxed(model, lora_rank=2, scan_layers=True)
+    flat = traverse_util.flatten_dict(boxed["params"])
+    assert len(flat) > 10
+    for path, box in flat.items():
+        assert isinstance(box, meta.AxisMetadata), f"{'/'.join(path)} has no logical axes"
+        assert set(box.names) <= set(rks.PARAM_AXES), (path, box.names)
+        assert len(box.names) == len(box.value.shape), path
+
+
+def test_param_specs_fsdp_tp_dp():
+    fsdp = _flat_specs(_boxed(), "fsdp:8")
+    tp = _flat_specs(_boxed(), "tp:2")
+    both = _flat_specs(_boxed(), "fsdp:4,tp:2")
+    dp = _flat_specs(_boxed(), "dp:8")
+    q = ("decoder", "layers", "attention", "query", "kernel")  # layers, embed, heads, head_dim
+    out = ("decoder", "layers", "attention", "out", "kernel")  # layers, heads, head_dim, embed
+    wi = ("decoder", "layers", "mlp", "wi_0", "kernel")  # layers, embed, mlp
+    assert fsdp[q] == P(None, "fsdp", None, None) and fsdp[out] == P(None, None, None, "fsdp")
+    assert tp[q] == P(None, None, "tp", None) and tp[wi] == P(None, None, "tp")
+    assert both[q] == P(None, "fsdp", "tp", None) and both[("embed", "embedding")] == P(
+        "tp", "fsdp"
+    )
+    assert both[("lm_head", "kernel")] == P("fsdp", "tp")
+    assert both[("final_norm", "scale")] == P(None)
+    assert all(spec == P(*[None] * len(spec)) for spec in dp.values())
+
+
+def test_axis_that_does_not_divide_raises_one_line():
+    # tiny-llama has 2 KV heads: 8-way tensor parallelism cannot split them.
+    with pytest.raises(ValueError, match=r"tp:8 splits logical axis 'kv_heads' \(size 2\)") as err:
+        rks.param_specs(_boxed(), rk.parse_shard("tp:8"))
+    assert "decoder/layers/attention/key/kernel" in str(err.value)
+    assert "[1, 2]" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_unannotated_params_are_split_by_shape_under_fsdp():
+    tree = {"w": jax.ShapeDtypeStruct((6, 16), jnp.float32), "b": jnp.zeros((3,))}
+    specs = rks.param_specs(tree, rk.parse_shard("fsdp:4"))
+    assert specs == {"w": P(None, "fsdp"), "b": P()}
+    assert rks.param_specs(tree, rk.parse_shard("tp:4")) == {"w": P(), "b": P()}
+
+
+def test_opt_state_follows_the_parameters():
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("fsdp",))
+    params = {"layer": {"w": jax.ShapeDtypeStruct((4, 8), jnp.float32)}}
+    sh = {"layer": {"w": jax.sharding.NamedSharding(mesh, P(None, "fsdp"))}}
+    for name in ("adamw", "adafactor"):
+        opt = jax.eval_shape(rk.make_optimizer(name).init, params)
+        got = rks.opt_state_shardings(opt, params, sh, mesh)
+        leaves = [
+            (jax.tree_util.keystr(path), x.shape, s.spec)
+            for (path, x), s in zip(
+                jax.tree_util.tree_flatten_with_path(opt)[0], jax.tree.leaves(got), strict=True
+            )
+        ]
+        mirrored = [spec for _, shape, spec in leaves if shape == (4, 8)]
+        others = [spec for _, shape, spec in leaves if shape != (4, 8)]
+        if name == "adamw":
+            assert mirrored == [P(None, "fsdp")] * 2  # mu, nu
+        assert others and all(spec == P() for spec in others)  # count, factored moments
+
+
+def test_per_device_bytes():
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("fsdp",))
+    x = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+    assert rks.per_device_bytes(x) == 128
+    assert rks.per_device_bytes({"a": x, "b": x}, jax.sharding.NamedSharding(mesh, P())) == 256
+
+
+def test_batch_and_mesh_errors():
+    cfg = models.get_config("tiny-llama", layers=2)
+    with pytest.raises(ValueError, match=r"batch=6 does not split over the data axes of fsdp:4"):
+        rk.build_train_step(
+            models.build(cfg), rk.TrainConfig(batch=6, seq=16), sharding="fsdp:4", mesh=_mesh(4)
+        )
+    with pytest.raises(ValueError, match=r"micro-batch 2 \(batch=4, accum=2\).*multiple of 8"):
+        rk.build_train_step(
+            models.build(cfg),
+            rk.TrainConfig(batch=4, seq=16, accum=2),
+            sharding="fsdp:4",
+            mesh=_mesh(4),
+        )
+    with pytest.raises(ValueError, match=r"mesh fsdp:8 holds 8 devices but the target has 4"):
+        rk.build_train_step(
+            models.build(cfg), rk.TrainConfig(batch=8, seq=16), sharding="fsdp:8", mesh=_mesh(4)
+        )
+
+
+def _mesh(n):
+    return rk.parse_shard(f"fsdp:{n}").mesh(rk.target("h100", devices=n))
+
+
+def test_multi_host_mesh():
+    t = rk.target("h100", devices=16, hosts=2)
+    mesh = rk.parse_shard("fsdp:8,tp:2").mesh(t)
+    assert dict(mesh.shape) == {"fsdp": 8, "tp": 2}
+    with pytest.raises(ValueError, match="holds 8 devices but the target has 16"):
+        rk.parse_shard("fsdp:8").mesh(t)
+
+
+def test_add_shard_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--gpus", type=int, default=1)
+    rks.add_shard_args(p)
+    args = p.parse_args(["--gpus", "16", "--hosts", "2", "--shard", "fsdp:8,tp:2"])
+    assert (args.shard, args.hosts) == ("fsdp:8,tp:2", 2)
+    assert p.parse_args([]).shard is None
+    with pytest.raises(SystemExit):
+        p.parse_args(["--shard", "zero:8"])
+
+
+# --- per-device reports for 8 deviceless H100s --------------------------------------------------
+
+
+def test_fsdp_splits_weights_and_optimizer_eight_ways():
+    dp, fsdp = _gpu_report("dp:8"), _gpu_report("fsdp:8")
+    assert dp.devices == fsdp.devices == 8
+    assert fsdp.meta["mesh"] == "fsdp:8" and fsdp.meta["devices"] == 8
+    for part in ("weights", "gradients", "optimizer"):
+        assert fsdp.breakdown[part] == pytest.approx(dp.breakdown[part] / 8, rel=0.01)
+    # XLA's own accounting: the arguments one GPU holds (weights + AdamW state) shrink 8x.
+    assert fsdp.argument_bytes == pytest.approx(dp.argument_bytes / 8, rel=0.02)
+    assert fsdp.peak_bytes < dp.peak_bytes / 2
+
+
+def test_tp_shards_heads_and_mlp():
+    from models.measure import Options, _train_step, model_config
+
+    t = rk.target("h100", devices=8)
+    opts = Options(**GPU, shard="tp:8")
+    step = _train_step(opts, model_config(opts, "full", t), t)
+    layer = step.in_shardings[0]["params"]["decoder"]["layers"]
+    assert layer["attention"]["query"]["kernel"].spec == P(None, None, "tp", None)
+    assert layer["mlp"]["wo"]["kernel"].spec == P(None, "tp", None)
+    tp, dp = _gpu_report("tp:8"), _gpu_report("dp:8")
+    assert tp.argument_bytes < dp.argument_bytes / 6  # norms stay replicated
+
+
+def test_bad_mesh_for_the_target_raises():
+    from models.measure import Options, measure
+
+    with pytest.raises(ValueError, match=r"mesh fsdp:4 holds 4 devices but the target has 8"):
+        measure(Options(**GPU, shard="fsdp:4"), "full", rk.target("h100", devices=8))
+    with pytest.raises(
+        ValueError, match=r"tp:16 splits logical axis 'kv_heads' \(size 8\).*in \[1, 2, 4, 8\]"
+    ):
+        measure(Options(**GPU, shard="tp:16"), "full", rk.target("h100", devices=16, hosts=2))
+
+
+# --- the same step on 8 real (fake CPU) devices ---------------------------------------------------
+
+
+def test_sharded_step_matches_one_device():
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "sharded_step.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert {r["plan"] for r in rows} == {"dp:8", "fsdp:8", "fsdp:4,tp:2", "dp:4,tp:2"}
+    for r in rows:
+        assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
+        assert r["max_grad_diff"] < 1e-5
