@@ -173,6 +173,9 @@ def _parser() -> argparse.ArgumentParser:
     _add_model_args(adv)
     adv.add_argument("--targets", default=None, help="comma-separated targets (default: all GPUs)")
     _add_search_args(adv)
+    from remat_kit.inspect import add_inspect_parser
+
+    add_inspect_parser(sub, _add_model_args)
     sub.add_parser("targets", help="list the GPU targets")
     sub.add_parser("policies", help="list the policies")
     sub.add_parser("models", help="list the model presets")
@@ -212,6 +215,10 @@ def _run(args: argparse.Namespace) -> int:
         return _list_policies(rk)
     if args.command == "models":
         return _list_models()
+    if args.command == "inspect":
+        from remat_kit.inspect import run_inspect
+
+        return run_inspect(args, rk)
     if args.command == "report":
         return _report(args, rk)
     if args.command == "fit":

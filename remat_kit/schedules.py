@@ -115,7 +115,7 @@ class Schedule:
         return self._plan_runs(n_layers, base)
 
     def _plan_runs(self, n_layers: int, base: Policy) -> list[Run]:
-        per_layer: list[str | None] = [None] * n_layers
+        per_layer: list[Policy | None] = [None] * n_layers
         for a, b, p in self.plan:
             if b > n_layers:
                 raise ValueError(
@@ -123,13 +123,15 @@ class Schedule:
                     f"(valid indices 0-{n_layers - 1})"
                 )
             for i in range(a, b):
-                per_layer[i] = p
-        fallback = self.rest if self.rest is not None else base.spec
-        names = [p if p is not None else fallback for p in per_layer]
+                per_layer[i] = as_policy(p)
+        # Unnamed layers take "rest", else the model's policy (which may be a user's
+        # callable without a catalogue name, so keep the Policy itself).
+        fallback = as_policy(self.rest) if self.rest is not None else base
+        chosen = [p if p is not None else fallback for p in per_layer]
         runs, start = [], 0
         for i in range(1, n_layers + 1):
-            if i == n_layers or names[i] != names[start]:
-                runs.append(Run(start, (i - start,), as_policy(names[start])))
+            if i == n_layers or chosen[i] != chosen[start]:
+                runs.append(Run(start, (i - start,), chosen[start]))
                 start = i
         return runs
 

@@ -147,3 +147,11 @@ def test_report_with_schedule(tmp_path, capsys):
     assert json.loads(out.read_text())["schedule"] == "every:2"
     code = main(["report", *SMALL, "--schedule", "evry:2"])
     assert code == 2 and "Did you mean every" in capsys.readouterr().err
+
+
+def test_inspect_is_wired(tmp_path, capsys):
+    out = tmp_path / "peak.json"
+    assert main(["inspect", *SMALL, "--policy", "full", "--top", "3", "--json", str(out)]) == 0
+    assert "top 3 buffers" in capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert data["peak_bytes"] == sum(data["by_category"].values())
