@@ -108,17 +108,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _plan(opts, target):
-    """The planner's cheapest plan under the target's memory, compiled; None without one."""
+    """The planner's cheapest plan under the target's memory (catalogue as candidates)."""
     import remat_kit as rk
+    from models.measure import workload
 
-    if not hasattr(rk, "plan"):
-        return None
-    from models.measure import plan_report
-
-    try:
-        return plan_report(opts, target)
-    except ValueError:  # nothing fits this GPU
-        return None
+    catalogue = [rk.policy(n) for n in ("full", "block", "minimal", "qkv_proj", "megatron")]
+    p = rk.plan(workload(opts, target), opts.batch, extra=catalogue)
+    return p.report if p.fits and p.report is not None else None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""Can the full stack fit Llama 3 70B on one 80 GB GPU? (claim: "combine mixed precision, LoRA and
+gradient accumulation to fit 70B on one 80 GB GPU").
+
+Llama 3 70B, seq 2048, AdamW, compiled for one H100 80GB: bf16 full fine-tuning, then bf16 + LoRA
+16 under none / full / minimal / the planner's plan, with and without gradient accumulation, and
+the largest batch per step. Writes results/stack_70b.json and a PNG.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from common import GIB, parse, table, write_json
+
+CASES = (  # (label, lora, accum, batch)
+    ("bf16 full fine-tune, b1", 0, 1, 1),
+    ("bf16 + LoRA 16, b1", 16, 1, 1),
+    ("bf16 + LoRA 16, b8 (accum 8)", 16, 8, 8),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(__doc__, argv)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    import remat_kit as rk
+    from models.measure import Options, baseline_flops, measure, workload
+
+    target = rk.target(args.target)
+    rows = []
+    for label, lora, accum, batch in CASES:
+        opts = Options(
+            "llama3-70b", batch=batch, seq=2048, optimizer="adamw", lora=lora, accum=accum
+        )
+        base = baseline_flops(opts, target)
+        for policy in ("none", "full", "minimal"):
+            r = measure(opts, policy, target, baseline=base)
+            rows.append(
+                {
+                    "case": label,
+                    "policy": policy,
+                    "peak_gib": r.peak_bytes / GIB,
+                    "fits": r.fits,
+                    "recompute_overhead": r.meta["recompute_overhead"],
+                    "weights_gib": r.breakdown["weights"] / GIB,
+                    "optimizer_gib": r.breakdown["optimizer"] / GIB,
+                    "xla_remat": r.xla_remat,
+                }
+            )
+    lora = workload(Options("llama3-70b", batch=1, seq=2048, optimizer="adamw", lora=16), target)
+    best = rk.max_batch(lora, "full")
+    plan = rk.plan(lora, 1, extra=[rk.policy("full"), rk.policy("minimal")])
+    fitting = [r for r in rows if r["fits"]]
+    readme_rows = [
+        [
+            "LoRA + bf16 + accumulation fit 70B on one 80 GB GPU (llama3-70b, s2048, h100)",
+            "fits",
+            (
+                "full fine-tune does not fit (weights alone "
+                f"{rows[0]['weights_gib']:.0f} GiB); with LoRA 16: "
+                + "; ".join(
+                    f"{r['case'].split(', ')[-1]} {r['policy']} {r['peak_gib']:.0f} GiB"
+                    for r in fitting
+                )
+                + f"; max batch with full {best.max_batch}; plan {plan.label} at "
+                f"{plan.peak_bytes / GIB:.0f} GiB (+{100 * plan.recompute_overhead:.0f}% FLOPs)"
+            ),
+            "`python experiments/stack_70b.py`",
+        ]
+    ]
+    write_json(
+        args.out / "stack_70b.json",
+        {
+            "target": target.name,
+            "rows": rows,
+            "max_batch_full_lora": best.max_batch,
+            "plan": plan.to_dict(),
+            "readme_rows": readme_rows,
+        },
+    )
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.bar(
+        range(len(rows)),
+        [r["peak_gib"] for r in rows],
+        color=["tab:green" if r["fits"] else "tab:red" for r in rows],
+    )
+    ax.axhline((target.memory_bytes or 0) / GIB, ls="--", c="k", lw=1, label=target.name)
+    ax.set_xticks(
+        range(len(rows)), [f"{r['case']}\n{r['policy']}" for r in rows], rotation=90, fontsize=6
+    )
+    ax.set_ylabel("peak GiB")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out / "stack_70b.png", dpi=120)
+    print(table(rows, ["case", "policy", "peak_gib", "fits", "recompute_overhead"]))
+    print(f"max batch (LoRA 16, full): {best.max_batch}; plan: {plan.message}")
+
+
+if __name__ == "__main__":
+    main()
