@@ -21,6 +21,7 @@ __all__ = [
     "baseline_flops",
     "measure",
     "model_config",
+    "options_from_args",
     "residuals",
     "resolve_attention",
     "step_breakdown",
@@ -61,6 +62,29 @@ class Options:
             lora=self.lora > 0,
             accum=self.accum,
         )
+
+
+def options_from_args(args: Any) -> Options:
+    """Options from parsed ``remat-kit`` arguments (``--model --batch --seq ...``)."""
+    overrides = tuple(
+        (key, getattr(args, key))
+        for key in ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
+        if getattr(args, key, None) is not None
+    )
+    return Options(
+        model=args.model,
+        batch=args.batch,
+        seq=args.seq,
+        optimizer=getattr(args, "optimizer", "adamw"),
+        lora=getattr(args, "lora", 0),
+        accum=getattr(args, "accum", 1),
+        param_dtype=getattr(args, "param_dtype", None),
+        dtype=getattr(args, "dtype", None),
+        attention=getattr(args, "attention", "auto"),
+        scan_layers=not getattr(args, "no_scan", False),
+        overrides=overrides,
+        shard=getattr(args, "shard", None),
+    )
 
 
 def resolve_attention(requested: str, target: rk.Target, cfg: ModelConfig | None = None) -> str:

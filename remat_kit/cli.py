@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from remat_kit.sharding import add_shard_args
+
 __all__ = ["MAIN_POLICIES", "main"]
 
 #: What ``compare`` measures when no ``--policies`` is given.
@@ -86,6 +88,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
     p.add_argument("--gpus", type=_positive_int, default=1, help="devices of the target")
+    add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
     for flag, help_text in (
         ("--layers", "number of layers"),
         ("--width", "model width d_model"),
@@ -310,33 +313,16 @@ def _list_models() -> int:
 
 
 def _options(args: argparse.Namespace) -> Any:
-    from models.measure import Options
+    from models.measure import options_from_args
 
-    overrides = tuple(
-        (key, getattr(args, key))
-        for key in ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
-        if getattr(args, key) is not None
-    )
-    return Options(
-        model=args.model,
-        batch=args.batch,
-        seq=args.seq,
-        optimizer=args.optimizer,
-        lora=args.lora,
-        accum=args.accum,
-        param_dtype=args.param_dtype,
-        dtype=args.dtype,
-        attention=args.attention,
-        scan_layers=not args.no_scan,
-        overrides=overrides,
-    )
+    return options_from_args(args)
 
 
 def _report(args: argparse.Namespace, rk: Any) -> int:
     from models.measure import baseline_flops, measure, residuals
 
     opts = _options(args)
-    target = rk.target(args.target, devices=args.gpus)
+    target = rk.target(args.target, devices=args.gpus, hosts=args.hosts)
     policy = rk.as_policy(args.policy)
     schedule = rk.parse_schedule(args.schedule)
     baseline = baseline_flops(opts, target)
@@ -364,7 +350,7 @@ def _compare(args: argparse.Namespace, rk: Any) -> int:
     from models.measure import baseline_flops, measure
 
     opts = _options(args)
-    target = rk.target(args.target, devices=args.gpus)
+    target = rk.target(args.target, devices=args.gpus, hosts=args.hosts)
     specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     if not specs:
         raise ValueError("--policies is empty; give names such as none,full,minimal")
@@ -411,7 +397,7 @@ def _fit(args: argparse.Namespace, rk: Any) -> int:
     from models.measure import workload
 
     opts = _options(args)
-    target = rk.target(args.target, devices=args.gpus)
+    target = rk.target(args.target, devices=args.gpus, hosts=args.hosts)
     specs = [args.policy] if args.policy else _specs(args.policies)
     if not specs:
         raise ValueError("--policies is empty; give names such as none,full,minimal,plan")
@@ -467,7 +453,7 @@ def _plan(args: argparse.Namespace, rk: Any) -> int:
     from models.measure import workload
 
     opts = _options(args)
-    target = rk.target(args.target, devices=args.gpus)
+    target = rk.target(args.target, devices=args.gpus, hosts=args.hosts)
     budget = None if args.budget is None else rk.parse_budget(args.budget, target.memory_bytes)
     catalogue = [rk.as_policy(s) for s in _specs(args.policies)]  # fail early on a bad name
     w = workload(opts, target)
@@ -604,7 +590,7 @@ def _advise(args: argparse.Namespace, rk: Any) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = rk.advise(
-            lambda t: workload(opts, rk.target(t.name, devices=args.gpus)),
+            lambda t: workload(opts, rk.target(t.name, devices=args.gpus, hosts=args.hosts)),
             opts.batch,
             targets=names,
             headroom=args.headroom,

@@ -1645,26 +1645,11 @@ def run_inspect(args: argparse.Namespace, rk: Any) -> int:
 
 def _inspect_preset(args: argparse.Namespace, rk: Any, target: Target, policy: str) -> PeakReport:
     import models
-    from models.measure import Options, model_config
+    from models.measure import model_config, options_from_args
 
-    overrides = tuple(
-        (key, getattr(args, key))
-        for key in ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
-        if getattr(args, key, None) is not None
-    )
-    opts = Options(
-        model=args.model,
-        batch=args.batch,
-        seq=args.seq,
-        optimizer=getattr(args, "optimizer", "adamw"),
-        lora=getattr(args, "lora", 0),
-        accum=getattr(args, "accum", 1),
-        param_dtype=getattr(args, "param_dtype", None),
-        dtype=getattr(args, "dtype", None),
-        attention=getattr(args, "attention", "auto"),
-        scan_layers=not getattr(args, "no_scan", False),
-        overrides=overrides,
-    )
+    if getattr(args, "shard", None):
+        raise ValueError("inspect reads one device's buffers: drop --shard (report/fit take it)")
+    opts = options_from_args(args)
     pol = rk.as_policy(policy)
     cfg = model_config(opts, pol, target, getattr(args, "schedule", "none"))
     step = rk.build_train_step(models.build(cfg), opts.train_config())

@@ -52,6 +52,7 @@ __all__ = [
     "batch_sharding",
     "opt_state_shardings",
     "param_shardings",
+    "param_specs",
     "parse_shard",
     "per_device_bytes",
     "strip_boxes",

@@ -24,6 +24,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit import sharding as _sharding
 from remat_kit.analysis import MemoryReport, nbytes
+from remat_kit.targets import target as _target
 
 __all__ = [
     "OPTIMIZERS",
@@ -330,10 +331,8 @@ def _plan_and_mesh(
     sharding: _sharding.MeshPlan | str, mesh: Mesh | None
 ) -> tuple[_sharding.MeshPlan, Mesh]:
     if mesh is None:
-        from remat_kit.targets import target
-
         plan = _sharding.parse_shard(sharding)
-        return plan, plan.mesh(target("local", devices=plan.devices))
+        return plan, plan.mesh(_target("local", devices=plan.devices))
     plan = _sharding.parse_shard(sharding, mesh.size)
     got = dict(mesh.shape)
     if got != dict(plan.axes):

@@ -155,3 +155,28 @@ def test_inspect_is_wired(tmp_path, capsys):
     assert "top 3 buffers" in capsys.readouterr().out
     data = json.loads(out.read_text())
     assert data["peak_bytes"] == sum(data["by_category"].values())
+
+
+def test_sharded_report_is_per_device(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = [
+        "report",
+        *SMALL,
+        "--batch",
+        "8",
+        "--policy",
+        "full",
+        "--gpus",
+        "8",
+        "--shard",
+        "fsdp:8",
+        "--no-residuals",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["devices"] == 8 and data["meta"]["mesh"] == "fsdp:8"
+    code = main(["report", *SMALL, "--gpus", "8", "--shard", "fsdp:3"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("remat-kit: ") and err.count("\n") == 1
