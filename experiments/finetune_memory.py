@@ -113,7 +113,10 @@ def _plan(opts, target):
     from models.measure import workload
 
     catalogue = [rk.policy(n) for n in ("full", "block", "minimal", "qkv_proj", "megatron")]
-    p = rk.plan(workload(opts, target), opts.batch, extra=catalogue)
+    try:
+        p = rk.plan(workload(opts, target), opts.batch, extra=catalogue)
+    except ValueError:  # weights and optimizer state alone exceed the card: no plan
+        return None
     return p.report if p.fits and p.report is not None else None
 
 
