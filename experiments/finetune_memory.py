@@ -117,7 +117,9 @@ def _plan(opts, target):
         p = rk.plan(workload(opts, target), opts.batch, extra=catalogue)
     except ValueError:  # weights and optimizer state alone exceed the card: no plan
         return None
-    return p.report if p.fits and p.report is not None else None
+    if not p.fits or p.report is None:
+        return None
+    return p.report.replace(meta={**p.report.meta, "recompute_overhead": p.recompute_overhead})
 
 
 if __name__ == "__main__":
