@@ -17,19 +17,9 @@ from typing import Any
 
 from common import GIB, parse, table, write_json
 
-CATALOGUE = (
-    "none",
-    "full",
-    "block",
-    "dots",
-    "dots_no_batch",
-    "minimal",
-    "qkv_proj",
-    "context",
-    "megatron",
-    "offload_dots_no_batch",
-    "minimal_offloaded",
-)
+from remat_kit.search import FRONT_POLICIES
+
+CATALOGUE = FRONT_POLICIES
 BUDGET = "52GiB"
 
 

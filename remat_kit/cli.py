@@ -23,46 +23,16 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from remat_kit._argtypes import non_negative_int, positive_int
+from remat_kit.search import FRONT_POLICIES
 from remat_kit.sharding import add_shard_args
 
 __all__ = ["MAIN_POLICIES", "main"]
 
 #: What ``compare`` measures when no ``--policies`` is given.
-MAIN_POLICIES = (
-    "none",
-    "full",
-    "block",
-    "dots",
-    "dots_no_batch",
-    "minimal",
-    "qkv_proj",
-    "context",
-    "megatron",
-    "offload_dots_no_batch",
-    "minimal_offloaded",
-)
+MAIN_POLICIES = FRONT_POLICIES
 
 _GIB = 2**30
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
 
 
 class _Parser(argparse.ArgumentParser):
@@ -76,18 +46,18 @@ class _Parser(argparse.ArgumentParser):
 def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name (remat-kit models)")
     p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
-    p.add_argument("--batch", type=_positive_int, default=4, help="sequences per step")
-    p.add_argument("--seq", type=_positive_int, default=2048, help="tokens per sequence")
+    p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
+    p.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, sgd_momentum, ...")
-    p.add_argument("--lora", type=_non_negative_int, default=0, help="LoRA rank (0: off)")
-    p.add_argument("--accum", type=_positive_int, default=1, help="gradient accumulation")
+    p.add_argument("--lora", type=non_negative_int, default=0, help="LoRA rank (0: off)")
+    p.add_argument("--accum", type=positive_int, default=1, help="gradient accumulation")
     p.add_argument("--param-dtype", default=None, help="bf16 or f32 (master weights)")
     p.add_argument("--dtype", default=None, help="compute dtype (bf16, f32)")
     p.add_argument(
         "--attention", default="auto", help="xla | cudnn | auto (cudnn on NVIDIA targets)"
     )
     p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
-    p.add_argument("--gpus", type=_positive_int, default=1, help="devices of the target")
+    p.add_argument("--gpus", type=positive_int, default=1, help="devices of the target")
     add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
     for flag, help_text in (
         ("--layers", "number of layers"),
@@ -98,7 +68,7 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
         ("--vocab", "vocabulary size"),
         ("--max-seq", "learned positions (GPT-2 family)"),
     ):
-        p.add_argument(flag, type=_positive_int, default=None, help=f"override: {help_text}")
+        p.add_argument(flag, type=positive_int, default=None, help=f"override: {help_text}")
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
 
 

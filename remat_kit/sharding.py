@@ -41,6 +41,7 @@ import numpy as np
 from flax.core import meta
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from remat_kit._argtypes import positive_int
 from remat_kit.targets import Target
 
 __all__ = [
@@ -515,7 +516,7 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
         help=f"sharding over --gpus devices: {_EXAMPLES}; figures are per GPU",
     )
     parser.add_argument(
-        "--hosts", type=_positive_int, default=1, help="hosts the --gpus devices are spread over"
+        "--hosts", type=positive_int, default=1, help="hosts the --gpus devices are spread over"
     )
 
 
@@ -529,16 +530,6 @@ def _shard_arg(text: str) -> str:
         if "left open" not in str(err):
             raise argparse.ArgumentTypeError(str(err)) from None
     return text
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an int") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be positive")
-    return value
 
 
 def _suggest(devices: int) -> str:
