@@ -79,9 +79,19 @@ def _finetune(d: dict) -> list[list[str]]:
 
 def _verdict(none: dict, full: dict) -> str:
     claimed_saving = 1 - none["claimed_ckpt_gb"] / none["claimed_none_gb"]
-    if full["saved_vs_none"] >= claimed_saving - 0.05:
-        return "saving holds (at least as large)"
-    return "saving smaller than claimed"
+    saving = (
+        "relative saving holds"
+        if full["saved_vs_none"] >= claimed_saving - 0.05
+        else "relative saving smaller than claimed"
+    )
+    ratio = full["peak_gb"] / none["claimed_ckpt_gb"]
+    if ratio > 1.25:
+        size = f"but the checkpointed peak is {ratio:.1f}x the claimed GB"
+    elif ratio < 0.8:
+        size = "and the checkpointed peak is below the claimed GB"
+    else:
+        size = "and the checkpointed peak is close to the claimed GB"
+    return f"{saving}, {size}"
 
 
 def _recompute(d: dict) -> list[list[str]]:
