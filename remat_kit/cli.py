@@ -656,6 +656,7 @@ def _compare_table(rows: list[dict[str, Any]], target: Any, opts: Any, total: fl
         f"{opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}"
         + (f" lora{opts.lora}" if opts.lora else "")
         + (f" accum{opts.accum}" if opts.accum > 1 else "")
+        + (f" {opts.shard} over {target.devices} GPUs, per GPU" if opts.shard else "")
         + f" on {target.name} ({_fmt(target.memory_bytes, _GIB)} GiB), attention={r0['attention']}"
     )
     caption = f"compiled {len(rows)} programs in {total:.1f} s"
