@@ -145,6 +145,11 @@ def _parser() -> argparse.ArgumentParser:
     adv = sub.add_parser("advise", help="for every GPU: does it fit, with which plan")
     _add_model_args(adv)
     adv.add_argument("--targets", default=None, help="comma-separated targets (default: all GPUs)")
+    adv.add_argument(
+        "--scale-out",
+        action="store_true",
+        help="where one GPU cannot fit, find how many GPUs of that kind fit with fsdp + full",
+    )
     _add_search_args(adv)
     from remat_kit.inspect import add_inspect_parser
 
@@ -549,6 +554,35 @@ def _decision_table(p: Any) -> Any:
     return table
 
 
+def _scale_out(args: argparse.Namespace, rk: Any, opts: Any, rows: Sequence[Any]) -> dict:
+    """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full."""
+    from models.measure import workload
+
+    def workload_for(name: str) -> Any:
+        def build(n: int) -> Any:
+            # 8 GPUs per host, as in the DGX/HGX machines these cards come in.
+            hosts = max(1, n // 8)
+            shard = f"fsdp:{n}" if n > 1 else None
+            return workload(
+                dataclasses.replace(opts, shard=shard), rk.target(name, devices=n, hosts=hosts)
+            )
+
+        return build
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for a in rows:
+            if not a.fits:
+                out[a.target] = rk.gpus_needed(
+                    workload_for(a.target),
+                    opts.batch,
+                    counts=(2, 4, 8, 16, 32, 64),
+                    headroom=args.headroom,
+                )
+    return out
+
+
 def _advise(args: argparse.Namespace, rk: Any) -> int:
     from rich.table import Table
 
@@ -590,11 +624,23 @@ def _advise(args: argparse.Namespace, rk: Any) -> int:
         )
     console = _console()
     console.print(table)
+    scale = _scale_out(args, rk, opts, rows) if args.scale_out else {}
     for a in rows:
         if not a.fits:
             console.print(f"{a.target}: {a.message}")
+            if a.target in scale:
+                console.print(f"  [bold]scale out:[/bold] {scale[a.target].message}")
     if args.json:
-        _write_json(args.json, [a.to_dict() for a in rows])
+        _write_json(
+            args.json,
+            [
+                {
+                    **a.to_dict(),
+                    "scale_out": scale[a.target].to_dict() if a.target in scale else None,
+                }
+                for a in rows
+            ],
+        )
     return 0
 
 

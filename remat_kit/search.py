@@ -54,10 +54,12 @@ __all__ = [
     "FrontPoint",
     "Plan",
     "PlanCandidate",
+    "ScaleOut",
     "Workload",
     "advise",
     "check_budget",
     "front",
+    "gpus_needed",
     "max_batch",
     "max_batch_plan",
     "pareto_front",
@@ -1618,3 +1620,91 @@ def advise(
             )
         )
     return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleOut:
+    """The fewest GPUs of one kind whose per-GPU compiled peak fits, sharded.
+
+    Attributes:
+      target: target name.
+      devices: GPUs needed (None when none of the counts tried fits).
+      batch: the global batch compiled at that count (the requested batch rounded up to a
+        multiple of the data-parallel ways).
+      policy: the per-layer policy compiled.
+      peak_bytes: per-GPU compiled peak at ``devices`` (None when nothing fits).
+      tried: (devices, per-GPU peak) for every count compiled.
+      message: one line for the user.
+    """
+
+    target: str
+    devices: int | None
+    batch: int
+    policy: str
+    peak_bytes: int | None
+    tried: tuple[tuple[int, int], ...]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def gpus_needed(
+    workload_for: Callable[[int], Workload],
+    batch: int,
+    *,
+    policy: Any = "full",
+    counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    headroom: float = DEFAULT_HEADROOM,
+) -> ScaleOut:
+    """The fewest GPUs (from ``counts``, in order) whose sharded step fits each GPU.
+
+    Each count is compiled (per-GPU figures, e.g. FSDP over that many devices, as
+    ``workload_for`` builds it) under ``policy``; the first whose compiled peak fits the
+    device minus ``headroom`` is the answer. Per-GPU weights, gradients and optimizer state
+    shrink with the count under FSDP, so the search stops at the first fit.
+
+    Args:
+      workload_for: builds the Workload for ``n`` devices (its target has ``n`` devices).
+      batch: the global batch wanted; rounded up to the workload's batch multiple.
+      policy: the per-layer policy (default ``full``, the most frugal one).
+      counts: device counts to try, ascending.
+      headroom: fraction of device memory left free.
+
+    Returns:
+      A ScaleOut.
+
+    Example:
+      >>> so = rk.gpus_needed(lambda n: workload(fsdp(n), target(n)), batch=8)  # doctest: +SKIP
+      >>> so.devices
+    """
+    pol = as_policy(policy)
+    tried: list[tuple[int, int]] = []
+    name, b = "?", batch
+    for n in counts:
+        w = workload_for(n)
+        name = w.target.name
+        limit = _limit(w.target, None, headroom)
+        b = -(-batch // w.batch_multiple) * w.batch_multiple
+        peak = w.report(pol, parse_schedule("none"), b).peak_bytes
+        tried.append((n, peak))
+        if peak <= limit:
+            return ScaleOut(
+                name,
+                n,
+                b,
+                pol.spec,
+                peak,
+                tuple(tried),
+                f"{n} x {name}: {peak / _GIB:.1f} GiB per GPU with {pol.spec} at global batch {b}",
+            )
+    return ScaleOut(
+        name,
+        None,
+        b,
+        pol.spec,
+        None,
+        tuple(tried),
+        f"does not fit {counts[-1]} x {name} with {pol.spec}: "
+        f"{tried[-1][1] / _GIB:.1f} GiB per GPU",
+    )

@@ -363,3 +363,34 @@ def test_advise_and_fit_cli_bad_names_are_one_line(capsys):
     assert "unknown target 'h1000'" in err and err.count("\n") == 1
     assert main(["fit", *base, "--target", "h100", "--policies", "ful"]) == 2
     assert "Did you mean full" in capsys.readouterr().err
+
+
+def _sharded_fake(devices):
+    """Per-GPU peak of a fake step whose 80 GiB of fixed state shards over ``devices``."""
+    t = rk.target("h100", devices=devices)
+
+    def measure(policy, schedule, batch):
+        per_gpu = 80 * 2**30 // devices + batch * 2**30 // devices
+        return _fake_report(per_gpu, policy=policy.spec)
+
+    return rk.Workload(
+        measure,
+        _fake_flops,
+        target=t,
+        seq=10,
+        n_layers=LAYERS,
+        batch_multiple=devices,
+        residuals_fn=_fake_residuals,
+        breakdown_fn=lambda b: {},
+        label="fake",
+    )
+
+
+def test_gpus_needed_finds_the_fewest_that_fit():
+    got = rk.gpus_needed(_sharded_fake, 3, counts=(1, 2, 4, 8))
+    # 80 GiB + 4 GiB of batch (3 rounded up to 4 ways) halves at 2 GPUs: 42 GiB fits 76.7 GiB.
+    assert got.devices == 2 and got.batch == 4
+    assert [n for n, _ in got.tried] == [1, 2]
+    assert got.peak_bytes == (80 + 4) * 2**30 // 2
+    none = rk.gpus_needed(_sharded_fake, 3, counts=(1,))
+    assert none.devices is None and "does not fit 1 x h100-80gb" in none.message
