@@ -302,7 +302,10 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
         return step_flops(at(batch), policy, t, schedule)
 
     def residuals_fn(policy: rk.Policy, schedule: rk.Schedule, batch: int) -> rk.ResidualReport:
-        return residuals(at(batch), policy, t, schedule)
+        # The planner sizes what one GPU keeps: under data parallelism that is the residuals
+        # of the per-device share of the batch (tp splits them further; compiles verify).
+        per_device = dataclasses.replace(at(max(opts.accum, batch // ways)), shard=None)
+        return residuals(per_device, policy, t, schedule)
 
     label = (
         f"{opts.model} s{opts.seq} {opts.optimizer}"
