@@ -160,7 +160,7 @@ def measure(
     Returns:
       The MemoryReport with its weights/gradients/optimizer/activations breakdown.
     """
-    t = rk.target(target) if isinstance(target, str) else target
+    t = rk.as_target(target)
     pol = rk.as_policy(policy)
     cfg = model_config(opts, pol, t, schedule)
     step = _train_step(opts, cfg, t)
@@ -240,17 +240,14 @@ def _with_offload_estimate(
 
 def baseline_flops(opts: Options, target: rk.Target | str) -> float:
     """FLOPs of the train step without rematerialization (traced, not compiled)."""
-    t = rk.target(target) if isinstance(target, str) else target
-    cfg = model_config(opts, "none", t)
-    step = rk.build_train_step(build(cfg), opts.train_config())
-    return rk.count_flops(step.fn, *step.args).total
+    return step_flops(opts, "none", target)
 
 
 def residuals(
     opts: Options, policy: Any, target: rk.Target | str, schedule: Any = "none"
 ) -> rk.ResidualReport:
     """What ``policy`` keeps for the backward pass of one micro-batch, by tag."""
-    t = rk.target(target) if isinstance(target, str) else target
+    t = rk.as_target(target)
     cfg = model_config(opts, rk.as_policy(policy), t, schedule)
     step = rk.build_train_step(build(cfg), opts.train_config())
     return rk.saved_residuals(step.loss_fn, *step.loss_args, policy=cfg.policy)
@@ -260,7 +257,7 @@ def step_flops(
     opts: Options, policy: Any, target: rk.Target | str, schedule: Any = "none"
 ) -> float:
     """FLOPs of the train step under ``policy`` and ``schedule`` (traced, not compiled)."""
-    t = rk.target(target) if isinstance(target, str) else target
+    t = rk.as_target(target)
     cfg = model_config(opts, rk.as_policy(policy), t, schedule)
     step = rk.build_train_step(build(cfg), opts.train_config())
     return rk.count_flops(step.fn, *step.args).total
@@ -271,7 +268,7 @@ def step_breakdown(opts: Options, target: rk.Target | str) -> dict[str, int]:
 
     Per device when ``opts.shard`` is set.
     """
-    t = rk.target(target) if isinstance(target, str) else target
+    t = rk.as_target(target)
     cfg = model_config(opts, "full", t)
     return dict(_train_step(opts, cfg, t).breakdown)
 
@@ -287,7 +284,7 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
       >>> w = workload(Options("llama3-8b", batch=4, seq=2048, optimizer="sgd"), "h100")
       >>> rk.max_batch(w, "full").max_batch
     """
-    t = rk.target(target) if isinstance(target, str) else target
+    t = rk.as_target(target)
     cfg = model_config(opts, "none", t)  # validates the options before any search
     # Under a mesh plan the global batch is a multiple of the data-parallel ways.
     ways = rk.parse_shard(opts.shard, t.devices).data_size if opts.shard else 1

@@ -72,6 +72,7 @@ from remat_kit.sharding import MeshPlan, param_shardings, parse_shard
 from remat_kit.targets import (
     Target,
     TargetError,
+    as_target,
     configure_for_deviceless,
     custom_target,
     target,
@@ -125,6 +126,7 @@ __all__ = [
     "advise",
     "apply_layers",
     "as_policy",
+    "as_target",
     "build_train_step",
     "check_budget",
     "configure_for_deviceless",

@@ -14,14 +14,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
-import numpy as np
 
 from remat_kit import flops as _flops
 from remat_kit import names as _names
+from remat_kit._shapes import array_bytes
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
-from remat_kit.targets import Target
-from remat_kit.targets import target as _target
+from remat_kit.targets import Target, as_target
 
 __all__ = [
     "MemoryReport",
@@ -196,9 +195,7 @@ def memory_report(
       >>> r.argument_bytes, r.fits
       (2097152, True)
     """
-    t = _target(target) if isinstance(target, str) else target
-    if not isinstance(t, Target):
-        raise TypeError(f"target must be a name or rk.Target, got {type(target).__name__}")
+    t = as_target(target)
     pol = as_policy(policy) if policy is not None else None
     shardings = in_shardings if in_shardings is not None else t.sharding()
     if in_shardings is not None and isinstance(in_shardings, Sequence):
@@ -360,9 +357,4 @@ def transfer_estimate(
 
 def nbytes(tree: Any) -> int:
     """Total bytes of a pytree of arrays or ShapeDtypeStructs."""
-    return int(
-        sum(
-            int(np.prod(x.shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
-            for x in jax.tree.leaves(tree)
-        )
-    )
+    return int(sum(array_bytes(x.shape, x.dtype) for x in jax.tree.leaves(tree)))

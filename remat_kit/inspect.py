@@ -54,8 +54,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from remat_kit.targets import Target
-from remat_kit.targets import target as _target
+from remat_kit.targets import Target, as_target
 
 __all__ = [
     "CATEGORIES",
@@ -336,9 +335,7 @@ def inspect(
       >>> r.top(3)[0].category  # doctest: +SKIP
       'saved activation'
     """
-    t = _target(target) if isinstance(target, str) else target
-    if not isinstance(t, Target):
-        raise TypeError(f"target must be a name or rk.Target, got {type(target).__name__}")
+    t = as_target(target)
     cats = _check_categories(categories, len(args))
     from remat_kit.analysis import abstract
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import numpy as np
 from jax.extend import core
 
+from remat_kit._shapes import array_bytes
 from remat_kit.flops import scan_operand_split
 from remat_kit.policies import Policy, as_policy, decide
 
@@ -168,7 +168,7 @@ def saved_residuals(
             continue
         seen.add(v)
         aval = v.aval
-        nbytes = int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+        nbytes = array_bytes(aval.shape, aval.dtype)
         name, layers, source = _trace_back(v, producers, invars)
         kind = "offloaded" if _on_host(aval) else "saved"
         residuals.append(
@@ -217,7 +217,7 @@ def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> Non
     for eqn in jaxpr.eqns:
         if eqn.primitive.name == "name":
             aval = eqn.outvars[0].aval
-            nbytes = int(np.prod(aval.shape, dtype=np.int64)) * np.dtype(aval.dtype).itemsize
+            nbytes = array_bytes(aval.shape, aval.dtype)
             name = str(eqn.params["name"])
             prev = out.get(name, (nbytes, 0))
             out[name] = (max(prev[0], nbytes), prev[1] + mult)

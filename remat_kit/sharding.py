@@ -37,11 +37,11 @@ from typing import Any
 
 import flax.linen as nn
 import jax
-import numpy as np
 from flax.core import meta
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit._argtypes import positive_int
+from remat_kit._shapes import array_bytes
 from remat_kit.targets import Target
 
 __all__ = [
@@ -494,7 +494,7 @@ def per_device_bytes(tree: Any, shardings: Any = None) -> int:
         shape = tuple(x.shape)
         if s is not None and hasattr(s, "shard_shape"):
             shape = tuple(s.shard_shape(shape))
-        total += int(np.prod(shape, dtype=np.int64)) * np.dtype(x.dtype).itemsize
+        total += array_bytes(shape, x.dtype)
     return total
 
 

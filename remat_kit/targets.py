@@ -19,6 +19,7 @@ from __future__ import annotations
 __all__ = [
     "Target",
     "TargetError",
+    "as_target",
     "check_deviceless",
     "configure_for_deviceless",
     "cudnn_attention_available",
@@ -346,6 +347,24 @@ def target_names() -> list[str]:
       True
     """
     return sorted([*_GPU_FACTS, *_SPECIAL])
+
+
+def as_target(t: str | Target) -> Target:
+    """A Target from a name or a Target (what every ``target=`` argument accepts).
+
+    Raises:
+      ValueError: an unknown name.
+      TypeError: neither a name nor a Target.
+
+    Example:
+      >>> as_target("h100").name
+      'h100-80gb'
+    """
+    if isinstance(t, str):
+        return target(t)
+    if not isinstance(t, Target):
+        raise TypeError(f"target must be a name or rk.Target, got {type(t).__name__} {t!r}")
+    return t
 
 
 def target(name: str, devices: int = 1, hosts: int = 1) -> Target:
