@@ -54,6 +54,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from remat_kit.errors import InspectError
 from remat_kit.targets import Target, as_target
 
 __all__ = [
@@ -104,10 +105,6 @@ TRAIN_STEP_CATEGORIES: Mapping[int, str] = {
 }
 
 _ARGUMENT_CATEGORIES = (PARAMETER, OPTIMIZER_STATE, INPUT)
-
-
-class InspectError(RuntimeError):
-    """XLA's dump could not be read, or its figures do not agree with themselves."""
 
 
 @dataclasses.dataclass(frozen=True)

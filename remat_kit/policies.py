@@ -18,7 +18,7 @@ from jax._src.ad_checkpoint import name_p as _name_p
 from jax._src.interpreters import partial_eval as _pe
 
 from remat_kit import names as _names
-from remat_kit._errors import unknown
+from remat_kit.errors import unknown
 
 __all__ = [
     "Policy",

@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from remat_kit._errors import unknown
+from remat_kit.errors import unknown
 from remat_kit.policies import Policy, as_policy
 from remat_kit.wrap import remat
 

@@ -26,7 +26,6 @@ Example:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import difflib
@@ -40,7 +39,6 @@ import jax
 from flax.core import meta
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from remat_kit._argtypes import positive_int
 from remat_kit._shapes import array_bytes
 from remat_kit.targets import Target
 
@@ -49,7 +47,6 @@ __all__ = [
     "PARAM_AXES",
     "STRATEGIES",
     "MeshPlan",
-    "add_shard_args",
     "batch_sharding",
     "opt_state_shardings",
     "param_shardings",
@@ -498,38 +495,7 @@ def per_device_bytes(tree: Any, shardings: Any = None) -> int:
     return total
 
 
-def add_shard_args(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--shard`` and ``--hosts`` to a CLI parser (``--gpus`` is the device count).
-
-    Args:
-      parser: an argparse parser (or subparser).
-
-    Example:
-      >>> p = argparse.ArgumentParser(); add_shard_args(p)
-      >>> p.parse_args(["--shard", "fsdp:4,tp:2", "--hosts", "2"]).shard
-      'fsdp:4,tp:2'
-    """
-    parser.add_argument(
-        "--shard",
-        type=_shard_arg,
-        default=None,
-        help=f"sharding over --gpus devices: {_EXAMPLES}; figures are per GPU",
-    )
-    parser.add_argument(
-        "--hosts", type=positive_int, default=1, help="hosts the --gpus devices are spread over"
-    )
-
-
 # --- private helpers ----------------------------------------------------------------------------
-
-
-def _shard_arg(text: str) -> str:
-    try:
-        parse_shard(text)
-    except ValueError as err:
-        if "left open" not in str(err):
-            raise argparse.ArgumentTypeError(str(err)) from None
-    return text
 
 
 def _suggest(devices: int) -> str:

@@ -47,6 +47,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from remat_kit.errors import TargetError
+
 _KINDS = ("gpu", "cpu", "local")
 
 _PLUGIN_MESSAGE = "compiling for {name} needs the CUDA 12 compile plugin: pip install 'jax[cuda12]'"
@@ -55,10 +57,6 @@ _PLATFORMS_MESSAGE = (
     "none): set JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1) in the environment "
     "before importing jax, or call remat_kit.targets.configure_for_deviceless() first ({error})"
 )
-
-
-class TargetError(RuntimeError):
-    """A target cannot be compiled for in this environment; the message says what to change."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,6 +18,7 @@ from jax.sharding import PartitionSpec as P
 import models
 import remat_kit as rk
 from remat_kit import sharding as rks
+from remat_kit.cli._args import add_shard_args
 
 HERE = Path(__file__).resolve().parent
 
@@ -221,7 +222,7 @@ def test_multi_host_mesh():
 def test_add_shard_args():
     p = argparse.ArgumentParser()
     p.add_argument("--gpus", type=int, default=1)
-    rks.add_shard_args(p)
+    add_shard_args(p)
     args = p.parse_args(["--gpus", "16", "--hosts", "2", "--shard", "fsdp:8,tp:2"])
     assert (args.shard, args.hosts) == ("fsdp:8,tp:2", 2)
     assert p.parse_args([]).shard is None

@@ -23,9 +23,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from remat_kit._argtypes import non_negative_int, positive_int
+from remat_kit.cli._args import (
+    Parser,
+    add_model_args,
+    add_search_args,
+    non_negative_int,
+    positive_int,
+)
 from remat_kit.search import FRONT_POLICIES
-from remat_kit.sharding import add_shard_args
 
 __all__ = ["MAIN_POLICIES", "main"]
 
@@ -35,81 +40,18 @@ MAIN_POLICIES = FRONT_POLICIES
 _GIB = 2**30
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one line, ``remat-kit: ...``, exit code 2."""
-
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        sys.stderr.write(f"remat-kit: {message}\n")
-        raise SystemExit(2)
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="preset name (remat-kit models)")
-    p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
-    p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
-    p.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence")
-    p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, sgd_momentum, ...")
-    p.add_argument("--lora", type=non_negative_int, default=0, help="LoRA rank (0: off)")
-    p.add_argument("--accum", type=positive_int, default=1, help="gradient accumulation")
-    p.add_argument("--param-dtype", default=None, help="bf16 or f32 (master weights)")
-    p.add_argument("--dtype", default=None, help="compute dtype (bf16, f32)")
-    p.add_argument(
-        "--attention", default="auto", help="xla | cudnn | auto (cudnn on NVIDIA targets)"
-    )
-    p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
-    p.add_argument("--gpus", type=positive_int, default=1, help="devices of the target")
-    add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
-    for flag, help_text in (
-        ("--layers", "number of layers"),
-        ("--width", "model width d_model"),
-        ("--heads", "attention heads"),
-        ("--kv-heads", "key/value heads"),
-        ("--ff", "MLP width"),
-        ("--vocab", "vocabulary size"),
-        ("--max-seq", "learned positions (GPT-2 family)"),
-    ):
-        p.add_argument(flag, type=positive_int, default=None, help=f"override: {help_text}")
-    p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not 0.0 <= value < 1.0:
-        raise argparse.ArgumentTypeError(f"{value} must be in [0, 1)")
-    return value
-
-
-def _add_search_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--headroom",
-        type=_fraction,
-        default=0.03,
-        help="fraction of device memory kept free (CUDA context, fragmentation)",
-    )
-    p.add_argument("--no-offload", action="store_true", help="plans never offload to host")
-    p.add_argument(
-        "--hide",
-        type=_fraction,
-        default=0.5,
-        help="share of step compute time host transfers may take and count as hidden",
-    )
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="remat-kit", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="remat-kit", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     rep = sub.add_parser("report", help="peak HBM of one policy, with breakdown and residuals")
-    _add_model_args(rep)
+    add_model_args(rep)
     rep.add_argument("--policy", default="full", help="policy name or spec")
     rep.add_argument(
         "--schedule", default="none", help="none | every:K | sqrt | nested:M | layers:0-7=full,..."
     )
     rep.add_argument("--no-residuals", action="store_true", help="skip the residual table")
     cmp_ = sub.add_parser("compare", help="a table of policies for one model and target")
-    _add_model_args(cmp_)
+    add_model_args(cmp_)
     cmp_.add_argument(
         "--policies", default=",".join(MAIN_POLICIES), help="comma-separated names or specs"
     )
@@ -121,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cmp_.add_argument("--csv", type=Path, default=None, help="write the rows as CSV")
     fit = sub.add_parser("fit", help="the largest batch that fits, per policy")
-    _add_model_args(fit)
+    add_model_args(fit)
     fit.add_argument("--policy", default=None, help="one policy (name or spec)")
     fit.add_argument(
         "--policies",
@@ -129,9 +71,9 @@ def _parser() -> argparse.ArgumentParser:
         help="comma-separated policies; 'plan' is the planner at the largest batch",
     )
     fit.add_argument("--schedule", default="none", help="layer schedule for every policy")
-    _add_search_args(fit)
+    add_search_args(fit)
     pln = sub.add_parser("plan", help="the cheapest plan whose compiled peak fits a budget")
-    _add_model_args(pln)
+    add_model_args(pln)
     pln.add_argument(
         "--budget", default=None, help="52GiB, 40GB or 0.8 (of the device); default: device"
     )
@@ -141,19 +83,19 @@ def _parser() -> argparse.ArgumentParser:
         help="catalogue policies compiled beside the plan ('' for none)",
     )
     pln.add_argument("--plot", type=Path, default=None, help="write the Pareto front as PNG")
-    _add_search_args(pln)
+    add_search_args(pln)
     adv = sub.add_parser("advise", help="for every GPU: does it fit, with which plan")
-    _add_model_args(adv)
+    add_model_args(adv)
     adv.add_argument("--targets", default=None, help="comma-separated targets (default: all GPUs)")
     adv.add_argument(
         "--scale-out",
         action="store_true",
         help="where one GPU cannot fit, find how many GPUs of that kind fit with fsdp + full",
     )
-    _add_search_args(adv)
+    add_search_args(adv)
     from remat_kit.inspect import add_inspect_parser
 
-    add_inspect_parser(sub, _add_model_args)
+    add_inspect_parser(sub, add_model_args)
     sub.add_parser("targets", help="list the GPU targets")
     sub.add_parser("policies", help="list the policies")
     sub.add_parser("models", help="list the model presets")

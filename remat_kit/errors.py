@@ -1,0 +1,129 @@
+"""The errors remat_kit raises: one base class, subclasses that carry data.
+
+Callers branch on the type (``except rk.DoesNotFit as e: e.fixed_bytes``), never on the text of a
+message. Every subclass also derives from the builtin it replaces (``ValueError`` for bad input,
+``RuntimeError`` for a failure of XLA or the platform), so ``except ValueError`` keeps working.
+The CLI catches :class:`RematKitError` once and prints one ``remat-kit: ...`` line.
+
+Example:
+  >>> import remat_kit as rk
+  >>> try:
+  ...     rk.policy("minmal")
+  ... except rk.UnknownName as err:
+  ...     print(err.kind, err.close)
+  policy ('minimal',)
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "BadValue",
+    "DoesNotFit",
+    "InspectError",
+    "RematKitError",
+    "TargetError",
+    "UnknownName",
+    "unknown",
+]
+
+
+class RematKitError(Exception):
+    """Base class of every error remat_kit raises on purpose."""
+
+
+class BadValue(RematKitError, ValueError):
+    """An argument that is out of range or malformed; the message names it and what is valid."""
+
+
+class UnknownName(BadValue):
+    """A name not in a catalogue (policy, target, schedule, optimizer, preset, ...).
+
+    Attributes:
+      kind: what was looked up, e.g. ``"policy"``.
+      name: the name given.
+      known: every valid name, sorted.
+      close: the valid names closest to ``name`` (may be empty).
+    """
+
+    def __init__(self, kind: str, name: object, known: Iterable[str], close: Iterable[str]):
+        self.kind = kind
+        self.name = name
+        self.known = tuple(sorted(known))
+        self.close = tuple(close)
+        hint = f" Did you mean {', '.join(self.close)}?" if self.close else ""
+        super().__init__(f"unknown {kind} {name!r}.{hint} Known: {', '.join(self.known)}")
+
+
+def unknown(kind: str, name: object, known: Iterable[str], n: int = 3) -> UnknownName:
+    """The :class:`UnknownName` to raise for ``name``, with up to ``n`` close matches.
+
+    Args:
+      kind: what was looked up, e.g. ``"policy"``.
+      name: the name given.
+      known: every valid name.
+      n: how many close matches to suggest.
+
+    Returns:
+      The error (the caller raises it, so the traceback points at the caller).
+
+    Example:
+      >>> str(unknown("colour", "gren", ["green", "red"]))
+      "unknown colour 'gren'. Did you mean green? Known: green, red"
+    """
+    choices = sorted(known)
+    close = difflib.get_close_matches(str(name), choices, n=n)
+    return UnknownName(kind, name, choices, close)
+
+
+class TargetError(RematKitError, RuntimeError):
+    """A target that cannot be compiled for here (platform, plugin or topology missing)."""
+
+
+class InspectError(RematKitError, RuntimeError):
+    """XLA's dump of a compiled program could not be produced or read."""
+
+
+class DoesNotFit(BadValue):
+    """The step cannot fit the memory limit whatever the policy.
+
+    What no rematerialization removes (weights, gradients, optimizer state, the batch, a
+    gradient accumulator) is already over the limit.
+
+    Attributes:
+      target: the target's name.
+      limit_bytes: the memory limit that was asked for.
+      parts: the fixed parts in bytes, e.g. ``{"weights": ..., "gradients": ...}``.
+      fixed_bytes: their sum.
+      hints: what would fit instead, one short phrase each.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        target: str,
+        limit_bytes: int,
+        parts: Mapping[str, int],
+        hints: Iterable[str] = (),
+    ):
+        super().__init__(message)
+        self.target = target
+        self.limit_bytes = int(limit_bytes)
+        self.parts = dict(parts)
+        self.fixed_bytes = int(sum(self.parts.values()))
+        self.hints = tuple(hints)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields of the error (message included)."""
+        return {
+            "message": str(self),
+            "target": self.target,
+            "limit_bytes": self.limit_bytes,
+            "parts": self.parts,
+            "fixed_bytes": self.fixed_bytes,
+            "hints": list(self.hints),
+        }

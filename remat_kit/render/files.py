@@ -1,0 +1,202 @@
+"""One way to write an output file: checked before any work, atomic, regular files only.
+
+A report takes minutes to compile, so an output path is checked *before* (``check_output``) and
+written *after* (``write_json``, ``write_csv``, ``write_text``, ``save_figure``) through a
+temporary file in the same directory that replaces the destination in one ``os.replace``. A reader
+never sees half a file, a failed write leaves nothing behind, and a path that is not a regular
+file (a directory, a device such as /dev/full, a symlink, a FIFO) is refused, never replaced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from remat_kit.errors import BadValue
+
+__all__ = [
+    "check_output",
+    "save_figure",
+    "write_csv",
+    "write_json",
+    "write_text",
+]
+
+
+def check_output(
+    path: str | os.PathLike[str], *, flag: str = "output", make_parents: bool = False
+) -> Path:
+    """Checks that ``path`` can be written as a new or replaced regular file.
+
+    Args:
+      path: where the file will go.
+      flag: how the user named it (e.g. ``"--json"``), for the message.
+      make_parents: create a missing parent directory (experiments' ``results/``); the CLI
+        never does, so a typo in a directory name is an error, not a new directory.
+
+    Returns:
+      The path as a ``Path``.
+
+    Raises:
+      BadValue: the path is a directory, a symlink, a device or another non-regular file; its
+        parent does not exist, is not a directory or is not writable.
+
+    Example:
+      >>> check_output("/tmp/report.json", flag="--json")
+      PosixPath('/tmp/report.json')
+    """
+    p = Path(path)
+    if str(path) == "" or p.name in ("", ".", ".."):
+        raise BadValue(f"{flag} {str(path)!r} is not a file name")
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise BadValue(f"{flag} {str(p)!r}: {err.strerror}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = _kind(st.st_mode)
+        raise BadValue(f"{flag} {str(p)!r} is {what}, not a regular file: give a file path")
+    parent = p.parent
+    if not parent.exists():
+        if not make_parents:
+            raise BadValue(f"{flag} {str(p)!r}: directory {str(parent)!r} does not exist")
+        parent.mkdir(parents=True, exist_ok=True)
+    if not parent.is_dir():
+        raise BadValue(f"{flag} {str(p)!r}: {str(parent)!r} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise BadValue(f"{flag} {str(p)!r}: directory {str(parent)!r} is not writable")
+    return p
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def _atomic(
+    path: str | os.PathLike[str],
+    write: Callable[[io.BufferedWriter], None],
+    *,
+    flag: str,
+    make_parents: bool,
+) -> Path:
+    p = check_output(path, flag=flag, make_parents=make_parents)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        # Re-checked just before the replace: the path may have changed during a long compile.
+        check_output(p, flag=flag)
+        os.replace(tmp, p)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(err, OSError):
+            raise BadValue(f"{flag} {str(p)!r}: {err.strerror or err}") from None
+        raise
+    return p
+
+
+def write_text(
+    path: str | os.PathLike[str], text: str, *, flag: str = "output", make_parents: bool = False
+) -> Path:
+    """Writes ``text`` (UTF-8) atomically to a regular file; see :func:`check_output`.
+
+    Example:
+      >>> write_text("/tmp/hello.txt", "hello")
+      PosixPath('/tmp/hello.txt')
+    """
+    data = text.encode()
+    return _atomic(path, lambda f: f.write(data), flag=flag, make_parents=make_parents)
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # numpy scalars and arrays
+        return value.tolist()
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return str(value)
+
+
+def write_json(
+    path: str | os.PathLike[str], data: Any, *, flag: str = "--json", make_parents: bool = False
+) -> Path:
+    """Writes ``data`` as indented JSON atomically (numpy values become lists/numbers).
+
+    Example:
+      >>> write_json("/tmp/r.json", {"peak_bytes": 1})
+      PosixPath('/tmp/r.json')
+    """
+    text = json.dumps(data, indent=2, default=_json_default)
+    return write_text(path, text + "\n", flag=flag, make_parents=make_parents)
+
+
+def write_csv(
+    path: str | os.PathLike[str],
+    rows: Iterable[Mapping[str, Any]],
+    *,
+    flag: str = "--csv",
+    make_parents: bool = False,
+) -> Path:
+    """Writes ``rows`` as CSV atomically; the header is the union of keys in first-seen order.
+
+    Example:
+      >>> write_csv("/tmp/r.csv", [{"policy": "full", "peak": 1}])
+      PosixPath('/tmp/r.csv')
+    """
+    rows = list(rows)
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=keys)
+    writer.writeheader()
+    writer.writerows(rows)
+    return write_text(path, buf.getvalue(), flag=flag, make_parents=make_parents)
+
+
+def save_figure(
+    fig: Any,
+    path: str | os.PathLike[str],
+    *,
+    flag: str = "--plot",
+    make_parents: bool = False,
+    dpi: int = 130,
+) -> Path:
+    """Saves a matplotlib figure as PNG atomically and closes it.
+
+    Example:
+      >>> import matplotlib.pyplot as plt                                   # doctest: +SKIP
+      >>> save_figure(plt.figure(), "/tmp/f.png")                           # doctest: +SKIP
+    """
+    import matplotlib.pyplot as plt
+
+    try:
+        return _atomic(
+            path,
+            lambda f: fig.savefig(f, format="png", dpi=dpi, bbox_inches="tight"),
+            flag=flag,
+            make_parents=make_parents,
+        )
+    finally:
+        plt.close(fig)

@@ -1,0 +1,66 @@
+"""Number formatting and the console: the only place figures become text."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+__all__ = [
+    "GIB",
+    "console",
+    "fmt",
+    "gib",
+    "label",
+    "pct",
+    "short",
+]
+
+GIB = 2**30
+
+
+def fmt(value: float | None, unit: float, digits: int = 2) -> str:
+    """``value / unit`` with ``digits`` decimals; ``-`` for None.
+
+    Example:
+      >>> fmt(3 * 2**30, GIB)
+      '3.00'
+    """
+    if value is None:
+        return "-"
+    return f"{value / unit:.{digits}f}"
+
+
+def gib(n: float | None, digits: int = 2) -> str:
+    """Bytes as GiB, e.g. ``gib(2**31) == '2.00'``."""
+    return fmt(n, GIB, digits)
+
+
+def pct(value: float | None) -> str:
+    """A signed percentage of a fraction, e.g. ``pct(0.25) == '+25.0%'``; ``-`` for None."""
+    return "-" if value is None else f"{100 * value:+.1f}%"
+
+
+def short(text: str, width: int = 70) -> str:
+    """``text`` cut to ``width`` characters with an ellipsis."""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def label(policy: str, schedule: str | None) -> str:
+    """How a (policy, schedule) pair is shown: ``minimal`` or ``minimal @ every:2``.
+
+    Example:
+      >>> label("full", None), label("full", "sqrt")
+      ('full', 'full @ sqrt')
+    """
+    return policy if schedule in (None, "", "none") else f"{policy} @ {schedule}"
+
+
+def console() -> Any:
+    """A rich Console as wide as the terminal (150–200 columns)."""
+    from rich.console import Console
+
+    try:
+        width = os.get_terminal_size().columns
+    except OSError:
+        width = 120
+    return Console(width=max(150, min(200, width)))
