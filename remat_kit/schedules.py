@@ -32,7 +32,15 @@ from remat_kit.errors import unknown
 from remat_kit.policies import Policy, as_policy
 from remat_kit.wrap import remat
 
-__all__ = ["Run", "Schedule", "apply_layers", "parse_schedule", "schedule", "schedule_names"]
+__all__ = [
+    "Run",
+    "Schedule",
+    "apply_layers",
+    "label",
+    "parse_schedule",
+    "schedule",
+    "schedule_names",
+]
 
 _NAMES = ("every", "layers", "nested", "none", "sqrt")
 
@@ -395,3 +403,13 @@ def _loop(
     for i in range(n):
         x = fn(params[i], x, None if keys is None else keys[i])
     return x
+
+
+def label(policy: str, schedule: str | None) -> str:
+    """How a (policy, schedule) pair is shown: ``minimal`` or ``minimal @ every:2``.
+
+    Example:
+      >>> label("full", None), label("full", "sqrt")
+      ('full', 'full @ sqrt')
+    """
+    return policy if schedule in (None, "", "none") else f"{policy} @ {schedule}"

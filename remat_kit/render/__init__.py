@@ -5,7 +5,7 @@ scripts hand it here to be shown or written. Nothing else formats a number or wr
 """
 
 from remat_kit.render.files import check_output, save_figure, write_csv, write_json, write_text
-from remat_kit.render.format import GIB, console, fmt, gib, label, pct, short
+from remat_kit.render.format import GIB, console, fmt, gib, pct, short
 
 __all__ = [
     "GIB",
@@ -13,7 +13,6 @@ __all__ = [
     "console",
     "fmt",
     "gib",
-    "label",
     "pct",
     "save_figure",
     "short",

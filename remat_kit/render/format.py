@@ -10,7 +10,6 @@ __all__ = [
     "console",
     "fmt",
     "gib",
-    "label",
     "pct",
     "short",
 ]
@@ -43,16 +42,6 @@ def pct(value: float | None) -> str:
 def short(text: str, width: int = 70) -> str:
     """``text`` cut to ``width`` characters with an ellipsis."""
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def label(policy: str, schedule: str | None) -> str:
-    """How a (policy, schedule) pair is shown: ``minimal`` or ``minimal @ every:2``.
-
-    Example:
-      >>> label("full", None), label("full", "sqrt")
-      ('full', 'full @ sqrt')
-    """
-    return policy if schedule in (None, "", "none") else f"{policy} @ {schedule}"
 
 
 def console() -> Any:
