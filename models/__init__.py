@@ -7,13 +7,12 @@ experiments look presets up by name.
 Example:
   >>> import models
   >>> cfg = models.get_config("llama3-8b", layers=64, policy="minimal")
-  >>> (cfg.n_layers, cfg.d_model, cfg.policy)
+  >>> (cfg.n_layers, cfg.d_model, cfg.policy.name)
   (64, 4096, 'minimal')
 """
 
 from __future__ import annotations
 
-import difflib
 import types
 from typing import Any
 
@@ -24,6 +23,7 @@ from models.attention import SelfAttention
 from models.config import ATTENTION_KINDS, FAMILIES, ModelConfig, as_dtype
 from models.gpt2 import GPT2, GPT2Block
 from models.llama import Llama, LlamaBlock
+from remat_kit.errors import unknown
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -184,11 +184,7 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     try:
         base = dict(_PRESETS[name])
     except KeyError:
-        close = difflib.get_close_matches(name, _PRESETS, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(
-            f"unknown model {name!r}.{hint} Known: {', '.join(preset_names())}"
-        ) from None
+        raise unknown("model", name, preset_names()) from None
     fields = set(ModelConfig.__dataclass_fields__)
     changes: dict[str, Any] = {}
     for key, value in overrides.items():
@@ -197,9 +193,7 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
         field = OVERRIDES.get(key, key)
         if field not in fields:
             valid = sorted(set(OVERRIDES) | fields - {"name", "family"})
-            close = difflib.get_close_matches(key, valid, n=2)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"unknown model override {key!r}.{hint} Valid: {', '.join(valid)}")
+            raise unknown("model override", key, valid, n=2, heading="Valid")
         changes[field] = value
     if "d_model" in changes and "head_dim" not in changes:
         base.pop("head_dim", None)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
+
+import remat_kit as rk
 
 __all__ = ["ATTENTION_KINDS", "FAMILIES", "ModelConfig"]
 
@@ -39,6 +40,8 @@ class ModelConfig:
 
     ``policy`` is the one-line switch for the whole model (the Hugging Face
     ``gradient_checkpointing_enable()`` of this project): every block is wrapped with it.
+    It is given as a name, spec, ``rk.Policy`` or jax policy callable and held as an
+    ``rk.Policy`` (``schedule`` likewise as an ``rk.Schedule``): normalised once, here.
     """
 
     name: str
@@ -59,8 +62,8 @@ class ModelConfig:
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.bfloat16
     scan_layers: bool = True
-    policy: str | Callable[..., Any] | None = "none"
-    schedule: Any = "none"
+    policy: rk.Policy = "none"  # type: ignore[assignment]  # normalised in __post_init__
+    schedule: rk.Schedule = "none"  # type: ignore[assignment]
     attention: str = "xla"
     lora_rank: int = 0
     lora_alpha: float = 16.0
@@ -102,6 +105,8 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate={self.dropout_rate!r} must be in [0, 1)")
+        object.__setattr__(self, "policy", rk.as_policy(self.policy))
+        object.__setattr__(self, "schedule", rk.parse_schedule(self.schedule))
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
         if self.attention == "cudnn":

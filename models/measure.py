@@ -122,7 +122,7 @@ def model_config(
     cfg = get_config(
         opts.model,
         policy=policy,
-        schedule=rk.parse_schedule(schedule),
+        schedule=schedule,
         scan_layers=opts.scan_layers,
         attention="xla",
         lora_rank=opts.lora,
@@ -161,8 +161,8 @@ def measure(
       The MemoryReport with its weights/gradients/optimizer/activations breakdown.
     """
     t = rk.as_target(target)
-    pol = rk.as_policy(policy)
-    cfg = model_config(opts, pol, t, schedule)
+    cfg = model_config(opts, policy, t, schedule)
+    pol = cfg.policy
     step = _train_step(opts, cfg, t)
     meta = {
         "model": opts.model,
@@ -248,7 +248,7 @@ def residuals(
 ) -> rk.ResidualReport:
     """What ``policy`` keeps for the backward pass of one micro-batch, by tag."""
     t = rk.as_target(target)
-    cfg = model_config(opts, rk.as_policy(policy), t, schedule)
+    cfg = model_config(opts, policy, t, schedule)
     step = rk.build_train_step(build(cfg), opts.train_config())
     return rk.saved_residuals(step.loss_fn, *step.loss_args, policy=cfg.policy)
 
@@ -258,7 +258,7 @@ def step_flops(
 ) -> float:
     """FLOPs of the train step under ``policy`` and ``schedule`` (traced, not compiled)."""
     t = rk.as_target(target)
-    cfg = model_config(opts, rk.as_policy(policy), t, schedule)
+    cfg = model_config(opts, policy, t, schedule)
     step = rk.build_train_step(build(cfg), opts.train_config())
     return rk.count_flops(step.fn, *step.args).total
 

@@ -49,16 +49,32 @@ class UnknownName(BadValue):
       close: the valid names closest to ``name`` (may be empty).
     """
 
-    def __init__(self, kind: str, name: object, known: Iterable[str], close: Iterable[str]):
+    def __init__(
+        self,
+        kind: str,
+        name: object,
+        known: Iterable[str],
+        close: Iterable[str],
+        *,
+        heading: str = "Known",
+    ):
         self.kind = kind
         self.name = name
         self.known = tuple(sorted(known))
         self.close = tuple(close)
         hint = f" Did you mean {', '.join(self.close)}?" if self.close else ""
-        super().__init__(f"unknown {kind} {name!r}.{hint} Known: {', '.join(self.known)}")
+        super().__init__(f"unknown {kind} {name!r}.{hint} {heading}: {', '.join(self.known)}")
 
 
-def unknown(kind: str, name: object, known: Iterable[str], n: int = 3) -> UnknownName:
+def unknown(
+    kind: str,
+    name: object,
+    known: Iterable[str],
+    n: int = 3,
+    *,
+    close: Iterable[str] | None = None,
+    heading: str = "Known",
+) -> UnknownName:
     """The :class:`UnknownName` to raise for ``name``, with up to ``n`` close matches.
 
     Args:
@@ -66,6 +82,9 @@ def unknown(kind: str, name: object, known: Iterable[str], n: int = 3) -> Unknow
       name: the name given.
       known: every valid name.
       n: how many close matches to suggest.
+      close: the suggestions, when the caller knows better (aliases); default: the ``n``
+        names of ``known`` closest to ``name``.
+      heading: the word before the list of valid names ("Known", "Valid").
 
     Returns:
       The error (the caller raises it, so the traceback points at the caller).
@@ -75,8 +94,9 @@ def unknown(kind: str, name: object, known: Iterable[str], n: int = 3) -> Unknow
       "unknown colour 'gren'. Did you mean green? Known: green, red"
     """
     choices = sorted(known)
-    close = difflib.get_close_matches(str(name), choices, n=n)
-    return UnknownName(kind, name, choices, close)
+    if close is None:
+        close = difflib.get_close_matches(str(name), choices, n=n)
+    return UnknownName(kind, name, choices, close, heading=heading)
 
 
 class TargetError(RematKitError, RuntimeError):

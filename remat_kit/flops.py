@@ -40,13 +40,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend import core
+
+from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 
 __all__ = [
     "FlopCount",
@@ -410,28 +412,15 @@ def _count_while(eqn: core.JaxprEqn, known: _Known) -> _Tally:
 def _count_generic(eqn: core.JaxprEqn, known: _Known) -> _Tally:
     tally = _Tally()
     times = _replication(eqn)
-    for sub in _sub_jaxprs(eqn):
-        inner = sub.jaxpr if isinstance(sub, core.ClosedJaxpr) else sub
+    # Only the params that run (custom_vjp's forward, not its bwd rule): nothing counted twice.
+    for sub in sub_jaxprs(eqn, _ONLY_PARAMS.get(eqn.primitive.name)):
+        inner = open_jaxpr(sub)
         # Call-like primitives pass their operands straight through; only then do positions line up.
         positions = (
             _known_positions(eqn.invars, known) if len(inner.invars) == len(eqn.invars) else {}
         )
         tally.add(_count(sub, positions), times=times)
     return tally
-
-
-def _sub_jaxprs(eqn: core.JaxprEqn) -> Iterator[core.ClosedJaxpr | core.Jaxpr]:
-    """Yields each distinct jaxpr in the eqn's params (callables such as custom_jvp's jvp rule and
-    custom_vjp's bwd are not jaxprs and are skipped, so they are never double counted)."""
-    keys = _ONLY_PARAMS.get(eqn.primitive.name)
-    params = eqn.params if keys is None else {k: eqn.params[k] for k in keys if k in eqn.params}
-    seen: set[int] = set()
-    for value in params.values():
-        candidates = value if isinstance(value, (tuple, list)) else (value,)
-        for candidate in candidates:
-            if isinstance(candidate, (core.ClosedJaxpr, core.Jaxpr)) and id(candidate) not in seen:
-                seen.add(id(candidate))
-                yield candidate
 
 
 def _replication(eqn: core.JaxprEqn) -> int:

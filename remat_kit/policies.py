@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-from jax._src.ad_checkpoint import name_p as _name_p
-from jax._src.interpreters import partial_eval as _pe
+from jax.ad_checkpoint import Offloadable, Saveable, checkpoint_name
 
 from remat_kit import names as _names
 from remat_kit.errors import unknown
@@ -119,13 +119,20 @@ def decide(p: Policy | Callable[..., Any], name: str) -> PolicyKind:
       >>> rk.decide(rk.policy("minimal"), "query_proj"), rk.decide(rk.policy("minimal"), "context")
       ('save', 'recompute')
     """
-    return _kind(p(_name_p, name=name))
+    return _kind(p(_name_primitive(), name=name))
+
+
+@functools.cache
+def _name_primitive() -> Any:
+    # The primitive that checkpoint_name binds, found through the public API (tracing one call)
+    # rather than imported from jax._src, whose layout changes between releases.
+    return jax.make_jaxpr(lambda x: checkpoint_name(x, "t"))(0.0).eqns[0].primitive
 
 
 def _kind(out: Any) -> PolicyKind:
-    if out is True or out is _pe.Saveable:
+    if out is True or out is Saveable:
         return "save"
-    if isinstance(out, _pe.Offloadable):
+    if isinstance(out, Offloadable):
         return "offload"
     return "recompute"
 
@@ -191,7 +198,7 @@ def _except_policy(names: Iterable[str]) -> Policy:
     # which keeps the excluded tensors alive through their consumers; save tagged
     # tensors only, so the excluded ones really are recomputed.
     def save_tagged_except(prim: Any, *_: Any, **params: Any) -> bool:
-        return prim is _name_p and params["name"] not in excluded
+        return prim is _name_primitive() and params["name"] not in excluded
 
     return Policy(
         "except",

@@ -16,6 +16,7 @@ from typing import Any
 import jax
 from jax.extend import core
 
+from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit._shapes import array_bytes
 from remat_kit.flops import scan_operand_split
 from remat_kit.policies import Policy, as_policy, decide
@@ -225,19 +226,8 @@ def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> Non
         inner_mult = (
             mult * int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else mult
         )
-        for sub in _sub_jaxprs(eqn):
-            _collect_tags(sub, inner_mult, out)
-
-
-def _sub_jaxprs(eqn: Any) -> list[Any]:
-    subs = []
-    for value in eqn.params.values():
-        items = value if isinstance(value, tuple | list) else (value,)
-        for item in items:
-            inner = getattr(item, "jaxpr", item)
-            if hasattr(inner, "eqns"):
-                subs.append(inner)
-    return subs
+        for sub in sub_jaxprs(eqn):
+            _collect_tags(open_jaxpr(sub), inner_mult, out)
 
 
 def _on_host(aval: Any) -> bool:
@@ -285,7 +275,7 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
         if prim in _PASS_THROUGH:
             v = eqn.invars[0]
             continue
-        subs = _sub_jaxprs(eqn)
+        subs = [open_jaxpr(j) for j in sub_jaxprs(eqn)]
         if (prim == "scan" or prim in _CALLS) and len(subs) == 1:
             inner = subs[0]
             out = inner.outvars[eqn.outvars.index(v)]

@@ -47,7 +47,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from remat_kit.errors import TargetError
+from remat_kit.errors import TargetError, unknown
 
 _KINDS = ("gpu", "cpu", "local")
 
@@ -403,8 +403,7 @@ def target(name: str, devices: int = 1, hosts: int = 1) -> Target:
         return _local_target(devices, hosts)
     matches = difflib.get_close_matches(key, [*target_names(), *_ALIASES], n=6, cutoff=0.5)
     close = list(dict.fromkeys(_ALIASES.get(m, m) for m in matches))[:3]
-    hint = f" Did you mean {', '.join(close)}?" if close else ""
-    raise ValueError(f"unknown target {name!r}.{hint} Known: {', '.join(target_names())}")
+    raise unknown("target", name, target_names(), close=close)
 
 
 def custom_target(name: str, facts: Mapping[str, Any], devices: int = 1, hosts: int = 1) -> Target:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit import sharding as _sharding
 from remat_kit.analysis import MemoryReport, nbytes
+from remat_kit.errors import unknown
 from remat_kit.targets import target as _target
 
 __all__ = [
@@ -69,11 +69,7 @@ def make_optimizer(name: str, learning_rate: float = 1e-4) -> optax.GradientTran
     try:
         return OPTIMIZERS[name](learning_rate)
     except KeyError:
-        close = difflib.get_close_matches(name, OPTIMIZERS, n=2)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(
-            f"unknown optimizer {name!r}.{hint} Known: {', '.join(sorted(OPTIMIZERS))}"
-        ) from None
+        raise unknown("optimizer", name, OPTIMIZERS, n=2) from None
 
 
 @dataclasses.dataclass(frozen=True)
