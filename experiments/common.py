@@ -1,9 +1,8 @@
-"""Helpers shared by the experiment scripts: argument parsing, atomic JSON, tables."""
+"""Helpers shared by the experiment scripts: argument parsing and the rendering layer's writers."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
@@ -28,33 +27,24 @@ def parse(doc: str, argv: Sequence[str] | None, **defaults: Any) -> argparse.Nam
 
 
 def write_json(path: Path, data: Any) -> None:
-    """Writes atomically: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
+    """Writes ``data`` atomically (remat_kit's one writer), creating results/ if needed."""
+    from remat_kit.render import write_json as _write
+
+    _write(path, data, flag="output", make_parents=True)
+
+
+def save_png(fig: Any, path: Path) -> None:
+    """Saves a matplotlib figure atomically and closes it."""
+    from remat_kit.render import save_figure
+
+    save_figure(fig, path, flag="output", make_parents=True, dpi=120)
 
 
 def table(rows: list[dict[str, Any]], columns: Sequence[str], title: str = "") -> str:
     """The rows as a plain-text table."""
-    from rich.console import Console
-    from rich.table import Table
+    from remat_kit.render import text_table
 
-    t = Table(title=title)
-    for c in columns:
-        t.add_column(c, justify="right")
-    for r in rows:
-        t.add_row(*[_cell(r.get(c)) for c in columns])
-    console = Console(width=140)
-    with console.capture() as captured:
-        console.print(t)
-    return captured.get()
-
-
-def _cell(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return "-" if v is None else str(v)
+    return text_table(rows, columns, title)
 
 
 def progress(items: Sequence[Any], label: str):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common import GIB, fit_exponent, parse, progress, table, write_json
+from common import GIB, fit_exponent, parse, progress, save_png, table, write_json
 
 LAYERS = (4, 8, 16, 32, 64, 100, 128)
 CASES = (  # (label, per-layer policy, schedule)
@@ -109,7 +109,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_title("Activation memory vs depth per checkpoint schedule")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "depth_scaling.png", dpi=120)
+    save_png(fig, args.out / "depth_scaling.png")
     print(
         table(
             rows, ["layers", "case", "activation_gib", "units", "recompute_overhead", "xla_remat"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common import parse, progress, table, write_json
+from common import parse, progress, save_png, table, write_json
 
 GB = 1e9
 CASES = (  # (label, preset, lora rank, batch, claimed none GB, claimed ckpt GB, claimed slower)
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_ylabel("peak GB")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "finetune_memory.png", dpi=120)
+    save_png(fig, args.out / "finetune_memory.png")
     print(
         table(
             rows,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common import parse, progress, table, write_json
+from common import parse, progress, save_png, table, write_json
 
 MODELS = ("gpt2-small", "gpt2-medium", "bert-base")
 POLICIES = ("none", "full", "minimal", "block")
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_title(f"Largest batch that fits {target.name}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "max_batch_claims.png", dpi=120)
+    save_png(fig, args.out / "max_batch_claims.png")
     print(
         table(rows, ["model", "policy", "max_batch", "peak_gib", "recompute_overhead", "x_vs_none"])
     )

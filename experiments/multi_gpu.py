@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from common import GIB, parse, progress, table, write_json
+from common import GIB, parse, progress, save_png, table, write_json
 
 POLICIES = ("none", "full", "minimal")
 #: (devices, hosts) of the llama3-70b fsdp clusters.
@@ -163,7 +163,7 @@ def plot(rows70: list[dict], rows8: list[dict], path) -> None:
     b.set_title("llama3-8b, 8 x a100-40gb, global batch 8, s2048")
     b.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_png(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common import GIB, parse, table, write_json
+from common import GIB, parse, save_png, table, write_json
 
 SETS = (  # (tensors, keep policy, offload policy)
     ("projections (minimal)", "minimal", "minimal_offloaded"),
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_title("llama3-8b b2 s2048: offload vs recompute")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "offload_vs_recompute.png", dpi=120)
+    save_png(fig, args.out / "offload_vs_recompute.png")
     print(
         table(
             rows,

@@ -14,7 +14,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from common import GIB, parse, progress, table, write_json
+from common import GIB, parse, progress, save_png, table, write_json
 
 PRESETS = (  # (preset, batch, seq)
     ("gpt2-small", 8, 1024),
@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_title(f"Full recomputation: cost vs saving ({target.name})")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "recompute_cost.png", dpi=120)
+    save_png(fig, args.out / "recompute_cost.png")
     print(
         table(
             rows,

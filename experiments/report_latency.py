@@ -10,7 +10,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from common import GIB, parse, table, write_json
+from common import GIB, parse, save_png, table, write_json
 
 POLICIES = ("none", "full", "minimal", "dots_no_batch", "megatron", "offload_dots_no_batch")
 
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "report_latency.png", dpi=120)
+    save_png(fig, args.out / "report_latency.png")
     print(table(rows, ["layers", "policy", "report_seconds", "compile_seconds", "peak_gib"]))
     print(f"ratio 64/16 layers: {summary['ratio_64_over_16']:.2f}")
 

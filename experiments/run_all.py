@@ -16,6 +16,8 @@ from pathlib import Path
 
 from common import RESULTS, ROOT, progress
 
+from remat_kit.render import write_text
+
 #: Script name -> the claim rows it feeds. Order is the README's.
 SCRIPTS = (
     "finetune_memory",
@@ -214,7 +216,7 @@ def update_readme(readme: Path = ROOT / "README.md") -> None:
         raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
     head, rest = text.split(BEGIN, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{BEGIN}\n{table_markdown()}\n{END}{tail}")
+    write_text(readme, f"{head}{BEGIN}\n{table_markdown()}\n{END}{tail}", flag="README")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

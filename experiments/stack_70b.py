@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common import GIB, parse, table, write_json
+from common import GIB, parse, save_png, table, write_json
 
 CASES = (  # (label, lora, accum, batch)
     ("bf16 full fine-tune, b1", 0, 1, 1),
@@ -102,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "stack_70b.png", dpi=120)
+    save_png(fig, args.out / "stack_70b.png")
     print(table(rows, ["case", "policy", "peak_gib", "fits", "recompute_overhead"]))
     print(verdict)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from common import GIB, parse, table, write_json
+from common import GIB, parse, save_png, table, write_json
 
 # "Checkpoint every k-th layer" is read two ways: segments of k layers of which only the
 # input is kept (Chen et al.; rk.schedule("every")), or checkpointing one layer in k and
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax.set_title(f"bert-base b32 s512 AdamW on {target.name}")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(args.out / "strategy_table.png", dpi=120)
+    save_png(fig, args.out / "strategy_table.png")
     print(
         table(
             rows,

@@ -5,7 +5,7 @@ scripts hand it here to be shown or written. Nothing else formats a number or wr
 """
 
 from remat_kit.render.files import check_output, save_figure, write_csv, write_json, write_text
-from remat_kit.render.format import GIB, console, fmt, gib, pct, short
+from remat_kit.render.format import GIB, console, fmt, gib, pct, short, text_table
 
 __all__ = [
     "GIB",
@@ -16,6 +16,7 @@ __all__ = [
     "pct",
     "save_figure",
     "short",
+    "text_table",
     "write_csv",
     "write_json",
     "write_text",

@@ -12,6 +12,7 @@ __all__ = [
     "gib",
     "pct",
     "short",
+    "text_table",
 ]
 
 GIB = 2**30
@@ -53,3 +54,31 @@ def console() -> Any:
     except OSError:
         width = 120
     return Console(width=max(150, min(200, width)))
+
+
+def text_table(
+    rows: list[dict[str, Any]], columns: list[str] | tuple[str, ...], title: str = ""
+) -> str:
+    """``rows`` as a plain-text table of ``columns`` (floats to 3 significant digits).
+
+    Example:
+      >>> print(text_table([{"policy": "full"}], ["policy"]))  # doctest: +SKIP
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title)
+    for c in columns:
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row(*[_cell(r.get(c)) for c in columns])
+    out = Console(width=140)
+    with out.capture() as captured:
+        out.print(t)
+    return captured.get()
+
+
+def _cell(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return "-" if v is None else str(v)
