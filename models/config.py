@@ -87,6 +87,11 @@ class ModelConfig:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{field}={value!r} must be a positive int")
+        if self.vocab_size < 2:
+            raise ValueError(
+                f"vocab_size={self.vocab_size} leaves nothing to predict (the loss is 0 and "
+                "every gradient vanishes): use a vocabulary of at least 2 tokens"
+            )
         if self.head_dim is None and self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "

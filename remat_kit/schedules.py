@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from remat_kit.errors import unknown
+from remat_kit.errors import BadValue, unknown
 from remat_kit.policies import Policy, as_policy
 from remat_kit.wrap import remat
 
@@ -112,6 +112,11 @@ class Schedule:
         if self.name == "none":
             return [Run(0, (n_layers,), base)]
         if self.name in ("every", "sqrt"):
+            if self.name == "every" and (self.n or 1) > n_layers:
+                raise BadValue(
+                    f"schedule {self.spec!r} makes segments of {self.n} layers but the model has "
+                    f"{n_layers}: use every:K with K from 1 to {n_layers}"
+                )
             k = self.n if self.name == "every" else max(1, round(math.sqrt(n_layers)))
             k = min(k, n_layers)
             runs = [Run(0, (n_layers // k, k), inner)]

@@ -32,6 +32,7 @@ __all__ = [
 import dataclasses
 import difflib
 import functools
+import glob
 import importlib
 import importlib.util
 import math
@@ -578,6 +579,14 @@ def configure_for_deviceless() -> None:
 # --- private helpers ----------------------------------------------------------------------------
 
 
+def _configure_if_no_gpu() -> None:
+    # On a machine with no NVIDIA device the CUDA plugin's driver probe can only fail (a cuInit
+    # traceback, then no topology); choose jax's CPU platform for the user, as the CLI does. With
+    # a GPU present the plugin starts normally and compiles deviceless as well, so leave it be.
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        configure_for_deviceless()
+
+
 def _check_count(what: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{what} must be an int, got {type(value).__name__}: {value!r}")
@@ -586,6 +595,7 @@ def _check_count(what: str, value: Any) -> None:
 
 
 def _gpu_target(name: str, facts: Mapping[str, Any], devices: int, hosts: int) -> Target:
+    _configure_if_no_gpu()  # before anything starts jax's backends with a doomed CUDA probe
     major, minor = facts["compute_capability"]
     config = _CONFIG_TEMPLATE.format(
         smem_per_sm=int(facts["smem_per_sm"]),
@@ -669,6 +679,7 @@ def _mesh_shape(devices: int, names: tuple[str, ...], shape: Sequence[int] | Non
 
 
 def _gpu_topology(target: Target) -> Any:
+    _configure_if_no_gpu()
     try:
         return _cached_topology(target.target_config, target.topology)
     except (NotImplementedError, RuntimeError) as err:
