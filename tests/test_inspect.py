@@ -5,7 +5,6 @@ Each GPU compile costs seconds, so the SMALL model is compiled once per policy
 """
 
 import argparse
-import importlib
 import json
 import os
 
@@ -17,19 +16,9 @@ from conftest import SMALL
 import models
 import remat_kit as rk
 from models.measure import Options, model_config
-from remat_kit.inspect import (
-    CATEGORIES,
-    InspectError,
-    _parse_buffer_assignment,
-    _parse_hlo,
-    _parse_live_range,
-    add_inspect_parser,
-    diff,
-    run_inspect,
-)
-
-# rk.inspect is the function; the module is reached through the import system.
-rk_inspect_module = importlib.import_module("remat_kit.inspect")
+from remat_kit.cli import inspect as inspect_cli
+from remat_kit.peak import CATEGORIES, InspectError, diff, dump
+from remat_kit.peak.parsers import parse_buffer_assignment, parse_hlo, parse_live_range
 
 
 def _step(policy: str):
@@ -149,14 +138,14 @@ def test_to_dict_is_json_ready(minimal, tmp_path):
 
 def test_arguments_by_category_and_dump_cleaned_up(monkeypatch):
     made = []
-    real = rk_inspect_module.tempfile.TemporaryDirectory
+    real = dump.tempfile.TemporaryDirectory
 
     def recording(*args, **kwargs):
         d = real(*args, **kwargs)
         made.append(d.name)
         return d
 
-    monkeypatch.setattr(rk_inspect_module.tempfile, "TemporaryDirectory", recording)
+    monkeypatch.setattr(dump.tempfile, "TemporaryDirectory", recording)
     w = jax.ShapeDtypeStruct((512, 512), jnp.float32)
     m = jax.ShapeDtypeStruct((512, 512), jnp.float32)
     x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
@@ -183,15 +172,15 @@ def test_unreadable_lines_name_file_and_line(tmp_path):
         "allocation 1: size 64, preallocated-temp:",
         " value: <3 fusion.2{} @0> (size=64,offset=0): f32[16]{0}",
     ]
-    allocs, values = _parse_buffer_assignment("x-buffer-assignment.txt", good)
+    allocs, values = parse_buffer_assignment("x-buffer-assignment.txt", good)
     assert allocs[0].parameter == 0 and "preallocated-temp" in allocs[1].kinds
     assert [v.name for v in values] == ["p.1{}", "fusion.2{}"]
     bad = [*good[:3], "allocation one: size 16:", *good[3:]]
     with pytest.raises(InspectError, match=r"x-buffer-assignment\.txt:4: cannot read"):
-        _parse_buffer_assignment("x-buffer-assignment.txt", bad)
+        parse_buffer_assignment("x-buffer-assignment.txt", bad)
     bad_value = [*good[:2], " value: <0 p.1 @0> (size=sixteen,offset=0): f32[4]{0}"]
     with pytest.raises(InspectError, match=r":3: cannot read a value line"):
-        _parse_buffer_assignment("x-buffer-assignment.txt", bad_value)
+        parse_buffer_assignment("x-buffer-assignment.txt", bad_value)
 
     live = [
         "HloLiveRange (max 2):",
@@ -202,12 +191,12 @@ def test_unreadable_lines_name_file_and_line(tmp_path):
         "    p.1{}:0-2",
         "    fusion.2{}:1-2",
     ]
-    parsed = _parse_live_range("x-live-range.txt", live)
+    parsed = parse_live_range("x-live-range.txt", live)
     assert parsed.sequence == ("p.1", "fusion.2") and parsed.ranges["fusion.2{}"] == (1, 2)
     with pytest.raises(InspectError, match=r"x-live-range\.txt:7: cannot read a BufferLiveRange"):
-        _parse_live_range("x-live-range.txt", [*live[:6], "    fusion.2{}:one-2"])
+        parse_live_range("x-live-range.txt", [*live[:6], "    fusion.2{}:one-2"])
     with pytest.raises(InspectError, match=r":4: cannot read an InstructionSequence"):
-        _parse_live_range("x-live-range.txt", [*live[:3], "    5:fusion.2", *live[4:]])
+        parse_live_range("x-live-range.txt", [*live[:3], "    5:fusion.2", *live[4:]])
 
     hlo = [
         "HloModule jit_f, is_scheduled=true",
@@ -218,32 +207,32 @@ def test_unreadable_lines_name_file_and_line(tmp_path):
         'metadata={op_name="jit(f)/jvp(M)/dense/dot_general"}',
         "}",
     ]
-    h = _parse_hlo("x.txt", hlo)
+    h = parse_hlo("x.txt", hlo)
     assert h.instructions["fusion.2"].operands == ("p.1",)
     assert h.instructions["fusion.2"].op_name == "jit(f)/jvp(M)/dense/dot_general"
     assert h.instructions["p.1"].index == 0 and h.entry == "main.3"
     with pytest.raises(InspectError, match=r"x\.txt:5: cannot read an HLO instruction"):
-        _parse_hlo("x.txt", [*hlo[:4], "  ROOT garbage without equals", hlo[5]])
+        parse_hlo("x.txt", [*hlo[:4], "  ROOT garbage without equals", hlo[5]])
 
 
 def test_cli_functions_print_and_write(tmp_path, capsys):
-    def add_model_args(p):
-        p.add_argument("--model", required=True)
-        p.add_argument("--target", default="h100")
-        p.add_argument("--batch", type=int, default=2)
-        p.add_argument("--seq", type=int, default=128)
-        p.add_argument("--optimizer", default="sgd")
-        p.add_argument("--attention", default="xla")
-        p.add_argument("--layers", type=int, default=None)
-        p.add_argument("--json", type=str, default=None)
-
     parser = argparse.ArgumentParser()
-    add_inspect_parser(parser.add_subparsers(dest="command"), add_model_args)
+    inspect_cli.add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(
         [
             "inspect",
             "--model",
             "tiny-llama",
+            "--target",
+            "h100",
+            "--batch",
+            "2",
+            "--seq",
+            "128",
+            "--optimizer",
+            "sgd",
+            "--attention",
+            "xla",
             "--layers",
             "2",
             "--diff",
@@ -255,7 +244,7 @@ def test_cli_functions_print_and_write(tmp_path, capsys):
             str(tmp_path / "i.png"),
         ]
     )
-    assert run_inspect(args, rk) == 0
+    assert inspect_cli.run(args) == 0
     out = json.loads((tmp_path / "i.json").read_text())
     assert [r["meta"]["policy"] for r in out["reports"]] == ["full", "none"]
     a, b = out["reports"]

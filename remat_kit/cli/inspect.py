@@ -1,0 +1,127 @@
+"""``remat-kit inspect``: what is live at the peak of a preset's train step, and when.
+
+Prints the peak, its largest buffers and its bytes by category and layer; with ``--diff P1 P2``
+also what P2 keeps at its peak that P1 does not. ``--json`` writes the report(s), ``--plot`` the
+memory timeline. The preset is looked up here (``models``): the inspector itself
+(:mod:`remat_kit.peak`) takes any train step and never imports ``models``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from pathlib import Path
+from typing import Any
+
+from remat_kit.cli._args import add_model_args
+from remat_kit.errors import BadValue
+from remat_kit.peak import PeakReport, diff, inspect_step
+from remat_kit.policies import as_policy
+from remat_kit.render.files import write_json
+from remat_kit.render.format import console
+from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
+from remat_kit.render.timeline import plot_timeline
+from remat_kit.targets import Target, target
+from remat_kit.train import build_train_step
+
+__all__ = [
+    "add_parser",
+    "run",
+]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``inspect`` to the ``remat-kit`` subparsers.
+
+    Args:
+      subparsers: what ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+      The ``inspect`` parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+    """
+    p = subparsers.add_parser("inspect", help="what is live at the peak, and when")
+    add_model_args(p)
+    p.add_argument("--policy", default="full", help="policy name or spec")
+    p.add_argument("--schedule", default="none", help="layer schedule (none, every:K, ...)")
+    p.add_argument("--top", type=int, default=10, help="buffers shown at the peak")
+    p.add_argument("--plot", type=Path, default=None, help="write the memory timeline PNG")
+    p.add_argument(
+        "--diff",
+        nargs=2,
+        metavar=("P1", "P2"),
+        default=None,
+        help="what policy P2 keeps at its peak that P1 does not",
+    )
+    # add_model_args gives every measuring command --json; this keeps inspect's if it stops.
+    with contextlib.suppress(argparse.ArgumentError):
+        p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Inspects one policy (or two with ``--diff``): prints tables, writes --json/--plot.
+
+    Args:
+      args: parsed arguments of the ``inspect`` parser.
+
+    Returns:
+      The exit code (0).
+
+    Raises:
+      ValueError: an unknown model, policy or target, or ``--shard`` given (the CLI prints
+        it on one line).
+      InspectError: XLA's dump could not be produced or read.
+
+    Example:
+      >>> run(parser.parse_args(["inspect", "--model", "tiny-llama"]))  # doctest: +SKIP
+      0
+    """
+    tgt = target(args.target, devices=getattr(args, "gpus", 1) or 1)
+    policies = list(args.diff) if getattr(args, "diff", None) else [args.policy]
+    reports = [_inspect_preset(args, tgt, p) for p in policies]
+    out = console()
+    for r in reports:
+        out.print(peak_table(r))
+        out.print(buffer_table(r, getattr(args, "top", 10)))
+        out.print(split_table(r))
+    result: dict[str, Any] = {"reports": [r.to_dict() for r in reports]}
+    if len(reports) == 2:
+        d = diff(reports[0], reports[1])
+        out.print(diff_table(d, policies))
+        result["diff"] = d.to_dict()
+    if getattr(args, "plot", None):
+        plot_timeline(
+            reports if len(reports) > 1 else reports[0],
+            args.plot,
+            labels=policies,
+            title=f"{args.model} b{args.batch} s{args.seq} on {tgt.name}",
+            memory_bytes=tgt.memory_bytes,
+        )
+        out.print(f"timeline written to {args.plot}")
+    if getattr(args, "json", None):
+        write_json(args.json, result if len(reports) > 1 else result["reports"][0], flag="--json")
+    return 0
+
+
+def _inspect_preset(args: argparse.Namespace, tgt: Target, policy: str) -> PeakReport:
+    import models
+    from models.measure import model_config, options_from_args
+
+    if getattr(args, "shard", None):
+        raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
+    opts = options_from_args(args)
+    pol = as_policy(policy)
+    cfg = model_config(opts, pol, tgt, getattr(args, "schedule", "none"))
+    step = build_train_step(models.build(cfg), opts.train_config())
+    meta = {
+        "model": opts.model,
+        "policy": pol.spec,
+        "batch": opts.batch,
+        "seq": opts.seq,
+        "attention": cfg.attention,
+        "optimizer": opts.optimizer,
+    }
+    return inspect_step(step, tgt, meta=meta)

@@ -1,0 +1,71 @@
+"""What is live at the peak of a compiled program, and when: XLA's buffer assignment, read.
+
+``rk.memory_report`` says how many bytes a step needs; this subpackage says which buffers
+they are. The program is compiled for the target (deviceless for a GPU) with XLA's debug
+dump switched on for that one compile; the dump's buffer assignment, live ranges and
+optimized HLO are read, and every byte at the peak is put in one category, layer and
+(for activations) checkpoint name. The categories add up to ``peak_bytes``, the same
+figure ``rk.memory_report`` gives for the same program.
+
+One concern per module, the data flowing one way:
+
+- ``types``: categories, Phase, PeakBuffer, PeakReport, PeakDiff;
+- ``dump``: the compile with XLA's dump switched on, and the dump's files;
+- ``parsers``: buffer assignment, live ranges and HLO text, read strictly;
+- ``tags``: checkpoint tags from the jaxpr, module paths, layer names;
+- ``phases``: forward / backward / optimizer spans of the schedule;
+- ``attribute``: live values, the timeline, and what each buffer at the peak is;
+- ``compare``: the difference of two reports;
+- ``api``: ``inspect`` and ``inspect_step``.
+
+Tables and the timeline plot live in ``remat_kit.render`` (``render.peak``,
+``render.timeline``); the ``remat-kit inspect`` command in ``remat_kit.cli.inspect``.
+
+Example:
+  >>> import jax, jax.numpy as jnp, remat_kit as rk
+  >>> x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+  >>> r = rk.inspect(lambda a: (a @ a) @ a, x, target="h100")  # doctest: +SKIP
+  >>> sum(r.by_category.values()) == r.peak_bytes  # doctest: +SKIP
+  True
+"""
+
+from remat_kit.errors import InspectError
+from remat_kit.peak.api import inspect, inspect_step
+from remat_kit.peak.compare import diff
+from remat_kit.peak.types import (
+    CATEGORIES,
+    FRAGMENTATION,
+    GRADIENT,
+    INPUT,
+    OPTIMIZER_STATE,
+    PARAMETER,
+    RECOMPUTE,
+    SAVED_ACTIVATION,
+    TEMPORARY,
+    TRAIN_STEP_CATEGORIES,
+    PeakBuffer,
+    PeakDiff,
+    PeakReport,
+    Phase,
+)
+
+__all__ = [
+    "CATEGORIES",
+    "FRAGMENTATION",
+    "GRADIENT",
+    "INPUT",
+    "OPTIMIZER_STATE",
+    "PARAMETER",
+    "RECOMPUTE",
+    "SAVED_ACTIVATION",
+    "TEMPORARY",
+    "TRAIN_STEP_CATEGORIES",
+    "InspectError",
+    "PeakBuffer",
+    "PeakDiff",
+    "PeakReport",
+    "Phase",
+    "diff",
+    "inspect",
+    "inspect_step",
+]

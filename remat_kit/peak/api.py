@@ -1,0 +1,148 @@
+"""The inspector's entry points: ``rk.inspect`` for any jittable function, ``rk.inspect_step``.
+
+Example:
+  >>> import jax, jax.numpy as jnp, remat_kit as rk
+  >>> x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+  >>> r = rk.inspect(lambda a: (a @ a) @ a, x, target="h100")  # doctest: +SKIP
+  >>> sum(r.by_category.values()) == r.peak_bytes  # doctest: +SKIP
+  True
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from remat_kit.analysis import abstract
+from remat_kit.errors import BadValue
+from remat_kit.peak.attribute import analyse, argument_leaves
+from remat_kit.peak.dump import compile_with_dump, kept_leaves
+from remat_kit.peak.tags import tag_index
+from remat_kit.peak.types import (
+    ARGUMENT_CATEGORIES,
+    INPUT,
+    TRAIN_STEP_CATEGORIES,
+    PeakReport,
+)
+from remat_kit.targets import Target, as_target
+
+__all__ = [
+    "inspect",
+    "inspect_step",
+]
+
+
+def inspect(
+    fn: Callable[..., Any],
+    *args: Any,
+    target: Target | str = "h100-80gb",
+    donate_argnums: int | Sequence[int] = (),
+    categories: Mapping[int, str] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    keep_dump: str | os.PathLike[str] | None = None,
+) -> PeakReport:
+    """Compiles ``fn(*args)`` for ``target`` and reports what is live at its peak.
+
+    Args:
+      fn: a jittable callable (typically a train step).
+      *args: arrays or ``jax.ShapeDtypeStruct`` pytrees; nothing is allocated.
+      target: a Target or target name; GPU targets compile deviceless.
+      donate_argnums: arguments whose buffers the outputs may reuse, as for
+        ``rk.memory_report`` (the compile must be the same to report the same peak).
+      categories: argument index -> ``"parameter"``, ``"optimizer state"`` or
+        ``"input"``; arguments not named are ``"input"``. Gradients are recognised
+        as backward-pass buffers shaped like a ``"parameter"`` leaf. Use
+        ``TRAIN_STEP_CATEGORIES`` for ``rk.build_train_step``'s step.
+      meta: labels kept in the report (model, policy, ...).
+      keep_dump: a directory to dump into and keep (for debugging); default a
+        temporary directory, removed before returning.
+
+    Returns:
+      The PeakReport.
+
+    Raises:
+      InspectError: XLA wrote no dump, a dump line could not be read (the message names
+        file and line), or the dump disagrees with the memory analysis.
+      BadValue: ``categories`` names an unknown category or argument (a ValueError).
+
+    Example:
+      >>> import models, remat_kit as rk
+      >>> cfg = models.get_config("tiny-llama", policy="minimal")
+      >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=64))
+      >>> r = rk.inspect(step.fn, *step.args, target="h100", donate_argnums=step.donate_argnums,
+      ...                categories=rk.TRAIN_STEP_CATEGORIES)  # doctest: +SKIP
+      >>> r.top(3)[0].category  # doctest: +SKIP
+      'saved activation'
+    """
+    t = as_target(target)
+    cats = _check_categories(categories, len(args))
+    sharding = t.sharding()
+    abstract_args = tuple(abstract(a, sharding) for a in args)
+    leaves_per_arg = [jax.tree.leaves(a) for a in abstract_args]
+
+    start = time.perf_counter()
+    jitted = jax.jit(fn, donate_argnums=donate_argnums)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
+        lowered = jitted.lower(*abstract_args)
+        kept = kept_leaves(lowered, sum(len(x) for x in leaves_per_arg))
+        compiled, dump, texts = compile_with_dump(lowered, keep_dump)
+    compile_seconds = time.perf_counter() - start
+    stats = compiled.memory_analysis()
+
+    start = time.perf_counter()
+    tags = tag_index(jax.make_jaxpr(fn)(*abstract_args))
+    arg_leaves = argument_leaves(leaves_per_arg, kept, cats)
+    report = analyse(texts, dump, stats, arg_leaves, tags, t.name)
+    return report.replace(
+        compile_seconds=compile_seconds,
+        parse_seconds=time.perf_counter() - start,
+        meta=dict(meta or {}),
+    )
+
+
+def inspect_step(
+    step: Any,
+    target: Target | str = "h100-80gb",
+    *,
+    meta: Mapping[str, Any] | None = None,
+) -> PeakReport:
+    """``inspect`` for a ``rk.build_train_step`` step (its donation and categories).
+
+    Args:
+      step: a ``rk.TrainStep``.
+      target: a Target or target name.
+      meta: labels kept in the report.
+
+    Returns:
+      The PeakReport.
+
+    Example:
+      >>> r = rk.inspect_step(step, "h100")  # doctest: +SKIP
+    """
+    return inspect(
+        step.fn,
+        *step.args,
+        target=target,
+        donate_argnums=step.donate_argnums,
+        categories=TRAIN_STEP_CATEGORIES,
+        meta=meta,
+    )
+
+
+def _check_categories(categories: Mapping[int, str] | None, n_args: int) -> dict[int, str]:
+    cats = dict(categories or {})
+    for index, cat in cats.items():
+        if cat not in ARGUMENT_CATEGORIES:
+            raise BadValue(
+                f"argument {index} has category {cat!r}; arguments are one of "
+                f"{', '.join(ARGUMENT_CATEGORIES)}"
+            )
+        if not isinstance(index, int) or not 0 <= index < n_args:
+            raise BadValue(f"categories names argument {index!r}; fn has {n_args} arguments")
+    return {i: cats.get(i, INPUT) for i in range(n_args)}

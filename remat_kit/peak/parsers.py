@@ -1,0 +1,408 @@
+"""Readers of XLA's dump text: buffer assignment, live ranges and the optimized HLO.
+
+- ``*after_optimizations-buffer-assignment.txt``: every allocation (parameter,
+  output, preallocated temp) and the HLO values placed in it, with size and offset;
+- ``*after_optimizations-live-range.txt``: the schedule (``InstructionSequence``) and
+  each value's live range in it (``BufferLiveRange``);
+- ``*after_optimizations.txt``: the optimized HLO, whose op metadata (``op_name``)
+  holds the jax name stack: the Flax module path, ``jvp(...)`` for the forward pass,
+  ``transpose(...)`` for the backward pass and ``rematted_computation`` for
+  recomputed ops.
+
+The dump files are XLA debug output and change between versions (this was written
+against jax 0.10.2 and 0.12.0.1). Every line of the sections read is parsed strictly;
+a line that cannot be read raises :class:`InspectError` naming the file and line.
+
+Example:
+  >>> ranges = parse_live_range("x-live-range.txt", [
+  ...     "HloLiveRange (max 1):", "  InstructionSequence:", "    0:p.1",
+  ...     "  BufferLiveRange:", "    p.1{}:0-1"])
+  >>> ranges.sequence, ranges.ranges["p.1{}"]
+  (('p.1',), (0, 1))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping, Sequence
+
+import jax
+import numpy as np
+
+from remat_kit.errors import InspectError
+
+__all__ = [
+    "Allocation",
+    "Hlo",
+    "Instr",
+    "LiveRanges",
+    "Value",
+    "parse_buffer_assignment",
+    "parse_hlo",
+    "parse_live_range",
+    "shape_of",
+    "xla_dtype",
+]
+
+
+def xla_dtype(dtype: np.dtype) -> str:
+    """How XLA's text writes a numpy dtype, e.g. ``bf16``, ``f32``, ``s32``, ``pred``.
+
+    Example:
+      >>> xla_dtype(np.dtype("int8"))
+      's8'
+    """
+    name = dtype.name
+    table = {
+        "bfloat16": "bf16",
+        "float16": "f16",
+        "float32": "f32",
+        "float64": "f64",
+        "bool": "pred",
+        "complex64": "c64",
+        "complex128": "c128",
+    }
+    if name in table:
+        return table[name]
+    m = re.match(r"(u?)int(\d+)$", name)
+    if m:
+        return f"{'u' if m.group(1) else 's'}{m.group(2)}"
+    return name
+
+
+def _fail(path: str, lineno: int, line: str, what: str) -> InspectError:
+    shown = line if len(line) <= 160 else line[:157] + "..."
+    return InspectError(
+        f"{os.path.basename(path)}:{lineno}: cannot read {what} (jax {jax.__version__}); "
+        f"the line is: {shown!r}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Allocation:
+    """One allocation of the buffer assignment: a parameter, an output, a temp block..."""
+
+    index: int
+    size: int
+    parameter: int | None
+    kinds: frozenset[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class Value:
+    """One HLO value placed in an allocation, at ``offset`` within it."""
+
+    name: str  # instruction{index}
+    instruction: str
+    allocation: int
+    size: int
+    offset: int
+    shape_text: str
+
+
+_ALLOC = re.compile(r"^allocation (\d+): size (\d+)(?:, (.*))?:\s*$")
+_VALUE = re.compile(
+    r"^ value: <\d+ ([^\s{}<>]+)(\{[\d,]*\})?(?: \(phi\))? @\d+> "
+    r"\(size=(\d+),offset=(\d+)\): (.*)$"
+)
+_ALLOC_KINDS = ("thread-local", "constant", "preallocated-temp", "maybe-live-out", "output")
+
+
+def parse_buffer_assignment(
+    path: str, lines: Sequence[str]
+) -> tuple[dict[int, Allocation], list[Value]]:
+    """Reads the allocations and values of a ``*-buffer-assignment.txt`` dump.
+
+    Args:
+      path: the file's path (named in errors).
+      lines: its lines.
+
+    Returns:
+      Allocations by index, and every value in file order.
+
+    Raises:
+      InspectError: a line cannot be read (the message names file and line), or there
+        are no allocations.
+
+    Example:
+      >>> allocs, values = parse_buffer_assignment("x-buffer-assignment.txt", [
+      ...     "BufferAssignment:", "allocation 0: size 16, parameter 0:",
+      ...     " value: <0 p.1 @0> (size=16,offset=0): f32[4]{0}"])
+      >>> allocs[0].parameter, values[0].name
+      (0, 'p.1{}')
+    """
+    allocs: dict[int, Allocation] = {}
+    values: list[Value] = []
+    current: int | None = None
+    started = False
+    for lineno, line in enumerate(lines, 1):
+        if not started:
+            if line.strip() == "BufferAssignment:":
+                started = True
+                continue
+            if line.strip():
+                raise _fail(path, lineno, line, "the 'BufferAssignment:' header")
+            continue
+        if not line.strip():
+            continue
+        if line.startswith("allocation "):
+            m = _ALLOC.match(line)
+            if not m:
+                raise _fail(path, lineno, line, "an allocation header")
+            attrs = m.group(3) or ""
+            param = re.search(r"(?:^|, )parameter (\d+)", attrs)
+            kinds = frozenset(k for k in _ALLOC_KINDS if k in attrs)
+            current = int(m.group(1))
+            allocs[current] = Allocation(
+                current, int(m.group(2)), int(param.group(1)) if param else None, kinds
+            )
+            continue
+        if line.startswith(" value:"):
+            m = _VALUE.match(line)
+            if not m or current is None:
+                raise _fail(path, lineno, line, "a value line")
+            instr, index = m.group(1), m.group(2) or "{}"
+            values.append(
+                Value(instr + index, instr, current, int(m.group(3)), int(m.group(4)), m.group(5))
+            )
+            continue
+        # Anything after the allocations (newer XLAs may add sections) ends the list.
+        if not line.startswith(" "):
+            break
+        raise _fail(path, lineno, line, "a buffer-assignment line")
+    if not allocs:
+        raise InspectError(f"{os.path.basename(path)}: no allocations found")
+    return allocs, values
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveRanges:
+    """The schedule and each value's (first, last) position in it."""
+
+    sequence: tuple[str, ...]
+    ranges: Mapping[str, tuple[int, int]]
+    xla_peak: tuple[int, int] | None  # (position, bytes)
+
+
+_SEQ = re.compile(r"^\s+(\d+):(\S+)\s*$")
+_RANGE = re.compile(r"^\s+(\S+?\{[\d,]*\}):(\d+)-(\d+)\s*$")
+_PEAK_HEAD = re.compile(r"^\s+Live ranges at (\d+) \(peak\):\s*$")
+_PEAK_LINE = re.compile(r"^\s+\S+: (\d+) bytes \(cumulative: (\d+) bytes\)\s*$")
+
+
+def parse_live_range(path: str, lines: Sequence[str]) -> LiveRanges:
+    """Reads the schedule, the live ranges and XLA's peak of a ``*-live-range.txt`` dump.
+
+    Args:
+      path: the file's path (named in errors).
+      lines: its lines.
+
+    Returns:
+      The LiveRanges.
+
+    Raises:
+      InspectError: a line cannot be read (the message names file and line), or the
+        schedule or the ranges are missing.
+
+    Example:
+      >>> lines = ["HloLiveRange (max 1):", "  InstructionSequence:", "    0:p.1",
+      ...          "  BufferLiveRange:", "    p.1{}:0-1"]
+      >>> parse_live_range("x-live-range.txt", lines).sequence
+      ('p.1',)
+    """
+    sequence: list[str] = []
+    ranges: dict[str, tuple[int, int]] = {}
+    section = None
+    peak_at, peak_bytes = None, None
+    header = False
+    for lineno, line in enumerate(lines, 1):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not header:
+            if not stripped.startswith("HloLiveRange"):
+                raise _fail(path, lineno, line, "the 'HloLiveRange' header")
+            header = True
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if indent <= 2:
+            m = _PEAK_HEAD.match(line)
+            if stripped == "InstructionSequence:":
+                section = "sequence"
+            elif stripped == "BufferLiveRange:":
+                section = "ranges"
+            elif m:
+                section, peak_at = "peak", int(m.group(1))
+            else:
+                section = "other"  # e.g. "Stack trace breakdown ...": not needed
+            continue
+        if section == "sequence":
+            m = _SEQ.match(line)
+            if not m or int(m.group(1)) != len(sequence):
+                raise _fail(path, lineno, line, "an InstructionSequence entry")
+            sequence.append(m.group(2))
+        elif section == "ranges":
+            m = _RANGE.match(line)
+            if not m:
+                raise _fail(path, lineno, line, "a BufferLiveRange entry")
+            ranges[m.group(1)] = (int(m.group(2)), int(m.group(3)))
+        elif section == "peak":
+            m = _PEAK_LINE.match(line)
+            if not m:
+                raise _fail(path, lineno, line, "a peak live-range entry")
+            peak_bytes = int(m.group(2))
+    if not sequence or not ranges:
+        raise InspectError(
+            f"{os.path.basename(path)}: no InstructionSequence or BufferLiveRange section"
+        )
+    peak = (peak_at, peak_bytes) if peak_at is not None and peak_bytes is not None else None
+    return LiveRanges(tuple(sequence), ranges, peak)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instr:
+    """One HLO instruction, with what attribution needs of its attributes."""
+
+    name: str
+    computation: str
+    opcode: str
+    operands: tuple[str, ...]
+    op_name: str
+    body: str | None
+    calls: str | None
+    index: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Hlo:
+    """The optimized HLO module: instructions by name and how computations nest."""
+
+    instructions: Mapping[str, Instr]
+    roots: Mapping[str, str]  # computation -> root instruction
+    computations: Mapping[str, tuple[str, ...]]  # computation -> its instructions
+    entry: str | None
+    loops: Mapping[str, str]  # while body computation -> the while instruction
+    callers: Mapping[str, str]  # fused/async computation -> the instruction calling it
+
+
+_INSTR = re.compile(r"^\s+(ROOT\s+)?%?([^\s=%]+)\s*=\s*(.*)$")
+_COMP = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
+_OPNAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+
+
+def parse_hlo(path: str, lines: Sequence[str]) -> Hlo:
+    """Reads the instructions of an optimized HLO text dump.
+
+    Args:
+      path: the file's path (named in errors).
+      lines: its lines.
+
+    Returns:
+      The Hlo.
+
+    Raises:
+      InspectError: an instruction line cannot be read (the message names file and
+        line), or there is none.
+
+    Example:
+      >>> h = parse_hlo("x.txt", ["ENTRY %main (p: f32[4]) -> f32[4] {",
+      ...     '  ROOT %p.1 = f32[4]{0} parameter(0), metadata={op_name="w"}', "}"])
+      >>> h.entry, h.instructions["p.1"].op_name
+      ('main', 'w')
+    """
+    instrs: dict[str, Instr] = {}
+    roots: dict[str, str] = {}
+    comps: dict[str, list[str]] = {}
+    comp = None
+    entry = None
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip() or line.startswith(("HloModule", "//")):
+            continue
+        if not line.startswith(" "):
+            if line.strip() == "}":
+                comp = None
+                continue
+            m = _COMP.match(line)
+            if m:
+                comp = m.group(1)
+                comps.setdefault(comp, [])
+                if line.startswith("ENTRY"):
+                    entry = comp
+            # Other top-level lines (FileNames, StackFrames tables...) are not needed.
+            continue
+        if comp is None:
+            continue  # indented lines of a trailing table
+        m = _INSTR.match(line)
+        if not m:
+            raise _fail(path, lineno, line, "an HLO instruction")
+        root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
+        parsed = _split_instruction(rest)
+        if parsed is None:
+            raise _fail(path, lineno, line, "an HLO instruction's shape and opcode")
+        opcode, operand_text, attrs = parsed
+        op_name = _OPNAME.search(attrs)
+        body = re.search(r"\bbody=%?([^\s,}]+)", attrs)
+        calls = re.search(r"\bcalls=%?([^\s,}]+)", attrs)
+        index = re.search(r"\bindex=(\d+)", attrs)
+        instrs[name] = Instr(
+            name,
+            comp,
+            opcode,
+            tuple(re.findall(r"%([^\s,()]+)", operand_text)),
+            op_name.group(1).replace("\\'", "'").replace('\\"', '"') if op_name else "",
+            body.group(1) if body else None,
+            calls.group(1) if calls else None,
+            int(operand_text)
+            if opcode == "parameter" and operand_text.strip().isdigit()
+            else int(index.group(1))
+            if index
+            else None,
+        )
+        comps[comp].append(name)
+        if root:
+            roots[comp] = name
+    if not instrs:
+        raise InspectError(f"{os.path.basename(path)}: no HLO instructions found")
+    loops = {i.body: i.name for i in instrs.values() if i.opcode == "while" and i.body}
+    callers = {i.calls: i.name for i in instrs.values() if i.calls}
+    return Hlo(instrs, roots, {c: tuple(v) for c, v in comps.items()}, entry, loops, callers)
+
+
+def _split_instruction(rest: str) -> tuple[str, str, str] | None:
+    # "<shape> <opcode>(<operands>), attr=..., metadata={...}"; a tuple shape is
+    # parenthesised and may hold /*index=N*/ comments.
+    i = _closing(rest, 0) + 1 if rest.startswith("(") else rest.find(" ")
+    if i <= 0:
+        return None
+    m = re.compile(r"\s*([A-Za-z][\w\-]*)\(").match(rest, i)
+    if not m:
+        return None
+    j = _closing(rest, m.end() - 1)
+    return m.group(1), rest[m.end() : j], rest[j + 1 :]
+
+
+def _closing(text: str, start: int) -> int:
+    """Index of the parenthesis closing the one at ``start`` (or the text's end)."""
+    depth = 0
+    for j in range(start, len(text)):
+        depth += text[j] == "("
+        depth -= text[j] == ")"
+        if depth == 0:
+            return j
+    return len(text)
+
+
+_SHAPE = re.compile(r"^([a-z]\w*)\[([\d,]*)\]")
+
+
+def shape_of(text: str) -> tuple[str, tuple[int, ...]]:
+    """``"bf16[4,512]{1,0}"`` -> ``("bf16", (4, 512))``; a tuple shape -> ``("tuple", ())``."""
+    if text.startswith("("):
+        return "tuple", ()
+    m = _SHAPE.match(text)
+    if not m:
+        return "?", ()
+    dims = tuple(int(d) for d in m.group(2).split(",") if d)
+    return m.group(1), dims

@@ -1,0 +1,169 @@
+"""Names a reader knows a buffer by: checkpoint tags, Flax module paths and layers.
+
+Checkpoint names (``checkpoint_name`` tags) do not reach HLO; they are recovered from
+the jaxpr, whose tagged values are matched to HLO ops by module path and op. The module
+path comes from the jax name stack that both carry (``op_name`` in HLO metadata).
+
+Example:
+  >>> module_path("jit(step)/transpose(jvp(Llama))/decoder/layers_0/attention/dot_general")
+  ('Llama', 'decoder', 'layers_0', 'attention', 'dot_general')
+  >>> layer_of(("Llama", "decoder", "layers_0"), scanned=False)
+  'layers_0'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from remat_kit.peak.parsers import xla_dtype
+
+__all__ = [
+    "INPUT_KEY",
+    "STACK",
+    "Tag",
+    "layer_of",
+    "match_tag",
+    "module_path",
+    "tag_index",
+]
+
+
+_STRUCTURAL = {
+    "while",
+    "body",
+    "cond",
+    "closed_call",
+    "core_call",
+    "checkpoint",
+    "remat",
+    "remat2",
+    "rematted_computation",
+    "eval_jaxpr",
+    "scan",
+    "custom_jvp_call",
+    "custom_vjp_call",
+}
+_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|batched|remat|checkpoint)\((.*)\)$")
+
+
+def module_path(op_name: str) -> tuple[str, ...]:
+    """jax op_name/name stack -> Flax module path and op, transforms and calls stripped."""
+    out = []
+    for seg in op_name.split("/"):
+        while True:
+            m = _WRAPPER.match(seg)
+            if not m:
+                break
+            seg = m.group(1)
+        if not seg or seg in _STRUCTURAL or seg.startswith(("jit(", "pjit(")):
+            continue
+        out.append(seg)
+    return tuple(out)
+
+
+#: The key of a tagged value that enters a (scan) body as an input, not made inside it.
+INPUT_KEY = ("<input>",)
+_PASS_THROUGH = {"convert_element_type", "reduce_precision", "copy", "copy_p", "reshape", "squeeze"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Tag:
+    """A ``checkpoint_name`` tag and the size and dtype of the value it names."""
+
+    name: str
+    elements: int
+    dtype: str
+
+
+def tag_index(closed: Any) -> dict[tuple[str, ...], list[Tag]]:
+    """Module path + op of each tagged value's producer -> its checkpoint names.
+
+    Args:
+      closed: a ClosedJaxpr (``jax.make_jaxpr(fn)(*args)``); sub-jaxprs are walked.
+
+    Returns:
+      ``module_path(...)`` key -> the tags of values its op produced.
+
+    Example:
+      >>> index = tag_index(jax.make_jaxpr(step_fn)(*args))  # doctest: +SKIP
+    """
+    from jax.extend import core
+
+    index: dict[tuple[str, ...], list[Tag]] = {}
+
+    def walk(jaxpr: Any, prefix: str) -> None:
+        producers: dict[Any, Any] = {}
+        for eqn in jaxpr.eqns:
+            stack = f"{prefix}/{eqn.source_info.name_stack}"
+            for v in eqn.outvars:
+                producers[v] = eqn
+            if eqn.primitive.name == "name" and "name" in eqn.params:
+                src = eqn.invars[0]
+                prod = producers.get(src)
+                while prod is not None and prod.primitive.name in _PASS_THROUGH:
+                    keys = [
+                        module_path(f"{prefix}/{prod.source_info.name_stack}/{prod.primitive.name}")
+                    ]
+                    _add_tag(index, keys[0], eqn.params["name"], src.aval)
+                    src = prod.invars[0]
+                    prod = producers.get(src)
+                if prod is not None:
+                    key = module_path(
+                        f"{prefix}/{prod.source_info.name_stack}/{prod.primitive.name}"
+                    )
+                    _add_tag(index, key, eqn.params["name"], src.aval)
+                elif hasattr(src, "aval"):  # a tagged input of a (scan) body
+                    _add_tag(index, INPUT_KEY, eqn.params["name"], src.aval)
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else (param,):
+                    if isinstance(sub, core.ClosedJaxpr):
+                        walk(sub.jaxpr, stack)
+                    elif isinstance(sub, core.Jaxpr):
+                        walk(sub, stack)
+
+    walk(closed.jaxpr, "")
+    return index
+
+
+def _add_tag(
+    index: dict[tuple[str, ...], list[Tag]], key: tuple[str, ...], name: str, aval: Any
+) -> None:
+    if not key or not hasattr(aval, "shape"):
+        return
+    tag = Tag(str(name), int(np.prod(aval.shape, dtype=np.int64)), xla_dtype(np.dtype(aval.dtype)))
+    entries = index.setdefault(key, [])
+    if tag not in entries:
+        entries.append(tag)
+
+
+def match_tag(
+    tags: Mapping[tuple[str, ...], list[Tag]], key: tuple[str, ...], elements: int, dtype: str
+) -> str | None:
+    """The checkpoint name(s) at ``key`` of a value this size ("a|b" when two fit), or None."""
+    names = sorted(
+        {t.name for t in tags.get(key, ()) if t.elements == elements and t.dtype == dtype}
+    )
+    if not names:
+        # The same op in another dtype (a convert fused into the producer).
+        names = sorted({t.name for t in tags.get(key, ()) if t.elements == elements})
+    return "|".join(names) if names else None
+
+
+_LAYER = re.compile(r"^(?:\w*?layers?|\w*?blocks?|h)_\d+$", re.IGNORECASE)
+#: A module holding a stack of layers (``layers``, ``blocks``, ``h``): a scanned stack.
+STACK = re.compile(r"^(?:\w*?layers?|\w*?blocks?|h)$", re.IGNORECASE)
+
+
+def layer_of(path: Sequence[str], scanned: bool) -> str:
+    """``layers_3`` for an unrolled layer, ``scanned layers`` inside a scan, else ``non-layer``."""
+    for seg in path:
+        if _LAYER.match(seg):
+            return seg
+    if scanned:
+        return "scanned layers"
+    return "non-layer"
