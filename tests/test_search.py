@@ -20,6 +20,7 @@ import models
 import remat_kit as rk
 from helpers import loss_and_grads, tokens
 from remat_kit.cli import main
+from remat_kit.errors import DoesNotFit
 
 GIB = 2**30
 
@@ -183,6 +184,56 @@ def test_budget_below_weights_names_the_bytes_and_what_fits():
     text = str(err.value)
     assert "whatever the policy" in text and "weights" in text and "gradients" in text
     assert "LoRA" in text and "sharding" in text
+
+
+def test_check_budget_raises_does_not_fit_with_the_parts():
+    parts = {"weights": 10, "gradients": 10, "optimizer": 20, "grad_accumulator": 5}
+    w = dataclasses.replace(
+        fake_workload(),
+        # "activations" and unknown keys are not fixed: they must not count.
+        breakdown_fn=lambda b: {**parts, "batch": 3 * b, "activations": 999, "other": 7},
+    )
+    rk.check_budget(w, 2, 51)  # 10 + 10 + 20 + 5 + 3 * 2 = 51: exactly fits
+    with pytest.raises(DoesNotFit) as err:
+        rk.check_budget(w, 2, 50)
+    e = err.value
+    assert isinstance(e, ValueError)
+    assert e.parts == {**parts, "batch": 6}
+    assert e.fixed_bytes == 51 and e.limit_bytes == 50 and e.target == "h100-80gb"
+    assert e.hints and all(h in str(e) for h in e.hints)
+    assert "whatever the policy" in str(e)
+
+
+def test_advise_reports_does_not_fit_as_a_row():
+    weights = 60 * GIB  # weights + gradients: 120 GiB, over an H100 whatever the policy
+    made = []
+
+    def workload_for(t):
+        w = dataclasses.replace(
+            fake_workload(),
+            target=t,
+            breakdown_fn=lambda b: {"weights": weights, "gradients": weights},
+        )
+        made.append(w)
+        return w
+
+    (row,) = rk.advise(workload_for, 1, targets=["h100"])
+    assert row.target == "h100-80gb" and not row.fits
+    assert row.plan is None and row.peak_bytes is None and row.max_batch == 0
+    assert row.fixed_bytes == 2 * weights
+    assert "whatever the policy" in row.message
+    assert made[0].compiles == 0  # rejected from shapes, before any compile
+
+
+def test_advise_branches_on_the_type_not_the_text():
+    def measure(policy, schedule, batch):
+        raise ValueError("looks like whatever the policy, but is not a DoesNotFit")
+
+    def workload_for(t):
+        return dataclasses.replace(fake_workload(), measure_fn=measure, target=t)
+
+    with pytest.raises(ValueError, match="is not a DoesNotFit"):
+        rk.advise(workload_for, 1, targets=["h100"])
 
 
 # --- budgets -------------------------------------------------------------------------------------

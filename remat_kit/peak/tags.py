@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.peak.parsers import xla_dtype
 
 __all__ = [
@@ -92,8 +93,6 @@ def tag_index(closed: Any) -> dict[tuple[str, ...], list[Tag]]:
     Example:
       >>> index = tag_index(jax.make_jaxpr(step_fn)(*args))  # doctest: +SKIP
     """
-    from jax.extend import core
-
     index: dict[tuple[str, ...], list[Tag]] = {}
 
     def walk(jaxpr: Any, prefix: str) -> None:
@@ -119,12 +118,8 @@ def tag_index(closed: Any) -> dict[tuple[str, ...], list[Tag]]:
                     _add_tag(index, key, eqn.params["name"], src.aval)
                 elif hasattr(src, "aval"):  # a tagged input of a (scan) body
                     _add_tag(index, INPUT_KEY, eqn.params["name"], src.aval)
-            for param in eqn.params.values():
-                for sub in param if isinstance(param, (list, tuple)) else (param,):
-                    if isinstance(sub, core.ClosedJaxpr):
-                        walk(sub.jaxpr, stack)
-                    elif isinstance(sub, core.Jaxpr):
-                        walk(sub, stack)
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub), stack)
 
     walk(closed.jaxpr, "")
     return index

@@ -1,0 +1,66 @@
+"""Search over compiled reports: largest batch, cheapest plan under a budget, Pareto front, advice.
+
+Everything here loops over :mod:`remat_kit.analysis`; nothing here knows about model presets,
+and nothing here draws (plots are :mod:`remat_kit.render`). A :class:`Workload` is the one thing
+the search needs: callbacks that compile (``measure_fn``) or trace (``flops_fn``,
+``residuals_fn``, ``breakdown_fn``) one training step for a policy, a layer schedule and a batch
+size, plus the target it is compiled for. It caches every answer, so a plan, a max-batch search
+and a Pareto front over the same workload share their compiles.
+
+The four questions, one module each:
+
+- :func:`max_batch` (``batch``): the largest batch whose compiled peak fits the device minus a
+  headroom (exponential search from ``start``, then bisection; every probe is a compiled report).
+- :func:`plan` (``planner``): the plan with the lowest estimated step-time overhead whose
+  *compiled* peak fits a budget (the algorithm is in its docstring).
+- :func:`front` / :func:`pareto_front` (``front``): memory against overhead over catalogue
+  policies, layer schedules and plans, with the dominated points marked.
+- :func:`advise` (``advise``): for every GPU target, does the step fit, with which plan, at what
+  overhead, and how large a batch the target takes.
+
+Budgets (``budget``) are read by :func:`parse_budget`; :func:`check_budget` raises
+:class:`remat_kit.errors.DoesNotFit` when no policy can reach one.
+
+Example:
+  >>> import remat_kit as rk                                           # doctest: +SKIP
+  >>> from models.measure import Options, workload
+  >>> w = workload(Options("llama3-8b", batch=4, seq=2048, optimizer="sgd"), "h100")
+  >>> p = rk.plan(w, batch=4, budget=rk.parse_budget("52GiB", w.target.memory_bytes))
+  >>> p.fits, p.policy.spec, p.schedule.spec
+"""
+
+from remat_kit.search.advise import Advice, ScaleOut, advise, gpus_needed
+from remat_kit.search.batch import BatchFit, max_batch, max_batch_plan
+from remat_kit.search.budget import DEFAULT_HEADROOM, check_budget, parse_budget
+from remat_kit.search.front import (
+    FRONT_POLICIES,
+    FRONT_SCHEDULES,
+    FrontPoint,
+    front,
+    pareto_front,
+)
+from remat_kit.search.planner import Plan, PlanCandidate, plan
+from remat_kit.search.workload import DEFAULT_HIDE, Workload
+
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "DEFAULT_HIDE",
+    "FRONT_POLICIES",
+    "FRONT_SCHEDULES",
+    "Advice",
+    "BatchFit",
+    "FrontPoint",
+    "Plan",
+    "PlanCandidate",
+    "ScaleOut",
+    "Workload",
+    "advise",
+    "check_budget",
+    "front",
+    "gpus_needed",
+    "max_batch",
+    "max_batch_plan",
+    "pareto_front",
+    "parse_budget",
+    "plan",
+]

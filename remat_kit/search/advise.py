@@ -1,0 +1,233 @@
+"""Which GPU to rent: does the step fit each target, and on how many GPUs it fits sharded.
+
+:func:`advise` plans the step for every GPU target; :func:`gpus_needed` finds the fewest GPUs
+of one kind whose sharded step fits each of them.
+
+Example:
+  >>> import remat_kit as rk                                           # doctest: +SKIP
+  >>> rows = rk.advise(lambda t: workload(opts, t), batch=4)
+  >>> [(a.target, a.fits, a.plan) for a in rows]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from remat_kit.errors import DoesNotFit
+from remat_kit.policies import as_policy
+from remat_kit.search.batch import max_batch
+from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, limit_for
+from remat_kit.search.planner import plan
+from remat_kit.search.workload import DEFAULT_HIDE, FULL, NO_SCHEDULE, Workload
+from remat_kit.targets import Target, target_names
+from remat_kit.targets import target as _target
+
+__all__ = [
+    "Advice",
+    "ScaleOut",
+    "advise",
+    "gpus_needed",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class Advice:
+    """Does the step fit one GPU target, and how.
+
+    Attributes:
+      target: target name; ``memory_bytes`` its device memory.
+      fits: a plan fits the device minus headroom at the requested batch.
+      plan: the plan's label (policy @ schedule), or None.
+      peak_bytes: the plan's compiled peak (the smallest reached when nothing fits).
+      recompute_overhead, overhead: of the plan.
+      max_batch: the largest batch with ``full`` (the planner's most frugal per-layer policy).
+      fixed_bytes: weights + gradients + optimizer state + batch.
+      message: one line (why not, or what the plan is).
+      seconds: wall time for this target.
+    """
+
+    target: str
+    memory_bytes: int | None
+    fits: bool
+    plan: str | None
+    peak_bytes: int | None
+    recompute_overhead: float | None
+    overhead: float | None
+    max_batch: int
+    fixed_bytes: int
+    message: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def advise(
+    workload_for: Callable[[Target], Workload],
+    batch: int,
+    *,
+    targets: Iterable[str] | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+    offload: bool = True,
+    hide: float = DEFAULT_HIDE,
+) -> tuple[Advice, ...]:
+    """For every GPU target: does the step fit, with which plan, overhead and max batch.
+
+    Args:
+      workload_for: builds the Workload of the step for one Target.
+      batch: the batch the user wants.
+      targets: target names (default every GPU in ``rk.target_names()``).
+      headroom: fraction of device memory left free.
+      offload, hide: as for :func:`plan`.
+
+    Returns:
+      One Advice per target, in the order given (default: by name). A target whose memory
+      is below what no policy removes gets ``fits=False`` and the :class:`DoesNotFit` message.
+
+    Raises:
+      ValueError: an unknown target name.
+
+    Example:
+      >>> rows = rk.advise(lambda t: workload(opts, t), batch=4)          # doctest: +SKIP
+      >>> [(a.target, a.fits, a.plan) for a in rows]
+    """
+    names = (
+        [n for n in target_names() if n not in ("cpu", "local")]
+        if targets is None
+        else list(targets)
+    )
+    resolved = [_target(n) for n in names]  # unknown names fail before any compile
+    out = []
+    for t in resolved:
+        t0 = time.perf_counter()
+        w = workload_for(t)
+        fixed = w.fixed_bytes(batch)
+        try:
+            p = plan(w, batch, None, headroom=headroom, offload=offload, hide=hide)
+        except DoesNotFit as err:
+            out.append(
+                Advice(
+                    target=t.name,
+                    memory_bytes=t.memory_bytes,
+                    fits=False,
+                    plan=None,
+                    peak_bytes=None,
+                    recompute_overhead=None,
+                    overhead=None,
+                    max_batch=0,
+                    fixed_bytes=fixed,
+                    message=str(err),
+                    seconds=time.perf_counter() - t0,
+                )
+            )
+            continue
+        fit = max_batch(w, FULL, headroom=headroom, start=batch if p.fits else None)
+        out.append(
+            Advice(
+                target=t.name,
+                memory_bytes=t.memory_bytes,
+                fits=p.fits,
+                plan=p.label,
+                peak_bytes=p.peak_bytes,
+                recompute_overhead=p.recompute_overhead,
+                overhead=p.overhead,
+                max_batch=fit.max_batch,
+                fixed_bytes=fixed,
+                message=p.message,
+                seconds=time.perf_counter() - t0,
+            )
+        )
+    return tuple(out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleOut:
+    """The fewest GPUs of one kind whose per-GPU compiled peak fits, sharded.
+
+    Attributes:
+      target: target name.
+      devices: GPUs needed (None when none of the counts tried fits).
+      batch: the global batch compiled at that count (the requested batch rounded up to a
+        multiple of the data-parallel ways).
+      policy: the per-layer policy compiled.
+      peak_bytes: per-GPU compiled peak at ``devices`` (None when nothing fits).
+      tried: (devices, per-GPU peak) for every count compiled.
+      message: one line for the user.
+    """
+
+    target: str
+    devices: int | None
+    batch: int
+    policy: str
+    peak_bytes: int | None
+    tried: tuple[tuple[int, int], ...]
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def gpus_needed(
+    workload_for: Callable[[int], Workload],
+    batch: int,
+    *,
+    policy: Any = "full",
+    counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    headroom: float = DEFAULT_HEADROOM,
+) -> ScaleOut:
+    """The fewest GPUs (from ``counts``, in order) whose sharded step fits each GPU.
+
+    Each count is compiled (per-GPU figures, e.g. FSDP over that many devices, as
+    ``workload_for`` builds it) under ``policy``; the first whose compiled peak fits the
+    device minus ``headroom`` is the answer. Per-GPU weights, gradients and optimizer state
+    shrink with the count under FSDP, so the search stops at the first fit.
+
+    Args:
+      workload_for: builds the Workload for ``n`` devices (its target has ``n`` devices).
+      batch: the global batch wanted; rounded up to the workload's batch multiple.
+      policy: the per-layer policy (default ``full``, the most frugal one).
+      counts: device counts to try, ascending.
+      headroom: fraction of device memory left free.
+
+    Returns:
+      A ScaleOut.
+
+    Raises:
+      ValueError: a target without a memory size; a headroom outside [0, 1).
+
+    Example:
+      >>> so = rk.gpus_needed(lambda n: workload(fsdp(n), target(n)), batch=8)  # doctest: +SKIP
+      >>> so.devices
+    """
+    pol = as_policy(policy)
+    tried: list[tuple[int, int]] = []
+    name, b = "?", batch
+    for n in counts:
+        w = workload_for(n)
+        name = w.target.name
+        limit = limit_for(w.target, None, headroom)
+        b = -(-batch // w.batch_multiple) * w.batch_multiple
+        peak = w._compiled(pol, NO_SCHEDULE, b).peak_bytes
+        tried.append((n, peak))
+        if peak <= limit:
+            return ScaleOut(
+                name,
+                n,
+                b,
+                pol.spec,
+                peak,
+                tuple(tried),
+                f"{n} x {name}: {peak / GIB:.1f} GiB per GPU with {pol.spec} at global batch {b}",
+            )
+    return ScaleOut(
+        name,
+        None,
+        b,
+        pol.spec,
+        None,
+        tuple(tried),
+        f"does not fit {counts[-1]} x {name} with {pol.spec}: {tried[-1][1] / GIB:.1f} GiB per GPU",
+    )

@@ -1,0 +1,227 @@
+"""Memory budgets: reading one, the limit a search works to, and what no policy can go under.
+
+Example:
+  >>> from remat_kit.search import parse_budget
+  >>> parse_budget("52GiB")
+  55834574848
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from remat_kit.errors import DoesNotFit
+from remat_kit.search.workload import FIXED_PARTS, Workload
+from remat_kit.targets import Target, target_names
+from remat_kit.targets import target as _target
+
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "check_budget",
+    "parse_budget",
+]
+
+#: Fraction of device memory kept free by default. The compiled peak is what XLA's buffer
+#: assignment needs; a real process also holds the CUDA context and cuBLAS/cuDNN workspaces
+#: (~0.5-1 GiB) and loses some memory to allocator fragmentation, so a program that needs
+#: exactly the device's memory runs out. 3% is 2.4 GiB on an 80 GB card. (JAX preallocates
+#: only 75% of the device by default: run with ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.97``, or the
+#: figures here are not what the process may use.)
+DEFAULT_HEADROOM = 0.03
+
+#: Bytes in a GiB, for messages.
+GIB = 2**30
+
+_UNITS = {
+    "": None,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+    "%": None,
+}
+_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*$")
+
+#: Breakdown keys in the order a message names them, with their names there.
+_SHOWN_PARTS = (
+    ("weights", "weights"),
+    ("gradients", "gradients"),
+    ("optimizer", "optimizer state"),
+    ("grad_accumulator", "gradient accumulator"),
+    ("batch", "batch"),
+)
+
+
+def parse_budget(text: str | float | int, device_bytes: int | None = None) -> int:
+    """Reads a memory budget: ``"52GiB"``, ``"40GB"``, ``"0.8"`` or ``"80%"`` (of the device).
+
+    Args:
+      text: bytes with a unit (B, KB/MB/GB/TB in powers of 1000; KiB/MiB/GiB/TiB and the
+        one-letter K/M/G/T in powers of 1024), a fraction of the device in (0, 1], or a
+        percentage. An int is bytes; a float in (0, 1] a fraction.
+      device_bytes: the device's memory, needed for fractions and checked against.
+
+    Returns:
+      The budget in bytes.
+
+    Raises:
+      ValueError: unreadable text, a bare number above 1 (bytes need a unit), a fraction
+        without a device size, a non-positive budget, or a budget above ``device_bytes``.
+      TypeError: neither a string nor a number.
+
+    Example:
+      >>> parse_budget("52GiB"), parse_budget("0.5", device_bytes=80 * 10**9)
+      (55834574848, 40000000000)
+    """
+    if isinstance(text, bool):
+        raise TypeError(f"budget must be a string or number, got {text!r}")
+    if isinstance(text, int):
+        value, unit = float(text), "b"
+    elif isinstance(text, float):
+        value, unit = text, ""
+    elif isinstance(text, str):
+        m = _BUDGET_RE.match(text)
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ValueError(
+                f"cannot read budget {text!r}: write e.g. 52GiB, 40GB, 0.8 (fraction of the "
+                "device) or 80%"
+            )
+        value, unit = float(m.group(1)), m.group(2).lower()
+    else:
+        raise TypeError(f"budget must be a string or number, got {type(text).__name__} {text!r}")
+    if value <= 0:
+        raise ValueError(f"budget {text!r} must be positive")
+    if unit in ("", "%"):
+        frac = value / 100.0 if unit == "%" else value
+        if unit == "" and value > 1:
+            raise ValueError(
+                f"budget {text!r} is a bare number above 1: give a unit (52GiB, 40GB) or a "
+                "fraction of the device in (0, 1]"
+            )
+        if frac > 1:
+            raise ValueError(f"budget {text!r} is more than the whole device")
+        if device_bytes is None:
+            raise ValueError(
+                f"budget {text!r} is a fraction of the device but the target has no memory "
+                "size: give bytes with a unit, e.g. 52GiB"
+            )
+        return int(frac * device_bytes)
+    budget = int(value * _UNITS[unit])
+    if device_bytes is not None and budget > device_bytes:
+        raise ValueError(
+            f"budget {text!r} ({budget / GIB:.2f} GiB) is larger than the device's "
+            f"{device_bytes / GIB:.2f} GiB; give at most {device_bytes / GIB:.1f}GiB or a "
+            "fraction such as 0.9"
+        )
+    return budget
+
+
+def limit_for(target: Target, budget: int | None, headroom: float) -> int:
+    """The bytes a search works to: ``budget``, or the device minus ``headroom``.
+
+    Raises:
+      ValueError: a headroom outside [0, 1), a target without a memory size and no budget, a
+        non-positive budget or one above the device.
+      TypeError: a budget that is not an int of bytes.
+    """
+    if not 0.0 <= headroom < 1.0:
+        raise ValueError(f"headroom={headroom!r} must be in [0, 1)")
+    mem = target.memory_bytes
+    if budget is None:
+        if mem is None:
+            raise ValueError(
+                f"target {target.name!r} has no memory size: give a budget in bytes, e.g. 16GiB"
+            )
+        return int(mem * (1.0 - headroom))
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise TypeError(f"budget must be an int of bytes (see rk.parse_budget), got {budget!r}")
+    if budget <= 0:
+        raise ValueError(f"budget={budget} must be positive")
+    if mem is not None and budget > mem:
+        raise ValueError(
+            f"budget {budget / GIB:.2f} GiB is larger than {target.name}'s "
+            f"{mem / GIB:.2f} GiB of device memory"
+        )
+    return budget
+
+
+def check_budget(workload: Workload, batch: int, budget: int) -> None:
+    """Raises if ``budget`` is below what no rematerialization can remove.
+
+    Weights, gradients, optimizer state, the batch and a gradient accumulator stay whatever
+    the policy; a budget below their sum is infeasible before any activation is counted.
+
+    Args:
+      workload: the step (its breakdown gives the fixed parts).
+      batch: the batch to check.
+      budget: bytes.
+
+    Raises:
+      DoesNotFit: with the byte breakdown (``parts``, ``fixed_bytes``) and what would fit
+        instead (``hints``: LoRA, a GPU with more memory, sharding over several GPUs); a
+        ``ValueError``, with all of that in its message.
+
+    Example:
+      >>> rk.check_budget(w, 4, rk.parse_budget("10GiB"))                 # doctest: +SKIP
+      DoesNotFit: llama3-8b ...: weights 14.96 GiB + gradients 14.96 GiB ... exceed ...
+    """
+    parts = workload.breakdown(batch)
+    fixed = sum(parts.get(k, 0) for k in FIXED_PARTS)
+    if fixed <= budget:
+        return
+    shown = " + ".join(
+        f"{name} {parts[key] / GIB:.2f} GiB" for key, name in _SHOWN_PARTS if parts.get(key)
+    )
+    where = f"{workload.label} " if workload.label else ""
+    hints = _what_would_fit(workload, parts, fixed, budget)
+    raise DoesNotFit(
+        f"{where}does not fit {budget / GIB:.2f} GiB on {workload.target.name} whatever the "
+        f"policy: {shown} = {fixed / GIB:.2f} GiB before any activation. "
+        "What would fit: " + "; ".join(hints) + ".",
+        target=workload.target.name,
+        limit_bytes=budget,
+        parts={k: parts[k] for k in FIXED_PARTS if k in parts},
+        hints=hints,
+    )
+
+
+def _what_would_fit(
+    workload: Workload, parts: Mapping[str, int], fixed: int, budget: int
+) -> list[str]:
+    hints = []
+    weights = parts.get("weights", 0)
+    if parts.get("gradients", 0) and weights < 0.8 * budget:
+        hints.append(
+            f"LoRA (--lora 16: frozen base weights carry no gradients or optimizer state, "
+            f"about {weights / GIB:.1f} GiB plus adapters)"
+        )
+    bigger = []
+    for name in target_names():
+        if name in ("cpu", "local"):
+            continue
+        mem = _target(name).memory_bytes or 0
+        if mem * (1 - DEFAULT_HEADROOM) > fixed * 1.15 and mem > (
+            workload.target.memory_bytes or 0
+        ):
+            bigger.append(f"{name} ({mem / GIB:.0f} GiB)")
+    if bigger:
+        hints.append(f"a GPU with more memory: {', '.join(bigger)}")
+    # Sharding weights, gradients and optimizer state (FSDP/ZeRO-3) divides them by the GPU
+    # count; leave about a third of the budget for activations.
+    n = max(2, math.ceil(fixed / (0.66 * budget)))
+    hints.append(
+        f"sharding weights, gradients and optimizer state over {n}+ GPUs (FSDP/ZeRO-3: about "
+        f"{fixed / n / GIB:.1f} GiB each, an estimate)"
+    )
+    return hints

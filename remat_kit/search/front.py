@@ -1,0 +1,182 @@
+"""The Pareto front: compiled peak against estimated overhead, the dominated points marked.
+
+:func:`front` compiles catalogue policies and segment schedules and adds plans;
+:func:`pareto_front` marks which points another beats on both axes. Drawing it is
+:func:`remat_kit.render.front.plot_front`.
+
+Example:
+  >>> import remat_kit as rk                                           # doctest: +SKIP
+  >>> pts = rk.front(w, 4, plans=[rk.plan(w, 4)])
+  >>> [p.label for p in pts if not p.dominated]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+from remat_kit.policies import Policy, as_policy
+from remat_kit.schedules import Schedule, label, parse_schedule
+from remat_kit.search.budget import GIB
+from remat_kit.search.planner import Plan
+from remat_kit.search.workload import DEFAULT_HIDE, NO_SCHEDULE, Workload
+
+__all__ = [
+    "FRONT_POLICIES",
+    "FRONT_SCHEDULES",
+    "FrontPoint",
+    "front",
+    "pareto_front",
+]
+
+#: Catalogue policies a Pareto front compiles by default (the main ones).
+FRONT_POLICIES: tuple[str, ...] = (
+    "none",
+    "full",
+    "block",
+    "dots",
+    "dots_no_batch",
+    "minimal",
+    "qkv_proj",
+    "context",
+    "megatron",
+    "offload_dots_no_batch",
+    "minimal_offloaded",
+)
+
+#: (policy, schedule) pairs a Pareto front compiles by default: segment checkpointing.
+FRONT_SCHEDULES: tuple[tuple[str, str], ...] = (
+    ("none", "sqrt"),
+    ("none", "every:2"),
+    ("full", "sqrt"),
+    ("minimal", "every:2"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FrontPoint:
+    """One point of a memory / overhead front.
+
+    Attributes:
+      label: what it is (policy, ``policy @ schedule``, ``plan 52.0 GiB``).
+      kind: ``catalogue``, ``schedule`` or ``plan``.
+      peak_bytes: compiled peak.
+      overhead: estimated step-time overhead (recompute plus exposed host transfer).
+      recompute_overhead: extra FLOPs of recomputation.
+      fits: the peak fits the device (None when unknown).
+      dominated: another point is at most as large and at most as slow, and better in one.
+      dominated_by: the label of one such point.
+    """
+
+    label: str
+    kind: str
+    peak_bytes: int
+    overhead: float
+    recompute_overhead: float
+    fits: bool | None = None
+    dominated: bool = False
+    dominated_by: str | None = None
+
+
+def pareto_front(points: Iterable[FrontPoint], *, rtol: float = 1e-6) -> tuple[FrontPoint, ...]:
+    """Marks each point dominated or not (smaller peak and lower overhead both win).
+
+    A point is dominated when another has a peak and an overhead no larger and is strictly
+    better in at least one (overheads within ``rtol`` count as equal). Identical points do not
+    dominate each other.
+
+    Args:
+      points: the points, any order.
+      rtol: tolerance on overhead (float noise), relative to the larger of 1 and the value.
+
+    Returns:
+      The points in the same order, with ``dominated``/``dominated_by`` set.
+
+    Example:
+      >>> a = FrontPoint("a", "catalogue", 10, 0.2, 0.2)
+      >>> b = FrontPoint("b", "catalogue", 12, 0.3, 0.3)
+      >>> [p.dominated for p in pareto_front([a, b])]
+      [False, True]
+    """
+    pts = list(points)
+    out = []
+    for p in pts:
+        by = None
+        for q in pts:
+            if q is p:
+                continue
+            tol = rtol * max(1.0, abs(p.overhead))
+            le_peak, le_over = q.peak_bytes <= p.peak_bytes, q.overhead <= p.overhead + tol
+            strict = q.peak_bytes < p.peak_bytes or q.overhead < p.overhead - tol
+            if le_peak and le_over and strict:
+                by = q.label
+                break
+        out.append(dataclasses.replace(p, dominated=by is not None, dominated_by=by))
+    return tuple(out)
+
+
+def front(
+    workload: Workload,
+    batch: int,
+    *,
+    policies: Iterable[Any] = FRONT_POLICIES,
+    schedules: Iterable[tuple[Any, Any]] = FRONT_SCHEDULES,
+    plans: Iterable[Plan] = (),
+    hide: float = DEFAULT_HIDE,
+) -> tuple[FrontPoint, ...]:
+    """Compiles catalogue policies and segment schedules; returns them and ``plans`` as a front.
+
+    Args:
+      workload: the step.
+      batch: the batch.
+      policies: catalogue policies (names/specs/Policies), each with schedule ``none``.
+      schedules: ``(policy, schedule)`` pairs.
+      plans: Plans for the same workload and batch.
+      hide: as for :func:`plan` (offload beyond it counts as overhead).
+
+    Returns:
+      FrontPoints with dominated ones marked (see :func:`pareto_front`).
+
+    Raises:
+      ValueError: a plan for another batch.
+
+    Example:
+      >>> pts = rk.front(w, 4, plans=[rk.plan(w, 4)])                    # doctest: +SKIP
+      >>> [p.label for p in pts if not p.dominated]
+    """
+    pts = []
+    for spec in policies:
+        pol = as_policy(spec)
+        pts.append(_point(workload, batch, pol, NO_SCHEDULE, pol.spec, "catalogue", hide))
+    for spec, sch in schedules:
+        pol, s = as_policy(spec), parse_schedule(sch)
+        pts.append(_point(workload, batch, pol, s, label(pol.spec, s.spec), "schedule", hide))
+    for p in plans:
+        if p.batch != batch:
+            raise ValueError(f"a plan for batch {p.batch} cannot join a front for batch {batch}")
+        pts.append(
+            FrontPoint(
+                label=f"plan {p.budget_bytes / GIB:.2f} GiB",
+                kind="plan",
+                peak_bytes=p.peak_bytes,
+                overhead=p.overhead,
+                recompute_overhead=p.recompute_overhead,
+                fits=p.report.fits if p.report is not None else None,
+            )
+        )
+    return pareto_front(pts)
+
+
+def _point(
+    w: Workload, batch: int, pol: Policy, sch: Schedule, label: str, kind: str, hide: float
+) -> FrontPoint:
+    r = w._compiled(pol, sch, batch)
+    return FrontPoint(
+        label=label,
+        kind=kind,
+        peak_bytes=r.peak_bytes,
+        overhead=w.overhead_of(r, batch, hide),
+        recompute_overhead=w._recompute(pol, sch, batch),
+        fits=r.fits,
+    )

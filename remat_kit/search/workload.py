@@ -1,0 +1,219 @@
+"""The Workload: a training step the search may compile or trace for any policy and batch.
+
+A :class:`Workload` holds callbacks that compile (``measure_fn``) or trace (``flops_fn``,
+``residuals_fn``, ``breakdown_fn``) one training step for a policy, a layer schedule and a batch
+size, plus the target it is compiled for. It caches every answer, so a plan, a max-batch search
+and a Pareto front over the same workload share their compiles.
+
+Its public methods take what users write (a policy name, a Policy, a jax callable) and
+normalise it once; the rest of :mod:`remat_kit.search` calls the private methods with
+``Policy`` and ``Schedule`` objects it already holds.
+
+Example:
+  >>> import remat_kit as rk                                           # doctest: +SKIP
+  >>> w = rk.Workload(measure_fn, flops_fn, target=rk.target("h100"), seq=2048)
+  >>> w.report("full", "none", 4).peak_bytes
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from remat_kit.analysis import MemoryReport
+from remat_kit.policies import Policy, as_policy, policy
+from remat_kit.residuals import ResidualReport
+from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.targets import Target
+
+__all__ = [
+    "DEFAULT_HIDE",
+    "Workload",
+]
+
+#: Fraction of the step's compute time (at peak bf16 throughput) that host transfers may take
+#: and still count as hidden behind compute. Device->host copies overlap the forward pass and
+#: host->device copies the backward pass, and both share HBM bandwidth with the kernels, so
+#: only part of the step is usable; half is the default.
+DEFAULT_HIDE = 0.5
+
+#: The policies and the schedule the search names itself, built once and passed as objects.
+NO_REMAT = policy("none")
+FULL = policy("full")
+NO_SCHEDULE = parse_schedule("none")
+
+#: What no policy removes, as named in a breakdown.
+FIXED_PARTS = ("weights", "gradients", "optimizer", "batch", "grad_accumulator")
+
+MeasureFn = Callable[[Policy, Schedule, int], MemoryReport]
+FlopsFn = Callable[[Policy, Schedule, int], float]
+ResidualsFn = Callable[[Policy, Schedule, int], ResidualReport]
+BreakdownFn = Callable[[int], Mapping[str, int]]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Workload:
+    """A training step the search may compile for any policy, schedule and batch size.
+
+    The callbacks hold the model; remat_kit only calls them (``models.measure.workload`` builds
+    one from a preset). Every answer is cached in this object, keyed by (policy spec, schedule,
+    batch), so searches over the same workload share compiles and traces.
+
+    Attributes:
+      measure_fn: ``(policy, schedule, batch) -> MemoryReport`` compiled for ``target``.
+      flops_fn: ``(policy, schedule, batch) -> FLOPs`` of the whole step, traced, not compiled.
+      target: where ``measure_fn`` compiles.
+      seq: tokens per sequence (tokens per step = batch x seq).
+      n_layers: layers of the stack (the granularity of layer schedules a plan may use).
+      batch_multiple: batch sizes must be multiples of this (gradient accumulation steps).
+      residuals_fn: ``(policy, schedule, batch) -> ResidualReport`` of one micro-batch, traced;
+        needed by :func:`plan`.
+      breakdown_fn: ``batch -> {"weights", "gradients", "optimizer", "batch",
+        "grad_accumulator"}`` bytes from shapes, traced; used to reject budgets below what
+        no policy can go under.
+      label: a name for tables (model, sequence, optimizer).
+
+    Example:
+      >>> import remat_kit as rk                                       # doctest: +SKIP
+      >>> w = rk.Workload(measure_fn, flops_fn, target=rk.target("h100"), seq=2048)
+      >>> w.report("full", "none", 4).peak_bytes
+    """
+
+    measure_fn: MeasureFn
+    flops_fn: FlopsFn
+    target: Target
+    seq: int = 1
+    n_layers: int = 1
+    batch_multiple: int = 1
+    residuals_fn: ResidualsFn | None = None
+    breakdown_fn: BreakdownFn | None = None
+    label: str = ""
+    _reports: dict[Hashable, MemoryReport] = dataclasses.field(
+        default_factory=dict, init=False, repr=False
+    )
+    _flops: dict[Hashable, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _residuals: dict[Hashable, ResidualReport] = dataclasses.field(
+        default_factory=dict, init=False, repr=False
+    )
+    _memo: dict[Hashable, Any] = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def report(self, policy: Any, schedule: Any = "none", batch: int = 1) -> MemoryReport:
+        """The compiled report of the step (cached)."""
+        return self._compiled(as_policy(policy), parse_schedule(schedule), batch)
+
+    def flops(self, policy: Any, schedule: Any = "none", batch: int = 1) -> float:
+        """FLOPs of the step, recomputation included (traced, cached)."""
+        return self._traced_flops(as_policy(policy), parse_schedule(schedule), batch)
+
+    def baseline(self, batch: int) -> float:
+        """FLOPs of the step without rematerialization."""
+        return self._traced_flops(NO_REMAT, NO_SCHEDULE, batch)
+
+    def recompute_overhead(self, policy: Any, schedule: Any = "none", batch: int = 1) -> float:
+        """Extra FLOPs of recomputation, as a fraction of the step without remat."""
+        return self._recompute(as_policy(policy), parse_schedule(schedule), batch)
+
+    def residuals(self, policy: Any, schedule: Any = "none", batch: int = 1) -> ResidualReport:
+        """What the policy keeps for the backward pass, by tag (traced, cached).
+
+        Raises:
+          ValueError: the workload has no ``residuals_fn``.
+        """
+        return self._traced_residuals(as_policy(policy), parse_schedule(schedule), batch)
+
+    def breakdown(self, batch: int) -> dict[str, int]:
+        """Bytes of weights/gradients/optimizer/batch/accumulator (shapes; or one compile)."""
+        key = ("breakdown", batch)
+        if key not in self._memo:
+            if self.breakdown_fn is not None:
+                parts = dict(self.breakdown_fn(batch))
+            else:
+                parts = dict(self._compiled(FULL, NO_SCHEDULE, batch).breakdown)
+            self._memo[key] = {k: int(v) for k, v in parts.items() if k != "activations"}
+        return dict(self._memo[key])
+
+    def fixed_bytes(self, batch: int) -> int:
+        """Bytes no policy removes: weights, gradients, optimizer state, batch, accumulator."""
+        parts = self.breakdown(batch)
+        return sum(parts.get(k, 0) for k in FIXED_PARTS)
+
+    @property
+    def compiles(self) -> int:
+        """Number of programs compiled so far."""
+        return len(self._reports)
+
+    def step_seconds(self, batch: int) -> float | None:
+        """The step's compute time at the target's peak bf16 throughput (an estimate)."""
+        if not self.target.peak_bf16_flops:
+            return None
+        return self.baseline(batch) / self.target.peak_bf16_flops
+
+    def overhead_of(self, report: MemoryReport, batch: int, hide: float = DEFAULT_HIDE) -> float:
+        """Estimated step-time overhead of a compiled report: recompute plus exposed transfer.
+
+        Recompute is the extra FLOPs against the step without remat. Offloaded bytes cross the
+        host link twice (out in the forward pass, back in the backward pass); the part of that
+        transfer time beyond ``hide`` x the step's compute time cannot hide behind compute and
+        is added, as a fraction of the step's compute time.
+        """
+        flops = (
+            report.flops
+            if math.isfinite(report.flops)
+            else self.flops(report.policy or "none", report.schedule or "none", batch)
+        )
+        recompute = flops / self.baseline(batch) - 1.0
+        return recompute + self._exposed_fraction(host_bytes(report), batch, hide)
+
+    def transfer_seconds(self, host_bytes: int) -> float | None:
+        """Seconds to move ``host_bytes`` to host and back over the target's host link."""
+        if not host_bytes:
+            return 0.0
+        if not self.target.host_link_bandwidth:
+            return None
+        return 2.0 * host_bytes / self.target.host_link_bandwidth
+
+    # The search's own entry: Policy and Schedule objects, never normalised again.
+
+    def _compiled(self, pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
+        key = _key(pol, sch, batch)
+        if key not in self._reports:
+            self._reports[key] = self.measure_fn(pol, sch, batch)
+        return self._reports[key]
+
+    def _traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
+        key = _key(pol, sch, batch)
+        if key not in self._flops:
+            self._flops[key] = float(self.flops_fn(pol, sch, batch))
+        return self._flops[key]
+
+    def _recompute(self, pol: Policy, sch: Schedule, batch: int) -> float:
+        return self._traced_flops(pol, sch, batch) / self.baseline(batch) - 1.0
+
+    def _traced_residuals(self, pol: Policy, sch: Schedule, batch: int) -> ResidualReport:
+        if self.residuals_fn is None:
+            raise ValueError("this Workload has no residuals_fn; rk.plan needs residual sizes")
+        key = _key(pol, sch, batch)
+        if key not in self._residuals:
+            self._residuals[key] = self.residuals_fn(pol, sch, batch)
+        return self._residuals[key]
+
+    def _exposed_fraction(self, host_bytes: int, batch: int, hide: float) -> float:
+        transfer = self.transfer_seconds(host_bytes)
+        step = self.step_seconds(batch)
+        if not host_bytes:
+            return 0.0
+        if transfer is None or step is None:
+            return math.inf  # a target without a host link figure: offload cannot be costed
+        return max(0.0, transfer - hide * step) / step
+
+
+def _key(pol: Policy, sch: Schedule, batch: int) -> Hashable:
+    p = (pol.spec, id(pol.jax_policy)) if pol.name == "custom" else pol.spec
+    return (p, sch, int(batch))
+
+
+def host_bytes(report: MemoryReport) -> int:
+    """Bytes a compiled report keeps in host memory (offloaded)."""
+    return int(report.host_temp_bytes or report.host_bytes or 0)
