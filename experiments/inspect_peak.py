@@ -21,6 +21,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import models
     import remat_kit as rk
+    import remat_kit.render.front
+    import remat_kit.render.timeline
     from models.measure import Options, measure, model_config
 
     target = rk.target(args.target)
@@ -41,7 +43,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             start = time.perf_counter()
             cfg = model_config(opts, rk.as_policy(policy), target)
             step = rk.build_train_step(models.build(cfg), opts.train_config())
-            r = rk.inspect_step(step, target, meta={"policy": policy, "attention": cfg.attention})
+            r = rk.peak.inspect_step(
+                step, target, meta={"policy": policy, "attention": cfg.attention}
+            )
             inspect_s = time.perf_counter() - start
         reports[policy] = r
         summary.append(
@@ -71,13 +75,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         cats.append({"policy": policy, **{c: v / GIB for c, v in r.by_category.items()}})
         if policy == "minimal":
-            rk.plot_timeline(
+            rk.render.timeline.plot_timeline(
                 r,
                 args.out / "inspect_timeline_minimal.png",
                 title=f"llama3-8b b4 s2048 minimal ({cfg.attention}) on {target.name}",
                 memory_bytes=target.memory_bytes,
             )
-    d = rk.diff_peaks(reports["full"], reports["none"])
+    d = rk.peak.diff(reports["full"], reports["none"])
     write_json(
         args.out / "inspect_peak.json",
         {

@@ -31,7 +31,7 @@ def _plan_rows(rk: Any, attention: str, offload: bool, sweep: bool) -> dict[str,
     t = rk.target("h100")
     start = time.perf_counter()
     w = workload(opts, t)
-    budget = rk.parse_budget(BUDGET, t.memory_bytes)
+    budget = rk.search.parse_budget(BUDGET, t.memory_bytes)
     p = rk.plan(w, 4, budget, offload=offload)
     plan_seconds = time.perf_counter() - start
     # The CLI also compiles the catalogue beside the plan: time that too.
@@ -58,7 +58,7 @@ def _plan_rows(rk: Any, attention: str, offload: bool, sweep: bool) -> dict[str,
                 }
             )
     plans = [p] + [rk.plan(w, 4, int(r["budget_gib"] * GIB), offload=offload) for r in sweep_rows]
-    front = rk.front(w, 4, policies=CATALOGUE, schedules=rk.FRONT_SCHEDULES, plans=plans)
+    front = rk.front(w, 4, policies=CATALOGUE, schedules=rk.search.FRONT_SCHEDULES, plans=plans)
     rows = [
         {
             "what": pt.label if pt.kind != "plan" else f"PLAN ({pt.label})",
@@ -130,7 +130,7 @@ def _fits(rk: Any, quick: bool) -> list[dict[str, Any]]:
             t0 = time.perf_counter()
             for pol in ("none", "full", "minimal", "plan"):
                 if pol == "plan":
-                    fit, _ = rk.max_batch_plan(w, start=start_batch)
+                    fit, _ = rk.search.max_batch_plan(w, start=start_batch)
                 else:
                     fit = rk.max_batch(w, pol, start=start_batch)
                 rows.append(
@@ -167,8 +167,10 @@ def _fits(rk: Any, quick: bool) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import remat_kit as rk
+    import remat_kit.render.front
+    import remat_kit.render.timeline
 
-    rk.configure_for_deviceless()
+    rk.targets.configure_for_deviceless()
     warnings.simplefilter("ignore")
     # Warm-up: the first compile in a process loads the CUDA compiler plugin.
     from models.measure import Options, measure
@@ -242,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _plot(rk: Any, p: dict[str, Any], path: Any) -> None:
-    rk.plot_front(
+    rk.render.front.plot_front(
         p["_front"],
         path,
         title=f"llama3-8b b4 s2048 sgd on h100, attention={p['attention']}: memory vs overhead",

@@ -52,7 +52,7 @@ def _wall_clock(preset, overrides, batch, seq, steps: int) -> dict:
         )
         params = module.init(jax.random.key(0), jnp.zeros((batch, seq), jnp.int32))
         tr = params  # all trainable: the step's first argument is the full tree
-        opt = rk.make_optimizer("sgd").init(tr)
+        opt = rk.train.make_optimizer("sgd").init(tr)
         toks = jax.random.randint(jax.random.key(1), (batch, seq), 0, cfg.vocab_size)
         batch_ = {"tokens": toks, "targets": toks}
         fns[policy] = jax.jit(step.fn)

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
     lora = workload(Options("llama3-70b", batch=1, seq=2048, optimizer="adamw", lora=16), target)
     try:
-        rk.check_budget(lora, 1, rk.parse_budget("0.97", target.memory_bytes))
+        rk.search.check_budget(lora, 1, rk.search.parse_budget("0.97", target.memory_bytes))
         best = rk.max_batch(lora, "full").max_batch
         plan = rk.plan(lora, 1, extra=[rk.policy("full"), rk.policy("minimal")])
         verdict = (

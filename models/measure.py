@@ -14,7 +14,6 @@ import jax
 import remat_kit as rk
 from models import build, get_config
 from models.config import ModelConfig
-from remat_kit.targets import cudnn_attention_available
 
 __all__ = [
     "Options",
@@ -100,8 +99,8 @@ def resolve_attention(requested: str, target: rk.Target, cfg: ModelConfig | None
         usable = cfg is None or (
             jax.numpy.dtype(cfg.dtype).itemsize == 2 and cfg.dropout_rate == 0.0
         )
-        return "cudnn" if usable and cudnn_attention_available(target) else "xla"
-    if requested == "cudnn" and not cudnn_attention_available(target):
+        return "cudnn" if usable and rk.cudnn_attention_available(target) else "xla"
+    if requested == "cudnn" and not rk.cudnn_attention_available(target):
         raise ValueError(
             "attention='cudnn' needs an NVIDIA target with compute capability >= 8.0 and the "
             f"cuDNN wheel (pip install 'jax[cuda12]'); {target.name} has neither: "
@@ -196,7 +195,7 @@ def measure(
         meta=meta,
         warn=warn,
     )
-    report = rk.add_breakdown(report, step)
+    report = rk.train.add_breakdown(report, step)
     if baseline:
         report = report.replace(
             meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
@@ -206,7 +205,7 @@ def measure(
     return report
 
 
-def _train_step(opts: Options, cfg: ModelConfig, t: rk.Target) -> rk.TrainStep:
+def _train_step(opts: Options, cfg: ModelConfig, t: rk.Target) -> rk.train.TrainStep:
     """The train step of ``opts`` for ``cfg``, sharded over ``t``'s devices when asked."""
     if not opts.shard:
         return rk.build_train_step(build(cfg), opts.train_config())
@@ -219,10 +218,10 @@ def _with_offload_estimate(
 ) -> rk.MemoryReport:
     # The same step with the offloaded tensors recomputed instead: traced, not compiled.
     alt = rk.build_train_step(
-        build(cfg.replace(policy=rk.recompute_instead(pol))), opts.train_config()
+        build(cfg.replace(policy=rk.policies.recompute_instead(pol))), opts.train_config()
     )
     extra = rk.count_flops(alt.fn, *alt.args).total - report.flops
-    est = rk.transfer_estimate(report, t, max(extra, 0.0))
+    est = rk.analysis.transfer_estimate(report, t, max(extra, 0.0))
     if est is None:
         return report
     notes = list(report.warnings)
@@ -245,7 +244,7 @@ def baseline_flops(opts: Options, target: rk.Target | str) -> float:
 
 def residuals(
     opts: Options, policy: Any, target: rk.Target | str, schedule: Any = "none"
-) -> rk.ResidualReport:
+) -> rk.residuals.ResidualReport:
     """What ``policy`` keeps for the backward pass of one micro-batch, by tag."""
     t = rk.as_target(target)
     cfg = model_config(opts, policy, t, schedule)
@@ -298,7 +297,9 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
     def flops_fn(policy: rk.Policy, schedule: rk.Schedule, batch: int) -> float:
         return step_flops(at(batch), policy, t, schedule)
 
-    def residuals_fn(policy: rk.Policy, schedule: rk.Schedule, batch: int) -> rk.ResidualReport:
+    def residuals_fn(
+        policy: rk.Policy, schedule: rk.Schedule, batch: int
+    ) -> rk.residuals.ResidualReport:
         # The planner sizes what one GPU keeps: under data parallelism that is the residuals
         # of the per-device share of the batch (tp splits them further; compiles verify).
         per_device = dataclasses.replace(at(max(opts.accum, batch // ways)), shard=None)

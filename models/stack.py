@@ -7,7 +7,6 @@ import jax
 
 import remat_kit as rk
 from models.config import ModelConfig
-from remat_kit import sharding
 
 
 class BlockStack(nn.Module):
@@ -30,7 +29,7 @@ class BlockStack(nn.Module):
         if self.is_initializing():
             return self._init_layers(x)
         # Parameters may arrive boxed with their logical axes (nn.Partitioned): slice values.
-        variables = sharding.strip_boxes(self.variables["params"])
+        variables = rk.strip_boxes(self.variables["params"])
         if cfg.scan_layers:
             params = variables["layers"]
         else:

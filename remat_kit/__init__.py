@@ -1,5 +1,9 @@
 """remat_kit: activation rematerialization for JAX/Flax, measured for a named GPU.
 
+The public API is the names below, grouped by concept; everything else lives in the
+submodules (``remat_kit.search``, ``remat_kit.peak``, ``remat_kit.policies`` ...), whose own
+``__all__`` lists what they offer.
+
 Example:
   >>> import remat_kit as rk
   >>> rk.policy("minimal").name
@@ -7,161 +11,60 @@ Example:
 """
 
 from remat_kit import names
-from remat_kit.analysis import (
-    MemoryReport,
-    RematWarning,
-    TransferEstimate,
-    abstract,
-    memory_report,
-    transfer_estimate,
-)
-from remat_kit.flops import FlopCount, count_flops, count_jaxpr_flops
-from remat_kit.inspect import (
-    TRAIN_STEP_CATEGORIES,
-    InspectError,
-    PeakBuffer,
-    PeakDiff,
-    PeakReport,
-    inspect,
-    inspect_step,
-    plot_timeline,
-)
-from remat_kit.inspect import diff as diff_peaks
-from remat_kit.policies import (
-    Policy,
-    as_policy,
-    decide,
-    parse_policy,
-    policy,
-    policy_names,
-    recompute_instead,
-)
-from remat_kit.residuals import Residual, ResidualReport, saved_residuals
-from remat_kit.schedules import (
-    Run,
-    Schedule,
-    apply_layers,
-    parse_schedule,
-    schedule,
-    schedule_names,
-)
-from remat_kit.search import (
-    DEFAULT_HEADROOM,
-    DEFAULT_HIDE,
-    FRONT_POLICIES,
-    FRONT_SCHEDULES,
-    Advice,
-    BatchFit,
-    FrontPoint,
-    Plan,
-    PlanCandidate,
-    ScaleOut,
-    Workload,
-    advise,
-    check_budget,
-    front,
-    gpus_needed,
-    max_batch,
-    max_batch_plan,
-    pareto_front,
-    parse_budget,
-    plan,
-    plot_front,
-)
-from remat_kit.sharding import MeshPlan, param_shardings, parse_shard
-from remat_kit.targets import (
-    Target,
-    TargetError,
-    as_target,
-    configure_for_deviceless,
-    custom_target,
-    target,
-    target_from_config,
-    target_names,
-)
-from remat_kit.train import (
-    OPTIMIZERS,
-    TrainConfig,
-    TrainStep,
-    add_breakdown,
-    build_train_step,
-    make_optimizer,
-)
+from remat_kit.analysis import MemoryReport, memory_report
+from remat_kit.errors import DoesNotFit, RematKitError, TargetError, UnknownName
+from remat_kit.flops import count_flops
+from remat_kit.peak import PeakReport, inspect
+from remat_kit.policies import Policy, as_policy, decide, policy, policy_names
+from remat_kit.residuals import saved_residuals
+from remat_kit.schedules import Schedule, apply_layers, parse_schedule, schedule
+from remat_kit.search import Workload, advise, front, max_batch, plan
+from remat_kit.sharding import parse_shard, strip_boxes
+from remat_kit.targets import Target, as_target, cudnn_attention_available, target, target_names
+from remat_kit.train import TrainConfig, build_train_step
 from remat_kit.wrap import remat
 
-__all__ = [
-    "DEFAULT_HEADROOM",
-    "DEFAULT_HIDE",
-    "FRONT_POLICIES",
-    "FRONT_SCHEDULES",
-    "OPTIMIZERS",
-    "TRAIN_STEP_CATEGORIES",
-    "Advice",
-    "BatchFit",
-    "FlopCount",
-    "FrontPoint",
-    "InspectError",
-    "MemoryReport",
-    "MeshPlan",
-    "PeakBuffer",
-    "PeakDiff",
-    "PeakReport",
-    "Plan",
-    "PlanCandidate",
-    "Policy",
-    "RematWarning",
-    "Residual",
-    "ResidualReport",
-    "Run",
-    "ScaleOut",
-    "Schedule",
-    "Target",
-    "TargetError",
-    "TrainConfig",
-    "TrainStep",
-    "TransferEstimate",
-    "Workload",
-    "abstract",
-    "add_breakdown",
-    "advise",
-    "apply_layers",
-    "as_policy",
-    "as_target",
-    "build_train_step",
-    "check_budget",
-    "configure_for_deviceless",
-    "count_flops",
-    "count_jaxpr_flops",
-    "custom_target",
-    "decide",
-    "diff_peaks",
-    "front",
-    "gpus_needed",
-    "inspect",
-    "inspect_step",
-    "make_optimizer",
-    "max_batch",
-    "max_batch_plan",
-    "memory_report",
+__all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
+    # what a checkpointed block keeps
     "names",
-    "param_shardings",
-    "pareto_front",
-    "parse_budget",
-    "parse_policy",
-    "parse_schedule",
-    "parse_shard",
-    "plan",
-    "plot_front",
-    "plot_timeline",
+    "Policy",
     "policy",
     "policy_names",
-    "recompute_instead",
+    "as_policy",
+    "decide",
     "remat",
-    "saved_residuals",
+    # where checkpoints sit along the depth
+    "Schedule",
     "schedule",
-    "schedule_names",
+    "parse_schedule",
+    "apply_layers",
+    # where memory is measured
+    "Target",
     "target",
-    "target_from_config",
     "target_names",
-    "transfer_estimate",
+    "as_target",
+    "cudnn_attention_available",
+    # the step and its sharding
+    "TrainConfig",
+    "build_train_step",
+    "parse_shard",
+    "strip_boxes",
+    # what XLA says about it
+    "MemoryReport",
+    "memory_report",
+    "count_flops",
+    "saved_residuals",
+    "PeakReport",
+    "inspect",
+    # searching over policies, batches and GPUs
+    "Workload",
+    "max_batch",
+    "plan",
+    "front",
+    "advise",
+    # errors
+    "RematKitError",
+    "UnknownName",
+    "DoesNotFit",
+    "TargetError",
 ]

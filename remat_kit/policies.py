@@ -18,7 +18,7 @@ import jax
 from jax.ad_checkpoint import Offloadable, Saveable, checkpoint_name
 
 from remat_kit import names as _names
-from remat_kit.errors import unknown
+from remat_kit.errors import BadValue, unknown
 
 __all__ = [
     "Policy",
@@ -182,6 +182,11 @@ def _save_names(name: str, description: str, saved: tuple[str, ...]) -> Callable
 
 def _names_policy(save: Iterable[str]) -> Policy:
     saved = _names_param("save", save)
+    if not saved:
+        raise BadValue(
+            "policy 'names' needs at least one tag to save, e.g. names:save=query_proj+mlpwo; "
+            "to save no tagged tensor use 'full'"
+        )
     return Policy(
         "names",
         f"save only tensors tagged {', '.join(saved) or '(none)'}; recompute the rest",
@@ -214,6 +219,11 @@ def _offload_policy(
 ) -> Policy:
     moved = _names_param("offload", offload)
     kept = _names_param("save", save)
+    if not moved:
+        raise BadValue(
+            "policy 'offload' needs at least one tag to offload, e.g. offload:offload=context; "
+            "to offload nothing use 'names' (save=...) or 'full'"
+        )
     if not isinstance(dst, str):
         raise TypeError(
             f"dst={dst!r} must be a memory kind string, one of {', '.join(_OFFLOAD_DSTS)}"

@@ -59,7 +59,7 @@ def _run(model: str, plan: str, policy: str, accum: int) -> dict:
 
     ref_step = rk.build_train_step(module, config)
     tr, fr = _split(ref_step, params)
-    opt = rk.make_optimizer("adamw").init(tr)
+    opt = rk.train.make_optimizer("adamw").init(tr)
     ref_out = jax.jit(ref_step.fn)(tr, fr, opt, batch)
     micro = {k: v[: config.micro_batch] for k, v in batch.items()}
     ref_loss, ref_grads = jax.jit(jax.value_and_grad(ref_step.loss_fn))(tr, fr, micro)

@@ -135,7 +135,7 @@ def test_warning_when_names_match_no_tag_and_offload_moves_nothing():
         pol = rk.policy("offload", offload=["my_tensor"])
     f = rk.remat(lambda x, w: jnp.tanh(x @ w).sum(), pol)
     args = (jax.ShapeDtypeStruct((256, 256), jnp.float32),) * 2
-    with pytest.warns(rk.RematWarning, match="tags none of them"):
+    with pytest.warns(rk.analysis.RematWarning, match="tags none of them"):
         r = rk.memory_report(jax.grad(f), *args, target="h100", policy=pol)
     assert any("moved 0 bytes" in w for w in r.warnings)
 

@@ -15,6 +15,7 @@ from conftest import SMALL
 
 import models
 import remat_kit as rk
+import remat_kit.render.timeline
 from models.measure import Options, model_config
 from remat_kit.cli import inspect as inspect_cli
 from remat_kit.peak import CATEGORIES, InspectError, diff, dump
@@ -31,7 +32,7 @@ def _step(policy: str):
 @pytest.fixture(scope="module")
 def minimal():
     step, target = _step("minimal")
-    report = rk.inspect_step(step, target, meta={"policy": "minimal"})
+    report = rk.peak.inspect_step(step, target, meta={"policy": "minimal"})
     plain = rk.memory_report(
         step.fn, *step.args, target=target, donate_argnums=step.donate_argnums, warn=False
     )
@@ -41,7 +42,7 @@ def minimal():
 @pytest.fixture(scope="module")
 def nothing_saved_but_inputs():
     step, target = _step("none")
-    return rk.inspect_step(step, target, meta={"policy": "none"})
+    return rk.peak.inspect_step(step, target, meta={"policy": "none"})
 
 
 def test_peak_equals_memory_report(minimal):
@@ -132,7 +133,9 @@ def test_to_dict_is_json_ready(minimal, tmp_path):
     assert sum(back["by_category"].values()) == r.peak_bytes
     assert len(back["buffers"]) == len(r.buffers)
     assert back["meta"]["policy"] == "minimal"
-    png = rk.plot_timeline(r, tmp_path / "t.png", memory_bytes=rk.target("h100").memory_bytes)
+    png = rk.render.timeline.plot_timeline(
+        r, tmp_path / "t.png", memory_bytes=rk.target("h100").memory_bytes
+    )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -140,8 +140,8 @@ def test_offload_rejects_bad_destination_and_overlap():
     ],
 )
 def test_spec_round_trip(spec):
-    p = rk.parse_policy(spec)
-    again = rk.parse_policy(p.spec)
+    p = rk.policies.parse_policy(spec)
+    again = rk.policies.parse_policy(p.spec)
     assert again.spec == p.spec
     assert [rk.decide(again, n) for n in names.VOCABULARY] == [
         rk.decide(p, n) for n in names.VOCABULARY

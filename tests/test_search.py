@@ -88,9 +88,11 @@ def _fake_measure(policy, schedule, batch):
 def _fake_residuals(policy, schedule, batch):
     kept = _kept(policy, schedule)
     res = tuple(
-        rk.Residual(t, (), "int8", int(batch * b), "saved", 1, "") for t, b in kept.items() if b
+        rk.residuals.Residual(t, (), "int8", int(batch * b), "saved", 1, "")
+        for t, b in kept.items()
+        if b
     )
-    return rk.ResidualReport(
+    return rk.residuals.ResidualReport(
         residuals=res,
         tags={t: "saved" if kept[t] else "recomputed" for t in TAGS},
         tag_bytes={t: b // LAYERS for t, (b, _) in TAGS.items()},
@@ -193,9 +195,9 @@ def test_check_budget_raises_does_not_fit_with_the_parts():
         # "activations" and unknown keys are not fixed: they must not count.
         breakdown_fn=lambda b: {**parts, "batch": 3 * b, "activations": 999, "other": 7},
     )
-    rk.check_budget(w, 2, 51)  # 10 + 10 + 20 + 5 + 3 * 2 = 51: exactly fits
+    rk.search.check_budget(w, 2, 51)  # 10 + 10 + 20 + 5 + 3 * 2 = 51: exactly fits
     with pytest.raises(DoesNotFit) as err:
-        rk.check_budget(w, 2, 50)
+        rk.search.check_budget(w, 2, 50)
     e = err.value
     assert isinstance(e, ValueError)
     assert e.parts == {**parts, "batch": 6}
@@ -252,7 +254,7 @@ def test_advise_branches_on_the_type_not_the_text():
     ],
 )
 def test_parse_budget(text, expected):
-    assert rk.parse_budget(text, 80 * 10**9) == expected
+    assert rk.search.parse_budget(text, 80 * 10**9) == expected
 
 
 @pytest.mark.parametrize(
@@ -268,12 +270,12 @@ def test_parse_budget(text, expected):
 )
 def test_parse_budget_rejects(text, message):
     with pytest.raises(ValueError, match=message):
-        rk.parse_budget(text, 80 * 10**9)
+        rk.search.parse_budget(text, 80 * 10**9)
 
 
 def test_fraction_needs_a_device():
     with pytest.raises(ValueError, match="no memory size"):
-        rk.parse_budget("0.5", None)
+        rk.search.parse_budget("0.5", None)
 
 
 # --- the Pareto front ----------------------------------------------------------------------------
@@ -281,16 +283,16 @@ def test_fraction_needs_a_device():
 
 def test_front_marks_dominated_points():
     pts = [
-        rk.FrontPoint("none", "catalogue", 100, 0.0, 0.0),
-        rk.FrontPoint("full", "catalogue", 30, 0.23, 0.23),
-        rk.FrontPoint("qkv", "catalogue", 40, 0.20, 0.20),
-        rk.FrontPoint("worse", "catalogue", 45, 0.21, 0.21),  # qkv is smaller and cheaper
-        rk.FrontPoint("tie-peak", "catalogue", 30, 0.30, 0.30),  # full: same peak, cheaper
-        rk.FrontPoint("plan", "plan", 52, 0.05, 0.05),
-        rk.FrontPoint("twin", "catalogue", 52, 0.05 + 1e-12, 0.05),  # equal to the plan
+        rk.search.FrontPoint("none", "catalogue", 100, 0.0, 0.0),
+        rk.search.FrontPoint("full", "catalogue", 30, 0.23, 0.23),
+        rk.search.FrontPoint("qkv", "catalogue", 40, 0.20, 0.20),
+        rk.search.FrontPoint("worse", "catalogue", 45, 0.21, 0.21),  # qkv is smaller and cheaper
+        rk.search.FrontPoint("tie-peak", "catalogue", 30, 0.30, 0.30),  # full: same peak, cheaper
+        rk.search.FrontPoint("plan", "plan", 52, 0.05, 0.05),
+        rk.search.FrontPoint("twin", "catalogue", 52, 0.05 + 1e-12, 0.05),  # equal to the plan
     ]
-    out = {p.label: p for p in rk.pareto_front(pts)}
-    assert [p.label for p in rk.pareto_front(pts)] == [p.label for p in pts]
+    out = {p.label: p for p in rk.search.pareto_front(pts)}
+    assert [p.label for p in rk.search.pareto_front(pts)] == [p.label for p in pts]
     assert {k for k, p in out.items() if p.dominated} == {"worse", "tie-peak"}
     assert out["worse"].dominated_by == "qkv" and out["tie-peak"].dominated_by == "full"
 
@@ -438,10 +440,10 @@ def _sharded_fake(devices):
 
 
 def test_gpus_needed_finds_the_fewest_that_fit():
-    got = rk.gpus_needed(_sharded_fake, 3, counts=(1, 2, 4, 8))
+    got = rk.search.gpus_needed(_sharded_fake, 3, counts=(1, 2, 4, 8))
     # 80 GiB + 4 GiB of batch (3 rounded up to 4 ways) halves at 2 GPUs: 42 GiB fits 76.7 GiB.
     assert got.devices == 2 and got.batch == 4
     assert [n for n, _ in got.tried] == [1, 2]
     assert got.peak_bytes == (80 + 4) * 2**30 // 2
-    none = rk.gpus_needed(_sharded_fake, 3, counts=(1,))
+    none = rk.search.gpus_needed(_sharded_fake, 3, counts=(1,))
     assert none.devices is None and "does not fit 1 x h100-80gb" in none.message

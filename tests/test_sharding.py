@@ -166,7 +166,7 @@ def test_opt_state_follows_the_parameters():
     params = {"layer": {"w": jax.ShapeDtypeStruct((4, 8), jnp.float32)}}
     sh = {"layer": {"w": jax.sharding.NamedSharding(mesh, P(None, "fsdp"))}}
     for name in ("adamw", "adafactor"):
-        opt = jax.eval_shape(rk.make_optimizer(name).init, params)
+        opt = jax.eval_shape(rk.train.make_optimizer(name).init, params)
         got = rks.opt_state_shardings(opt, params, sh, mesh)
         leaves = [
             (jax.tree_util.keystr(path), x.shape, s.spec)

@@ -39,7 +39,7 @@ def test_step_trains_on_cpu(optimizer):
     )
     params = module.init(jax.random.key(0), jnp.zeros((4, 16), jnp.int32))
     tr, fr = _split(step, params)
-    opt_state = rk.make_optimizer(optimizer, 3e-3).init(tr)
+    opt_state = rk.train.make_optimizer(optimizer, 3e-3).init(tr)
     toks = tokens(batch=4, seq=16)
     batch = {"tokens": toks, "targets": jnp.roll(toks, -1, axis=1)}
     fn = jax.jit(step.fn)
@@ -63,7 +63,7 @@ def test_accumulation_equals_one_big_batch():
             module, rk.TrainConfig(batch=4, seq=16, optimizer="sgd", accum=accum, learning_rate=0.1)
         )
         tr, fr = _split(step, params)
-        opt_state = rk.make_optimizer("sgd", 0.1).init(tr)
+        opt_state = rk.train.make_optimizer("sgd", 0.1).init(tr)
         results.append(jax.jit(step.fn)(tr, fr, opt_state, batch))
     for other in results[1:]:
         chex.assert_trees_all_close(other[0], results[0][0], rtol=1e-5, atol=1e-6)

@@ -39,12 +39,16 @@ class State:
 
 
 def tag_policy(save: Sequence[str], offload: Sequence[str]) -> Policy:
-    """The ``names`` (or ``offload``) policy that saves ``save`` and offloads ``offload``."""
+    """The ``names`` (or ``offload``) policy that saves ``save`` and offloads ``offload``.
+
+    With nothing saved or offloaded that is ``full``.
+    """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the user's own tags, outside the vocabulary, are fine
         if offload:
             return policy("offload", offload=list(offload), save=list(save))
-        return policy("names", save=list(save))
+        # Saving no tagged tensor is what "full" means; name it so.
+        return policy("names", save=list(save)) if save else policy("full")
 
 
 def _state(
