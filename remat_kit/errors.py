@@ -24,6 +24,7 @@ __all__ = [
     "BadValue",
     "DoesNotFit",
     "InspectError",
+    "OpenShardAxis",
     "RematKitError",
     "TargetError",
     "UnknownName",
@@ -97,6 +98,24 @@ def unknown(
     if close is None:
         close = difflib.get_close_matches(str(name), choices, n=n)
     return UnknownName(kind, name, choices, close, heading=heading)
+
+
+class OpenShardAxis(BadValue):
+    """A shard spec that leaves axis sizes open where they cannot be filled in.
+
+    One open axis takes the devices the others leave, so it needs the device count; more than
+    one open axis is never readable. A caller that learns the device count later (the CLI's
+    ``--shard`` before ``--gpus`` is known) catches this type and reads the spec again then.
+
+    Attributes:
+      spec: the spec given.
+      open_axes: the axes whose size was left out, in the order given.
+    """
+
+    def __init__(self, message: str, *, spec: str, open_axes: Iterable[str]):
+        super().__init__(message)
+        self.spec = spec
+        self.open_axes = tuple(open_axes)
 
 
 class TargetError(RematKitError, RuntimeError):

@@ -40,6 +40,7 @@ from flax.core import meta
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit._shapes import array_bytes
+from remat_kit.errors import OpenShardAxis
 from remat_kit.targets import Target
 
 __all__ = [
@@ -264,6 +265,7 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
     Raises:
       ValueError: an unknown axis, a bad or missing size, an axis named twice, or sizes that
         do not multiply to ``devices`` (one line naming the values and valid choices).
+      OpenShardAxis: (a ValueError) sizes left open without ``devices``, or more than one.
 
     Example:
       >>> parse_shard("tp:2,fsdp:4").spec
@@ -305,9 +307,11 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
     open_axes = [k for k, n in axes if n is None]
     if open_axes:
         if len(open_axes) > 1 or devices is None:
-            raise ValueError(
+            raise OpenShardAxis(
                 f"shard spec {spec!r} leaves the size of {', '.join(open_axes)} open: give sizes "
-                f"({_EXAMPLES}); only one axis may be left open, and only with a device count"
+                f"({_EXAMPLES}); only one axis may be left open, and only with a device count",
+                spec=spec,
+                open_axes=open_axes,
             )
         known = math.prod(n for _, n in axes if n is not None)
         if devices % known:

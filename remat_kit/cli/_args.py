@@ -8,25 +8,42 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from remat_kit.errors import OpenShardAxis
 from remat_kit.sharding import _EXAMPLES, parse_shard
+from remat_kit.targets import Target, target
 
 __all__ = [
     "Parser",
     "add_model_args",
     "add_search_args",
     "add_shard_args",
+    "comma_list",
     "fraction",
     "int_at_least",
     "non_negative_int",
     "positive_int",
+    "target_from_args",
 ]
 
 
-def int_at_least(minimum: int, what: str) -> argparse.Action:
-    """An argparse ``type=`` that accepts ints >= ``minimum``."""
+def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
+    """An argparse ``type=`` that accepts ints >= ``minimum``.
+
+    Args:
+      minimum: the smallest value accepted.
+      what: how the bound reads in the message, e.g. ``"positive"``.
+
+    Returns:
+      The type function.
+
+    Example:
+      >>> int_at_least(1, "positive")("3")
+      3
+    """
 
     def parse(text: str) -> int:
         try:
@@ -37,7 +54,7 @@ def int_at_least(minimum: int, what: str) -> argparse.Action:
             raise argparse.ArgumentTypeError(f"{value} must be {what}")
         return value
 
-    return parse  # type: ignore[return-value]
+    return parse
 
 
 positive_int = int_at_least(1, "positive")
@@ -53,6 +70,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
+    """Adds what every measuring command reads: the model, target, step options and ``--json``.
+
+    Args:
+      p: an argparse parser (or subparser).
+
+    Example:
+      >>> p = Parser(); add_model_args(p)
+      >>> p.parse_args(["--model", "tiny-llama", "--batch", "2"]).batch
+      2
+    """
     p.add_argument("--model", required=True, help="preset name (remat-kit models)")
     p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
@@ -106,13 +133,29 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
 def _shard_arg(text: str) -> str:
     try:
         parse_shard(text)
+    except OpenShardAxis:
+        pass  # an open size is filled from --gpus, which argparse has not read yet
     except ValueError as err:
-        if "left open" not in str(err):
-            raise argparse.ArgumentTypeError(str(err)) from None
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 
 def fraction(text: str) -> float:
+    """An argparse ``type=`` that accepts a number in [0, 1).
+
+    Args:
+      text: the command-line value.
+
+    Returns:
+      The number.
+
+    Raises:
+      argparse.ArgumentTypeError: not a number, or outside [0, 1).
+
+    Example:
+      >>> fraction("0.05")
+      0.05
+    """
     try:
         value = float(text)
     except ValueError:
@@ -123,6 +166,16 @@ def fraction(text: str) -> float:
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
+    """Adds the planner's options: ``--headroom``, ``--no-offload`` and ``--hide``.
+
+    Args:
+      p: an argparse parser (or subparser).
+
+    Example:
+      >>> p = Parser(); add_search_args(p)
+      >>> p.parse_args(["--headroom", "0.1"]).headroom
+      0.1
+    """
     p.add_argument(
         "--headroom",
         type=fraction,
@@ -136,3 +189,38 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="share of step compute time host transfers may take and count as hidden",
     )
+
+
+def comma_list(text: str) -> list[str]:
+    """The non-empty items of a comma-separated flag value, stripped.
+
+    Args:
+      text: e.g. the value of ``--policies``.
+
+    Returns:
+      The items, in order.
+
+    Example:
+      >>> comma_list("none, full,,minimal")
+      ['none', 'full', 'minimal']
+    """
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def target_from_args(args: argparse.Namespace) -> Target:
+    """The target named by ``--target``, with ``--gpus`` devices over ``--hosts`` hosts.
+
+    Args:
+      args: parsed arguments of a parser given :func:`add_model_args`.
+
+    Returns:
+      The ``rk.Target``.
+
+    Raises:
+      UnknownName: the target is not in the catalogue.
+
+    Example:
+      >>> target_from_args(argparse.Namespace(target="h100", gpus=8, hosts=1)).devices
+      8
+    """
+    return target(args.target, devices=args.gpus, hosts=args.hosts)

@@ -1,0 +1,120 @@
+"""``remat-kit advise``: for every GPU, does the step fit, with which plan (and how many GPUs)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from remat_kit.cli._args import add_model_args, add_search_args, comma_list
+from remat_kit.render import console, write_json
+from remat_kit.render.tables import advise_table
+from remat_kit.search import Advice, ScaleOut, advise, gpus_needed
+from remat_kit.targets import target
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``advise`` to the ``remat-kit`` subparsers.
+
+    Args:
+      subparsers: what ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+      The ``advise`` parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+    """
+    p = subparsers.add_parser("advise", help="for every GPU: does it fit, with which plan")
+    add_model_args(p)
+    p.add_argument("--targets", default=None, help="comma-separated targets (default: all GPUs)")
+    p.add_argument(
+        "--scale-out",
+        action="store_true",
+        help="where one GPU cannot fit, find how many GPUs of that kind fit with fsdp + full",
+    )
+    add_search_args(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plans the step on every target; prints the table and what does not fit, writes --json.
+
+    Args:
+      args: parsed arguments of the ``advise`` parser.
+
+    Returns:
+      The exit code (0).
+
+    Raises:
+      ValueError: an unknown name in ``--targets``, or a bad model or size.
+
+    Example:
+      >>> run(parser.parse_args(["advise", "--model", "tiny-llama"]))  # doctest: +SKIP
+      0
+    """
+    from models.measure import options_from_args, workload
+
+    opts = options_from_args(args)
+    names = None if args.targets is None else comma_list(args.targets)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tables show what matters
+        rows = advise(
+            lambda t: workload(opts, target(t.name, devices=args.gpus, hosts=args.hosts)),
+            opts.batch,
+            targets=names,
+            headroom=args.headroom,
+            offload=not args.no_offload,
+            hide=args.hide,
+        )
+    seconds = time.perf_counter() - start
+    out = console()
+    out.print(advise_table(rows, opts, headroom=args.headroom, seconds=seconds))
+    scale = _scale_out(args, opts, rows) if args.scale_out else {}
+    for a in rows:
+        if not a.fits:
+            out.print(f"{a.target}: {a.message}")
+            if a.target in scale:
+                out.print(f"  [bold]scale out:[/bold] {scale[a.target].message}")
+    if args.json:
+        data = [
+            {**a.to_dict(), "scale_out": scale[a.target].to_dict() if a.target in scale else None}
+            for a in rows
+        ]
+        write_json(args.json, data, flag="--json")
+    return 0
+
+
+def _scale_out(args: argparse.Namespace, opts: Any, rows: Sequence[Advice]) -> dict[str, ScaleOut]:
+    """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full."""
+    from models.measure import workload
+
+    def workload_for(name: str) -> Any:
+        def build(n: int) -> Any:
+            # 8 GPUs per host, as in the DGX/HGX machines these cards come in.
+            hosts = max(1, n // 8)
+            shard = f"fsdp:{n}" if n > 1 else None
+            return workload(
+                dataclasses.replace(opts, shard=shard), target(name, devices=n, hosts=hosts)
+            )
+
+        return build
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for a in rows:
+            if not a.fits:
+                out[a.target] = gpus_needed(
+                    workload_for(a.target),
+                    opts.batch,
+                    counts=(2, 4, 8, 16, 32, 64),
+                    headroom=args.headroom,
+                )
+    return out

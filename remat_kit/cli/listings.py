@@ -1,0 +1,84 @@
+"""``remat-kit targets``, ``remat-kit policies``, ``remat-kit models``: the three catalogues."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+from remat_kit.policies import parse_policy, policy, policy_names
+from remat_kit.render import console
+from remat_kit.render.listings import models_table, policies_table, targets_table
+from remat_kit.targets import target, target_names
+
+__all__ = ["add_parser", "run"]
+
+#: A spec shown beside each parameterized family (they have no meaning without parameters).
+_EXAMPLES = {
+    "names": "names:save=query_proj+mlpwo",
+    "except": "except:names=attn_scores+attn_probs",
+    "offload": "offload:offload=context,save=query_proj",
+    "either": "either:a=qkv_proj,b=context",
+}
+
+
+def _targets() -> Any:
+    return targets_table((name, target(name)) for name in target_names())
+
+
+def _policies() -> Any:
+    return policies_table(
+        (
+            (name, parse_policy(_EXAMPLES[name]) if name in _EXAMPLES else policy(name))
+            for name in policy_names()
+        ),
+        _EXAMPLES,
+    )
+
+
+def _models() -> Any:
+    import models
+
+    return models_table((name, models.get_config(name)) for name in models.preset_names())
+
+
+#: Each listing: its subcommand, its help line and the function that builds its table.
+_LISTINGS: dict[str, tuple[str, Callable[[], Any]]] = {
+    "targets": ("list the GPU targets", _targets),
+    "policies": ("list the policies", _policies),
+    "models": ("list the model presets", _models),
+}
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``targets``, ``policies`` and ``models`` to the ``remat-kit`` subparsers.
+
+    Args:
+      subparsers: what ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+      The last parser added (``models``); each takes no arguments.
+
+    Example:
+      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+    """
+    parsers = [subparsers.add_parser(name, help=h) for name, (h, _) in _LISTINGS.items()]
+    return parsers[-1]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Prints the listing ``args.command`` names.
+
+    Args:
+      args: parsed arguments with ``command`` one of ``targets``, ``policies``, ``models``.
+
+    Returns:
+      The exit code (0).
+
+    Example:
+      >>> run(argparse.Namespace(command="targets"))  # doctest: +SKIP
+      0
+    """
+    _, table = _LISTINGS[args.command]
+    console().print(table())
+    return 0

@@ -1,0 +1,157 @@
+"""``remat-kit plan``: the cheapest plan whose compiled peak fits a budget, and its Pareto front."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from remat_kit.cli._args import add_model_args, add_search_args, comma_list, target_from_args
+from remat_kit.policies import parse_policy
+from remat_kit.render import console, write_json
+from remat_kit.render.tables import decision_table, plan_table
+from remat_kit.search import FRONT_POLICIES, Plan, Workload, front, pareto_front, parse_budget
+from remat_kit.search import plan as make_plan
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``plan`` to the ``remat-kit`` subparsers.
+
+    Args:
+      subparsers: what ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+      The ``plan`` parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+    """
+    p = subparsers.add_parser("plan", help="the cheapest plan whose compiled peak fits a budget")
+    add_model_args(p)
+    p.add_argument(
+        "--budget", default=None, help="52GiB, 40GB or 0.8 (of the device); default: device"
+    )
+    p.add_argument(
+        "--policies",
+        default=",".join(FRONT_POLICIES),
+        help="catalogue policies compiled beside the plan ('' for none)",
+    )
+    p.add_argument("--plot", type=Path, default=None, help="write the Pareto front as PNG")
+    add_search_args(p)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plans under the budget; prints the plan and front tables, writes --json/--plot.
+
+    Args:
+      args: parsed arguments of the ``plan`` parser.
+
+    Returns:
+      The exit code: 0 when the plan fits the budget, 1 when nothing does (the planner's
+      message goes to stderr).
+
+    Raises:
+      ValueError: an unreadable budget, one over the device, one below what no policy
+        removes (``DoesNotFit``), or an unknown policy in ``--policies`` (before any compile).
+
+    Example:
+      >>> run(parser.parse_args(["plan", "--model", "tiny-llama"]))  # doctest: +SKIP
+      0
+    """
+    from models.measure import options_from_args, workload
+
+    opts = options_from_args(args)
+    target = target_from_args(args)
+    budget = None if args.budget is None else parse_budget(args.budget, target.memory_bytes)
+    catalogue = [parse_policy(s) for s in comma_list(args.policies)]  # fail early on a bad name
+    w = workload(opts, target)
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the tables show what matters
+        p = make_plan(
+            w,
+            opts.batch,
+            budget,
+            headroom=args.headroom,
+            offload=not args.no_offload,
+            hide=args.hide,
+            extra=catalogue,
+        )
+        plan_seconds = time.perf_counter() - start
+        points = front(w, opts.batch, policies=catalogue, schedules=(), plans=[p], hide=args.hide)
+        if args.plot:
+            extra_plans = _sweep_plans(w, opts.batch, p, points, args)
+            sched = front(w, opts.batch, policies=(), plans=extra_plans, hide=args.hide)
+            points = pareto_front([*points, *sched])
+    seconds = time.perf_counter() - start
+    out = console()
+    out.print(
+        plan_table(
+            p,
+            points,
+            target,
+            opts,
+            plan_seconds=plan_seconds,
+            seconds=seconds,
+            compiles=w.compiles,
+        )
+    )
+    out.print(decision_table(p))
+    if not p.fits:
+        sys.stderr.write(f"remat-kit: {p.message}\n")
+    else:
+        out.print(p.message)
+        out.print(
+            "use it: models.get_config(..., policy=plan.policy, schedule=plan.schedule) or "
+            f"--policy '{p.policy.spec}'"
+            + (f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else "")
+        )
+    if args.plot:
+        _plot_front()(
+            points,
+            args.plot,
+            title=f"{opts.model} b{opts.batch} s{opts.seq} {opts.optimizer} on {target.name}",
+            budget_bytes=p.budget_bytes,
+            device_bytes=target.memory_bytes,
+        )
+    if args.json:
+        data = {
+            "plan": p.to_dict(),
+            "front": [dataclasses.asdict(pt) for pt in points],
+            "plan_seconds": plan_seconds,
+            "seconds": seconds,
+        }
+        write_json(args.json, data, flag="--json")
+    return 0 if p.fits else 1
+
+
+def _sweep_plans(
+    w: Workload, batch: int, p: Plan, points: Sequence[Any], args: argparse.Namespace
+) -> list[Plan]:
+    """Plans at the peaks of the catalogue points that fit: the planner's own curve."""
+    budgets = sorted(
+        {pt.peak_bytes for pt in points if pt.kind == "catalogue" and pt.fits} - {p.budget_bytes}
+    )
+    plans = []
+    for b in budgets[:4]:
+        got = make_plan(w, batch, b, offload=not args.no_offload, hide=args.hide)
+        if got.fits:
+            plans.append(got)
+    return plans
+
+
+def _plot_front() -> Any:
+    # plot_front is moving from remat_kit.search to remat_kit.render.front; either serves.
+    try:
+        from remat_kit.render.front import plot_front
+    except ImportError:
+        from remat_kit.search import plot_front
+    return plot_front

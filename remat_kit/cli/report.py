@@ -1,0 +1,78 @@
+"""``remat-kit report``: the peak HBM of one policy, with its breakdown and saved residuals."""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from typing import Any
+
+from remat_kit.cli._args import add_model_args, target_from_args
+from remat_kit.policies import parse_policy
+from remat_kit.render import console, write_json
+from remat_kit.render.tables import report_table, residual_table
+from remat_kit.schedules import parse_schedule
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``report`` to the ``remat-kit`` subparsers.
+
+    Args:
+      subparsers: what ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+      The ``report`` parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+    """
+    p = subparsers.add_parser("report", help="peak HBM of one policy, with breakdown and residuals")
+    add_model_args(p)
+    p.add_argument("--policy", default="full", help="policy name or spec")
+    p.add_argument(
+        "--schedule", default="none", help="none | every:K | sqrt | nested:M | layers:0-7=full,..."
+    )
+    p.add_argument("--no-residuals", action="store_true", help="skip the residual table")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Compiles one policy for the target; prints the report (and residuals), writes --json.
+
+    Args:
+      args: parsed arguments of the ``report`` parser.
+
+    Returns:
+      The exit code (0).
+
+    Raises:
+      ValueError: an unknown model, policy, schedule, target or optimizer, or a bad size.
+
+    Example:
+      >>> run(parser.parse_args(["report", "--model", "tiny-llama"]))  # doctest: +SKIP
+      0
+    """
+    from models.measure import baseline_flops, measure, options_from_args, residuals
+
+    opts = options_from_args(args)
+    target = target_from_args(args)
+    policy = parse_policy(args.policy)
+    schedule = parse_schedule(args.schedule)
+    baseline = baseline_flops(opts, target)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the report's own warnings are printed below
+        report = measure(opts, policy, target, schedule=schedule, baseline=baseline)
+    res = None if args.no_residuals else residuals(opts, policy, target, schedule)
+    out = console()
+    out.print(report_table(report, target))
+    if res is not None:
+        out.print(residual_table(res, report))
+    for note in report.warnings:
+        out.print(f"[yellow]warning:[/yellow] {note}")
+    if args.json:
+        data = report.to_dict()
+        if res is not None:
+            data["residuals"] = res.to_dict()
+        write_json(args.json, data, flag="--json")
+    return 0

@@ -1,0 +1,102 @@
+"""The ``remat-kit`` catalogue listings: targets, policies and model presets as rich tables.
+
+Each function takes (name, value) pairs in the order to show and returns a ``rich.table.Table``;
+the CLI looks the catalogues up (``models`` presets included) and prints the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from rich.table import Table
+
+from remat_kit.render.format import fmt, gib
+
+if TYPE_CHECKING:
+    from remat_kit.policies import Policy
+    from remat_kit.targets import Target
+
+__all__ = [
+    "models_table",
+    "policies_table",
+    "targets_table",
+]
+
+
+def targets_table(targets: Iterable[tuple[str, Target]]) -> Table:
+    """The ``targets`` listing: memory, bandwidths and peak FLOP/s of each target.
+
+    Args:
+      targets: (name, target) pairs, in the order to show.
+
+    Returns:
+      The table.
+
+    Example:
+      >>> console().print(targets_table([("h100-80gb", rk.target("h100"))]))  # doctest: +SKIP
+    """
+    table = Table(title="targets")
+    for col in ("name", "device", "memory GiB", "HBM TB/s", "host link GB/s", "bf16 TFLOP/s"):
+        table.add_column(col)
+    for name, t in targets:
+        table.add_row(
+            name,
+            t.description,
+            gib(t.memory_bytes),
+            fmt(t.hbm_bandwidth, 1e12),
+            fmt(t.host_link_bandwidth, 1e9, 0),
+            fmt(t.peak_bf16_flops, 1e12, 0),
+        )
+    return table
+
+
+def policies_table(policies: Iterable[tuple[str, Policy]], examples: Mapping[str, str]) -> Table:
+    """The ``policies`` listing: each name and what it keeps.
+
+    Args:
+      policies: (name, policy) pairs; a parameterized family's policy is its example's.
+      examples: a spec per parameterized family, shown beside its name.
+
+    Returns:
+      The table.
+
+    Example:
+      >>> console().print(policies_table([("full", rk.policy("full"))], {}))  # doctest: +SKIP
+    """
+    table = Table(title="policies (rk.policy(name) / --policy NAME or NAME:key=a+b)")
+    table.add_column("name")
+    table.add_column("what it keeps")
+    for name, p in policies:
+        shown = f"{name}  (e.g. {examples[name]})" if name in examples else name
+        table.add_row(shown, p.description)
+    return table
+
+
+def models_table(configs: Iterable[tuple[str, Any]]) -> Table:
+    """The ``models`` listing: size and shape of each preset.
+
+    Args:
+      configs: (name, ``models.ModelConfig``) pairs, in the order to show.
+
+    Returns:
+      The table.
+
+    Example:
+      >>> models_table([(n, models.get_config(n)) for n in names])  # doctest: +SKIP
+    """
+    table = Table(title="model presets (override with --layers/--width/--heads/--ff/--vocab)")
+    for col in ("name", "family", "params", "layers", "d_model", "heads/kv", "d_ff", "vocab"):
+        table.add_column(col)
+    for name, c in configs:
+        table.add_row(
+            name,
+            c.family,
+            f"{c.param_count() / 1e9:.2f} B",
+            str(c.n_layers),
+            str(c.d_model),
+            f"{c.n_heads}/{c.n_kv_heads}",
+            str(c.d_ff),
+            str(c.vocab_size),
+        )
+    return table
