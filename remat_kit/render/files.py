@@ -91,6 +91,15 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def _mode_for(p: Path) -> int:
+    try:
+        return stat.S_IMODE(os.stat(p).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
 def _atomic(
     path: str | os.PathLike[str],
     write: Callable[[io.BufferedWriter], None],
@@ -101,6 +110,9 @@ def _atomic(
     p = check_output(path, flag=flag, make_parents=make_parents)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        # mkstemp makes the file 0600; give it the mode an ordinary open() would (or keep the
+        # mode of the file it replaces).
+        os.fchmod(fd, _mode_for(p))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
