@@ -21,6 +21,10 @@ from remat_kit._shapes import array_bytes
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target, as_target
+from remat_kit.xla import compile_memory
+
+# Below this, XLA's remat pass moved nothing worth a mark (it clones even when it saves nothing).
+_XLA_REMAT_MIN_BYTES = 2**20
 
 __all__ = [
     "MemoryReport",
@@ -42,6 +46,11 @@ class MemoryReport:
 
     Attributes:
       target: target name; ``target_memory_bytes`` its device memory (None for cpu).
+      usable_bytes: what one JAX process may allocate per device on the target: device memory
+        times the allocator fraction (``mem_fraction``, JAX's default 0.75); None for cpu.
+      mem_fraction: the allocator fraction assumed (None: no pool, or not a GPU).
+      fits_with_fraction: when the peak is over ``usable_bytes``, the smallest fraction that
+        would make it fit (None when it fits, or when no fraction can).
       devices: devices the program was compiled for (figures are per device).
       peak_bytes: argument + output + temp - alias, the usual total (MaxText, JAX's
         host-offloading guide).
@@ -53,8 +62,10 @@ class MemoryReport:
         times their trip count (counted from the jaxpr; XLA has none for these compiles).
       flops_detail: FlopCount.to_dict().
       tags: checkpoint-name tags present in the program.
-      xla_remat: XLA's rematerialization pass changed the program to fit the device;
+      xla_remat: XLA's rematerialization pass changed the program (it saved at least 1 MiB);
         the figures then include XLA's choices, not only the policy's.
+      xla_remat_saved_bytes: what that pass took off the peak (0: it changed nothing).
+      xla_remat_limit_bytes: the limit the pass worked to, when XLA's log states it.
       policy, schedule, attention: what was measured (labels, set by the caller).
       compile_seconds: lowering + compiling wall time.
       breakdown: bytes by role (weights, gradients, optimizer, ...) when the caller
@@ -65,6 +76,9 @@ class MemoryReport:
 
     target: str
     target_memory_bytes: int | None
+    usable_bytes: int | None
+    mem_fraction: float | None
+    fits_with_fraction: float | None
     devices: int
     peak_bytes: int
     argument_bytes: int
@@ -79,6 +93,8 @@ class MemoryReport:
     flops_detail: Mapping[str, Any]
     tags: tuple[str, ...]
     xla_remat: bool
+    xla_remat_saved_bytes: int
+    xla_remat_limit_bytes: int | None
     policy: str | None
     schedule: str | None
     attention: str | None
@@ -89,17 +105,17 @@ class MemoryReport:
 
     @property
     def fits(self) -> bool | None:
-        """peak_bytes <= the target's memory (None for targets without a size)."""
-        if self.target_memory_bytes is None:
+        """peak_bytes <= what a JAX process may allocate there (None without a size)."""
+        if self.usable_bytes is None:
             return None
-        return self.peak_bytes <= self.target_memory_bytes
+        return self.peak_bytes <= self.usable_bytes
 
     @property
     def over_by_bytes(self) -> int | None:
-        """How far the peak exceeds the target's memory (negative: room left)."""
-        if self.target_memory_bytes is None:
+        """How far the peak exceeds the usable memory (negative: room left)."""
+        if self.usable_bytes is None:
             return None
-        return self.peak_bytes - self.target_memory_bytes
+        return self.peak_bytes - self.usable_bytes
 
     def replace(self, **changes: Any) -> MemoryReport:
         return dataclasses.replace(self, **changes)
@@ -209,62 +225,48 @@ def memory_report(
         # Donation of buffers the output cannot reuse is routine for train states.
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         lowered = jitted.lower(*abstract_args)
-        compiled = lowered.compile()
+        mem = compile_memory(lowered)
     seconds = time.perf_counter() - start
-    stats = compiled.memory_analysis()
 
     closed = jax.make_jaxpr(fn)(*abstract_args) if count_flops or pol is not None else None
     count = _flops.count_jaxpr_flops(closed) if count_flops and closed is not None else None
     tags = tuple(sorted(tags_in(closed))) if closed is not None else ()
 
-    arg, out = int(stats.argument_size_in_bytes), int(stats.output_size_in_bytes)
-    temp, alias = int(stats.temp_size_in_bytes), int(stats.alias_size_in_bytes)
-    host_temp = int(getattr(stats, "host_temp_size_in_bytes", 0))
-    host = (
-        int(getattr(stats, "host_argument_size_in_bytes", 0))
-        + int(getattr(stats, "host_output_size_in_bytes", 0))
-        + host_temp
-        - int(getattr(stats, "host_alias_size_in_bytes", 0))
-    )
-    xla_peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0) or None
-    xla_remat = _xla_rematerialized(compiled)
     report = MemoryReport(
         target=t.name,
         target_memory_bytes=t.memory_bytes,
+        usable_bytes=t.usable_bytes,
+        mem_fraction=t.mem_fraction,
+        fits_with_fraction=None if t.fits(mem.peak_bytes) is not False else t.fraction_to_fit(
+            mem.peak_bytes
+        ),
         devices=t.devices,
-        peak_bytes=arg + out + temp - alias,
-        argument_bytes=arg,
-        output_bytes=out,
-        temp_bytes=temp,
-        alias_bytes=alias,
-        host_bytes=host,
-        host_temp_bytes=host_temp,
-        generated_code_bytes=int(stats.generated_code_size_in_bytes),
-        xla_peak_bytes=xla_peak,
+        peak_bytes=mem.peak_bytes,
+        argument_bytes=mem.argument_bytes,
+        output_bytes=mem.output_bytes,
+        temp_bytes=mem.temp_bytes,
+        alias_bytes=mem.alias_bytes,
+        host_bytes=mem.host_bytes,
+        host_temp_bytes=mem.host_temp_bytes,
+        generated_code_bytes=mem.generated_code_bytes,
+        xla_peak_bytes=mem.xla_peak_bytes,
         flops=float(count.total) if count is not None else float("nan"),
         flops_detail=count.to_dict() if count is not None else {},
         tags=tags,
-        xla_remat=xla_remat,
+        xla_remat=mem.xla_remat_saved_bytes >= _XLA_REMAT_MIN_BYTES,
+        xla_remat_saved_bytes=mem.xla_remat_saved_bytes,
+        xla_remat_limit_bytes=mem.xla_remat_limit_bytes,
         policy=pol.spec if pol is not None else None,
         schedule=schedule,
         attention=attention,
         compile_seconds=seconds,
         meta=dict(meta or {}),
     )
-    notes = _warnings_for(report, pol, t)
+    notes = _warnings_for(report, pol, t) + list(mem.xla_messages)
     if warn:
         for note in notes:
             warnings.warn(note, RematWarning, stacklevel=2)
     return report.replace(warnings=tuple(notes))
-
-
-def _xla_rematerialized(compiled: Any) -> bool:
-    # XLA's HloRematerialization pass names the clones it makes "<op>.remat<N>".
-    try:
-        text = compiled.as_text()
-    except Exception:  # as_text is a debugging API; absence must not fail a report
-        return False
-    return ".remat" in text
 
 
 def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
@@ -297,14 +299,21 @@ def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
         )
     if r.xla_remat:
         notes.append(
-            f"XLA's own rematerialization pass stepped in to fit {t.name}: these figures "
-            "include XLA's choices on top of the policy"
+            f"XLA's own rematerialization pass took {r.xla_remat_saved_bytes / 2**30:.2f} GiB off "
+            f"the peak to fit {t.name}: these figures include XLA's choices on top of the policy"
         )
     if r.fits is False:
-        over = r.peak_bytes - (r.target_memory_bytes or 0)
+        runtime = t.runtime.setting() if t.runtime is not None else "the runtime"
+        where = f"{t.name} at {runtime} ({(r.usable_bytes or 0) / 2**30:.2f} GiB usable of "
+        where += f"{(r.target_memory_bytes or 0) / 2**30:.2f})"
+        fix = (
+            f"; it fits with XLA_PYTHON_CLIENT_MEM_FRACTION={r.fits_with_fraction:g}"
+            if r.fits_with_fraction is not None
+            else "; no allocator fraction makes it fit"
+        )
         notes.append(
-            f"does not fit {t.name}: peak {r.peak_bytes / 2**30:.2f} GiB is "
-            f"{over / 2**30:.2f} GiB over its {(r.target_memory_bytes or 0) / 2**30:.2f} GiB"
+            f"does not fit {where}: peak {r.peak_bytes / 2**30:.2f} GiB is "
+            f"{(r.over_by_bytes or 0) / 2**30:.2f} GiB over{fix}"
         )
     return notes
 

@@ -58,6 +58,9 @@ def _fake_report(peak, flops=float("nan"), policy=None, schedule="none"):
     return rk.MemoryReport(
         target="h100-80gb",
         target_memory_bytes=rk.target("h100").memory_bytes,
+        usable_bytes=rk.target("h100").usable_bytes,
+        mem_fraction=rk.target("h100").mem_fraction,
+        fits_with_fraction=None,
         devices=1,
         peak_bytes=int(peak),
         argument_bytes=FIXED,
@@ -72,6 +75,8 @@ def _fake_report(peak, flops=float("nan"), policy=None, schedule="none"):
         flops_detail={},
         tags=tuple(TAGS),
         xla_remat=False,
+        xla_remat_saved_bytes=0,
+        xla_remat_limit_bytes=None,
         policy=policy,
         schedule=schedule,
         attention=None,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec
 
+import remat_kit as rk
 from remat_kit import targets as rkt
 
 REPO = Path(__file__).resolve().parents[1]
@@ -244,12 +247,82 @@ def test_target_from_config_errors(tmp_path):
         rkt.target_from_config(tmp_path / "missing.txtpb")
 
 
-def test_fits():
+H100_TOTAL = 84942979072  # device_memory_size of the H100 in shared/gpu_targets.md
+
+
+def test_fits_is_judged_against_the_allocators_share(monkeypatch):
+    for var in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(var, raising=False)
     t = rkt.target("h100")
-    assert t.fits(84942979072) is True
-    assert t.fits(84942979073) is False
-    assert rkt.target("rtx4090").fits(30 * 2**30) is False
-    assert rkt.target("cpu").fits(1) is None
+    usable = H100_TOTAL * 3 // 4  # JAX's BFC allocator: floor(total * 0.75)
+    assert (t.mem_fraction, t.usable_bytes) == (0.75, usable)
+    assert t.fits(usable) is True and t.fits(usable + 1) is False
+    assert t.fits(H100_TOTAL) is False  # the whole card is not what a process gets
+    assert rkt.target("cpu").fits(1) is None and rkt.target("cpu").usable_bytes is None
+
+
+@pytest.mark.parametrize(
+    ("env", "fraction", "source"),
+    [
+        ({}, 0.75, "default"),
+        ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"}, 0.9, "XLA_PYTHON_CLIENT_MEM_FRACTION"),
+        ({"XLA_CLIENT_MEM_FRACTION": "0.5"}, 0.5, "XLA_CLIENT_MEM_FRACTION"),
+        ({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, None, "platform allocator"),
+    ],
+)
+def test_runtime_follows_the_environment_jax_reads(monkeypatch, env, fraction, source):
+    for var in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    t = rkt.target("h100")
+    assert (t.mem_fraction, t.runtime.source) == (fraction, source)
+    expected = H100_TOTAL - 512 * 2**20 if fraction is None else math.floor(H100_TOTAL * fraction)
+    assert t.usable_bytes == expected
+    assert t.to_dict()["usable_bytes"] == expected
+
+
+@pytest.mark.parametrize(
+    ("env", "match"),
+    [
+        ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "lots"}, "'lots' is not a number"),
+        ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "1.5"}, r"must be in \(0, 1\]"),
+        ({"XLA_CLIENT_MEM_FRACTION": ".5", "XLA_PYTHON_CLIENT_MEM_FRACTION": ".6"}, "both"),
+    ],
+)
+def test_bad_runtime_environment_is_one_clear_error(monkeypatch, env, match):
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(rk.errors.BadValue, match=match):
+        rkt.target("h100")
+
+
+def test_a_fraction_that_starves_the_cuda_context_is_refused():
+    # 0.995 of 79.11 GiB leaves 0.40 GiB, less than the 0.5 GiB kept for the CUDA context.
+    with pytest.raises(rk.errors.BadValue, match=r"at most 0\.99"):
+        rkt.target("h100", mem_fraction=0.995)
+    assert rkt.target("h100", mem_fraction=0.99).usable_bytes == math.floor(H100_TOTAL * 0.99)
+
+
+@pytest.mark.parametrize(("gib", "needed"), [(60, 0.76), (70, 0.89), (78.3, 0.99), (78.9, None)])
+def test_fraction_to_fit_is_the_smallest_that_holds_the_peak(gib, needed):
+    nbytes = int(gib * 2**30)
+    got = rkt.target("h100").fraction_to_fit(nbytes)
+    assert got == needed
+    if needed is not None:  # it fits at that fraction and not one step below
+        assert math.floor(H100_TOTAL * needed) >= nbytes
+        assert math.floor(H100_TOTAL * (needed - 0.01)) < nbytes
+
+
+@pytest.mark.parametrize("fraction", [0.75, 0.5, 0.95])
+def test_compile_config_hands_xla_the_runtime_limit(fraction):
+    # Deviceless, XLA bases its remat limit on floor(0.8 * device_memory_size); a real process
+    # hands it the allocator's bytes_limit. The compile config must make the two equal.
+    t = rkt.target("h100", mem_fraction=fraction)
+    size = int(re.search(r"device_memory_size: (\d+)", t.compile_config).group(1))
+    assert size * 80 // 100 == math.floor(H100_TOTAL * fraction)
+    assert f"device_memory_size: {H100_TOTAL}" in t.target_config  # the card itself unchanged
 
 
 def test_to_dict_is_json_ready():
@@ -297,8 +370,8 @@ def test_failures_become_actionable_target_errors(monkeypatch, installed, match)
     def broken(config, topology):
         raise NotImplementedError("topology not implemented for cuda")
 
-    monkeypatch.setattr(rkt, "_cached_topology", broken)
-    monkeypatch.setattr(rkt, "_cuda_plugin_installed", lambda: installed)
+    monkeypatch.setattr(rkt.platform, "_cached_topology", broken)
+    monkeypatch.setattr(rkt.platform, "_cuda_plugin_installed", lambda: installed)
     with pytest.raises(rkt.TargetError, match=match) as info:
         rkt.target("h200").mesh()
     assert isinstance(info.value, RuntimeError)
@@ -315,8 +388,19 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a real GPU driver is present")
-def test_without_jax_platforms_the_error_says_what_to_set():
+def test_without_jax_platforms_a_gpu_target_configures_itself():
+    # README's library example: no JAX_PLATFORMS, no configure call, no NVIDIA device here.
     proc = _run(
+        "from remat_kit import targets as rkt\n"
+        "try:\n    rkt.target('h100').mesh(); print('NO ERROR')\n"
+        "except rkt.TargetError as e:\n    print('TargetError:', e)\n"
+    )
+    assert proc.stdout.strip() == "NO ERROR", proc.stdout + proc.stderr
+
+
+def test_after_jax_started_probing_the_error_says_what_to_set():
+    proc = _run(
+        "import jax; jax.devices()\n"
         "from remat_kit import targets as rkt\n"
         "try:\n    rkt.target('h100').mesh(); print('NO ERROR')\n"
         "except rkt.TargetError as e:\n    print('TargetError:', e)\n"

@@ -7,26 +7,42 @@ argparse prints one ``remat-kit: argument --flag: ...`` line and exits 2 before 
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from remat_kit.errors import OpenShardAxis
+from remat_kit.errors import BadValue, OpenShardAxis
+from remat_kit.names import VOCABULARY
+from remat_kit.policies import Policy, parse_policy
+from remat_kit.render.files import check_output
+from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.sharding import _EXAMPLES, parse_shard
 from remat_kit.targets import Target, target
+from remat_kit.train import PRECISIONS
 
 __all__ = [
+    "OUTPUT_FLAGS",
     "Parser",
     "add_model_args",
     "add_search_args",
     "add_shard_args",
+    "budget_arg",
+    "check_outputs",
     "comma_list",
+    "flag_items",
     "fraction",
     "int_at_least",
     "non_negative_int",
+    "policy_arg",
     "positive_int",
+    "precision_name",
+    "schedule_arg",
     "target_from_args",
+    "validate_model_args",
 ]
 
 
@@ -62,7 +78,17 @@ non_negative_int = int_at_least(0, ">= 0")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one line, ``remat-kit: ...``, exit code 2."""
+    """argparse that reports errors as one line, ``remat-kit: ...``, exit code 2.
+
+    A value that starts with ``-`` and a digit (``--budget -5GiB``, ``--seq -3``) is read as
+    the flag's value, not as an unknown option, so its own check can say what is wrong with
+    it (argparse alone says "expected one argument"). No flag of remat-kit looks like that.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # argparse's own pattern accepts only plain negative numbers (-3, -0.5).
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         sys.stderr.write(f"remat-kit: {message}\n")
@@ -87,13 +113,38 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, sgd_momentum, ...")
     p.add_argument("--lora", type=non_negative_int, default=0, help="LoRA rank (0: off)")
     p.add_argument("--accum", type=positive_int, default=1, help="gradient accumulation")
-    p.add_argument("--param-dtype", default=None, help="bf16 or f32 (master weights)")
-    p.add_argument("--dtype", default=None, help="compute dtype (bf16, f32)")
+    p.add_argument(
+        "--precision",
+        type=precision_name,
+        default=None,
+        help="mixed (default: f32 master weights, gradients and optimizer state, bf16 compute; "
+        "LoRA keeps bf16 base weights) | bf16 (everything bf16) | bf16-f32-moments (bf16 "
+        "weights, f32 optimizer state) | f32",
+    )
+    p.add_argument(
+        "--param-dtype",
+        default=None,
+        help="weights' dtype, the older form of --precision: f32 = mixed, bf16 = bf16",
+    )
+    p.add_argument("--dtype", default=None, help="compute dtype (bf16, f32), over --precision's")
+    p.add_argument(
+        "--dropout",
+        type=fraction,
+        default=None,
+        help="dropout rate (default: the preset's, 0.1 for GPT-2/BERT); applied in the step",
+    )
     p.add_argument(
         "--attention", default="auto", help="xla | cudnn | auto (cudnn on NVIDIA targets)"
     )
     p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
     p.add_argument("--gpus", type=positive_int, default=1, help="devices of the target")
+    p.add_argument(
+        "--mem-fraction",
+        type=mem_fraction,
+        default=None,
+        help="share of each GPU JAX's allocator takes (default: XLA_PYTHON_CLIENT_MEM_FRACTION "
+        "from the environment, else JAX's 0.75); every 'fits' is judged against it",
+    )
     add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
     for flag, help_text in (
         ("--layers", "number of layers"),
@@ -179,8 +230,9 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--headroom",
         type=fraction,
-        default=0.03,
-        help="fraction of device memory kept free (CUDA context, fragmentation)",
+        default=0.0,
+        help="extra share of the usable memory kept free (default 0: the allocator's limit, "
+        "see --mem-fraction, is the limit)",
     )
     p.add_argument("--no-offload", action="store_true", help="plans never offload to host")
     p.add_argument(
@@ -189,6 +241,38 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
         default=0.5,
         help="share of step compute time host transfers may take and count as hidden",
     )
+
+
+def precision_name(text: str) -> str:
+    """An argparse ``type=`` for ``--precision``: a regime of ``rk.train.PRECISIONS``.
+
+    Example:
+      >>> precision_name("mixed")
+      'mixed'
+    """
+    if text not in PRECISIONS:
+        close = difflib.get_close_matches(text, PRECISIONS, n=2)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise argparse.ArgumentTypeError(
+            f"unknown precision {text!r}.{hint} Known: {', '.join(PRECISIONS)}"
+        )
+    return text
+
+
+def mem_fraction(text: str) -> float:
+    """An argparse ``type=`` for ``--mem-fraction``: a number in (0, 1].
+
+    Example:
+      >>> mem_fraction("0.9")
+      0.9
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; e.g. 0.9") from None
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{value:g} must be in (0, 1]; JAX's default is 0.75")
+    return value
 
 
 def comma_list(text: str) -> list[str]:
@@ -223,4 +307,206 @@ def target_from_args(args: argparse.Namespace) -> Target:
       >>> target_from_args(argparse.Namespace(target="h100", gpus=8, hosts=1)).devices
       8
     """
-    return target(args.target, devices=args.gpus, hosts=args.hosts)
+    name = args.target.strip().lower()
+    fraction = getattr(args, "mem_fraction", None) if name not in ("cpu", "local") else None
+    t = target(args.target, devices=args.gpus, hosts=args.hosts, mem_fraction=fraction)
+    return t if fraction is None else t.with_mem_fraction(fraction, "--mem-fraction")
+
+
+# --- checks run before any compile --------------------------------------------------------------
+
+#: The output-file flags a command may take; each is checked before any compile.
+OUTPUT_FLAGS = ("json", "csv", "plot")
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Checks every output path the command was given (``--json``, ``--csv``, ``--plot``).
+
+    A report takes minutes to compile, so a path that cannot be written (a directory, a
+    device, a symlink, a missing or read-only directory) must fail first.
+
+    Args:
+      args: parsed arguments.
+
+    Raises:
+      BadValue: naming the flag, the path and what is wrong with it.
+
+    Example:
+      >>> check_outputs(argparse.Namespace(json=Path("/tmp/r.json")))
+    """
+    for name in OUTPUT_FLAGS:
+        path = getattr(args, name, None)
+        if path is not None:
+            check_output(path, flag=f"--{name}")
+
+
+def flag_items(text: str, flag: str, *, example: str, allow_empty: bool = False) -> list[str]:
+    """The items of a comma-separated flag value; an empty item is an error, not skipped.
+
+    Args:
+      text: the value, e.g. of ``--policies``.
+      flag: the flag's name for messages.
+      example: a valid value to show.
+      allow_empty: accept an empty value (no items at all), e.g. ``plan --policies ''``.
+
+    Returns:
+      The stripped items, in order.
+
+    Raises:
+      BadValue: the value is empty (unless allowed) or has an empty item (``none,,full``).
+
+    Example:
+      >>> flag_items("none, full", "--policies", example="none,full")
+      ['none', 'full']
+    """
+    items = [s.strip() for s in text.split(",")]
+    if not any(items):
+        if allow_empty:
+            return []
+        raise BadValue(f"{flag} is empty; give names such as {example}")
+    if not all(items):
+        raise BadValue(
+            f"{flag} {text!r} has an empty item: separate names with single commas, e.g. {example}"
+        )
+    return items
+
+
+def policy_arg(spec: str, flag: str) -> Policy:
+    """Reads a policy spec given to ``flag``; a tag name no model uses is an error here.
+
+    The library only warns about an unknown tag (users tag their own tensors); a preset
+    model tags only names of ``remat_kit.names.VOCABULARY``, so on the command line a name
+    outside it is a typo that would silently measure ``full``.
+
+    Args:
+      spec: e.g. ``"names:save=query_proj+mlpwo"``.
+      flag: the flag's name for messages.
+
+    Returns:
+      The policy.
+
+    Raises:
+      BadValue: an unreadable spec, an unknown policy or an unknown tag (with close matches).
+
+    Example:
+      >>> policy_arg("names:save=context", "--policy").params["save"]
+      ('context',)
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # unknown tags are reported below, naming the flag
+        try:
+            pol = parse_policy(spec)
+        except (ValueError, TypeError) as err:
+            raise BadValue(f"{flag} {spec!r}: {err}") from None
+    bad = [t for t in _tag_names(pol) if t not in VOCABULARY]
+    if bad:
+        close = {t: difflib.get_close_matches(t, VOCABULARY, n=1) for t in bad}
+        detail = ", ".join(
+            f"{t!r} (did you mean {c[0]!r}?)" if c else repr(t) for t, c in close.items()
+        )
+        raise BadValue(
+            f"{flag} {spec!r}: {detail} is not a tag the models use; tags: {', '.join(VOCABULARY)}"
+        )
+    return pol
+
+
+def _tag_names(pol: Policy) -> list[str]:
+    # The tag names a spec gave (save=, offload=, names=), through either's two policies.
+    out: list[str] = []
+    for value in pol.params.values():
+        if isinstance(value, Policy):
+            out += _tag_names(value)
+        elif isinstance(value, tuple):
+            out += [v for v in value if isinstance(v, str)]
+    return out
+
+
+def schedule_arg(spec: str, flag: str, n_layers: int, policy: Any = "full") -> Schedule:
+    """Reads a schedule given to ``flag`` and checks it against the model's layer count.
+
+    Args:
+      spec: e.g. ``"every:2"``.
+      flag: the flag's name for messages.
+      n_layers: the model's layers.
+      policy: the per-layer policy the schedule wraps.
+
+    Returns:
+      The schedule.
+
+    Raises:
+      BadValue: an unreadable spec, or one that does not fit ``n_layers`` (``every:64`` on 4).
+
+    Example:
+      >>> schedule_arg("every:2", "--schedule", 4).n
+      2
+    """
+    try:
+        sch = parse_schedule(spec)
+        sch.runs(n_layers, policy)  # pure: the segments the model would be cut into
+    except (ValueError, TypeError) as err:
+        raise BadValue(f"{flag} {spec!r}: {err}") from None
+    return sch
+
+
+def budget_arg(text: str, device_bytes: int | None) -> int:
+    """Reads ``--budget`` (``52GiB``, ``40GB``, ``0.8``, ``80%``) against the device's memory.
+
+    Args:
+      text: the value.
+      device_bytes: the device's memory (for fractions; a budget may not exceed it).
+
+    Returns:
+      The budget in bytes.
+
+    Raises:
+      BadValue: unreadable, not positive or larger than the device.
+
+    Example:
+      >>> budget_arg("1GiB", None)
+      1073741824
+    """
+    from remat_kit.search import parse_budget
+
+    if text.strip().startswith("-"):
+        raise BadValue(
+            f"--budget {text!r} must be positive: give e.g. 52GiB, 40GB or 0.8 (of the device)"
+        )
+    try:
+        return parse_budget(text, device_bytes)
+    except (ValueError, TypeError) as err:
+        raise BadValue(f"--budget: {err}") from None
+
+
+def validate_model_args(args: argparse.Namespace) -> tuple[Any, Target, Any]:
+    """Checks what :func:`add_model_args` read, and the output paths, without compiling.
+
+    Builds the options, the target and the model config (preset, overrides, dtypes, the
+    attention kernel and its shape rules, learned positions, absurd sizes), the train
+    config (optimizer, batch against ``--accum``) and the mesh plan against ``--gpus``:
+    shapes and names only, no trace and no compile.
+
+    Args:
+      args: parsed arguments of a parser given :func:`add_model_args`.
+
+    Returns:
+      ``(opts, target, cfg)``: ``models.measure.Options``, the ``rk.Target`` and the
+      ``ModelConfig`` (under policy ``full``).
+
+    Raises:
+      BadValue: the first bad value, naming it and what is valid.
+
+    Example:
+      >>> opts, t, cfg = validate_model_args(args)  # doctest: +SKIP
+      >>> cfg.n_layers
+      4
+    """
+    from models.measure import model_config, options_from_args
+
+    check_outputs(args)
+    opts = options_from_args(args)
+    tgt = target_from_args(args)
+    cfg = model_config(opts, "full", tgt)
+    opts.train_config()  # the optimizer's name, batch against --accum
+    if opts.shard:
+        parse_shard(opts.shard, tgt.devices).check_devices(tgt.devices)
+    return opts, tgt, cfg

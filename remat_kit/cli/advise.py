@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from remat_kit.cli._args import add_model_args, add_search_args, comma_list
+from remat_kit.cli._args import add_model_args, add_search_args, flag_items, validate_model_args
+from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import advise_table
 from remat_kit.search import Advice, ScaleOut, advise, gpus_needed
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
       args: parsed arguments of the ``advise`` parser.
 
     Returns:
-      The exit code (0).
+      The exit code: 0, or 1 when no GPU fits (nor, with ``--scale-out``, any count of them).
 
     Raises:
       ValueError: an unknown name in ``--targets``, or a bad model or size.
@@ -58,15 +60,27 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["advise", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import options_from_args, workload
+    from models.measure import model_config, workload
 
-    opts = options_from_args(args)
-    names = None if args.targets is None else comma_list(args.targets)
+    # Every value, the output path included, is checked before the first trace or compile.
+    opts, _, _ = validate_model_args(args)
+    names = None
+    if args.targets is not None:
+        names = flag_items(args.targets, "--targets", example="h100,a100-80gb")
+        for name in names:
+            try:
+                t = target(name, devices=args.gpus, hosts=args.hosts)
+            except ValueError as err:
+                raise BadValue(f"--targets {name!r}: {err}") from None
+            model_config(opts, "full", t)  # the attention kernel and sizes for that GPU
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = advise(
-            lambda t: workload(opts, target(t.name, devices=args.gpus, hosts=args.hosts)),
+            lambda t: workload(
+                opts,
+                target(t.name, devices=args.gpus, hosts=args.hosts, mem_fraction=args.mem_fraction),
+            ),
             opts.batch,
             targets=names,
             headroom=args.headroom,
@@ -88,6 +102,15 @@ def run(args: argparse.Namespace) -> int:
             for a in rows
         ]
         write_json(args.json, data, flag="--json")
+    if not any(a.fits for a in rows) and not any(s.devices for s in scale.values()):
+        # Exit code 1: the search ran and found nothing that fits (README, "Exit codes").
+        sys.stderr.write(
+            f"remat-kit: nothing fits: no GPU of {', '.join(a.target for a in rows)} fits "
+            f"{opts.model} batch {opts.batch}"
+            + ("" if args.scale_out else " (--scale-out tries several GPUs)")
+            + "\n"
+        )
+        return 1
     return 0
 
 
@@ -101,7 +124,8 @@ def _scale_out(args: argparse.Namespace, opts: Any, rows: Sequence[Advice]) -> d
             hosts = max(1, n // 8)
             shard = f"fsdp:{n}" if n > 1 else None
             return workload(
-                dataclasses.replace(opts, shard=shard), target(name, devices=n, hosts=hosts)
+                dataclasses.replace(opts, shard=shard),
+                target(name, devices=n, hosts=hosts, mem_fraction=args.mem_fraction),
             )
 
         return build

@@ -29,6 +29,7 @@ __all__ = [
     "decision_table",
     "fit_table",
     "plan_table",
+    "precision_words",
     "report_table",
     "residual_table",
 ]
@@ -72,7 +73,11 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
             "recompute_overhead": r.meta.get("recompute_overhead"),
             "saved_vs_none": (1 - r.peak_bytes / base.peak_bytes) if base else None,
             "fits": r.fits,
+            "fits_with_fraction": r.fits_with_fraction,
+            "usable_bytes": r.usable_bytes,
+            "mem_fraction": r.mem_fraction,
             "xla_remat": r.xla_remat,
+            "xla_remat_saved_bytes": r.xla_remat_saved_bytes,
             "compile_seconds": r.compile_seconds,
             "offload_transfer_seconds_est": est.get("transfer_seconds"),
             "offload_recompute_seconds_est": est.get("recompute_seconds"),
@@ -111,12 +116,15 @@ def compare_table(
         + (f" accum{opts.accum}" if opts.accum > 1 else "")
         + (f" {opts.shard} over {target.devices} GPUs, per GPU" if opts.shard else "")
         + f" on {target.name} ({gib(target.memory_bytes)} GiB), attention={rows[0]['attention']}"
+        + _training_line(rows[0].get("meta_precision"), rows[0].get("meta_dropout"))
     )
-    caption = f"compiled {len(rows)} programs in {seconds:.1f} s"
+    caption = f"{fits_rule(target)}\ncompiled {len(rows)} programs in {seconds:.1f} s"
+    if any(row["fits_with_fraction"] for row in rows):
+        caption += "; no (0.92): fits with XLA_PYTHON_CLIENT_MEM_FRACTION=0.92"
     if any(row["xla_remat"] for row in rows):
         caption += (
-            "; (XLA remat): XLA's own rematerialization pass stepped in because the program "
-            "came near the device memory, so that figure includes XLA's choices"
+            "; XLA -1.2: XLA's own rematerialization pass took that many GiB off the peak, so "
+            "the figure includes XLA's choices"
         )
     table = Table(title=title, caption=caption)
     offload = any(row["offload_transfer_seconds_est"] for row in rows)
@@ -129,7 +137,9 @@ def compare_table(
             col, justify="left" if col == "policy" else "right", no_wrap=col == "policy"
         )
     for row in rows:
-        fits = _YES_NO[row["fits"]] + (" (XLA remat)" if row["xla_remat"] else "")
+        fits = _fits_cell(row["fits"], row["fits_with_fraction"])
+        if row["xla_remat"]:
+            fits += f", XLA -{gib(row['xla_remat_saved_bytes'], 1)}"
         cells = [
             label(row["policy"], row["schedule"]),
             gib(row["peak_bytes"]),
@@ -163,18 +173,14 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     title = (
         f"{m.get('model')} b{m.get('batch')} s{m.get('seq')} {m.get('optimizer')} "
         f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.name}"
+        + _training_line(m.get("precision"), m.get("dropout"))
     )
     table = Table(title=title, show_header=True)
     table.add_column("what")
     table.add_column("GiB", justify="right")
     lines = [
         ("peak (argument + output + temp - alias)", r.peak_bytes),
-        ("  weights", r.breakdown.get("weights")),
-        ("  gradients", r.breakdown.get("gradients")),
-        ("  optimizer state", r.breakdown.get("optimizer")),
-        ("  gradient accumulator", r.breakdown.get("grad_accumulator")),
-        ("  batch", r.breakdown.get("batch")),
-        ("  activations and temporaries", r.breakdown.get("activations")),
+        *_breakdown_lines(r.breakdown, m),
         ("XLA argument / output / temp / alias", None),
         ("  argument", r.argument_bytes),
         ("  output", r.output_bytes),
@@ -183,14 +189,21 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         ("host (offloaded, pinned host memory)", r.host_bytes),
         ("XLA's own peak", r.xla_peak_bytes),
         ("target memory", target.memory_bytes),
+        (f"  usable by a JAX process ({_runtime_words(target)})", r.usable_bytes),
     ]
     for what, value in lines:
         table.add_row(what, "" if value is None else gib(value))
     fits = {True: "yes", False: "NO", None: "-"}[r.fits]
+    if r.fits_with_fraction is not None:
+        fits += f" (fits with XLA_PYTHON_CLIENT_MEM_FRACTION={r.fits_with_fraction:g})"
     table.caption = (
         f"fits: {fits} | {r.flops / 1e12:.1f} TFLOP/step, recompute overhead "
         f"{pct(r.meta.get('recompute_overhead'))} | compiled in {r.compile_seconds:.1f} s"
-        + (" | XLA's own remat pass stepped in" if r.xla_remat else "")
+        + (
+            f" | XLA's own remat pass took {gib(r.xla_remat_saved_bytes)} GiB off the peak"
+            if r.xla_remat
+            else ""
+        )
     )
     est = r.meta.get("offload_estimate")
     if est:
@@ -262,7 +275,8 @@ def fit_table(
     """
     title = (
         f"largest batch: {opts.model} s{opts.seq} {opts.optimizer} on {target.name} "
-        f"(limit {gib(rows[0]['limit_bytes'])} GiB = device - {100 * headroom:.0f}%)"
+        f"(limit {gib(rows[0]['limit_bytes'])} GiB = {_limit_words(target, headroom)})"
+        + _training_line(_opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
     for col in ("policy", "max batch", "peak GiB", "next batch GiB", "recompute", "tokens/step"):
@@ -310,6 +324,10 @@ def plan_table(
         f"plan for {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer} on {target.name}: "
         f"budget {gib(p.budget_bytes)} GiB, attention="
         f"{p.report.attention if p.report is not None else '-'}"
+        + _training_line(
+            _opts_precision(opts),
+            p.report.meta.get("dropout") if p.report is not None else None,
+        )
     )
     caption = (
         f"plan found in {plan_seconds:.1f} s ({p.compiles} compiles); {compiles} compiles in "
@@ -380,10 +398,13 @@ def advise_table(rows: Sequence[Advice], opts: Any, *, headroom: float, seconds:
       >>> console().print(advise_table(rows, opts, headroom=0.03, seconds=30))  # doctest: +SKIP
     """
     table = Table(
-        title=f"which GPU: {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}",
+        title=f"which GPU: {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}"
+        + _training_line(_opts_precision(opts), None),
         caption=(
-            f"{seconds:.1f} s. fits = the plan's compiled peak <= device - "
-            f"{100 * headroom:.0f}%; max batch with 'full'"
+            f"{seconds:.1f} s. fits = the plan's compiled peak <= what a JAX process may "
+            f"allocate on that GPU ({_runtime_words(None)}"
+            + (f", less {100 * headroom:.0f}%" if headroom else "")
+            + "); max batch with 'full'"
         ),
     )
     for col in ("target", "GiB", "fixed GiB", "fits", "plan", "peak GiB", "recompute", "max batch"):
@@ -400,3 +421,118 @@ def advise_table(rows: Sequence[Advice], opts: Any, *, headroom: float, seconds:
             str(a.max_batch),
         )
     return table
+
+
+def fits_rule(target: Target) -> str:
+    """One line saying what "fits" means for ``target``, e.g. for a table's caption.
+
+    Example:
+      >>> fits_rule(rk.target("h100"))                                     # doctest: +SKIP
+      'fits = peak <= 59.33 GiB, what a JAX process may allocate of the 79.11 GiB ...'
+    """
+    if target.usable_bytes is None:
+        return "fits: not judged (the target has no memory size)"
+    return (
+        f"fits = peak <= {gib(target.usable_bytes)} GiB, what a JAX process may allocate of the "
+        f"{gib(target.memory_bytes)} GiB of {target.name} ({_runtime_words(target)})"
+    )
+
+
+def _runtime_words(target: Target | None) -> str:
+    if target is None or target.runtime is None:
+        if target is not None:
+            return "the limit jax reports"
+        return "JAX's allocator fraction: 0.75 by default, XLA_PYTHON_CLIENT_MEM_FRACTION"
+    rt = target.runtime
+    if rt.mem_fraction is None:
+        return "platform allocator: the card less the CUDA context"
+    source = {"default": "JAX's default"}.get(rt.source, rt.source)
+    return f"allocator fraction {rt.mem_fraction:g}, {source}"
+
+
+def _limit_words(target: Target, headroom: float) -> str:
+    words = f"usable at {_runtime_words(target)}"
+    return words + (f", less {100 * headroom:.0f}%" if headroom else "")
+
+
+def _fits_cell(fits: bool | None, with_fraction: float | None) -> str:
+    cell = _YES_NO[fits]
+    return cell + (f" ({with_fraction:g})" if fits is False and with_fraction is not None else "")
+
+
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def precision_words(precision: Mapping[str, str] | None) -> str:
+    """A precision record (``TrainStep.precision``, ``meta["precision"]``) in a few words.
+
+    Args:
+      precision: ``name``, ``params``, ``frozen``, ``grads``, ``optimizer_state`` and
+        ``compute`` dtype names, or None.
+
+    Returns:
+      E.g. ``"precision mixed: weights f32, grads f32, optimizer state f32, compute bf16"``;
+      with frozen weights (LoRA) ``"trained f32, frozen bf16"`` in place of ``weights``;
+      ``""`` for None.
+
+    Example:
+      >>> precision_words({"name": "bf16", "params": "bfloat16", "frozen": "-",
+      ...     "grads": "bfloat16", "optimizer_state": "bfloat16", "compute": "bfloat16"})
+      'precision bf16: weights bf16, grads bf16, optimizer state bf16, compute bf16'
+    """
+    if not precision:
+        return ""
+    short = lambda key: "+".join(_SHORT.get(d, d) for d in str(precision.get(key, "-")).split("+"))
+    frozen = precision.get("frozen", "-")
+    weights = (
+        f"weights {short('params')}"
+        if frozen in ("-", None)
+        else f"trained {short('params')}, frozen {short('frozen')}"
+    )
+    state = short("optimizer_state")
+    state_words = "no optimizer state" if state == "-" else f"optimizer state {state}"
+    return (
+        f"precision {precision.get('name')}: {weights}, grads {short('grads')}, {state_words}, "
+        f"compute {short('compute')}"
+    )
+
+
+def _training_line(precision: Mapping[str, str] | None, dropout: float | None) -> str:
+    words = precision_words(precision)
+    if dropout:
+        words += f"{'; ' if words else ''}dropout {dropout:g} (applied)"
+    return f"\n{words}" if words else ""
+
+
+def _opts_precision(opts: Any) -> Mapping[str, str] | None:
+    # models.measure.Options resolves its regime; other option objects may not have one.
+    regime = getattr(opts, "precision_regime", None)
+    return regime().to_dict() if callable(regime) else None
+
+
+def _breakdown_lines(
+    parts: Mapping[str, int], meta: Mapping[str, Any]
+) -> list[tuple[str, int | None]]:
+    if meta.get("breakdown") == "measured":
+        est = meta.get("breakdown_estimate") or {}
+        return [
+            ("  live at the peak, from XLA's buffer assignment:", None),
+            ("  weights", parts.get("weights")),
+            ("  gradients", parts.get("gradients")),
+            ("  optimizer state", parts.get("optimizer")),
+            ("  batch", parts.get("batch")),
+            ("  saved activations", parts.get("saved_activations")),
+            ("  recomputation workspace", parts.get("recompute_workspace")),
+            ("  other temporaries", parts.get("temporaries")),
+            ("  fragmentation (reserved, free at the peak)", parts.get("fragmentation")),
+            ("  activations, estimate (peak - shapes of the rest)", est.get("activations")),
+        ]
+    return [
+        ("  estimate from shapes (activations = the rest):", None),
+        ("  weights", parts.get("weights")),
+        ("  gradients", parts.get("gradients")),
+        ("  optimizer state", parts.get("optimizer")),
+        ("  gradient accumulator", parts.get("grad_accumulator")),
+        ("  batch", parts.get("batch")),
+        ("  activations and temporaries", parts.get("activations")),
+    ]

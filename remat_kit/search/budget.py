@@ -23,13 +23,11 @@ __all__ = [
     "parse_budget",
 ]
 
-#: Fraction of device memory kept free by default. The compiled peak is what XLA's buffer
-#: assignment needs; a real process also holds the CUDA context and cuBLAS/cuDNN workspaces
-#: (~0.5-1 GiB) and loses some memory to allocator fragmentation, so a program that needs
-#: exactly the device's memory runs out. 3% is 2.4 GiB on an 80 GB card. (JAX preallocates
-#: only 75% of the device by default: run with ``XLA_PYTHON_CLIENT_MEM_FRACTION=0.97``, or the
-#: figures here are not what the process may use.)
-DEFAULT_HEADROOM = 0.03
+#: Share of the *usable* memory kept free beyond the runtime's own limit, by default none: the
+#: limit is what a JAX process may allocate on the target (device memory times the allocator
+#: fraction, ``Target.usable_bytes``; see remat_kit.targets.runtime), the same limit every
+#: report's "fits" uses.
+DEFAULT_HEADROOM = 0.0
 
 #: Bytes in a GiB, for messages.
 GIB = 2**30
@@ -128,7 +126,10 @@ def parse_budget(text: str | float | int, device_bytes: int | None = None) -> in
 
 
 def limit_for(target: Target, budget: int | None, headroom: float) -> int:
-    """The bytes a search works to: ``budget``, or the device minus ``headroom``.
+    """The bytes a search works to: ``budget``, or the usable memory less ``headroom`` of it.
+
+    The usable memory is what a JAX process may allocate on the target
+    (``Target.usable_bytes``: device memory times the allocator fraction).
 
     Raises:
       ValueError: a headroom outside [0, 1), a target without a memory size and no budget, a
@@ -139,11 +140,12 @@ def limit_for(target: Target, budget: int | None, headroom: float) -> int:
         raise ValueError(f"headroom={headroom!r} must be in [0, 1)")
     mem = target.memory_bytes
     if budget is None:
-        if mem is None:
+        usable = target.usable_bytes
+        if usable is None:
             raise ValueError(
                 f"target {target.name!r} has no memory size: give a budget in bytes, e.g. 16GiB"
             )
-        return int(mem * (1.0 - headroom))
+        return int(usable * (1.0 - headroom))
     if isinstance(budget, bool) or not isinstance(budget, int):
         raise TypeError(f"budget must be an int of bytes (see rk.parse_budget), got {budget!r}")
     if budget <= 0:

@@ -1,46 +1,14 @@
-"""Targets: where a program's memory is measured.
-
-A :class:`Target` is either a named NVIDIA GPU that XLA compiles for without the card being present
-("deviceless": the CUDA compiler plugin and a ``GpuTargetConfigProto`` describing the card), the CPU
-host, or the local devices. It hands out the :class:`jax.sharding.Mesh` and
-:class:`jax.sharding.NamedSharding` that abstract arguments (``jax.ShapeDtypeStruct``) carry, so
-that ``jax.jit(f).lower(*args).compile().memory_analysis()`` reports the memory of that GPU.
-
-Example:
-  >>> import remat_kit.targets as rkt
-  >>> t = rkt.target("h100")
-  >>> t.name, t.memory_bytes
-  ('h100-80gb', 84942979072)
-  >>> x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=t.sharding())  # doctest: +SKIP
-"""
+"""The Target value and its constructors: where a program's memory is measured."""
 
 from __future__ import annotations
 
-__all__ = [
-    "Target",
-    "TargetError",
-    "as_target",
-    "check_deviceless",
-    "configure_for_deviceless",
-    "cudnn_attention_available",
-    "custom_target",
-    "target",
-    "target_from_config",
-    "target_names",
-]
-
 import dataclasses
 import difflib
-import functools
-import glob
-import importlib
 import importlib.util
 import math
 import numbers
 import os
 import re
-import sys
-import types
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -48,16 +16,36 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from remat_kit.errors import TargetError, unknown
+from remat_kit.errors import BadValue, unknown
+from remat_kit.targets.catalogue import (
+    ALIASES,
+    CONFIG_TEMPLATE,
+    FACT_KEYS,
+    GPU_FACTS,
+    OPTIONAL_FACTS,
+    SPECIAL,
+)
+from remat_kit.targets.platform import configure_if_no_gpu, gpu_topology
+from remat_kit.targets.runtime import (
+    Runtime,
+    compile_memory_size,
+    fraction_to_fit,
+    max_mem_fraction,
+    outside_heap_bytes,
+    runtime_from_env,
+)
+
+__all__ = [
+    "Target",
+    "as_target",
+    "cudnn_attention_available",
+    "custom_target",
+    "target",
+    "target_from_config",
+    "target_names",
+]
 
 _KINDS = ("gpu", "cpu", "local")
-
-_PLUGIN_MESSAGE = "compiling for {name} needs the CUDA 12 compile plugin: pip install 'jax[cuda12]'"
-_PLATFORMS_MESSAGE = (
-    "compiling for {name} needs jax started without probing for a CUDA driver (it probed and found "
-    "none): set JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1) in the environment "
-    "before importing jax, or call remat_kit.targets.configure_for_deviceless() first ({error})"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +65,8 @@ class Target:
       hosts: Number of hosts the devices are spread over (``devices`` must be divisible by it).
       compute_capability: CUDA compute capability ``(major, minor)`` for GPUs, else None.
       target_config: ``GpuTargetConfigProto`` text for kind ``"gpu"``, else None.
+      runtime: how a JAX process on the card allocates (the allocator's share of it); GPU
+        targets only. ``usable_bytes`` and every "fits" follow from it.
 
     Example:
       >>> t = target("a100-40gb", devices=8, hosts=2)
@@ -95,6 +85,7 @@ class Target:
     hosts: int = 1
     compute_capability: tuple[int, int] | None = None
     target_config: str | None = dataclasses.field(default=None, repr=False)
+    runtime: Runtime | None = None
 
     def __post_init__(self) -> None:
         _check_count("devices", self.devices)
@@ -109,6 +100,18 @@ class Target:
         if self.kind == "gpu" and not self.target_config:
             raise ValueError(
                 f"GPU target {self.name!r} needs a target_config (GpuTargetConfigProto)"
+            )
+        if self.kind == "gpu" and self.runtime is None:
+            object.__setattr__(self, "runtime", Runtime())
+        if self.kind != "gpu" and self.runtime is not None:
+            raise ValueError(f"runtime is only meaningful for GPU targets, not {self.kind!r}")
+        f = self.mem_fraction
+        if f is not None and self.memory_bytes and f > max_mem_fraction(self.memory_bytes):
+            raise BadValue(
+                f"memory fraction {f:g} ({self.runtime.source}) leaves less than "
+                f"{outside_heap_bytes(self.memory_bytes) / 2**30:.2f} GiB of {self.name} for the "
+                "CUDA context and "
+                f"library handles: use at most {max_mem_fraction(self.memory_bytes):g}"
             )
         if self.kind != "gpu" and self.hosts != 1:
             raise ValueError(
@@ -153,7 +156,7 @@ class Target:
         if self.kind == "gpu":
             from jax.experimental import topologies
 
-            topo = _gpu_topology(self)
+            topo = gpu_topology(self)
             return topologies.make_mesh(topo, shape, names)
         devs = jax.devices("cpu") if self.kind == "cpu" else jax.devices()
         if len(devs) < self.devices:
@@ -187,22 +190,81 @@ class Target:
         """
         return NamedSharding(self.mesh(), PartitionSpec() if spec is None else spec)
 
+    @property
+    def mem_fraction(self) -> float | None:
+        """The allocator's share of the card (None: no pool, or not a GPU target)."""
+        return None if self.runtime is None else self.runtime.mem_fraction
+
+    @property
+    def usable_bytes(self) -> int | None:
+        """What one JAX process may allocate per device: the allocator's ``bytes_limit``.
+
+        ``memory_bytes`` times the allocator fraction for a GPU target (JAX's default 0.75);
+        for ``local`` GPUs the limit jax reports; None when unknown (CPU).
+
+        Example:
+          >>> target("h100").usable_bytes          # 0.75 of 84942979072
+          63707234304
+        """
+        if self.memory_bytes is None:
+            return None
+        if self.runtime is None:
+            return self.memory_bytes
+        return self.runtime.usable_bytes(self.memory_bytes)
+
     def fits(self, nbytes: int | float) -> bool | None:
-        """Whether ``nbytes`` fits in one device's memory.
+        """Whether ``nbytes`` per device fits what a JAX process may allocate.
 
         Args:
           nbytes: Bytes needed per device.
 
         Returns:
-          ``nbytes <= memory_bytes``, or None when the memory is unknown (CPU).
+          ``nbytes <= usable_bytes``, or None when the memory is unknown (CPU).
 
         Example:
-          >>> target("rtx4090").fits(30 * 2**30)
+          >>> target("rtx4090").fits(20 * 2**30)   # 20 GiB of the 24 GiB card: over 0.75 of it
           False
         """
-        if self.memory_bytes is None:
+        usable = self.usable_bytes
+        return None if usable is None else nbytes <= usable
+
+    def fraction_to_fit(self, nbytes: int | float) -> float | None:
+        """The smallest allocator fraction (2 decimals) under which ``nbytes`` fits.
+
+        None when no fraction can (the card is too small) or the target has no fraction.
+
+        Example:
+          >>> target("h100").fraction_to_fit(70 * 2**30)
+          0.89
+        """
+        if self.memory_bytes is None or self.mem_fraction is None:
             return None
-        return nbytes <= self.memory_bytes
+        return fraction_to_fit(int(nbytes), self.memory_bytes)
+
+    def with_mem_fraction(self, fraction: float, source: str = "argument") -> Target:
+        """This target with the allocator taking ``fraction`` of the card.
+
+        Example:
+          >>> target("h100").with_mem_fraction(0.95).usable_bytes > target("h100").usable_bytes
+          True
+        """
+        if self.kind != "gpu":
+            raise BadValue(f"a memory fraction applies to GPU targets, not {self.name!r}")
+        return dataclasses.replace(self, runtime=Runtime(fraction, source))
+
+    @property
+    def compile_config(self) -> str | None:
+        """``target_config`` as the deviceless compile must see it.
+
+        Its ``device_memory_size`` is set so that XLA's rematerialization pass gets the limit
+        a real process on the card would hand it (see :mod:`remat_kit.targets.runtime`).
+        """
+        if self.target_config is None or self.runtime is None or self.memory_bytes is None:
+            return self.target_config
+        size = compile_memory_size(self.memory_bytes, self.runtime)
+        return re.sub(
+            r"(\bdevice_memory_size\s*:\s*)[-+0-9.eE]+", rf"\g<1>{size}", self.target_config
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """Returns a JSON-ready dict of the target (without the target_config text).
@@ -215,124 +277,18 @@ class Target:
           24152899584
         """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        del out["target_config"]
+        del out["target_config"], out["runtime"]
+        out["usable_bytes"] = self.usable_bytes
+        out.update(
+            Runtime(None, "none").to_dict() if self.runtime is None else self.runtime.to_dict()
+        )
+        if self.runtime is None:
+            out["mem_fraction_source"] = None
         if self.compute_capability is not None:
             out["compute_capability"] = list(self.compute_capability)
         out["devices_per_host"] = self.devices_per_host
         out["topology"] = self.topology
         return out
-
-
-# --- built-in GPU facts -------------------------------------------------------------------------
-
-_FACT_KEYS = (
-    "sms",
-    "fp32_per_sm",
-    "smem_per_sm",
-    "smem_optin",
-    "threads_per_sm",
-    "hbm_bandwidth",
-    "l2_bytes",
-    "clock_ghz",
-    "memory_bytes",
-)
-_OPTIONAL_FACTS: Mapping[str, Any] = types.MappingProxyType(
-    {
-        "compute_capability": (9, 0),
-        "host_link_bandwidth": None,
-        "peak_bf16_flops": None,
-        "description": None,
-    }
-)
-
-
-def _facts(
-    description: str,
-    cc: tuple[int, int],
-    sms: int,
-    fp32_per_sm: int,
-    smem_per_sm: int,
-    smem_optin: int,
-    threads_per_sm: int,
-    hbm_bandwidth: int,
-    l2_bytes: int,
-    clock_ghz: float,
-    memory_bytes: int,
-    host_link_bandwidth: float,
-    peak_bf16_flops: float,
-) -> Mapping[str, Any]:
-    return types.MappingProxyType(
-        {
-            "description": description,
-            "compute_capability": cc,
-            "sms": sms,
-            "fp32_per_sm": fp32_per_sm,
-            "smem_per_sm": smem_per_sm,
-            "smem_optin": smem_optin,
-            "threads_per_sm": threads_per_sm,
-            "hbm_bandwidth": hbm_bandwidth,
-            "l2_bytes": l2_bytes,
-            "clock_ghz": clock_ghz,
-            "memory_bytes": memory_bytes,
-            "host_link_bandwidth": host_link_bandwidth,
-            "peak_bf16_flops": peak_bf16_flops,
-        }
-    )
-
-
-# Public specifications; see shared/gpu_targets.md.
-# fmt: off
-_GPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
-    "h100-80gb": _facts("NVIDIA H100 80GB HBM3", (9, 0), 132, 128, 233472, 232448, 2048,
-                        3352320000000, 52428800, 1.98, 84942979072, 64e9, 989e12),
-    "h100-pcie": _facts("NVIDIA H100 PCIe", (9, 0), 114, 128, 233472, 232448, 2048,
-                        2039040000000, 52428800, 1.755, 84942979072, 64e9, 756e12),
-    "h200": _facts("NVIDIA H200 141GB HBM3e", (9, 0), 132, 128, 233472, 232448, 2048,
-                   4800000000000, 52428800, 1.98, 151397597184, 64e9, 989e12),
-    "a100-80gb": _facts("NVIDIA A100-SXM4-80GB", (8, 0), 108, 64, 167936, 166912, 2048,
-                        2039040000000, 41943040, 1.41, 85100068864, 32e9, 312e12),
-    "a100-40gb": _facts("NVIDIA A100-SXM4-40GB", (8, 0), 108, 64, 167936, 166912, 2048,
-                        1555200000000, 41943040, 1.41, 42331013120, 32e9, 312e12),
-    "rtx4090": _facts("NVIDIA GeForce RTX 4090", (8, 9), 128, 128, 102400, 101376, 1536,
-                      1008000000000, 75497472, 2.52, 25757220864, 32e9, 165e12),
-    "l4": _facts("NVIDIA L4", (8, 9), 58, 128, 102400, 101376, 1536,
-                 300000000000, 50331648, 2.04, 24152899584, 32e9, 121e12),
-})
-# fmt: on
-
-_ALIASES: Mapping[str, str] = types.MappingProxyType(
-    {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "a100": "a100-80gb"}
-)
-_SPECIAL = ("cpu", "local")
-
-_CONFIG_TEMPLATE = """\
-gpu_device_info {{
-  threads_per_block_limit: 1024
-  threads_per_warp: 32
-  shared_memory_per_block: 49152
-  shared_memory_per_core: {smem_per_sm}
-  threads_per_core_limit: {threads_per_sm}
-  core_count: {sms}
-  fpus_per_core: {fp32_per_sm}
-  block_dim_limit_x: 2147483647
-  block_dim_limit_y: 65535
-  block_dim_limit_z: 65535
-  memory_bandwidth: {hbm_bandwidth}
-  l2_cache_size: {l2_bytes}
-  clock_rate_ghz: {clock_ghz}
-  device_memory_size: {memory_bytes}
-  shared_memory_per_block_optin: {smem_optin}
-  cuda_compute_capability {{ major: {cc_major} minor: {cc_minor} }}
-  registers_per_core_limit: 65536
-  registers_per_block_limit: 65536
-}}
-platform_name: "CUDA"
-dnn_version_info {{ major: 9 minor: 1 }}
-device_description_str: "{description}"
-"""
-
-
-# --- public constructors ------------------------------------------------------------------------
 
 
 def target_names() -> list[str]:
@@ -345,7 +301,7 @@ def target_names() -> list[str]:
       >>> "h100-80gb" in target_names()
       True
     """
-    return sorted([*_GPU_FACTS, *_SPECIAL])
+    return sorted([*GPU_FACTS, *SPECIAL])
 
 
 def as_target(t: str | Target) -> Target:
@@ -366,7 +322,9 @@ def as_target(t: str | Target) -> Target:
     return t
 
 
-def target(name: str, devices: int = 1, hosts: int = 1) -> Target:
+def target(
+    name: str, devices: int = 1, hosts: int = 1, mem_fraction: float | None = None
+) -> Target:
     """Returns a built-in target by name.
 
     Args:
@@ -375,6 +333,8 @@ def target(name: str, devices: int = 1, hosts: int = 1) -> Target:
         initializes jax's backends).
       devices: Total number of devices.
       hosts: Number of hosts the devices are spread over (GPU targets only).
+      mem_fraction: the share of each GPU a JAX process's allocator takes; default: what the
+        environment says (``XLA_PYTHON_CLIENT_MEM_FRACTION``...), else JAX's 0.75.
 
     Returns:
       A :class:`Target`.
@@ -393,21 +353,27 @@ def target(name: str, devices: int = 1, hosts: int = 1) -> Target:
     if not isinstance(name, str):
         raise TypeError(f"target name must be a str, got {type(name).__name__}: {name!r}")
     key = name.strip().lower()
-    key = _ALIASES.get(key, key)
-    if key in _GPU_FACTS:
-        return _gpu_target(key, _GPU_FACTS[key], devices, hosts)
+    key = ALIASES.get(key, key)
+    if key in GPU_FACTS:
+        return _gpu_target(key, GPU_FACTS[key], devices, hosts, _runtime(mem_fraction))
     if key == "cpu":
         return Target(
             "cpu", "cpu", "CPU (XLA host backend)", None, None, None, None, devices, hosts
         )
     if key == "local":
         return _local_target(devices, hosts)
-    matches = difflib.get_close_matches(key, [*target_names(), *_ALIASES], n=6, cutoff=0.5)
-    close = list(dict.fromkeys(_ALIASES.get(m, m) for m in matches))[:3]
+    matches = difflib.get_close_matches(key, [*target_names(), *ALIASES], n=6, cutoff=0.5)
+    close = list(dict.fromkeys(ALIASES.get(m, m) for m in matches))[:3]
     raise unknown("target", name, target_names(), close=close)
 
 
-def custom_target(name: str, facts: Mapping[str, Any], devices: int = 1, hosts: int = 1) -> Target:
+def custom_target(
+    name: str,
+    facts: Mapping[str, Any],
+    devices: int = 1,
+    hosts: int = 1,
+    mem_fraction: float | None = None,
+) -> Target:
     """Builds a deviceless GPU target from the facts of a card (the columns of the GPU table).
 
     Required keys: ``sms, fp32_per_sm, smem_per_sm, smem_optin, threads_per_sm, hbm_bandwidth``
@@ -435,8 +401,8 @@ def custom_target(name: str, facts: Mapping[str, Any], devices: int = 1, hosts: 
       >>> t.memory_bytes
       103079215104
     """
-    all_keys = (*_FACT_KEYS, *_OPTIONAL_FACTS)
-    missing = [k for k in _FACT_KEYS if k not in facts]
+    all_keys = (*FACT_KEYS, *OPTIONAL_FACTS)
+    missing = [k for k in FACT_KEYS if k not in facts]
     unknown = [k for k in facts if k not in all_keys]
     if missing or unknown:
         what = "; ".join(
@@ -448,15 +414,15 @@ def custom_target(name: str, facts: Mapping[str, Any], devices: int = 1, hosts: 
             if part
         )
         raise ValueError(f"facts for {name!r}: {what}. Keys: {', '.join(all_keys)}")
-    full = {**_OPTIONAL_FACTS, **facts}
+    full = {**OPTIONAL_FACTS, **facts}
     if full["description"] is None:
         full["description"] = name
-    for key in _FACT_KEYS:
+    for key in FACT_KEYS:
         value = full[key]
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
             raise ValueError(f"facts for {name!r}: {key} must be a positive number, got {value!r}")
     full["compute_capability"] = _parse_cc(full["compute_capability"], name)
-    return _gpu_target(name, full, devices, hosts)
+    return _gpu_target(name, full, devices, hosts, _runtime(mem_fraction))
 
 
 def target_from_config(
@@ -467,6 +433,7 @@ def target_from_config(
     peak_bf16_flops: float | None = None,
     devices: int = 1,
     hosts: int = 1,
+    mem_fraction: float | None = None,
 ) -> Target:
     """Builds a deviceless GPU target from a ``GpuTargetConfigProto`` in protobuf text format.
 
@@ -511,6 +478,7 @@ def target_from_config(
         hosts=hosts,
         compute_capability=cc,
         target_config=text,
+        runtime=_runtime(mem_fraction),
     )
 
 
@@ -535,58 +503,6 @@ def cudnn_attention_available(target: Target) -> bool:
     )
 
 
-def check_deviceless(target: Target) -> None:
-    """Checks that a GPU target can be compiled for here; a no-op for cpu/local targets.
-
-    Args:
-      target: The target to check.
-
-    Raises:
-      TargetError: With the command or setting that fixes it: the CUDA plugin is missing, or jax
-        initialized its backends with the CUDA plugin probing for a driver (set
-        ``JAX_PLATFORMS=cpu``).
-
-    Example:
-      >>> check_deviceless(target("h100"))
-    """
-    if target.kind == "gpu":
-        _gpu_topology(target)
-
-
-def configure_for_deviceless() -> None:
-    """Sets ``JAX_PLATFORMS=cpu`` if nothing chose the platforms yet; the CLI calls it at start-up.
-
-    Deviceless GPU compiles fail once jax has initialized its backends with the CUDA plugin probing
-    for a driver that is absent. This does nothing if jax's backends are already initialized or if
-    ``JAX_PLATFORMS``/``JAX_SKIP_CUDA_CONSTRAINTS_CHECK`` (or ``jax.config.jax_platforms``) is
-    already set. Note it also makes the ``"local"`` target the CPU: skip it when measuring on a
-    real GPU.
-
-    Example:
-      >>> configure_for_deviceless()
-    """
-    if _backends_initialized():
-        return
-    if os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK"):
-        return
-    if "jax" in sys.modules:
-        if jax.config.jax_platforms:
-            return
-        jax.config.update("jax_platforms", "cpu")
-    os.environ["JAX_PLATFORMS"] = "cpu"
-
-
-# --- private helpers ----------------------------------------------------------------------------
-
-
-def _configure_if_no_gpu() -> None:
-    # On a machine with no NVIDIA device the CUDA plugin's driver probe can only fail (a cuInit
-    # traceback, then no topology); choose jax's CPU platform for the user, as the CLI does. With
-    # a GPU present the plugin starts normally and compiles deviceless as well, so leave it be.
-    if not glob.glob("/dev/nvidia[0-9]*"):
-        configure_for_deviceless()
-
-
 def _check_count(what: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{what} must be an int, got {type(value).__name__}: {value!r}")
@@ -594,10 +510,17 @@ def _check_count(what: str, value: Any) -> None:
         raise ValueError(f"{what} must be a positive int, got {value}")
 
 
-def _gpu_target(name: str, facts: Mapping[str, Any], devices: int, hosts: int) -> Target:
-    _configure_if_no_gpu()  # before anything starts jax's backends with a doomed CUDA probe
+def _runtime(mem_fraction: float | None) -> Runtime:
+    # The public edge: an explicit fraction wins, else the environment a JAX process would read.
+    return runtime_from_env() if mem_fraction is None else Runtime(mem_fraction, "argument")
+
+
+def _gpu_target(
+    name: str, facts: Mapping[str, Any], devices: int, hosts: int, runtime: Runtime
+) -> Target:
+    configure_if_no_gpu()  # before anything starts jax's backends with a doomed CUDA probe
     major, minor = facts["compute_capability"]
-    config = _CONFIG_TEMPLATE.format(
+    config = CONFIG_TEMPLATE.format(
         smem_per_sm=int(facts["smem_per_sm"]),
         threads_per_sm=int(facts["threads_per_sm"]),
         sms=int(facts["sms"]),
@@ -623,6 +546,7 @@ def _gpu_target(name: str, facts: Mapping[str, Any], devices: int, hosts: int) -
         hosts=hosts,
         compute_capability=(major, minor),
         target_config=config,
+        runtime=runtime,
     )
 
 
@@ -646,7 +570,7 @@ def _local_target(devices: int, hosts: int) -> Target:
             cc = _parse_cc(getattr(dev, "compute_capability", None), kind)
         except ValueError:
             cc = None
-    known = next((f for f in _GPU_FACTS.values() if f["description"] == kind), {})
+    known = next((f for f in GPU_FACTS.values() if f["description"] == kind), {})
     return Target(
         name="local",
         kind="local",
@@ -676,46 +600,6 @@ def _mesh_shape(devices: int, names: tuple[str, ...], shape: Sequence[int] | Non
             f"mesh shape {shape} holds {math.prod(shape)} devices, target has {devices}"
         )
     return shape
-
-
-def _gpu_topology(target: Target) -> Any:
-    _configure_if_no_gpu()
-    try:
-        return _cached_topology(target.target_config, target.topology)
-    except (NotImplementedError, RuntimeError) as err:
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        if not _cuda_plugin_installed():
-            raise TargetError(_PLUGIN_MESSAGE.format(name=target.name)) from err
-        if isinstance(err, NotImplementedError) or "not implemented" in first.lower():
-            raise TargetError(_PLATFORMS_MESSAGE.format(name=target.name, error=first)) from err
-        raise TargetError(f"XLA rejected the target config of {target.name!r}: {first}") from err
-
-
-@functools.lru_cache(maxsize=64)
-def _cached_topology(config: str, topology: str) -> Any:
-    from jax.experimental import topologies
-
-    return topologies.get_topology_desc(platform="cuda", target_config=config, topology=topology)
-
-
-def _cuda_plugin_installed() -> bool:
-    try:
-        importlib.import_module("jax_plugins.xla_cuda12")
-    except ImportError:
-        return False
-    return True
-
-
-def _backends_initialized() -> bool:
-    try:
-        from jax._src import xla_bridge
-
-        check = getattr(xla_bridge, "backends_are_initialized", None)
-        if check is not None:
-            return bool(check())
-        return bool(getattr(xla_bridge, "_backends", {}))
-    except Exception:  # private API; assume initialized, stay hands-off
-        return True
 
 
 def _read_config(path_or_text: str | os.PathLike[str]) -> tuple[str, str, str | None]:

@@ -1,0 +1,126 @@
+"""The platform side of deviceless compiles: jax on its CPU platform, the CUDA plugin, topologies.
+
+XLA compiles for an NVIDIA GPU that is not there through the CUDA compile plugin and a topology
+built from the target's ``GpuTargetConfigProto``; that works only while jax has not started its
+backends with the plugin probing for a driver. These helpers arrange that and say what to change
+when it cannot be arranged.
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import importlib
+import os
+import sys
+from typing import TYPE_CHECKING, Any
+
+import jax
+
+from remat_kit.errors import TargetError
+
+if TYPE_CHECKING:
+    from remat_kit.targets.core import Target
+
+__all__ = [
+    "check_deviceless",
+    "configure_for_deviceless",
+    "configure_if_no_gpu",
+    "gpu_topology",
+]
+
+_PLUGIN_MESSAGE = "compiling for {name} needs the CUDA 12 compile plugin: pip install 'jax[cuda12]'"
+_PLATFORMS_MESSAGE = (
+    "compiling for {name} needs jax started without probing for a CUDA driver (it probed and found "
+    "none): set JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1) in the environment "
+    "before importing jax, or call remat_kit.targets.configure_for_deviceless() first ({error})"
+)
+
+
+def check_deviceless(target: Target) -> None:
+    """Checks that a GPU target can be compiled for here; a no-op for cpu/local targets.
+
+    Args:
+      target: The target to check.
+
+    Raises:
+      TargetError: With the command or setting that fixes it: the CUDA plugin is missing, or jax
+        initialized its backends with the CUDA plugin probing for a driver (set
+        ``JAX_PLATFORMS=cpu``).
+
+    Example:
+      >>> check_deviceless(target("h100"))
+    """
+    if target.kind == "gpu":
+        gpu_topology(target)
+
+
+def configure_for_deviceless() -> None:
+    """Sets ``JAX_PLATFORMS=cpu`` if nothing chose the platforms yet; the CLI calls it at start-up.
+
+    Deviceless GPU compiles fail once jax has initialized its backends with the CUDA plugin probing
+    for a driver that is absent. This does nothing if jax's backends are already initialized or if
+    ``JAX_PLATFORMS``/``JAX_SKIP_CUDA_CONSTRAINTS_CHECK`` (or ``jax.config.jax_platforms``) is
+    already set. Note it also makes the ``"local"`` target the CPU: skip it when measuring on a
+    real GPU.
+
+    Example:
+      >>> configure_for_deviceless()
+    """
+    if _backends_initialized():
+        return
+    if os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK"):
+        return
+    if "jax" in sys.modules:
+        if jax.config.jax_platforms:
+            return
+        jax.config.update("jax_platforms", "cpu")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+def configure_if_no_gpu() -> None:
+    # On a machine with no NVIDIA device the CUDA plugin's driver probe can only fail (a cuInit
+    # traceback, then no topology); choose jax's CPU platform for the user, as the CLI does. With
+    # a GPU present the plugin starts normally and compiles deviceless as well, so leave it be.
+    if not glob.glob("/dev/nvidia[0-9]*"):
+        configure_for_deviceless()
+
+
+def gpu_topology(target: Target) -> Any:
+    configure_if_no_gpu()
+    try:
+        return _cached_topology(target.compile_config, target.topology)
+    except (NotImplementedError, RuntimeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        if not _cuda_plugin_installed():
+            raise TargetError(_PLUGIN_MESSAGE.format(name=target.name)) from err
+        if isinstance(err, NotImplementedError) or "not implemented" in first.lower():
+            raise TargetError(_PLATFORMS_MESSAGE.format(name=target.name, error=first)) from err
+        raise TargetError(f"XLA rejected the target config of {target.name!r}: {first}") from err
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_topology(config: str, topology: str) -> Any:
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(platform="cuda", target_config=config, topology=topology)
+
+
+def _cuda_plugin_installed() -> bool:
+    try:
+        importlib.import_module("jax_plugins.xla_cuda12")
+    except ImportError:
+        return False
+    return True
+
+
+def _backends_initialized() -> bool:
+    try:
+        from jax._src import xla_bridge
+
+        check = getattr(xla_bridge, "backends_are_initialized", None)
+        if check is not None:
+            return bool(check())
+        return bool(getattr(xla_bridge, "_backends", {}))
+    except Exception:  # private API; assume initialized, stay hands-off
+        return True

@@ -1,0 +1,226 @@
+"""Compile a lowered program and read what XLA says about it: memory, its remat pass, its log.
+
+XLA's GPU compiler runs its own rematerialization pass when a program exceeds the memory limit
+it was given (see :mod:`remat_kit.targets.runtime` for the limit), and reports failure only as
+a C++ log line on stderr ("Can't reduce memory use below ..."). This module captures those
+lines during the compile, so the user sees them as report warnings rather than raw log output,
+and measures what the pass really saved: the log states it when the pass falls short, and a
+second compile with the pass disabled states it when the pass succeeded (only then, since that
+costs a compile). The pass clones instructions even when it saves nothing, so the mere presence
+of clones is not evidence that it changed the program.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = [
+    "CompiledMemory",
+    "compile_memory",
+    "parse_xla_log",
+]
+
+# glog's prefix: severity, date, time, thread, file:line]
+_GLOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([\w.]+:\d+)\] (.*)$")
+_CANT_REDUCE = re.compile(
+    r"Can't reduce memory use below .*?\((\d+) bytes\) by rematerialization; only reduced to "
+    r".*?\((\d+) bytes\), down from .*?\((\d+) bytes\) originally"
+)
+# Instructions the remat pass cloned are named <original>.remat<N>; metadata is stripped first,
+# since op names from jax.checkpoint mention "remat" too.
+_CLONE = re.compile(r"%?[\w.\-]+\.remat\d*\b")
+_METADATA = re.compile(r"metadata=\{[^}]*\}")
+_DISABLE_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledMemory:
+    """XLA's memory analysis of one compiled program, with what its remat pass did.
+
+    Attributes:
+      argument_bytes, output_bytes, temp_bytes, alias_bytes, generated_code_bytes: XLA's fields
+        (device memory, per device).
+      host_bytes: all pinned-host fields (argument + output + temp - alias).
+      host_temp_bytes: host temporaries alone (offloaded activations).
+      xla_peak_bytes: XLA's own peak when this jaxlib reports one, else None.
+      xla_remat_limit_bytes: the limit XLA's remat pass worked to, when its log states it.
+      xla_remat_saved_bytes: bytes XLA's remat pass took off the program (0: it changed
+        nothing, or did not run).
+      xla_remat_fell_short: the pass could not get under its limit (XLA's warning).
+      xla_messages: XLA's warnings during the compile, as sentences for the user.
+      compile_seconds: wall time of the compile (both compiles when a second was needed).
+    """
+
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    generated_code_bytes: int
+    host_bytes: int
+    host_temp_bytes: int
+    xla_peak_bytes: int | None
+    xla_remat_limit_bytes: int | None
+    xla_remat_saved_bytes: int
+    xla_remat_fell_short: bool
+    xla_messages: tuple[str, ...]
+    compile_seconds: float
+
+    @property
+    def peak_bytes(self) -> int:
+        """argument + output + temp - alias: the usual total (MaxText, JAX's offload guide)."""
+        return self.argument_bytes + self.output_bytes + self.temp_bytes - self.alias_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["xla_messages"] = list(self.xla_messages)
+        return out
+
+
+def compile_memory(lowered: Any, *, measure_xla_remat: bool = True) -> CompiledMemory:
+    """Compiles ``lowered`` and reads its memory analysis and XLA's remat outcome.
+
+    Args:
+      lowered: a ``jax.stages.Lowered`` (``jax.jit(f).lower(*abstract_args)``).
+      measure_xla_remat: when XLA's pass cloned instructions and said nothing, compile once
+        more without it to learn what it saved (False: report 0 saved in that case).
+
+    Returns:
+      A CompiledMemory.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> low = jax.jit(lambda a: a @ a).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32))
+      >>> compile_memory(low).argument_bytes
+      256
+    """
+    start = time.perf_counter()
+    with _captured_stderr() as log:
+        compiled = lowered.compile()
+    stats = compiled.memory_analysis()
+    lines = log.lines
+    limit, saved, fell_short = _remat_from_log(lines)
+    if not fell_short and measure_xla_remat and _has_remat_clones(compiled):
+        with _captured_stderr():
+            plain = lowered.compile(compiler_options=_DISABLE_REMAT).memory_analysis()
+        saved = max(0, _peak(plain) - _peak(stats))
+    return CompiledMemory(
+        argument_bytes=int(stats.argument_size_in_bytes),
+        output_bytes=int(stats.output_size_in_bytes),
+        temp_bytes=int(stats.temp_size_in_bytes),
+        alias_bytes=int(stats.alias_size_in_bytes),
+        generated_code_bytes=int(stats.generated_code_size_in_bytes),
+        host_bytes=(
+            int(getattr(stats, "host_argument_size_in_bytes", 0))
+            + int(getattr(stats, "host_output_size_in_bytes", 0))
+            + int(getattr(stats, "host_temp_size_in_bytes", 0))
+            - int(getattr(stats, "host_alias_size_in_bytes", 0))
+        ),
+        host_temp_bytes=int(getattr(stats, "host_temp_size_in_bytes", 0)),
+        xla_peak_bytes=int(getattr(stats, "peak_memory_in_bytes", 0) or 0) or None,
+        xla_remat_limit_bytes=limit,
+        xla_remat_saved_bytes=saved,
+        xla_remat_fell_short=fell_short,
+        xla_messages=tuple(parse_xla_log(lines)),
+        compile_seconds=time.perf_counter() - start,
+    )
+
+
+def parse_xla_log(lines: list[str]) -> list[str]:
+    """XLA's warnings and errors among ``lines`` (glog format), as sentences for a report.
+
+    The remat pass's "Can't reduce memory use" line becomes one sentence with GiB figures;
+    other warnings keep their text, without glog's prefix. Info lines are dropped.
+
+    Example:
+      >>> parse_xla_log(["W1122 07:36:53.647390   18076 hlo_rematerialization.cc:3231] "
+      ...     "Can't reduce memory use below 1.00GiB (1073741824 bytes) by rematerialization; "
+      ...     "only reduced to 2.00GiB (2147483648 bytes), down from 3.00GiB (3221225472 bytes) "
+      ...     "originally"])[0].split(": ")[1]
+      'it reached 2.00 GiB, from 3.00 GiB'
+
+    """
+    out = []
+    for line in lines:
+        m = _GLOG.match(line.strip())
+        if m is None or m.group(1) == "I":
+            continue
+        text = m.group(3).strip()
+        cant = _CANT_REDUCE.search(text)
+        if cant:
+            limit, reached, before = (int(g) / 2**30 for g in cant.groups())
+            text = (
+                f"XLA's rematerialization pass could not bring the program under its limit of "
+                f"{limit:.2f} GiB: it reached {reached:.2f} GiB, from {before:.2f} GiB"
+            )
+        else:
+            text = f"XLA ({m.group(2)}): {text}"
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def _remat_from_log(lines: list[str]) -> tuple[int | None, int, bool]:
+    for line in lines:
+        m = _CANT_REDUCE.search(line)
+        if m:
+            limit, reached, before = (int(g) for g in m.groups())
+            return limit, max(0, before - reached), True
+    return None, 0, False
+
+
+def _has_remat_clones(compiled: Any) -> bool:
+    try:
+        text = compiled.as_text()
+    except Exception:  # a debugging API: its absence must not fail a report
+        return False
+    return _CLONE.search(_METADATA.sub("", text)) is not None
+
+
+def _peak(stats: Any) -> int:
+    return int(
+        stats.argument_size_in_bytes
+        + stats.output_size_in_bytes
+        + stats.temp_size_in_bytes
+        - stats.alias_size_in_bytes
+    )
+
+
+class _Log:
+    lines: list[str]
+
+    def __init__(self) -> None:
+        self.lines = []
+
+
+@contextlib.contextmanager
+def _captured_stderr() -> Iterator[_Log]:
+    """Redirects file descriptor 2 (where XLA's C++ logs go) to a file for the duration.
+
+    What is not an XLA log line (a Python warning printed meanwhile) is written back to the
+    real stderr afterwards, so nothing the user should see is lost.
+    """
+    log = _Log()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield log
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            text = tmp.read().decode(errors="replace")
+            log.lines = text.splitlines()
+            other = [ln for ln in log.lines if ln.strip() and not _GLOG.match(ln.strip())]
+            if other:
+                sys.stderr.write("\n".join(other) + "\n")
