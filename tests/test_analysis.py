@@ -150,9 +150,15 @@ def test_does_not_fit_and_xla_remat_are_reported():
     x = jax.ShapeDtypeStruct((64 * 1024, 8192), jnp.float32)
     w = jax.ShapeDtypeStruct((8192, 8192), jnp.float32)
     r = rk.memory_report(jax.grad(f, argnums=1), x, w, target="rtx4090", warn=False)
-    assert r.fits is False and r.over_by_bytes > 0
+    assert r.fits is False and r.over_by_bytes == r.peak_bytes - r.usable_bytes > 0
+    assert r.usable_bytes == 25757220864 * 3 // 4  # JAX's default allocator share of the card
     assert any(w.startswith("does not fit rtx4090") for w in r.warnings)
-    assert r.xla_remat and any("XLA's own rematerialization" in w for w in r.warnings)
+    # XLA's pass ran and fell short without saving a byte: a warning with its figures, no mark.
+    assert not r.xla_remat and r.xla_remat_saved_bytes == 0
+    assert any("could not bring the program under its limit" in w for w in r.warnings)
+    # The limit it worked to is the real process's: (bytes_limit - params - outputs) * 0.95.
+    io = r.argument_bytes + r.output_bytes
+    assert r.xla_remat_limit_bytes == int((r.usable_bytes - io) * 0.95) + r.output_bytes
 
 
 def test_cpu_target_has_no_fit():
