@@ -18,13 +18,13 @@ from remat_kit.errors import TargetError
 from remat_kit.targets.core import (
     Target,
     as_target,
+    check_deviceless,
     cudnn_attention_available,
-    custom_target,
     target,
-    target_from_config,
     target_names,
 )
-from remat_kit.targets.platform import check_deviceless, configure_for_deviceless
+from remat_kit.targets.custom import custom_target, target_from_config
+from remat_kit.targets.platform import configure_for_deviceless
 from remat_kit.targets.runtime import DEFAULT_MEM_FRACTION, Runtime, runtime_from_env
 
 __all__ = [

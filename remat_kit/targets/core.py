@@ -7,7 +7,6 @@ import difflib
 import importlib.util
 import math
 import numbers
-import os
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,12 +19,11 @@ from remat_kit.errors import BadValue, unknown
 from remat_kit.targets.catalogue import (
     ALIASES,
     CONFIG_TEMPLATE,
-    FACT_KEYS,
     GPU_FACTS,
-    OPTIONAL_FACTS,
     SPECIAL,
 )
 from remat_kit.targets.platform import configure_if_no_gpu, gpu_topology
+from remat_kit.targets.proto import escape
 from remat_kit.targets.runtime import (
     Runtime,
     compile_memory_size,
@@ -38,10 +36,9 @@ from remat_kit.targets.runtime import (
 __all__ = [
     "Target",
     "as_target",
+    "check_deviceless",
     "cudnn_attention_available",
-    "custom_target",
     "target",
-    "target_from_config",
     "target_names",
 ]
 
@@ -156,7 +153,7 @@ class Target:
         if self.kind == "gpu":
             from jax.experimental import topologies
 
-            topo = gpu_topology(self)
+            topo = gpu_topology(self.compile_config, self.topology, self.name)
             return topologies.make_mesh(topo, shape, names)
         devs = jax.devices("cpu") if self.kind == "cpu" else jax.devices()
         if len(devs) < self.devices:
@@ -367,121 +364,6 @@ def target(
     raise unknown("target", name, target_names(), close=close)
 
 
-def custom_target(
-    name: str,
-    facts: Mapping[str, Any],
-    devices: int = 1,
-    hosts: int = 1,
-    mem_fraction: float | None = None,
-) -> Target:
-    """Builds a deviceless GPU target from the facts of a card (the columns of the GPU table).
-
-    Required keys: ``sms, fp32_per_sm, smem_per_sm, smem_optin, threads_per_sm, hbm_bandwidth``
-    (bytes/s), ``l2_bytes, clock_ghz, memory_bytes``. Optional: ``compute_capability`` (default
-    ``(9, 0)``), ``host_link_bandwidth`` (bytes/s per direction), ``peak_bf16_flops`` (FLOP/s) and
-    ``description`` (default: ``name``).
-
-    Args:
-      name: The target's name.
-      facts: Mapping of the keys above.
-      devices: Total number of devices.
-      hosts: Number of hosts.
-
-    Returns:
-      A :class:`Target` of kind ``"gpu"``.
-
-    Raises:
-      ValueError: Missing or unknown keys, or a value that is not a positive number.
-      TypeError: If ``devices`` or ``hosts`` is not an int.
-
-    Example:
-      >>> t = custom_target("h100-96gb", {"sms": 132, "fp32_per_sm": 128, "smem_per_sm": 233472,
-      ...     "smem_optin": 232448, "threads_per_sm": 2048, "hbm_bandwidth": 3.9e12,
-      ...     "l2_bytes": 52428800, "clock_ghz": 1.98, "memory_bytes": 96 * 2**30})
-      >>> t.memory_bytes
-      103079215104
-    """
-    all_keys = (*FACT_KEYS, *OPTIONAL_FACTS)
-    missing = [k for k in FACT_KEYS if k not in facts]
-    unknown = [k for k in facts if k not in all_keys]
-    if missing or unknown:
-        what = "; ".join(
-            part
-            for part in (
-                f"missing {', '.join(missing)}" if missing else "",
-                f"unknown {', '.join(map(str, unknown))}" if unknown else "",
-            )
-            if part
-        )
-        raise ValueError(f"facts for {name!r}: {what}. Keys: {', '.join(all_keys)}")
-    full = {**OPTIONAL_FACTS, **facts}
-    if full["description"] is None:
-        full["description"] = name
-    for key in FACT_KEYS:
-        value = full[key]
-        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-            raise ValueError(f"facts for {name!r}: {key} must be a positive number, got {value!r}")
-    full["compute_capability"] = _parse_cc(full["compute_capability"], name)
-    return _gpu_target(name, full, devices, hosts, _runtime(mem_fraction))
-
-
-def target_from_config(
-    path_or_text: str | os.PathLike[str],
-    name: str | None = None,
-    *,
-    host_link_bandwidth: float | None = None,
-    peak_bf16_flops: float | None = None,
-    devices: int = 1,
-    hosts: int = 1,
-    mem_fraction: float | None = None,
-) -> Target:
-    """Builds a deviceless GPU target from a ``GpuTargetConfigProto`` in protobuf text format.
-
-    Args:
-      path_or_text: A path to the text file, or the text itself (recognised by ``{`` or a newline).
-      name: The target's name; defaults to the file's stem, or a slug of ``device_description_str``.
-      host_link_bandwidth: Host link bandwidth in bytes/s per direction, if known.
-      peak_bf16_flops: Peak dense bf16 FLOP/s, if known.
-      devices: Total number of devices.
-      hosts: Number of hosts.
-
-    Returns:
-      A :class:`Target` of kind ``"gpu"`` whose ``target_config`` is the text as given.
-
-    Raises:
-      ValueError: If the file does not exist or ``device_memory_size`` is missing.
-
-    Example:
-      >>> t = target_from_config(target("l4").target_config)
-      >>> t.description, t.compute_capability
-      ('NVIDIA L4', (8, 9))
-    """
-    text, source, stem = _read_config(path_or_text)
-    memory = _proto_number(text, "device_memory_size")
-    if memory is None:
-        raise ValueError(f"{source} has no device_memory_size: not a GpuTargetConfigProto?")
-    bandwidth = _proto_number(text, "memory_bandwidth")
-    cc = _proto_cc(text)
-    desc_match = re.search(r'\bdevice_description_str\s*:\s*"((?:[^"\\]|\\.)*)"', text)
-    description = _unescape(desc_match.group(1)) if desc_match else None
-    if name is None:
-        name = stem or _slug(description or "") or "custom-gpu"
-    return Target(
-        name=name,
-        kind="gpu",
-        description=description or name,
-        memory_bytes=int(memory),
-        hbm_bandwidth=bandwidth,
-        host_link_bandwidth=host_link_bandwidth,
-        peak_bf16_flops=peak_bf16_flops,
-        devices=devices,
-        hosts=hosts,
-        compute_capability=cc,
-        target_config=text,
-        runtime=_runtime(mem_fraction),
-    )
-
-
 def cudnn_attention_available(target: Target) -> bool:
     """Whether cuDNN flash attention can be compiled for ``target`` here.
 
@@ -532,7 +414,7 @@ def _gpu_target(
         smem_optin=int(facts["smem_optin"]),
         cc_major=major,
         cc_minor=minor,
-        description=_escape(facts["description"]),
+        description=escape(facts["description"]),
     )
     return Target(
         name=name,
@@ -602,36 +484,6 @@ def _mesh_shape(devices: int, names: tuple[str, ...], shape: Sequence[int] | Non
     return shape
 
 
-def _read_config(path_or_text: str | os.PathLike[str]) -> tuple[str, str, str | None]:
-    if isinstance(path_or_text, str) and ("{" in path_or_text or "\n" in path_or_text):
-        return path_or_text, "target config text", None
-    path = os.fspath(path_or_text)
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except FileNotFoundError:
-        raise ValueError(f"target config file {path!r} does not exist") from None
-    stem = os.path.splitext(os.path.basename(path))[0]
-    return text, f"target config file {path!r}", stem
-
-
-def _proto_number(text: str, key: str) -> float | None:
-    match = re.search(rf"\b{key}\s*:\s*([-+0-9.eE]+)", text)
-    if match is None:
-        return None
-    value = float(match.group(1))
-    return int(value) if value.is_integer() else value
-
-
-def _proto_cc(text: str) -> tuple[int, int] | None:
-    block = re.search(r"\bcuda_compute_capability\s*\{([^}]*)\}", text)
-    if block is None:
-        return None
-    major = re.search(r"\bmajor\s*:\s*(\d+)", block.group(1))
-    minor = re.search(r"\bminor\s*:\s*(\d+)", block.group(1))
-    return (int(major.group(1)) if major else 0, int(minor.group(1)) if minor else 0)
-
-
 def _parse_cc(value: Any, name: str) -> tuple[int, int]:
     if isinstance(value, str):
         value = value.split(".")
@@ -648,13 +500,19 @@ def _opt_float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-def _escape(text: str) -> str:
-    return text.replace("\\", "\\\\").replace('"', '\\"')
+def check_deviceless(target: Target) -> None:
+    """Checks that a GPU target can be compiled for here; a no-op for cpu/local targets.
 
+    Args:
+      target: The target to check.
 
-def _unescape(text: str) -> str:
-    return re.sub(r"\\(.)", r"\1", text)
+    Raises:
+      TargetError: With the command or setting that fixes it: the CUDA plugin is missing, or jax
+        initialized its backends with the CUDA plugin probing for a driver (set
+        ``JAX_PLATFORMS=cpu``).
 
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    Example:
+      >>> check_deviceless(target("h100"))
+    """
+    if target.kind == "gpu":
+        gpu_topology(target.compile_config, target.topology, target.name)

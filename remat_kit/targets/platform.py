@@ -13,17 +13,13 @@ import glob
 import importlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jax
 
 from remat_kit.errors import TargetError
 
-if TYPE_CHECKING:
-    from remat_kit.targets.core import Target
-
 __all__ = [
-    "check_deviceless",
     "configure_for_deviceless",
     "configure_if_no_gpu",
     "gpu_topology",
@@ -35,24 +31,6 @@ _PLATFORMS_MESSAGE = (
     "none): set JAX_PLATFORMS=cpu (or JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1) in the environment "
     "before importing jax, or call remat_kit.targets.configure_for_deviceless() first ({error})"
 )
-
-
-def check_deviceless(target: Target) -> None:
-    """Checks that a GPU target can be compiled for here; a no-op for cpu/local targets.
-
-    Args:
-      target: The target to check.
-
-    Raises:
-      TargetError: With the command or setting that fixes it: the CUDA plugin is missing, or jax
-        initialized its backends with the CUDA plugin probing for a driver (set
-        ``JAX_PLATFORMS=cpu``).
-
-    Example:
-      >>> check_deviceless(target("h100"))
-    """
-    if target.kind == "gpu":
-        gpu_topology(target)
 
 
 def configure_for_deviceless() -> None:
@@ -86,17 +64,22 @@ def configure_if_no_gpu() -> None:
         configure_for_deviceless()
 
 
-def gpu_topology(target: Target) -> Any:
+def gpu_topology(config: str, topology: str, name: str) -> Any:
+    """The deviceless topology for a ``GpuTargetConfigProto`` text (``name`` for messages).
+
+    Raises:
+      TargetError: the plugin is missing, jax probed for a driver, or XLA rejected the config.
+    """
     configure_if_no_gpu()
     try:
-        return _cached_topology(target.compile_config, target.topology)
+        return _cached_topology(config, topology)
     except (NotImplementedError, RuntimeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         if not _cuda_plugin_installed():
-            raise TargetError(_PLUGIN_MESSAGE.format(name=target.name)) from err
+            raise TargetError(_PLUGIN_MESSAGE.format(name=name)) from err
         if isinstance(err, NotImplementedError) or "not implemented" in first.lower():
-            raise TargetError(_PLATFORMS_MESSAGE.format(name=target.name, error=first)) from err
-        raise TargetError(f"XLA rejected the target config of {target.name!r}: {first}") from err
+            raise TargetError(_PLATFORMS_MESSAGE.format(name=name, error=first)) from err
+        raise TargetError(f"XLA rejected the target config of {name!r}: {first}") from err
 
 
 @functools.lru_cache(maxsize=64)
