@@ -97,8 +97,11 @@ def _adamw(rk: Any) -> list[dict[str, Any]]:
     from models.measure import Options, workload
 
     out = []
-    for label, param_dtype in (("bf16 weights, bf16 moments", None), ("f32 master weights", "f32")):
-        opts = Options("llama3-8b", 4, 2048, optimizer="adamw", param_dtype=param_dtype)
+    for label, precision in (
+        ("bf16 weights, bf16 moments", "bf16"),
+        ("f32 master weights", "mixed"),
+    ):
+        opts = Options("llama3-8b", 4, 2048, optimizer="adamw", precision=precision)
         w = workload(opts, "h100")
         start = time.perf_counter()
         try:

@@ -51,6 +51,9 @@ _GPT2 = dict(
     max_seq_len=1024,
     tie_embeddings=True,
     norm_eps=1e-5,
+    # GPT-2's embd/attn/resid_pdrop and BERT's hidden/attention_probs_dropout_prob: 0.1 each,
+    # applied to the embeddings, the attention probabilities and both residual branches.
+    dropout_rate=0.1,
 )
 
 # Published shapes (Meta model cards / config.json; OpenAI GPT-2; BERT-base).
@@ -142,6 +145,7 @@ _PRESETS: types.MappingProxyType[str, dict[str, Any]] = types.MappingProxyType(
             max_seq_len=128,
             dtype=jnp.float32,
             param_dtype=jnp.float32,
+            dropout_rate=0.0,  # tests turn it on where they test it
         ),
     }
 )

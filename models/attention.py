@@ -38,15 +38,17 @@ class SelfAttention(nn.Module):
     use_rope: bool = True
     use_bias: bool = False
     deterministic: bool = True
+    qkv_bias: bool | None = None  # bias on q/k/v only (Qwen2); None: as use_bias
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
         s = x.shape[1]
         h, n, kv = cfg.dim_per_head, cfg.n_heads, cfg.n_kv_heads
+        qkv_bias = self.use_bias if self.qkv_bias is None else self.qkv_bias
         dense = lambda feats, heads, name: nn.DenseGeneral(
             feats,
-            use_bias=self.use_bias,
+            use_bias=qkv_bias,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
             kernel_init=partitioned(nn.initializers.normal(0.02), ("embed", heads, "head_dim")),

@@ -9,10 +9,12 @@ import jax.numpy as jnp
 
 import remat_kit as rk
 
-__all__ = ["ATTENTION_KINDS", "FAMILIES", "ModelConfig"]
+__all__ = ["ATTENTION_KINDS", "FAMILIES", "MLP_ACTIVATIONS", "ModelConfig"]
 
 FAMILIES = ("llama", "gpt2")
 ATTENTION_KINDS = ("xla", "cudnn", "auto")
+#: The gated MLP's activation (Llama family): SwiGLU, or GeGLU (Gemma; tanh approximation).
+MLP_ACTIVATIONS = ("silu", "gelu")
 
 _DTYPES = {
     "bf16": jnp.bfloat16,
@@ -67,6 +69,11 @@ class ModelConfig:
     attention: str = "xla"
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    # Variants of the Llama family read from Hugging Face configs (models.hf): Qwen2's
+    # biases on q/k/v, Gemma's GeGLU MLP and embeddings scaled by sqrt(d_model).
+    qkv_bias: bool = False
+    mlp_activation: str = "silu"
+    embed_scale: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -108,6 +115,11 @@ class ModelConfig:
                 f"lora_rank={self.lora_rank} exceeds the model width {self.d_model}: "
                 f"use a rank below {min(self.d_model, self.d_ff)}"
             )
+        if self.mlp_activation not in MLP_ACTIVATIONS:
+            raise ValueError(
+                f"unknown mlp_activation {self.mlp_activation!r}; valid: "
+                f"{', '.join(MLP_ACTIVATIONS)}"
+            )
         if not 0.0 <= self.dropout_rate < 1.0:
             raise ValueError(f"dropout_rate={self.dropout_rate!r} must be in [0, 1)")
         object.__setattr__(self, "policy", rk.as_policy(self.policy))
@@ -138,6 +150,7 @@ class ModelConfig:
         d, h = self.d_model, self.dim_per_head
         attn = d * h * (self.n_heads * 2 + self.n_kv_heads * 2)
         if self.family == "llama":
+            attn += h * (self.n_heads + 2 * self.n_kv_heads) if self.qkv_bias else 0
             mlp = 3 * d * self.d_ff
             norms = 2 * d
             extra = d  # final norm

@@ -36,7 +36,8 @@ class SwiGLU(nn.Module):
         up = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi_1"), x, (cfg.d_ff,), "wi_1")
         up = checkpoint_name(constrain(up, hidden), names.MLPWI_1)
         wo = dense(cfg.d_model, ("mlp", "embed"), "wo")
-        out = project(cfg, wo, nn.silu(gate) * up, (cfg.d_model,), "wo")
+        act = nn.silu if cfg.mlp_activation == "silu" else nn.gelu  # gelu: tanh approximation
+        out = project(cfg, wo, act(gate) * up, (cfg.d_model,), "wo")
         return checkpoint_name(out, names.MLPWO)
 
 
@@ -57,7 +58,9 @@ class LlamaBlock(nn.Module):
             scale_init=partitioned(nn.initializers.ones, ("norm",)),
             name=name,
         )
-        attn = SelfAttention(cfg, deterministic=self.deterministic, name="attention")
+        attn = SelfAttention(
+            cfg, deterministic=self.deterministic, qkv_bias=cfg.qkv_bias, name="attention"
+        )
         x = checkpoint_name(x + attn(norm("attention_norm")(x)), names.ATTN_OUT)
         x = x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
         return checkpoint_name(constrain(x, RESIDUAL_AXES), names.BLOCK_OUT), None
@@ -87,6 +90,9 @@ class Llama(nn.Module):
             name="embed",
         )
         x = embed(tokens)
+        if cfg.embed_scale:
+            # Gemma scales the embeddings by sqrt(d_model), in the compute dtype.
+            x = x * jax.numpy.sqrt(cfg.d_model).astype(x.dtype)
         x = BlockStack(cfg, LlamaBlock, self.deterministic, name="decoder")(x)
         x = nn.RMSNorm(
             epsilon=cfg.norm_eps,

@@ -7,24 +7,44 @@ the CLI and the experiments call it so they measure the same program.
 from __future__ import annotations
 
 import dataclasses
+import functools
+from pathlib import Path
 from typing import Any
 
 import jax
 
+import models
 import remat_kit as rk
+import remat_kit.checks
+import remat_kit.sources
 from models import build, get_config
-from models.config import ModelConfig
+from models import hf as _hf
+from models.config import ModelConfig, as_dtype
+from remat_kit.errors import BadValue
 
 __all__ = [
+    "ABSURD_FACTOR",
+    "MAX_TOKENS",
     "Options",
     "baseline_flops",
+    "check_policies",
+    "check_sizes",
+    "cudnn_problem",
+    "factory_step",
+    "is_factory",
+    "layer_count",
     "measure",
     "model_config",
+    "model_source",
     "options_from_args",
+    "precision_of",
+    "preset_tags",
     "residuals",
     "resolve_attention",
     "step_breakdown",
     "step_flops",
+    "train_step",
+    "usable_policies",
     "workload",
 ]
 
@@ -38,6 +58,21 @@ class Options:
     ``"fsdp:4,tp:2"``; see ``rk.parse_shard``) over the target's devices: the step is
     compiled sharded and every figure is what one device holds. ``batch`` stays the global
     batch (per device: ``batch / plan.data_size``).
+
+    ``precision`` names the regime (``rk.train.PRECISIONS``; default ``"mixed"``: f32
+    master weights, gradients and optimizer state, bf16 compute; LoRA base weights bf16).
+    ``param_dtype`` is the older way to say it (``f32`` = ``mixed``, ``bf16`` = ``bf16``)
+    and ``dtype`` overrides the compute dtype; see :func:`precision_of`. ``dropout``
+    overrides the preset's dropout rate; where the rate is above 0 the step trains with
+    dropout on (a dropout key per step).
+
+    The model comes from one of three sources: ``model`` a preset name; ``hf_config`` a
+    Hugging Face ``config.json`` mapped onto our decoder (``models.hf``; ``model`` is then its
+    label); or ``model`` a factory ``path/file.py:NAME`` / ``package.module:NAME`` called as
+    ``NAME(policy)`` (``rk.sources``), with ``block`` a ``module:Class`` to rematerialize by
+    patching, and ``tags`` the rules naming its projections (``rk.tagging.rules``; ``none``:
+    the model's own tags only). ``strict``: a name-based policy that matches no tag of the
+    traced program is an error (the CLI), not a warning.
     """
 
     model: str
@@ -52,6 +87,12 @@ class Options:
     scan_layers: bool = True
     overrides: tuple[tuple[str, Any], ...] = ()
     shard: str | None = None
+    precision: str | None = None
+    dropout: float | None = None
+    hf_config: str | None = None
+    block: str | None = None
+    tags: str = "auto"
+    strict: bool = False
 
     def train_config(self) -> rk.TrainConfig:
         return rk.TrainConfig(
@@ -60,7 +101,59 @@ class Options:
             optimizer=self.optimizer,
             lora=self.lora > 0,
             accum=self.accum,
+            precision=precision_of(self),
         )
+
+    def precision_regime(self) -> rk.train.Precision:
+        """The precision regime these options train in (see :func:`precision_of`)."""
+        return precision_of(self)
+
+
+#: ``--param-dtype`` without ``--precision``: the regime whose weights have that dtype.
+_PARAM_DTYPE_REGIMES = {"float32": "mixed", "bfloat16": "bf16"}
+
+
+def precision_of(opts: Options) -> rk.train.Precision:
+    """The precision regime ``opts`` trains in.
+
+    ``opts.precision`` names it (default ``rk.train.DEFAULT_PRECISION``, ``"mixed"``);
+    ``opts.param_dtype`` alone picks the regime with those weights (``f32`` -> ``mixed``,
+    ``bf16`` -> ``bf16``), and must agree with ``opts.precision`` when both are given;
+    ``opts.dtype`` replaces the compute dtype (the regime is then ``"custom"``).
+
+    Args:
+      opts: the options.
+
+    Returns:
+      The ``rk.train.Precision``.
+
+    Raises:
+      BadValue: an unknown regime or dtype, or a ``param_dtype`` the regime contradicts.
+
+    Example:
+      >>> precision_of(Options("llama3-8b", 4, 2048, param_dtype="f32")).name
+      'mixed'
+    """
+    name = opts.precision
+    if opts.param_dtype:
+        weights = as_dtype(opts.param_dtype)
+        by_dtype = _PARAM_DTYPE_REGIMES.get(jax.numpy.dtype(weights).name)
+        if by_dtype is None:
+            raise BadValue(
+                f"param_dtype={opts.param_dtype!r}: use bf16 or f32 (or --precision "
+                f"{', '.join(rk.train.PRECISIONS)})"
+            )
+        if name is not None and rk.train.precision(name).params != jax.numpy.dtype(weights):
+            raise BadValue(
+                f"--param-dtype {opts.param_dtype} contradicts --precision {name} (weights "
+                f"{rk.train.precision(name).params.name}): drop --param-dtype, or use "
+                f"--precision {by_dtype}"
+            )
+        name = name or by_dtype
+    regime = rk.train.precision(name or rk.train.DEFAULT_PRECISION)
+    if opts.dtype and jax.numpy.dtype(as_dtype(opts.dtype)) != regime.compute:
+        regime = regime.replace(compute=as_dtype(opts.dtype))
+    return regime
 
 
 def options_from_args(args: Any) -> Options:
@@ -70,8 +163,18 @@ def options_from_args(args: Any) -> Options:
         for key in ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
         if getattr(args, key, None) is not None
     )
+    model, hf_config = getattr(args, "model", None), getattr(args, "hf_config", None)
+    if (model is None) == (hf_config is None):
+        raise BadValue(
+            "give the model once: --model PRESET | path/file.py:NAME | package.module:NAME, "
+            "or --hf-config config.json"
+        )
     return Options(
-        model=args.model,
+        model=model if model is not None else Path(hf_config).stem,
+        hf_config=hf_config,
+        block=getattr(args, "block", None),
+        tags=getattr(args, "tags", None) or "auto",
+        strict=True,
         batch=args.batch,
         seq=args.seq,
         optimizer=getattr(args, "optimizer", "adamw"),
@@ -83,43 +186,113 @@ def options_from_args(args: Any) -> Options:
         scan_layers=not getattr(args, "no_scan", False),
         overrides=overrides,
         shard=getattr(args, "shard", None),
+        precision=getattr(args, "precision", None),
+        dropout=getattr(args, "dropout", None),
     )
 
 
-def resolve_attention(requested: str, target: rk.Target, cfg: ModelConfig | None = None) -> str:
+def resolve_attention(
+    requested: str, target: rk.Target, cfg: ModelConfig | None = None, seq: int | None = None
+) -> str:
     """``auto`` -> ``cudnn`` where flash attention compiles for ``target``, else ``xla``.
 
     With ``cfg``, ``auto`` also falls back to ``xla`` where cuDNN's kernel cannot serve
-    the model (f32 compute, attention dropout).
+    the model (f32 compute, attention dropout, a head size it does not tile); with ``seq``
+    as well, where it cannot train that sequence length (see :func:`cudnn_problem`).
+
+    Args:
+      requested: ``"auto"``, ``"cudnn"`` or ``"xla"``.
+      target: where the step is compiled for.
+      cfg: the model, when known.
+      seq: tokens per sequence, when known.
+
+    Returns:
+      ``"cudnn"`` or ``"xla"``.
 
     Raises:
-      ValueError: ``cudnn`` asked for a target that cannot run it.
+      BadValue: ``cudnn`` asked for a target that cannot run it, or for a model or
+        sequence length its kernel rejects (the message names the rule).
+
+    Example:
+      >>> resolve_attention("auto", rk.target("cpu"))
+      'xla'
     """
     if requested == "auto":
         usable = cfg is None or (
-            jax.numpy.dtype(cfg.dtype).itemsize == 2 and cfg.dropout_rate == 0.0
+            jax.numpy.dtype(cfg.dtype).itemsize == 2
+            and cfg.dropout_rate == 0.0
+            and cudnn_problem(cfg, seq, target) is None
         )
         return "cudnn" if usable and rk.cudnn_attention_available(target) else "xla"
     if requested == "cudnn" and not rk.cudnn_attention_available(target):
-        raise ValueError(
+        raise BadValue(
             "attention='cudnn' needs an NVIDIA target with compute capability >= 8.0 and the "
             f"cuDNN wheel (pip install 'jax[cuda12]'); {target.name} has neither: "
             "use --attention xla"
         )
+    if requested == "cudnn" and cfg is not None:
+        problem = cudnn_problem(cfg, seq, target)
+        if problem is not None:
+            raise BadValue(f"attention='cudnn' cannot train {cfg.name}: {problem}")
     return requested
+
+
+def cudnn_problem(cfg: ModelConfig, seq: int | None, target: rk.Target) -> str | None:
+    """Why cuDNN flash attention would reject training ``cfg`` at ``seq`` tokens, or None.
+
+    jax checks the shapes when it traces ``jax.nn.dot_product_attention(implementation=
+    "cudnn")`` (``check_is_flash_attention`` in jax/_src/cudnn/fused_attention_stablehlo.py,
+    jax 0.10) and raises ``NotImplementedError`` deep in the trace; these are its rules for
+    bf16/f16 training, checked here first so the CLI can fall back or say why:
+
+    - the head size must be a multiple of 8 and at most 128 (256 on a Hopper GPU jax runs
+      on; a deviceless compile runs on the CPU backend, so jax checks 128);
+    - the training kernel always receives a (possibly empty) bias operand, and with a bias
+      both sequence lengths must be even.
+
+    Args:
+      cfg: the model.
+      seq: tokens per sequence (None: not checked).
+      target: the target (a local Hopper GPU allows larger heads).
+
+    Returns:
+      One phrase naming the rule and the value, or None when cuDNN accepts the shapes.
+
+    Example:
+      >>> cudnn_problem(get_config("llama3-8b"), 2047, rk.target("h100"))[:46]
+      'its training kernel needs an even sequence len'
+    """
+    cc = tuple(target.compute_capability or (0, 0))
+    head_max = 256 if target.kind == "local" and cc >= (9, 0) else 128
+    h = cfg.dim_per_head
+    if h % 8 or h > head_max:
+        return (
+            f"its kernel needs a head size that is a multiple of 8 and at most {head_max} "
+            f"(got {h} = width {cfg.d_model} / {cfg.n_heads} heads): use --attention xla"
+        )
+    if seq is not None and seq % 2:
+        return (
+            f"its training kernel needs an even sequence length (got seq={seq}): use --seq "
+            f"{seq - 1} or {seq + 1}, or --attention xla"
+        )
+    return None
 
 
 def model_config(
     opts: Options, policy: Any, target: rk.Target, schedule: Any = "none"
 ) -> ModelConfig:
-    """The ModelConfig an Options + policy + schedule + target describe (attention resolved)."""
+    """The ModelConfig an Options + policy + schedule + target describe (attention resolved).
+
+    The weights and compute dtypes are the precision regime's (:func:`precision_of`).
+    """
     extra: dict[str, Any] = dict(opts.overrides)
-    if opts.param_dtype:
-        extra["param_dtype"] = opts.param_dtype
-    if opts.dtype:
-        extra["dtype"] = opts.dtype
-    cfg = get_config(
-        opts.model,
+    regime = precision_of(opts)
+    extra["param_dtype"] = regime.params
+    extra["dtype"] = regime.compute
+    if opts.dropout is not None:
+        extra["dropout_rate"] = opts.dropout
+    cfg = _config(
+        opts,
         policy=policy,
         schedule=schedule,
         scan_layers=opts.scan_layers,
@@ -127,13 +300,80 @@ def model_config(
         lora_rank=opts.lora,
         **extra,
     )
-    cfg = cfg.replace(attention=resolve_attention(opts.attention, target, cfg))
+    cfg = cfg.replace(attention=resolve_attention(opts.attention, target, cfg, opts.seq))
     if opts.seq > cfg.max_seq_len and cfg.family == "gpt2":
         raise ValueError(
             f"seq={opts.seq} exceeds {opts.model}'s learned positions ({cfg.max_seq_len}); "
             f"use --seq <= {cfg.max_seq_len} or --max-seq"
         )
+    check_sizes(opts, cfg, target)
     return cfg
+
+
+#: A step whose single tensor exceeds this many times the device's memory is a typo, not a
+#: plan: XLA fails on such programs with INTERNAL errors ("Couldn't find output tile sizes")
+#: after minutes of compiling, or compiles a figure no one can use.
+ABSURD_FACTOR = 1000
+
+#: Tokens per step at which XLA's 32-bit indexing of a batch x sequence dimension breaks.
+MAX_TOKENS = 2**31
+
+
+def check_sizes(opts: Options, cfg: ModelConfig, target: rk.Target) -> None:
+    """Rejects sizes no compile can serve, from shapes alone (no trace, no compile).
+
+    Three rules: ``batch x seq`` below 2**31 tokens (XLA indexes them with 32 bits: at 2**32
+    it fails with "Couldn't find output tile sizes"); the logits of one micro-batch and the
+    weights, spread over the target's devices, each under ``ABSURD_FACTOR`` times the
+    device's memory (1 TiB stands in for a CPU target's).
+
+    Args:
+      opts: batch, sequence and options.
+      cfg: the model.
+      target: the target (its memory and device count).
+
+    Raises:
+      BadValue: naming the sizes, the figure and the limit.
+
+    Example:
+      >>> opts = Options("gpt2-small", batch=10**9, seq=512)
+      >>> check_sizes(opts, get_config("gpt2-small"), rk.target("h100"))
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: batch=1000000000 x seq=512 is 512000000000 tokens per step, ...
+    """
+    tokens = opts.batch * opts.seq
+    if tokens >= MAX_TOKENS:
+        raise BadValue(
+            f"batch={opts.batch} x seq={opts.seq} is {tokens} tokens per step, more than XLA "
+            f"indexes with 32-bit integers (2**31 = {MAX_TOKENS}): use a smaller --batch or "
+            "--seq (remat-kit fit finds the largest batch that fits)"
+        )
+    memory = target.memory_bytes or 2**40
+    limit = ABSURD_FACTOR * memory
+    where = f"{target.name}'s {memory / 2**30:.0f} GiB" if target.memory_bytes else "1 TiB"
+    devices = max(target.devices, 1)
+    # f32 logits of one micro-batch: the largest activation of a language model's step.
+    logits = tokens // max(opts.accum, 1) * cfg.vocab_size * 4 // devices
+    if logits > limit:
+        raise BadValue(
+            f"batch={opts.batch} x seq={opts.seq} x vocab={cfg.vocab_size}: the logits alone "
+            f"are {_human(logits)} per device, more than {ABSURD_FACTOR}x {where}: use a "
+            "smaller --batch or --seq (remat-kit fit finds the largest batch that fits)"
+        )
+    weights = cfg.param_count() * jax.numpy.dtype(cfg.param_dtype).itemsize // devices
+    if weights > limit:
+        raise BadValue(
+            f"{cfg.name} with these overrides has {cfg.param_count():.3g} parameters: "
+            f"{_human(weights)} of weights per device, more than {ABSURD_FACTOR}x {where}: "
+            "check --layers/--width/--ff/--vocab"
+        )
+
+
+def _human(nbytes: float) -> str:
+    for unit, size in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30)):
+        if nbytes >= size:
+            return f"{nbytes / size:.0f} {unit}"
+    return f"{nbytes / 2**20:.0f} MiB"
 
 
 def measure(
@@ -144,6 +384,7 @@ def measure(
     schedule: Any = "none",
     baseline: float | None = None,
     warn: bool = False,
+    measured_breakdown: bool = False,
 ) -> rk.MemoryReport:
     """Compiles the train step of ``opts`` under ``policy`` for ``target`` and reports it.
 
@@ -155,14 +396,40 @@ def measure(
       baseline: FLOPs of the same step without remat; when given, the report's meta
         holds ``recompute_overhead`` = flops / baseline - 1.
       warn: issue the report's warnings as RematWarning too.
+      measured_breakdown: read the breakdown from XLA's buffer assignment (a second
+        compile, with XLA's dump; unsharded steps only) instead of the shapes' estimate,
+        which is kept in ``meta["breakdown_estimate"]``.
 
     Returns:
-      The MemoryReport with its weights/gradients/optimizer/activations breakdown.
+      The MemoryReport with its weights/gradients/optimizer/activations breakdown; its
+      meta names the precision (every dtype) and the dropout rate trained with.
     """
     t = rk.as_target(target)
+    if is_factory(opts):
+        if measured_breakdown:
+            raise BadValue(
+                f"--measured-breakdown is not wired for factories ({opts.model}): drop it"
+            )
+        return rk.sources.measure(
+            model_source(opts),
+            policy,
+            t,
+            _factory_config(opts),
+            schedule=schedule,
+            baseline=baseline,
+            strict=opts.strict,
+            warn=warn,
+        )
     cfg = model_config(opts, policy, t, schedule)
     pol = cfg.policy
-    step = _train_step(opts, cfg, t)
+    if opts.strict:
+        rk.checks.check_policy_matches(pol, preset_tags(opts, t), strict=True, where=opts.model)
+    if measured_breakdown and opts.shard:
+        raise BadValue(
+            "a measured breakdown reads one unsharded program: drop --shard, or drop "
+            "--measured-breakdown for the estimate"
+        )
+    step = train_step(opts, cfg, t)
     meta = {
         "model": opts.model,
         "batch": opts.batch,
@@ -171,6 +438,8 @@ def measure(
         "lora": opts.lora,
         "accum": opts.accum,
         "param_dtype": jax.numpy.dtype(cfg.param_dtype).name,
+        "precision": dict(step.precision),
+        "dropout": cfg.dropout_rate,
         "layers": cfg.n_layers,
         "params": cfg.param_count(),
         "tokens_per_step": opts.batch * opts.seq,
@@ -195,7 +464,10 @@ def measure(
         meta=meta,
         warn=warn,
     )
-    report = rk.train.add_breakdown(report, step)
+    if measured_breakdown:
+        report = rk.train.add_measured_breakdown(report, step, t)
+    else:
+        report = rk.train.add_breakdown(report, step)
     if baseline:
         report = report.replace(
             meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
@@ -205,20 +477,47 @@ def measure(
     return report
 
 
-def _train_step(opts: Options, cfg: ModelConfig, t: rk.Target) -> rk.train.TrainStep:
-    """The train step of ``opts`` for ``cfg``, sharded over ``t``'s devices when asked."""
-    if not opts.shard:
-        return rk.build_train_step(build(cfg), opts.train_config())
+def train_step(
+    opts: Options, cfg: ModelConfig, t: rk.Target, *, sharded: bool = True
+) -> rk.train.TrainStep:
+    """The train step of ``opts`` for ``cfg``, as the measured programs run it.
+
+    In train mode: where ``cfg.dropout_rate`` > 0 the model applies dropout and the step
+    takes a dropout key (``rng_streams=("dropout",)``). Sharded over ``t``'s devices when
+    ``opts.shard`` is set and ``sharded``.
+
+    Args:
+      opts: the options (precision, batch, optimizer, ...).
+      cfg: the model config (:func:`model_config`).
+      t: the target.
+      sharded: False builds the unsharded step even with ``opts.shard``.
+
+    Returns:
+      The ``rk.train.TrainStep``.
+
+    Example:
+      >>> t = rk.target("h100")
+      >>> opts = Options("tiny-gpt2", 2, 64, dropout=0.1)
+      >>> train_step(opts, model_config(opts, "full", t), t).rng_streams
+      ('dropout',)
+    """
+    dropout = cfg.dropout_rate > 0.0
+    module = build(cfg, deterministic=not dropout)
+    streams = ("dropout",) if dropout else ()
+    if not (opts.shard and sharded):
+        return rk.build_train_step(module, opts.train_config(), rng_streams=streams)
     plan = rk.parse_shard(opts.shard, t.devices)
-    return rk.build_train_step(build(cfg), opts.train_config(), sharding=plan, mesh=plan.mesh(t))
+    return rk.build_train_step(
+        module, opts.train_config(), sharding=plan, mesh=plan.mesh(t), rng_streams=streams
+    )
 
 
 def _with_offload_estimate(
     report: rk.MemoryReport, opts: Options, pol: rk.Policy, t: rk.Target, cfg: ModelConfig
 ) -> rk.MemoryReport:
     # The same step with the offloaded tensors recomputed instead: traced, not compiled.
-    alt = rk.build_train_step(
-        build(cfg.replace(policy=rk.policies.recompute_instead(pol))), opts.train_config()
+    alt = train_step(
+        opts, cfg.replace(policy=rk.policies.recompute_instead(pol)), t, sharded=False
     )
     extra = rk.count_flops(alt.fn, *alt.args).total - report.flops
     est = rk.analysis.transfer_estimate(report, t, max(extra, 0.0))
@@ -247,8 +546,10 @@ def residuals(
 ) -> rk.residuals.ResidualReport:
     """What ``policy`` keeps for the backward pass of one micro-batch, by tag."""
     t = rk.as_target(target)
+    if is_factory(opts):
+        return rk.sources.residuals(model_source(opts), policy, _factory_config(opts), schedule)
     cfg = model_config(opts, policy, t, schedule)
-    step = rk.build_train_step(build(cfg), opts.train_config())
+    step = train_step(opts, cfg, t, sharded=False)
     return rk.saved_residuals(step.loss_fn, *step.loss_args, policy=cfg.policy)
 
 
@@ -257,8 +558,10 @@ def step_flops(
 ) -> float:
     """FLOPs of the train step under ``policy`` and ``schedule`` (traced, not compiled)."""
     t = rk.as_target(target)
+    if is_factory(opts):
+        return rk.sources.step_flops(model_source(opts), policy, _factory_config(opts), schedule)
     cfg = model_config(opts, policy, t, schedule)
-    step = rk.build_train_step(build(cfg), opts.train_config())
+    step = train_step(opts, cfg, t, sharded=False)
     return rk.count_flops(step.fn, *step.args).total
 
 
@@ -268,8 +571,11 @@ def step_breakdown(opts: Options, target: rk.Target | str) -> dict[str, int]:
     Per device when ``opts.shard`` is set.
     """
     t = rk.as_target(target)
+    if is_factory(opts):
+        step = model_source(opts).build("none").train_step(_factory_config(opts))
+        return dict(step.breakdown)
     cfg = model_config(opts, "full", t)
-    return dict(_train_step(opts, cfg, t).breakdown)
+    return dict(train_step(opts, cfg, t).breakdown)
 
 
 def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
@@ -284,6 +590,10 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
       >>> rk.max_batch(w, "full").max_batch
     """
     t = rk.as_target(target)
+    if is_factory(opts):
+        return rk.sources.workload(
+            model_source(opts), t, _factory_config(opts), strict=opts.strict
+        )
     cfg = model_config(opts, "none", t)  # validates the options before any search
     # Under a mesh plan the global batch is a multiple of the data-parallel ways.
     ways = rk.parse_shard(opts.shard, t.devices).data_size if opts.shard else 1
@@ -321,3 +631,162 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
         breakdown_fn=lambda batch: step_breakdown(at(batch), t),
         label=label,
     )
+
+
+# Model sources: a preset, a Hugging Face config.json (our decoder), or a factory.
+
+
+def is_factory(opts: Options) -> bool:
+    """Whether ``opts.model`` names a factory (``file.py:NAME``, ``package.module:NAME``)."""
+    return opts.hf_config is None and ":" in opts.model
+
+
+def _config(opts: Options, **fields: Any) -> ModelConfig:
+    # The preset's config, or the Hugging Face config's, with the fields model_config sets.
+    if is_factory(opts):
+        raise BadValue(
+            f"{opts.model} is a factory: it builds its own model, there is no ModelConfig"
+        )
+    if opts.hf_config is None:
+        return get_config(opts.model, **fields)
+    cfg = _hf.from_hf_config(opts.hf_config, name=opts.model)
+    changes = {models.OVERRIDES.get(k, k): v for k, v in fields.items() if v is not None}
+    if "d_model" in changes and "head_dim" not in changes:
+        changes["head_dim"] = None
+    cfg = cfg.replace(**changes)
+    if opts.seq > cfg.max_seq_len:
+        raise BadValue(
+            f"seq={opts.seq} is longer than {opts.model} attends to ({cfg.max_seq_len}: "
+            "max_position_embeddings, or sliding_window, whose effect is not modelled): "
+            f"use --seq <= {cfg.max_seq_len}"
+        )
+    return cfg
+
+
+@functools.cache
+def _source(model: str, block: str | None, tags: str) -> rk.sources.ModelSource:
+    return rk.sources.from_factory(model, block=block, tags=None if tags == "none" else tags)
+
+
+def model_source(opts: Options) -> rk.sources.ModelSource:
+    """The factory ``opts.model`` names (loaded once per process), checked against the options.
+
+    Raises:
+      BadValue: an option a factory's model does not take (``--lora``, the shape overrides,
+        ``--attention``, ``--dropout``, ``--shard``), or a factory that cannot be loaded.
+    """
+    given = {
+        "--lora": opts.lora,
+        "--layers/--width/--heads/...": opts.overrides,
+        "--attention": opts.attention != "auto",
+        "--dropout": opts.dropout is not None,
+        "--shard": opts.shard,
+        "--no-scan": not opts.scan_layers,
+    }
+    bad = [flag for flag, value in given.items() if value]
+    if bad:
+        raise BadValue(
+            f"{', '.join(bad)}: the factory {opts.model} builds its own model (adapters, "
+            "shape, attention, dropout, layer loop and sharding are its own): drop them"
+        )
+    return _source(opts.model, opts.block, opts.tags)
+
+
+def _factory_config(opts: Options) -> rk.TrainConfig:
+    return opts.train_config()
+
+
+def layer_count(opts: Options, target: rk.Target | str) -> int:
+    """Layers of the model ``opts`` names (a factory's when it can be counted, else 1)."""
+    if is_factory(opts):
+        return model_source(opts).n_layers() or 1
+    return model_config(opts, "full", rk.as_target(target)).n_layers
+
+
+@functools.cache
+def _preset_tags(opts: Options, target: rk.Target) -> tuple[str, ...]:
+    cfg = model_config(opts, "none", target)
+    step = train_step(opts, cfg, target, sharded=False)
+    return tuple(sorted(rk.residuals.tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args))))
+
+
+def preset_tags(opts: Options, target: rk.Target | str) -> tuple[str, ...]:
+    """The checkpoint-name tags of the model's step (any source); traced once, cached.
+
+    Tags do not depend on the policy or the batch: one micro-batch of one sequence is traced
+    under ``none`` (a factory's model tagged as it will be measured).
+    """
+    small = dataclasses.replace(opts, batch=max(1, opts.accum), shard=None)
+    if is_factory(small):
+        return _factory_tags(small)
+    return _preset_tags(small, rk.as_target(target))
+
+
+@functools.cache
+def _factory_tags(opts: Options) -> tuple[str, ...]:
+    step = model_source(opts).build("none").train_step(_factory_config(opts))
+    return tuple(sorted(rk.residuals.tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args))))
+
+
+def usable_policies(
+    opts: Options, target: rk.Target | str, policies: Any, *, given: bool
+) -> tuple[list[rk.Policy], list[str]]:
+    """The policies that can act on the model, and the specs of those that cannot.
+
+    Args:
+      opts: the options (any model source).
+      target: the target.
+      policies: policy names, specs or Policies.
+      given: the user named them: a policy matching no tag is then an error, not skipped.
+
+    Returns:
+      (kept policies, skipped specs).
+
+    Raises:
+      BadValue: ``given`` and a name-based policy that matches no tag of the model.
+    """
+    pols = [rk.as_policy(p) for p in policies]
+    if given or not any(p.tags for p in pols):
+        check_policies(opts, target, pols)
+        return pols, []
+    tags = preset_tags(opts, target)
+    skipped = [p.spec for p in pols if rk.checks.unmatched_policy(p, tags)]
+    return [p for p in pols if p.spec not in skipped], skipped
+
+
+def check_policies(opts: Options, target: rk.Target | str, policies: Any) -> None:
+    """Before any compile: every name-based policy must match a tag of the model.
+
+    Args:
+      opts: the options (any model source).
+      target: the target (the attention kernel, hence the tags, may depend on it).
+      policies: policy names, specs or Policies.
+
+    Raises:
+      BadValue: the first policy that matches no tag (one line listing the tags there).
+    """
+    pols = [rk.as_policy(p) for p in policies]
+    if not any(p.tags for p in pols):
+        return
+    tags = preset_tags(opts, target)
+    for p in pols:
+        rk.checks.check_policy_matches(p, tags, strict=True, where=opts.model)
+
+
+def factory_step(opts: Options, policy: Any, schedule: Any = "none") -> rk.train.TrainStep:
+    """The train step of a factory's model under ``policy``, its trace checked first.
+
+    The program must carry ``policy`` (not a stale or ignored trace) and, with
+    ``opts.strict``, a name-based policy must match one of its tags.
+
+    Raises:
+      BadValue: a stale trace, an unbuildable schedule or (strict) an unmatched policy.
+    """
+    src = model_source(opts)
+    built = src.build(policy, schedule)
+    step = built.train_step(_factory_config(opts))
+    closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
+    rk.checks.check_traced_with(closed, built.policy, what=src.spec)
+    tags = rk.residuals.tags_in(closed)
+    rk.checks.check_policy_matches(built.policy, tags, strict=opts.strict, where=src.spec)
+    return step

@@ -10,7 +10,7 @@ Example:
   'minimal'
 """
 
-from remat_kit import names
+from remat_kit import checks, names, sources, tagging
 from remat_kit.analysis import MemoryReport, memory_report
 from remat_kit.errors import DoesNotFit, RematKitError, TargetError, UnknownName
 from remat_kit.flops import count_flops
@@ -62,6 +62,10 @@ __all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
     "plan",
     "front",
     "advise",
+    # models nobody here wrote
+    "sources",
+    "tagging",
+    "checks",
     # errors
     "RematKitError",
     "UnknownName",

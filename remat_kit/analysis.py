@@ -18,10 +18,10 @@ import jax
 from remat_kit import flops as _flops
 from remat_kit import names as _names
 from remat_kit._shapes import array_bytes
+from remat_kit.cache import compiled_memory
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target, as_target
-from remat_kit.xla import compile_memory
 
 # Below this, XLA's remat pass moved nothing worth a mark (it clones even when it saves nothing).
 _XLA_REMAT_MIN_BYTES = 2**20
@@ -225,7 +225,7 @@ def memory_report(
         # Donation of buffers the output cannot reuse is routine for train states.
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         lowered = jitted.lower(*abstract_args)
-        mem = compile_memory(lowered)
+        mem = compiled_memory(lowered, t)  # remat_kit.xla.compile_memory, cached on disk
     seconds = time.perf_counter() - start
 
     closed = jax.make_jaxpr(fn)(*abstract_args) if count_flops or pol is not None else None
@@ -272,8 +272,9 @@ def memory_report(
 def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
     notes = []
     if pol is not None and pol.tags:
-        matched = set(pol.tags) & set(r.tags)
-        if not matched:
+        # decide() matches the way the policy does (globs over module-path tags included).
+        matched = [tag for tag in r.tags if decide(pol, tag) != "recompute"]
+        if pol.is_remat and not matched:
             notes.append(
                 f"policy {pol.spec!r} names {', '.join(pol.tags)} but the program tags none of "
                 f"them (it has: {', '.join(r.tags) or 'no tags'}); it behaves like 'full'"
@@ -292,7 +293,14 @@ def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
                 "under flash attention (the kernel recomputes them itself): here it is "
                 f"equivalent to names:save={'+'.join(kept)}"
             )
-    if pol is not None and pol.offloads and r.host_temp_bytes == 0 and r.host_bytes == 0:
+    if pol is not None and pol.offloads and t.kind == "cpu":
+        # XLA's CPU backend has no separate host memory space: it reports 0 host bytes for
+        # every program, so 0 here says nothing about what the policy offloads.
+        notes.append(
+            f"policy {pol.spec!r} offloads to host, but a cpu compile does not measure host "
+            "memory (XLA reports 0 host bytes on cpu): compile for a GPU target to see them"
+        )
+    elif pol is not None and pol.offloads and r.host_temp_bytes == 0 and r.host_bytes == 0:
         notes.append(
             f"policy {pol.spec!r} offloads to host but XLA moved 0 bytes there: nothing it "
             "names is a residual of this program"

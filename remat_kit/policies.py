@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import fnmatch
 import functools
 import warnings
 from collections.abc import Callable, Iterable, Mapping
@@ -147,7 +148,8 @@ def _names_param(key: str, value: Any) -> tuple[str, ...]:
     for item in out:
         if not isinstance(item, str):
             raise TypeError(f"policy parameter {key} holds {item!r}; tag names are strings")
-    unknown = [n for n in out if n not in _names.VOCABULARY]
+    # Module paths and globs name tags remat_kit.tagging gives untagged models: not typos.
+    unknown = [n for n in out if n not in _names.VOCABULARY and not _is_path_pattern(n)]
     if unknown:
         # Users tag their own tensors with their own names: a warning, never an error.
         hints = {n: difflib.get_close_matches(n, _names.VOCABULARY, n=1) for n in unknown}
@@ -190,10 +192,27 @@ def _names_policy(save: Iterable[str]) -> Policy:
     return Policy(
         "names",
         f"save only tensors tagged {', '.join(saved) or '(none)'}; recompute the rest",
-        jax.checkpoint_policies.save_only_these_names(*saved),
+        _save_matching(saved)
+        if any(_is_path_pattern(n) for n in saved)
+        else jax.checkpoint_policies.save_only_these_names(*saved),
         {"save": saved},
         tags=saved,
     )
+
+
+def _is_path_pattern(name: str) -> bool:
+    return any(c in name for c in "/*?[")
+
+
+def _save_matching(patterns: tuple[str, ...]) -> Callable[..., bool]:
+    # Globs over tags such as "model/layers/*/mlp/*" (remat_kit.tagging names a layer it has
+    # no rule for by its module path); jax's save_only_these_names matches exact names only.
+    def save_matching(prim: Any, *_: Any, **params: Any) -> bool:
+        return prim is _name_primitive() and any(
+            fnmatch.fnmatchcase(str(params["name"]), p) for p in patterns
+        )
+
+    return save_matching
 
 
 def _except_policy(names: Iterable[str]) -> Policy:

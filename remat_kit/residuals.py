@@ -290,10 +290,26 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
     return "<unknown>", layers, "too deeply nested to follow"
 
 
-def _tag_of_value(v: Any, producers: Mapping[Any, Any]) -> str | None:
-    for eqn in producers.values():
+def _tag_of_value(v: Any, producers: Mapping[Any, Any], hops: int = 2) -> str | None:
+    eqns = list(producers.values())
+    for eqn in eqns:
         if eqn.primitive.name == "name" and eqn.invars[0] is v:
             return str(eqn.params["name"])
+    if hops == 0:
+        return None
+    # A layer with a bias (GPT-2's Dense) tags dot + bias: jax's dot policies keep the dot's
+    # output, an add before the tag. Report it under that tag, or an offloaded projection
+    # would read "recomputed" beside an untagged "<dot_general>". Only a bias add (the other
+    # operand smaller) is followed: a residual add (x + attention) joins two tensors.
+    size = getattr(v.aval, "size", None)
+    for eqn in eqns:
+        if eqn.primitive.name != "add" or not any(x is v for x in eqn.invars):
+            continue
+        other = [x for x in eqn.invars if x is not v]
+        if other and size is not None and getattr(other[0].aval, "size", size) < size:
+            tag = _tag_of_value(eqn.outvars[0], producers, hops - 1)
+            if tag is not None:
+                return tag
     return None
 
 

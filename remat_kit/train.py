@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -23,16 +23,28 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit import sharding as _sharding
 from remat_kit.analysis import MemoryReport, nbytes
-from remat_kit.errors import unknown
+from remat_kit.errors import BadValue, InspectError, unknown
+from remat_kit.peak import api as _peak_api
+from remat_kit.peak import types as _peak_types
+from remat_kit.targets import Target
 from remat_kit.targets import target as _target
 
 __all__ = [
+    "DEFAULT_PRECISION",
+    "MEASURED_PARTS",
     "OPTIMIZERS",
+    "PRECISIONS",
+    "Precision",
     "TrainConfig",
     "TrainStep",
     "add_breakdown",
+    "add_measured_breakdown",
     "build_train_step",
+    "logits_of",
     "make_optimizer",
+    "measured_breakdown",
+    "precision",
+    "with_state_dtype",
 ]
 
 
@@ -72,6 +84,204 @@ def make_optimizer(name: str, learning_rate: float = 1e-4) -> optax.GradientTran
         raise unknown("optimizer", name, OPTIMIZERS, n=2) from None
 
 
+_SHORT_DTYPES: Mapping[str, Any] = {"bf16": jnp.bfloat16, "f32": jnp.float32, "f16": jnp.float16}
+
+
+def _float_dtype(value: Any, what: str) -> jnp.dtype:
+    # Regimes name dtypes the CLI way ("bf16"); numpy names and jnp dtypes work too.
+    try:
+        dtype = jnp.dtype(_SHORT_DTYPES.get(value, value) if isinstance(value, str) else value)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise BadValue(
+            f"{what}={value!r} is not a floating dtype; use one of {', '.join(_SHORT_DTYPES)}"
+        )
+    return dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """A training precision regime: the dtype of each thing a train step holds.
+
+    Gradients always have the dtype of the weights they belong to (JAX differentiates a bf16
+    weight into a bf16 gradient), so ``grads`` is ``params``.
+
+    Attributes:
+      name: the regime, e.g. ``"mixed"`` (see ``PRECISIONS``); ``"custom"`` once changed.
+      params: dtype of the trained weights: the copy the optimizer updates (master weights).
+      compute: dtype the model computes in (matmul operands, activations). The module
+        decides it: build the module with this dtype (``models.measure`` does);
+        ``build_train_step`` records it and cannot enforce it on an arbitrary module.
+      optimizer_state: dtype of the optimizer's floating state (Adam's two moments).
+      frozen: dtype of weights that are not trained (LoRA's base weights).
+      description: one line for listings.
+
+    Example:
+      >>> p = precision("mixed")
+      >>> p.params.name, p.compute.name, p.grads.name, p.optimizer_state.name
+      ('float32', 'bfloat16', 'float32', 'float32')
+    """
+
+    name: str
+    params: Any
+    compute: Any
+    optimizer_state: Any
+    frozen: Any
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        for field in ("params", "compute", "optimizer_state", "frozen"):
+            object.__setattr__(self, field, _float_dtype(getattr(self, field), field))
+
+    @property
+    def grads(self) -> jnp.dtype:
+        """The gradients' dtype: that of the trained weights."""
+        return self.params
+
+    def replace(self, **changes: Any) -> Precision:
+        """A copy with ``changes``; named ``"custom"`` unless a name is given."""
+        dtypes = {k: v for k, v in changes.items() if k not in ("name", "description")}
+        if dtypes and "name" not in changes:
+            changes = {**changes, "name": "custom", "description": ""}
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, str]:
+        """JSON-ready: the name and every dtype by its numpy name (``"bfloat16"``)."""
+        return {
+            "name": self.name,
+            "params": self.params.name,
+            "compute": self.compute.name,
+            "grads": self.grads.name,
+            "optimizer_state": self.optimizer_state.name,
+            "frozen": self.frozen.name,
+        }
+
+
+_BF16, _F32 = jnp.bfloat16, jnp.float32
+
+#: The named regimes. ``mixed`` is what MaxText (weight_dtype=float32, dtype=bfloat16),
+#: Levanter (mp=p=f32,c=bfloat16) and the Hugging Face Trainer (``bf16=True`` on an f32
+#: model) train with; LoRA keeps its base weights in bf16 under every bf16 regime, and
+#: under ``mixed`` its adapters in f32 (PEFT's ``autocast_adapter_dtype``).
+PRECISIONS: Mapping[str, Precision] = {
+    "mixed": Precision(
+        "mixed",
+        params=_F32,
+        compute=_BF16,
+        optimizer_state=_F32,
+        frozen=_BF16,
+        description="f32 master weights, gradients and optimizer state; bf16 compute",
+    ),
+    "bf16": Precision(
+        "bf16",
+        params=_BF16,
+        compute=_BF16,
+        optimizer_state=_BF16,
+        frozen=_BF16,
+        description="everything bf16: weights, gradients, optimizer state and compute",
+    ),
+    "bf16-f32-moments": Precision(
+        "bf16-f32-moments",
+        params=_BF16,
+        compute=_BF16,
+        optimizer_state=_F32,
+        frozen=_BF16,
+        description="bf16 weights and gradients, f32 optimizer state (Adam moments)",
+    ),
+    "f32": Precision(
+        "f32",
+        params=_F32,
+        compute=_F32,
+        optimizer_state=_F32,
+        frozen=_F32,
+        description="everything f32",
+    ),
+}
+
+#: The regime reports use unless told otherwise: the field's convention for bf16 training.
+DEFAULT_PRECISION = "mixed"
+
+
+def precision(name: str | Precision) -> Precision:
+    """A precision regime by name (see ``PRECISIONS``); a Precision passes through.
+
+    Args:
+      name: ``"mixed"``, ``"bf16"``, ``"bf16-f32-moments"`` or ``"f32"``, or a Precision.
+
+    Returns:
+      The Precision.
+
+    Raises:
+      UnknownName: not a regime (a ValueError naming the close matches).
+
+    Example:
+      >>> precision("bf16-f32-moments").optimizer_state.name
+      'float32'
+    """
+    if isinstance(name, Precision):
+        return name
+    try:
+        return PRECISIONS[name]
+    except (KeyError, TypeError):
+        raise unknown("precision", name, PRECISIONS, n=2) from None
+
+
+def _cast_floats(tree: Any, dtype: Any) -> Any:
+    # Abstract (ShapeDtypeStruct) or concrete leaves; integer leaves (step counts) are kept.
+    def one(x: Any) -> Any:
+        if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
+            return x
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, dtype)
+        return x.astype(dtype)
+
+    return jax.tree.map(one, tree)
+
+
+def with_state_dtype(
+    inner: optax.GradientTransformation, dtype: Any
+) -> optax.GradientTransformationExtraArgs:
+    """``inner`` with its floating state (e.g. Adam's moments) kept in ``dtype``.
+
+    optax's ``mu_dtype`` sets only Adam's first moment; the second follows the weights
+    (optax 0.2.8 ``scale_by_adam``: ``nu = zeros_like(params)``). This wrapper initialises
+    the state from the weights cast to ``dtype`` and casts the new state back to the old
+    state's dtypes after each update, so every floating state leaf stays in ``dtype``
+    whatever the weights' dtype. Gradients and weights enter the update in ``dtype``, so
+    the update is the one ``inner`` computes on ``dtype`` copies; ``optax.apply_updates``
+    casts it to the weights' dtype.
+
+    Args:
+      inner: any optax transformation.
+      dtype: the state's floating dtype.
+
+    Returns:
+      The wrapped transformation.
+
+    Example:
+      >>> opt = with_state_dtype(optax.adamw(1e-4), jnp.float32)
+      >>> state = opt.init({"w": jnp.zeros(3, jnp.bfloat16)})
+      >>> state[0].mu["w"].dtype, state[0].nu["w"].dtype
+      (dtype('float32'), dtype('float32'))
+    """
+    dtype = _float_dtype(dtype, "dtype")
+    inner = optax.with_extra_args_support(inner)
+
+    def init(params: Any) -> Any:
+        return inner.init(_cast_floats(params, dtype))
+
+    def update(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
+        # In ``dtype`` from the start: (1 - b1) * g on a bf16 gradient would round in bf16
+        # before it reaches the f32 moment.
+        up = _cast_floats(updates, dtype)
+        new_updates, new_state = inner.update(up, state, _cast_floats(params, dtype), **extra)
+        new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, state)
+        return new_updates, new_state
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """How the step trains.
@@ -89,6 +299,11 @@ class TrainConfig:
       accum_dtype: dtype of the gradient accumulator (default: the gradients' dtype, as
         ``optax.MultiSteps`` does).
       donate: donate parameters and optimizer state so the update reuses their buffers.
+      precision: a regime name (``"mixed"``, ``"bf16"``, ``"bf16-f32-moments"``, ``"f32"``)
+        or ``Precision``: the trained weights are cast to its ``params`` dtype, frozen ones
+        to ``frozen``, the optimizer state kept in ``optimizer_state`` (gradients follow the
+        weights). None (default): the module's own dtypes, optimizer state as optax makes
+        it. ``models.measure`` (the CLI, the experiments) defaults to ``"mixed"``.
     """
 
     batch: int
@@ -99,8 +314,11 @@ class TrainConfig:
     accum: int = 1
     accum_dtype: Any = None
     donate: bool = True
+    precision: str | Precision | None = None
 
     def __post_init__(self) -> None:
+        if self.precision is not None:
+            object.__setattr__(self, "precision", precision(self.precision))
         for field in ("batch", "seq", "accum"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool):
@@ -123,11 +341,13 @@ class TrainStep:
     """A train step ready for ``rk.memory_report(step.fn, *step.args, ...)``.
 
     Attributes:
-      fn: ``fn(trainable, frozen, opt_state, batch) -> (trainable, opt_state, loss)``.
+      fn: ``fn(trainable, frozen, opt_state, batch) -> (trainable, opt_state, loss)``;
+        with ``rng_streams``, ``fn(trainable, frozen, opt_state, batch, rng)`` where ``rng``
+        is a raw threefry key, uint32[2] (``jax.random.key_data(jax.random.key(0))``).
       args: abstract arguments (ShapeDtypeStructs) for ``fn``.
       donate_argnums: the trainable parameters and optimizer state when donating.
-      loss_fn: ``loss_fn(trainable, frozen, micro_batch) -> loss``, one micro-batch: its
-        residuals are what the policy keeps (see ``rk.saved_residuals``).
+      loss_fn: ``loss_fn(trainable, frozen, micro_batch[, rng]) -> loss``, one micro-batch:
+        its residuals are what the policy keeps (see ``rk.saved_residuals``).
       loss_args: abstract arguments for ``loss_fn``.
       breakdown: bytes by role known from shapes: weights, trainable, gradients,
         optimizer, batch, grad_accumulator; per device when sharded.
@@ -136,6 +356,11 @@ class TrainStep:
       out_shardings: with a mesh plan, the NamedShardings of ``fn``'s outputs; else None.
       plan: the ``rk.MeshPlan`` the step is sharded with, or None.
       mesh: the mesh the shardings live on, or None.
+      precision: the dtypes the step holds, read from its arguments' shapes: ``name``,
+        ``params``, ``frozen``, ``grads``, ``optimizer_state`` (numpy names; ``"-"`` where
+        there is none, ``a+b`` where leaves differ) and ``compute`` (the regime's, or
+        ``"module's own"`` without one).
+      rng_streams: the RNG streams (``"dropout"``) ``fn`` feeds the module from ``rng``.
     """
 
     fn: Callable[..., Any]
@@ -148,6 +373,8 @@ class TrainStep:
     out_shardings: tuple[Any, ...] | None = None
     plan: _sharding.MeshPlan | None = None
     mesh: Mesh | None = None
+    precision: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    rng_streams: tuple[str, ...] = ()
 
 
 def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
@@ -165,6 +392,9 @@ def build_train_step(
     rng_seed: int = 0,
     sharding: _sharding.MeshPlan | str | None = None,
     mesh: Mesh | None = None,
+    rng_streams: Sequence[str] = (),
+    inputs: Callable[[jax.Array], Mapping[str, Any]] | None = None,
+    output: Callable[[Any], jax.Array] | None = None,
 ) -> TrainStep:
     """Builds the next-token train step of ``module`` from abstract shapes.
 
@@ -172,7 +402,9 @@ def build_train_step(
     step's arguments are unboxed, and with ``sharding`` the boxes say how each is split.
 
     Args:
-      module: a linen Module, ``module.apply(params, tokens)`` -> logits.
+      module: a linen Module (or anything with linen's ``init``/``apply``, such as
+        ``rk.tagging.TaggedModule``), ``module.apply(params, tokens, **inputs(tokens))`` ->
+        logits, or an output ``output`` reads the logits from.
       config: batch, sequence length, optimizer, LoRA, accumulation, donation.
       trainable: predicate on a parameter path (tuple of keys) deciding what is trained;
         default all parameters, or those with ``lora`` in the path when ``config.lora``.
@@ -183,6 +415,16 @@ def build_train_step(
         its breakdown is per device. None: unsharded, as before.
       mesh: the plan's mesh (``plan.mesh(target)``, compile-only devices for a GPU target);
         default the local devices.
+      rng_streams: RNG streams the module draws from in training, e.g. ``("dropout",)`` for
+        a module built with dropout on (``models.build(cfg, deterministic=False)``). The
+        step then takes a fifth argument, ``rng`` (raw uint32[2] key data), and gives each
+        stream and micro-batch its own key folded from it, so a fixed ``rng`` gives the
+        same masks under every policy and schedule.
+      inputs: keyword arguments the module takes beside the tokens, made from them inside
+        the step (e.g. ``rk.sources.hf_inputs``: Hugging Face's ``attention_mask`` and
+        ``position_ids``); used for ``init`` too.
+      output: the logits from what ``apply`` returns; default :func:`logits_of` (the array
+        itself, an output's ``.logits``, or a tuple's first element).
 
     Returns:
       The TrainStep.
@@ -203,7 +445,11 @@ def build_train_step(
       ...                               sharding="fsdp:8", mesh=mesh)      # doctest: +SKIP
     """
     micro = jax.ShapeDtypeStruct((config.micro_batch, config.seq), jnp.int32)
-    boxed = jax.eval_shape(module.init, jax.random.key(rng_seed), micro)
+    extra = inputs if inputs is not None else (lambda tokens: {})
+    read = output if output is not None else logits_of
+    boxed = jax.eval_shape(
+        lambda key, t: module.init(key, t, **extra(t)), jax.random.key(rng_seed), micro
+    )
     params = _sharding.strip_boxes(boxed)
     flat = traverse_util.flatten_dict(params)
     if trainable is None:
@@ -220,12 +466,19 @@ def build_train_step(
         )
     if not train_keys:
         raise ValueError("no trainable parameters: the trainable predicate matched nothing")
+    streams = _check_streams(rng_streams)
+    prec = config.precision
     tr_abs = {k: flat[k] for k in train_keys}
     fr_abs = {k: v for k, v in flat.items() if k not in tr_abs}
     optimizer = make_optimizer(config.optimizer, config.learning_rate)
+    if prec is not None:
+        tr_abs = _cast_floats(tr_abs, prec.params)
+        fr_abs = _cast_floats(fr_abs, prec.frozen)
+        optimizer = with_state_dtype(optimizer, prec.optimizer_state)
     opt_abs = jax.eval_shape(optimizer.init, _nest(tr_abs))
     tokens = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
     batch = {"tokens": tokens, "targets": tokens}
+    rng_abs = jax.ShapeDtypeStruct((2,), jnp.uint32)
     tr_nested, fr_nested = _nest(tr_abs), _nest(fr_abs)
 
     plan, in_sh, out_sh = None, None, None
@@ -240,6 +493,8 @@ def build_train_step(
         opt_sh = _sharding.opt_state_shardings(opt_abs, tr_nested, tr_sh, mesh)
         b_sh = _sharding.batch_sharding(plan, mesh)
         in_sh = (tr_sh, fr_sh, opt_sh, {"tokens": b_sh, "targets": b_sh})
+        if streams:
+            in_sh = (*in_sh, NamedSharding(mesh, PartitionSpec()))  # one key, replicated
         out_sh = (tr_sh, opt_sh, NamedSharding(mesh, PartitionSpec()))
         context = lambda: plan.activation_context(mesh)
 
@@ -248,21 +503,35 @@ def build_train_step(
         # fsdp (ZeRO-3), replicated under dp.
         return tree if tr_sh is None else jax.lax.with_sharding_constraint(tree, tr_sh)
 
-    def loss_fn(tr: Any, fr: Any, tokens: jax.Array, targets: jax.Array) -> jax.Array:
+    def loss_fn(
+        tr: Any, fr: Any, tokens: jax.Array, targets: jax.Array, key: jax.Array | None = None
+    ) -> jax.Array:
         merged = traverse_util.unflatten_dict({**_flat(tr), **_flat(fr)})
-        return _cross_entropy(module.apply(merged, tokens), targets)
+        rngs = {} if key is None else {n: jax.random.fold_in(key, i) for i, n in enumerate(streams)}
+        out = module.apply(merged, tokens, **extra(tokens), rngs=rngs)
+        return _cross_entropy(read(out), targets)
 
     grad_fn = jax.value_and_grad(loss_fn)
     accum, micro_b = config.accum, config.micro_batch
 
-    def step(tr: Any, fr: Any, opt_state: Any, batch: Mapping[str, jax.Array]) -> Any:
-        with context():
-            return _step(tr, fr, opt_state, batch)
+    if streams:
 
-    def _step(tr: Any, fr: Any, opt_state: Any, batch: Mapping[str, jax.Array]) -> Any:
+        def step(tr: Any, fr: Any, opt_state: Any, batch: Any, rng: jax.Array) -> Any:
+            with context():
+                # Raw uint32 keys, not typed ones: every residual stays a plain array
+                # that the memory tools can size.
+                return _step(tr, fr, opt_state, batch, rng)
+
+    else:
+
+        def step(tr: Any, fr: Any, opt_state: Any, batch: Any) -> Any:
+            with context():
+                return _step(tr, fr, opt_state, batch, None)
+
+    def _step(tr: Any, fr: Any, opt_state: Any, batch: Any, key: jax.Array | None) -> Any:
         tokens, targets = batch["tokens"], batch["targets"]
         if accum == 1:
-            loss, grads = grad_fn(tr, fr, tokens, targets)
+            loss, grads = grad_fn(tr, fr, tokens, targets, key)
             grads = constrain(grads)
         else:
             shaped = lambda x: x.reshape(accum, micro_b, *x.shape[1:])
@@ -270,14 +539,16 @@ def build_train_step(
 
             def one(carry: Any, mb: Any) -> Any:
                 acc, total = carry
-                loss, g = grad_fn(tr, fr, *mb)
+                toks, tgts, i = mb
+                # Each micro-batch its own masks, as a real accumulation loop draws them.
+                k = None if key is None else jax.random.fold_in(key, i)
+                loss, g = grad_fn(tr, fr, toks, tgts, k)
                 acc = constrain(jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g))
                 return (acc, total + loss), None
 
             zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, dtype or p.dtype), tr))
-            (grads, loss), _ = jax.lax.scan(
-                one, (zeros, jnp.zeros((), jnp.float32)), (shaped(tokens), shaped(targets))
-            )
+            micro_batches = (shaped(tokens), shaped(targets), jnp.arange(accum))
+            (grads, loss), _ = jax.lax.scan(one, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
             grads = jax.tree.map(lambda g, p: (g / accum).astype(p.dtype), grads, tr)
             loss = loss / accum
         updates, opt_state = optimizer.update(grads, opt_state, tr)
@@ -301,26 +572,97 @@ def build_train_step(
         "trainable": grad_bytes,
         "gradients": grad_bytes,
         "optimizer": size(opt_abs, *shard(2)),
-        "batch": size(batch, *shard(3)),
+        # The dropout key is an input too (8 bytes), so the shapes' sum stays exact.
+        "batch": size(batch, *shard(3)) + (nbytes(rng_abs) if streams else 0),
         "grad_accumulator": int(acc_bytes),
     }
 
-    def micro_loss(tr: Any, fr: Any, mb: Mapping[str, jax.Array]) -> jax.Array:
+    def micro_loss(tr: Any, fr: Any, mb: Mapping[str, jax.Array], *rng: jax.Array) -> jax.Array:
         with context():
-            return loss_fn(tr, fr, mb["tokens"], mb["targets"])
+            return loss_fn(tr, fr, mb["tokens"], mb["targets"], rng[0] if rng else None)
 
+    rng_args = (rng_abs,) if streams else ()
     return TrainStep(
         fn=step,
-        args=(tr_nested, fr_nested, opt_abs, batch),
+        args=(tr_nested, fr_nested, opt_abs, batch, *rng_args),
         donate_argnums=(0, 2) if config.donate else (),
         loss_fn=micro_loss,
-        loss_args=(tr_nested, fr_nested, {"tokens": micro, "targets": micro}),
+        loss_args=(tr_nested, fr_nested, {"tokens": micro, "targets": micro}, *rng_args),
         breakdown=breakdown,
         in_shardings=in_sh,
         out_shardings=out_sh,
         plan=plan,
         mesh=mesh if plan is not None else None,
+        precision=_precision_record(prec, tr_nested, fr_nested, opt_abs),
+        rng_streams=streams,
     )
+
+
+def logits_of(out: Any) -> jax.Array:
+    """The logits in what a model returns: an array, ``.logits`` or a tuple's first item.
+
+    Hugging Face Flax models return an output object (``.logits``) or, with
+    ``return_dict=False``, a tuple whose first element is the logits.
+
+    Args:
+      out: the model's output.
+
+    Returns:
+      The logits array.
+
+    Raises:
+      BadValue: nothing in ``out`` looks like logits.
+
+    Example:
+      >>> logits_of((jnp.zeros((1, 2, 3)), None)).shape
+      (1, 2, 3)
+    """
+    if hasattr(out, "logits"):
+        return out.logits
+    if isinstance(out, (tuple, list)) and out and hasattr(out[0], "shape"):
+        return out[0]
+    if hasattr(out, "shape") and hasattr(out, "dtype"):
+        return out
+    raise BadValue(
+        f"the model returned {type(out).__name__}, not logits: pass output= (a function from "
+        "the model's output to the logits [batch, seq, vocab])"
+    )
+
+
+def _check_streams(rng_streams: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(rng_streams, str):
+        raise BadValue(
+            f"rng_streams={rng_streams!r} is a string; pass a sequence of stream names, "
+            f"e.g. ({rng_streams!r},)"
+        )
+    streams = tuple(rng_streams)
+    bad = [s for s in streams if not isinstance(s, str) or not s or s == "params"]
+    if bad or len(set(streams)) != len(streams):
+        raise BadValue(
+            f"rng_streams={streams!r}: give distinct, non-empty stream names other than "
+            "'params' (e.g. ('dropout',))"
+        )
+    return streams
+
+
+def _dtype_names(tree: Any) -> str:
+    # One name when the floating leaves agree, "a+b" when they do not, "-" with none.
+    leaves = jax.tree.leaves(tree)
+    found = sorted(
+        {jnp.dtype(x.dtype).name for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)}
+    )
+    return "+".join(found) or "-"
+
+
+def _precision_record(prec: Precision | None, tr: Any, fr: Any, opt: Any) -> dict[str, str]:
+    return {
+        "name": prec.name if prec is not None else "as built",
+        "params": _dtype_names(tr),
+        "frozen": _dtype_names(fr),
+        "grads": _dtype_names(tr),
+        "optimizer_state": _dtype_names(opt),
+        "compute": prec.compute.name if prec is not None else "module's own",
+    }
 
 
 def _plan_and_mesh(
@@ -374,8 +716,117 @@ def add_breakdown(report: MemoryReport, step: TrainStep) -> MemoryReport:
         + parts["gradients"]
         + parts["grad_accumulator"]
     )
-    parts["activations"] = report.peak_bytes - known
-    return report.replace(breakdown=parts)
+    parts["activations"] = max(0, report.peak_bytes - known)
+    if report.peak_bytes >= known:
+        return report.replace(breakdown=parts)
+    # Unrolled layers let XLA apply each layer's update as soon as its gradient exists, so
+    # not every gradient is live at the peak: "the rest" would be negative.
+    note = (
+        f"the peak ({report.peak_bytes / 2**30:.2f} GiB) is below weights + gradients + "
+        f"optimizer state + batch ({known / 2**30:.2f} GiB): XLA never holds every gradient "
+        "at once here, so this split is only an upper bound per part (activations shown as "
+        "0); a measured breakdown reads what is live at the peak"
+    )
+    return report.replace(breakdown=parts, warnings=(*report.warnings, note))
+
+
+#: Measured breakdown key -> the peak inspector's category it reads (remat_kit.peak).
+MEASURED_PARTS: Mapping[str, str] = {
+    "weights": _peak_types.PARAMETER,
+    "gradients": _peak_types.GRADIENT,
+    "optimizer": _peak_types.OPTIMIZER_STATE,
+    "batch": _peak_types.INPUT,
+    "saved_activations": _peak_types.SAVED_ACTIVATION,
+    "recompute_workspace": _peak_types.RECOMPUTE,
+    "temporaries": _peak_types.TEMPORARY,
+    "fragmentation": _peak_types.FRAGMENTATION,
+}
+
+
+def measured_breakdown(step: TrainStep, target: Target | str = "h100-80gb") -> dict[str, int]:
+    """What is live at the compiled peak of ``step``, by role, from XLA's buffer assignment.
+
+    Unlike :func:`add_breakdown` (shapes, with activations as "the rest"), every figure is
+    read from the compiled program (``rk.peak.inspect_step``): the bytes of each role live
+    at the peak. They sum to the peak exactly and none is negative. Gradients count only
+    those live at the peak, so they may be fewer than the weights.
+
+    Args:
+      step: a ``build_train_step`` step (unsharded).
+      target: a Target or target name; GPU targets compile deviceless.
+
+    Returns:
+      ``weights``, ``gradients``, ``optimizer``, ``batch``, ``saved_activations``,
+      ``recompute_workspace``, ``temporaries`` (other temporaries, logits among them) and
+      ``fragmentation`` (reserved in XLA's temp block, free at the peak), in bytes, plus
+      ``peak`` (their sum, argument + output + temp - alias of that compile).
+
+    Raises:
+      BadValue: a sharded step (the inspector reads one unsharded program).
+      InspectError: XLA's dump could not be read.
+
+    Example:
+      >>> import models, remat_kit as rk
+      >>> cfg = models.get_config("tiny-llama", policy="full")
+      >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=64))
+      >>> parts = measured_breakdown(step, "h100")  # doctest: +SKIP
+      >>> parts["peak"] == sum(v for k, v in parts.items() if k != "peak")  # doctest: +SKIP
+      True
+    """
+    if step.plan is not None:
+        raise BadValue(
+            f"a measured breakdown reads one unsharded program; this step is sharded "
+            f"({step.plan.spec}): build it without sharding, or use the estimate (add_breakdown)"
+        )
+    peak = _peak_api.inspect_step(step, target)
+    by_cat = peak.by_category
+    parts = {key: int(by_cat.get(cat, 0)) for key, cat in MEASURED_PARTS.items()}
+    parts["peak"] = sum(parts.values())
+    if parts["peak"] != peak.peak_bytes:  # the inspector promises this; say so if it breaks
+        raise InspectError(
+            f"the buffer assignment's categories sum to {parts['peak']} bytes, not the "
+            f"compiled peak {peak.peak_bytes}: categories {dict(by_cat)}"
+        )
+    return parts
+
+
+def add_measured_breakdown(
+    report: MemoryReport, step: TrainStep, target: Target | str
+) -> MemoryReport:
+    """``report`` with the measured breakdown; the shapes' arithmetic kept as an estimate.
+
+    The report's ``breakdown`` becomes :func:`measured_breakdown` (``activations`` = saved
+    activations + recomputation workspace + temporaries + fragmentation, everything at the
+    peak that is not weights, gradients, optimizer state or batch); ``meta["breakdown"]``
+    says ``"measured"`` and ``meta["breakdown_estimate"]`` holds :func:`add_breakdown`'s.
+
+    Args:
+      report: the step's ``rk.memory_report``.
+      step: the step it measured.
+      target: the target it was compiled for.
+
+    Returns:
+      The new report.
+
+    Raises:
+      InspectError: the inspector's peak differs from the report's (not the same program).
+
+    Example:
+      >>> r = add_measured_breakdown(rk.memory_report(step.fn, *step.args, target="h100"),
+      ...                            step, "h100")  # doctest: +SKIP
+    """
+    parts = measured_breakdown(step, target)
+    peak = parts.pop("peak")
+    if peak != report.peak_bytes:
+        raise InspectError(
+            f"the inspected compile peaks at {peak} bytes, the report's at {report.peak_bytes}: "
+            "they did not compile the same program (different options or donation?)"
+        )
+    activation_keys = ("saved_activations", "recompute_workspace", "temporaries", "fragmentation")
+    parts["activations"] = sum(parts[k] for k in activation_keys)
+    estimate = dict(add_breakdown(report, step).breakdown)
+    meta = {**report.meta, "breakdown": "measured", "breakdown_estimate": estimate}
+    return report.replace(breakdown=parts, meta=meta)
 
 
 # Dict keys of flattened parameter paths cannot be tuples inside a jit argument pytree

@@ -14,9 +14,11 @@ from typing import Any, TypeVar
 
 import flax.linen as nn
 import jax
+import numpy as np
 from flax import nnx
 
-from remat_kit.policies import Policy, as_policy
+from remat_kit import checks
+from remat_kit.policies import Policy, _name_primitive, as_policy
 
 __all__ = ["remat"]
 
@@ -43,67 +45,129 @@ def _wrap(
     if not p.is_remat:
         return target
     if _is_linen_class(target):
-        wrapped = nn.remat(
-            target,
-            policy=p.jax_policy,
-            prevent_cse=prevent_cse,
-            static_argnums=static_argnums,
-            methods=list(methods) if methods else None,
-        )
-        wrapped.__doc__ = target.__doc__
-        return wrapped
+        return _remat_class(target, p, prevent_cse, static_argnums, methods, nn.remat, "Checkpoint")
     if _is_nnx_class(target):
-        return _nnx_remat_class(target, p, prevent_cse, static_argnums, methods or ("__call__",))
+        return _remat_class(target, p, prevent_cse, static_argnums, methods, nnx.remat, "Remat")
     if inspect.isclass(target):
         raise TypeError(
             f"rk.remat takes a Flax linen or NNX Module class or a function, got class {target!r}"
         )
     if callable(target):
-        return functools.wraps(target)(
-            jax.checkpoint(
-                target,
-                policy=p.jax_policy,
-                prevent_cse=prevent_cse,
-                static_argnums=static_argnums,
-            )
+        recorder = _Recorder(p, getattr(target, "__name__", "function"))
+        checkpointed = jax.checkpoint(
+            target, policy=recorder.policy, prevent_cse=prevent_cse, static_argnums=static_argnums
         )
+
+        @functools.wraps(target)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            recorder.check()
+            out = checkpointed(*args, **kwargs)
+            recorder.check()
+            return out
+
+        return call
     raise TypeError(
         f"rk.remat takes a Flax Module class or a function, got {type(target).__name__} {target!r}"
     )
 
 
-def _nnx_remat_class(
+class _Recorder:
+    """The jax policy handed to ``jax.checkpoint``: ``p``'s, noting the tags it is asked about.
+
+    jax asks the policy about every operation of the checkpointed code when it differentiates
+    it, tagged ones (``checkpoint_name``) included; so after a differentiated call the recorder
+    knows the tags there and can say once that a name-based policy matched none of them.
+    Registered with :func:`remat_kit.checks.register`, so a checkpoint found in a jaxpr names
+    the Policy it was made for.
+    """
+
+    def __init__(self, p: Policy, what: str) -> None:
+        self.p, self.what = p, what
+        self.asked, self.warned = False, False
+        self.tags: set[str] = set()
+        name_prim, jax_policy = _name_primitive(), p.jax_policy
+
+        def policy(prim: Any, *avals: Any, **params: Any) -> Any:
+            self.asked = True
+            if prim is name_prim:
+                self.tags.add(str(params["name"]))
+            return jax_policy(prim, *avals, **params)
+
+        self.policy = checks.register(policy, p)
+
+    def check(self) -> None:
+        # Scanned code is differentiated after the call returns: checked at the next call too.
+        if self.asked and not self.warned and checks.unmatched_policy(self.p, self.tags):
+            self.warned = True
+            checks.check_policy_matches(self.p, self.tags, where=f"rk.remat({self.what})")
+
+
+def _is_static(value: Any) -> bool:
+    # A value with no array leaf (a flag, None, a string, a shape) cannot be traced by
+    # jax.checkpoint: it steers Python control flow (`if not deterministic:`), so it is
+    # closed over instead of passed through the checkpoint.
+    return not any(
+        isinstance(leaf, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+        for leaf in jax.tree.leaves(value)
+    )
+
+
+def _remat_class(
     cls: type,
     p: Policy,
     prevent_cse: bool,
     static_argnums: int | tuple[int, ...],
-    methods: tuple[str, ...],
+    methods: tuple[str, ...] | None,
+    transform: Callable[..., Any],
+    prefix: str,
 ) -> type:
-    # nnx.remat transforms functions of modules; rematerialize each named method by
-    # routing the call through a function that takes the module as its first argument.
-    # Static argnums shift by one because the module is argument 0 of that function.
-    shifted = (
-        tuple(i + 1 for i in static_argnums)
-        if isinstance(static_argnums, tuple)
-        else static_argnums + 1
-    )
+    """A subclass of ``cls`` whose ``methods`` run under ``transform`` (nn.remat / nnx.remat).
+
+    Each call splits its arguments into arrays, passed through the checkpoint, and Python
+    values, closed over: positional arguments named by ``static_argnums`` (counted after
+    ``self``) and any argument without an array leaf, keyword arguments included. Hugging
+    Face calls its layers with ``deterministic=True`` as a keyword, which a checkpoint would
+    otherwise turn into a traced bool. The transform is built per call, so a call never
+    reuses a trace made under other static values.
+    """
+    fixed = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
+    for i in fixed:
+        if not isinstance(i, int) or isinstance(i, bool) or i < 0:
+            raise ValueError(
+                f"static_argnums={static_argnums!r}: positions are ints >= 0, counted after self"
+            )
+
+    recorder = _Recorder(p, cls.__name__)
 
     def make(name: str) -> Callable[..., Any]:
         base = getattr(cls, name)
-        checkpointed = nnx.remat(
-            base, policy=p.jax_policy, prevent_cse=prevent_cse, static_argnums=shifted
-        )
 
         @functools.wraps(base)
         def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return checkpointed(self, *args, **kwargs)
+            static_pos = {i: a for i, a in enumerate(args) if i in fixed or _is_static(a)}
+            dyn_args = [a for i, a in enumerate(args) if i not in static_pos]
+            static_kw = {k: v for k, v in kwargs.items() if _is_static(v)}
+            dyn_kw = {k: v for k, v in kwargs.items() if k not in static_kw}
+            n = len(args)
+
+            def run(module: Any, *dyn: Any, **dkw: Any) -> Any:
+                it = iter(dyn)
+                full = [static_pos[i] if i in static_pos else next(it) for i in range(n)]
+                return base(module, *full, **dkw, **static_kw)
+
+            run.__name__ = name  # flax names a lifted method's scope after it
+            checkpointed = transform(run, policy=recorder.policy, prevent_cse=prevent_cse)
+            recorder.check()
+            out = checkpointed(self, *dyn_args, **dyn_kw)
+            recorder.check()
+            return out
 
         return method
 
-    namespace = {name: make(name) for name in methods}
+    namespace: dict[str, Any] = {name: make(name) for name in methods or ("__call__",)}
     namespace["__doc__"] = cls.__doc__
     namespace["__module__"] = cls.__module__
-    return type(f"Remat{cls.__name__}", (cls,), namespace)
+    return type(f"{prefix}{cls.__name__}", (cls,), namespace)
 
 
 def remat(
@@ -133,8 +197,11 @@ def remat(
       prevent_cse: keep XLA from merging the recomputation with the forward pass. Use
         True outside ``scan`` (the default) and False for a block inside ``nn.scan``,
         where the loop already prevents it and CSE barriers cost speed.
-      static_argnums: positional arguments (after ``self``) that are Python values,
-        such as a ``deterministic`` flag.
+      static_argnums: for a function, as ``jax.checkpoint``'s. For a Module class, the
+        positional arguments of its methods counted after ``self`` (0 is the first
+        argument after ``self``) to close over instead of tracing. Module methods also
+        close over every argument, keyword ones included, that holds no array (a
+        ``deterministic=True`` flag, None, a string), so Hugging Face layers work as is.
       methods: methods to rematerialize (default ``__call__``).
 
     Returns:

@@ -120,6 +120,34 @@ def test_every_vocabulary_tag_exists_in_the_models():
     assert seen == set(names.VOCABULARY)
 
 
+#: What each family tags, written out from the architectures (not from remat_kit.names): a
+#: union over both models would not notice one model losing a tag the other has.
+FAMILY_TAGS = {
+    "tiny-llama": {"decoder_layer_input", "query_proj", "key_proj", "value_proj", "attn_scores"}
+    | {"attn_probs", "context", "out_proj", "attn_out", "mlpwi_0", "mlpwi_1", "mlpwo"}
+    | {"block_out"},
+    "tiny-gpt2": {"decoder_layer_input", "query_proj", "key_proj", "value_proj", "attn_scores"}
+    | {"attn_probs", "context", "out_proj", "attn_out", "mlpwi", "mlpwo", "block_out"},
+}
+
+
+@pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
+@pytest.mark.parametrize("model", MODELS)
+def test_each_model_tags_exactly_its_tensors(model, scan):
+    cfg = models.get_config(model, layers=2, scan_layers=scan)
+    toks = tokens()
+    module = models.build(cfg)
+    params = module.init(jax.random.key(0), toks)
+    jaxpr = jax.make_jaxpr(module.apply)(params, toks)
+    counts = {}
+    for e in _eqns(jaxpr.jaxpr):
+        if e.primitive.name == "name":
+            counts[str(e.params["name"])] = counts.get(str(e.params["name"]), 0) + 1
+    assert set(counts) == FAMILY_TAGS[model]
+    # Once per layer: twice unrolled (2 layers), once in the scanned body.
+    assert set(counts.values()) == {1 if scan else 2}
+
+
 def _eqns(jaxpr):
     for e in jaxpr.eqns:
         yield e

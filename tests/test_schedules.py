@@ -111,8 +111,21 @@ def test_bad_specs(spec, error, match):
 def test_plan_beyond_the_model_fails():
     with pytest.raises(ValueError, match="model has 4"):
         rk.parse_schedule("layers:0-7=full").runs(4, "none")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"n must be an int, got float 2\.0"):
         rk.schedule("every", n=2.0)
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"), [("every", {"n": 2}), ("sqrt", {}), ("nested", {"levels": 2})]
+)
+def test_inner_sets_the_policy_inside_segments(name, kwargs):
+    """``inner`` is the per-layer policy inside a segment; without it, the model's policy."""
+    own = rk.schedule(name, inner="minimal", **kwargs).runs(9, "full")
+    assert {r.policy.name for r in own} == {"minimal"}
+    assert sum(r.layers for r in own) == 9
+    default = rk.schedule(name, **kwargs).runs(9, "full")
+    assert {r.policy.name for r in default} == {"full"}
+    assert [r.lengths for r in own] == [r.lengths for r in default]
 
 
 def test_segments_cut_gpu_activations(small):

@@ -8,6 +8,7 @@ logic exactly; a small bf16 Llama compiled for an H100 checks the claims on real
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import warnings
 
 import jax
@@ -185,6 +186,39 @@ def test_fake_plan_nothing_fits_says_smallest():
     assert p.peak_bytes == min(c.peak_bytes for c in p.candidates)
 
 
+#: Bytes the "compiler" adds whenever query_proj is kept: the traced residuals do not show them,
+#: so the estimate of every plan that keeps it is too low.
+PENALTY = 100
+
+
+def _penalized_measure(policy, schedule, batch):
+    r = _fake_measure(policy, schedule, batch)
+    if policy.is_remat and _kept(policy, schedule)["query_proj"]:
+        r = dataclasses.replace(r, peak_bytes=r.peak_bytes + PENALTY)
+    return r
+
+
+def test_plan_never_returns_a_compiled_peak_over_budget():
+    """The estimate's best plan compiles over budget: the planner must repair, not keep it.
+
+    Budget 1500: keeping query_proj (200 B, 400 FLOPs) and attn_out (300 B, 1 FLOP) is 500 B,
+    within it by the residuals; compiled it is 1000 + 500 + 100 = 1600. Keeping query_proj
+    alone compiles to 1300 and is what fits at the least recompute (mlpwi_0 + attn_out = 101).
+    One layer in the planner's model, so no per-layer split can undercut the over-budget plan:
+    keeping it would be keeping the cheapest program compiled.
+    """
+    w = dataclasses.replace(fake_workload(), measure_fn=_penalized_measure, n_layers=1)
+    budget = FIXED + 500
+    p = rk.plan(w, 1, budget, offload=False)
+    over = [c for c in p.candidates if c.estimated_peak_bytes is not None and not c.fits]
+    # The verify-and-repair path was taken: a solution that fit the estimate compiled over.
+    assert any(c.estimated_peak_bytes <= budget < c.peak_bytes for c in over)
+    assert p.fits and p.peak_bytes <= budget
+    assert p.peak_bytes == _penalized_measure(p.policy, p.schedule, 1).peak_bytes
+    assert p.decisions["query_proj"] == "save" and p.decisions["mlpwi_0"] == "recompute"
+    assert p.recompute_overhead * BASE == pytest.approx(101)
+
+
 def test_budget_below_weights_names_the_bytes_and_what_fits():
     with pytest.raises(ValueError) as err:
         rk.plan(fake_workload(), 1, 799)
@@ -335,6 +369,11 @@ def test_plan_respects_budget_on_compiled_figures(mid_plan, small_w):
     # It does something, and it is cheaper than the catalogue policy that fits (full).
     assert "recompute" in p.decisions.values()
     assert 0 < p.recompute_overhead < small_w.recompute_overhead("full", "none", 4)
+    # Its overhead is the fresh program's FLOPs over the no-remat step's (traced apart).
+    from models.measure import baseline_flops
+
+    baseline = baseline_flops(Options(**SMALL), "h100")
+    assert p.recompute_overhead == pytest.approx(fresh.flops / baseline - 1, rel=1e-6)
     assert all(c.peak_bytes is not None for c in p.candidates)
 
 
@@ -397,20 +436,22 @@ def test_plan_policy_keeps_gradients(mid_plan):
 
 
 @pytest.mark.parametrize(
-    ("extra", "message"),
+    ("extra", "message", "expected"),
     [
-        (["--budget", "lots"], "cannot read budget"),
-        (["--budget", "200GiB"], "larger than the device"),
-        (["--budget", "1MiB"], "whatever the policy"),
-        (["--policies", "minmal"], "Did you mean minimal"),
+        (["--budget", "lots"], "cannot read budget", 2),
+        (["--budget", "200GiB"], "larger than the device", 2),
+        (["--budget", "1MiB"], "whatever the policy", 1),  # nothing fits: exit 1 (README)
+        (["--policies", "minmal"], "Did you mean minimal", 2),
+        (["--host-budget", "0.5"], "--host-budget '0.5': give bytes with a unit", 2),
+        (["--host-budget", "-1GiB"], "must be >= 0", 2),
     ],
 )
-def test_plan_cli_bad_input_is_one_line(extra, message, capsys):
+def test_plan_cli_bad_input_is_one_line(extra, message, expected, capsys):
     argv = ["plan", "--model", "tiny-llama", "--target", "h100", "--batch", "2", "--seq", "64"]
     argv += ["--attention", "xla"]
     code = main([*argv, *extra])
     err = capsys.readouterr().err
-    assert code == 2 and message in err
+    assert code == expected and message in err
     assert err.startswith("remat-kit: ") and err.count("\n") == 1
 
 
@@ -452,3 +493,307 @@ def test_gpus_needed_finds_the_fewest_that_fit():
     assert got.peak_bytes == (80 + 4) * 2**30 // 2
     none = rk.search.gpus_needed(_sharded_fake, 3, counts=(1,))
     assert none.devices is None and "does not fit 1 x h100-80gb" in none.message
+
+
+# --- the exact planner: a fake with offload, an interaction and a pattern policy ---------------
+
+#: tag -> (bytes over all layers, FLOPs to recompute over all layers, read by the backward pass
+#: when every tag is saved). out_proj is read only once attn_out is recomputed from it.
+TAGS3 = {
+    "mlpwi_0": (800, 100.0, True),
+    "query_proj": (200, 400.0, True),
+    "context": (300, 50.0, True),
+    "attn_out": (300, 1.0, True),
+    "out_proj": (300, 250.0, False),
+}
+NEEDS3 = {"attn_out": ("out_proj",)}
+#: A pattern policy (it keeps matmul outputs, whatever their names): rk.decide cannot say what
+#: it does with a tag, only a trace can.
+DOTS3 = ("mlpwi_0", "query_proj", "out_proj")
+#: Step compute at "peak": BASE FLOPs take 1 s; the host link moves 2400 B/s, so 600 B go out
+#: and back within half the step (the default hide) and more is exposed.
+PEAK3, LINK3, HIDE3 = BASE, 2400.0, 0.5
+
+
+def _truth(layer_decisions, tags, batch=1):
+    """(device bytes, host bytes, FLOPs) of per-layer decisions, the fake's own rules."""
+    dev = host = extra = 0.0
+    n = len(layer_decisions)
+    for dec in layer_decisions:
+        rec = {t for t, d in dec.items() if d == "recompute"}
+        for t, (b, c, needed) in tags.items():
+            if not (needed or any(t in NEEDS3.get(r, ()) for r in rec)):
+                continue
+            d = dec.get(t, "save")
+            if d == "save":
+                dev += b / n
+            elif d == "offload":
+                host += b / n
+            else:
+                extra += c / n
+    return batch * dev, batch * host, batch * (BASE + extra)
+
+
+def _overhead(host, flops, batch=1):
+    step = batch * BASE / PEAK3
+    exposed = max(0.0, 2 * host / LINK3 - HIDE3 * step) / step if host else 0.0
+    return flops / (batch * BASE) - 1 + exposed
+
+
+def _layer_decisions(tags, policy, schedule, layers):
+    out = []
+    for run in schedule.runs(layers, policy):
+        p = run.policy
+        if not p.is_remat:
+            dec = dict.fromkeys(tags, "save")
+        elif p.name == "dots":
+            dec = {t: "save" if t in DOTS3 else "recompute" for t in tags}
+        else:
+            dec = {t: rk.decide(p, t) for t in tags}
+        out += [dec] * run.layers
+    return out
+
+
+def fake3(tags=TAGS3, layers=1, quirk=()):
+    """A fake step over ``tags`` with offload; ``quirk`` policies compile 10 B smaller than
+    their decisions say (as XLA's schedule of an equivalent program may)."""
+    t = dataclasses.replace(rk.target("h100"), peak_bf16_flops=PEAK3, host_link_bandwidth=LINK3)
+
+    def figures(policy, schedule, batch):
+        return _truth(_layer_decisions(tags, policy, schedule, layers), tags, batch)
+
+    def measure(policy, schedule, batch):
+        dev, host, flops = figures(policy, schedule, batch)
+        untagged = UNTAGGED * batch if not policy.is_remat else 0
+        peak = FIXED + untagged + dev - (10 if policy.spec in quirk else 0)
+        r = _fake_report(peak, flops, policy.spec, schedule.spec)
+        return r.replace(host_bytes=int(host), host_temp_bytes=int(host), tags=tuple(tags))
+
+    def residuals(policy, schedule, batch):
+        decs = _layer_decisions(tags, policy, schedule, layers)
+        res, kinds = [], {}
+        for tag in tags:
+            one = {tag: tags[tag]}
+            dev = host = 0.0
+            for dec in decs:
+                rec = {x for x, d in dec.items() if d == "recompute"}
+                b, _, needed = one[tag]
+                if needed or any(tag in NEEDS3.get(r, ()) for r in rec):
+                    if dec[tag] == "save":
+                        dev += batch * b / layers
+                    elif dec[tag] == "offload":
+                        host += batch * b / layers
+            if dev:
+                res.append(rk.residuals.Residual(tag, (), "int8", int(dev), "saved", 1, ""))
+            if host:
+                res.append(rk.residuals.Residual(tag, (), "int8", int(host), "offloaded", 1, ""))
+            kinds[tag] = "saved" if dev else "offloaded" if host else "recomputed"
+        return rk.residuals.ResidualReport(
+            residuals=tuple(res),
+            tags=kinds,
+            tag_bytes={x: b // layers for x, (b, _, _) in tags.items()},
+            tag_count=dict.fromkeys(tags, layers),
+        )
+
+    return rk.Workload(
+        measure,
+        lambda p, s, b: figures(p, s, b)[2],
+        target=t,
+        seq=10,
+        n_layers=layers,
+        residuals_fn=residuals,
+        breakdown_fn=lambda b: {"weights": 400, "gradients": 400, "optimizer": 0},
+        label="fake3",
+    )
+
+
+def _brute_force(tags, budget, host_budget=None, layers=1, splits=False):
+    """The least overhead over every decision of every tag (3^k), and over every two-group
+    layer split when ``splits``: the fake's own rules, no planner code."""
+    options = [
+        dict(zip(tags, combo, strict=True))
+        for combo in itertools.product(("save", "recompute", "offload"), repeat=len(tags))
+    ]
+    best = None
+    ks = range(0, layers) if splits else [0]
+    for k in ks:
+        for a in options if k else [None]:
+            for b in options:
+                decs = ([a] * k if k else []) + [b] * (layers - k)
+                dev, host, flops = _truth(decs, tags)
+                if FIXED + dev > budget or (host_budget is not None and host > host_budget):
+                    continue
+                over = _overhead(host, flops)
+                best = over if best is None else min(best, over)
+    return best
+
+
+@pytest.mark.parametrize(
+    ("shed", "host_budget"),
+    [(100, None), (300, None), (650, None), (1000, None), (1300, None), (1000, 250), (1300, 0)],
+)
+def test_plan_is_the_brute_force_optimum(shed, host_budget):
+    """3^5 assignments by brute force: the plan's overhead is the least that fits."""
+    w = fake3()
+    everything = FIXED + sum(b for b, _, needed in TAGS3.values() if needed)
+    budget = everything - shed
+    p = rk.plan(w, 1, budget, host_budget=host_budget)
+    best = _brute_force(TAGS3, budget, host_budget)
+    assert p.fits and p.peak_bytes <= budget
+    assert host_budget is None or p.host_bytes <= host_budget
+    assert p.overhead == pytest.approx(best, abs=1e-9)
+    assert p.solver is not None and p.solver.optimal and p.solver.gap == 0.0
+    assert p.source == "solver" and "optimal on the cost model" in p.message
+
+
+def test_plan_offloads_within_the_window_and_not_past_a_host_budget():
+    w = fake3()
+    budget = FIXED + 1600 - 1400  # shed 1400 bytes
+    free = rk.plan(w, 1, budget)
+    capped = rk.plan(w, 1, budget, host_budget=250)
+    # 600 B hide behind half the step: context + attn_out (600 B) go to host for free, and
+    # mlpwi_0 is recomputed (1%). Under 250 B only query_proj (200 B) may go, and attn_out
+    # must be recomputed with out_proj (2.51%) on top of mlpwi_0 and context.
+    assert free.overhead == pytest.approx(0.01, abs=1e-9)
+    assert capped.overhead == pytest.approx(0.01 + 0.005 + 0.0251, abs=1e-9)
+    assert set(free.decisions.values()) >= {"offload"}
+    assert 0 < free.host_bytes <= 600 and free.overhead < capped.overhead
+    assert capped.host_bytes <= 250
+    none = rk.plan(w, 1, budget, host_budget=0)
+    assert none.host_bytes == 0 and "offload" not in none.decisions.values()
+
+
+@pytest.mark.parametrize("shed", [150, 500, 1100])
+def test_plan_with_layer_splits_is_the_brute_force_optimum(shed):
+    """Four layers, three tags: every (k, first-k decisions, rest decisions) by brute force."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags, layers=4)
+    budget = FIXED + 1300 - shed
+    p = rk.plan(w, 1, budget)
+    best = _brute_force(tags, budget, layers=4, splits=True)
+    assert p.fits and p.overhead == pytest.approx(best, abs=1e-9)
+    if p.layers:
+        assert p.schedule.name == "layers" and p.layer_decisions
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "1GiB", True])
+def test_plan_rejects_a_bad_host_budget(bad):
+    with pytest.raises((ValueError, TypeError), match="host_budget"):
+        rk.plan(fake3(), 1, 2000, host_budget=bad)
+
+
+def test_plan_is_never_dominated_by_what_it_is_shown_beside():
+    """A catalogue policy as cheap and smaller than the solver's plan is recommended, and the
+    per-tag table shows what *it* does (traced), not what rk.decide guesses for a pattern."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags, quirk=("dots",))
+    budget = FIXED + 1300 - 300  # the optimum recomputes context: what dots does
+    alone = rk.plan(w, 1, budget, offload=False)
+    assert alone.policy.name == "names" and alone.source == "solver"
+    pts = rk.front(w, 1, policies=("dots",), schedules=(), plans=[alone])
+    assert next(pt for pt in pts if pt.kind == "plan").dominated_by == "dots"
+
+    p = rk.plan(w, 1, budget, offload=False, extra=["dots", "full"])
+    assert p.policy.name == "dots" and p.source == "catalogue"
+    assert p.peak_bytes == alone.peak_bytes - 10
+    assert p.overhead == pytest.approx(alone.overhead, abs=1e-12)
+    assert dict(p.decisions) == {"mlpwi_0": "save", "query_proj": "save", "context": "recompute"}
+    assert {rk.decide(p.policy, t) for t in tags} == {"recompute"}  # why a trace is needed
+    pts = rk.front(w, 1, policies=("dots", "full"), schedules=(), plans=[p])
+    assert not next(pt for pt in pts if pt.kind == "plan").dominated
+
+
+# --- max batch: a line through two compiles, verified ------------------------------------------
+
+
+def _batch_fake(peak_of):
+    """A workload whose compiled peak at batch ``b`` is ``peak_of(b)``; counts compiles."""
+
+    def measure(policy, schedule, batch):
+        return _fake_report(peak_of(batch), float(batch), policy.spec, schedule.spec)
+
+    return rk.Workload(
+        measure, lambda p, s, b: float(b), target=rk.target("h100"), seq=10, label="fake"
+    )
+
+
+def _largest(peak_of, limit, cap=1 << 14):
+    """The largest batch under ``limit``, by walking every batch (no search)."""
+    best = 0
+    for b in range(1, cap + 1):
+        if peak_of(b) <= limit:
+            best = b
+        elif b > 2 * (best + 1):
+            break
+    return best
+
+
+@pytest.mark.parametrize("limit", [10_000 + 6300 * n + 5 for n in (3, 147, 9999)])
+@pytest.mark.parametrize("start", [None, 4, 1000])
+def test_max_batch_follows_the_line_in_four_compiles(limit, start):
+    def peak_of(b):
+        return 10_000 + 6300 * b
+
+    fit = rk.max_batch(_batch_fake(peak_of), "full", limit_bytes=limit, start=start)
+    assert fit.max_batch == _largest(peak_of, limit)
+    assert fit.method == "line" and fit.predicted_batch == fit.max_batch
+    assert fit.compiles <= 4  # two for the line, b and b + 1 to verify it (some shared)
+    assert start is not None or fit.compiles == 4
+    assert fit.peak_bytes <= limit < fit.next_peak_bytes
+
+
+@pytest.mark.parametrize(
+    "peak_of",
+    [
+        lambda b: 10_000 + 6300 * b + (500_000 if b > 40 else 0),  # another kernel above 40
+        lambda b: 10_000 + 6300 * b + 90 * b * b,  # convex: the line undershoots
+        lambda b: 10_000 + 6300 * b - (b * 37 % 101) * 50,  # wobbles around the line
+    ],
+    ids=["step", "convex", "wobble"],
+)
+@pytest.mark.parametrize("limit", [10_000 + 6300 * 60, 10_000 + 6300 * 300])
+def test_max_batch_falls_back_when_the_line_is_wrong(peak_of, limit):
+    w = _batch_fake(peak_of)
+    fit = rk.max_batch(w, "full", limit_bytes=limit)
+    expect = _largest(peak_of, limit)
+    assert fit.max_batch == expect
+    assert peak_of(fit.max_batch) <= limit < peak_of(fit.max_batch + 1)
+    assert fit.compiles == w.compiles <= 4 + 2 * int(np.log2(expect + 1)) + 2
+    if fit.predicted_batch != expect:
+        assert fit.method == "bisection"
+
+
+def test_max_batch_without_a_line_still_finds_the_cap():
+    w = _batch_fake(lambda b: 5_000)  # flat: no slope to follow
+    fit = rk.max_batch(w, "full", limit_bytes=6_000, cap=64)
+    assert fit.max_batch == 64 and fit.method == "cap" and fit.next_peak_bytes is None
+
+
+def test_advise_traces_an_identical_step_once():
+    """Targets whose steps trace alike share the FLOP and residual traces; compiles are not."""
+    calls = {"flops": 0, "residuals": 0, "compiles": 0}
+
+    def count(kind, fn):
+        def wrapped(*a):
+            calls[kind] += 1
+            return fn(*a)
+
+        return wrapped
+
+    def workload_for(t):
+        return dataclasses.replace(
+            fake3(),
+            target=t,
+            flops_fn=count("flops", lambda p, s, b: fake3().flops_fn(p, s, b)),
+            residuals_fn=count("residuals", fake3().residuals_fn),
+            measure_fn=count("compiles", fake3().measure_fn),
+        )
+
+    rk.advise(workload_for, 1, targets=["h100"])
+    one = dict(calls)
+    calls.update(flops=0, residuals=0, compiles=0)
+    rows = rk.advise(workload_for, 1, targets=["h100", "h100", "h100"])
+    # One residual trace per target to tell the steps apart; nothing else traced again.
+    assert calls["flops"] == one["flops"] and calls["residuals"] == one["residuals"] + 2
+    assert calls["compiles"] == 3 * one["compiles"]
+    assert len({(a.plan, a.peak_bytes, a.max_batch) for a in rows}) == 1

@@ -219,15 +219,33 @@ def test_multi_host_mesh():
         rk.parse_shard("fsdp:8").mesh(t)
 
 
-def test_add_shard_args():
+def test_add_shard_args(capsys):
     p = argparse.ArgumentParser()
     p.add_argument("--gpus", type=int, default=1)
     add_shard_args(p)
     args = p.parse_args(["--gpus", "16", "--hosts", "2", "--shard", "fsdp:8,tp:2"])
     assert (args.shard, args.hosts) == ("fsdp:8,tp:2", 2)
     assert p.parse_args([]).shard is None
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exc:
         p.parse_args(["--shard", "zero:8"])
+    assert exc.value.code == 2
+    assert "argument --shard: unknown sharding axis 'zero'" in capsys.readouterr().err
+
+
+def test_grad_accumulator_is_per_device_under_fsdp():
+    """The accumulator has the gradients' shape and sharding: one GPU holds 1/8 under fsdp:8."""
+    from models.measure import Options, model_config, train_step
+
+    one = Options(**{**GPU, "batch": 16, "accum": 2})
+    eight = Options(**{**GPU, "batch": 16, "accum": 2, "shard": "fsdp:8"})
+    t1, t8 = rk.target("h100"), rk.target("h100", devices=8)
+    b1 = train_step(one, model_config(one, "full", t1), t1).breakdown
+    b8 = train_step(eight, model_config(eight, "full", t8), t8).breakdown
+    cfg = model_config(one, "full", t1)
+    # bf16 weights, no accumulator dtype given: the gradients' bytes, 2 per parameter.
+    assert b1["grad_accumulator"] == b1["gradients"] == 2 * cfg.param_count()
+    assert b8["grad_accumulator"] == b8["gradients"]
+    assert b8["grad_accumulator"] == pytest.approx(b1["grad_accumulator"] / 8, rel=0.01)
 
 
 # --- per-device reports for 8 deviceless H100s --------------------------------------------------

@@ -4,6 +4,7 @@ import chex
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
@@ -130,3 +131,53 @@ def test_bad_inputs():
         rk.remat(dict, "full")
     with pytest.raises(ValueError, match="unknown policy"):
         rk.remat(MLP, "fulll")
+
+
+class RepeatNNX(nnx.Module):
+    """Applies its layer ``times`` times: ``times`` must stay a Python value (static)."""
+
+    def __init__(self, rngs):
+        self.w = nnx.Linear(8, 8, rngs=rngs)
+
+    def __call__(self, x, times):
+        for _ in range(int(times)):
+            x = jnp.tanh(checkpoint_name(self.w(x), "mlpwi"))
+        return x
+
+
+class RepeatLinen(nn.Module):
+    @nn.compact
+    def __call__(self, x, times):
+        dense = nn.Dense(8, name="w")
+        for _ in range(int(times)):
+            x = jnp.tanh(checkpoint_name(dense(x), "mlpwi"))
+        return x
+
+
+def test_static_argnums_count_after_the_module():
+    """Position 1 is ``times`` (after ``self`` and ``x``), for NNX and linen alike.
+
+    ``times`` is a numpy integer: an array leaf, so without ``static_argnums`` it would be
+    traced and ``int(times)`` would fail; counted from the wrong origin, ``x`` would be held
+    static and ``times`` traced.
+    """
+    x = jnp.linspace(-1, 1, 24).reshape(3, 8)
+    times = np.int64(3)
+
+    ref, got = RepeatNNX(nnx.Rngs(0)), rk.remat(RepeatNNX, "full", static_argnums=1)(nnx.Rngs(0))
+
+    def loss(model, x):
+        return jnp.sum(model(x, times) ** 2)
+
+    chex.assert_trees_all_close(
+        nnx.state(nnx.grad(loss)(got, x)), nnx.state(nnx.grad(loss)(ref, x)), rtol=1e-6
+    )
+
+    module = rk.remat(RepeatLinen, "full", static_argnums=(1,))()
+    params = RepeatLinen().init(jax.random.key(0), x, times)
+    want = jax.grad(lambda p: jnp.sum(RepeatLinen().apply(p, x, times) ** 2))(params)
+    have = jax.grad(lambda p: jnp.sum(module.apply(p, x, times) ** 2))(params)
+    chex.assert_trees_all_close(have, want, rtol=1e-6)
+    bare = rk.remat(RepeatLinen, "full")()  # no static_argnums: times is traced
+    with pytest.raises(jax.errors.ConcretizationTypeError):
+        jax.grad(lambda p: jnp.sum(bare.apply(p, x, times) ** 2))(params)

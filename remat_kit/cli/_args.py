@@ -27,14 +27,17 @@ from remat_kit.train import PRECISIONS
 __all__ = [
     "OUTPUT_FLAGS",
     "Parser",
+    "add_jobs_arg",
     "add_model_args",
     "add_search_args",
     "add_shard_args",
+    "attention_note",
     "budget_arg",
     "check_outputs",
     "comma_list",
     "flag_items",
     "fraction",
+    "host_budget_arg",
     "int_at_least",
     "non_negative_int",
     "policy_arg",
@@ -106,7 +109,33 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
       >>> p.parse_args(["--model", "tiny-llama", "--batch", "2"]).batch
       2
     """
-    p.add_argument("--model", required=True, help="preset name (remat-kit models)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="preset name (remat-kit models), or a factory path/file.py:NAME or "
+        "package.module:NAME called as NAME(policy) -> Flax module (README: Your own model)",
+    )
+    p.add_argument(
+        "--hf-config",
+        default=None,
+        metavar="CONFIG_JSON",
+        help="a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma) measured with our decoder",
+    )
+    p.add_argument(
+        "--block",
+        default=None,
+        metavar="MODULE:CLASS",
+        help="with a factory: the block class to rematerialize by patching it (models with no "
+        "remat hook), e.g. transformers.models.llama.modeling_flax_llama:FlaxLlamaDecoderLayer",
+    )
+    p.add_argument(
+        "--tags",
+        default=None,
+        metavar="RULES",
+        help="with a factory: how its projections are tagged: auto (default: hf+gpt2+gemma "
+        "names, else module paths; none if the model tags itself) | hf | gpt2 | gemma | paths "
+        "(module paths only) | none",
+    )
     p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
     p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
     p.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence")
@@ -144,6 +173,12 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="share of each GPU JAX's allocator takes (default: XLA_PYTHON_CLIENT_MEM_FRACTION "
         "from the environment, else JAX's 0.75); every 'fits' is judged against it",
+    )
+    p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile afresh: neither read nor write the cache of compiled analyses "
+        "(~/.cache/remat_kit, or REMAT_KIT_CACHE_DIR)",
     )
     add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
     for flag, help_text in (
@@ -214,6 +249,28 @@ def fraction(text: str) -> float:
     if not 0.0 <= value < 1.0:
         raise argparse.ArgumentTypeError(f"{value} must be in [0, 1)")
     return value
+
+
+def add_jobs_arg(p: argparse.ArgumentParser) -> None:
+    """Adds ``--jobs N``: independent compiles in up to N worker processes.
+
+    Args:
+      p: an argparse parser (or subparser).
+
+    Example:
+      >>> p = Parser(); add_jobs_arg(p)
+      >>> p.parse_args(["--jobs", "2"]).jobs
+      2
+    """
+    from remat_kit._workers import default_jobs
+
+    p.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=default_jobs(),
+        help="compile independent programs in up to N worker processes (default: "
+        f"{default_jobs()}, min(2, cores); 1: all in this process)",
+    )
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:
@@ -398,7 +455,9 @@ def policy_arg(spec: str, flag: str) -> Policy:
             pol = parse_policy(spec)
         except (ValueError, TypeError) as err:
             raise BadValue(f"{flag} {spec!r}: {err}") from None
-    bad = [t for t in _tag_names(pol) if t not in VOCABULARY]
+    # Paths and globs name the tags remat_kit.tagging gives models we did not write: they
+    # are checked against the traced program instead.
+    bad = [t for t in _tag_names(pol) if t not in VOCABULARY and not any(c in t for c in "/*?[")]
     if bad:
         close = {t: difflib.get_close_matches(t, VOCABULARY, n=1) for t in bad}
         detail = ", ".join(
@@ -477,6 +536,38 @@ def budget_arg(text: str, device_bytes: int | None) -> int:
         raise BadValue(f"--budget: {err}") from None
 
 
+def host_budget_arg(text: str) -> int:
+    """Reads ``--host-budget``: pinned host memory a plan may offload to (``64GiB``; ``0``: none).
+
+    Args:
+      text: the value: bytes with a unit, or ``0``.
+
+    Returns:
+      The host budget in bytes.
+
+    Raises:
+      BadValue: unreadable, negative, or a fraction (the host has no device size to scale).
+
+    Example:
+      >>> host_budget_arg("64GiB"), host_budget_arg("0")
+      (68719476736, 0)
+    """
+    from remat_kit.search import parse_budget
+
+    if text.strip() in ("0", "0B", "0b"):
+        return 0
+    if text.strip().startswith("-"):
+        raise BadValue(f"--host-budget {text!r} must be >= 0: give e.g. 64GiB, or 0 for no offload")
+    try:
+        return parse_budget(text, None)
+    except ValueError as err:
+        if "fraction of the device" in str(err) or "bare number" in str(err):
+            raise BadValue(
+                f"--host-budget {text!r}: give bytes with a unit (e.g. 64GiB), or 0 for no offload"
+            ) from None
+        raise BadValue(f"--host-budget: {err}") from None
+
+
 def validate_model_args(args: argparse.Namespace) -> tuple[Any, Target, Any]:
     """Checks what :func:`add_model_args` read, and the output paths, without compiling.
 
@@ -500,13 +591,73 @@ def validate_model_args(args: argparse.Namespace) -> tuple[Any, Target, Any]:
       >>> cfg.n_layers
       4
     """
-    from models.measure import model_config, options_from_args
+    from models import OVERRIDES
+    from models.measure import is_factory, model_config, model_source, options_from_args
 
     check_outputs(args)
     opts = options_from_args(args)
     tgt = target_from_args(args)
-    cfg = model_config(opts, "full", tgt)
+    if opts.block and not is_factory(opts):
+        raise BadValue(f"--block {opts.block}: it patches a factory's model (--model file.py:NAME)")
+    if is_factory(opts):
+        opts.train_config()
+        return opts, tgt, _FactoryModel(model_source(opts))
+    try:
+        cfg = model_config(opts, "full", tgt)
+    except ValueError as err:
+        # The model's own check names its field (vocab_size=1): name the flag that set it.
+        flags = [
+            f"--{key.replace('_', '-')} {value}"
+            for key, value in opts.overrides
+            if f"{OVERRIDES.get(key, key)}=" in str(err)
+        ]
+        if not flags:
+            raise
+        raise BadValue(f"{', '.join(flags)}: {err}") from None
     opts.train_config()  # the optimizer's name, batch against --accum
     if opts.shard:
         parse_shard(opts.shard, tgt.devices).check_devices(tgt.devices)
     return opts, tgt, cfg
+
+
+class _FactoryModel:
+    """What the commands read of a model config, for a factory's model (rk.sources)."""
+
+    attention = "model's own"
+
+    def __init__(self, source: Any) -> None:
+        self.source = source
+        self.name = source.spec
+
+    @property
+    def n_layers(self) -> int:
+        # Counted on first use (a patched block's constructions, or the module's attribute).
+        return self.source.n_layers() or 1
+
+
+def attention_note(opts: Any, tgt: Target, cfg: Any) -> str | None:
+    """Why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, or None.
+
+    Args:
+      opts: the run's ``models.measure.Options``.
+      tgt: the target.
+      cfg: the resolved ``ModelConfig``.
+
+    Returns:
+      One line for the user, or None when nothing needs saying.
+
+    Example:
+      >>> attention_note(opts, rk.target("h100"), cfg)  # doctest: +SKIP
+      'attention=auto measured xla: cuDNN flash attention ... even sequence length ...'
+    """
+    from models.measure import cudnn_problem
+    from remat_kit.targets import cudnn_attention_available
+
+    if opts.attention != "auto" or cfg.attention != "xla":
+        return None
+    if not cudnn_attention_available(tgt):
+        return None
+    problem = cudnn_problem(cfg, opts.seq, tgt)
+    if problem is None:
+        return None
+    return f"attention=auto measured xla: cuDNN flash attention {problem}"

@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import time
 import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from remat_kit.cli._args import add_model_args, add_search_args, flag_items, validate_model_args
+from remat_kit import _workers
+from remat_kit.cli._args import (
+    add_jobs_arg,
+    add_model_args,
+    add_search_args,
+    flag_items,
+    validate_model_args,
+)
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import advise_table
@@ -41,6 +49,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="where one GPU cannot fit, find how many GPUs of that kind fit with fsdp + full",
     )
     add_search_args(p)
+    add_jobs_arg(p)
     return p
 
 
@@ -60,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["advise", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import model_config, workload
+    from models.measure import is_factory, model_config
 
     # Every value, the output path included, is checked before the first trace or compile.
     opts, _, _ = validate_model_args(args)
@@ -72,20 +81,20 @@ def run(args: argparse.Namespace) -> int:
                 t = target(name, devices=args.gpus, hosts=args.hosts)
             except ValueError as err:
                 raise BadValue(f"--targets {name!r}: {err}") from None
-            model_config(opts, "full", t)  # the attention kernel and sizes for that GPU
+            if not is_factory(opts):  # a factory's model picks its own kernels
+                model_config(opts, "full", t)  # the attention kernel and sizes for that GPU
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = advise(
-            lambda t: workload(
-                opts,
-                target(t.name, devices=args.gpus, hosts=args.hosts, mem_fraction=args.mem_fraction),
-            ),
+            # A partial of a module-level function: it pickles, so --jobs can use workers.
+            functools.partial(_target_workload, opts, args.gpus, args.hosts, args.mem_fraction),
             opts.batch,
             targets=names,
             headroom=args.headroom,
             offload=not args.no_offload,
             hide=args.hide,
+            jobs=args.jobs,
         )
     seconds = time.perf_counter() - start
     out = console()
@@ -114,31 +123,41 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _scale_out(args: argparse.Namespace, opts: Any, rows: Sequence[Advice]) -> dict[str, ScaleOut]:
-    """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full."""
+def _target_workload(opts: Any, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
+    """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``."""
     from models.measure import workload
 
-    def workload_for(name: str) -> Any:
-        def build(n: int) -> Any:
-            # 8 GPUs per host, as in the DGX/HGX machines these cards come in.
-            hosts = max(1, n // 8)
-            shard = f"fsdp:{n}" if n > 1 else None
-            return workload(
-                dataclasses.replace(opts, shard=shard),
-                target(name, devices=n, hosts=hosts, mem_fraction=args.mem_fraction),
-            )
+    return workload(opts, target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction))
 
-        return build
 
-    out = {}
+def _sharded_workload(opts: Any, name: str, mem_fraction: Any, n: int) -> Any:
+    """The step on ``n`` GPUs ``name`` with fsdp over all of them, 8 GPUs per host (as in the
+    DGX/HGX machines these cards come in)."""
+    from models.measure import workload
+
+    hosts = max(1, n // 8)
+    shard = f"fsdp:{n}" if n > 1 else None
+    return workload(
+        dataclasses.replace(opts, shard=shard),
+        target(name, devices=n, hosts=hosts, mem_fraction=mem_fraction),
+    )
+
+
+def _gpus_needed(opts: Any, mem_fraction: Any, headroom: float, name: str) -> ScaleOut:
+    """The fewest GPUs ``name`` that fit with fsdp + full (module-level, for a worker)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for a in rows:
-            if not a.fits:
-                out[a.target] = gpus_needed(
-                    workload_for(a.target),
-                    opts.batch,
-                    counts=(2, 4, 8, 16, 32, 64),
-                    headroom=args.headroom,
-                )
-    return out
+        return gpus_needed(
+            functools.partial(_sharded_workload, opts, name, mem_fraction),
+            opts.batch,
+            counts=(2, 4, 8, 16, 32, 64),
+            headroom=headroom,
+        )
+
+
+def _scale_out(args: argparse.Namespace, opts: Any, rows: Sequence[Advice]) -> dict[str, ScaleOut]:
+    """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full; the
+    targets side by side in ``--jobs`` worker processes once one needs a compile."""
+    names = [a.target for a in rows if not a.fits]
+    one = functools.partial(_gpus_needed, opts, args.mem_fraction, args.headroom)
+    return dict(zip(names, _workers.run(one, names, args.jobs), strict=True))

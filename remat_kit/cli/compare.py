@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import warnings
 from pathlib import Path
 from typing import Any
 
-from remat_kit.cli._args import add_model_args, comma_list, target_from_args
-from remat_kit.policies import parse_policy
+from remat_kit import _workers
+from remat_kit.cli._args import (
+    add_jobs_arg,
+    add_model_args,
+    attention_note,
+    flag_items,
+    policy_arg,
+    schedule_arg,
+    validate_model_args,
+)
+from remat_kit.errors import BadValue
 from remat_kit.render import console, write_csv, write_json
 from remat_kit.render.tables import compare_rows, compare_table
-from remat_kit.schedules import label, parse_schedule
 from remat_kit.search import FRONT_POLICIES
 
 __all__ = ["add_parser", "run"]
@@ -42,6 +51,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-free list separated by ';' or spaces, e.g. 'none;every:2;sqrt'",
     )
     p.add_argument("--csv", type=Path, default=None, help="write the rows as CSV")
+    add_jobs_arg(p)
     return p
 
 
@@ -64,35 +74,50 @@ def run(args: argparse.Namespace) -> int:
     """
     from rich.progress import Progress
 
-    from models.measure import baseline_flops, measure, options_from_args
+    from models.measure import baseline_flops, usable_policies
 
-    opts = options_from_args(args)
-    target = target_from_args(args)
-    specs = comma_list(args.policies)
-    if not specs:
-        raise ValueError("--policies is empty; give names such as none,full,minimal")
-    policies = [parse_policy(s) for s in specs]  # fail on a bad name before compiling
-    schedules = [parse_schedule(s) for s in args.schedules.replace(";", " ").split()]
+    # Every value, output paths included, is checked before the first trace or compile.
+    opts, target, cfg = validate_model_args(args)
+    specs = flag_items(args.policies, "--policies", example="none,full,minimal")
+    policies = [policy_arg(s, "--policies") for s in specs]
+    # Catalogue policies by default; one whose tags the model lacks is skipped, one the user
+    # named is an error (before any compile).
+    policies, skipped = usable_policies(
+        opts, target, policies, given=args.policies != ",".join(FRONT_POLICIES)
+    )
+    sched_specs = args.schedules.replace(";", " ").split()
+    schedules = [schedule_arg(s, "--schedules", cfg.n_layers) for s in sched_specs]
     if not schedules:
-        raise ValueError("--schedules is empty; give e.g. 'none;every:2;sqrt'")
+        raise BadValue("--schedules is empty; give e.g. 'none;every:2;sqrt'")
     cases = [(p, s) for s in schedules for p in policies]
     start = time.perf_counter()
     baseline = baseline_flops(opts, target)
-    reports = []
+    # The programs are independent: with --jobs N they compile side by side in N processes
+    # (not for a local target: workers compile for jax's CPU platform).
+    jobs = 1 if target.kind == "local" else args.jobs
     with Progress(transient=True) as progress:
-        task = progress.add_task(f"compiling for {target.name}", total=len(cases))
-        for p, sch in cases:
-            progress.update(
-                task, description=f"compiling {label(p.spec, sch.spec)} for {target.name}"
+        task = progress.add_task(
+            f"compiling {len(cases)} programs for {target.name}"
+            + (f" in {min(jobs, len(cases))} processes" if jobs > 1 else ""),
+            total=len(cases),
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # printed once, after the table
+            reports = _workers.run(
+                functools.partial(_measure_case, opts, target, baseline),
+                [(p.spec, sch.spec) for p, sch in cases],
+                jobs,
+                on_done=lambda i, r: progress.advance(task),
             )
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # printed once, after the table
-                reports.append(measure(opts, p, target, schedule=sch, baseline=baseline))
-            progress.advance(task)
     seconds = time.perf_counter() - start
     rows = compare_rows(reports)
     out = console()
     out.print(compare_table(rows, target, opts, seconds))
+    if skipped:
+        out.print(f"not compared (the model tags none of their tensors): {', '.join(skipped)}")
+    chosen = attention_note(opts, target, cfg)
+    if chosen:
+        out.print(f"[yellow]note:[/yellow] {chosen}")
     for r in reports:
         # Not fitting and XLA's own remat are in the table's fits column already.
         for note in r.warnings:
@@ -103,3 +128,18 @@ def run(args: argparse.Namespace) -> int:
     if args.csv:
         write_csv(args.csv, rows, flag="--csv")
     return 0
+
+
+def _measure_case(opts: Any, target: Any, baseline: float, case: tuple[str, str]) -> Any:
+    """One row of the comparison: the report of ``(policy spec, schedule spec)``; a module-level
+    function, so a worker process can run it."""
+    from models.measure import measure
+    from remat_kit.policies import parse_policy
+    from remat_kit.schedules import parse_schedule
+
+    policy, schedule = case
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return measure(
+            opts, parse_policy(policy), target, schedule=parse_schedule(schedule), baseline=baseline
+        )

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 import warnings
 from typing import Any
 
-from remat_kit.cli._args import add_model_args, add_search_args, comma_list, target_from_args
-from remat_kit.policies import parse_policy
+from remat_kit.cli._args import (
+    add_model_args,
+    add_search_args,
+    flag_items,
+    policy_arg,
+    schedule_arg,
+    validate_model_args,
+)
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import fit_table
-from remat_kit.schedules import label, parse_schedule
+from remat_kit.schedules import label
 from remat_kit.search import max_batch, max_batch_plan
 
 __all__ = ["add_parser", "run"]
@@ -49,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
       args: parsed arguments of the ``fit`` parser.
 
     Returns:
-      The exit code (0).
+      The exit code: 0, or 1 when no policy fits even the smallest batch.
 
     Raises:
       ValueError: empty ``--policies`` or an unknown name in them (before any compile), or a
@@ -59,16 +66,19 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["fit", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import options_from_args, workload
+    from models.measure import check_policies, workload
 
-    opts = options_from_args(args)
-    target = target_from_args(args)
-    specs = [args.policy] if args.policy else comma_list(args.policies)
-    if not specs:
-        raise ValueError("--policies is empty; give names such as none,full,minimal,plan")
+    # Every value, the output path included, is checked before the first trace or compile.
+    opts, target, cfg = validate_model_args(args)
+    if args.policy:
+        flag, specs = "--policy", [args.policy]
+    else:
+        flag = "--policies"
+        specs = flag_items(args.policies, flag, example="none,full,minimal,plan")
     # Keyed by spec, so a policy named twice is searched once; None stands for the planner.
-    policies = {s: None if s == "plan" else parse_policy(s) for s in specs}  # fail early
-    schedule = parse_schedule(args.schedule)
+    policies = {s: None if s == "plan" else policy_arg(s, flag) for s in specs}
+    schedule = schedule_arg(args.schedule, "--schedule", cfg.n_layers)
+    check_policies(opts, target, [p for p in policies.values() if p is not None])
     w = workload(opts, target)
     start = time.perf_counter()
     rows = []
@@ -100,4 +110,10 @@ def run(args: argparse.Namespace) -> int:
         write_json(
             args.json, {"seconds": seconds, "compiles": w.compiles, "rows": rows}, flag="--json"
         )
+    if not any(row["fits"] for row in rows):
+        # Exit code 1: the search ran and found nothing that fits (README, "Exit codes").
+        sys.stderr.write(
+            f"remat-kit: nothing fits: no policy fits even the smallest batch on {target.name}\n"
+        )
+        return 1
     return 0

@@ -13,7 +13,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from remat_kit.cli._args import add_model_args
+from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg, validate_model_args
 from remat_kit.errors import BadValue
 from remat_kit.peak import PeakReport, diff, inspect_step
 from remat_kit.policies import as_policy
@@ -22,7 +22,6 @@ from remat_kit.render.format import console
 from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render.timeline import plot_timeline
 from remat_kit.targets import Target, target
-from remat_kit.train import build_train_step
 
 __all__ = [
     "add_parser",
@@ -79,8 +78,21 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["inspect", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    tgt = target(args.target, devices=getattr(args, "gpus", 1) or 1)
+    # Every value, output paths included, is checked before the first trace or compile.
+    if getattr(args, "shard", None):
+        raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
+    opts, tgt0, cfg = validate_model_args(args)
     policies = list(args.diff) if getattr(args, "diff", None) else [args.policy]
+    flag = "--diff" if getattr(args, "diff", None) else "--policy"
+    for spec in policies:
+        pol = policy_arg(spec, flag)
+        schedule_arg(getattr(args, "schedule", "none"), "--schedule", cfg.n_layers, pol)
+    from models.measure import check_policies
+
+    check_policies(opts, tgt0, policies)  # a name-based policy must match a tag
+    if getattr(args, "top", 10) < 1:
+        raise BadValue(f"--top {args.top} must be positive: the number of buffers shown")
+    tgt = target(args.target, devices=getattr(args, "gpus", 1) or 1)
     reports = [_inspect_preset(args, tgt, p) for p in policies]
     out = console()
     for r in reports:
@@ -107,21 +119,32 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _inspect_preset(args: argparse.Namespace, tgt: Target, policy: str) -> PeakReport:
-    import models
-    from models.measure import model_config, options_from_args
+    from models.measure import (
+        factory_step,
+        is_factory,
+        model_config,
+        options_from_args,
+        train_step,
+    )
 
     if getattr(args, "shard", None):
         raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
     opts = options_from_args(args)
     pol = as_policy(policy)
-    cfg = model_config(opts, pol, tgt, getattr(args, "schedule", "none"))
-    step = build_train_step(models.build(cfg), opts.train_config())
+    schedule = getattr(args, "schedule", "none")
+    if is_factory(opts):
+        step = factory_step(opts, pol, schedule)
+        attention = "model's own"
+    else:
+        cfg = model_config(opts, pol, tgt, schedule)
+        step = train_step(opts, cfg, tgt, sharded=False)  # as report runs it (dropout)
+        attention = cfg.attention
     meta = {
         "model": opts.model,
         "policy": pol.spec,
         "batch": opts.batch,
         "seq": opts.seq,
-        "attention": cfg.attention,
+        "attention": attention,
         "optimizer": opts.optimizer,
     }
     return inspect_step(step, tgt, meta=meta)

@@ -6,11 +6,15 @@ import argparse
 import warnings
 from typing import Any
 
-from remat_kit.cli._args import add_model_args, target_from_args
-from remat_kit.policies import parse_policy
+from remat_kit.cli._args import (
+    add_model_args,
+    attention_note,
+    policy_arg,
+    schedule_arg,
+    validate_model_args,
+)
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import report_table, residual_table
-from remat_kit.schedules import parse_schedule
 
 __all__ = ["add_parser", "run"]
 
@@ -34,6 +38,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--schedule", default="none", help="none | every:K | sqrt | nested:M | layers:0-7=full,..."
     )
     p.add_argument("--no-residuals", action="store_true", help="skip the residual table")
+    p.add_argument(
+        "--measured-breakdown",
+        action="store_true",
+        help="read weights, gradients, optimizer state, saved activations and temporaries at "
+        "the peak from XLA's buffer assignment (a second compile; unsharded) instead of the "
+        "estimate from shapes",
+    )
     return p
 
 
@@ -53,16 +64,24 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["report", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import baseline_flops, measure, options_from_args, residuals
+    from models.measure import baseline_flops, check_policies, measure, residuals
 
-    opts = options_from_args(args)
-    target = target_from_args(args)
-    policy = parse_policy(args.policy)
-    schedule = parse_schedule(args.schedule)
+    # Every value, output path included, is checked before the first trace or compile.
+    opts, target, cfg = validate_model_args(args)
+    policy = policy_arg(args.policy, "--policy")
+    schedule = schedule_arg(args.schedule, "--schedule", cfg.n_layers, policy)
+    check_policies(opts, target, [policy])  # a name-based policy must match a tag
     baseline = baseline_flops(opts, target)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report's own warnings are printed below
-        report = measure(opts, policy, target, schedule=schedule, baseline=baseline)
+        report = measure(
+            opts,
+            policy,
+            target,
+            schedule=schedule,
+            baseline=baseline,
+            measured_breakdown=args.measured_breakdown,
+        )
     res = None if args.no_residuals else residuals(opts, policy, target, schedule)
     out = console()
     out.print(report_table(report, target))
@@ -70,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         out.print(residual_table(res, report))
     for note in report.warnings:
         out.print(f"[yellow]warning:[/yellow] {note}")
+    chosen = attention_note(opts, target, cfg)
+    if chosen:
+        out.print(f"[yellow]note:[/yellow] {chosen}")
     if args.json:
         data = report.to_dict()
         if res is not None:

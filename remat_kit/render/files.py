@@ -74,6 +74,17 @@ def check_output(
         raise BadValue(f"{flag} {str(p)!r}: {str(parent)!r} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise BadValue(f"{flag} {str(p)!r}: directory {str(parent)!r} is not writable")
+    # os.access answers yes to root everywhere, also where no file can be made (/proc, /sys, a
+    # read-only mount): create and remove the kind of temporary file the write will use.
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
+    except OSError as err:
+        raise BadValue(
+            f"{flag} {str(p)!r}: cannot create a file in {str(parent)!r} "
+            f"({err.strerror or err})"
+        ) from None
+    os.close(fd)
+    os.unlink(probe)
     return p
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "precision_words",
     "report_table",
     "residual_table",
+    "validation_table",
 ]
 
 _MIB = 2**20
@@ -144,7 +145,8 @@ def compare_table(
             label(row["policy"], row["schedule"]),
             gib(row["peak_bytes"]),
             gib(row["activation_bytes"]),
-            gib(row["host_bytes"]),
+            # XLA's CPU backend has no host memory space: its 0 would read "nothing moved".
+            "n/a" if target.kind == "cpu" else gib(row["host_bytes"]),
             pct(row["saved_vs_none"]),
             pct(row["recompute_overhead"]),
         ]
@@ -186,13 +188,19 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         ("  output", r.output_bytes),
         ("  temp", r.temp_bytes),
         ("  alias", r.alias_bytes),
-        ("host (offloaded, pinned host memory)", r.host_bytes),
+        (
+            # XLA's CPU backend has no host memory space: its 0 would read "nothing moved".
+            ("host (offloaded): not measured on cpu", "n/a")
+            if target.kind == "cpu"
+            else ("host (offloaded, pinned host memory)", r.host_bytes)
+        ),
         ("XLA's own peak", r.xla_peak_bytes),
         ("target memory", target.memory_bytes),
         (f"  usable by a JAX process ({_runtime_words(target)})", r.usable_bytes),
     ]
     for what, value in lines:
-        table.add_row(what, "" if value is None else gib(value))
+        cell = value if isinstance(value, str) else "" if value is None else gib(value)
+        table.add_row(what, cell)
     fits = {True: "yes", False: "NO", None: "-"}[r.fits]
     if r.fits_with_fraction is not None:
         fits += f" (fits with XLA_PYTHON_CLIENT_MEM_FRACTION={r.fits_with_fraction:g})"
@@ -239,11 +247,19 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
         kept = row["bytes"] if row else 0
         per_layer = kept / max(layers, 1) if row else 0
         table.add_row(tag, decision, fmt(per_layer, _MIB), fmt(kept, _MIB))
-    untagged = sum(v["bytes"] for k, v in by_name.items() if k not in res.tags)
+    # The part must be of the same kind as the whole: untagged residuals kept on device (an
+    # offloaded untagged value is in the offloaded figure, not in what the device keeps).
+    untagged = sum(x.nbytes for x in res.residuals if not x.tagged and x.kind == "saved")
+    offloaded = res.bytes_by("offloaded")
     table.caption = (
         f"residuals kept on device {res.bytes_by('saved') / GIB:.2f} GiB "
-        f"(untagged values and weights included: {untagged / GIB:.2f} GiB), "
-        f"offloaded {res.bytes_by('offloaded') / GIB:.2f} GiB"
+        f"(of which untagged values and weights: {untagged / GIB:.2f} GiB), "
+        f"offloaded {offloaded / GIB:.2f} GiB"
+        + (
+            " (from the trace: a cpu compile does not measure host memory)"
+            if offloaded and r.target == "cpu"
+            else ""
+        )
     )
     return table
 
@@ -329,20 +345,24 @@ def plan_table(
             p.report.meta.get("dropout") if p.report is not None else None,
         )
     )
+    from remat_kit.search.front import plan_label
+
+    if p.host_budget_bytes is not None:
+        title += f", host budget {gib(p.host_budget_bytes)} GiB"
     caption = (
         f"plan found in {plan_seconds:.1f} s ({p.compiles} compiles); {compiles} compiles in "
-        f"{seconds:.1f} s in all. overhead = recompute FLOPs + host transfer not hidden "
-        "(estimate); * = on the Pareto front"
+        f"{seconds:.1f} s in all. {_solver_words(p)}. overhead = recompute FLOPs + host "
+        "transfer not hidden (estimate); * = on the Pareto front"
     )
     table = Table(title=title, caption=caption)
     for col in ("what", "peak GiB", "recompute", "overhead", "host GiB", "fits budget", "front"):
         table.add_column(col, justify="left" if col == "what" else "right")
-    main = f"plan {p.budget_bytes / GIB:.2f} GiB"
+    main = plan_label(p)
     for pt in sorted(points, key=lambda q: (q.label != main, q.kind, q.peak_bytes)):
         if pt.label == main:
             what = f"PLAN: {p.label}"
-        elif pt.kind == "plan":
-            what = f"{pt.label} (plan at that budget)"
+        elif pt.kind == "plan" and pt.policy is not None:
+            what = f"{pt.label}: {label(pt.policy, pt.schedule)}"
         else:
             what = pt.label
         table.add_row(
@@ -357,6 +377,24 @@ def plan_table(
     return table
 
 
+def _solver_words(p: Plan) -> str:
+    """How sure the planner is, in words: the solver's status and gap."""
+    st = p.solver
+    if st is None:
+        return "no program solved (no remat needed)"
+    if st.optimal:
+        proof = "optimal on its cost model"
+    elif st.gap is not None:
+        proof = f"{st.status}, within {100 * st.gap:.2f}% of optimal on its cost model"
+    else:
+        proof = st.status
+    where = {"catalogue": "; a catalogue policy was at least as good", "schedule": ""}
+    return (
+        f"solver ({st.solver}, {st.programs} programs, {st.seconds:.2f} s): {proof}"
+        + where.get(p.source, "")
+    )
+
+
 def decision_table(p: Plan) -> Table:
     """The plan, per tag: saved, offloaded or recomputed (and per layer range when it varies).
 
@@ -369,7 +407,7 @@ def decision_table(p: Plan) -> Table:
     Example:
       >>> console().print(decision_table(p))  # doctest: +SKIP
     """
-    table = Table(title="the plan, per tag")
+    table = Table(title=f"the plan, per tag: what {short(p.policy.spec, 40)} does")
     table.add_column("tag")
     table.add_column("decision")
     if p.layers:
@@ -507,7 +545,12 @@ def _training_line(precision: Mapping[str, str] | None, dropout: float | None) -
 def _opts_precision(opts: Any) -> Mapping[str, str] | None:
     # models.measure.Options resolves its regime; other option objects may not have one.
     regime = getattr(opts, "precision_regime", None)
-    return regime().to_dict() if callable(regime) else None
+    if not callable(regime):
+        return None
+    record = regime().to_dict()
+    if not getattr(opts, "lora", 0):
+        record["frozen"] = "-"  # nothing is frozen in full training
+    return record
 
 
 def _breakdown_lines(
@@ -536,3 +579,42 @@ def _breakdown_lines(
         ("  batch", parts.get("batch")),
         ("  activations and temporaries", parts.get("activations")),
     ]
+
+
+def validation_table(rows: Sequence[Mapping[str, Any]]) -> Table:
+    """Predicted against measured peaks on a real GPU, one row per check.
+
+    Args:
+      rows: ``Validation.to_dict()`` of each check (``remat_kit.validate``).
+
+    Returns:
+      The table.
+
+    Example:
+      >>> console().print(validation_table([v.to_dict()]))  # doctest: +SKIP
+    """
+    first = rows[0] if rows else {}
+    table = Table(
+        title=f"predicted vs measured peak on {first.get('device_kind', '-')}"
+        + _training_line((first.get("meta") or {}).get("precision"), None),
+        caption="measured = allocator peak_bytes_in_use after the steps - bytes_in_use before "
+        "the arguments; error = predicted / measured - 1",
+    )
+    columns = ("model", "policy", "b x s", "compiled for", "predicted GiB", "measured GiB")
+    for col in (*columns, "error", "limit GiB", "ran"):
+        table.add_column(col, justify="left" if col in ("model", "policy") else "right")
+    for row in rows:
+        m = row.get("meta") or {}
+        ran = "OOM" if row.get("oom") else ("ok" if row.get("measured_peak_bytes") else "?")
+        table.add_row(
+            str(m.get("model", "-")),
+            str(m.get("policy", "-")),
+            f"{m.get('batch', '-')} x {m.get('seq', '-')}",
+            str(row.get("target")),
+            gib(row.get("predicted_peak_bytes")),
+            gib(row.get("measured_peak_bytes")),
+            pct(row.get("error")),
+            gib(row.get("bytes_limit")),
+            ran,
+        )
+    return table

@@ -12,7 +12,8 @@ The four questions, one module each:
 - :func:`max_batch` (``batch``): the largest batch whose compiled peak fits the device minus a
   headroom (exponential search from ``start``, then bisection; every probe is a compiled report).
 - :func:`plan` (``planner``): the plan with the lowest estimated step-time overhead whose
-  *compiled* peak fits a budget (the algorithm is in its docstring).
+  *compiled* peak fits a budget: solved exactly on a traced cost model (a mixed-integer program,
+  ``scipy.optimize.milp``), then verified by compiling (the algorithm is in its docstring).
 - :func:`front` / :func:`pareto_front` (``front``): memory against overhead over catalogue
   policies, layer schedules and plans, with the dominated points marked.
 - :func:`advise` (``advise``): for every GPU target, does the step fit, with which plan, at what
@@ -39,7 +40,7 @@ from remat_kit.search.front import (
     front,
     pareto_front,
 )
-from remat_kit.search.planner import Plan, PlanCandidate, plan
+from remat_kit.search.planner import Plan, PlanCandidate, SolverStatus, plan
 from remat_kit.search.workload import DEFAULT_HIDE, Workload
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "Plan",
     "PlanCandidate",
     "ScaleOut",
+    "SolverStatus",
     "Workload",
     "advise",
     "check_budget",

@@ -12,16 +12,19 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import pickle
 import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from remat_kit import _workers
 from remat_kit.errors import DoesNotFit
 from remat_kit.policies import as_policy
 from remat_kit.search.batch import max_batch
 from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, limit_for
 from remat_kit.search.planner import plan
-from remat_kit.search.workload import DEFAULT_HIDE, FULL, NO_SCHEDULE, Workload
+from remat_kit.search.workload import DEFAULT_HIDE, FULL, NO_REMAT, NO_SCHEDULE, Workload
 from remat_kit.targets import Target, target_names
 from remat_kit.targets import target as _target
 
@@ -73,6 +76,7 @@ def advise(
     headroom: float = DEFAULT_HEADROOM,
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
+    jobs: int = 1,
 ) -> tuple[Advice, ...]:
     """For every GPU target: does the step fit, with which plan, overhead and max batch.
 
@@ -82,6 +86,10 @@ def advise(
       targets: target names (default every GPU in ``rk.target_names()``).
       headroom: fraction of device memory left free.
       offload, hide: as for :func:`plan`.
+      jobs: targets planned side by side in up to this many worker processes, once one needs
+        a compile the on-disk cache does not have (see ``remat_kit._workers``); with more than
+        1, ``workload_for`` must pickle (a module-level function or a ``functools.partial``
+        of one).
 
     Returns:
       One Advice per target, in the order given (default: by name). A target whose memory
@@ -89,9 +97,10 @@ def advise(
 
     Raises:
       ValueError: an unknown target name.
+      TypeError: ``jobs > 1`` with a ``workload_for`` that does not pickle (a lambda).
 
     Example:
-      >>> rows = rk.advise(lambda t: workload(opts, t), batch=4)          # doctest: +SKIP
+      >>> rows = rk.advise(functools.partial(workload, opts), batch=4, jobs=2)  # doctest: +SKIP
       >>> [(a.target, a.fits, a.plan) for a in rows]
     """
     names = (
@@ -100,47 +109,95 @@ def advise(
         else list(targets)
     )
     resolved = [_target(n) for n in names]  # unknown names fail before any compile
-    out = []
-    for t in resolved:
-        t0 = time.perf_counter()
-        w = workload_for(t)
-        fixed = w.fixed_bytes(batch)
+    if jobs > 1 and len(resolved) > 1:
         try:
-            p = plan(w, batch, None, headroom=headroom, offload=offload, hide=hide)
-        except DoesNotFit as err:
-            out.append(
-                Advice(
-                    target=t.name,
-                    memory_bytes=t.memory_bytes,
-                    fits=False,
-                    plan=None,
-                    peak_bytes=None,
-                    recompute_overhead=None,
-                    overhead=None,
-                    max_batch=0,
-                    fixed_bytes=fixed,
-                    message=str(err),
-                    seconds=time.perf_counter() - t0,
-                )
-            )
-            continue
-        fit = max_batch(w, FULL, headroom=headroom, start=batch if p.fits else None)
-        out.append(
-            Advice(
-                target=t.name,
-                memory_bytes=t.memory_bytes,
-                fits=p.fits,
-                plan=p.label,
-                peak_bytes=p.peak_bytes,
-                recompute_overhead=p.recompute_overhead,
-                overhead=p.overhead,
-                max_batch=fit.max_batch,
-                fixed_bytes=fixed,
-                message=p.message,
-                seconds=time.perf_counter() - t0,
-            )
+            pickle.dumps(workload_for)
+        except (pickle.PicklingError, AttributeError, TypeError) as err:
+            raise TypeError(
+                f"advise(jobs={jobs}) plans targets in worker processes, so workload_for must "
+                f"pickle (a module-level function or functools.partial of one): {err}"
+            ) from None
+    traces: dict[Any, tuple[dict, dict]] = {}  # shared by the targets planned in this process
+    one = functools.partial(_advise_one, workload_for, batch, headroom, offload, hide, traces)
+    return tuple(_workers.run(one, resolved, jobs))
+
+
+def _advise_one(
+    workload_for: Callable[[Target], Workload],
+    batch: int,
+    headroom: float,
+    offload: bool,
+    hide: float,
+    traces: dict[Any, tuple[dict, dict]],
+    t: Target,
+) -> Advice:
+    """The Advice for one target (module-level, so a worker process can run it)."""
+    t0 = time.perf_counter()
+    w = workload_for(t)
+    _share_traces(w, batch, traces)
+    fixed = w.fixed_bytes(batch)
+    try:
+        p = plan(w, batch, None, headroom=headroom, offload=offload, hide=hide)
+    except DoesNotFit as err:
+        return Advice(
+            target=t.name,
+            memory_bytes=t.memory_bytes,
+            fits=False,
+            plan=None,
+            peak_bytes=None,
+            recompute_overhead=None,
+            overhead=None,
+            max_batch=0,
+            fixed_bytes=fixed,
+            message=str(err),
+            seconds=time.perf_counter() - t0,
         )
-    return tuple(out)
+    fit = max_batch(w, FULL, headroom=headroom, start=batch if p.fits else None)
+    return Advice(
+        target=t.name,
+        memory_bytes=t.memory_bytes,
+        fits=p.fits,
+        plan=p.label,
+        peak_bytes=p.peak_bytes,
+        recompute_overhead=p.recompute_overhead,
+        overhead=p.overhead,
+        max_batch=fit.max_batch,
+        fixed_bytes=fixed,
+        message=p.message,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def _share_traces(w: Workload, batch: int, traces: dict[Any, tuple[dict, dict]]) -> None:
+    """Lets ``w`` reuse the FLOP and residual traces of an earlier target's identical step.
+
+    Tracing does not depend on the target, only on the program traced: two targets whose
+    steps trace to the same residuals without remat (same tags, so the same attention kernel;
+    same per-device sizes) trace the same for every policy, so the planner's ~30 traces per
+    target are made once (one trace per target tells them apart). Compiles are never shared:
+    they depend on the target.
+    """
+    if w.residuals_fn is None:
+        return
+    try:
+        res = w._traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
+    except ValueError:
+        return
+    # The residuals without remat name every tag and size every per-device tensor: a step
+    # with another attention kernel or other per-device shapes traces differently here.
+    key = (
+        res.bytes_by("saved"),
+        tuple(sorted(res.tags.items())),
+        tuple(sorted(res.tag_bytes.items())),
+    )
+    if key in traces:
+        flops, residuals = traces[key]
+        for k, v in flops.items():
+            w._flops.setdefault(k, v)
+        for k, v in residuals.items():
+            w._residuals.setdefault(k, v)
+    # The same dicts, so what this target traces from here on is there for the next one.
+    traces[key] = (w._flops, w._residuals)
 
 
 @dataclasses.dataclass(frozen=True)

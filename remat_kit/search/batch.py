@@ -44,6 +44,11 @@ class BatchFit:
       seconds: wall time of the search.
       xla_remat: XLA's own rematerialization pass changed the program at ``max_batch``.
       message: one line for the user.
+      predicted_batch: the batch the straight line through the first two compiled peaks
+        predicted (None when it could not: a peak that does not grow with the batch).
+      method: how the boundary was found: ``line`` (the prediction held: two compiles to fit
+        the line, one or two to verify), ``bisection`` (it did not, or there was no line), or
+        ``cap``.
     """
 
     policy: str
@@ -58,6 +63,8 @@ class BatchFit:
     seconds: float
     xla_remat: bool = False
     message: str = ""
+    predicted_batch: int | None = None
+    method: str = ""
 
     @property
     def fits(self) -> bool:
@@ -80,10 +87,21 @@ def max_batch(
 ) -> BatchFit:
     """The largest batch whose compiled peak fits the device minus ``headroom``.
 
-    Exponential search (doubling from ``start``) until a batch does not fit, then bisection
-    between the last batch that fit and the first that did not; every probe is a compiled
-    report for the workload's target, cached in the workload. Peak memory is assumed to grow
-    with the batch (it does: activations scale with it, the rest is constant).
+    Peak memory is close to affine in the batch for a fixed policy and schedule (activations
+    grow with it, the rest is constant), so the search fits a line and verifies it:
+
+    1. two compiles give a line: ``start``, and where activations per sample, read from that
+       compile less the fixed parts (shapes, no compile), put the boundary (without a
+       ``breakdown_fn``: twice ``start``, or half when it does not fit);
+    2. the line predicts the largest batch ``b`` under the limit;
+    3. ``b`` and ``b + 1`` are compiled: when ``b`` fits and ``b + 1`` does not, that is the
+       answer (four compiles in all);
+    4. otherwise the known bounds are narrowed by alternating secant and bisection steps (each
+       step at least halves the bracket every second compile), after doubling from the largest
+       known fit when no batch is known not to fit.
+
+    Every probe is a compiled report for the workload's target, cached in the workload; the
+    answer always rests on two compiled peaks, ``b`` fitting and ``b + 1`` not (or ``cap``).
 
     Args:
       workload: the step to compile.
@@ -95,15 +113,15 @@ def max_batch(
       cap: stop searching above this batch.
 
     Returns:
-      A BatchFit; ``max_batch == 0`` when even the smallest batch does not fit.
+      A BatchFit; ``max_batch == 0`` when even the smallest batch does not fit. ``compiles``
+      counts the programs compiled for it, ``method`` says whether the line held.
 
     Raises:
       ValueError: a target without a memory size and no ``limit_bytes``; a bad headroom.
 
     Example:
       >>> fit = rk.max_batch(w, "full")                                    # doctest: +SKIP
-      >>> fit.max_batch, fit.peak_bytes <= fit.limit_bytes
-      (13, True)
+      >>> fit.max_batch, fit.peak_bytes <= fit.limit_bytes, fit.compiles, fit.method
     """
     t0 = time.perf_counter()
     before = workload.compiles
@@ -113,43 +131,33 @@ def max_batch(
     )
     step = max(1, int(workload.batch_multiple))
     units_cap = max(1, cap // step)
+    known: dict[int, int] = {}  # units -> compiled peak
 
     def peak(units: int) -> int:
-        return workload._compiled(pol, sch, units * step).peak_bytes
+        if units not in known:
+            known[units] = workload._compiled(pol, sch, units * step).peak_bytes
+        return known[units]
 
-    lo = max(1, (start or step) // step)
-    if peak(lo) > limit:
-        # Walk down by halving: the largest fitting batch is below start.
-        hi = lo
-        while lo > 1:
-            lo = max(1, lo // 2)
-            if peak(lo) <= limit:
-                break
-            hi = lo
-        else:
-            if peak(1) > limit:
-                return _no_fit(workload, pol, sch, step, limit, before, t0)
-        if peak(lo) > limit:
+    first = min(max(1, (start or step) // step), units_cap)
+    second = _second_probe(workload, peak(first), first, step, limit, units_cap)
+    peak(second)
+    if min(first, second) == 1 and peak(1) > limit:
+        return _no_fit(workload, pol, sch, step, limit, before, t0)
+    predicted = _line(known, first, second, limit, units_cap)
+    method = "bisection"
+    if predicted is not None:
+        b = max(1, min(predicted, units_cap))
+        if peak(b) <= limit and (b == units_cap or peak(b + 1) > limit):
+            method = "line" if b < units_cap else "cap"
+    lo, hi = _bracket(known, limit)
+    if method == "bisection":
+        lo, hi = _narrow(peak, known, limit, lo, hi, units_cap)
+        if lo == 0:
             return _no_fit(workload, pol, sch, step, limit, before, t0)
-    else:
-        hi = None
-        while hi is None:
-            nxt = min(lo * 2, units_cap)
-            if nxt == lo:
-                break
-            if peak(nxt) <= limit:
-                lo = nxt
-            else:
-                hi = nxt
-    if hi is not None:
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if peak(mid) <= limit:
-                lo = mid
-            else:
-                hi = mid
+        if hi is None:
+            method = "cap"
     best = workload._compiled(pol, sch, lo * step)
-    nxt_peak = peak(hi) if hi is not None else None
+    nxt_peak = known.get(hi) if hi is not None else None
     batch = lo * step
     overhead = workload._recompute(pol, sch, batch)
     msg = (
@@ -174,7 +182,91 @@ def max_batch(
         seconds=time.perf_counter() - t0,
         xla_remat=best.xla_remat,
         message=msg,
+        predicted_batch=None if predicted is None else predicted * step,
+        method=method,
     )
+
+
+def _second_probe(
+    workload: Workload, first_peak: int, first: int, step: int, limit: int, cap: int
+) -> int:
+    """Where to compile the second point of the line (in units of ``step``).
+
+    Near the boundary, when the shapes say what the step holds besides activations (the
+    workload's ``breakdown_fn``, no compile): activations per sample are then about
+    ``(peak - fixed) / batch``, and a second point near the boundary both makes the line
+    accurate there and is often one of the two batches that verify it. Otherwise twice (or,
+    when ``first`` does not fit, half) the first batch.
+    """
+    fits = first_peak <= limit
+    fallback = min(first * 2, cap) if fits else max(1, first // 2)
+    if workload.breakdown_fn is None:
+        return fallback
+    per_unit = (first_peak - workload.fixed_bytes(first * step)) / first
+    if per_unit <= 0:
+        return fallback  # small batches can hold less than the fixed parts (donated buffers)
+    guess = first + int((limit - first_peak) // per_unit)
+    if fits:
+        return min(cap, max(first + 1, guess))
+    return max(1, min(first - 1, guess))
+
+
+def _line(known: dict[int, int], a: int, b: int, limit: int, cap: int) -> int | None:
+    """The largest batch (in units) under ``limit`` on the line through ``a`` and ``b``."""
+    if a == b:
+        return None
+    slope = (known[b] - known[a]) / (b - a)
+    if slope <= 0:
+        return None  # not growing with the batch: no line to follow
+    return int(min(cap, max(1, a + (limit - known[a]) // slope)))
+
+
+def _bracket(known: dict[int, int], limit: int) -> tuple[int, int | None]:
+    """The largest batch known to fit (0: none) and the smallest known not to (None: none)."""
+    fits = [u for u, p in known.items() if p <= limit]
+    over = [u for u, p in known.items() if p > limit]
+    lo = max(fits, default=0)
+    hi = min((u for u in over if u > lo), default=None)
+    return lo, hi
+
+
+def _narrow(
+    peak: Any, known: dict[int, int], limit: int, lo: int, hi: int | None, cap: int
+) -> tuple[int, int | None]:
+    """Narrows ``(lo, hi)`` to neighbours: doubling while nothing is known not to fit, then
+    secant and bisection steps in turn (the secant step converges in one or two compiles on a
+    near-affine peak; the bisection step bounds the count when it is not)."""
+    if lo == 0:
+        # Only batches that do not fit are known: walk down to 1.
+        while hi is not None and hi > 1 and lo == 0:
+            mid = max(1, hi // 2)
+            if peak(mid) <= limit:
+                lo = mid
+            else:
+                hi = mid
+        if lo == 0:
+            return 0, hi
+    while hi is None:
+        nxt = min(lo * 2, cap)
+        if nxt == lo:
+            return lo, None
+        if peak(nxt) <= limit:
+            lo = nxt
+        else:
+            hi = nxt
+    secant = True
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if secant:
+            slope = (known[hi] - known[lo]) / (hi - lo)
+            if slope > 0:
+                mid = min(hi - 1, max(lo + 1, lo + int((limit - known[lo]) // slope)))
+        secant = not secant
+        if peak(mid) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
 
 
 def _no_fit(

@@ -198,6 +198,10 @@ def check_budget(workload: Workload, batch: int, budget: int) -> None:
     )
 
 
+#: A sharding hint past this many GPUs is no hint: the budget is a typo (1KiB for 1 GiB).
+MAX_GPUS_HINT = 1024
+
+
 def _what_would_fit(
     workload: Workload, parts: Mapping[str, int], fixed: int, budget: int
 ) -> list[str]:
@@ -208,22 +212,57 @@ def _what_would_fit(
             f"LoRA (--lora 16: frozen base weights carry no gradients or optimizer state, "
             f"about {weights / GIB:.1f} GiB plus adapters)"
         )
-    bigger = []
-    for name in target_names():
-        if name in ("cpu", "local"):
-            continue
-        mem = _target(name).memory_bytes or 0
-        if mem * (1 - DEFAULT_HEADROOM) > fixed * 1.15 and mem > (
-            workload.target.memory_bytes or 0
-        ):
-            bigger.append(f"{name} ({mem / GIB:.0f} GiB)")
-    if bigger:
-        hints.append(f"a GPU with more memory: {', '.join(bigger)}")
+    # The fixed parts and a little room for activations.
+    need = fixed * 1.15
+    here = _usable(workload.target)
+    if here is not None and need <= here:
+        # The device holds them; the budget asked for less than it gives.
+        hints.append(
+            f"a larger budget: {workload.target.name} can give {_size(here)}, and the parts "
+            f"above need {_size(fixed)} before activations (e.g. --budget "
+            f"{max(1, math.ceil(need / GIB))}GiB or more)"
+        )
+    else:
+        # Only GPUs whose *usable* memory beats this whole device are bigger in practice (an
+        # a100-80gb is 0.2% larger than an h100 on paper, and smaller after headroom).
+        bigger = []
+        for name in target_names():
+            if name in ("cpu", "local"):
+                continue
+            t = _target(name)
+            usable = _usable(t) or 0
+            if usable > need and usable > (workload.target.memory_bytes or 0):
+                bigger.append(f"{name} ({(t.memory_bytes or 0) / GIB:.0f} GiB)")
+        if bigger:
+            hints.append(f"a GPU with more memory: {', '.join(bigger)}")
     # Sharding weights, gradients and optimizer state (FSDP/ZeRO-3) divides them by the GPU
     # count; leave about a third of the budget for activations.
     n = max(2, math.ceil(fixed / (0.66 * budget)))
-    hints.append(
-        f"sharding weights, gradients and optimizer state over {n}+ GPUs (FSDP/ZeRO-3: about "
-        f"{fixed / n / GIB:.1f} GiB each, an estimate)"
-    )
+    if n <= MAX_GPUS_HINT:
+        hints.append(
+            f"sharding weights, gradients and optimizer state over {n}+ GPUs (FSDP/ZeRO-3: "
+            f"about {fixed / n / GIB:.1f} GiB each, an estimate)"
+        )
+    else:
+        hints.append(
+            f"nothing realistic at this budget: {_size(budget)} is absurdly small for "
+            f"{_size(fixed)} of weights, gradients and optimizer state (it would take "
+            f"{n} GPUs sharded; did you mean GiB?)"
+        )
     return hints
+
+
+def _usable(t: Target) -> int | None:
+    """What a process may use on ``t``: its allocator's share, else the device - headroom."""
+    usable = getattr(t, "usable_bytes", None)
+    if usable is not None:
+        return int(usable)
+    return None if t.memory_bytes is None else int(t.memory_bytes * (1 - DEFAULT_HEADROOM))
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure >= 1 (1.0 KiB, 14.96 GiB)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{int(nbytes)} B"

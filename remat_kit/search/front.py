@@ -28,6 +28,7 @@ __all__ = [
     "FrontPoint",
     "front",
     "pareto_front",
+    "plan_label",
 ]
 
 #: Catalogue policies a Pareto front compiles by default (the main ones).
@@ -59,7 +60,8 @@ class FrontPoint:
     """One point of a memory / overhead front.
 
     Attributes:
-      label: what it is (policy, ``policy @ schedule``, ``plan 52.0 GiB``).
+      label: what it is (policy, ``policy @ schedule``, ``plan (budget 52.00 GiB)``: a plan
+        is named by the budget it was made for; its peak is ``peak_bytes``).
       kind: ``catalogue``, ``schedule`` or ``plan``.
       peak_bytes: compiled peak.
       overhead: estimated step-time overhead (recompute plus exposed host transfer).
@@ -67,6 +69,7 @@ class FrontPoint:
       fits: the peak fits the device (None when unknown).
       dominated: another point is at most as large and at most as slow, and better in one.
       dominated_by: the label of one such point.
+      policy, schedule: the specs compiled (for a plan: the plan's).
     """
 
     label: str
@@ -77,6 +80,8 @@ class FrontPoint:
     fits: bool | None = None
     dominated: bool = False
     dominated_by: str | None = None
+    policy: str | None = None
+    schedule: str | None = None
 
 
 def pareto_front(points: Iterable[FrontPoint], *, rtol: float = 1e-6) -> tuple[FrontPoint, ...]:
@@ -151,21 +156,35 @@ def front(
         pts.append(_point(workload, batch, pol, NO_SCHEDULE, pol.spec, "catalogue", hide))
     for spec, sch in schedules:
         pol, s = as_policy(spec), parse_schedule(sch)
+        if not workload.supports(s):  # a factory's model that takes no schedules
+            continue
         pts.append(_point(workload, batch, pol, s, label(pol.spec, s.spec), "schedule", hide))
     for p in plans:
         if p.batch != batch:
             raise ValueError(f"a plan for batch {p.batch} cannot join a front for batch {batch}")
         pts.append(
             FrontPoint(
-                label=f"plan {p.budget_bytes / GIB:.2f} GiB",
+                label=plan_label(p),
                 kind="plan",
                 peak_bytes=p.peak_bytes,
                 overhead=p.overhead,
                 recompute_overhead=p.recompute_overhead,
                 fits=p.report.fits if p.report is not None else None,
+                policy=p.policy.spec,
+                schedule=p.schedule.spec,
             )
         )
     return pareto_front(pts)
+
+
+def plan_label(p: Plan) -> str:
+    """How a plan is named on a front: by the budget it was made for, never by its peak.
+
+    Example:
+      >>> plan_label(p)                                                   # doctest: +SKIP
+      'plan (budget 52.00 GiB)'
+    """
+    return f"plan (budget {p.budget_bytes / GIB:.2f} GiB)"
 
 
 def _point(
@@ -179,4 +198,6 @@ def _point(
         overhead=w.overhead_of(r, batch, hide),
         recompute_overhead=w._recompute(pol, sch, batch),
         fits=r.fits,
+        policy=pol.spec,
+        schedule=sch.spec,
     )

@@ -1,14 +1,16 @@
 """The planner: the cheapest plan whose compiled peak fits a memory budget.
 
-:func:`plan` walks the greedy sequence of :mod:`remat_kit.search._greedy` (traced only) and
-compiles as few points of it as it can; the algorithm is in its docstring.
+:func:`plan` solves the keep/recompute/offload choice per tag (and per layer range) exactly on
+its traced cost model (:mod:`remat_kit.search._solver`, a mixed-integer program for
+``scipy.optimize.milp``), then compiles the answer and corrects the model by what the compiler
+says; the algorithm is in its docstring.
 
 Example:
   >>> import remat_kit as rk                                           # doctest: +SKIP
   >>> from models.measure import Options, workload
   >>> w = workload(Options("llama3-8b", batch=4, seq=2048, optimizer="sgd"), "h100")
   >>> p = rk.plan(w, batch=4, budget=rk.parse_budget("52GiB", w.target.memory_bytes))
-  >>> p.fits, p.policy.spec, p.schedule.spec
+  >>> p.fits, p.policy.spec, p.schedule.spec, p.solver.optimal
 """
 
 from __future__ import annotations
@@ -21,10 +23,11 @@ from typing import Any
 from remat_kit.analysis import MemoryReport
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.schedules import Schedule, label, parse_schedule
-from remat_kit.search._greedy import Positions, State, moves, sequence
+from remat_kit.search._solver import CostModel, Solution, SolverStatus, cost_model, solve
 from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, check_budget, limit_for
 from remat_kit.search.workload import (
     DEFAULT_HIDE,
+    FIXED_PARTS,
     FULL,
     NO_REMAT,
     NO_SCHEDULE,
@@ -35,8 +38,12 @@ from remat_kit.search.workload import (
 __all__ = [
     "Plan",
     "PlanCandidate",
+    "SolverStatus",
     "plan",
 ]
+
+#: Overheads this close (relative to max(1, overhead)) count as equal, as on the Pareto front.
+_RTOL = 1e-6
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,14 +51,15 @@ class PlanCandidate:
     """One program the planner compiled.
 
     Attributes:
-      label: how the planner got it (``none``, ``greedy x=...``, ``catalogue``, ``schedule``).
+      label: how the planner got it (``none``, ``solver 1``, ``smallest``, ``catalogue``,
+        ``schedule``).
       policy, schedule: specs.
       peak_bytes: compiled peak.
       estimated_peak_bytes: the planner's estimate before compiling (None when it had none).
       recompute_overhead: extra FLOPs of recomputation (traced).
       overhead: estimated step-time overhead (recompute plus host transfer not hidden).
       host_bytes: bytes offloaded to host memory.
-      fits: compiled peak <= budget.
+      fits: compiled peak <= budget (and host bytes <= the host budget, when there is one).
     """
 
     label: str
@@ -76,14 +84,15 @@ class Plan:
     Attributes:
       policy: the per-layer policy (for the layers the schedule does not name).
       schedule: the layer schedule: ``none``; ``layers`` when the first ``layers`` layers
-        recompute or offload one tensor more than the rest; or a segment schedule.
-      decisions: tag -> ``"save" | "recompute" | "offload"`` under ``policy``.
+        decide differently from the rest; or a segment schedule.
+      decisions: tag -> ``"save" | "recompute" | "offload"`` under ``policy`` (what the
+        recommended policy does: by its names, or traced for pattern policies such as ``dots``).
       layer_decisions: tag -> decision in the first ``layers`` layers, where it differs.
       layers: how many layers follow ``layer_decisions`` (0: none).
       batch: the batch planned for.
       budget_bytes: the budget.
       peak_bytes: compiled peak of the plan (the smallest reached when nothing fits).
-      fits: ``peak_bytes <= budget_bytes``.
+      fits: ``peak_bytes <= budget_bytes`` (and host bytes within ``host_budget_bytes``).
       recompute_overhead: extra FLOPs of recomputation against no remat.
       overhead: estimated step-time overhead (recompute plus host transfer not hidden).
       host_bytes: bytes offloaded to host per step.
@@ -92,6 +101,14 @@ class Plan:
       compiles: programs compiled for this plan (cached ones not counted).
       seconds: wall time.
       message: one line for the user: what the plan is, or why nothing fits.
+      host_budget_bytes: the host-memory budget (None: none).
+      solver: the proof: the last program solved (status, bound, gap) measured against the
+        plan's assignment; ``optimal`` when it shows that no assignment cheaper on the cost
+        model meets the caps as the compiles corrected them. None when no program was solved
+        (``none`` fits).
+      source: where the plan comes from: ``none`` (no remat needed), ``solver``,
+        ``catalogue`` (a policy given in ``extra`` that is at least as good), ``schedule``
+        (segment checkpointing), or ``nothing`` (nothing fits; the smallest peak reached).
       report: the compiled report of the plan.
     """
 
@@ -112,6 +129,9 @@ class Plan:
     compiles: int
     seconds: float
     message: str
+    host_budget_bytes: int | None = None
+    solver: SolverStatus | None = None
+    source: str = "solver"
     report: MemoryReport | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -124,7 +144,7 @@ class Plan:
         out = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("policy", "schedule", "candidates", "report")
+            if f.name not in ("policy", "schedule", "candidates", "report", "solver")
         }
         out.update(
             policy=self.policy.spec,
@@ -132,6 +152,7 @@ class Plan:
             decisions=dict(self.decisions),
             layer_decisions=dict(self.layer_decisions),
             candidates=[dataclasses.asdict(c) for c in self.candidates],
+            solver=dataclasses.asdict(self.solver) if self.solver is not None else None,
         )
         return out
 
@@ -142,66 +163,71 @@ def plan(
     budget: int | None = None,
     *,
     headroom: float = DEFAULT_HEADROOM,
+    host_budget: int | None = None,
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
     extra: Iterable[Any] = (),
-    max_compiles: int = 8,
+    max_compiles: int = 6,
 ) -> Plan:
     """The plan with the lowest estimated overhead whose compiled peak fits ``budget``.
 
     The algorithm:
 
     1. ``none`` (no remat) is compiled first: if it fits, it is the plan, at zero overhead.
-    2. A greedy sequence of one-tag decisions from "save every tagged tensor" to "save none":
-       at each step every still-saved tag is tried as recomputed, the bytes it frees read from
-       the traced residuals and its cost from the traced FLOPs (trace only, no compile), and
-       the tag freeing the most bytes per extra FLOP is taken. That is the greedy for a
-       fractional knapsack (bytes to shed, FLOPs as the cost), which is optimal when items
-       are divisible - and step 4 makes them divisible by layer. Marginal figures at every
-       step, rather than each tag's cost against "save everything" once, keep interactions
-       honest: recomputing ``attn_out`` frees nothing while ``out_proj`` is kept for it.
-    3. Offload (``offload=True``): an offloaded tensor crosses the host link twice per step.
-       Transfers of up to ``hide`` x the step's compute time (at peak bf16) count as hidden
-       behind compute, so free; within that window the tags that are the most expensive to
-       recompute per byte are offloaded instead, right after the free recomputations. Offload
-       that would not hide is never chosen.
-    4. Positions are continuous in layers: ``x = i * L + k`` is greedy state ``i`` with its
-       first ``k`` layers already at state ``i + 1`` (a ``layers`` schedule), so the plan sheds
-       the bytes it must and not a whole tag more.
-    5. Verification by compiling: the end of the sequence (everything recomputed or
-       offloaded) is compiled; if even it does not fit, ``full`` and its segment schedules
-       (``sqrt``, ``every:2``, ``nested:2/3``) are compiled in order of FLOPs. Otherwise the
-       smallest ``x`` whose estimated peak fits is compiled; the estimate (compiled peak of
-       a neighbour plus the residual bytes between them, a secant once two points are known)
-       is corrected by every compiled peak, and the search narrows between the largest ``x``
-       known not to fit and the smallest known to fit - a candidate over budget tightens it -
-       for at most ``max_compiles`` compiles. A plan is only returned on a compiled peak.
-    6. Policies in ``extra`` (e.g. the catalogue) whose traced overhead is below the plan's
-       are compiled and taken if they fit, so the plan is never worse than what it is shown.
+       When its inputs and residuals alone (traced) are over the budget it cannot fit and is
+       not compiled.
+    2. The cost model is traced (no compile): every tag's residual bytes and recompute FLOPs
+       from "save every tagged tensor" and one trace per tag, with the tags that only another's
+       recompute makes needed (``out_proj`` under ``attn_out``) traced as pairs; see
+       :mod:`remat_kit.search._solver`.
+    3. The keep/recompute/offload decision of every tag, in all layers or separately in the
+       first ``k`` (a ``layers`` schedule; every ``k`` up to half the depth), is solved exactly
+       on that model as a mixed-integer program (``scipy.optimize.milp``, HiGHS): least
+       overhead (recompute FLOPs plus the host round trip beyond ``hide`` x the step's
+       compute) such that the residual bytes fit the budget minus an offset, and the
+       offloaded bytes fit ``host_budget``. The offset (what the compiled peak holds besides
+       the residuals: weights, gradients, optimizer state, workspace) starts as that of
+       ``none``.
+    4. Verification by compiling: the solution is compiled; the offset is corrected to what
+       that compile shows (separately for plans with a layer split, whose two scans can cost
+       memory of their own) and the program is solved again. A compile over budget tightens
+       the cap, one under it may free a cheaper assignment; the search stops when the
+       solution under the corrected model is no cheaper than the best compiled plan that fits,
+       after ``max_compiles`` compiles, or when the model says nothing fits (then ``full``, and
+       if even it does not fit, its segment schedules ``sqrt``, ``every:2``, ``nested:2/3``, in
+       order of FLOPs). A plan is only returned on a compiled peak.
+    5. Policies in ``extra`` (e.g. the catalogue; a policy or a ``(policy, schedule)`` pair)
+       whose traced recompute is not above the plan's overhead are compiled; one that fits is
+       recommended when it is cheaper, or as cheap and smaller, so the plan is never dominated
+       by what it is shown beside.
 
     Args:
       workload: the step (needs ``residuals_fn``).
       batch: the batch to plan for.
       budget: bytes (see :func:`parse_budget`); default device memory minus ``headroom``.
       headroom: used only when ``budget`` is None.
-      offload: allow offloading to host memory (only where transfers hide behind compute).
+      host_budget: bytes of pinned host memory the plan may offload to (None: no limit; 0:
+        no offload).
+      offload: allow offloading to host memory.
       hide: fraction of the step's compute time transfers may take and count as hidden.
-      extra: policies (names, specs or Policies) to compare against, e.g. the catalogue.
-      max_compiles: compiles allowed for the search of step 5.
+      extra: policies (names, specs, Policies, or ``(policy, schedule)`` pairs) to compare
+        against, e.g. the catalogue.
+      max_compiles: compiles allowed for step 4.
 
     Returns:
       The Plan. ``fits`` is False when nothing reaches the budget; ``message`` then gives the
-      smallest peak reached and with what.
+      smallest peak reached and with what. ``solver`` holds the program's status and gap.
 
     Raises:
       DoesNotFit: a budget below weights + gradients + optimizer state (a ValueError; it
         carries the breakdown and what would fit, see :func:`check_budget`).
-      ValueError: budget above the device memory; a batch that is not a positive multiple of
-        the accumulation steps.
+      ValueError: budget above the device memory; a negative host budget; a batch that is not
+        a positive multiple of the accumulation steps.
+      TypeError: a host budget that is not an int of bytes.
 
     Example:
       >>> budget = rk.parse_budget("52GiB", w.target.memory_bytes)          # doctest: +SKIP
-      >>> p = rk.plan(w, batch=4, budget=budget)
+      >>> p = rk.plan(w, batch=4, budget=budget, host_budget=rk.parse_budget("64GiB"))
       >>> cfg = models.get_config("llama3-8b", policy=p.policy, schedule=p.schedule)
     """
     t0 = time.perf_counter()
@@ -209,23 +235,25 @@ def plan(
     _check_batch(workload, batch)
     if not 0.0 <= hide <= 1.0:
         raise ValueError(f"hide={hide!r} must be in [0, 1]")
+    _check_host_budget(host_budget)
+    if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1:
+        raise ValueError(f"max_compiles={max_compiles!r} must be a positive int")
     budget = limit_for(workload.target, budget, headroom)
     check_budget(workload, batch, budget)
-    extras = [as_policy(p) for p in extra]
-    ctx = _PlanContext(workload, batch, budget, hide)
+    extras = [_as_extra(p) for p in extra]
+    ctx = _PlanContext(workload, batch, budget, hide, host_budget)
 
-    none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
-    if none.fits:
-        return ctx.result(none, before, t0, "no remat needed")
+    if _none_lower_bound(workload, batch) <= budget:
+        none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
+        if none.fits:
+            return ctx.result(none, before, t0, "no remat needed", source="none")
 
-    states = sequence(workload, batch, offload=offload, hide=hide)
-    pos = Positions(states, max(1, int(workload.n_layers)))
-    end = ctx.compile(*pos.candidate(pos.last), f"greedy x={pos.last}")
-    best, best_x = (end, pos.last) if end.fits else (None, None)
-    if best is not None:
-        best, best_x = _search(ctx, pos, end, max_compiles)
-    else:
-        best = _segment_fallback(ctx)
+    use_offload = offload and host_budget != 0
+    model = cost_model(workload, batch, offload=use_offload, hide=hide)
+    best, sol, status = _solve_and_verify(ctx, model, max_compiles)
+    source = "solver"
+    if best is None:
+        best, source = _segment_fallback(ctx), "schedule"
 
     if best is None:
         smallest = min(ctx.candidates, key=lambda c: c.peak_bytes)
@@ -236,21 +264,73 @@ def plan(
             f"({(smallest.peak_bytes - budget) / GIB:.2f} GiB over); try a smaller batch "
             "(remat-kit fit), gradient accumulation or a larger budget"
         )
-        return ctx.result(smallest, before, t0, msg, fits=False)
-    cheaper = _cheaper_extra(ctx, best, extras)
-    if cheaper is not best:
-        return ctx.result(cheaper, before, t0, "a policy given to compare is cheaper")
-    if best_x is None:
-        return ctx.result(best, before, t0, "segment checkpointing")
-    if best_x < 0:
-        last = best.label.removeprefix("repair: ")
-        return ctx.result(best, before, t0, f"the greedy order, with {last} as its last step")
-    i, k = pos.split(best_x)
-    steps = [s.step for s in states[1 : i + 1]]
-    why = "save every tagged tensor" + (", then " + ", ".join(steps) if steps else "")
-    if k:
-        why += f"; layers 0-{k - 1} also {states[i + 1].step}"
-    return ctx.result(best, before, t0, why, upper=states[i + 1] if k else None, layers=k)
+        return ctx.result(smallest, before, t0, msg, fits=False, solver=status, source="nothing")
+    chosen = _best_of(ctx, best, extras)
+    if chosen is not best:
+        why = "a policy given to compare is at least as good as the solver's plan"
+        return ctx.result(chosen, before, t0, why, solver=status, source="catalogue")
+    if source == "schedule":
+        return ctx.result(best, before, t0, "segment checkpointing", solver=status, source=source)
+    assert sol is not None and status is not None
+    return ctx.result(best, before, t0, _describe(sol, status), solver=status, source=source)
+
+
+def _none_lower_bound(workload: Workload, batch: int) -> int:
+    """Bytes ``none`` holds at the turn from forward to backward pass, from shapes and a trace.
+
+    The inputs (weights, optimizer state, batch, accumulator) and every residual that is not
+    an input are live together there, so the compiled peak of ``none`` is at least that: when
+    it is over the budget, ``none`` is not compiled.
+    """
+    if workload.residuals_fn is None:
+        return 0  # nothing traced to bound it with: compile it
+    parts = workload.breakdown(batch)
+    inputs = sum(v for k, v in parts.items() if k in FIXED_PARTS and k != "gradients")
+    res = workload._traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
+    return inputs + sum(
+        r.nbytes for r in res.residuals if r.name != "argument" and r.kind == "saved"
+    )
+
+
+def _check_host_budget(host_budget: Any) -> None:
+    if host_budget is None:
+        return
+    if isinstance(host_budget, bool) or not isinstance(host_budget, int):
+        raise TypeError(
+            f"host_budget must be an int of bytes (see rk.parse_budget) or None, got "
+            f"{host_budget!r}"
+        )
+    if host_budget < 0:
+        raise ValueError(f"host_budget={host_budget} must be >= 0 bytes (0: no offload)")
+
+
+def _as_extra(p: Any) -> tuple[Policy, Schedule]:
+    if isinstance(p, tuple) and len(p) == 2:
+        return as_policy(p[0]), parse_schedule(p[1])
+    return as_policy(p), NO_SCHEDULE
+
+
+def _describe(sol: Solution, status: SolverStatus) -> str:
+    """One clause on what the solver chose and how sure it is."""
+
+    def words(dec: Mapping[str, str]) -> str:
+        parts = []
+        for kind in ("recompute", "offload"):
+            tags = [t for t, d in dec.items() if d == kind]
+            if tags:
+                parts.append(f"{kind} {', '.join(tags)}")
+        return "; ".join(parts) or "save every tagged tensor"
+
+    why = words(sol.decisions)
+    if sol.layers:
+        extra = {t: d for t, d in sol.first.items() if sol.decisions.get(t) != d}
+        why += f"; layers 0-{sol.layers - 1}: {words(extra)}"
+    proof = (
+        "optimal on the cost model"
+        if status.optimal
+        else f"{status.status}, gap {100 * (status.gap or 0):.2f}%"
+    )
+    return f"{why}; {proof} ({status.solver}, {status.programs} programs)"
 
 
 def _check_batch(workload: Workload, batch: int) -> None:
@@ -265,8 +345,11 @@ def _check_batch(workload: Workload, batch: int) -> None:
 class _PlanContext:
     """The compiles of one plan() call, and how to turn the chosen one into a Plan."""
 
-    def __init__(self, workload: Workload, batch: int, budget: int, hide: float) -> None:
+    def __init__(
+        self, workload: Workload, batch: int, budget: int, hide: float, host_budget: int | None
+    ) -> None:
         self.workload, self.batch, self.budget, self.hide = workload, batch, budget, hide
+        self.host_budget = host_budget
         self.candidates: list[PlanCandidate] = []
         self._objects: dict[tuple[str, str], tuple[Policy, Schedule]] = {}
 
@@ -275,6 +358,7 @@ class _PlanContext:
     ) -> PlanCandidate:
         w = self.workload
         r = w._compiled(pol, sch, self.batch)
+        host = host_bytes(r)
         cand = PlanCandidate(
             label=label,
             policy=pol.spec,
@@ -283,8 +367,9 @@ class _PlanContext:
             estimated_peak_bytes=estimate,
             recompute_overhead=w._recompute(pol, sch, self.batch),
             overhead=w.overhead_of(r, self.batch, self.hide),
-            host_bytes=host_bytes(r),
-            fits=r.peak_bytes <= self.budget,
+            host_bytes=host,
+            fits=r.peak_bytes <= self.budget
+            and (self.host_budget is None or host <= self.host_budget),
         )
         self.candidates.append(cand)
         self._objects[(cand.policy, cand.schedule)] = (pol, sch)
@@ -298,18 +383,13 @@ class _PlanContext:
         why: str,
         *,
         fits: bool = True,
-        upper: State | None = None,
-        layers: int = 0,
+        solver: SolverStatus | None = None,
+        source: str,
     ) -> Plan:
         w = self.workload
         pol, sch = self._objects[(cand.policy, cand.schedule)]
         r = w._compiled(pol, sch, self.batch)
-        tags = r.tags
-        decisions = _decisions(pol, tags)
-        layer_dec: dict[str, str] = {}
-        if upper is not None:
-            up = _decisions(upper.policy, tags)
-            layer_dec = {t: d for t, d in up.items() if decisions.get(t) != d}
+        decisions, layer_dec, layers = _decisions(w, self.batch, pol, sch, r.tags)
         if fits:
             message = (
                 f"{label(pol.spec, sch.spec)} fits {self.budget / GIB:.2f} GiB: peak "
@@ -336,106 +416,144 @@ class _PlanContext:
             compiles=w.compiles - before,
             seconds=time.perf_counter() - t0,
             message=message,
+            host_budget_bytes=self.host_budget,
+            solver=solver,
+            source=source,
             report=r,
         )
 
 
-def _decisions(pol: Policy, tags: Iterable[str]) -> dict[str, str]:
-    if not pol.is_remat:
-        return {t: "save" for t in tags}
-    return {t: decide(pol, t) for t in tags}
+def _decisions(
+    w: Workload, batch: int, pol: Policy, sch: Schedule, tags: Iterable[str]
+) -> tuple[dict[str, str], dict[str, str], int]:
+    """What the recommended policy (and a two-run ``layers`` schedule) does with each tag.
 
-
-def _search(
-    ctx: _PlanContext, pos: Positions, end: PlanCandidate, max_compiles: int
-) -> tuple[PlanCandidate, int]:
-    """Step 5 of :func:`plan`: the smallest position whose compiled peak fits.
-
-    Whole greedy states first (``k = 0``); then, between the last state that does not fit and
-    the first that does, layer splits. A split runs the stack as two scans, which can cost
-    memory of its own (gradients of the two weight slices); the excess seen in a compiled split
-    over the straight-line estimate is added to the next predictions.
+    Returns ``(decisions, layer_decisions, layers)``: decisions of the policy that runs the
+    layers after the first ``layers``, and those of the first ``layers`` where they differ.
     """
-    budget, L = ctx.budget, pos.L
-    known: dict[int, int] = {pos.last: end.peak_bytes}
-    best, best_x = end, pos.last
-    lo = -L  # the largest whole state known not to fit (-L: below "save all")
+    tags = tuple(tags)
+    runs = sch.runs(max(1, int(w.n_layers)), pol) if sch.name == "layers" else []
+    if len(runs) == 2 and all(len(run.lengths) == 1 for run in runs):
+        first, rest = runs
+        decisions = _tag_decisions(w, batch, rest.policy, tags)
+        upper = _tag_decisions(w, batch, first.policy, tags)
+        diff = {t: d for t, d in upper.items() if decisions.get(t) != d}
+        return decisions, diff, first.layers if diff else 0
+    return _tag_decisions(w, batch, pol, tags), {}, 0
+
+
+def _tag_decisions(w: Workload, batch: int, pol: Policy, tags: Sequence[str]) -> dict[str, str]:
+    """Per tag: ``save``, ``recompute`` or ``offload`` under ``pol``.
+
+    Name-based policies say it by name (``rk.decide``). Pattern policies (``dots`` keeps every
+    matmul output, whatever its name) cannot be asked by name: their decisions are read from
+    the traced residuals of the step.
+    """
+    if not pol.is_remat:
+        return dict.fromkeys(tags, "save")
+    if pol.tags or pol.name == "full" or w.residuals_fn is None:
+        return {t: decide(pol, t) for t in tags}
+    traced = w._traced_residuals(pol, NO_SCHEDULE, batch).tags
+    word = {"saved": "save", "offloaded": "offload", "not needed": "save"}
+    return {t: word.get(traced.get(t, "recomputed"), "recompute") for t in tags}
+
+
+def _solve_and_verify(
+    ctx: _PlanContext, model: CostModel, max_compiles: int
+) -> tuple[PlanCandidate | None, Solution | None, SolverStatus | None]:
+    """Steps 3 and 4 of :func:`plan`: solve, compile, correct the offset, solve again.
+
+    The offset is what a compiled peak holds besides the modelled residuals. Its first guess
+    is the fixed parts less the untagged residuals (the weights are residuals of the step too),
+    or what an earlier plan on this workload and batch measured; every compile replaces it.
+    Plans with a layer split carry an offset of their own (two scans over two slices of the
+    stacked weights cost memory a single scan does not): they are solved for only once a plan
+    without a split fits, starting from the split's extra as an earlier plan measured it, else
+    none.
+
+    Returns the best compiled candidate that fits (None if none did), the solution it came
+    from, and the status of the proof: the last program solved, which is ``optimal`` only when
+    it shows nothing cheaper than that candidate meets the corrected caps.
+    """
+    w, budget, batch = ctx.workload, ctx.budget, ctx.batch
+    memo = w._memo
+    guess = max(0, w.fixed_bytes(batch) - model.untagged_bytes)
+    whole_offset = memo.get(("plan offset", batch), guess)
+    split_extra = memo.get(("plan split extra", batch), 0)
+    split_offset: float | None = None
+    host_cap = None if ctx.host_budget is None else float(ctx.host_budget)
+    best: tuple[PlanCandidate, Solution] | None = None
+    status: SolverStatus | None = None
+    proven = False
+    floor_tried = False
     compiles = 0
-    while compiles < max_compiles:
-        probe = next(
-            (
-                x
-                for x in range(lo + L, best_x, L)
-                if x not in known and pos.predict(known, x) <= budget
-            ),
-            None,
+    while True:
+        splits = best is not None and model.n_layers > 1 and w.supports("layers")
+        shift_split = split_offset if split_offset is not None else whole_offset + split_extra
+        sol, status = solve(
+            model, budget - whole_offset, budget - shift_split, host_cap, splits=splits
         )
-        if probe is None:
+        if sol is None:
+            if best is not None or floor_tried:
+                break
+            # The model says nothing fits: compile its smallest point, which also calibrates it.
+            floor_tried = True
+            sol = _all_recomputed(model)
+        elif best is not None and sol.estimate.overhead >= best[1].estimate.overhead * (1 - 1e-12):
+            proven = status.optimal  # nothing cheaper than the best compiled plan
             break
-        got = ctx.compile(*pos.candidate(probe), f"greedy x={probe}", pos.predict(known, probe))
+        pol, sch = sol.policies()
+        if (pol.spec, sch.spec) in ctx._objects or compiles >= max_compiles:
+            break  # compiled already (the model has nothing new to try), or out of compiles
+        shift = shift_split if sol.layers else whole_offset
+        label = "smallest" if floor_tried and best is None else f"solver {compiles + 1}"
+        cand = ctx.compile(pol, sch, label, int(sol.estimate.device_bytes + shift))
         compiles += 1
-        known[probe] = got.peak_bytes
-        if got.fits:
-            best, best_x = got, probe
+        measured = cand.peak_bytes - int(sol.estimate.device_bytes)
+        if sol.layers:
+            split_offset = measured
+            memo[("plan split extra", batch)] = max(0, measured - whole_offset)
         else:
-            lo = max(lo, probe)
-    if best_x < L:
-        return best, best_x
-    # Greedy by ratio may take a big step where a smaller, cheaper one would do (a knapsack
-    # item that overshoots): from the last state that does not fit, try the cheapest single
-    # move that frees enough, by its traced bytes and FLOPs.
-    prev_x = best_x - L
-    prev = pos.states[prev_x // L]
-    need = (known[prev_x] if prev_x in known else pos.predict(known, prev_x)) - budget
-    for nxt, freed in sorted(moves(ctx.workload, ctx.batch, prev), key=lambda m: m[0].flops):
-        if nxt.flops >= pos.states[best_x // L].flops or compiles >= max_compiles:
-            break
-        if freed < need:
-            continue
-        got = ctx.compile(nxt.policy, NO_SCHEDULE, f"repair: {nxt.step}")
-        compiles += 1
-        if got.fits and got.overhead < best.overhead:
-            return got, -1  # not on the sequence
-        break
-    if L == 1:
-        return best, best_x
-    # Layer splits between the state before (does not fit) and best_x's (fits).
-    whole = {x: p for x, p in known.items() if x % L == 0}
-    penalty, hi, lo = 0, best_x, prev_x
-    while compiles < max_compiles:
-        probe = next(
-            (
-                x
-                for x in range(lo + 1, hi)
-                if x not in known and pos.predict(whole, x, penalty) <= budget
-            ),
-            None,
-        )
-        if probe is None:
-            break
-        estimate = pos.predict(whole, probe, penalty)
-        got = ctx.compile(*pos.candidate(probe), f"greedy x={probe}", estimate)
-        compiles += 1
-        known[probe] = got.peak_bytes
-        penalty = max(penalty, got.peak_bytes - pos.predict(whole, probe))
-        if got.fits:
-            hi = probe
-            if got.overhead < best.overhead:
-                best, best_x = got, probe
-    return best, best_x
+            whole_offset = measured
+            memo[("plan offset", batch)] = measured
+        if cand.fits and (best is None or cand.overhead < best[0].overhead):
+            best = (cand, sol)
+    if best is None:
+        return None, None, status
+    return best[0], best[1], _proof(best[1], status, proven, compiles >= max_compiles)
+
+
+def _proof(sol: Solution, last: SolverStatus | None, proven: bool, spent: bool) -> SolverStatus:
+    """The solver status reported with a plan: the last program, measured against the plan."""
+    objective = sol.estimate.overhead
+    if last is None:
+        return SolverStatus("not solved", False, None, objective, None, 0, 0.0, None, 0.0)
+    bound = None if last.bound is None else min(last.bound, objective)
+    if proven:
+        return dataclasses.replace(last, objective=objective, bound=bound, gap=0.0)
+    why = "compile limit" if spent else last.status if last.status != "optimal" else "stopped"
+    gap = None if bound is None else max(0.0, objective - bound) / max(abs(objective), 1e-12)
+    return dataclasses.replace(
+        last, status=why, optimal=False, objective=objective, bound=bound, gap=gap
+    )
+
+
+def _all_recomputed(model: CostModel) -> Solution:
+    """Every tag that can be read by the backward pass recomputed: ``full``."""
+    dec = {t: "recompute" if model.can_be_needed(t) else "save" for t in model.tags}
+    return Solution(dec, dec, 0, model.evaluate(dec))
 
 
 def _segment_fallback(ctx: _PlanContext) -> PlanCandidate | None:
     """``full``, then with segment schedules, cheapest FLOPs first; the first that fits.
 
-    ``full`` comes first: the greedy's end point can keep tags whose recomputation frees
-    nothing on its own (``decoder_layer_input``) or offload buffers, so it is not always the
-    smallest per-layer policy.
+    ``full`` comes first: it is the smallest per-layer policy.
     """
     w, full = ctx.workload, FULL
     options = [parse_schedule(s) for s in ("none", "sqrt", "every:2", "nested:2", "nested:3")]
     if w.n_layers < 4:
         options = options[:3]
+    options = [s for s in options if w.supports(s)]  # a factory's model may take none
     options.sort(key=lambda s: w._traced_flops(full, s, ctx.batch))
     for sch in options:
         got = ctx.compile(full, sch, "schedule")
@@ -444,18 +562,33 @@ def _segment_fallback(ctx: _PlanContext) -> PlanCandidate | None:
     return None
 
 
-def _cheaper_extra(
-    ctx: _PlanContext, best: PlanCandidate, extras: Sequence[Policy]
+def _best_of(
+    ctx: _PlanContext, best: PlanCandidate, extras: Sequence[tuple[Policy, Schedule]]
 ) -> PlanCandidate:
-    """The cheapest policy in ``extras`` that fits and beats ``best``, else ``best``."""
-    w, none = ctx.workload, NO_SCHEDULE
+    """``best``, or a policy in ``extras`` that fits and is cheaper, or as cheap and smaller.
+
+    Only extras whose traced recompute is not above ``best``'s overhead can be as cheap, so
+    only those are compiled. The result is never dominated (smaller peak and no higher
+    overhead) by an extra.
+    """
+    w = ctx.workload
+
+    def tol(x: float) -> float:
+        return _RTOL * max(1.0, abs(x))
+
     ranked = sorted(
-        (w._recompute(p, none, ctx.batch), i, p) for i, p in enumerate(extras) if p.is_remat
+        (w._recompute(p, s, ctx.batch), i, p, s)
+        for i, (p, s) in enumerate(extras)
+        if (p.is_remat or s.name != "none") and w.supports(s)
     )
-    for recompute, _, p in ranked:
-        if recompute >= best.overhead - 1e-9:
+    fitting = [best]
+    for recompute, _, p, s in ranked:
+        if recompute > best.overhead + tol(best.overhead):
             break
-        got = ctx.compile(p, none, "catalogue")
-        if got.fits and got.overhead < best.overhead - 1e-9:
-            best = got
-    return best
+        got = ctx.compile(p, s, "catalogue")
+        if got.fits:
+            fitting.append(got)
+    cheapest = min(c.overhead for c in fitting)
+    near = [c for c in fitting if c.overhead <= cheapest + tol(cheapest)]
+    # Among the cheapest, the smallest; the solver's plan wins ties.
+    return min(near, key=lambda c: (c.peak_bytes, c is not best))

@@ -74,6 +74,9 @@ class Workload:
         "grad_accumulator"}`` bytes from shapes, traced; used to reject budgets below what
         no policy can go under.
       label: a name for tables (model, sequence, optimizer).
+      schedule_kinds: the schedule names (``none``, ``every``, ``sqrt``, ``nested``,
+        ``layers``) ``measure_fn`` can build; None: all. A factory's model may take none
+        (``rk.sources``): the search then leaves schedules out.
 
     Example:
       >>> import remat_kit as rk                                       # doctest: +SKIP
@@ -90,6 +93,7 @@ class Workload:
     residuals_fn: ResidualsFn | None = None
     breakdown_fn: BreakdownFn | None = None
     label: str = ""
+    schedule_kinds: frozenset[str] | None = None
     _reports: dict[Hashable, MemoryReport] = dataclasses.field(
         default_factory=dict, init=False, repr=False
     )
@@ -133,6 +137,11 @@ class Workload:
                 parts = dict(self._compiled(FULL, NO_SCHEDULE, batch).breakdown)
             self._memo[key] = {k: int(v) for k, v in parts.items() if k != "activations"}
         return dict(self._memo[key])
+
+    def supports(self, schedule: Any) -> bool:
+        """Whether ``measure_fn`` can build ``schedule`` (see ``schedule_kinds``)."""
+        kinds = self.schedule_kinds
+        return kinds is None or parse_schedule(schedule).name in kinds
 
     def fixed_bytes(self, batch: int) -> int:
         """Bytes no policy removes: weights, gradients, optimizer state, batch, accumulator."""

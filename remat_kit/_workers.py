@@ -1,0 +1,118 @@
+"""Independent compiles in worker processes (``--jobs N`` of ``compare`` and ``advise``).
+
+XLA compiles for a GPU target hold the GIL-free C++ compiler for seconds each, but one process
+compiles one program at a time: programs that do not depend on each other (the policies of a
+comparison, the targets of an advice) can be compiled side by side in separate processes.
+
+Workers are started with ``spawn``, never ``fork``: a forked copy of a process whose jax runtime
+is up (threads, the XLA client) is not safe. A spawned worker imports jax afresh, so it must
+find ``JAX_PLATFORMS=cpu`` in its environment before its first ``import jax``: :func:`run`
+sets it in this process's environment, which the workers inherit (jax here has read its own
+setting already, so it changes nothing for this process). Each worker also gets this process's
+cache switch (:func:`remat_kit.cache.set_enabled`).
+
+Example:
+  >>> from remat_kit import _workers
+  >>> _workers.run(abs, [-1, -2], jobs=1)
+  [1, 2]
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import warnings
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from typing import Any, TypeVar
+
+__all__ = ["default_jobs", "run"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def default_jobs() -> int:
+    """Worker processes used when the user names none: ``min(2, os.cpu_count())``.
+
+    Example:
+      >>> default_jobs() >= 1
+      True
+    """
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def run(
+    fn: Callable[[T], R],
+    items: Iterable[T],
+    jobs: int,
+    *,
+    on_done: Callable[[int, R], None] | None = None,
+) -> list[R]:
+    """``[fn(x) for x in items]``, the costly ones in up to ``jobs`` spawned worker processes.
+
+    Starting a worker costs seconds (a fresh Python imports jax, flax and the model), more than
+    a cached item costs here. So items run here, in order, until one compiles a program (the
+    on-disk cache did not have it: :func:`remat_kit.cache.compiles` grew); the items left then
+    go to a pool of ``min(jobs, left)`` workers. A run whose programs are all cached starts
+    no worker. With ``jobs == 1`` everything runs here.
+
+    ``fn`` and the items must pickle (``fn`` a module-level function or a
+    ``functools.partial`` of one); an exception in a worker is raised here.
+
+    Args:
+      fn: the work for one item.
+      items: the items.
+      jobs: worker processes at most.
+      on_done: called as ``on_done(index, result)`` when an item finishes (progress bars).
+
+    Returns:
+      The results, in the order of ``items``.
+
+    Raises:
+      TypeError: ``jobs`` is not a positive int.
+
+    Example:
+      >>> run(abs, [-3, 4], jobs=1)
+      [3, 4]
+    """
+    from remat_kit import cache
+
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise TypeError(f"jobs must be a positive int, got {jobs!r}")
+    items = list(items)
+    results: list[Any] = [None] * len(items)
+    i = 0
+    while i < len(items):
+        before = cache.compiles()
+        results[i] = fn(items[i])
+        if on_done is not None:
+            on_done(i, results[i])
+        i += 1
+        if jobs > 1 and len(items) - i >= 2 and cache.compiles() > before:
+            break
+    if i == len(items):
+        return results
+    # Inherited by the spawned workers, read by their jax at import.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    with ProcessPoolExecutor(
+        max_workers=min(jobs, len(items) - i),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(cache._override,),
+    ) as pool:
+        futures = {pool.submit(fn, items[j]): j for j in range(i, len(items))}
+        for fut in as_completed(futures):
+            j = futures[fut]
+            results[j] = fut.result()
+            if on_done is not None:
+                on_done(j, results[j])
+    return results
+
+
+def _start_worker(cache_flag: bool | None) -> None:
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    warnings.simplefilter("ignore")  # the parent prints what matters, once
+    from remat_kit import cache
+
+    cache.set_enabled(cache_flag)

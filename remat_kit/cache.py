@@ -1,0 +1,322 @@
+"""A persistent cache of compiled memory analyses: the same program twice is compiled once.
+
+A compile for a GPU target costs seconds to tens of seconds; what it tells us (XLA's memory
+analysis, what its remat pass did, its warnings) is a few hundred bytes of JSON. This module
+keeps those bytes on disk, keyed by everything that determines them:
+
+- the lowered program (sha256 of ``lowered.as_text()``: StableHLO with shapes, shardings and
+  the policy's effect on the graph already in it);
+- the target: name, kind, devices, hosts, its ``GpuTargetConfigProto`` text (which carries the
+  device memory size XLA's remat pass works to) and the runtime (allocator fraction);
+- compiler options passed by the caller and ``XLA_FLAGS``;
+- the jax, jaxlib and CUDA plugin versions, and the fields of the stored record.
+
+Entries are small JSON files under :func:`cache_dir` (``$REMAT_KIT_CACHE_DIR``, else
+``$XDG_CACHE_HOME/remat_kit``, else ``~/.cache/remat_kit``). A write goes to a temporary file in
+the same directory and is renamed into place (``os.replace``), so concurrent runs never read a
+half-written entry; an entry that cannot be read or does not have the expected fields is
+ignored and rewritten. ``REMAT_KIT_NO_CACHE=1``, :func:`set_enabled` ``(False)`` or the block
+:func:`bypassed` (the CLI's ``--no-cache``) bypass it: nothing is read or written.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> from remat_kit import cache, target
+  >>> low = jax.jit(lambda a: a @ a).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32))
+  >>> cache.compiled_memory(low, target("cpu")).argument_bytes      # doctest: +SKIP
+  256
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from remat_kit import xla
+from remat_kit.xla import CompiledMemory
+
+__all__ = [
+    "ENV_DIR",
+    "ENV_OFF",
+    "bypassed",
+    "cache_dir",
+    "compiled_memory",
+    "compiles",
+    "enabled",
+    "entry_key",
+    "load",
+    "set_enabled",
+    "store",
+]
+
+#: Environment variable naming the cache directory.
+ENV_DIR = "REMAT_KIT_CACHE_DIR"
+#: Environment variable that turns the cache off when set to 1 (or true/yes).
+ENV_OFF = "REMAT_KIT_NO_CACHE"
+#: Bumped when what a record means changes without its fields changing.
+FORMAT = 1
+
+_override: bool | None = None
+_compiled = 0  # programs compiled by compiled_memory in this process (misses and bypasses)
+
+
+def cache_dir() -> Path:
+    """Where entries live: ``$REMAT_KIT_CACHE_DIR``, ``$XDG_CACHE_HOME/remat_kit`` or
+    ``~/.cache/remat_kit`` (read at every call, so a test or a CLI flag may change it).
+
+    Example:
+      >>> os.environ[ENV_DIR] = "/tmp/rk-cache"; str(cache_dir())          # doctest: +SKIP
+      '/tmp/rk-cache'
+    """
+    if os.environ.get(ENV_DIR):
+        return Path(os.environ[ENV_DIR]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "remat_kit"
+
+
+def enabled() -> bool:
+    """Whether the cache is read and written: :func:`set_enabled` if called, else the
+    environment (``REMAT_KIT_NO_CACHE=1`` turns it off).
+
+    Example:
+      >>> set_enabled(False); enabled()
+      False
+      >>> set_enabled(None)
+    """
+    if _override is not None:
+        return _override
+    return os.environ.get(ENV_OFF, "").strip().lower() not in ("1", "true", "yes", "on")
+
+
+def set_enabled(flag: bool | None) -> None:
+    """Turns the cache on or off for this process (None: follow ``REMAT_KIT_NO_CACHE``).
+
+    Args:
+      flag: True, False, or None.
+
+    Raises:
+      TypeError: anything else.
+
+    Example:
+      >>> set_enabled(False)  # what --no-cache does
+    """
+    global _override
+    if flag is not None and not isinstance(flag, bool):
+        raise TypeError(f"set_enabled takes True, False or None, got {flag!r}")
+    _override = flag
+
+
+@contextlib.contextmanager
+def bypassed() -> Iterator[None]:
+    """Within the block the cache is neither read nor written (the CLI's ``--no-cache``).
+
+    Example:
+      >>> with bypassed():
+      ...     enabled()
+      False
+    """
+    global _override
+    before = _override
+    _override = False
+    try:
+        yield
+    finally:
+        _override = before
+
+
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    out = []
+    for dist in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"):
+        try:
+            out.append((dist, metadata.version(dist)))
+        except metadata.PackageNotFoundError:
+            out.append((dist, ""))
+    return tuple(out)
+
+
+def entry_key(program_text: str, target: Any, options: Mapping[str, Any] | None = None) -> str:
+    """The key of a compiled program: sha256 over all that determines its analysis.
+
+    Args:
+      program_text: the lowered program's text (``lowered.as_text()``).
+      target: the ``rk.Target`` it is compiled for.
+      options: compiler options the caller passes to the compile (None: none).
+
+    Returns:
+      64 hex digits.
+
+    Example:
+      >>> from remat_kit import target
+      >>> entry_key("module {}", target("cpu")) == entry_key("module {}", target("cpu"))
+      True
+    """
+    parts = {
+        "format": FORMAT,
+        "record": [f.name for f in dataclasses.fields(CompiledMemory)],
+        "program": hashlib.sha256(program_text.encode()).hexdigest(),
+        "target": {
+            "name": getattr(target, "name", str(target)),
+            "kind": getattr(target, "kind", None),
+            "devices": getattr(target, "devices", None),
+            "hosts": getattr(target, "hosts", None),
+            "config": getattr(target, "target_config", None),
+            "runtime": repr(getattr(target, "runtime", None)),
+        },
+        "local": _local_devices() if getattr(target, "kind", None) == "local" else None,
+        "options": sorted((str(k), str(v)) for k, v in (options or {}).items()),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "versions": _versions(),
+    }
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def _local_devices() -> list[str]:
+    # The "local" target is whatever this machine holds: name it in the key.
+    import jax
+
+    return [f"{d.platform}:{getattr(d, 'device_kind', '')}" for d in jax.local_devices()]
+
+
+def _path(key: str) -> Path:
+    return cache_dir() / f"v{FORMAT}" / key[:2] / f"{key}.json"
+
+
+def load(key: str) -> dict[str, Any] | None:
+    """The record stored under ``key``, or None (absent, unreadable or not a record).
+
+    Example:
+      >>> load("0" * 64) is None                                          # doctest: +SKIP
+      True
+    """
+    try:
+        with open(_path(key), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("key") != key:
+        return None
+    record = data.get("record")
+    return record if isinstance(record, dict) else None
+
+
+def store(key: str, record: Mapping[str, Any]) -> bool:
+    """Writes ``record`` under ``key`` atomically (temporary file, then ``os.replace``).
+
+    A cache that cannot be written (read-only home, full disk) is not an error: the answer
+    was computed, it is only not remembered.
+
+    Args:
+      key: from :func:`entry_key`.
+      record: JSON-ready data.
+
+    Returns:
+      Whether it was written.
+
+    Example:
+      >>> store(entry_key("module {}", target("cpu")), {"a": 1})          # doctest: +SKIP
+      True
+    """
+    path = _path(key)
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"key": key, "written": time.time(), "record": dict(record)}, f)
+        os.replace(tmp, path)
+        return True
+    except OSError:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return False
+
+
+def compiled_memory(
+    lowered: Any,
+    target: Any,
+    compile_fn: Callable[[Any], CompiledMemory] | None = None,
+    *,
+    options: Mapping[str, Any] | None = None,
+) -> CompiledMemory:
+    """``compile_fn(lowered)``, remembered on disk across runs (see the module docstring).
+
+    On a hit nothing is compiled; the record's ``compile_seconds`` is then the time it took to
+    read it back.
+
+    Args:
+      lowered: a ``jax.stages.Lowered``.
+      target: the ``rk.Target`` it was lowered for.
+      compile_fn: compiles it and reads the analysis (None: :func:`remat_kit.xla.compile_memory`).
+      options: compiler options ``compile_fn`` uses, for the key.
+
+    Returns:
+      The CompiledMemory.
+
+    Example:
+      >>> mem = compiled_memory(jax.jit(f).lower(*args), t)               # doctest: +SKIP
+      >>> mem.peak_bytes
+    """
+    global _compiled
+    if compile_fn is None:
+        compile_fn = xla.compile_memory  # looked up now, so a patched one is used
+    if not enabled():
+        _compiled += 1
+        return compile_fn(lowered)
+    start = time.perf_counter()
+    key = entry_key(lowered.as_text(), target, options)
+    record = load(key)
+    if record is not None:
+        got = _from_record(record)
+        if got is not None:
+            return dataclasses.replace(got, compile_seconds=time.perf_counter() - start)
+    _compiled += 1
+    mem = compile_fn(lowered)
+    store(key, mem.to_dict())
+    return mem
+
+
+def compiles() -> int:
+    """Programs :func:`compiled_memory` has compiled in this process (not read from disk).
+
+    Example:
+      >>> before = compiles(); ...; compiled_afresh = compiles() - before   # doctest: +SKIP
+    """
+    return _compiled
+
+
+def _from_record(record: Mapping[str, Any]) -> CompiledMemory | None:
+    """A CompiledMemory from a stored record; None when a field is missing, extra or of the
+    wrong type (a record written by another version, or damaged)."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(CompiledMemory)}
+    if set(record) != set(fields):
+        return None
+    values: dict[str, Any] = {}
+    for name, kind in fields.items():
+        value = record[name]
+        if value is None and "None" in kind:
+            values[name] = None
+        elif (kind.startswith("int") and type(value) is int) or (
+            kind == "bool" and type(value) is bool
+        ):
+            values[name] = value
+        elif kind == "float" and type(value) in (int, float):
+            values[name] = float(value)
+        elif kind.startswith("tuple[str") and isinstance(value, list):
+            if not all(isinstance(v, str) for v in value):
+                return None
+            values[name] = tuple(value)
+        else:
+            return None
+    return CompiledMemory(**values)

@@ -1,0 +1,286 @@
+"""No silent no-ops, no stale figures: checks on the program a policy was traced into.
+
+Three ways a report can show figures for a policy that did nothing, each checked here from
+the traced program (a jaxpr) or the compiled report:
+
+- a name-based policy whose names match no tag of the program behaves like ``full``
+  (:func:`unmatched_policy`, :func:`check_policy_matches`);
+- a model that ignores the policy it is given, or a trace reused from an earlier policy (a
+  module-level ``jax.jit``, a Flax ``nn.jit`` cache): the program then holds no checkpoint
+  with that policy, or is identical to the previous policy's (:func:`check_traced_with`);
+- offload that XLA did not carry out: it moved far fewer bytes to host memory than jax
+  marked for offload, which happens on unrolled layers (:func:`offload_shortfall`).
+
+Example:
+  >>> import remat_kit as rk
+  >>> unmatched_policy(rk.policy("context"), ["mlpwo"])
+  True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
+from remat_kit.analysis import MemoryReport, RematWarning
+from remat_kit.errors import BadValue
+from remat_kit.policies import Policy, as_policy, decide
+from remat_kit.residuals import tags_in
+
+__all__ = [
+    "OFFLOAD_SHORTFALL",
+    "Trace",
+    "check_policy_matches",
+    "check_traced_with",
+    "checkpoint_policies",
+    "offload_shortfall",
+    "register",
+    "unmatched_policy",
+]
+
+#: Offload is reported as not carried out when XLA moved less than this share of the bytes jax
+#: marked for offload.
+OFFLOAD_SHORTFALL = 0.5
+
+# Callables handed to jax.checkpoint on behalf of a Policy (rk.remat's recorders) -> the
+# Policy, so a checkpoint in a jaxpr can be traced back to the policy it was made for. Weak:
+# an entry lives as long as its callable (a jaxpr or a wrapped class holding it).
+_REGISTRY: weakref.WeakKeyDictionary[Callable[..., Any], Policy] = weakref.WeakKeyDictionary()
+
+
+def register(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
+    """Records that ``fn`` was handed to ``jax.checkpoint`` for ``policy``; returns ``fn``."""
+    _REGISTRY[fn] = policy
+    return fn
+
+
+def _policy_of(fn: Any) -> Policy | None:
+    if isinstance(fn, Policy):
+        return fn
+    try:
+        return _REGISTRY.get(fn)
+    except TypeError:  # not weakly referenceable, so never registered
+        return None
+
+
+def unmatched_policy(policy: Any, tags: Iterable[str]) -> bool:
+    """Whether a name-based ``policy`` keeps none of ``tags``: it then behaves like ``full``.
+
+    Args:
+      policy: a policy name, spec or Policy; policies that do not decide by name never count.
+      tags: the tags a program has.
+
+    Returns:
+      True when ``policy`` names tags and saves or offloads none of ``tags``.
+
+    Example:
+      >>> unmatched_policy("minimal", ["context"]), unmatched_policy("minimal", ["query_proj"])
+      (True, False)
+    """
+    pol = as_policy(policy)
+    if not pol.is_remat or not pol.tags:
+        return False
+    return all(decide(pol, t) == "recompute" for t in tags)
+
+
+def _tag_list(tags: Sequence[str], limit: int = 12) -> str:
+    if not tags:
+        return "none (tag the model: remat_kit.tagging, or checkpoint_name in its code)"
+    shown = ", ".join(tags[:limit])
+    return shown + (f" ... ({len(tags) - limit} more)" if len(tags) > limit else "")
+
+
+def check_policy_matches(
+    policy: Any, tags: Iterable[str], *, strict: bool = False, where: str = "the program"
+) -> str | None:
+    """Says so when a name-based policy matches no tag of a program.
+
+    Args:
+      policy: a policy name, spec or Policy.
+      tags: the tags of the traced program.
+      strict: raise instead of warning (the CLI).
+      where: what was traced, for the message.
+
+    Returns:
+      The message, or None when the policy matches (or does not decide by name).
+
+    Raises:
+      BadValue: with ``strict``, when nothing matches (one line listing the tags that exist).
+
+    Example:
+      >>> check_policy_matches("context", ["query_proj"], strict=True)
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: policy 'context' names context but ...
+    """
+    pol = as_policy(policy)
+    present = sorted(set(tags))
+    if not unmatched_policy(pol, present):
+        return None
+    message = (
+        f"policy {pol.spec!r} names {', '.join(pol.tags)} but {where} tags none of them, "
+        f"so it behaves like 'full'; tags there: {_tag_list(present)}"
+    )
+    if strict:
+        raise BadValue(message)
+    warnings.warn(message, RematWarning, stacklevel=2)
+    return message
+
+
+def checkpoint_policies(closed: Any) -> list[tuple[Any, frozenset[str]]]:
+    """Every checkpoint of a jaxpr: (the policy callable, the tags inside it), in order.
+
+    Descends into scans, conds, jit calls and nested checkpoints.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat_kit as rk
+      >>> f = jax.checkpoint(jnp.sin, policy=jax.checkpoint_policies.nothing_saveable)
+      >>> [p.__name__ for p, _ in checkpoint_policies(jax.make_jaxpr(f)(1.0))]
+      ['nothing_saveable']
+    """
+    out: list[tuple[Any, frozenset[str]]] = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in ("checkpoint", "remat2", "remat"):
+                out.append((eqn.params.get("policy"), frozenset(tags_in(eqn.params["jaxpr"]))))
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub))
+
+    walk(open_jaxpr(closed))
+    return out
+
+
+def _same_policy(fn: Any, pol: Policy) -> bool:
+    if fn is None:
+        return False
+    if fn is pol or fn is pol.jax_policy:
+        return True
+    owner = _policy_of(fn)
+    return owner is not None and owner == pol
+
+
+def _describe(fn: Any) -> str:
+    owner = _policy_of(fn)
+    if owner is not None:
+        return owner.spec
+    return getattr(fn, "__name__", type(fn).__name__) if fn is not None else "save nothing"
+
+
+@dataclasses.dataclass(frozen=True)
+class Trace:
+    """The fingerprint of a program traced for one policy (see :func:`check_traced_with`).
+
+    Attributes:
+      policy: the spec it was traced for.
+      digest: a hash of the jaxpr's text and of the policy callables it holds.
+    """
+
+    policy: str
+    digest: str
+
+
+def check_traced_with(
+    closed: Any,
+    policy: Any,
+    *,
+    also: Iterable[Any] = (),
+    previous: Trace | None = None,
+    what: str = "the model",
+) -> Trace:
+    """Fails loudly when a program was not traced with ``policy``.
+
+    A report for policy P must come from a program traced with P. Two signs that it was not:
+    no checkpoint in the program carries P (the model ignored the policy it was given, or a
+    cached trace from another policy was reused), or the program is identical to the one
+    traced for the previous, different policy.
+
+    Args:
+      closed: the traced program (``jax.make_jaxpr(...)``).
+      policy: the policy it was traced for.
+      also: other policies the program may use instead (those a layer schedule names).
+      previous: the fingerprint of the program traced for the policy before.
+      what: the model, for the message.
+
+    Returns:
+      This program's fingerprint, to pass as ``previous`` next time.
+
+    Raises:
+      BadValue: either sign (one line saying what the program holds and what to do).
+
+    Example:
+      >>> t = check_traced_with(jax.make_jaxpr(step)(*args), "full")   # doctest: +SKIP
+    """
+    pol = as_policy(policy)
+    found = checkpoint_policies(closed)
+    # The jaxpr's text names a policy callable by its function name only: add the callables'
+    # identities, which a reused trace keeps and a fresh one does not.
+    ids = [(id(fn), _describe(fn)) for fn, _ in found]
+    digest = hashlib.sha256(f"{closed}\n{ids}".encode()).hexdigest()
+    wanted = [pol, *(as_policy(p) for p in also)]
+    if pol.is_remat and not any(_same_policy(fn, p) for fn, _ in found for p in wanted):
+        held = sorted({_describe(fn) for fn, _ in found})
+        detail = (
+            f"its checkpoints carry other policies ({', '.join(held)}): the model applied "
+            "another policy, or a trace made for one was reused (a module-level jax.jit or "
+            "nn.jit cache?)"
+            if held
+            else "it has no checkpoint at all: the policy was never applied"
+        )
+        raise BadValue(
+            f"{what} traced for policy {pol.spec!r} holds no checkpoint with it; {detail}. "
+            "Apply the policy the factory is given (rk.remat(Block, policy)) or name the "
+            "block class to patch (--block module:Class)"
+        )
+    # A program for "none" may hold checkpoints a model always makes, but not ones that
+    # rk.remat made for another policy: that model ignored "none".
+    others = sorted({o.spec for fn, _ in found if (o := _policy_of(fn)) is not None})
+    if not pol.is_remat and others and not any(as_policy(p).is_remat for p in also):
+        raise BadValue(
+            f"{what} traced for policy 'none' holds checkpoints with {', '.join(others)}: the "
+            "model applied another policy (or a trace made for one was reused); with 'none' "
+            "it must not rematerialize (rk.remat(Block, policy) returns Block for 'none')"
+        )
+    if previous is not None and previous.policy != pol.spec and previous.digest == digest:
+        raise BadValue(
+            f"{what} traced for policy {pol.spec!r} is identical to the program traced for "
+            f"{previous.policy!r}: a trace was reused (a module-level jax.jit or nn.jit cache?) "
+            "or the policy was ignored; build the model anew for each policy"
+        )
+    return Trace(pol.spec, digest)
+
+
+def offload_shortfall(
+    report: MemoryReport, marked_bytes: int, *, threshold: float = OFFLOAD_SHORTFALL
+) -> str | None:
+    """A warning when XLA moved far fewer bytes to host than jax marked for offload.
+
+    jax marks the residuals an offload policy names for host memory; XLA decides whether the
+    copies happen. On unrolled layers it moved 3-30% of them in our measurements and the
+    peak went up, while a scanned stack offloads them all: offload needs scanned layers.
+
+    Args:
+      report: the compiled report (its ``host_temp_bytes``, else ``host_bytes``).
+      marked_bytes: bytes jax marked for offload in the same step (the ``offloaded``
+        residuals of ``rk.saved_residuals``; per micro-batch, like the step's host buffers).
+      threshold: the share below which the offload counts as not carried out.
+
+    Returns:
+      One line with both figures, or None.
+
+    Example:
+      >>> offload_shortfall(report, 2**30)                                # doctest: +SKIP
+      'offload moved 0.10 GiB to host of the 1.00 GiB jax marked (10%) ...'
+    """
+    moved = int(report.host_temp_bytes or report.host_bytes or 0)
+    if marked_bytes <= 0 or moved >= threshold * marked_bytes:
+        return None
+    return (
+        f"offload moved {moved / 2**30:.2f} GiB to host of the {marked_bytes / 2**30:.2f} GiB "
+        f"jax marked for offload ({100 * moved / marked_bytes:.0f}%): XLA kept the rest on the "
+        "device, so the peak is not what the policy promises; offload needs scanned layers"
+    )

@@ -1,0 +1,134 @@
+"""``remat-kit validate``: run the step on the local GPU and compare its peak with the prediction.
+
+The step runs for real on the first local GPU (``--target local``, the only one this command
+accepts); the prediction is compiled deviceless for the catalogue GPU matching the local
+device (or ``--compare-with NAME``). On a machine with no GPU it says so and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import warnings
+from typing import Any
+
+from remat_kit.cli._args import add_model_args
+from remat_kit.errors import BadValue
+from remat_kit.render import console, write_json
+from remat_kit.render.tables import validation_table
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Adds ``validate`` to the ``remat-kit`` subparsers.
+
+    Args:
+      subparsers: what ``ArgumentParser.add_subparsers`` returned.
+
+    Returns:
+      The ``validate`` parser.
+
+    Example:
+      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+    """
+    p = subparsers.add_parser(
+        "validate", help="run the step on the local GPU; compare the measured peak with ours"
+    )
+    add_model_args(p)
+    # The step runs here: the CLI must not switch jax to its CPU platform (it does so for
+    # every target but "local"), so the target is the local GPU.
+    p.set_defaults(target="local")
+    p.add_argument("--policy", default="full", help="policy name or spec")
+    p.add_argument(
+        "--compare-with",
+        default=None,
+        metavar="TARGET",
+        help="catalogue GPU to compile the prediction for (default: the local GPU's kind)",
+    )
+    p.add_argument("--steps", type=_steps, default=3, help="train steps to run (default 3)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the step on the local GPU, compiles it for the matching target, prints both.
+
+    Args:
+      args: parsed arguments of the ``validate`` parser.
+
+    Returns:
+      The exit code: 0 measured (whatever the error), 1 the step ran out of memory or gave
+      no measurement.
+
+    Raises:
+      BadValue: a flag validate does not take (``--target`` other than local, ``--shard``,
+        ``--gpus``), or a bad model option.
+      TargetError: no local GPU, or a device with no catalogue target and no
+        ``--compare-with``.
+
+    Example:
+      >>> run(parser.parse_args(["validate", "--model", "llama3.2-1b"]))  # doctest: +SKIP
+      0
+    """
+    _check_flags(args)
+    if args.mem_fraction is not None:
+        _set_fraction(args.mem_fraction)
+
+    from models.measure import model_config, options_from_args, train_step
+    from remat_kit.policies import parse_policy
+    from remat_kit.targets import target
+    from remat_kit.validate import LocalGPU, match_target, validate
+
+    opts = options_from_args(args)
+    source = LocalGPU()  # fails here, before any compile, on a machine with no GPU
+    compare = target(args.compare_with) if args.compare_with else match_target(source.device_kind())
+    policy = parse_policy(args.policy)
+    cfg = model_config(opts, policy, compare)
+    step = train_step(opts, cfg, compare, sharded=False)
+    meta = {
+        "model": opts.model,
+        "policy": cfg.policy.name,
+        "batch": opts.batch,
+        "seq": opts.seq,
+        "optimizer": opts.optimizer,
+        "attention": cfg.attention,
+        "precision": dict(step.precision),
+        "dropout": cfg.dropout_rate,
+    }
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the figures speak; XLA's notes are in the report
+        result = validate(step, compare, steps=args.steps, stats_source=source, meta=meta)
+    console().print(validation_table([result.to_dict()]))
+    if result.note:
+        console().print(f"[yellow]note:[/yellow] {result.note}")
+    if args.json:
+        write_json(args.json, result.to_dict(), flag="--json")
+    return 0 if result.measured_peak_bytes else 1
+
+
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _check_flags(args: argparse.Namespace) -> None:
+    if args.target != "local":
+        raise BadValue(
+            f"--target {args.target}: validate runs the step on this machine's GPU; name the "
+            "catalogue GPU to compile the prediction for with --compare-with"
+        )
+    if args.shard or args.gpus != 1 or args.hosts != 1:
+        raise BadValue("validate runs the step on one local GPU: drop --shard, --gpus and --hosts")
+
+
+def _set_fraction(fraction: float) -> None:
+    # The real process's allocator reads the fraction when jax starts its GPU backend, which
+    # has not happened yet in this command: set it where jaxlib reads it.
+    names = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    name = next((n for n in names if os.environ.get(n, "").strip()), names[1])
+    os.environ[name] = f"{fraction:g}"

@@ -1,0 +1,137 @@
+"""Factories ``NAME(policy)`` for the model-source tests (``--model tests/data/factories.py:NAME``).
+
+Tiny shapes only: every test compiles or traces them on a CPU. The Hugging Face ones need
+``transformers`` (the ``[test]`` extra); the others need nothing but flax.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import models
+import remat_kit as rk
+
+VOCAB, WIDTH, LAYERS = 256, 64, 4
+
+
+def hf_llama(policy):
+    """Hugging Face's Flax Llama (no remat hook: measured with --block)."""
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_flax_llama import FlaxLlamaForCausalLMModule
+
+    config = LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=WIDTH,
+        intermediate_size=128,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
+    return FlaxLlamaForCausalLMModule(config, dtype=jnp.float32)
+
+
+def hf_gpt2(policy):
+    """Hugging Face's Flax GPT-2 (Conv1D projections c_attn/c_proj/c_fc; --block)."""
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_flax_gpt2 import FlaxGPT2LMHeadModule
+
+    config = GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=LAYERS, n_head=4, n_positions=128)
+    return FlaxGPT2LMHeadModule(config, dtype=jnp.float32)
+
+
+class _Block(nn.Module):
+    """A pre-norm block with Hugging Face's projection names and no tags of its own."""
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool = True):
+        h = nn.RMSNorm()(x)
+        q = nn.Dense(WIDTH, name="q_proj")(h)
+        v = nn.Dense(WIDTH, name="v_proj")(h)
+        scores = jnp.einsum("bsd,btd->bst", q, nn.Dense(WIDTH, name="k_proj")(h)) / 8.0
+        mask = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+        probs = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+        x = x + nn.Dense(WIDTH, name="o_proj")(jnp.einsum("bst,btd->bsd", probs, v))
+        h = nn.RMSNorm()(x)
+        gate = nn.Dense(2 * WIDTH, name="gate_proj")(h)
+        up = nn.Dense(2 * WIDTH, name="up_proj")(h)
+        mid = nn.Dense(2 * WIDTH, name="mixer")(nn.silu(gate) * up)  # no rule: a path tag
+        return x + nn.Dense(WIDTH, name="down_proj")(mid)
+
+
+class _Untagged(nn.Module):
+    policy: rk.Policy
+
+    @nn.compact
+    def __call__(self, tokens):
+        block = rk.remat(_Block, self.policy)
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        for i in range(LAYERS):
+            x = block(name=f"layers_{i}")(x, deterministic=True)
+        return nn.Dense(VOCAB, name="lm_head")(x)
+
+
+def untagged(policy):
+    """A linen model with Hugging Face's layer names and no checkpoint_name of its own."""
+    return _Untagged(policy)
+
+
+def preset(policy, schedule="none"):
+    """Our tiny-llama preset through the factory door: takes schedules."""
+    return models.build(models.get_config("tiny-llama", policy=policy, schedule=schedule))
+
+
+def ignores_policy(policy):
+    """A factory that never applies the policy it is given."""
+    return models.build(models.get_config("tiny-llama"))
+
+
+def always_full(policy):
+    """A factory that checkpoints with 'full' whatever it is given."""
+    return models.build(models.get_config("tiny-llama", policy="full"))
+
+
+_CACHE: dict[str, nn.Module] = {}
+
+
+def cached(policy):
+    """A factory that keeps the first model it built (a stale trace for every later policy)."""
+    if "model" not in _CACHE:
+        _CACHE["model"] = models.build(models.get_config("tiny-llama", policy=policy))
+    return _CACHE["model"]
+
+
+class _NNXBlock(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        self.q_proj = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+        self.up_proj = nnx.Linear(WIDTH, 2 * WIDTH, rngs=rngs)
+        self.down_proj = nnx.Linear(2 * WIDTH, WIDTH, rngs=rngs)
+
+    def __call__(self, x):
+        x = x + self.q_proj(x)
+        return x + self.down_proj(nnx.silu(self.up_proj(x)))
+
+
+class _NNXModel(nnx.Module):
+    def __init__(self, policy: rk.Policy, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
+        block = rk.remat(_NNXBlock, policy)
+        self.blocks = nnx.List([block(rngs) for _ in range(LAYERS)])
+        self.head = nnx.Linear(WIDTH, VOCAB, rngs=rngs)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def nnx_model(policy):
+    """An NNX model, remat applied with rk.remat on its block class."""
+    return _NNXModel(policy, nnx.Rngs(0))
+
+
+not_callable = 3

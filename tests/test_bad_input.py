@@ -1,0 +1,415 @@
+"""Bad input fails early and clearly: one ``remat-kit: ...`` line, a documented exit code, no
+traceback, no file written or left behind, and no compile (XLA's compile entry point is patched
+to fail the test if reached: every check here runs on names and shapes, in milliseconds).
+
+The library half: the same mistakes made through the API raise a typed error whose message
+names the bad value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import time
+
+import jax
+import pytest
+
+import models
+import remat_kit as rk
+from models.measure import Options, check_sizes, cudnn_problem, resolve_attention
+from remat_kit.cli import main
+from remat_kit.errors import BadValue, DoesNotFit, UnknownName
+from remat_kit.render.files import check_output, write_json
+
+TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
+
+
+def _r(*argv):
+    return ["report", *TINY, *argv]
+
+
+# (argv, what the one line must say, exit code). Placeholders: {dir} an existing directory,
+# {link} a symlink to a file, {fifo} a FIFO, {file} a regular file, {tmp} the test's directory.
+CLI_CASES = [
+    # output paths: refused before the compile, never replaced
+    (_r("--json", "{dir}"), "is a directory, not a regular file", 2),
+    (_r("--json", "/dev/full"), "--json '/dev/full' is a device", 2),
+    (_r("--json", "{link}"), "is a symbolic link", 2),
+    (_r("--json", "{fifo}"), "is a FIFO", 2),
+    (_r("--json", "{tmp}/missing/r.json"), "does not exist", 2),
+    (_r("--json", "/proc/c.json"), "cannot create a file in '/proc'", 2),
+    (_r("--json", "{file}/r.json"), "Not a directory", 2),
+    (_r("--json", ""), "is not a file name", 2),
+    (["compare", *TINY, "--csv", "{dir}"], "--csv", 2),
+    (["plan", *TINY, "--plot", "{tmp}/missing/front.png"], "--plot", 2),
+    (["inspect", *TINY, "--plot", "{dir}"], "--plot", 2),
+    (["fit", *TINY, "--json", "/dev/full"], "is a device", 2),
+    # policies
+    (_r("--policy", "names:save=query_prj"), "did you mean 'query_proj'", 2),
+    (_r("--policy", "names:save="), "needs at least one tag", 2),
+    (_r("--policy", "minmal"), "Did you mean minimal", 2),
+    (_r("--policy", "offload:offload=context,save=context"), "both offloaded and saved", 2),
+    (_r("--policy", "offload:offload=context,dst=gpu"), "unknown offload destination", 2),
+    (_r("--policy", "names:save query_proj"), "expected key=value", 2),
+    (_r("--policy", "either:a=qkv_proj"), "needs parameter(s) b", 2),
+    (["compare", *TINY, "--policies", "none,,full"], "--policies 'none,,full' has an empty", 2),
+    (["compare", *TINY, "--policies", ","], "--policies is empty", 2),
+    (["fit", *TINY, "--policies", "full,"], "has an empty item", 2),
+    (["plan", *TINY, "--policies", "full,dotz"], "unknown policy 'dotz'", 2),
+    (["inspect", *TINY, "--diff", "full", "minmal"], "--diff 'minmal'", 2),
+    # schedules, checked against the model's 4 layers
+    (_r("--schedule", "every:64"), "the model has 4", 2),
+    (_r("--schedule", "every:0"), "--schedule 'every:0'", 2),
+    (_r("--schedule", "evry:2"), "Did you mean every", 2),
+    (_r("--schedule", "layers:0-9=full"), "the model has 4", 2),
+    (_r("--schedule", "sqrt:3"), "takes no argument", 2),
+    (["fit", *TINY, "--schedule", "nested:0"], "--schedule 'nested:0'", 2),
+    (["compare", *TINY, "--schedules", "none;every:x"], "--schedules 'every:x'", 2),
+    # budgets
+    (["plan", *TINY, "--budget", "-5GiB"], "--budget '-5GiB' must be positive", 2),
+    (["plan", *TINY, "--budget=-5GiB"], "must be positive", 2),
+    (["plan", *TINY, "--budget", "lots"], "cannot read budget", 2),
+    (["plan", *TINY, "--budget", "200GiB"], "larger than the device", 2),
+    (["plan", *TINY, "--budget", "0"], "must be positive", 2),
+    (["plan", *TINY, "--budget", "1.5"], "bare number above 1", 2),
+    (["plan", *TINY, "--budget", "1KiB"], "absurdly small", 1),  # nothing fits: exit 1
+    (["plan", *TINY, "--headroom", "1.5"], "must be in [0, 1)", 2),
+    # sizes, model overrides, attention
+    (["report", "--model", "gpt2-small", "--seq", "512", "--batch", "1000000000"], "32-bit", 2),
+    (_r("--seq", "128", "--batch", "16000000", "--vocab", "100000"), "logits alone", 2),
+    (_r("--width", "4000000"), "of weights per device", 2),
+    (_r("--batch", "0"), "must be positive", 2),
+    (_r("--seq", "-3"), "must be positive", 2),
+    (_r("--vocab", "1"), "--vocab 1: vocab_size=1", 2),
+    (_r("--width", "65"), "--width 65", 2),
+    (_r("--kv-heads", "3"), "--kv-heads 3", 2),
+    (_r("--lora", "4096"), "lora_rank=4096 exceeds", 2),
+    (_r("--optimizer", "adamm"), "unknown optimizer", 2),
+    (_r("--batch", "4", "--accum", "3"), "accum=3", 2),
+    (_r("--attention", "flash"), "unknown attention 'flash'", 2),
+    (_r("--target", "cpu", "--attention", "cudnn"), "needs an NVIDIA target", 2),
+    (["report", "--model", "llama3-8b", "--seq", "2047", "--attention", "cudnn"], "even seq", 2),
+    (["report", "--model", "tiny-gpt2", "--seq", "4096"], "exceeds tiny-gpt2's", 2),
+    (["report", "--model", "llama3-7b"], "unknown model 'llama3-7b'", 2),
+    (_r("--target", "h1000"), "unknown target 'h1000'", 2),
+    # meshes
+    (_r("--gpus", "4", "--shard", "fsdp:8"), "holds 8 devices", 2),
+    (_r("--gpus", "8", "--hosts", "3"), "not divisible by hosts=3", 2),
+    (_r("--gpus", "2", "--shard", "dp:2", "--batch", "3"), "multiple of 2", 2),
+    (
+        ["report", "--model", "llama3-8b", "--seq", "511", "--gpus", "7", "--shard", "tp:7"],
+        "tp:7",
+        2,
+    ),
+    (["inspect", *TINY, "--gpus", "2", "--shard", "fsdp:2"], "drop --shard", 2),
+    (["inspect", *TINY, "--top", "0"], "--top 0 must be positive", 2),
+    (["advise", *TINY, "--targets", "h100,,l4"], "--targets 'h100,,l4' has an empty", 2),
+    (["advise", *TINY, "--targets", "h1000"], "--targets 'h1000'", 2),
+]
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Fails the test if anything reaches XLA's compile."""
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("compiled: this input must be refused before any compile")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
+
+
+@pytest.fixture
+def places(tmp_path):
+    """The paths the placeholders name, made fresh in the test's directory."""
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "real.json").write_text("keep me\n")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    os.mkfifo(tmp_path / "fifo.json")
+    (tmp_path / "plain").write_text("a file, not a directory\n")
+    return {
+        "{dir}": str(tmp_path / "adir"),
+        "{link}": str(tmp_path / "link.json"),
+        "{fifo}": str(tmp_path / "fifo.json"),
+        "{file}": str(tmp_path / "plain"),
+        "{tmp}": str(tmp_path),
+    }
+
+
+def _snapshot(root):
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            link = os.readlink(path) if stat.S_ISLNK(st.st_mode) else None
+            size = st.st_size if stat.S_ISREG(st.st_mode) else None
+            out[path] = (stat.S_IFMT(st.st_mode), link, size)
+    return out
+
+
+TIMES: list[float] = []
+
+
+def _case_id(argv):
+    return " ".join(a for a in argv if a not in TINY[1::2] and a not in TINY[::2])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message", "code"), CLI_CASES, ids=[_case_id(c[0]) for c in CLI_CASES]
+)
+def test_bad_cli_input(argv, message, code, places, tmp_path, monkeypatch, capsys, no_compile):
+    monkeypatch.chdir(tmp_path)
+    for key, value in places.items():
+        argv = [a.replace(key, value) for a in argv]
+    before = _snapshot(tmp_path)
+    full_before = os.stat("/dev/full")
+    start = time.perf_counter()
+    try:
+        got = main(argv)
+    except SystemExit as exc:  # argparse's own errors
+        got = exc.code
+    TIMES.append(time.perf_counter() - start)
+    out, err = capsys.readouterr()
+    assert got == code, err
+    assert err.startswith("remat-kit: ") and err.count("\n") == 1, err
+    assert message in err
+    assert "Traceback" not in err + out
+    assert _snapshot(tmp_path) == before  # nothing written, replaced or left half-written
+    assert (tmp_path / "real.json").read_text() == "keep me\n"
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    assert os.stat("/dev/full").st_ino == full_before.st_ino
+
+
+def test_the_table_is_large_and_fast():
+    """At least 40 inputs; together they take seconds, not minutes (they never compile)."""
+    assert len(CLI_CASES) >= 40
+    assert {c[2] for c in CLI_CASES} == {1, 2}
+    if len(TIMES) == len(CLI_CASES):  # the table ran first in this session
+        assert sum(TIMES) < 60, f"{sum(TIMES):.1f} s for {len(TIMES)} bad inputs"
+
+
+# --- the same mistakes through the library ------------------------------------------------------
+
+
+def _llama(**overrides):
+    return models.get_config("llama3-8b", **overrides)
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: rk.policy("names", save=[]), BadValue, "at least one tag to save"),
+        (lambda: rk.policy("offload", offload=[]), BadValue, "at least one tag to offload"),
+        (lambda: rk.policy("minmal"), UnknownName, "Did you mean minimal"),
+        (
+            lambda: rk.policies.parse_policy("names:save query_proj"),
+            ValueError,
+            "expected key=value",
+        ),
+        (lambda: rk.parse_schedule("every:0"), ValueError, r"n=0 must be >= 1"),
+        (
+            lambda: rk.parse_schedule("every:64").runs(4, "full"),
+            BadValue,
+            "segments of 64 layers but the model has 4",
+        ),
+        (lambda: rk.target("h1000"), UnknownName, "unknown target 'h1000'"),
+        (lambda: rk.target("h100", devices=8, hosts=3), ValueError, "not divisible by hosts=3"),
+        (lambda: rk.search.parse_budget("0GiB"), ValueError, "must be positive"),
+        (lambda: rk.search.parse_budget("52GiB", 2**30), ValueError, "larger than the device"),
+        (lambda: models.get_config("tiny-llama", vocab=1), ValueError, "vocab_size=1 leaves"),
+        (
+            lambda: resolve_attention("cudnn", rk.target("h100"), _llama(), seq=2047),
+            BadValue,
+            r"even sequence length \(got seq=2047\)",
+        ),
+        (
+            lambda: resolve_attention("cudnn", rk.target("h100"), _llama(width=4096 + 8 * 32)),
+            BadValue,
+            "head size that is a multiple of 8 and at most 128 \\(got 136",
+        ),
+        (
+            lambda: check_sizes(
+                Options("gpt2-small", batch=10**9, seq=512),
+                models.get_config("gpt2-small"),
+                rk.target("h100"),
+            ),
+            BadValue,
+            r"512000000000 tokens per step, more than XLA indexes with 32-bit",
+        ),
+        (lambda: check_output("/proc/x.json", flag="--json"), BadValue, "cannot create a file"),
+        (lambda: write_json("/dev/full", {}), BadValue, "'/dev/full' is a device"),
+        (
+            lambda: rk.TrainConfig(batch=6, seq=8, accum=4),
+            ValueError,
+            "batch=6 does not split into accum=4",
+        ),
+    ],
+)
+def test_bad_library_call(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_auto_attention_falls_back_where_cudnn_cannot_train():
+    """Odd sequence lengths and large heads go to XLA's attention under ``auto``."""
+    h100 = rk.target("h100")
+    assert resolve_attention("auto", h100, _llama(), seq=2048) == "cudnn"
+    assert resolve_attention("auto", h100, _llama(), seq=2047) == "xla"
+    assert resolve_attention("auto", h100, _llama(width=4096 + 8 * 32), seq=2048) == "xla"
+    # The rules themselves: even lengths pass, head sizes 8..128 in steps of 8 pass.
+    assert cudnn_problem(_llama(), 2, h100) is None
+    assert cudnn_problem(_llama(), 1, h100) is not None
+    assert cudnn_problem(_llama(width=32 * 128), 2048, h100) is None  # head 128: the limit
+    assert cudnn_problem(_llama(width=32 * 132), 2048, h100) is not None  # 132: not x8
+
+
+def test_sizes_just_inside_the_limits_pass():
+    """The size checks reject only the absurd: one token under each limit is accepted."""
+    h100 = rk.target("h100")
+    tiny = models.get_config("tiny-llama")
+    check_sizes(Options("tiny-llama", batch=2**24 - 1, seq=128), tiny, h100)
+    with pytest.raises(BadValue, match="2147483648 tokens per step"):
+        check_sizes(Options("tiny-llama", batch=2**24, seq=128), tiny, h100)
+    # logits = batch * seq * vocab * 4 bytes; the limit is 1000x the device's memory.
+    vocab = 2**20
+    limit_tokens = 1000 * h100.memory_bytes // (vocab * 4)
+    wide = tiny.replace(vocab_size=vocab)
+    check_sizes(Options("tiny-llama", batch=limit_tokens // 128, seq=128), wide, h100)
+    with pytest.raises(BadValue, match="the logits alone"):
+        check_sizes(Options("tiny-llama", batch=limit_tokens // 128 + 1, seq=128), wide, h100)
+
+
+def test_a_refused_write_leaves_nothing(tmp_path):
+    """A symlink, a directory and a FIFO are refused, unchanged, with no temporary file."""
+    (tmp_path / "real.json").write_text("keep\n")
+    (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
+    (tmp_path / "adir").mkdir()
+    os.mkfifo(tmp_path / "fifo.json")
+    before = _snapshot(tmp_path)
+    for name, kind in (("link.json", "symbolic link"), ("adir", "directory"), ("fifo", "FIFO")):
+        with pytest.raises(BadValue, match=kind):
+            write_json(tmp_path / (name if name != "fifo" else "fifo.json"), {"a": 1})
+    assert _snapshot(tmp_path) == before
+    assert (tmp_path / "real.json").read_text() == "keep\n"
+
+
+# --- budgets far below what any policy can reach ------------------------------------------------
+
+
+def _budget_workload(target, gib_fixed):
+    fixed = int(gib_fixed * 2**30)
+    return rk.Workload(
+        lambda *a: None,
+        lambda *a: 0.0,
+        target=rk.target(target),
+        seq=8,
+        n_layers=1,
+        breakdown_fn=lambda b: {
+            "weights": fixed // 4,
+            "gradients": fixed // 4,
+            "optimizer": fixed // 2,
+        },
+        label="fake",
+    )
+
+
+def test_a_tiny_budget_suggests_a_larger_budget_not_a_smaller_gpu():
+    """1 KiB on an H100 for 1 GiB of fixed parts: the device holds them; the budget is the typo."""
+    with pytest.raises(DoesNotFit) as err:
+        rk.search.check_budget(_budget_workload("h100", 1.0), 1, 1024)
+    text = str(err.value)
+    assert "a larger budget" in text and "absurdly small" in text
+    assert "a100-80gb" not in text and "GPU with more memory" not in text
+    assert "+ GPUs" not in text  # not "sharding ... over 1626524+ GPUs"
+
+
+def test_a_gpu_is_suggested_only_when_it_gives_more_than_this_whole_device():
+    """The a100-80gb is 0.2% larger than an h100 on paper and smaller once usable: never named."""
+    h100, a100 = rk.target("h100"), rk.target("a100-80gb")
+    assert h100.usable_bytes < a100.usable_bytes < h100.memory_bytes
+    # Fixed parts (+15% for activations) between what the two give: the a100 holds them, on
+    # paper, by 0.1 GiB; only the h200 is a real step up from an h100.
+    gib = (h100.usable_bytes + a100.usable_bytes) / 2 / 1.15 / 2**30
+    with pytest.raises(DoesNotFit) as err:
+        rk.search.check_budget(_budget_workload("h100", gib), 1, int((gib - 1) * 2**30))
+    text = str(err.value)
+    assert "a GPU with more memory: h200 (141 GiB);" in text
+    assert "a100-80gb" not in text and "a larger budget" not in text
+    # Sharding is an honest hint at this size: two GPUs.
+    assert "sharding weights, gradients and optimizer state over 2+ GPUs" in text
+
+
+# --- exit codes: 1 when a search finds nothing that fits, 2 when XLA refuses the program -------
+
+
+def _one_line(capsys):
+    out, err = capsys.readouterr()
+    assert err.startswith("remat-kit: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err + out
+    return err
+
+
+def test_an_xla_error_at_compile_is_one_line_exit_2(monkeypatch, capsys):
+    def internal(self, *args, **kwargs):
+        raise jax.errors.JaxRuntimeError(
+            "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.98 = f32[...]\n"
+            "  stack frames and HLO follow"
+        )
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", internal)
+    assert main(_r("--no-residuals")) == 2
+    err = _one_line(capsys)
+    assert "jax/XLA could not build this step: INTERNAL: Couldn't find output tile" in err
+
+
+def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
+    def nothing(w, policy, schedule, **kwargs):
+        return rk.search.BatchFit(
+            policy=policy.spec,
+            schedule=schedule.spec,
+            max_batch=0,
+            peak_bytes=10 * 2**30,
+            next_peak_bytes=None,
+            limit_bytes=2**30,
+            recompute_overhead=None,
+            tokens_per_step=0,
+            compiles=1,
+            seconds=0.0,
+            message="even batch 1 does not fit",
+        )
+
+    monkeypatch.setattr("remat_kit.cli.fit.max_batch", nothing)
+    assert main(["fit", *TINY, "--policies", "none,full"]) == 1
+    assert "nothing fits: no policy fits even the smallest batch on h100-80gb" in _one_line(capsys)
+    # And 0 as soon as one policy fits.
+    monkeypatch.setattr(
+        "remat_kit.cli.fit.max_batch",
+        lambda w, p, s, **kw: dataclasses.replace(nothing(w, p, s), max_batch=2),
+    )
+    assert main(["fit", *TINY, "--policies", "none,full"]) == 0
+
+
+def test_advise_exits_1_when_no_gpu_fits(monkeypatch, capsys):
+    def none_fit(workload_for, batch, targets=None, **kwargs):
+        return [
+            rk.search.Advice(
+                target=name,
+                memory_bytes=2**30,
+                fits=False,
+                plan=None,
+                peak_bytes=None,
+                recompute_overhead=None,
+                overhead=None,
+                max_batch=0,
+                fixed_bytes=2**31,
+                message="does not fit whatever the policy",
+                seconds=0.0,
+            )
+            for name in targets
+        ]
+
+    monkeypatch.setattr("remat_kit.cli.advise.advise", none_fit)
+    assert main(["advise", *TINY, "--targets", "l4,rtx4090"]) == 1
+    assert "nothing fits: no GPU of l4, rtx4090 fits tiny-llama batch 2" in _one_line(capsys)

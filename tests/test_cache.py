@@ -1,0 +1,195 @@
+"""The on-disk cache of compiled memory analyses: hits, misses, damage, keys, switches."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_kit as rk
+from remat_kit import cache
+from remat_kit.xla import compile_memory
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path))
+    monkeypatch.delenv(cache.ENV_OFF, raising=False)
+    cache.set_enabled(None)
+    yield tmp_path
+    cache.set_enabled(None)
+
+
+def _lowered(n=64):
+    f = lambda a: jnp.sin(a @ a).sum()
+    return jax.jit(jax.grad(f)).lower(jax.ShapeDtypeStruct((n, n), jnp.float32))
+
+
+class _Counting:
+    """compile_memory, counting its calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, lowered):
+        self.calls += 1
+        return compile_memory(lowered)
+
+
+def _entries(root):
+    return sorted(p for p in root.rglob("*.json"))
+
+
+def _same(a, b):
+    fields = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "host_bytes")
+    return all(getattr(a, f) == getattr(b, f) for f in fields) and a.peak_bytes == b.peak_bytes
+
+
+def test_miss_then_hit(cache_dir):
+    low, count = _lowered(), _Counting()
+    cpu = rk.target("cpu")
+    first = cache.compiled_memory(low, cpu, count)
+    assert count.calls == 1 and len(_entries(cache_dir)) == 1
+    again = cache.compiled_memory(_lowered(), cpu, count)  # lowered afresh: same program
+    assert count.calls == 1, "the second call must be read from disk"
+    assert _same(first, again) and again.xla_messages == first.xla_messages
+    other = cache.compiled_memory(_lowered(32), cpu, count)  # another program: a miss
+    assert count.calls == 2 and len(_entries(cache_dir)) == 2
+    assert other.argument_bytes == 32 * 32 * 4 != first.argument_bytes
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "not json {",
+        "",
+        json.dumps([1, 2, 3]),
+        "RECORD:argument_bytes=lots",  # valid JSON, wrong type in a field
+        "RECORD:-host_bytes",  # a field missing
+        "KEY:0000",  # an entry stored under another key
+    ],
+)
+def test_a_damaged_entry_is_ignored_and_rewritten(cache_dir, damage):
+    low, count = _lowered(), _Counting()
+    cpu = rk.target("cpu")
+    good = cache.compiled_memory(low, cpu, count)
+    (path,) = _entries(cache_dir)
+    data = json.loads(path.read_text())
+    if damage.startswith("RECORD:-"):
+        del data["record"][damage.removeprefix("RECORD:-")]
+        text = json.dumps(data)
+    elif damage.startswith("RECORD:"):
+        field, value = damage.removeprefix("RECORD:").split("=")
+        data["record"][field] = value
+        text = json.dumps(data)
+    elif damage.startswith("KEY:"):
+        data["key"] = damage.removeprefix("KEY:")
+        text = json.dumps(data)
+    else:
+        text = damage
+    path.write_text(text)
+    got = cache.compiled_memory(low, cpu, count)
+    assert count.calls == 2, "a damaged entry must be compiled again"
+    assert _same(got, good)
+    assert json.loads(path.read_text())["record"]["argument_bytes"] == good.argument_bytes
+    cache.compiled_memory(low, cpu, count)
+    assert count.calls == 2, "and the rewritten entry is read back"
+
+
+def test_the_key_follows_what_determines_the_analysis(monkeypatch):
+    text = _lowered().as_text()
+    h100 = rk.target("h100")
+    key = cache.entry_key(text, h100)
+    assert key == cache.entry_key(text, rk.target("h100")) and len(key) == 64
+    changed = {
+        "another GPU": cache.entry_key(text, rk.target("a100-80gb")),
+        "more devices": cache.entry_key(text, rk.target("h100", devices=8)),
+        "another config": cache.entry_key(
+            text,
+            dataclasses.replace(h100, target_config=h100.target_config.replace("1.98", "1.5")),
+        ),
+        "another program": cache.entry_key(_lowered(32).as_text(), h100),
+        "compiler options": cache.entry_key(text, h100, {"xla_gpu_autotune_level": 0}),
+    }
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true")
+    changed["XLA_FLAGS"] = cache.entry_key(text, h100)
+    for why, other in changed.items():
+        assert other != key, why
+    assert len(set(changed.values())) == len(changed)
+
+
+def test_the_key_names_the_jax_versions(monkeypatch):
+    text = _lowered().as_text()
+    key = cache.entry_key(text, rk.target("cpu"))
+    monkeypatch.setattr(cache, "_versions", lambda: (("jax", "0.0.0"), ("jaxlib", "0.0.0")))
+    assert cache.entry_key(text, rk.target("cpu")) != key
+
+
+@pytest.mark.parametrize("how", ["env", "call"])
+def test_the_cache_can_be_bypassed(cache_dir, monkeypatch, how):
+    if how == "env":
+        monkeypatch.setenv(cache.ENV_OFF, "1")
+    else:
+        cache.set_enabled(False)
+    assert not cache.enabled()
+    count = _Counting()
+    cache.compiled_memory(_lowered(), rk.target("cpu"), count)
+    cache.compiled_memory(_lowered(), rk.target("cpu"), count)
+    assert count.calls == 2 and _entries(cache_dir) == []
+
+
+def test_set_enabled_rejects_a_non_bool():
+    with pytest.raises(TypeError, match="True, False or None"):
+        cache.set_enabled("no")
+
+
+def test_concurrent_writers_never_leave_a_partial_entry(cache_dir):
+    key = cache.entry_key("module {}", rk.target("cpu"))
+    record = {"blob": "x" * 200_000}
+    seen, errors = [], []
+
+    def write():
+        for _ in range(30):
+            assert cache.store(key, record)
+
+    def read():
+        for _ in range(200):
+            try:
+                got = cache.load(key)
+            except Exception as err:  # any error is the failure
+                errors.append(err)
+                return
+            if got is not None:
+                seen.append(len(got["blob"]))
+
+    threads = [threading.Thread(target=write) for _ in range(3)]
+    threads += [threading.Thread(target=read) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and set(seen) <= {200_000}
+    assert [p.name for p in _entries(cache_dir)] == [f"{key}.json"]  # no temporary left
+
+
+def test_an_unwritable_cache_is_not_an_error(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(cache.ENV_DIR, str(blocker / "sub"))  # a directory under a file
+    count = _Counting()
+    got = cache.compiled_memory(_lowered(), rk.target("cpu"), count)
+    assert count.calls == 1 and got.argument_bytes == 64 * 64 * 4
+
+
+def test_memory_report_reads_the_cache(cache_dir):
+    """End to end on a GPU target: the second report of the same step compiles nothing."""
+    x = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    first = rk.memory_report(lambda a: jnp.tanh(a @ a), x, target="h100")
+    assert len(_entries(cache_dir)) == 1
+    again = rk.memory_report(lambda a: jnp.tanh(a @ a), x, target="h100")
+    assert again.peak_bytes == first.peak_bytes and again.temp_bytes == first.temp_bytes
+    assert len(_entries(cache_dir)) == 1

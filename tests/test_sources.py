@@ -1,0 +1,363 @@
+"""Model sources: factories (rk.sources), Hugging Face config.json (models.hf), and the checks
+that keep a report honest (remat_kit.checks): no silent no-op policy, no stale trace."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import warnings
+from pathlib import Path
+
+import flax.traverse_util
+import jax
+import jax.numpy as jnp
+import pytest
+
+import models
+import models.hf
+import remat_kit as rk
+from models.measure import Options, model_config, residuals
+from remat_kit import checks, sources
+from remat_kit.analysis import RematWarning
+from remat_kit.cli import main
+from remat_kit.errors import BadValue
+
+DATA = Path(__file__).parent / "data"
+FACTORIES = str(DATA / "factories.py")
+SMALL = rk.TrainConfig(batch=2, seq=16)
+
+
+# --- Hugging Face config.json -> our decoder ---------------------------------------------------
+
+
+def _published_count(c: dict) -> int:
+    """Parameters of a Llama-family config.json, counted by hand from its fields."""
+    d, ff, L, V = (
+        c["hidden_size"],
+        c["intermediate_size"],
+        c["num_hidden_layers"],
+        c["vocab_size"],
+    )
+    h = c.get("head_dim") or d // c["num_attention_heads"]
+    q, kv = c["num_attention_heads"] * h, c["num_key_value_heads"] * h
+    attn = d * q + 2 * d * kv + q * d
+    if c["architectures"][0] == "Qwen2ForCausalLM":
+        attn += q + 2 * kv  # biases on q, k and v
+    layer = attn + 3 * d * ff + 2 * d
+    tied = c.get("tie_word_embeddings", c["architectures"][0] == "GemmaForCausalLM")
+    return V * d * (1 if tied else 2) + L * layer + d
+
+
+@pytest.mark.parametrize(
+    ("name", "published"),
+    [("llama3-8b", 8.03e9), ("mistral-7b", 7.24e9), ("qwen2-7b", 7.62e9), ("gemma-7b", 8.54e9)],
+)
+def test_hf_config_builds_the_published_parameter_count(name, published):
+    path = DATA / "hf" / f"{name}.json"
+    cfg = models.hf.from_hf_config(path)
+    tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    shapes = jax.eval_shape(models.build(cfg).init, jax.random.key(0), tokens)
+    count = sum(math.prod(x.shape) for x in jax.tree.leaves(rk.strip_boxes(shapes)))
+    assert round(count / 1e9, 2) == round(published / 1e9, 2)
+    assert count == _published_count(json.loads(path.read_text()))
+
+
+def test_qwen2_has_biases_on_qkv_only_and_gemma_ties_and_scales():
+    tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    small = dict(layers=1, width=64, heads=4, kv_heads=2, ff=128, vocab=256)
+    qwen = models.hf.from_hf_config(DATA / "hf" / "qwen2-7b.json")
+    qwen = qwen.replace(**{models.OVERRIDES[k]: v for k, v in small.items()})
+    shapes = rk.strip_boxes(jax.eval_shape(models.build(qwen).init, jax.random.key(0), tokens))
+    flat = flax.traverse_util.flatten_dict(shapes)
+    biases = sorted({path[-2] for path in flat if path[-1] == "bias"})
+    assert biases == ["key", "query", "value"]
+    gemma = models.hf.from_hf_config(DATA / "hf" / "gemma-7b.json")
+    assert (gemma.tie_embeddings, gemma.embed_scale, gemma.mlp_activation) == (True, True, "gelu")
+    assert gemma.head_dim == 256  # not width / heads = 192
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"final_logit_softcapping": 30.0}, r"field 'final_logit_softcapping' = 30.0 is not"),
+        ({"architectures": ["Gemma2ForCausalLM"]}, r"architecture 'Gemma2ForCausalLM' is not"),
+        ({"hidden_act": "relu"}, r"hidden_act='relu' is not modelled.*silu, gelu"),
+        ({"attention_bias": True}, r"attention_bias=True is not modelled"),
+        ({"mlp_bias": True}, r"mlp_bias=True is not modelled"),
+        ({"pretraining_tp": 2}, r"pretraining_tp=2 is not modelled"),
+        ({"hidden_size": None}, r"lacks hidden_size"),
+    ],
+)
+def test_hf_config_refuses_what_it_cannot_model(change, match):
+    fields = {**json.loads((DATA / "hf" / "llama3-8b.json").read_text()), **change}
+    with pytest.raises(BadValue, match=match):
+        models.hf.from_hf_config(fields)
+
+
+def test_hf_config_file_errors(tmp_path):
+    with pytest.raises(BadValue, match="no such file"):
+        models.hf.from_hf_config(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(BadValue, match="is not JSON"):
+        models.hf.from_hf_config(tmp_path / "bad.json")
+
+
+def test_sliding_window_bounds_the_sequence():
+    t = rk.target("cpu")
+    opts = Options("mistral", 1, 4096, hf_config=str(DATA / "hf" / "mistral-7b.json"))
+    assert model_config(opts, "full", t).n_layers == 32
+    with pytest.raises(BadValue, match=r"seq=4097 is longer than mistral attends to \(4096"):
+        model_config(dataclasses.replace(opts, seq=4097), "full", t)
+
+
+# --- factories ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("no_colon.py", r"a factory is LOCATION:NAME"),
+        (f"{DATA}/missing.py:f", r"no such file"),
+        (f"{FACTORIES}:nope", r"has no 'nope'; callables there: .*hf_llama.*untagged"),
+        (f"{FACTORIES}:not_callable", r"not_callable is a int, not a callable"),
+        ("no_such_package_xyz.mod:f", r"cannot import 'no_such_package_xyz.mod'"),
+    ],
+)
+def test_load_factory_errors_name_what_is_wrong(spec, match):
+    with pytest.raises(BadValue, match=match):
+        sources.load_factory(spec)
+
+
+def test_factory_must_take_a_policy():
+    with pytest.raises(BadValue, match=r"called as NAME\(policy\)"):
+        sources.from_factory(lambda: None)
+
+
+@pytest.mark.parametrize(
+    ("name", "block", "kinds"),
+    [
+        ("untagged", None, {"none"}),
+        ("preset", None, {"none", "every", "sqrt", "nested", "layers"}),
+        ("untagged", "tests.data.factories:_Block", {"none", "layers"}),
+    ],
+)
+def test_schedules_are_offered_only_where_the_factory_builds_them(name, block, kinds):
+    src = sources.from_factory(f"{FACTORIES}:{name}", block=block)
+    assert src.schedule_kinds == kinds
+    if "sqrt" not in kinds:
+        with pytest.raises(BadValue, match=r"cannot build schedule 'sqrt'"):
+            src.build("full", "sqrt")
+
+
+def test_untagged_model_is_tagged_and_a_model_with_tags_keeps_its_own():
+    untagged = sources.residuals(sources.from_factory(f"{FACTORIES}:untagged"), "minimal", SMALL)
+    assert untagged.tags["query_proj"] == "saved"
+    assert untagged.tags["layers_0/mixer"] == "recomputed"
+    preset = sources.residuals(sources.from_factory(f"{FACTORIES}:preset"), "minimal", SMALL)
+    assert set(preset.tags) == set(rk.names.VOCABULARY) - {"mlpwi"}  # no path tags added
+
+
+def test_nnx_factory_is_built_abstractly_and_tagged():
+    src = sources.from_factory(f"{FACTORIES}:nnx_model")
+    built = src.build("minimal")
+    assert built.kind == "nnx"
+    report = sources.residuals(src, "minimal", SMALL)
+    assert report.tags["query_proj"] == "saved" and report.tags["mlpwi_1"] == "saved"
+    full = sources.residuals(src, "full", SMALL)
+    assert full.tags["query_proj"] == "recomputed"
+
+
+@pytest.mark.parametrize(
+    ("name", "policies", "match"),
+    [
+        ("ignores_policy", ["full"], r"'full' holds no checkpoint with it; it has no checkpoint"),
+        (
+            "always_full",
+            ["full", "minimal"],
+            r"'minimal' holds no checkpoint.*other policies \(full",
+        ),
+        ("always_full", ["none"], r"'none' holds checkpoints with full"),
+        ("cached", ["full", "dots"], r"'dots' holds no checkpoint.*other policies \(full"),
+    ],
+)
+def test_stale_or_ignored_traces_fail_loudly(name, policies, match):
+    src = sources.from_factory(f"{FACTORIES}:{name}", tags=None)
+    *first, last = policies
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RematWarning)
+        for p in first:
+            checks.check_traced_with(_forward(src, p), p)
+        with pytest.raises(BadValue, match=match):
+            checks.check_traced_with(_forward(src, last), last)
+
+
+def test_identical_trace_for_another_policy_fails():
+    # One program reported under two policies: the second report would be stale.
+    closed = _forward(sources.from_factory(f"{FACTORIES}:preset"), "none")
+    first = checks.check_traced_with(closed, "none")
+    assert checks.check_traced_with(closed, "none", previous=first) == first  # same policy
+    earlier = dataclasses.replace(first, policy="dots_no_batch")
+    with pytest.raises(BadValue, match=r"policy 'none' is identical to .* for 'dots_no_batch'"):
+        checks.check_traced_with(closed, "none", previous=earlier)
+
+
+def _forward(src, policy):
+    step = src.build(policy).train_step(SMALL)
+    return jax.make_jaxpr(step.loss_fn)(*step.loss_args)
+
+
+def test_fresh_traces_pass_with_their_schedule_policies():
+    src = sources.from_factory(f"{FACTORIES}:preset")
+    prev = None
+    for pol, sch in [("minimal", "none"), ("none", "every:2"), ("dots", "layers:0-1=full")]:
+        step = src.build(pol, sch).train_step(SMALL)
+        closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
+        prev = checks.check_traced_with(
+            closed, pol, also=sources._schedule_policies(rk.parse_schedule(sch)), previous=prev
+        )
+
+
+# --- policies that match nothing ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("policy", "tags", "unmatched"),
+    [
+        ("minimal", ["context"], True),
+        ("minimal", ["mlpwo"], False),
+        ("names:save=layers_*/mixer", ["layers_3/mixer"], False),
+        ("names:save=layers_*/mixer", ["mixer"], True),
+        ("full", [], False),  # not a name-based policy
+        ("none", [], False),
+        ("offload:offload=context", ["query_proj"], True),
+    ],
+)
+def test_unmatched_policy(policy, tags, unmatched):
+    assert checks.unmatched_policy(policy, tags) is unmatched
+
+
+def test_check_policy_matches_warns_or_raises_listing_the_tags():
+    with pytest.warns(RematWarning, match=r"'context' names context but m tags none.*: a, b$"):
+        checks.check_policy_matches("context", ["b", "a"], where="m")
+    with pytest.raises(BadValue, match=r"tags there: none \(tag the model"):
+        checks.check_policy_matches("context", [], strict=True)
+
+
+def test_library_residuals_warn_on_a_model_without_tags():
+    src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
+    with pytest.warns(RematWarning, match=r"'minimal' names .* tags none of them"):
+        sources.residuals(src, "minimal", SMALL)
+
+
+def test_cli_refuses_a_policy_that_matches_no_tag_before_compiling(capsys):
+    argv = ["report", "--model", f"{FACTORIES}:untagged", "--tags", "none", "--target", "h100"]
+    code = main([*argv, "--policy", "minimal", "--batch", "1", "--seq", "16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "'minimal' names query_proj" in err[0] and "tags there: none" in err[0]
+
+
+def test_cli_refuses_options_a_factory_does_not_take(capsys):
+    argv = ["report", "--model", f"{FACTORIES}:untagged", "--lora", "8", "--batch", "1"]
+    assert main(argv) == 2
+    assert "--lora: the factory" in capsys.readouterr().err
+
+
+def test_cli_needs_exactly_one_model(capsys):
+    hf = str(DATA / "hf" / "llama3-8b.json")
+    assert main(["report", "--model", "tiny-llama", "--hf-config", hf]) == 2
+    assert "give the model once" in capsys.readouterr().err
+
+
+# --- compiled reports --------------------------------------------------------------------------
+
+
+def test_factory_report_equals_the_preset_report():
+    # Our preset through the factory door is the same program as through models.measure.
+    t = rk.target("h100")
+    opts = Options("tiny-llama", batch=2, seq=64, precision="f32", attention="xla")
+    src = sources.from_factory(f"{FACTORIES}:preset")
+    config = dataclasses.replace(opts.train_config())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RematWarning)
+        via_factory = sources.measure(src, "minimal", t, config)
+        via_preset = models.measure.measure(opts, "minimal", t)
+    assert via_factory.peak_bytes == via_preset.peak_bytes
+    assert via_factory.meta["params"] == model_config(opts, "none", t).param_count()
+    assert via_factory.meta["precision"]["compute"] == "module's own"
+
+
+def test_workload_leaves_out_schedules_the_factory_cannot_build():
+    w = sources.workload(f"{FACTORIES}:untagged", "h100", SMALL)
+    assert w.supports("none") and not w.supports("sqrt") and not w.supports("layers:0-1=full")
+    assert w.n_layers == 1
+    w2 = sources.workload(f"{FACTORIES}:preset", "h100", SMALL)
+    assert w2.supports("nested:2") and w2.n_layers == 4
+
+
+def test_residuals_of_an_hf_config_match_the_preset_it_equals():
+    # llama3-8b.json at tiny overrides is the llama3-8b preset at the same overrides.
+    small = dict(layers=2, width=64, heads=4, kv_heads=2, ff=128, vocab=256)
+    t = rk.target("cpu")
+    hf = Options("x", 1, 32, hf_config=str(DATA / "hf" / "llama3-8b.json"), attention="xla")
+    hf = dataclasses.replace(hf, overrides=tuple(small.items()))
+    preset = dataclasses.replace(hf, model="llama3-8b", hf_config=None)
+    a, b = residuals(hf, "minimal", t), residuals(preset, "minimal", t)
+    assert a.tag_bytes == b.tag_bytes and a.tags == b.tags
+
+
+# --- offload that did not happen, and a breakdown that cannot be negative ------------------------
+
+
+@functools.cache
+def _compiled() -> rk.MemoryReport:
+    x = jax.ShapeDtypeStruct((4, 4), jnp.float32)
+    return rk.memory_report(lambda a: a * 2, x, target="cpu", warn=False)
+
+
+def _report(peak: int = 10 * 2**30, host_temp: int = 0) -> rk.MemoryReport:
+    # A real report with the figures under test set: the check reads only these fields.
+    return _compiled().replace(
+        peak_bytes=peak, host_bytes=host_temp, host_temp_bytes=host_temp, warnings=()
+    )
+
+
+@pytest.mark.parametrize(
+    ("moved_gib", "marked_gib", "warned"),
+    [(0.3, 10.0, True), (0.0, 10.0, True), (4.9, 10.0, True), (5.0, 10.0, False), (0, 0, False)],
+)
+def test_offload_shortfall_reports_both_figures(moved_gib, marked_gib, warned):
+    note = checks.offload_shortfall(
+        _report(host_temp=int(moved_gib * 2**30)), int(marked_gib * 2**30)
+    )
+    assert (note is not None) is warned
+    if warned:
+        pct = round(100 * moved_gib / marked_gib)
+        assert f"moved {moved_gib:.2f} GiB to host of the {marked_gib:.2f} GiB" in note
+        assert f"({pct}%)" in note and "offload needs scanned layers" in note
+
+
+def test_breakdown_activations_never_negative():
+    gib = 2**30
+    step = rk.train.TrainStep(
+        fn=None,
+        args=(),
+        donate_argnums=(),
+        loss_fn=None,
+        loss_args=(),
+        breakdown={
+            "weights": 4 * gib,
+            "trainable": 4 * gib,
+            "gradients": 4 * gib,
+            "optimizer": 8 * gib,
+            "batch": 0,
+            "grad_accumulator": 0,
+        },
+    )
+    under = rk.train.add_breakdown(_report(peak=13 * gib), step)  # 16 GiB known > 13 GiB peak
+    assert under.breakdown["activations"] == 0
+    assert "below weights + gradients + optimizer state + batch (16.00 GiB)" in under.warnings[-1]
+    over = rk.train.add_breakdown(_report(peak=20 * gib), step)
+    assert over.breakdown["activations"] == 4 * gib and over.warnings == ()
