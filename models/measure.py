@@ -20,6 +20,7 @@ import remat_kit.sources
 from models import build, get_config
 from models import hf as _hf
 from models.config import ModelConfig, as_dtype
+from remat_kit.breakdown import add_breakdown, add_measured_breakdown
 from remat_kit.errors import BadValue
 
 __all__ = [
@@ -465,15 +466,22 @@ def measure(
         warn=warn,
     )
     if measured_breakdown:
-        report = rk.train.add_measured_breakdown(report, step, t)
+        report = add_measured_breakdown(report, step, t)
     else:
-        report = rk.train.add_breakdown(report, step)
+        report = add_breakdown(report, step)
     if baseline:
         report = report.replace(
             meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
         )
     if pol.offloads and report.host_bytes:
         report = _with_offload_estimate(report, opts, pol, t, cfg)
+    if pol.offloads and not opts.shard:
+        # XLA may carry out only part of the copies jax marks (unrolled layers): say so. Both
+        # figures are one micro-batch's on one device (sharded steps are not compared).
+        marked = residuals(opts, pol, t, schedule).bytes_by("offloaded")
+        note = rk.checks.offload_shortfall(report, marked)
+        if note is not None:
+            report = report.replace(warnings=(*report.warnings, note))
     return report
 
 

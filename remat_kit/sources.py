@@ -44,6 +44,7 @@ from flax import nnx
 
 from remat_kit import checks, tagging
 from remat_kit.analysis import MemoryReport, RematWarning, memory_report
+from remat_kit.breakdown import add_breakdown
 from remat_kit.errors import BadValue
 from remat_kit.flops import count_flops
 from remat_kit.policies import Policy, as_policy
@@ -51,7 +52,7 @@ from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.workload import Workload
 from remat_kit.targets import Target, as_target
-from remat_kit.train import TrainConfig, TrainStep, add_breakdown, build_train_step
+from remat_kit.train import TrainConfig, TrainStep, build_train_step
 from remat_kit.wrap import remat
 
 __all__ = [

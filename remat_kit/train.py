@@ -22,27 +22,30 @@ from flax import traverse_util
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit import sharding as _sharding
-from remat_kit.analysis import MemoryReport, nbytes
-from remat_kit.errors import BadValue, InspectError, unknown
-from remat_kit.peak import api as _peak_api
-from remat_kit.peak import types as _peak_types
-from remat_kit.targets import Target
+from remat_kit.analysis import nbytes
+from remat_kit.errors import BadValue, unknown
+
+# The precision regimes live in their own module; re-exported beside the step they describe.
+from remat_kit.precision import (
+    DEFAULT_PRECISION,
+    PRECISIONS,
+    Precision,
+    cast_floats,
+    precision,
+    with_state_dtype,
+)
 from remat_kit.targets import target as _target
 
 __all__ = [
     "DEFAULT_PRECISION",
-    "MEASURED_PARTS",
     "OPTIMIZERS",
     "PRECISIONS",
     "Precision",
     "TrainConfig",
     "TrainStep",
-    "add_breakdown",
-    "add_measured_breakdown",
     "build_train_step",
     "logits_of",
     "make_optimizer",
-    "measured_breakdown",
     "precision",
     "with_state_dtype",
 ]
@@ -82,204 +85,6 @@ def make_optimizer(name: str, learning_rate: float = 1e-4) -> optax.GradientTran
         return OPTIMIZERS[name](learning_rate)
     except KeyError:
         raise unknown("optimizer", name, OPTIMIZERS, n=2) from None
-
-
-_SHORT_DTYPES: Mapping[str, Any] = {"bf16": jnp.bfloat16, "f32": jnp.float32, "f16": jnp.float16}
-
-
-def _float_dtype(value: Any, what: str) -> jnp.dtype:
-    # Regimes name dtypes the CLI way ("bf16"); numpy names and jnp dtypes work too.
-    try:
-        dtype = jnp.dtype(_SHORT_DTYPES.get(value, value) if isinstance(value, str) else value)
-    except TypeError:
-        dtype = None
-    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
-        raise BadValue(
-            f"{what}={value!r} is not a floating dtype; use one of {', '.join(_SHORT_DTYPES)}"
-        )
-    return dtype
-
-
-@dataclasses.dataclass(frozen=True)
-class Precision:
-    """A training precision regime: the dtype of each thing a train step holds.
-
-    Gradients always have the dtype of the weights they belong to (JAX differentiates a bf16
-    weight into a bf16 gradient), so ``grads`` is ``params``.
-
-    Attributes:
-      name: the regime, e.g. ``"mixed"`` (see ``PRECISIONS``); ``"custom"`` once changed.
-      params: dtype of the trained weights: the copy the optimizer updates (master weights).
-      compute: dtype the model computes in (matmul operands, activations). The module
-        decides it: build the module with this dtype (``models.measure`` does);
-        ``build_train_step`` records it and cannot enforce it on an arbitrary module.
-      optimizer_state: dtype of the optimizer's floating state (Adam's two moments).
-      frozen: dtype of weights that are not trained (LoRA's base weights).
-      description: one line for listings.
-
-    Example:
-      >>> p = precision("mixed")
-      >>> p.params.name, p.compute.name, p.grads.name, p.optimizer_state.name
-      ('float32', 'bfloat16', 'float32', 'float32')
-    """
-
-    name: str
-    params: Any
-    compute: Any
-    optimizer_state: Any
-    frozen: Any
-    description: str = ""
-
-    def __post_init__(self) -> None:
-        for field in ("params", "compute", "optimizer_state", "frozen"):
-            object.__setattr__(self, field, _float_dtype(getattr(self, field), field))
-
-    @property
-    def grads(self) -> jnp.dtype:
-        """The gradients' dtype: that of the trained weights."""
-        return self.params
-
-    def replace(self, **changes: Any) -> Precision:
-        """A copy with ``changes``; named ``"custom"`` unless a name is given."""
-        dtypes = {k: v for k, v in changes.items() if k not in ("name", "description")}
-        if dtypes and "name" not in changes:
-            changes = {**changes, "name": "custom", "description": ""}
-        return dataclasses.replace(self, **changes)
-
-    def to_dict(self) -> dict[str, str]:
-        """JSON-ready: the name and every dtype by its numpy name (``"bfloat16"``)."""
-        return {
-            "name": self.name,
-            "params": self.params.name,
-            "compute": self.compute.name,
-            "grads": self.grads.name,
-            "optimizer_state": self.optimizer_state.name,
-            "frozen": self.frozen.name,
-        }
-
-
-_BF16, _F32 = jnp.bfloat16, jnp.float32
-
-#: The named regimes. ``mixed`` is what MaxText (weight_dtype=float32, dtype=bfloat16),
-#: Levanter (mp=p=f32,c=bfloat16) and the Hugging Face Trainer (``bf16=True`` on an f32
-#: model) train with; LoRA keeps its base weights in bf16 under every bf16 regime, and
-#: under ``mixed`` its adapters in f32 (PEFT's ``autocast_adapter_dtype``).
-PRECISIONS: Mapping[str, Precision] = {
-    "mixed": Precision(
-        "mixed",
-        params=_F32,
-        compute=_BF16,
-        optimizer_state=_F32,
-        frozen=_BF16,
-        description="f32 master weights, gradients and optimizer state; bf16 compute",
-    ),
-    "bf16": Precision(
-        "bf16",
-        params=_BF16,
-        compute=_BF16,
-        optimizer_state=_BF16,
-        frozen=_BF16,
-        description="everything bf16: weights, gradients, optimizer state and compute",
-    ),
-    "bf16-f32-moments": Precision(
-        "bf16-f32-moments",
-        params=_BF16,
-        compute=_BF16,
-        optimizer_state=_F32,
-        frozen=_BF16,
-        description="bf16 weights and gradients, f32 optimizer state (Adam moments)",
-    ),
-    "f32": Precision(
-        "f32",
-        params=_F32,
-        compute=_F32,
-        optimizer_state=_F32,
-        frozen=_F32,
-        description="everything f32",
-    ),
-}
-
-#: The regime reports use unless told otherwise: the field's convention for bf16 training.
-DEFAULT_PRECISION = "mixed"
-
-
-def precision(name: str | Precision) -> Precision:
-    """A precision regime by name (see ``PRECISIONS``); a Precision passes through.
-
-    Args:
-      name: ``"mixed"``, ``"bf16"``, ``"bf16-f32-moments"`` or ``"f32"``, or a Precision.
-
-    Returns:
-      The Precision.
-
-    Raises:
-      UnknownName: not a regime (a ValueError naming the close matches).
-
-    Example:
-      >>> precision("bf16-f32-moments").optimizer_state.name
-      'float32'
-    """
-    if isinstance(name, Precision):
-        return name
-    try:
-        return PRECISIONS[name]
-    except (KeyError, TypeError):
-        raise unknown("precision", name, PRECISIONS, n=2) from None
-
-
-def _cast_floats(tree: Any, dtype: Any) -> Any:
-    # Abstract (ShapeDtypeStruct) or concrete leaves; integer leaves (step counts) are kept.
-    def one(x: Any) -> Any:
-        if not jnp.issubdtype(x.dtype, jnp.floating) or x.dtype == dtype:
-            return x
-        if isinstance(x, jax.ShapeDtypeStruct):
-            return jax.ShapeDtypeStruct(x.shape, dtype)
-        return x.astype(dtype)
-
-    return jax.tree.map(one, tree)
-
-
-def with_state_dtype(
-    inner: optax.GradientTransformation, dtype: Any
-) -> optax.GradientTransformationExtraArgs:
-    """``inner`` with its floating state (e.g. Adam's moments) kept in ``dtype``.
-
-    optax's ``mu_dtype`` sets only Adam's first moment; the second follows the weights
-    (optax 0.2.8 ``scale_by_adam``: ``nu = zeros_like(params)``). This wrapper initialises
-    the state from the weights cast to ``dtype`` and casts the new state back to the old
-    state's dtypes after each update, so every floating state leaf stays in ``dtype``
-    whatever the weights' dtype. Gradients and weights enter the update in ``dtype``, so
-    the update is the one ``inner`` computes on ``dtype`` copies; ``optax.apply_updates``
-    casts it to the weights' dtype.
-
-    Args:
-      inner: any optax transformation.
-      dtype: the state's floating dtype.
-
-    Returns:
-      The wrapped transformation.
-
-    Example:
-      >>> opt = with_state_dtype(optax.adamw(1e-4), jnp.float32)
-      >>> state = opt.init({"w": jnp.zeros(3, jnp.bfloat16)})
-      >>> state[0].mu["w"].dtype, state[0].nu["w"].dtype
-      (dtype('float32'), dtype('float32'))
-    """
-    dtype = _float_dtype(dtype, "dtype")
-    inner = optax.with_extra_args_support(inner)
-
-    def init(params: Any) -> Any:
-        return inner.init(_cast_floats(params, dtype))
-
-    def update(updates: Any, state: Any, params: Any = None, **extra: Any) -> Any:
-        # In ``dtype`` from the start: (1 - b1) * g on a bf16 gradient would round in bf16
-        # before it reaches the f32 moment.
-        up = _cast_floats(updates, dtype)
-        new_updates, new_state = inner.update(up, state, _cast_floats(params, dtype), **extra)
-        new_state = jax.tree.map(lambda new, old: new.astype(old.dtype), new_state, state)
-        return new_updates, new_state
-
-    return optax.GradientTransformationExtraArgs(init, update)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -472,8 +277,8 @@ def build_train_step(
     fr_abs = {k: v for k, v in flat.items() if k not in tr_abs}
     optimizer = make_optimizer(config.optimizer, config.learning_rate)
     if prec is not None:
-        tr_abs = _cast_floats(tr_abs, prec.params)
-        fr_abs = _cast_floats(fr_abs, prec.frozen)
+        tr_abs = cast_floats(tr_abs, prec.params)
+        fr_abs = cast_floats(fr_abs, prec.frozen)
         optimizer = with_state_dtype(optimizer, prec.optimizer_state)
     opt_abs = jax.eval_shape(optimizer.init, _nest(tr_abs))
     tokens = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
@@ -701,136 +506,6 @@ def _check_batch(plan: _sharding.MeshPlan, config: TrainConfig) -> None:
         )
 
 
-def add_breakdown(report: MemoryReport, step: TrainStep) -> MemoryReport:
-    """Adds the weights/gradients/optimizer/activations split to a train-step report.
-
-    Weights, optimizer state, batch, gradients and accumulator come from the shapes;
-    ``activations`` is the rest of the compiled peak: saved activations, recomputation
-    workspace, logits and other temporaries.
-    """
-    parts = dict(step.breakdown)
-    known = (
-        parts["weights"]
-        + parts["optimizer"]
-        + parts["batch"]
-        + parts["gradients"]
-        + parts["grad_accumulator"]
-    )
-    parts["activations"] = max(0, report.peak_bytes - known)
-    if report.peak_bytes >= known:
-        return report.replace(breakdown=parts)
-    # Unrolled layers let XLA apply each layer's update as soon as its gradient exists, so
-    # not every gradient is live at the peak: "the rest" would be negative.
-    note = (
-        f"the peak ({report.peak_bytes / 2**30:.2f} GiB) is below weights + gradients + "
-        f"optimizer state + batch ({known / 2**30:.2f} GiB): XLA never holds every gradient "
-        "at once here, so this split is only an upper bound per part (activations shown as "
-        "0); a measured breakdown reads what is live at the peak"
-    )
-    return report.replace(breakdown=parts, warnings=(*report.warnings, note))
-
-
-#: Measured breakdown key -> the peak inspector's category it reads (remat_kit.peak).
-MEASURED_PARTS: Mapping[str, str] = {
-    "weights": _peak_types.PARAMETER,
-    "gradients": _peak_types.GRADIENT,
-    "optimizer": _peak_types.OPTIMIZER_STATE,
-    "batch": _peak_types.INPUT,
-    "saved_activations": _peak_types.SAVED_ACTIVATION,
-    "recompute_workspace": _peak_types.RECOMPUTE,
-    "temporaries": _peak_types.TEMPORARY,
-    "fragmentation": _peak_types.FRAGMENTATION,
-}
-
-
-def measured_breakdown(step: TrainStep, target: Target | str = "h100-80gb") -> dict[str, int]:
-    """What is live at the compiled peak of ``step``, by role, from XLA's buffer assignment.
-
-    Unlike :func:`add_breakdown` (shapes, with activations as "the rest"), every figure is
-    read from the compiled program (``rk.peak.inspect_step``): the bytes of each role live
-    at the peak. They sum to the peak exactly and none is negative. Gradients count only
-    those live at the peak, so they may be fewer than the weights.
-
-    Args:
-      step: a ``build_train_step`` step (unsharded).
-      target: a Target or target name; GPU targets compile deviceless.
-
-    Returns:
-      ``weights``, ``gradients``, ``optimizer``, ``batch``, ``saved_activations``,
-      ``recompute_workspace``, ``temporaries`` (other temporaries, logits among them) and
-      ``fragmentation`` (reserved in XLA's temp block, free at the peak), in bytes, plus
-      ``peak`` (their sum, argument + output + temp - alias of that compile).
-
-    Raises:
-      BadValue: a sharded step (the inspector reads one unsharded program).
-      InspectError: XLA's dump could not be read.
-
-    Example:
-      >>> import models, remat_kit as rk
-      >>> cfg = models.get_config("tiny-llama", policy="full")
-      >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=64))
-      >>> parts = measured_breakdown(step, "h100")  # doctest: +SKIP
-      >>> parts["peak"] == sum(v for k, v in parts.items() if k != "peak")  # doctest: +SKIP
-      True
-    """
-    if step.plan is not None:
-        raise BadValue(
-            f"a measured breakdown reads one unsharded program; this step is sharded "
-            f"({step.plan.spec}): build it without sharding, or use the estimate (add_breakdown)"
-        )
-    peak = _peak_api.inspect_step(step, target)
-    by_cat = peak.by_category
-    parts = {key: int(by_cat.get(cat, 0)) for key, cat in MEASURED_PARTS.items()}
-    parts["peak"] = sum(parts.values())
-    if parts["peak"] != peak.peak_bytes:  # the inspector promises this; say so if it breaks
-        raise InspectError(
-            f"the buffer assignment's categories sum to {parts['peak']} bytes, not the "
-            f"compiled peak {peak.peak_bytes}: categories {dict(by_cat)}"
-        )
-    return parts
-
-
-def add_measured_breakdown(
-    report: MemoryReport, step: TrainStep, target: Target | str
-) -> MemoryReport:
-    """``report`` with the measured breakdown; the shapes' arithmetic kept as an estimate.
-
-    The report's ``breakdown`` becomes :func:`measured_breakdown` (``activations`` = saved
-    activations + recomputation workspace + temporaries + fragmentation, everything at the
-    peak that is not weights, gradients, optimizer state or batch); ``meta["breakdown"]``
-    says ``"measured"`` and ``meta["breakdown_estimate"]`` holds :func:`add_breakdown`'s.
-
-    Args:
-      report: the step's ``rk.memory_report``.
-      step: the step it measured.
-      target: the target it was compiled for.
-
-    Returns:
-      The new report.
-
-    Raises:
-      InspectError: the inspector's peak differs from the report's (not the same program).
-
-    Example:
-      >>> r = add_measured_breakdown(rk.memory_report(step.fn, *step.args, target="h100"),
-      ...                            step, "h100")  # doctest: +SKIP
-    """
-    parts = measured_breakdown(step, target)
-    peak = parts.pop("peak")
-    if peak != report.peak_bytes:
-        raise InspectError(
-            f"the inspected compile peaks at {peak} bytes, the report's at {report.peak_bytes}: "
-            "they did not compile the same program (different options or donation?)"
-        )
-    activation_keys = ("saved_activations", "recompute_workspace", "temporaries", "fragmentation")
-    parts["activations"] = sum(parts[k] for k in activation_keys)
-    estimate = dict(add_breakdown(report, step).breakdown)
-    meta = {**report.meta, "breakdown": "measured", "breakdown_estimate": estimate}
-    return report.replace(breakdown=parts, meta=meta)
-
-
-# Dict keys of flattened parameter paths cannot be tuples inside a jit argument pytree
-# that users read; keep the nested form at the boundary and flatten inside.
 def _nest(flat: Mapping[tuple[str, ...], Any]) -> Any:
     return traverse_util.unflatten_dict(dict(flat))
 

@@ -10,9 +10,9 @@ import pytest
 import models
 import remat_kit as rk
 from models.measure import Options, measure
+from remat_kit.breakdown import MEASURED_PARTS, measured_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
-from remat_kit.train import MEASURED_PARTS, measured_breakdown
 
 
 def _bytes(tree) -> int:
