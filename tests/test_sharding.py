@@ -263,11 +263,11 @@ def test_fsdp_splits_weights_and_optimizer_eight_ways():
 
 
 def test_tp_shards_heads_and_mlp():
-    from models.measure import Options, _train_step, model_config
+    from models.measure import Options, model_config, train_step
 
     t = rk.target("h100", devices=8)
     opts = Options(**GPU, shard="tp:8")
-    step = _train_step(opts, model_config(opts, "full", t), t)
+    step = train_step(opts, model_config(opts, "full", t), t)
     layer = step.in_shardings[0]["params"]["decoder"]["layers"]
     assert layer["attention"]["query"]["kernel"].spec == P(None, None, "tp", None)
     assert layer["mlp"]["wo"]["kernel"].spec == P(None, "tp", None)
