@@ -88,6 +88,14 @@ def _cases(quick: bool) -> list[dict[str, Any]]:
             goal_overhead=0.034,
         ),
         dict(name="advise 7 GPUs", argv=["advise", *big], goal_s=(60, None), jobs=True),
+        # AdamW's f32 state fits no single GPU above: the same with SGD and bf16 weights,
+        # where the large cards fit and every target is planned and searched by compiling.
+        dict(
+            name="advise 7 GPUs sgd bf16",
+            argv=["advise", *big, *sgd],
+            goal_s=(60, None),
+            jobs=True,
+        ),
         dict(
             name="advise --scale-out",
             argv=["advise", *big, "--scale-out"],
@@ -121,8 +129,13 @@ def _facts(case: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
     facts: dict[str, Any] = {}
     if isinstance(data, dict) and "plan" in data:
         p = data["plan"]
+        cands = p.get("candidates") or []
         facts.update(
             compiles=p.get("compiles"),
+            # The planner's own compiles; "catalogue" ones are the policies shown beside the
+            # plan, which the front would compile anyway.
+            solver_compiles=sum(c.get("label") != "catalogue" for c in cands),
+            catalogue_compiles=sum(c.get("label") == "catalogue" for c in cands),
             plan_seconds=data.get("plan_seconds"),
             overhead=p.get("overhead"),
             policy=p.get("policy"),
@@ -198,6 +211,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "quick": args.quick,
         "rows": [],
     }
+    if args.only and out_path.exists():
+        # A partial run replaces its own rows and keeps the others.
+        names = {c["name"] for c in cases}
+        kept = json.loads(out_path.read_text()).get("rows", [])
+        result["rows"] = [r for r in kept if r.get("case") not in names]
     with tempfile.TemporaryDirectory(prefix="tool_speed_") as tmp:
         work = Path(tmp)
         for case in cases:

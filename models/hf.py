@@ -51,7 +51,7 @@ _MAPPED = {
     "rms_norm_eps": "norm_eps",
 }
 # Fields that name tokens, the runtime or the file itself: no effect on a training step's memory.
-_IGNORED = frozenset(
+_NO_EFFECT = frozenset(
     {
         "_name_or_path",
         "architectures",
@@ -64,6 +64,11 @@ _IGNORED = frozenset(
         "transformers_version",
         "use_cache",
         "initializer_range",
+    }
+)
+# Fields read below, each checked against what our decoder can be.
+_CHECKED = frozenset(
+    {
         "tie_word_embeddings",
         "num_key_value_heads",
         "head_dim",
@@ -151,7 +156,7 @@ def from_hf_config(
             f"{', '.join(ARCHITECTURES)} (for others write a factory: --model file.py:NAME)"
         )
     for key in fields:
-        if key not in _MAPPED and key not in _IGNORED:
+        if key not in _MAPPED and key not in _NO_EFFECT and key not in _CHECKED:
             raise BadValue(
                 f"hf config {label!r}: field {key!r} = {fields[key]!r} is not modelled by our "
                 f"{arch} decoder; remove it if it does not change the model, or write a factory "
@@ -163,9 +168,9 @@ def from_hf_config(
     values.update(ARCHITECTURES[arch])
     heads = values.get("n_heads")
     values["n_kv_heads"] = fields.get("num_key_value_heads") or heads
-    if fields.get("head_dim") is not None and heads and values.get("d_model"):
-        if fields["head_dim"] != values["d_model"] // heads:
-            values["head_dim"] = fields["head_dim"]
+    head_dim = fields.get("head_dim")
+    if head_dim is not None and heads and head_dim != values.get("d_model", 0) // heads:
+        values["head_dim"] = head_dim  # Gemma: 256, not width / heads
     if "tie_word_embeddings" in fields:
         values["tie_embeddings"] = bool(fields["tie_word_embeddings"])
     act = fields.get("hidden_act", fields.get("hidden_activation"))
@@ -182,6 +187,9 @@ def from_hf_config(
     if dropout:
         values["dropout_rate"] = float(dropout)
     _windows(label, fields, values)
+    kinds = set(fields.get("layer_types") or ["full_attention"])
+    if kinds != {"full_attention"}:
+        _refuse(label, "layer_types", sorted(kinds), "full_attention only")
     if fields.get("rope_scaling"):
         warnings.warn(
             f"hf config {label!r}: rope_scaling {fields['rope_scaling']!r} changes rotary "

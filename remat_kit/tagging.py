@@ -158,6 +158,16 @@ def tag_for(path: Sequence[Any], rule_list: Sequence[Rule]) -> str:
     return "/".join(parts)
 
 
+def _path_of(module: Any) -> tuple[str, ...]:
+    path = tuple(str(p) for p in (module.path or ()))
+    # gemma's Einsum layers share their parent's scope (nn.share_scope), so their path is the
+    # parent's; their weight_name ("gating_einsum", "linear") tells them apart.
+    weight = getattr(module, "weight_name", None)
+    if isinstance(weight, str) and weight not in ("w", "kernel") and path[-1:] != (weight,):
+        path = (*path, weight)
+    return path
+
+
 def _name_outputs(out: Any, tag: str) -> Any:
     return jax.tree.map(lambda x: checkpoint_name(x, tag) if isinstance(x, jax.Array) else x, out)
 
@@ -195,7 +205,7 @@ def tagging(spec: str | Sequence[Rule | tuple[str, str]] = "auto") -> Iterator[t
         if context.method_name != "__call__":
             return out
         module = context.module
-        path = tuple(str(p) for p in (module.path or ()))
+        path = _path_of(module)
         # A module applied functionally (Hugging Face GPT-2's tied head) has no path.
         if not path or not _wants(module, path, rule_list):
             return out

@@ -21,6 +21,7 @@ import remat_kit as rk
 from models.measure import Options, model_config, residuals
 from remat_kit import checks, sources
 from remat_kit.analysis import RematWarning
+from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
 
@@ -292,9 +293,10 @@ def test_factory_report_equals_the_preset_report():
 def test_workload_leaves_out_schedules_the_factory_cannot_build():
     w = sources.workload(f"{FACTORIES}:untagged", "h100", SMALL)
     assert w.supports("none") and not w.supports("sqrt") and not w.supports("layers:0-1=full")
+    assert not w.supports("layers")  # a bare kind, as the planner asks
     assert w.n_layers == 1
     w2 = sources.workload(f"{FACTORIES}:preset", "h100", SMALL)
-    assert w2.supports("nested:2") and w2.n_layers == 4
+    assert w2.supports("nested:2") and w2.supports("layers") and w2.n_layers == 4
 
 
 def test_residuals_of_an_hf_config_match_the_preset_it_equals():
@@ -356,8 +358,30 @@ def test_breakdown_activations_never_negative():
             "grad_accumulator": 0,
         },
     )
-    under = rk.train.add_breakdown(_report(peak=13 * gib), step)  # 16 GiB known > 13 GiB peak
+    under = add_breakdown(_report(peak=13 * gib), step)  # 16 GiB known > 13 GiB peak
     assert under.breakdown["activations"] == 0
     assert "below weights + gradients + optimizer state + batch (16.00 GiB)" in under.warnings[-1]
-    over = rk.train.add_breakdown(_report(peak=20 * gib), step)
+    over = add_breakdown(_report(peak=20 * gib), step)
     assert over.breakdown["activations"] == 4 * gib and over.warnings == ()
+
+
+def test_hf_config_refuses_sliding_layers():
+    fields = json.loads((DATA / "hf" / "qwen2-7b.json").read_text())
+    fields["layer_types"] = ["full_attention", "sliding_attention"]
+    with pytest.raises(BadValue, match=r"layer_types=\['full_attention', 'sliding_attention'\]"):
+        models.hf.from_hf_config(fields)
+    fields["layer_types"] = ["full_attention"] * 28
+    assert models.hf.from_hf_config(fields).n_layers == 28
+
+
+def test_cli_report_from_an_hf_config(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    small = ["--layers", "1", "--width", "64", "--heads", "4", "--kv-heads", "2", "--ff", "128"]
+    argv = ["report", "--hf-config", str(DATA / "hf" / "qwen2-7b.json"), *small, "--vocab", "256"]
+    argv += ["--seq", "32", "--batch", "1", "--target", "h100", "--no-residuals"]
+    assert main([*argv, "--json", str(out)]) == 0
+    assert "qwen2-7b b1 s32" in capsys.readouterr().out
+    meta = json.loads(out.read_text())["meta"]
+    # embed + head (2 x 256 x 64) + one layer with q/k/v biases + final norm, by hand:
+    layer = 64 * 64 * 2 + 2 * 64 * 32 + (64 + 2 * 32) + 3 * 64 * 128 + 2 * 64
+    assert meta["params"] == 2 * 256 * 64 + layer + 64

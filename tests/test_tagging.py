@@ -167,3 +167,43 @@ def test_tag_nnx_names_linear_layers_in_place():
     x = jnp.ones((2, WIDTH))
     closed = jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(x))(state)
     assert set(tags_in(closed)) == {"query_proj", "mixer", "mlpwo"}
+
+
+class Einsum(nn.Module):
+    """gemma's Einsum layer: a weight named by ``weight_name``, applied by an equation."""
+
+    shape: tuple[int, ...]
+    weight_name: str = "w"
+
+    @nn.compact
+    def __call__(self, eq, x):
+        return jnp.einsum(eq, x, self.param(self.weight_name, nn.initializers.normal(), self.shape))
+
+
+class GemmaFeedForward(nn.Module):
+    """gemma's FeedForward: two Einsums sharing the module's scope (nn.share_scope)."""
+
+    @nn.compact
+    def __call__(self, x):
+        gating = Einsum((2, WIDTH, 2 * WIDTH), weight_name="gating_einsum")
+        nn.share_scope(self, gating)
+        gate = gating("...F,NFH->...NH", x)
+        linear = Einsum((2 * WIDTH, WIDTH), weight_name="linear")
+        nn.share_scope(self, linear)
+        return linear("...H,HF->...F", nn.gelu(gate[..., 0, :]) * gate[..., 1, :])
+
+
+class GemmaBlock(nn.Module):
+    def setup(self):
+        self.mlp = GemmaFeedForward()
+
+    def __call__(self, x):
+        return x + self.mlp(x)
+
+
+def test_gemma_einsums_sharing_a_scope_get_their_own_tags():
+    model = tagging.TaggedModule(GemmaBlock())
+    params = model.init(jax.random.key(0), X)
+    assert set(params["params"]["mlp"]) == {"gating_einsum", "linear"}  # gemma's layout
+    found = tags_in(jax.make_jaxpr(lambda p: model.apply(p, X))(params))
+    assert set(found) == {names.MLPWI_0, names.MLPWO}

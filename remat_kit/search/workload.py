@@ -44,6 +44,9 @@ NO_REMAT = policy("none")
 FULL = policy("full")
 NO_SCHEDULE = parse_schedule("none")
 
+#: The kinds of layer schedule (``Workload.schedule_kinds`` names a subset).
+SCHEDULE_KINDS = ("none", "every", "sqrt", "nested", "layers")
+
 #: What no policy removes, as named in a breakdown.
 FIXED_PARTS = ("weights", "gradients", "optimizer", "batch", "grad_accumulator")
 
@@ -139,9 +142,16 @@ class Workload:
         return dict(self._memo[key])
 
     def supports(self, schedule: Any) -> bool:
-        """Whether ``measure_fn`` can build ``schedule`` (see ``schedule_kinds``)."""
+        """Whether ``measure_fn`` can build ``schedule`` (see ``schedule_kinds``).
+
+        Args:
+          schedule: a Schedule, a spec (``"every:2"``) or a bare kind (``"layers"``).
+        """
         kinds = self.schedule_kinds
-        return kinds is None or parse_schedule(schedule).name in kinds
+        if kinds is None:
+            return True
+        name = schedule if schedule in SCHEDULE_KINDS else parse_schedule(schedule).name
+        return name in kinds
 
     def fixed_bytes(self, batch: int) -> int:
         """Bytes no policy removes: weights, gradients, optimizer state, batch, accumulator."""
