@@ -524,9 +524,7 @@ def _with_offload_estimate(
     report: rk.MemoryReport, opts: Options, pol: rk.Policy, t: rk.Target, cfg: ModelConfig
 ) -> rk.MemoryReport:
     # The same step with the offloaded tensors recomputed instead: traced, not compiled.
-    alt = train_step(
-        opts, cfg.replace(policy=rk.policies.recompute_instead(pol)), t, sharded=False
-    )
+    alt = train_step(opts, cfg.replace(policy=rk.policies.recompute_instead(pol)), t, sharded=False)
     extra = rk.count_flops(alt.fn, *alt.args).total - report.flops
     est = rk.analysis.transfer_estimate(report, t, max(extra, 0.0))
     if est is None:
@@ -599,9 +597,7 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
     """
     t = rk.as_target(target)
     if is_factory(opts):
-        return rk.sources.workload(
-            model_source(opts), t, _factory_config(opts), strict=opts.strict
-        )
+        return rk.sources.workload(model_source(opts), t, _factory_config(opts), strict=opts.strict)
     cfg = model_config(opts, "none", t)  # validates the options before any search
     # Under a mesh plan the global batch is a multiple of the data-parallel ways.
     ways = rk.parse_shard(opts.shard, t.devices).data_size if opts.shard else 1

@@ -237,9 +237,9 @@ def memory_report(
         target_memory_bytes=t.memory_bytes,
         usable_bytes=t.usable_bytes,
         mem_fraction=t.mem_fraction,
-        fits_with_fraction=None if t.fits(mem.peak_bytes) is not False else t.fraction_to_fit(
-            mem.peak_bytes
-        ),
+        fits_with_fraction=None
+        if t.fits(mem.peak_bytes) is not False
+        else t.fraction_to_fit(mem.peak_bytes),
         devices=t.devices,
         peak_bytes=mem.peak_bytes,
         argument_bytes=mem.argument_bytes,

@@ -5,7 +5,8 @@ analysis, what its remat pass did, its warnings) is a few hundred bytes of JSON.
 keeps those bytes on disk, keyed by everything that determines them:
 
 - the lowered program (sha256 of ``lowered.as_text()``: StableHLO with shapes, shardings and
-  the policy's effect on the graph already in it);
+  the policy's effect on the graph already in it; see :func:`fingerprint` for the one
+  process-specific number it can hold);
 - the target: name, kind, devices, hosts, its ``GpuTargetConfigProto`` text (which carries the
   device memory size XLA's remat pass works to) and the runtime (allocator fraction);
 - compiler options passed by the caller and ``XLA_FLAGS``;
@@ -34,6 +35,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -53,6 +55,7 @@ __all__ = [
     "compiles",
     "enabled",
     "entry_key",
+    "fingerprint",
     "load",
     "set_enabled",
     "store",
@@ -163,7 +166,7 @@ def entry_key(program_text: str, target: Any, options: Mapping[str, Any] | None 
     parts = {
         "format": FORMAT,
         "record": [f.name for f in dataclasses.fields(CompiledMemory)],
-        "program": hashlib.sha256(program_text.encode()).hexdigest(),
+        "program": fingerprint(program_text),
         "target": {
             "name": getattr(target, "name", str(target)),
             "kind": getattr(target, "kind", None),
@@ -179,6 +182,65 @@ def entry_key(program_text: str, target: Any, options: Mapping[str, Any] | None 
     }
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+_CALLBACK_ID = re.compile(r'backend_config = "(\d+)"')
+_ADDRESS = re.compile(r"0x[0-9a-fA-F]+")
+
+
+def fingerprint(program_text: str) -> str:
+    """sha256 of a lowered program's text, stable across processes.
+
+    jax's ``custom_partitioning`` (cuDNN attention's sharding rule, for one) lowers to a
+    ``@CustomSPMDPartitioning`` call whose ``backend_config`` is the ``id()`` of a Python
+    object: a different number in every process for the same program. That number is replaced
+    by what it stands for (the partitioning callbacks' qualified names and static arguments);
+    when it cannot be resolved, the text is left as it is (a miss, never a wrong hit).
+
+    Example:
+      >>> fingerprint("module {}") == fingerprint("module {}")
+      True
+    """
+    if "CustomSPMDPartitioning" in program_text:
+        lines = program_text.split("\n")
+        for i, line in enumerate(lines):
+            if "CustomSPMDPartitioning" in line:
+                lines[i] = _CALLBACK_ID.sub(_callback_words, line)
+        program_text = "\n".join(lines)
+    return hashlib.sha256(program_text.encode()).hexdigest()
+
+
+def _callback_words(m: re.Match[str]) -> str:
+    try:
+        from jax._src import custom_partitioning  # private: guarded, used for a name only
+
+        info = custom_partitioning._sharding_callbacks.get(m.group(1).encode())
+    except Exception:  # a jax without it: keep the id (a cache miss)
+        info = None
+    if info is None:
+        return m.group(0)
+    fns = (info.partition, info.propagate_user_sharding, info.infer_sharding_from_operands)
+    words = _ADDRESS.sub("0x", f"{[_callable_words(f) for f in fns]} {info.static_args!r}")
+    digest = hashlib.sha256(words.encode()).hexdigest()
+    return f'backend_config = "{digest}"'
+
+
+def _callable_words(f: Any) -> str:
+    """A function by name, code and what its closure holds (two closures of one function over
+    different values are different partitioners)."""
+    if f is None:
+        return "None"
+    code = getattr(f, "__code__", None)
+    cells = getattr(f, "__closure__", None) or ()
+    held = []
+    for cell in cells:
+        try:
+            held.append(repr(cell.cell_contents))
+        except ValueError:  # an empty cell
+            held.append("<empty>")
+    body = hashlib.sha256(code.co_code).hexdigest() if code is not None else ""
+    name = f"{getattr(f, '__module__', '')}.{getattr(f, '__qualname__', type(f).__name__)}"
+    return f"{name}:{body}:{held}"
 
 
 def _local_devices() -> list[str]:

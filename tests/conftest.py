@@ -24,6 +24,7 @@ def _private_compile_cache(tmp_path_factory):
     else:
         os.environ["REMAT_KIT_CACHE_DIR"] = before
 
+
 #: A small bf16 Llama whose train step shows remat effects on a GPU target.
 SMALL = dict(
     model="tiny-llama",

@@ -193,3 +193,39 @@ def test_memory_report_reads_the_cache(cache_dir):
     again = rk.memory_report(lambda a: jnp.tanh(a @ a), x, target="h100")
     assert again.peak_bytes == first.peak_bytes and again.temp_bytes == first.temp_bytes
     assert len(_entries(cache_dir)) == 1
+
+
+def _partitioned(scale):
+    """A jax custom_partitioning op (as cuDNN attention's sharding rule is) scaling by
+    ``scale``, lowered for two deviceless H100s."""
+    from jax.experimental.custom_partitioning import custom_partitioning
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    @custom_partitioning
+    def op(x):
+        return x * scale
+
+    def partition(mesh, arg_shapes, result_shape):
+        sharding = arg_shapes[0].sharding
+        return mesh, (lambda x: x * scale), sharding, (sharding,)
+
+    op.def_partition(
+        partition=partition,
+        infer_sharding_from_operands=lambda mesh, arg_shapes, shape: arg_shapes[0].sharding,
+        sharding_rule="i j -> i j",
+    )
+    t = rk.target("h100", devices=2)
+    x = jax.ShapeDtypeStruct(
+        (8, 8), jnp.float32, sharding=NamedSharding(t.mesh(), PartitionSpec("x"))
+    )
+    return jax.jit(op).lower(x).as_text()
+
+
+def test_the_fingerprint_ignores_python_object_ids():
+    """custom_partitioning writes an id() into the program: another number every lowering."""
+    a, b = _partitioned(2.0), _partitioned(2.0)
+    assert "CustomSPMDPartitioning" in a and a != b  # the ids differ...
+    assert cache.fingerprint(a) == cache.fingerprint(b)  # ...the fingerprint does not
+    assert cache.fingerprint(a) != cache.fingerprint(a.replace("8x8", "8x9"))
+    # The same callback code over another value is another partitioner.
+    assert cache.fingerprint(_partitioned(3.0)) != cache.fingerprint(a)

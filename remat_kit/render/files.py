@@ -80,8 +80,7 @@ def check_output(
         fd, probe = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=parent)
     except OSError as err:
         raise BadValue(
-            f"{flag} {str(p)!r}: cannot create a file in {str(parent)!r} "
-            f"({err.strerror or err})"
+            f"{flag} {str(p)!r}: cannot create a file in {str(parent)!r} ({err.strerror or err})"
         ) from None
     os.close(fd)
     os.unlink(probe)

@@ -389,9 +389,8 @@ def _solver_words(p: Plan) -> str:
     else:
         proof = st.status
     where = {"catalogue": "; a catalogue policy was at least as good", "schedule": ""}
-    return (
-        f"solver ({st.solver}, {st.programs} programs, {st.seconds:.2f} s): {proof}"
-        + where.get(p.source, "")
+    return f"solver ({st.solver}, {st.programs} programs, {st.seconds:.2f} s): {proof}" + where.get(
+        p.source, ""
     )
 
 
