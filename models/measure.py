@@ -109,6 +109,19 @@ class Options:
         """The precision regime these options train in (see :func:`precision_of`)."""
         return precision_of(self)
 
+    def precision_record(self) -> dict[str, str]:
+        """The regime as tables and JSON name it (``rk.render.precision_words`` reads it).
+
+        Nothing is frozen in full training; a factory's model computes in its own dtypes (the
+        regime casts only its weights and optimizer state), as ``report`` states.
+        """
+        record = precision_of(self).to_dict()
+        if not self.lora:
+            record["frozen"] = "-"
+        if is_factory(self):
+            record["compute"] = "module's own"
+        return record
+
 
 #: ``--param-dtype`` without ``--precision``: the regime whose weights have that dtype.
 _PARAM_DTYPE_REGIMES = {"float32": "mixed", "bfloat16": "bf16"}

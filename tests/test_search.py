@@ -245,6 +245,47 @@ def test_check_budget_raises_does_not_fit_with_the_parts():
     assert "whatever the policy" in str(e)
 
 
+def _counted(peak_of_full):
+    """A fake workload whose ``full`` step compiles to ``peak_of_full``; counts its compiles."""
+    calls = []
+
+    def measure_fn(policy, schedule, batch):
+        calls.append(policy.spec)
+        return _fake_report(peak_of_full, 0.0, policy.spec, schedule.spec)
+
+    w = dataclasses.replace(fake_workload(), measure_fn=measure_fn)
+    return w, calls
+
+
+@pytest.mark.parametrize(
+    ("peak_of_full", "budget", "raises", "compiles"),
+    [
+        # Weights + gradients (800) over the budget, weights alone (400) under it: an unrolled
+        # step that frees gradients as it goes compiles under the budget, so it is not refused.
+        (700, 750, False, 1),
+        (750, 750, False, 1),
+        # The same band, but the compiled step really needs more than the budget.
+        (751, 750, True, 1),
+        # Below what is an input whatever happens (weights): refused with no compile at all.
+        (100, 399, True, 0),
+        # Everything fixed fits: nothing to check, no compile.
+        (10_000, 800, False, 0),
+    ],
+)
+def test_check_budget_asks_the_compiled_step_only_when_gradients_decide(
+    peak_of_full, budget, raises, compiles
+):
+    w, calls = _counted(peak_of_full)
+    if raises:
+        with pytest.raises(DoesNotFit, match="whatever the policy") as err:
+            rk.search.check_budget(w, 1, budget)
+        if compiles:
+            assert f"needs {peak_of_full / GIB:.2f} GiB" in str(err.value)
+    else:
+        rk.search.check_budget(w, 1, budget)
+    assert calls == ["full"] * compiles
+
+
 def test_advise_reports_does_not_fit_as_a_row():
     weights = 60 * GIB  # weights + gradients: 120 GiB, over an H100 whatever the policy
     made = []

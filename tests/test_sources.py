@@ -216,7 +216,10 @@ def test_fresh_traces_pass_with_their_schedule_policies():
         step = src.build(pol, sch).train_step(SMALL)
         closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
         prev = checks.check_traced_with(
-            closed, pol, also=sources._schedule_policies(rk.parse_schedule(sch)), previous=prev
+            closed,
+            pol,
+            also=sources.steps._schedule_policies(rk.parse_schedule(sch)),
+            previous=prev,
         )
 
 
@@ -288,6 +291,35 @@ def test_factory_report_equals_the_preset_report():
     assert via_factory.peak_bytes == via_preset.peak_bytes
     assert via_factory.meta["params"] == model_config(opts, "none", t).param_count()
     assert via_factory.meta["precision"]["compute"] == "module's own"
+
+
+@pytest.mark.parametrize(
+    ("model", "lora", "compute", "frozen"),
+    [
+        (f"{FACTORIES}:untagged", 0, "module's own", "-"),
+        ("tiny-llama", 0, "bfloat16", "-"),
+        ("tiny-llama", 4, "bfloat16", "bfloat16"),
+    ],
+)
+def test_search_titles_name_the_compute_dtype_the_step_really_has(model, lora, compute, frozen):
+    """fit, plan and advise titles say what report says: a factory computes in its own dtypes."""
+    opts = Options(model, batch=2, seq=16, lora=lora)
+    record = opts.precision_record()
+    assert record["compute"] == compute and record["frozen"] == frozen
+    row = {
+        "label": "full",
+        "limit_bytes": 2**30,
+        "max_batch": 1,
+        "peak_bytes": 1,
+        "next_peak_bytes": 2,
+        "recompute_overhead": 0.0,
+        "tokens_per_step": 16,
+    }
+    table = rk.render.tables.fit_table(
+        [row], rk.target("h100"), opts, headroom=0.0, compiles=1, seconds=1.0
+    )
+    words = {"bfloat16": "bf16"}.get(compute, compute)
+    assert f"compute {words}" in str(table.title)
 
 
 def test_workload_leaves_out_schedules_the_factory_cannot_build():

@@ -542,14 +542,9 @@ def _training_line(precision: Mapping[str, str] | None, dropout: float | None) -
 
 
 def _opts_precision(opts: Any) -> Mapping[str, str] | None:
-    # models.measure.Options resolves its regime; other option objects may not have one.
-    regime = getattr(opts, "precision_regime", None)
-    if not callable(regime):
-        return None
-    record = regime().to_dict()
-    if not getattr(opts, "lora", 0):
-        record["frozen"] = "-"  # nothing is frozen in full training
-    return record
+    # models.measure.Options names its regime; other option objects may not have one.
+    record = getattr(opts, "precision_record", None)
+    return record() if callable(record) else None
 
 
 def _breakdown_lines(

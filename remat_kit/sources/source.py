@@ -1,71 +1,40 @@
-"""Model sources: a Flax model anyone wrote, as something remat_kit can build a train step of.
+"""A model source: a factory ``NAME(policy)`` and how to build its module for one policy.
 
-A factory is a callable ``NAME(policy)`` returning a Flax module (linen or NNX) that maps int32
-tokens ``[batch, seq]`` to logits ``[batch, seq, vocab]`` (or an output with ``.logits``).
-``policy`` is an ``rk.Policy``: the factory applies it where it wants
-(``rk.remat(Block, policy)``, ``nn.remat(Block, policy=policy.jax_policy)``); ``policy.name ==
-"none"`` means no remat. A factory that also takes ``schedule=`` (an ``rk.Schedule``) is
-offered layer schedules; otherwise asking for one is an error and the planner leaves them out.
-
-:func:`from_factory` loads one from ``path/to/file.py:NAME`` or ``package.module:NAME`` into
-a :class:`ModelSource`; :meth:`ModelSource.build` makes the module for one policy, tagged by
-:mod:`remat_kit.tagging` (so name-based policies work on a model nobody tagged), with the
-policy applied by patching a block class when the model has no remat hook (``block=``), and
-with Hugging Face's keyword inputs (``attention_mask``, ``position_ids``) made from the tokens.
-The CLI's ``--model file.py:NAME`` and ``models.measure`` go through here; remat_kit never
-imports ``models``.
+See :mod:`remat_kit.sources` for what a factory is.
 
 Example:
   >>> import remat_kit as rk                                              # doctest: +SKIP
   >>> src = rk.sources.from_factory("examples/hf_llama.py:llama")
-  >>> built = src.build("minimal")
-  >>> step = built.train_step(rk.TrainConfig(batch=4, seq=2048))
-  >>> rk.memory_report(step.fn, *step.args, target="h100").peak_bytes
+  >>> src.build("minimal").kind
+  'linen'
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import importlib.util
 import inspect
-import itertools
-import math
-import sys
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from remat_kit import checks, tagging
-from remat_kit.analysis import MemoryReport, RematWarning, memory_report
-from remat_kit.breakdown import add_breakdown
+from remat_kit import tagging
 from remat_kit.errors import BadValue
-from remat_kit.flops import count_flops
 from remat_kit.policies import Policy, as_policy
-from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
+from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
-from remat_kit.search.workload import Workload
-from remat_kit.targets import Target, as_target
+from remat_kit.sources._loading import _import_class, _takes, load_factory, patched_block
 from remat_kit.train import TrainConfig, TrainStep, build_train_step
-from remat_kit.wrap import remat
 
 __all__ = [
+    "ALL_SCHEDULES",
     "BuiltModel",
     "ModelSource",
     "from_factory",
     "hf_inputs",
-    "load_factory",
-    "measure",
-    "patched_block",
-    "residuals",
-    "step_flops",
-    "workload",
 ]
 
 #: Schedules a factory that takes ``schedule=`` is offered.
@@ -94,168 +63,6 @@ def hf_inputs(tokens: jax.Array) -> dict[str, jax.Array]:
         "attention_mask": jnp.ones((b, s), jnp.int32),
         "position_ids": jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s)),
     }
-
-
-def load_factory(spec: str) -> Callable[..., Any]:
-    """The callable ``spec`` names: ``path/to/file.py:NAME`` or ``package.module:NAME``.
-
-    A file is executed as a fresh module each time (its directory on ``sys.path`` meanwhile,
-    so it may import its neighbours); a package module is imported as usual.
-
-    Args:
-      spec: ``LOCATION:NAME``.
-
-    Returns:
-      The callable.
-
-    Raises:
-      BadValue: no ``:NAME``, a missing file, a module that fails to import (its error in
-        one line), a missing name (the module's callables listed) or one that is not callable.
-
-    Example:
-      >>> load_factory("remat_kit.sources:hf_inputs").__name__
-      'hf_inputs'
-    """
-    location, colon, name = spec.rpartition(":")
-    if not colon or not location or not name.isidentifier():
-        raise BadValue(
-            f"--model {spec!r}: a factory is LOCATION:NAME, e.g. path/to/model.py:build or "
-            "package.module:build (or give a preset name: remat-kit models)"
-        )
-    if location.endswith(".py"):
-        module = _load_file(spec, Path(location))
-    else:
-        try:
-            module = importlib.import_module(location)
-        except Exception as err:
-            raise BadValue(
-                f"--model {spec!r}: cannot import {location!r}: {type(err).__name__}: {err}"
-            ) from None
-    if not hasattr(module, name):
-        offered = sorted(
-            n
-            for n, v in vars(module).items()
-            if callable(v)
-            and not n.startswith("_")
-            and getattr(v, "__module__", None) in (module.__name__, None)
-        )
-        raise BadValue(
-            f"--model {spec!r}: {location} has no {name!r}; callables there: "
-            f"{', '.join(offered) or 'none'}"
-        )
-    factory = getattr(module, name)
-    if not callable(factory):
-        raise BadValue(f"--model {spec!r}: {name} is a {type(factory).__name__}, not a callable")
-    return factory
-
-
-def _load_file(spec: str, path: Path) -> Any:
-    if not path.is_file():
-        raise BadValue(f"--model {spec!r}: no such file {str(path)!r}")
-    module_name = f"_remat_kit_factory_{abs(hash(str(path.resolve())))}"
-    loader = importlib.util.spec_from_file_location(module_name, path)
-    if loader is None or loader.loader is None:
-        raise BadValue(f"--model {spec!r}: cannot load {str(path)!r} as Python")
-    module = importlib.util.module_from_spec(loader)
-    folder = str(path.resolve().parent)
-    sys.path.insert(0, folder)
-    try:
-        loader.loader.exec_module(module)
-    except Exception as err:
-        raise BadValue(
-            f"--model {spec!r}: {path.name} failed to run: {type(err).__name__}: {err}"
-        ) from None
-    finally:
-        with contextlib.suppress(ValueError):
-            sys.path.remove(folder)
-    return module
-
-
-def _takes(fn: Callable[..., Any], keyword: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def _import_class(spec: str) -> tuple[Any, str, type]:
-    location, colon, name = spec.rpartition(":")
-    if not colon or not location or not name:
-        raise BadValue(
-            f"--block {spec!r}: name the block class as module:Class, e.g. "
-            "transformers.models.llama.modeling_flax_llama:FlaxLlamaDecoderLayer"
-        )
-    try:
-        module = importlib.import_module(location)
-    except Exception as err:
-        raise BadValue(f"--block {spec!r}: cannot import {location!r}: {err}") from None
-    cls = getattr(module, name, None)
-    if not inspect.isclass(cls):
-        raise BadValue(f"--block {spec!r}: {location} has no class {name!r}")
-    return module, name, cls
-
-
-@contextlib.contextmanager
-def patched_block(
-    spec: str, policies: Policy | Sequence[Policy], *, counter: list[int] | None = None
-) -> Iterator[None]:
-    """Within the context, the block class ``module:Class`` is rematerialized.
-
-    For models with no remat hook: the module's global ``Class`` is replaced by
-    ``rk.remat(Class, policy)`` while the model is traced, then restored. With one policy per
-    layer (a ``layers`` plan on an unrolled stack), the n-th block built in the context gets
-    the n-th policy.
-
-    Args:
-      spec: ``module:Class``, the module the model looks the class up in.
-      policies: one policy, or one per layer in construction order.
-      counter: a one-item list incremented per block built (to count layers).
-
-    Yields:
-      Nothing.
-
-    Raises:
-      BadValue: an unimportable module or a missing class.
-
-    Example:
-      >>> with patched_block("my_model:Block", rk.policy("full")):        # doctest: +SKIP
-      ...     params = model.init(key, tokens)
-    """
-    module, name, cls = _import_class(spec)
-    per_layer = not isinstance(policies, Policy)
-    wrapped: dict[str, type] = {}
-
-    def for_policy(p: Policy) -> type:
-        if p.spec not in wrapped:
-            wrapped[p.spec] = remat(cls, p)
-        return wrapped[p.spec]
-
-    if per_layer:
-        plan = list(policies)  # type: ignore[arg-type]
-        built = itertools.count()
-
-        def replacement(*args: Any, **kwargs: Any) -> Any:
-            i = next(built)
-            if counter is not None:
-                counter[0] += 1
-            return for_policy(plan[min(i, len(plan) - 1)])(*args, **kwargs)
-
-    else:
-        base = for_policy(policies)  # type: ignore[arg-type]
-        if counter is None:
-            replacement = base
-        else:
-
-            def replacement(*args: Any, **kwargs: Any) -> Any:
-                counter[0] += 1
-                return base(*args, **kwargs)
-
-    setattr(module, name, replacement)
-    try:
-        yield
-    finally:
-        setattr(module, name, cls)
 
 
 class _NNXModel:
@@ -631,187 +438,4 @@ def from_factory(
         tags=tags,
         inputs=inputs,
         output=output,
-    )
-
-
-def _schedule_policies(sch: Schedule) -> list[Any]:
-    # Policies a schedule may put on layers instead of the model's: its plan's and segments'.
-    out: list[Any] = [p for _, _, p in sch.plan]
-    out += [p for p in (sch.rest, sch.inner) if p]
-    if sch.name in ("every", "sqrt", "nested"):
-        out.append("full")
-    return out
-
-
-def measure(
-    source: ModelSource,
-    policy: Any,
-    target: Target | str,
-    config: TrainConfig,
-    *,
-    schedule: Any = "none",
-    baseline: float | None = None,
-    strict: bool = False,
-    warn: bool = True,
-    meta: Mapping[str, Any] | None = None,
-) -> MemoryReport:
-    """Compiles the train step of ``source`` under ``policy`` for ``target`` and reports it.
-
-    Before compiling, the forward pass of one micro-batch is traced and checked: the program
-    must hold a checkpoint with ``policy`` and differ from the one traced for the previous
-    policy (else BadValue: a stale or ignored trace), and a name-based policy must match a
-    tag there (else a RematWarning, or BadValue with ``strict``). Offload that XLA did not
-    carry out is a warning with both figures.
-
-    Args:
-      source: the model source.
-      policy: a policy name, spec or Policy.
-      target: a Target or target name.
-      config: batch, sequence, optimizer, precision ...
-      schedule: a layer schedule the source can build.
-      baseline: FLOPs of the step without remat: the report's meta then holds
-        ``recompute_overhead``.
-      strict: a policy matching no tag is an error, not a warning (the CLI).
-      warn: issue the report's warnings as RematWarning.
-      meta: extra labels for the report.
-
-    Returns:
-      The MemoryReport, with the weights/gradients/optimizer/activations breakdown.
-
-    Raises:
-      BadValue: a stale trace, an unbuildable schedule, or (``strict``) an unmatched policy.
-
-    Example:
-      >>> src = from_factory("tests/data/factories.py:tiny_llama")        # doctest: +SKIP
-      >>> measure(src, "minimal", "h100", rk.TrainConfig(batch=2, seq=64)).peak_bytes
-    """
-    t = as_target(target)
-    built = source.build(policy, schedule)
-    step = built.train_step(config)
-    pol = built.policy
-    closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
-    source._cache["trace"] = checks.check_traced_with(
-        closed,
-        pol,
-        also=_schedule_policies(built.schedule),
-        previous=source._cache.get("trace"),
-        what=f"{source.spec} (b{config.batch} s{config.seq})",
-    )
-    tags = sorted(tags_in(closed))
-    if strict:
-        checks.check_policy_matches(pol, tags, strict=True, where=source.spec)
-    labels = {
-        "model": source.spec,
-        "batch": config.batch,
-        "seq": config.seq,
-        "optimizer": config.optimizer,
-        "accum": config.accum,
-        "params": int(nbytes_count(step.args[:2])),
-        "tokens_per_step": config.batch * config.seq,
-        # The regime casts weights and optimizer state; the compute dtype is the module's.
-        "precision": {**step.precision, "compute": "module's own"},
-        **(meta or {}),
-    }
-    if source.n_layers() is not None:
-        labels["layers"] = source.n_layers()
-    report = memory_report(
-        step.fn,
-        *step.args,
-        target=t,
-        donate_argnums=step.donate_argnums,
-        policy=pol,
-        attention="model's own",
-        schedule=built.schedule.spec,
-        meta=labels,
-        warn=warn,
-    )
-    report = add_breakdown(report, step)
-    if baseline:
-        report = report.replace(
-            meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
-        )
-    if pol.offloads:
-        marked = saved_residuals(step.loss_fn, *step.loss_args, policy=pol).bytes_by("offloaded")
-        note = checks.offload_shortfall(report, marked)
-        if note is not None:
-            if warn:
-                warnings.warn(note, RematWarning, stacklevel=2)
-            report = report.replace(warnings=(*report.warnings, note))
-    return report
-
-
-def nbytes_count(tree: Any) -> int:
-    """Number of elements in a pytree of arrays or ShapeDtypeStructs (a parameter count)."""
-    return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
-
-
-def step_flops(
-    source: ModelSource, policy: Any, config: TrainConfig, schedule: Any = "none"
-) -> float:
-    """FLOPs of the train step of ``source`` under ``policy`` (traced, not compiled)."""
-    step = source.build(policy, schedule).train_step(config)
-    return float(count_flops(step.fn, *step.args).total)
-
-
-def residuals(
-    source: ModelSource, policy: Any, config: TrainConfig, schedule: Any = "none"
-) -> ResidualReport:
-    """What ``policy`` keeps for the backward pass of one micro-batch, by tag (traced).
-
-    A name-based policy that matches no tag there is a RematWarning.
-    """
-    built = source.build(policy, schedule)
-    step = built.train_step(config)
-    report = saved_residuals(step.loss_fn, *step.loss_args, policy=built.policy)
-    checks.check_policy_matches(built.policy, report.tags, where=source.spec)
-    return report
-
-
-def workload(
-    source: ModelSource | str | Callable[..., Any],
-    target: Target | str,
-    config: TrainConfig,
-    *,
-    strict: bool = False,
-    label: str | None = None,
-) -> Workload:
-    """The train step of a factory as an ``rk.Workload`` for ``rk.plan``, ``rk.max_batch``,
-    ``rk.front`` and ``rk.advise``: one call from a factory to the search.
-
-    ``config.batch`` is only a default: the search sets the batch. Schedules the source cannot
-    build are left out of the search; per-layer splits need a known layer count.
-
-    Args:
-      source: a ModelSource, or what :func:`from_factory` takes.
-      target: where to compile.
-      config: sequence, optimizer, precision, accumulation (``batch`` is overridden).
-      strict: a policy matching no tag is an error (the CLI), not a warning.
-      label: a name for tables (default: the source's spec, seq and optimizer).
-
-    Returns:
-      The Workload.
-
-    Example:
-      >>> w = workload("my_model.py:build", "h100", rk.TrainConfig(batch=4, seq=2048))
-      ...                                                                 # doctest: +SKIP
-      >>> rk.plan(w, batch=4).policy.spec
-    """
-    src = source if isinstance(source, ModelSource) else from_factory(source)
-    t = as_target(target)
-
-    def at(batch: int) -> TrainConfig:
-        return dataclasses.replace(config, batch=batch)
-
-    n_layers = src.n_layers() if "layers" in src.schedule_kinds else None
-    return Workload(
-        lambda p, s, b: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False),
-        lambda p, s, b: step_flops(src, p, at(b), s),
-        target=t,
-        seq=config.seq,
-        n_layers=n_layers or 1,
-        batch_multiple=config.accum,
-        residuals_fn=lambda p, s, b: residuals(src, p, at(max(config.accum, b)), s),
-        breakdown_fn=lambda b: dict(src.build("none").train_step(at(b)).breakdown),
-        label=label or f"{src.spec} s{config.seq} {config.optimizer}",
-        schedule_kinds=src.schedule_kinds,
     )

@@ -1,0 +1,49 @@
+"""Model sources: a Flax model anyone wrote, as something remat_kit can build a train step of.
+
+A factory is a callable ``NAME(policy)`` returning a Flax module (linen or NNX) that maps int32
+tokens ``[batch, seq]`` to logits ``[batch, seq, vocab]`` (or an output with ``.logits``).
+``policy`` is an ``rk.Policy``: the factory applies it where it wants
+(``rk.remat(Block, policy)``, ``nn.remat(Block, policy=policy.jax_policy)``); ``policy.name ==
+"none"`` means no remat. A factory that also takes ``schedule=`` (an ``rk.Schedule``) is
+offered layer schedules; otherwise asking for one is an error and the planner leaves them out.
+
+:func:`from_factory` loads one from ``path/to/file.py:NAME`` or ``package.module:NAME`` into
+a :class:`ModelSource`; :meth:`ModelSource.build` makes the module for one policy, tagged by
+:mod:`remat_kit.tagging` (so name-based policies work on a model nobody tagged), with the
+policy applied by patching a block class when the model has no remat hook (``block=``), and
+with Hugging Face's keyword inputs (``attention_mask``, ``position_ids``) made from the tokens.
+The CLI's ``--model file.py:NAME`` and ``models.measure`` go through here; remat_kit never
+imports ``models``.
+
+Example:
+  >>> import remat_kit as rk                                              # doctest: +SKIP
+  >>> src = rk.sources.from_factory("examples/hf_llama.py:llama")
+  >>> built = src.build("minimal")
+  >>> step = built.train_step(rk.TrainConfig(batch=4, seq=2048))
+  >>> rk.memory_report(step.fn, *step.args, target="h100").peak_bytes
+"""
+
+from remat_kit.sources._loading import load_factory, patched_block
+from remat_kit.sources.source import ALL_SCHEDULES, BuiltModel, ModelSource, from_factory, hf_inputs
+from remat_kit.sources.steps import (
+    measure,
+    nbytes_count,
+    residuals,
+    step_flops,
+    workload,
+)
+
+__all__ = [
+    "ALL_SCHEDULES",
+    "BuiltModel",
+    "ModelSource",
+    "from_factory",
+    "hf_inputs",
+    "load_factory",
+    "measure",
+    "nbytes_count",
+    "patched_block",
+    "residuals",
+    "step_flops",
+    "workload",
+]

@@ -1,0 +1,191 @@
+"""Finding the user's code: a factory by ``LOCATION:NAME``, a block class by ``module:Class``,
+and patching that block class with a remat policy while a model is traced.
+
+Example:
+  >>> from remat_kit.sources import load_factory
+  >>> load_factory("remat_kit.sources:hf_inputs").__name__
+  'hf_inputs'
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import itertools
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from remat_kit.errors import BadValue
+from remat_kit.policies import Policy
+from remat_kit.wrap import remat
+
+__all__ = [
+    "load_factory",
+    "patched_block",
+]
+
+
+def load_factory(spec: str) -> Callable[..., Any]:
+    """The callable ``spec`` names: ``path/to/file.py:NAME`` or ``package.module:NAME``.
+
+    A file is executed as a fresh module each time (its directory on ``sys.path`` meanwhile,
+    so it may import its neighbours); a package module is imported as usual.
+
+    Args:
+      spec: ``LOCATION:NAME``.
+
+    Returns:
+      The callable.
+
+    Raises:
+      BadValue: no ``:NAME``, a missing file, a module that fails to import (its error in
+        one line), a missing name (the module's callables listed) or one that is not callable.
+
+    Example:
+      >>> load_factory("remat_kit.sources:hf_inputs").__name__
+      'hf_inputs'
+    """
+    location, colon, name = spec.rpartition(":")
+    if not colon or not location or not name.isidentifier():
+        raise BadValue(
+            f"--model {spec!r}: a factory is LOCATION:NAME, e.g. path/to/model.py:build or "
+            "package.module:build (or give a preset name: remat-kit models)"
+        )
+    if location.endswith(".py"):
+        module = _load_file(spec, Path(location))
+    else:
+        try:
+            module = importlib.import_module(location)
+        except Exception as err:
+            raise BadValue(
+                f"--model {spec!r}: cannot import {location!r}: {type(err).__name__}: {err}"
+            ) from None
+    if not hasattr(module, name):
+        offered = sorted(
+            n
+            for n, v in vars(module).items()
+            if callable(v)
+            and not n.startswith("_")
+            and getattr(v, "__module__", None) in (module.__name__, None)
+        )
+        raise BadValue(
+            f"--model {spec!r}: {location} has no {name!r}; callables there: "
+            f"{', '.join(offered) or 'none'}"
+        )
+    factory = getattr(module, name)
+    if not callable(factory):
+        raise BadValue(f"--model {spec!r}: {name} is a {type(factory).__name__}, not a callable")
+    return factory
+
+
+def _load_file(spec: str, path: Path) -> Any:
+    if not path.is_file():
+        raise BadValue(f"--model {spec!r}: no such file {str(path)!r}")
+    module_name = f"_remat_kit_factory_{abs(hash(str(path.resolve())))}"
+    loader = importlib.util.spec_from_file_location(module_name, path)
+    if loader is None or loader.loader is None:
+        raise BadValue(f"--model {spec!r}: cannot load {str(path)!r} as Python")
+    module = importlib.util.module_from_spec(loader)
+    folder = str(path.resolve().parent)
+    sys.path.insert(0, folder)
+    try:
+        loader.loader.exec_module(module)
+    except Exception as err:
+        raise BadValue(
+            f"--model {spec!r}: {path.name} failed to run: {type(err).__name__}: {err}"
+        ) from None
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(folder)
+    return module
+
+
+def _takes(fn: Callable[..., Any], keyword: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
+def _import_class(spec: str) -> tuple[Any, str, type]:
+    location, colon, name = spec.rpartition(":")
+    if not colon or not location or not name:
+        raise BadValue(
+            f"--block {spec!r}: name the block class as module:Class, e.g. "
+            "transformers.models.llama.modeling_flax_llama:FlaxLlamaDecoderLayer"
+        )
+    try:
+        module = importlib.import_module(location)
+    except Exception as err:
+        raise BadValue(f"--block {spec!r}: cannot import {location!r}: {err}") from None
+    cls = getattr(module, name, None)
+    if not inspect.isclass(cls):
+        raise BadValue(f"--block {spec!r}: {location} has no class {name!r}")
+    return module, name, cls
+
+
+@contextlib.contextmanager
+def patched_block(
+    spec: str, policies: Policy | Sequence[Policy], *, counter: list[int] | None = None
+) -> Iterator[None]:
+    """Within the context, the block class ``module:Class`` is rematerialized.
+
+    For models with no remat hook: the module's global ``Class`` is replaced by
+    ``rk.remat(Class, policy)`` while the model is traced, then restored. With one policy per
+    layer (a ``layers`` plan on an unrolled stack), the n-th block built in the context gets
+    the n-th policy.
+
+    Args:
+      spec: ``module:Class``, the module the model looks the class up in.
+      policies: one policy, or one per layer in construction order.
+      counter: a one-item list incremented per block built (to count layers).
+
+    Yields:
+      Nothing.
+
+    Raises:
+      BadValue: an unimportable module or a missing class.
+
+    Example:
+      >>> with patched_block("my_model:Block", rk.policy("full")):        # doctest: +SKIP
+      ...     params = model.init(key, tokens)
+    """
+    module, name, cls = _import_class(spec)
+    per_layer = not isinstance(policies, Policy)
+    wrapped: dict[str, type] = {}
+
+    def for_policy(p: Policy) -> type:
+        if p.spec not in wrapped:
+            wrapped[p.spec] = remat(cls, p)
+        return wrapped[p.spec]
+
+    if per_layer:
+        plan = list(policies)  # type: ignore[arg-type]
+        built = itertools.count()
+
+        def replacement(*args: Any, **kwargs: Any) -> Any:
+            i = next(built)
+            if counter is not None:
+                counter[0] += 1
+            return for_policy(plan[min(i, len(plan) - 1)])(*args, **kwargs)
+
+    else:
+        base = for_policy(policies)  # type: ignore[arg-type]
+        if counter is None:
+            replacement = base
+        else:
+
+            def replacement(*args: Any, **kwargs: Any) -> Any:
+                counter[0] += 1
+                return base(*args, **kwargs)
+
+    setattr(module, name, replacement)
+    try:
+        yield
+    finally:
+        setattr(module, name, cls)
