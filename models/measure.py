@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ import jax
 
 import models
 import remat_kit as rk
+import remat_kit.cache
 import remat_kit.checks
 import remat_kit.sources
 from models import build, get_config
@@ -443,6 +446,60 @@ def measure(
             "a measured breakdown reads one unsharded program: drop --shard, or drop "
             "--measured-breakdown for the estimate"
         )
+
+    def compute() -> rk.MemoryReport:
+        return _measure(opts, cfg, t, schedule, baseline, measured_breakdown)
+
+    if pol.name == "custom":
+        report = compute()  # a callable has no spec to remember it by
+    else:
+        report = _remembered(
+            "report",
+            opts,
+            t,
+            compute,
+            policy=pol.spec,
+            schedule=cfg.schedule.spec,
+            baseline=baseline,
+            measured_breakdown=measured_breakdown,
+        )
+    if warn:
+        for note in report.warnings:
+            warnings.warn(note, rk.RematWarning, stacklevel=2)
+    return report
+
+
+def _remembered(kind: str, opts: Options, t: rk.Target, compute: Any, **request: Any) -> Any:
+    """``compute()`` remembered on disk under the request (``rk.cache.remember``): the options
+    (with the Hugging Face config's contents), the code of remat_kit and models, and
+    ``request``. A warm run answers without tracing; reports read back say 0 s compiling."""
+    parts = {
+        "options": dataclasses.asdict(opts),
+        "code": rk.cache.code_fingerprint("remat_kit", "models"),
+        **request,
+    }
+    if opts.hf_config is not None:
+        parts["hf_config"] = hashlib.sha256(Path(opts.hf_config).read_bytes()).hexdigest()
+    if kind == "report":
+        encode = rk.MemoryReport.to_dict
+
+        def decode(d: Any) -> rk.MemoryReport:
+            return rk.MemoryReport.from_dict({**d, "compile_seconds": 0.0})
+
+    else:
+        encode = decode = lambda value: value  # JSON-ready already
+    return rk.cache.remember(kind, parts, t, compute, encode=encode, decode=decode)
+
+
+def _measure(
+    opts: Options,
+    cfg: ModelConfig,
+    t: rk.Target,
+    schedule: Any,
+    baseline: float | None,
+    measured_breakdown: bool,
+) -> rk.MemoryReport:
+    pol = cfg.policy
     step = train_step(opts, cfg, t)
     meta = {
         "model": opts.model,
@@ -476,7 +533,7 @@ def measure(
         attention=cfg.attention,
         schedule=cfg.schedule.spec,
         meta=meta,
-        warn=warn,
+        warn=False,
     )
     if measured_breakdown:
         report = add_measured_breakdown(report, step, t)
@@ -580,8 +637,16 @@ def step_flops(
     if is_factory(opts):
         return rk.sources.step_flops(model_source(opts), policy, _factory_config(opts), schedule)
     cfg = model_config(opts, policy, t, schedule)
-    step = train_step(opts, cfg, t, sharded=False)
-    return rk.count_flops(step.fn, *step.args).total
+
+    def compute() -> float:
+        step = train_step(opts, cfg, t, sharded=False)
+        return float(rk.count_flops(step.fn, *step.args).total)
+
+    if cfg.policy.name == "custom":
+        return compute()
+    return _remembered(
+        "flops", opts, t, compute, policy=cfg.policy.spec, schedule=cfg.schedule.spec
+    )
 
 
 def step_breakdown(opts: Options, target: rk.Target | str) -> dict[str, int]:
@@ -722,9 +787,12 @@ def layer_count(opts: Options, target: rk.Target | str) -> int:
 
 @functools.cache
 def _preset_tags(opts: Options, target: rk.Target) -> tuple[str, ...]:
-    cfg = model_config(opts, "none", target)
-    step = train_step(opts, cfg, target, sharded=False)
-    return tuple(sorted(rk.residuals.tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args))))
+    def compute() -> list[str]:
+        cfg = model_config(opts, "none", target)
+        step = train_step(opts, cfg, target, sharded=False)
+        return sorted(rk.residuals.tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args)))
+
+    return tuple(_remembered("tags", opts, target, compute))
 
 
 def preset_tags(opts: Options, target: rk.Target | str) -> tuple[str, ...]:

@@ -131,6 +131,31 @@ class MemoryReport:
         out["fits"] = self.fits
         return out
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> MemoryReport:
+        """The report :meth:`to_dict` wrote (``fits`` is derived, so it is not read back).
+
+        Raises:
+          ValueError: a field missing or unknown (data from another version).
+
+        Example:
+          >>> r = rk.memory_report(lambda a: a @ a, x, target="h100")      # doctest: +SKIP
+          >>> MemoryReport.from_dict(r.to_dict()) == r
+          True
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        given = set(data) - {"fits"}
+        if given != names:
+            raise ValueError(
+                f"not a MemoryReport: missing {sorted(names - given)}, unknown "
+                f"{sorted(given - names)}"
+            )
+        values = dict(data)
+        values.pop("fits", None)
+        values["tags"] = tuple(values["tags"])
+        values["warnings"] = tuple(values["warnings"])
+        return cls(**values)
+
 
 def abstract(tree: Any, sharding: Any = None) -> Any:
     """Arrays and ShapeDtypeStructs -> ShapeDtypeStructs (optionally placed on ``sharding``).
@@ -224,11 +249,14 @@ def memory_report(
     with warnings.catch_warnings():
         # Donation of buffers the output cannot reuse is routine for train states.
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
-        lowered = jitted.lower(*abstract_args)
+        # One trace serves the lowering, the FLOP count and the tags: on a cached compile
+        # tracing is most of a report's time.
+        traced = jitted.trace(*abstract_args)
+        lowered = traced.lower()
         mem = compiled_memory(lowered, t)  # remat_kit.xla.compile_memory, cached on disk
     seconds = time.perf_counter() - start
 
-    closed = jax.make_jaxpr(fn)(*abstract_args) if count_flops or pol is not None else None
+    closed = traced.jaxpr if count_flops or pol is not None else None
     count = _flops.count_jaxpr_flops(closed) if count_flops and closed is not None else None
     tags = tuple(sorted(tags_in(closed))) if closed is not None else ()
 

@@ -12,6 +12,13 @@ keeps those bytes on disk, keyed by everything that determines them:
 - compiler options passed by the caller and ``XLA_FLAGS``;
 - the jax, jaxlib and CUDA plugin versions, and the fields of the stored record.
 
+A second kind of entry, :func:`remember`, keeps a whole answer (a report, a FLOP count) under
+the *request* that produced it: the caller's options, the target, the source of the code that
+builds the program (:func:`code_fingerprint`), the jax configuration and the versions. A warm
+run then skips even tracing and lowering; any change to the code or the options is a miss,
+and the program-level entry above still answers it without a compile when the program
+turned out the same.
+
 Entries are small JSON files under :func:`cache_dir` (``$REMAT_KIT_CACHE_DIR``, else
 ``$XDG_CACHE_HOME/remat_kit``, else ``~/.cache/remat_kit``). A write goes to a temporary file in
 the same directory and is renamed into place (``os.replace``), so concurrent runs never read a
@@ -51,12 +58,15 @@ __all__ = [
     "ENV_OFF",
     "bypassed",
     "cache_dir",
+    "code_fingerprint",
     "compiled_memory",
     "compiles",
     "enabled",
     "entry_key",
     "fingerprint",
     "load",
+    "remember",
+    "request_key",
     "set_enabled",
     "store",
 ]
@@ -167,21 +177,144 @@ def entry_key(program_text: str, target: Any, options: Mapping[str, Any] | None 
         "format": FORMAT,
         "record": [f.name for f in dataclasses.fields(CompiledMemory)],
         "program": fingerprint(program_text),
-        "target": {
-            "name": getattr(target, "name", str(target)),
-            "kind": getattr(target, "kind", None),
-            "devices": getattr(target, "devices", None),
-            "hosts": getattr(target, "hosts", None),
-            "config": getattr(target, "target_config", None),
-            "runtime": repr(getattr(target, "runtime", None)),
-        },
-        "local": _local_devices() if getattr(target, "kind", None) == "local" else None,
+        "target": _target_parts(target),
         "options": sorted((str(k), str(v)) for k, v in (options or {}).items()),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "versions": _versions(),
     }
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()
+
+
+def _target_parts(target: Any) -> dict[str, Any]:
+    return {
+        "name": getattr(target, "name", str(target)),
+        "kind": getattr(target, "kind", None),
+        "devices": getattr(target, "devices", None),
+        "hosts": getattr(target, "hosts", None),
+        "config": getattr(target, "target_config", None),
+        "runtime": repr(getattr(target, "runtime", None)),
+        "local": _local_devices() if getattr(target, "kind", None) == "local" else None,
+    }
+
+
+#: jax settings that change what a traced program is (dtypes, matmul precision, promotion).
+_JAX_SETTINGS = (
+    "jax_enable_x64",
+    "jax_default_matmul_precision",
+    "jax_numpy_dtype_promotion",
+    "jax_numpy_rank_promotion",
+    "jax_default_prng_impl",
+)
+
+
+def request_key(kind: str, parts: Mapping[str, Any], target: Any) -> str:
+    """The key of an answer by the request that produced it (see :func:`remember`).
+
+    Args:
+      kind: what the answer is (``"report"``, ``"flops"``, ...): a namespace.
+      parts: JSON-ready values that, with the code, determine the answer (options, policy).
+      target: the ``rk.Target`` the answer is for.
+
+    Returns:
+      64 hex digits.
+
+    Example:
+      >>> from remat_kit import target
+      >>> a = request_key("flops", {"model": "m"}, target("cpu"))
+      >>> a == request_key("flops", {"model": "m"}, target("cpu"))
+      True
+      >>> a == request_key("flops", {"model": "n"}, target("cpu"))
+      False
+    """
+    import jax
+
+    blob = {
+        "format": FORMAT,
+        "kind": kind,
+        "parts": parts,
+        "target": _target_parts(target),
+        "jax": {name: repr(getattr(jax.config, name, None)) for name in _JAX_SETTINGS},
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "versions": _versions(),
+    }
+    return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def remember(
+    kind: str,
+    parts: Mapping[str, Any],
+    target: Any,
+    compute: Callable[[], Any],
+    *,
+    encode: Callable[[Any], Any] = lambda value: value,
+    decode: Callable[[Any], Any] = lambda stored: stored,
+) -> Any:
+    """``compute()``, remembered on disk under the request that asks for it.
+
+    ``parts`` must name everything the answer depends on besides the target, the jax settings
+    and versions (which the key adds): for a program built by this package, the options, the
+    policy and :func:`code_fingerprint` of the packages that build it. With the cache off
+    (:func:`enabled`) this is ``compute()``. A stored value that ``decode`` rejects (raises
+    ``KeyError``, ``TypeError`` or ``ValueError``) is computed again and rewritten.
+
+    Args:
+      kind: a namespace for the answer (``"report"``).
+      parts: JSON-ready values (``default=str`` for the rest).
+      target: the ``rk.Target``.
+      compute: makes the answer.
+      encode: the answer as JSON-ready data.
+      decode: the answer from that data.
+
+    Returns:
+      The answer.
+
+    Example:
+      >>> remember("answer", {"q": 6 * 7}, target("cpu"), lambda: 42)   # doctest: +SKIP
+      42
+    """
+    if not enabled():
+        return compute()
+    key = request_key(kind, parts, target)
+    record = load(key)
+    if record is not None and "value" in record:
+        try:
+            return decode(record["value"])
+        except (KeyError, TypeError, ValueError):
+            pass  # written by another version, or damaged: compute it again
+    value = compute()
+    store(key, {"value": encode(value)})
+    return value
+
+
+@functools.cache
+def code_fingerprint(*packages: str) -> str:
+    """sha256 over the Python source of ``packages`` (every ``.py`` file under each, by path).
+
+    The answer a package's code gives for the same options changes only when that code does.
+    Read once per process.
+
+    Args:
+      *packages: importable package names (``"remat_kit"``, ``"models"``).
+
+    Returns:
+      64 hex digits.
+
+    Example:
+      >>> len(code_fingerprint("remat_kit"))
+      64
+    """
+    import importlib
+
+    digest = hashlib.sha256()
+    for name in packages:
+        module = importlib.import_module(name)
+        for folder in getattr(module, "__path__", []):
+            root = Path(folder)
+            for path in sorted(root.rglob("*.py")):
+                digest.update(f"{name}/{path.relative_to(root).as_posix()}\0".encode())
+                digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 _CALLBACK_ID = re.compile(r'backend_config = "(\d+)"')

@@ -27,7 +27,6 @@ import remat_kit as rk
 
 #: (model, plan, policy, accum): every strategy, both families, remat and accumulation.
 CASES = (
-    ("tiny-llama", "dp:8", "full", 1),
     ("tiny-llama", "fsdp:8", "minimal", 1),
     ("tiny-llama", "fsdp:4,tp:2", "full", 2),
     ("tiny-llama", "dp:4,tp:2", "none", 1),

@@ -229,3 +229,105 @@ def test_the_fingerprint_ignores_python_object_ids():
     assert cache.fingerprint(a) != cache.fingerprint(a.replace("8x8", "8x9"))
     # The same callback code over another value is another partitioner.
     assert cache.fingerprint(_partitioned(3.0)) != cache.fingerprint(a)
+
+
+# --- answers remembered by the request that asked for them --------------------------------------
+
+
+class _Answer:
+    """A computation that counts its calls."""
+
+    def __init__(self, value):
+        self.value, self.calls = value, 0
+
+    def __call__(self):
+        self.calls += 1
+        return self.value
+
+
+def test_remember_computes_once_per_request(cache_dir):
+    cpu, gpu = rk.target("cpu"), rk.target("h100")
+    answer = _Answer({"peak": 7})
+    assert cache.remember("report", {"policy": "full"}, cpu, answer) == {"peak": 7}
+    assert cache.remember("report", {"policy": "full"}, cpu, answer) == {"peak": 7}
+    assert answer.calls == 1
+    # Any part of the request, the kind or the target makes it another question.
+    for kind, parts, t in [
+        ("report", {"policy": "minimal"}, cpu),
+        ("flops", {"policy": "full"}, cpu),
+        ("report", {"policy": "full"}, gpu),
+    ]:
+        other = _Answer(1)
+        cache.remember(kind, parts, t, other)
+        assert other.calls == 1, (kind, parts, t.name)
+
+
+def test_remember_recomputes_what_it_cannot_decode_and_obeys_the_switch(cache_dir):
+    cpu = rk.target("cpu")
+    answer = _Answer([1, 2])
+
+    def strict(stored):
+        if stored != [1, 2]:
+            raise ValueError("not mine")
+        return stored
+
+    cache.remember("x", {}, cpu, answer, decode=strict)
+    (entry,) = _entries(cache_dir)
+    data = json.loads(entry.read_text())
+    data["record"]["value"] = "damaged"
+    entry.write_text(json.dumps(data))
+    assert cache.remember("x", {}, cpu, answer, decode=strict) == [1, 2]
+    assert answer.calls == 2
+    assert cache.remember("x", {}, cpu, answer, decode=strict) == [1, 2]
+    assert answer.calls == 2  # rewritten whole by the recompute
+    with cache.bypassed():
+        cache.remember("x", {}, cpu, answer, decode=strict)
+    assert answer.calls == 3
+
+
+def test_the_code_fingerprint_follows_the_source(tmp_path, monkeypatch):
+    pkg = tmp_path / "rk_probe_pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    (pkg / "sub" / "m.py").write_text("Y = 2\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = cache.code_fingerprint.__wrapped__("rk_probe_pkg")
+    assert cache.code_fingerprint.__wrapped__("rk_probe_pkg") == before
+    (pkg / "sub" / "m.py").write_text("Y = 3\n")
+    assert cache.code_fingerprint.__wrapped__("rk_probe_pkg") != before
+
+
+def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
+    """The second identical report neither traces nor compiles, and reads back field for field;
+    another policy is measured afresh."""
+    from models import measure as m
+
+    opts = m.Options("tiny-llama", batch=2, seq=32, attention="xla")
+    first = m.measure(opts, "minimal", "h100")
+    assert first.compile_seconds > 0
+
+    def untouchable(*args, **kwargs):
+        raise AssertionError("a remembered report must not build the step")
+
+    monkeypatch.setattr(m, "train_step", untouchable)
+    again = m.measure(opts, "minimal", "h100")
+    assert again.compile_seconds == 0.0
+    want = {**first.to_dict(), "compile_seconds": 0.0}
+    assert json.loads(json.dumps(again.to_dict())) == json.loads(json.dumps(want))
+    assert again.tags == first.tags and isinstance(again.tags, tuple)
+    with pytest.raises(AssertionError, match="must not build"):
+        m.measure(opts, "full", "h100")
+    with pytest.raises(AssertionError, match="must not build"), cache.bypassed():
+        m.measure(opts, "minimal", "h100")
+
+
+def test_memory_report_from_dict_rejects_other_fields():
+    x = jax.ShapeDtypeStruct((4, 4), jnp.float32)
+    r = rk.memory_report(lambda a: a @ a, x, target="cpu")
+    assert rk.MemoryReport.from_dict(r.to_dict()) == r
+    with pytest.raises(ValueError, match="unknown"):
+        rk.MemoryReport.from_dict({**r.to_dict(), "peak_gib": 1.0})
+    data = r.to_dict()
+    del data["peak_bytes"]
+    with pytest.raises(ValueError, match="missing"):
+        rk.MemoryReport.from_dict(data)

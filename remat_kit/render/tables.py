@@ -119,7 +119,12 @@ def compare_table(
         + f" on {target.name} ({gib(target.memory_bytes)} GiB), attention={rows[0]['attention']}"
         + _training_line(rows[0].get("meta_precision"), rows[0].get("meta_dropout"))
     )
-    caption = f"{fits_rule(target)}\ncompiled {len(rows)} programs in {seconds:.1f} s"
+    remembered = sum(1 for row in rows if row["compile_seconds"] == 0.0)
+    caption = f"{fits_rule(target)}\n{len(rows)} programs in {seconds:.1f} s" + (
+        f" ({remembered} remembered from an earlier run: not traced or compiled again)"
+        if remembered
+        else ""
+    )
     if any(row["fits_with_fraction"] for row in rows):
         caption += "; no (0.92): fits with XLA_PYTHON_CLIENT_MEM_FRACTION=0.92"
     if any(row["xla_remat"] for row in rows):
@@ -206,7 +211,12 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         fits += f" (fits with XLA_PYTHON_CLIENT_MEM_FRACTION={r.fits_with_fraction:g})"
     table.caption = (
         f"fits: {fits} | {r.flops / 1e12:.1f} TFLOP/step, recompute overhead "
-        f"{pct(r.meta.get('recompute_overhead'))} | compiled in {r.compile_seconds:.1f} s"
+        f"{pct(r.meta.get('recompute_overhead'))} | "
+        + (
+            f"compiled in {r.compile_seconds:.1f} s"
+            if r.compile_seconds
+            else "remembered from an earlier run"
+        )
         + (
             f" | XLA's own remat pass took {gib(r.xla_remat_saved_bytes)} GiB off the peak"
             if r.xla_remat
