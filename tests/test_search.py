@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import SMALL
+from jax.errors import JaxRuntimeError
 
 import models
 import remat_kit as rk
@@ -802,6 +803,37 @@ def test_max_batch_falls_back_when_the_line_is_wrong(peak_of, limit):
     assert fit.compiles == w.compiles <= 4 + 2 * int(np.log2(expect + 1)) + 2
     if fit.predicted_batch != expect:
         assert fit.method == "bisection"
+
+
+@pytest.mark.parametrize("refused_above", [40, 250, 1000])
+def test_a_batch_xla_cannot_build_is_an_upper_bound_not_a_crash(refused_above):
+    """XLA refuses huge batches (a kernel grid past the GPU's limit): above a batch that built,
+    that batch does not run either. The memory limit is never reached below ``refused_above``
+    here, so the answer is the largest batch XLA builds."""
+
+    def measure(policy, schedule, batch):
+        if batch > refused_above:
+            raise JaxRuntimeError(
+                "INTERNAL: RET_CHECK failure launch needs more blocks (2652531808, 1)\nHLO..."
+            )
+        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
+
+    w = rk.Workload(measure, lambda p, s, b: float(b), target=rk.target("h100"), seq=10)
+    fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 10**6, start=4)
+    assert fit.max_batch == refused_above
+    assert fit.next_peak_bytes is None
+    assert f"batch {refused_above + 1} cannot be built by XLA (INTERNAL: RET_CHECK" in fit.message
+    assert "HLO" not in fit.message
+    assert fit.compiles <= 4 + 2 * int(np.log2(refused_above)) + 2
+
+
+def test_a_first_batch_xla_cannot_build_is_an_error():
+    def measure(policy, schedule, batch):
+        raise JaxRuntimeError("INTERNAL: cannot build")
+
+    w = rk.Workload(measure, lambda p, s, b: float(b), target=rk.target("h100"), seq=10)
+    with pytest.raises(JaxRuntimeError, match="cannot build"):
+        rk.max_batch(w, "full", limit_bytes=10**9, start=4)
 
 
 def test_max_batch_without_a_line_still_finds_the_cap():

@@ -22,6 +22,7 @@ from remat_kit.cli._args import (
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_csv, write_json
 from remat_kit.render.tables import compare_rows, compare_table
+from remat_kit.schedules import label
 from remat_kit.search import FRONT_POLICIES
 
 __all__ = ["add_parser", "run"]
@@ -118,11 +119,16 @@ def run(args: argparse.Namespace) -> int:
     chosen = attention_note(opts, target, cfg)
     if chosen:
         out.print(f"[yellow]note:[/yellow] {chosen}")
+    # Not fitting and XLA's own remat are in the table's fits column already; a note that
+    # several rows share (an XLA log line about the inputs) is printed once, naming them.
+    shared: dict[str, list[str]] = {}
     for r in reports:
-        # Not fitting and XLA's own remat are in the table's fits column already.
         for note in r.warnings:
             if not note.startswith(("does not fit", "XLA's own")):
-                out.print(f"[yellow]{r.policy}:[/yellow] {note}")
+                shared.setdefault(note, []).append(label(r.policy, r.schedule))
+    for note, rows in shared.items():
+        who = f"all {len(rows)} rows" if len(rows) == len(reports) > 1 else ", ".join(rows)
+        out.print(f"[yellow]{who}:[/yellow] {note}")
     if args.json:
         write_json(args.json, rows, flag="--json")
     if args.csv:

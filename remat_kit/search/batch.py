@@ -13,11 +13,16 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from jax.errors import JaxRuntimeError
+
 from remat_kit.policies import Policy, as_policy
 from remat_kit.schedules import Schedule, label, parse_schedule
 from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, limit_for
 from remat_kit.search.planner import Plan, plan
 from remat_kit.search.workload import DEFAULT_HIDE, FULL, Workload
+
+#: The "peak" of a batch XLA refused to build: over any limit.
+UNBUILDABLE = 1 << 62
 
 __all__ = [
     "BatchFit",
@@ -36,7 +41,8 @@ class BatchFit:
         smallest batch does not fit).
       peak_bytes: compiled peak at ``max_batch`` (at the smallest batch when it is 0).
       next_peak_bytes: compiled peak at the next larger batch (the proof it does not fit), or
-        None when the search stopped at ``cap``.
+        None when the search stopped at ``cap`` or XLA could not build that batch (the message
+        then says so).
       limit_bytes: device memory minus headroom.
       recompute_overhead: extra FLOPs of recomputation at ``max_batch``.
       tokens_per_step: ``max_batch`` x sequence length.
@@ -132,10 +138,20 @@ def max_batch(
     step = max(1, int(workload.batch_multiple))
     units_cap = max(1, cap // step)
     known: dict[int, int] = {}  # units -> compiled peak
+    unbuildable: dict[int, str] = {}  # units -> XLA's refusal
 
     def peak(units: int) -> int:
         if units not in known:
-            known[units] = workload._compiled(pol, sch, units * step).peak_bytes
+            try:
+                known[units] = workload._compiled(pol, sch, units * step).peak_bytes
+            except JaxRuntimeError as err:
+                # A batch XLA cannot build (a kernel grid or an index past what the GPU or
+                # int32 allows) does not run either: above a batch that compiled it is an
+                # upper bound. The first probe failing is a real error.
+                if not any(u < units for u in known):
+                    raise
+                known[units] = UNBUILDABLE
+                unbuildable[units] = str(err).split("\n", 1)[0][:200]
         return known[units]
 
     first = min(max(1, (start or step) // step), units_cap)
@@ -160,14 +176,17 @@ def max_batch(
     nxt_peak = known.get(hi) if hi is not None else None
     batch = lo * step
     overhead = workload._recompute(pol, sch, batch)
+    if hi is None:
+        after = f"; stopped at the cap {cap}"
+    elif hi in unbuildable:
+        nxt_peak = None
+        after = f", batch {hi * step} cannot be built by XLA ({unbuildable[hi]})"
+    else:
+        after = f", batch {hi * step} does not ({nxt_peak / GIB:.2f} GiB)"
     msg = (
         label(pol.spec, sch.spec)
         + f": batch {batch} fits ({best.peak_bytes / GIB:.2f} GiB of {limit / GIB:.2f} GiB)"
-        + (
-            f", batch {hi * step} does not ({nxt_peak / GIB:.2f} GiB)"
-            if nxt_peak is not None
-            else f"; stopped at the cap {cap}"
-        )
+        + after
     )
     return BatchFit(
         policy=pol.spec,
@@ -257,7 +276,7 @@ def _narrow(
     secant = True
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if secant:
+        if secant and known[hi] != UNBUILDABLE:
             slope = (known[hi] - known[lo]) / (hi - lo)
             if slope > 0:
                 mid = min(hi - 1, max(lo + 1, lo + int((limit - known[lo]) // slope)))
