@@ -98,7 +98,17 @@ def _verdict(none: dict, full: dict) -> str:
 
 def _recompute(d: dict) -> list[list[str]]:
     over = d["flops_overhead_full"].values()
-    red = d["activation_reduction_full"].values()
+    # "activations" is the peak less the shapes of weights, gradients, optimizer state and
+    # batch; where that estimate reaches 0 (XLA frees some of those parts before the peak) it
+    # says nothing about the activations: such rows are named, not counted.
+    red = [r["activation_reduction"] for r in d["rows"] if r["activation_full_gib"] > 0]
+    unknown = [f"{r['preset']} b{r['batch']}" for r in d["rows"] if r["activation_full_gib"] <= 0]
+    caveat = (
+        f" ({', '.join(unknown)}: the peak is below the shapes of the fixed parts, so the "
+        "estimate cannot split it; see report --measured-breakdown)"
+        if unknown
+        else ""
+    )
     cpu = "; ".join(
         f"{c['preset']} {c['full_ms']:.0f} vs {c['none_ms']:.0f} ms ({100 * c['slowdown']:+.0f}%)"
         for c in d["cpu_wall_clock"]
@@ -116,7 +126,7 @@ def _recompute(d: dict) -> list[list[str]]:
             "activation memory drops 60-80% at 20-30% slower training",
             "60-80%, 20-30%",
             f"{100 * min(red):.0f}-{100 * max(red):.0f}% less activation memory with full, at "
-            f"{100 * min(over):.0f}-{100 * max(over):.0f}% more FLOPs",
+            f"{100 * min(over):.0f}-{100 * max(over):.0f}% more FLOPs{caveat}",
             _cmd("recompute_cost"),
         ],
     ]
