@@ -126,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
         for note in r.warnings:
             if not note.startswith(("does not fit", "XLA's own")):
                 shared.setdefault(note, []).append(label(r.policy, r.schedule))
-    for note, rows in shared.items():
-        who = f"all {len(rows)} rows" if len(rows) == len(reports) > 1 else ", ".join(rows)
+    for note, labels in shared.items():
+        who = f"all {len(labels)} rows" if len(labels) == len(reports) > 1 else ", ".join(labels)
         out.print(f"[yellow]{who}:[/yellow] {note}")
     if args.json:
         write_json(args.json, rows, flag="--json")
