@@ -58,7 +58,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
     lora = workload(Options("llama3-70b", batch=1, seq=2048, optimizer="adamw", lora=16), target)
     try:
-        rk.search.check_budget(lora, 1, rk.search.parse_budget("0.97", target.memory_bytes))
+        # The limit every verdict uses: what a JAX process may allocate on the card.
+        rk.search.check_budget(lora, 1, target.usable_bytes)
         best = rk.max_batch(lora, "full").max_batch
         plan = rk.plan(lora, 1, extra=[rk.policy("full"), rk.policy("minimal")])
         verdict = (
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         plan_dict = plan.to_dict()
     except ValueError as err:  # bf16 base weights alone exceed the card
         best, plan_dict = 0, None
-        verdict = f"does not hold with bf16 base weights: {err}"
+        verdict = f"does not hold with bf16 base weights: {str(err).rstrip('.')}"
     fitting = [r for r in rows if r["fits"]]
     configs = "; ".join(f"{r['case']} {r['policy']} {r['peak_gib']:.0f} GiB" for r in fitting)
     measured = (

@@ -65,7 +65,11 @@ def test_rk_remat_of_the_hf_decoder_layer_with_keyword_deterministic(policy):
     loss, _ = _layer_loss(rk.remat(hf_llama.FlaxLlamaDecoderLayer, policy))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RematWarning)  # minimal: the layer has no tags
-        chex.assert_trees_all_close(jax.grad(loss)(params), jax.grad(ref_loss)(params), rtol=1e-5)
+        # Recomputation reorders f32 sums: an absolute floor far below the gradients' size
+        # (about 1e-3) keeps jax 0.12's last-bit differences on 1e-5 entries from failing it.
+        chex.assert_trees_all_close(
+            jax.grad(loss)(params), jax.grad(ref_loss)(params), rtol=1e-5, atol=1e-8
+        )
         kept = rk.saved_residuals(loss, params).bytes_by()
     assert kept < rk.saved_residuals(ref_loss, params).bytes_by()  # it did rematerialize
 
