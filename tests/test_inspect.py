@@ -92,13 +92,17 @@ def test_categories_are_what_the_program_holds(minimal):
     # The saved projections, sized by hand: 4 layers x batch x seq x width (or d_ff) x 2 B.
     layers, tokens = 4, SMALL["batch"] * SMALL["seq"]
     width, d_ff = dict(SMALL["overrides"])["width"], dict(SMALL["overrides"])["ff"]
-    for tag, features in (
-        ("query_proj", width),
-        ("out_proj", width),
-        ("mlpwi_0", d_ff),
-        ("mlpwi_1", d_ff),
-    ):
+    for tag, features in (("query_proj", width), ("out_proj", width)):
         assert by_tag.get(tag) == layers * tokens * features * 2, (tag, by_tag)
+    # Newer XLA (jax 0.12) merges the sibling matmuls wi_0 and wi_1 into one dot over
+    # concatenated weights and slices its output: both slices then carry wi_0's op_name, and
+    # the pair is attributed to mlpwi_0 (README, "inspect"). Where the dots stay apart each
+    # tag holds its own bytes.
+    mlp = layers * tokens * d_ff * 2
+    if "mlpwi_1" in by_tag:
+        assert (by_tag["mlpwi_0"], by_tag["mlpwi_1"]) == (mlp, mlp), by_tag
+    else:
+        assert by_tag.get("mlpwi_0") == 2 * mlp, by_tag
     assert r.by_category["saved activation"] == sum(by_tag.values())
     recomputed = [b for b in r.buffers if b.category == "recomputation workspace"]
     assert all("rematted_computation" in b.op_name for b in recomputed)
