@@ -805,6 +805,33 @@ def test_max_batch_falls_back_when_the_line_is_wrong(peak_of, limit):
         assert fit.method == "bisection"
 
 
+#: Weights and gradients of the two-regime fake below, in bytes.
+W = G = 15_000
+
+
+@pytest.mark.parametrize("forward_base", [W, W + G // 3, W - 5_000], ids=["inputs", "more", "less"])
+@pytest.mark.parametrize("limit", [60_000, 61_000, 75_000])
+def test_max_batch_follows_the_forward_line_when_the_first_overshoots(forward_base, limit):
+    """Two regimes, as llama3-8b on h100 shows: at small batches the peak is in the backward
+    pass (weights + every gradient + temporaries + a little per sample), at large ones at the
+    end of the forward pass (weights, no gradient yet, more per sample). The line through two
+    small batches overshoots; the line from the inputs through the batch that failed lands on
+    the boundary when the forward peak holds just the inputs, and the search stays exact when
+    it does not."""
+
+    def peak_of(b):
+        return max(W + G + 3_000 + 1_000 * b, forward_base + 2_000 * b)
+
+    w = dataclasses.replace(
+        _batch_fake(peak_of), breakdown_fn=lambda b: {"weights": W, "gradients": G}
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=limit, start=4)
+    assert fit.max_batch == _largest(peak_of, limit)
+    assert peak_of(fit.max_batch) <= limit < peak_of(fit.max_batch + 1)
+    if forward_base == W:
+        assert fit.method == "two lines" and fit.compiles == 5
+
+
 @pytest.mark.parametrize("refused_above", [40, 250, 1000])
 def test_a_batch_xla_cannot_build_is_an_upper_bound_not_a_crash(refused_above):
     """XLA refuses huge batches (a kernel grid past the GPU's limit): above a batch that built,

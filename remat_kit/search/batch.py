@@ -19,7 +19,7 @@ from remat_kit.policies import Policy, as_policy
 from remat_kit.schedules import Schedule, label, parse_schedule
 from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, limit_for
 from remat_kit.search.planner import Plan, plan
-from remat_kit.search.workload import DEFAULT_HIDE, FULL, Workload
+from remat_kit.search.workload import DEFAULT_HIDE, FIXED_PARTS, FULL, Workload
 
 #: The "peak" of a batch XLA refused to build: over any limit.
 UNBUILDABLE = 1 << 62
@@ -53,8 +53,10 @@ class BatchFit:
       predicted_batch: the batch the straight line through the first two compiled peaks
         predicted (None when it could not: a peak that does not grow with the batch).
       method: how the boundary was found: ``line`` (the prediction held: two compiles to fit
-        the line, one or two to verify), ``bisection`` (it did not, or there was no line), or
-        ``cap``.
+        the line, one or two to verify), ``two lines`` (the line overshot, as it does where the
+        peak moves to the end of the forward pass at large batches; a second line from the
+        inputs through the failed point held: five compiles), ``bisection`` (neither held, or
+        there was no line), or ``cap``.
     """
 
     policy: str
@@ -165,6 +167,16 @@ def max_batch(
         b = max(1, min(predicted, units_cap))
         if peak(b) <= limit and (b == units_cap or peak(b + 1) > limit):
             method = "line" if b < units_cap else "cap"
+        else:
+            # The line missed: the peak is convex in the batch. Past a point the step peaks
+            # before any gradient exists (end of the forward pass, the loss), on a steeper
+            # line through what no batch changes; follow that one from the smallest batch
+            # known not to fit.
+            lo, hi = _bracket(known, limit)
+            guess = None if hi is None else _forward_line(workload, known, hi, step, limit)
+            inside = guess is not None and hi is not None and lo < guess < hi
+            if inside and peak(guess) <= limit and peak(guess + 1) > limit:
+                method = "two lines"
     lo, hi = _bracket(known, limit)
     if method == "bisection":
         lo, hi = _narrow(peak, known, limit, lo, hi, units_cap)
@@ -228,6 +240,22 @@ def _second_probe(
     if fits:
         return min(cap, max(first + 1, guess))
     return max(1, min(first - 1, guess))
+
+
+def _forward_line(
+    workload: Workload, known: dict[int, int], over: int, step: int, limit: int
+) -> int | None:
+    """The largest batch (in units) under ``limit`` on the line from the bytes that are inputs
+    whatever the batch (weights, optimizer state, accumulator: the fixed parts less the
+    gradients, from shapes) through the compiled peak at ``over``; None without shapes."""
+    if workload.breakdown_fn is None:
+        return None
+    parts = workload.breakdown(over * step)
+    base = sum(parts.get(k, 0) for k in FIXED_PARTS if k not in ("gradients", "batch"))
+    slope = (known[over] - base) / over
+    if slope <= 0 or known[over] >= UNBUILDABLE:
+        return None
+    return int(max(1, (limit - base) // slope))
 
 
 def _line(known: dict[int, int], a: int, b: int, limit: int, cap: int) -> int | None:
