@@ -869,6 +869,26 @@ def test_max_batch_without_a_line_still_finds_the_cap():
     assert fit.max_batch == 64 and fit.method == "cap" and fit.next_peak_bytes is None
 
 
+@pytest.mark.parametrize("counted", [True, False])
+def test_flops_of_a_compiled_step_are_read_from_its_report(counted):
+    """A compiled report counted its step's FLOPs: no second trace (a report without a count,
+    NaN, still traces)."""
+    traced = []
+
+    def flops_fn(policy, schedule, batch):
+        traced.append(policy.spec)
+        return 123.0
+
+    def measure(policy, schedule, batch):
+        return _fake_report(1000, 77.0 if counted else float("nan"), policy.spec, schedule.spec)
+
+    w = rk.Workload(measure, flops_fn, target=rk.target("h100"), seq=10)
+    w.report("full", "none", 2)
+    assert w.flops("full", "none", 2) == (77.0 if counted else 123.0)
+    assert traced == ([] if counted else ["full"])
+    assert w.flops("minimal", "none", 2) == 123.0  # nothing compiled for it: traced
+
+
 def test_advise_traces_an_identical_step_once():
     """Targets whose steps trace alike share the FLOP and residual traces; compiles are not."""
     calls = {"flops": 0, "residuals": 0, "compiles": 0}

@@ -66,7 +66,8 @@ class Workload:
 
     Attributes:
       measure_fn: ``(policy, schedule, batch) -> MemoryReport`` compiled for ``target``.
-      flops_fn: ``(policy, schedule, batch) -> FLOPs`` of the whole step, traced, not compiled.
+      flops_fn: ``(policy, schedule, batch) -> FLOPs`` of the whole step, traced, not compiled
+        (not called where a compiled report of the same step already counted them).
       target: where ``measure_fn`` compiles.
       seq: tokens per sequence (tokens per step = batch x seq).
       n_layers: layers of the stack (the granularity of layer schedules a plan may use).
@@ -204,7 +205,12 @@ class Workload:
     def _traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
         key = _key(pol, sch, batch)
         if key not in self._flops:
-            self._flops[key] = float(self.flops_fn(pol, sch, batch))
+            # A compiled report counted the FLOPs of the same step from its own trace.
+            compiled = self._reports.get(key)
+            if compiled is not None and math.isfinite(compiled.flops):
+                self._flops[key] = float(compiled.flops)
+            else:
+                self._flops[key] = float(self.flops_fn(pol, sch, batch))
         return self._flops[key]
 
     def _recompute(self, pol: Policy, sch: Schedule, batch: int) -> float:
