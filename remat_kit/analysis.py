@@ -22,6 +22,7 @@ from remat_kit.cache import compiled_memory
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target, as_target
+from remat_kit.targets.codegen import analysis_options
 
 # Below this, XLA's remat pass moved nothing worth a mark (it clones even when it saves nothing).
 _XLA_REMAT_MIN_BYTES = 2**20
@@ -253,7 +254,8 @@ def memory_report(
         # tracing is most of a report's time.
         traced = jitted.trace(*abstract_args)
         lowered = traced.lower()
-        mem = compiled_memory(lowered, t)  # remat_kit.xla.compile_memory, cached on disk
+        # remat_kit.xla.compile_memory, cached on disk; no machine code for a GPU target.
+        mem = compiled_memory(lowered, t, options=analysis_options(t))
     seconds = time.perf_counter() - start
 
     closed = traced.jaxpr if count_flops or pol is not None else None

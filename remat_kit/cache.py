@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_kit import xla
+from remat_kit.targets.codegen import key_options
 from remat_kit.xla import CompiledMemory
 
 __all__ = [
@@ -453,8 +454,10 @@ def compiled_memory(
     Args:
       lowered: a ``jax.stages.Lowered``.
       target: the ``rk.Target`` it was lowered for.
-      compile_fn: compiles it and reads the analysis (None: :func:`remat_kit.xla.compile_memory`).
-      options: compiler options ``compile_fn`` uses, for the key.
+      compile_fn: compiles it and reads the analysis (None: :func:`remat_kit.xla.compile_memory`
+        with ``options``).
+      options: compiler options of the compile (the target's analysis options), part of the
+        key (the stand-in ``ptxas``'s path by what it is, not where it lives).
 
     Returns:
       The CompiledMemory.
@@ -465,12 +468,13 @@ def compiled_memory(
     """
     global _compiled
     if compile_fn is None:
-        compile_fn = xla.compile_memory  # looked up now, so a patched one is used
+        # Looked up now, so a patched one is used.
+        compile_fn = functools.partial(xla.compile_memory, options=options)
     if not enabled():
         _compiled += 1
         return compile_fn(lowered)
     start = time.perf_counter()
-    key = entry_key(lowered.as_text(), target, options)
+    key = entry_key(lowered.as_text(), target, key_options(options or {}))
     record = load(key)
     if record is not None:
         got = _from_record(record)

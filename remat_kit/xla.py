@@ -19,12 +19,13 @@ import re
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 __all__ = [
     "CompiledMemory",
     "compile_memory",
+    "compile_with",
     "parse_xla_log",
 ]
 
@@ -39,6 +40,8 @@ _CANT_REDUCE = re.compile(
 _CLONE = re.compile(r"%?[\w.\-]+\.remat\d*\b")
 _METADATA = re.compile(r"metadata=\{[^}]*\}")
 _DISABLE_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
+# How jaxlib refuses a compile option it does not know, or one of another type.
+_UNKNOWN_OPTION = ("No such compile option", "While setting option")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,11 +87,19 @@ class CompiledMemory:
         return out
 
 
-def compile_memory(lowered: Any, *, measure_xla_remat: bool = True) -> CompiledMemory:
+def compile_memory(
+    lowered: Any,
+    *,
+    options: Mapping[str, Any] | None = None,
+    measure_xla_remat: bool = True,
+) -> CompiledMemory:
     """Compiles ``lowered`` and reads its memory analysis and XLA's remat outcome.
 
     Args:
       lowered: a ``jax.stages.Lowered`` (``jax.jit(f).lower(*abstract_args)``).
+      options: compiler options that make the compile cheaper without changing its analysis
+        (:func:`remat_kit.targets.codegen.analysis_options`); an XLA that does not know one
+        of them compiles without them.
       measure_xla_remat: when XLA's pass cloned instructions and said nothing, compile once
         more without it to learn what it saved (False: report 0 saved in that case).
 
@@ -103,13 +114,13 @@ def compile_memory(lowered: Any, *, measure_xla_remat: bool = True) -> CompiledM
     """
     start = time.perf_counter()
     with _captured_stderr() as log:
-        compiled = lowered.compile()
+        compiled = compile_with(lowered, options)
     stats = compiled.memory_analysis()
     lines = log.lines
     limit, saved, fell_short = _remat_from_log(lines)
     if not fell_short and measure_xla_remat and _has_remat_clones(compiled):
         with _captured_stderr():
-            plain = lowered.compile(compiler_options=_DISABLE_REMAT).memory_analysis()
+            plain = compile_with(lowered, options, _DISABLE_REMAT).memory_analysis()
         saved = max(0, _peak(plain) - _peak(stats))
     return CompiledMemory(
         argument_bytes=int(stats.argument_size_in_bytes),
@@ -131,6 +142,39 @@ def compile_memory(lowered: Any, *, measure_xla_remat: bool = True) -> CompiledM
         xla_messages=tuple(parse_xla_log(lines)),
         compile_seconds=time.perf_counter() - start,
     )
+
+
+def compile_with(
+    lowered: Any,
+    options: Mapping[str, Any] | None,
+    required: Mapping[str, Any] | None = None,
+) -> Any:
+    """``lowered.compile()`` with ``required`` options and, where XLA knows them, ``options``.
+
+    Args:
+      lowered: a ``jax.stages.Lowered``.
+      options: options that only make the compile cheaper; dropped when XLA rejects one
+        (a version that renamed or removed it, or takes another type).
+      required: options the compile must have (a dump directory, a pass switched off).
+
+    Returns:
+      The compiled program.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> low = jax.jit(lambda a: a + 1).lower(jax.ShapeDtypeStruct((4,), jnp.float32))
+      >>> compile_with(low, {"xla_no_such_option": 1}).memory_analysis().argument_size_in_bytes
+      16
+    """
+    merged = {**(options or {}), **(required or {})}
+    if not merged:
+        return lowered.compile()
+    try:
+        return lowered.compile(compiler_options=merged)
+    except Exception as err:  # jaxlib raises its own runtime error type
+        if not options or not any(m in str(err) for m in _UNKNOWN_OPTION):
+            raise
+    return lowered.compile(compiler_options=dict(required)) if required else lowered.compile()
 
 
 def parse_xla_log(lines: list[str]) -> list[str]:

@@ -197,7 +197,8 @@ def test_memory_report_reads_the_cache(cache_dir):
 
 def _partitioned(scale):
     """A jax custom_partitioning op (as cuDNN attention's sharding rule is) scaling by
-    ``scale``, lowered for two deviceless H100s."""
+    ``scale``, lowered for two deviceless H100s: its text, and the op, which the caller holds
+    so that the next op cannot be given the same id()."""
     from jax.experimental.custom_partitioning import custom_partitioning
     from jax.sharding import NamedSharding, PartitionSpec
 
@@ -218,17 +219,18 @@ def _partitioned(scale):
     x = jax.ShapeDtypeStruct(
         (8, 8), jnp.float32, sharding=NamedSharding(t.mesh(), PartitionSpec("x"))
     )
-    return jax.jit(op).lower(x).as_text()
+    return jax.jit(op).lower(x).as_text(), op
 
 
 def test_the_fingerprint_ignores_python_object_ids():
     """custom_partitioning writes an id() into the program: another number every lowering."""
-    a, b = _partitioned(2.0), _partitioned(2.0)
+    (a, op_a), (b, op_b) = _partitioned(2.0), _partitioned(2.0)
+    assert op_a is not op_b  # both alive while compared
     assert "CustomSPMDPartitioning" in a and a != b  # the ids differ...
     assert cache.fingerprint(a) == cache.fingerprint(b)  # ...the fingerprint does not
     assert cache.fingerprint(a) != cache.fingerprint(a.replace("8x8", "8x9"))
     # The same callback code over another value is another partitioner.
-    assert cache.fingerprint(_partitioned(3.0)) != cache.fingerprint(a)
+    assert cache.fingerprint(_partitioned(3.0)[0]) != cache.fingerprint(a)
 
 
 # --- answers remembered by the request that asked for them --------------------------------------

@@ -30,6 +30,7 @@ from remat_kit.peak.types import (
     PeakReport,
 )
 from remat_kit.targets import Target, as_target
+from remat_kit.targets.codegen import analysis_options
 
 __all__ = [
     "inspect",
@@ -91,7 +92,7 @@ def inspect(
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         lowered = jitted.lower(*abstract_args)
         kept = kept_leaves(lowered, sum(len(x) for x in leaves_per_arg))
-        compiled, dump, texts = compile_with_dump(lowered, keep_dump)
+        compiled, dump, texts = compile_with_dump(lowered, keep_dump, analysis_options(t))
     compile_seconds = time.perf_counter() - start
     stats = compiled.memory_analysis()
 

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 
 from remat_kit.errors import InspectError
+from remat_kit.xla import compile_with
 
 __all__ = [
     "DumpFiles",
@@ -37,7 +38,9 @@ __all__ = [
 
 
 def compile_with_dump(
-    lowered: Any, keep_dump: str | os.PathLike[str] | None = None
+    lowered: Any,
+    keep_dump: str | os.PathLike[str] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[Any, DumpFiles, dict[str, list[str]]]:
     """Compiles ``lowered`` with XLA's dump switched on and reads the dump's text.
 
@@ -57,11 +60,11 @@ def compile_with_dump(
     """
     if keep_dump is not None:
         Path(keep_dump).mkdir(parents=True, exist_ok=True)
-        compiled = lowered.compile(compiler_options=_dump_options(str(keep_dump)))
+        compiled = compile_with(lowered, options, _dump_options(str(keep_dump)))
         dump = DumpFiles.find(str(keep_dump), _module_name(compiled))
         return compiled, dump, dump.read()
     with tempfile.TemporaryDirectory(prefix="remat_kit_inspect_") as tmp:
-        compiled = lowered.compile(compiler_options=_dump_options(tmp))
+        compiled = compile_with(lowered, options, _dump_options(tmp))
         dump = DumpFiles.find(tmp, _module_name(compiled))
         # Read before the directory goes: the files do not outlive the ``with``.
         return compiled, dump, dump.read()

@@ -1,0 +1,193 @@
+"""Compiler options for compiles whose machine code is never run: a GPU compile without ptxas.
+
+A deviceless GPU compile exists here only for its memory analysis, which XLA computes from the
+buffer assignment of the optimised HLO, before any machine code is made. Making the machine code
+is still most of the compile's time: XLA emits LLVM IR, optimises it, and hands each PTX module
+to NVIDIA's ``ptxas`` (a separate process per module, two at a time on two cores). Measured on
+llama3-8b b4 s2048 for an H100 (``experiments/compile_speed.py``): the same analysis, byte for
+byte, in about 55% of the time when
+
+- ``xla_gpu_cuda_data_dir`` points at a CUDA directory whose ``bin/ptxas`` is a stand-in that
+  writes an empty object file (``ptxas --version``, which XLA asks to choose PTX features, is
+  answered by the real one; ``nvvm/`` links to the real libdevice);
+- ``xla_backend_optimization_level`` is 0 and ``xla_llvm_disable_expensive_passes`` is set
+  (LLVM's optimisation of code that will not run).
+
+The stand-in lives in the user's cache directory (:func:`remat_kit.cache.cache_dir`), private
+to the user, created once and atomically. Where no real ``ptxas`` is found, or the directory
+cannot be written, only the LLVM options are used. ``REMAT_KIT_FULL_CODEGEN=1`` turns all of
+this off: the compile is then exactly jax's own. CPU and local targets get no options (their
+programs may be run).
+
+Example:
+  >>> from remat_kit.targets import codegen, target
+  >>> codegen.analysis_options(target("cpu"))
+  {}
+  >>> sorted(codegen.analysis_options(target("h100")))  # doctest: +SKIP
+  ['xla_backend_optimization_level', 'xla_gpu_cuda_data_dir', 'xla_llvm_disable_expensive_passes']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shlex
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ENV_FULL",
+    "STUB_MARK",
+    "analysis_options",
+    "key_options",
+    "real_cuda_dir",
+    "stub_cuda_dir",
+]
+
+#: Environment variable that, set to 1, compiles GPU targets with full code generation.
+ENV_FULL = "REMAT_KIT_FULL_CODEGEN"
+#: What the stand-in's directory becomes in a cache key (the path itself is the user's).
+STUB_MARK = "ptxas-stand-in-1"
+
+_LLVM_OPTIONS = {
+    "xla_backend_optimization_level": 0,
+    "xla_llvm_disable_expensive_passes": True,
+}
+_CUDA_DIR_OPTION = "xla_gpu_cuda_data_dir"
+
+_SCRIPT = """#!/bin/sh
+# remat_kit: a ptxas stand-in for compiles that are only analysed (their code never runs).
+# It writes an empty object file; "--version" is answered by the real ptxas.
+for a in "$@"; do
+  if [ "$a" = --version ]; then exec {real} "$@"; fi
+done
+out=
+prev=
+for a in "$@"; do
+  if [ "$prev" = -o ]; then out=$a; fi
+  prev=$a
+done
+if [ -n "$out" ]; then : > "$out"; fi
+"""
+
+
+def analysis_options(target: Any) -> dict[str, Any]:
+    """Compiler options for compiling a program for ``target`` only to analyse it.
+
+    Args:
+      target: an ``rk.Target``.
+
+    Returns:
+      For a deviceless GPU target, the options described in the module docstring (without
+      ``xla_gpu_cuda_data_dir`` when no stand-in could be made); ``{}`` for other targets or
+      when ``REMAT_KIT_FULL_CODEGEN=1``.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> analysis_options(rk.target("cpu"))
+      {}
+    """
+    if getattr(target, "kind", None) != "gpu" or _truthy(os.environ.get(ENV_FULL)):
+        return {}
+    options: dict[str, Any] = dict(_LLVM_OPTIONS)
+    stub = stub_cuda_dir()
+    if stub is not None:
+        options[_CUDA_DIR_OPTION] = str(stub)
+    return options
+
+
+def key_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` as a cache key sees them: the stand-in's path (the user's own) becomes
+    :data:`STUB_MARK`, so that the key names what the options do, not where they live.
+
+    Example:
+      >>> key_options({"xla_gpu_cuda_data_dir": "/home/u/.cache/remat_kit/ptxas/ab12"})
+      {'xla_gpu_cuda_data_dir': 'ptxas-stand-in-1'}
+    """
+    out = dict(options)
+    if _CUDA_DIR_OPTION in out:
+        out[_CUDA_DIR_OPTION] = STUB_MARK
+    return out
+
+
+def real_cuda_dir() -> Path | None:
+    """The CUDA directory XLA would use by default: the ``nvidia-cuda-nvcc`` wheel's (with
+    ``bin/ptxas`` and ``nvvm/libdevice``), else ``$CUDA_HOME``/``$CUDA_PATH``, else
+    ``/usr/local/cuda``; None when none has both.
+
+    Example:
+      >>> real_cuda_dir()  # doctest: +SKIP
+      PosixPath('.../site-packages/nvidia/cuda_nvcc')
+    """
+    candidates = []
+    try:
+        import nvidia.cuda_nvcc as nvcc  # the wheel jax[cuda12] installs
+
+        candidates += [Path(p) for p in getattr(nvcc, "__path__", [])]
+    except ImportError:
+        pass
+    candidates += [Path(os.environ[v]) for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    candidates.append(Path("/usr/local/cuda"))
+    for c in candidates:
+        if os.access(c / "bin" / "ptxas", os.X_OK) and (c / "nvvm" / "libdevice").is_dir():
+            return c.resolve()
+    return None
+
+
+def stub_cuda_dir(root: Path | None = None) -> Path | None:
+    """A CUDA directory whose ``ptxas`` is the stand-in, made once under ``root``.
+
+    Args:
+      root: where to keep it (None: ``<cache dir>/ptxas``).
+
+    Returns:
+      Its path, or None when no real CUDA directory was found or ``root`` cannot be written.
+
+    Example:
+      >>> stub_cuda_dir(Path("/tmp/rk-stub")) is None or True
+      True
+    """
+    real = real_cuda_dir()
+    if real is None:
+        return None
+    if root is None:
+        from remat_kit.cache import cache_dir
+
+        root = cache_dir() / "ptxas"
+    script = _SCRIPT.format(real=shlex.quote(str(real / "bin" / "ptxas")))
+    digest = hashlib.sha256(f"{real}\n{script}".encode()).hexdigest()[:16]
+    final = root / digest
+    if _complete(final, real):
+        return final
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        # Built in a fresh directory and renamed into place: a concurrent run sees either
+        # nothing or the whole stand-in.
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+        try:
+            (tmp / "bin").mkdir()
+            exe = tmp / "bin" / "ptxas"
+            exe.write_text(script)
+            exe.chmod(0o755)
+            (tmp / "nvvm").symlink_to(real / "nvvm", target_is_directory=True)
+            with contextlib.suppress(OSError):  # another run put it there first
+                os.rename(tmp, final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        return None
+    return final if _complete(final, real) else None
+
+
+def _complete(d: Path, real: Path) -> bool:
+    return (
+        os.access(d / "bin" / "ptxas", os.X_OK)
+        and (d / "nvvm").resolve() == (real / "nvvm").resolve()
+    )
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")

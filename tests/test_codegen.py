@@ -1,0 +1,163 @@
+"""Analysis-only GPU compiles: no machine code, the same memory analysis."""
+
+from __future__ import annotations
+
+import subprocess
+
+import jax
+import pytest
+
+import remat_kit as rk
+from remat_kit import cache, xla
+from remat_kit.analysis import abstract
+from remat_kit.targets import codegen
+
+needs_ptxas = pytest.mark.skipif(
+    codegen.real_cuda_dir() is None, reason="no CUDA ptxas (the jax[cuda12] wheels) here"
+)
+
+
+def _figures(mem):
+    d = mem.to_dict()
+    for k in ("compile_seconds", "xla_messages"):
+        d.pop(k)
+    return d
+
+
+def _lowered(policy, target):
+    from conftest import SMALL
+
+    from models.measure import Options, model_config, train_step
+
+    opts = Options(**SMALL)
+    step = train_step(opts, model_config(opts, policy, target), target)
+    args = abstract(step.args, target.sharding())
+    return jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*args)
+
+
+@needs_ptxas
+@pytest.mark.parametrize(
+    "target,policy",
+    [("h100", "minimal"), ("h100", "offload_dots_no_batch"), ("rtx4090", "full")],
+)
+def test_analysis_only_compile_reads_the_same_analysis(target, policy):
+    t = rk.target(target)
+    options = codegen.analysis_options(t)
+    assert options.get("xla_gpu_cuda_data_dir"), "a stand-in ptxas must be in use here"
+    low = _lowered(policy, t)
+    full = xla.compile_memory(low, measure_xla_remat=False)
+    fast = xla.compile_memory(low, options=options, measure_xla_remat=False)
+    assert _figures(fast) == _figures(full)
+    if "offload" in policy:
+        assert fast.host_bytes > 0  # the comparison covers host memory too
+
+
+@needs_ptxas
+def test_stand_in_writes_an_empty_object_and_asks_the_real_ptxas_its_version(tmp_path):
+    stub = codegen.stub_cuda_dir(tmp_path / "root")
+    real = codegen.real_cuda_dir()
+    exe = str(stub / "bin" / "ptxas")
+    (tmp_path / "k.ptx").write_text("// not even PTX: it is never read")
+    out = tmp_path / "k.cubin"
+    out.write_text("stale")
+    subprocess.run([exe, str(tmp_path / "k.ptx"), "-o", str(out), "-arch", "sm_90a"], check=True)
+    assert out.read_bytes() == b""
+    mine = subprocess.run([exe, "--version"], capture_output=True, text=True, check=True)
+    theirs = subprocess.run(
+        [str(real / "bin" / "ptxas"), "--version"], capture_output=True, text=True, check=True
+    )
+    assert mine.stdout == theirs.stdout and "ptxas" in mine.stdout
+    assert (stub / "nvvm").resolve() == (real / "nvvm").resolve()
+
+
+@needs_ptxas
+def test_stand_in_is_made_once_in_place(tmp_path):
+    root = tmp_path / "root"
+    first = codegen.stub_cuda_dir(root)
+    assert first is not None and first.parent == root
+    script = (first / "bin" / "ptxas").stat().st_mtime_ns
+    assert codegen.stub_cuda_dir(root) == first
+    assert (first / "bin" / "ptxas").stat().st_mtime_ns == script, "made again"
+    assert [p.name for p in root.iterdir()] == [first.name], "a temporary directory was left"
+
+
+@needs_ptxas
+def test_no_stand_in_where_the_cache_directory_cannot_be_written(tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert codegen.stub_cuda_dir(blocker / "root") is None
+    monkeypatch.setenv(cache.ENV_DIR, str(blocker / "cache"))
+    options = codegen.analysis_options(rk.target("h100"))
+    assert "xla_gpu_cuda_data_dir" not in options
+    assert options["xla_backend_optimization_level"] == 0
+
+
+@pytest.mark.parametrize("target", ["cpu", "local"])
+def test_targets_whose_programs_run_get_no_options(target):
+    assert codegen.analysis_options(rk.target(target)) == {}
+
+
+def test_full_codegen_switch(monkeypatch):
+    monkeypatch.setenv(codegen.ENV_FULL, "1")
+    assert codegen.analysis_options(rk.target("h100")) == {}
+    monkeypatch.setenv(codegen.ENV_FULL, "0")
+    assert codegen.analysis_options(rk.target("h100")) != {}
+
+
+def test_key_names_the_stand_in_by_what_it_is(tmp_path):
+    program, t = "module @m {}", rk.target("h100")
+    mine = {"xla_backend_optimization_level": 0, "xla_gpu_cuda_data_dir": "/home/a/x"}
+    yours = {"xla_backend_optimization_level": 0, "xla_gpu_cuda_data_dir": "/home/b/y"}
+    key = lambda o: cache.entry_key(program, t, codegen.key_options(o))
+    assert key(mine) == key(yours)
+    assert key(mine) != key({}), "a full compile and an analysis-only one share no entry"
+
+
+def test_gpu_reports_compile_with_the_targets_options(monkeypatch):
+    seen = []
+    real = xla.compile_memory
+
+    def spy(lowered, **kw):
+        seen.append(kw.get("options"))
+        return real(lowered, **kw)
+
+    monkeypatch.setattr(xla, "compile_memory", spy)
+    x = jax.ShapeDtypeStruct((128, 128), jax.numpy.bfloat16)
+    with cache.bypassed():
+        rk.memory_report(lambda a: a @ a, x, target="h100", warn=False)
+        rk.memory_report(lambda a: a @ a, x, target="cpu", warn=False)
+    assert seen == [codegen.analysis_options(rk.target("h100")), {}]
+
+
+class _Refusing:
+    """A lowered program whose compile refuses options it does not know."""
+
+    def __init__(self, message):
+        self.message, self.calls = message, []
+
+    def compile(self, compiler_options=None):
+        self.calls.append(compiler_options)
+        if compiler_options and "xla_new_option" in compiler_options:
+            raise RuntimeError(self.message)
+        return "compiled"
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "INVALID_ARGUMENT: No such compile option: 'xla_new_option'",
+        "INVALID_ARGUMENT: While setting option xla_new_option, 'x' is not a valid int32 value.",
+    ],
+)
+def test_an_option_xla_does_not_know_is_dropped_and_the_required_kept(message):
+    low = _Refusing(message)
+    got = xla.compile_with(low, {"xla_new_option": 1}, {"xla_dump_to": "/d"})
+    assert got == "compiled"
+    assert low.calls == [{"xla_new_option": 1, "xla_dump_to": "/d"}, {"xla_dump_to": "/d"}]
+
+
+def test_other_compile_errors_are_raised():
+    low = _Refusing("RESOURCE_EXHAUSTED: out of memory")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        xla.compile_with(low, {"xla_new_option": 1})
+    assert len(low.calls) == 1
