@@ -832,6 +832,64 @@ def test_max_batch_follows_the_forward_line_when_the_first_overshoots(forward_ba
         assert fit.method == "two lines" and fit.compiles == 5
 
 
+def _traced(per_sample):
+    """A residuals_fn: the step saves ``per_sample`` bytes per sample for its backward pass
+    (besides the weights, which are arguments)."""
+
+    def residuals_fn(policy, schedule, batch):
+        saved = (
+            rk.residuals.Residual("argument", (), "int8", W, "saved", 1, ""),
+            rk.residuals.Residual("mlpwi_0", (), "int8", per_sample * batch, "saved", 1, ""),
+        )
+        return rk.residuals.ResidualReport(
+            residuals=saved, tags={"mlpwi_0": "saved"}, tag_bytes={}, tag_count={}
+        )
+
+    return residuals_fn
+
+
+@pytest.mark.parametrize("per_sample", [1_600, 1_000], ids=["most", "half"])
+@pytest.mark.parametrize("limit", [60_000, 61_000, 75_000])
+def test_max_batch_starts_where_the_trace_puts_the_boundary(per_sample, limit):
+    """With no start, the first compile is where the inputs plus the traced residuals reach
+    the limit: at or past the boundary, in the forward regime; the line from the inputs
+    through it lands on the boundary, and one more compile verifies it: three in all."""
+
+    def peak_of(b):
+        return max(W + G + 3_000 + 1_000 * b, W + 2_000 * b)
+
+    w = dataclasses.replace(
+        _batch_fake(peak_of),
+        breakdown_fn=lambda b: {"weights": W, "gradients": G},
+        residuals_fn=_traced(per_sample),
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=limit)
+    assert fit.max_batch == _largest(peak_of, limit)
+    assert peak_of(fit.max_batch) <= limit < peak_of(fit.max_batch + 1)
+    assert fit.method == "line" and fit.compiles == 3
+
+
+def test_a_first_guess_xla_cannot_build_is_not_an_error():
+    """The traced guess may be a batch XLA refuses (tiny residuals, a huge guess): the search
+    goes on below it."""
+
+    def measure(policy, schedule, batch):
+        if batch > 30:
+            raise JaxRuntimeError("INTERNAL: launch needs more blocks")
+        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
+
+    w = rk.Workload(
+        measure,
+        lambda p, s, b: float(b),
+        target=rk.target("h100"),
+        seq=10,
+        breakdown_fn=lambda b: {"weights": W, "gradients": G},
+        residuals_fn=_traced(1),
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=10**9)
+    assert fit.max_batch == 30 and "batch 31 cannot be built by XLA" in fit.message
+
+
 @pytest.mark.parametrize("refused_above", [40, 250, 1000])
 def test_a_batch_xla_cannot_build_is_an_upper_bound_not_a_crash(refused_above):
     """XLA refuses huge batches (a kernel grid past the GPU's limit): above a batch that built,

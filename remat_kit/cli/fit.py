@@ -87,15 +87,12 @@ def run(args: argparse.Namespace) -> int:
         for pol in policies.values():
             if pol is None:
                 fit, _ = max_batch_plan(
-                    w,
-                    headroom=args.headroom,
-                    start=opts.batch,
-                    offload=not args.no_offload,
-                    hide=args.hide,
+                    w, headroom=args.headroom, offload=not args.no_offload, hide=args.hide
                 )
                 name = f"plan: {label(fit.policy, fit.schedule)}" if fit.fits else "plan"
             else:
-                fit = max_batch(w, pol, schedule, headroom=args.headroom, start=opts.batch)
+                # No start: the search begins where the trace puts the boundary.
+                fit = max_batch(w, pol, schedule, headroom=args.headroom)
                 name = label(fit.policy, fit.schedule)
             rows.append({"label": name, **fit.to_dict()})
     seconds = time.perf_counter() - start

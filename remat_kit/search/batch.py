@@ -53,9 +53,10 @@ class BatchFit:
       predicted_batch: the batch the straight line through the first two compiled peaks
         predicted (None when it could not: a peak that does not grow with the batch).
       method: how the boundary was found: ``line`` (the prediction held: two compiles to fit
-        the line, one or two to verify), ``two lines`` (the line overshot, as it does where the
-        peak moves to the end of the forward pass at large batches; a second line from the
-        inputs through the failed point held: five compiles), ``bisection`` (neither held, or
+        the line, one or two to verify, often one of them shared: three), ``two lines`` (the
+        line overshot, as it does where the peak moves to the end of the forward pass at
+        large batches; a second line from the inputs through the failed point held: five
+        compiles), ``bisection`` (neither held, or
         there was no line), or ``cap``.
     """
 
@@ -98,9 +99,12 @@ def max_batch(
     Peak memory is close to affine in the batch for a fixed policy and schedule (activations
     grow with it, the rest is constant), so the search fits a line and verifies it:
 
-    1. two compiles give a line: ``start``, and where activations per sample, read from that
-       compile less the fixed parts (shapes, no compile), put the boundary (without a
-       ``breakdown_fn``: twice ``start``, or half when it does not fit);
+    1. two compiles give a line. The first is at ``start``; without one, where the inputs
+       (shapes) plus the residuals the step saves per sample (a trace) reach the limit, which
+       is at or just past the boundary. The second is where that compile puts the boundary:
+       on the line from the inputs through it when it does not fit (a large batch peaks at
+       the end of the forward pass), else from the activations per sample it shows besides
+       the fixed parts (without a ``breakdown_fn``: twice ``start``, or half);
     2. the line predicts the largest batch ``b`` under the limit;
     3. ``b`` and ``b + 1`` are compiled: when ``b`` fits and ``b + 1`` does not, that is the
        answer (four compiles in all);
@@ -117,7 +121,8 @@ def max_batch(
       schedule: layer schedule spec or Schedule.
       headroom: fraction of device memory left free (see ``DEFAULT_HEADROOM``).
       limit_bytes: an explicit limit instead of device memory minus headroom.
-      start: first batch probed (rounded to ``workload.batch_multiple``); default the multiple.
+      start: first batch probed (rounded to ``workload.batch_multiple``); default the traced
+        estimate above, or the multiple without a ``residuals_fn``.
       cap: stop searching above this batch.
 
     Returns:
@@ -148,15 +153,15 @@ def max_batch(
                 known[units] = workload._compiled(pol, sch, units * step).peak_bytes
             except JaxRuntimeError as err:
                 # A batch XLA cannot build (a kernel grid or an index past what the GPU or
-                # int32 allows) does not run either: above a batch that compiled it is an
-                # upper bound. The first probe failing is a real error.
-                if not any(u < units for u in known):
+                # int32 allows) does not run either: it is an upper bound. The smallest
+                # batch failing is a real error.
+                if units == 1:
                     raise
                 known[units] = UNBUILDABLE
                 unbuildable[units] = str(err).split("\n", 1)[0][:200]
         return known[units]
 
-    first = min(max(1, (start or step) // step), units_cap)
+    first = _first_probe(workload, pol, sch, step, limit, start, units_cap)
     second = _second_probe(workload, peak(first), first, step, limit, units_cap)
     peak(second)
     if min(first, second) == 1 and peak(1) > limit:
@@ -218,28 +223,70 @@ def max_batch(
     )
 
 
+def _first_probe(
+    workload: Workload,
+    pol: Policy,
+    sch: Schedule,
+    step: int,
+    limit: int,
+    start: int | None,
+    cap: int,
+) -> int:
+    """The first batch to compile (in units of ``step``): ``start`` when given, else where the
+    trace puts the boundary, else the smallest batch.
+
+    The estimate needs no compile: the inputs (weights, optimizer state: shapes) plus, per
+    sample, the residuals the step saves for its backward pass (a trace). At the end of the
+    forward pass all of those are live, and XLA's temporaries come on top, so the estimate
+    is at or above the boundary, close to it where the peak is at the end of the forward
+    pass, as at the large batches of a big vocabulary. The line from the inputs through that
+    compile then lands near the boundary (:func:`_second_probe`).
+    """
+    if start is not None:
+        return min(max(1, start // step), cap)
+    if workload.breakdown_fn is None or workload.residuals_fn is None:
+        return 1
+    res = workload._traced_residuals(pol, sch, step)
+    per_unit = sum(r.nbytes for r in res.residuals if r.name != "argument" and r.kind == "saved")
+    if per_unit <= 0:
+        return 1
+    return int(min(cap, max(1, (limit - _inputs(workload, step)) // per_unit)))
+
+
+def _inputs(workload: Workload, batch: int) -> int:
+    """Bytes that are inputs whatever the batch (weights, optimizer state, accumulator: the
+    fixed parts less the gradients and the batch), from shapes."""
+    parts = workload.breakdown(batch)
+    return sum(parts.get(k, 0) for k in FIXED_PARTS if k not in ("gradients", "batch"))
+
+
 def _second_probe(
     workload: Workload, first_peak: int, first: int, step: int, limit: int, cap: int
 ) -> int:
     """Where to compile the second point of the line (in units of ``step``).
 
     Near the boundary, when the shapes say what the step holds besides activations (the
-    workload's ``breakdown_fn``, no compile): activations per sample are then about
-    ``(peak - fixed) / batch``, and a second point near the boundary both makes the line
-    accurate there and is often one of the two batches that verify it. Otherwise twice (or,
-    when ``first`` does not fit, half) the first batch.
+    workload's ``breakdown_fn``, no compile), so that the line is accurate there and the
+    second point is often one of the two batches that verify it:
+
+    - ``first`` fits: activations per sample are about ``(peak - fixed) / batch``, with every
+      gradient among the fixed parts (small batches peak in the backward pass);
+    - ``first`` does not fit: on the line from the inputs through it (large batches peak at
+      the end of the forward pass, before any gradient exists).
+
+    Otherwise twice (or, when ``first`` does not fit, half) the first batch.
     """
     fits = first_peak <= limit
     fallback = min(first * 2, cap) if fits else max(1, first // 2)
-    if workload.breakdown_fn is None:
+    if workload.breakdown_fn is None or first_peak >= UNBUILDABLE:
         return fallback
+    if not fits:
+        guess = _forward_line(workload, {first: first_peak}, first, step, limit)
+        return fallback if guess is None else max(1, min(first - 1, guess))
     per_unit = (first_peak - workload.fixed_bytes(first * step)) / first
     if per_unit <= 0:
         return fallback  # small batches can hold less than the fixed parts (donated buffers)
-    guess = first + int((limit - first_peak) // per_unit)
-    if fits:
-        return min(cap, max(first + 1, guess))
-    return max(1, min(first - 1, guess))
+    return min(cap, max(first + 1, first + int((limit - first_peak) // per_unit)))
 
 
 def _forward_line(
@@ -250,8 +297,7 @@ def _forward_line(
     gradients, from shapes) through the compiled peak at ``over``; None without shapes."""
     if workload.breakdown_fn is None:
         return None
-    parts = workload.breakdown(over * step)
-    base = sum(parts.get(k, 0) for k in FIXED_PARTS if k not in ("gradients", "batch"))
+    base = _inputs(workload, over * step)
     slope = (known[over] - base) / over
     if slope <= 0 or known[over] >= UNBUILDABLE:
         return None
