@@ -152,7 +152,7 @@ def _advise_one(
             message=str(err),
             seconds=time.perf_counter() - t0,
         )
-    fit = max_batch(w, FULL, headroom=headroom, start=batch if p.fits else None)
+    fit = max_batch(w, FULL, headroom=headroom)  # from where the trace puts the boundary
     return Advice(
         target=t.name,
         memory_bytes=t.memory_bytes,
