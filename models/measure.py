@@ -582,12 +582,31 @@ def train_step(
     dropout = cfg.dropout_rate > 0.0
     module = build(cfg, deterministic=not dropout)
     streams = ("dropout",) if dropout else ()
+    config = opts.train_config()
+    params = _abstract_params(
+        cfg.replace(policy="none", schedule="none"), config.micro_batch, config.seq
+    )
     if not (opts.shard and sharded):
-        return rk.build_train_step(module, opts.train_config(), rng_streams=streams)
+        return rk.build_train_step(module, config, rng_streams=streams, abstract_params=params)
     plan = rk.parse_shard(opts.shard, t.devices)
     return rk.build_train_step(
-        module, opts.train_config(), sharding=plan, mesh=plan.mesh(t), rng_streams=streams
+        module,
+        config,
+        sharding=plan,
+        mesh=plan.mesh(t),
+        rng_streams=streams,
+        abstract_params=params,
     )
+
+
+@functools.cache
+def _abstract_params(cfg: ModelConfig, micro_batch: int, seq: int) -> Any:
+    """The abstract (boxed) variables of ``cfg``'s model, traced once per model: the policy
+    and the schedule do not change how a preset lays out its parameters (tested), so
+    ``cfg`` comes with both at ``none`` and every step built for the search shares them."""
+    module = build(cfg)
+    tokens = jax.ShapeDtypeStruct((micro_batch, seq), jax.numpy.int32)
+    return jax.eval_shape(module.init, jax.random.key(0), tokens)
 
 
 def _with_offload_estimate(

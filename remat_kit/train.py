@@ -200,6 +200,7 @@ def build_train_step(
     rng_streams: Sequence[str] = (),
     inputs: Callable[[jax.Array], Mapping[str, Any]] | None = None,
     output: Callable[[Any], jax.Array] | None = None,
+    abstract_params: Any = None,
 ) -> TrainStep:
     """Builds the next-token train step of ``module`` from abstract shapes.
 
@@ -230,6 +231,10 @@ def build_train_step(
         ``position_ids``); used for ``init`` too.
       output: the logits from what ``apply`` returns; default :func:`logits_of` (the array
         itself, an output's ``.logits``, or a tuple's first element).
+      abstract_params: the module's variables as ``jax.eval_shape`` of its ``init`` gives them
+        (boxes included), when the caller has them: a model under another policy or schedule
+        lays out its parameters the same, and tracing ``init`` is a good part of a build.
+        Default: traced here.
 
     Returns:
       The TrainStep.
@@ -252,9 +257,11 @@ def build_train_step(
     micro = jax.ShapeDtypeStruct((config.micro_batch, config.seq), jnp.int32)
     extra = inputs if inputs is not None else (lambda tokens: {})
     read = output if output is not None else logits_of
-    boxed = jax.eval_shape(
-        lambda key, t: module.init(key, t, **extra(t)), jax.random.key(rng_seed), micro
-    )
+    boxed = abstract_params
+    if boxed is None:
+        boxed = jax.eval_shape(
+            lambda key, t: module.init(key, t, **extra(t)), jax.random.key(rng_seed), micro
+        )
     params = _sharding.strip_boxes(boxed)
     flat = traverse_util.flatten_dict(params)
     if trainable is None:

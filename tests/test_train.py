@@ -85,6 +85,34 @@ def test_breakdown_from_shapes():
     assert adamw.breakdown["batch"] == 2 * 2 * 16 * 4
 
 
+@pytest.mark.parametrize("policy,schedule", [("minimal", "none"), ("full", "every:2")])
+def test_abstract_params_given_are_the_ones_init_would_trace(policy, schedule):
+    """A preset lays out its parameters the same under every policy and schedule, so the
+    search builds each step from one traced ``init`` (models.measure): the step is the same."""
+    cfg = models.get_config("tiny-llama", policy=policy, schedule=schedule)
+    plain = models.get_config("tiny-llama")
+    tokens_shape = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+    boxed = jax.eval_shape(models.build(plain).init, jax.random.key(0), tokens_shape)
+    config = rk.TrainConfig(batch=2, seq=16, optimizer="adamw")
+    own = rk.build_train_step(models.build(cfg), config)
+    given = rk.build_train_step(models.build(cfg), config, abstract_params=boxed)
+    chex.assert_trees_all_equal_shapes_and_dtypes(own.args, given.args)
+    assert own.breakdown == given.breakdown
+
+
+def test_abstract_params_given_are_used():
+    narrow = models.get_config("tiny-llama")
+    wide = narrow.replace(d_model=128, n_heads=4, n_kv_heads=4)
+    boxed = jax.eval_shape(
+        models.build(wide).init, jax.random.key(0), jax.ShapeDtypeStruct((2, 16), jnp.int32)
+    )
+    config = rk.TrainConfig(batch=2, seq=16)
+    step = rk.build_train_step(models.build(narrow), config, abstract_params=boxed)
+    size = jnp.dtype(wide.param_dtype).itemsize
+    assert step.breakdown["weights"] == wide.param_count() * size
+    assert step.breakdown["weights"] != narrow.param_count() * size
+
+
 def test_lora_trains_only_adapters():
     cfg = models.get_config("tiny-llama", lora_rank=4)
     step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16, lora=True))
