@@ -92,6 +92,17 @@ def test_no_stand_in_where_the_cache_directory_cannot_be_written(tmp_path, monke
     assert options["xla_backend_optimization_level"] == 0
 
 
+@needs_ptxas
+def test_no_stand_in_when_the_cache_is_off(tmp_path, monkeypatch):
+    """--no-cache writes nothing in the cache directory, the stand-in included."""
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
+    with cache.bypassed():
+        options = codegen.analysis_options(rk.target("h100"))
+    assert "xla_gpu_cuda_data_dir" not in options and options
+    assert not (tmp_path / "cache").exists()
+    assert "xla_gpu_cuda_data_dir" in codegen.analysis_options(rk.target("h100"))
+
+
 @pytest.mark.parametrize("target", ["cpu", "local"])
 def test_targets_whose_programs_run_get_no_options(target):
     assert codegen.analysis_options(rk.target(target)) == {}
@@ -113,7 +124,8 @@ def test_key_names_the_stand_in_by_what_it_is(tmp_path):
     assert key(mine) != key({}), "a full compile and an analysis-only one share no entry"
 
 
-def test_gpu_reports_compile_with_the_targets_options(monkeypatch):
+def test_gpu_reports_compile_with_the_targets_options(tmp_path, monkeypatch):
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path))  # empty: every report compiles
     seen = []
     real = xla.compile_memory
 
@@ -123,10 +135,10 @@ def test_gpu_reports_compile_with_the_targets_options(monkeypatch):
 
     monkeypatch.setattr(xla, "compile_memory", spy)
     x = jax.ShapeDtypeStruct((128, 128), jax.numpy.bfloat16)
-    with cache.bypassed():
-        rk.memory_report(lambda a: a @ a, x, target="h100", warn=False)
-        rk.memory_report(lambda a: a @ a, x, target="cpu", warn=False)
-    assert seen == [codegen.analysis_options(rk.target("h100")), {}]
+    rk.memory_report(lambda a: a @ a, x, target="h100", warn=False)
+    rk.memory_report(lambda a: a @ a, x, target="cpu", warn=False)
+    gpu = codegen.analysis_options(rk.target("h100"))
+    assert seen == [gpu, {}] and "xla_gpu_cuda_data_dir" in gpu
 
 
 class _Refusing:

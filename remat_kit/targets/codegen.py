@@ -14,8 +14,9 @@ byte, in about 55% of the time when
   (LLVM's optimisation of code that will not run).
 
 The stand-in lives in the user's cache directory (:func:`remat_kit.cache.cache_dir`), private
-to the user, created once and atomically. Where no real ``ptxas`` is found, or the directory
-cannot be written, only the LLVM options are used. ``REMAT_KIT_FULL_CODEGEN=1`` turns all of
+to the user, created once and atomically. Where no real ``ptxas`` is found, the directory
+cannot be written, or the cache is off (``--no-cache`` writes nothing there), only the LLVM
+options are used. ``REMAT_KIT_FULL_CODEGEN=1`` turns all of
 this off: the compile is then exactly jax's own. CPU and local targets get no options (their
 programs may be run).
 
@@ -82,8 +83,8 @@ def analysis_options(target: Any) -> dict[str, Any]:
 
     Returns:
       For a deviceless GPU target, the options described in the module docstring (without
-      ``xla_gpu_cuda_data_dir`` when no stand-in could be made); ``{}`` for other targets or
-      when ``REMAT_KIT_FULL_CODEGEN=1``.
+      ``xla_gpu_cuda_data_dir`` when no stand-in could be made or the cache is off); ``{}``
+      for other targets or when ``REMAT_KIT_FULL_CODEGEN=1``.
 
     Example:
       >>> import remat_kit as rk
@@ -92,8 +93,10 @@ def analysis_options(target: Any) -> dict[str, Any]:
     """
     if getattr(target, "kind", None) != "gpu" or _truthy(os.environ.get(ENV_FULL)):
         return {}
+    from remat_kit import cache
+
     options: dict[str, Any] = dict(_LLVM_OPTIONS)
-    stub = stub_cuda_dir()
+    stub = stub_cuda_dir() if cache.enabled() else None
     if stub is not None:
         options[_CUDA_DIR_OPTION] = str(stub)
     return options
