@@ -98,11 +98,12 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per step") -> None:
     """Adds what every measuring command reads: the model, target, step options and ``--json``.
 
     Args:
       p: an argparse parser (or subparser).
+      batch_help: what ``--batch`` means to the command.
 
     Example:
       >>> p = Parser(); add_model_args(p)
@@ -137,7 +138,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "(module paths only) | none",
     )
     p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
-    p.add_argument("--batch", type=positive_int, default=4, help="sequences per step")
+    p.add_argument("--batch", type=positive_int, default=4, help=batch_help)
     p.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence")
     p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, sgd_momentum, ...")
     p.add_argument("--lora", type=non_negative_int, default=0, help="LoRA rank (0: off)")

@@ -37,7 +37,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
     p = subparsers.add_parser("fit", help="the largest batch that fits, per policy")
-    add_model_args(p)
+    add_model_args(
+        p,
+        batch_help="not used by the search, which starts where the trace puts the largest batch",
+    )
     p.add_argument("--policy", default=None, help="one policy (name or spec)")
     p.add_argument(
         "--policies",
