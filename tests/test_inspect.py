@@ -95,14 +95,10 @@ def test_categories_are_what_the_program_holds(minimal):
     for tag, features in (("query_proj", width), ("out_proj", width)):
         assert by_tag.get(tag) == layers * tokens * features * 2, (tag, by_tag)
     # Newer XLA (jax 0.12) merges the sibling matmuls wi_0 and wi_1 into one dot over
-    # concatenated weights and slices its output: both slices then carry wi_0's op_name, and
-    # the pair is attributed to mlpwi_0 (README, "inspect"). Where the dots stay apart each
-    # tag holds its own bytes.
+    # concatenated weights and slices its output, each slice under wi_0's op_name: the
+    # slice's offset says whose it is, so each tag holds its own bytes either way.
     mlp = layers * tokens * d_ff * 2
-    if "mlpwi_1" in by_tag:
-        assert (by_tag["mlpwi_0"], by_tag["mlpwi_1"]) == (mlp, mlp), by_tag
-    else:
-        assert by_tag.get("mlpwi_0") == 2 * mlp, by_tag
+    assert (by_tag.get("mlpwi_0"), by_tag.get("mlpwi_1")) == (mlp, mlp), by_tag
     assert r.by_category["saved activation"] == sum(by_tag.values())
     recomputed = [b for b in r.buffers if b.category == "recomputation workspace"]
     assert all("rematted_computation" in b.op_name for b in recomputed)
@@ -111,6 +107,41 @@ def test_categories_are_what_the_program_holds(minimal):
     assert all(b.shape[0] == 4 for b in tagged)  # stacked over the 4 scanned layers
     sizes = [b.size_bytes for b in r.buffers]
     assert sizes == sorted(sizes, reverse=True)
+
+
+_MLP = ("Llama", "layers", "mlp")
+
+
+def _merged_index(sizes):
+    """A tag index of sibling matmuls under one parent, in program order, ``name: elements``."""
+    from remat_kit.peak.tags import Tag
+
+    return {(*_MLP, n, "dot_general"): [Tag(f"mlp{n}", e, "bf16")] for n, e in sizes.items()}
+
+
+@pytest.mark.parametrize(
+    "sizes,window,expect",
+    [
+        # A gated MLP's wi_0 and wi_1 (4 x 8 tokens, d_ff 16 each) merged into one 32-wide dot.
+        ({"wi_0": 512, "wi_1": 512}, ((0, 4), (0, 8), (16, 32)), "wi_1"),
+        ({"wi_0": 512, "wi_1": 512}, ((0, 4), (0, 8), (0, 16)), None),  # the first: its own
+        # q (width 32) beside k and v (width 8 each, GQA): unequal widths.
+        ({"q": 64, "k": 16, "v": 16}, ((0, 2), (32, 40)), "k"),
+        ({"q": 64, "k": 16, "v": 16}, ((0, 2), (40, 48)), "v"),
+        ({"q": 64, "k": 16, "v": 16}, ((0, 2), (36, 44)), None),  # no sibling starts there
+        ({"q": 64, "k": 16, "v": 16}, ((0, 2), (32, 48)), None),  # k and v together: no one's
+        ({"wi_0": 512, "wi_1": 512}, ((1, 4), (0, 8), (16, 32)), None),  # cut twice
+    ],
+)
+def test_a_slice_of_merged_siblings_is_the_sibling_at_its_offset(sizes, window, expect):
+    from remat_kit.peak.tags import sliced_sibling
+
+    first = next(iter(sizes))
+    elements = 1
+    for a, b in window:
+        elements *= b - a
+    got = sliced_sibling(_merged_index(sizes), (*_MLP, first, "dot_general"), window, elements)
+    assert got == (None if expect is None else (*_MLP, expect, "dot_general"))
 
 
 def test_phases_cover_the_schedule_in_order(minimal):

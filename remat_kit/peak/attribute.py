@@ -42,7 +42,15 @@ from remat_kit.peak.parsers import (
     xla_dtype,
 )
 from remat_kit.peak.phases import phase_at, phases_of
-from remat_kit.peak.tags import INPUT_KEY, STACK, Tag, layer_of, match_tag, module_path
+from remat_kit.peak.tags import (
+    INPUT_KEY,
+    STACK,
+    Tag,
+    layer_of,
+    match_tag,
+    module_path,
+    sliced_sibling,
+)
 from remat_kit.peak.types import (
     CATEGORIES,
     FRAGMENTATION,
@@ -494,7 +502,13 @@ def _checkpoint_of(
         if i is None:
             break
         if i.op_name:
-            name = match_tag(ctx.tags, module_path(i.op_name), elements, dtype)
+            key = module_path(i.op_name)
+            src = hlo.instructions.get(i.operands[0]) if i.operands else None
+            if i.window is not None and src is not None and src.op_name == i.op_name:
+                # A slice named after the op it slices: sibling ops XLA merged into one keep
+                # the first one's name (newer XLA; older XLA names each slice its own).
+                key = sliced_sibling(ctx.tags, key, i.window, elements) or key
+            name = match_tag(ctx.tags, key, elements, dtype)
             if name:
                 return name, i.op_name
         op, nxt, nxt_index = i.opcode, None, None

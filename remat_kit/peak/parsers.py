@@ -273,6 +273,8 @@ class Instr:
     body: str | None
     calls: str | None
     index: int | None
+    #: A ``slice``'s window, ``((start, limit), ...)`` per dimension; None for other ops.
+    window: tuple[tuple[int, int], ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +292,7 @@ class Hlo:
 _INSTR = re.compile(r"^\s+(ROOT\s+)?%?([^\s=%]+)\s*=\s*(.*)$")
 _COMP = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
 _OPNAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
+_SLICE = re.compile(r"\bslice=\{((?:\[[\d:]+\],?\s*)*)\}")
 
 
 def parse_hlo(path: str, lines: Sequence[str]) -> Hlo:
@@ -346,6 +349,7 @@ def parse_hlo(path: str, lines: Sequence[str]) -> Hlo:
         body = re.search(r"\bbody=%?([^\s,}]+)", attrs)
         calls = re.search(r"\bcalls=%?([^\s,}]+)", attrs)
         index = re.search(r"\bindex=(\d+)", attrs)
+        window = _SLICE.search(attrs) if opcode == "slice" else None
         instrs[name] = Instr(
             name,
             comp,
@@ -358,6 +362,9 @@ def parse_hlo(path: str, lines: Sequence[str]) -> Hlo:
             if opcode == "parameter" and operand_text.strip().isdigit()
             else int(index.group(1))
             if index
+            else None,
+            tuple((int(a), int(b)) for a, b in re.findall(r"\[(\d+):(\d+)(?::\d+)?\]", window[1]))
+            if window
             else None,
         )
         comps[comp].append(name)

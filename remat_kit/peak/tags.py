@@ -30,6 +30,7 @@ __all__ = [
     "layer_of",
     "match_tag",
     "module_path",
+    "sliced_sibling",
     "tag_index",
 ]
 
@@ -147,6 +148,54 @@ def match_tag(
         # The same op in another dtype (a convert fused into the producer).
         names = sorted({t.name for t in tags.get(key, ()) if t.elements == elements})
     return "|".join(names) if names else None
+
+
+def sliced_sibling(
+    tags: Mapping[tuple[str, ...], list[Tag]],
+    key: tuple[str, ...],
+    window: Sequence[tuple[int, int]],
+    elements: int,
+) -> tuple[str, ...] | None:
+    """The key of the tagged op whose output a slice of a merged op holds, or None.
+
+    Newer XLA merges sibling ops that share an input (the ``wi_0`` and ``wi_1`` matmuls of a
+    gated MLP, or q/k/v projections) into one op over concatenated weights and slices its
+    output; every slice keeps the first op's name (``key``). Siblings sit under the same
+    parent module with the same op, in program order (the order of ``tags``), so the slice's
+    offset along the cut dimension says whose output it is.
+
+    Args:
+      tags: the tag index (:func:`tag_index`).
+      key: the module path and op the slice's metadata names.
+      window: the slice's ``(start, limit)`` per dimension.
+      elements: the slice's element count.
+
+    Returns:
+      The sibling's key; None for a slice at offset 0 (the first sibling, ``key`` itself),
+      for a window cut along more than one dimension, or where no sibling of the slice's
+      size starts there.
+
+    Example:
+      >>> t = [Tag("a", 8, "bf16")]
+      >>> sliced_sibling({("m", "x", "dot"): t, ("m", "y", "dot"): t},
+      ...                ("m", "x", "dot"), ((0, 2), (4, 8)), 8)
+      ('m', 'y', 'dot')
+    """
+    cut = [(a, b) for a, b in window if a > 0]
+    if len(cut) != 1 or key not in tags:
+        return None
+    start, limit = cut[0]
+    per_unit, rest = divmod(elements, limit - start)  # elements per step along the cut
+    if rest or per_unit <= 0:
+        return None
+    siblings = [k for k in tags if len(k) == len(key) and k[:-2] == key[:-2] and k[-1] == key[-1]]
+    offset = 0
+    for k in siblings[siblings.index(key) :]:
+        if offset == start:
+            fits = any(t.elements == elements for t in tags[k])
+            return k if k != key and fits else None
+        offset += tags[k][0].elements // per_unit
+    return None
 
 
 _LAYER = re.compile(r"^(?:\w*?layers?|\w*?blocks?|h)_\d+$", re.IGNORECASE)
