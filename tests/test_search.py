@@ -890,6 +890,23 @@ def test_a_first_guess_xla_cannot_build_is_not_an_error():
     assert fit.max_batch == 30 and "batch 31 cannot be built by XLA" in fit.message
 
 
+def test_a_residual_trace_that_fails_only_loses_the_estimate():
+    def residuals_fn(policy, schedule, batch):
+        raise ValueError("this step has no readable residuals")
+
+    def peak_of(b):
+        return 10_000 + 6300 * b
+
+    w = dataclasses.replace(
+        _batch_fake(peak_of),
+        breakdown_fn=lambda b: {"weights": W, "gradients": G},
+        residuals_fn=residuals_fn,
+    )
+    limit = 10_000 + 6300 * 40 + 5
+    fit = rk.max_batch(w, "full", limit_bytes=limit)
+    assert fit.max_batch == _largest(peak_of, limit) == 40
+
+
 @pytest.mark.parametrize("refused_above", [40, 250, 1000])
 def test_a_batch_xla_cannot_build_is_an_upper_bound_not_a_crash(refused_above):
     """XLA refuses huge batches (a kernel grid past the GPU's limit): above a batch that built,

@@ -246,7 +246,10 @@ def _first_probe(
         return min(max(1, start // step), cap)
     if workload.breakdown_fn is None or workload.residuals_fn is None:
         return 1
-    res = workload._traced_residuals(pol, sch, step)
+    try:
+        res = workload._traced_residuals(pol, sch, step)
+    except ValueError:  # a step the residual trace cannot read: start small, as without one
+        return 1
     per_unit = sum(r.nbytes for r in res.residuals if r.name != "argument" and r.kind == "saved")
     if per_unit <= 0:
         return 1
