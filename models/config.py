@@ -8,6 +8,7 @@ from typing import Any
 import jax.numpy as jnp
 
 import remat_kit as rk
+from remat_kit.errors import BadValue
 
 __all__ = ["ATTENTION_KINDS", "FAMILIES", "MLP_ACTIVATIONS", "ModelConfig"]
 
@@ -32,7 +33,7 @@ def as_dtype(d: Any) -> Any:
         try:
             return _DTYPES[d]
         except KeyError:
-            raise ValueError(f"unknown dtype {d!r}; valid: {', '.join(_DTYPES)}") from None
+            raise BadValue(f"unknown dtype {d!r}; valid: {', '.join(_DTYPES)}") from None
     return d
 
 
@@ -77,10 +78,13 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ValueError(f"unknown family {self.family!r}; valid: {', '.join(FAMILIES)}")
+            raise BadValue(
+                f"unknown family {self.family!r}; valid: {', '.join(FAMILIES)}", param="family"
+            )
         if self.attention not in ATTENTION_KINDS:
-            raise ValueError(
-                f"unknown attention {self.attention!r}; valid: {', '.join(ATTENTION_KINDS)}"
+            raise BadValue(
+                f"unknown attention {self.attention!r}; valid: {', '.join(ATTENTION_KINDS)}",
+                param="attention",
             )
         for field in (
             "vocab_size",
@@ -93,49 +97,60 @@ class ModelConfig:
         ):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"{field}={value!r} must be a positive int")
+                raise BadValue(f"{field}={value!r} must be a positive int", param=field)
         if self.vocab_size < 2:
-            raise ValueError(
+            raise BadValue(
                 f"vocab_size={self.vocab_size} leaves nothing to predict (the loss is 0 and "
-                "every gradient vanishes): use a vocabulary of at least 2 tokens"
+                "every gradient vanishes): use a vocabulary of at least 2 tokens",
+                param="vocab_size",
             )
         if self.head_dim is None and self.d_model % self.n_heads:
-            raise ValueError(
+            raise BadValue(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                "pass head_dim or a width that is a multiple of the head count"
+                "pass head_dim or a width that is a multiple of the head count",
+                param="d_model",
             )
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}"
+            raise BadValue(
+                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}",
+                param="n_kv_heads",
             )
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
-            raise ValueError(f"lora_rank={self.lora_rank!r} must be a non-negative int")
+            raise BadValue(
+                f"lora_rank={self.lora_rank!r} must be a non-negative int", param="lora_rank"
+            )
         if self.lora_rank > min(self.d_model, self.d_ff):
-            raise ValueError(
+            raise BadValue(
                 f"lora_rank={self.lora_rank} exceeds the model width {self.d_model}: "
-                f"use a rank below {min(self.d_model, self.d_ff)}"
+                f"use a rank below {min(self.d_model, self.d_ff)}",
+                param="lora_rank",
             )
         if self.mlp_activation not in MLP_ACTIVATIONS:
-            raise ValueError(
+            raise BadValue(
                 f"unknown mlp_activation {self.mlp_activation!r}; valid: "
-                f"{', '.join(MLP_ACTIVATIONS)}"
+                f"{', '.join(MLP_ACTIVATIONS)}",
+                param="mlp_activation",
             )
         if not 0.0 <= self.dropout_rate < 1.0:
-            raise ValueError(f"dropout_rate={self.dropout_rate!r} must be in [0, 1)")
+            raise BadValue(
+                f"dropout_rate={self.dropout_rate!r} must be in [0, 1)", param="dropout_rate"
+            )
         object.__setattr__(self, "policy", rk.as_policy(self.policy))
         object.__setattr__(self, "schedule", rk.parse_schedule(self.schedule))
         object.__setattr__(self, "dtype", as_dtype(self.dtype))
         object.__setattr__(self, "param_dtype", as_dtype(self.param_dtype))
         if self.attention == "cudnn":
             if self.dropout_rate > 0.0:
-                raise ValueError(
+                raise BadValue(
                     "attention='cudnn' has no attention dropout in jax.nn.dot_product_attention; "
-                    f"use attention='xla' or dropout_rate=0 (got {self.dropout_rate})"
+                    f"use attention='xla' or dropout_rate=0 (got {self.dropout_rate})",
+                    param="dropout_rate",
                 )
             if jnp.dtype(self.dtype).itemsize != 2:
-                raise ValueError(
+                raise BadValue(
                     f"attention='cudnn' needs a 16-bit compute dtype (bf16/f16), got "
-                    f"{jnp.dtype(self.dtype).name}: pass dtype='bf16' or attention='xla'"
+                    f"{jnp.dtype(self.dtype).name}: pass dtype='bf16' or attention='xla'",
+                    param="dtype",
                 )
 
     @property

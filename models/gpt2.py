@@ -17,6 +17,7 @@ from models.config import ModelConfig
 from models.lora import project
 from models.stack import BlockStack
 from remat_kit import names
+from remat_kit.errors import BadValue
 
 
 class GeluMLP(nn.Module):
@@ -81,7 +82,7 @@ class GPT2(nn.Module):
         cfg = self.cfg
         s = tokens.shape[1]
         if s > cfg.max_seq_len:
-            raise ValueError(
+            raise BadValue(
                 f"sequence length {s} exceeds {cfg.name}'s learned positions ({cfg.max_seq_len})"
             )
         wte = nn.Embed(

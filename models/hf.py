@@ -109,13 +109,18 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
-        raise BadValue(f"--hf-config {str(p)!r}: no such file") from None
+        raise BadValue(f"hf config {str(p)!r}: no such file", param="hf_config") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise BadValue(f"--hf-config {str(p)!r}: cannot read it ({err})") from None
+        raise BadValue(
+            f"hf config {str(p)!r}: cannot read it ({err})", param="hf_config"
+        ) from None
     except json.JSONDecodeError as err:
-        raise BadValue(f"--hf-config {str(p)!r} is not JSON: {err}") from None
+        raise BadValue(f"hf config {str(p)!r} is not JSON: {err}", param="hf_config") from None
     if not isinstance(data, dict):
-        raise BadValue(f"--hf-config {str(p)!r} holds a {type(data).__name__}, not a JSON object")
+        raise BadValue(
+            f"hf config {str(p)!r} holds a {type(data).__name__}, not a JSON object",
+            param="hf_config",
+        )
     return data
 
 
@@ -153,14 +158,16 @@ def from_hf_config(
     if arch not in ARCHITECTURES:
         raise BadValue(
             f"hf config {label!r}: architecture {arch!r} is not modelled; supported: "
-            f"{', '.join(ARCHITECTURES)} (for others write a factory: --model file.py:NAME)"
+            f"{', '.join(ARCHITECTURES)} (for others write a factory: file.py:NAME)",
+            param="hf_config",
         )
     for key in fields:
         if key not in _MAPPED and key not in _NO_EFFECT and key not in _CHECKED:
             raise BadValue(
                 f"hf config {label!r}: field {key!r} = {fields[key]!r} is not modelled by our "
                 f"{arch} decoder; remove it if it does not change the model, or write a factory "
-                "(--model file.py:NAME)"
+                "(file.py:NAME)",
+                param="hf_config",
             )
     values: dict[str, Any] = {
         ours: fields[theirs] for theirs, ours in _MAPPED.items() if fields.get(theirs) is not None

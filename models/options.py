@@ -14,7 +14,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -32,9 +31,7 @@ __all__ = [
     "Options",
     "check_sizes",
     "cudnn_problem",
-    "is_factory",
     "model_config",
-    "options_from_args",
     "precision_of",
     "resolve_attention",
 ]
@@ -108,9 +105,14 @@ class Options:
         record = precision_of(self).to_dict()
         if not self.lora:
             record["frozen"] = "-"
-        if is_factory(self):
+        if self.names_factory:
             record["compute"] = "module's own"
         return record
+
+    @property
+    def names_factory(self) -> bool:
+        """Whether ``model`` names a factory (``file.py:NAME``, ``package.module:NAME``)."""
+        return self.hf_config is None and ":" in self.model
 
 
 #: ``--param-dtype`` without ``--precision``: the regime whose weights have that dtype.
@@ -158,41 +160,6 @@ def precision_of(opts: Options) -> rk.train.Precision:
     if opts.dtype and jax.numpy.dtype(as_dtype(opts.dtype)) != regime.compute:
         regime = regime.replace(compute=as_dtype(opts.dtype))
     return regime
-
-
-def options_from_args(args: Any) -> Options:
-    """Options from parsed ``remat-kit`` arguments (``--model --batch --seq ...``)."""
-    overrides = tuple(
-        (key, getattr(args, key))
-        for key in ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
-        if getattr(args, key, None) is not None
-    )
-    model, hf_config = getattr(args, "model", None), getattr(args, "hf_config", None)
-    if (model is None) == (hf_config is None):
-        raise BadValue(
-            "give the model once: --model PRESET | path/file.py:NAME | package.module:NAME, "
-            "or --hf-config config.json"
-        )
-    return Options(
-        model=model if model is not None else Path(hf_config).stem,
-        hf_config=hf_config,
-        block=getattr(args, "block", None),
-        tags=getattr(args, "tags", None) or "auto",
-        strict=True,
-        batch=args.batch,
-        seq=args.seq,
-        optimizer=getattr(args, "optimizer", "adamw"),
-        lora=getattr(args, "lora", 0),
-        accum=getattr(args, "accum", 1),
-        param_dtype=getattr(args, "param_dtype", None),
-        dtype=getattr(args, "dtype", None),
-        attention=getattr(args, "attention", "auto"),
-        scan_layers=not getattr(args, "no_scan", False),
-        overrides=overrides,
-        shard=getattr(args, "shard", None),
-        precision=getattr(args, "precision", None),
-        dropout=getattr(args, "dropout", None),
-    )
 
 
 def resolve_attention(
@@ -306,7 +273,7 @@ def model_config(
     )
     cfg = cfg.replace(attention=resolve_attention(opts.attention, target, cfg, opts.seq))
     if opts.seq > cfg.max_seq_len and cfg.family == "gpt2":
-        raise ValueError(
+        raise BadValue(
             f"seq={opts.seq} exceeds {opts.model}'s learned positions ({cfg.max_seq_len}); "
             f"use --seq <= {cfg.max_seq_len} or --max-seq"
         )
@@ -380,16 +347,12 @@ def _human(nbytes: float) -> str:
     return f"{nbytes / 2**20:.0f} MiB"
 
 
-def is_factory(opts: Options) -> bool:
-    """Whether ``opts.model`` names a factory (``file.py:NAME``, ``package.module:NAME``)."""
-    return opts.hf_config is None and ":" in opts.model
-
-
 def _config(opts: Options, **fields: Any) -> ModelConfig:
     # The preset's config, or the Hugging Face config's, with the fields model_config sets.
-    if is_factory(opts):
+    if opts.names_factory:
         raise BadValue(
-            f"{opts.model} is a factory: it builds its own model, there is no ModelConfig"
+            f"{opts.model} is a factory: it builds its own model, there is no ModelConfig",
+            param="model",
         )
     if opts.hf_config is None:
         return get_config(opts.model, **fields)

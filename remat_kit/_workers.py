@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
+from remat_kit.errors import BadType
+
 __all__ = ["default_jobs", "run"]
 
 T = TypeVar("T")
@@ -79,7 +81,7 @@ def run(
     from remat_kit import cache
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise TypeError(f"jobs must be a positive int, got {jobs!r}")
+        raise BadType(f"jobs must be a positive int, got {jobs!r}")
     items = list(items)
     results: list[Any] = [None] * len(items)
     i = 0

@@ -19,6 +19,7 @@ from remat_kit import flops as _flops
 from remat_kit import names as _names
 from remat_kit._shapes import array_bytes
 from remat_kit.cache import compiled_memory
+from remat_kit.errors import BadType, BadValue
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target, as_target
@@ -147,7 +148,7 @@ class MemoryReport:
         names = {f.name for f in dataclasses.fields(cls)}
         given = set(data) - {"fits"}
         if given != names:
-            raise ValueError(
+            raise BadValue(
                 f"not a MemoryReport: missing {sorted(names - given)}, unknown "
                 f"{sorted(given - names)}"
             )
@@ -172,7 +173,7 @@ def abstract(tree: Any, sharding: Any = None) -> Any:
 
     def one(x: Any, s: Any) -> Any:
         if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-            raise TypeError(
+            raise BadType(
                 f"memory_report arguments must be arrays or jax.ShapeDtypeStruct, got "
                 f"{type(x).__name__} {x!r}"
             )

@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_kit import xla
+from remat_kit.errors import BadType
 from remat_kit.targets.codegen import key_options
 from remat_kit.xla import CompiledMemory
 
@@ -125,7 +126,7 @@ def set_enabled(flag: bool | None) -> None:
     """
     global _override
     if flag is not None and not isinstance(flag, bool):
-        raise TypeError(f"set_enabled takes True, False or None, got {flag!r}")
+        raise BadType(f"set_enabled takes True, False or None, got {flag!r}")
     _override = flag
 
 

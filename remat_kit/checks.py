@@ -234,7 +234,7 @@ def check_traced_with(
         raise BadValue(
             f"{what} traced for policy {pol.spec!r} holds no checkpoint with it; {detail}. "
             "Apply the policy the factory is given (rk.remat(Block, policy)) or name the "
-            "block class to patch (--block module:Class)"
+            "block class to patch (block=module:Class)"
         )
     # A program for "none" may hold checkpoints a model always makes, but not ones that
     # rk.remat made for another policy: that model ignored "none".

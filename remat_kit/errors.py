@@ -2,8 +2,11 @@
 
 Callers branch on the type (``except rk.DoesNotFit as e: e.fixed_bytes``), never on the text of a
 message. Every subclass also derives from the builtin it replaces (``ValueError`` for bad input,
-``RuntimeError`` for a failure of XLA or the platform), so ``except ValueError`` keeps working.
-The CLI catches :class:`RematKitError` once and prints one ``remat-kit: ...`` line.
+``TypeError`` for an argument of the wrong type, ``RuntimeError`` for a failure of XLA or the
+platform), so ``except ValueError`` keeps working. A bad value names the library parameter it is
+about (:attr:`BadValue.param`), never a command-line flag. The CLI catches
+:class:`RematKitError` once and prints one ``remat-kit: ...`` line, naming the flag that set
+``param``; anything else reaching it is a bug and keeps its traceback.
 
 Example:
   >>> import remat_kit as rk
@@ -21,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "BadType",
     "BadValue",
     "DoesNotFit",
     "InspectError",
@@ -28,6 +32,7 @@ __all__ = [
     "RematKitError",
     "TargetError",
     "UnknownName",
+    "UnitlessBudget",
     "unknown",
 ]
 
@@ -37,7 +42,29 @@ class RematKitError(Exception):
 
 
 class BadValue(RematKitError, ValueError):
-    """An argument that is out of range or malformed; the message names it and what is valid."""
+    """An argument that is out of range or malformed; the message names it and what is valid.
+
+    Attributes:
+      param: the library parameter it is about (``"seq"``, ``"budget"``, ``"target"`` ...), or
+        None. Messages name parameters, never command-line flags: the CLI maps ``param`` to its
+        flag when it prints the error.
+    """
+
+    def __init__(self, *args: object, param: str | None = None):
+        super().__init__(*args)
+        self.param = param
+
+
+class BadType(RematKitError, TypeError):
+    """An argument of the wrong type; the message names it, its type and what is accepted.
+
+    Attributes:
+      param: the library parameter it is about, or None (as :attr:`BadValue.param`).
+    """
+
+    def __init__(self, *args: object, param: str | None = None):
+        super().__init__(*args)
+        self.param = param
 
 
 class UnknownName(BadValue):
@@ -48,6 +75,7 @@ class UnknownName(BadValue):
       name: the name given.
       known: every valid name, sorted.
       close: the valid names closest to ``name`` (may be empty).
+      param: the parameter that gave the name (``"target"``), or None.
     """
 
     def __init__(
@@ -58,13 +86,16 @@ class UnknownName(BadValue):
         close: Iterable[str],
         *,
         heading: str = "Known",
+        param: str | None = None,
     ):
         self.kind = kind
         self.name = name
         self.known = tuple(sorted(known))
         self.close = tuple(close)
         hint = f" Did you mean {', '.join(self.close)}?" if self.close else ""
-        super().__init__(f"unknown {kind} {name!r}.{hint} {heading}: {', '.join(self.known)}")
+        super().__init__(
+            f"unknown {kind} {name!r}.{hint} {heading}: {', '.join(self.known)}", param=param
+        )
 
 
 def unknown(
@@ -75,6 +106,7 @@ def unknown(
     *,
     close: Iterable[str] | None = None,
     heading: str = "Known",
+    param: str | None = None,
 ) -> UnknownName:
     """The :class:`UnknownName` to raise for ``name``, with up to ``n`` close matches.
 
@@ -86,6 +118,7 @@ def unknown(
       close: the suggestions, when the caller knows better (aliases); default: the ``n``
         names of ``known`` closest to ``name``.
       heading: the word before the list of valid names ("Known", "Valid").
+      param: the parameter that gave the name, for :attr:`BadValue.param`.
 
     Returns:
       The error (the caller raises it, so the traceback points at the caller).
@@ -97,7 +130,7 @@ def unknown(
     choices = sorted(known)
     if close is None:
         close = difflib.get_close_matches(str(name), choices, n=n)
-    return UnknownName(kind, name, choices, close, heading=heading)
+    return UnknownName(kind, name, choices, close, heading=heading, param=param)
 
 
 class OpenShardAxis(BadValue):
@@ -113,9 +146,18 @@ class OpenShardAxis(BadValue):
     """
 
     def __init__(self, message: str, *, spec: str, open_axes: Iterable[str]):
-        super().__init__(message)
+        super().__init__(message, param="shard")
         self.spec = spec
         self.open_axes = tuple(open_axes)
+
+
+class UnitlessBudget(BadValue):
+    """A memory budget given as a fraction of the device (or a bare number) where it cannot be.
+
+    A fraction needs the device's memory size; a bare number above 1 is neither a fraction nor
+    bytes. A caller with no device to scale (a host budget) words the fix as "give bytes with a
+    unit".
+    """
 
 
 class TargetError(RematKitError, RuntimeError):

@@ -52,6 +52,7 @@ from remat_kit._trips import Known as _Known
 from remat_kit._trips import known_consts as _known_consts
 from remat_kit._trips import known_positions as _known_positions
 from remat_kit._trips import while_trip_count as _while_trip_count
+from remat_kit.errors import BadType, BadValue
 
 __all__ = [
     "FlopCount",
@@ -119,7 +120,7 @@ def count_flops(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> FlopCount:
       True
     """
     if not callable(fn):
-        raise TypeError(f"count_flops needs a callable, got {type(fn).__name__}: {fn!r}")
+        raise BadType(f"count_flops needs a callable, got {type(fn).__name__}: {fn!r}")
     closed = jax.make_jaxpr(fn)(*args, **kwargs)
     return count_jaxpr_flops(closed)
 
@@ -144,7 +145,7 @@ def count_jaxpr_flops(closed_jaxpr: core.ClosedJaxpr | core.Jaxpr) -> FlopCount:
       15.0
     """
     if not isinstance(closed_jaxpr, (core.ClosedJaxpr, core.Jaxpr)):
-        raise TypeError(
+        raise BadType(
             "count_jaxpr_flops needs a ClosedJaxpr (from jax.make_jaxpr(fn)(*args)) or a Jaxpr, "
             f"got {type(closed_jaxpr).__name__}"
         )
@@ -362,7 +363,7 @@ def scan_operand_split(eqn: core.JaxprEqn) -> tuple[int, int]:
     if ft_in is not None and hasattr(ft_in, "unpack"):
         consts, carry, _ = ft_in.unpack()
         return len(consts), len(carry)
-    raise ValueError(
+    raise BadValue(
         "cannot tell a scan's consts from its carry: expected params num_consts/num_carry or "
         f"ft_in, got {sorted(params)}"
     )

@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
+import inspect
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -19,7 +20,7 @@ import jax
 from jax.ad_checkpoint import Offloadable, Saveable, checkpoint_name
 
 from remat_kit import names as _names
-from remat_kit.errors import BadValue, unknown
+from remat_kit.errors import BadType, BadValue, unknown
 
 __all__ = [
     "Policy",
@@ -140,14 +141,14 @@ def _kind(out: Any) -> PolicyKind:
 
 def _names_param(key: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise TypeError(
+        raise BadType(
             f"policy parameter {key}={value!r} must be a list of tag names, "
             f"e.g. {key}=['query_proj']"
         )
     out = tuple(value)
     for item in out:
         if not isinstance(item, str):
-            raise TypeError(f"policy parameter {key} holds {item!r}; tag names are strings")
+            raise BadType(f"policy parameter {key} holds {item!r}; tag names are strings")
     # Module paths and globs name tags remat_kit.tagging gives untagged models: not typos.
     unknown = [n for n in out if n not in _names.VOCABULARY and not _is_path_pattern(n)]
     if unknown:
@@ -244,14 +245,14 @@ def _offload_policy(
             "to offload nothing use 'names' (save=...) or 'full'"
         )
     if not isinstance(dst, str):
-        raise TypeError(
+        raise BadType(
             f"dst={dst!r} must be a memory kind string, one of {', '.join(_OFFLOAD_DSTS)}"
         )
     if dst not in _OFFLOAD_DSTS:
-        raise ValueError(f"unknown offload destination {dst!r}; valid: {', '.join(_OFFLOAD_DSTS)}")
+        raise BadValue(f"unknown offload destination {dst!r}; valid: {', '.join(_OFFLOAD_DSTS)}")
     both = set(moved) & set(kept)
     if both:
-        raise ValueError(f"{sorted(both)} are both offloaded and saved; name each in one list only")
+        raise BadValue(f"{sorted(both)} are both offloaded and saved; name each in one list only")
     return Policy(
         "offload",
         f"offload {', '.join(moved) or '(nothing)'} to {dst}"
@@ -272,7 +273,7 @@ def _offload_policy(
 def _either_policy(a: Any, b: Any) -> Policy:
     pa, pb = as_policy(a), as_policy(b)
     if not (pa.is_remat and pb.is_remat):
-        raise ValueError(
+        raise BadValue(
             "either(a, b) combines two remat policies; 'none' saves everything already"
         )
 
@@ -410,37 +411,35 @@ def policy(name: str, **params: Any) -> Policy:
       'pinned_host'
     """
     if not isinstance(name, str):
-        raise TypeError(f"policy name must be a str, got {type(name).__name__} {name!r}")
+        raise BadType(f"policy name must be a str, got {type(name).__name__} {name!r}")
     try:
         make = _CATALOGUE[name]
     except KeyError:
         raise unknown("policy", name, _CATALOGUE) from None
-    try:
-        return make(**params)
-    except TypeError as err:
-        if "argument" not in str(err):
-            raise
-        import inspect
-
-        valid = list(inspect.signature(make).parameters)
-        bad = [k for k in params if k not in valid]
-        missing = [
-            k
-            for k, v in inspect.signature(make).parameters.items()
-            if v.default is inspect.Parameter.empty and k not in params
-        ]
-        if bad:
-            close = {k: difflib.get_close_matches(k, valid, n=1) for k in bad}
-            detail = ", ".join(
-                f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items()
-            )
-            raise ValueError(
-                f"policy {name!r} takes no parameter {detail}; valid: {', '.join(valid) or 'none'}"
-            ) from None
-        raise ValueError(
+    # The parameters are checked against the maker's signature before the call, so a
+    # TypeError from inside the maker is never mistaken for a misnamed parameter.
+    signature = inspect.signature(make).parameters
+    valid = list(signature)
+    bad = [k for k in params if k not in valid]
+    if bad:
+        close = {k: difflib.get_close_matches(k, valid, n=1) for k in bad}
+        detail = ", ".join(
+            f"{k!r}" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items()
+        )
+        raise BadValue(
+            f"policy {name!r} takes no parameter {detail}; valid: {', '.join(valid) or 'none'}",
+            param="policy",
+        )
+    missing = [
+        k for k, v in signature.items() if v.default is inspect.Parameter.empty and k not in params
+    ]
+    if missing:
+        raise BadValue(
             f"policy {name!r} needs parameter(s) {', '.join(missing)}; e.g. "
-            f"rk.policy({name!r}, {missing[0]}=[...])"
-        ) from None
+            f"rk.policy({name!r}, {missing[0]}=[...])",
+            param="policy",
+        )
+    return make(**params)
 
 
 def as_policy(p: str | Policy | Callable[..., Any] | None) -> Policy:
@@ -466,7 +465,7 @@ def as_policy(p: str | Policy | Callable[..., Any] | None) -> Policy:
     if callable(p):
         label = getattr(p, "__name__", type(p).__name__)
         return Policy("custom", f"user policy {label}", p)
-    raise TypeError(
+    raise BadType(
         f"policy must be a name, rk.Policy or jax policy callable, got {type(p).__name__} {p!r}"
     )
 
@@ -492,7 +491,7 @@ def parse_policy(spec: str) -> Policy:
     for item in rest.split(","):
         key, eq, value = item.partition("=")
         if not eq or not key:
-            raise ValueError(f"cannot read {item!r} in policy spec {spec!r}; expected key=value")
+            raise BadValue(f"cannot read {item!r} in policy spec {spec!r}; expected key=value")
         key = key.strip()
         if name == "either" or key == "dst":
             params[key] = value.strip()

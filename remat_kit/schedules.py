@@ -28,7 +28,7 @@ from typing import Any
 
 import jax
 
-from remat_kit.errors import BadValue, unknown
+from remat_kit.errors import BadType, BadValue, unknown
 from remat_kit.policies import Policy, as_policy
 from remat_kit.wrap import remat
 
@@ -105,7 +105,7 @@ class Schedule:
           ValueError: the schedule does not fit ``n_layers`` (a plan naming layer 40 of 32).
         """
         if n_layers <= 0:
-            raise ValueError(f"n_layers={n_layers} must be positive")
+            raise BadValue(f"n_layers={n_layers} must be positive")
         base = as_policy(policy)
         # Inside a segment the layers run under the model's policy unless told otherwise.
         inner = base if self.inner is None else as_policy(self.inner)
@@ -131,7 +131,7 @@ class Schedule:
         per_layer: list[Policy | None] = [None] * n_layers
         for a, b, p in self.plan:
             if b > n_layers:
-                raise ValueError(
+                raise BadValue(
                     f"layer plan names layers {a}-{b - 1} but the model has {n_layers} "
                     f"(valid indices 0-{n_layers - 1})"
                 )
@@ -209,7 +209,7 @@ def schedule(
         as_policy(inner)  # validate early
     if name == "every":
         if n is None:
-            raise ValueError("schedule 'every' needs n, the segment length: every:2")
+            raise BadValue("schedule 'every' needs n, the segment length: every:2")
         _check_int("n", n, 1)
         return Schedule("every", n=n, inner=inner)
     if name == "nested":
@@ -218,20 +218,20 @@ def schedule(
         return Schedule("nested", levels=levels, inner=inner)
     if name == "layers":
         if not plan:
-            raise ValueError(
+            raise BadValue(
                 "schedule 'layers' needs a plan, e.g. plan={range(0, 8): 'full', 'rest': 'minimal'}"
             )
         return _plan_schedule(plan)
     if n is not None or levels is not None or plan is not None:
-        raise ValueError(f"schedule {name!r} takes no n/levels/plan")
+        raise BadValue(f"schedule {name!r} takes no n/levels/plan")
     return Schedule(name, inner=inner)
 
 
 def _check_int(key: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{key} must be an int, got {type(value).__name__} {value!r}")
+        raise BadType(f"{key} must be an int, got {type(value).__name__} {value!r}")
     if value < minimum:
-        raise ValueError(f"{key}={value} must be >= {minimum}")
+        raise BadValue(f"{key}={value} must be >= {minimum}")
 
 
 def _plan_schedule(plan: Mapping[Any, str]) -> Schedule:
@@ -239,36 +239,36 @@ def _plan_schedule(plan: Mapping[Any, str]) -> Schedule:
     rest = None
     for key, pol in plan.items():
         if not isinstance(pol, str | Policy):
-            raise TypeError(f"plan values are policy names, got {pol!r} for {key!r}")
+            raise BadType(f"plan values are policy names, got {pol!r} for {key!r}")
         spec = as_policy(pol).spec
         if key == "rest":
             rest = spec
             continue
         if isinstance(key, bool):
-            raise TypeError(f"plan key {key!r} is not a layer index")
+            raise BadType(f"plan key {key!r} is not a layer index")
         if isinstance(key, int):
             a, b = key, key + 1
         elif isinstance(key, range):
             if key.step != 1:
-                raise ValueError(f"plan range {key!r} must have step 1")
+                raise BadValue(f"plan range {key!r} must have step 1")
             a, b = key.start, key.stop
         elif isinstance(key, str) and "-" in key:
             lo, _, hi = key.partition("-")
             try:
                 a, b = int(lo), int(hi) + 1
             except ValueError:
-                raise ValueError(f"plan key {key!r}: expected 'first-last', e.g. '0-7'") from None
+                raise BadValue(f"plan key {key!r}: expected 'first-last', e.g. '0-7'") from None
         elif isinstance(key, str) and key.isdigit():
             a, b = int(key), int(key) + 1
         else:
-            raise ValueError(f"plan key {key!r}: use a layer index, a range, 'a-b' or 'rest'")
+            raise BadValue(f"plan key {key!r}: use a layer index, a range, 'a-b' or 'rest'")
         if a < 0 or b <= a:
-            raise ValueError(f"plan key {key!r} names no layers")
+            raise BadValue(f"plan key {key!r} names no layers")
         entries.append((a, b, spec))
     entries.sort()
     for (a1, b1, _), (a2, _, _) in itertools.pairwise(entries):
         if a2 < b1:
-            raise ValueError(f"plan entries overlap at layer {a2} (layers {a1}-{b1 - 1})")
+            raise BadValue(f"plan entries overlap at layer {a2} (layers {a1}-{b1 - 1})")
     return Schedule("layers", plan=tuple(entries), rest=rest)
 
 
@@ -288,7 +288,7 @@ def parse_schedule(spec: str | Schedule | None) -> Schedule:
     if isinstance(spec, Schedule):
         return spec
     if not isinstance(spec, str):
-        raise TypeError(f"schedule must be a spec string or rk.Schedule, got {spec!r}")
+        raise BadType(f"schedule must be a spec string or rk.Schedule, got {spec!r}")
     name, _, arg = spec.strip().partition(":")
     if name not in _NAMES:
         schedule(name)  # raises, naming close matches
@@ -301,13 +301,13 @@ def parse_schedule(spec: str | Schedule | None) -> Schedule:
         for item in arg.split(","):
             key, eq, pol = item.partition("=")
             if not eq:
-                raise ValueError(
+                raise BadValue(
                     f"cannot read {item!r} in {spec!r}; expected 0-7=full,rest=minimal"
                 )
             plan[key.strip()] = pol.strip()
         return schedule("layers", plan=plan)
     if arg:
-        raise ValueError(f"schedule {name!r} takes no argument (got {spec!r})")
+        raise BadValue(f"schedule {name!r} takes no argument (got {spec!r})")
     return schedule(name)
 
 
@@ -315,7 +315,7 @@ def _int_arg(spec: str, arg: str) -> int:
     try:
         return int(arg)
     except ValueError:
-        raise ValueError(
+        raise BadValue(
             f"cannot read schedule {spec!r}: expected a number after ':' as in every:2, nested:3"
         ) from None
 

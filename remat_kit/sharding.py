@@ -40,7 +40,7 @@ from flax.core import meta
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit._shapes import array_bytes
-from remat_kit.errors import OpenShardAxis
+from remat_kit.errors import BadType, BadValue, OpenShardAxis
 from remat_kit.targets import Target
 
 __all__ = [
@@ -111,15 +111,15 @@ class MeshPlan:
 
     def __post_init__(self) -> None:
         if not self.axes:
-            raise ValueError(f"a mesh plan needs at least one axis ({_EXAMPLES})")
+            raise BadValue(f"a mesh plan needs at least one axis ({_EXAMPLES})")
         seen: set[str] = set()
         for kind, size in self.axes:
             if kind not in STRATEGIES:
-                raise ValueError(f"unknown sharding axis {kind!r}; valid: {', '.join(STRATEGIES)}")
+                raise BadValue(f"unknown sharding axis {kind!r}; valid: {', '.join(STRATEGIES)}")
             if kind in seen:
-                raise ValueError(f"sharding axis {kind!r} appears twice in {self.axes}")
+                raise BadValue(f"sharding axis {kind!r} appears twice in {self.axes}")
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise ValueError(f"size of sharding axis {kind!r} must be a positive int: {size!r}")
+                raise BadValue(f"size of sharding axis {kind!r} must be a positive int: {size!r}")
             seen.add(kind)
         ordered = tuple(sorted(self.axes, key=lambda a: STRATEGIES.index(a[0])))
         object.__setattr__(self, "axes", ordered)
@@ -226,7 +226,7 @@ class MeshPlan:
           >>> parse_shard("fsdp:8").check_devices(8)
         """
         if self.devices != devices:
-            raise ValueError(
+            raise BadValue(
                 f"mesh {self.spec} holds {self.devices} devices but the target has {devices}: "
                 f"the sizes must multiply to {devices} ({_suggest(devices)})"
             )
@@ -278,17 +278,17 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
             spec.check_devices(devices)
         return spec
     if not isinstance(spec, str):
-        raise TypeError(f"shard spec must be a str or MeshPlan, got {type(spec).__name__}")
+        raise BadType(f"shard spec must be a str or MeshPlan, got {type(spec).__name__}")
     items = [s.strip() for s in re.split(r"[,+]", spec.strip().lower()) if s.strip()]
     if not items:
-        raise ValueError(f"empty shard spec {spec!r} ({_EXAMPLES})")
+        raise BadValue(f"empty shard spec {spec!r} ({_EXAMPLES})")
     axes: list[tuple[str, int | None]] = []
     for item in items:
         kind, colon, size = (p.strip() for p in item.partition(":"))
         if kind not in STRATEGIES:
             close = difflib.get_close_matches(kind, STRATEGIES, n=1)
             hint = f" Did you mean {close[0]}?" if close else ""
-            raise ValueError(
+            raise BadValue(
                 f"unknown sharding axis {kind!r} in {spec!r}.{hint} Valid: "
                 f"{', '.join(STRATEGIES)} ({_EXAMPLES})"
             )
@@ -296,14 +296,14 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
             axes.append((kind, None))
             continue
         if not size.isdigit() or int(size) < 1:
-            raise ValueError(
+            raise BadValue(
                 f"cannot read size {size!r} of axis {kind!r} in {spec!r}: expected a positive int"
             )
         axes.append((kind, int(size)))
     kinds = [k for k, _ in axes]
     dups = sorted({k for k in kinds if kinds.count(k) > 1})
     if dups:
-        raise ValueError(f"sharding axis {', '.join(dups)} named twice in {spec!r}")
+        raise BadValue(f"sharding axis {', '.join(dups)} named twice in {spec!r}")
     open_axes = [k for k, n in axes if n is None]
     if open_axes:
         if len(open_axes) > 1 or devices is None:
@@ -315,7 +315,7 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
             )
         known = math.prod(n for _, n in axes if n is not None)
         if devices % known:
-            raise ValueError(
+            raise BadValue(
                 f"shard spec {spec!r}: the given sizes hold {known} devices, which does not "
                 f"divide the target's {devices} ({_suggest(devices)})"
             )
@@ -378,7 +378,7 @@ def param_specs(boxed: Any, plan: MeshPlan) -> Any:
             value = strip_boxes(x)
             names = tuple(getattr(x, "names", ()) or ())
             if len(names) != len(value.shape):
-                raise ValueError(
+                raise BadValue(
                     f"parameter {where} has shape {tuple(value.shape)} but logical axes {names}"
                 )
             spec = nn.logical_to_mesh_axes(names, rules)
@@ -525,7 +525,7 @@ def _check_divides(
         if n % ways:
             label = "+".join(f"{a}:{sizes[a]}" for a in axes)
             divisors = [d for d in range(1, n + 1) if n % d == 0 and d <= plan.devices]
-            raise ValueError(
+            raise BadValue(
                 f"{label} splits logical axis {names[dim]!r} (size {n}) of parameter {where} "
                 f"{ways} ways, which does not divide {n}: use a {'+'.join(axes)} size in "
                 f"{divisors} or another plan than {plan.spec}"

@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit import sharding as _sharding
 from remat_kit.analysis import nbytes
-from remat_kit.errors import BadValue, unknown
+from remat_kit.errors import BadType, BadValue, unknown
 
 # The precision regimes live in their own module; re-exported beside the step they describe.
 from remat_kit.precision import (
@@ -127,12 +127,15 @@ class TrainConfig:
         for field in ("batch", "seq", "accum"):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool):
-                raise TypeError(f"{field} must be an int, got {type(value).__name__} {value!r}")
+                raise BadType(
+                    f"{field} must be an int, got {type(value).__name__} {value!r}", param=field
+                )
             if value <= 0:
-                raise ValueError(f"{field}={value} must be positive")
+                raise BadValue(f"{field}={value} must be positive", param=field)
         if self.batch % self.accum:
-            raise ValueError(
-                f"batch={self.batch} does not split into accum={self.accum} equal micro-batches"
+            raise BadValue(
+                f"batch={self.batch} does not split into accum={self.accum} equal micro-batches",
+                param="accum",
             )
         make_optimizer(self.optimizer, self.learning_rate)  # validate the name early
 
@@ -272,12 +275,13 @@ def build_train_step(
         )
     train_keys = [k for k in flat if trainable(k)]
     if config.lora and not train_keys:
-        raise ValueError(
+        raise BadValue(
             "LoRA asked for but the module has no parameter with 'lora' in its path; "
-            "build the model with lora_rank > 0 (e.g. --lora 16)"
+            "build the model with lora_rank > 0 (e.g. lora_rank=16)",
+            param="lora",
         )
     if not train_keys:
-        raise ValueError("no trainable parameters: the trainable predicate matched nothing")
+        raise BadValue("no trainable parameters: the trainable predicate matched nothing")
     streams = _check_streams(rng_streams)
     prec = config.precision
     tr_abs = {k: flat[k] for k in train_keys}
@@ -487,7 +491,7 @@ def _plan_and_mesh(
     got = dict(mesh.shape)
     if got != dict(plan.axes):
         want = ", ".join(f"{k}={n}" for k, n in plan.axes)
-        raise ValueError(
+        raise BadValue(
             f"mesh axes {got} do not match the plan {plan.spec}: build the mesh with "
             f"plan.mesh(target) (axes {want})"
         )
@@ -501,15 +505,17 @@ def _check_batch(plan: _sharding.MeshPlan, config: TrainConfig) -> None:
             if config.accum == 1
             else f"micro-batch {config.micro_batch} (batch={config.batch}, accum={config.accum})"
         )
-        raise ValueError(
+        raise BadValue(
             f"{what} does not split over the data axes of {plan.spec} ({plan.data_size} ways): "
-            f"use a batch that is a multiple of {plan.data_size * config.accum}"
+            f"use a batch that is a multiple of {plan.data_size * config.accum}",
+            param="batch",
         )
     tp = plan.size("tp")
     if config.seq % tp:
-        raise ValueError(
+        raise BadValue(
             f"seq={config.seq} does not split over tp:{tp} (sequence parallelism between "
-            f"blocks): use a sequence length that is a multiple of {tp}"
+            f"blocks): use a sequence length that is a multiple of {tp}",
+            param="seq",
         )
 
 

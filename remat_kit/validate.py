@@ -191,8 +191,7 @@ def match_target(device_kind: str) -> Target:
         known = "; ".join(f"{k!r} ({n})" for k, n in sorted(kinds.items()))
         raise TargetError(
             f"no catalogue target for device kind {device_kind!r}: name the target to compile "
-            "for (validate(step, target=NAME); remat-kit validate --compare-with NAME). "
-            f"Known: {known}"
+            f"for (validate(step, target=NAME)). Known: {known}"
         )
     return target(kinds[key])
 

@@ -18,6 +18,7 @@ import numpy as np
 from flax import nnx
 
 from remat_kit import checks
+from remat_kit.errors import BadType, BadValue
 from remat_kit.policies import Policy, _name_primitive, as_policy
 
 __all__ = ["remat"]
@@ -49,7 +50,7 @@ def _wrap(
     if _is_nnx_class(target):
         return _remat_class(target, p, prevent_cse, static_argnums, methods, nnx.remat, "Remat")
     if inspect.isclass(target):
-        raise TypeError(
+        raise BadType(
             f"rk.remat takes a Flax linen or NNX Module class or a function, got class {target!r}"
         )
     if callable(target):
@@ -66,7 +67,7 @@ def _wrap(
             return out
 
         return call
-    raise TypeError(
+    raise BadType(
         f"rk.remat takes a Flax Module class or a function, got {type(target).__name__} {target!r}"
     )
 
@@ -133,7 +134,7 @@ def _remat_class(
     fixed = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
     for i in fixed:
         if not isinstance(i, int) or isinstance(i, bool) or i < 0:
-            raise ValueError(
+            raise BadValue(
                 f"static_argnums={static_argnums!r}: positions are ints >= 0, counted after self"
             )
 
@@ -232,7 +233,7 @@ def remat(
         p = as_policy(target)
         return lambda t: _wrap(t, p, **options)
     if target is None or policy is None:
-        raise TypeError(
+        raise BadType(
             "rk.remat needs a policy: rk.remat(Block, 'full') or @rk.remat('full'); "
             f"see rk.policy_names() for the names (got target={target!r}, policy={policy!r})"
         )

@@ -79,7 +79,12 @@ def _run(model: str, plan: str, policy: str, accum: int) -> dict:
     tol = dict(rtol=2e-5, atol=2e-6)
     chex.assert_trees_all_close(loss, ref_loss, **tol)
     chex.assert_trees_all_close(grads, ref_grads, **tol)
-    chex.assert_trees_all_close(out, ref_out, **tol)
+    # AdamW's first step moves each weight by lr * g / (|g| + eps): where a gradient is a few
+    # eps (1e-8) a reduction-order difference of 1e-9 in it moves the weight by a few percent
+    # of lr. So the updated weights get a floor of 5% of one step (5e-6 at lr 1e-4); a step
+    # applied twice or not at all moves them by lr. The moments keep the tight tolerance.
+    chex.assert_trees_all_close(out[0], ref_out[0], rtol=2e-5, atol=0.05 * config.learning_rate)
+    chex.assert_trees_all_close(out[1:], ref_out[1:], **tol)
 
     # The parameters are split as the plan says: one device holds 1/ways of each kernel.
     kernel = out[0]["params"]["decoder"]["layers"]["mlp"]

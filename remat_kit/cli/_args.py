@@ -31,7 +31,6 @@ __all__ = [
     "add_model_args",
     "add_search_args",
     "add_shard_args",
-    "attention_note",
     "budget_arg",
     "check_outputs",
     "comma_list",
@@ -45,7 +44,6 @@ __all__ = [
     "precision_name",
     "schedule_arg",
     "target_from_args",
-    "validate_model_args",
 ]
 
 
@@ -567,98 +565,3 @@ def host_budget_arg(text: str) -> int:
                 f"--host-budget {text!r}: give bytes with a unit (e.g. 64GiB), or 0 for no offload"
             ) from None
         raise BadValue(f"--host-budget: {err}") from None
-
-
-def validate_model_args(args: argparse.Namespace) -> tuple[Any, Target, Any]:
-    """Checks what :func:`add_model_args` read, and the output paths, without compiling.
-
-    Builds the options, the target and the model config (preset, overrides, dtypes, the
-    attention kernel and its shape rules, learned positions, absurd sizes), the train
-    config (optimizer, batch against ``--accum``) and the mesh plan against ``--gpus``:
-    shapes and names only, no trace and no compile.
-
-    Args:
-      args: parsed arguments of a parser given :func:`add_model_args`.
-
-    Returns:
-      ``(opts, target, cfg)``: ``models.measure.Options``, the ``rk.Target`` and the
-      ``ModelConfig`` (under policy ``full``).
-
-    Raises:
-      BadValue: the first bad value, naming it and what is valid.
-
-    Example:
-      >>> opts, t, cfg = validate_model_args(args)  # doctest: +SKIP
-      >>> cfg.n_layers
-      4
-    """
-    from models import OVERRIDES
-    from models.measure import is_factory, model_config, model_source, options_from_args
-
-    check_outputs(args)
-    opts = options_from_args(args)
-    tgt = target_from_args(args)
-    if opts.block and not is_factory(opts):
-        raise BadValue(f"--block {opts.block}: it patches a factory's model (--model file.py:NAME)")
-    if is_factory(opts):
-        opts.train_config()
-        return opts, tgt, _FactoryModel(model_source(opts))
-    try:
-        cfg = model_config(opts, "full", tgt)
-    except ValueError as err:
-        # The model's own check names its field (vocab_size=1): name the flag that set it.
-        flags = [
-            f"--{key.replace('_', '-')} {value}"
-            for key, value in opts.overrides
-            if f"{OVERRIDES.get(key, key)}=" in str(err)
-        ]
-        if not flags:
-            raise
-        raise BadValue(f"{', '.join(flags)}: {err}") from None
-    opts.train_config()  # the optimizer's name, batch against --accum
-    if opts.shard:
-        parse_shard(opts.shard, tgt.devices).check_devices(tgt.devices)
-    return opts, tgt, cfg
-
-
-class _FactoryModel:
-    """What the commands read of a model config, for a factory's model (rk.sources)."""
-
-    attention = "model's own"
-
-    def __init__(self, source: Any) -> None:
-        self.source = source
-        self.name = source.spec
-
-    @property
-    def n_layers(self) -> int:
-        # Counted on first use (a patched block's constructions, or the module's attribute).
-        return self.source.n_layers() or 1
-
-
-def attention_note(opts: Any, tgt: Target, cfg: Any) -> str | None:
-    """Why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, or None.
-
-    Args:
-      opts: the run's ``models.measure.Options``.
-      tgt: the target.
-      cfg: the resolved ``ModelConfig``.
-
-    Returns:
-      One line for the user, or None when nothing needs saying.
-
-    Example:
-      >>> attention_note(opts, rk.target("h100"), cfg)  # doctest: +SKIP
-      'attention=auto measured xla: cuDNN flash attention ... even sequence length ...'
-    """
-    from models.measure import cudnn_problem
-    from remat_kit.targets import cudnn_attention_available
-
-    if opts.attention != "auto" or cfg.attention != "xla":
-        return None
-    if not cudnn_attention_available(tgt):
-        return None
-    problem = cudnn_problem(cfg, opts.seq, tgt)
-    if problem is None:
-        return None
-    return f"attention=auto measured xla: cuDNN flash attention {problem}"

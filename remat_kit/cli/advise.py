@@ -11,14 +11,9 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from remat_kit import _workers
-from remat_kit.cli._args import (
-    add_jobs_arg,
-    add_model_args,
-    add_search_args,
-    flag_items,
-    validate_model_args,
-)
+from remat_kit import _workers, sources
+from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args, flag_items
+from remat_kit.cli._model import resolve, source_for
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import advise_table
@@ -69,10 +64,9 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["advise", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import is_factory, model_config
-
     # Every value, the output path included, is checked before the first trace or compile.
-    opts, _, _ = validate_model_args(args)
+    run = resolve(args)
+    opts = run.opts
     names = None
     if args.targets is not None:
         names = flag_items(args.targets, "--targets", example="h100,a100-80gb")
@@ -81,8 +75,7 @@ def run(args: argparse.Namespace) -> int:
                 t = target(name, devices=args.gpus, hosts=args.hosts)
             except ValueError as err:
                 raise BadValue(f"--targets {name!r}: {err}") from None
-            if not is_factory(opts):  # a factory's model picks its own kernels
-                model_config(opts, "full", t)  # the attention kernel and sizes for that GPU
+            run.source.check(run.config, t)  # the attention kernel and sizes for that GPU
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters
@@ -125,21 +118,20 @@ def run(args: argparse.Namespace) -> int:
 
 def _target_workload(opts: Any, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
     """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``."""
-    from models.measure import workload
-
-    return workload(opts, target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction))
+    on = target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction)
+    return sources.workload(source_for(opts), on, opts.train_config(), strict=opts.strict)
 
 
 def _sharded_workload(opts: Any, name: str, mem_fraction: Any, n: int) -> Any:
     """The step on ``n`` GPUs ``name`` with fsdp over all of them, 8 GPUs per host (as in the
     DGX/HGX machines these cards come in)."""
-    from models.measure import workload
-
     hosts = max(1, n // 8)
-    shard = f"fsdp:{n}" if n > 1 else None
-    return workload(
-        dataclasses.replace(opts, shard=shard),
+    sharded = dataclasses.replace(opts, shard=f"fsdp:{n}" if n > 1 else None)
+    return sources.workload(
+        source_for(sharded),
         target(name, devices=n, hosts=hosts, mem_fraction=mem_fraction),
+        sharded.train_config(),
+        strict=opts.strict,
     )
 
 

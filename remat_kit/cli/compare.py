@@ -9,16 +9,9 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from remat_kit import _workers
-from remat_kit.cli._args import (
-    add_jobs_arg,
-    add_model_args,
-    attention_note,
-    flag_items,
-    policy_arg,
-    schedule_arg,
-    validate_model_args,
-)
+from remat_kit import _workers, sources
+from remat_kit.cli._args import add_jobs_arg, add_model_args, flag_items, policy_arg, schedule_arg
+from remat_kit.cli._model import attention_note, resolve
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_csv, write_json
 from remat_kit.render.tables import compare_rows, compare_table
@@ -75,24 +68,27 @@ def run(args: argparse.Namespace) -> int:
     """
     from rich.progress import Progress
 
-    from models.measure import baseline_flops, usable_policies
-
     # Every value, output paths included, is checked before the first trace or compile.
-    opts, target, cfg = validate_model_args(args)
+    run = resolve(args)
+    opts, target = run.opts, run.target
     specs = flag_items(args.policies, "--policies", example="none,full,minimal")
     policies = [policy_arg(s, "--policies") for s in specs]
     # Catalogue policies by default; one whose tags the model lacks is skipped, one the user
     # named is an error (before any compile).
-    policies, skipped = usable_policies(
-        opts, target, policies, given=args.policies != ",".join(FRONT_POLICIES)
+    policies, skipped = sources.usable_policies(
+        run.source,
+        run.config,
+        target,
+        policies,
+        given=args.policies != ",".join(FRONT_POLICIES),
     )
     sched_specs = args.schedules.replace(";", " ").split()
-    schedules = [schedule_arg(s, "--schedules", cfg.n_layers) for s in sched_specs]
+    schedules = [schedule_arg(s, "--schedules", run.n_layers) for s in sched_specs]
     if not schedules:
         raise BadValue("--schedules is empty; give e.g. 'none;every:2;sqrt'")
     cases = [(p, s) for s in schedules for p in policies]
     start = time.perf_counter()
-    baseline = baseline_flops(opts, target)
+    baseline = sources.step_flops(run.source, "none", target, run.config)
     # The programs are independent: with --jobs N they compile side by side in N processes
     # (not for a local target: workers compile for jax's CPU platform).
     jobs = 1 if target.kind == "local" else args.jobs
@@ -116,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     out.print(compare_table(rows, target, opts, seconds))
     if skipped:
         out.print(f"not compared (the model tags none of their tensors): {', '.join(skipped)}")
-    chosen = attention_note(opts, target, cfg)
+    chosen = attention_note(run)
     if chosen:
         out.print(f"[yellow]note:[/yellow] {chosen}")
     # Not fitting and XLA's own remat are in the table's fits column already; a note that
@@ -138,14 +134,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _measure_case(opts: Any, target: Any, baseline: float, case: tuple[str, str]) -> Any:
     """One row of the comparison: the report of ``(policy spec, schedule spec)``; a module-level
-    function, so a worker process can run it."""
-    from models.measure import measure
+    function of picklable options, so a worker process can run it."""
+    from remat_kit.cli._model import source_for
     from remat_kit.policies import parse_policy
     from remat_kit.schedules import parse_schedule
 
     policy, schedule = case
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return measure(
-            opts, parse_policy(policy), target, schedule=parse_schedule(schedule), baseline=baseline
+        return sources.measure(
+            source_for(opts),
+            parse_policy(policy),
+            target,
+            opts.train_config(),
+            schedule=parse_schedule(schedule),
+            baseline=baseline,
         )

@@ -8,14 +8,15 @@ import time
 import warnings
 from typing import Any
 
+from remat_kit import sources
 from remat_kit.cli._args import (
     add_model_args,
     add_search_args,
     flag_items,
     policy_arg,
     schedule_arg,
-    validate_model_args,
 )
+from remat_kit.cli._model import resolve
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import fit_table
 from remat_kit.schedules import label
@@ -69,10 +70,9 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["fit", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import check_policies, workload
-
     # Every value, the output path included, is checked before the first trace or compile.
-    opts, target, cfg = validate_model_args(args)
+    run = resolve(args)
+    opts, target = run.opts, run.target
     if args.policy:
         flag, specs = "--policy", [args.policy]
     else:
@@ -80,9 +80,10 @@ def run(args: argparse.Namespace) -> int:
         specs = flag_items(args.policies, flag, example="none,full,minimal,plan")
     # Keyed by spec, so a policy named twice is searched once; None stands for the planner.
     policies = {s: None if s == "plan" else policy_arg(s, flag) for s in specs}
-    schedule = schedule_arg(args.schedule, "--schedule", cfg.n_layers)
-    check_policies(opts, target, [p for p in policies.values() if p is not None])
-    w = workload(opts, target)
+    schedule = schedule_arg(args.schedule, "--schedule", run.n_layers)
+    named = [p for p in policies.values() if p is not None]
+    sources.check_policies(run.source, run.config, target, named)  # the one tag check
+    w = sources.workload(run.source, target, run.config)
     start = time.perf_counter()
     rows = []
     with warnings.catch_warnings():

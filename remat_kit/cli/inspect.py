@@ -13,14 +13,17 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg, validate_model_args
+from remat_kit import sources
+from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg
+from remat_kit.cli._model import ModelRun, resolve
 from remat_kit.errors import BadValue
 from remat_kit.peak import PeakReport, diff, inspect_step
-from remat_kit.policies import as_policy
+from remat_kit.policies import Policy, as_policy
 from remat_kit.render.files import write_json
 from remat_kit.render.format import console
 from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render.timeline import plot_timeline
+from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target, target
 
 __all__ = [
@@ -81,19 +84,19 @@ def run(args: argparse.Namespace) -> int:
     # Every value, output paths included, is checked before the first trace or compile.
     if getattr(args, "shard", None):
         raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
-    opts, tgt0, cfg = validate_model_args(args)
+    run = resolve(args)
     policies = list(args.diff) if getattr(args, "diff", None) else [args.policy]
     flag = "--diff" if getattr(args, "diff", None) else "--policy"
     for spec in policies:
         pol = policy_arg(spec, flag)
-        schedule_arg(getattr(args, "schedule", "none"), "--schedule", cfg.n_layers, pol)
-    from models.measure import check_policies
-
-    check_policies(opts, tgt0, policies)  # a name-based policy must match a tag
+        schedule_arg(getattr(args, "schedule", "none"), "--schedule", run.n_layers, pol)
+    # The one tag check: a name-based policy must match a tag.
+    sources.check_policies(run.source, run.config, run.target, policies)
     if getattr(args, "top", 10) < 1:
         raise BadValue(f"--top {args.top} must be positive: the number of buffers shown")
     tgt = target(args.target, devices=getattr(args, "gpus", 1) or 1)
-    reports = [_inspect_preset(args, tgt, p) for p in policies]
+    schedule = parse_schedule(getattr(args, "schedule", "none"))
+    reports = [_inspect(run, tgt, as_policy(p), schedule) for p in policies]
     out = console()
     for r in reports:
         out.print(peak_table(r))
@@ -118,33 +121,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect_preset(args: argparse.Namespace, tgt: Target, policy: str) -> PeakReport:
-    from models.measure import (
-        factory_step,
-        is_factory,
-        model_config,
-        options_from_args,
-        train_step,
-    )
-
-    if getattr(args, "shard", None):
-        raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
-    opts = options_from_args(args)
-    pol = as_policy(policy)
-    schedule = getattr(args, "schedule", "none")
-    if is_factory(opts):
-        step = factory_step(opts, pol, schedule)
-        attention = "model's own"
-    else:
-        cfg = model_config(opts, pol, tgt, schedule)
-        step = train_step(opts, cfg, tgt, sharded=False)  # as report runs it (dropout)
-        attention = cfg.attention
+def _inspect(run: ModelRun, tgt: Target, pol: Policy, schedule: Schedule) -> PeakReport:
+    # The unsharded step, as report runs it (dropout), its trace checked as report's is.
+    built = run.source.build_step(pol, schedule, run.config, tgt, sharded=False)
+    run.source.check_step(built, run.source.spec)
+    opts = run.opts
     meta = {
         "model": opts.model,
         "policy": pol.spec,
         "batch": opts.batch,
         "seq": opts.seq,
-        "attention": attention,
+        "attention": built.attention,
         "optimizer": opts.optimizer,
     }
-    return inspect_step(step, tgt, meta=meta)
+    return inspect_step(built.step, tgt, meta=meta)

@@ -37,9 +37,9 @@ def _policies() -> Any:
 
 
 def _models() -> Any:
-    import models
+    from remat_kit.cli._model import preset_configs
 
-    return models_table((name, models.get_config(name)) for name in models.preset_names())
+    return models_table(preset_configs())
 
 
 #: Each listing: its subcommand, its help line and the function that builds its table.

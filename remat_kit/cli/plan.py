@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from remat_kit import sources
 from remat_kit.cli._args import (
     add_model_args,
     add_search_args,
@@ -18,8 +19,8 @@ from remat_kit.cli._args import (
     flag_items,
     host_budget_arg,
     policy_arg,
-    validate_model_args,
 )
+from remat_kit.cli._model import resolve
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import decision_table, plan_table
 from remat_kit.search import (
@@ -88,21 +89,24 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["plan", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import usable_policies, workload
-
     # Every value, output paths included, is checked before the first trace or compile.
-    opts, target, _ = validate_model_args(args)
+    run = resolve(args)
+    opts, target = run.opts, run.target
     budget = None if args.budget is None else budget_arg(args.budget, target.memory_bytes)
     specs = flag_items(args.policies, "--policies", example="full,minimal", allow_empty=True)
     catalogue = [policy_arg(s, "--policies") for s in specs]
     # The default catalogue drops policies whose tags the model lacks; named ones must match.
-    catalogue, _ = usable_policies(
-        opts, target, catalogue, given=args.policies != ",".join(FRONT_POLICIES)
+    catalogue, _ = sources.usable_policies(
+        run.source,
+        run.config,
+        target,
+        catalogue,
+        given=args.policies != ",".join(FRONT_POLICIES),
     )
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
     # What the front shows beside the plan is what the plan must not be dominated by.
     beside: list[Any] = [*catalogue, *(FRONT_SCHEDULES if args.plot else ())]
-    w = workload(opts, target)
+    w = sources.workload(run.source, target, run.config)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters

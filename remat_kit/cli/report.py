@@ -6,13 +6,9 @@ import argparse
 import warnings
 from typing import Any
 
-from remat_kit.cli._args import (
-    add_model_args,
-    attention_note,
-    policy_arg,
-    schedule_arg,
-    validate_model_args,
-)
+from remat_kit import sources
+from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg
+from remat_kit.cli._model import attention_note, resolve
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import report_table, residual_table
 
@@ -64,32 +60,34 @@ def run(args: argparse.Namespace) -> int:
       >>> run(parser.parse_args(["report", "--model", "tiny-llama"]))  # doctest: +SKIP
       0
     """
-    from models.measure import baseline_flops, check_policies, measure, residuals
-
     # Every value, output path included, is checked before the first trace or compile.
-    opts, target, cfg = validate_model_args(args)
+    run = resolve(args)
+    src, target, config = run.source, run.target, run.config
     policy = policy_arg(args.policy, "--policy")
-    schedule = schedule_arg(args.schedule, "--schedule", cfg.n_layers, policy)
-    check_policies(opts, target, [policy])  # a name-based policy must match a tag
-    baseline = baseline_flops(opts, target)
+    schedule = schedule_arg(args.schedule, "--schedule", run.n_layers, policy)
+    sources.check_policies(src, config, target, [policy])  # the one tag check
+    baseline = sources.step_flops(src, "none", target, config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report's own warnings are printed below
-        report = measure(
-            opts,
+        report = sources.measure(
+            src,
             policy,
             target,
+            config,
             schedule=schedule,
             baseline=baseline,
             measured_breakdown=args.measured_breakdown,
         )
-    res = None if args.no_residuals else residuals(opts, policy, target, schedule)
+    res = None
+    if not args.no_residuals:
+        res = sources.residuals(src, policy, target, config, schedule)
     out = console()
     out.print(report_table(report, target))
     if res is not None:
         out.print(residual_table(res, report))
     for note in report.warnings:
         out.print(f"[yellow]warning:[/yellow] {note}")
-    chosen = attention_note(opts, target, cfg)
+    chosen = attention_note(run)
     if chosen:
         out.print(f"[yellow]note:[/yellow] {chosen}")
     if args.json:

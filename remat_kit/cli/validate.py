@@ -13,7 +13,7 @@ import warnings
 from typing import Any
 
 from remat_kit.cli._args import add_model_args
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadValue, TargetError
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import validation_table
 
@@ -74,30 +74,34 @@ def run(args: argparse.Namespace) -> int:
     if args.mem_fraction is not None:
         _set_fraction(args.mem_fraction)
 
-    from models.measure import model_config, options_from_args, train_step
+    from remat_kit.cli._model import options_from_args, source_for
     from remat_kit.policies import parse_policy
+    from remat_kit.schedules import parse_schedule
     from remat_kit.targets import target
     from remat_kit.validate import LocalGPU, match_target, validate
 
     opts = options_from_args(args)
-    source = LocalGPU()  # fails here, before any compile, on a machine with no GPU
-    compare = target(args.compare_with) if args.compare_with else match_target(source.device_kind())
+    model = source_for(opts)
+    gpu = LocalGPU()  # fails here, before any compile, on a machine with no GPU
+    compare = target(args.compare_with) if args.compare_with else match_target(gpu.device_kind())
     policy = parse_policy(args.policy)
-    cfg = model_config(opts, policy, compare)
-    step = train_step(opts, cfg, compare, sharded=False)
+    built = model.build_step(
+        policy, parse_schedule("none"), opts.train_config(), compare, sharded=False
+    )
+    step = built.step
     meta = {
         "model": opts.model,
-        "policy": cfg.policy.name,
+        "policy": built.policy.name,
         "batch": opts.batch,
         "seq": opts.seq,
         "optimizer": opts.optimizer,
-        "attention": cfg.attention,
+        "attention": built.attention,
         "precision": dict(step.precision),
-        "dropout": cfg.dropout_rate,
+        "dropout": built.meta.get("dropout", 0.0),
     }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the figures speak; XLA's notes are in the report
-        result = validate(step, compare, steps=args.steps, stats_source=source, meta=meta)
+        result = validate(step, compare, steps=args.steps, stats_source=gpu, meta=meta)
     console().print(validation_table([result.to_dict()]))
     if result.note:
         console().print(f"[yellow]note:[/yellow] {result.note}")

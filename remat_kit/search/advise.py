@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from remat_kit import _workers
-from remat_kit.errors import DoesNotFit
+from remat_kit.errors import BadType, DoesNotFit
 from remat_kit.policies import as_policy
 from remat_kit.search.batch import max_batch
 from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, limit_for
@@ -113,7 +113,7 @@ def advise(
         try:
             pickle.dumps(workload_for)
         except (pickle.PicklingError, AttributeError, TypeError) as err:
-            raise TypeError(
+            raise BadType(
                 f"advise(jobs={jobs}) plans targets in worker processes, so workload_for must "
                 f"pickle (a module-level function or functools.partial of one): {err}"
             ) from None

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from remat_kit.errors import DoesNotFit
+from remat_kit.errors import BadType, BadValue, DoesNotFit, UnitlessBudget
 from remat_kit.search.workload import FIXED_PARTS, FULL, NO_SCHEDULE, Workload
 from remat_kit.targets import Target, target_names
 from remat_kit.targets import target as _target
@@ -74,16 +74,18 @@ def parse_budget(text: str | float | int, device_bytes: int | None = None) -> in
       The budget in bytes.
 
     Raises:
-      ValueError: unreadable text, a bare number above 1 (bytes need a unit), a fraction
-        without a device size, a non-positive budget, or a budget above ``device_bytes``.
-      TypeError: neither a string nor a number.
+      BadValue: unreadable text, a non-positive budget, or a budget above ``device_bytes``
+        (``param="budget"``).
+      UnitlessBudget: a bare number above 1 (bytes need a unit), or a fraction without a
+        device size.
+      BadType: neither a string nor a number.
 
     Example:
       >>> parse_budget("52GiB"), parse_budget("0.5", device_bytes=80 * 10**9)
       (55834574848, 40000000000)
     """
     if isinstance(text, bool):
-        raise TypeError(f"budget must be a string or number, got {text!r}")
+        raise BadType(f"budget must be a string or number, got {text!r}", param="budget")
     if isinstance(text, int):
         value, unit = float(text), "b"
     elif isinstance(text, float):
@@ -91,36 +93,43 @@ def parse_budget(text: str | float | int, device_bytes: int | None = None) -> in
     elif isinstance(text, str):
         m = _BUDGET_RE.match(text)
         if not m or m.group(2).lower() not in _UNITS:
-            raise ValueError(
+            raise BadValue(
                 f"cannot read budget {text!r}: write e.g. 52GiB, 40GB, 0.8 (fraction of the "
-                "device) or 80%"
+                "device) or 80%",
+                param="budget",
             )
         value, unit = float(m.group(1)), m.group(2).lower()
     else:
-        raise TypeError(f"budget must be a string or number, got {type(text).__name__} {text!r}")
+        raise BadType(
+            f"budget must be a string or number, got {type(text).__name__} {text!r}",
+            param="budget",
+        )
     if value <= 0:
-        raise ValueError(f"budget {text!r} must be positive")
+        raise BadValue(f"budget {text!r} must be positive", param="budget")
     if unit in ("", "%"):
         frac = value / 100.0 if unit == "%" else value
         if unit == "" and value > 1:
-            raise ValueError(
+            raise UnitlessBudget(
                 f"budget {text!r} is a bare number above 1: give a unit (52GiB, 40GB) or a "
-                "fraction of the device in (0, 1]"
+                "fraction of the device in (0, 1]",
+                param="budget",
             )
         if frac > 1:
-            raise ValueError(f"budget {text!r} is more than the whole device")
+            raise BadValue(f"budget {text!r} is more than the whole device", param="budget")
         if device_bytes is None:
-            raise ValueError(
+            raise UnitlessBudget(
                 f"budget {text!r} is a fraction of the device but the target has no memory "
-                "size: give bytes with a unit, e.g. 52GiB"
+                "size: give bytes with a unit, e.g. 52GiB",
+                param="budget",
             )
         return int(frac * device_bytes)
     budget = int(value * _UNITS[unit])
     if device_bytes is not None and budget > device_bytes:
-        raise ValueError(
+        raise BadValue(
             f"budget {text!r} ({budget / GIB:.2f} GiB) is larger than the device's "
             f"{device_bytes / GIB:.2f} GiB; give at most {device_bytes / GIB:.1f}GiB or a "
-            "fraction such as 0.9"
+            "fraction such as 0.9",
+            param="budget",
         )
     return budget
 
@@ -137,23 +146,28 @@ def limit_for(target: Target, budget: int | None, headroom: float) -> int:
       TypeError: a budget that is not an int of bytes.
     """
     if not 0.0 <= headroom < 1.0:
-        raise ValueError(f"headroom={headroom!r} must be in [0, 1)")
+        raise BadValue(f"headroom={headroom!r} must be in [0, 1)", param="headroom")
     mem = target.memory_bytes
     if budget is None:
         usable = target.usable_bytes
         if usable is None:
-            raise ValueError(
-                f"target {target.name!r} has no memory size: give a budget in bytes, e.g. 16GiB"
+            raise BadValue(
+                f"target {target.name!r} has no memory size: give a budget in bytes, e.g. 16GiB",
+                param="budget",
             )
         return int(usable * (1.0 - headroom))
     if isinstance(budget, bool) or not isinstance(budget, int):
-        raise TypeError(f"budget must be an int of bytes (see rk.parse_budget), got {budget!r}")
+        raise BadType(
+            f"budget must be an int of bytes (see rk.parse_budget), got {budget!r}",
+            param="budget",
+        )
     if budget <= 0:
-        raise ValueError(f"budget={budget} must be positive")
+        raise BadValue(f"budget={budget} must be positive", param="budget")
     if mem is not None and budget > mem:
-        raise ValueError(
+        raise BadValue(
             f"budget {budget / GIB:.2f} GiB is larger than {target.name}'s "
-            f"{mem / GIB:.2f} GiB of device memory"
+            f"{mem / GIB:.2f} GiB of device memory",
+            param="budget",
         )
     return budget
 
@@ -227,7 +241,7 @@ def _what_would_fit(
     weights = parts.get("weights", 0)
     if parts.get("gradients", 0) and weights < 0.8 * budget:
         hints.append(
-            f"LoRA (--lora 16: frozen base weights carry no gradients or optimizer state, "
+            f"LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer state, "
             f"about {weights / GIB:.1f} GiB plus adapters)"
         )
     # The fixed parts and a little room for activations.
@@ -237,7 +251,7 @@ def _what_would_fit(
         # The device holds them; the budget asked for less than it gives.
         hints.append(
             f"a larger budget: {workload.target.name} can give {_size(here)}, and the parts "
-            f"above need {_size(fixed)} before activations (e.g. --budget "
+            f"above need {_size(fixed)} before activations (e.g. a budget of "
             f"{max(1, math.ceil(need / GIB))}GiB or more)"
         )
     else:

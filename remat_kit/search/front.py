@@ -16,6 +16,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from remat_kit.errors import BadValue
 from remat_kit.policies import Policy, as_policy
 from remat_kit.schedules import Schedule, label, parse_schedule
 from remat_kit.search.budget import GIB
@@ -161,7 +162,7 @@ def front(
         pts.append(_point(workload, batch, pol, s, label(pol.spec, s.spec), "schedule", hide))
     for p in plans:
         if p.batch != batch:
-            raise ValueError(f"a plan for batch {p.batch} cannot join a front for batch {batch}")
+            raise BadValue(f"a plan for batch {p.batch} cannot join a front for batch {batch}")
         pts.append(
             FrontPoint(
                 label=plan_label(p),

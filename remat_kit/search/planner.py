@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from remat_kit.analysis import MemoryReport
+from remat_kit.errors import BadType, BadValue
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.schedules import Schedule, label, parse_schedule
 from remat_kit.search._solver import CostModel, Solution, SolverStatus, cost_model, solve
@@ -234,10 +235,10 @@ def plan(
     before = workload.compiles
     _check_batch(workload, batch)
     if not 0.0 <= hide <= 1.0:
-        raise ValueError(f"hide={hide!r} must be in [0, 1]")
+        raise BadValue(f"hide={hide!r} must be in [0, 1]", param="hide")
     _check_host_budget(host_budget)
     if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1:
-        raise ValueError(f"max_compiles={max_compiles!r} must be a positive int")
+        raise BadValue(f"max_compiles={max_compiles!r} must be a positive int")
     budget = limit_for(workload.target, budget, headroom)
     check_budget(workload, batch, budget)
     extras = [_as_extra(p) for p in extra]
@@ -296,12 +297,15 @@ def _check_host_budget(host_budget: Any) -> None:
     if host_budget is None:
         return
     if isinstance(host_budget, bool) or not isinstance(host_budget, int):
-        raise TypeError(
+        raise BadType(
             f"host_budget must be an int of bytes (see rk.parse_budget) or None, got "
-            f"{host_budget!r}"
+            f"{host_budget!r}",
+            param="host_budget",
         )
     if host_budget < 0:
-        raise ValueError(f"host_budget={host_budget} must be >= 0 bytes (0: no offload)")
+        raise BadValue(
+            f"host_budget={host_budget} must be >= 0 bytes (0: no offload)", param="host_budget"
+        )
 
 
 def _as_extra(p: Any) -> tuple[Policy, Schedule]:
@@ -335,10 +339,11 @@ def _describe(sol: Solution, status: SolverStatus) -> str:
 
 def _check_batch(workload: Workload, batch: int) -> None:
     if isinstance(batch, bool) or not isinstance(batch, int) or batch <= 0:
-        raise ValueError(f"batch={batch!r} must be a positive int")
+        raise BadValue(f"batch={batch!r} must be a positive int", param="batch")
     if batch % max(1, workload.batch_multiple):
-        raise ValueError(
-            f"batch={batch} is not a multiple of {workload.batch_multiple} (accumulation steps)"
+        raise BadValue(
+            f"batch={batch} is not a multiple of {workload.batch_multiple} (accumulation steps)",
+            param="batch",
         )
 
 

@@ -24,12 +24,17 @@ Example:
 """
 
 from remat_kit.sources._loading import load_factory, patched_block
+from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import ALL_SCHEDULES, BuiltModel, ModelSource, from_factory, hf_inputs
 from remat_kit.sources.steps import (
+    breakdown,
+    check_policies,
     measure,
     nbytes_count,
     residuals,
     step_flops,
+    tags,
+    usable_policies,
     workload,
 )
 
@@ -37,6 +42,10 @@ __all__ = [
     "ALL_SCHEDULES",
     "BuiltModel",
     "ModelSource",
+    "SourceStep",
+    "StepSource",
+    "breakdown",
+    "check_policies",
     "from_factory",
     "hf_inputs",
     "load_factory",
@@ -45,5 +54,7 @@ __all__ = [
     "patched_block",
     "residuals",
     "step_flops",
+    "tags",
+    "usable_policies",
     "workload",
 ]

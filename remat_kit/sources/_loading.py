@@ -52,8 +52,9 @@ def load_factory(spec: str) -> Callable[..., Any]:
     location, colon, name = spec.rpartition(":")
     if not colon or not location or not name.isidentifier():
         raise BadValue(
-            f"--model {spec!r}: a factory is LOCATION:NAME, e.g. path/to/model.py:build or "
-            "package.module:build (or give a preset name: remat-kit models)"
+            f"factory {spec!r}: a factory is LOCATION:NAME, e.g. path/to/model.py:build or "
+            "package.module:build (or a preset name)",
+            param="model",
         )
     if location.endswith(".py"):
         module = _load_file(spec, Path(location))
@@ -62,7 +63,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
             module = importlib.import_module(location)
         except Exception as err:
             raise BadValue(
-                f"--model {spec!r}: cannot import {location!r}: {type(err).__name__}: {err}"
+                f"factory {spec!r}: cannot import {location!r}: {type(err).__name__}: {err}",
+                param="model",
             ) from None
     if not hasattr(module, name):
         offered = sorted(
@@ -73,22 +75,26 @@ def load_factory(spec: str) -> Callable[..., Any]:
             and getattr(v, "__module__", None) in (module.__name__, None)
         )
         raise BadValue(
-            f"--model {spec!r}: {location} has no {name!r}; callables there: "
-            f"{', '.join(offered) or 'none'}"
+            f"factory {spec!r}: {location} has no {name!r}; callables there: "
+            f"{', '.join(offered) or 'none'}",
+            param="model",
         )
     factory = getattr(module, name)
     if not callable(factory):
-        raise BadValue(f"--model {spec!r}: {name} is a {type(factory).__name__}, not a callable")
+        raise BadValue(
+            f"factory {spec!r}: {name} is a {type(factory).__name__}, not a callable",
+            param="model",
+        )
     return factory
 
 
 def _load_file(spec: str, path: Path) -> Any:
     if not path.is_file():
-        raise BadValue(f"--model {spec!r}: no such file {str(path)!r}")
+        raise BadValue(f"factory {spec!r}: no such file {str(path)!r}", param="model")
     module_name = f"_remat_kit_factory_{abs(hash(str(path.resolve())))}"
     loader = importlib.util.spec_from_file_location(module_name, path)
     if loader is None or loader.loader is None:
-        raise BadValue(f"--model {spec!r}: cannot load {str(path)!r} as Python")
+        raise BadValue(f"factory {spec!r}: cannot load {str(path)!r} as Python", param="model")
     module = importlib.util.module_from_spec(loader)
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
@@ -96,7 +102,8 @@ def _load_file(spec: str, path: Path) -> Any:
         loader.loader.exec_module(module)
     except Exception as err:
         raise BadValue(
-            f"--model {spec!r}: {path.name} failed to run: {type(err).__name__}: {err}"
+            f"factory {spec!r}: {path.name} failed to run: {type(err).__name__}: {err}",
+            param="model",
         ) from None
     finally:
         with contextlib.suppress(ValueError):
@@ -116,16 +123,19 @@ def _import_class(spec: str) -> tuple[Any, str, type]:
     location, colon, name = spec.rpartition(":")
     if not colon or not location or not name:
         raise BadValue(
-            f"--block {spec!r}: name the block class as module:Class, e.g. "
-            "transformers.models.llama.modeling_flax_llama:FlaxLlamaDecoderLayer"
+            f"block {spec!r}: name the block class as module:Class, e.g. "
+            "transformers.models.llama.modeling_flax_llama:FlaxLlamaDecoderLayer",
+            param="block",
         )
     try:
         module = importlib.import_module(location)
     except Exception as err:
-        raise BadValue(f"--block {spec!r}: cannot import {location!r}: {err}") from None
+        raise BadValue(
+            f"block {spec!r}: cannot import {location!r}: {err}", param="block"
+        ) from None
     cls = getattr(module, name, None)
     if not inspect.isclass(cls):
-        raise BadValue(f"--block {spec!r}: {location} has no class {name!r}")
+        raise BadValue(f"block {spec!r}: {location} has no class {name!r}", param="block")
     return module, name, cls
 
 

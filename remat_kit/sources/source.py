@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -21,12 +22,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from remat_kit import tagging
+from remat_kit import checks, tagging
 from remat_kit.errors import BadValue
 from remat_kit.policies import Policy, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.sharding import MeshPlan
 from remat_kit.sources._loading import _import_class, _takes, load_factory, patched_block
+from remat_kit.sources.protocol import SourceStep
+from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep, build_train_step
 
 __all__ = [
@@ -199,13 +203,14 @@ class ModelSource:
         sch = parse_schedule(schedule)
         if sch.name not in self.schedule_kinds:
             how = (
-                "with --block only per-layer plans (layers:...) are applied"
+                "with a patched block only per-layer plans (layers:...) are applied"
                 if self.block
                 else "its factory takes no schedule= argument"
             )
             raise BadValue(
                 f"{self.spec} cannot build schedule {sch.spec!r}: {how}; "
-                f"schedules it takes: {', '.join(sorted(self.schedule_kinds))}"
+                f"schedules it takes: {', '.join(sorted(self.schedule_kinds))}",
+                param="schedule",
             )
         return sch
 
@@ -228,6 +233,77 @@ class ModelSource:
         """
         pol, sch = as_policy(policy), self.check_schedule(schedule)
         return self._build(pol, sch, self._rules())
+
+    def check(self, config: TrainConfig, target: Target) -> None:
+        """Nothing to check before the factory runs: its model is its own."""
+        del config, target
+
+    def build_step(
+        self,
+        policy: Policy,
+        schedule: Schedule,
+        config: TrainConfig,
+        target: Target,
+        *,
+        sharded: bool = True,
+    ) -> SourceStep:
+        """The train step of the model for ``policy`` and ``schedule`` (the StepSource
+        protocol). A factory's model is unsharded and picks its own kernels and dtypes: the
+        target and ``sharded`` change nothing.
+
+        Args:
+          policy: the policy.
+          schedule: a schedule in :attr:`schedule_kinds`.
+          config: the train config.
+          target: where it will be compiled.
+          sharded: ignored (a factory's step runs on one device).
+
+        Returns:
+          The SourceStep, labelled with the parameter count and, when known, the layers.
+        """
+        del target, sharded
+        built = self.build(policy, schedule)
+        step = built.train_step(config)
+        meta: dict[str, Any] = {
+            "params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(step.args[:2]))),
+            # The regime casts weights and optimizer state; the compute dtype is the module's.
+            "precision": {**step.precision, "compute": "module's own"},
+        }
+        if self.n_layers() is not None:
+            meta["layers"] = self.n_layers()
+        return SourceStep(step, built.policy, built.schedule, "model's own", meta)
+
+    def check_step(self, built: SourceStep, what: str) -> None:
+        """The traced program must hold a checkpoint with the policy and differ from the
+        one traced for the previous policy: a factory may cache its model, or a framework
+        its trace (``nn.jit``), and replay a stale program.
+
+        Raises:
+          BadValue: a stale or ignored trace.
+        """
+        step = built.step
+        closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
+        self._cache["trace"] = checks.check_traced_with(
+            closed,
+            built.policy,
+            also=_schedule_policies(built.schedule),
+            previous=self._cache.get("trace"),
+            what=what,
+        )
+
+    def mesh_plan(self, target: Target) -> MeshPlan | None:
+        """None: a factory's model is measured on one device."""
+        del target
+        return None
+
+    def cache_parts(self) -> Mapping[str, Any] | None:
+        """None: a factory's code is the user's, which the cache cannot fingerprint."""
+        return None
+
+    def label(self, config: TrainConfig, target: Target) -> str:
+        """``spec s<seq> <optimizer>``."""
+        del target
+        return f"{self.spec} s{config.seq} {config.optimizer}"
 
     def _rules(self) -> tuple[tagging.Rule, ...] | None:
         if self.tags is None:
@@ -362,10 +438,20 @@ class ModelSource:
             if len(run.lengths) != 1:
                 raise BadValue(
                     f"{self.spec}: segments ({sch.spec}) need a factory that takes schedule=; "
-                    "--block applies one policy per layer"
+                    "a patched block takes one policy per layer",
+                    param="schedule",
                 )
             out += [run.policy] * run.layers
         return out
+
+
+def _schedule_policies(sch: Schedule) -> list[Any]:
+    # Policies a schedule may put on layers instead of the model's: its plan's and segments'.
+    out: list[Any] = [p for _, _, p in sch.plan]
+    out += [p for p in (sch.rest, sch.inner) if p]
+    if sch.name in ("every", "sqrt", "nested"):
+        out.append("full")
+    return out
 
 
 def _layer_attr(made: Any) -> int | None:

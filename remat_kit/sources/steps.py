@@ -1,52 +1,58 @@
-"""A model source's train step, compiled or traced: reports, FLOPs, residuals, a Workload.
+"""The measuring pipeline: any model source's train step, compiled or traced.
+
+One pipeline for every :class:`~remat_kit.sources.StepSource` (a preset, a Hugging Face
+config, a factory): the report with its breakdown and warnings, FLOPs, saved residuals, the
+tags a policy may name, and the :class:`~remat_kit.Workload` the search runs on. Answers of a
+source that names its inputs (:meth:`StepSource.cache_parts`) are remembered on disk.
 
 Example:
-  >>> import remat_kit as rk                                              # doctest: +SKIP
-  >>> src = rk.sources.from_factory("my_model.py:build")
-  >>> rk.sources.measure(src, "minimal", "h100", rk.TrainConfig(batch=2, seq=64)).peak_bytes
+  >>> import remat_kit as rk
+  >>> src = rk.sources.from_factory("tests/data/factories.py:untagged")
+  >>> config = rk.TrainConfig(batch=2, seq=16)
+  >>> rk.sources.measure(src, "full", "cpu", config).peak_bytes > 0
+  True
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 
-from remat_kit import checks
-from remat_kit.analysis import MemoryReport, RematWarning, memory_report
-from remat_kit.breakdown import add_breakdown
+from remat_kit import cache, checks
+from remat_kit.analysis import MemoryReport, RematWarning, memory_report, transfer_estimate
+from remat_kit.breakdown import add_breakdown, add_measured_breakdown
+from remat_kit.errors import BadValue
 from remat_kit.flops import count_flops
+from remat_kit.policies import Policy, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
-from remat_kit.schedules import Schedule
+from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.workload import Workload
-from remat_kit.sources.source import ModelSource, from_factory
+from remat_kit.sources.protocol import StepSource
+from remat_kit.sources.source import from_factory
 from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
 
 __all__ = [
+    "breakdown",
+    "check_policies",
     "measure",
     "nbytes_count",
     "residuals",
     "step_flops",
+    "tags",
+    "usable_policies",
     "workload",
 ]
 
 
-def _schedule_policies(sch: Schedule) -> list[Any]:
-    # Policies a schedule may put on layers instead of the model's: its plan's and segments'.
-    out: list[Any] = [p for _, _, p in sch.plan]
-    out += [p for p in (sch.rest, sch.inner) if p]
-    if sch.name in ("every", "sqrt", "nested"):
-        out.append("full")
-    return out
-
-
 def measure(
-    source: ModelSource,
+    source: StepSource,
     policy: Any,
     target: Target | str,
     config: TrainConfig,
@@ -55,15 +61,16 @@ def measure(
     baseline: float | None = None,
     strict: bool = False,
     warn: bool = True,
+    measured_breakdown: bool = False,
     meta: Mapping[str, Any] | None = None,
 ) -> MemoryReport:
     """Compiles the train step of ``source`` under ``policy`` for ``target`` and reports it.
 
-    Before compiling, the forward pass of one micro-batch is traced and checked: the program
-    must hold a checkpoint with ``policy`` and differ from the one traced for the previous
-    policy (else BadValue: a stale or ignored trace), and a name-based policy must match a
-    tag there (else a RematWarning, or BadValue with ``strict``). Offload that XLA did not
-    carry out is a warning with both figures.
+    Before compiling, the source checks its traced program (a factory's must hold a
+    checkpoint with ``policy`` and differ from the previous policy's: a stale or ignored
+    trace), and with ``strict`` a name-based policy must match a tag of the model. Offload
+    that XLA did not carry out is a warning with both figures; offload the host link cannot
+    hide is a warning with the estimate.
 
     Args:
       source: the model source.
@@ -72,148 +79,399 @@ def measure(
       config: batch, sequence, optimizer, precision ...
       schedule: a layer schedule the source can build.
       baseline: FLOPs of the step without remat: the report's meta then holds
-        ``recompute_overhead``.
-      strict: a policy matching no tag is an error, not a warning (the CLI).
+        ``recompute_overhead`` = flops / baseline - 1.
+      strict: a name-based policy matching no tag is an error, not a warning.
       warn: issue the report's warnings as RematWarning.
+      measured_breakdown: read the breakdown from XLA's buffer assignment (a second compile,
+        with XLA's dump; unsharded steps only) instead of the shapes' estimate, which is
+        kept in ``meta["breakdown_estimate"]``.
       meta: extra labels for the report.
 
     Returns:
       The MemoryReport, with the weights/gradients/optimizer/activations breakdown.
 
     Raises:
-      BadValue: a stale trace, an unbuildable schedule, or (``strict``) an unmatched policy.
+      BadValue: a stale trace, an unbuildable schedule, (``strict``) an unmatched policy, or
+        a measured breakdown asked of a sharded step.
 
     Example:
-      >>> src = from_factory("tests/data/factories.py:tiny_llama")        # doctest: +SKIP
-      >>> measure(src, "minimal", "h100", rk.TrainConfig(batch=2, seq=64)).peak_bytes
+      >>> src = rk.sources.from_factory("tests/data/factories.py:untagged")
+      >>> r = measure(src, "full", "cpu", rk.TrainConfig(batch=2, seq=16))
+      >>> r.policy, r.meta["model"]
+      ('full', 'tests/data/factories.py:untagged')
     """
     t = as_target(target)
-    built = source.build(policy, schedule)
-    step = built.train_step(config)
-    pol = built.policy
-    closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
-    source._cache["trace"] = checks.check_traced_with(
-        closed,
-        pol,
-        also=_schedule_policies(built.schedule),
-        previous=source._cache.get("trace"),
-        what=f"{source.spec} (b{config.batch} s{config.seq})",
-    )
-    tags = sorted(tags_in(closed))
+    pol, sch = as_policy(policy), parse_schedule(schedule)
     if strict:
-        checks.check_policy_matches(pol, tags, strict=True, where=source.spec)
-    labels = {
+        check_policies(source, config, t, [pol])
+    if measured_breakdown and source.mesh_plan(t) is not None:
+        raise BadValue(
+            "a measured breakdown reads one unsharded program: measure it unsharded, or "
+            "take the shapes' estimate",
+            param="measured_breakdown",
+        )
+
+    def compute() -> MemoryReport:
+        return _measure(source, pol, sch, t, config, baseline, measured_breakdown, meta)
+
+    if pol.name == "custom" or meta:
+        report = compute()  # a callable has no spec to remember it by
+    else:
+        report = _remembered(
+            "report",
+            source,
+            t,
+            config,
+            compute,
+            policy=pol.spec,
+            schedule=sch.spec,
+            baseline=baseline,
+            measured_breakdown=measured_breakdown,
+        )
+    if warn:
+        for note in report.warnings:
+            warnings.warn(note, RematWarning, stacklevel=2)
+    return report
+
+
+def _measure(
+    source: StepSource,
+    pol: Policy,
+    sch: Schedule,
+    t: Target,
+    config: TrainConfig,
+    baseline: float | None,
+    measured_breakdown: bool,
+    meta: Mapping[str, Any] | None,
+) -> MemoryReport:
+    built = source.build_step(pol, sch, config, t)
+    source.check_step(built, f"{source.spec} (b{config.batch} s{config.seq})")
+    step = built.step
+    labels: dict[str, Any] = {
         "model": source.spec,
         "batch": config.batch,
         "seq": config.seq,
         "optimizer": config.optimizer,
         "accum": config.accum,
-        "params": int(nbytes_count(step.args[:2])),
+        "precision": dict(step.precision),
         "tokens_per_step": config.batch * config.seq,
-        # The regime casts weights and optimizer state; the compute dtype is the module's.
-        "precision": {**step.precision, "compute": "module's own"},
-        **(meta or {}),
+        **built.meta,
     }
-    if source.n_layers() is not None:
-        labels["layers"] = source.n_layers()
+    if step.plan is not None:
+        labels.update(
+            mesh=step.plan.spec,
+            devices=t.devices,
+            hosts=t.hosts,
+            batch_per_device=config.batch // step.plan.data_size,
+        )
+    labels.update(meta or {})
     report = memory_report(
         step.fn,
         *step.args,
         target=t,
         donate_argnums=step.donate_argnums,
-        policy=pol,
-        attention="model's own",
+        in_shardings=step.in_shardings,
+        out_shardings=step.out_shardings,
+        policy=built.policy,
+        attention=built.attention,
         schedule=built.schedule.spec,
         meta=labels,
-        warn=warn,
+        warn=False,
     )
-    report = add_breakdown(report, step)
+    if measured_breakdown:
+        report = add_measured_breakdown(report, step, t)
+    else:
+        report = add_breakdown(report, step)
     if baseline:
         report = report.replace(
             meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
         )
-    if pol.offloads:
-        marked = saved_residuals(step.loss_fn, *step.loss_args, policy=pol).bytes_by("offloaded")
+    if pol.offloads and report.host_bytes:
+        report = _with_offload_estimate(report, source, pol, sch, config, t)
+    if pol.offloads and step.plan is None:
+        # XLA may carry out only part of the copies jax marks (unrolled layers): say so. Both
+        # figures are one micro-batch's on one device (sharded steps are not compared).
+        marked = residuals(source, pol, t, config, sch).bytes_by("offloaded")
         note = checks.offload_shortfall(report, marked)
         if note is not None:
-            if warn:
-                warnings.warn(note, RematWarning, stacklevel=2)
             report = report.replace(warnings=(*report.warnings, note))
     return report
 
 
+def _with_offload_estimate(
+    report: MemoryReport,
+    source: StepSource,
+    pol: Policy,
+    sch: Schedule,
+    config: TrainConfig,
+    t: Target,
+) -> MemoryReport:
+    # The same step with the offloaded tensors recomputed instead: traced, not compiled.
+    alt = source.build_step(recompute_instead(pol), sch, config, t, sharded=False).step
+    extra = count_flops(alt.fn, *alt.args).total - report.flops
+    est = transfer_estimate(report, t, max(extra, 0.0))
+    if est is None:
+        return report
+    notes = list(report.warnings)
+    if est.link_bound:
+        notes.append(
+            f"offloading {est.host_bytes / 2**30:.1f} GiB per step needs an estimated "
+            f"{est.transfer_seconds * 1e3:.0f} ms on {t.name}'s host link, more than the "
+            f"step's {est.step_compute_seconds * 1e3:.0f} ms of compute: it cannot hide "
+            "behind compute"
+        )
+    return report.replace(
+        meta={**report.meta, "offload_estimate": est._asdict()}, warnings=tuple(notes)
+    )
+
+
+def _remembered(
+    kind: str,
+    source: StepSource,
+    t: Target,
+    config: TrainConfig,
+    compute: Callable[[], Any],
+    **request: Any,
+) -> Any:
+    """``compute()`` remembered on disk (``rk.cache.remember``) under the source's parts,
+    the train config, remat_kit's code and ``request``; computed each time for a source
+    that names no parts. A warm run answers without tracing; reports read back say 0 s
+    compiling."""
+    parts = source.cache_parts()
+    if parts is None:
+        return compute()
+    key = {
+        **parts,
+        "config": dataclasses.asdict(config),
+        "code_remat_kit": cache.code_fingerprint("remat_kit"),
+        **request,
+    }
+    if kind == "report":
+        encode = MemoryReport.to_dict
+
+        def decode(d: Any) -> MemoryReport:
+            return MemoryReport.from_dict({**d, "compile_seconds": 0.0})
+
+    else:
+        encode = decode = lambda value: value  # JSON-ready already
+    return cache.remember(kind, key, t, compute, encode=encode, decode=decode)
+
+
 def nbytes_count(tree: Any) -> int:
-    """Number of elements in a pytree of arrays or ShapeDtypeStructs (a parameter count)."""
+    """Number of elements in a pytree of arrays or ShapeDtypeStructs (a parameter count).
+
+    Example:
+      >>> nbytes_count({"w": jax.ShapeDtypeStruct((3, 4), "float32")})
+      12
+    """
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
 
 
 def step_flops(
-    source: ModelSource, policy: Any, config: TrainConfig, schedule: Any = "none"
+    source: StepSource,
+    policy: Any,
+    target: Target | str,
+    config: TrainConfig,
+    schedule: Any = "none",
 ) -> float:
-    """FLOPs of the train step of ``source`` under ``policy`` (traced, not compiled)."""
-    step = source.build(policy, schedule).train_step(config)
-    return float(count_flops(step.fn, *step.args).total)
+    """FLOPs of the train step of ``source`` under ``policy`` (traced, not compiled).
+
+    Args:
+      source: the model source.
+      policy: a policy name, spec or Policy.
+      target: where it would run (the attention kernel may depend on it).
+      config: batch, sequence, optimizer ...
+      schedule: a layer schedule the source can build.
+
+    Returns:
+      The FLOPs of one optimizer step, forward, backward and recomputation.
+    """
+    t = as_target(target)
+    pol, sch = as_policy(policy), parse_schedule(schedule)
+
+    def compute() -> float:
+        step = source.build_step(pol, sch, config, t, sharded=False).step
+        return float(count_flops(step.fn, *step.args).total)
+
+    if pol.name == "custom":
+        return compute()
+    return _remembered("flops", source, t, config, compute, policy=pol.spec, schedule=sch.spec)
 
 
 def residuals(
-    source: ModelSource, policy: Any, config: TrainConfig, schedule: Any = "none"
+    source: StepSource,
+    policy: Any,
+    target: Target | str,
+    config: TrainConfig,
+    schedule: Any = "none",
 ) -> ResidualReport:
     """What ``policy`` keeps for the backward pass of one micro-batch, by tag (traced).
 
     A name-based policy that matches no tag there is a RematWarning.
+
+    Args:
+      source: the model source.
+      policy: a policy name, spec or Policy.
+      target: where it would run.
+      config: batch, sequence ... (the unsharded step is traced).
+      schedule: a layer schedule the source can build.
+
+    Returns:
+      The ResidualReport.
     """
-    built = source.build(policy, schedule)
-    step = built.train_step(config)
+    t = as_target(target)
+    built = source.build_step(as_policy(policy), parse_schedule(schedule), config, t, sharded=False)
+    step = built.step
     report = saved_residuals(step.loss_fn, *step.loss_args, policy=built.policy)
     checks.check_policy_matches(built.policy, report.tags, where=source.spec)
     return report
 
 
+def breakdown(source: StepSource, config: TrainConfig, target: Target | str) -> dict[str, int]:
+    """Bytes of weights, gradients, optimizer state, batch and accumulator (from shapes).
+
+    Per device when the source shards its steps.
+    """
+    t = as_target(target)
+    built = source.build_step(as_policy("none"), parse_schedule("none"), config, t)
+    return dict(built.step.breakdown)
+
+
+def tags(source: StepSource, config: TrainConfig, target: Target | str) -> tuple[str, ...]:
+    """The checkpoint-name tags of the source's step; traced once per source, remembered.
+
+    Tags do not depend on the policy or the batch: one micro-batch of one sequence (the
+    smallest batch the config's accumulation allows) is traced under ``none``.
+
+    Args:
+      source: the model source.
+      config: the train config (its batch is reduced to one micro-batch).
+      target: where it would run (the attention kernel may depend on it).
+
+    Returns:
+      The sorted tags.
+    """
+    small = dataclasses.replace(config, batch=max(1, config.accum))
+    return _tags(source, small, as_target(target))
+
+
+@functools.lru_cache(maxsize=64)
+def _tags(source: StepSource, config: TrainConfig, t: Target) -> tuple[str, ...]:
+    def compute() -> list[str]:
+        none, sch = as_policy("none"), parse_schedule("none")
+        step = source.build_step(none, sch, config, t, sharded=False).step
+        return sorted(tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args)))
+
+    return tuple(_remembered("tags", source, t, config, compute))
+
+
+def check_policies(
+    source: StepSource, config: TrainConfig, target: Target | str, policies: Iterable[Any]
+) -> None:
+    """Before any compile: every name-based policy must match a tag of the model.
+
+    Args:
+      source: the model source.
+      config: the train config.
+      target: the target (the attention kernel, hence the tags, may depend on it).
+      policies: policy names, specs or Policies.
+
+    Raises:
+      BadValue: the first policy that matches no tag (one line listing the tags there).
+    """
+    pols = [as_policy(p) for p in policies]
+    if not any(p.tags for p in pols):
+        return
+    there = tags(source, config, target)
+    for p in pols:
+        checks.check_policy_matches(p, there, strict=True, where=source.spec)
+
+
+def usable_policies(
+    source: StepSource,
+    config: TrainConfig,
+    target: Target | str,
+    policies: Iterable[Any],
+    *,
+    given: bool,
+) -> tuple[list[Policy], list[str]]:
+    """The policies that can act on the model, and the specs of those that cannot.
+
+    Args:
+      source: the model source.
+      config: the train config.
+      target: the target.
+      policies: policy names, specs or Policies.
+      given: the user named them: a policy matching no tag is then an error, not skipped.
+
+    Returns:
+      (kept policies, skipped specs).
+
+    Raises:
+      BadValue: ``given`` and a name-based policy that matches no tag of the model.
+    """
+    pols = [as_policy(p) for p in policies]
+    if given or not any(p.tags for p in pols):
+        check_policies(source, config, target, pols)
+        return pols, []
+    there = tags(source, config, target)
+    skipped = [p.spec for p in pols if checks.unmatched_policy(p, there)]
+    return [p for p in pols if p.spec not in skipped], skipped
+
+
 def workload(
-    source: ModelSource | str | Callable[..., Any],
+    source: StepSource | str | Callable[..., Any],
     target: Target | str,
     config: TrainConfig,
     *,
     strict: bool = False,
     label: str | None = None,
 ) -> Workload:
-    """The train step of a factory as an ``rk.Workload`` for ``rk.plan``, ``rk.max_batch``,
-    ``rk.front`` and ``rk.advise``: one call from a factory to the search.
+    """The train step of a source as an ``rk.Workload`` for ``rk.plan``, ``rk.max_batch``,
+    ``rk.front`` and ``rk.advise``: one call from a model to the search.
 
-    ``config.batch`` is only a default: the search sets the batch. Schedules the source cannot
-    build are left out of the search; per-layer splits need a known layer count.
+    ``config.batch`` is only a default: the search sets the batch. Under a mesh plan the
+    batch is a multiple of the data-parallel ways, and the planner sizes the residuals of one
+    device's share. Schedules the source cannot build are left out of the search; per-layer
+    splits need a known layer count.
 
     Args:
-      source: a ModelSource, or what :func:`from_factory` takes.
+      source: a StepSource, or what :func:`from_factory` takes.
       target: where to compile.
       config: sequence, optimizer, precision, accumulation (``batch`` is overridden).
       strict: a policy matching no tag is an error (the CLI), not a warning.
-      label: a name for tables (default: the source's spec, seq and optimizer).
+      label: a name for tables (default: the source's label).
 
     Returns:
       The Workload.
 
     Example:
-      >>> w = workload("my_model.py:build", "h100", rk.TrainConfig(batch=4, seq=2048))
-      ...                                                                 # doctest: +SKIP
-      >>> rk.plan(w, batch=4).policy.spec
+      >>> w = workload("tests/data/factories.py:untagged", "cpu", rk.TrainConfig(2, 16))
+      >>> w.report("full", batch=2).policy
+      'full'
     """
-    src = source if isinstance(source, ModelSource) else from_factory(source)
+    src = source if isinstance(source, StepSource) else from_factory(source)
     t = as_target(target)
+    plan = src.mesh_plan(t)
+    ways = plan.data_size if plan is not None else 1
 
     def at(batch: int) -> TrainConfig:
         return dataclasses.replace(config, batch=batch)
 
+    def residuals_fn(pol: Policy, sch: Schedule, batch: int) -> ResidualReport:
+        # One device's share of the batch (tp splits it further; compiles verify).
+        return residuals(src, pol, t, at(max(config.accum, batch // ways)), sch)
+
     n_layers = src.n_layers() if "layers" in src.schedule_kinds else None
     return Workload(
         lambda p, s, b: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False),
-        lambda p, s, b: step_flops(src, p, at(b), s),
+        lambda p, s, b: step_flops(src, p, t, at(b), s),
         target=t,
         seq=config.seq,
         n_layers=n_layers or 1,
-        batch_multiple=config.accum,
-        residuals_fn=lambda p, s, b: residuals(src, p, at(max(config.accum, b)), s),
-        breakdown_fn=lambda b: dict(src.build("none").train_step(at(b)).breakdown),
-        label=label or f"{src.spec} s{config.seq} {config.optimizer}",
+        batch_multiple=config.accum * ways,
+        residuals_fn=residuals_fn,
+        breakdown_fn=lambda b: breakdown(src, at(b), t),
+        label=label or src.label(config, t),
         schedule_kinds=src.schedule_kinds,
     )

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from remat_kit.errors import BadValue, unknown
+from remat_kit.errors import BadType, BadValue, unknown
 from remat_kit.targets.catalogue import (
     ALIASES,
     CONFIG_TEMPLATE,
@@ -88,20 +88,21 @@ class Target:
         _check_count("devices", self.devices)
         _check_count("hosts", self.hosts)
         if self.devices % self.hosts:
-            raise ValueError(
+            raise BadValue(
                 f"devices={self.devices} is not divisible by hosts={self.hosts}: "
-                "every host must hold the same number of devices"
+                "every host must hold the same number of devices",
+                param="hosts",
             )
         if self.kind not in _KINDS:
-            raise ValueError(f"unknown target kind {self.kind!r}; expected one of {_KINDS}")
+            raise BadValue(f"unknown target kind {self.kind!r}; expected one of {_KINDS}")
         if self.kind == "gpu" and not self.target_config:
-            raise ValueError(
+            raise BadValue(
                 f"GPU target {self.name!r} needs a target_config (GpuTargetConfigProto)"
             )
         if self.kind == "gpu" and self.runtime is None:
             object.__setattr__(self, "runtime", Runtime())
         if self.kind != "gpu" and self.runtime is not None:
-            raise ValueError(f"runtime is only meaningful for GPU targets, not {self.kind!r}")
+            raise BadValue(f"runtime is only meaningful for GPU targets, not {self.kind!r}")
         f = self.mem_fraction
         if f is not None and self.memory_bytes and f > max_mem_fraction(self.memory_bytes):
             raise BadValue(
@@ -111,7 +112,7 @@ class Target:
                 f"library handles: use at most {max_mem_fraction(self.memory_bytes):g}"
             )
         if self.kind != "gpu" and self.hosts != 1:
-            raise ValueError(
+            raise BadValue(
                 f"hosts={self.hosts} is only meaningful for GPU targets; {self.kind!r} uses hosts=1"
             )
 
@@ -163,9 +164,10 @@ class Target:
                 if devs[0].platform == "cpu"
                 else ""
             )
-            raise ValueError(
+            raise BadValue(
                 f"target {self.name!r} asks for devices={self.devices} but only {len(devs)} "
-                f"{devs[0].platform} device(s) exist{hint}"
+                f"{devs[0].platform} device(s) exist{hint}",
+                param="devices",
             )
         return Mesh(np.array(devs[: self.devices]).reshape(shape), names)
 
@@ -315,7 +317,9 @@ def as_target(t: str | Target) -> Target:
     if isinstance(t, str):
         return target(t)
     if not isinstance(t, Target):
-        raise TypeError(f"target must be a name or rk.Target, got {type(t).__name__} {t!r}")
+        raise BadType(
+            f"target must be a name or rk.Target, got {type(t).__name__} {t!r}", param="target"
+        )
     return t
 
 
@@ -348,7 +352,9 @@ def target(
     _check_count("devices", devices)
     _check_count("hosts", hosts)
     if not isinstance(name, str):
-        raise TypeError(f"target name must be a str, got {type(name).__name__}: {name!r}")
+        raise BadType(
+            f"target name must be a str, got {type(name).__name__}: {name!r}", param="target"
+        )
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key in GPU_FACTS:
@@ -361,7 +367,7 @@ def target(
         return _local_target(devices, hosts)
     matches = difflib.get_close_matches(key, [*target_names(), *ALIASES], n=6, cutoff=0.5)
     close = list(dict.fromkeys(ALIASES.get(m, m) for m in matches))[:3]
-    raise unknown("target", name, target_names(), close=close)
+    raise unknown("target", name, target_names(), close=close, param="target")
 
 
 def cudnn_attention_available(target: Target) -> bool:
@@ -387,9 +393,9 @@ def cudnn_attention_available(target: Target) -> bool:
 
 def _check_count(what: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{what} must be an int, got {type(value).__name__}: {value!r}")
+        raise BadType(f"{what} must be an int, got {type(value).__name__}: {value!r}", param=what)
     if value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value}")
+        raise BadValue(f"{what} must be a positive int, got {value}", param=what)
 
 
 def _runtime(mem_fraction: float | None) -> Runtime:
@@ -435,8 +441,9 @@ def _gpu_target(
 def _local_target(devices: int, hosts: int) -> Target:
     devs = jax.devices()
     if devices > len(devs):
-        raise ValueError(
-            f"devices={devices} but only {len(devs)} local {devs[0].platform} device(s) exist"
+        raise BadValue(
+            f"devices={devices} but only {len(devs)} local {devs[0].platform} device(s) exist",
+            param="devices",
         )
     dev = devs[0]
     kind = dev.device_kind
@@ -469,16 +476,16 @@ def _local_target(devices: int, hosts: int) -> Target:
 
 def _mesh_shape(devices: int, names: tuple[str, ...], shape: Sequence[int] | None) -> tuple:
     if not names:
-        raise ValueError("axis_names must name at least one mesh axis")
+        raise BadValue("axis_names must name at least one mesh axis")
     if shape is None:
         return (devices,) + (1,) * (len(names) - 1)
     shape = tuple(int(s) for s in shape)
     if len(shape) != len(names):
-        raise ValueError(
+        raise BadValue(
             f"mesh shape {shape} has {len(shape)} axes but axis_names {names} has {len(names)}"
         )
     if math.prod(shape) != devices:
-        raise ValueError(
+        raise BadValue(
             f"mesh shape {shape} holds {math.prod(shape)} devices, target has {devices}"
         )
     return shape
@@ -490,7 +497,7 @@ def _parse_cc(value: Any, name: str) -> tuple[int, int]:
     try:
         major, minor = (int(v) for v in value)
     except (TypeError, ValueError):
-        raise ValueError(
+        raise BadValue(
             f"compute_capability of {name!r} must be (major, minor), got {value!r}"
         ) from None
     return major, minor

@@ -8,6 +8,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from remat_kit.errors import BadValue
 from remat_kit.targets.catalogue import FACT_KEYS, OPTIONAL_FACTS
 from remat_kit.targets.core import Target, _gpu_target, _parse_cc, _runtime
 from remat_kit.targets.proto import proto_cc, proto_number, read_config, slug, unescape
@@ -64,14 +65,14 @@ def custom_target(
             )
             if part
         )
-        raise ValueError(f"facts for {name!r}: {what}. Keys: {', '.join(all_keys)}")
+        raise BadValue(f"facts for {name!r}: {what}. Keys: {', '.join(all_keys)}")
     full = {**OPTIONAL_FACTS, **facts}
     if full["description"] is None:
         full["description"] = name
     for key in FACT_KEYS:
         value = full[key]
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
-            raise ValueError(f"facts for {name!r}: {key} must be a positive number, got {value!r}")
+            raise BadValue(f"facts for {name!r}: {key} must be a positive number, got {value!r}")
     full["compute_capability"] = _parse_cc(full["compute_capability"], name)
     return _gpu_target(name, full, devices, hosts, _runtime(mem_fraction))
 
@@ -110,7 +111,7 @@ def target_from_config(
     text, source, stem = read_config(path_or_text)
     memory = proto_number(text, "device_memory_size")
     if memory is None:
-        raise ValueError(f"{source} has no device_memory_size: not a GpuTargetConfigProto?")
+        raise BadValue(f"{source} has no device_memory_size: not a GpuTargetConfigProto?")
     bandwidth = proto_number(text, "memory_bandwidth")
     cc = proto_cc(text)
     desc_match = re.search(r'\bdevice_description_str\s*:\s*"((?:[^"\\]|\\.)*)"', text)

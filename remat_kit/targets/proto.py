@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 
+from remat_kit.errors import BadValue
+
 __all__ = [
     "escape",
     "proto_cc",
@@ -23,7 +25,7 @@ def read_config(path_or_text: str | os.PathLike[str]) -> tuple[str, str, str | N
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
     except FileNotFoundError:
-        raise ValueError(f"target config file {path!r} does not exist") from None
+        raise BadValue(f"target config file {path!r} does not exist") from None
     stem = os.path.splitext(os.path.basename(path))[0]
     return text, f"target config file {path!r}", stem
 

@@ -1,0 +1,167 @@
+"""The one place the CLI turns ``--model`` / ``--hf-config`` and the training flags into a
+model source: the only module of remat_kit that imports the ``models`` presets.
+
+:func:`resolve` checks everything that needs no trace or compile and returns a
+:class:`ModelRun`: the options (what the user asked, for titles and worker processes), the
+target, the ``rk.sources.StepSource`` and the ``rk.TrainConfig``. The commands hand the source
+and the config to ``rk.sources`` (measure, residuals, workload ...), the one pipeline for
+presets, Hugging Face configs and factories alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from remat_kit.cli._args import check_outputs, target_from_args
+from remat_kit.errors import BadValue
+from remat_kit.sharding import parse_shard
+from remat_kit.sources import StepSource
+from remat_kit.targets import Target
+from remat_kit.train import TrainConfig
+
+__all__ = [
+    "ModelRun",
+    "attention_note",
+    "options_from_args",
+    "preset_configs",
+    "resolve",
+    "source_for",
+]
+
+#: Model flags that override a preset's config field (``--layers`` sets ``n_layers`` ...).
+_SHAPE_FLAGS = ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelRun:
+    """What one command measures: the options, the target, the source and the train config.
+
+    Attributes:
+      opts: ``models.options.Options``, as the user gave them (titles, worker processes).
+      target: the ``rk.Target``.
+      source: the model source (``rk.sources.StepSource``).
+      config: the train config (batch, seq, optimizer, precision, accumulation).
+    """
+
+    opts: Any
+    target: Target
+    source: StepSource
+    config: TrainConfig
+
+    @property
+    def n_layers(self) -> int:
+        """Layers of the model (1 when a factory's cannot be counted)."""
+        return self.source.n_layers() or 1
+
+
+def options_from_args(args: argparse.Namespace) -> Any:
+    """``models.options.Options`` from parsed arguments (``--model --batch --seq ...``).
+
+    Raises:
+      BadValue: no model or two (``--model`` and ``--hf-config``).
+    """
+    from models.options import Options
+
+    overrides = tuple(
+        (key, getattr(args, key))
+        for key in _SHAPE_FLAGS
+        if getattr(args, key, None) is not None
+    )
+    model, hf_config = getattr(args, "model", None), getattr(args, "hf_config", None)
+    if (model is None) == (hf_config is None):
+        raise BadValue(
+            "give the model once: a preset, path/file.py:NAME or package.module:NAME, or a "
+            "Hugging Face config.json",
+            param="model",
+        )
+    return Options(
+        model=model if model is not None else Path(hf_config).stem,
+        hf_config=hf_config,
+        block=getattr(args, "block", None),
+        tags=getattr(args, "tags", None) or "auto",
+        strict=True,
+        batch=args.batch,
+        seq=args.seq,
+        optimizer=getattr(args, "optimizer", "adamw"),
+        lora=getattr(args, "lora", 0),
+        accum=getattr(args, "accum", 1),
+        param_dtype=getattr(args, "param_dtype", None),
+        dtype=getattr(args, "dtype", None),
+        attention=getattr(args, "attention", "auto"),
+        scan_layers=not getattr(args, "no_scan", False),
+        overrides=overrides,
+        shard=getattr(args, "shard", None),
+        precision=getattr(args, "precision", None),
+        dropout=getattr(args, "dropout", None),
+    )
+
+
+def source_for(opts: Any) -> StepSource:
+    """The model source the options name (``models.source.source_for``): a worker process
+    resolves it again from the picklable options."""
+    from models.source import source_for as resolve_source
+
+    return resolve_source(opts)
+
+
+def resolve(args: argparse.Namespace) -> ModelRun:
+    """Checks the model flags and the output paths, without tracing or compiling.
+
+    Builds the options, the target, the source and the train config; checks the model
+    (preset, overrides, dtypes, the attention kernel and its shape rules, learned positions,
+    absurd sizes: ``StepSource.check``), the optimizer, the batch against ``--accum`` and the
+    mesh plan against ``--gpus``.
+
+    Args:
+      args: parsed arguments of a parser given ``add_model_args``.
+
+    Returns:
+      The ModelRun.
+
+    Raises:
+      BadValue: the first bad value, naming it and what is valid.
+    """
+    check_outputs(args)
+    opts = options_from_args(args)
+    tgt = target_from_args(args)
+    source = source_for(opts)
+    config = opts.train_config()  # the optimizer's name, batch against accum
+    source.check(config, tgt)
+    if opts.shard:
+        parse_shard(opts.shard, tgt.devices).check_devices(tgt.devices)
+    return ModelRun(opts, tgt, source, config)
+
+
+def attention_note(run: ModelRun) -> str | None:
+    """Why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, or None.
+
+    Args:
+      run: the resolved run.
+
+    Returns:
+      One line for the user, or None when nothing needs saying (a factory's model picks its
+      own kernels).
+    """
+    from models.options import cudnn_problem
+    from remat_kit.targets import cudnn_attention_available
+
+    config_for = getattr(run.source, "config_for", None)
+    if run.opts.attention != "auto" or config_for is None:
+        return None
+    cfg = config_for("full", run.target)
+    if cfg.attention != "xla" or not cudnn_attention_available(run.target):
+        return None
+    problem = cudnn_problem(cfg, run.opts.seq, run.target)
+    if problem is None:
+        return None
+    return f"attention=auto measured xla: cuDNN flash attention {problem}"
+
+
+def preset_configs() -> list[tuple[str, Any]]:
+    """Every preset's name and ``ModelConfig``, for ``remat-kit models``."""
+    import models
+
+    return [(name, models.get_config(name)) for name in models.preset_names()]

@@ -1,0 +1,106 @@
+"""The one model-source protocol: what the measuring pipeline needs from any model.
+
+A preset (``models``), a Hugging Face ``config.json`` mapped onto our decoder and a user's
+factory (:class:`remat_kit.sources.ModelSource`) are all a :class:`StepSource`: given a
+policy, a schedule, a train config and a target, a source builds the train step and says how
+to label it. :mod:`remat_kit.sources.steps` measures any of them the same way; nothing there
+asks which kind of source it holds.
+
+Example:
+  >>> import remat_kit as rk
+  >>> src = rk.sources.from_factory("tests/data/factories.py:untagged")
+  >>> isinstance(src, rk.sources.StepSource)
+  True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+from remat_kit.policies import Policy
+from remat_kit.schedules import Schedule
+from remat_kit.sharding import MeshPlan
+from remat_kit.targets import Target
+from remat_kit.train import TrainConfig, TrainStep
+
+__all__ = [
+    "SourceStep",
+    "StepSource",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStep:
+    """A source's train step for one policy, schedule, config and target.
+
+    Attributes:
+      step: the train step (``rk.train.TrainStep``).
+      policy: the policy the model was built with.
+      schedule: the layer schedule it was built with.
+      attention: the attention kernel the step runs (``"xla"``, ``"cudnn"``, or
+        ``"model's own"`` where the source does not choose it).
+      meta: the source's own labels for the report (layers, parameters, LoRA rank ...).
+    """
+
+    step: TrainStep
+    policy: Policy
+    schedule: Schedule
+    attention: str
+    meta: Mapping[str, Any]
+
+
+@runtime_checkable
+class StepSource(Protocol):
+    """A model the pipeline can build train steps of (see the module docstring).
+
+    Attributes:
+      spec: the model's name in reports (a preset name, ``file.py:NAME`` ...).
+      schedule_kinds: the schedule names (``none``, ``every``, ``layers`` ...) it builds.
+    """
+
+    spec: str
+
+    @property
+    def schedule_kinds(self) -> frozenset[str]: ...
+
+    def n_layers(self) -> int | None:
+        """Layers of the model, None when they cannot be counted."""
+        ...
+
+    def check(self, config: TrainConfig, target: Target) -> None:
+        """Checks what needs no trace, before anything is built: the model's sizes, its
+        kernels on ``target``; raises BadValue."""
+        ...
+
+    def build_step(
+        self,
+        policy: Policy,
+        schedule: Schedule,
+        config: TrainConfig,
+        target: Target,
+        *,
+        sharded: bool = True,
+    ) -> SourceStep:
+        """The train step under ``policy`` and ``schedule`` (unsharded when not
+        ``sharded``), every input already typed."""
+        ...
+
+    def check_step(self, built: SourceStep, what: str) -> None:
+        """Checks the traced program of ``built`` before it is compiled (a framework that
+        caches traces may replay a stale one); raises BadValue."""
+        ...
+
+    def mesh_plan(self, target: Target) -> MeshPlan | None:
+        """The mesh plan its steps are sharded with on ``target`` (None: one device)."""
+        ...
+
+    def cache_parts(self) -> Mapping[str, Any] | None:
+        """Everything the source's programs depend on, JSON-ready, for the on-disk cache;
+        None: its answers are not remembered (code the cache cannot fingerprint)."""
+        ...
+
+    def label(self, config: TrainConfig, target: Target) -> str:
+        """A short name of the run for tables (model, sequence, optimizer ...)."""
+        ...
