@@ -146,14 +146,16 @@ def precision_of(opts: Options) -> rk.train.Precision:
         by_dtype = _PARAM_DTYPE_REGIMES.get(jax.numpy.dtype(weights).name)
         if by_dtype is None:
             raise BadValue(
-                f"param_dtype={opts.param_dtype!r}: use bf16 or f32 (or --precision "
-                f"{', '.join(rk.train.PRECISIONS)})"
+                f"param_dtype={opts.param_dtype!r}: use bf16 or f32 (or a precision: "
+                f"{', '.join(rk.train.PRECISIONS)})",
+                param="param_dtype",
             )
         if name is not None and rk.train.precision(name).params != jax.numpy.dtype(weights):
             raise BadValue(
-                f"--param-dtype {opts.param_dtype} contradicts --precision {name} (weights "
-                f"{rk.train.precision(name).params.name}): drop --param-dtype, or use "
-                f"--precision {by_dtype}"
+                f"param_dtype={opts.param_dtype} contradicts precision={name} (weights "
+                f"{rk.train.precision(name).params.name}): drop param_dtype, or use "
+                f"precision={by_dtype}",
+                param="param_dtype",
             )
         name = name or by_dtype
     regime = rk.train.precision(name or rk.train.DEFAULT_PRECISION)
@@ -199,12 +201,15 @@ def resolve_attention(
         raise BadValue(
             "attention='cudnn' needs an NVIDIA target with compute capability >= 8.0 and the "
             f"cuDNN wheel (pip install 'jax[cuda12]'); {target.name} has neither: "
-            "use --attention xla"
+            "use attention='xla'",
+            param="attention",
         )
     if requested == "cudnn" and cfg is not None:
         problem = cudnn_problem(cfg, seq, target)
         if problem is not None:
-            raise BadValue(f"attention='cudnn' cannot train {cfg.name}: {problem}")
+            raise BadValue(
+                f"attention='cudnn' cannot train {cfg.name}: {problem}", param="attention"
+            )
     return requested
 
 
@@ -239,12 +244,12 @@ def cudnn_problem(cfg: ModelConfig, seq: int | None, target: rk.Target) -> str |
     if h % 8 or h > head_max:
         return (
             f"its kernel needs a head size that is a multiple of 8 and at most {head_max} "
-            f"(got {h} = width {cfg.d_model} / {cfg.n_heads} heads): use --attention xla"
+            f"(got {h} = width {cfg.d_model} / {cfg.n_heads} heads): use attention='xla'"
         )
     if seq is not None and seq % 2:
         return (
-            f"its training kernel needs an even sequence length (got seq={seq}): use --seq "
-            f"{seq - 1} or {seq + 1}, or --attention xla"
+            f"its training kernel needs an even sequence length (got seq={seq}): use seq="
+            f"{seq - 1} or {seq + 1}, or attention='xla'"
         )
     return None
 
@@ -275,7 +280,8 @@ def model_config(
     if opts.seq > cfg.max_seq_len and cfg.family == "gpt2":
         raise BadValue(
             f"seq={opts.seq} exceeds {opts.model}'s learned positions ({cfg.max_seq_len}); "
-            f"use --seq <= {cfg.max_seq_len} or --max-seq"
+            f"use seq <= {cfg.max_seq_len} or a larger max_seq_len",
+            param="seq",
         )
     check_sizes(opts, cfg, target)
     return cfg
@@ -316,8 +322,9 @@ def check_sizes(opts: Options, cfg: ModelConfig, target: rk.Target) -> None:
     if tokens >= MAX_TOKENS:
         raise BadValue(
             f"batch={opts.batch} x seq={opts.seq} is {tokens} tokens per step, more than XLA "
-            f"indexes with 32-bit integers (2**31 = {MAX_TOKENS}): use a smaller --batch or "
-            "--seq (remat-kit fit finds the largest batch that fits)"
+            f"indexes with 32-bit integers (2**31 = {MAX_TOKENS}): use a smaller batch or "
+            "seq (rk.max_batch finds the largest batch that fits)",
+            param="batch",
         )
     memory = target.memory_bytes or 2**40
     limit = ABSURD_FACTOR * memory
@@ -329,14 +336,15 @@ def check_sizes(opts: Options, cfg: ModelConfig, target: rk.Target) -> None:
         raise BadValue(
             f"batch={opts.batch} x seq={opts.seq} x vocab={cfg.vocab_size}: the logits alone "
             f"are {_human(logits)} per device, more than {ABSURD_FACTOR}x {where}: use a "
-            "smaller --batch or --seq (remat-kit fit finds the largest batch that fits)"
+            "smaller batch or seq (rk.max_batch finds the largest batch that fits)",
+            param="batch",
         )
     weights = cfg.param_count() * jax.numpy.dtype(cfg.param_dtype).itemsize // devices
     if weights > limit:
         raise BadValue(
             f"{cfg.name} with these overrides has {cfg.param_count():.3g} parameters: "
             f"{_human(weights)} of weights per device, more than {ABSURD_FACTOR}x {where}: "
-            "check --layers/--width/--ff/--vocab"
+            "check n_layers, d_model, d_ff and vocab_size"
         )
 
 
@@ -365,6 +373,7 @@ def _config(opts: Options, **fields: Any) -> ModelConfig:
         raise BadValue(
             f"seq={opts.seq} is longer than {opts.model} attends to ({cfg.max_seq_len}: "
             "max_position_embeddings, or sliding_window, whose effect is not modelled): "
-            f"use --seq <= {cfg.max_seq_len}"
+            f"use seq <= {cfg.max_seq_len}",
+            param="seq",
         )
     return cfg

@@ -4,25 +4,111 @@ The public API is the names below, grouped by concept; everything else lives in 
 submodules (``remat_kit.search``, ``remat_kit.peak``, ``remat_kit.policies`` ...), whose own
 ``__all__`` lists what they offer.
 
+The names are imported on first use (PEP 562), so ``import remat_kit`` (and the
+``remat-kit --help`` of the CLI) does not start jax; ``rk.search``, ``rk.train`` and the other
+submodules load the same way.
+
 Example:
   >>> import remat_kit as rk
   >>> rk.policy("minimal").name
   'minimal'
 """
 
-from remat_kit import checks, names, sources, tagging
-from remat_kit.analysis import MemoryReport, memory_report
-from remat_kit.errors import DoesNotFit, RematKitError, TargetError, UnknownName
-from remat_kit.flops import count_flops
-from remat_kit.peak import PeakReport, inspect
-from remat_kit.policies import Policy, as_policy, decide, policy, policy_names
-from remat_kit.residuals import saved_residuals
-from remat_kit.schedules import Schedule, apply_layers, parse_schedule, schedule
-from remat_kit.search import Workload, advise, front, max_batch, plan
-from remat_kit.sharding import parse_shard, strip_boxes
-from remat_kit.targets import Target, as_target, cudnn_attention_available, target, target_names
-from remat_kit.train import TrainConfig, build_train_step
-from remat_kit.wrap import remat
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names below are, for readers and type checkers
+    from remat_kit import checks, names, sources, tagging
+    from remat_kit.analysis import MemoryReport, memory_report
+    from remat_kit.errors import (
+        BadValue,
+        DoesNotFit,
+        RematKitError,
+        RematWarning,
+        TargetError,
+        UnknownName,
+    )
+    from remat_kit.flops import count_flops
+    from remat_kit.peak import PeakReport, inspect
+    from remat_kit.policies import Policy, as_policy, decide, policy, policy_names
+    from remat_kit.residuals import saved_residuals
+    from remat_kit.schedules import Schedule, apply_layers, parse_schedule, schedule
+    from remat_kit.search import Workload, advise, front, max_batch, plan
+    from remat_kit.sharding import parse_shard, strip_boxes
+    from remat_kit.targets import (
+        Target,
+        as_target,
+        cudnn_attention_available,
+        target,
+        target_names,
+    )
+    from remat_kit.train import TrainConfig, build_train_step
+    from remat_kit.wrap import remat
+
+#: Where each public name lives: the submodule it is imported from on first use (None: the
+#: name is that submodule).
+_HOME: dict[str, str | None] = {
+    "checks": None,
+    "names": None,
+    "sources": None,
+    "tagging": None,
+    "MemoryReport": "analysis",
+    "memory_report": "analysis",
+    "BadValue": "errors",
+    "DoesNotFit": "errors",
+    "RematKitError": "errors",
+    "RematWarning": "errors",
+    "TargetError": "errors",
+    "UnknownName": "errors",
+    "count_flops": "flops",
+    "PeakReport": "peak",
+    "inspect": "peak",
+    "Policy": "policies",
+    "as_policy": "policies",
+    "decide": "policies",
+    "policy": "policies",
+    "policy_names": "policies",
+    "saved_residuals": "residuals",
+    "Schedule": "schedules",
+    "apply_layers": "schedules",
+    "parse_schedule": "schedules",
+    "schedule": "schedules",
+    "Workload": "search",
+    "advise": "search",
+    "front": "search",
+    "max_batch": "search",
+    "plan": "search",
+    "parse_shard": "sharding",
+    "strip_boxes": "sharding",
+    "Target": "targets",
+    "as_target": "targets",
+    "cudnn_attention_available": "targets",
+    "target": "targets",
+    "target_names": "targets",
+    "TrainConfig": "train",
+    "build_train_step": "train",
+    "remat": "wrap",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: a public name, or any submodule (rk.search, rk.train ...), imported on first use.
+    if name in _HOME:
+        home = _HOME[name]
+        if home is None:
+            return importlib.import_module(f"{__name__}.{name}")
+        value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
     # what a checkpointed block keeps
@@ -66,9 +152,11 @@ __all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
     "sources",
     "tagging",
     "checks",
-    # errors
+    # errors and warnings
     "RematKitError",
+    "BadValue",
     "UnknownName",
     "DoesNotFit",
     "TargetError",
+    "RematWarning",
 ]

@@ -19,7 +19,7 @@ from remat_kit import flops as _flops
 from remat_kit import names as _names
 from remat_kit._shapes import array_bytes
 from remat_kit.cache import compiled_memory
-from remat_kit.errors import BadType, BadValue
+from remat_kit.errors import BadType, BadValue, RematWarning
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target, as_target
@@ -36,10 +36,6 @@ __all__ = [
     "memory_report",
     "transfer_estimate",
 ]
-
-
-class RematWarning(UserWarning):
-    """A report figure the user should read twice (a no-op policy, XLA's own remat, ...)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +137,8 @@ class MemoryReport:
           ValueError: a field missing or unknown (data from another version).
 
         Example:
-          >>> r = rk.memory_report(lambda a: a @ a, x, target="h100")      # doctest: +SKIP
+          >>> x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+          >>> r = rk.memory_report(lambda a: a @ a, x, target="cpu")
           >>> MemoryReport.from_dict(r.to_dict()) == r
           True
         """

@@ -30,9 +30,10 @@ __all__ = [
     "InspectError",
     "OpenShardAxis",
     "RematKitError",
+    "RematWarning",
     "TargetError",
-    "UnknownName",
     "UnitlessBudget",
+    "UnknownName",
     "unknown",
 ]
 
@@ -158,6 +159,10 @@ class UnitlessBudget(BadValue):
     bytes. A caller with no device to scale (a host budget) words the fix as "give bytes with a
     unit".
     """
+
+
+class RematWarning(UserWarning):
+    """A report figure the user should read twice (a no-op policy, XLA's own remat, ...)."""
 
 
 class TargetError(RematKitError, RuntimeError):

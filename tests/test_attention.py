@@ -15,7 +15,7 @@ def test_auto_resolves_by_target():
     assert resolve_attention("auto", rk.target("a100-40gb")) == "cudnn"
     assert resolve_attention("auto", rk.target("cpu")) == "xla"
     assert resolve_attention("xla", rk.target("h100")) == "xla"
-    with pytest.raises(ValueError, match="use --attention xla"):
+    with pytest.raises(ValueError, match="use attention='xla'"):
         resolve_attention("cudnn", rk.target("cpu"))
 
 

@@ -303,6 +303,7 @@ def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
     """The second identical report neither traces nor compiles, and reads back field for field;
     another policy is measured afresh."""
     from models import measure as m
+    from models import source
 
     opts = m.Options("tiny-llama", batch=2, seq=32, attention="xla")
     first = m.measure(opts, "minimal", "h100")
@@ -311,7 +312,7 @@ def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
     def untouchable(*args, **kwargs):
         raise AssertionError("a remembered report must not build the step")
 
-    monkeypatch.setattr(m, "train_step", untouchable)
+    monkeypatch.setattr(source, "train_step", untouchable)
     again = m.measure(opts, "minimal", "h100")
     assert again.compile_seconds == 0.0
     want = {**first.to_dict(), "compile_seconds": 0.0}

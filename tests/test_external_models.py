@@ -142,8 +142,8 @@ def test_static_argnums_count_after_self_for_nnx_classes():
 def test_hf_models_get_our_tags_and_minimal_saves_the_projections(name, block, tags):
     src = sources.from_factory(f"{FACTORIES}:{name}", block=block)
     assert src.n_layers() == 4
-    minimal = sources.residuals(src, "minimal", SMALL)
-    full = sources.residuals(src, "full", SMALL)
+    minimal = sources.residuals(src, "minimal", "cpu", SMALL)
+    full = sources.residuals(src, "full", "cpu", SMALL)
     assert tags <= set(minimal.tags)
     assert all(full.tags[t] == "recomputed" for t in tags)
     saved = {t for t in tags if minimal.tags[t] == "saved"}
@@ -155,10 +155,10 @@ def test_hf_models_get_our_tags_and_minimal_saves_the_projections(name, block, t
 
 def test_per_layer_plan_by_patching_an_unrolled_stack():
     src = sources.from_factory(f"{FACTORIES}:hf_llama", block=LLAMA_BLOCK)
-    res = sources.residuals(src, "minimal", SMALL, "layers:0-2=full")
+    res = sources.residuals(src, "minimal", "cpu", SMALL, "layers:0-2=full")
     per = res.per_name()
     assert per["query_proj"]["count"] == 1  # saved in layer 3 only
-    whole = sources.residuals(src, "minimal", SMALL).per_name()
+    whole = sources.residuals(src, "minimal", "cpu", SMALL).per_name()
     assert per["query_proj"]["bytes"] * 4 == whole["query_proj"]["bytes"]
 
 

@@ -187,7 +187,7 @@ def test_options_precision(kw, name, compute):
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"precision": "bf16", "param_dtype": "f32"}, "contradicts --precision bf16"),
+        ({"precision": "bf16", "param_dtype": "f32"}, "contradicts precision=bf16"),
         ({"param_dtype": "f16"}, "use bf16 or f32"),
     ],
 )

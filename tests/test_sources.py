@@ -153,10 +153,10 @@ def test_schedules_are_offered_only_where_the_factory_builds_them(name, block, k
 
 
 def test_untagged_model_is_tagged_and_a_model_with_tags_keeps_its_own():
-    untagged = sources.residuals(sources.from_factory(f"{FACTORIES}:untagged"), "minimal", SMALL)
+    untagged = sources.residuals(sources.from_factory(f"{FACTORIES}:untagged"), "minimal", "cpu", SMALL)
     assert untagged.tags["query_proj"] == "saved"
     assert untagged.tags["layers_0/mixer"] == "recomputed"
-    preset = sources.residuals(sources.from_factory(f"{FACTORIES}:preset"), "minimal", SMALL)
+    preset = sources.residuals(sources.from_factory(f"{FACTORIES}:preset"), "minimal", "cpu", SMALL)
     assert set(preset.tags) == set(rk.names.VOCABULARY) - {"mlpwi"}  # no path tags added
 
 
@@ -164,9 +164,9 @@ def test_nnx_factory_is_built_abstractly_and_tagged():
     src = sources.from_factory(f"{FACTORIES}:nnx_model")
     built = src.build("minimal")
     assert built.kind == "nnx"
-    report = sources.residuals(src, "minimal", SMALL)
+    report = sources.residuals(src, "minimal", "cpu", SMALL)
     assert report.tags["query_proj"] == "saved" and report.tags["mlpwi_1"] == "saved"
-    full = sources.residuals(src, "full", SMALL)
+    full = sources.residuals(src, "full", "cpu", SMALL)
     assert full.tags["query_proj"] == "recomputed"
 
 
@@ -218,7 +218,7 @@ def test_fresh_traces_pass_with_their_schedule_policies():
         prev = checks.check_traced_with(
             closed,
             pol,
-            also=sources.steps._schedule_policies(rk.parse_schedule(sch)),
+            also=sources.source._schedule_policies(rk.parse_schedule(sch)),
             previous=prev,
         )
 
@@ -252,7 +252,7 @@ def test_check_policy_matches_warns_or_raises_listing_the_tags():
 def test_library_residuals_warn_on_a_model_without_tags():
     src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
     with pytest.warns(RematWarning, match=r"'minimal' names .* tags none of them"):
-        sources.residuals(src, "minimal", SMALL)
+        sources.residuals(src, "minimal", "cpu", SMALL)
 
 
 def test_cli_refuses_a_policy_that_matches_no_tag_before_compiling(capsys):

@@ -6,52 +6,165 @@ a budget, Pareto front), ``advise`` (which GPU), ``inspect`` (what is live at th
 ``targets``, ``policies``, ``models``. Every figure comes from a compiled program (see
 remat_kit.analysis); this package only parses arguments and hands data to remat_kit.render.
 
-Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``; a new
-command is one module and one line in ``_COMMANDS``.
+Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``, listed in
+``COMMANDS`` with its one-line help: ``remat-kit --help`` lists the commands from there
+without importing any (so it starts no jax), and a run imports only the command it names.
+A new command is one module and one line in ``COMMANDS``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any, NamedTuple
 
-from jax.errors import JaxRuntimeError
+from remat_kit.cli._parser import Parser
+from remat_kit.errors import BadType, BadValue, DoesNotFit, RematKitError
 
-from remat_kit.cli import advise, compare, fit, inspect, listings, plan, report, validate
-from remat_kit.cli._args import Parser
-from remat_kit.errors import DoesNotFit, RematKitError
-from remat_kit.search import FRONT_POLICIES
+__all__ = ["COMMANDS", "FLAGS", "MAIN_POLICIES", "Command", "main", "summary"]
 
-__all__ = ["MAIN_POLICIES", "main"]
 
-#: What ``compare`` and ``plan`` measure when no ``--policies`` is given.
-MAIN_POLICIES = FRONT_POLICIES
+class Command(NamedTuple):
+    """One ``remat-kit`` subcommand: its name, the module that runs it and its help line."""
+
+    name: str
+    module: str
+    help: str
+
 
 #: The commands, in the order ``remat-kit --help`` lists them.
-_COMMANDS = (report, compare, fit, plan, advise, inspect, validate, listings)
+COMMANDS: tuple[Command, ...] = (
+    Command(
+        "report",
+        "remat_kit.cli.report",
+        "peak HBM of one policy, with breakdown and residuals",
+    ),
+    Command("compare", "remat_kit.cli.compare", "a table of policies for one model and target"),
+    Command("fit", "remat_kit.cli.fit", "the largest batch that fits, per policy"),
+    Command("plan", "remat_kit.cli.plan", "the cheapest plan whose compiled peak fits a budget"),
+    Command("advise", "remat_kit.cli.advise", "for every GPU: does it fit, with which plan"),
+    Command("inspect", "remat_kit.cli.inspect", "what is live at the peak, and when"),
+    Command(
+        "validate",
+        "remat_kit.cli.validate",
+        "run the step on the local GPU; compare the measured peak with ours",
+    ),
+    Command("targets", "remat_kit.cli.listings", "list the GPU targets"),
+    Command("policies", "remat_kit.cli.listings", "list the policies"),
+    Command("models", "remat_kit.cli.listings", "list the model presets"),
+)
+
+#: The flag that sets each library parameter a ``BadValue`` names (``BadValue.param``): the
+#: one place library parameters meet command-line flags. Library messages name parameters;
+#: :func:`main` puts the flag (and the value given to it) in front of the message.
+FLAGS: dict[str, str] = {
+    "model": "--model",
+    "hf_config": "--hf-config",
+    "block": "--block",
+    "tags": "--tags",
+    "target": "--target",
+    "devices": "--gpus",
+    "hosts": "--hosts",
+    "batch": "--batch",
+    "seq": "--seq",
+    "optimizer": "--optimizer",
+    "lora": "--lora",
+    "lora_rank": "--lora",
+    "accum": "--accum",
+    "precision": "--precision",
+    "param_dtype": "--param-dtype",
+    "dtype": "--dtype",
+    "dropout_rate": "--dropout",
+    "attention": "--attention",
+    "mem_fraction": "--mem-fraction",
+    "shard": "--shard",
+    "n_layers": "--layers",
+    "d_model": "--width",
+    "n_heads": "--heads",
+    "n_kv_heads": "--kv-heads",
+    "d_ff": "--ff",
+    "vocab_size": "--vocab",
+    "max_seq_len": "--max-seq",
+    "policy": "--policy",
+    "schedule": "--schedule",
+    "budget": "--budget",
+    "host_budget": "--host-budget",
+    "headroom": "--headroom",
+    "hide": "--hide",
+    "jobs": "--jobs",
+}
+
+_DEBUG_HELP = "on an error, show the full traceback instead of one line"
 
 
-def _parser() -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
+def summary(name: str) -> str:
+    """The one-line help of the command ``name`` (as ``remat-kit --help`` lists it).
+
+    Example:
+      >>> summary("fit")
+      'the largest batch that fits, per policy'
+    """
+    return next(c.help for c in COMMANDS if c.name == name)
+
+
+def __getattr__(name: str) -> Any:
+    # MAIN_POLICIES (what compare and plan measure without --policies) lives in remat_kit.search,
+    # which starts jax: read it on first use, not when --help is printed.
+    if name == "MAIN_POLICIES":
+        from remat_kit.search import FRONT_POLICIES
+
+        return FRONT_POLICIES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    # The subcommand argparse will choose: the first word that is not an option (the
+    # top-level parser's options, --debug and --help, take no value).
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def _parser(
+    command: str | None = None,
+) -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
+    """The ``remat-kit`` parser, with ``command``'s own subparser; every other command is a
+    stub that carries only its name and help line (its module is not imported)."""
     parser = Parser(prog="remat-kit", description=__doc__.splitlines()[0])
+    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    chosen = next((c.module for c in COMMANDS if c.name == command), None)
     runs: dict[str, Callable[[argparse.Namespace], int]] = {}
-    for command in _COMMANDS:
-        # A module may add several subcommands (listings adds three): each name it added runs it.
+    for c in COMMANDS:
+        if c.name in sub.choices:
+            continue  # added with another command of its module (listings adds three)
+        if c.module != chosen:
+            sub.add_parser(c.name, help=c.help, add_help=False)
+            continue
+        module: ModuleType = importlib.import_module(c.module)
         before = set(sub.choices)
-        command.add_parser(sub)
-        runs.update(dict.fromkeys(set(sub.choices) - before, command.run))
+        module.add_parser(sub)
+        for name in set(sub.choices) - before:
+            runs[name] = module.run
+            # --debug after the command as well; SUPPRESS keeps a top-level --debug.
+            sub.choices[name].add_argument(
+                "--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP
+            )
     return parser, runs
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``remat-kit``: parses ``argv`` and runs the command it names.
 
-    The one error boundary of the CLI: a ``RematKitError``, ``ValueError`` or ``TypeError``
-    (bad input, a target that cannot be compiled for, an unreadable XLA dump) is printed as
-    one line, ``remat-kit: <message>``, on stderr, and the exit code is 2; so is an error jax
-    or XLA raises while building the program. ``DoesNotFit`` (the step is over the limit
-    whatever the policy) is printed the same way with exit code 1.
+    The one error boundary of the CLI: a ``RematKitError`` (bad input, a target that cannot
+    be compiled for, an unreadable XLA dump) is printed as one line, ``remat-kit: <message>``,
+    on stderr, and the exit code is 2; so is an error jax or XLA raises while building the
+    program. ``DoesNotFit`` (the step is over the limit whatever the policy) is printed the
+    same way with exit code 1. A bad value that names its library parameter
+    (``BadValue.param``) is printed after the flag that set it (:data:`FLAGS`). Anything
+    else is a bug and propagates with its traceback; ``--debug`` shows the traceback of the
+    errors above too.
 
     Args:
       argv: the arguments after ``remat-kit``; None reads ``sys.argv``.
@@ -68,7 +181,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       >>> main(["policies"])  # doctest: +SKIP
       0
     """
-    parser, runs = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, runs = _parser(_command_in(argv))
     args = parser.parse_args(argv)
     try:
         if getattr(args, "target", None) != "local":
@@ -83,19 +197,51 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return runs[args.command](args)
         return runs[args.command](args)
     except DoesNotFit as err:
+        if args.debug:
+            raise
         # Nothing fits whatever the policy: an answer about the model, not a typo (exit 1,
         # as when a search finds nothing; README, "Exit codes").
-        sys.stderr.write(f"remat-kit: {_one_line(err)}\n")
+        sys.stderr.write(f"remat-kit: {_flag_of(err, args)}{_one_line(err)}\n")
         return 1
-    except (RematKitError, ValueError, TypeError) as err:
-        sys.stderr.write(f"remat-kit: {_one_line(err)}\n")
+    except RematKitError as err:
+        if args.debug:
+            raise
+        sys.stderr.write(f"remat-kit: {_flag_of(err, args)}{_one_line(err)}\n")
         return 2
-    except (NotImplementedError, JaxRuntimeError) as err:
+    except Exception as err:
+        if args.debug or not _is_build_error(err):
+            raise
         # jax or XLA refused the program after the checks passed (a kernel's shape rule, an
         # XLA INTERNAL error): its first line, not a 100-line traceback.
         text = _one_line(err, limit=300)
         sys.stderr.write(f"remat-kit: jax/XLA could not build this step: {text}\n")
         return 2
+
+
+def _is_build_error(err: Exception) -> bool:
+    # What jax and XLA raise when they refuse a program the checks let through.
+    if isinstance(err, NotImplementedError):
+        return True
+    if "jax" not in sys.modules:
+        return False
+    from jax.errors import JaxRuntimeError
+
+    return isinstance(err, JaxRuntimeError)
+
+
+def _flag_of(err: RematKitError, args: argparse.Namespace) -> str:
+    """``"--seq 4097: "`` for an error about the parameter ``--seq`` set, else ``""``.
+
+    Only a flag this command has and the user set (its value is not None) is named.
+    """
+    param = err.param if isinstance(err, BadValue | BadType) else None
+    flag = FLAGS.get(param) if param is not None else None
+    if flag is None:
+        return ""
+    value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
+    if value is None or isinstance(value, bool):
+        return ""
+    return f"{flag} {value}: "
 
 
 def _one_line(err: BaseException, limit: int | None = None) -> str:

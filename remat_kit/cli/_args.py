@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import re
-import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from remat_kit.errors import BadValue, OpenShardAxis
+from remat_kit.cli._parser import Parser
+from remat_kit.errors import BadType, BadValue, OpenShardAxis, UnitlessBudget
 from remat_kit.names import VOCABULARY
 from remat_kit.policies import Policy, parse_policy
 from remat_kit.render.files import check_output
@@ -76,24 +75,6 @@ def int_at_least(minimum: int, what: str) -> Callable[[str], int]:
 
 positive_int = int_at_least(1, "positive")
 non_negative_int = int_at_least(0, ">= 0")
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse that reports errors as one line, ``remat-kit: ...``, exit code 2.
-
-    A value that starts with ``-`` and a digit (``--budget -5GiB``, ``--seq -3``) is read as
-    the flag's value, not as an unknown option, so its own check can say what is wrong with
-    it (argparse alone says "expected one argument"). No flag of remat-kit looks like that.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        # argparse's own pattern accepts only plain negative numbers (-3, -0.5).
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
-
-    def error(self, message: str) -> Any:  # type: ignore[override]
-        sys.stderr.write(f"remat-kit: {message}\n")
-        raise SystemExit(2)
 
 
 def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per step") -> None:
@@ -220,7 +201,7 @@ def _shard_arg(text: str) -> str:
         parse_shard(text)
     except OpenShardAxis:
         pass  # an open size is filled from --gpus, which argparse has not read yet
-    except ValueError as err:
+    except BadValue as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
@@ -452,7 +433,7 @@ def policy_arg(spec: str, flag: str) -> Policy:
         warnings.simplefilter("ignore")  # unknown tags are reported below, naming the flag
         try:
             pol = parse_policy(spec)
-        except (ValueError, TypeError) as err:
+        except (BadValue, BadType) as err:
             raise BadValue(f"{flag} {spec!r}: {err}") from None
     # Paths and globs name the tags remat_kit.tagging gives models we did not write: they
     # are checked against the traced program instead.
@@ -501,7 +482,7 @@ def schedule_arg(spec: str, flag: str, n_layers: int, policy: Any = "full") -> S
     try:
         sch = parse_schedule(spec)
         sch.runs(n_layers, policy)  # pure: the segments the model would be cut into
-    except (ValueError, TypeError) as err:
+    except (BadValue, BadType) as err:
         raise BadValue(f"{flag} {spec!r}: {err}") from None
     return sch
 
@@ -517,7 +498,8 @@ def budget_arg(text: str, device_bytes: int | None) -> int:
       The budget in bytes.
 
     Raises:
-      BadValue: unreadable, not positive or larger than the device.
+      BadValue: unreadable, not positive or larger than the device (``param="budget"``:
+        the CLI's error boundary names ``--budget``).
 
     Example:
       >>> budget_arg("1GiB", None)
@@ -529,10 +511,7 @@ def budget_arg(text: str, device_bytes: int | None) -> int:
         raise BadValue(
             f"--budget {text!r} must be positive: give e.g. 52GiB, 40GB or 0.8 (of the device)"
         )
-    try:
-        return parse_budget(text, device_bytes)
-    except (ValueError, TypeError) as err:
-        raise BadValue(f"--budget: {err}") from None
+    return parse_budget(text, device_bytes)
 
 
 def host_budget_arg(text: str) -> int:
@@ -559,9 +538,9 @@ def host_budget_arg(text: str) -> int:
         raise BadValue(f"--host-budget {text!r} must be >= 0: give e.g. 64GiB, or 0 for no offload")
     try:
         return parse_budget(text, None)
-    except ValueError as err:
-        if "fraction of the device" in str(err) or "bare number" in str(err):
-            raise BadValue(
-                f"--host-budget {text!r}: give bytes with a unit (e.g. 64GiB), or 0 for no offload"
-            ) from None
+    except UnitlessBudget:
+        raise BadValue(
+            f"--host-budget {text!r}: give bytes with a unit (e.g. 64GiB), or 0 for no offload"
+        ) from None
+    except BadValue as err:  # its param is "budget": name this flag here, not --budget
         raise BadValue(f"--host-budget: {err}") from None

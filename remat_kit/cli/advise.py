@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_kit import _workers, sources
+from remat_kit.cli import summary
 from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args, flag_items
 from remat_kit.cli._model import resolve, source_for
 from remat_kit.errors import BadValue
@@ -35,7 +36,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    p = subparsers.add_parser("advise", help="for every GPU: does it fit, with which plan")
+    p = subparsers.add_parser("advise", help=summary("advise"))
     add_model_args(p)
     p.add_argument("--targets", default=None, help="comma-separated targets (default: all GPUs)")
     p.add_argument(
@@ -73,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         for name in names:
             try:
                 t = target(name, devices=args.gpus, hosts=args.hosts)
-            except ValueError as err:
+            except BadValue as err:  # its param is "target": name this flag, not --target
                 raise BadValue(f"--targets {name!r}: {err}") from None
             run.source.check(run.config, t)  # the attention kernel and sizes for that GPU
     start = time.perf_counter()

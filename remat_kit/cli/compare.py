@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_kit import _workers, sources
+from remat_kit.cli import summary
 from remat_kit.cli._args import add_jobs_arg, add_model_args, flag_items, policy_arg, schedule_arg
 from remat_kit.cli._model import attention_note, resolve
 from remat_kit.errors import BadValue
@@ -33,7 +34,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    p = subparsers.add_parser("compare", help="a table of policies for one model and target")
+    p = subparsers.add_parser("compare", help=summary("compare"))
     add_model_args(p)
     p.add_argument(
         "--policies", default=",".join(FRONT_POLICIES), help="comma-separated names or specs"

@@ -9,6 +9,7 @@ import warnings
 from typing import Any
 
 from remat_kit import sources
+from remat_kit.cli import summary
 from remat_kit.cli._args import (
     add_model_args,
     add_search_args,
@@ -37,7 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    p = subparsers.add_parser("fit", help="the largest batch that fits, per policy")
+    p = subparsers.add_parser("fit", help=summary("fit"))
     add_model_args(
         p,
         batch_help="not used by the search, which starts where the trace puts the largest batch",

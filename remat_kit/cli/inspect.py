@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_kit import sources
+from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg
 from remat_kit.cli._model import ModelRun, resolve
 from remat_kit.errors import BadValue
@@ -44,7 +45,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    p = subparsers.add_parser("inspect", help="what is live at the peak, and when")
+    p = subparsers.add_parser("inspect", help=summary("inspect"))
     add_model_args(p)
     p.add_argument("--policy", default="full", help="policy name or spec")
     p.add_argument("--schedule", default="none", help="layer schedule (none, every:K, ...)")

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from remat_kit.cli import summary
 from remat_kit.policies import parse_policy, policy, policy_names
 from remat_kit.render import console
 from remat_kit.render.listings import models_table, policies_table, targets_table
@@ -42,11 +43,11 @@ def _models() -> Any:
     return models_table(preset_configs())
 
 
-#: Each listing: its subcommand, its help line and the function that builds its table.
-_LISTINGS: dict[str, tuple[str, Callable[[], Any]]] = {
-    "targets": ("list the GPU targets", _targets),
-    "policies": ("list the policies", _policies),
-    "models": ("list the model presets", _models),
+#: Each listing: its subcommand and the function that builds its table.
+_LISTINGS: dict[str, Callable[[], Any]] = {
+    "targets": _targets,
+    "policies": _policies,
+    "models": _models,
 }
 
 
@@ -62,7 +63,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    parsers = [subparsers.add_parser(name, help=h) for name, (h, _) in _LISTINGS.items()]
+    parsers = [subparsers.add_parser(name, help=summary(name)) for name in _LISTINGS]
     return parsers[-1]
 
 
@@ -79,6 +80,5 @@ def run(args: argparse.Namespace) -> int:
       >>> run(argparse.Namespace(command="targets"))  # doctest: +SKIP
       0
     """
-    _, table = _LISTINGS[args.command]
-    console().print(table())
+    console().print(_LISTINGS[args.command]())
     return 0

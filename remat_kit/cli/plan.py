@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_kit import sources
+from remat_kit.cli import summary
 from remat_kit.cli._args import (
     add_model_args,
     add_search_args,
@@ -49,7 +50,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    p = subparsers.add_parser("plan", help="the cheapest plan whose compiled peak fits a budget")
+    p = subparsers.add_parser("plan", help=summary("plan"))
     add_model_args(p)
     p.add_argument(
         "--budget", default=None, help="52GiB, 40GB or 0.8 (of the device); default: device"

@@ -7,6 +7,7 @@ import warnings
 from typing import Any
 
 from remat_kit import sources
+from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg
 from remat_kit.cli._model import attention_note, resolve
 from remat_kit.render import console, write_json
@@ -27,7 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    p = subparsers.add_parser("report", help="peak HBM of one policy, with breakdown and residuals")
+    p = subparsers.add_parser("report", help=summary("report"))
     add_model_args(p)
     p.add_argument("--policy", default="full", help="policy name or spec")
     p.add_argument(

@@ -12,6 +12,7 @@ import os
 import warnings
 from typing import Any
 
+from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args
 from remat_kit.errors import BadValue, TargetError
 from remat_kit.render import console, write_json
@@ -32,9 +33,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     Example:
       >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
     """
-    p = subparsers.add_parser(
-        "validate", help="run the step on the local GPU; compare the measured peak with ours"
-    )
+    p = subparsers.add_parser("validate", help=summary("validate"))
     add_model_args(p)
     # The step runs here: the CLI must not switch jax to its CPU platform (it does so for
     # every target but "local"), so the target is the local GPU.
@@ -83,7 +82,13 @@ def run(args: argparse.Namespace) -> int:
     opts = options_from_args(args)
     model = source_for(opts)
     gpu = LocalGPU()  # fails here, before any compile, on a machine with no GPU
-    compare = target(args.compare_with) if args.compare_with else match_target(gpu.device_kind())
+    if args.compare_with:
+        compare = target(args.compare_with)
+    else:
+        try:
+            compare = match_target(gpu.device_kind())
+        except TargetError as err:
+            raise TargetError(f"{err} (--compare-with NAME names it here)") from None
     policy = parse_policy(args.policy)
     built = model.build_step(
         policy, parse_schedule("none"), opts.train_config(), compare, sharded=False

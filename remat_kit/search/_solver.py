@@ -224,18 +224,18 @@ def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) ->
       >>> m.evaluate({"mlpwi_0": "recompute"}).recompute_overhead
     """
     key = ("cost_model", batch, offload, hide)
-    if key in workload._memo:
-        return workload._memo[key]
-    present = tuple(workload._traced_residuals(NO_REMAT, NO_SCHEDULE, batch).tags)
+    if key in workload.memo:
+        return workload.memo[key]
+    present = tuple(workload.traced_residuals(NO_REMAT, NO_SCHEDULE, batch).tags)
 
     def trace(recomputed: Sequence[str]) -> tuple[int, float, dict[str, int]]:
         pol = tag_policy([t for t in present if t not in recomputed], ())
-        res = workload._traced_residuals(pol, NO_SCHEDULE, batch)
+        res = workload.traced_residuals(pol, NO_SCHEDULE, batch)
         kept = {
             name: sum(r.nbytes for r in res.residuals if r.name == name and r.kind == "saved")
             for name in present
         }
-        return res.bytes_by("saved"), workload._traced_flops(pol, NO_SCHEDULE, batch), kept
+        return res.bytes_by("saved"), workload.traced_flops(pol, NO_SCHEDULE, batch), kept
 
     base_bytes, base_flops, base_kept = trace(())
     needed = {u: base_kept[u] > 0 for u in present}
@@ -280,7 +280,7 @@ def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) ->
         link_bandwidth=link,
         hide=hide,
     )
-    workload._memo[key] = model
+    workload.memo[key] = model
     return model
 
 

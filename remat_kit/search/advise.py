@@ -180,7 +180,7 @@ def _share_traces(w: Workload, batch: int, traces: dict[Any, tuple[dict, dict]])
     if w.residuals_fn is None:
         return
     try:
-        res = w._traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
+        res = w.traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
     except ValueError:
         return
     # The residuals without remat name every tag and size every per-device tensor: a step
@@ -192,12 +192,9 @@ def _share_traces(w: Workload, batch: int, traces: dict[Any, tuple[dict, dict]])
     )
     if key in traces:
         flops, residuals = traces[key]
-        for k, v in flops.items():
-            w._flops.setdefault(k, v)
-        for k, v in residuals.items():
-            w._residuals.setdefault(k, v)
+        w.adopt_traces(flops, residuals)
     # The same dicts, so what this target traces from here on is there for the next one.
-    traces[key] = (w._flops, w._residuals)
+    traces[key] = w.trace_caches()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,7 +264,7 @@ def gpus_needed(
         name = w.target.name
         limit = limit_for(w.target, None, headroom)
         b = -(-batch // w.batch_multiple) * w.batch_multiple
-        peak = w._compiled(pol, NO_SCHEDULE, b).peak_bytes
+        peak = w.compiled(pol, NO_SCHEDULE, b).peak_bytes
         tried.append((n, peak))
         if peak <= limit:
             return ScaleOut(

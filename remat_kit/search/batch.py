@@ -150,7 +150,7 @@ def max_batch(
     def peak(units: int) -> int:
         if units not in known:
             try:
-                known[units] = workload._compiled(pol, sch, units * step).peak_bytes
+                known[units] = workload.compiled(pol, sch, units * step).peak_bytes
             except JaxRuntimeError as err:
                 # A batch XLA cannot build (a kernel grid or an index past what the GPU or
                 # int32 allows) does not run either: it is an upper bound. The smallest
@@ -189,10 +189,10 @@ def max_batch(
             return _no_fit(workload, pol, sch, step, limit, before, t0)
         if hi is None:
             method = "cap"
-    best = workload._compiled(pol, sch, lo * step)
+    best = workload.compiled(pol, sch, lo * step)
     nxt_peak = known.get(hi) if hi is not None else None
     batch = lo * step
-    overhead = workload._recompute(pol, sch, batch)
+    overhead = workload.recompute_of(pol, sch, batch)
     if hi is None:
         after = f"; stopped at the cap {cap}"
     elif hi in unbuildable:
@@ -247,7 +247,7 @@ def _first_probe(
     if workload.breakdown_fn is None or workload.residuals_fn is None:
         return 1
     try:
-        res = workload._traced_residuals(pol, sch, step)
+        res = workload.traced_residuals(pol, sch, step)
     except ValueError:  # a step the residual trace cannot read: start small, as without one
         return 1
     per_unit = sum(r.nbytes for r in res.residuals if r.name != "argument" and r.kind == "saved")
@@ -368,7 +368,7 @@ def _narrow(
 def _no_fit(
     workload: Workload, pol: Policy, sch: Schedule, step: int, limit: int, before: int, t0: float
 ) -> BatchFit:
-    r = workload._compiled(pol, sch, step)
+    r = workload.compiled(pol, sch, step)
     return BatchFit(
         policy=pol.spec,
         schedule=sch.spec,

@@ -205,7 +205,7 @@ def check_budget(workload: Workload, batch: int, budget: int) -> None:
         # stacked carry); an unrolled one may apply each layer's update as its gradient is
         # formed, so the shapes overstate the floor. Weights, optimizer state and the batch are
         # inputs and stay: only in this band does the compiled `full` step decide.
-        measured = workload._compiled(FULL, NO_SCHEDULE, batch).peak_bytes
+        measured = workload.compiled(FULL, NO_SCHEDULE, batch).peak_bytes
         if measured <= budget:
             return
     shown = " + ".join(

@@ -191,13 +191,13 @@ def plan_label(p: Plan) -> str:
 def _point(
     w: Workload, batch: int, pol: Policy, sch: Schedule, label: str, kind: str, hide: float
 ) -> FrontPoint:
-    r = w._compiled(pol, sch, batch)
+    r = w.compiled(pol, sch, batch)
     return FrontPoint(
         label=label,
         kind=kind,
         peak_bytes=r.peak_bytes,
         overhead=w.overhead_of(r, batch, hide),
-        recompute_overhead=w._recompute(pol, sch, batch),
+        recompute_overhead=w.recompute_of(pol, sch, batch),
         fits=r.fits,
         policy=pol.spec,
         schedule=sch.spec,

@@ -287,7 +287,7 @@ def _none_lower_bound(workload: Workload, batch: int) -> int:
         return 0  # nothing traced to bound it with: compile it
     parts = workload.breakdown(batch)
     inputs = sum(v for k, v in parts.items() if k in FIXED_PARTS and k != "gradients")
-    res = workload._traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
+    res = workload.traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
     return inputs + sum(
         r.nbytes for r in res.residuals if r.name != "argument" and r.kind == "saved"
     )
@@ -362,7 +362,7 @@ class _PlanContext:
         self, pol: Policy, sch: Schedule, label: str, estimate: int | None = None
     ) -> PlanCandidate:
         w = self.workload
-        r = w._compiled(pol, sch, self.batch)
+        r = w.compiled(pol, sch, self.batch)
         host = host_bytes(r)
         cand = PlanCandidate(
             label=label,
@@ -370,7 +370,7 @@ class _PlanContext:
             schedule=sch.spec,
             peak_bytes=r.peak_bytes,
             estimated_peak_bytes=estimate,
-            recompute_overhead=w._recompute(pol, sch, self.batch),
+            recompute_overhead=w.recompute_of(pol, sch, self.batch),
             overhead=w.overhead_of(r, self.batch, self.hide),
             host_bytes=host,
             fits=r.peak_bytes <= self.budget
@@ -393,7 +393,7 @@ class _PlanContext:
     ) -> Plan:
         w = self.workload
         pol, sch = self._objects[(cand.policy, cand.schedule)]
-        r = w._compiled(pol, sch, self.batch)
+        r = w.compiled(pol, sch, self.batch)
         decisions, layer_dec, layers = _decisions(w, self.batch, pol, sch, r.tags)
         if fits:
             message = (
@@ -458,7 +458,7 @@ def _tag_decisions(w: Workload, batch: int, pol: Policy, tags: Sequence[str]) ->
         return dict.fromkeys(tags, "save")
     if pol.tags or pol.name == "full" or w.residuals_fn is None:
         return {t: decide(pol, t) for t in tags}
-    traced = w._traced_residuals(pol, NO_SCHEDULE, batch).tags
+    traced = w.traced_residuals(pol, NO_SCHEDULE, batch).tags
     word = {"saved": "save", "offloaded": "offload", "not needed": "save"}
     return {t: word.get(traced.get(t, "recomputed"), "recompute") for t in tags}
 
@@ -481,7 +481,7 @@ def _solve_and_verify(
     it shows nothing cheaper than that candidate meets the corrected caps.
     """
     w, budget, batch = ctx.workload, ctx.budget, ctx.batch
-    memo = w._memo
+    memo = w.memo
     guess = max(0, w.fixed_bytes(batch) - model.untagged_bytes)
     whole_offset = memo.get(("plan offset", batch), guess)
     split_extra = memo.get(("plan split extra", batch), 0)
@@ -559,7 +559,7 @@ def _segment_fallback(ctx: _PlanContext) -> PlanCandidate | None:
     if w.n_layers < 4:
         options = options[:3]
     options = [s for s in options if w.supports(s)]  # a factory's model may take none
-    options.sort(key=lambda s: w._traced_flops(full, s, ctx.batch))
+    options.sort(key=lambda s: w.traced_flops(full, s, ctx.batch))
     for sch in options:
         got = ctx.compile(full, sch, "schedule")
         if got.fits:
@@ -582,7 +582,7 @@ def _best_of(
         return _RTOL * max(1.0, abs(x))
 
     ranked = sorted(
-        (w._recompute(p, s, ctx.batch), i, p, s)
+        (w.recompute_of(p, s, ctx.batch), i, p, s)
         for i, (p, s) in enumerate(extras)
         if (p.is_remat or s.name != "none") and w.supports(s)
     )

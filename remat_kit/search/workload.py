@@ -109,19 +109,19 @@ class Workload:
 
     def report(self, policy: Any, schedule: Any = "none", batch: int = 1) -> MemoryReport:
         """The compiled report of the step (cached)."""
-        return self._compiled(as_policy(policy), parse_schedule(schedule), batch)
+        return self.compiled(as_policy(policy), parse_schedule(schedule), batch)
 
     def flops(self, policy: Any, schedule: Any = "none", batch: int = 1) -> float:
         """FLOPs of the step, recomputation included (traced, cached)."""
-        return self._traced_flops(as_policy(policy), parse_schedule(schedule), batch)
+        return self.traced_flops(as_policy(policy), parse_schedule(schedule), batch)
 
     def baseline(self, batch: int) -> float:
         """FLOPs of the step without rematerialization."""
-        return self._traced_flops(NO_REMAT, NO_SCHEDULE, batch)
+        return self.traced_flops(NO_REMAT, NO_SCHEDULE, batch)
 
     def recompute_overhead(self, policy: Any, schedule: Any = "none", batch: int = 1) -> float:
         """Extra FLOPs of recomputation, as a fraction of the step without remat."""
-        return self._recompute(as_policy(policy), parse_schedule(schedule), batch)
+        return self.recompute_of(as_policy(policy), parse_schedule(schedule), batch)
 
     def residuals(self, policy: Any, schedule: Any = "none", batch: int = 1) -> ResidualReport:
         """What the policy keeps for the backward pass, by tag (traced, cached).
@@ -129,7 +129,7 @@ class Workload:
         Raises:
           ValueError: the workload has no ``residuals_fn``.
         """
-        return self._traced_residuals(as_policy(policy), parse_schedule(schedule), batch)
+        return self.traced_residuals(as_policy(policy), parse_schedule(schedule), batch)
 
     def breakdown(self, batch: int) -> dict[str, int]:
         """Bytes of weights/gradients/optimizer/batch/accumulator (shapes; or one compile)."""
@@ -138,7 +138,7 @@ class Workload:
             if self.breakdown_fn is not None:
                 parts = dict(self.breakdown_fn(batch))
             else:
-                parts = dict(self._compiled(FULL, NO_SCHEDULE, batch).breakdown)
+                parts = dict(self.compiled(FULL, NO_SCHEDULE, batch).breakdown)
             self._memo[key] = {k: int(v) for k, v in parts.items() if k != "activations"}
         return dict(self._memo[key])
 
@@ -196,13 +196,37 @@ class Workload:
 
     # The search's own entry: Policy and Schedule objects, never normalised again.
 
-    def _compiled(self, pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
+    @property
+    def memo(self) -> dict[Hashable, Any]:
+        """Scratch space the searches keep with the workload (cost models, the planner's
+        corrections), so later searches over the same workload start from them."""
+        return self._memo
+
+    def trace_caches(self) -> tuple[dict[Hashable, float], dict[Hashable, ResidualReport]]:
+        """The traced FLOPs and residuals by (policy, schedule, batch): the live dicts, so
+        workloads whose steps trace alike (the same model on other GPUs) can share them."""
+        return self._flops, self._residuals
+
+    def adopt_traces(
+        self, flops: Mapping[Hashable, float], residuals: Mapping[Hashable, ResidualReport]
+    ) -> None:
+        """Takes traced FLOPs and residuals of a workload whose steps trace the same
+        (:meth:`trace_caches`); what this one traced already is kept."""
+        for k, v in flops.items():
+            self._flops.setdefault(k, v)
+        for k, v in residuals.items():
+            self._residuals.setdefault(k, v)
+
+    def compiled(self, pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
+        """The compiled report of a typed (policy, schedule, batch) (cached)."""
         key = _key(pol, sch, batch)
         if key not in self._reports:
             self._reports[key] = self.measure_fn(pol, sch, batch)
         return self._reports[key]
 
-    def _traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
+    def traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
+        """FLOPs of a typed (policy, schedule, batch), from its compiled report when there is
+        one, else traced (cached)."""
         key = _key(pol, sch, batch)
         if key not in self._flops:
             # A compiled report counted the FLOPs of the same step from its own trace.
@@ -213,10 +237,16 @@ class Workload:
                 self._flops[key] = float(self.flops_fn(pol, sch, batch))
         return self._flops[key]
 
-    def _recompute(self, pol: Policy, sch: Schedule, batch: int) -> float:
-        return self._traced_flops(pol, sch, batch) / self.baseline(batch) - 1.0
+    def recompute_of(self, pol: Policy, sch: Schedule, batch: int) -> float:
+        """Extra FLOPs of recomputation of a typed (policy, schedule, batch), as a fraction."""
+        return self.traced_flops(pol, sch, batch) / self.baseline(batch) - 1.0
 
-    def _traced_residuals(self, pol: Policy, sch: Schedule, batch: int) -> ResidualReport:
+    def traced_residuals(self, pol: Policy, sch: Schedule, batch: int) -> ResidualReport:
+        """What a typed (policy, schedule) keeps for the backward pass (traced, cached).
+
+        Raises:
+          BadValue: the workload has no ``residuals_fn``.
+        """
         if self.residuals_fn is None:
             raise ValueError("this Workload has no residuals_fn; rk.plan needs residual sizes")
         key = _key(pol, sch, batch)

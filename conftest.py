@@ -1,0 +1,77 @@
+"""Doctest setup: the docstring examples in ``remat_kit/`` and ``models/`` run with the suite.
+
+``pytest`` collects them (``--doctest-modules``, see pyproject.toml) on a CPU-only machine, so
+jax is pinned to the CPU before it initializes, as in ``tests/conftest.py``. Every example sees
+``rk``, ``jax``, ``jnp``, ``nn`` and ``np`` without importing them, and the search examples a
+workload small enough to compile in about a second:
+
+- ``tiny_model``: a factory ``tiny_model(policy)`` of a one-block linen model with Hugging
+  Face's projection names (vocabulary 64, width 16), remat applied with ``rk.remat``;
+- ``w``: ``rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16,
+  optimizer="sgd"))``, built afresh for every example, so what one example compiled does not
+  change what another prints (identical programs still compile once: the session's compile
+  cache keeps them).
+"""
+
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_kit as rk
+
+# Scripts and factory files the tests load by path or run in a subprocess: no doctests, and
+# importing them at collection would need what they need (transformers, 8 fake devices).
+collect_ignore_glob = ["tests/data/*", "tests/sharded_step.py"]
+
+
+class _TinyBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.relu(nn.Dense(32, name="up_proj")(x))
+        return x + nn.Dense(16, name="down_proj")(h)
+
+
+class _TinyModel(nn.Module):
+    policy: rk.Policy
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(64, 16)(tokens)
+        x = rk.remat(_TinyBlock, self.policy)()(x)
+        return nn.Dense(64, name="lm_head")(x)
+
+
+def tiny_model(policy):
+    """A factory: one remat'd block between an embedding and the head."""
+    return _TinyModel(policy)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_compile_cache(tmp_path_factory):
+    """The examples' compiles are remembered in a cache of the session's own, never the
+    user's ~/.cache/remat_kit (tests/conftest.py does the same for the tests)."""
+    before = os.environ.get("REMAT_KIT_CACHE_DIR")
+    os.environ["REMAT_KIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("doctest_compile_cache"))
+    yield
+    if before is None:
+        os.environ.pop("REMAT_KIT_CACHE_DIR", None)
+    else:
+        os.environ["REMAT_KIT_CACHE_DIR"] = before
+
+
+@pytest.fixture(autouse=True)
+def _doctest_names(request):
+    """Names every docstring example may use without importing them."""
+    if not isinstance(request.node, pytest.DoctestItem):
+        return
+    doctest_namespace = request.getfixturevalue("doctest_namespace")
+    doctest_namespace.update(rk=rk, jax=jax, jnp=jnp, nn=nn, np=np, tiny_model=tiny_model)
+    doctest_namespace["w"] = rk.sources.workload(
+        tiny_model, "h100", rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+    )
