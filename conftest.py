@@ -8,12 +8,14 @@ workload small enough to compile in about a second:
 - ``tiny_model``: a factory ``tiny_model(policy)`` of a one-block linen model with Hugging
   Face's projection names (vocabulary 64, width 16), remat applied with ``rk.remat``;
 - ``w``: ``rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16,
-  optimizer="sgd"))``, built afresh for every example, so what one example compiled does not
-  change what another prints (identical programs still compile once: the session's compile
-  cache keeps them).
+  optimizer="sgd"))``, one for the session: like a user's, it remembers what it compiled and
+  traced, so the search examples share their compiles. An example must therefore not print
+  what depends on the order they run in (``compiles``, ``seconds``).
 """
 
+import functools
 import os
+import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -29,27 +31,33 @@ import remat_kit as rk
 # importing them at collection would need what they need (transformers, 8 fake devices).
 collect_ignore_glob = ["tests/data/*", "tests/sharded_step.py"]
 
-
-class _TinyBlock(nn.Module):
+#: Examples of modules being rewritten for issue 21 (the one measuring pipeline), skipped
+#: until that lands: whoever finishes a module deletes its lines here and the examples run.
+class TinyBlock(nn.Module):
     @nn.compact
     def __call__(self, x):
         h = nn.relu(nn.Dense(32, name="up_proj")(x))
         return x + nn.Dense(16, name="down_proj")(h)
 
 
-class _TinyModel(nn.Module):
+class TinyModel(nn.Module):
     policy: rk.Policy
 
     @nn.compact
     def __call__(self, tokens):
         x = nn.Embed(64, 16)(tokens)
-        x = rk.remat(_TinyBlock, self.policy)()(x)
+        x = rk.remat(TinyBlock, self.policy)(name="layers_0")(x)
         return nn.Dense(64, name="lm_head")(x)
 
 
 def tiny_model(policy):
     """A factory: one remat'd block between an embedding and the head."""
-    return _TinyModel(policy)
+    return TinyModel(policy)
+
+
+@functools.cache
+def _tiny_workload():
+    return rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16, optimizer="sgd"))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -72,6 +80,6 @@ def _doctest_names(request):
         return
     doctest_namespace = request.getfixturevalue("doctest_namespace")
     doctest_namespace.update(rk=rk, jax=jax, jnp=jnp, nn=nn, np=np, tiny_model=tiny_model)
-    doctest_namespace["w"] = rk.sources.workload(
-        tiny_model, "h100", rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
-    )
+    doctest_namespace.pop("w", None)  # built only where an example names it
+    if any(re.search(r"\bw\b", ex.source) for ex in request.node.dtest.examples):
+        doctest_namespace["w"] = _tiny_workload()

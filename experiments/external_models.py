@@ -33,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     import remat_kit as rk
     from models.measure import Options, baseline_flops, measure, usable_policies
+    from remat_kit.render.notes import words
     from remat_kit.search import FRONT_POLICIES
 
     target = rk.target(args.target)
@@ -57,7 +58,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             row[f"{key}_recompute_pct"] = 100 * r.meta["recompute_overhead"]
             row[f"{key}_host_gib"] = r.host_bytes / GIB
             row[f"{key}_seconds"] = time.perf_counter() - t0
-            row[f"{key}_warnings"] = [w for w in r.warnings if not w.startswith("does not fit")]
+            row[f"{key}_warnings"] = [words(n) for n in r.notes if n.kind != "does_not_fit"]
         if "hf_peak_gib" in row:
             row["peak_diff_pct"] = 100 * (row["hf_peak_gib"] / row["ours_peak_gib"] - 1)
             row["recompute_diff_pts"] = row["hf_recompute_pct"] - row["ours_recompute_pct"]

@@ -188,7 +188,7 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
     try:
         base = dict(_PRESETS[name])
     except KeyError:
-        raise unknown("model", name, preset_names()) from None
+        raise unknown("model", name, preset_names(), param="model") from None
     fields = set(ModelConfig.__dataclass_fields__)
     changes: dict[str, Any] = {}
     for key, value in overrides.items():

@@ -46,6 +46,9 @@ def partitioned(init: Callable[..., Any], names: Sequence[str | None]) -> Callab
 
     Example:
       >>> init = partitioned(nn.initializers.normal(0.02), ("embed", "mlp"))
+      >>> box = jax.eval_shape(lambda key: init(key, (4, 8)), jax.random.key(0))
+      >>> box.names, box.value.shape
+      (('embed', 'mlp'), (4, 8))
     """
     names = tuple(names)
 
@@ -63,6 +66,8 @@ def constrain(x: jax.Array, names: Sequence[str | None]) -> jax.Array:
     ``remat_kit.sharding.MeshPlan.activation_context``).
 
     Example:
-      >>> y = constrain(x, ("act_batch", "act_seq", "act_embed"))           # doctest: +SKIP
+      >>> x = jnp.ones((2, 3, 4))
+      >>> constrain(x, ("act_batch", "act_seq", "act_embed")) is x  # no mesh here: unchanged
+      True
     """
     return nn.with_logical_constraint(x, tuple(names), fallback=nn.spmd.RulesFallback.NO_CONSTRAINT)

@@ -71,7 +71,12 @@ class GPT2(nn.Module):
     Example:
       >>> import jax, jax.numpy as jnp, models
       >>> cfg = models.get_config("tiny-gpt2")
-      >>> params = models.GPT2(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+      >>> tokens = jnp.zeros((1, 8), jnp.int32)
+      >>> params = jax.eval_shape(models.GPT2(cfg).init, jax.random.key(0), tokens)  # shapes
+      >>> sum(x.size for x in jax.tree.leaves(params)) == cfg.param_count()
+      True
+      >>> jax.eval_shape(models.GPT2(cfg).apply, params, tokens).shape
+      (1, 8, 256)
     """
 
     cfg: ModelConfig

@@ -13,7 +13,7 @@ RMSNorm's ``1 + w`` scale and the tanh GELU change values, not shapes).
 
 Example:
   >>> import models.hf
-  >>> cfg = models.hf.from_hf_config("tests/data/hf/llama3-8b.json")     # doctest: +SKIP
+  >>> cfg = models.hf.from_hf_config("tests/data/hf/llama3-8b.json")
   >>> cfg.n_layers, cfg.n_kv_heads, cfg.param_count()
   (32, 8, 8030261248)
 """
@@ -102,7 +102,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
       BadValue: the file is missing, not JSON, or not a JSON object.
 
     Example:
-      >>> read_hf_config("tests/data/hf/mistral-7b.json")["model_type"]  # doctest: +SKIP
+      >>> read_hf_config("tests/data/hf/mistral-7b.json")["model_type"]
       'mistral'
     """
     p = Path(path)
@@ -111,9 +111,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise BadValue(f"hf config {str(p)!r}: no such file", param="hf_config") from None
     except (OSError, UnicodeDecodeError) as err:
-        raise BadValue(
-            f"hf config {str(p)!r}: cannot read it ({err})", param="hf_config"
-        ) from None
+        raise BadValue(f"hf config {str(p)!r}: cannot read it ({err})", param="hf_config") from None
     except json.JSONDecodeError as err:
         raise BadValue(f"hf config {str(p)!r} is not JSON: {err}", param="hf_config") from None
     if not isinstance(data, dict):

@@ -72,7 +72,12 @@ class Llama(nn.Module):
     Example:
       >>> import jax, jax.numpy as jnp, models
       >>> cfg = models.get_config("tiny-llama")
-      >>> params = models.Llama(cfg).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))
+      >>> tokens = jnp.zeros((1, 8), jnp.int32)
+      >>> params = jax.eval_shape(models.Llama(cfg).init, jax.random.key(0), tokens)  # shapes
+      >>> sum(x.size for x in jax.tree.leaves(params)) == cfg.param_count()
+      True
+      >>> jax.eval_shape(models.Llama(cfg).apply, params, tokens).shape
+      (1, 8, 256)
     """
 
     cfg: ModelConfig

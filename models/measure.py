@@ -8,7 +8,7 @@ are :mod:`models.options` (re-exported here, where callers look).
 Example:
   >>> r = measure(Options("tiny-llama", 2, 32, optimizer="sgd"), "full", "h100")
   >>> r.policy, r.meta["layers"]
-  ('full', 2)
+  ('full', 4)
 """
 
 from __future__ import annotations
@@ -129,6 +129,6 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
     Example:
       >>> w = workload(Options("tiny-llama", batch=2, seq=32, optimizer="sgd"), "h100")
       >>> w.n_layers
-      2
+      4
     """
     return rk.sources.workload(source_for(opts), target, opts.train_config(), strict=opts.strict)

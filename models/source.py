@@ -11,7 +11,7 @@ Example:
   >>> from models.options import Options
   >>> src = source_for(Options("tiny-llama", 2, 32, optimizer="sgd"))
   >>> src.n_layers(), isinstance(src, rk.sources.StepSource)
-  (2, True)
+  (4, True)
 """
 
 from __future__ import annotations

@@ -81,7 +81,7 @@ def run(
     from remat_kit import cache
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise BadType(f"jobs must be a positive int, got {jobs!r}")
+        raise BadType(f"jobs must be a positive int, got {jobs!r}", param="jobs")
     items = list(items)
     results: list[Any] = [None] * len(items)
     i = 0

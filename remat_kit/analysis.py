@@ -20,6 +20,7 @@ from remat_kit import names as _names
 from remat_kit._shapes import array_bytes
 from remat_kit.cache import compiled_memory
 from remat_kit.errors import BadType, BadValue, RematWarning
+from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target, as_target
@@ -69,7 +70,8 @@ class MemoryReport:
       breakdown: bytes by role (weights, gradients, optimizer, ...) when the caller
         knows them (remat_kit.train does); activation bytes are what is left.
       meta: other labels (model, batch, seq, ...).
-      warnings: messages for the user, also issued as RematWarning.
+      notes: what the user should know (:class:`remat_kit.notes.Note`: a kind and its
+        figures), also issued as RematWarning; ``warnings`` are their words.
     """
 
     target: str
@@ -99,7 +101,7 @@ class MemoryReport:
     compile_seconds: float
     breakdown: Mapping[str, int] = dataclasses.field(default_factory=dict)
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    warnings: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
 
     @property
     def fits(self) -> bool | None:
@@ -115,23 +117,33 @@ class MemoryReport:
             return None
         return self.peak_bytes - self.usable_bytes
 
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The notes in words, one line each (:func:`remat_kit.render.notes.words`)."""
+        from remat_kit.render.notes import words
+
+        return tuple(words(n) for n in self.notes)
+
     def replace(self, **changes: Any) -> MemoryReport:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict of every field, plus ``fits``."""
+        """JSON-ready dict of every field (each note as ``Note.to_dict()``), plus ``fits`` and
+        ``warnings`` (the notes in words), which :meth:`from_dict` does not read back."""
         out = dataclasses.asdict(self)
         out["breakdown"] = dict(self.breakdown)
         out["meta"] = dict(self.meta)
         out["flops_detail"] = dict(self.flops_detail)
         out["tags"] = list(self.tags)
+        out["notes"] = [n.to_dict() for n in self.notes]
         out["warnings"] = list(self.warnings)
         out["fits"] = self.fits
         return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MemoryReport:
-        """The report :meth:`to_dict` wrote (``fits`` is derived, so it is not read back).
+        """The report :meth:`to_dict` wrote (``fits`` and ``warnings`` are derived, so they are
+        not read back).
 
         Raises:
           ValueError: a field missing or unknown (data from another version).
@@ -143,16 +155,16 @@ class MemoryReport:
           True
         """
         names = {f.name for f in dataclasses.fields(cls)}
-        given = set(data) - {"fits"}
+        derived = {"fits", "warnings"}
+        given = set(data) - derived
         if given != names:
             raise BadValue(
                 f"not a MemoryReport: missing {sorted(names - given)}, unknown "
                 f"{sorted(given - names)}"
             )
-        values = dict(data)
-        values.pop("fits", None)
+        values = {k: v for k, v in data.items() if k not in derived}
         values["tags"] = tuple(values["tags"])
-        values["warnings"] = tuple(values["warnings"])
+        values["notes"] = tuple(Note.from_dict(n) for n in values["notes"])
         return cls(**values)
 
 
@@ -290,22 +302,22 @@ def memory_report(
         compile_seconds=seconds,
         meta=dict(meta or {}),
     )
-    notes = _warnings_for(report, pol, t) + list(mem.xla_messages)
+    notes = _notes_for(report, pol, t) + [Note("xla_log", {"line": m}) for m in mem.xla_messages]
+    report = report.replace(notes=tuple(notes))
     if warn:
-        for note in notes:
-            warnings.warn(note, RematWarning, stacklevel=2)
-    return report.replace(warnings=tuple(notes))
+        for text in report.warnings:
+            warnings.warn(text, RematWarning, stacklevel=2)
+    return report
 
 
-def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
+def _notes_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[Note]:
     notes = []
     if pol is not None and pol.tags:
         # decide() matches the way the policy does (globs over module-path tags included).
         matched = [tag for tag in r.tags if decide(pol, tag) != "recompute"]
         if pol.is_remat and not matched:
             notes.append(
-                f"policy {pol.spec!r} names {', '.join(pol.tags)} but the program tags none of "
-                f"them (it has: {', '.join(r.tags) or 'no tags'}); it behaves like 'full'"
+                Note("no_tag_matched", {"policy": pol.spec, "names": pol.tags, "tags": r.tags})
             )
     flash = _names.CONTEXT in r.tags and not set(_names.SCORE_NAMES) & set(r.tags)
     if (
@@ -316,40 +328,30 @@ def _warnings_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[str]:
     ):
         kept = [t for t in r.tags if decide(pol, t) == "save"]
         if _names.CONTEXT in kept:
-            notes.append(
-                f"{pol.spec!r} recomputes attention scores/probabilities, which do not exist "
-                "under flash attention (the kernel recomputes them itself): here it is "
-                f"equivalent to names:save={'+'.join(kept)}"
-            )
+            notes.append(Note("flash_recomputes_scores", {"policy": pol.spec, "kept": kept}))
     if pol is not None and pol.offloads and t.kind == "cpu":
         # XLA's CPU backend has no separate host memory space: it reports 0 host bytes for
         # every program, so 0 here says nothing about what the policy offloads.
-        notes.append(
-            f"policy {pol.spec!r} offloads to host, but a cpu compile does not measure host "
-            "memory (XLA reports 0 host bytes on cpu): compile for a GPU target to see them"
-        )
+        notes.append(Note("offload_on_cpu", {"policy": pol.spec}))
     elif pol is not None and pol.offloads and r.host_temp_bytes == 0 and r.host_bytes == 0:
-        notes.append(
-            f"policy {pol.spec!r} offloads to host but XLA moved 0 bytes there: nothing it "
-            "names is a residual of this program"
-        )
+        notes.append(Note("offload_moved_nothing", {"policy": pol.spec}))
     if r.xla_remat:
-        notes.append(
-            f"XLA's own rematerialization pass took {r.xla_remat_saved_bytes / 2**30:.2f} GiB off "
-            f"the peak to fit {t.name}: these figures include XLA's choices on top of the policy"
-        )
+        notes.append(Note("xla_remat", {"target": t.name, "saved_bytes": r.xla_remat_saved_bytes}))
     if r.fits is False:
-        runtime = t.runtime.setting() if t.runtime is not None else "the runtime"
-        where = f"{t.name} at {runtime} ({(r.usable_bytes or 0) / 2**30:.2f} GiB usable of "
-        where += f"{(r.target_memory_bytes or 0) / 2**30:.2f})"
-        fix = (
-            f"; it fits with XLA_PYTHON_CLIENT_MEM_FRACTION={r.fits_with_fraction:g}"
-            if r.fits_with_fraction is not None
-            else "; no allocator fraction makes it fit"
-        )
         notes.append(
-            f"does not fit {where}: peak {r.peak_bytes / 2**30:.2f} GiB is "
-            f"{(r.over_by_bytes or 0) / 2**30:.2f} GiB over{fix}"
+            Note(
+                "does_not_fit",
+                {
+                    "target": t.name,
+                    # the environment setting of the allocator, e.g. XLA_..._FRACTION=0.75
+                    "runtime": t.runtime.setting() if t.runtime is not None else None,
+                    "usable_bytes": r.usable_bytes,
+                    "memory_bytes": r.target_memory_bytes,
+                    "peak_bytes": r.peak_bytes,
+                    "over_bytes": r.over_by_bytes,
+                    "fits_with_fraction": r.fits_with_fraction,
+                },
+            )
         )
     return notes
 

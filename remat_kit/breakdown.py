@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadValue, InspectError
+from remat_kit.notes import Note
 from remat_kit.peak import api as _peak_api
 from remat_kit.peak import types as _peak_types
 from remat_kit.targets import Target
@@ -44,13 +45,8 @@ def add_breakdown(report: MemoryReport, step: TrainStep) -> MemoryReport:
         return report.replace(breakdown=parts)
     # Unrolled layers let XLA apply each layer's update as soon as its gradient exists, so
     # not every gradient is live at the peak: "the rest" would be negative.
-    note = (
-        f"the peak ({report.peak_bytes / 2**30:.2f} GiB) is below weights + gradients + "
-        f"optimizer state + batch ({known / 2**30:.2f} GiB): XLA never holds every gradient "
-        "at once here, so this split is only an upper bound per part (activations shown as "
-        "0); a measured breakdown reads what is live at the peak"
-    )
-    return report.replace(breakdown=parts, warnings=(*report.warnings, note))
+    note = Note("breakdown_upper_bound", {"peak_bytes": report.peak_bytes, "known_bytes": known})
+    return report.replace(breakdown=parts, notes=(*report.notes, note))
 
 
 #: Measured breakdown key -> the peak inspector's category it reads (remat_kit.peak).
@@ -89,11 +85,9 @@ def measured_breakdown(step: TrainStep, target: Target | str = "h100-80gb") -> d
       InspectError: XLA's dump could not be read.
 
     Example:
-      >>> import models, remat_kit as rk
-      >>> cfg = models.get_config("tiny-llama", policy="full")
-      >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=64))
-      >>> parts = measured_breakdown(step, "h100")  # doctest: +SKIP
-      >>> parts["peak"] == sum(v for k, v in parts.items() if k != "peak")  # doctest: +SKIP
+      >>> step = rk.build_train_step(tiny_model("full"), rk.TrainConfig(2, 16))
+      >>> parts = measured_breakdown(step, "h100")
+      >>> parts["peak"] == sum(v for k, v in parts.items() if k != "peak")
       True
     """
     if step.plan is not None:
@@ -135,8 +129,12 @@ def add_measured_breakdown(
       InspectError: the inspector's peak differs from the report's (not the same program).
 
     Example:
-      >>> r = add_measured_breakdown(rk.memory_report(step.fn, *step.args, target="h100"),
-      ...                            step, "h100")  # doctest: +SKIP
+      >>> step = rk.build_train_step(tiny_model("full"), rk.TrainConfig(2, 16))
+      >>> report = rk.memory_report(step.fn, *step.args, target="h100",
+      ...                           donate_argnums=step.donate_argnums)
+      >>> r = add_measured_breakdown(report, step, "h100")
+      >>> r.meta["breakdown"], r.breakdown["weights"] == r.meta["breakdown_estimate"]["weights"]
+      ('measured', True)
     """
     parts = measured_breakdown(step, target)
     peak = parts.pop("peak")

@@ -30,7 +30,7 @@ Example:
   >>> import jax, jax.numpy as jnp
   >>> from remat_kit import cache, target
   >>> low = jax.jit(lambda a: a @ a).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32))
-  >>> cache.compiled_memory(low, target("cpu")).argument_bytes      # doctest: +SKIP
+  >>> cache.compiled_memory(low, target("cpu")).argument_bytes
   256
 """
 
@@ -52,12 +52,13 @@ from typing import Any
 
 from remat_kit import xla
 from remat_kit.errors import BadType
-from remat_kit.targets.codegen import key_options
 from remat_kit.xla import CompiledMemory
 
 __all__ = [
     "ENV_DIR",
     "ENV_OFF",
+    "STUB_MARK",
+    "STUB_OPTION",
     "bypassed",
     "cache_dir",
     "code_fingerprint",
@@ -66,6 +67,7 @@ __all__ = [
     "enabled",
     "entry_key",
     "fingerprint",
+    "key_options",
     "load",
     "remember",
     "request_key",
@@ -77,6 +79,11 @@ __all__ = [
 ENV_DIR = "REMAT_KIT_CACHE_DIR"
 #: Environment variable that turns the cache off when set to 1 (or true/yes).
 ENV_OFF = "REMAT_KIT_NO_CACHE"
+#: What the ptxas stand-in's directory (remat_kit.targets.codegen) becomes in a key: its path
+#: is the user's own, what it does is the same everywhere.
+STUB_MARK = "ptxas-stand-in-1"
+#: The compiler option that points XLA at the stand-in.
+STUB_OPTION = "xla_gpu_cuda_data_dir"
 #: Bumped when what a record means changes without its fields changing.
 FORMAT = 1
 
@@ -89,7 +96,9 @@ def cache_dir() -> Path:
     ``~/.cache/remat_kit`` (read at every call, so a test or a CLI flag may change it).
 
     Example:
-      >>> os.environ[ENV_DIR] = "/tmp/rk-cache"; str(cache_dir())          # doctest: +SKIP
+      >>> from unittest import mock
+      >>> with mock.patch.dict(os.environ, {ENV_DIR: "/tmp/rk-cache"}):
+      ...     str(cache_dir())
       '/tmp/rk-cache'
     """
     if os.environ.get(ENV_DIR):
@@ -123,6 +132,9 @@ def set_enabled(flag: bool | None) -> None:
 
     Example:
       >>> set_enabled(False)  # what --no-cache does
+      >>> enabled()
+      False
+      >>> set_enabled(None)  # back to REMAT_KIT_NO_CACHE
     """
     global _override
     if flag is not None and not isinstance(flag, bool):
@@ -272,7 +284,9 @@ def remember(
       The answer.
 
     Example:
-      >>> remember("answer", {"q": 6 * 7}, target("cpu"), lambda: 42)   # doctest: +SKIP
+      >>> remember("answer", {"q": 6 * 7}, rk.target("cpu"), lambda: 42)
+      42
+      >>> remember("answer", {"q": 6 * 7}, rk.target("cpu"), lambda: 0)  # read back
       42
     """
     if not enabled():
@@ -393,7 +407,7 @@ def load(key: str) -> dict[str, Any] | None:
     """The record stored under ``key``, or None (absent, unreadable or not a record).
 
     Example:
-      >>> load("0" * 64) is None                                          # doctest: +SKIP
+      >>> load("0" * 64) is None
       True
     """
     try:
@@ -421,8 +435,9 @@ def store(key: str, record: Mapping[str, Any]) -> bool:
       Whether it was written.
 
     Example:
-      >>> store(entry_key("module {}", target("cpu")), {"a": 1})          # doctest: +SKIP
-      True
+      >>> key = entry_key("module {}", rk.target("cpu"))
+      >>> store(key, {"a": 1}), load(key)
+      (True, {'a': 1})
     """
     path = _path(key)
     tmp = None
@@ -438,6 +453,20 @@ def store(key: str, record: Mapping[str, Any]) -> bool:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         return False
+
+
+def key_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` as a cache key sees them: the stand-in's path (the user's own) becomes
+    :data:`STUB_MARK`, so that the key names what the options do, not where they live.
+
+    Example:
+      >>> key_options({"xla_gpu_cuda_data_dir": "/home/u/.cache/remat_kit/ptxas/ab12"})
+      {'xla_gpu_cuda_data_dir': 'ptxas-stand-in-1'}
+    """
+    out = dict(options)
+    if STUB_OPTION in out:
+        out[STUB_OPTION] = STUB_MARK
+    return out
 
 
 def compiled_memory(
@@ -464,8 +493,9 @@ def compiled_memory(
       The CompiledMemory.
 
     Example:
-      >>> mem = compiled_memory(jax.jit(f).lower(*args), t)               # doctest: +SKIP
-      >>> mem.peak_bytes
+      >>> low = jax.jit(lambda a: a @ a).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32))
+      >>> compiled_memory(low, rk.target("cpu")).argument_bytes
+      256
     """
     global _compiled
     if compile_fn is None:
@@ -491,7 +521,12 @@ def compiles() -> int:
     """Programs :func:`compiled_memory` has compiled in this process (not read from disk).
 
     Example:
-      >>> before = compiles(); ...; compiled_afresh = compiles() - before   # doctest: +SKIP
+      >>> low = jax.jit(lambda a: a * 3).lower(jax.ShapeDtypeStruct((3,), jnp.float32))
+      >>> before = compiles()
+      >>> a = compiled_memory(low, rk.target("cpu"))
+      >>> b = compiled_memory(low, rk.target("cpu"))  # the same program: read from disk
+      >>> compiles() - before
+      1
     """
     return _compiled
 

@@ -23,12 +23,13 @@ import dataclasses
 import hashlib
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.analysis import MemoryReport, RematWarning
 from remat_kit.errors import BadValue
+from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 
@@ -39,6 +40,7 @@ __all__ = [
     "check_traced_with",
     "checkpoint_policies",
     "offload_shortfall",
+    "offload_shortfall_note",
     "register",
     "unmatched_policy",
 ]
@@ -88,16 +90,9 @@ def unmatched_policy(policy: Any, tags: Iterable[str]) -> bool:
     return all(decide(pol, t) == "recompute" for t in tags)
 
 
-def _tag_list(tags: Sequence[str], limit: int = 12) -> str:
-    if not tags:
-        return "none (tag the model: remat_kit.tagging, or checkpoint_name in its code)"
-    shown = ", ".join(tags[:limit])
-    return shown + (f" ... ({len(tags) - limit} more)" if len(tags) > limit else "")
-
-
 def check_policy_matches(
     policy: Any, tags: Iterable[str], *, strict: bool = False, where: str = "the program"
-) -> str | None:
+) -> Note | None:
     """Says so when a name-based policy matches no tag of a program.
 
     Args:
@@ -107,7 +102,9 @@ def check_policy_matches(
       where: what was traced, for the message.
 
     Returns:
-      The message, or None when the policy matches (or does not decide by name).
+      The note (kind ``no_tag_matched_in``: the policy, its names, ``where`` and the tags
+      there), also issued as a RematWarning in words; None when the policy matches (or does
+      not decide by name).
 
     Raises:
       BadValue: with ``strict``, when nothing matches (one line listing the tags that exist).
@@ -121,14 +118,16 @@ def check_policy_matches(
     present = sorted(set(tags))
     if not unmatched_policy(pol, present):
         return None
-    message = (
-        f"policy {pol.spec!r} names {', '.join(pol.tags)} but {where} tags none of them, "
-        f"so it behaves like 'full'; tags there: {_tag_list(present)}"
+    from remat_kit.render.notes import words
+
+    note = Note(
+        "no_tag_matched_in",
+        {"policy": pol.spec, "names": pol.tags, "where": where, "tags": present},
     )
     if strict:
-        raise BadValue(message)
-    warnings.warn(message, RematWarning, stacklevel=2)
-    return message
+        raise BadValue(words(note))
+    warnings.warn(words(note), RematWarning, stacklevel=2)
+    return note
 
 
 def checkpoint_policies(closed: Any) -> list[tuple[Any, frozenset[str]]]:
@@ -213,7 +212,12 @@ def check_traced_with(
       BadValue: either sign (one line saying what the program holds and what to do).
 
     Example:
-      >>> t = check_traced_with(jax.make_jaxpr(step)(*args), "full")   # doctest: +SKIP
+      >>> f = jax.checkpoint(jnp.sin, policy=jax.checkpoint_policies.nothing_saveable)
+      >>> check_traced_with(jax.make_jaxpr(f)(1.0), "full").policy
+      'full'
+      >>> check_traced_with(jax.make_jaxpr(f)(1.0), "minimal")
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: the model traced for policy 'minimal' holds no checkpoint ...
     """
     pol = as_policy(policy)
     found = checkpoint_policies(closed)
@@ -254,6 +258,33 @@ def check_traced_with(
     return Trace(pol.spec, digest)
 
 
+def offload_shortfall_note(
+    report: MemoryReport, marked_bytes: int, *, threshold: float = OFFLOAD_SHORTFALL
+) -> Note | None:
+    """A note when XLA moved far fewer bytes to host than jax marked for offload.
+
+    What :func:`offload_shortfall` says, as data: kind ``offload_shortfall`` with
+    ``moved_bytes`` and ``marked_bytes``.
+
+    Args:
+      report: the compiled report (its ``host_temp_bytes``, else ``host_bytes``).
+      marked_bytes: bytes jax marked for offload in the same step.
+      threshold: the share below which the offload counts as not carried out.
+
+    Returns:
+      The note, or None.
+
+    Example:
+      >>> r = rk.memory_report(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target="cpu")
+      >>> offload_shortfall_note(r.replace(host_temp_bytes=2**30 // 10), 2**30).data
+      {'moved_bytes': 107374182, 'marked_bytes': 1073741824}
+    """
+    moved = int(report.host_temp_bytes or report.host_bytes or 0)
+    if marked_bytes <= 0 or moved >= threshold * marked_bytes:
+        return None
+    return Note("offload_shortfall", {"moved_bytes": moved, "marked_bytes": int(marked_bytes)})
+
+
 def offload_shortfall(
     report: MemoryReport, marked_bytes: int, *, threshold: float = OFFLOAD_SHORTFALL
 ) -> str | None:
@@ -270,17 +301,14 @@ def offload_shortfall(
       threshold: the share below which the offload counts as not carried out.
 
     Returns:
-      One line with both figures, or None.
+      One line with both figures (the words of :func:`offload_shortfall_note`), or None.
 
     Example:
-      >>> offload_shortfall(report, 2**30)                                # doctest: +SKIP
-      'offload moved 0.10 GiB to host of the 1.00 GiB jax marked (10%) ...'
+      >>> r = rk.memory_report(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target="cpu")
+      >>> offload_shortfall(r.replace(host_temp_bytes=2**30 // 10), 2**30)
+      'offload moved 0.10 GiB to host of the 1.00 GiB jax marked for offload (10%): ...'
     """
-    moved = int(report.host_temp_bytes or report.host_bytes or 0)
-    if marked_bytes <= 0 or moved >= threshold * marked_bytes:
-        return None
-    return (
-        f"offload moved {moved / 2**30:.2f} GiB to host of the {marked_bytes / 2**30:.2f} GiB "
-        f"jax marked for offload ({100 * moved / marked_bytes:.0f}%): XLA kept the rest on the "
-        "device, so the peak is not what the policy promises; offload needs scanned layers"
-    )
+    from remat_kit.render.notes import words
+
+    note = offload_shortfall_note(report, marked_bytes, threshold=threshold)
+    return None if note is None else words(note)

@@ -143,12 +143,15 @@ def _names_param(key: str, value: Any) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, Iterable):
         raise BadType(
             f"policy parameter {key}={value!r} must be a list of tag names, "
-            f"e.g. {key}=['query_proj']"
+            f"e.g. {key}=['query_proj']",
+            param="policy",
         )
     out = tuple(value)
     for item in out:
         if not isinstance(item, str):
-            raise BadType(f"policy parameter {key} holds {item!r}; tag names are strings")
+            raise BadType(
+                f"policy parameter {key} holds {item!r}; tag names are strings", param="policy"
+            )
     # Module paths and globs name tags remat_kit.tagging gives untagged models: not typos.
     unknown = [n for n in out if n not in _names.VOCABULARY and not _is_path_pattern(n)]
     if unknown:
@@ -188,7 +191,8 @@ def _names_policy(save: Iterable[str]) -> Policy:
     if not saved:
         raise BadValue(
             "policy 'names' needs at least one tag to save, e.g. names:save=query_proj+mlpwo; "
-            "to save no tagged tensor use 'full'"
+            "to save no tagged tensor use 'full'",
+            param="policy",
         )
     return Policy(
         "names",
@@ -242,17 +246,25 @@ def _offload_policy(
     if not moved:
         raise BadValue(
             "policy 'offload' needs at least one tag to offload, e.g. offload:offload=context; "
-            "to offload nothing use 'names' (save=...) or 'full'"
+            "to offload nothing use 'names' (save=...) or 'full'",
+            param="policy",
         )
     if not isinstance(dst, str):
         raise BadType(
-            f"dst={dst!r} must be a memory kind string, one of {', '.join(_OFFLOAD_DSTS)}"
+            f"dst={dst!r} must be a memory kind string, one of {', '.join(_OFFLOAD_DSTS)}",
+            param="policy",
         )
     if dst not in _OFFLOAD_DSTS:
-        raise BadValue(f"unknown offload destination {dst!r}; valid: {', '.join(_OFFLOAD_DSTS)}")
+        raise BadValue(
+            f"unknown offload destination {dst!r}; valid: {', '.join(_OFFLOAD_DSTS)}",
+            param="policy",
+        )
     both = set(moved) & set(kept)
     if both:
-        raise BadValue(f"{sorted(both)} are both offloaded and saved; name each in one list only")
+        raise BadValue(
+            f"{sorted(both)} are both offloaded and saved; name each in one list only",
+            param="policy",
+        )
     return Policy(
         "offload",
         f"offload {', '.join(moved) or '(nothing)'} to {dst}"
@@ -274,7 +286,8 @@ def _either_policy(a: Any, b: Any) -> Policy:
     pa, pb = as_policy(a), as_policy(b)
     if not (pa.is_remat and pb.is_remat):
         raise BadValue(
-            "either(a, b) combines two remat policies; 'none' saves everything already"
+            "either(a, b) combines two remat policies; 'none' saves everything already",
+            param="policy",
         )
 
     # jax's save_from_both_policies rejects offload decisions; rank save > offload > recompute.
@@ -411,11 +424,13 @@ def policy(name: str, **params: Any) -> Policy:
       'pinned_host'
     """
     if not isinstance(name, str):
-        raise BadType(f"policy name must be a str, got {type(name).__name__} {name!r}")
+        raise BadType(
+            f"policy name must be a str, got {type(name).__name__} {name!r}", param="policy"
+        )
     try:
         make = _CATALOGUE[name]
     except KeyError:
-        raise unknown("policy", name, _CATALOGUE) from None
+        raise unknown("policy", name, _CATALOGUE, param="policy") from None
     # The parameters are checked against the maker's signature before the call, so a
     # TypeError from inside the maker is never mistaken for a misnamed parameter.
     signature = inspect.signature(make).parameters
@@ -466,7 +481,8 @@ def as_policy(p: str | Policy | Callable[..., Any] | None) -> Policy:
         label = getattr(p, "__name__", type(p).__name__)
         return Policy("custom", f"user policy {label}", p)
     raise BadType(
-        f"policy must be a name, rk.Policy or jax policy callable, got {type(p).__name__} {p!r}"
+        f"policy must be a name, rk.Policy or jax policy callable, got {type(p).__name__} {p!r}",
+        param="policy",
     )
 
 
@@ -480,8 +496,7 @@ def parse_policy(spec: str) -> Policy:
       ValueError: unknown name or malformed spec.
 
     Example:
-      >>> import remat_kit as rk
-      >>> rk.parse_policy("names:save=query_proj+mlpwo").params["save"]
+      >>> parse_policy("names:save=query_proj+mlpwo").params["save"]
       ('query_proj', 'mlpwo')
     """
     name, _, rest = spec.strip().partition(":")
@@ -491,7 +506,9 @@ def parse_policy(spec: str) -> Policy:
     for item in rest.split(","):
         key, eq, value = item.partition("=")
         if not eq or not key:
-            raise BadValue(f"cannot read {item!r} in policy spec {spec!r}; expected key=value")
+            raise BadValue(
+                f"cannot read {item!r} in policy spec {spec!r}; expected key=value", param="policy"
+            )
         key = key.strip()
         if name == "either" or key == "dst":
             params[key] = value.strip()
@@ -507,8 +524,7 @@ def recompute_instead(p: Policy | str) -> Policy:
     recomputed instead of moved to host memory and back.
 
     Example:
-      >>> import remat_kit as rk
-      >>> rk.decide(rk.recompute_instead("minimal_offloaded"), "query_proj")
+      >>> rk.decide(recompute_instead("minimal_offloaded"), "query_proj")
       'recompute'
     """
     base = as_policy(p)

@@ -166,7 +166,7 @@ def precision(name: str | Precision) -> Precision:
     try:
         return PRECISIONS[name]
     except (KeyError, TypeError):
-        raise unknown("precision", name, PRECISIONS, n=2) from None
+        raise unknown("precision", name, PRECISIONS, n=2, param="precision") from None
 
 
 def cast_floats(tree: Any, dtype: Any) -> Any:

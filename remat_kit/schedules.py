@@ -115,7 +115,8 @@ class Schedule:
             if self.name == "every" and (self.n or 1) > n_layers:
                 raise BadValue(
                     f"schedule {self.spec!r} makes segments of {self.n} layers but the model has "
-                    f"{n_layers}: use every:K with K from 1 to {n_layers}"
+                    f"{n_layers}: use every:K with K from 1 to {n_layers}",
+                    param="schedule",
                 )
             k = self.n if self.name == "every" else max(1, round(math.sqrt(n_layers)))
             k = min(k, n_layers)
@@ -133,7 +134,8 @@ class Schedule:
             if b > n_layers:
                 raise BadValue(
                     f"layer plan names layers {a}-{b - 1} but the model has {n_layers} "
-                    f"(valid indices 0-{n_layers - 1})"
+                    f"(valid indices 0-{n_layers - 1})",
+                    param="schedule",
                 )
             for i in range(a, b):
                 per_layer[i] = as_policy(p)
@@ -204,12 +206,14 @@ def schedule(
       'layers:0-7=full,rest=minimal'
     """
     if name not in _NAMES:
-        raise unknown("schedule", name, _NAMES, n=2)
+        raise unknown("schedule", name, _NAMES, n=2, param="schedule")
     if inner is not None:
         as_policy(inner)  # validate early
     if name == "every":
         if n is None:
-            raise BadValue("schedule 'every' needs n, the segment length: every:2")
+            raise BadValue(
+                "schedule 'every' needs n, the segment length: every:2", param="schedule"
+            )
         _check_int("n", n, 1)
         return Schedule("every", n=n, inner=inner)
     if name == "nested":
@@ -219,19 +223,23 @@ def schedule(
     if name == "layers":
         if not plan:
             raise BadValue(
-                "schedule 'layers' needs a plan, e.g. plan={range(0, 8): 'full', 'rest': 'minimal'}"
+                "schedule 'layers' needs a plan, e.g. "
+                "plan={range(0, 8): 'full', 'rest': 'minimal'}",
+                param="schedule",
             )
         return _plan_schedule(plan)
     if n is not None or levels is not None or plan is not None:
-        raise BadValue(f"schedule {name!r} takes no n/levels/plan")
+        raise BadValue(f"schedule {name!r} takes no n/levels/plan", param="schedule")
     return Schedule(name, inner=inner)
 
 
 def _check_int(key: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise BadType(f"{key} must be an int, got {type(value).__name__} {value!r}")
+        raise BadType(
+            f"{key} must be an int, got {type(value).__name__} {value!r}", param="schedule"
+        )
     if value < minimum:
-        raise BadValue(f"{key}={value} must be >= {minimum}")
+        raise BadValue(f"{key}={value} must be >= {minimum}", param="schedule")
 
 
 def _plan_schedule(plan: Mapping[Any, str]) -> Schedule:
@@ -239,36 +247,44 @@ def _plan_schedule(plan: Mapping[Any, str]) -> Schedule:
     rest = None
     for key, pol in plan.items():
         if not isinstance(pol, str | Policy):
-            raise BadType(f"plan values are policy names, got {pol!r} for {key!r}")
+            raise BadType(
+                f"plan values are policy names, got {pol!r} for {key!r}", param="schedule"
+            )
         spec = as_policy(pol).spec
         if key == "rest":
             rest = spec
             continue
         if isinstance(key, bool):
-            raise BadType(f"plan key {key!r} is not a layer index")
+            raise BadType(f"plan key {key!r} is not a layer index", param="schedule")
         if isinstance(key, int):
             a, b = key, key + 1
         elif isinstance(key, range):
             if key.step != 1:
-                raise BadValue(f"plan range {key!r} must have step 1")
+                raise BadValue(f"plan range {key!r} must have step 1", param="schedule")
             a, b = key.start, key.stop
         elif isinstance(key, str) and "-" in key:
             lo, _, hi = key.partition("-")
             try:
                 a, b = int(lo), int(hi) + 1
             except ValueError:
-                raise BadValue(f"plan key {key!r}: expected 'first-last', e.g. '0-7'") from None
+                raise BadValue(
+                    f"plan key {key!r}: expected 'first-last', e.g. '0-7'", param="schedule"
+                ) from None
         elif isinstance(key, str) and key.isdigit():
             a, b = int(key), int(key) + 1
         else:
-            raise BadValue(f"plan key {key!r}: use a layer index, a range, 'a-b' or 'rest'")
+            raise BadValue(
+                f"plan key {key!r}: use a layer index, a range, 'a-b' or 'rest'", param="schedule"
+            )
         if a < 0 or b <= a:
-            raise BadValue(f"plan key {key!r} names no layers")
+            raise BadValue(f"plan key {key!r} names no layers", param="schedule")
         entries.append((a, b, spec))
     entries.sort()
     for (a1, b1, _), (a2, _, _) in itertools.pairwise(entries):
         if a2 < b1:
-            raise BadValue(f"plan entries overlap at layer {a2} (layers {a1}-{b1 - 1})")
+            raise BadValue(
+                f"plan entries overlap at layer {a2} (layers {a1}-{b1 - 1})", param="schedule"
+            )
     return Schedule("layers", plan=tuple(entries), rest=rest)
 
 
@@ -288,7 +304,9 @@ def parse_schedule(spec: str | Schedule | None) -> Schedule:
     if isinstance(spec, Schedule):
         return spec
     if not isinstance(spec, str):
-        raise BadType(f"schedule must be a spec string or rk.Schedule, got {spec!r}")
+        raise BadType(
+            f"schedule must be a spec string or rk.Schedule, got {spec!r}", param="schedule"
+        )
     name, _, arg = spec.strip().partition(":")
     if name not in _NAMES:
         schedule(name)  # raises, naming close matches
@@ -302,12 +320,13 @@ def parse_schedule(spec: str | Schedule | None) -> Schedule:
             key, eq, pol = item.partition("=")
             if not eq:
                 raise BadValue(
-                    f"cannot read {item!r} in {spec!r}; expected 0-7=full,rest=minimal"
+                    f"cannot read {item!r} in {spec!r}; expected 0-7=full,rest=minimal",
+                    param="schedule",
                 )
             plan[key.strip()] = pol.strip()
         return schedule("layers", plan=plan)
     if arg:
-        raise BadValue(f"schedule {name!r} takes no argument (got {spec!r})")
+        raise BadValue(f"schedule {name!r} takes no argument (got {spec!r})", param="schedule")
     return schedule(name)
 
 
@@ -316,7 +335,8 @@ def _int_arg(spec: str, arg: str) -> int:
         return int(arg)
     except ValueError:
         raise BadValue(
-            f"cannot read schedule {spec!r}: expected a number after ':' as in every:2, nested:3"
+            f"cannot read schedule {spec!r}: expected a number after ':' as in every:2, nested:3",
+            param="schedule",
         ) from None
 
 

@@ -21,7 +21,8 @@ Example:
   >>> plan = parse_shard("fsdp:4,tp:2")
   >>> plan.spec, plan.devices, plan.data_size
   ('fsdp:4,tp:2', 8, 4)
-  >>> mesh = plan.mesh(rk.target("h100", devices=8))                     # doctest: +SKIP
+  >>> plan.mesh(rk.target("h100", devices=8)).shape  # 8 H100s, none of them here
+  OrderedDict([('fsdp', 4), ('tp', 2)])
 """
 
 from __future__ import annotations
@@ -111,15 +112,22 @@ class MeshPlan:
 
     def __post_init__(self) -> None:
         if not self.axes:
-            raise BadValue(f"a mesh plan needs at least one axis ({_EXAMPLES})")
+            raise BadValue(f"a mesh plan needs at least one axis ({_EXAMPLES})", param="shard")
         seen: set[str] = set()
         for kind, size in self.axes:
             if kind not in STRATEGIES:
-                raise BadValue(f"unknown sharding axis {kind!r}; valid: {', '.join(STRATEGIES)}")
+                raise BadValue(
+                    f"unknown sharding axis {kind!r}; valid: {', '.join(STRATEGIES)}", param="shard"
+                )
             if kind in seen:
-                raise BadValue(f"sharding axis {kind!r} appears twice in {self.axes}")
+                raise BadValue(
+                    f"sharding axis {kind!r} appears twice in {self.axes}", param="shard"
+                )
             if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-                raise BadValue(f"size of sharding axis {kind!r} must be a positive int: {size!r}")
+                raise BadValue(
+                    f"size of sharding axis {kind!r} must be a positive int: {size!r}",
+                    param="shard",
+                )
             seen.add(kind)
         ordered = tuple(sorted(self.axes, key=lambda a: STRATEGIES.index(a[0])))
         object.__setattr__(self, "axes", ordered)
@@ -213,7 +221,7 @@ class MeshPlan:
           remat_kit.TargetError: the GPU target cannot be compiled for here.
 
         Example:
-          >>> parse_shard("fsdp:8").mesh(rk.target("h100", devices=8)).shape  # doctest: +SKIP
+          >>> parse_shard("fsdp:8").mesh(rk.target("h100", devices=8)).shape
           OrderedDict([('fsdp', 8)])
         """
         self.check_devices(target.devices)
@@ -228,7 +236,8 @@ class MeshPlan:
         if self.devices != devices:
             raise BadValue(
                 f"mesh {self.spec} holds {self.devices} devices but the target has {devices}: "
-                f"the sizes must multiply to {devices} ({_suggest(devices)})"
+                f"the sizes must multiply to {devices} ({_suggest(devices)})",
+                param="shard",
             )
 
     @contextlib.contextmanager
@@ -239,8 +248,12 @@ class MeshPlan:
         axis rules, not the concrete device context.
 
         Example:
-          >>> with plan.activation_context(mesh):                           # doctest: +SKIP
-          ...     logits = module.apply(params, tokens)
+          >>> plan = parse_shard("fsdp:8")
+          >>> dense = nn.Dense(16)
+          >>> params = jax.eval_shape(dense.init, jax.random.key(0), jnp.ones((8, 8)))
+          >>> with plan.activation_context(plan.mesh(rk.target("h100", devices=8))):
+          ...     jax.eval_shape(dense.apply, params, jnp.ones((8, 8))).shape
+          (8, 16)
         """
         with (
             jax.sharding.use_abstract_mesh(mesh.abstract_mesh),
@@ -278,10 +291,12 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
             spec.check_devices(devices)
         return spec
     if not isinstance(spec, str):
-        raise BadType(f"shard spec must be a str or MeshPlan, got {type(spec).__name__}")
+        raise BadType(
+            f"shard spec must be a str or MeshPlan, got {type(spec).__name__}", param="shard"
+        )
     items = [s.strip() for s in re.split(r"[,+]", spec.strip().lower()) if s.strip()]
     if not items:
-        raise BadValue(f"empty shard spec {spec!r} ({_EXAMPLES})")
+        raise BadValue(f"empty shard spec {spec!r} ({_EXAMPLES})", param="shard")
     axes: list[tuple[str, int | None]] = []
     for item in items:
         kind, colon, size = (p.strip() for p in item.partition(":"))
@@ -290,20 +305,22 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
             hint = f" Did you mean {close[0]}?" if close else ""
             raise BadValue(
                 f"unknown sharding axis {kind!r} in {spec!r}.{hint} Valid: "
-                f"{', '.join(STRATEGIES)} ({_EXAMPLES})"
+                f"{', '.join(STRATEGIES)} ({_EXAMPLES})",
+                param="shard",
             )
         if not colon:
             axes.append((kind, None))
             continue
         if not size.isdigit() or int(size) < 1:
             raise BadValue(
-                f"cannot read size {size!r} of axis {kind!r} in {spec!r}: expected a positive int"
+                f"cannot read size {size!r} of axis {kind!r} in {spec!r}: expected a positive int",
+                param="shard",
             )
         axes.append((kind, int(size)))
     kinds = [k for k, _ in axes]
     dups = sorted({k for k in kinds if kinds.count(k) > 1})
     if dups:
-        raise BadValue(f"sharding axis {', '.join(dups)} named twice in {spec!r}")
+        raise BadValue(f"sharding axis {', '.join(dups)} named twice in {spec!r}", param="shard")
     open_axes = [k for k, n in axes if n is None]
     if open_axes:
         if len(open_axes) > 1 or devices is None:
@@ -317,7 +334,8 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
         if devices % known:
             raise BadValue(
                 f"shard spec {spec!r}: the given sizes hold {known} devices, which does not "
-                f"divide the target's {devices} ({_suggest(devices)})"
+                f"divide the target's {devices} ({_suggest(devices)})",
+                param="shard",
             )
         axes = [(k, devices // known if n is None else n) for k, n in axes]
     plan = MeshPlan(tuple((k, int(n)) for k, n in axes))  # type: ignore[arg-type]
@@ -336,7 +354,13 @@ def strip_boxes(tree: Any) -> Any:
       The same pytree with every box replaced by its value.
 
     Example:
-      >>> params = strip_boxes(jax.eval_shape(module.init, key, tokens))   # doctest: +SKIP
+      >>> init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+      >>> boxed = jax.eval_shape(nn.Dense(16, kernel_init=init).init, jax.random.key(0),
+      ...                        jnp.ones((2, 8)))
+      >>> type(boxed["params"]["kernel"]).__name__
+      'LogicallyPartitioned'
+      >>> strip_boxes(boxed)["params"]["kernel"]
+      ShapeDtypeStruct(shape=(8, 16), dtype=float32)
     """
 
     def one(x: Any) -> Any:
@@ -366,8 +390,11 @@ def param_specs(boxed: Any, plan: MeshPlan) -> Any:
         parameter, its logical axis and size, the axis and its size).
 
     Example:
-      >>> param_specs(boxed, parse_shard("tp:2"))["params"]["lm_head"]["kernel"]  # doctest: +SKIP
-      PartitionSpec(None, 'tp')
+      >>> init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+      >>> boxed = jax.eval_shape(nn.Dense(16, kernel_init=init).init, jax.random.key(0),
+      ...                        jnp.ones((2, 8)))
+      >>> param_specs(boxed, parse_shard("tp:2"))["params"]["kernel"]  # "mlp" is split by tp
+      P(None, 'tp')
     """
     rules = plan.rules()
     sizes = dict(plan.axes)
@@ -407,8 +434,13 @@ def param_shardings(boxed: Any, plan: MeshPlan, mesh: Mesh) -> Any:
       ValueError: a mesh axis does not divide the dimension it splits.
 
     Example:
-      >>> plan = parse_shard("fsdp:8")                                      # doctest: +SKIP
-      >>> sh = param_shardings(jax.eval_shape(module.init, key, tokens), plan, plan.mesh(t))
+      >>> init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+      >>> boxed = jax.eval_shape(nn.Dense(16, kernel_init=init).init, jax.random.key(0),
+      ...                        jnp.ones((2, 8)))
+      >>> plan = parse_shard("fsdp:8")
+      >>> sh = param_shardings(boxed, plan, plan.mesh(rk.target("h100", devices=8)))
+      >>> sh["params"]["kernel"].spec  # "embed" is split by fsdp
+      P('fsdp', None)
     """
     return jax.tree.map(
         lambda s: NamedSharding(mesh, s),
@@ -434,7 +466,17 @@ def opt_state_shardings(opt_state: Any, params: Any, shardings: Any, mesh: Mesh)
       A pytree of NamedSharding shaped like ``opt_state``.
 
     Example:
-      >>> opt_sh = opt_state_shardings(opt_abs, params, param_sh, mesh)     # doctest: +SKIP
+      >>> import optax
+      >>> init = nn.with_logical_partitioning(nn.initializers.lecun_normal(), ("embed", "mlp"))
+      >>> boxed = jax.eval_shape(nn.Dense(16, kernel_init=init).init, jax.random.key(0),
+      ...                        jnp.ones((2, 8)))
+      >>> plan = parse_shard("fsdp:8")
+      >>> mesh = plan.mesh(rk.target("h100", devices=8))
+      >>> params, param_sh = strip_boxes(boxed), param_shardings(boxed, plan, mesh)
+      >>> opt_abs = jax.eval_shape(optax.adam(1e-3).init, params)
+      >>> opt_sh = opt_state_shardings(opt_abs, params, param_sh, mesh)
+      >>> opt_sh[0].mu["params"]["kernel"].spec  # the moments follow their weights
+      P('fsdp', None)
     """
     by_path: dict[tuple[str, ...], tuple[tuple[int, ...], NamedSharding]] = {}
     for (path, x), s in zip(
@@ -460,8 +502,9 @@ def batch_sharding(plan: MeshPlan, mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Sharding of an input batch: the leading (batch) dimension split over the data axes.
 
     Example:
-      >>> batch_sharding(plan, mesh).spec                                   # doctest: +SKIP
-      PartitionSpec('fsdp', None)
+      >>> plan = parse_shard("fsdp:8")
+      >>> batch_sharding(plan, plan.mesh(rk.target("h100", devices=8))).spec
+      P('fsdp', None)
     """
     data = plan.data_axes
     first: Any = (data[0] if len(data) == 1 else data) if data else None
@@ -528,7 +571,8 @@ def _check_divides(
             raise BadValue(
                 f"{label} splits logical axis {names[dim]!r} (size {n}) of parameter {where} "
                 f"{ways} ways, which does not divide {n}: use a {'+'.join(axes)} size in "
-                f"{divisors} or another plan than {plan.spec}"
+                f"{divisors} or another plan than {plan.spec}",
+                param="shard",
             )
 
 

@@ -20,7 +20,8 @@ Example:
   ...         return nn.Dense(4, name="o_proj")(nn.Dense(4, name="q_proj")(x))
   >>> m = rk.tagging.TaggedModule(Attn())
   >>> x = jnp.ones((1, 4))
-  >>> sorted(rk.residuals.tags_in(jax.make_jaxpr(m.apply)(m.init(jax.random.key(0), x), x)))
+  >>> params = jax.eval_shape(m.init, jax.random.key(0), x)
+  >>> sorted(rk.residuals.tags_in(jax.make_jaxpr(m.apply)(params, x)))
   ['out_proj', 'query_proj']
 """
 
@@ -136,7 +137,7 @@ def rules(spec: str | Sequence[Rule | tuple[str, str]] = "auto") -> tuple[Rule, 
         out: list[Rule] = []
         for name in spec.split("+"):
             if name not in RULE_SETS:
-                raise unknown("tag rule set", name, [*RULE_SETS, "auto", "paths"])
+                raise unknown("tag rule set", name, [*RULE_SETS, "auto", "paths"], param="tags")
             out.extend(RULE_SETS[name])
         return tuple(out)
     return tuple(r if isinstance(r, Rule) else Rule(*r) for r in spec)
@@ -195,8 +196,14 @@ def tagging(spec: str | Sequence[Rule | tuple[str, str]] = "auto") -> Iterator[t
       UnknownName: an unknown rule set name.
 
     Example:
-      >>> with rk.tagging.tagging("hf"):                                  # doctest: +SKIP
-      ...     loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+      >>> model, tokens = tiny_model("none"), jnp.zeros((1, 8), jnp.int32)
+      >>> params = jax.eval_shape(model.init, jax.random.key(0), tokens)
+      >>> sorted(rk.residuals.tags_in(jax.make_jaxpr(model.apply)(params, tokens)))
+      []
+      >>> with rk.tagging.tagging("hf"):
+      ...     jaxpr = jax.make_jaxpr(model.apply)(params, tokens)
+      >>> sorted(rk.residuals.tags_in(jaxpr))
+      ['lm_head', 'mlpwi_1', 'mlpwo']
     """
     rule_list = rules(spec)
 
@@ -226,8 +233,10 @@ class TaggedModule:
       spec: the tag rules (see :func:`rules`).
 
     Example:
-      >>> m = TaggedModule(nn.Dense(4))                                   # doctest: +SKIP
-      >>> params = m.init(jax.random.key(0), x); y = m.apply(params, x)
+      >>> m, tokens = TaggedModule(tiny_model("none")), jnp.zeros((1, 8), jnp.int32)
+      >>> params = jax.eval_shape(m.init, jax.random.key(0), tokens)
+      >>> sorted(rk.residuals.tags_in(jax.make_jaxpr(m.apply)(params, tokens)))
+      ['lm_head', 'mlpwi_1', 'mlpwo']
     """
 
     def __init__(self, module: Any, spec: str | Sequence[Any] = "auto") -> None:
@@ -269,9 +278,14 @@ def tag_nnx(model: Any, spec: str | Sequence[Rule | tuple[str, str]] = "auto") -
       Module path -> tag, for every layer tagged.
 
     Example:
-      >>> m = nnx.Linear(4, 4, rngs=nnx.Rngs(0))                           # doctest: +SKIP
-      >>> tag_nnx(m)
-      {'': 'linear'}
+      >>> class Mlp(nnx.Module):
+      ...     def __init__(self, rngs):
+      ...         self.up_proj = nnx.Linear(4, 8, rngs=rngs)
+      ...         self.down_proj = nnx.Linear(8, 4, rngs=rngs)
+      ...     def __call__(self, x):
+      ...         return self.down_proj(self.up_proj(x))
+      >>> tag_nnx(nnx.eval_shape(lambda: Mlp(nnx.Rngs(0))))  # no weight allocated
+      {'down_proj': 'mlpwo', 'up_proj': 'mlpwi_1'}
     """
     rule_list = rules(spec)
     done: dict[str, str] = {}

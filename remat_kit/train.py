@@ -84,7 +84,7 @@ def make_optimizer(name: str, learning_rate: float = 1e-4) -> optax.GradientTran
     try:
         return OPTIMIZERS[name](learning_rate)
     except KeyError:
-        raise unknown("optimizer", name, OPTIMIZERS, n=2) from None
+        raise unknown("optimizer", name, OPTIMIZERS, n=2, param="optimizer") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,8 +254,11 @@ def build_train_step(
       >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16))
       >>> step.breakdown["weights"] == step.breakdown["gradients"]
       True
+      >>> mesh = rk.parse_shard("fsdp:8").mesh(rk.target("h100", devices=8))
       >>> sharded = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=8, seq=16),
-      ...                               sharding="fsdp:8", mesh=mesh)      # doctest: +SKIP
+      ...                               sharding="fsdp:8", mesh=mesh)
+      >>> sharded.plan.spec
+      'fsdp:8'
     """
     micro = jax.ShapeDtypeStruct((config.micro_batch, config.seq), jnp.int32)
     extra = inputs if inputs is not None else (lambda tokens: {})

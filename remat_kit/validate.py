@@ -17,13 +17,14 @@ The real step is compiled before its arguments are placed, so compile-time scrat
 The statistics come from a :class:`StatsSource`, so the logic runs on a CPU with a fake one
 (tests/test_validate.py); :class:`LocalGPU` is the real one.
 
-Example:
-  >>> import models, remat_kit as rk                                  # doctest: +SKIP
-  >>> from remat_kit.validate import validate
-  >>> cfg = models.get_config("llama3.2-1b", policy="full")
-  >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=4, seq=2048))
-  >>> v = validate(step)               # on a machine with an H100: compiles for h100-80gb
-  >>> print(f"{v.error:+.1%}")
+Example (it needs an NVIDIA GPU, so it is not run as a doctest)::
+
+  import models, remat_kit as rk
+  from remat_kit.validate import validate
+  cfg = models.get_config("llama3.2-1b", policy="full")
+  step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=4, seq=2048))
+  v = validate(step)  # on a machine with an H100: compiled for h100-80gb, run there
+  print(f"{v.error:+.1%}")  # predicted / measured - 1
 """
 
 from __future__ import annotations
@@ -77,16 +78,16 @@ class LocalGPU:
       TargetError: this machine has no NVIDIA GPU jax can use (checked before jax starts its
         backends where possible, so a CPU-only machine fails at once, without a CUDA probe).
 
-    Example:
-      >>> LocalGPU().device_kind()                                     # doctest: +SKIP
-      'NVIDIA H100 80GB HBM3'
+    Example (on a machine with an H100; not run as a doctest)::
+
+      LocalGPU().device_kind()  # 'NVIDIA H100 80GB HBM3'
     """
 
     def __init__(self, index: int = 0) -> None:
         if not glob.glob("/dev/nvidia[0-9]*"):
             raise TargetError(
                 "no NVIDIA GPU on this machine (no /dev/nvidia* device): a real-GPU check runs "
-                "the step on a local GPU; predictions alone need none (remat-kit report)"
+                "the step on a local GPU; predictions alone need none (a deviceless target)"
             )
         try:
             gpus = jax.devices("gpu")
@@ -222,9 +223,10 @@ def validate(
       TargetError: no local GPU, no allocator statistics, or a device kind with no
         catalogue target (and no ``target`` given).
 
-    Example:
-      >>> v = validate(step, steps=3)                                 # doctest: +SKIP
-      >>> v.predicted_peak_bytes, v.measured_peak_bytes, v.error
+    Example (it needs an NVIDIA GPU, so it is not run as a doctest)::
+
+      v = validate(step, steps=3)
+      v.predicted_peak_bytes, v.measured_peak_bytes, v.error
     """
     if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
         raise BadValue(f"steps={steps!r} must be a positive int")

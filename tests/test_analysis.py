@@ -253,3 +253,15 @@ def test_bad_arguments():
         rk.memory_report(lambda s: s, "text", target="h100")
     with pytest.raises(ValueError, match="unknown target"):
         rk.memory_report(_mlp, *_mlp_args(), target="h1000")
+
+
+def test_measure_warns_with_the_public_remat_warning():
+    """measure(..., warn=True) issues rk.RematWarning (a name-based policy that saves nothing:
+    cuDNN's attention never makes the scores it names)."""
+    from models.measure import measure
+
+    opts = Options("tiny-llama", batch=2, seq=32, optimizer="sgd")
+    with pytest.warns(rk.RematWarning, match="attn_scores but the program tags none of them"):
+        r = measure(opts, "names:save=attn_scores", "h100", warn=True)
+    assert r.attention == "cudnn" and r.warnings
+    assert rk.RematWarning is rk.analysis.RematWarning and "RematWarning" in rk.__all__

@@ -22,6 +22,7 @@ import remat_kit as rk
 from models.measure import Options, check_sizes, cudnn_problem, resolve_attention
 from remat_kit.cli import main
 from remat_kit.errors import BadValue, DoesNotFit, UnknownName
+from remat_kit.notes import Note
 from remat_kit.render.files import check_output, write_json
 
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
@@ -380,7 +381,16 @@ def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
             tokens_per_step=0,
             compiles=1,
             seconds=0.0,
-            message="even batch 1 does not fit",
+            note=Note(
+                "batch_none_fits",
+                {
+                    "policy": policy.spec,
+                    "batch": 1,
+                    "peak_bytes": 10 * 2**30,
+                    "limit_bytes": 2**30,
+                    "target": "h100-80gb",
+                },
+            ),
         )
 
     monkeypatch.setattr("remat_kit.cli.fit.max_batch", nothing)
@@ -407,7 +417,17 @@ def test_advise_exits_1_when_no_gpu_fits(monkeypatch, capsys):
                 overhead=None,
                 max_batch=0,
                 fixed_bytes=2**31,
-                message="does not fit whatever the policy",
+                note=Note(
+                    "fixed_over_budget",
+                    {
+                        "message": "does not fit whatever the policy",
+                        "target": name,
+                        "limit_bytes": 2**30,
+                        "parts": {"weights": 2**31},
+                        "fixed_bytes": 2**31,
+                        "hints": [],
+                    },
+                ),
                 seconds=0.0,
             )
             for name in targets
@@ -416,3 +436,69 @@ def test_advise_exits_1_when_no_gpu_fits(monkeypatch, capsys):
     monkeypatch.setattr("remat_kit.cli.advise.advise", none_fit)
     assert main(["advise", *TINY, "--targets", "l4,rtx4090"]) == 1
     assert "nothing fits: no GPU of l4, rtx4090 fits tiny-llama batch 2" in _one_line(capsys)
+
+
+# --- library errors name parameters, never flags --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        (lambda: rk.target("h1000"), "target"),
+        (lambda: rk.target("h100", devices=8, hosts=3), "hosts"),
+        (lambda: rk.target("h100", devices=0), "devices"),
+        (lambda: rk.search.parse_budget("lots"), "budget"),
+        (lambda: rk.TrainConfig(batch=6, seq=8, accum=4), "accum"),
+        (lambda: rk.TrainConfig(batch=2, seq=0), "seq"),
+        (lambda: rk.parse_shard("fsdp:0"), "shard"),
+        (lambda: rk.parse_schedule("every:0"), "schedule"),
+        (lambda: rk.policy("names", sav=["query_proj"]), "policy"),
+        (lambda: models.get_config("tiny-llama", vocab=1), "vocab_size"),
+        (lambda: rk.sources.load_factory("no_colon.py"), "model"),
+    ],
+)
+def test_a_bad_value_names_its_parameter(call, param):
+    with pytest.raises(BadValue) as info:
+        call()
+    assert info.value.param == param
+    assert "--" not in str(info.value)  # a flag is the CLI's word for it, not the library's
+
+
+def test_host_budget_fractions_are_refused_by_type_not_by_text():
+    from remat_kit.cli._args import host_budget_arg
+    from remat_kit.errors import UnitlessBudget
+
+    for text in ("0.5", "1.5"):
+        with pytest.raises(UnitlessBudget):
+            rk.search.parse_budget(text, None)
+        with pytest.raises(BadValue, match="give bytes with a unit"):
+            host_budget_arg(text)
+    with pytest.raises(BadValue, match=r"^--host-budget: cannot read budget 'lots'"):
+        host_budget_arg("lots")
+
+
+def test_library_messages_never_name_a_cli_flag():
+    """Every message raised or warned outside remat_kit/cli names parameters, not flags."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    calls = {"warn", "BadValue", "BadType", "DoesNotFit", "TargetError", "InspectError", "unknown"}
+    found = []
+    for path in sorted([*root.glob("remat_kit/**/*.py"), *root.glob("models/**/*.py")]):
+        if "cli" in path.relative_to(root).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            name = getattr(node, "func", None)
+            name = getattr(name, "id", getattr(name, "attr", None))
+            if not isinstance(node, ast.Raise) and name not in calls:
+                continue
+            found += [
+                f"{path.relative_to(root)}:{sub.lineno}: {sub.value}"
+                for sub in ast.walk(node)
+                if isinstance(sub, ast.Constant)
+                and isinstance(sub.value, str)
+                and re.search(r"--[a-z]|remat-kit [a-z]", sub.value)
+            ]
+    assert found == []

@@ -200,3 +200,123 @@ def test_sharded_report_is_per_device(tmp_path, capsys):
     code = main(["report", *SMALL, "--gpus", "8", "--shard", "fsdp:3"])
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("remat-kit: ") and err.count("\n") == 1
+
+
+# --- the error boundary: one line for remat_kit's errors, a traceback for anything else ---------
+
+TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["report", *TINY, "--vocab", "1"], "--vocab 1: vocab_size=1 leaves nothing"),
+        (["report", *TINY, "--target", "h1000"], "--target h1000: unknown target 'h1000'"),
+        (["report", "--model", "tiny-gpt2", "--seq", "4096"], "--seq 4096: seq=4096 exceeds"),
+        (["report", *TINY, "--gpus", "8", "--hosts", "3"], "--hosts 3: devices=8 is not"),
+        (["report", *TINY, "--batch", "4", "--accum", "3"], "--accum 3: batch=4 does not split"),
+        (["plan", *TINY, "--budget", "lots"], "--budget lots: cannot read budget 'lots'"),
+        (["report", "--model", "nowhere.py:f"], "--model nowhere.py:f: factory 'nowhere.py:f'"),
+    ],
+)
+def test_the_cli_names_the_flag_of_a_bad_parameter(argv, line, capsys):
+    """The library names the parameter (BadValue.param); the CLI puts the flag and value first."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"remat-kit: {line}"), err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_debug_raises_instead_of_one_line(capsys):
+    from remat_kit.errors import UnknownName
+
+    argv = ["report", *TINY, "--target", "h1000"]
+    with pytest.raises(UnknownName) as info:
+        main(["--debug", *argv])
+    assert info.value.param == "target"
+    with pytest.raises(UnknownName):
+        main([*argv, "--debug"])  # after the command as well
+    assert capsys.readouterr().err == ""
+
+
+def test_debug_shows_the_full_traceback():
+    import subprocess
+    import sys
+
+    argv = ["--debug", "report", *TINY, "--target", "h1000"]
+    done = subprocess.run(
+        [sys.executable, "-m", "remat_kit.cli", *argv], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode != 0
+    assert "Traceback (most recent call last)" in done.stderr
+    assert "remat_kit.errors.UnknownName: unknown target 'h1000'" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "bug", [KeyError("oops"), ValueError("a plain ValueError"), TypeError("a plain TypeError")]
+)
+def test_a_bug_propagates_out_of_main(bug, monkeypatch, capsys):
+    """Only remat_kit's own errors (and jax/XLA refusing a program) are user errors."""
+    from remat_kit.cli import listings
+
+    def broken(args):
+        raise bug
+
+    monkeypatch.setattr(listings, "run", broken)
+    with pytest.raises(type(bug), match=str(bug.args[0])):
+        main(["targets"])
+    assert capsys.readouterr().err == ""
+
+
+def test_help_lists_every_command_without_importing_jax():
+    import subprocess
+    import sys
+
+    from remat_kit.cli import COMMANDS
+
+    code = (
+        "import sys\n"
+        "from remat_kit.cli import main\n"
+        "try:\n"
+        "    main(['--help'])\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "print('jax' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    *text, last = done.stdout.strip().splitlines()
+    assert last == "False"
+    listed = " ".join(" ".join(text).split())
+    for c in COMMANDS:
+        assert f"{c.name} {c.help}" in listed, c.name
+    assert "--debug" in listed
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "report",
+        "compare",
+        "fit",
+        "plan",
+        "advise",
+        "inspect",
+        "validate",
+        "targets",
+        "policies",
+        "models",
+    ],
+)
+def test_each_command_builds_its_own_help(name, capsys):
+    from remat_kit.cli import COMMANDS
+
+    assert name in {c.name for c in COMMANDS}
+    with pytest.raises(SystemExit) as exc:
+        main([name, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: remat-kit {name}")
+    assert "--debug" in out
+    if name not in ("targets", "policies", "models"):
+        assert "--model" in out and "--target" in out

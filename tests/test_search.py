@@ -992,3 +992,71 @@ def test_advise_traces_an_identical_step_once():
     assert calls["flops"] == one["flops"] and calls["residuals"] == one["residuals"] + 2
     assert calls["compiles"] == 3 * one["compiles"]
     assert len({(a.plan, a.peak_bytes, a.max_batch) for a in rows}) == 1
+
+
+# --- the plan with its front (rk.search.plan_front), as `remat-kit plan` reports it -----------
+
+
+def _front_rows(points):
+    return [dataclasses.asdict(pt) for pt in points]
+
+
+def plan_label(p):
+    from remat_kit.search.front import plan_label as label
+
+    return label(p)
+
+
+@pytest.mark.parametrize("plot", [False, True], ids=["front", "sweep"])
+def test_plan_front_is_what_the_plan_cli_reports(plot, monkeypatch, tmp_path):
+    """The CLI parses and prints; the plan, the front and the sweep are plan_front's."""
+    import json
+
+    budget = FIXED + 1600 - 700  # the solver must shed 700 of 1600 bytes
+    catalogue = ["none", "full", "dots"]
+    monkeypatch.setattr(rk.sources, "workload", lambda *a, **k: fake3(layers=4))
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "tiny-llama", "--target", "h100", "--batch", "1", "--seq", "16"]
+    argv += ["--budget", f"{budget}B", "--policies", ",".join(catalogue), "--json", str(out)]
+    if plot:
+        argv += ["--plot", str(tmp_path / "front.png")]
+    assert main(argv) == 0
+    cli = json.loads(out.read_text())
+
+    pf = rk.search.plan_front(fake3(layers=4), 1, budget, catalogue=catalogue, sweep=plot)
+    assert isinstance(pf, rk.search.PlanFront) and pf.plan.fits
+    mine = json.loads(json.dumps(pf.to_dict()))
+    assert set(mine) == set(cli) == {"plan", "front", "plan_seconds", "seconds"}
+    for key in ("policy", "schedule", "peak_bytes", "overhead", "decisions", "source", "message"):
+        assert mine["plan"][key] == cli["plan"][key], key
+    assert mine["plan"]["note"] == cli["plan"]["note"]
+    assert mine["front"] == cli["front"] == json.loads(json.dumps(_front_rows(pf.points)))
+    labels = [pt.label for pt in pf.points]
+    assert labels[:3] == catalogue and plan_label(pf.plan) in labels
+    plan_point = next(pt for pt in pf.points if pt.label == plan_label(pf.plan))
+    assert not plan_point.dominated
+    if plot:  # the sweep: plans for other budgets, and the segment schedules
+        assert pf.swept and all(p.fits and p.budget_bytes != budget for p in pf.swept)
+        assert {pt.kind for pt in pf.points} >= {"catalogue", "plan", "schedule"}
+    else:
+        assert pf.swept == () and {pt.kind for pt in pf.points} == {"catalogue", "plan"}
+
+
+def test_plan_front_on_the_small_model(mid_plan, small_w):
+    """On compiled figures: the plan is rk.plan's with the catalogue beside it, on the front."""
+    catalogue = ("none", "full", "minimal")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pf = rk.search.plan_front(small_w, 4, mid_plan.budget_bytes, catalogue=catalogue)
+        p = rk.plan(small_w, 4, mid_plan.budget_bytes, extra=catalogue)
+    assert (pf.plan.policy, pf.plan.schedule, pf.plan.peak_bytes) == (
+        p.policy,
+        p.schedule,
+        p.peak_bytes,
+    )
+    assert pf.plan.fits and pf.plan.message == p.message
+    assert [pt.label for pt in pf.points] == [*catalogue, plan_label(p)]
+    by_label = {pt.label: pt for pt in pf.points}
+    assert not by_label[plan_label(p)].dominated
+    assert by_label["none"].peak_bytes > pf.plan.budget_bytes  # what the plan is for
+    assert pf.seconds >= pf.plan_seconds >= 0

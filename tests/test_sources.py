@@ -266,7 +266,8 @@ def test_cli_refuses_a_policy_that_matches_no_tag_before_compiling(capsys):
 def test_cli_refuses_options_a_factory_does_not_take(capsys):
     argv = ["report", "--model", f"{FACTORIES}:untagged", "--lora", "8", "--batch", "1"]
     assert main(argv) == 2
-    assert "--lora: the factory" in capsys.readouterr().err
+    # The library names the parameter (lora); the CLI puts the flag and its value first.
+    assert "remat-kit: --lora 8: lora: the factory" in capsys.readouterr().err
 
 
 def test_cli_needs_exactly_one_model(capsys):
@@ -306,15 +307,19 @@ def test_search_titles_name_the_compute_dtype_the_step_really_has(model, lora, c
     opts = Options(model, batch=2, seq=16, lora=lora)
     record = opts.precision_record()
     assert record["compute"] == compute and record["frozen"] == frozen
-    row = {
-        "label": "full",
-        "limit_bytes": 2**30,
-        "max_batch": 1,
-        "peak_bytes": 1,
-        "next_peak_bytes": 2,
-        "recompute_overhead": 0.0,
-        "tokens_per_step": 16,
-    }
+    fit = rk.search.BatchFit(
+        policy="full",
+        schedule="none",
+        max_batch=1,
+        peak_bytes=1,
+        next_peak_bytes=2,
+        limit_bytes=2**30,
+        recompute_overhead=0.0,
+        tokens_per_step=16,
+        compiles=1,
+        seconds=1.0,
+    )
+    row = rk.render.tables.FitRow("full", fit)
     table = rk.render.tables.fit_table(
         [row], rk.target("h100"), opts, headroom=0.0, compiles=1, seconds=1.0
     )
@@ -354,7 +359,7 @@ def _compiled() -> rk.MemoryReport:
 def _report(peak: int = 10 * 2**30, host_temp: int = 0) -> rk.MemoryReport:
     # A real report with the figures under test set: the check reads only these fields.
     return _compiled().replace(
-        peak_bytes=peak, host_bytes=host_temp, host_temp_bytes=host_temp, warnings=()
+        peak_bytes=peak, host_bytes=host_temp, host_temp_bytes=host_temp, notes=()
     )
 
 

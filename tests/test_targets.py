@@ -429,3 +429,17 @@ def test_configure_for_deviceless_leaves_initialized_backends_alone():
         "print(os.environ.get('JAX_PLATFORMS'))\n"
     )
     assert proc.stdout.strip() == "None", proc.stderr
+
+
+def test_a_target_is_a_value_and_a_report_sets_jax_up_when_it_compiles():
+    """rk.target() has no side effect; memory_report chooses the platform before it compiles."""
+    proc = _run(
+        "import os, jax, jax.numpy as jnp\n"
+        "import remat_kit as rk\n"
+        "h100 = rk.target('h100')\n"
+        "print(os.environ.get('JAX_PLATFORMS'))\n"
+        "x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)\n"
+        "r = rk.memory_report(lambda a: a @ a, x, target=h100)\n"
+        "print(r.argument_bytes, r.fits)\n"
+    )
+    assert proc.stdout.split("\n")[:2] == ["None", "2097152 True"], proc.stderr[-2000:]

@@ -178,8 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
       SystemExit: argparse's own exits (``--help``, a malformed flag: one line, code 2).
 
     Example:
-      >>> main(["policies"])  # doctest: +SKIP
+      >>> main(["policies"])
+      policies...minimal...
       0
+      >>> main(["polices"])  # the one line goes to stderr
+      Traceback (most recent call last):
+      SystemExit: 2
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, runs = _parser(_command_in(argv))

@@ -129,27 +129,12 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     tgt = target_from_args(args)
     source = source_for(opts)
     config = opts.train_config()  # the optimizer's name, batch against accum
-    try:
-        source.check(config, tgt)
-    except BadValue as err:
-        # The model's own check names its field (vocab_size=1): name the flag that set it.
-        flags = _override_flags(opts, err.param)
-        if not flags:
-            raise
-        raise BadValue(f"{', '.join(flags)}: {err}", param=err.param) from None
+    # The model's own check names its field (vocab_size=1, BadValue.param): the CLI's error
+    # boundary (remat_kit.cli.main, FLAGS) names the flag that set it.
+    source.check(config, tgt)
     if opts.shard:
         parse_shard(opts.shard, tgt.devices).check_devices(tgt.devices)
     return ModelRun(opts, tgt, source, config)
-
-
-def _override_flags(opts: Any, field: str | None) -> list[str]:
-    from models import OVERRIDES
-
-    return [
-        f"--{key.replace('_', '-')} {value}"
-        for key, value in opts.overrides
-        if field is not None and OVERRIDES.get(key, key) == field
-    ]
 
 
 def attention_note(run: ModelRun) -> str | None:

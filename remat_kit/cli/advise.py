@@ -34,7 +34,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The ``advise`` parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
+      >>> p.parse_args(["--model", "tiny-llama", "--targets", "h100,l4"]).targets
+      'h100,l4'
     """
     p = subparsers.add_parser("advise", help=summary("advise"))
     add_model_args(p)
@@ -59,11 +61,10 @@ def run(args: argparse.Namespace) -> int:
       The exit code: 0, or 1 when no GPU fits (nor, with ``--scale-out``, any count of them).
 
     Raises:
-      ValueError: an unknown name in ``--targets``, or a bad model or size.
+      BadValue: an unknown name in ``--targets``, or a bad model or size.
 
     Example:
-      >>> run(parser.parse_args(["advise", "--model", "tiny-llama"]))  # doctest: +SKIP
-      0
+      ``remat-kit advise --model tiny-llama --targets h100,l4`` parses its flags and calls this.
     """
     # Every value, the output path included, is checked before the first trace or compile.
     run = resolve(args)

@@ -15,6 +15,7 @@ from remat_kit.cli._args import add_jobs_arg, add_model_args, flag_items, policy
 from remat_kit.cli._model import attention_note, resolve
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_csv, write_json
+from remat_kit.render.notes import words
 from remat_kit.render.tables import compare_rows, compare_table
 from remat_kit.schedules import label
 from remat_kit.search import FRONT_POLICIES
@@ -32,7 +33,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The ``compare`` parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
+      >>> p.parse_args(["--model", "tiny-llama", "--schedules", "none;sqrt"]).schedules
+      'none;sqrt'
     """
     p = subparsers.add_parser("compare", help=summary("compare"))
     add_model_args(p)
@@ -60,12 +63,11 @@ def run(args: argparse.Namespace) -> int:
       The exit code (0).
 
     Raises:
-      ValueError: empty ``--policies`` or ``--schedules``, or an unknown name in them (before
+      BadValue: empty ``--policies`` or ``--schedules``, or an unknown name in them (before
         any compile), or a bad model, target or size.
 
     Example:
-      >>> run(parser.parse_args(["compare", "--model", "tiny-llama"]))  # doctest: +SKIP
-      0
+      ``remat-kit compare --model tiny-llama --policies none,full`` parses its flags and calls this.
     """
     from rich.progress import Progress
 
@@ -120,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
     # several rows share (an XLA log line about the inputs) is printed once, naming them.
     shared: dict[str, list[str]] = {}
     for r in reports:
-        for note in r.warnings:
-            if not note.startswith(("does not fit", "XLA's own")):
-                shared.setdefault(note, []).append(label(r.policy, r.schedule))
+        for note in r.notes:
+            if note.kind not in ("does_not_fit", "xla_remat"):
+                shared.setdefault(words(note), []).append(label(r.policy, r.schedule))
     for note, labels in shared.items():
         who = f"all {len(labels)} rows" if len(labels) == len(reports) > 1 else ", ".join(labels)
         out.print(f"[yellow]{who}:[/yellow] {note}")

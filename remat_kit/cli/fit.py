@@ -19,7 +19,7 @@ from remat_kit.cli._args import (
 )
 from remat_kit.cli._model import resolve
 from remat_kit.render import console, write_json
-from remat_kit.render.tables import fit_table
+from remat_kit.render.tables import FitRow, fit_table
 from remat_kit.schedules import label
 from remat_kit.search import max_batch, max_batch_plan
 
@@ -36,7 +36,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The ``fit`` parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
+      >>> p.parse_args(["--model", "tiny-llama"]).policies
+      'none,full,minimal,plan'
     """
     p = subparsers.add_parser("fit", help=summary("fit"))
     add_model_args(
@@ -64,12 +66,11 @@ def run(args: argparse.Namespace) -> int:
       The exit code: 0, or 1 when no policy fits even the smallest batch.
 
     Raises:
-      ValueError: empty ``--policies`` or an unknown name in them (before any compile), or a
+      BadValue: empty ``--policies`` or an unknown name in them (before any compile), or a
         bad model, target, schedule or size.
 
     Example:
-      >>> run(parser.parse_args(["fit", "--model", "tiny-llama"]))  # doctest: +SKIP
-      0
+      ``remat-kit fit --model tiny-llama --target h100`` parses its flags and calls this.
     """
     # Every value, the output path included, is checked before the first trace or compile.
     run = resolve(args)
@@ -99,20 +100,21 @@ def run(args: argparse.Namespace) -> int:
                 # No start: the search begins where the trace puts the boundary.
                 fit = max_batch(w, pol, schedule, headroom=args.headroom)
                 name = label(fit.policy, fit.schedule)
-            rows.append({"label": name, **fit.to_dict()})
+            rows.append(FitRow(name, fit))
     seconds = time.perf_counter() - start
     out = console()
     out.print(
         fit_table(rows, target, opts, headroom=args.headroom, compiles=w.compiles, seconds=seconds)
     )
     for row in rows:
-        if not row["fits"] or row["label"].startswith("plan"):
-            out.print(row["message"])
+        if not row.fit.fits or row.label.startswith("plan"):
+            out.print(row.fit.message)
     if args.json:
+        data = [row.to_dict() for row in rows]
         write_json(
-            args.json, {"seconds": seconds, "compiles": w.compiles, "rows": rows}, flag="--json"
+            args.json, {"seconds": seconds, "compiles": w.compiles, "rows": data}, flag="--json"
         )
-    if not any(row["fits"] for row in rows):
+    if not any(row.fit.fits for row in rows):
         # Exit code 1: the search ran and found nothing that fits (README, "Exit codes").
         sys.stderr.write(
             f"remat-kit: nothing fits: no policy fits even the smallest batch on {target.name}\n"

@@ -43,7 +43,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The ``inspect`` parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
+      >>> p.parse_args(["--model", "tiny-llama", "--diff", "full", "none"]).diff
+      ['full', 'none']
     """
     p = subparsers.add_parser("inspect", help=summary("inspect"))
     add_model_args(p)
@@ -74,13 +76,12 @@ def run(args: argparse.Namespace) -> int:
       The exit code (0).
 
     Raises:
-      ValueError: an unknown model, policy or target, or ``--shard`` given (the CLI prints
+      BadValue: an unknown model, policy or target, or ``--shard`` given (the CLI prints
         it on one line).
       InspectError: XLA's dump could not be produced or read.
 
     Example:
-      >>> run(parser.parse_args(["inspect", "--model", "tiny-llama"]))  # doctest: +SKIP
-      0
+      ``remat-kit inspect --model tiny-llama --diff full none`` parses its flags and calls this.
     """
     # Every value, output paths included, is checked before the first trace or compile.
     if getattr(args, "shard", None):

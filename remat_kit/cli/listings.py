@@ -61,7 +61,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The last parser added (``models``); each takes no arguments.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> sub = argparse.ArgumentParser().add_subparsers()
+      >>> add_parser(sub).prog.split()[-1], sorted(sub.choices)
+      ('models', ['models', 'policies', 'targets'])
     """
     parsers = [subparsers.add_parser(name, help=summary(name)) for name in _LISTINGS]
     return parsers[-1]
@@ -77,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
       The exit code (0).
 
     Example:
-      >>> run(argparse.Namespace(command="targets"))  # doctest: +SKIP
+      >>> run(argparse.Namespace(command="targets"))
+      targets
+      ...h100-80gb...NVIDIA H100 80GB HBM3...
       0
     """
     console().print(_LISTINGS[args.command]())

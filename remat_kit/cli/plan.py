@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
-import time
 import warnings
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +21,7 @@ from remat_kit.cli._args import (
 from remat_kit.cli._model import resolve
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import decision_table, plan_table
-from remat_kit.search import (
-    FRONT_POLICIES,
-    FRONT_SCHEDULES,
-    Plan,
-    Workload,
-    front,
-    pareto_front,
-)
-from remat_kit.search import plan as make_plan
-from remat_kit.search.front import plan_label
+from remat_kit.search import FRONT_POLICIES, plan_front
 
 __all__ = ["add_parser", "run"]
 
@@ -48,7 +36,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The ``plan`` parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
+      >>> p.parse_args(["--model", "tiny-llama", "--budget", "52GiB"]).budget
+      '52GiB'
     """
     p = subparsers.add_parser("plan", help=summary("plan"))
     add_model_args(p)
@@ -82,13 +72,12 @@ def run(args: argparse.Namespace) -> int:
       message goes to stderr).
 
     Raises:
-      ValueError: an unreadable budget, one over the device, or an unknown policy in
+      BadValue: an unreadable budget, one over the device, or an unknown policy in
         ``--policies`` (before any compile).
       DoesNotFit: the budget is below what no policy removes (the CLI exits 1 on it).
 
     Example:
-      >>> run(parser.parse_args(["plan", "--model", "tiny-llama"]))  # doctest: +SKIP
-      0
+      ``remat-kit plan --model tiny-llama --budget 0.5`` parses its flags and calls this.
     """
     # Every value, output paths included, is checked before the first trace or compile.
     run = resolve(args)
@@ -105,50 +94,22 @@ def run(args: argparse.Namespace) -> int:
         given=args.policies != ",".join(FRONT_POLICIES),
     )
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
-    # What the front shows beside the plan is what the plan must not be dominated by.
-    beside: list[Any] = [*catalogue, *(FRONT_SCHEDULES if args.plot else ())]
     w = sources.workload(run.source, target, run.config)
-    start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters
-        p = make_plan(
+        # --plot draws the whole curve: the sweep and the segment schedules join the front.
+        found = plan_front(
             w,
             opts.batch,
             budget,
-            headroom=args.headroom,
+            catalogue=catalogue,
             host_budget=host_budget,
             offload=not args.no_offload,
             hide=args.hide,
-            extra=beside,
+            headroom=args.headroom,
+            sweep=args.plot is not None,
         )
-        plan_seconds = time.perf_counter() - start
-        points = front(w, opts.batch, policies=catalogue, schedules=(), plans=[p], hide=args.hide)
-        if args.plot:
-            extra_plans = _sweep_plans(w, opts.batch, p, points, args)
-            sched = front(w, opts.batch, policies=(), plans=extra_plans, hide=args.hide)
-            points = pareto_front([*points, *sched])
-            # A plan made for a smaller budget may, through compile noise, beat this one on
-            # both axes: then it is the recommendation (compiled already, so no compile).
-            better = [
-                (pt.policy, pt.schedule)
-                for pt in points
-                if pt.kind == "plan" and pt.policy is not None and pt.label != plan_label(p)
-            ]
-            if better:
-                p = make_plan(
-                    w,
-                    opts.batch,
-                    budget,
-                    headroom=args.headroom,
-                    host_budget=host_budget,
-                    offload=not args.no_offload,
-                    hide=args.hide,
-                    extra=[*beside, *better],
-                )
-                points = [pt for pt in points if pt.kind != "plan" or pt.label != plan_label(p)]
-                mine = front(w, opts.batch, policies=(), schedules=(), plans=[p], hide=args.hide)
-                points = pareto_front([*points, *mine])
-    seconds = time.perf_counter() - start
+    p, points = found.plan, found.points
     out = console()
     out.print(
         plan_table(
@@ -156,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
             points,
             target,
             opts,
-            plan_seconds=plan_seconds,
-            seconds=seconds,
+            plan_seconds=found.plan_seconds,
+            seconds=found.seconds,
             compiles=w.compiles,
         )
     )
@@ -180,32 +141,8 @@ def run(args: argparse.Namespace) -> int:
             device_bytes=target.memory_bytes,
         )
     if args.json:
-        data = {
-            "plan": p.to_dict(),
-            "front": [dataclasses.asdict(pt) for pt in points],
-            "plan_seconds": plan_seconds,
-            "seconds": seconds,
-        }
-        write_json(args.json, data, flag="--json")
+        write_json(args.json, found.to_dict(), flag="--json")
     return 0 if p.fits else 1
-
-
-def _sweep_plans(
-    w: Workload, batch: int, p: Plan, points: Sequence[Any], args: argparse.Namespace
-) -> list[Plan]:
-    """Plans at the peaks of the catalogue points that fit: the planner's own curve."""
-    budgets = sorted(
-        {pt.peak_bytes for pt in points if pt.kind == "catalogue" and pt.fits} - {p.budget_bytes}
-    )
-    plans = []
-    host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
-    for b in budgets[:4]:
-        got = make_plan(
-            w, batch, b, host_budget=host_budget, offload=not args.no_offload, hide=args.hide
-        )
-        if got.fits:
-            plans.append(got)
-    return plans
 
 
 def _plot_front() -> Any:

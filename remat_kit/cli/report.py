@@ -11,6 +11,7 @@ from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg
 from remat_kit.cli._model import attention_note, resolve
 from remat_kit.render import console, write_json
+from remat_kit.render.notes import words
 from remat_kit.render.tables import report_table, residual_table
 
 __all__ = ["add_parser", "run"]
@@ -26,7 +27,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The ``report`` parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
+      >>> p.parse_args(["--model", "tiny-llama"]).schedule
+      'none'
     """
     p = subparsers.add_parser("report", help=summary("report"))
     add_model_args(p)
@@ -55,11 +58,10 @@ def run(args: argparse.Namespace) -> int:
       The exit code (0).
 
     Raises:
-      ValueError: an unknown model, policy, schedule, target or optimizer, or a bad size.
+      BadValue: an unknown model, policy, schedule, target or optimizer, or a bad size.
 
     Example:
-      >>> run(parser.parse_args(["report", "--model", "tiny-llama"]))  # doctest: +SKIP
-      0
+      ``remat-kit report --model tiny-llama --policy minimal`` parses its flags and calls this.
     """
     # Every value, output path included, is checked before the first trace or compile.
     run = resolve(args)
@@ -86,8 +88,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(report_table(report, target))
     if res is not None:
         out.print(residual_table(res, report))
-    for note in report.warnings:
-        out.print(f"[yellow]warning:[/yellow] {note}")
+    for note in report.notes:
+        out.print(f"[yellow]warning:[/yellow] {words(note)}")
     chosen = attention_note(run)
     if chosen:
         out.print(f"[yellow]note:[/yellow] {chosen}")

@@ -31,7 +31,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
       The ``validate`` parser.
 
     Example:
-      >>> add_parser(parser.add_subparsers(dest="command"))  # doctest: +SKIP
+      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
+      >>> p.parse_args(["--model", "llama3.2-1b"]).target  # the step runs on this machine
+      'local'
     """
     p = subparsers.add_parser("validate", help=summary("validate"))
     add_model_args(p)
@@ -66,8 +68,7 @@ def run(args: argparse.Namespace) -> int:
         ``--compare-with``.
 
     Example:
-      >>> run(parser.parse_args(["validate", "--model", "llama3.2-1b"]))  # doctest: +SKIP
-      0
+      ``remat-kit validate --model llama3.2-1b`` parses its flags and calls this.
     """
     _check_flags(args)
     if args.mem_fraction is not None:

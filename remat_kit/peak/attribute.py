@@ -9,11 +9,8 @@ categories add up to ``peak_bytes``.
 
 Each buffer live at the peak is described from the HLO op that made it (its ``op_name``:
 forward, backward or recomputed) and, for saved activations and recomputations, named by
-the ``checkpoint_name`` tag it carries (see :mod:`remat_kit.peak.tags`).
-
-Example:
-  >>> report = analyse(texts, files, compiled.memory_analysis(), leaves, tags, "h100-80gb")
-  ... # doctest: +SKIP
+the ``checkpoint_name`` tag it carries (see :mod:`remat_kit.peak.tags`); :func:`analyse`
+shows the pieces together.
 """
 
 from __future__ import annotations
@@ -241,8 +238,13 @@ def analyse(
         analysis (parameter bytes, temp block, live bytes over the peak).
 
     Example:
-      >>> r = analyse(texts, dump, compiled.memory_analysis(), leaves, tags, "h100-80gb")
-      ... # doctest: +SKIP
+      >>> from remat_kit.peak.dump import compile_with_dump
+      >>> x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+      >>> compiled, dump, texts = compile_with_dump(jax.jit(lambda a: a @ a).lower(x))
+      >>> leaves = argument_leaves([[x]], [0], {0: "input"})
+      >>> r = analyse(texts, dump, compiled.memory_analysis(), leaves, {}, "cpu")
+      >>> r.peak_bytes, r.by_category["input"], r.by_category["other temporaries"]
+      (512, 256, 256)
     """
     allocs, values = parse_buffer_assignment(dump.buffer_assignment, texts[dump.buffer_assignment])
     live = parse_live_range(dump.live_range, texts[dump.live_range])

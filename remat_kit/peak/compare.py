@@ -1,9 +1,6 @@
 """Two peaks compared: what the second report keeps at its peak that the first does not.
 
-Example:
-  >>> a, b = rk.inspect_step(step_full), rk.inspect_step(step_none)  # doctest: +SKIP
-  >>> rk.diff_peaks(a, b).peak_delta > 0  # doctest: +SKIP
-  True
+See :func:`diff` for an example.
 """
 
 from __future__ import annotations
@@ -29,10 +26,12 @@ def diff(a: PeakReport, b: PeakReport) -> PeakDiff:
       The PeakDiff.
 
     Example:
-      >>> a, b = rk.inspect_step(step_full), rk.inspect_step(step_none)  # doctest: +SKIP
-      >>> d = rk.diff_peaks(a, b)  # doctest: +SKIP
-      >>> d.kept[0][:2]  # doctest: +SKIP
-      ('saved activation', 'attn_probs')
+      >>> cfg = rk.TrainConfig(batch=2, seq=16)
+      >>> a = rk.peak.inspect_step(rk.build_train_step(tiny_model("full"), cfg), "h100")
+      >>> b = rk.peak.inspect_step(rk.build_train_step(tiny_model("none"), cfg), "h100")
+      >>> d = diff(a, b)
+      >>> d.peak_delta > 0, d.kept[0][:2]
+      (True, ('saved activation', 'TinyModel/layers_0/up_proj/dot_general'))
     """
     la, lb = a.by_label(), b.by_label()
     rows = [(c, lab, la.get((c, lab), 0), lb.get((c, lab), 0)) for c, lab in {*la, *lb}]

@@ -9,8 +9,8 @@ and ``*after_optimizations.txt``.
 Example:
   >>> import jax, jax.numpy as jnp
   >>> lowered = jax.jit(lambda a: a @ a).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32))
-  >>> compiled, files, texts = compile_with_dump(lowered)  # doctest: +SKIP
-  >>> files.hlo in texts  # doctest: +SKIP
+  >>> compiled, files, texts = compile_with_dump(lowered)
+  >>> files.hlo in texts
   True
 """
 
@@ -56,7 +56,13 @@ def compile_with_dump(
       InspectError: XLA wrote no dump, or not every file needed.
 
     Example:
-      >>> compiled, files, texts = compile_with_dump(lowered, keep_dump="/tmp/d")  # doctest: +SKIP
+      >>> import tempfile
+      >>> x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+      >>> lowered = jax.jit(lambda a: a @ a).lower(x)
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     compiled, files, texts = compile_with_dump(lowered, keep_dump=d)
+      ...     os.path.dirname(files.hlo) == d, os.path.exists(files.hlo)
+      (True, True)
     """
     if keep_dump is not None:
         Path(keep_dump).mkdir(parents=True, exist_ok=True)

@@ -37,8 +37,13 @@ def phases_of(sequence: Sequence[str], hlo: Hlo) -> tuple[Phase, ...]:
       The phases in order; empty when the program has no backward pass.
 
     Example:
-      >>> phases_of(live.sequence, hlo)  # doctest: +SKIP
-      (Phase(name='forward', start=0, end=411), Phase(name='backward', ...), ...)
+      >>> from remat_kit.peak.dump import compile_with_dump
+      >>> from remat_kit.peak.parsers import parse_hlo, parse_live_range
+      >>> grad = jax.jit(jax.grad(lambda a: jnp.sin(a @ a).sum()))
+      >>> _, dump, texts = compile_with_dump(grad.lower(jnp.ones((8, 8))))
+      >>> live = parse_live_range(dump.live_range, texts[dump.live_range])
+      >>> phases_of(live.sequence, parse_hlo(dump.hlo, texts[dump.hlo]))
+      (Phase(name='forward', start=0, end=2), Phase(name='backward', start=3, end=5))
     """
     labels = []
     for name in sequence:

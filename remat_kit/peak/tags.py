@@ -92,7 +92,10 @@ def tag_index(closed: Any) -> dict[tuple[str, ...], list[Tag]]:
       ``module_path(...)`` key -> the tags of values its op produced.
 
     Example:
-      >>> index = tag_index(jax.make_jaxpr(step_fn)(*args))  # doctest: +SKIP
+      >>> from jax.ad_checkpoint import checkpoint_name
+      >>> f = lambda a: jnp.sin(checkpoint_name(a @ a, "mlpwo"))
+      >>> tag_index(jax.make_jaxpr(f)(jnp.ones((8, 8))))
+      {('dot_general',): [Tag(name='mlpwo', elements=64, dtype='f32')]}
     """
     index: dict[tuple[str, ...], list[Tag]] = {}
 

@@ -52,6 +52,9 @@ def check_output(
     Example:
       >>> check_output("/tmp/report.json", flag="--json")
       PosixPath('/tmp/report.json')
+      >>> check_output("/tmp", flag="--json")
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: --json '/tmp' is a directory, not a regular file: give a file path
     """
     p = Path(path)
     if str(path) == "" or p.name in ("", ".", ".."):
@@ -145,8 +148,9 @@ def write_text(
     """Writes ``text`` (UTF-8) atomically to a regular file; see :func:`check_output`.
 
     Example:
-      >>> write_text("/tmp/hello.txt", "hello")
-      PosixPath('/tmp/hello.txt')
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     write_text(Path(d) / "hello.txt", "hello").read_text()
+      'hello'
     """
     data = text.encode()
     return _atomic(path, lambda f: f.write(data), flag=flag, make_parents=make_parents)
@@ -161,13 +165,16 @@ def _json_default(value: Any) -> Any:
 
 
 def write_json(
-    path: str | os.PathLike[str], data: Any, *, flag: str = "--json", make_parents: bool = False
+    path: str | os.PathLike[str], data: Any, *, flag: str = "output", make_parents: bool = False
 ) -> Path:
     """Writes ``data`` as indented JSON atomically (numpy values become lists/numbers).
 
     Example:
-      >>> write_json("/tmp/r.json", {"peak_bytes": 1})
-      PosixPath('/tmp/r.json')
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     print(write_json(Path(d) / "r.json", {"peak_bytes": 1}).read_text())
+      {
+        "peak_bytes": 1
+      }
     """
     text = json.dumps(data, indent=2, default=_json_default)
     return write_text(path, text + "\n", flag=flag, make_parents=make_parents)
@@ -177,14 +184,18 @@ def write_csv(
     path: str | os.PathLike[str],
     rows: Iterable[Mapping[str, Any]],
     *,
-    flag: str = "--csv",
+    flag: str = "output",
     make_parents: bool = False,
 ) -> Path:
     """Writes ``rows`` as CSV atomically; the header is the union of keys in first-seen order.
 
     Example:
-      >>> write_csv("/tmp/r.csv", [{"policy": "full", "peak": 1}])
-      PosixPath('/tmp/r.csv')
+      >>> rows = [{"policy": "full", "peak": 1}, {"policy": "none", "seconds": 2}]
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     print(write_csv(Path(d) / "r.csv", rows).read_text())
+      policy,peak,seconds
+      full,1,
+      none,,2
     """
     rows = list(rows)
     keys: list[str] = []
@@ -201,15 +212,17 @@ def save_figure(
     fig: Any,
     path: str | os.PathLike[str],
     *,
-    flag: str = "--plot",
+    flag: str = "output",
     make_parents: bool = False,
     dpi: int = 130,
 ) -> Path:
     """Saves a matplotlib figure as PNG atomically and closes it.
 
     Example:
-      >>> import matplotlib.pyplot as plt                                   # doctest: +SKIP
-      >>> save_figure(plt.figure(), "/tmp/f.png")                           # doctest: +SKIP
+      >>> import matplotlib.pyplot as plt
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     save_figure(plt.figure(), Path(d) / "f.png").read_bytes()[1:4]
+      b'PNG'
     """
     import matplotlib.pyplot as plt
 

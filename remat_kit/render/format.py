@@ -62,7 +62,12 @@ def text_table(
     """``rows`` as a plain-text table of ``columns`` (floats to 3 significant digits).
 
     Example:
-      >>> print(text_table([{"policy": "full"}], ["policy"]))  # doctest: +SKIP
+      >>> print(text_table([{"policy": "full", "peak": 1.23456}], ["policy", "peak"]))
+      ┏━━━━━━━━┳━━━━━━┓
+      ┃ policy ┃ peak ┃
+      ┡━━━━━━━━╇━━━━━━┩
+      │   full │ 1.23 │
+      └────────┴──────┘
     """
     from rich.console import Console
     from rich.table import Table

@@ -46,7 +46,14 @@ def plot_front(
         :func:`remat_kit.render.files.check_output`).
 
     Example:
-      >>> rk.plot_front(rk.front(w, 4), "front.png", title="llama3-8b")   # doctest: +SKIP
+      >>> import tempfile
+      >>> from remat_kit.search import FrontPoint, pareto_front
+      >>> pts = pareto_front([FrontPoint("none", "catalogue", 40 * 2**30, 0.0, 0.0),
+      ...                     FrontPoint("full", "catalogue", 20 * 2**30, 0.33, 0.33)])
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     plot_front(pts, os.path.join(d, "front.png"), title="two policies")
+      ...     os.path.getsize(os.path.join(d, "front.png")) > 0
+      True
     """
     import matplotlib
 

@@ -34,7 +34,9 @@ def targets_table(targets: Iterable[tuple[str, Target]]) -> Table:
       The table.
 
     Example:
-      >>> console().print(targets_table([("h100-80gb", rk.target("h100"))]))  # doctest: +SKIP
+      >>> t = targets_table([("h100-80gb", rk.target("h100"))])
+      >>> t.columns[2].header, list(t.columns[2].cells)
+      ('memory GiB', ['79.11'])
     """
     table = Table(title="targets")
     for col in ("name", "device", "memory GiB", "HBM TB/s", "host link GB/s", "bf16 TFLOP/s"):
@@ -62,7 +64,9 @@ def policies_table(policies: Iterable[tuple[str, Policy]], examples: Mapping[str
       The table.
 
     Example:
-      >>> console().print(policies_table([("full", rk.policy("full"))], {}))  # doctest: +SKIP
+      >>> t = policies_table([("full", rk.policy("full"))], {})
+      >>> list(t.columns[1].cells)
+      ['save nothing inside a block: keep its input, recompute all of it']
     """
     table = Table(title="policies (rk.policy(name) / --policy NAME or NAME:key=a+b)")
     table.add_column("name")
@@ -83,7 +87,10 @@ def models_table(configs: Iterable[tuple[str, Any]]) -> Table:
       The table.
 
     Example:
-      >>> models_table([(n, models.get_config(n)) for n in names])  # doctest: +SKIP
+      >>> import models
+      >>> t = models_table([("llama3-8b", models.get_config("llama3-8b"))])
+      >>> [list(c.cells)[0] for c in t.columns]
+      ['llama3-8b', 'llama', '8.03 B', '32', '4096', '32/8', '14336', '128256']
     """
     table = Table(title="model presets (override with --layers/--width/--heads/--ff/--vocab)")
     for col in ("name", "family", "params", "layers", "d_model", "heads/kv", "d_ff", "vocab"):

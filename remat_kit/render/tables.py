@@ -2,14 +2,16 @@
 
 Each function takes data (reports, plans, rows) and returns a ``rich.table.Table`` for the caller
 to print; nothing here compiles or measures. ``opts`` is the run's options as the CLI reads them
-(``models.measure.Options``: model, batch, seq, optimizer, lora, accum, shard). The catalogue
-listings (targets, policies, models) are in :mod:`remat_kit.render.listings`.
+(:class:`RunOptions`: model, batch, seq, optimizer, lora, accum, shard, as
+``models.options.Options`` has them). The catalogue listings (targets, policies, models) are in
+:mod:`remat_kit.render.listings`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rich.table import Table
 
@@ -19,10 +21,12 @@ from remat_kit.schedules import label
 if TYPE_CHECKING:
     from remat_kit.analysis import MemoryReport
     from remat_kit.residuals import ResidualReport
-    from remat_kit.search import Advice, FrontPoint, Plan
+    from remat_kit.search import Advice, BatchFit, FrontPoint, Plan
     from remat_kit.targets import Target
 
 __all__ = [
+    "FitRow",
+    "RunOptions",
     "advise_table",
     "compare_rows",
     "compare_table",
@@ -39,6 +43,36 @@ _MIB = 2**20
 _YES_NO = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}
 
 
+class RunOptions(Protocol):
+    """What a table's title reads of the run's options (``models.options.Options`` has them;
+    a ``precision_record()`` method, when there is one, names the precision regime)."""
+
+    model: str
+    batch: int
+    seq: int
+    optimizer: str
+    lora: int
+    accum: int
+    shard: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class FitRow:
+    """One line of the ``fit`` table: what it is called and the search's answer.
+
+    Attributes:
+      label: the policy (``policy @ schedule``), or ``plan: ...`` for the planner's.
+      fit: the largest batch found.
+    """
+
+    label: str
+    fit: BatchFit
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"label": ..., **BatchFit.to_dict()}``: a JSON row."""
+        return {"label": self.label, **self.fit.to_dict()}
+
+
 def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
     """Flat rows of a comparison: the report fields plus savings against ``none``.
 
@@ -50,8 +84,9 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
       ``none`` (without a schedule) is among the reports, else None.
 
     Example:
-      >>> [r["policy"] for r in compare_rows(reports)]  # doctest: +SKIP
-      ['none', 'full']
+      >>> reports = [w.report("none", batch=2), w.report("full", batch=2)]
+      >>> [(r["policy"], round(r["saved_vs_none"], 2)) for r in compare_rows(reports)]
+      [('none', 0.0), ('full', 0.04)]
     """
     base = next((r for r in reports if r.policy == "none" and r.schedule == "none"), None)
     rows = []
@@ -95,7 +130,7 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
 
 
 def compare_table(
-    rows: Sequence[Mapping[str, Any]], target: Target, opts: Any, seconds: float
+    rows: Sequence[Mapping[str, Any]], target: Target, opts: RunOptions, seconds: float
 ) -> Table:
     """The ``compare`` table: one line per policy and schedule.
 
@@ -107,9 +142,6 @@ def compare_table(
 
     Returns:
       The table.
-
-    Example:
-      >>> console().print(compare_table(compare_rows(reports), t, opts, 12.0))  # doctest: +SKIP
     """
     title = (
         f"{opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}"
@@ -174,7 +206,11 @@ def report_table(r: MemoryReport, target: Target) -> Table:
       The table (fits, FLOPs, recompute and offload estimates in its caption).
 
     Example:
-      >>> console().print(report_table(report, t))  # doctest: +SKIP
+      >>> t = report_table(w.report("full", batch=2), w.target)
+      >>> t.title.splitlines()[0]
+      "tiny_model b2 s16 sgd policy=full schedule=none attention=model's own on h100-80gb"
+      >>> list(t.columns[0].cells)[0]
+      'peak (argument + output + temp - alias)'
     """
     m = r.meta
     title = (
@@ -245,7 +281,9 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
       The table.
 
     Example:
-      >>> console().print(residual_table(res, report))  # doctest: +SKIP
+      >>> t = residual_table(w.residuals("minimal", batch=2), w.report("minimal", batch=2))
+      >>> list(zip(t.columns[0].cells, t.columns[1].cells))
+      [('mlpwi_1', 'saved'), ('mlpwo', 'not needed'), ('lm_head', 'recomputed')]
     """
     layers = r.meta.get("layers") or 1
     table = Table(title="what the policy keeps, per tag (one micro-batch)")
@@ -275,9 +313,9 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
 
 
 def fit_table(
-    rows: Sequence[Mapping[str, Any]],
+    rows: Sequence[FitRow],
     target: Target,
-    opts: Any,
+    opts: RunOptions,
     *,
     headroom: float,
     compiles: int,
@@ -286,7 +324,7 @@ def fit_table(
     """The ``fit`` table: the largest batch per policy.
 
     Args:
-      rows: ``{"label": ..., **BatchFit.to_dict()}`` per policy.
+      rows: one FitRow per policy.
       target: the target compiled for.
       opts: the run's options (for the title).
       headroom: the fraction of device memory kept free (for the title).
@@ -295,26 +333,24 @@ def fit_table(
 
     Returns:
       The table.
-
-    Example:
-      >>> fit_table(rows, t, opts, headroom=0.03, compiles=9, seconds=4.0)  # doctest: +SKIP
     """
     title = (
         f"largest batch: {opts.model} s{opts.seq} {opts.optimizer} on {target.name} "
-        f"(limit {gib(rows[0]['limit_bytes'])} GiB = {_limit_words(target, headroom)})"
+        f"(limit {gib(rows[0].fit.limit_bytes)} GiB = {_limit_words(target, headroom)})"
         + _training_line(_opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
     for col in ("policy", "max batch", "peak GiB", "next batch GiB", "recompute", "tokens/step"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for row in rows:
+        fit = row.fit
         table.add_row(
-            short(row["label"]),
-            str(row["max_batch"]),
-            gib(row["peak_bytes"]),
-            gib(row["next_peak_bytes"]),
-            pct(row["recompute_overhead"]),
-            str(row["tokens_per_step"]),
+            short(row.label),
+            str(fit.max_batch),
+            gib(fit.peak_bytes),
+            gib(fit.next_peak_bytes),
+            pct(fit.recompute_overhead),
+            str(fit.tokens_per_step),
         )
     return table
 
@@ -323,7 +359,7 @@ def plan_table(
     p: Plan,
     points: Iterable[FrontPoint],
     target: Target,
-    opts: Any,
+    opts: RunOptions,
     *,
     plan_seconds: float,
     seconds: float,
@@ -342,9 +378,6 @@ def plan_table(
 
     Returns:
       The table.
-
-    Example:
-      >>> plan_table(p, pts, t, opts, plan_seconds=3, seconds=9, compiles=20)  # doctest: +SKIP
     """
     title = (
         f"plan for {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer} on {target.name}: "
@@ -414,7 +447,10 @@ def decision_table(p: Plan) -> Table:
       The table.
 
     Example:
-      >>> console().print(decision_table(p))  # doctest: +SKIP
+      >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
+      >>> t = decision_table(p)
+      >>> t.title, list(zip(t.columns[0].cells, t.columns[1].cells))[0]
+      ('the plan, per tag: what names:save=mlpwi_1+mlpwo+lm_head does', ('lm_head', 'save'))
     """
     table = Table(title=f"the plan, per tag: what {short(p.policy.spec, 40)} does")
     table.add_column("tag")
@@ -429,7 +465,9 @@ def decision_table(p: Plan) -> Table:
     return table
 
 
-def advise_table(rows: Sequence[Advice], opts: Any, *, headroom: float, seconds: float) -> Table:
+def advise_table(
+    rows: Sequence[Advice], opts: RunOptions, *, headroom: float, seconds: float
+) -> Table:
     """The ``advise`` table: for every GPU, does the step fit, with which plan.
 
     Args:
@@ -440,9 +478,6 @@ def advise_table(rows: Sequence[Advice], opts: Any, *, headroom: float, seconds:
 
     Returns:
       The table.
-
-    Example:
-      >>> console().print(advise_table(rows, opts, headroom=0.03, seconds=30))  # doctest: +SKIP
     """
     table = Table(
         title=f"which GPU: {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}"
@@ -474,8 +509,10 @@ def fits_rule(target: Target) -> str:
     """One line saying what "fits" means for ``target``, e.g. for a table's caption.
 
     Example:
-      >>> fits_rule(rk.target("h100"))                                     # doctest: +SKIP
-      'fits = peak <= 59.33 GiB, what a JAX process may allocate of the 79.11 GiB ...'
+      >>> print(fits_rule(rk.target("h100")))
+      fits = peak <= 59.33 GiB, what a JAX process may allocate of the 79.11 GiB of h100-80gb ...
+      >>> fits_rule(rk.target("cpu"))
+      'fits: not judged (the target has no memory size)'
     """
     if target.usable_bytes is None:
         return "fits: not judged (the target has no memory size)"
@@ -551,7 +588,7 @@ def _training_line(precision: Mapping[str, str] | None, dropout: float | None) -
     return f"\n{words}" if words else ""
 
 
-def _opts_precision(opts: Any) -> Mapping[str, str] | None:
+def _opts_precision(opts: RunOptions) -> Mapping[str, str] | None:
     # models.measure.Options names its regime; other option objects may not have one.
     record = getattr(opts, "precision_record", None)
     return record() if callable(record) else None
@@ -595,7 +632,12 @@ def validation_table(rows: Sequence[Mapping[str, Any]]) -> Table:
       The table.
 
     Example:
-      >>> console().print(validation_table([v.to_dict()]))  # doctest: +SKIP
+      >>> row = {"target": "h100-80gb", "device_kind": "NVIDIA H100 80GB HBM3",
+      ...        "predicted_peak_bytes": 30 * 2**30, "measured_peak_bytes": 31 * 2**30,
+      ...        "error": 30 / 31 - 1, "meta": {"model": "llama3.2-1b", "policy": "full"}}
+      >>> t = validation_table([row])  # rows: Validation.to_dict() of real checks
+      >>> t.title, [list(c.cells)[0] for c in t.columns][4:7]
+      ('predicted vs measured peak on NVIDIA H100 80GB HBM3', ['30.00', '31.00', '-3.2%'])
     """
     first = rows[0] if rows else {}
     table = Table(

@@ -1,9 +1,12 @@
 """The memory timeline of one or more peak reports as a PNG: live bytes per schedule position.
 
 Example:
+  >>> import os, tempfile
   >>> from remat_kit.render.timeline import plot_timeline
-  >>> plot_timeline(report, "results/timeline.png")  # doctest: +SKIP
-  PosixPath('results/timeline.png')
+  >>> r = rk.inspect(lambda a: (a @ a) @ a, jnp.ones((64, 64)), target="cpu")
+  >>> with tempfile.TemporaryDirectory() as d:
+  ...     plot_timeline(r, os.path.join(d, "timeline.png")).name
+  'timeline.png'
 """
 
 from __future__ import annotations
@@ -52,7 +55,13 @@ def plot_timeline(
       BadValue: no report given, or ``path`` cannot be written as a regular file.
 
     Example:
-      >>> rk.plot_timeline(r, "results/timeline.png")  # doctest: +SKIP
+      >>> import tempfile
+      >>> x = jnp.ones((64, 64))
+      >>> a = rk.inspect(lambda a: a @ a, x, target="cpu", meta={"policy": "one matmul"})
+      >>> b = rk.inspect(lambda a: (a @ a) @ a, x, target="cpu", meta={"policy": "two"})
+      >>> with tempfile.TemporaryDirectory() as d:  # the two overlaid, positions scaled
+      ...     plot_timeline([a, b], os.path.join(d, "timeline.png")).exists()
+      True
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure

@@ -19,15 +19,20 @@ The four questions, one module each:
 - :func:`advise` (``advise``): for every GPU target, does the step fit, with which plan, at what
   overhead, and how large a batch the target takes.
 
+:func:`plan_front` (``recommend``) joins the second and third: the plan, compiled beside the
+catalogue as a front, optionally with the planner's own curve swept (``remat-kit plan``).
+
 Budgets (``budget``) are read by :func:`parse_budget`; :func:`check_budget` raises
 :class:`remat_kit.errors.DoesNotFit` when no policy can reach one.
 
-Example:
-  >>> import remat_kit as rk                                           # doctest: +SKIP
-  >>> from models.measure import Options, workload
-  >>> w = workload(Options("llama3-8b", batch=4, seq=2048, optimizer="sgd"), "h100")
-  >>> p = rk.plan(w, batch=4, budget=rk.parse_budget("52GiB", w.target.memory_bytes))
-  >>> p.fits, p.policy.spec, p.schedule.spec
+Example (``tiny_model`` is a factory ``tiny_model(policy)`` of a small Flax model; see
+:mod:`remat_kit.sources`):
+  >>> import remat_kit as rk
+  >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16, optimizer="sgd"))
+  >>> no_remat = w.report("none", batch=2).peak_bytes
+  >>> p = rk.plan(w, batch=2, budget=no_remat - 1)
+  >>> p.fits, p.peak_bytes < no_remat, p.policy.spec, p.schedule.spec
+  (True, True, 'names:save=mlpwi_1+mlpwo+lm_head', 'none')
 """
 
 from remat_kit.search.advise import Advice, ScaleOut, advise, gpus_needed
@@ -41,6 +46,7 @@ from remat_kit.search.front import (
     pareto_front,
 )
 from remat_kit.search.planner import Plan, PlanCandidate, SolverStatus, plan
+from remat_kit.search.recommend import PlanFront, plan_front
 from remat_kit.search.workload import DEFAULT_HIDE, Workload
 
 __all__ = [
@@ -53,6 +59,7 @@ __all__ = [
     "FrontPoint",
     "Plan",
     "PlanCandidate",
+    "PlanFront",
     "ScaleOut",
     "SolverStatus",
     "Workload",
@@ -65,4 +72,5 @@ __all__ = [
     "pareto_front",
     "parse_budget",
     "plan",
+    "plan_front",
 ]

@@ -168,7 +168,9 @@ class CostModel:
           The Estimate.
 
         Example:
-          >>> model.evaluate({"mlpwi_0": "recompute"}).device_bytes   # doctest: +SKIP
+          >>> m = cost_model(w, 2, offload=False, hide=0.5)
+          >>> m.evaluate({}).device_bytes - m.evaluate({"mlpwi_1": "recompute"}).device_bytes
+          3968.0
         """
         groups = [(decisions, 1.0)]
         if layers and first is not None:
@@ -220,8 +222,11 @@ def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) ->
       ValueError: the workload has no ``residuals_fn``.
 
     Example:
-      >>> m = cost_model(w, 4, offload=False, hide=0.5)                  # doctest: +SKIP
-      >>> m.evaluate({"mlpwi_0": "recompute"}).recompute_overhead
+      >>> m = cost_model(w, 2, offload=False, hide=0.5)
+      >>> m.tags, m.size["mlpwi_1"]
+      (('mlpwi_1', 'mlpwo', 'lm_head'), 4096)
+      >>> round(m.evaluate({"mlpwi_1": "recompute"}).recompute_overhead, 3)
+      0.082
     """
     key = ("cost_model", batch, offload, hide)
     if key in workload.memo:
@@ -373,8 +378,10 @@ def solve(
       programs were solved.
 
     Example:
-      >>> sol, status = solve(model, 40 * 2**30)                          # doctest: +SKIP
+      >>> m = cost_model(w, 2, offload=False, hide=0.5)
+      >>> sol, status = solve(m, m.untagged_bytes + 2_000)  # no room for mlpwi_1's 4096 B
       >>> sol.decisions, status.optimal
+      ({'mlpwi_1': 'recompute', 'mlpwo': 'save', 'lm_head': 'save'}, True)
     """
     t0 = time.perf_counter()
     split_cap = device_cap if split_cap is None else split_cap

@@ -4,9 +4,10 @@
 of one kind whose sharded step fits each of them.
 
 Example:
-  >>> import remat_kit as rk                                           # doctest: +SKIP
-  >>> rows = rk.advise(lambda t: workload(opts, t), batch=4)
-  >>> [(a.target, a.fits, a.plan) for a in rows]
+  >>> cfg = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+  >>> rows = rk.advise(lambda t: rk.sources.workload(tiny_model, t, cfg), 2, targets=["h100"])
+  >>> [(a.target, a.fits, a.plan, a.max_batch) for a in rows]
+  [('h100-80gb', True, 'none', 16384)]
 """
 
 from __future__ import annotations
@@ -20,9 +21,10 @@ from typing import Any
 
 from remat_kit import _workers
 from remat_kit.errors import BadType, DoesNotFit
+from remat_kit.notes import Note
 from remat_kit.policies import as_policy
 from remat_kit.search.batch import max_batch
-from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, limit_for
+from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search.planner import plan
 from remat_kit.search.workload import DEFAULT_HIDE, FULL, NO_REMAT, NO_SCHEDULE, Workload
 from remat_kit.targets import Target, target_names
@@ -48,7 +50,9 @@ class Advice:
       recompute_overhead, overhead: of the plan.
       max_batch: the largest batch with ``full`` (the planner's most frugal per-layer policy).
       fixed_bytes: weights + gradients + optimizer state + batch.
-      message: one line (why not, or what the plan is).
+      note: why not, or what the plan is, as data: the plan's note, or kind
+        ``fixed_over_budget`` (what no policy removes is over the device: the
+        :class:`DoesNotFit` error's fields); ``message`` is its words.
       seconds: wall time for this target.
     """
 
@@ -61,11 +65,20 @@ class Advice:
     overhead: float | None
     max_batch: int
     fixed_bytes: int
-    message: str
+    note: Note
     seconds: float
 
+    @property
+    def message(self) -> str:
+        """The note in words: one line."""
+        from remat_kit.render.notes import words
+
+        return words(self.note)
+
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """JSON-ready fields, the note as ``Note.to_dict()``, plus ``message``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**out, "note": self.note.to_dict(), "message": self.message}
 
 
 def advise(
@@ -100,8 +113,10 @@ def advise(
       TypeError: ``jobs > 1`` with a ``workload_for`` that does not pickle (a lambda).
 
     Example:
-      >>> rows = rk.advise(functools.partial(workload, opts), batch=4, jobs=2)  # doctest: +SKIP
-      >>> [(a.target, a.fits, a.plan) for a in rows]
+      >>> cfg = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+      >>> workload_for = functools.partial(rk.sources.workload, tiny_model, config=cfg)
+      >>> [(a.target, a.fits) for a in rk.advise(workload_for, 2, targets=["h100"])]
+      [('h100-80gb', True)]
     """
     names = (
         [n for n in target_names() if n not in ("cpu", "local")]
@@ -149,7 +164,7 @@ def _advise_one(
             overhead=None,
             max_batch=0,
             fixed_bytes=fixed,
-            message=str(err),
+            note=Note("fixed_over_budget", err.to_dict()),
             seconds=time.perf_counter() - t0,
         )
     fit = max_batch(w, FULL, headroom=headroom)  # from where the trace puts the boundary
@@ -163,7 +178,7 @@ def _advise_one(
         overhead=p.overhead,
         max_batch=fit.max_batch,
         fixed_bytes=fixed,
-        message=p.message,
+        note=p.note,
         seconds=time.perf_counter() - t0,
     )
 
@@ -209,7 +224,8 @@ class ScaleOut:
       policy: the per-layer policy compiled.
       peak_bytes: per-GPU compiled peak at ``devices`` (None when nothing fits).
       tried: (devices, per-GPU peak) for every count compiled.
-      message: one line for the user.
+      note: what was found, as data (kind ``scale_out_fits`` or ``scale_out_none``);
+        ``message`` is its words.
     """
 
     target: str
@@ -218,10 +234,20 @@ class ScaleOut:
     policy: str
     peak_bytes: int | None
     tried: tuple[tuple[int, int], ...]
-    message: str
+    note: Note
+
+    @property
+    def message(self) -> str:
+        """The note in words: one line for the user."""
+        from remat_kit.render.notes import words
+
+        return words(self.note)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """JSON-ready fields, the note as ``Note.to_dict()``, plus ``message``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["tried"] = [list(t) for t in self.tried]
+        return {**out, "note": self.note.to_dict(), "message": self.message}
 
 
 def gpus_needed(
@@ -253,8 +279,12 @@ def gpus_needed(
       ValueError: a target without a memory size; a headroom outside [0, 1).
 
     Example:
-      >>> so = rk.gpus_needed(lambda n: workload(fsdp(n), target(n)), batch=8)  # doctest: +SKIP
-      >>> so.devices
+      >>> cfg = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+      >>> def workload_for(n):
+      ...     return rk.sources.workload(tiny_model, rk.target("h100", devices=n), cfg)
+      >>> so = gpus_needed(workload_for, batch=2, counts=(1, 2, 4))
+      >>> so.devices, so.tried[0][0]
+      (1, 1)
     """
     pol = as_policy(policy)
     tried: list[tuple[int, int]] = []
@@ -274,7 +304,16 @@ def gpus_needed(
                 pol.spec,
                 peak,
                 tuple(tried),
-                f"{n} x {name}: {peak / GIB:.1f} GiB per GPU with {pol.spec} at global batch {b}",
+                Note(
+                    "scale_out_fits",
+                    {
+                        "target": name,
+                        "devices": n,
+                        "peak_bytes": peak,
+                        "policy": pol.spec,
+                        "batch": b,
+                    },
+                ),
             )
     return ScaleOut(
         name,
@@ -283,5 +322,13 @@ def gpus_needed(
         pol.spec,
         None,
         tuple(tried),
-        f"does not fit {counts[-1]} x {name} with {pol.spec}: {tried[-1][1] / GIB:.1f} GiB per GPU",
+        Note(
+            "scale_out_none",
+            {
+                "target": name,
+                "devices": counts[-1],
+                "peak_bytes": tried[-1][1],
+                "policy": pol.spec,
+            },
+        ),
     )

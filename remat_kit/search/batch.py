@@ -1,9 +1,9 @@
 """The largest batch: for one policy (:func:`max_batch`) or for any plan (:func:`max_batch_plan`).
 
 Example:
-  >>> import remat_kit as rk                                           # doctest: +SKIP
-  >>> fit = rk.max_batch(w, "full")
-  >>> fit.max_batch, fit.peak_bytes <= fit.limit_bytes
+  >>> fit = rk.max_batch(w, "full", limit_bytes=2**20)
+  >>> fit.max_batch > 2, fit.peak_bytes <= fit.limit_bytes < fit.next_peak_bytes
+  (True, True)
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any
 
 from jax.errors import JaxRuntimeError
 
+from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy
-from remat_kit.schedules import Schedule, label, parse_schedule
-from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, limit_for
+from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search.planner import Plan, plan
 from remat_kit.search.workload import DEFAULT_HIDE, FIXED_PARTS, FULL, Workload
 
@@ -49,7 +50,8 @@ class BatchFit:
       compiles: programs compiled for this search (cached ones not counted).
       seconds: wall time of the search.
       xla_remat: XLA's own rematerialization pass changed the program at ``max_batch``.
-      message: one line for the user.
+      note: what the search found, as data (kind ``batch_fits``, ``batch_none_fits`` or
+        ``plan_at_max_batch``); ``message`` is its words.
       predicted_batch: the batch the straight line through the first two compiled peaks
         predicted (None when it could not: a peak that does not grow with the batch).
       method: how the boundary was found: ``line`` (the prediction held: two compiles to fit
@@ -71,7 +73,7 @@ class BatchFit:
     compiles: int
     seconds: float
     xla_remat: bool = False
-    message: str = ""
+    note: Note | None = None
     predicted_batch: int | None = None
     method: str = ""
 
@@ -80,8 +82,18 @@ class BatchFit:
         """At least the smallest batch fits."""
         return self.max_batch > 0
 
+    @property
+    def message(self) -> str:
+        """The note in words, one line (``""`` without a note)."""
+        from remat_kit.render.notes import words
+
+        return "" if self.note is None else words(self.note)
+
     def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "fits": self.fits}
+        """JSON-ready fields, the note as ``Note.to_dict()``, plus ``fits`` and ``message``."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["note"] = None if self.note is None else self.note.to_dict()
+        return {**out, "fits": self.fits, "message": self.message}
 
 
 def max_batch(
@@ -133,8 +145,9 @@ def max_batch(
       ValueError: a target without a memory size and no ``limit_bytes``; a bad headroom.
 
     Example:
-      >>> fit = rk.max_batch(w, "full")                                    # doctest: +SKIP
-      >>> fit.max_batch, fit.peak_bytes <= fit.limit_bytes, fit.compiles, fit.method
+      >>> fit = rk.max_batch(w, "full", limit_bytes=2**20)  # 1 MiB for this tiny step
+      >>> fit.max_batch, fit.peak_bytes <= fit.limit_bytes < fit.next_peak_bytes, fit.method
+      (70, True, 'line')
     """
     t0 = time.perf_counter()
     before = workload.compiles
@@ -193,17 +206,22 @@ def max_batch(
     nxt_peak = known.get(hi) if hi is not None else None
     batch = lo * step
     overhead = workload.recompute_of(pol, sch, batch)
-    if hi is None:
-        after = f"; stopped at the cap {cap}"
-    elif hi in unbuildable:
+    refusal = unbuildable.get(hi) if hi is not None else None
+    if refusal is not None:
         nxt_peak = None
-        after = f", batch {hi * step} cannot be built by XLA ({unbuildable[hi]})"
-    else:
-        after = f", batch {hi * step} does not ({nxt_peak / GIB:.2f} GiB)"
-    msg = (
-        label(pol.spec, sch.spec)
-        + f": batch {batch} fits ({best.peak_bytes / GIB:.2f} GiB of {limit / GIB:.2f} GiB)"
-        + after
+    note = Note(
+        "batch_fits",
+        {
+            "policy": pol.spec,
+            "schedule": sch.spec,
+            "batch": batch,
+            "peak_bytes": best.peak_bytes,
+            "limit_bytes": limit,
+            "next_batch": None if hi is None else hi * step,  # None: stopped at the cap
+            "next_peak_bytes": nxt_peak,
+            "unbuildable": refusal,  # XLA's refusal of the next batch
+            "cap": cap,
+        },
     )
     return BatchFit(
         policy=pol.spec,
@@ -217,7 +235,7 @@ def max_batch(
         compiles=workload.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=best.xla_remat,
-        message=msg,
+        note=note,
         predicted_batch=None if predicted is None else predicted * step,
         method=method,
     )
@@ -381,9 +399,15 @@ def _no_fit(
         compiles=workload.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=r.xla_remat,
-        message=(
-            f"{pol.spec}: even batch {step} does not fit: {r.peak_bytes / GIB:.2f} GiB > "
-            f"{limit / GIB:.2f} GiB on {workload.target.name}"
+        note=Note(
+            "batch_none_fits",
+            {
+                "policy": pol.spec,
+                "batch": step,
+                "peak_bytes": r.peak_bytes,
+                "limit_bytes": limit,
+                "target": workload.target.name,
+            },
         ),
     )
 
@@ -412,8 +436,11 @@ def max_batch_plan(
       ``(fit, plan)``: the BatchFit of the plan (its policy, peak and overhead), and the Plan,
       or None when even the smallest batch does not fit.
 
-    Example:
-      >>> fit, p = rk.max_batch_plan(w)                                   # doctest: +SKIP
+    Example (not run as a doctest: it searches up to the whole device, thousands of
+    sequences even for a tiny model)::
+
+      fit, p = rk.search.max_batch_plan(w)
+      model = factory(p.policy)  # trains ``fit.max_batch`` sequences per step
     """
     t0 = time.perf_counter()
     before = workload.compiles
@@ -432,6 +459,6 @@ def max_batch_plan(
         compiles=workload.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=bool(p.report and p.report.xla_remat),
-        message=f"plan at the max batch of full ({full.max_batch}): {p.message}",
+        note=Note("plan_at_max_batch", {"max_batch": full.max_batch, "plan": p.note}),
     )
     return fit, p

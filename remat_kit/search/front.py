@@ -5,9 +5,9 @@
 :func:`remat_kit.render.front.plot_front`.
 
 Example:
-  >>> import remat_kit as rk                                           # doctest: +SKIP
-  >>> pts = rk.front(w, 4, plans=[rk.plan(w, 4)])
+  >>> pts = rk.front(w, 2, policies=["none", "full", "minimal"], schedules=())
   >>> [p.label for p in pts if not p.dominated]
+  ['none', 'minimal']
 """
 
 from __future__ import annotations
@@ -148,8 +148,10 @@ def front(
       ValueError: a plan for another batch.
 
     Example:
-      >>> pts = rk.front(w, 4, plans=[rk.plan(w, 4)])                    # doctest: +SKIP
-      >>> [p.label for p in pts if not p.dominated]
+      >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
+      >>> pts = rk.front(w, 2, policies=["none", "full"], schedules=(), plans=[p])
+      >>> [(q.label, q.dominated_by) for q in pts]
+      [('none', None), ('full', 'plan (budget 0.00 GiB)'), ('plan (budget 0.00 GiB)', None)]
     """
     pts = []
     for spec in policies:
@@ -182,8 +184,8 @@ def plan_label(p: Plan) -> str:
     """How a plan is named on a front: by the budget it was made for, never by its peak.
 
     Example:
-      >>> plan_label(p)                                                   # doctest: +SKIP
-      'plan (budget 52.00 GiB)'
+      >>> plan_label(rk.plan(w, batch=2, budget=2**30))
+      'plan (budget 1.00 GiB)'
     """
     return f"plan (budget {p.budget_bytes / GIB:.2f} GiB)"
 

@@ -6,11 +6,9 @@ its traced cost model (:mod:`remat_kit.search._solver`, a mixed-integer program 
 says; the algorithm is in its docstring.
 
 Example:
-  >>> import remat_kit as rk                                           # doctest: +SKIP
-  >>> from models.measure import Options, workload
-  >>> w = workload(Options("llama3-8b", batch=4, seq=2048, optimizer="sgd"), "h100")
-  >>> p = rk.plan(w, batch=4, budget=rk.parse_budget("52GiB", w.target.memory_bytes))
-  >>> p.fits, p.policy.spec, p.schedule.spec, p.solver.optimal
+  >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
+  >>> p.fits, p.policy.spec, p.source, p.solver.optimal
+  (True, 'names:save=mlpwi_1+mlpwo+lm_head', 'solver', True)
 """
 
 from __future__ import annotations
@@ -22,10 +20,11 @@ from typing import Any
 
 from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadType, BadValue
+from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.schedules import Schedule, label, parse_schedule
 from remat_kit.search._solver import CostModel, Solution, SolverStatus, cost_model, solve
-from remat_kit.search.budget import DEFAULT_HEADROOM, GIB, check_budget, limit_for
+from remat_kit.search.budget import DEFAULT_HEADROOM, check_budget, limit_for
 from remat_kit.search.workload import (
     DEFAULT_HIDE,
     FIXED_PARTS,
@@ -101,7 +100,8 @@ class Plan:
       candidates: every program compiled, in order.
       compiles: programs compiled for this plan (cached ones not counted).
       seconds: wall time.
-      message: one line for the user: what the plan is, or why nothing fits.
+      note: what the plan is, or why nothing fits, as data (kind ``plan_fits`` or
+        ``plan_nothing_fits``); ``message`` is its words.
       host_budget_bytes: the host-memory budget (None: none).
       solver: the proof: the last program solved (status, bound, gap) measured against the
         plan's assignment; ``optimal`` when it shows that no assignment cheaper on the cost
@@ -129,7 +129,7 @@ class Plan:
     candidates: tuple[PlanCandidate, ...]
     compiles: int
     seconds: float
-    message: str
+    note: Note
     host_budget_bytes: int | None = None
     solver: SolverStatus | None = None
     source: str = "solver"
@@ -140,12 +140,20 @@ class Plan:
         """``policy`` or ``policy @ schedule``."""
         return label(self.policy.spec, self.schedule.spec)
 
+    @property
+    def message(self) -> str:
+        """The note in words: one line for the user."""
+        from remat_kit.render.notes import words
+
+        return words(self.note)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (policy and schedule as specs)."""
+        """JSON-ready dict (policy and schedule as specs, the note as ``Note.to_dict()``), plus
+        ``message``, the note in words."""
         out = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name not in ("policy", "schedule", "candidates", "report", "solver")
+            if f.name not in ("policy", "schedule", "candidates", "report", "solver", "note")
         }
         out.update(
             policy=self.policy.spec,
@@ -153,6 +161,8 @@ class Plan:
             decisions=dict(self.decisions),
             layer_decisions=dict(self.layer_decisions),
             candidates=[dataclasses.asdict(c) for c in self.candidates],
+            note=self.note.to_dict(),
+            message=self.message,
             solver=dataclasses.asdict(self.solver) if self.solver is not None else None,
         )
         return out
@@ -216,7 +226,7 @@ def plan(
       max_compiles: compiles allowed for step 4.
 
     Returns:
-      The Plan. ``fits`` is False when nothing reaches the budget; ``message`` then gives the
+      The Plan. ``fits`` is False when nothing reaches the budget; its ``note`` then holds the
       smallest peak reached and with what. ``solver`` holds the program's status and gap.
 
     Raises:
@@ -227,9 +237,11 @@ def plan(
       TypeError: a host budget that is not an int of bytes.
 
     Example:
-      >>> budget = rk.parse_budget("52GiB", w.target.memory_bytes)          # doctest: +SKIP
-      >>> p = rk.plan(w, batch=4, budget=budget, host_budget=rk.parse_budget("64GiB"))
-      >>> cfg = models.get_config("llama3-8b", policy=p.policy, schedule=p.schedule)
+      >>> budget = w.report("none", batch=2).peak_bytes - 1  # just under no remat
+      >>> p = rk.plan(w, batch=2, budget=budget, host_budget=0)
+      >>> p.fits, p.host_bytes, p.decisions
+      (True, 0, {'lm_head': 'save', 'mlpwi_1': 'save', 'mlpwo': 'save'})
+      >>> model = tiny_model(p.policy)  # the model, built with the plan's policy
     """
     t0 = time.perf_counter()
     before = workload.compiles
@@ -247,7 +259,7 @@ def plan(
     if _none_lower_bound(workload, batch) <= budget:
         none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
         if none.fits:
-            return ctx.result(none, before, t0, "no remat needed", source="none")
+            return ctx.result(none, before, t0, source="none")
 
     use_offload = offload and host_budget != 0
     model = cost_model(workload, batch, offload=use_offload, hide=hide)
@@ -258,22 +270,14 @@ def plan(
 
     if best is None:
         smallest = min(ctx.candidates, key=lambda c: c.peak_bytes)
-        msg = (
-            f"nothing fits {budget / GIB:.2f} GiB on {workload.target.name} at batch {batch}: "
-            f"the smallest peak reached is {smallest.peak_bytes / GIB:.2f} GiB, with "
-            f"{label(smallest.policy, smallest.schedule)} "
-            f"({(smallest.peak_bytes - budget) / GIB:.2f} GiB over); try a smaller batch "
-            "(remat-kit fit), gradient accumulation or a larger budget"
-        )
-        return ctx.result(smallest, before, t0, msg, fits=False, solver=status, source="nothing")
+        return ctx.result(smallest, before, t0, fits=False, solver=status, source="nothing")
     chosen = _best_of(ctx, best, extras)
     if chosen is not best:
-        why = "a policy given to compare is at least as good as the solver's plan"
-        return ctx.result(chosen, before, t0, why, solver=status, source="catalogue")
+        return ctx.result(chosen, before, t0, solver=status, source="catalogue")
     if source == "schedule":
-        return ctx.result(best, before, t0, "segment checkpointing", solver=status, source=source)
+        return ctx.result(best, before, t0, solver=status, source=source)
     assert sol is not None and status is not None
-    return ctx.result(best, before, t0, _describe(sol, status), solver=status, source=source)
+    return ctx.result(best, before, t0, solver=status, source=source, chose=_chose(sol, status))
 
 
 def _none_lower_bound(workload: Workload, batch: int) -> int:
@@ -314,27 +318,19 @@ def _as_extra(p: Any) -> tuple[Policy, Schedule]:
     return as_policy(p), NO_SCHEDULE
 
 
-def _describe(sol: Solution, status: SolverStatus) -> str:
-    """One clause on what the solver chose and how sure it is."""
-
-    def words(dec: Mapping[str, str]) -> str:
-        parts = []
-        for kind in ("recompute", "offload"):
-            tags = [t for t, d in dec.items() if d == kind]
-            if tags:
-                parts.append(f"{kind} {', '.join(tags)}")
-        return "; ".join(parts) or "save every tagged tensor"
-
-    why = words(sol.decisions)
-    if sol.layers:
-        extra = {t: d for t, d in sol.first.items() if sol.decisions.get(t) != d}
-        why += f"; layers 0-{sol.layers - 1}: {words(extra)}"
-    proof = (
-        "optimal on the cost model"
-        if status.optimal
-        else f"{status.status}, gap {100 * (status.gap or 0):.2f}%"
-    )
-    return f"{why}; {proof} ({status.solver}, {status.programs} programs)"
+def _chose(sol: Solution, status: SolverStatus) -> dict[str, Any]:
+    """What the solver chose and how sure it is, for the plan's note: the decisions, those of
+    the first ``layers`` layers where they differ, and the solver's status."""
+    return {
+        "decisions": dict(sol.decisions),
+        "layer_decisions": {t: d for t, d in sol.first.items() if sol.decisions.get(t) != d},
+        "layers": sol.layers,
+        "optimal": status.optimal,
+        "status": status.status,
+        "gap": status.gap,
+        "solver": status.solver,
+        "programs": status.programs,
+    }
 
 
 def _check_batch(workload: Workload, batch: int) -> None:
@@ -385,24 +381,41 @@ class _PlanContext:
         cand: PlanCandidate,
         before: int,
         t0: float,
-        why: str,
         *,
         fits: bool = True,
         solver: SolverStatus | None = None,
         source: str,
+        chose: Mapping[str, Any] | None = None,
     ) -> Plan:
         w = self.workload
         pol, sch = self._objects[(cand.policy, cand.schedule)]
         r = w.compiled(pol, sch, self.batch)
         decisions, layer_dec, layers = _decisions(w, self.batch, pol, sch, r.tags)
         if fits:
-            message = (
-                f"{label(pol.spec, sch.spec)} fits {self.budget / GIB:.2f} GiB: peak "
-                f"{cand.peak_bytes / GIB:.2f} GiB, recompute "
-                f"{100 * cand.recompute_overhead:.1f}% ({why})"
+            note = Note(
+                "plan_fits",
+                {
+                    "policy": pol.spec,
+                    "schedule": sch.spec,
+                    "budget_bytes": self.budget,
+                    "peak_bytes": cand.peak_bytes,
+                    "recompute_overhead": cand.recompute_overhead,
+                    "source": source,  # why this plan: see Plan.source
+                    "solver": chose,  # what the solver chose (source "solver" only)
+                },
             )
         else:
-            message = why
+            note = Note(
+                "plan_nothing_fits",
+                {
+                    "target": w.target.name,
+                    "batch": self.batch,
+                    "budget_bytes": self.budget,
+                    "peak_bytes": cand.peak_bytes,
+                    "policy": cand.policy,
+                    "schedule": cand.schedule,
+                },
+            )
         return Plan(
             policy=pol,
             schedule=sch,
@@ -420,7 +433,7 @@ class _PlanContext:
             candidates=tuple(self.candidates),
             compiles=w.compiles - before,
             seconds=time.perf_counter() - t0,
-            message=message,
+            note=note,
             host_budget_bytes=self.host_budget,
             solver=solver,
             source=source,

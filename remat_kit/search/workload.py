@@ -6,13 +6,15 @@ size, plus the target it is compiled for. It caches every answer, so a plan, a m
 and a Pareto front over the same workload share their compiles.
 
 Its public methods take what users write (a policy name, a Policy, a jax callable) and
-normalise it once; the rest of :mod:`remat_kit.search` calls the private methods with
-``Policy`` and ``Schedule`` objects it already holds.
+normalise it once; the typed ones (:meth:`Workload.compiled`, :meth:`Workload.traced_flops`,
+:meth:`Workload.traced_residuals`) take the ``Policy`` and ``Schedule`` objects the rest of
+:mod:`remat_kit.search` already holds. ``rk.sources.workload`` builds one from any model
+source.
 
 Example:
-  >>> import remat_kit as rk                                           # doctest: +SKIP
-  >>> w = rk.Workload(measure_fn, flops_fn, target=rk.target("h100"), seq=2048)
-  >>> w.report("full", "none", 4).peak_bytes
+  >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
+  >>> w.report("full", batch=2) is w.report("full", batch=2), w.compiles
+  (True, 1)
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ BreakdownFn = Callable[[int], Mapping[str, int]]
 class Workload:
     """A training step the search may compile for any policy, schedule and batch size.
 
-    The callbacks hold the model; remat_kit only calls them (``models.measure.workload`` builds
-    one from a preset). Every answer is cached in this object, keyed by (policy spec, schedule,
+    The callbacks hold the model; remat_kit only calls them (``rk.sources.workload`` builds
+    one from any model source). Every answer is cached in this object, keyed by (policy spec, schedule,
     batch), so searches over the same workload share compiles and traces.
 
     Attributes:
@@ -83,9 +85,17 @@ class Workload:
         (``rk.sources``): the search then leaves schedules out.
 
     Example:
-      >>> import remat_kit as rk                                       # doctest: +SKIP
-      >>> w = rk.Workload(measure_fn, flops_fn, target=rk.target("h100"), seq=2048)
-      >>> w.report("full", "none", 4).peak_bytes
+      >>> def measure_fn(policy, schedule, batch):
+      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
+      ...     return rk.memory_report(step.fn, *step.args, target="h100", policy=policy)
+      >>> def flops_fn(policy, schedule, batch):
+      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
+      ...     return rk.count_flops(step.fn, *step.args).total
+      >>> w = rk.Workload(measure_fn, flops_fn, target=rk.target("h100"), seq=16)
+      >>> w.report("full", batch=2).policy, w.compiles
+      ('full', 1)
+      >>> w.recompute_overhead("full", batch=2) > 0
+      True
     """
 
     measure_fn: MeasureFn

@@ -16,11 +16,12 @@ The CLI's ``--model file.py:NAME`` and ``models.measure`` go through here; remat
 imports ``models``.
 
 Example:
-  >>> import remat_kit as rk                                              # doctest: +SKIP
-  >>> src = rk.sources.from_factory("examples/hf_llama.py:llama")
+  >>> import remat_kit as rk
+  >>> src = rk.sources.from_factory(tiny_model)  # or "path/to/file.py:NAME"
   >>> built = src.build("minimal")
-  >>> step = built.train_step(rk.TrainConfig(batch=4, seq=2048))
-  >>> rk.memory_report(step.fn, *step.args, target="h100").peak_bytes
+  >>> step = built.train_step(rk.TrainConfig(batch=2, seq=16))
+  >>> rk.memory_report(step.fn, *step.args, target="h100").fits
+  True
 """
 
 from remat_kit.sources._loading import load_factory, patched_block

@@ -3,8 +3,8 @@
 See :mod:`remat_kit.sources` for what a factory is.
 
 Example:
-  >>> import remat_kit as rk                                              # doctest: +SKIP
-  >>> src = rk.sources.from_factory("examples/hf_llama.py:llama")
+  >>> import remat_kit as rk
+  >>> src = rk.sources.from_factory("tests/data/factories.py:untagged")
   >>> src.build("minimal").kind
   'linen'
 """
@@ -493,9 +493,11 @@ def from_factory(
         not take a policy argument, or a ``block`` that cannot be imported.
 
     Example:
-      >>> src = from_factory(lambda policy: nn.Dense(8))                  # doctest: +SKIP
-      >>> src.schedule_kinds
-      frozenset({'none'})
+      >>> src = from_factory(lambda policy: nn.Dense(8))
+      >>> src.spec, src.schedule_kinds
+      ('<lambda>', frozenset({'none'}))
+      >>> sorted(from_factory("tests/data/factories.py:preset").schedule_kinds)  # schedule=
+      ['every', 'layers', 'nested', 'none', 'sqrt']
     """
     if isinstance(factory, str):
         fn, spec = load_factory(factory), factory

@@ -6,10 +6,10 @@ tags a policy may name, and the :class:`~remat_kit.Workload` the search runs on.
 source that names its inputs (:meth:`StepSource.cache_parts`) are remembered on disk.
 
 Example:
-  >>> import remat_kit as rk
-  >>> src = rk.sources.from_factory("tests/data/factories.py:untagged")
+  >>> src = rk.sources.from_factory(tiny_model)  # any StepSource: a factory here
   >>> config = rk.TrainConfig(batch=2, seq=16)
-  >>> rk.sources.measure(src, "full", "cpu", config).peak_bytes > 0
+  >>> r = rk.sources.measure(src, "full", "h100", config, warn=False)
+  >>> r.peak_bytes == r.argument_bytes + r.output_bytes + r.temp_bytes - r.alias_bytes
   True
 """
 
@@ -29,6 +29,7 @@ from remat_kit.analysis import MemoryReport, RematWarning, memory_report, transf
 from remat_kit.breakdown import add_breakdown, add_measured_breakdown
 from remat_kit.errors import BadValue
 from remat_kit.flops import count_flops
+from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
 from remat_kit.schedules import Schedule, parse_schedule
@@ -95,10 +96,10 @@ def measure(
         a measured breakdown asked of a sharded step.
 
     Example:
-      >>> src = rk.sources.from_factory("tests/data/factories.py:untagged")
-      >>> r = measure(src, "full", "cpu", rk.TrainConfig(batch=2, seq=16))
-      >>> r.policy, r.meta["model"]
-      ('full', 'tests/data/factories.py:untagged')
+      >>> src = rk.sources.from_factory(tiny_model)
+      >>> r = measure(src, "full", "h100", rk.TrainConfig(batch=2, seq=16), warn=False)
+      >>> r.policy, r.meta["model"], r.meta["params"]
+      ('full', 'tiny_model', 3184)
     """
     t = as_target(target)
     pol, sch = as_policy(policy), parse_schedule(schedule)
@@ -192,9 +193,9 @@ def _measure(
         # XLA may carry out only part of the copies jax marks (unrolled layers): say so. Both
         # figures are one micro-batch's on one device (sharded steps are not compared).
         marked = residuals(source, pol, t, config, sch).bytes_by("offloaded")
-        note = checks.offload_shortfall(report, marked)
+        note = checks.offload_shortfall_note(report, marked)
         if note is not None:
-            report = report.replace(warnings=(*report.warnings, note))
+            report = report.replace(notes=(*report.notes, note))
     return report
 
 
@@ -212,16 +213,21 @@ def _with_offload_estimate(
     est = transfer_estimate(report, t, max(extra, 0.0))
     if est is None:
         return report
-    notes = list(report.warnings)
+    notes = list(report.notes)
     if est.link_bound:
         notes.append(
-            f"offloading {est.host_bytes / 2**30:.1f} GiB per step needs an estimated "
-            f"{est.transfer_seconds * 1e3:.0f} ms on {t.name}'s host link, more than the "
-            f"step's {est.step_compute_seconds * 1e3:.0f} ms of compute: it cannot hide "
-            "behind compute"
+            Note(
+                "offload_link_bound",
+                {
+                    "target": t.name,
+                    "host_bytes": est.host_bytes,
+                    "transfer_seconds": est.transfer_seconds,
+                    "step_compute_seconds": est.step_compute_seconds,
+                },
+            )
         )
     return report.replace(
-        meta={**report.meta, "offload_estimate": est._asdict()}, warnings=tuple(notes)
+        meta={**report.meta, "offload_estimate": est._asdict()}, notes=tuple(notes)
     )
 
 
@@ -446,9 +452,9 @@ def workload(
       The Workload.
 
     Example:
-      >>> w = workload("tests/data/factories.py:untagged", "cpu", rk.TrainConfig(2, 16))
-      >>> w.report("full", batch=2).policy
-      'full'
+      >>> w = workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
+      >>> w.report("full", batch=2).policy, w.label
+      ('full', 'tiny_model s16 adamw')
     """
     src = source if isinstance(source, StepSource) else from_factory(source)
     t = as_target(target)

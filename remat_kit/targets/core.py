@@ -96,9 +96,7 @@ class Target:
         if self.kind not in _KINDS:
             raise BadValue(f"unknown target kind {self.kind!r}; expected one of {_KINDS}")
         if self.kind == "gpu" and not self.target_config:
-            raise BadValue(
-                f"GPU target {self.name!r} needs a target_config (GpuTargetConfigProto)"
-            )
+            raise BadValue(f"GPU target {self.name!r} needs a target_config (GpuTargetConfigProto)")
         if self.kind == "gpu" and self.runtime is None:
             object.__setattr__(self, "runtime", Runtime())
         if self.kind != "gpu" and self.runtime is not None:
@@ -109,7 +107,8 @@ class Target:
                 f"memory fraction {f:g} ({self.runtime.source}) leaves less than "
                 f"{outside_heap_bytes(self.memory_bytes) / 2**30:.2f} GiB of {self.name} for the "
                 "CUDA context and "
-                f"library handles: use at most {max_mem_fraction(self.memory_bytes):g}"
+                f"library handles: use at most {max_mem_fraction(self.memory_bytes):g}",
+                param="mem_fraction",
             )
         if self.kind != "gpu" and self.hosts != 1:
             raise BadValue(
@@ -185,7 +184,9 @@ class Target:
 
         Example:
           >>> t = target("h100")
-          >>> x = jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=t.sharding())  # doctest: +SKIP
+          >>> x = jax.ShapeDtypeStruct((8, 8), jnp.float32, sharding=t.sharding())
+          >>> x.sharding.spec
+          P()
         """
         return NamedSharding(self.mesh(), PartitionSpec() if spec is None else spec)
 
@@ -306,20 +307,29 @@ def target_names() -> list[str]:
 def as_target(t: str | Target) -> Target:
     """A Target from a name or a Target (what every ``target=`` argument accepts).
 
+    The functions that take ``target=`` call it on entry, before they trace or compile for
+    it; for a GPU target on a machine with no NVIDIA device it therefore chooses jax's CPU
+    platform first (:func:`~remat_kit.targets.configure_for_deviceless`, a no-op once jax's
+    backends have started). Building a target (:func:`target`) has no such effect.
+
     Raises:
-      ValueError: an unknown name.
-      TypeError: neither a name nor a Target.
+      UnknownName: an unknown name.
+      BadType: neither a name nor a Target.
 
     Example:
       >>> as_target("h100").name
       'h100-80gb'
     """
     if isinstance(t, str):
-        return target(t)
-    if not isinstance(t, Target):
+        t = target(t)
+    elif not isinstance(t, Target):
         raise BadType(
             f"target must be a name or rk.Target, got {type(t).__name__} {t!r}", param="target"
         )
+    if t.kind == "gpu":
+        # A deviceless compile is about to happen: before anything starts jax's backends
+        # with a CUDA probe that can only fail here.
+        configure_if_no_gpu()
     return t
 
 
@@ -406,7 +416,8 @@ def _runtime(mem_fraction: float | None) -> Runtime:
 def _gpu_target(
     name: str, facts: Mapping[str, Any], devices: int, hosts: int, runtime: Runtime
 ) -> Target:
-    configure_if_no_gpu()  # before anything starts jax's backends with a doomed CUDA probe
+    # A value only: jax's platform is chosen where a deviceless compile is about to happen
+    # (as_target on entry to a function that compiles, and gpu_topology), not here.
     major, minor = facts["compute_capability"]
     config = CONFIG_TEMPLATE.format(
         smem_per_sm=int(facts["smem_per_sm"]),
@@ -485,9 +496,7 @@ def _mesh_shape(devices: int, names: tuple[str, ...], shape: Sequence[int] | Non
             f"mesh shape {shape} has {len(shape)} axes but axis_names {names} has {len(names)}"
         )
     if math.prod(shape) != devices:
-        raise BadValue(
-            f"mesh shape {shape} holds {math.prod(shape)} devices, target has {devices}"
-        )
+        raise BadValue(f"mesh shape {shape} holds {math.prod(shape)} devices, target has {devices}")
     return shape
 
 

@@ -104,7 +104,7 @@ def target_from_config(
       ValueError: If the file does not exist or ``device_memory_size`` is missing.
 
     Example:
-      >>> t = target_from_config(target("l4").target_config)
+      >>> t = target_from_config(rk.target("l4").target_config)
       >>> t.description, t.compute_capability
       ('NVIDIA L4', (8, 9))
     """

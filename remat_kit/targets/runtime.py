@@ -81,11 +81,14 @@ class Runtime:
     def __post_init__(self) -> None:
         f = self.mem_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))):
-            raise BadValue(f"memory fraction {f!r} must be a number in (0, 1]")
+            raise BadValue(
+                f"memory fraction {f!r} must be a number in (0, 1]", param="mem_fraction"
+            )
         if f is not None and not 0.0 < f <= 1.0:
             raise BadValue(
                 f"memory fraction {f} from {self.source} must be in (0, 1]; JAX's default is "
-                f"{DEFAULT_MEM_FRACTION}"
+                f"{DEFAULT_MEM_FRACTION}",
+                param="mem_fraction",
             )
 
     def usable_bytes(self, memory_bytes: int) -> int:

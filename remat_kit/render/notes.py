@@ -1,0 +1,254 @@
+"""The words of a :class:`remat_kit.notes.Note`: the one line a user reads for it.
+
+Library code returns notes (data); this is where their figures become a sentence, for the CLI,
+the tables, the JSON's readable ``warnings`` / ``message`` and the RematWarning a report issues.
+
+Example:
+  >>> from remat_kit.notes import Note
+  >>> print(words(Note("xla_remat", {"target": "h100-80gb", "saved_bytes": 3 * 2**29})))
+  XLA's own rematerialization pass took 1.50 GiB off the peak to fit h100-80gb: these
+  figures include XLA's choices on top of the policy
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from remat_kit.errors import BadValue
+from remat_kit.notes import KINDS, Note
+from remat_kit.render.format import GIB
+from remat_kit.schedules import label
+
+__all__ = ["words"]
+
+
+def words(note: Note | Mapping[str, Any]) -> str:
+    """The sentence for ``note`` (a Note, or its ``to_dict()``).
+
+    Args:
+      note: what to word.
+
+    Returns:
+      One line, e.g. ``"does not fit h100-80gb at ...: peak 81.00 GiB is 21.67 GiB over; ..."``.
+
+    Example:
+      >>> print(words({"kind": "offload_moved_nothing", "policy": "offload_dots"}))
+      policy 'offload_dots' offloads to host but XLA moved 0 bytes there: nothing it names
+      is a residual of this program
+    """
+    if not isinstance(note, Note):
+        note = Note.from_dict(note)
+    try:
+        say = _WORDS[note.kind]
+    except KeyError:  # a kind in KINDS without words here: a bug, caught by the tests
+        raise BadValue(f"no words for note kind {note.kind!r}", param="note") from None
+    return say(note.data)
+
+
+def _gib(n: float | None) -> str:
+    return f"{(n or 0) / GIB:.2f}"
+
+
+def _no_tag_matched(d: Mapping[str, Any]) -> str:
+    return (
+        f"policy {d['policy']!r} names {', '.join(d['names'])} but the program tags none of "
+        f"them (it has: {', '.join(d['tags']) or 'no tags'}); it behaves like 'full'"
+    )
+
+
+def _tag_list(tags: Sequence[str], limit: int = 12) -> str:
+    if not tags:
+        return "none (tag the model: remat_kit.tagging, or checkpoint_name in its code)"
+    shown = ", ".join(tags[:limit])
+    return shown + (f" ... ({len(tags) - limit} more)" if len(tags) > limit else "")
+
+
+def _no_tag_matched_in(d: Mapping[str, Any]) -> str:
+    return (
+        f"policy {d['policy']!r} names {', '.join(d['names'])} but {d['where']} tags none of "
+        f"them, so it behaves like 'full'; tags there: {_tag_list(d['tags'])}"
+    )
+
+
+def _flash_recomputes_scores(d: Mapping[str, Any]) -> str:
+    return (
+        f"{d['policy']!r} recomputes attention scores/probabilities, which do not exist "
+        "under flash attention (the kernel recomputes them itself): here it is "
+        f"equivalent to names:save={'+'.join(d['kept'])}"
+    )
+
+
+def _offload_on_cpu(d: Mapping[str, Any]) -> str:
+    return (
+        f"policy {d['policy']!r} offloads to host, but a cpu compile does not measure host "
+        "memory (XLA reports 0 host bytes on cpu): compile for a GPU target to see them"
+    )
+
+
+def _offload_moved_nothing(d: Mapping[str, Any]) -> str:
+    return (
+        f"policy {d['policy']!r} offloads to host but XLA moved 0 bytes there: nothing it "
+        "names is a residual of this program"
+    )
+
+
+def _xla_remat(d: Mapping[str, Any]) -> str:
+    return (
+        f"XLA's own rematerialization pass took {_gib(d['saved_bytes'])} GiB off "
+        f"the peak to fit {d['target']}: these figures include XLA's choices on top of the policy"
+    )
+
+
+def _does_not_fit(d: Mapping[str, Any]) -> str:
+    runtime = d["runtime"] or "the runtime"
+    where = f"{d['target']} at {runtime} ({_gib(d['usable_bytes'])} GiB usable of "
+    where += f"{_gib(d['memory_bytes'])})"
+    fix = (
+        f"; it fits with XLA_PYTHON_CLIENT_MEM_FRACTION={d['fits_with_fraction']:g}"
+        if d["fits_with_fraction"] is not None
+        else "; no allocator fraction makes it fit"
+    )
+    return (
+        f"does not fit {where}: peak {_gib(d['peak_bytes'])} GiB is "
+        f"{_gib(d['over_bytes'])} GiB over{fix}"
+    )
+
+
+def _breakdown_upper_bound(d: Mapping[str, Any]) -> str:
+    return (
+        f"the peak ({_gib(d['peak_bytes'])} GiB) is below weights + gradients + "
+        f"optimizer state + batch ({_gib(d['known_bytes'])} GiB): XLA never holds every gradient "
+        "at once here, so this split is only an upper bound per part (activations shown as "
+        "0); a measured breakdown reads what is live at the peak"
+    )
+
+
+def _offload_shortfall(d: Mapping[str, Any]) -> str:
+    moved, marked = d["moved_bytes"], d["marked_bytes"]
+    return (
+        f"offload moved {_gib(moved)} GiB to host of the {_gib(marked)} GiB "
+        f"jax marked for offload ({100 * moved / marked:.0f}%): XLA kept the rest on the "
+        "device, so the peak is not what the policy promises; offload needs scanned layers"
+    )
+
+
+def _offload_link_bound(d: Mapping[str, Any]) -> str:
+    return (
+        f"offloading {d['host_bytes'] / GIB:.1f} GiB per step needs an estimated "
+        f"{d['transfer_seconds'] * 1e3:.0f} ms on {d['target']}'s host link, more than the "
+        f"step's {d['step_compute_seconds'] * 1e3:.0f} ms of compute: it cannot hide "
+        "behind compute"
+    )
+
+
+def _batch_fits(d: Mapping[str, Any]) -> str:
+    if d["next_batch"] is None:
+        after = f"; stopped at the cap {d['cap']}"
+    elif d["unbuildable"] is not None:
+        after = f", batch {d['next_batch']} cannot be built by XLA ({d['unbuildable']})"
+    else:
+        after = f", batch {d['next_batch']} does not ({_gib(d['next_peak_bytes'])} GiB)"
+    return (
+        label(d["policy"], d["schedule"])
+        + f": batch {d['batch']} fits ({_gib(d['peak_bytes'])} GiB of "
+        + f"{_gib(d['limit_bytes'])} GiB)"
+        + after
+    )
+
+
+def _batch_none_fits(d: Mapping[str, Any]) -> str:
+    return (
+        f"{d['policy']}: even batch {d['batch']} does not fit: {_gib(d['peak_bytes'])} GiB > "
+        f"{_gib(d['limit_bytes'])} GiB on {d['target']}"
+    )
+
+
+def _plan_at_max_batch(d: Mapping[str, Any]) -> str:
+    return f"plan at the max batch of full ({d['max_batch']}): {words(d['plan'])}"
+
+
+_WHY = {
+    "none": "no remat needed",
+    "catalogue": "a policy given to compare is at least as good as the solver's plan",
+    "schedule": "segment checkpointing",
+}
+
+
+def _decision_words(decisions: Mapping[str, str]) -> str:
+    parts = []
+    for kind in ("recompute", "offload"):
+        tags = [t for t, d in decisions.items() if d == kind]
+        if tags:
+            parts.append(f"{kind} {', '.join(tags)}")
+    return "; ".join(parts) or "save every tagged tensor"
+
+
+def _solver_words(s: Mapping[str, Any]) -> str:
+    """What the solver chose and how sure it is (one clause)."""
+    why = _decision_words(s["decisions"])
+    if s["layers"]:
+        why += f"; layers 0-{s['layers'] - 1}: {_decision_words(s['layer_decisions'])}"
+    proof = (
+        "optimal on the cost model"
+        if s["optimal"]
+        else f"{s['status']}, gap {100 * (s['gap'] or 0):.2f}%"
+    )
+    return f"{why}; {proof} ({s['solver']}, {s['programs']} programs)"
+
+
+def _plan_fits(d: Mapping[str, Any]) -> str:
+    why = _solver_words(d["solver"]) if d["source"] == "solver" else _WHY[d["source"]]
+    return (
+        f"{label(d['policy'], d['schedule'])} fits {_gib(d['budget_bytes'])} GiB: peak "
+        f"{_gib(d['peak_bytes'])} GiB, recompute "
+        f"{100 * d['recompute_overhead']:.1f}% ({why})"
+    )
+
+
+def _plan_nothing_fits(d: Mapping[str, Any]) -> str:
+    return (
+        f"nothing fits {_gib(d['budget_bytes'])} GiB on {d['target']} at batch {d['batch']}: "
+        f"the smallest peak reached is {_gib(d['peak_bytes'])} GiB, with "
+        f"{label(d['policy'], d['schedule'])} "
+        f"({_gib(d['peak_bytes'] - d['budget_bytes'])} GiB over); try a smaller batch "
+        "(remat-kit fit), gradient accumulation or a larger budget"
+    )
+
+
+def _scale_out_fits(d: Mapping[str, Any]) -> str:
+    return (
+        f"{d['devices']} x {d['target']}: {d['peak_bytes'] / GIB:.1f} GiB per GPU with "
+        f"{d['policy']} at global batch {d['batch']}"
+    )
+
+
+def _scale_out_none(d: Mapping[str, Any]) -> str:
+    return (
+        f"does not fit {d['devices']} x {d['target']} with {d['policy']}: "
+        f"{d['peak_bytes'] / GIB:.1f} GiB per GPU"
+    )
+
+
+_WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "no_tag_matched": _no_tag_matched,
+    "flash_recomputes_scores": _flash_recomputes_scores,
+    "offload_on_cpu": _offload_on_cpu,
+    "offload_moved_nothing": _offload_moved_nothing,
+    "xla_remat": _xla_remat,
+    "does_not_fit": _does_not_fit,
+    "xla_log": lambda d: d["line"],  # XLA's own line, already in words (remat_kit.xla)
+    "breakdown_upper_bound": _breakdown_upper_bound,
+    "offload_shortfall": _offload_shortfall,
+    "offload_link_bound": _offload_link_bound,
+    "no_tag_matched_in": _no_tag_matched_in,
+    "batch_fits": _batch_fits,
+    "batch_none_fits": _batch_none_fits,
+    "plan_at_max_batch": _plan_at_max_batch,
+    "plan_fits": _plan_fits,
+    "plan_nothing_fits": _plan_nothing_fits,
+    "fixed_over_budget": lambda d: d["message"],  # the DoesNotFit error's own message
+    "scale_out_fits": _scale_out_fits,
+    "scale_out_none": _scale_out_none,
+}
+assert set(_WORDS) == set(KINDS), "every kind of note needs words"

@@ -1,0 +1,166 @@
+"""The plan with its front: plan, compile what it is shown beside, sweep, re-plan.
+
+:func:`plan_front` is what ``remat-kit plan`` does, for library users: the cheapest plan under a
+budget (:func:`~remat_kit.search.plan`), the catalogue policies compiled beside it as a Pareto
+front (:func:`~remat_kit.search.front`), and, with ``sweep``, the planner's own curve (plans at
+the peaks of the catalogue points that fit) and segment schedules, after which a swept plan that
+beats the first on both axes becomes the recommendation.
+
+Example:
+  >>> pf = plan_front(w, 2, w.report("none", batch=2).peak_bytes - 1, catalogue=["none", "full"])
+  >>> pf.plan.fits, [(q.label, q.dominated) for q in pf.points]
+  (True, [('none', False), ('full', True), ('plan (budget 0.00 GiB)', False)])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from remat_kit.search.budget import DEFAULT_HEADROOM
+from remat_kit.search.front import (
+    FRONT_POLICIES,
+    FRONT_SCHEDULES,
+    FrontPoint,
+    front,
+    pareto_front,
+    plan_label,
+)
+from remat_kit.search.planner import Plan, plan
+from remat_kit.search.workload import DEFAULT_HIDE, Workload
+
+__all__ = [
+    "SWEEP_PLANS",
+    "PlanFront",
+    "plan_front",
+]
+
+#: How many extra budgets a sweep plans for (the smallest catalogue peaks that fit).
+SWEEP_PLANS = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class PlanFront:
+    """The recommended plan and the front it was checked against.
+
+    Attributes:
+      plan: the recommendation (after a sweep, possibly a re-plan that a swept plan improved).
+      points: the catalogue points, the plan's own point and, with a sweep, the swept plans and
+        segment schedules, with the Pareto front marked (``FrontPoint.dominated``).
+      plan_seconds: wall time of the first plan.
+      seconds: wall time of everything.
+      swept: the plans made for other budgets by the sweep (empty without one).
+    """
+
+    plan: Plan
+    points: tuple[FrontPoint, ...]
+    plan_seconds: float
+    seconds: float
+    swept: tuple[Plan, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``plan`` (``Plan.to_dict()``), ``front`` (the points), the times."""
+        return {
+            "plan": self.plan.to_dict(),
+            "front": [dataclasses.asdict(pt) for pt in self.points],
+            "plan_seconds": self.plan_seconds,
+            "seconds": self.seconds,
+        }
+
+
+def plan_front(
+    workload: Workload,
+    batch: int,
+    budget: int | None = None,
+    *,
+    catalogue: Iterable[Any] = FRONT_POLICIES,
+    host_budget: int | None = None,
+    offload: bool = True,
+    hide: float = DEFAULT_HIDE,
+    headroom: float = DEFAULT_HEADROOM,
+    sweep: bool = False,
+    schedules: Iterable[tuple[Any, Any]] = FRONT_SCHEDULES,
+) -> PlanFront:
+    """The cheapest plan under ``budget``, compiled beside the catalogue as a Pareto front.
+
+    1. :func:`~remat_kit.search.plan` with the catalogue (and, with ``sweep``, the segment
+       schedules) as ``extra``: the plan is never dominated by what it is shown beside.
+    2. The catalogue policies are compiled and joined with the plan into a front.
+    3. With ``sweep``: plans for the peaks of the catalogue points that fit (the
+       :data:`SWEEP_PLANS` smallest) and the segment ``schedules`` join the front. A swept
+       plan may, through compile noise, beat the first on both axes: the plan is then made
+       again with the swept plans as ``extra`` (compiled already, so no compile) and replaces
+       the first on the front.
+
+    Args:
+      workload: the step (needs ``residuals_fn``).
+      batch: the batch to plan for.
+      budget: bytes; default device memory minus ``headroom``.
+      catalogue: policies compiled beside the plan (names, specs or Policies).
+      host_budget: bytes of pinned host memory the plan may offload to (None: no limit; 0:
+        no offload).
+      offload: allow offloading to host memory.
+      hide: fraction of the step's compute time transfers may take and count as hidden.
+      headroom: used only when ``budget`` is None.
+      sweep: also plan for other budgets and compile the segment schedules (the whole curve,
+        as ``remat-kit plan --plot`` draws it).
+      schedules: ``(policy, schedule)`` pairs compiled with ``sweep``.
+
+    Returns:
+      A PlanFront. ``plan.fits`` is False when nothing reaches the budget.
+
+    Raises:
+      DoesNotFit: a budget below what no policy removes.
+      ValueError: as :func:`~remat_kit.search.plan` (a budget above the device, a bad batch,
+        host budget or ``hide``).
+    """
+    start = time.perf_counter()
+    catalogue = list(catalogue)
+    schedules = list(schedules) if sweep else []
+    # What the front shows beside the plan is what the plan must not be dominated by.
+    beside: list[Any] = [*catalogue, *schedules]
+    options = {"host_budget": host_budget, "offload": offload, "hide": hide}
+    p = plan(workload, batch, budget, headroom=headroom, extra=beside, **options)
+    plan_seconds = time.perf_counter() - start
+    points = front(workload, batch, policies=catalogue, schedules=(), plans=[p], hide=hide)
+    swept: list[Plan] = []
+    if sweep:
+        swept = _sweep(workload, batch, p, points, options)
+        more = front(workload, batch, policies=(), schedules=schedules, plans=swept, hide=hide)
+        points = pareto_front([*points, *more])
+        better = [
+            (pt.policy, pt.schedule)
+            for pt in points
+            if pt.kind == "plan" and pt.policy is not None and pt.label != plan_label(p)
+        ]
+        if better:
+            p = plan(
+                workload, batch, budget, headroom=headroom, extra=[*beside, *better], **options
+            )
+            points = [pt for pt in points if pt.kind != "plan" or pt.label != plan_label(p)]
+            mine = front(workload, batch, policies=(), schedules=(), plans=[p], hide=hide)
+            points = pareto_front([*points, *mine])
+    return PlanFront(
+        plan=p,
+        points=tuple(points),
+        plan_seconds=plan_seconds,
+        seconds=time.perf_counter() - start,
+        swept=tuple(swept),
+    )
+
+
+def _sweep(
+    w: Workload, batch: int, p: Plan, points: Sequence[FrontPoint], options: dict[str, Any]
+) -> list[Plan]:
+    """Plans at the peaks of the catalogue points that fit: the planner's own curve."""
+    budgets = sorted(
+        {pt.peak_bytes for pt in points if pt.kind == "catalogue" and pt.fits} - {p.budget_bytes}
+    )
+    plans = []
+    for b in budgets[:SWEEP_PLANS]:
+        got = plan(w, batch, b, **options)
+        if got.fits:
+            plans.append(got)
+    return plans

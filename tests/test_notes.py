@@ -1,0 +1,471 @@
+"""Notes as data: every kind's words, the records' validation, and their JSON round trip.
+
+The library returns :class:`remat_kit.notes.Note` records; :func:`remat_kit.render.notes.words`
+makes the sentences. Each expected sentence below is written out by hand (not computed by the
+code under test), so a changed figure, unit or word fails here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_kit as rk
+from remat_kit.errors import BadType, BadValue
+from remat_kit.notes import KINDS, Note
+from remat_kit.render.notes import words
+
+GIB = 2**30
+
+_SOLVER = {
+    "decisions": {"a": "save", "b": "recompute", "c": "offload"},
+    "layer_decisions": {"a": "recompute"},
+    "layers": 2,
+    "optimal": False,
+    "status": "time limit",
+    "gap": 0.0123,
+    "solver": "highs",
+    "programs": 3,
+}
+_PLAN_NONE = {
+    "kind": "plan_fits",
+    "policy": "none",
+    "schedule": "none",
+    "budget_bytes": 2 * GIB,
+    "peak_bytes": GIB,
+    "recompute_overhead": 0.0,
+    "source": "none",
+    "solver": None,
+}
+
+#: (kind, data, the sentence), at least one case per kind.
+CASES = [
+    (
+        "no_tag_matched",
+        {"policy": "names:save=foo", "names": ["foo"], "tags": ["a", "b"]},
+        "policy 'names:save=foo' names foo but the program tags none of them (it has: a, b); "
+        "it behaves like 'full'",
+    ),
+    (
+        "no_tag_matched",
+        {"policy": "context", "names": ["context"], "tags": []},
+        "policy 'context' names context but the program tags none of them (it has: no tags); "
+        "it behaves like 'full'",
+    ),
+    (
+        "flash_recomputes_scores",
+        {"policy": "minimal", "kept": ["context", "query_proj"]},
+        "'minimal' recomputes attention scores/probabilities, which do not exist under flash "
+        "attention (the kernel recomputes them itself): here it is equivalent to "
+        "names:save=context+query_proj",
+    ),
+    (
+        "offload_on_cpu",
+        {"policy": "offload_dots"},
+        "policy 'offload_dots' offloads to host, but a cpu compile does not measure host memory "
+        "(XLA reports 0 host bytes on cpu): compile for a GPU target to see them",
+    ),
+    (
+        "offload_moved_nothing",
+        {"policy": "offload_dots"},
+        "policy 'offload_dots' offloads to host but XLA moved 0 bytes there: nothing it names "
+        "is a residual of this program",
+    ),
+    (
+        "xla_remat",
+        {"target": "h100-80gb", "saved_bytes": 3 * 2**29},
+        "XLA's own rematerialization pass took 1.50 GiB off the peak to fit h100-80gb: these "
+        "figures include XLA's choices on top of the policy",
+    ),
+    (
+        "does_not_fit",
+        {
+            "target": "rtx4090",
+            "runtime": "XLA_PYTHON_CLIENT_MEM_FRACTION=0.75",
+            "usable_bytes": 18 * GIB,
+            "memory_bytes": 24 * GIB,
+            "peak_bytes": 20 * GIB,
+            "over_bytes": 2 * GIB,
+            "fits_with_fraction": 0.85,
+        },
+        "does not fit rtx4090 at XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 (18.00 GiB usable of "
+        "24.00): peak 20.00 GiB is 2.00 GiB over; it fits with "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION=0.85",
+    ),
+    (
+        "does_not_fit",
+        {
+            "target": "l4",
+            "runtime": None,
+            "usable_bytes": 16 * GIB,
+            "memory_bytes": 24 * GIB,
+            "peak_bytes": 40 * GIB,
+            "over_bytes": 24 * GIB,
+            "fits_with_fraction": None,
+        },
+        "does not fit l4 at the runtime (16.00 GiB usable of 24.00): peak 40.00 GiB is 24.00 GiB "
+        "over; no allocator fraction makes it fit",
+    ),
+    ("xla_log", {"line": "XLA (foo.cc:12): a line"}, "XLA (foo.cc:12): a line"),
+    (
+        "breakdown_upper_bound",
+        {"peak_bytes": 13 * GIB, "known_bytes": 16 * GIB},
+        "the peak (13.00 GiB) is below weights + gradients + optimizer state + batch (16.00 GiB): "
+        "XLA never holds every gradient at once here, so this split is only an upper bound per "
+        "part (activations shown as 0); a measured breakdown reads what is live at the peak",
+    ),
+    (
+        "offload_shortfall",
+        {"moved_bytes": GIB // 10, "marked_bytes": GIB},
+        "offload moved 0.10 GiB to host of the 1.00 GiB jax marked for offload (10%): XLA kept "
+        "the rest on the device, so the peak is not what the policy promises; offload needs "
+        "scanned layers",
+    ),
+    (
+        "offload_link_bound",
+        {
+            "target": "h100-80gb",
+            "host_bytes": 3 * GIB,
+            "transfer_seconds": 0.25,
+            "step_compute_seconds": 0.1,
+        },
+        "offloading 3.0 GiB per step needs an estimated 250 ms on h100-80gb's host link, more "
+        "than the step's 100 ms of compute: it cannot hide behind compute",
+    ),
+    (
+        "no_tag_matched_in",
+        {"policy": "context", "names": ["context"], "where": "m", "tags": ["a", "b"]},
+        "policy 'context' names context but m tags none of them, so it behaves like 'full'; "
+        "tags there: a, b",
+    ),
+    (
+        "no_tag_matched_in",
+        {"policy": "context", "names": ["context"], "where": "m", "tags": []},
+        "policy 'context' names context but m tags none of them, so it behaves like 'full'; "
+        "tags there: none (tag the model: remat_kit.tagging, or checkpoint_name in its code)",
+    ),
+    (
+        "no_tag_matched_in",
+        {"policy": "p", "names": ["x"], "where": "m", "tags": [f"t{i:02d}" for i in range(14)]},
+        "policy 'p' names x but m tags none of them, so it behaves like 'full'; tags there: "
+        "t00, t01, t02, t03, t04, t05, t06, t07, t08, t09, t10, t11 ... (2 more)",
+    ),
+    (
+        "batch_fits",
+        {
+            "policy": "full",
+            "schedule": "none",
+            "batch": 8,
+            "peak_bytes": GIB,
+            "limit_bytes": 2 * GIB,
+            "next_batch": 9,
+            "next_peak_bytes": 5 * 2**29,
+            "unbuildable": None,
+            "cap": 16384,
+        },
+        "full: batch 8 fits (1.00 GiB of 2.00 GiB), batch 9 does not (2.50 GiB)",
+    ),
+    (
+        "batch_fits",
+        {
+            "policy": "full",
+            "schedule": "sqrt",
+            "batch": 16,
+            "peak_bytes": GIB,
+            "limit_bytes": 2 * GIB,
+            "next_batch": None,
+            "next_peak_bytes": None,
+            "unbuildable": None,
+            "cap": 16,
+        },
+        "full @ sqrt: batch 16 fits (1.00 GiB of 2.00 GiB); stopped at the cap 16",
+    ),
+    (
+        "batch_fits",
+        {
+            "policy": "none",
+            "schedule": "none",
+            "batch": 30,
+            "peak_bytes": GIB,
+            "limit_bytes": 2 * GIB,
+            "next_batch": 31,
+            "next_peak_bytes": None,
+            "unbuildable": "INTERNAL: RET_CHECK failure",
+            "cap": 16384,
+        },
+        "none: batch 30 fits (1.00 GiB of 2.00 GiB), batch 31 cannot be built by XLA "
+        "(INTERNAL: RET_CHECK failure)",
+    ),
+    (
+        "batch_none_fits",
+        {
+            "policy": "full",
+            "batch": 1,
+            "peak_bytes": 10 * GIB,
+            "limit_bytes": GIB,
+            "target": "h100-80gb",
+        },
+        "full: even batch 1 does not fit: 10.00 GiB > 1.00 GiB on h100-80gb",
+    ),
+    (
+        "plan_at_max_batch",
+        {"max_batch": 12, "plan": _PLAN_NONE},
+        "plan at the max batch of full (12): none fits 2.00 GiB: peak 1.00 GiB, recompute 0.0% "
+        "(no remat needed)",
+    ),
+    (
+        "plan_fits",
+        {k: v for k, v in _PLAN_NONE.items() if k != "kind"},
+        "none fits 2.00 GiB: peak 1.00 GiB, recompute 0.0% (no remat needed)",
+    ),
+    (
+        "plan_fits",
+        {**{k: v for k, v in _PLAN_NONE.items() if k != "kind"}, "policy": "dots"},
+        "dots fits 2.00 GiB: peak 1.00 GiB, recompute 0.0% (no remat needed)",
+    ),
+    (
+        "plan_fits",
+        {
+            "policy": "dots",
+            "schedule": "none",
+            "budget_bytes": 2 * GIB,
+            "peak_bytes": GIB,
+            "recompute_overhead": 0.25,
+            "source": "catalogue",
+            "solver": None,
+        },
+        "dots fits 2.00 GiB: peak 1.00 GiB, recompute 25.0% (a policy given to compare is at "
+        "least as good as the solver's plan)",
+    ),
+    (
+        "plan_fits",
+        {
+            "policy": "full",
+            "schedule": "sqrt",
+            "budget_bytes": 2 * GIB,
+            "peak_bytes": GIB,
+            "recompute_overhead": 0.5,
+            "source": "schedule",
+            "solver": None,
+        },
+        "full @ sqrt fits 2.00 GiB: peak 1.00 GiB, recompute 50.0% (segment checkpointing)",
+    ),
+    (
+        "plan_fits",
+        {
+            "policy": "names:save=a",
+            "schedule": "none",
+            "budget_bytes": 2 * GIB,
+            "peak_bytes": 3 * 2**29,
+            "recompute_overhead": 0.125,
+            "source": "solver",
+            "solver": _SOLVER,
+        },
+        "names:save=a fits 2.00 GiB: peak 1.50 GiB, recompute 12.5% (recompute b; offload c; "
+        "layers 0-1: recompute a; time limit, gap 1.23% (highs, 3 programs))",
+    ),
+    (
+        "plan_fits",
+        {
+            "policy": "none",
+            "schedule": "none",
+            "budget_bytes": 2 * GIB,
+            "peak_bytes": GIB,
+            "recompute_overhead": 0.0,
+            "source": "solver",
+            "solver": {
+                **_SOLVER,
+                "decisions": {"a": "save"},
+                "layer_decisions": {},
+                "layers": 0,
+                "optimal": True,
+                "status": "optimal",
+                "gap": 0.0,
+                "programs": 1,
+            },
+        },
+        "none fits 2.00 GiB: peak 1.00 GiB, recompute 0.0% (save every tagged tensor; optimal "
+        "on the cost model (highs, 1 programs))",
+    ),
+    (
+        "plan_nothing_fits",
+        {
+            "target": "h100-80gb",
+            "batch": 4,
+            "budget_bytes": GIB,
+            "peak_bytes": 3 * 2**29,
+            "policy": "full",
+            "schedule": "sqrt",
+        },
+        "nothing fits 1.00 GiB on h100-80gb at batch 4: the smallest peak reached is 1.50 GiB, "
+        "with full @ sqrt (0.50 GiB over); try a smaller batch (remat-kit fit), gradient "
+        "accumulation or a larger budget",
+    ),
+    (
+        "fixed_over_budget",
+        {
+            "message": "does not fit 1.00 GiB on l4 whatever the policy: ...",
+            "target": "l4",
+            "limit_bytes": GIB,
+            "parts": {"weights": 2 * GIB},
+            "fixed_bytes": 2 * GIB,
+            "hints": ["fsdp over 2 GPUs"],
+        },
+        "does not fit 1.00 GiB on l4 whatever the policy: ...",
+    ),
+    (
+        "scale_out_fits",
+        {"target": "h100-80gb", "devices": 4, "peak_bytes": 30 * GIB, "policy": "full", "batch": 8},
+        "4 x h100-80gb: 30.0 GiB per GPU with full at global batch 8",
+    ),
+    (
+        "scale_out_none",
+        {"target": "l4", "devices": 64, "peak_bytes": 25 * GIB, "policy": "full"},
+        "does not fit 64 x l4 with full: 25.0 GiB per GPU",
+    ),
+]
+
+
+@pytest.mark.parametrize(("kind", "data", "sentence"), CASES, ids=[c[0] for c in CASES])
+def test_each_note_kind_has_its_sentence(kind, data, sentence):
+    note = Note(kind, data)
+    assert words(note) == sentence
+    # The dict form words the same, and reads back as the same note, through JSON too.
+    assert words(note.to_dict()) == sentence
+    again = Note.from_dict(json.loads(json.dumps(note.to_dict())))
+    assert again == note and words(again) == sentence
+
+
+def test_every_kind_is_worded_above():
+    assert {c[0] for c in CASES} == set(KINDS)
+
+
+@pytest.mark.parametrize(
+    ("kind", "data", "error", "match"),
+    [
+        ("no_such_kind", {}, BadValue, "unknown note kind 'no_such_kind'"),
+        ("offload_on_cpu", {}, BadValue, "holds policy; got $"),
+        ("offload_on_cpu", {"policy": "p", "extra": 1}, BadValue, "got extra, policy"),
+        ("offload_on_cpu", ["policy"], BadType, "must be a mapping"),
+        ("offload_on_cpu", {"policy": object()}, BadType, "JSON values"),
+    ],
+)
+def test_a_note_is_refused_when_made_wrong(kind, data, error, match):
+    with pytest.raises(error, match=match):
+        Note(kind, data)
+
+
+def test_note_data_are_json_values():
+    note = Note("no_tag_matched", {"policy": "p", "names": ("a",), "tags": ("x", "y")})
+    assert note.data == {"policy": "p", "names": ["a"], "tags": ["x", "y"]}
+    nested = Note(
+        "plan_at_max_batch",
+        {
+            "max_batch": 2,
+            "plan": Note("plan_fits", {k: v for k, v in _PLAN_NONE.items() if k != "kind"}),
+        },
+    )
+    assert nested.data["plan"] == _PLAN_NONE
+    with pytest.raises(BadValue, match="no 'kind'"):
+        Note.from_dict({"policy": "p"})
+
+
+def _report() -> rk.MemoryReport:
+    x = jax.ShapeDtypeStruct((4, 4), jnp.float32)
+    return rk.memory_report(lambda a: a * 2, x, target="cpu", warn=False)
+
+
+def test_memory_report_notes_round_trip_through_json():
+    notes = tuple(Note(kind, data) for kind, data, _ in CASES)
+    r = _report().replace(notes=notes)
+    d = json.loads(json.dumps(r.to_dict()))
+    # Readable: the words beside the records; derived, like fits, so not read back.
+    assert d["warnings"] == [sentence for _, _, sentence in CASES]
+    assert d["notes"][0] == {"kind": CASES[0][0], **CASES[0][1]}
+    back = rk.MemoryReport.from_dict(d)
+    assert back == r and back.notes == notes
+    assert back.warnings == r.warnings == tuple(sentence for _, _, sentence in CASES)
+    # As the on-disk cache stores it (rk.cache.remember's encode/decode).
+    assert rk.MemoryReport.from_dict(r.to_dict()) == r
+
+
+def test_a_report_that_does_not_fit_says_so_as_data_and_in_words():
+    x = jax.ShapeDtypeStruct((2**15, 2**15), jnp.float32)  # 4 GiB in, 5 x 4 GiB out
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = rk.memory_report(lambda a: (a * 2, a + 1, a - 1, a / 3, a * a), x, target="l4")
+    note = next(n for n in r.notes if n.kind == "does_not_fit")
+    assert note.data["peak_bytes"] == r.peak_bytes and note.data["target"] == "l4"
+    assert note.data["over_bytes"] == r.over_by_bytes > 0
+    assert note.data["usable_bytes"] == r.usable_bytes
+    assert words(note).startswith("does not fit l4 at XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 (")
+    # The RematWarning carries the words.
+    issued = [str(w.message) for w in caught if w.category is rk.RematWarning]
+    assert words(note) in issued and issued == list(r.warnings)
+
+
+def test_offload_notes_from_a_cpu_compile():
+    x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = rk.memory_report(
+            lambda a: a @ a, x, target="cpu", policy=rk.policy("offload", offload=["context"])
+        )
+    kinds = [n.kind for n in r.notes]
+    assert "offload_on_cpu" in kinds
+    note = r.notes[kinds.index("offload_on_cpu")]
+    assert note.data == {"policy": r.policy}
+
+
+def test_shortfall_note_and_its_words():
+    r = _report().replace(host_temp_bytes=GIB // 10)
+    note = rk.checks.offload_shortfall_note(r, GIB)
+    assert note == Note("offload_shortfall", {"moved_bytes": GIB // 10, "marked_bytes": GIB})
+    assert rk.checks.offload_shortfall(r, GIB) == words(note)
+    assert rk.checks.offload_shortfall_note(r, GIB // 5) is None  # half moved: carried out
+
+
+def test_check_policy_matches_returns_the_note_it_warns_with():
+    with pytest.warns(rk.RematWarning) as caught:
+        note = rk.checks.check_policy_matches("context", ["b", "a"], where="m")
+    assert note == Note(
+        "no_tag_matched_in",
+        {"policy": "context", "names": ["context"], "where": "m", "tags": ["a", "b"]},
+    )
+    assert str(caught[0].message) == words(note)
+    assert rk.checks.check_policy_matches("context", ["context"]) is None
+
+
+def test_search_records_hold_notes_and_word_them():
+    fit = rk.search.BatchFit(
+        policy="full",
+        schedule="none",
+        max_batch=0,
+        peak_bytes=10 * GIB,
+        next_peak_bytes=None,
+        limit_bytes=GIB,
+        recompute_overhead=None,
+        tokens_per_step=0,
+        compiles=1,
+        seconds=0.0,
+        note=Note(
+            "batch_none_fits",
+            {
+                "policy": "full",
+                "batch": 1,
+                "peak_bytes": 10 * GIB,
+                "limit_bytes": GIB,
+                "target": "h100-80gb",
+            },
+        ),
+    )
+    assert fit.message == "full: even batch 1 does not fit: 10.00 GiB > 1.00 GiB on h100-80gb"
+    d = json.loads(json.dumps(fit.to_dict()))
+    assert d["message"] == fit.message and Note.from_dict(d["note"]) == fit.note
+    assert d["fits"] is False
+    assert dataclasses.replace(fit, note=None).message == ""

@@ -1,0 +1,177 @@
+"""One measuring pipeline (rk.sources): every kind of model source is measured the same way.
+
+A preset, a factory and a source nobody here wrote (a minimal StepSource) go through the same
+measure / residuals / step_flops / workload; the library never asks which kind it holds, and
+remat_kit looks the presets up in one file only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import warnings
+from pathlib import Path
+
+import flax.linen as nn
+import jax
+import pytest
+from jax.ad_checkpoint import checkpoint_name
+
+import models.source
+import remat_kit as rk
+from models.options import Options
+from remat_kit import sources
+from remat_kit.policies import parse_policy
+
+ROOT = Path(__file__).parent.parent
+FACTORIES = str(Path(__file__).parent / "data" / "factories.py")
+CONFIG = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+
+
+class _Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = checkpoint_name(nn.Dense(32, name="up")(x), "mlpwi")
+        return x + nn.Dense(x.shape[-1], name="down")(nn.gelu(h))
+
+
+class _Tiny(nn.Module):
+    policy: rk.Policy
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(64, 16)(tokens)
+        for i in range(2):
+            x = rk.remat(_Block, self.policy)(name=f"layers_{i}")(x)
+        return nn.Dense(64)(x)
+
+
+@dataclasses.dataclass(frozen=True)
+class _OwnSource:
+    """A source written against the protocol alone: the pipeline must serve it unchanged."""
+
+    spec: str = "own"
+
+    @property
+    def schedule_kinds(self) -> frozenset[str]:
+        return frozenset({"none"})
+
+    def n_layers(self) -> int:
+        return 2
+
+    def check(self, config, target) -> None:
+        del config, target
+
+    def build_step(self, policy, schedule, config, target, *, sharded=True):
+        step = rk.build_train_step(_Tiny(policy), config)
+        return sources.SourceStep(step, policy, schedule, "xla", {"layers": 2, "own": True})
+
+    def check_step(self, built, what) -> None:
+        del built, what
+
+    def mesh_plan(self, target):
+        return None
+
+    def cache_parts(self):
+        return None
+
+    def label(self, config, target) -> str:
+        return f"own s{config.seq}"
+
+
+def test_every_kind_of_source_is_a_step_source():
+    preset = models.source.source_for(Options("tiny-llama", 2, 16))
+    factory = models.source.source_for(Options(f"{FACTORIES}:untagged", 2, 16))
+    assert isinstance(preset, models.source.PresetSource)
+    assert isinstance(factory, sources.ModelSource)
+    for src in (preset, factory, _OwnSource()):
+        assert isinstance(src, sources.StepSource)
+
+
+@pytest.mark.parametrize("policy", ["none", "full", "names:save=mlpwi"])
+def test_a_source_written_against_the_protocol_is_measured_like_a_bare_compile(policy):
+    src = _OwnSource()
+    pol = parse_policy(policy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = sources.measure(src, pol, "h100", CONFIG, strict=True)
+    # The same step compiled by hand: the pipeline adds labels, never bytes.
+    step = rk.build_train_step(_Tiny(pol), CONFIG)
+    bare = rk.memory_report(step.fn, *step.args, target="h100", donate_argnums=step.donate_argnums)
+    assert got.peak_bytes == bare.peak_bytes and got.temp_bytes == bare.temp_bytes
+    assert got.meta["own"] is True and got.meta["layers"] == 2 and got.meta["model"] == "own"
+    assert got.attention == "xla"
+
+
+def test_the_protocol_source_gets_the_search_and_the_tag_check():
+    src = _OwnSource()
+    w = sources.workload(src, "h100", CONFIG)
+    assert w.label == "own s16" and w.schedule_kinds == frozenset({"none"})
+    # Its tags come from its own trace; a policy naming another tag is refused.
+    assert "mlpwi" in sources.tags(src, CONFIG, "h100")
+    with pytest.raises(rk.errors.BadValue, match="query_proj"):
+        sources.check_policies(src, CONFIG, "h100", ["names:save=query_proj"])
+    full, none = w.report("full", batch=2), w.report("none", batch=2)
+    assert full.peak_bytes < none.peak_bytes
+
+
+def test_a_factory_gets_the_measured_breakdown_presets_have():
+    src = sources.from_factory(f"{FACTORIES}:untagged")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = sources.measure(src, "full", "h100", CONFIG, measured_breakdown=True)
+    assert r.meta["breakdown"] == "measured"
+    assert "breakdown_estimate" in r.meta
+
+
+def test_a_sharded_measured_breakdown_is_refused_before_any_compile():
+    src = models.source.source_for(Options("tiny-llama", 8, 16, shard="fsdp:8"))
+    with pytest.raises(rk.errors.BadValue, match="unsharded") as err:
+        sources.measure(src, "full", rk.target("h100", devices=8), CONFIG, measured_breakdown=True)
+    assert err.value.param == "measured_breakdown"
+
+
+def test_preset_and_factory_labels_and_meta_come_from_the_same_pipeline():
+    opts = Options("tiny-llama", batch=2, seq=16, optimizer="sgd", attention="xla")
+    preset = models.source.source_for(opts)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        a = sources.measure(preset, "full", "h100", opts.train_config())
+        b = sources.measure(
+            sources.from_factory(f"{FACTORIES}:preset"), "full", "h100", opts.train_config()
+        )
+    shared = {"batch", "seq", "optimizer", "accum", "tokens_per_step", "layers"}
+    assert {k: a.meta[k] for k in shared} == {k: b.meta[k] for k in shared}
+    assert a.meta["model"] == "tiny-llama" and b.meta["model"].endswith(":preset")
+
+
+def test_remat_kit_looks_presets_up_in_one_file():
+    pattern = re.compile(r"^\s*(from models[\s.]|import models\b)", re.M)
+    files = sorted(
+        str(p.relative_to(ROOT))
+        for p in (ROOT / "remat_kit").rglob("*.py")
+        if pattern.search(p.read_text())
+    )
+    assert files == ["remat_kit/cli/_model.py"]
+
+
+def test_a_factory_refuses_preset_options_naming_each():
+    with pytest.raises(rk.errors.BadValue, match="lora, dropout: the factory") as err:
+        models.source.source_for(Options(f"{FACTORIES}:untagged", 2, 16, lora=4, dropout=0.1))
+    assert err.value.param == "lora"
+
+
+def test_tags_are_traced_once_per_source_and_config(monkeypatch):
+    src = _OwnSource()
+    calls = []
+    real = jax.make_jaxpr
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jax, "make_jaxpr", counting)
+    config = dataclasses.replace(CONFIG, seq=24)  # not traced by another test
+    first = sources.tags(src, config, "h100")
+    again = sources.tags(src, dataclasses.replace(config, batch=4), "h100")
+    assert first == again and len(calls) == 1
