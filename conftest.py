@@ -62,10 +62,10 @@ def _tiny_workload():
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_compile_cache(tmp_path_factory):
-    """The examples' compiles are remembered in a cache of the session's own, never the
-    user's ~/.cache/remat_kit (tests/conftest.py does the same for the tests)."""
+    """Compiled analyses are remembered on disk (remat_kit.cache): the tests and the examples
+    use a cache of the session's own, never the user's ~/.cache/remat_kit."""
     before = os.environ.get("REMAT_KIT_CACHE_DIR")
-    os.environ["REMAT_KIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("doctest_compile_cache"))
+    os.environ["REMAT_KIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("compile_cache"))
     yield
     if before is None:
         os.environ.pop("REMAT_KIT_CACHE_DIR", None)

@@ -1,7 +1,8 @@
 """Shared fixtures. The suite runs on a CPU-only machine; GPU figures come from
 deviceless compiles, which need JAX_PLATFORMS=cpu before jax initializes.
 
-GPU compiles cost seconds each, so reports are built once per session and shared.
+GPU compiles cost seconds each, so reports are built once per session and shared. The
+session's private compile cache is the root conftest.py's (the doctests share it).
 """
 
 import functools
@@ -10,20 +11,6 @@ import os
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
-
-
-@pytest.fixture(autouse=True, scope="session")
-def _private_compile_cache(tmp_path_factory):
-    """Compiled analyses are remembered on disk (remat_kit.cache): the suite uses a cache of
-    its own for the session, never the user's ~/.cache/remat_kit."""
-    before = os.environ.get("REMAT_KIT_CACHE_DIR")
-    os.environ["REMAT_KIT_CACHE_DIR"] = str(tmp_path_factory.mktemp("compile_cache"))
-    yield
-    if before is None:
-        os.environ.pop("REMAT_KIT_CACHE_DIR", None)
-    else:
-        os.environ["REMAT_KIT_CACHE_DIR"] = before
-
 
 #: A small bf16 Llama whose train step shows remat effects on a GPU target.
 SMALL = dict(
