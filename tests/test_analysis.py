@@ -5,13 +5,13 @@ import json
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import SMALL
 from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import models
 import remat_kit as rk
+from conftest import SMALL
 from models.measure import Options, baseline_flops
 
 # Written out here from ../shared/gpu_targets.md, independently of remat_kit.targets.

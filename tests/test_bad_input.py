@@ -465,7 +465,7 @@ def test_a_bad_value_names_its_parameter(call, param):
 
 
 def test_host_budget_fractions_are_refused_by_type_not_by_text():
-    from remat_kit.cli._args import host_budget_arg
+    from remat_kit.cli._values import host_budget_arg
     from remat_kit.errors import UnitlessBudget
 
     for text in ("0.5", "1.5"):

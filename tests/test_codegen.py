@@ -26,7 +26,6 @@ def _figures(mem):
 
 def _lowered(policy, target):
     from conftest import SMALL
-
     from models.measure import Options, model_config, train_step
 
     opts = Options(**SMALL)

@@ -11,11 +11,11 @@ import os
 import jax
 import jax.numpy as jnp
 import pytest
-from conftest import SMALL
 
 import models
 import remat_kit as rk
 import remat_kit.render.timeline
+from conftest import SMALL
 from models.measure import Options, model_config
 from remat_kit.cli import inspect as inspect_cli
 from remat_kit.peak import CATEGORIES, InspectError, diff, dump

@@ -15,11 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SMALL
 from jax.errors import JaxRuntimeError
 
 import models
 import remat_kit as rk
+from conftest import SMALL
 from helpers import loss_and_grads, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit

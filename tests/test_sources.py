@@ -153,7 +153,9 @@ def test_schedules_are_offered_only_where_the_factory_builds_them(name, block, k
 
 
 def test_untagged_model_is_tagged_and_a_model_with_tags_keeps_its_own():
-    untagged = sources.residuals(sources.from_factory(f"{FACTORIES}:untagged"), "minimal", "cpu", SMALL)
+    untagged = sources.residuals(
+        sources.from_factory(f"{FACTORIES}:untagged"), "minimal", "cpu", SMALL
+    )
     assert untagged.tags["query_proj"] == "saved"
     assert untagged.tags["layers_0/mixer"] == "recomputed"
     preset = sources.residuals(sources.from_factory(f"{FACTORIES}:preset"), "minimal", "cpu", SMALL)

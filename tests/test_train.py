@@ -5,10 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SMALL
 
 import models
 import remat_kit as rk
+from conftest import SMALL
 from helpers import tokens
 
 

@@ -1,4 +1,7 @@
-"""Argument helpers shared by the ``remat-kit`` commands: value types and flag groups.
+"""Argument declarations shared by the ``remat-kit`` commands: value types and flag groups.
+
+What the parsed strings become (a target, policies, schedules, budgets, output paths) is
+:mod:`remat_kit.cli._values`, the CLI's edge to the typed library.
 
 Every value type raises ``argparse.ArgumentTypeError`` with the bad value and what is valid, so
 argparse prints one ``remat-kit: argument --flag: ...`` line and exits 2 before any compile.
@@ -8,41 +11,26 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from remat_kit.cli._parser import Parser
-from remat_kit.errors import BadType, BadValue, OpenShardAxis, UnitlessBudget
-from remat_kit.names import VOCABULARY
-from remat_kit.policies import Policy, parse_policy
-from remat_kit.render.files import check_output
-from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.errors import BadValue, OpenShardAxis
 from remat_kit.sharding import _EXAMPLES, parse_shard
-from remat_kit.targets import Target, target
 from remat_kit.train import PRECISIONS
 
 __all__ = [
-    "OUTPUT_FLAGS",
     "Parser",
     "add_jobs_arg",
     "add_model_args",
     "add_search_args",
     "add_shard_args",
-    "budget_arg",
-    "check_outputs",
     "comma_list",
-    "flag_items",
     "fraction",
-    "host_budget_arg",
     "int_at_least",
     "non_negative_int",
-    "policy_arg",
     "positive_int",
     "precision_name",
-    "schedule_arg",
-    "target_from_args",
 ]
 
 
@@ -328,219 +316,4 @@ def comma_list(text: str) -> list[str]:
     return [s.strip() for s in text.split(",") if s.strip()]
 
 
-def target_from_args(args: argparse.Namespace) -> Target:
-    """The target named by ``--target``, with ``--gpus`` devices over ``--hosts`` hosts.
-
-    Args:
-      args: parsed arguments of a parser given :func:`add_model_args`.
-
-    Returns:
-      The ``rk.Target``.
-
-    Raises:
-      UnknownName: the target is not in the catalogue.
-
-    Example:
-      >>> target_from_args(argparse.Namespace(target="h100", gpus=8, hosts=1)).devices
-      8
-    """
-    name = args.target.strip().lower()
-    fraction = getattr(args, "mem_fraction", None) if name not in ("cpu", "local") else None
-    t = target(args.target, devices=args.gpus, hosts=args.hosts, mem_fraction=fraction)
-    return t if fraction is None else t.with_mem_fraction(fraction, "--mem-fraction")
-
-
 # --- checks run before any compile --------------------------------------------------------------
-
-#: The output-file flags a command may take; each is checked before any compile.
-OUTPUT_FLAGS = ("json", "csv", "plot")
-
-
-def check_outputs(args: argparse.Namespace) -> None:
-    """Checks every output path the command was given (``--json``, ``--csv``, ``--plot``).
-
-    A report takes minutes to compile, so a path that cannot be written (a directory, a
-    device, a symlink, a missing or read-only directory) must fail first.
-
-    Args:
-      args: parsed arguments.
-
-    Raises:
-      BadValue: naming the flag, the path and what is wrong with it.
-
-    Example:
-      >>> check_outputs(argparse.Namespace(json=Path("/tmp/r.json")))
-    """
-    for name in OUTPUT_FLAGS:
-        path = getattr(args, name, None)
-        if path is not None:
-            check_output(path, flag=f"--{name}")
-
-
-def flag_items(text: str, flag: str, *, example: str, allow_empty: bool = False) -> list[str]:
-    """The items of a comma-separated flag value; an empty item is an error, not skipped.
-
-    Args:
-      text: the value, e.g. of ``--policies``.
-      flag: the flag's name for messages.
-      example: a valid value to show.
-      allow_empty: accept an empty value (no items at all), e.g. ``plan --policies ''``.
-
-    Returns:
-      The stripped items, in order.
-
-    Raises:
-      BadValue: the value is empty (unless allowed) or has an empty item (``none,,full``).
-
-    Example:
-      >>> flag_items("none, full", "--policies", example="none,full")
-      ['none', 'full']
-    """
-    items = [s.strip() for s in text.split(",")]
-    if not any(items):
-        if allow_empty:
-            return []
-        raise BadValue(f"{flag} is empty; give names such as {example}")
-    if not all(items):
-        raise BadValue(
-            f"{flag} {text!r} has an empty item: separate names with single commas, e.g. {example}"
-        )
-    return items
-
-
-def policy_arg(spec: str, flag: str) -> Policy:
-    """Reads a policy spec given to ``flag``; a tag name no model uses is an error here.
-
-    The library only warns about an unknown tag (users tag their own tensors); a preset
-    model tags only names of ``remat_kit.names.VOCABULARY``, so on the command line a name
-    outside it is a typo that would silently measure ``full``.
-
-    Args:
-      spec: e.g. ``"names:save=query_proj+mlpwo"``.
-      flag: the flag's name for messages.
-
-    Returns:
-      The policy.
-
-    Raises:
-      BadValue: an unreadable spec, an unknown policy or an unknown tag (with close matches).
-
-    Example:
-      >>> policy_arg("names:save=context", "--policy").params["save"]
-      ('context',)
-    """
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # unknown tags are reported below, naming the flag
-        try:
-            pol = parse_policy(spec)
-        except (BadValue, BadType) as err:
-            raise BadValue(f"{flag} {spec!r}: {err}") from None
-    # Paths and globs name the tags remat_kit.tagging gives models we did not write: they
-    # are checked against the traced program instead.
-    bad = [t for t in _tag_names(pol) if t not in VOCABULARY and not any(c in t for c in "/*?[")]
-    if bad:
-        close = {t: difflib.get_close_matches(t, VOCABULARY, n=1) for t in bad}
-        detail = ", ".join(
-            f"{t!r} (did you mean {c[0]!r}?)" if c else repr(t) for t, c in close.items()
-        )
-        raise BadValue(
-            f"{flag} {spec!r}: {detail} is not a tag the models use; tags: {', '.join(VOCABULARY)}"
-        )
-    return pol
-
-
-def _tag_names(pol: Policy) -> list[str]:
-    # The tag names a spec gave (save=, offload=, names=), through either's two policies.
-    out: list[str] = []
-    for value in pol.params.values():
-        if isinstance(value, Policy):
-            out += _tag_names(value)
-        elif isinstance(value, tuple):
-            out += [v for v in value if isinstance(v, str)]
-    return out
-
-
-def schedule_arg(spec: str, flag: str, n_layers: int, policy: Any = "full") -> Schedule:
-    """Reads a schedule given to ``flag`` and checks it against the model's layer count.
-
-    Args:
-      spec: e.g. ``"every:2"``.
-      flag: the flag's name for messages.
-      n_layers: the model's layers.
-      policy: the per-layer policy the schedule wraps.
-
-    Returns:
-      The schedule.
-
-    Raises:
-      BadValue: an unreadable spec, or one that does not fit ``n_layers`` (``every:64`` on 4).
-
-    Example:
-      >>> schedule_arg("every:2", "--schedule", 4).n
-      2
-    """
-    try:
-        sch = parse_schedule(spec)
-        sch.runs(n_layers, policy)  # pure: the segments the model would be cut into
-    except (BadValue, BadType) as err:
-        raise BadValue(f"{flag} {spec!r}: {err}") from None
-    return sch
-
-
-def budget_arg(text: str, device_bytes: int | None) -> int:
-    """Reads ``--budget`` (``52GiB``, ``40GB``, ``0.8``, ``80%``) against the device's memory.
-
-    Args:
-      text: the value.
-      device_bytes: the device's memory (for fractions; a budget may not exceed it).
-
-    Returns:
-      The budget in bytes.
-
-    Raises:
-      BadValue: unreadable, not positive or larger than the device (``param="budget"``:
-        the CLI's error boundary names ``--budget``).
-
-    Example:
-      >>> budget_arg("1GiB", None)
-      1073741824
-    """
-    from remat_kit.search import parse_budget
-
-    if text.strip().startswith("-"):
-        raise BadValue(
-            f"--budget {text!r} must be positive: give e.g. 52GiB, 40GB or 0.8 (of the device)"
-        )
-    return parse_budget(text, device_bytes)
-
-
-def host_budget_arg(text: str) -> int:
-    """Reads ``--host-budget``: pinned host memory a plan may offload to (``64GiB``; ``0``: none).
-
-    Args:
-      text: the value: bytes with a unit, or ``0``.
-
-    Returns:
-      The host budget in bytes.
-
-    Raises:
-      BadValue: unreadable, negative, or a fraction (the host has no device size to scale).
-
-    Example:
-      >>> host_budget_arg("64GiB"), host_budget_arg("0")
-      (68719476736, 0)
-    """
-    from remat_kit.search import parse_budget
-
-    if text.strip() in ("0", "0B", "0b"):
-        return 0
-    if text.strip().startswith("-"):
-        raise BadValue(f"--host-budget {text!r} must be >= 0: give e.g. 64GiB, or 0 for no offload")
-    try:
-        return parse_budget(text, None)
-    except UnitlessBudget:
-        raise BadValue(
-            f"--host-budget {text!r}: give bytes with a unit (e.g. 64GiB), or 0 for no offload"
-        ) from None
-    except BadValue as err:  # its param is "budget": name this flag here, not --budget
-        raise BadValue(f"--host-budget: {err}") from None

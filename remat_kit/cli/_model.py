@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from remat_kit.cli._args import check_outputs, target_from_args
+from remat_kit.cli._values import check_outputs, target_from_args
 from remat_kit.errors import BadValue
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import StepSource
@@ -66,9 +66,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
     from models.options import Options
 
     overrides = tuple(
-        (key, getattr(args, key))
-        for key in _SHAPE_FLAGS
-        if getattr(args, key, None) is not None
+        (key, getattr(args, key)) for key in _SHAPE_FLAGS if getattr(args, key, None) is not None
     )
     model, hf_config = getattr(args, "model", None), getattr(args, "hf_config", None)
     if (model is None) == (hf_config is None):

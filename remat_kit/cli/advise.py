@@ -13,8 +13,9 @@ from typing import Any
 
 from remat_kit import _workers, sources
 from remat_kit.cli import summary
-from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args, flag_items
+from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args
 from remat_kit.cli._model import resolve, source_for
+from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import advise_table

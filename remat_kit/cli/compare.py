@@ -11,8 +11,9 @@ from typing import Any
 
 from remat_kit import _workers, sources
 from remat_kit.cli import summary
-from remat_kit.cli._args import add_jobs_arg, add_model_args, flag_items, policy_arg, schedule_arg
+from remat_kit.cli._args import add_jobs_arg, add_model_args
 from remat_kit.cli._model import attention_note, resolve
+from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_csv, write_json
 from remat_kit.render.notes import words

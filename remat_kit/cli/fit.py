@@ -10,14 +10,9 @@ from typing import Any
 
 from remat_kit import sources
 from remat_kit.cli import summary
-from remat_kit.cli._args import (
-    add_model_args,
-    add_search_args,
-    flag_items,
-    policy_arg,
-    schedule_arg,
-)
+from remat_kit.cli._args import add_model_args, add_search_args
 from remat_kit.cli._model import resolve
+from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import FitRow, fit_table
 from remat_kit.schedules import label

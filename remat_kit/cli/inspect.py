@@ -15,8 +15,9 @@ from typing import Any
 
 from remat_kit import sources
 from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg
+from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import ModelRun, resolve
+from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.peak import PeakReport, diff, inspect_step
 from remat_kit.policies import Policy, as_policy

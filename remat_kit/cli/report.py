@@ -8,8 +8,9 @@ from typing import Any
 
 from remat_kit import sources
 from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args, policy_arg, schedule_arg
+from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import attention_note, resolve
+from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.render import console, write_json
 from remat_kit.render.notes import words
 from remat_kit.render.tables import report_table, residual_table

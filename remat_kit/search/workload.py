@@ -25,6 +25,7 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from remat_kit.analysis import MemoryReport
+from remat_kit.errors import BadValue
 from remat_kit.policies import Policy, as_policy, policy
 from remat_kit.residuals import ResidualReport
 from remat_kit.schedules import Schedule, parse_schedule
@@ -62,9 +63,9 @@ BreakdownFn = Callable[[int], Mapping[str, int]]
 class Workload:
     """A training step the search may compile for any policy, schedule and batch size.
 
-    The callbacks hold the model; remat_kit only calls them (``rk.sources.workload`` builds
-    one from any model source). Every answer is cached in this object, keyed by (policy spec, schedule,
-    batch), so searches over the same workload share compiles and traces.
+    The callbacks hold the model; remat_kit only calls them (``rk.sources.workload`` builds one
+    from any model source). Every answer is cached in this object, keyed by (policy spec,
+    schedule, batch), so searches over the same workload share compiles and traces.
 
     Attributes:
       measure_fn: ``(policy, schedule, batch) -> MemoryReport`` compiled for ``target``.
@@ -258,7 +259,10 @@ class Workload:
           BadValue: the workload has no ``residuals_fn``.
         """
         if self.residuals_fn is None:
-            raise ValueError("this Workload has no residuals_fn; rk.plan needs residual sizes")
+            raise BadValue(
+                "this Workload has no residuals_fn; rk.plan needs residual sizes",
+                param="residuals_fn",
+            )
         key = _key(pol, sch, batch)
         if key not in self._residuals:
             self._residuals[key] = self.residuals_fn(pol, sch, batch)
