@@ -31,6 +31,7 @@ import remat_kit as rk
 # importing them at collection would need what they need (transformers, 8 fake devices).
 collect_ignore_glob = ["tests/data/*", "tests/sharded_step.py"]
 
+
 #: Examples of modules being rewritten for issue 21 (the one measuring pipeline), skipped
 #: until that lands: whoever finishes a module deletes its lines here and the examples run.
 class TinyBlock(nn.Module):

@@ -22,8 +22,8 @@ TARGETS = (("h100-80gb", None), ("a100-40gb", 3), ("rtx4090", 3))
 def _lowered(opts, policy, target):
     import jax
 
-    from models.measure import model_config, train_step
     from remat_kit.analysis import abstract
+    from remat_kit_models.measure import model_config, train_step
 
     step = train_step(opts, model_config(opts, policy, target), target)
     args = abstract(step.args, target.sharding())
@@ -46,9 +46,9 @@ def _timed(opts, policy, target, options):
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import remat_kit as rk
-    from models.measure import Options
     from remat_kit.search import FRONT_POLICIES
     from remat_kit.targets.codegen import analysis_options, key_options
+    from remat_kit_models.measure import Options
 
     opts = Options("llama3-8b", 4, 2048)
     repeats = 1 if args.quick else 3

@@ -25,7 +25,7 @@ CASES = (  # (label, per-layer policy, schedule)
 
 
 def _opts(layers: int):
-    from models.measure import Options
+    from remat_kit_models.measure import Options
 
     return Options(
         "llama3-8b",
@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import baseline_flops, measure
+    from remat_kit_models.measure import baseline_flops, measure
 
     target = rk.target(args.target)
     layers = (4, 16, 64) if args.quick else LAYERS

@@ -32,9 +32,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, baseline_flops, measure, usable_policies
     from remat_kit.render.notes import words
     from remat_kit.search import FRONT_POLICIES
+    from remat_kit_models.measure import Options, baseline_flops, measure, usable_policies
 
     target = rk.target(args.target)
     ours = Options("llama3-8b", attention="xla", scan_layers=False, **STEP)

@@ -34,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, baseline_flops, measure
+    from remat_kit_models.measure import Options, baseline_flops, measure
 
     targets = ("h100-80gb",) if args.quick else ("h100-80gb", "a100-40gb")
     rows = []
@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _plan(opts, target):
     """The planner's cheapest plan under the target's memory (catalogue as candidates)."""
     import remat_kit as rk
-    from models.measure import workload
+    from remat_kit_models.measure import workload
 
     catalogue = [rk.policy(n) for n in ("full", "block", "minimal", "qkv_proj", "megatron")]
     try:

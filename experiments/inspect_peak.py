@@ -19,11 +19,11 @@ POLICIES = ("full", "minimal", "none")
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
-    import models
     import remat_kit as rk
     import remat_kit.render.front
     import remat_kit.render.timeline
-    from models.measure import Options, measure, model_config
+    import remat_kit_models as models
+    from remat_kit_models.measure import Options, measure, model_config
 
     target = rk.target(args.target)
     layers = (("layers", 4),) if args.quick else ()

@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, workload
+    from remat_kit_models.measure import Options, workload
 
     target = rk.target(args.target)
     rows = []

@@ -28,7 +28,7 @@ MESHES_8B = ("dp:8", "fsdp:8", "fsdp:4,tp:2")
 
 
 def _opts(model: str, batch: int, shard: str | None, **kw: Any):
-    from models.measure import Options
+    from remat_kit_models.measure import Options
 
     return Options(model, batch, 2048, optimizer="adamw", shard=shard, **kw)
 
@@ -54,7 +54,7 @@ def _row(r, **labels: Any) -> dict[str, Any]:
 
 def llama70b(quick: bool) -> list[dict[str, Any]]:
     import remat_kit as rk
-    from models.measure import measure, workload
+    from remat_kit_models.measure import measure, workload
 
     rows = []
     clusters = CLUSTERS[:1] if quick else CLUSTERS
@@ -82,7 +82,7 @@ def llama70b(quick: bool) -> list[dict[str, Any]]:
 
 def llama8b(quick: bool) -> list[dict[str, Any]]:
     import remat_kit as rk
-    from models.measure import measure
+    from remat_kit_models.measure import measure
 
     t = rk.target("a100-40gb", devices=8)
     rows = []
@@ -98,7 +98,7 @@ def llama8b(quick: bool) -> list[dict[str, Any]]:
 
 def compile_times() -> list[dict[str, Any]]:
     import remat_kit as rk
-    from models.measure import measure
+    from remat_kit_models.measure import measure
 
     rows = []
     for devices, shard, batch in ((1, None, 1), (8, "fsdp:8", 8)):
@@ -169,7 +169,7 @@ def plot(rows70: list[dict], rows8: list[dict], path) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import remat_kit as rk
-    from models.measure import measure
+    from remat_kit_models.measure import measure
 
     # Warm-up: the first compile in a process pays for loading the CUDA compiler plugin.
     measure(

@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, baseline_flops, measure
+    from remat_kit_models.measure import Options, baseline_flops, measure
 
     rows = []
     targets = ("h100-80gb",) if args.quick else ("h100-80gb", "a100-40gb")

@@ -25,7 +25,7 @@ BUDGET = "52GiB"
 
 def _plan_rows(rk: Any, attention: str, offload: bool, sweep: bool) -> dict[str, Any]:
     """The issue's plan command beside the catalogue, and plans at the catalogue's budgets."""
-    from models.measure import Options, workload
+    from remat_kit_models.measure import Options, workload
 
     opts = Options("llama3-8b", 4, 2048, optimizer="sgd", attention=attention)
     t = rk.target("h100")
@@ -94,7 +94,7 @@ def _plan_rows(rk: Any, attention: str, offload: bool, sweep: bool) -> dict[str,
 
 def _adamw(rk: Any) -> list[dict[str, Any]]:
     """AdamW on one h100: bf16 moments (optax's default for bf16 weights) and f32 weights."""
-    from models.measure import Options, workload
+    from remat_kit_models.measure import Options, workload
 
     out = []
     for label, precision in (
@@ -122,7 +122,7 @@ def _adamw(rk: Any) -> list[dict[str, Any]]:
 
 
 def _fits(rk: Any, quick: bool) -> list[dict[str, Any]]:
-    from models.measure import Options, workload
+    from remat_kit_models.measure import Options, workload
 
     cases = [("llama3-8b", 2048, 4), ("gpt2-medium", 1024, 8)]
     targets = ("h100",) if quick else ("rtx4090", "a100-40gb", "h100")
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     rk.targets.configure_for_deviceless()
     warnings.simplefilter("ignore")
     # Warm-up: the first compile in a process loads the CUDA compiler plugin.
-    from models.measure import Options, measure
+    from remat_kit_models.measure import Options, measure
 
     measure(
         Options("llama3-8b", 1, 256, optimizer="sgd", overrides=(("layers", 2),)), "full", "h100"

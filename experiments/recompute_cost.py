@@ -40,8 +40,8 @@ def _wall_clock(preset, overrides, batch, seq, steps: int) -> dict:
     import jax
     import jax.numpy as jnp
 
-    import models
     import remat_kit as rk
+    import remat_kit_models as models
 
     fns, states = {}, {}
     for policy in ("none", "full"):
@@ -85,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, baseline_flops, measure
+    from remat_kit_models.measure import Options, baseline_flops, measure
 
     target = rk.target(args.target)
     rows = []

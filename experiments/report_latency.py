@@ -16,7 +16,7 @@ POLICIES = ("none", "full", "minimal", "dots_no_batch", "megatron", "offload_dot
 
 
 def _timed_report(opts, policy, target):
-    from models.measure import measure
+    from remat_kit_models.measure import measure
 
     start = time.perf_counter()
     r = measure(opts, policy, target)
@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options
+    from remat_kit_models.measure import Options
 
     target = rk.target(args.target)
     policies = POLICIES[:2] if args.quick else POLICIES

@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, measure, workload
+    from remat_kit_models.measure import Options, measure, workload
 
     policies = ("none", "full", "minimal") if args.quick else rk.search.FRONT_POLICIES
     rows, batches = [], {}

@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, baseline_flops, measure, workload
+    from remat_kit_models.measure import Options, baseline_flops, measure, workload
 
     target = rk.target(args.target)
     rows = []

@@ -36,7 +36,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from models.measure import Options, baseline_flops, measure
+    from remat_kit_models.measure import Options, baseline_flops, measure
 
     target = rk.target(args.target)
     rows = []

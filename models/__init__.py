@@ -5,7 +5,7 @@ into a linen module. remat_kit never imports this package: only the CLI and the
 experiments look presets up by name.
 
 Example:
-  >>> import models
+  >>> import remat_kit_models as models
   >>> cfg = models.get_config("llama3-8b", layers=64, policy="minimal")
   >>> (cfg.n_layers, cfg.d_model, cfg.policy.name)
   (64, 4096, 'minimal')
@@ -19,11 +19,11 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from models.attention import SelfAttention
-from models.config import ATTENTION_KINDS, FAMILIES, ModelConfig, as_dtype
-from models.gpt2 import GPT2, GPT2Block
-from models.llama import Llama, LlamaBlock
 from remat_kit.errors import unknown
+from remat_kit_models.attention import SelfAttention
+from remat_kit_models.config import ATTENTION_KINDS, FAMILIES, ModelConfig, as_dtype
+from remat_kit_models.gpt2 import GPT2, GPT2Block
+from remat_kit_models.llama import Llama, LlamaBlock
 
 __all__ = [
     "ATTENTION_KINDS",

@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
-from models.axes import constrain, partitioned
-from models.config import ModelConfig
-from models.lora import project
 from remat_kit import names
+from remat_kit_models.axes import constrain, partitioned
+from remat_kit_models.config import ModelConfig
+from remat_kit_models.lora import project
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:

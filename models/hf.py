@@ -12,8 +12,8 @@ q/k/v) and ``GemmaForCausalLM`` (GeGLU MLP, tied embeddings scaled by sqrt(d_mod
 RMSNorm's ``1 + w`` scale and the tanh GELU change values, not shapes).
 
 Example:
-  >>> import models.hf
-  >>> cfg = models.hf.from_hf_config("tests/data/hf/llama3-8b.json")
+  >>> import remat_kit_models.hf
+  >>> cfg = remat_kit_models.hf.from_hf_config("tests/data/hf/llama3-8b.json")
   >>> cfg.n_layers, cfg.n_kv_heads, cfg.param_count()
   (32, 8, 8030261248)
 """
@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from models.config import ModelConfig
 from remat_kit.errors import BadValue
+from remat_kit_models.config import ModelConfig
 
 __all__ = ["ARCHITECTURES", "from_hf_config", "read_hf_config"]
 

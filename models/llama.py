@@ -6,12 +6,12 @@ import flax.linen as nn
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
-from models.attention import SelfAttention
-from models.axes import LOGITS_AXES, RESIDUAL_AXES, constrain, partitioned
-from models.config import ModelConfig
-from models.lora import project
-from models.stack import BlockStack
 from remat_kit import names
+from remat_kit_models.attention import SelfAttention
+from remat_kit_models.axes import LOGITS_AXES, RESIDUAL_AXES, constrain, partitioned
+from remat_kit_models.config import ModelConfig
+from remat_kit_models.lora import project
+from remat_kit_models.stack import BlockStack
 
 
 class SwiGLU(nn.Module):

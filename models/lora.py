@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import flax.linen as nn
 import jax
 
-from models.axes import partitioned
-from models.config import ModelConfig
+from remat_kit_models.axes import partitioned
+from remat_kit_models.config import ModelConfig
 
 
 class LoRA(nn.Module):

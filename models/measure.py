@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import remat_kit as rk
-from models.options import (
+from remat_kit_models.options import (
     ABSURD_FACTOR,
     MAX_TOKENS,
     Options,
@@ -27,7 +27,7 @@ from models.options import (
     precision_of,
     resolve_attention,
 )
-from models.source import PresetSource, source_for, train_step
+from remat_kit_models.source import PresetSource, source_for, train_step
 
 __all__ = [
     "ABSURD_FACTOR",

@@ -18,12 +18,12 @@ from typing import Any
 
 import jax
 
-import models
 import remat_kit as rk
-from models import get_config
-from models import hf as _hf
-from models.config import ModelConfig, as_dtype
+import remat_kit_models as models
 from remat_kit.errors import BadValue
+from remat_kit_models import get_config
+from remat_kit_models import hf as _hf
+from remat_kit_models.config import ModelConfig, as_dtype
 
 __all__ = [
     "ABSURD_FACTOR",

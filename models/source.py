@@ -8,7 +8,7 @@ of source a model string names.
 
 Example:
   >>> import remat_kit as rk
-  >>> from models.options import Options
+  >>> from remat_kit_models.options import Options
   >>> src = source_for(Options("tiny-llama", 2, 32, optimizer="sgd"))
   >>> src.n_layers(), isinstance(src, rk.sources.StepSource)
   (4, True)
@@ -27,10 +27,10 @@ import jax
 
 import remat_kit as rk
 import remat_kit.cache
-from models import build, get_config
-from models.config import ModelConfig
-from models.options import Options, model_config
 from remat_kit.errors import BadValue
+from remat_kit_models import build, get_config
+from remat_kit_models.config import ModelConfig
+from remat_kit_models.options import Options, model_config
 
 __all__ = [
     "PresetSource",
@@ -115,7 +115,7 @@ class PresetSource:
         """The options (a Hugging Face config by its contents) and this package's code."""
         parts: dict[str, Any] = {
             "options": dataclasses.asdict(dataclasses.replace(self.opts, batch=0)),
-            "code_models": rk.cache.code_fingerprint("models"),
+            "code_models": rk.cache.code_fingerprint("remat_kit_models"),
         }
         if self.opts.hf_config is not None:
             parts["hf_config"] = hashlib.sha256(Path(self.opts.hf_config).read_bytes()).hexdigest()
@@ -156,7 +156,7 @@ def train_step(
       The ``rk.train.TrainStep``.
 
     Example:
-      >>> from models.options import Options, model_config
+      >>> from remat_kit_models.options import Options, model_config
       >>> t = rk.target("h100")
       >>> opts = Options("tiny-gpt2", 2, 64, dropout=0.1)
       >>> train_step(opts, model_config(opts, "full", t), t).rng_streams

@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 
 import remat_kit as rk
-from models.config import ModelConfig
+from remat_kit_models.config import ModelConfig
 
 
 class BlockStack(nn.Module):

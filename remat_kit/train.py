@@ -249,7 +249,7 @@ def build_train_step(
         does not divide.
 
     Example:
-      >>> import models, remat_kit as rk
+      >>> import remat_kit_models as models, remat_kit as rk
       >>> cfg = models.get_config("tiny-llama", policy="full")
       >>> step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=16))
       >>> step.breakdown["weights"] == step.breakdown["gradients"]

@@ -19,7 +19,7 @@ The statistics come from a :class:`StatsSource`, so the logic runs on a CPU with
 
 Example (it needs an NVIDIA GPU, so it is not run as a doctest)::
 
-  import models, remat_kit as rk
+  import remat_kit_models as models, remat_kit as rk
   from remat_kit.validate import validate
   cfg = models.get_config("llama3.2-1b", policy="full")
   step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=4, seq=2048))

@@ -38,7 +38,7 @@ def small_report(
     policy: str, target: str = "h100-80gb", scan: bool = True, schedule: str = "none", **changes
 ):
     """The compiled report of SMALL under ``policy`` (cached for the session)."""
-    from models.measure import Options, baseline_flops, measure
+    from remat_kit_models.measure import Options, baseline_flops, measure
 
     opts = Options(**{**SMALL, "scan_layers": scan, **changes})
     return measure(opts, policy, target, schedule=schedule, baseline=baseline_flops(opts, target))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-import models
+import remat_kit_models as models
 
 
 def tokens(batch: int = 2, seq: int = 16, vocab: int = 256, seed: int = 1) -> jax.Array:

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 
 #: (model, plan, policy, accum): every strategy, both families, remat and accumulation.
 CASES = (

@@ -9,10 +9,10 @@ from jax.experimental import topologies
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from conftest import SMALL
-from models.measure import Options, baseline_flops
+from remat_kit_models.measure import Options, baseline_flops
 
 # Written out here from ../shared/gpu_targets.md, independently of remat_kit.targets.
 H100_TEXT = """
@@ -258,7 +258,7 @@ def test_bad_arguments():
 def test_measure_warns_with_the_public_remat_warning():
     """measure(..., warn=True) issues rk.RematWarning (a name-based policy that saves nothing:
     cuDNN's attention never makes the scores it names)."""
-    from models.measure import measure
+    from remat_kit_models.measure import measure
 
     opts = Options("tiny-llama", batch=2, seq=32, optimizer="sgd")
     with pytest.warns(rk.RematWarning, match="attn_scores but the program tags none of them"):

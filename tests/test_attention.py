@@ -4,10 +4,10 @@ import chex
 import jax
 import pytest
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from helpers import loss_and_grads, tokens
-from models.measure import resolve_attention
+from remat_kit_models.measure import resolve_attention
 
 
 def test_auto_resolves_by_target():

@@ -17,13 +17,13 @@ import types
 import jax
 import pytest
 
-import models
 import remat_kit as rk
-from models.measure import Options, check_sizes, cudnn_problem, resolve_attention
+import remat_kit_models as models
 from remat_kit.cli import main
 from remat_kit.errors import BadValue, DoesNotFit, UnknownName
 from remat_kit.notes import Note
 from remat_kit.render.files import check_output, write_json
+from remat_kit_models.measure import Options, check_sizes, cudnn_problem, resolve_attention
 
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
 

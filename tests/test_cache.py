@@ -302,8 +302,8 @@ def test_the_code_fingerprint_follows_the_source(tmp_path, monkeypatch):
 def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
     """The second identical report neither traces nor compiles, and reads back field for field;
     another policy is measured afresh."""
-    from models import measure as m
-    from models import source
+    from remat_kit_models import measure as m
+    from remat_kit_models import source
 
     opts = m.Options("tiny-llama", batch=2, seq=32, attention="xla")
     first = m.measure(opts, "minimal", "h100")

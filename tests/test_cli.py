@@ -46,7 +46,7 @@ def compared(tmp_path_factory):
 
 
 def test_compare_writes_rows(compared):
-    from models.measure import Options, residuals
+    from remat_kit_models.measure import Options, residuals
 
     code, out = compared
     assert code == 0
@@ -106,8 +106,8 @@ def test_report_prints_breakdown_and_residuals(tmp_path, capsys):
 
 @pytest.mark.parametrize("what", ["targets", "policies", "models"])
 def test_listings(what, capsys):
-    import models
     import remat_kit as rk
+    import remat_kit_models as models
 
     assert main([what]) == 0
     text = capsys.readouterr().out

@@ -26,7 +26,7 @@ def _figures(mem):
 
 def _lowered(policy, target):
     from conftest import SMALL
-    from models.measure import Options, model_config, train_step
+    from remat_kit_models.measure import Options, model_config, train_step
 
     opts = Options(**SMALL)
     step = train_step(opts, model_config(opts, policy, target), target)

@@ -9,10 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
 import remat_kit as rk
-from models.measure import Options, measure, model_config, train_step
+import remat_kit_models as models
 from remat_kit.errors import BadValue
+from remat_kit_models.measure import Options, measure, model_config, train_step
 
 # Each case traces and compiles a gradient on two shared CPU cores: a few telling policies
 # (everything recomputed, projections kept, Megatron's selective) and one unrolled stack.

@@ -12,14 +12,14 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
 import remat_kit as rk
 import remat_kit.render.timeline
+import remat_kit_models as models
 from conftest import SMALL
-from models.measure import Options, model_config
 from remat_kit.cli import inspect as inspect_cli
 from remat_kit.peak import CATEGORIES, InspectError, diff, dump
 from remat_kit.peak.parsers import parse_buffer_assignment, parse_hlo, parse_live_range
+from remat_kit_models.measure import Options, model_config
 
 
 def _step(policy: str):

@@ -7,12 +7,12 @@ import json
 import jax
 import pytest
 
-import models
 import remat_kit as rk
-from models.measure import Options, measure
+import remat_kit_models as models
 from remat_kit.breakdown import MEASURED_PARTS, measured_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
+from remat_kit_models.measure import Options, measure
 
 
 def _bytes(tree) -> int:

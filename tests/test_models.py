@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from helpers import loss_and_grads, tokens
 
 SIMPLE = [n for n in rk.policy_names() if n not in ("names", "except", "offload", "either")]

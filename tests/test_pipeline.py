@@ -17,11 +17,12 @@ import jax
 import pytest
 from jax.ad_checkpoint import checkpoint_name
 
-import models.source
 import remat_kit as rk
-from models.options import Options
+import remat_kit_models as models
+import remat_kit_models.source
 from remat_kit import sources
 from remat_kit.policies import parse_policy
+from remat_kit_models.options import Options
 
 ROOT = Path(__file__).parent.parent
 FACTORIES = str(Path(__file__).parent / "data" / "factories.py")
@@ -146,7 +147,7 @@ def test_preset_and_factory_labels_and_meta_come_from_the_same_pipeline():
 
 
 def test_remat_kit_looks_presets_up_in_one_file():
-    pattern = re.compile(r"^\s*(from models[\s.]|import models\b)", re.M)
+    pattern = re.compile(r"^\s*(from remat_kit_models[\s.]|import remat_kit_models\b)", re.M)
     files = sorted(
         str(p.relative_to(ROOT))
         for p in (ROOT / "remat_kit").rglob("*.py")

@@ -13,12 +13,12 @@ import optax
 import pytest
 from flax import traverse_util
 
-import models
 import remat_kit as rk
-from models.measure import Options, precision_of
+import remat_kit_models as models
 from remat_kit.errors import BadValue, UnknownName
 from remat_kit.render.tables import precision_words
 from remat_kit.train import PRECISIONS, precision, with_state_dtype
+from remat_kit_models.measure import Options, precision_of
 
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
 
@@ -197,7 +197,7 @@ def test_options_precision_conflicts(kw, match):
 
 
 def test_model_config_follows_the_regime():
-    from models.measure import model_config
+    from remat_kit_models.measure import model_config
 
     opts = Options("tiny-llama", 2, 16, precision="mixed")
     cfg = model_config(opts, "full", rk.target("cpu"))
@@ -217,7 +217,7 @@ def test_cli_flag():
 
 
 def test_report_names_its_precision():
-    from models.measure import measure
+    from remat_kit_models.measure import measure
 
     r = measure(Options("tiny-llama", 2, 32, precision="bf16-f32-moments"), "full", "h100")
     assert r.meta["precision"]["optimizer_state"] == "float32"

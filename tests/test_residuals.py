@@ -4,8 +4,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from remat_kit import names
 
 PROJ_LLAMA = {

@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from helpers import loss_and_grads, tokens
 
 SCHEDULES = ["every:2", "every:3", "sqrt", "nested:2", "nested:3", "layers:0-1=full,rest=minimal"]

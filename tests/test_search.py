@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from jax.errors import JaxRuntimeError
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from conftest import SMALL
 from helpers import loss_and_grads, tokens
 from remat_kit.cli import main
@@ -383,7 +383,7 @@ def test_front_marks_dominated_points():
 
 @pytest.fixture(scope="module")
 def small_w():
-    from models.measure import Options, workload
+    from remat_kit_models.measure import Options, workload
 
     return workload(Options(**SMALL), "h100")
 
@@ -401,7 +401,7 @@ def mid_plan(small_w):
 
 
 def test_plan_respects_budget_on_compiled_figures(mid_plan, small_w):
-    from models.measure import Options, measure
+    from remat_kit_models.measure import Options, measure
 
     p = mid_plan
     assert p.fits and p.peak_bytes <= p.budget_bytes
@@ -412,7 +412,7 @@ def test_plan_respects_budget_on_compiled_figures(mid_plan, small_w):
     assert "recompute" in p.decisions.values()
     assert 0 < p.recompute_overhead < small_w.recompute_overhead("full", "none", 4)
     # Its overhead is the fresh program's FLOPs over the no-remat step's (traced apart).
-    from models.measure import baseline_flops
+    from remat_kit_models.measure import baseline_flops
 
     baseline = baseline_flops(Options(**SMALL), "h100")
     assert p.recompute_overhead == pytest.approx(fresh.flops / baseline - 1, rel=1e-6)
@@ -437,7 +437,7 @@ def test_plan_is_none_when_the_budget_fits_none(small_w):
 
 
 def test_max_batch_fits_and_next_does_not(small_w):
-    from models.measure import Options, measure
+    from remat_kit_models.measure import Options, measure
 
     limit = int(small_w.report("full", "none", 4).peak_bytes * 1.4)
     fit = rk.max_batch(small_w, "full", limit_bytes=limit, start=4)

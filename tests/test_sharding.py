@@ -15,8 +15,8 @@ from flax import traverse_util
 from flax.core import meta
 from jax.sharding import PartitionSpec as P
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from remat_kit import sharding as rks
 from remat_kit.cli._args import add_shard_args
 
@@ -46,7 +46,7 @@ GPU = dict(
 
 @functools.cache
 def _gpu_report(shard):
-    from models.measure import Options, measure
+    from remat_kit_models.measure import Options, measure
 
     return measure(Options(**GPU, shard=shard), "full", rk.target("h100", devices=8))
 
@@ -234,7 +234,7 @@ def test_add_shard_args(capsys):
 
 def test_grad_accumulator_is_per_device_under_fsdp():
     """The accumulator has the gradients' shape and sharding: one GPU holds 1/8 under fsdp:8."""
-    from models.measure import Options, model_config, train_step
+    from remat_kit_models.measure import Options, model_config, train_step
 
     one = Options(**{**GPU, "batch": 16, "accum": 2})
     eight = Options(**{**GPU, "batch": 16, "accum": 2, "shard": "fsdp:8"})
@@ -263,7 +263,7 @@ def test_fsdp_splits_weights_and_optimizer_eight_ways():
 
 
 def test_tp_shards_heads_and_mlp():
-    from models.measure import Options, model_config, train_step
+    from remat_kit_models.measure import Options, model_config, train_step
 
     t = rk.target("h100", devices=8)
     opts = Options(**GPU, shard="tp:8")
@@ -276,7 +276,7 @@ def test_tp_shards_heads_and_mlp():
 
 
 def test_bad_mesh_for_the_target_raises():
-    from models.measure import Options, measure
+    from remat_kit_models.measure import Options, measure
 
     with pytest.raises(ValueError, match=r"mesh fsdp:4 holds 4 devices but the target has 8"):
         measure(Options(**GPU, shard="fsdp:4"), "full", rk.target("h100", devices=8))

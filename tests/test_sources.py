@@ -15,15 +15,15 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
-import models.hf
 import remat_kit as rk
-from models.measure import Options, model_config, residuals
+import remat_kit_models as models
+import remat_kit_models.hf
 from remat_kit import checks, sources
 from remat_kit.analysis import RematWarning
 from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
+from remat_kit_models.measure import Options, model_config, residuals
 
 DATA = Path(__file__).parent / "data"
 FACTORIES = str(DATA / "factories.py")

@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from conftest import SMALL
 from helpers import tokens
 

@@ -13,8 +13,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 from remat_kit import validate as validate_mod
 from remat_kit.errors import BadValue, TargetError
 from remat_kit.validate import LocalGPU, Validation, match_target, validate

@@ -63,7 +63,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
     Raises:
       BadValue: no model or two (``--model`` and ``--hf-config``).
     """
-    from models.options import Options
+    from remat_kit_models.options import Options
 
     overrides = tuple(
         (key, getattr(args, key)) for key in _SHAPE_FLAGS if getattr(args, key, None) is not None
@@ -100,7 +100,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
 def source_for(opts: Any) -> StepSource:
     """The model source the options name (``models.source.source_for``): a worker process
     resolves it again from the picklable options."""
-    from models.source import source_for as resolve_source
+    from remat_kit_models.source import source_for as resolve_source
 
     return resolve_source(opts)
 
@@ -145,8 +145,8 @@ def attention_note(run: ModelRun) -> str | None:
       One line for the user, or None when nothing needs saying (a factory's model picks its
       own kernels).
     """
-    from models.options import cudnn_problem
     from remat_kit.targets import cudnn_attention_available
+    from remat_kit_models.options import cudnn_problem
 
     config_for = getattr(run.source, "config_for", None)
     if run.opts.attention != "auto" or config_for is None:
@@ -162,6 +162,6 @@ def attention_note(run: ModelRun) -> str | None:
 
 def preset_configs() -> list[tuple[str, Any]]:
     """Every preset's name and ``ModelConfig``, for ``remat-kit models``."""
-    import models
+    import remat_kit_models as models
 
     return [(name, models.get_config(name)) for name in models.preset_names()]

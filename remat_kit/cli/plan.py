@@ -122,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         out.print(p.message)
         out.print(
-            "use it: models.get_config(..., policy=plan.policy, schedule=plan.schedule) or "
+            "use it: remat_kit_models.get_config(..., policy=plan.policy, "
+            "schedule=plan.schedule) or "
             f"--policy '{p.policy.spec}'"
             + (f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else "")
         )

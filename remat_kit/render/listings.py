@@ -87,7 +87,7 @@ def models_table(configs: Iterable[tuple[str, Any]]) -> Table:
       The table.
 
     Example:
-      >>> import models
+      >>> import remat_kit_models as models
       >>> t = models_table([("llama3-8b", models.get_config("llama3-8b"))])
       >>> [list(c.cells)[0] for c in t.columns]
       ['llama3-8b', 'llama', '8.03 B', '32', '4096', '32/8', '14336', '128256']

@@ -589,7 +589,7 @@ def _training_line(precision: Mapping[str, str] | None, dropout: float | None) -
 
 
 def _opts_precision(opts: RunOptions) -> Mapping[str, str] | None:
-    # models.measure.Options names its regime; other option objects may not have one.
+    # remat_kit_models.options.Options names its regime; other option objects may not have one.
     record = getattr(opts, "precision_record", None)
     return record() if callable(record) else None
 

@@ -12,7 +12,7 @@ a :class:`ModelSource`; :meth:`ModelSource.build` makes the module for one polic
 :mod:`remat_kit.tagging` (so name-based policies work on a model nobody tagged), with the
 policy applied by patching a block class when the model has no remat hook (``block=``), and
 with Hugging Face's keyword inputs (``attention_mask``, ``position_ids``) made from the tokens.
-The CLI's ``--model file.py:NAME`` and ``models.measure`` go through here; remat_kit never
+The CLI's ``--model file.py:NAME`` and ``remat_kit_models.measure`` go through here; remat_kit never
 imports ``models``.
 
 Example:

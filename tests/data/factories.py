@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import models
 import remat_kit as rk
+import remat_kit_models as models
 
 VOCAB, WIDTH, LAYERS = 256, 64, 4
 
