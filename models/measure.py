@@ -52,7 +52,7 @@ __all__ = [
 
 def measure(
     opts: Options,
-    policy: Any,
+    policy: rk.policies.PolicyLike,
     target: rk.Target | str,
     *,
     schedule: Any = "none",
@@ -98,14 +98,14 @@ def baseline_flops(opts: Options, target: rk.Target | str) -> float:
 
 
 def step_flops(
-    opts: Options, policy: Any, target: rk.Target | str, schedule: Any = "none"
+    opts: Options, policy: rk.policies.PolicyLike, target: rk.Target | str, schedule: Any = "none"
 ) -> float:
     """FLOPs of the train step under ``policy`` and ``schedule`` (traced, not compiled)."""
     return rk.sources.step_flops(source_for(opts), policy, target, opts.train_config(), schedule)
 
 
 def residuals(
-    opts: Options, policy: Any, target: rk.Target | str, schedule: Any = "none"
+    opts: Options, policy: rk.policies.PolicyLike, target: rk.Target | str, schedule: Any = "none"
 ) -> rk.residuals.ResidualReport:
     """What ``policy`` keeps for the backward pass of one micro-batch, by tag."""
     return rk.sources.residuals(source_for(opts), policy, target, opts.train_config(), schedule)

@@ -255,7 +255,7 @@ def cudnn_problem(cfg: ModelConfig, seq: int | None, target: rk.Target) -> str |
 
 
 def model_config(
-    opts: Options, policy: Any, target: rk.Target, schedule: Any = "none"
+    opts: Options, policy: rk.policies.PolicyLike, target: rk.Target, schedule: Any = "none"
 ) -> ModelConfig:
     """The ModelConfig an Options + policy + schedule + target describe (attention resolved).
 

@@ -66,7 +66,9 @@ class PresetSource:
         """Layers of the model, overrides included."""
         return self.config_for("none", rk.target("cpu")).n_layers
 
-    def config_for(self, policy: Any, target: rk.Target, schedule: Any = "none") -> ModelConfig:
+    def config_for(
+        self, policy: rk.policies.PolicyLike, target: rk.Target, schedule: Any = "none"
+    ) -> ModelConfig:
         """The ModelConfig under ``policy`` and ``schedule`` for ``target`` (attention
         resolved, sizes checked): see ``models.options.model_config``."""
         return model_config(self.opts, policy, target, schedule)

@@ -30,7 +30,7 @@ from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.analysis import MemoryReport, RematWarning
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, as_policy, decide
+from remat_kit.policies import Policy, PolicyLike, as_policy, decide
 from remat_kit.residuals import tags_in
 
 __all__ = [
@@ -40,7 +40,6 @@ __all__ = [
     "check_traced_with",
     "checkpoint_policies",
     "offload_shortfall",
-    "offload_shortfall_note",
     "register",
     "unmatched_policy",
 ]
@@ -70,7 +69,7 @@ def _policy_of(fn: Any) -> Policy | None:
         return None
 
 
-def unmatched_policy(policy: Any, tags: Iterable[str]) -> bool:
+def unmatched_policy(policy: PolicyLike, tags: Iterable[str]) -> bool:
     """Whether a name-based ``policy`` keeps none of ``tags``: it then behaves like ``full``.
 
     Args:
@@ -91,7 +90,7 @@ def unmatched_policy(policy: Any, tags: Iterable[str]) -> bool:
 
 
 def check_policy_matches(
-    policy: Any, tags: Iterable[str], *, strict: bool = False, where: str = "the program"
+    policy: PolicyLike, tags: Iterable[str], *, strict: bool = False, where: str = "the program"
 ) -> Note | None:
     """Says so when a name-based policy matches no tag of a program.
 
@@ -185,7 +184,7 @@ class Trace:
 
 def check_traced_with(
     closed: Any,
-    policy: Any,
+    policy: PolicyLike,
     *,
     also: Iterable[Any] = (),
     previous: Trace | None = None,
@@ -258,37 +257,10 @@ def check_traced_with(
     return Trace(pol.spec, digest)
 
 
-def offload_shortfall_note(
+def offload_shortfall(
     report: MemoryReport, marked_bytes: int, *, threshold: float = OFFLOAD_SHORTFALL
 ) -> Note | None:
     """A note when XLA moved far fewer bytes to host than jax marked for offload.
-
-    What :func:`offload_shortfall` says, as data: kind ``offload_shortfall`` with
-    ``moved_bytes`` and ``marked_bytes``.
-
-    Args:
-      report: the compiled report (its ``host_temp_bytes``, else ``host_bytes``).
-      marked_bytes: bytes jax marked for offload in the same step.
-      threshold: the share below which the offload counts as not carried out.
-
-    Returns:
-      The note, or None.
-
-    Example:
-      >>> r = rk.memory_report(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target="cpu")
-      >>> offload_shortfall_note(r.replace(host_temp_bytes=2**30 // 10), 2**30).data
-      {'moved_bytes': 107374182, 'marked_bytes': 1073741824}
-    """
-    moved = int(report.host_temp_bytes or report.host_bytes or 0)
-    if marked_bytes <= 0 or moved >= threshold * marked_bytes:
-        return None
-    return Note("offload_shortfall", {"moved_bytes": moved, "marked_bytes": int(marked_bytes)})
-
-
-def offload_shortfall(
-    report: MemoryReport, marked_bytes: int, *, threshold: float = OFFLOAD_SHORTFALL
-) -> str | None:
-    """A warning when XLA moved far fewer bytes to host than jax marked for offload.
 
     jax marks the residuals an offload policy names for host memory; XLA decides whether the
     copies happen. On unrolled layers it moved 3-30% of them in our measurements and the
@@ -301,14 +273,15 @@ def offload_shortfall(
       threshold: the share below which the offload counts as not carried out.
 
     Returns:
-      One line with both figures (the words of :func:`offload_shortfall_note`), or None.
+      The note (kind ``offload_shortfall``, with ``moved_bytes`` and ``marked_bytes``;
+      ``rk.render.notes.words`` says it), or None.
 
     Example:
       >>> r = rk.memory_report(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target="cpu")
-      >>> offload_shortfall(r.replace(host_temp_bytes=2**30 // 10), 2**30)
-      'offload moved 0.10 GiB to host of the 1.00 GiB jax marked for offload (10%): ...'
+      >>> offload_shortfall(r.replace(host_temp_bytes=2**30 // 10), 2**30).data
+      {'moved_bytes': 107374182, 'marked_bytes': 1073741824}
     """
-    from remat_kit.render.notes import words
-
-    note = offload_shortfall_note(report, marked_bytes, threshold=threshold)
-    return None if note is None else words(note)
+    moved = int(report.host_temp_bytes or report.host_bytes or 0)
+    if marked_bytes <= 0 or moved >= threshold * marked_bytes:
+        return None
+    return Note("offload_shortfall", {"moved_bytes": moved, "marked_bytes": int(marked_bytes)})

@@ -25,6 +25,7 @@ from remat_kit.errors import BadType, BadValue, unknown
 __all__ = [
     "Policy",
     "PolicyKind",
+    "PolicyLike",
     "as_policy",
     "decide",
     "parse_policy",
@@ -457,7 +458,13 @@ def policy(name: str, **params: Any) -> Policy:
     return make(**params)
 
 
-def as_policy(p: str | Policy | Callable[..., Any] | None) -> Policy:
+#: What the public functions take for a policy: a catalogue name or spec
+#: (``"names:save=query_proj"``), a Policy, or a raw ``jax.checkpoint`` policy callable.
+#: :func:`as_policy` turns it into a Policy once, at the edge.
+PolicyLike = str | Policy | Callable[..., Any]
+
+
+def as_policy(p: PolicyLike | None) -> Policy:
     """Normalises what users pass as a policy: a name/spec, a Policy, a jax callable or None.
 
     ``None`` means no rematerialization (``"none"``). A raw callable becomes a Policy

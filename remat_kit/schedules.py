@@ -29,7 +29,7 @@ from typing import Any
 import jax
 
 from remat_kit.errors import BadType, BadValue, unknown
-from remat_kit.policies import Policy, as_policy
+from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.wrap import remat
 
 __all__ = [
@@ -98,7 +98,7 @@ class Schedule:
             return "layers:" + ",".join(parts)
         return self.name
 
-    def runs(self, n_layers: int, policy: Any) -> list[Run]:
+    def runs(self, n_layers: int, policy: PolicyLike) -> list[Run]:
         """The runs of a stack of ``n_layers`` whose per-layer policy is ``policy``.
 
         Raises:
@@ -347,7 +347,7 @@ def apply_layers(
     *,
     n_layers: int,
     schedule: Schedule | str | None = None,
-    policy: Any = "none",
+    policy: PolicyLike = "none",
     scan: bool = True,
     keys: Any = None,
 ) -> jax.Array:

@@ -424,10 +424,10 @@ def test_offload_notes_from_a_cpu_compile():
 
 def test_shortfall_note_and_its_words():
     r = _report().replace(host_temp_bytes=GIB // 10)
-    note = rk.checks.offload_shortfall_note(r, GIB)
+    note = rk.checks.offload_shortfall(r, GIB)
     assert note == Note("offload_shortfall", {"moved_bytes": GIB // 10, "marked_bytes": GIB})
-    assert rk.checks.offload_shortfall(r, GIB) == words(note)
-    assert rk.checks.offload_shortfall_note(r, GIB // 5) is None  # half moved: carried out
+    assert words(note).startswith("offload moved 0.10 GiB to host of the 1.00 GiB")
+    assert rk.checks.offload_shortfall(r, GIB // 5) is None  # half moved: carried out
 
 
 def test_check_policy_matches_returns_the_note_it_warns_with():

@@ -23,6 +23,7 @@ from remat_kit.analysis import RematWarning
 from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
+from remat_kit.render.notes import words
 from remat_kit_models.measure import Options, model_config, residuals
 
 DATA = Path(__file__).parent / "data"
@@ -375,6 +376,7 @@ def test_offload_shortfall_reports_both_figures(moved_gib, marked_gib, warned):
     )
     assert (note is not None) is warned
     if warned:
+        note = words(note)
         pct = round(100 * moved_gib / marked_gib)
         assert f"moved {moved_gib:.2f} GiB to host of the {marked_gib:.2f} GiB" in note
         assert f"({pct}%)" in note and "offload needs scanned layers" in note

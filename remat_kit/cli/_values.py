@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import warnings
-from typing import Any
 
 from remat_kit.errors import BadType, BadValue, UnitlessBudget
 from remat_kit.names import VOCABULARY
-from remat_kit.policies import Policy, parse_policy
+from remat_kit.policies import Policy, PolicyLike, parse_policy
 from remat_kit.render.files import check_output
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target, target
@@ -163,7 +162,7 @@ def _tag_names(pol: Policy) -> list[str]:
     return out
 
 
-def schedule_arg(spec: str, flag: str, n_layers: int, policy: Any = "full") -> Schedule:
+def schedule_arg(spec: str, flag: str, n_layers: int, policy: PolicyLike = "full") -> Schedule:
     """Reads a schedule given to ``flag`` and checks it against the model's layer count.
 
     Args:

@@ -24,6 +24,7 @@ from remat_kit.policies import Policy, as_policy
 from remat_kit.render.files import write_json
 from remat_kit.render.format import console
 from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
+from remat_kit.render.tables import run_words
 from remat_kit.render.timeline import plot_timeline
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target, target
@@ -115,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
             reports if len(reports) > 1 else reports[0],
             args.plot,
             labels=policies,
-            title=f"{args.model} b{args.batch} s{args.seq} on {tgt.name}",
+            title=f"{run_words(run.opts)} on {tgt.name}",
             memory_bytes=tgt.memory_bytes,
         )
         out.print(f"timeline written to {args.plot}")

@@ -14,7 +14,7 @@ from remat_kit.cli._args import add_model_args, add_search_args
 from remat_kit.cli._model import resolve
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import console, write_json
-from remat_kit.render.tables import decision_table, plan_table
+from remat_kit.render.tables import decision_table, plan_table, run_words
 from remat_kit.search import FRONT_POLICIES, plan_front
 
 __all__ = ["add_parser", "run"]
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
         _plot_front()(
             points,
             args.plot,
-            title=f"{opts.model} b{opts.batch} s{opts.seq} {opts.optimizer} on {target.name}",
+            title=f"{run_words(opts)} on {target.name}",
             budget_bytes=p.budget_bytes,
             device_bytes=target.memory_bytes,
         )

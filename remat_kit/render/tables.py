@@ -36,6 +36,7 @@ __all__ = [
     "precision_words",
     "report_table",
     "residual_table",
+    "run_words",
     "validation_table",
 ]
 
@@ -144,9 +145,7 @@ def compare_table(
       The table.
     """
     title = (
-        f"{opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}"
-        + (f" lora{opts.lora}" if opts.lora else "")
-        + (f" accum{opts.accum}" if opts.accum > 1 else "")
+        run_words(opts)
         + (f" {opts.shard} over {target.devices} GPUs, per GPU" if opts.shard else "")
         + f" on {target.name} ({gib(target.memory_bytes)} GiB), attention={rows[0]['attention']}"
         + _training_line(rows[0].get("meta_precision"), rows[0].get("meta_dropout"))
@@ -335,7 +334,7 @@ def fit_table(
       The table.
     """
     title = (
-        f"largest batch: {opts.model} s{opts.seq} {opts.optimizer} on {target.name} "
+        f"largest batch: {run_words(opts, batch=False)} on {target.name} "
         f"(limit {gib(rows[0].fit.limit_bytes)} GiB = {_limit_words(target, headroom)})"
         + _training_line(_opts_precision(opts), None)
     )
@@ -380,7 +379,7 @@ def plan_table(
       The table.
     """
     title = (
-        f"plan for {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer} on {target.name}: "
+        f"plan for {run_words(opts)} on {target.name}: "
         f"budget {gib(p.budget_bytes)} GiB, attention="
         f"{p.report.attention if p.report is not None else '-'}"
         + _training_line(
@@ -480,8 +479,7 @@ def advise_table(
       The table.
     """
     table = Table(
-        title=f"which GPU: {opts.model} b{opts.batch} s{opts.seq} {opts.optimizer}"
-        + _training_line(_opts_precision(opts), None),
+        title=f"which GPU: {run_words(opts)}" + _training_line(_opts_precision(opts), None),
         caption=(
             f"{seconds:.1f} s. fits = the plan's compiled peak <= what a JAX process may "
             f"allocate on that GPU ({_runtime_words(None)}"
@@ -578,6 +576,22 @@ def precision_words(precision: Mapping[str, str] | None) -> str:
     return (
         f"precision {precision.get('name')}: {weights}, grads {short('grads')}, {state_words}, "
         f"compute {short('compute')}"
+    )
+
+
+def run_words(opts: RunOptions, *, batch: bool = True) -> str:
+    """The run as every title names it: ``model b<batch> s<seq> optimizer`` (with the LoRA
+    rank and the accumulation steps when set; without the batch where a search sets it).
+
+    Example:
+      >>> from types import SimpleNamespace as NS
+      >>> run_words(NS(model="llama3-8b", batch=4, seq=2048, optimizer="sgd", lora=16, accum=1))
+      'llama3-8b b4 s2048 sgd lora16'
+    """
+    return (
+        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {opts.optimizer}"
+        + (f" lora{opts.lora}" if opts.lora else "")
+        + (f" accum{opts.accum}" if opts.accum > 1 else "")
     )
 
 

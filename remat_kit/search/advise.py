@@ -22,7 +22,7 @@ from typing import Any
 from remat_kit import _workers
 from remat_kit.errors import BadType, DoesNotFit
 from remat_kit.notes import Note
-from remat_kit.policies import as_policy
+from remat_kit.policies import PolicyLike, as_policy
 from remat_kit.search.batch import max_batch
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search.planner import plan
@@ -254,7 +254,7 @@ def gpus_needed(
     workload_for: Callable[[int], Workload],
     batch: int,
     *,
-    policy: Any = "full",
+    policy: PolicyLike = "full",
     counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
     headroom: float = DEFAULT_HEADROOM,
 ) -> ScaleOut:

@@ -16,7 +16,7 @@ from typing import Any
 from jax.errors import JaxRuntimeError
 
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, as_policy
+from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search.planner import Plan, plan
@@ -98,7 +98,7 @@ class BatchFit:
 
 def max_batch(
     workload: Workload,
-    policy: Any = "full",
+    policy: PolicyLike = "full",
     schedule: Any = "none",
     *,
     headroom: float = DEFAULT_HEADROOM,

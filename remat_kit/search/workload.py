@@ -26,7 +26,7 @@ from typing import Any
 
 from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadValue
-from remat_kit.policies import Policy, as_policy, policy
+from remat_kit.policies import Policy, PolicyLike, as_policy, policy
 from remat_kit.residuals import ResidualReport
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target
@@ -118,11 +118,11 @@ class Workload:
     )
     _memo: dict[Hashable, Any] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
-    def report(self, policy: Any, schedule: Any = "none", batch: int = 1) -> MemoryReport:
+    def report(self, policy: PolicyLike, schedule: Any = "none", batch: int = 1) -> MemoryReport:
         """The compiled report of the step (cached)."""
         return self.compiled(as_policy(policy), parse_schedule(schedule), batch)
 
-    def flops(self, policy: Any, schedule: Any = "none", batch: int = 1) -> float:
+    def flops(self, policy: PolicyLike, schedule: Any = "none", batch: int = 1) -> float:
         """FLOPs of the step, recomputation included (traced, cached)."""
         return self.traced_flops(as_policy(policy), parse_schedule(schedule), batch)
 
@@ -130,11 +130,15 @@ class Workload:
         """FLOPs of the step without rematerialization."""
         return self.traced_flops(NO_REMAT, NO_SCHEDULE, batch)
 
-    def recompute_overhead(self, policy: Any, schedule: Any = "none", batch: int = 1) -> float:
+    def recompute_overhead(
+        self, policy: PolicyLike, schedule: Any = "none", batch: int = 1
+    ) -> float:
         """Extra FLOPs of recomputation, as a fraction of the step without remat."""
         return self.recompute_of(as_policy(policy), parse_schedule(schedule), batch)
 
-    def residuals(self, policy: Any, schedule: Any = "none", batch: int = 1) -> ResidualReport:
+    def residuals(
+        self, policy: PolicyLike, schedule: Any = "none", batch: int = 1
+    ) -> ResidualReport:
         """What the policy keeps for the backward pass, by tag (traced, cached).
 
         Raises:

@@ -24,7 +24,7 @@ from flax import nnx
 
 from remat_kit import checks, tagging
 from remat_kit.errors import BadValue
-from remat_kit.policies import Policy, as_policy
+from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.sharding import MeshPlan
@@ -214,7 +214,7 @@ class ModelSource:
             )
         return sch
 
-    def build(self, policy: Any = "none", schedule: Any = "none") -> BuiltModel:
+    def build(self, policy: PolicyLike = "none", schedule: Any = "none") -> BuiltModel:
         """The model for ``policy`` and ``schedule``, ready for a train step.
 
         The factory runs under ``nnx.eval_shape``, so an NNX model's weights are never

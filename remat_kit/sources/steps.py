@@ -30,7 +30,7 @@ from remat_kit.breakdown import add_breakdown, add_measured_breakdown
 from remat_kit.errors import BadValue
 from remat_kit.flops import count_flops
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, as_policy, recompute_instead
+from remat_kit.policies import Policy, PolicyLike, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.workload import Workload
@@ -54,7 +54,7 @@ __all__ = [
 
 def measure(
     source: StepSource,
-    policy: Any,
+    policy: PolicyLike,
     target: Target | str,
     config: TrainConfig,
     *,
@@ -193,7 +193,7 @@ def _measure(
         # XLA may carry out only part of the copies jax marks (unrolled layers): say so. Both
         # figures are one micro-batch's on one device (sharded steps are not compared).
         marked = residuals(source, pol, t, config, sch).bytes_by("offloaded")
-        note = checks.offload_shortfall_note(report, marked)
+        note = checks.offload_shortfall(report, marked)
         if note is not None:
             report = report.replace(notes=(*report.notes, note))
     return report
@@ -275,7 +275,7 @@ def nbytes_count(tree: Any) -> int:
 
 def step_flops(
     source: StepSource,
-    policy: Any,
+    policy: PolicyLike,
     target: Target | str,
     config: TrainConfig,
     schedule: Any = "none",
@@ -306,7 +306,7 @@ def step_flops(
 
 def residuals(
     source: StepSource,
-    policy: Any,
+    policy: PolicyLike,
     target: Target | str,
     config: TrainConfig,
     schedule: Any = "none",
