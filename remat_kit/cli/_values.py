@@ -71,6 +71,7 @@ def check_outputs(args: argparse.Namespace) -> None:
       BadValue: naming the flag, the path and what is wrong with it.
 
     Example:
+      >>> from pathlib import Path
       >>> check_outputs(argparse.Namespace(json=Path("/tmp/r.json")))
     """
     for name in OUTPUT_FLAGS:
