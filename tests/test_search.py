@@ -199,6 +199,32 @@ def _penalized_measure(policy, schedule, batch):
     return r
 
 
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_plan_on_a_shallow_model_that_nothing_fits_answers_nothing_fits(layers):
+    """A model under four layers whose budget nothing meets: the segment fallback tries only
+    the schedules its depth can take (every:2 on one layer made segments of 2 layers and
+    raised instead of answering)."""
+
+    def depth_checked(fn):
+        def call(policy, schedule, batch):
+            schedule.runs(layers, policy)  # as a real model of that depth builds it
+            return fn(policy, schedule, batch)
+
+        return call
+
+    w = dataclasses.replace(
+        fake_workload(),
+        measure_fn=depth_checked(_fake_measure),
+        flops_fn=depth_checked(_fake_flops),
+        n_layers=layers,
+    )
+    budget = FIXED - 1  # above weights + gradients (800 B), below any program (>= FIXED)
+    p = rk.plan(w, 1, budget, offload=False)
+    assert not p.fits and p.report is not None and p.report.peak_bytes >= FIXED
+    tried = {c.schedule for c in p.candidates}
+    assert "every:2" in tried if layers >= 2 else "every:2" not in tried
+
+
 def test_plan_never_returns_a_compiled_peak_over_budget():
     """The estimate's best plan compiles over budget: the planner must repair, not keep it.
 

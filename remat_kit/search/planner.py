@@ -569,15 +569,25 @@ def _segment_fallback(ctx: _PlanContext) -> PlanCandidate | None:
     """
     w, full = ctx.workload, FULL
     options = [parse_schedule(s) for s in ("none", "sqrt", "every:2", "nested:2", "nested:3")]
-    if w.n_layers < 4:
-        options = options[:3]
-    options = [s for s in options if w.supports(s)]  # a factory's model may take none
+    # Only schedules the model's depth can take (every:2 needs two layers, nested:3 four) and
+    # its source can build (a factory's model may take none).
+    options = [s for s in options if _fits_depth(s, w.n_layers) and w.supports(s)]
     options.sort(key=lambda s: w.traced_flops(full, s, ctx.batch))
     for sch in options:
         got = ctx.compile(full, sch, "schedule")
         if got.fits:
             return got
     return None
+
+
+def _fits_depth(sch: Schedule, n_layers: int) -> bool:
+    if sch.name == "nested" and n_layers < 4:
+        return False  # two or three levels of segments over under four layers: every:2 again
+    try:
+        sch.runs(n_layers, FULL)
+    except BadValue:
+        return False
+    return True
 
 
 def _best_of(
