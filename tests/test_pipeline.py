@@ -186,3 +186,23 @@ def test_tags_are_traced_once_per_source_and_config(monkeypatch):
     first = sources.tags(src, config, "h100")
     again = sources.tags(src, dataclasses.replace(config, batch=4), "h100")
     assert first == again and len(calls) == 1
+
+
+@pytest.mark.parametrize(
+    ("shard", "accum", "multiple"), [(None, 2, 2), ("fsdp:4", 1, 4), ("dp:2,tp:2", 2, 4)]
+)
+def test_a_sharded_workload_steps_the_batch_by_data_ways_and_accumulation(shard, accum, multiple):
+    opts = Options("tiny-llama", 8, 16, optimizer="sgd", shard=shard, accum=accum)
+    t = rk.target("h100", devices=4)
+    w = sources.workload(models.source.source_for(opts), t, opts.train_config())
+    assert w.batch_multiple == multiple
+    assert w.label == "tiny-llama s16 sgd" + (f" {rk.parse_shard(shard, 4).spec}" if shard else "")
+    # The planner sizes one device's share: residuals traced at batch / data ways.
+    per_device = w.residuals("none", batch=8)
+    whole = sources.residuals(
+        models.source.source_for(dataclasses.replace(opts, shard=None)),
+        "none",
+        t,
+        dataclasses.replace(opts.train_config(), batch=8 // (multiple // accum)),
+    )
+    assert per_device.bytes_by("saved") == whole.bytes_by("saved")
