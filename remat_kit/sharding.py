@@ -21,8 +21,8 @@ Example:
   >>> plan = parse_shard("fsdp:4,tp:2")
   >>> plan.spec, plan.devices, plan.data_size
   ('fsdp:4,tp:2', 8, 4)
-  >>> plan.mesh(rk.target("h100", devices=8)).shape  # 8 H100s, none of them here
-  OrderedDict([('fsdp', 4), ('tp', 2)])
+  >>> dict(plan.mesh(rk.target("h100", devices=8)).shape)  # 8 H100s, none of them here
+  {'fsdp': 4, 'tp': 2}
 """
 
 from __future__ import annotations
@@ -221,8 +221,8 @@ class MeshPlan:
           remat_kit.TargetError: the GPU target cannot be compiled for here.
 
         Example:
-          >>> parse_shard("fsdp:8").mesh(rk.target("h100", devices=8)).shape
-          OrderedDict([('fsdp', 8)])
+          >>> dict(parse_shard("fsdp:8").mesh(rk.target("h100", devices=8)).shape)
+          {'fsdp': 8}
         """
         self.check_devices(target.devices)
         return target.mesh(self.axis_names, self.shape)

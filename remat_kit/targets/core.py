@@ -145,8 +145,8 @@ class Target:
           TargetError: If a GPU target cannot be compiled for in this environment.
 
         Example:
-          >>> target("h100", devices=8).mesh(("data", "model"), (4, 2)).shape
-          OrderedDict([('data', 4), ('model', 2)])
+          >>> dict(target("h100", devices=8).mesh(("data", "model"), (4, 2)).shape)
+          {'data': 4, 'model': 2}
         """
         names = tuple(axis_names)
         shape = _mesh_shape(self.devices, names, shape)
