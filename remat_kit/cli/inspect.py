@@ -24,8 +24,8 @@ from remat_kit.policies import Policy, as_policy
 from remat_kit.render.files import write_json
 from remat_kit.render.format import console
 from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
-from remat_kit.render.tables import run_words
 from remat_kit.render.timeline import plot_timeline
+from remat_kit.render.titles import run_words
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target, target
 

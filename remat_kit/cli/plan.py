@@ -14,7 +14,8 @@ from remat_kit.cli._args import add_model_args, add_search_args
 from remat_kit.cli._model import resolve
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import console, write_json
-from remat_kit.render.tables import decision_table, plan_table, run_words
+from remat_kit.render.tables import decision_table, plan_table
+from remat_kit.render.titles import run_words
 from remat_kit.search import FRONT_POLICIES, plan_front
 
 __all__ = ["add_parser", "run"]

@@ -11,11 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from remat_kit.render.format import GIB, fmt, gib, pct, short
+from remat_kit.render.titles import (
+    RunOptions,
+    opts_precision,
+    run_words,
+    training_line,
+)
 from remat_kit.schedules import label
 
 if TYPE_CHECKING:
@@ -26,35 +32,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FitRow",
-    "RunOptions",
     "advise_table",
     "compare_rows",
     "compare_table",
     "decision_table",
     "fit_table",
     "plan_table",
-    "precision_words",
     "report_table",
     "residual_table",
-    "run_words",
     "validation_table",
 ]
 
 _MIB = 2**20
 _YES_NO = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}
-
-
-class RunOptions(Protocol):
-    """What a table's title reads of the run's options (``models.options.Options`` has them;
-    a ``precision_record()`` method, when there is one, names the precision regime)."""
-
-    model: str
-    batch: int
-    seq: int
-    optimizer: str
-    lora: int
-    accum: int
-    shard: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,7 +138,7 @@ def compare_table(
         run_words(opts)
         + (f" {opts.shard} over {target.devices} GPUs, per GPU" if opts.shard else "")
         + f" on {target.name} ({gib(target.memory_bytes)} GiB), attention={rows[0]['attention']}"
-        + _training_line(rows[0].get("meta_precision"), rows[0].get("meta_dropout"))
+        + training_line(rows[0].get("meta_precision"), rows[0].get("meta_dropout"))
     )
     remembered = sum(1 for row in rows if row["compile_seconds"] == 0.0)
     caption = f"{fits_rule(target)}\n{len(rows)} programs in {seconds:.1f} s" + (
@@ -215,7 +205,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     title = (
         f"{m.get('model')} b{m.get('batch')} s{m.get('seq')} {m.get('optimizer')} "
         f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.name}"
-        + _training_line(m.get("precision"), m.get("dropout"))
+        + training_line(m.get("precision"), m.get("dropout"))
     )
     table = Table(title=title, show_header=True)
     table.add_column("what")
@@ -336,7 +326,7 @@ def fit_table(
     title = (
         f"largest batch: {run_words(opts, batch=False)} on {target.name} "
         f"(limit {gib(rows[0].fit.limit_bytes)} GiB = {_limit_words(target, headroom)})"
-        + _training_line(_opts_precision(opts), None)
+        + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
     for col in ("policy", "max batch", "peak GiB", "next batch GiB", "recompute", "tokens/step"):
@@ -382,8 +372,8 @@ def plan_table(
         f"plan for {run_words(opts)} on {target.name}: "
         f"budget {gib(p.budget_bytes)} GiB, attention="
         f"{p.report.attention if p.report is not None else '-'}"
-        + _training_line(
-            _opts_precision(opts),
+        + training_line(
+            opts_precision(opts),
             p.report.meta.get("dropout") if p.report is not None else None,
         )
     )
@@ -479,7 +469,7 @@ def advise_table(
       The table.
     """
     table = Table(
-        title=f"which GPU: {run_words(opts)}" + _training_line(_opts_precision(opts), None),
+        title=f"which GPU: {run_words(opts)}" + training_line(opts_precision(opts), None),
         caption=(
             f"{seconds:.1f} s. fits = the plan's compiled peak <= what a JAX process may "
             f"allocate on that GPU ({_runtime_words(None)}"
@@ -542,72 +532,6 @@ def _fits_cell(fits: bool | None, with_fraction: float | None) -> str:
     return cell + (f" ({with_fraction:g})" if fits is False and with_fraction is not None else "")
 
 
-_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-
-
-def precision_words(precision: Mapping[str, str] | None) -> str:
-    """A precision record (``TrainStep.precision``, ``meta["precision"]``) in a few words.
-
-    Args:
-      precision: ``name``, ``params``, ``frozen``, ``grads``, ``optimizer_state`` and
-        ``compute`` dtype names, or None.
-
-    Returns:
-      E.g. ``"precision mixed: weights f32, grads f32, optimizer state f32, compute bf16"``;
-      with frozen weights (LoRA) ``"trained f32, frozen bf16"`` in place of ``weights``;
-      ``""`` for None.
-
-    Example:
-      >>> precision_words({"name": "bf16", "params": "bfloat16", "frozen": "-",
-      ...     "grads": "bfloat16", "optimizer_state": "bfloat16", "compute": "bfloat16"})
-      'precision bf16: weights bf16, grads bf16, optimizer state bf16, compute bf16'
-    """
-    if not precision:
-        return ""
-    short = lambda key: "+".join(_SHORT.get(d, d) for d in str(precision.get(key, "-")).split("+"))
-    frozen = precision.get("frozen", "-")
-    weights = (
-        f"weights {short('params')}"
-        if frozen in ("-", None)
-        else f"trained {short('params')}, frozen {short('frozen')}"
-    )
-    state = short("optimizer_state")
-    state_words = "no optimizer state" if state == "-" else f"optimizer state {state}"
-    return (
-        f"precision {precision.get('name')}: {weights}, grads {short('grads')}, {state_words}, "
-        f"compute {short('compute')}"
-    )
-
-
-def run_words(opts: RunOptions, *, batch: bool = True) -> str:
-    """The run as every title names it: ``model b<batch> s<seq> optimizer`` (with the LoRA
-    rank and the accumulation steps when set; without the batch where a search sets it).
-
-    Example:
-      >>> from types import SimpleNamespace as NS
-      >>> run_words(NS(model="llama3-8b", batch=4, seq=2048, optimizer="sgd", lora=16, accum=1))
-      'llama3-8b b4 s2048 sgd lora16'
-    """
-    return (
-        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {opts.optimizer}"
-        + (f" lora{opts.lora}" if opts.lora else "")
-        + (f" accum{opts.accum}" if opts.accum > 1 else "")
-    )
-
-
-def _training_line(precision: Mapping[str, str] | None, dropout: float | None) -> str:
-    words = precision_words(precision)
-    if dropout:
-        words += f"{'; ' if words else ''}dropout {dropout:g} (applied)"
-    return f"\n{words}" if words else ""
-
-
-def _opts_precision(opts: RunOptions) -> Mapping[str, str] | None:
-    # remat_kit_models.options.Options names its regime; other option objects may not have one.
-    record = getattr(opts, "precision_record", None)
-    return record() if callable(record) else None
-
-
 def _breakdown_lines(
     parts: Mapping[str, int], meta: Mapping[str, Any]
 ) -> list[tuple[str, int | None]]:
@@ -656,7 +580,7 @@ def validation_table(rows: Sequence[Mapping[str, Any]]) -> Table:
     first = rows[0] if rows else {}
     table = Table(
         title=f"predicted vs measured peak on {first.get('device_kind', '-')}"
-        + _training_line((first.get("meta") or {}).get("precision"), None),
+        + training_line((first.get("meta") or {}).get("precision"), None),
         caption="measured = allocator peak_bytes_in_use after the steps - bytes_in_use before "
         "the arguments; error = predicted / measured - 1",
     )

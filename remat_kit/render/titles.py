@@ -1,0 +1,96 @@
+"""The words every title says about a run: its model, batch, sequence, optimizer and precision.
+
+Shared by the tables (:mod:`remat_kit.render.tables`) and the plots' titles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+__all__ = [
+    "RunOptions",
+    "opts_precision",
+    "precision_words",
+    "run_words",
+    "training_line",
+]
+
+
+class RunOptions(Protocol):
+    """What a table's title reads of the run's options (``models.options.Options`` has them;
+    a ``precision_record()`` method, when there is one, names the precision regime)."""
+
+    model: str
+    batch: int
+    seq: int
+    optimizer: str
+    lora: int
+    accum: int
+    shard: str | None
+
+
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def precision_words(precision: Mapping[str, str] | None) -> str:
+    """A precision record (``TrainStep.precision``, ``meta["precision"]``) in a few words.
+
+    Args:
+      precision: ``name``, ``params``, ``frozen``, ``grads``, ``optimizer_state`` and
+        ``compute`` dtype names, or None.
+
+    Returns:
+      E.g. ``"precision mixed: weights f32, grads f32, optimizer state f32, compute bf16"``;
+      with frozen weights (LoRA) ``"trained f32, frozen bf16"`` in place of ``weights``;
+      ``""`` for None.
+
+    Example:
+      >>> precision_words({"name": "bf16", "params": "bfloat16", "frozen": "-",
+      ...     "grads": "bfloat16", "optimizer_state": "bfloat16", "compute": "bfloat16"})
+      'precision bf16: weights bf16, grads bf16, optimizer state bf16, compute bf16'
+    """
+    if not precision:
+        return ""
+    short = lambda key: "+".join(_SHORT.get(d, d) for d in str(precision.get(key, "-")).split("+"))
+    frozen = precision.get("frozen", "-")
+    weights = (
+        f"weights {short('params')}"
+        if frozen in ("-", None)
+        else f"trained {short('params')}, frozen {short('frozen')}"
+    )
+    state = short("optimizer_state")
+    state_words = "no optimizer state" if state == "-" else f"optimizer state {state}"
+    return (
+        f"precision {precision.get('name')}: {weights}, grads {short('grads')}, {state_words}, "
+        f"compute {short('compute')}"
+    )
+
+
+def run_words(opts: RunOptions, *, batch: bool = True) -> str:
+    """The run as every title names it: ``model b<batch> s<seq> optimizer`` (with the LoRA
+    rank and the accumulation steps when set; without the batch where a search sets it).
+
+    Example:
+      >>> from types import SimpleNamespace as NS
+      >>> run_words(NS(model="llama3-8b", batch=4, seq=2048, optimizer="sgd", lora=16, accum=1))
+      'llama3-8b b4 s2048 sgd lora16'
+    """
+    return (
+        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {opts.optimizer}"
+        + (f" lora{opts.lora}" if opts.lora else "")
+        + (f" accum{opts.accum}" if opts.accum > 1 else "")
+    )
+
+
+def training_line(precision: Mapping[str, str] | None, dropout: float | None) -> str:
+    words = precision_words(precision)
+    if dropout:
+        words += f"{'; ' if words else ''}dropout {dropout:g} (applied)"
+    return f"\n{words}" if words else ""
+
+
+def opts_precision(opts: RunOptions) -> Mapping[str, str] | None:
+    # remat_kit_models.options.Options names its regime; other option objects may not have one.
+    record = getattr(opts, "precision_record", None)
+    return record() if callable(record) else None
