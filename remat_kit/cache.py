@@ -163,7 +163,7 @@ def bypassed() -> Iterator[None]:
 @functools.cache
 def _versions() -> tuple[tuple[str, str], ...]:
     out = []
-    for dist in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt"):
+    for dist in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "jax-cuda13-plugin"):
         try:
             out.append((dist, metadata.version(dist)))
         except metadata.PackageNotFoundError:

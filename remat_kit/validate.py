@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import statistics
 import time
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -130,7 +131,8 @@ class Validation:
       peak_after_bytes: ``peak_bytes_in_use`` after the steps.
       oom: the real step (or placing its arguments) ran out of device memory.
       predicted_fits: the prediction is within ``bytes_limit`` (None without a limit).
-      step_seconds: mean wall time of the steps after the first (None with fewer than 2).
+      step_seconds: median wall time of the steps after the first, a warm-up (None with
+        fewer than 2).
       note: why ``measured_peak_bytes`` is None, or ``""``.
       meta: labels from the caller (model, policy, batch ...).
     """
@@ -298,7 +300,7 @@ def _run(step: Any, source: StatsSource, steps: int) -> _Run:
     # Compile first: XLA's autotuning allocates scratch memory that is not the step's.
     compiled = jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*placed).compile()
     make = jax.jit(
-        lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), step.args),
+        lambda: _random_like(step.args),
         out_shardings=jax.tree.map(lambda _: sharding, step.args),
     )
     before = dict(source.memory_stats() or {})
@@ -339,7 +341,8 @@ def _run(step: Any, source: StatsSource, steps: int) -> _Run:
         )
     after = dict(source.memory_stats() or {})
     peak_after = int(after.get("peak_bytes_in_use", 0))
-    step_seconds = sum(times[1:]) / (len(times) - 1) if len(times) > 1 else None
+    # The first step is a warm-up (module load, cuBLAS handles); the median of the rest.
+    step_seconds = statistics.median(times[1:]) if len(times) > 1 else None
     if peak_after <= max(peak_start, peak_before) and peak_after > 0:
         note = (
             f"the steps did not raise the process's peak ({peak_after} bytes, reached before "
@@ -349,6 +352,22 @@ def _run(step: Any, source: StatsSource, steps: int) -> _Run:
     return _Run(
         baseline, peak_before, before, after, peak_after - baseline, False, step_seconds, ""
     )
+
+
+def _random_like(args: Any) -> Any:
+    # Random values, not zeros: a matrix product runs measurably faster on zeros than on real
+    # data, and zeros hide nothing the timing should see. Floats are small and non-negative
+    # (an optimizer's second moment must be); integers (token ids, keys) stay zero, always in
+    # range.
+    leaves, treedef = jax.tree.flatten(args)
+    keys = jax.random.split(jax.random.key(0), max(len(leaves), 1))
+    out = [
+        (0.02 * jnp.abs(jax.random.normal(k, s.shape, jnp.float32))).astype(s.dtype)
+        if jnp.issubdtype(s.dtype, jnp.floating)
+        else jnp.zeros(s.shape, s.dtype)
+        for k, s in zip(keys, leaves, strict=True)
+    ]
+    return jax.tree.unflatten(treedef, out)
 
 
 def _with_local_limit(t: Target, bytes_limit: int | None) -> Target:

@@ -90,11 +90,15 @@ def _cached_topology(config: str, topology: str) -> Any:
 
 
 def _cuda_plugin_installed() -> bool:
-    try:
-        importlib.import_module("jax_plugins.xla_cuda12")
-    except ImportError:
-        return False
-    return True
+    # jax[cuda12] installs xla_cuda12; jax[cuda13] (jax >= 0.7) installs xla_cuda13. Either
+    # compiles for the catalogue's cards.
+    for name in ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            continue
+        return True
+    return False
 
 
 def _backends_initialized() -> bool:
