@@ -23,6 +23,9 @@ def parse(doc: str, argv: Sequence[str] | None, **defaults: Any) -> argparse.Nam
     p.add_argument("--target", default=defaults.get("target", "h100-80gb"))
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--quick", action="store_true", help="fewer points, for a smoke run")
+    p.add_argument(
+        "--only", default="", help="comma-separated names of the cases to run (default: all)"
+    )
     return p.parse_args(argv)
 
 

@@ -43,6 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 1
     cases = CASES[:1] if args.quick else CASES
+    if args.only:
+        cases = tuple(c for c in cases if c[0] in args.only.split(","))
     policies = POLICIES[:2] if args.quick else POLICIES
     rows = []
     for model, batch, seq in cases:
