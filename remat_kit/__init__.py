@@ -19,7 +19,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for readers and type checkers
-    from remat_kit import checks, names, sources, tagging
+    from remat_kit import checks, names, sources, tagging, timing
     from remat_kit.analysis import MemoryReport, memory_report
     from remat_kit.errors import (
         BadValue,
@@ -53,6 +53,7 @@ _HOME: dict[str, str | None] = {
     "names": None,
     "sources": None,
     "tagging": None,
+    "timing": None,
     "MemoryReport": "analysis",
     "memory_report": "analysis",
     "BadValue": "errors",
@@ -138,6 +139,7 @@ __all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
     # what XLA says about it
     "MemoryReport",
     "memory_report",
+    "timing",
     "count_flops",
     "saved_residuals",
     "PeakReport",

@@ -25,6 +25,7 @@ from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.targets import Target, as_target
 from remat_kit.targets.codegen import analysis_options
+from remat_kit.timing import Kernel, StepTime, speed_of, step_time
 
 # Below this, XLA's remat pass moved nothing worth a mark (it clones even when it saves nothing).
 _XLA_REMAT_MIN_BYTES = 2**20
@@ -72,6 +73,9 @@ class MemoryReport:
       meta: other labels (model, batch, seq, ...).
       notes: what the user should know (:class:`remat_kit.notes.Note`: a kind and its
         figures), also issued as RematWarning; ``warnings`` are their words.
+      step_time: the predicted step time on the target (:class:`remat_kit.timing.StepTime`,
+        from the kernels of this same compile); None where the target has no speed figures
+        (the CPU, a local device).
     """
 
     target: str
@@ -102,6 +106,7 @@ class MemoryReport:
     breakdown: Mapping[str, int] = dataclasses.field(default_factory=dict)
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     notes: tuple[Note, ...] = ()
+    step_time: StepTime | None = None
 
     @property
     def fits(self) -> bool | None:
@@ -138,6 +143,7 @@ class MemoryReport:
         out["notes"] = [n.to_dict() for n in self.notes]
         out["warnings"] = list(self.warnings)
         out["fits"] = self.fits
+        out["step_time"] = self.step_time.to_dict() if self.step_time is not None else None
         return out
 
     @classmethod
@@ -165,6 +171,8 @@ class MemoryReport:
         values = {k: v for k, v in data.items() if k not in derived}
         values["tags"] = tuple(values["tags"])
         values["notes"] = tuple(Note.from_dict(n) for n in values["notes"])
+        if values["step_time"] is not None:
+            values["step_time"] = StepTime.from_dict(values["step_time"])
         return cls(**values)
 
 
@@ -301,6 +309,7 @@ def memory_report(
         attention=attention,
         compile_seconds=seconds,
         meta=dict(meta or {}),
+        step_time=_step_time(mem.kernels, t),
     )
     notes = _notes_for(report, pol, t) + [Note("xla_log", {"line": m}) for m in mem.xla_messages]
     report = report.replace(notes=tuple(notes))
@@ -308,6 +317,13 @@ def memory_report(
         for text in report.warnings:
             warnings.warn(text, RematWarning, stacklevel=2)
     return report
+
+
+def _step_time(kernels: Sequence[Kernel], t: Target) -> StepTime | None:
+    speed = speed_of(t)
+    if speed is None or not kernels:
+        return None
+    return step_time(kernels, speed, devices_per_host=t.devices_per_host)
 
 
 def _notes_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[Note]:

@@ -52,6 +52,7 @@ from typing import Any
 
 from remat_kit import xla
 from remat_kit.errors import BadType
+from remat_kit.timing.kernels import Kernel
 from remat_kit.xla import CompiledMemory
 
 __all__ = [
@@ -548,6 +549,11 @@ def _from_record(record: Mapping[str, Any]) -> CompiledMemory | None:
             values[name] = value
         elif kind == "float" and type(value) in (int, float):
             values[name] = float(value)
+        elif name == "kernels" and isinstance(value, list):
+            try:
+                values[name] = tuple(Kernel.from_list(v) for v in value)
+            except (TypeError, ValueError):
+                return None
         elif kind.startswith("tuple[str") and isinstance(value, list):
             if not all(isinstance(v, str) for v in value):
                 return None

@@ -22,6 +22,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from remat_kit.timing.kernels import Kernel, kernels_of
+
 __all__ = [
     "CompiledMemory",
     "compile_memory",
@@ -60,6 +62,8 @@ class CompiledMemory:
       xla_remat_fell_short: the pass could not get under its limit (XLA's warning).
       xla_messages: XLA's warnings during the compile, as sentences for the user.
       compile_seconds: wall time of the compile (both compiles when a second was needed).
+      kernels: the kernels the program launches, read from its optimized HLO
+        (:func:`remat_kit.timing.kernels_of`): what the step-time model prices.
     """
 
     argument_bytes: int
@@ -75,6 +79,7 @@ class CompiledMemory:
     xla_remat_fell_short: bool
     xla_messages: tuple[str, ...]
     compile_seconds: float
+    kernels: tuple[Kernel, ...] = ()
 
     @property
     def peak_bytes(self) -> int:
@@ -84,6 +89,7 @@ class CompiledMemory:
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["xla_messages"] = list(self.xla_messages)
+        out["kernels"] = [k.to_list() for k in self.kernels]
         return out
 
 
@@ -141,6 +147,7 @@ def compile_memory(
         xla_remat_fell_short=fell_short,
         xla_messages=tuple(parse_xla_log(lines)),
         compile_seconds=time.perf_counter() - start,
+        kernels=_kernels(compiled),
     )
 
 
@@ -226,6 +233,15 @@ def _has_remat_clones(compiled: Any) -> bool:
     except Exception:  # a debugging API: its absence must not fail a report
         return False
     return _CLONE.search(_METADATA.sub("", text)) is not None
+
+
+def _kernels(compiled: Any) -> tuple[Kernel, ...]:
+    # The same compile the memory analysis read: the step-time model needs no other.
+    try:
+        text = compiled.as_text()
+    except Exception:  # a backend that keeps no text: no kernels, no time estimate
+        return ()
+    return kernels_of(text) if text else ()
 
 
 def _peak(stats: Any) -> int:

@@ -1,0 +1,29 @@
+"""Step time from the compiled program: the kernels it launches, priced on the device's rates.
+
+:func:`kernels_of` reads the optimized HLO of a compile (the one the memory analysis already
+made); :func:`speed_of` gives a GPU target's rates; :func:`step_time` adds the kernels up into a
+:class:`StepTime` (seconds, tokens/s, MFU, and where the time goes, recomputation included).
+
+Example:
+  >>> import jax, jax.numpy as jnp, remat_kit as rk
+  >>> x = jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)
+  >>> text = jax.jit(lambda a: jnp.tanh(a @ a)).lower(x).compile().as_text()
+  >>> t = rk.timing.step_time(rk.timing.kernels_of(text), rk.timing.speed_of(rk.target("h100")))
+  >>> t.seconds > t.matmul_seconds > 0
+  True
+"""
+
+from remat_kit.timing.kernels import KINDS, Kernel, kernels_of
+from remat_kit.timing.model import StepTime, measure_cpu_speed, step_time
+from remat_kit.timing.speed import Speed, speed_of
+
+__all__ = [
+    "KINDS",
+    "Kernel",
+    "Speed",
+    "StepTime",
+    "kernels_of",
+    "measure_cpu_speed",
+    "speed_of",
+    "step_time",
+]

@@ -1,0 +1,293 @@
+"""Step time from the compiled program: each kernel priced on the device's rates, then added up.
+
+Each :class:`~remat_kit.timing.kernels.Kernel` costs:
+
+- **gemm**: ``max(flops / matmul rate, bytes / memory rate)``, the compute side stretched by wave
+  quantization (output tiles of 128 x 128 spread over the device's SMs: a product with 140 tiles
+  on 132 SMs takes two waves);
+- **attention** (cuDNN flash attention): flops at the attention efficiency (backward already 2.5x
+  the forward's flops), at least its bytes over the memory rate;
+- **memory**: bytes over the memory rate;
+- **collective**: a ring over ``group`` devices: all-gather and reduce-scatter move
+  ``bytes x (n - 1) / n`` per device, all-reduce twice that, over NVLink within a host and the
+  network across hosts; an asynchronous one hides behind the compute of the same step up to
+  that compute's length;
+- **host_transfer**: its host bytes over the host link at the link's efficiency, added in full
+  (measured: XLA did not overlap offload copies with compute on an H100);
+
+plus a fixed cost per launch. Recomputation is the time of the kernels the program re-runs.
+
+Example:
+  >>> import remat_kit as rk
+  >>> from remat_kit.timing import Kernel, speed_of
+  >>> n = 4096  # one bf16 product: 137 GFLOP at 801 TFLOP/s, 1024 tiles in 8 waves of 132
+  >>> gemm = Kernel("gemm", count=1, flops=2.0 * n**3, bytes=3 * n * n * 2, m=n, n=n, k=n,
+  ...               batch=1, dtype="bf16")
+  >>> round(step_time([gemm], speed_of(rk.target("h100"))).matmul_seconds * 1e6)
+  177
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from remat_kit.timing.kernels import Kernel
+from remat_kit.timing.speed import Speed
+
+__all__ = [
+    "StepTime",
+    "measure_cpu_speed",
+    "step_time",
+]
+
+_TILE = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTime:
+    """A predicted step time and where it goes.
+
+    Attributes:
+      seconds: the step's predicted wall time.
+      matmul_seconds: matrix products.
+      attention_seconds: fused attention kernels.
+      memory_seconds: memory-bound kernels (norms, activations, optimizer updates, copies).
+      collective_seconds: collectives that the step waits for (exposed).
+      collective_hidden_seconds: asynchronous collectives' time hidden behind compute.
+      transfer_seconds: host-link transfers (offload), exposed.
+      launch_seconds: the fixed per-kernel costs.
+      recompute_seconds: the part of all the above that re-runs forward work.
+      model_flops: FLOPs of products and attention, recomputation excluded (for MFU).
+      flops: FLOPs of products and attention, recomputation included.
+      kernels: kernel launches per step.
+      device: the :class:`Speed`'s name.
+      assumptions: where the rates come from.
+    """
+
+    seconds: float
+    matmul_seconds: float
+    attention_seconds: float
+    memory_seconds: float
+    collective_seconds: float
+    collective_hidden_seconds: float
+    transfer_seconds: float
+    launch_seconds: float
+    recompute_seconds: float
+    model_flops: float
+    flops: float
+    kernels: int
+    device: str
+    peak_flops: float
+    assumptions: tuple[str, ...] = ()
+
+    def tokens_per_second(self, tokens: int) -> float:
+        """``tokens`` (per step) over the step time."""
+        return tokens / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation: model FLOPs per second over the device's peak."""
+        if self.seconds <= 0 or self.peak_flops <= 0:
+            return 0.0
+        return self.model_flops / self.seconds / self.peak_flops
+
+    def split(self) -> dict[str, float]:
+        """Seconds by where they go (they add up to ``seconds``)."""
+        return {
+            "matmul": self.matmul_seconds,
+            "attention": self.attention_seconds,
+            "memory": self.memory_seconds,
+            "collective": self.collective_seconds,
+            "transfer": self.transfer_seconds,
+            "launch": self.launch_seconds,
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields, with ``mfu`` and the split."""
+        out = dataclasses.asdict(self)
+        out["assumptions"] = list(self.assumptions)
+        out["mfu"] = self.mfu
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepTime:
+        """The inverse of :meth:`to_dict` (extra keys ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in names}
+        values["assumptions"] = tuple(values.get("assumptions", ()))
+        return cls(**values)
+
+
+def step_time(
+    kernels: Iterable[Kernel], speed: Speed, *, devices_per_host: int | None = None
+) -> StepTime:
+    """Prices every kernel of a step on ``speed`` and adds them up.
+
+    Args:
+      kernels: the step's kernels (:func:`remat_kit.timing.kernels_of`).
+      speed: the device's rates (:func:`remat_kit.timing.speed_of`).
+      devices_per_host: devices one host holds (collectives over more cross the network);
+        None: all on one host.
+
+    Returns:
+      The StepTime.
+
+    Example:
+      >>> import remat_kit as rk
+      >>> from remat_kit.timing import Kernel, speed_of
+      >>> k = Kernel("memory", count=10, flops=0.0, bytes=3_016_800_000)  # 3.02 GB at 3.02 TB/s
+      >>> round(step_time([k], speed_of(rk.target("h100"))).memory_seconds, 4)
+      0.01
+    """
+    parts = dict.fromkeys(("gemm", "attention", "memory", "collective", "host_transfer"), 0.0)
+    hidden_candidates = 0.0
+    launch = recompute = model_flops = flops = 0.0
+    launches = 0
+    for k in kernels:
+        seconds = _seconds(k, speed, devices_per_host)
+        each = speed.kernel_seconds
+        if k.kind == "collective" and k.asynchronous:
+            hidden_candidates += seconds * k.count
+        else:
+            parts[k.kind] += seconds * k.count
+        launch += each * k.count
+        launches += k.count
+        if k.recompute:
+            recompute += (seconds + each) * k.count
+        if k.kind in ("gemm", "attention"):
+            flops += k.flops * k.count
+            if not k.recompute:
+                model_flops += k.flops * k.count
+    compute = parts["gemm"] + parts["attention"] + parts["memory"]
+    hidden = min(hidden_candidates, compute)
+    exposed = parts["collective"] + hidden_candidates - hidden
+    total = compute + exposed + parts["host_transfer"] + launch
+    return StepTime(
+        seconds=total,
+        matmul_seconds=parts["gemm"],
+        attention_seconds=parts["attention"],
+        memory_seconds=parts["memory"],
+        collective_seconds=exposed,
+        collective_hidden_seconds=hidden,
+        transfer_seconds=parts["host_transfer"],
+        launch_seconds=launch,
+        recompute_seconds=recompute,
+        model_flops=model_flops,
+        flops=flops,
+        kernels=launches,
+        device=speed.name,
+        peak_flops=speed.peak_flops,
+        assumptions=speed.sources,
+    )
+
+
+def _seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -> float:
+    memory = k.bytes / speed.bytes_per_s()
+    if k.kind == "gemm":
+        compute = k.flops / speed.matmul_flops_per_s(k.dtype) * _waves(k, speed.units)
+        return max(compute, memory)
+    if k.kind == "attention":
+        fwd, bwd = speed.attention_efficiency
+        eff = bwd if k.op == "attention_bwd" else fwd
+        if k.k and k.k < 128:
+            eff *= 0.8
+        return max(k.flops / (speed.peak_flops * eff), memory)
+    if k.kind == "collective":
+        return _collective_seconds(k, speed, devices_per_host)
+    if k.kind == "host_transfer":
+        link = (speed.host_link or 32e9) * speed.host_link_efficiency
+        return k.host_bytes / link + memory
+    if k.ops and speed.alu_ops:
+        return max(memory, k.ops / speed.alu_ops)
+    return memory
+
+
+def _waves(k: Kernel, units: int) -> float:
+    # Output tiles spread over the units; the last wave runs partly empty.
+    if not k.m or not k.n or units <= 0:
+        return 1.0
+    tiles = math.ceil(k.m / _TILE) * math.ceil(k.n / _TILE) * max(1, k.batch)
+    return math.ceil(tiles / units) * units / tiles
+
+
+def _collective_seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -> float:
+    n = max(1, k.group)
+    if n == 1:
+        return 0.0
+    link = speed.device_link if devices_per_host is None or n <= devices_per_host else speed.network
+    share = k.bytes * (n - 1) / n
+    if k.op == "all-reduce":
+        share *= 2
+    elif k.op == "collective-permute":
+        share = k.bytes
+    return share / link
+
+
+def measure_cpu_speed(seconds: float = 2.0) -> Speed:
+    """This CPU's rates, measured now: an f32 product for the matmul rate, a large
+    elementwise pass for the memory rate, a chain of tiny ops for the per-kernel cost.
+
+    Args:
+      seconds: roughly how long to spend measuring.
+
+    Returns:
+      A Speed whose efficiencies are 1 (the measured rates are the rates).
+
+    Example:
+      >>> s = measure_cpu_speed(0.2)
+      >>> s.peak_flops > 1e8 and s.memory_bandwidth > 1e8
+      True
+    """
+    import jax
+    import jax.numpy as jnp
+
+    cpu = jax.devices("cpu")[0]
+    n = 1024
+    a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
+    mm = jax.jit(lambda x: x @ x)
+    flops = 2.0 * n**3 / _best(mm, a, seconds / 3)
+    big = jax.device_put(jnp.ones((32 * 2**20,), jnp.float32), cpu)  # 128 MiB
+    ew = jax.jit(lambda x: x * 1.5 + 1.0)
+    bandwidth = 2 * big.nbytes / _best(ew, big, seconds / 3)
+    tiny = jax.device_put(jnp.ones((8,), jnp.float32), cpu)
+    one = jax.jit(lambda x: x + 1.0)
+    overhead = _best(one, tiny, seconds / 3)
+    return Speed(
+        name="cpu (measured)",
+        peak_flops=flops,
+        matmul_efficiency=1.0,
+        attention_efficiency=(1.0, 1.0),
+        memory_bandwidth=bandwidth,
+        memory_efficiency=1.0,
+        kernel_seconds=min(overhead, 2e-5),
+        units=os.cpu_count() or 1,
+        host_link=None,
+        host_link_efficiency=1.0,
+        device_link=bandwidth,
+        network=bandwidth,
+        f32_matmul_ratio=1.0,
+        sources=(
+            f"measured on this CPU: f32 product {flops / 1e9:.0f} GFLOP/s, "
+            f"elementwise {bandwidth / 1e9:.1f} GB/s",
+        ),
+    )
+
+
+def _best(fn: Any, x: Any, budget: float) -> float:
+    import jax
+
+    jax.block_until_ready(fn(x))
+    best = math.inf
+    end = time.perf_counter() + budget
+    runs = 0
+    while runs < 3 or time.perf_counter() < end:
+        start = time.perf_counter()
+        jax.block_until_ready(fn(x))
+        best = min(best, time.perf_counter() - start)
+        runs += 1
+    return best

@@ -1,0 +1,177 @@
+"""How fast a GPU runs each kind of kernel: the figures the step-time model prices kernels with.
+
+A target's datasheet gives peaks (dense bf16 FLOP/s, HBM bytes/s, host link bytes/s); kernels reach
+a fraction of them. The fractions here, and where each comes from:
+
+- **Matrix products, sm_90 (H100/H200): 0.81 of peak.** An 8192x8192x8192 bf16 product through
+  cuBLAS ran at 798 TFLOP/s of 989 on this workplace's H100 80GB HBM3 (device/KINDS.md,
+  2026-11-13). XLA's own products, timed eight to a program on the same kind of machine
+  (results/gpu_calibration_h100.json), reached 620-720 TFLOP/s at large shapes; the real steps
+  are autotuned and run faster than that.
+- **Matrix products, sm_80 / sm_89: 0.80 of peak** (stated assumption: public cuBLAS figures for
+  large bf16 GEMMs on the A100, 250-280 of 312 TFLOP/s; none measured here).
+- **Memory-bound kernels: 0.90 of HBM bandwidth on sm_90** (a device-to-device copy moved 3.0 of
+  3.35 TB/s on the H100, device/KINDS.md; one XLA elementwise bf16 fusion over 2 GiB reached
+  only 2.26 TB/s in gpu_calibration, so fusions vary); **0.85 elsewhere** (stated assumption).
+- **Arithmetic-heavy fusions** (dropout's random bits): their elementwise operations at half
+  the FP32 lanes' rate (SMs x lanes x clock from the target), when that is slower than their
+  bytes.
+- **cuDNN flash attention: 0.50 (forward) and 0.40 (backward) of peak at head dim >= 128, 0.40 and
+  0.32 at 64** (stated assumption, from the FlashAttention-3 paper's cuDNN curves on H100: about
+  500 / 400 TFLOP/s forward / backward at head dim 128; lower at 64).
+- **Host link: 0.86 of the PCIe figure, not overlapped with compute.** Measured on the H100: three
+  offload policies added 0.115 s for 6.4 GB, 0.207 s for 11.3 GB and 0.717 s for 40.8 GB of
+  host traffic to the step of the same program without offload, 55-57 GB/s each, fully added
+  to the step (XLA 0.11 did not hide these copies behind compute).
+- **Per-kernel cost: 3 us** (launch, ramp-up and tail; the H100's chain of small dependent
+  products ran at 5.9 us per kernel including the smallest product's own time).
+- **Links between GPUs** (collectives, ring model): NVLink per direction from the datasheets
+  (H100/H200 SXM 450 GB/s, A100 SXM 300 GB/s), PCIe for cards without NVLink; across hosts one
+  400 Gb/s NIC per GPU (50 GB/s), as in DGX H100 / A3 nodes.
+
+Example:
+  >>> import remat_kit as rk
+  >>> s = speed_of(rk.target("h100"))
+  >>> round(s.matmul_flops_per_s("bf16") / 1e12)
+  801
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+__all__ = [
+    "Speed",
+    "speed_of",
+]
+
+# NVLink bytes/s per direction, by device kind; cards not named talk over PCIe.
+_NVLINK = {
+    "NVIDIA H100 80GB HBM3": 450e9,
+    "NVIDIA H200 141GB HBM3e": 450e9,
+    "NVIDIA H200": 450e9,
+    "NVIDIA A100-SXM4-80GB": 300e9,
+    "NVIDIA A100-SXM4-40GB": 300e9,
+}
+_NETWORK = 50e9  # one 400 Gb/s NIC per GPU
+
+
+@dataclasses.dataclass(frozen=True)
+class Speed:
+    """The rates one device runs kernels at.
+
+    Attributes:
+      name: the device (a target's name, or ``"cpu (measured)"``).
+      peak_flops: dense bf16 FLOP/s of the datasheet.
+      matmul_efficiency: the fraction of ``peak_flops`` large matrix products reach.
+      attention_efficiency: (forward, backward) fractions for cuDNN flash attention at head
+        dim >= 128; at 64 both are 0.8 of these.
+      memory_bandwidth: device memory bytes/s of the datasheet.
+      memory_efficiency: the fraction memory-bound kernels reach.
+      kernel_seconds: fixed cost of one kernel (launch, ramp-up, tail).
+      units: parallel units (SMs; cores on a CPU) for wave quantization of small products.
+      host_link: host link bytes/s per direction (None: unknown).
+      host_link_efficiency: the fraction of ``host_link`` transfers reach.
+      device_link: bytes/s per direction between devices of one host.
+      network: bytes/s per device between hosts.
+      alu_ops: elementwise operations per second of the vector units (SMs x FP32 lanes x
+        clock), for arithmetic-heavy fusions (random bits for dropout).
+      f32_matmul_ratio: f32 products' rate against bf16 (0.5: TF32 tensor cores).
+      sources: where the figures come from, in words.
+    """
+
+    name: str
+    peak_flops: float
+    matmul_efficiency: float
+    attention_efficiency: tuple[float, float]
+    memory_bandwidth: float
+    memory_efficiency: float
+    kernel_seconds: float
+    units: int
+    host_link: float | None
+    host_link_efficiency: float
+    device_link: float
+    network: float
+    alu_ops: float = 0.0
+    f32_matmul_ratio: float = 0.5
+    sources: tuple[str, ...] = ()
+
+    def matmul_flops_per_s(self, dtype: str) -> float:
+        """What a large product of ``dtype`` operands reaches (FLOP/s)."""
+        rate = self.peak_flops * self.matmul_efficiency
+        if dtype in ("f32", "s32"):
+            return rate * self.f32_matmul_ratio
+        if dtype == "f64":
+            return rate / 30
+        return rate
+
+    def bytes_per_s(self) -> float:
+        """What a memory-bound kernel reaches (bytes read + written per second)."""
+        return self.memory_bandwidth * self.memory_efficiency
+
+
+def speed_of(target: Any) -> Speed | None:
+    """The :class:`Speed` of a GPU target, from its datasheet figures and the fractions above.
+
+    Args:
+      target: an ``rk.Target``.
+
+    Returns:
+      The Speed, or None for targets without the figures (the CPU, a local device, a custom
+      GPU file that names no peak or bandwidth): the CPU's is measured
+      (:func:`remat_kit.timing.measure_cpu_speed`).
+
+    Example:
+      >>> import remat_kit as rk
+      >>> speed_of(rk.target("a100-80gb")).matmul_efficiency
+      0.8
+      >>> speed_of(rk.target("cpu")) is None
+      True
+    """
+    if getattr(target, "kind", None) != "gpu":
+        return None
+    if not target.peak_bf16_flops or not target.hbm_bandwidth:
+        return None
+    cc = target.compute_capability or (0, 0)
+    hopper = cc[0] >= 9
+    sms = _field(target.target_config or "", "core_count")
+    lanes = _field(target.target_config or "", "fpus_per_core")
+    ghz = _field(target.target_config or "", "clock_rate_ghz")
+    nvlink = _NVLINK.get(target.description)
+    host = target.host_link_bandwidth
+    return Speed(
+        name=target.name,
+        peak_flops=float(target.peak_bf16_flops),
+        matmul_efficiency=0.81 if hopper else 0.80,
+        attention_efficiency=(0.50, 0.40),
+        memory_bandwidth=float(target.hbm_bandwidth),
+        memory_efficiency=0.90 if hopper else 0.85,
+        kernel_seconds=3e-6,
+        units=int(sms) or 100,
+        host_link=host,
+        host_link_efficiency=0.86,
+        device_link=nvlink if nvlink else (host or 32e9),
+        network=_NETWORK,
+        # half the lanes' rate: integer multiplies and shifts of random-bit generation run at
+        # half or quarter rate
+        alu_ops=0.5 * sms * lanes * ghz * 1e9,
+        sources=(
+            "matmul: 0.81 of peak (cuBLAS on an H100, measured)"
+            if hopper
+            else "matmul: 0.80 of peak (public cuBLAS figures for the A100; not measured here)",
+            "memory: 0.90 of HBM bandwidth (a copy on an H100, measured)"
+            if hopper
+            else "memory: 0.85 of HBM bandwidth (assumed)",
+            "attention: 0.50 / 0.40 of peak (FlashAttention-3 paper, cuDNN on H100)",
+            "host link: 0.86 of PCIe, not overlapped (measured on an H100)",
+        ),
+    )
+
+
+def _field(config: str, name: str) -> float:
+    for line in config.splitlines():
+        key, _, value = line.strip().partition(":")
+        if key == name:
+            return float(value)
+    return 0.0
