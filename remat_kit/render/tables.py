@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from remat_kit.render.format import GIB, fmt, gib, pct, short
+from remat_kit.render.timing import step_time_words, tokens_of
 from remat_kit.render.titles import (
     RunOptions,
     opts_precision,
@@ -80,9 +81,12 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
       [('none', True), ('full', True)]
     """
     base = next((r for r in reports if r.policy == "none" and r.schedule == "none"), None)
+    base_time = base.step_time.seconds if base is not None and base.step_time else None
     rows = []
     for r in reports:
         est = r.meta.get("offload_estimate") or {}
+        t = r.step_time
+        tokens = tokens_of(r.meta)
         row = {
             "policy": r.policy,
             "schedule": r.schedule,
@@ -98,6 +102,12 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
             "activation_bytes": r.breakdown.get("activations"),
             "flops": r.flops,
             "recompute_overhead": r.meta.get("recompute_overhead"),
+            "step_seconds": t.seconds if t else None,
+            "time_vs_none": (t.seconds / base_time - 1) if t and base_time else None,
+            "tokens_per_second": t.tokens_per_second(tokens) if t and tokens else None,
+            "mfu": t.mfu if t else None,
+            "recompute_seconds": t.recompute_seconds if t else None,
+            "transfer_seconds": t.transfer_seconds if t else None,
             "saved_vs_none": (1 - r.peak_bytes / base.peak_bytes) if base else None,
             "fits": r.fits,
             "fits_with_fraction": r.fits_with_fraction,
@@ -155,7 +165,14 @@ def compare_table(
         )
     table = Table(title=title, caption=caption)
     offload = any(row["offload_transfer_seconds_est"] for row in rows)
+    timed = any(row["step_seconds"] is not None for row in rows)
     columns = ["policy", "peak GiB", "activations GiB", "host GiB", "saved vs none", "recompute"]
+    if timed:
+        columns += ["step s (est.)", "time vs none", "tok/s"]
+        caption += (
+            "\nrecompute: extra FLOPs; step s: predicted from the compiled kernels at the "
+            "target's rates (remat_kit.timing)"
+        )
     if offload:
         columns.append("offload/recompute ms (est.)")
     columns += ["fits", "compile s"]
@@ -176,6 +193,12 @@ def compare_table(
             pct(row["saved_vs_none"]),
             pct(row["recompute_overhead"]),
         ]
+        if timed:
+            cells += [
+                "-" if row["step_seconds"] is None else f"{row['step_seconds']:.3f}",
+                pct(row["time_vs_none"]),
+                "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:,.0f}",
+            ]
         if offload:
             t_s = row["offload_transfer_seconds_est"]
             r_s = row["offload_recompute_seconds_est"]
@@ -248,6 +271,8 @@ def report_table(r: MemoryReport, target: Target) -> Table:
             else ""
         )
     )
+    if r.step_time is not None:
+        table.caption += "\n" + step_time_words(r.step_time, tokens_of(m))
     est = r.meta.get("offload_estimate")
     if est:
         table.caption += (

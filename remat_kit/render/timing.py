@@ -1,0 +1,52 @@
+"""Words for a predicted step time (:class:`remat_kit.timing.StepTime`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from remat_kit.timing import StepTime
+
+__all__ = [
+    "step_time_words",
+    "tokens_of",
+]
+
+
+def step_time_words(t: StepTime, tokens: int | None) -> str:
+    """One line on a predicted step time: seconds, tokens/s, MFU and where the time goes.
+
+    Example:
+      >>> from remat_kit.timing import Kernel, speed_of, step_time
+      >>> k = Kernel("gemm", count=1, flops=8e11, bytes=0, dtype="bf16")
+      >>> step_time_words(step_time([k], speed_of(rk.target("h100"))), 2048)
+      'step time (est.): 1.0 ms, 2,044,648 tok/s, MFU 81%: matmul 100%'
+    """
+    parts = [(name, seconds) for name, seconds in t.split().items() if seconds > 0]
+    where = ", ".join(f"{name} {seconds / t.seconds:.0%}" for name, seconds in parts if
+                      seconds / t.seconds >= 0.005)  # fmt: skip
+    line = f"step time (est.): {_seconds_words(t.seconds)}"
+    if tokens:
+        line += f", {t.tokens_per_second(tokens):,.0f} tok/s"
+    line += f", MFU {t.mfu:.0%}: {where}"
+    if t.recompute_seconds > 0:
+        line += f"; recomputation {_seconds_words(t.recompute_seconds)}"
+    return line
+
+
+def _seconds_words(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
+
+
+def tokens_of(meta: Mapping[str, Any]) -> int | None:
+    """Tokens per step (batch x seq) from a report's labels; None when they are not there.
+
+    Example:
+      >>> tokens_of({"batch": 4, "seq": 2048}), tokens_of({})
+      (8192, None)
+    """
+    batch, seq = meta.get("batch"), meta.get("seq")
+    if isinstance(batch, int) and isinstance(seq, int):
+        return batch * seq
+    return None
