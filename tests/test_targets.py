@@ -98,6 +98,28 @@ def test_compile_goes_to_that_gpu(name):
     assert any(k in text for k in ("triton", "cublas", "gemm_fusion"))
 
 
+# The attention output projection of `report --width 6144 --heads 64 --shard tp:8 --batch 4
+# --seq 2048` on one GPU: 8 heads x 96, transposed into the contraction of one bf16 dot
+# (XLA fuses the transpose into the Triton GEMM). Deviceless, XLA's default tiling for it
+# (block_k 128 on sm_80; on sm_90 at larger shapes) does not fit 96 and the compile failed
+# with "Couldn't find output tile sizes that satisfy" (issue 22; targets/codegen.py).
+@pytest.mark.parametrize(
+    ("name", "batch", "seq", "out"),
+    [("a100-80gb", 4, 2048, 6144), ("a100-40gb", 4, 2048, 6144), ("h100-80gb", 8, 4096, 8192)],
+)
+def test_gemm_with_heads_transposed_into_its_contraction_compiles(name, batch, seq, out):
+    heads, head_dim = 8, 96
+    x = jax.ShapeDtypeStruct((batch, heads, head_dim, seq), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((heads * head_dim, out), jnp.bfloat16)
+
+    def project(x, w):
+        return jnp.transpose(x, (0, 3, 1, 2)).reshape(batch * seq, heads * head_dim) @ w
+
+    report = rk.memory_report(project, x, w, target=name, count_flops=False, warn=False)
+    assert report.output_bytes == batch * seq * out * 2
+    assert report.argument_bytes == (x.size + w.size) * 2
+
+
 def test_eight_devices_mesh_and_sharded_compile():
     t = rkt.target("h100", devices=8)
     mesh = t.mesh()

@@ -17,8 +17,28 @@ The stand-in lives in the user's cache directory (:func:`remat_kit.cache.cache_d
 to the user, created once and atomically. Where no real ``ptxas`` is found, the directory
 cannot be written, or the cache is off (``--no-cache`` writes nothing there), only the LLVM
 options are used. ``REMAT_KIT_FULL_CODEGEN=1`` turns all of
-this off: the compile is then exactly jax's own. CPU and local targets get no options (their
-programs may be run).
+this off: the compile is then jax's own but for :data:`DEVICELESS_OPTIONS`. CPU and local
+targets get no options (their programs may be run).
+
+Every deviceless GPU compile, ``REMAT_KIT_FULL_CODEGEN`` or not, gets
+:data:`DEVICELESS_OPTIONS`: ``xla_gpu_exhaustive_tiling_search``. With no card to time
+kernels on, XLA's autotuner gives each Triton GEMM fusion a default config without
+compiling it (``autotuner_pass.cc``: ``use_default_config`` when deviceless;
+``Autotuner::GetDefaultConfig``: the first backend's ``GetDefaultConfig``;
+``TritonBackend::GetDefaultConfig``: ``configs[0]`` of the search space, which
+``GetSupportedConfigsForDot`` first restricts to the card generation's default set,
+"Restricting configs to the default set"). On a card the autotuner compiles every candidate
+and drops the ones that fail; deviceless, that first one is used as it is, and
+``ConvertTritonGemmConfig`` (``FindBlockLevelParameters``) then fails with "Couldn't find
+output tile sizes that satisfy hlo: dot ..." when its contracting tile does not fit the
+dot's contraction: e.g. block_k 128 (sm_80's first default) over the 8 x 96 (heads x
+head_dim) of an attention output projection, whose transpose is fused into the GEMM
+(``report --width 6144 --heads 64 --shard tp:8`` on an A100; H100s fail the same way at
+larger shapes). Without the restriction the first config is the search space's smallest,
+block_k 16, which fits such contractions. A process on the card accepts the option (its
+autotuner searches more tilings); the tiling is internal to the fusion's kernel, so the
+buffers XLA assigns and the analysis are the same: byte-identical reports on seven programs
+(gpt2, llama, bert; A100, RTX 4090, L4, H100; dp, fsdp, tp) that compile either way.
 
 Example:
   >>> from remat_kit.targets import codegen, target
@@ -37,6 +57,7 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 # The stand-in lives in the cache's directory and follows its switch; the cache names it in
@@ -46,6 +67,7 @@ from remat_kit import cache
 from remat_kit.cache import STUB_MARK, STUB_OPTION, key_options
 
 __all__ = [
+    "DEVICELESS_OPTIONS",
     "ENV_FULL",
     "STUB_MARK",
     "analysis_options",
@@ -56,6 +78,10 @@ __all__ = [
 
 #: Environment variable that, set to 1, compiles GPU targets with full code generation.
 ENV_FULL = "REMAT_KIT_FULL_CODEGEN"
+
+#: Options every deviceless GPU compile gets, ``REMAT_KIT_FULL_CODEGEN`` or not: without
+#: them XLA cannot compile some programs for the card at all (module docstring).
+DEVICELESS_OPTIONS = MappingProxyType({"xla_gpu_exhaustive_tiling_search": True})
 
 _LLVM_OPTIONS = {
     "xla_backend_optimization_level": 0,
@@ -86,18 +112,22 @@ def analysis_options(target: Any) -> dict[str, Any]:
       target: an ``rk.Target``.
 
     Returns:
-      For a deviceless GPU target, the options described in the module docstring (without
-      ``xla_gpu_cuda_data_dir`` when no stand-in could be made or the cache is off); ``{}``
-      for other targets or when ``REMAT_KIT_FULL_CODEGEN=1``.
+      For a deviceless GPU target, :data:`DEVICELESS_OPTIONS` and the options described in
+      the module docstring (without ``xla_gpu_cuda_data_dir`` when no stand-in could be made
+      or the cache is off; only :data:`DEVICELESS_OPTIONS` when ``REMAT_KIT_FULL_CODEGEN=1``);
+      ``{}`` for other targets.
 
     Example:
       >>> import remat_kit as rk
       >>> analysis_options(rk.target("cpu"))
       {}
     """
-    if getattr(target, "kind", None) != "gpu" or _truthy(os.environ.get(ENV_FULL)):
+    if getattr(target, "kind", None) != "gpu":
         return {}
-    options: dict[str, Any] = dict(_LLVM_OPTIONS)
+    options: dict[str, Any] = dict(DEVICELESS_OPTIONS)
+    if _truthy(os.environ.get(ENV_FULL)):
+        return options
+    options.update(_LLVM_OPTIONS)
     stub = stub_cuda_dir() if cache.enabled() else None
     if stub is not None:
         options[_CUDA_DIR_OPTION] = str(stub)

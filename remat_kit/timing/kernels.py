@@ -95,6 +95,8 @@ _FREE = frozenset(
         "async-update",
         "all-gather-done",
         "all-reduce-done",
+        "reduce-scatter-done",
+        "all-to-all-done",
         "collective-permute-done",
         "send-done",
         "recv-done",
@@ -109,7 +111,9 @@ _COLLECTIVES = {
     "all-reduce": "all-reduce",
     "all-reduce-start": "all-reduce",
     "reduce-scatter": "reduce-scatter",
+    "reduce-scatter-start": "reduce-scatter",
     "all-to-all": "all-to-all",
+    "all-to-all-start": "all-to-all",
     "collective-permute": "collective-permute",
     "collective-permute-start": "collective-permute",
     "ragged-all-to-all": "all-to-all",
@@ -366,6 +370,12 @@ def _group_size(attrs: str, default: int) -> int:
     m = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)  # iota form [groups,size]
     if m:
         return int(m.group(2))
+    # mesh form: mesh['axis_0'=8,'axis_1'=1] {'axis_0'}: the named axes' sizes multiplied
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if m:
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+        axes = re.findall(r"'([^']+)'", m.group(2))
+        return math.prod(int(sizes.get(a, 1)) for a in axes) if axes else default
     return default
 
 
@@ -434,7 +444,9 @@ def _cost(module: _Module, instr: _Instr, times: int) -> Kernel | None:
         "name": instr.name,
     }
     if op in _COLLECTIVES:
-        dev, host = _nbytes(instr.shape)
+        # An async start's shape holds (inputs, outputs) except all-reduce-start's (the output).
+        shape = instr.shape if op == "all-reduce-start" else _output_shape(instr)
+        dev, host = _nbytes(shape)
         operand_bytes = sum(_nbytes(module.shapes.get(o, ""))[0] for o in instr.operands)
         return Kernel(
             kind="collective",

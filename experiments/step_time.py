@@ -1,0 +1,268 @@
+"""Predicted step time (remat_kit.timing) against measured and published step times.
+
+Three checks, each printed and saved to results/step_time.json (+ step_time.png):
+
+1. **H100, measured here**: the steps results/gpu_calibration_h100.json timed on a lent H100 80GB
+   (gpt2-medium b8 s1024, llama3.2-1b b4 s2048 mixed/AdamW; llama3-8b b4 s2048 bf16/SGD; five
+   policies each), predicted from this machine's deviceless compile for ``h100``.
+2. **Published MaxText runs** (Llama2-7B, 8x H100 SXM, FSDP 8, seq 4096, cuDNN flash attention,
+   layers unrolled): NVIDIA JAX-Toolbox's 0.721 s/step at batch 2 per GPU with ``minimal_flash``
+   (dots without batch dims + attention context), and MaxText's a3 README's 492 TFLOP/s per chip
+   at batch 4 per GPU with ``minimal_with_context``.
+3. **This CPU, measured now** (``--cpu``): small presets under none / full / minimal run for real
+   on jax's CPU backend; the same walker prices the CPU compile with this CPU's measured matmul
+   rate and bandwidth (remat_kit.timing.measure_cpu_speed).
+
+``--quick`` runs the H100 llama3.2-1b rows and the CPU check only.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from common import ROOT, parse, save_png, table, write_json
+
+import remat_kit as rk
+from remat_kit.analysis import abstract
+from remat_kit.policies import parse_policy
+from remat_kit.schedules import parse_schedule
+from remat_kit.timing import kernels_of, measure_cpu_speed, step_time
+from remat_kit_models.options import Options
+from remat_kit_models.source import source_for
+
+MEASURED = ROOT / "results" / "gpu_calibration_h100.json"
+
+#: (label, Options fields, policy, shard, gpus, published seconds, published TFLOP/s per chip)
+_LLAMA2_7B = (
+    ("layers", 32),
+    ("width", 4096),
+    ("heads", 32),
+    ("kv_heads", 32),
+    ("ff", 11008),
+    ("vocab", 32000),
+)
+PUBLISHED = (
+    (
+        "JAX-Toolbox MaxText Llama2-7B, b2/GPU, minimal_flash",
+        dict(model="llama2-13b", batch=16, seq=4096, overrides=_LLAMA2_7B, scan_layers=False),
+        "either:a=dots_no_batch,b=context",
+        0.721,
+        None,
+    ),
+    (
+        "MaxText a3 Llama2-7B, b4/GPU, minimal_with_context",
+        dict(model="llama2-13b", batch=32, seq=4096, overrides=_LLAMA2_7B, scan_layers=False),
+        "either:a=minimal,b=context",
+        None,
+        492.0,
+    ),
+)
+
+#: (model, batch, seq, steps timed) run for real on this CPU.
+CPU_CASES = (("gpt2-small", 2, 256, 4), ("llama3.2-1b", 1, 256, 3))
+CPU_LAYERS = 4
+CPU_POLICIES = ("none", "full", "minimal")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse(__doc__, argv)
+    out: dict[str, Any] = {}
+    out["h100"] = _h100_rows(quick=args.quick)
+    print(table(out["h100"], _H100_COLUMNS, "H100 80GB: predicted vs measured step time"))
+    if not args.quick:
+        out["published"] = _published_rows()
+        print(table(out["published"], _PUB_COLUMNS, "published MaxText runs (8x H100)"))
+    out["cpu"] = _cpu_rows(quick=args.quick)
+    print(table(out["cpu"], _CPU_COLUMNS, "this CPU: predicted vs measured step time"))
+    write_json(args.out / "step_time.json", out)
+    _plot(out, args.out / "step_time.png")
+    return 0
+
+
+_H100_COLUMNS = (
+    "model",
+    "policy",
+    "measured s",
+    "predicted s",
+    "error",
+    "FLOP overhead",
+    "time overhead (pred)",
+    "time overhead (meas)",
+    "split",
+)
+
+
+def _predict(opts: Options, policy: str, t: rk.Target) -> tuple[Any, Any]:
+    source = source_for(opts)
+    sharded = opts.shard is not None
+    built = source.build_step(
+        parse_policy(policy), parse_schedule("none"), opts.train_config(), t, sharded=sharded
+    )
+    step = built.step
+    report = rk.memory_report(
+        step.fn,
+        *step.args,
+        target=t,
+        donate_argnums=step.donate_argnums,
+        in_shardings=getattr(step, "in_shardings", None),
+        policy=None,
+        warn=False,
+        meta={"batch": opts.batch, "seq": opts.seq},
+    )
+    return report, report.step_time
+
+
+def _h100_rows(quick: bool) -> list[dict[str, Any]]:
+    measured = json.loads(MEASURED.read_text())["parts"]["steps"]
+    t = rk.target("h100")
+    rows = []
+    none_pred: dict[str, float] = {}
+    none_meas: dict[str, float] = {}
+    none_flops: dict[str, float] = {}
+    for m in measured:
+        if quick and m["model"] != "llama3.2-1b":
+            continue
+        opts = Options(
+            m["model"], m["batch"], m["seq"], optimizer=m["optimizer"], precision=m["precision"]
+        )
+        report, st = _predict(opts, m["policy"], t)
+        key = m["model"]
+        if m["policy"] == "none":
+            none_pred[key], none_flops[key] = st.seconds, report.flops
+            if m.get("step_seconds"):
+                none_meas[key] = m["step_seconds"]
+        meas = m.get("step_seconds")
+        rows.append(
+            {
+                "model": f"{m['model']} b{m['batch']} s{m['seq']} "
+                f"{m['precision']}/{m['optimizer']}",
+                "policy": m["policy"],
+                "measured s": meas,
+                "predicted s": st.seconds,
+                "error": None if not meas else st.seconds / meas - 1,
+                "flops": report.flops,
+                "peak_gib": report.peak_bytes / 2**30,
+                "fits": report.fits,
+                "split": {k: round(v, 4) for k, v in st.split().items()},
+                "recompute_seconds": st.recompute_seconds,
+                "mfu": st.mfu,
+                "ran": "OOM on the H100" if m.get("failed") else "ok",
+                "_model": key,
+            }
+        )
+    for r in rows:
+        k = r.pop("_model")
+        r["FLOP overhead"] = r["flops"] / none_flops[k] - 1 if k in none_flops else None
+        r["time overhead (pred)"] = r["predicted s"] / none_pred[k] - 1 if k in none_pred else None
+        r["time overhead (meas)"] = (
+            r["measured s"] / none_meas[k] - 1 if k in none_meas and r["measured s"] else None
+        )
+    return rows
+
+
+_PUB_COLUMNS = ("run", "published", "predicted", "error", "split")
+
+
+def _published_rows() -> list[dict[str, Any]]:
+    t = rk.target("h100", devices=8)
+    rows = []
+    for name, fields, policy, seconds, tflops in PUBLISHED:
+        opts = Options(shard="fsdp:8", **fields)
+        _, st = _predict(opts, policy, t)
+        chip_tflops = st.model_flops / st.seconds / 1e12
+        if seconds is not None:
+            published, predicted, err = f"{seconds} s/step", f"{st.seconds:.3f} s/step", None
+            err = st.seconds / seconds - 1
+        else:
+            published, predicted = f"{tflops:.0f} TFLOP/s/chip", f"{chip_tflops:.0f} TFLOP/s/chip"
+            err = chip_tflops / tflops - 1
+        rows.append(
+            {
+                "run": name,
+                "policy": policy,
+                "published": published,
+                "predicted": predicted,
+                "predicted_seconds": st.seconds,
+                "predicted_tokens_per_s_per_gpu": fields["batch"] * fields["seq"] / 8 / st.seconds,
+                "predicted_tflops_per_chip": chip_tflops,
+                "error": err,
+                "split": {k: round(v, 4) for k, v in st.split().items()},
+                "collective_hidden_seconds": st.collective_hidden_seconds,
+            }
+        )
+    return rows
+
+
+_CPU_COLUMNS = ("model", "policy", "measured s", "predicted s", "error")
+
+
+def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
+    import jax
+
+    speed = measure_cpu_speed(3.0)
+    print(speed.sources[0], flush=True)
+    t = rk.target("cpu")
+    rows = []
+    for model, batch, seq, steps in CPU_CASES[:1] if quick else CPU_CASES:
+        opts = Options(model, batch, seq, overrides=(("layers", CPU_LAYERS),))
+        for policy in CPU_POLICIES:
+            built = source_for(opts).build_step(
+                parse_policy(policy), parse_schedule("none"), opts.train_config(), t, sharded=False
+            )
+            step = built.step
+            args = tuple(abstract(a) for a in step.args)
+            compiled = jax.jit(step.fn).lower(*args).compile()
+            predicted = step_time(kernels_of(compiled.as_text()), speed).seconds
+            from remat_kit.validate import _next_args, _random_like
+
+            real = jax.jit(functools.partial(_random_like, step.args))()
+            times = []
+            for _ in range(steps + 1):
+                start = time.perf_counter()
+                tr, opt, _loss = jax.block_until_ready(compiled(*real))
+                times.append(time.perf_counter() - start)
+                real = _next_args(real, tr, opt)
+            meas = statistics.median(times[1:])
+            rows.append(
+                {
+                    "model": f"{model} {CPU_LAYERS} layers b{batch} s{seq}",
+                    "policy": policy,
+                    "measured s": meas,
+                    "predicted s": predicted,
+                    "error": predicted / meas - 1,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _plot(out: dict[str, Any], path: Any) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5))
+    for ax, key, title in ((axes[0], "h100", "H100 80GB (lent)"), (axes[1], "cpu", "this CPU")):
+        rows = [r for r in out.get(key, []) if r.get("measured s")]
+        xs = [r["measured s"] for r in rows]
+        ys = [r["predicted s"] for r in rows]
+        ax.scatter(xs, ys)
+        for r, x, y in zip(rows, xs, ys, strict=True):
+            ax.annotate(r["policy"], (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        lim = max(xs + ys) * 1.1 if xs else 1
+        ax.plot([0, lim], [0, lim], "k--", lw=0.8)
+        ax.set_xlabel("measured step s")
+        ax.set_ylabel("predicted step s")
+        ax.set_title(f"{title}: predicted vs measured")
+    save_png(fig, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

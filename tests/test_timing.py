@@ -1,0 +1,278 @@
+"""The step-time model: kernels read from optimized HLO, priced on a device's rates."""
+# ruff: noqa: E501 -- the HLO text below is written as XLA prints it, one instruction a line
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tarfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import remat_kit as rk
+from remat_kit.cache import _from_record
+from remat_kit.timing import Kernel, kernels_of, speed_of, step_time
+from remat_kit.xla import compile_memory
+
+ROOT = Path(__file__).resolve().parents[1]
+H100_HLO = ROOT / "results" / "gpu_calibration_h100_hlo.tar.gz"
+
+# A hand-written optimized-HLO module: a loop of 16 trips whose body slices a stacked weight,
+# runs a cuBLAS product, causal cuDNN attention, an in-place update and a copy to host memory;
+# an async all-gather over a mesh axis of 8 and a reduce-scatter over 4 listed devices.
+_HLO = """HloModule m
+
+%fused_slice (param_0: bf16[16,64,32], param_1: s32[]) -> bf16[1,64,32] {
+  %param_0 = bf16[16,64,32]{2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %c = s32[] constant(0)
+  ROOT %ds = bf16[1,64,32]{2,1,0} dynamic-slice(%param_0, %param_1, %c, %c), dynamic_slice_sizes={1,64,32}
+}
+
+%fused_update (param_0: bf16[16,128,32], param_1: bf16[1,128,32], param_2: s32[]) -> bf16[16,128,32] {
+  %param_0 = bf16[16,128,32]{2,1,0} parameter(0)
+  %param_1 = bf16[1,128,32]{2,1,0} parameter(1)
+  %param_2 = s32[] parameter(2)
+  %c = s32[] constant(0)
+  ROOT %dus = bf16[16,128,32]{2,1,0} dynamic-update-slice(%param_0, %param_1, %param_2, %c, %c)
+}
+
+%fused_host (param_0: bf16[16,128,32], param_1: bf16[1,128,32], param_2: s32[]) -> bf16[16,128,32] {
+  %param_0 = bf16[16,128,32]{2,1,0:S(5)} parameter(0)
+  %param_1 = bf16[1,128,32]{2,1,0} parameter(1)
+  %param_2 = s32[] parameter(2)
+  %c = s32[] constant(0)
+  ROOT %dus = bf16[16,128,32]{2,1,0:S(5)} dynamic-update-slice(%param_0, %param_1, %param_2, %c, %c)
+}
+
+%fused_rng (param_0: u32[128,64]) -> u32[128,64] {
+  %param_0 = u32[128,64]{1,0} parameter(0)
+  %x = u32[128,64]{1,0} xor(%param_0, %param_0)
+  ROOT %y = u32[128,64]{1,0} add(%x, %param_0)
+}
+
+%body (p: (s32[], bf16[16,64,32], bf16[128,64], bf16[16,128,32], bf16[16,128,32])) -> (s32[], bf16[16,64,32], bf16[128,64], bf16[16,128,32], bf16[16,128,32]) {
+  %p = (s32[], bf16[16,64,32]{2,1,0}, bf16[128,64]{1,0}, bf16[16,128,32]{2,1,0}, bf16[16,128,32]{2,1,0:S(5)}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %w = bf16[16,64,32]{2,1,0} get-tuple-element(%p), index=1
+  %x = bf16[128,64]{1,0} get-tuple-element(%p), index=2
+  %stack = bf16[16,128,32]{2,1,0} get-tuple-element(%p), index=3
+  %host = bf16[16,128,32]{2,1,0:S(5)} get-tuple-element(%p), index=4
+  %wl = bf16[1,64,32]{2,1,0} fusion(%w, %i), kind=kLoop, calls=%fused_slice
+  %wb = bf16[64,32]{1,0} bitcast(%wl)
+  %mm = (bf16[128,32]{1,0}, s8[4096]{0}) custom-call(%x, %wb), custom_call_target="__cublas$lt$matmul", backend_config={"gemm_backend_config":{"dot_dimension_numbers":{"lhs_contracting_dimensions":["1"],"rhs_contracting_dimensions":["0"],"lhs_batch_dimensions":[],"rhs_batch_dimensions":[]}}}
+  %y = bf16[128,32]{1,0} get-tuple-element(%mm), index=0
+  %q = bf16[2,64,4,32]{3,2,1,0} bitcast(%y)
+  %att = (bf16[2,64,4,32]{3,2,1,0}, f32[2,4,64]{2,1,0}, u8[0]{0}) custom-call(%q, %q, %q), custom_call_target="__cudnn$fmhaSoftmax", backend_config={"cudnn_fmha_backend_config":{"intermediate_tensor_shape":{"dimensions":["2","4","64","64"]},"mask_type":"CAUSAL"}}, metadata={op_name="jit(step)/transpose(jvp(M))/checkpoint/rematted_computation/attn"}
+  %yb = bf16[1,128,32]{2,1,0} bitcast(%y)
+  %st = bf16[16,128,32]{2,1,0} fusion(%stack, %yb, %i), kind=kLoop, calls=%fused_update
+  %ho = bf16[16,128,32]{2,1,0:S(5)} fusion(%host, %yb, %i), kind=kLoop, calls=%fused_host
+  ROOT %t = (s32[], bf16[16,64,32]{2,1,0}, bf16[128,64]{1,0}, bf16[16,128,32]{2,1,0}, bf16[16,128,32]{2,1,0:S(5)}) tuple(%i, %w, %x, %st, %ho)
+}
+
+%cond (p: (s32[], bf16[16,64,32], bf16[128,64], bf16[16,128,32], bf16[16,128,32])) -> pred[] {
+  %p = (s32[], bf16[16,64,32]{2,1,0}, bf16[128,64]{1,0}, bf16[16,128,32]{2,1,0}, bf16[16,128,32]{2,1,0:S(5)}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(16)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (a: bf16[16,64,32], b: bf16[128,64], c: bf16[16,128,32], d: bf16[16,128,32], e: u32[128,64], g: bf16[64,32]) -> bf16[16,128,32] {
+  %a = bf16[16,64,32]{2,1,0} parameter(0)
+  %b = bf16[128,64]{1,0} parameter(1)
+  %c = bf16[16,128,32]{2,1,0} parameter(2)
+  %d = bf16[16,128,32]{2,1,0:S(5)} parameter(3)
+  %e = u32[128,64]{1,0} parameter(4)
+  %g = bf16[64,32]{1,0} parameter(5)
+  %zero = s32[] constant(0)
+  %alloc = bf16[16,128,32]{2,1,0:S(5)} custom-call(), custom_call_target="AllocateBuffer"
+  %init = (s32[], bf16[16,64,32]{2,1,0}, bf16[128,64]{1,0}, bf16[16,128,32]{2,1,0}, bf16[16,128,32]{2,1,0:S(5)}) tuple(%zero, %a, %b, %c, %d)
+  %loop = (s32[], bf16[16,64,32]{2,1,0}, bf16[128,64]{1,0}, bf16[16,128,32]{2,1,0}, bf16[16,128,32]{2,1,0:S(5)}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"16"}}
+  %rng = u32[128,64]{1,0} fusion(%e), kind=kLoop, calls=%fused_rng
+  %ags = (bf16[64,32]{1,0}, bf16[512,32]{1,0}) all-gather-start(%g), replica_groups=mesh['x'=8,'y'=2] {'x'}, dimensions={0}
+  %agd = bf16[512,32]{1,0} all-gather-done(%ags)
+  %rs = bf16[128,32]{1,0} reduce-scatter(%agd), replica_groups={{0,1,2,3}}, dimensions={0}, to_apply=%cond
+  ROOT %out = bf16[16,128,32]{2,1,0} get-tuple-element(%loop), index=3
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def toy() -> dict[str, Kernel]:
+    kernels = kernels_of(_HLO)
+    by_op = {}
+    for k in kernels:
+        by_op.setdefault(k.op if k.kind != "memory" else k.name, k)
+    return by_op
+
+
+def test_the_loop_body_runs_its_trip_count_and_a_product_has_its_flops(toy):
+    mm = toy["cublas"]
+    assert mm.kind == "gemm" and mm.count == 16
+    assert (mm.m, mm.n, mm.k) == (128, 32, 64)
+    assert mm.flops == 2 * 128 * 32 * 64
+    # reads x [128,64] and the slice [64,32], writes [128,32]; the s8 workspace is scratch
+    assert mm.bytes == 2 * (128 * 64 + 64 * 32 + 128 * 32)
+
+
+def test_a_fusion_that_slices_a_stacked_weight_reads_the_slice(toy):
+    sliced = toy["wl"]
+    assert sliced.count == 16
+    assert sliced.bytes == 2 * (64 * 32) * 2 + 4  # slice read + slice written + the s32 index
+
+
+def test_an_in_place_update_moves_the_update_not_the_buffer(toy):
+    upd = toy["st"]
+    assert upd.bytes == 2 * (128 * 32) * 2 + 4  # the update read and written, the index
+
+
+def test_an_update_of_a_buffer_in_host_memory_crosses_the_host_link(toy):
+    host = toy["host_transfer" if "host_transfer" in toy else "fusion"]
+    assert host.kind == "host_transfer" and host.count == 16
+    assert host.host_bytes == 2 * 128 * 32
+    assert host.bytes == 2 * 128 * 32 + 4  # the update read from device memory, the index
+
+
+def test_causal_attention_flops_and_recompute(toy):
+    att = toy["attention_fwd"]
+    assert att.kind == "attention" and att.recompute and att.count == 16
+    assert att.flops == 4 * 2 * 4 * 64 * 64 * 32 / 2
+    assert (att.m, att.n, att.k, att.batch) == (64, 64, 32, 8)
+
+
+def test_arithmetic_of_a_fusion_is_counted_per_element(toy):
+    assert toy["rng"].ops == 2 * 128 * 64
+
+
+def test_collectives_group_size_and_async_output(toy):
+    ag = toy["all-gather"]
+    assert ag.group == 8 and ag.asynchronous
+    assert ag.bytes == 2 * 512 * 32  # the gathered output, not inputs + outputs
+    rs = toy["reduce-scatter"]
+    assert rs.group == 4 and not rs.asynchronous
+    assert rs.bytes == 2 * 512 * 32  # the input it scatters
+
+
+def test_buffer_reservations_launch_nothing():
+    assert all(k.op != "AllocateBuffer" for k in kernels_of(_HLO))
+
+
+@pytest.fixture(scope="module")
+def h100_llama() -> tuple[Kernel, ...]:
+    with tarfile.open(H100_HLO) as tar:
+        text = tar.extractfile("llama3.2-1b_minimal.hlo").read().decode()
+    return kernels_of(text)
+
+
+def test_a_real_h100_compile_has_the_models_matmul_flops(h100_llama):
+    # llama3.2-1b: per layer q, o 2048x2048, k, v 2048x512, three MLP 2048x8192; 16 layers;
+    # tied head 2048x128256. Training: 6 x params x tokens (b4 s2048).
+    per_layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+    params = 16 * per_layer + 2048 * 128256
+    expected = 6 * params * 4 * 2048
+    got = sum(k.flops * k.count for k in h100_llama if k.kind == "gemm" and not k.recompute)
+    assert got == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_real_h100_compile_has_flash_attention_forward_backward_and_recompute(h100_llama):
+    fwd = 16 * 4 * 4 * 32 * 2048 * 2048 * 64 / 2  # 16 layers, causal
+    att = [k for k in h100_llama if k.kind == "attention"]
+    total = sum(k.flops * k.count for k in att)
+    recomputed = sum(k.flops * k.count for k in att if k.recompute)
+    assert total == pytest.approx(fwd * (1 + 2.5 + 1))  # forward, backward, minimal recomputes
+    assert recomputed == pytest.approx(fwd)
+
+
+def _speed():
+    return speed_of(rk.target("h100"))
+
+
+def test_a_product_is_priced_by_flops_waves_and_bytes():
+    s = _speed()
+    k = Kernel("gemm", count=3, flops=2.0 * 8192**3, bytes=0, m=8192, n=8192, k=8192, batch=1,
+               dtype="bf16")  # fmt: skip
+    t = step_time([k], s)
+    tiles = 64 * 64
+    waves = math.ceil(tiles / 132) * 132 / tiles
+    rate = 989e12 * 0.81
+    assert t.matmul_seconds == pytest.approx(3 * 2.0 * 8192**3 / rate * waves)
+    assert t.launch_seconds == pytest.approx(3 * 3e-6)
+    # a product too thin for its bytes is memory-bound
+    thin = Kernel("gemm", count=1, flops=1e6, bytes=10**9, m=8, n=8, k=8, batch=1, dtype="bf16")
+    assert step_time([thin], s).matmul_seconds == pytest.approx(1e9 / (3.35232e12 * 0.9))
+
+
+def test_f32_products_run_at_half_the_bf16_rate():
+    s = _speed()
+    bf = Kernel("gemm", count=1, flops=1e12, bytes=0, dtype="bf16")
+    f32 = dataclasses.replace(bf, dtype="f32")
+    assert step_time([f32], s).matmul_seconds == pytest.approx(
+        2 * step_time([bf], s).matmul_seconds
+    )
+
+
+def test_host_transfers_are_added_at_the_links_efficiency():
+    s = _speed()
+    k = Kernel("host_transfer", count=2, flops=0.0, bytes=0, host_bytes=10**9)
+    t = step_time([k], s)
+    assert t.transfer_seconds == pytest.approx(2 * 1e9 / (64e9 * 0.86))
+    assert t.seconds == pytest.approx(t.transfer_seconds + t.launch_seconds)
+
+
+@pytest.mark.parametrize(
+    ("op", "factor"), [("all-gather", 7 / 8), ("reduce-scatter", 7 / 8), ("all-reduce", 14 / 8)]
+)
+def test_ring_collectives_and_hiding_behind_compute(op, factor):
+    s = _speed()
+    coll = Kernel("collective", count=1, flops=0.0, bytes=8 * 10**9, group=8, op=op)
+    alone = step_time([coll], s)
+    assert alone.collective_seconds == pytest.approx(8e9 * factor / (450e9 * 0.8))
+    # an async one hides behind compute, up to the compute's length
+    compute = Kernel("memory", count=1, flops=0.0, bytes=int(3.35232e12 * 0.9 * 0.01))
+    hidden = step_time([dataclasses.replace(coll, asynchronous=True), compute], s)
+    assert hidden.collective_hidden_seconds == pytest.approx(0.01)
+    assert hidden.collective_seconds == pytest.approx(alone.collective_seconds - 0.01)
+    # across hosts: the network
+    net = step_time([coll], s, devices_per_host=4)
+    assert net.collective_seconds == pytest.approx(8e9 * factor / (50e9 * 0.8))
+
+
+def test_recompute_seconds_and_mfu():
+    s = _speed()
+    fwd = Kernel("gemm", count=1, flops=1e12, bytes=0, dtype="bf16")
+    again = dataclasses.replace(fwd, recompute=True)
+    t = step_time([fwd, again], s)
+    assert t.recompute_seconds == pytest.approx(t.seconds / 2)
+    assert t.model_flops == 1e12 and t.flops == 2e12
+    assert t.mfu == pytest.approx(1e12 / t.seconds / 989e12)
+
+
+def test_speed_of_names_its_fractions_by_generation():
+    h100, a100 = speed_of(rk.target("h100")), speed_of(rk.target("a100-80gb"))
+    assert (h100.matmul_efficiency, h100.memory_efficiency) == (0.81, 0.90)
+    assert (a100.matmul_efficiency, a100.memory_efficiency) == (0.80, 0.85)
+    assert h100.units == 132 and a100.units == 108
+    assert h100.device_link == 450e9 and speed_of(rk.target("rtx4090")).device_link == 32e9
+    assert speed_of(rk.target("cpu")) is None
+
+
+def test_kernels_survive_the_compile_cache_record():
+    low = jax.jit(lambda a: jnp.tanh(a @ a)).lower(jax.ShapeDtypeStruct((64, 64), jnp.float32))
+    mem = compile_memory(low)
+    assert any(k.kind == "gemm" for k in mem.kernels)
+    assert _from_record(mem.to_dict()) == mem
+    damaged = mem.to_dict()
+    damaged["kernels"][0][1] = "three"  # count must be an int
+    assert _from_record(damaged) is None
+
+
+def test_a_gpu_report_carries_its_step_time_and_reads_back():
+    x = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+    r = rk.memory_report(lambda a: jnp.tanh(a @ a), x, target="h100")
+    assert r.step_time is not None and r.step_time.matmul_seconds > 0
+    assert r.step_time.model_flops == 2 * 1024**3
+    assert rk.MemoryReport.from_dict(r.to_dict()) == r
+    assert rk.memory_report(lambda a: a @ a, x, target="cpu").step_time is None
