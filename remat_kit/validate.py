@@ -133,6 +133,8 @@ class Validation:
       predicted_fits: the prediction is within ``bytes_limit`` (None without a limit).
       step_seconds: median wall time of the steps after the first, a warm-up (None with
         fewer than 2).
+      predicted_step_seconds: the step time remat_kit.timing predicts for ``target`` from the
+        same deviceless compile (None where the target has no speed figures).
       note: why ``measured_peak_bytes`` is None, or ``""``.
       meta: labels from the caller (model, policy, batch ...).
     """
@@ -150,6 +152,7 @@ class Validation:
     oom: bool
     predicted_fits: bool | None
     step_seconds: float | None
+    predicted_step_seconds: float | None = None
     note: str = ""
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -274,6 +277,7 @@ def validate(
         oom=run.oom,
         predicted_fits=None if limit is None else predicted.peak_bytes <= limit,
         step_seconds=run.step_seconds,
+        predicted_step_seconds=_seconds_of(getattr(predicted, "step_time", None)),
         note=note,
         meta=dict(meta or {}),
     )
@@ -352,6 +356,10 @@ def _run(step: Any, source: StatsSource, steps: int) -> _Run:
     return _Run(
         baseline, peak_before, before, after, peak_after - baseline, False, step_seconds, ""
     )
+
+
+def _seconds_of(step_time: Any) -> float | None:
+    return step_time.seconds if step_time is not None else None
 
 
 def _random_like(args: Any) -> Any:

@@ -73,6 +73,20 @@ def _predicted(step, limit: int) -> int:
     return report.peak_bytes
 
 
+def _predicted_step(step, limit: int) -> float:
+    # The step-time model over the kernels of that same compile, called directly.
+    from remat_kit.analysis import abstract
+    from remat_kit.targets.codegen import analysis_options
+    from remat_kit.timing import kernels_of, speed_of, step_time
+
+    t = rk.target("h100-80gb")
+    t = t.with_mem_fraction(min(1.0, limit / t.memory_bytes))
+    args = tuple(abstract(a, t.sharding()) for a in step.args)
+    jitted = jax.jit(step.fn, donate_argnums=step.donate_argnums)
+    compiled = jitted.lower(*args).compile(compiler_options=analysis_options(t))
+    return step_time(kernels_of(compiled.as_text()), speed_of(t)).seconds
+
+
 @pytest.mark.parametrize(
     "baseline, extra, limit",
     [(0, 5_000_000, 60 * 2**30), (123_456, 7_777_777, 2**30), (10_000, 2_000_000, 1_000)],
@@ -90,6 +104,8 @@ def test_measures_peak_above_baseline_and_the_error(step, baseline, extra, limit
     assert v.predicted_fits is (predicted <= limit)
     assert not v.oom and v.note == ""
     assert v.step_seconds is not None and v.step_seconds > 0  # the steps really ran
+    # the prediction beside it comes from the same deviceless compile's kernels
+    assert v.predicted_step_seconds == pytest.approx(_predicted_step(step, limit))
     assert fake.calls == 4
 
 
@@ -150,7 +166,7 @@ def test_compiles_with_the_local_allocator_limit(step, monkeypatch):
 
     def fake_report(fn, *args, target, **kw):
         seen["usable"] = target.usable_bytes
-        return types.SimpleNamespace(peak_bytes=1)
+        return types.SimpleNamespace(peak_bytes=1, step_time=None)
 
     monkeypatch.setattr(validate_mod, "memory_report", fake_report)
     limit = 70 * 2**30
@@ -171,7 +187,9 @@ def test_out_of_memory_is_reported(monkeypatch):
     fake_step = types.SimpleNamespace(fn=fn, args=({"w": w}, {}, {}, {}), donate_argnums=())
     # The callback cannot be compiled for a GPU here; the prediction is not under test.
     monkeypatch.setattr(
-        validate_mod, "memory_report", lambda *a, **k: types.SimpleNamespace(peak_bytes=64)
+        validate_mod,
+        "memory_report",
+        lambda *a, **k: types.SimpleNamespace(peak_bytes=64, step_time=None),
     )
     v = validate(fake_step, steps=2, stats_source=FakeStats(H100_KIND, _script(0, 32, 64, 99)))
     assert v.oom
@@ -190,7 +208,9 @@ def test_other_runtime_errors_propagate(monkeypatch):
     w = jax.ShapeDtypeStruct((8,), jnp.float32)
     fake_step = types.SimpleNamespace(fn=fn, args=({"w": w}, {}, {}, {}), donate_argnums=())
     monkeypatch.setattr(
-        validate_mod, "memory_report", lambda *a, **k: types.SimpleNamespace(peak_bytes=64)
+        validate_mod,
+        "memory_report",
+        lambda *a, **k: types.SimpleNamespace(peak_bytes=64, step_time=None),
     )
     with pytest.raises(Exception, match="something else broke"):
         validate(fake_step, steps=1, stats_source=FakeStats(H100_KIND, _script(0, 1, 2, 3)))

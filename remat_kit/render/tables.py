@@ -607,10 +607,11 @@ def validation_table(rows: Sequence[Mapping[str, Any]]) -> Table:
         title=f"predicted vs measured peak on {first.get('device_kind', '-')}"
         + training_line((first.get("meta") or {}).get("precision"), None),
         caption="measured = allocator peak_bytes_in_use after the steps - bytes_in_use before "
-        "the arguments; error = predicted / measured - 1",
+        "the arguments; error = predicted / measured - 1; step s: median of the steps after "
+        "the first, predicted by remat_kit.timing",
     )
     columns = ("model", "policy", "b x s", "compiled for", "predicted GiB", "measured GiB")
-    for col in (*columns, "error", "limit GiB", "ran"):
+    for col in (*columns, "error", "limit GiB", "step s pred / meas", "ran"):
         table.add_column(col, justify="left" if col in ("model", "policy") else "right")
     for row in rows:
         m = row.get("meta") or {}
@@ -624,6 +625,12 @@ def validation_table(rows: Sequence[Mapping[str, Any]]) -> Table:
             gib(row.get("measured_peak_bytes")),
             pct(row.get("error")),
             gib(row.get("bytes_limit")),
+            _pair(row.get("predicted_step_seconds"), row.get("step_seconds")),
             ran,
         )
     return table
+
+
+def _pair(predicted: float | None, measured: float | None) -> str:
+    cell = lambda v: "-" if v is None else f"{v:.3f}"
+    return f"{cell(predicted)} / {cell(measured)}"
