@@ -320,3 +320,16 @@ def test_each_command_builds_its_own_help(name, capsys):
     assert "--debug" in out
     if name not in ("targets", "policies", "models"):
         assert "--model" in out and "--target" in out
+
+
+def test_version_prints_the_installed_versions_and_exits_0(capsys):
+    from importlib import metadata
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out == (
+        f"remat-kit {metadata.version('remat-kit')} (jax {metadata.version('jax')}, "
+        f"jaxlib {metadata.version('jaxlib')})"
+    )

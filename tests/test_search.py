@@ -453,6 +453,11 @@ def test_plan_is_on_the_front(mid_plan, small_w):
     assert not plan_pt.dominated
     full_pt = next(p for p in pts if p.label == "full")
     assert plan_pt.overhead < full_pt.overhead and plan_pt.peak_bytes > full_pt.peak_bytes
+    # every point carries the step time predicted from its own compiled program
+    for pt in pts:
+        compiled = mid_plan.report if pt.kind == "plan" else small_w.report(pt.label, "none", 4)
+        assert pt.step_seconds == compiled.step_time.seconds > 0
+    assert mid_plan.to_dict()["step_time"]["seconds"] == plan_pt.step_seconds
 
 
 def test_plan_is_none_when_the_budget_fits_none(small_w):

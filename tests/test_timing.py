@@ -276,3 +276,24 @@ def test_a_gpu_report_carries_its_step_time_and_reads_back():
     assert r.step_time.model_flops == 2 * 1024**3
     assert rk.MemoryReport.from_dict(r.to_dict()) == r
     assert rk.memory_report(lambda a: a @ a, x, target="cpu").step_time is None
+
+
+def test_compare_rows_carry_step_time_and_the_overhead_against_none():
+    from remat_kit.render.tables import compare_rows
+
+    x = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    meta = {"batch": 2, "seq": 256}
+    none = rk.memory_report(
+        lambda a: a @ a, x, target="h100", policy="none", schedule="none", meta=meta
+    )
+    more = rk.memory_report(
+        lambda a: jnp.tanh(a @ a) @ a, x, target="h100", policy="full", schedule="none", meta=meta
+    )
+    rows = compare_rows([none, more])
+    assert rows[0]["step_seconds"] == none.step_time.seconds
+    assert rows[0]["time_vs_none"] == 0.0
+    assert rows[1]["time_vs_none"] == pytest.approx(
+        more.step_time.seconds / none.step_time.seconds - 1
+    )
+    assert rows[1]["tokens_per_second"] == pytest.approx(512 / more.step_time.seconds)
+    assert rows[1]["time_vs_none"] > 0  # a second product costs time

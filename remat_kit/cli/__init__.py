@@ -126,6 +126,20 @@ def _command_in(argv: Sequence[str]) -> str | None:
     return next((a for a in argv if not a.startswith("-")), None)
 
 
+def _version() -> str:
+    """``remat-kit X (jax Y)``: the installed distribution's version, read without importing
+    jax (``--help`` and ``--version`` stay fast)."""
+    from importlib import metadata
+
+    def of(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return f"remat-kit {of('remat-kit')} (jax {of('jax')}, jaxlib {of('jaxlib')})"
+
+
 def _parser(
     command: str | None = None,
 ) -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
@@ -133,6 +147,9 @@ def _parser(
     stub that carries only its name and help line (its module is not imported)."""
     parser = Parser(prog="remat-kit", description=__doc__.splitlines()[0])
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    parser.add_argument(
+        "--version", action="version", version=_version(), help="print the version and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     chosen = next((c.module for c in COMMANDS if c.name == command), None)
     runs: dict[str, Callable[[argparse.Namespace], int]] = {}

@@ -411,8 +411,16 @@ def plan_table(
         f"{seconds:.1f} s in all. {_solver_words(p)}. overhead = recompute FLOPs + host "
         "transfer not hidden (estimate); * = on the Pareto front"
     )
+    timed = any(pt.step_seconds is not None for pt in points)
+    if timed:
+        caption += "; step s: predicted from the compiled kernels (remat_kit.timing)"
+    if p.report is not None and p.report.step_time is not None:
+        caption += "\nPLAN " + step_time_words(p.report.step_time, tokens_of(p.report.meta))
     table = Table(title=title, caption=caption)
-    for col in ("what", "peak GiB", "recompute", "overhead", "host GiB", "fits budget", "front"):
+    columns = ["what", "peak GiB", "recompute", "overhead", "host GiB", "fits budget", "front"]
+    if timed:
+        columns.insert(4, "step s (est.)")
+    for col in columns:
         table.add_column(col, justify="left" if col == "what" else "right")
     main = plan_label(p)
     for pt in sorted(points, key=lambda q: (q.label != main, q.kind, q.peak_bytes)):
@@ -422,11 +430,13 @@ def plan_table(
             what = f"{pt.label}: {label(pt.policy, pt.schedule)}"
         else:
             what = pt.label
+        step = [] if not timed else ["-" if pt.step_seconds is None else f"{pt.step_seconds:.3f}"]
         table.add_row(
             short(what),
             gib(pt.peak_bytes),
             pct(pt.recompute_overhead),
             pct(pt.overhead),
+            *step,
             gib(p.host_bytes if pt.label == main else None),
             _YES_NO[pt.peak_bytes <= p.budget_bytes],
             "*" if not pt.dominated else f"dominated by {short(pt.dominated_by or '', 30)}",

@@ -71,6 +71,8 @@ class FrontPoint:
       dominated: another point is at most as large and at most as slow, and better in one.
       dominated_by: the label of one such point.
       policy, schedule: the specs compiled (for a plan: the plan's).
+      step_seconds: the step time predicted from the compiled kernels
+        (:mod:`remat_kit.timing`; None where the target has no speed figures).
     """
 
     label: str
@@ -83,6 +85,7 @@ class FrontPoint:
     dominated_by: str | None = None
     policy: str | None = None
     schedule: str | None = None
+    step_seconds: float | None = None
 
 
 def pareto_front(points: Iterable[FrontPoint], *, rtol: float = 1e-6) -> tuple[FrontPoint, ...]:
@@ -175,6 +178,11 @@ def front(
                 fits=p.report.fits if p.report is not None else None,
                 policy=p.policy.spec,
                 schedule=p.schedule.spec,
+                step_seconds=(
+                    p.report.step_time.seconds
+                    if p.report is not None and p.report.step_time is not None
+                    else None
+                ),
             )
         )
     return pareto_front(pts)
@@ -203,4 +211,5 @@ def _point(
         fits=r.fits,
         policy=pol.spec,
         schedule=sch.spec,
+        step_seconds=r.step_time.seconds if r.step_time is not None else None,
     )

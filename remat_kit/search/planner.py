@@ -163,6 +163,11 @@ class Plan:
             candidates=[dataclasses.asdict(c) for c in self.candidates],
             note=self.note.to_dict(),
             message=self.message,
+            step_time=(
+                self.report.step_time.to_dict()
+                if self.report is not None and self.report.step_time is not None
+                else None
+            ),
             solver=dataclasses.asdict(self.solver) if self.solver is not None else None,
         )
         return out

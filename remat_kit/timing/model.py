@@ -232,8 +232,12 @@ def _collective_seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -
 
 
 def measure_cpu_speed(seconds: float = 2.0) -> Speed:
-    """This CPU's rates, measured now: an f32 product for the matmul rate, a large
-    elementwise pass for the memory rate, a chain of tiny ops for the per-kernel cost.
+    """This CPU's rates, measured now, the way XLA's CPU programs use them.
+
+    An f32 product gives the matmul rate; an elementwise update in place (a donated buffer, so
+    no fresh output pages are touched) the memory rate; random bits (the threefry fusion
+    dropout uses) the arithmetic rate, counted as :func:`kernels_of` counts a fusion's
+    operations; a chain of tiny ops the per-kernel cost.
 
     Args:
       seconds: roughly how long to spend measuring.
@@ -243,23 +247,36 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
 
     Example:
       >>> s = measure_cpu_speed(0.2)
-      >>> s.peak_flops > 1e8 and s.memory_bandwidth > 1e8
+      >>> s.peak_flops > 1e8 and s.memory_bandwidth > 1e8 and s.alu_ops > 1e7
       True
     """
     import jax
     import jax.numpy as jnp
 
+    from remat_kit.timing.kernels import kernels_of
+
     cpu = jax.devices("cpu")[0]
+    budget = seconds / 4
     n = 1024
     a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
-    mm = jax.jit(lambda x: x @ x)
-    flops = 2.0 * n**3 / _best(mm, a, seconds / 3)
-    big = jax.device_put(jnp.ones((32 * 2**20,), jnp.float32), cpu)  # 128 MiB
-    ew = jax.jit(lambda x: x * 1.5 + 1.0)
-    bandwidth = 2 * big.nbytes / _best(ew, big, seconds / 3)
+    flops = 2.0 * n**3 / _best(jax.jit(lambda x: x @ x), a, budget)
+
+    update = jax.jit(lambda x: x * 1.0001 + 1.0, donate_argnums=0)
+    state = {"x": jax.device_put(jnp.ones((16 * 2**20,), jnp.float32), cpu)}  # 64 MiB
+
+    def step(_: Any) -> Any:
+        state["x"] = update(state["x"])
+        return state["x"]
+
+    bandwidth = 2 * 64 * 2**20 / _best(step, None, budget)
+
+    bits = jax.jit(lambda k: jax.random.bits(k, (2**22,), jnp.uint32))
+    key = jax.random.key(0)
+    ops = sum(k.ops * k.count for k in kernels_of(bits.lower(key).compile().as_text()))
+    alu = ops / _best(bits, key, budget) if ops else 0.0
+
     tiny = jax.device_put(jnp.ones((8,), jnp.float32), cpu)
-    one = jax.jit(lambda x: x + 1.0)
-    overhead = _best(one, tiny, seconds / 3)
+    overhead = _best(jax.jit(lambda x: x + 1.0), tiny, budget)
     return Speed(
         name="cpu (measured)",
         peak_flops=flops,
@@ -273,10 +290,11 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
         host_link_efficiency=1.0,
         device_link=bandwidth,
         network=bandwidth,
+        alu_ops=alu,
         f32_matmul_ratio=1.0,
         sources=(
-            f"measured on this CPU: f32 product {flops / 1e9:.0f} GFLOP/s, "
-            f"elementwise {bandwidth / 1e9:.1f} GB/s",
+            f"measured on this CPU: f32 product {flops / 1e9:.0f} GFLOP/s, in-place update "
+            f"{bandwidth / 1e9:.1f} GB/s, random bits {alu / 1e9:.1f} Gop/s",
         ),
     )
 
