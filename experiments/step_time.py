@@ -14,7 +14,7 @@ Three checks, each printed and saved to results/step_time.json (+ step_time.png)
    rate and bandwidth (remat_kit.timing.measure_cpu_speed).
 
 ``--quick`` runs the H100 llama3.2-1b rows and the CPU check only; ``--only h100,published``
-picks parts. The JSON is rewritten after each part.
+picks parts. The JSON is rewritten after each part; parts not run keep their earlier rows.
 """
 
 from __future__ import annotations
@@ -76,7 +76,9 @@ CPU_POLICIES = ("none", "full", "minimal")
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(__doc__, argv)
     parts = set(args.only.split(",")) if args.only else {"h100", "published", "cpu"}
-    out: dict[str, Any] = {}
+    saved = args.out / "step_time.json"
+    # parts not run now keep what an earlier run wrote
+    out: dict[str, Any] = json.loads(saved.read_text()) if saved.exists() else {}
     if "h100" in parts:
         out["h100"] = _h100_rows(quick=args.quick)
         print(table(out["h100"], _H100_COLUMNS, "H100 80GB: predicted vs measured step time"))

@@ -234,8 +234,8 @@ def _collective_seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -
 def measure_cpu_speed(seconds: float = 2.0) -> Speed:
     """This CPU's rates, measured now, the way XLA's CPU programs use them.
 
-    An f32 product gives the matmul rate; an elementwise update in place (a donated buffer, so
-    no fresh output pages are touched) the memory rate; random bits (the threefry fusion
+    bf16 and f32 products give the matmul rates; an elementwise update in place (a donated buffer,
+    so no fresh output pages are touched) the memory rate; random bits (the threefry fusion
     dropout uses) the arithmetic rate, counted as :func:`kernels_of` counts a fusion's
     operations; a chain of tiny ops the per-kernel cost.
 
@@ -258,17 +258,21 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
     cpu = jax.devices("cpu")[0]
     budget = seconds / 4
     n = 1024
-    a = jax.device_put(jnp.ones((n, n), jnp.float32), cpu)
-    flops = 2.0 * n**3 / _best(jax.jit(lambda x: x @ x), a, budget)
+    product = jax.jit(lambda x: x @ x)
+    rates = {}
+    for dtype in (jnp.float32, jnp.bfloat16):  # XLA:CPU runs bf16 products at its own rate
+        a = jax.device_put(jnp.ones((n, n), dtype), cpu)
+        rates[dtype] = 2.0 * n**3 / _best(product, a, budget / 2)
+    flops = rates[jnp.bfloat16]
 
     update = jax.jit(lambda x: x * 1.0001 + 1.0, donate_argnums=0)
-    state = {"x": jax.device_put(jnp.ones((16 * 2**20,), jnp.float32), cpu)}  # 64 MiB
+    state = {"x": jax.device_put(jnp.ones((64 * 2**20,), jnp.float32), cpu)}  # 256 MiB
 
     def step(_: Any) -> Any:
         state["x"] = update(state["x"])
         return state["x"]
 
-    bandwidth = 2 * 64 * 2**20 / _best(step, None, budget)
+    bandwidth = 2 * 256 * 2**20 / _best(step, None, budget)
 
     bits = jax.jit(lambda k: jax.random.bits(k, (2**22,), jnp.uint32))
     key = jax.random.key(0)
@@ -291,9 +295,10 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
         device_link=bandwidth,
         network=bandwidth,
         alu_ops=alu,
-        f32_matmul_ratio=1.0,
+        f32_matmul_ratio=rates[jnp.float32] / flops,
         sources=(
-            f"measured on this CPU: f32 product {flops / 1e9:.0f} GFLOP/s, in-place update "
+            f"measured on this CPU: bf16 / f32 products {flops / 1e9:.0f} / "
+            f"{rates[jnp.float32] / 1e9:.0f} GFLOP/s, in-place update "
             f"{bandwidth / 1e9:.1f} GB/s, random bits {alu / 1e9:.1f} Gop/s",
         ),
     )
