@@ -48,6 +48,19 @@ CLI_CASES = [
     (["plan", *TINY, "--plot", "{tmp}/missing/front.png"], "--plot", 2),
     (["inspect", *TINY, "--plot", "{dir}"], "--plot", 2),
     (["fit", *TINY, "--json", "/dev/full"], "is a device", 2),
+    (_r("--json", "{tmp}/r.txt"), "r.txt: writes JSON; give a path ending in .json", 2),
+    (
+        ["plan", *TINY, "--plot", "{tmp}/out.txt"],
+        "writes a PNG image; give a path ending in .png",
+        2,
+    ),
+    (["compare", *TINY, "--csv", "{tmp}/r.json"], "writes CSV; give a path ending in .csv", 2),
+    (["validate", *TINY, "--json", "{tmp}/v.txt"], "writes JSON; give a path ending in .json", 2),
+    (
+        ["compare", *TINY, "--json", "{tmp}/r.json", "--csv", "{tmp}/r.json"],
+        "--csv",  # the same path twice: one of them has the other's suffix
+        2,
+    ),
     # policies
     (_r("--policy", "names:save=query_prj"), "did you mean 'query_proj'", 2),
     (_r("--policy", "names:save="), "needs at least one tag", 2),
@@ -58,6 +71,11 @@ CLI_CASES = [
     (_r("--policy", "either:a=qkv_proj"), "needs parameter(s) b", 2),
     (["compare", *TINY, "--policies", "none,,full"], "--policies 'none,,full' has an empty", 2),
     (["compare", *TINY, "--policies", ","], "--policies is empty", 2),
+    (
+        ["compare", *TINY, "--policies", "full,none,full"],
+        "--policies 'full,none,full' names full twice: give each once",
+        2,
+    ),
     (["fit", *TINY, "--policies", "full,"], "has an empty item", 2),
     (["plan", *TINY, "--policies", "full,dotz"], "unknown policy 'dotz'", 2),
     (["inspect", *TINY, "--diff", "full", "minmal"], "--diff 'minmal'", 2),

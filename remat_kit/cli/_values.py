@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import warnings
+from pathlib import Path
 
 from remat_kit.errors import BadType, BadValue, UnitlessBudget
 from remat_kit.names import VOCABULARY
@@ -74,10 +75,22 @@ def check_outputs(args: argparse.Namespace) -> None:
       >>> from pathlib import Path
       >>> check_outputs(argparse.Namespace(json=Path("/tmp/r.json")))
     """
+    # Each flag writes one format and its own suffix, so two outputs never share a path:
+    # --csv X --json X fails here for one of them.
     for name in OUTPUT_FLAGS:
         path = getattr(args, name, None)
-        if path is not None:
-            check_output(path, flag=f"--{name}")
+        if path is None:
+            continue
+        flag = f"--{name}"
+        check_output(path, flag=flag)
+        if Path(path).suffix.lower() != _SUFFIX[name]:
+            raise BadValue(
+                f"{flag} {path}: writes {_WHAT[name]}; give a path ending in {_SUFFIX[name]}"
+            )
+
+
+_SUFFIX = {"json": ".json", "csv": ".csv", "plot": ".png"}
+_WHAT = {"json": "JSON", "csv": "CSV", "plot": "a PNG image"}
 
 
 def flag_items(text: str, flag: str, *, example: str, allow_empty: bool = False) -> list[str]:
@@ -108,6 +121,9 @@ def flag_items(text: str, flag: str, *, example: str, allow_empty: bool = False)
         raise BadValue(
             f"{flag} {text!r} has an empty item: separate names with single commas, e.g. {example}"
         )
+    twice = sorted({i for i in items if items.count(i) > 1})
+    if twice:
+        raise BadValue(f"{flag} {text!r} names {', '.join(twice)} twice: give each once")
     return items
 
 

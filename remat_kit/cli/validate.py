@@ -134,6 +134,9 @@ def _check_flags(args: argparse.Namespace) -> None:
         )
     if args.shard or args.gpus != 1 or args.hosts != 1:
         raise BadValue("validate runs the step on one local GPU: drop --shard, --gpus and --hosts")
+    from remat_kit.cli._values import check_outputs
+
+    check_outputs(args)  # before any compile, as every command does
 
 
 def _set_fraction(fraction: float) -> None:
