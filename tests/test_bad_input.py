@@ -61,6 +61,13 @@ CLI_CASES = [
         "--csv",  # the same path twice: one of them has the other's suffix
         2,
     ),
+    # a GPU from a file
+    (_r("--target", "{tmp}/missing.json"), "missing.json: no such file", 2),
+    (_r("--target", "{file}.json"), "no such file", 2),
+    (_r("--target", "{fifo}"), "no such file", 2),
+    (_r("--target", "{list}"), "the JSON must be an object of the card's facts", 2),
+    (_r("--target", "{thin}"), "missing fp32_per_sm", 2),
+    (_r("--target", "{broken}"), "not readable JSON", 2),
     # policies
     (_r("--policy", "names:save=query_prj"), "did you mean 'query_proj'", 2),
     (_r("--policy", "names:save="), "needs at least one tag", 2),
@@ -148,7 +155,13 @@ def places(tmp_path):
     (tmp_path / "link.json").symlink_to(tmp_path / "real.json")
     os.mkfifo(tmp_path / "fifo.json")
     (tmp_path / "plain").write_text("a file, not a directory\n")
+    (tmp_path / "list.json").write_text("[1, 2]\n")
+    (tmp_path / "thin.json").write_text('{"sms": 132}\n')
+    (tmp_path / "broken.json").write_text('{"sms": \n')
     return {
+        "{list}": str(tmp_path / "list.json"),
+        "{thin}": str(tmp_path / "thin.json"),
+        "{broken}": str(tmp_path / "broken.json"),
         "{dir}": str(tmp_path / "adir"),
         "{link}": str(tmp_path / "link.json"),
         "{fifo}": str(tmp_path / "fifo.json"),

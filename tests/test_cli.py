@@ -333,3 +333,43 @@ def test_version_prints_the_installed_versions_and_exits_0(capsys):
         f"remat-kit {metadata.version('remat-kit')} (jax {metadata.version('jax')}, "
         f"jaxlib {metadata.version('jaxlib')})"
     )
+
+
+_CARD = {
+    "name": "h100-96gb",
+    "sms": 132,
+    "fp32_per_sm": 128,
+    "smem_per_sm": 233472,
+    "smem_optin": 232448,
+    "threads_per_sm": 2048,
+    "hbm_bandwidth": 3.9e12,
+    "l2_bytes": 52428800,
+    "clock_ghz": 1.98,
+    "memory_bytes": 96 * 2**30,
+    "peak_bf16_flops": 989e12,
+}
+
+
+@pytest.mark.parametrize("kind", ["facts", "config"])
+def test_a_gpu_from_a_file_is_a_target_on_the_command_line(kind, tmp_path):
+    import remat_kit as rk
+
+    if kind == "facts":
+        card = tmp_path / "card.json"
+        card.write_text(json.dumps(_CARD))
+        name, memory = "h100-96gb", 96 * 2**30
+    else:
+        card = tmp_path / "my-l4.txt"
+        card.write_text(rk.target("l4").target_config)
+        name, memory = "my-l4", rk.target("l4").memory_bytes
+    out = tmp_path / "r.json"
+    argv = ["report", "--model", "tiny-llama", "--batch", "2", "--seq", "64"]
+    assert main([*argv, "--target", str(card), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["target"] == name
+    assert report["target_memory_bytes"] == memory
+    assert report["usable_bytes"] == int(memory * 0.75)  # JAX's default allocator fraction
+    # the same program as the library compiles for that card
+    lib = rk.targets.custom_target("h100-96gb", {k: v for k, v in _CARD.items() if k != "name"})
+    if kind == "facts":
+        assert report["step_time"]["peak_flops"] == lib.peak_bf16_flops

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import warnings
 from pathlib import Path
 
@@ -36,6 +37,12 @@ __all__ = [
 def target_from_args(args: argparse.Namespace) -> Target:
     """The target named by ``--target``, with ``--gpus`` devices over ``--hosts`` hosts.
 
+    ``--target`` is a catalogue name, or a file describing a GPU outside it: a ``.json``
+    object of the card's facts (``sms, fp32_per_sm, smem_per_sm, smem_optin, threads_per_sm,
+    hbm_bandwidth, l2_bytes, clock_ghz, memory_bytes``; optional ``compute_capability``,
+    ``host_link_bandwidth``, ``peak_bf16_flops``, ``description``, ``name``) or a
+    GpuTargetConfigProto in text format.
+
     Args:
       args: parsed arguments of a parser given :func:`add_model_args`.
 
@@ -43,7 +50,8 @@ def target_from_args(args: argparse.Namespace) -> Target:
       The ``rk.Target``.
 
     Raises:
-      UnknownName: the target is not in the catalogue.
+      UnknownName: the target is not in the catalogue (and is not a file).
+      BadValue: a file that is missing, unreadable or not a GPU's description.
 
     Example:
       >>> target_from_args(argparse.Namespace(target="h100", gpus=8, hosts=1)).devices
@@ -51,8 +59,41 @@ def target_from_args(args: argparse.Namespace) -> Target:
     """
     name = args.target.strip().lower()
     fraction = getattr(args, "mem_fraction", None) if name not in ("cpu", "local") else None
-    t = target(args.target, devices=args.gpus, hosts=args.hosts, mem_fraction=fraction)
+    gpus, hosts = getattr(args, "gpus", 1) or 1, getattr(args, "hosts", 1) or 1
+    if _is_file_target(args.target):
+        t = _file_target(args.target, gpus, hosts, fraction)
+    else:
+        t = target(args.target, devices=gpus, hosts=hosts, mem_fraction=fraction)
     return t if fraction is None else t.with_mem_fraction(fraction, "--mem-fraction")
+
+
+def _is_file_target(text: str) -> bool:
+    # A path, not a catalogue name: names hold no "/" and no suffix.
+    return "/" in text or Path(text).suffix.lower() in (".json", ".txt", ".pbtxt", ".textproto")
+
+
+def _file_target(text: str, gpus: int, hosts: int, fraction: float | None) -> Target:
+    """A GPU described in a file: a JSON object of the card's facts (the columns of the GPU
+    table, ``rk.targets.custom_target``; an optional ``"name"``) or a GpuTargetConfigProto in
+    text format (``rk.targets.target_from_config``)."""
+    from remat_kit.targets import custom_target, target_from_config
+
+    path = Path(text)
+    if not path.is_file():
+        raise BadValue(
+            f"--target {text}: no such file; name a catalogue GPU (remat-kit targets) or a "
+            "file: a JSON object of the card's facts, or a GpuTargetConfigProto text"
+        )
+    if path.suffix.lower() != ".json":
+        return target_from_config(path, devices=gpus, hosts=hosts, mem_fraction=fraction)
+    try:
+        facts = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise BadValue(f"--target {text}: not readable JSON ({err})") from None
+    if not isinstance(facts, dict):
+        raise BadValue(f"--target {text}: the JSON must be an object of the card's facts")
+    label = facts.pop("name", None) or path.stem
+    return custom_target(str(label), facts, devices=gpus, hosts=hosts, mem_fraction=fraction)
 
 
 #: The output-file flags a command may take; each is checked before any compile.

@@ -27,7 +27,7 @@ from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_ta
 from remat_kit.render.timeline import plot_timeline
 from remat_kit.render.titles import run_words
 from remat_kit.schedules import Schedule, parse_schedule
-from remat_kit.targets import Target, target
+from remat_kit.targets import Target
 
 __all__ = [
     "add_parser",
@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     sources.check_policies(run.source, run.config, run.target, policies)
     if getattr(args, "top", 10) < 1:
         raise BadValue(f"--top {args.top} must be positive: the number of buffers shown")
-    tgt = target(args.target, devices=getattr(args, "gpus", 1) or 1)
+    tgt = run.target  # the one report compiles for (its allocator fraction included)
     schedule = parse_schedule(getattr(args, "schedule", "none"))
     reports = [_inspect(run, tgt, as_policy(p), schedule) for p in policies]
     out = console()
