@@ -97,19 +97,34 @@ def run(
         return results
     # Inherited by the spawned workers, read by their jax at import.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    with ProcessPoolExecutor(
+    pool = ProcessPoolExecutor(
         max_workers=min(jobs, len(items) - i),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_start_worker,
         initargs=(cache._override,),
-    ) as pool:
+    )
+    try:
         futures = {pool.submit(fn, items[j]): j for j in range(i, len(items))}
         for fut in as_completed(futures):
             j = futures[fut]
             results[j] = fut.result()
             if on_done is not None:
                 on_done(j, results[j])
+    except BaseException:
+        # Ctrl-C (or an error): the workers are mid-compile and would finish first; stop them.
+        _stop(pool)
+        raise
+    pool.shutdown(wait=True)
     return results
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    processes = list((getattr(pool, "_processes", None) or {}).values())
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in processes:
+        p.terminate()
+    for p in processes:
+        p.join(timeout=1)
 
 
 def _start_worker(cache_flag: bool | None) -> None:

@@ -117,3 +117,41 @@ def test_advise_workers_match_one_process():
     assert rows == [(a.target, a.fits, a.plan, a.peak_bytes, a.max_batch) for a in two]
     assert [a.target for a in one] == ["h100-80gb", "rtx4090", "l4", "a100-40gb"]
     assert all(a.max_batch > 2 for a in one)
+
+
+def test_stopping_the_pool_ends_a_worker_mid_job_at_once():
+    import multiprocessing
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+
+    pool = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn"))
+    fut = pool.submit(time.sleep, 60)  # a compile that would hold the pool for a minute
+    deadline = time.perf_counter() + 30
+    while not pool._processes and time.perf_counter() < deadline:  # the worker has started
+        time.sleep(0.05)
+    workers = list(pool._processes.values())
+    start = time.perf_counter()
+    _workers._stop(pool)
+    assert time.perf_counter() - start < 5
+    assert workers and not any(p.is_alive() for p in workers)
+    assert fut.cancelled() or fut.done()
+
+
+@pytest.mark.parametrize("command", ["policies", "report"])
+def test_ctrl_c_is_one_line_and_exit_130(command, monkeypatch, capsys):
+    import remat_kit.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    real = cli._parser
+
+    def parser(name):
+        p, runs = real(name)
+        return p, {k: interrupted for k in runs}
+
+    monkeypatch.setattr(cli, "_parser", parser)
+    argv = [command] if command == "policies" else [command, "--model", "tiny-llama"]
+    assert main(argv) == 130
+    out, err = capsys.readouterr()
+    assert err == "remat-kit: interrupted\n" and "Traceback" not in out

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -189,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
       The exit code: 0 done; 1 nothing fits (``plan``, ``fit``, ``advise`` found no
       configuration within the limit, or none can exist); 2 bad input or a program that
-      cannot be built (README, "Exit codes").
+      cannot be built; 130 interrupted (Ctrl-C: one line, worker processes stopped) (README,
+      "Exit codes").
 
     Raises:
       SystemExit: argparse's own exits (``--help``, a malformed flag: one line, code 2).
@@ -205,6 +206,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, runs = _parser(_command_in(argv))
     args = parser.parse_args(argv)
+    try:
+        return _run(args, runs)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), no traceback.
+        sys.stderr.write("remat-kit: interrupted\n")
+        return 130
+
+
+def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespace], int]]) -> int:
     try:
         if getattr(args, "target", None) != "local":
             from remat_kit.targets import configure_for_deviceless
