@@ -41,6 +41,7 @@ TINY = ["--model", "tiny-llama", "--target", "h100", "--batch", "2", "--seq", "6
 def _cases(quick: bool) -> list[dict[str, Any]]:
     """The goal commands: (name, argv, goal seconds, goal compiles, takes --jobs)."""
     m = TINY if quick else LLAMA
+    searched = [a for i, a in enumerate(m) if "--batch" not in m[i - 1 : i + 1]]  # fit: no --batch
     sgd = [] if quick else SGD
     big = ["--model", "tiny-llama", "--batch", "2", "--seq", "64"] if quick else [
         "--model", "llama3-8b", "--batch", "8", "--seq", "2048",
@@ -49,13 +50,13 @@ def _cases(quick: bool) -> list[dict[str, Any]]:
         dict(name="compare 11 policies", argv=["compare", *m], goal_s=(30, 5), jobs=True),
         dict(
             name="fit 1 policy",
-            argv=["fit", *m, *sgd, "--policy", "full"],
+            argv=["fit", *searched, *sgd, "--policy", "full"],
             goal_s=(15, None),
             goal_compiles=3,
         ),
         dict(
             name="fit 4 policies",
-            argv=["fit", *m, *sgd, "--policies", "none,full,minimal,plan"],
+            argv=["fit", *searched, *sgd, "--policies", "none,full,minimal,plan"],
             goal_s=(45, None),
         ),
         dict(

@@ -283,6 +283,13 @@ def model_config(
             f"use seq <= {cfg.max_seq_len} or a larger max_seq_len",
             param="seq",
         )
+    if opts.seq > cfg.max_seq_len and "max_seq" in dict(opts.overrides):
+        # Rotary models have no position table, so the length would be ignored: say so.
+        raise BadValue(
+            f"max_seq_len={cfg.max_seq_len} is below seq={opts.seq}: the step trains on seq "
+            f"tokens; set max_seq_len >= {opts.seq} or drop it",
+            param="max_seq_len",
+        )
     check_sizes(opts, cfg, target)
     return cfg
 

@@ -26,6 +26,7 @@ from remat_kit.render.files import check_output, write_json
 from remat_kit_models.measure import Options, check_sizes, cudnn_problem, resolve_attention
 
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
+TINY_FIT = TINY[:-2]  # fit searches the batch: --batch is refused there
 
 
 def _r(*argv):
@@ -47,7 +48,7 @@ CLI_CASES = [
     (["compare", *TINY, "--csv", "{dir}"], "--csv", 2),
     (["plan", *TINY, "--plot", "{tmp}/missing/front.png"], "--plot", 2),
     (["inspect", *TINY, "--plot", "{dir}"], "--plot", 2),
-    (["fit", *TINY, "--json", "/dev/full"], "is a device", 2),
+    (["fit", *TINY_FIT, "--json", "/dev/full"], "is a device", 2),
     (_r("--json", "{tmp}/r.txt"), "r.txt: writes JSON; give a path ending in .json", 2),
     (
         ["plan", *TINY, "--plot", "{tmp}/out.txt"],
@@ -68,6 +69,19 @@ CLI_CASES = [
     (_r("--target", "{list}"), "the JSON must be an object of the card's facts", 2),
     (_r("--target", "{thin}"), "missing fp32_per_sm", 2),
     (_r("--target", "{broken}"), "not readable JSON", 2),
+    # flags a command would not act on
+    (_r("--gpus", "8"), "--gpus 8 without --shard: the step would be compiled for one GPU", 2),
+    (
+        ["advise", *TINY, "--target", "l4"],
+        "--target l4: advise compares GPUs; name them with --targets",
+        2,
+    ),
+    (["fit", *TINY], "--batch 2: fit searches the batch", 2),
+    (
+        ["report", "--model", "llama3-8b", "--seq", "2048", "--max-seq", "1024"],
+        "--max-seq 1024: max_seq_len=1024 is below seq=2048",
+        2,
+    ),
     # policies
     (_r("--policy", "names:save=query_prj"), "did you mean 'query_proj'", 2),
     (_r("--policy", "names:save="), "needs at least one tag", 2),
@@ -83,7 +97,7 @@ CLI_CASES = [
         "--policies 'full,none,full' names full twice: give each once",
         2,
     ),
-    (["fit", *TINY, "--policies", "full,"], "has an empty item", 2),
+    (["fit", *TINY_FIT, "--policies", "full,"], "has an empty item", 2),
     (["plan", *TINY, "--policies", "full,dotz"], "unknown policy 'dotz'", 2),
     (["inspect", *TINY, "--diff", "full", "minmal"], "--diff 'minmal'", 2),
     # schedules, checked against the model's 4 layers
@@ -92,7 +106,7 @@ CLI_CASES = [
     (_r("--schedule", "evry:2"), "Did you mean every", 2),
     (_r("--schedule", "layers:0-9=full"), "the model has 4", 2),
     (_r("--schedule", "sqrt:3"), "takes no argument", 2),
-    (["fit", *TINY, "--schedule", "nested:0"], "--schedule 'nested:0'", 2),
+    (["fit", *TINY_FIT, "--schedule", "nested:0"], "--schedule 'nested:0'", 2),
     (["compare", *TINY, "--schedules", "none;every:x"], "--schedules 'every:x'", 2),
     # budgets
     (["plan", *TINY, "--budget", "-5GiB"], "--budget '-5GiB' must be positive", 2),
@@ -425,14 +439,14 @@ def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
         )
 
     monkeypatch.setattr("remat_kit.cli.fit.max_batch", nothing)
-    assert main(["fit", *TINY, "--policies", "none,full"]) == 1
+    assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 1
     assert "nothing fits: no policy fits even the smallest batch on h100-80gb" in _one_line(capsys)
     # And 0 as soon as one policy fits.
     monkeypatch.setattr(
         "remat_kit.cli.fit.max_batch",
         lambda w, p, s, **kw: dataclasses.replace(nothing(w, p, s), max_batch=2),
     )
-    assert main(["fit", *TINY, "--policies", "none,full"]) == 0
+    assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 0
 
 
 def test_advise_exits_1_when_no_gpu_fits(monkeypatch, capsys):

@@ -206,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser, runs = _parser(_command_in(argv))
     args = parser.parse_args(argv)
+    # The flags the user typed (a default and a typed default read alike after parsing):
+    # a flag a command does not act on is refused only when it was given.
+    args.given = frozenset(a.split("=", 1)[0] for a in argv if a.startswith("--"))
     try:
         return _run(args, runs)
     except KeyboardInterrupt:

@@ -125,6 +125,11 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     check_outputs(args)
     opts = options_from_args(args)
     tgt = target_from_args(args)
+    if tgt.devices > 1 and not opts.shard:
+        raise BadValue(
+            f"--gpus {tgt.devices} without --shard: the step would be compiled for one GPU and "
+            f"reported as such; give a mesh, e.g. --shard fsdp:{tgt.devices}, or drop --gpus"
+        )
     source = source_for(opts)
     config = opts.train_config()  # the optimizer's name, batch against accum
     # The model's own check names its field (vocab_size=1, BadValue.param): the CLI's error

@@ -68,6 +68,11 @@ def run(args: argparse.Namespace) -> int:
       ``remat-kit advise --model tiny-llama --targets h100,l4`` parses its flags and calls this.
     """
     # Every value, the output path included, is checked before the first trace or compile.
+    if "--target" in getattr(args, "given", ()):
+        raise BadValue(
+            f"--target {args.target}: advise compares GPUs; name them with --targets "
+            f"{args.target}[,OTHER...] (default: every GPU of the catalogue)"
+        )
     run = resolve(args)
     opts = run.opts
     names = None

@@ -13,6 +13,7 @@ from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, add_search_args
 from remat_kit.cli._model import resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
+from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.tables import FitRow, fit_table
 from remat_kit.schedules import label
@@ -38,7 +39,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("fit", help=summary("fit"))
     add_model_args(
         p,
-        batch_help="not used by the search, which starts where the trace puts the largest batch",
+        batch_help="refused: the search finds the batch (report measures one)",
     )
     p.add_argument("--policy", default=None, help="one policy (name or spec)")
     p.add_argument(
@@ -69,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     """
     # Every value, the output path included, is checked before the first trace or compile.
     run = resolve(args)
+    if "--batch" in getattr(args, "given", ()):
+        raise BadValue(
+            f"--batch {args.batch}: fit searches the batch (from where the trace puts the "
+            "largest); drop --batch, or measure one batch with report"
+        )
     opts, target = run.opts, run.target
     if args.policy:
         flag, specs = "--policy", [args.policy]
