@@ -16,7 +16,7 @@ from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args
 from remat_kit.errors import BadValue, TargetError
 from remat_kit.render import console, write_json
-from remat_kit.render.tables import validation_table
+from remat_kit.render.validation import validation_table
 
 __all__ = ["add_parser", "run"]
 

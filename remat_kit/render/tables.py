@@ -41,7 +41,6 @@ __all__ = [
     "plan_table",
     "report_table",
     "residual_table",
-    "validation_table",
 ]
 
 _MIB = 2**20
@@ -130,6 +129,18 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
     return rows
 
 
+def _cut(nbytes: int) -> str:
+    """What XLA's remat pass took off, never "0.0": GiB to one decimal, or MiB below 0.1 GiB.
+
+    Example:
+      >>> _cut(int(1.25 * 2**30)), _cut(40 * 2**20)
+      ('1.2', '40 MiB')
+    """
+    if nbytes >= 0.1 * GIB:
+        return gib(nbytes, 1)
+    return f"{nbytes / 2**20:.0f} MiB"
+
+
 def compare_table(
     rows: Sequence[Mapping[str, Any]], target: Target, opts: RunOptions, seconds: float
 ) -> Table:
@@ -160,7 +171,8 @@ def compare_table(
         caption += "; no (0.92): fits with XLA_PYTHON_CLIENT_MEM_FRACTION=0.92"
     if any(row["xla_remat"] for row in rows):
         caption += (
-            "; XLA -1.2: XLA's own rematerialization pass took that many GiB off the peak, so "
+            "; XLA -1.2: XLA's own rematerialization pass took that many GiB (MiB where it says "
+            "so) off the peak, so "
             "the figure includes XLA's choices"
         )
     table = Table(title=title, caption=caption)
@@ -183,7 +195,7 @@ def compare_table(
     for row in rows:
         fits = _fits_cell(row["fits"], row["fits_with_fraction"])
         if row["xla_remat"]:
-            fits += f", XLA -{gib(row['xla_remat_saved_bytes'], 1)}"
+            fits += f", XLA -{_cut(row['xla_remat_saved_bytes'])}"
         cells = [
             label(row["policy"], row["schedule"]),
             gib(row["peak_bytes"]),
@@ -593,54 +605,3 @@ def _breakdown_lines(
         ("  batch", parts.get("batch")),
         ("  activations and temporaries", parts.get("activations")),
     ]
-
-
-def validation_table(rows: Sequence[Mapping[str, Any]]) -> Table:
-    """Predicted against measured peaks on a real GPU, one row per check.
-
-    Args:
-      rows: ``Validation.to_dict()`` of each check (``remat_kit.validate``).
-
-    Returns:
-      The table.
-
-    Example:
-      >>> row = {"target": "h100-80gb", "device_kind": "NVIDIA H100 80GB HBM3",
-      ...        "predicted_peak_bytes": 30 * 2**30, "measured_peak_bytes": 31 * 2**30,
-      ...        "error": 30 / 31 - 1, "meta": {"model": "llama3.2-1b", "policy": "full"}}
-      >>> t = validation_table([row])  # rows: Validation.to_dict() of real checks
-      >>> t.title, [list(c.cells)[0] for c in t.columns][4:7]
-      ('predicted vs measured peak on NVIDIA H100 80GB HBM3', ['30.00', '31.00', '-3.2%'])
-    """
-    first = rows[0] if rows else {}
-    table = Table(
-        title=f"predicted vs measured peak on {first.get('device_kind', '-')}"
-        + training_line((first.get("meta") or {}).get("precision"), None),
-        caption="measured = allocator peak_bytes_in_use after the steps - bytes_in_use before "
-        "the arguments; error = predicted / measured - 1; step s: median of the steps after "
-        "the first, predicted by remat_kit.timing",
-    )
-    columns = ("model", "policy", "b x s", "compiled for", "predicted GiB", "measured GiB")
-    for col in (*columns, "error", "limit GiB", "step s pred / meas", "ran"):
-        table.add_column(col, justify="left" if col in ("model", "policy") else "right")
-    for row in rows:
-        m = row.get("meta") or {}
-        ran = "OOM" if row.get("oom") else ("ok" if row.get("measured_peak_bytes") else "?")
-        table.add_row(
-            str(m.get("model", "-")),
-            str(m.get("policy", "-")),
-            f"{m.get('batch', '-')} x {m.get('seq', '-')}",
-            str(row.get("target")),
-            gib(row.get("predicted_peak_bytes")),
-            gib(row.get("measured_peak_bytes")),
-            pct(row.get("error")),
-            gib(row.get("bytes_limit")),
-            _pair(row.get("predicted_step_seconds"), row.get("step_seconds")),
-            ran,
-        )
-    return table
-
-
-def _pair(predicted: float | None, measured: float | None) -> str:
-    cell = lambda v: "-" if v is None else f"{v:.3f}"
-    return f"{cell(predicted)} / {cell(measured)}"
