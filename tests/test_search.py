@@ -1038,39 +1038,43 @@ def plan_label(p):
     return label(p)
 
 
-@pytest.mark.parametrize("plot", [False, True], ids=["front", "sweep"])
-def test_plan_front_is_what_the_plan_cli_reports(plot, monkeypatch, tmp_path):
-    """The CLI parses and prints; the plan, the front and the sweep are plan_front's."""
+def test_plan_front_is_what_the_plan_cli_reports_with_or_without_plot(monkeypatch, tmp_path):
+    """The CLI parses and prints; the plan, the front and the sweep are plan_front's, and the
+    front is the same whether or not --plot draws it."""
     import json
 
     budget = FIXED + 1600 - 700  # the solver must shed 700 of 1600 bytes
     catalogue = ["none", "full", "dots"]
     monkeypatch.setattr(rk.sources, "workload", lambda *a, **k: fake3(layers=4))
-    out = tmp_path / "plan.json"
     argv = ["plan", "--model", "tiny-llama", "--target", "h100", "--batch", "1", "--seq", "16"]
-    argv += ["--budget", f"{budget}B", "--policies", ",".join(catalogue), "--json", str(out)]
-    if plot:
-        argv += ["--plot", str(tmp_path / "front.png")]
-    assert main(argv) == 0
-    cli = json.loads(out.read_text())
+    argv += ["--budget", f"{budget}B", "--policies", ",".join(catalogue)]
+    cli = {}
+    for plot in (False, True):
+        out = tmp_path / f"plan{plot}.json"
+        extra = ["--plot", str(tmp_path / "front.png")] if plot else []
+        assert main([*argv, "--json", str(out), *extra]) == 0
+        cli[plot] = json.loads(out.read_text())
+    assert cli[False]["front"] == cli[True]["front"]
+    assert cli[False]["plan"]["peak_bytes"] == cli[True]["plan"]["peak_bytes"]
 
-    pf = rk.search.plan_front(fake3(layers=4), 1, budget, catalogue=catalogue, sweep=plot)
+    pf = rk.search.plan_front(fake3(layers=4), 1, budget, catalogue=catalogue, sweep=True)
     assert isinstance(pf, rk.search.PlanFront) and pf.plan.fits
     mine = json.loads(json.dumps(pf.to_dict()))
-    assert set(mine) == set(cli) == {"plan", "front", "plan_seconds", "seconds"}
+    assert set(mine) == set(cli[False]) == {"plan", "front", "plan_seconds", "seconds"}
     for key in ("policy", "schedule", "peak_bytes", "overhead", "decisions", "source", "message"):
-        assert mine["plan"][key] == cli["plan"][key], key
-    assert mine["plan"]["note"] == cli["plan"]["note"]
-    assert mine["front"] == cli["front"] == json.loads(json.dumps(_front_rows(pf.points)))
+        assert mine["plan"][key] == cli[False]["plan"][key], key
+    assert mine["plan"]["note"] == cli[False]["plan"]["note"]
+    assert mine["front"] == cli[False]["front"] == json.loads(json.dumps(_front_rows(pf.points)))
     labels = [pt.label for pt in pf.points]
     assert labels[:3] == catalogue and plan_label(pf.plan) in labels
     plan_point = next(pt for pt in pf.points if pt.label == plan_label(pf.plan))
     assert not plan_point.dominated
-    if plot:  # the sweep: plans for other budgets, and the segment schedules
-        assert pf.swept and all(p.fits and p.budget_bytes != budget for p in pf.swept)
-        assert {pt.kind for pt in pf.points} >= {"catalogue", "plan", "schedule"}
-    else:
-        assert pf.swept == () and {pt.kind for pt in pf.points} == {"catalogue", "plan"}
+    # the sweep: plans for other budgets, and the segment schedules
+    assert pf.swept and all(p.fits and p.budget_bytes != budget for p in pf.swept)
+    assert {pt.kind for pt in pf.points} >= {"catalogue", "plan", "schedule"}
+    # without the sweep the library's front holds the catalogue and the plan only
+    bare = rk.search.plan_front(fake3(layers=4), 1, budget, catalogue=catalogue, sweep=False)
+    assert bare.swept == () and {pt.kind for pt in bare.points} == {"catalogue", "plan"}
 
 
 def test_plan_front_on_the_small_model(mid_plan, small_w):
@@ -1091,3 +1095,15 @@ def test_plan_front_on_the_small_model(mid_plan, small_w):
     assert not by_label[plan_label(p)].dominated
     assert by_label["none"].peak_bytes > pf.plan.budget_bytes  # what the plan is for
     assert pf.seconds >= pf.plan_seconds >= 0
+
+
+def test_a_peak_a_few_bytes_smaller_does_not_keep_a_slower_point_on_the_front():
+    from remat_kit.search.front import FrontPoint, pareto_front
+
+    peak = 50 * 2**30
+    sched = FrontPoint("full @ every:2", "schedule", peak - 1264, 0.30, 0.30)
+    plan = FrontPoint("plan", "plan", peak, 0.20, 0.20)
+    far = FrontPoint("full", "catalogue", peak - 2**30, 0.35, 0.35)  # 1 GiB smaller: stays
+    marked = {p.label: p for p in pareto_front([sched, plan, far])}
+    assert marked["full @ every:2"].dominated and marked["full @ every:2"].dominated_by == "plan"
+    assert not marked["plan"].dominated and not marked["full"].dominated

@@ -92,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
     w = sources.workload(run.source, target, run.config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters
-        # --plot draws the whole curve: the sweep and the segment schedules join the front.
+        # The front is the whole curve (the sweep and the segment schedules join it) with
+        # or without --plot: what is dominated must not depend on whether it is drawn.
         found = plan_front(
             w,
             opts.batch,
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
             offload=not args.no_offload,
             hide=args.hide,
             headroom=args.headroom,
-            sweep=args.plot is not None,
+            sweep=True,
         )
     p, points = found.plan, found.points
     out = console()

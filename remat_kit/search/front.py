@@ -88,7 +88,9 @@ class FrontPoint:
     step_seconds: float | None = None
 
 
-def pareto_front(points: Iterable[FrontPoint], *, rtol: float = 1e-6) -> tuple[FrontPoint, ...]:
+def pareto_front(
+    points: Iterable[FrontPoint], *, rtol: float = 1e-6, peak_rtol: float = 1e-4
+) -> tuple[FrontPoint, ...]:
     """Marks each point dominated or not (smaller peak and lower overhead both win).
 
     A point is dominated when another has a peak and an overhead no larger and is strictly
@@ -98,6 +100,9 @@ def pareto_front(points: Iterable[FrontPoint], *, rtol: float = 1e-6) -> tuple[F
     Args:
       points: the points, any order.
       rtol: tolerance on overhead (float noise), relative to the larger of 1 and the value.
+      peak_rtol: peaks this close (relative to the larger) count as equal: a
+        schedule a few hundred bytes smaller does not stay on the front beside a plan of the
+        same shown peak with less recompute.
 
     Returns:
       The points in the same order, with ``dominated``/``dominated_by`` set.
@@ -116,8 +121,10 @@ def pareto_front(points: Iterable[FrontPoint], *, rtol: float = 1e-6) -> tuple[F
             if q is p:
                 continue
             tol = rtol * max(1.0, abs(p.overhead))
-            le_peak, le_over = q.peak_bytes <= p.peak_bytes, q.overhead <= p.overhead + tol
-            strict = q.peak_bytes < p.peak_bytes or q.overhead < p.overhead - tol
+            slack = peak_rtol * max(p.peak_bytes, q.peak_bytes)
+            le_peak = q.peak_bytes <= p.peak_bytes + slack
+            le_over = q.overhead <= p.overhead + tol
+            strict = q.peak_bytes < p.peak_bytes - slack or q.overhead < p.overhead - tol
             if le_peak and le_over and strict:
                 by = q.label
                 break
