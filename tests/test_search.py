@@ -1047,15 +1047,20 @@ def test_plan_front_is_what_the_plan_cli_reports_with_or_without_plot(monkeypatc
     catalogue = ["none", "full", "dots"]
     monkeypatch.setattr(rk.sources, "workload", lambda *a, **k: fake3(layers=4))
     argv = ["plan", "--model", "tiny-llama", "--target", "h100", "--batch", "1", "--seq", "16"]
-    argv += ["--budget", f"{budget}B", "--policies", ",".join(catalogue)]
+    argv += ["--budget", f"{budget}B", "--policies", ",".join(catalogue), "--sweep"]
     cli = {}
     for plot in (False, True):
         out = tmp_path / f"plan{plot}.json"
         extra = ["--plot", str(tmp_path / "front.png")] if plot else []
         assert main([*argv, "--json", str(out), *extra]) == 0
         cli[plot] = json.loads(out.read_text())
-    assert cli[False]["front"] == cli[True]["front"]
+    assert cli[False]["front"] == cli[True]["front"]  # --plot draws; it changes nothing
     assert cli[False]["plan"]["peak_bytes"] == cli[True]["plan"]["peak_bytes"]
+    out = tmp_path / "plain.json"
+    plain = [a for a in argv if a != "--sweep"]
+    assert main([*plain, "--json", str(out), "--plot", str(tmp_path / "f.png")]) == 0
+    drawn = json.loads(out.read_text())["front"]
+    assert {row["kind"] for row in drawn} == {"catalogue", "plan"}  # no sweep unless asked
 
     pf = rk.search.plan_front(fake3(layers=4), 1, budget, catalogue=catalogue, sweep=True)
     assert isinstance(pf, rk.search.PlanFront) and pf.plan.fits

@@ -52,6 +52,12 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "default: no limit",
     )
     p.add_argument("--plot", type=Path, default=None, help="write the Pareto front as PNG")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the whole curve: also plan for the catalogue's peaks and compile the segment "
+        "schedules (more compiles); the table, the JSON and the plot show the same front",
+    )
     add_search_args(p)
     return p
 
@@ -92,8 +98,8 @@ def run(args: argparse.Namespace) -> int:
     w = sources.workload(run.source, target, run.config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the tables show what matters
-        # The front is the whole curve (the sweep and the segment schedules join it) with
-        # or without --plot: what is dominated must not depend on whether it is drawn.
+        # --sweep adds the whole curve; --plot only draws: what is dominated must not depend
+        # on whether it is drawn.
         found = plan_front(
             w,
             opts.batch,
@@ -103,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             offload=not args.no_offload,
             hide=args.hide,
             headroom=args.headroom,
-            sweep=True,
+            sweep=args.sweep,
         )
     p, points = found.plan, found.points
     out = console()
