@@ -39,6 +39,9 @@ _CANT_REDUCE = re.compile(
 )
 # Instructions the remat pass cloned are named <original>.remat<N>; metadata is stripped first,
 # since op names from jax.checkpoint mention "remat" too.
+_BASE_LIMIT = re.compile(
+    r"byte size of input/output arguments \((\d+)\) exceeds the base limit \((\d+)\)"
+)
 _CLONE = re.compile(r"%?[\w.\-]+\.remat\d*\b")
 _METADATA = re.compile(r"metadata=\{[^}]*\}")
 _DISABLE_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
@@ -196,6 +199,10 @@ def parse_xla_log(lines: list[str]) -> list[str]:
       ...     "only reduced to 2.00GiB (2147483648 bytes), down from 3.00GiB (3221225472 bytes) "
       ...     "originally"])[0].split(": ")[1]
       'it reached 2.00 GiB, from 3.00 GiB'
+      >>> parse_xla_log(["W1124 02:20:01.1 7 gpu_hlo_schedule.cc:968] The byte size of "
+      ...     "input/output arguments (96363200824) exceeds the base limit (63707234304). This "
+      ...     "indicates an error in the calculation!"])[0][:64]
+      "XLA: the step's inputs and outputs alone (89.75 GiB: weights, gr"
 
     """
     out = []
@@ -210,6 +217,14 @@ def parse_xla_log(lines: list[str]) -> list[str]:
             text = (
                 f"XLA's rematerialization pass could not bring the program under its limit of "
                 f"{limit:.2f} GiB: it reached {reached:.2f} GiB, from {before:.2f} GiB"
+            )
+        elif _BASE_LIMIT.search(text):
+            args_, limit = (int(g) / 2**30 for g in _BASE_LIMIT.search(text).groups())
+            # XLA calls it "an error in the calculation"; it is a program that cannot fit.
+            text = (
+                f"XLA: the step's inputs and outputs alone ({args_:.2f} GiB: weights, "
+                f"gradients, optimizer state, batch) exceed the {limit:.2f} GiB its scheduler "
+                "plans for"
             )
         else:
             text = f"XLA ({m.group(2)}): {text}"

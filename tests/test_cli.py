@@ -373,3 +373,36 @@ def test_a_gpu_from_a_file_is_a_target_on_the_command_line(kind, tmp_path):
     lib = rk.targets.custom_target("h100-96gb", {k: v for k, v in _CARD.items() if k != "name"})
     if kind == "facts":
         assert report["step_time"]["peak_flops"] == lib.peak_bf16_flops
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        # weights, gradients and AdamW state (1.24 B x 16 bytes, 18.4 GiB) exceed an L4's 16.9
+        # usable; without the state (x 8 bytes, 9.2 GiB) it would fit: SGD comes first
+        (
+            ["--model", "llama3.2-1b", "--batch", "1", "--seq", "512", "--policies", "full"],
+            "alone are over the limit: SGD (--optimizer sgd: no optimizer state, about 9.2 GiB "
+            "instead of 18.4)",
+        ),
+        # the fixed part fits; the activations of 4096 x 2048 tokens do not
+        (
+            [
+                "--model",
+                "tiny-llama",
+                "--batch",
+                "4096",
+                "--seq",
+                "2048",
+                "--policies",
+                "none,full",
+            ],
+            "The smallest peak is",
+        ),
+    ],
+    ids=["fixed-part", "activations"],
+)
+def test_compare_says_what_to_try_when_nothing_fits(argv, says, capsys):
+    assert main(["compare", "--target", "l4", *argv]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "nothing fits." in out and says in out

@@ -129,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
     for note, labels in shared.items():
         who = f"all {len(labels)} rows" if len(labels) == len(reports) > 1 else ", ".join(labels)
         out.print(f"[yellow]{who}:[/yellow] {note}")
+    if reports and not any(r.fits for r in reports if r.fits is not None) and target.usable_bytes:
+        out.print(f"[bold]nothing fits.[/bold] {_next_steps(run, reports)}")
     if args.json:
         write_json(args.json, rows, flag="--json")
     if args.csv:
@@ -154,3 +156,25 @@ def _measure_case(opts: Any, target: Any, baseline: float, case: tuple[str, str]
             schedule=parse_schedule(schedule),
             baseline=baseline,
         )
+
+
+def _next_steps(run: Any, reports: Any) -> str:
+    """What to try when no row fits: the fixed part's verdict and hints (``check_budget``:
+    LoRA, a larger GPU, sharding, with the figures each would give), or, when the fixed part
+    fits, the searches that find a batch or a plan that does."""
+    from remat_kit.errors import DoesNotFit
+    from remat_kit.search.budget import check_budget
+
+    w = sources.workload(run.source, run.target, run.config)
+    try:
+        check_budget(w, run.opts.batch, run.target.usable_bytes)
+    except DoesNotFit as err:
+        return "Weights, gradients and optimizer state alone are over the limit: " + (
+            "; ".join(err.hints) if err.hints else str(err)
+        )
+    smallest = min(reports, key=lambda r: r.peak_bytes)
+    return (
+        f"The smallest peak is {smallest.peak_bytes / 2**30:.2f} GiB "
+        f"({smallest.policy}); try a smaller batch (remat-kit fit finds the largest that "
+        "fits), remat-kit plan --budget for a per-tag plan, or remat-kit advise for a GPU"
+    )

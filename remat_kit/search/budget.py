@@ -241,6 +241,13 @@ def _what_would_fit(
 ) -> list[str]:
     hints = []
     weights = parts.get("weights", 0)
+    state = parts.get("optimizer", 0)
+    if state and fixed - state <= 0.8 * budget:
+        # The cheapest change, where it is enough: no optimizer state to keep.
+        hints.append(
+            f"SGD (--optimizer sgd: no optimizer state, about {(fixed - state) / GIB:.1f} GiB "
+            f"instead of {fixed / GIB:.1f})"
+        )
     if parts.get("gradients", 0) and weights < 0.8 * budget:
         hints.append(
             f"LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer state, "
