@@ -125,6 +125,9 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         p.terminate()
     for p in processes:
         p.join(timeout=1)
+        if p.is_alive():  # SIGTERM not acted on yet (a worker still starting up): SIGKILL
+            p.kill()
+            p.join(timeout=1)
 
 
 def _start_worker(cache_flag: bool | None) -> None:
