@@ -10,7 +10,8 @@ keeps those bytes on disk, keyed by everything that determines them:
 - the target: name, kind, devices, hosts, its ``GpuTargetConfigProto`` text (which carries the
   device memory size XLA's remat pass works to) and the runtime (allocator fraction);
 - compiler options passed by the caller and ``XLA_FLAGS``;
-- the jax, jaxlib and CUDA plugin versions, and the fields of the stored record.
+- the jax, jaxlib and CUDA plugin versions, the fields of the stored record and the source of
+  the code that derives it from the compile (XLA's log lines in words, the kernels).
 
 A second kind of entry, :func:`remember`, keeps a whole answer (a report, a FLOP count) under
 the *request* that produced it: the caller's options, the target, the source of the code that
@@ -172,6 +173,18 @@ def _versions() -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+@functools.cache
+def _record_code() -> str:
+    """sha256 of the code that turns a compile into the stored record: XLA's log lines become
+    sentences and its HLO becomes kernels there, so a record written before that code changed
+    would carry the old sentences and kernels (the program alone does not key them)."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in (root / "xla.py", root / "timing" / "kernels.py"):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
 def entry_key(program_text: str, target: Any, options: Mapping[str, Any] | None = None) -> str:
     """The key of a compiled program: sha256 over all that determines its analysis.
 
@@ -191,6 +204,7 @@ def entry_key(program_text: str, target: Any, options: Mapping[str, Any] | None 
     parts = {
         "format": FORMAT,
         "record": [f.name for f in dataclasses.fields(CompiledMemory)],
+        "derived_by": _record_code(),
         "program": fingerprint(program_text),
         "target": _target_parts(target),
         "options": sorted((str(k), str(v)) for k, v in (options or {}).items()),

@@ -129,6 +129,25 @@ def test_the_key_names_the_jax_versions(monkeypatch):
     assert cache.entry_key(text, rk.target("cpu")) != key
 
 
+def test_the_key_follows_the_code_that_words_the_log_and_reads_the_kernels(tmp_path, monkeypatch):
+    # A record holds XLA's log in words and the kernels read from the HLO: an entry written
+    # before that code changed must not answer with the old words.
+    text = _lowered().as_text()
+    key = cache.entry_key(text, rk.target("cpu"))
+    fake = tmp_path / "remat_kit"
+    (fake / "timing").mkdir(parents=True)
+    (fake / "xla.py").write_text("# another parser\n")
+    (fake / "timing" / "kernels.py").write_text("")
+    monkeypatch.setattr(cache, "__file__", str(fake / "cache.py"))
+    cache._record_code.cache_clear()
+    try:
+        assert cache.entry_key(text, rk.target("cpu")) != key
+    finally:
+        monkeypatch.undo()
+        cache._record_code.cache_clear()
+    assert cache.entry_key(text, rk.target("cpu")) == key
+
+
 @pytest.mark.parametrize("how", ["env", "call"])
 def test_the_cache_can_be_bypassed(cache_dir, monkeypatch, how):
     if how == "env":

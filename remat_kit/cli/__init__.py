@@ -98,6 +98,10 @@ FLAGS: dict[str, str] = {
 }
 
 _DEBUG_HELP = "on an error, show the full traceback instead of one line"
+_WIDE_HELP = (
+    "print tables whole, however wide (by default they fit the terminal: $COLUMNS or its "
+    "width, 150 columns into a file or pipe; the least important columns go first)"
+)
 
 
 def summary(name: str) -> str:
@@ -168,6 +172,7 @@ def _parser(
             sub.choices[name].add_argument(
                 "--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP
             )
+            sub.choices[name].add_argument("--wide", action="store_true", help=_WIDE_HELP)
     return parser, runs
 
 

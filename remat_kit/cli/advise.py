@@ -18,6 +18,7 @@ from remat_kit.cli._model import resolve, source_for
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
+from remat_kit.render.layout import fitted
 from remat_kit.render.tables import advise_table
 from remat_kit.search import Advice, ScaleOut, advise, gpus_needed
 from remat_kit.targets import target
@@ -98,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
             jobs=args.jobs,
         )
     seconds = time.perf_counter() - start
-    out = console()
-    out.print(advise_table(rows, opts, headroom=args.headroom, seconds=seconds))
+    out = console(args.wide)
+    out.print(fitted(advise_table(rows, opts, headroom=args.headroom, seconds=seconds), out.width))
     scale = _scale_out(args, opts, rows) if args.scale_out else {}
     for a in rows:
         if not a.fits:

@@ -16,7 +16,8 @@ from remat_kit.cli._model import attention_note, resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_csv, write_json
-from remat_kit.render.notes import words
+from remat_kit.render.layout import fitted
+from remat_kit.render.notes import shared_words
 from remat_kit.render.tables import compare_rows, compare_table
 from remat_kit.schedules import label
 from remat_kit.search import FRONT_POLICIES
@@ -112,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
             )
     seconds = time.perf_counter() - start
     rows = compare_rows(reports)
-    out = console()
-    out.print(compare_table(rows, target, opts, seconds))
+    out = console(args.wide)
+    out.print(fitted(compare_table(rows, target, opts, seconds), out.width))
     if skipped:
         out.print(f"not compared (the model tags none of their tensors): {', '.join(skipped)}")
     chosen = attention_note(run)
@@ -125,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     for r in reports:
         for note in r.notes:
             if note.kind not in ("does_not_fit", "xla_remat"):
-                shared.setdefault(words(note), []).append(label(r.policy, r.schedule))
+                shared.setdefault(shared_words(note), []).append(label(r.policy, r.schedule))
     for note, labels in shared.items():
         who = f"all {len(labels)} rows" if len(labels) == len(reports) > 1 else ", ".join(labels)
         out.print(f"[yellow]{who}:[/yellow] {note}")

@@ -15,6 +15,7 @@ from remat_kit.cli._model import resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
+from remat_kit.render.layout import fitted
 from remat_kit.render.tables import FitRow, fit_table
 from remat_kit.schedules import label
 from remat_kit.search import max_batch, max_batch_plan
@@ -103,9 +104,14 @@ def run(args: argparse.Namespace) -> int:
                 name = label(fit.policy, fit.schedule)
             rows.append(FitRow(name, fit))
     seconds = time.perf_counter() - start
-    out = console()
+    out = console(args.wide)
     out.print(
-        fit_table(rows, target, opts, headroom=args.headroom, compiles=w.compiles, seconds=seconds)
+        fitted(
+            fit_table(
+                rows, target, opts, headroom=args.headroom, compiles=w.compiles, seconds=seconds
+            ),
+            out.width,
+        )
     )
     for row in rows:
         if not row.fit.fits or row.label.startswith("plan"):

@@ -23,6 +23,7 @@ from remat_kit.peak import PeakReport, diff, inspect_step
 from remat_kit.policies import Policy, as_policy
 from remat_kit.render.files import write_json
 from remat_kit.render.format import console
+from remat_kit.render.layout import fitted
 from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render.timeline import plot_timeline
 from remat_kit.render.titles import run_words
@@ -101,15 +102,15 @@ def run(args: argparse.Namespace) -> int:
     tgt = run.target  # the one report compiles for (its allocator fraction included)
     schedule = parse_schedule(getattr(args, "schedule", "none"))
     reports = [_inspect(run, tgt, as_policy(p), schedule) for p in policies]
-    out = console()
+    out = console(args.wide)
     for r in reports:
-        out.print(peak_table(r))
-        out.print(buffer_table(r, getattr(args, "top", 10)))
-        out.print(split_table(r))
+        out.print(fitted(peak_table(r), out.width))
+        out.print(fitted(buffer_table(r, getattr(args, "top", 10)), out.width))
+        out.print(fitted(split_table(r), out.width))
     result: dict[str, Any] = {"reports": [r.to_dict() for r in reports]}
     if len(reports) == 2:
         d = diff(reports[0], reports[1])
-        out.print(diff_table(d, policies))
+        out.print(fitted(diff_table(d, policies), out.width))
         result["diff"] = d.to_dict()
     if getattr(args, "plot", None):
         plot_timeline(

@@ -9,6 +9,7 @@ from typing import Any
 from remat_kit.cli import summary
 from remat_kit.policies import parse_policy, policy, policy_names
 from remat_kit.render import console
+from remat_kit.render.layout import fitted
 from remat_kit.render.listings import models_table, policies_table, targets_table
 from remat_kit.targets import target, target_names
 
@@ -79,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
       The exit code (0).
 
     Example:
-      >>> run(argparse.Namespace(command="targets"))
+      >>> run(argparse.Namespace(command="targets", wide=False))
       targets
       ...h100-80gb...NVIDIA H100 80GB HBM3...
       0
     """
-    console().print(_LISTINGS[args.command]())
+    out = console(args.wide)
+    out.print(fitted(_LISTINGS[args.command](), out.width))
     return 0

@@ -14,6 +14,7 @@ from remat_kit.cli._args import add_model_args, add_search_args
 from remat_kit.cli._model import resolve
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import console, write_json
+from remat_kit.render.layout import fitted
 from remat_kit.render.tables import decision_table, plan_table
 from remat_kit.render.titles import run_words
 from remat_kit.search import FRONT_POLICIES, plan_front
@@ -112,19 +113,22 @@ def run(args: argparse.Namespace) -> int:
             sweep=args.sweep,
         )
     p, points = found.plan, found.points
-    out = console()
+    out = console(args.wide)
     out.print(
-        plan_table(
-            p,
-            points,
-            target,
-            opts,
-            plan_seconds=found.plan_seconds,
-            seconds=found.seconds,
-            compiles=w.compiles,
+        fitted(
+            plan_table(
+                p,
+                points,
+                target,
+                opts,
+                plan_seconds=found.plan_seconds,
+                seconds=found.seconds,
+                compiles=w.compiles,
+            ),
+            out.width,
         )
     )
-    out.print(decision_table(p))
+    out.print(fitted(decision_table(p), out.width))
     if not p.fits:
         sys.stderr.write(f"remat-kit: {p.message}\n")
     else:

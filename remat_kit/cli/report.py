@@ -12,6 +12,7 @@ from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import attention_note, resolve
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.render import console, write_json
+from remat_kit.render.layout import fitted
 from remat_kit.render.notes import words
 from remat_kit.render.tables import report_table, residual_table
 
@@ -85,10 +86,10 @@ def run(args: argparse.Namespace) -> int:
     res = None
     if not args.no_residuals:
         res = sources.residuals(src, policy, target, config, schedule)
-    out = console()
-    out.print(report_table(report, target))
+    out = console(args.wide)
+    out.print(fitted(report_table(report, target), out.width))
     if res is not None:
-        out.print(residual_table(res, report))
+        out.print(fitted(residual_table(res, report), out.width))
     for note in report.notes:
         out.print(f"[yellow]warning:[/yellow] {words(note)}")
     chosen = attention_note(run)

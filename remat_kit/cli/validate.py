@@ -16,6 +16,7 @@ from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args
 from remat_kit.errors import BadValue, TargetError
 from remat_kit.render import console, write_json
+from remat_kit.render.layout import fitted
 from remat_kit.render.validation import validation_table
 
 __all__ = ["add_parser", "run"]
@@ -108,9 +109,10 @@ def run(args: argparse.Namespace) -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the figures speak; XLA's notes are in the report
         result = validate(step, compare, steps=args.steps, stats_source=gpu, meta=meta)
-    console().print(validation_table([result.to_dict()]))
+    out = console(args.wide)
+    out.print(fitted(validation_table([result.to_dict()]), out.width))
     if result.note:
-        console().print(f"[yellow]note:[/yellow] {result.note}")
+        out.print(f"[yellow]note:[/yellow] {result.note}")
     if args.json:
         write_json(args.json, result.to_dict(), flag="--json")
     return 0 if result.measured_peak_bytes else 1

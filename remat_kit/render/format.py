@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from typing import Any
 
 __all__ = [
@@ -45,15 +46,41 @@ def short(text: str, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def console() -> Any:
-    """A rich Console as wide as the terminal (150–200 columns)."""
+def console(wide: bool = False) -> Any:
+    """The rich Console remat-kit prints to, as wide as the terminal it prints in.
+
+    The width is ``$COLUMNS`` when set, else the terminal's width, else (output to a file or
+    a pipe) 150 columns. Tables are laid out for that width by
+    :func:`remat_kit.render.layout.fitted`.
+
+    Args:
+      wide: ``--wide``: lay nothing out for the terminal (no column is left out, nothing is
+        wrapped); lines are as long as the tables need.
+
+    Returns:
+      A ``rich.console.Console``.
+
+    Example:
+      >>> console(wide=True).width
+      1000
+    """
     from rich.console import Console
 
+    if wide:
+        return Console(width=1000)
+    return Console(width=_terminal_width())
+
+
+def _terminal_width() -> int:
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) >= 40:
+        return int(columns)
     try:
-        width = os.get_terminal_size().columns
-    except OSError:
-        width = 120
-    return Console(width=max(150, min(200, width)))
+        if sys.stdout.isatty():
+            return max(40, os.get_terminal_size(sys.stdout.fileno()).columns)
+    except (OSError, ValueError):
+        pass  # no terminal behind stdout after all (a closed or redirected stream)
+    return 150
 
 
 def text_table(

@@ -20,7 +20,10 @@ from remat_kit.notes import KINDS, Note
 from remat_kit.render.format import GIB
 from remat_kit.schedules import label
 
-__all__ = ["words"]
+__all__ = [
+    "shared_words",
+    "words",
+]
 
 
 def words(note: Note | Mapping[str, Any]) -> str:
@@ -44,6 +47,32 @@ def words(note: Note | Mapping[str, Any]) -> str:
     except KeyError:  # a kind in KINDS without words here: a bug, caught by the tests
         raise BadValue(f"no words for note kind {note.kind!r}", param="note") from None
     return say(note.data)
+
+
+def shared_words(note: Note | Mapping[str, Any]) -> str:
+    """The sentence for ``note`` as a table's rows share it: without the figures of one
+    program that the table shows anyway, so rows that differ only there are named once.
+
+    XLA's remat pass line "could not bring the program under its limit of L: it reached P,
+    from Q" loses its ": it reached ..." (P is the row's peak; the table's fits column says
+    what the pass took off); every other note reads as :func:`words` has it.
+
+    Example:
+      >>> print(shared_words({"kind": "xla_log", "line": "XLA's rematerialization pass could "
+      ...     "not bring the program under its limit of 57.86 GiB: it reached 66.85 GiB, from "
+      ...     "67.83 GiB"}))
+      XLA's rematerialization pass could not bring the program under its limit of 57.86 GiB
+    """
+    if not isinstance(note, Note):
+        note = Note.from_dict(note)
+    text = words(note)
+    if note.kind == "xla_log" and text.startswith(_REMAT_PASS_FAILED):
+        return text.split(": it reached ", 1)[0]
+    return text
+
+
+# How remat_kit.xla.parse_xla_log words the remat pass's "Can't reduce memory use" line.
+_REMAT_PASS_FAILED = "XLA's rematerialization pass could not bring the program under"
 
 
 def _gib(n: float | None) -> str:

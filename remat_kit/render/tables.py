@@ -178,16 +178,24 @@ def compare_table(
     table = Table(title=title, caption=caption)
     offload = any(row["offload_transfer_seconds_est"] for row in rows)
     timed = any(row["step_seconds"] is not None for row in rows)
-    columns = ["policy", "peak GiB", "activations GiB", "host GiB", "saved vs none", "recompute"]
+    # Two-line headers: a figure column is as narrow as its figures.
+    columns = [
+        "policy",
+        "peak\nGiB",
+        "activations\nGiB",
+        "host\nGiB",
+        "saved vs\nnone",
+        "recompute",
+    ]
     if timed:
-        columns += ["step s (est.)", "time vs none", "tok/s"]
+        columns += ["step s\n(est.)", "time vs\nnone", "tok/s"]
         caption += (
             "\nrecompute: extra FLOPs; step s: predicted from the compiled kernels at the "
             "target's rates (remat_kit.timing)"
         )
     if offload:
-        columns.append("offload/recompute ms (est.)")
-    columns += ["fits", "compile s"]
+        columns.append("offload /\nrecompute\nms (est.)")
+    columns += ["fits", "compile\ns"]
     for col in columns:
         table.add_column(
             col, justify="left" if col == "policy" else "right", no_wrap=col == "policy"
@@ -214,7 +222,7 @@ def compare_table(
         if offload:
             t_s = row["offload_transfer_seconds_est"]
             r_s = row["offload_recompute_seconds_est"]
-            cells.append("-" if t_s is None else f"{t_s * 1e3:.0f} vs recompute {r_s * 1e3:.0f}")
+            cells.append("-" if t_s is None else f"{t_s * 1e3:.0f} / {r_s * 1e3:.0f}")
         table.add_row(*cells, fits, f"{row['compile_seconds']:.1f}")
     return table
 
