@@ -1,9 +1,9 @@
 """README's two commands are the ones CI runs."""
 
 import re
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
