@@ -153,7 +153,7 @@ def test_fake_plan_fits_and_is_cheapest(need):
     w = fake_workload()
     everything = FIXED + sum(b for b, _ in TAGS.values())
     budget = everything - need
-    p = rk.plan(w, 1, budget, offload=False)
+    p = rk.plan(w, 1, budget, offload=False, objective="flops")
     assert p.fits and p.peak_bytes <= budget
     assert _fake_measure(p.policy, p.schedule, 1).peak_bytes == p.peak_bytes
     # Brute force over per-layer choices (2^3 options per layer, layers interchangeable).
@@ -236,7 +236,7 @@ def test_plan_never_returns_a_compiled_peak_over_budget():
     """
     w = dataclasses.replace(fake_workload(), measure_fn=_penalized_measure, n_layers=1)
     budget = FIXED + 500
-    p = rk.plan(w, 1, budget, offload=False)
+    p = rk.plan(w, 1, budget, offload=False, objective="flops")
     over = [c for c in p.candidates if c.estimated_peak_bytes is not None and not c.fits]
     # The verify-and-repair path was taken: a solution that fit the estimate compiled over.
     assert any(c.estimated_peak_bytes <= budget < c.peak_bytes for c in over)
@@ -608,6 +608,8 @@ def _truth(layer_decisions, tags, batch=1):
 
 
 def _overhead(host, flops, batch=1):
+    # The fakes' truth is the FLOPs objective (their reports predict no time), so their plans
+    # are asked for with objective="flops"; the time objective is tested on compiled steps.
     step = batch * BASE / PEAK3
     exposed = max(0.0, 2 * host / LINK3 - HIDE3 * step) / step if host else 0.0
     return flops / (batch * BASE) - 1 + exposed
@@ -710,7 +712,7 @@ def test_plan_is_the_brute_force_optimum(shed, host_budget):
     w = fake3()
     everything = FIXED + sum(b for b, _, needed in TAGS3.values() if needed)
     budget = everything - shed
-    p = rk.plan(w, 1, budget, host_budget=host_budget)
+    p = rk.plan(w, 1, budget, host_budget=host_budget, objective="flops")
     best = _brute_force(TAGS3, budget, host_budget)
     assert p.fits and p.peak_bytes <= budget
     assert host_budget is None or p.host_bytes <= host_budget
@@ -722,8 +724,8 @@ def test_plan_is_the_brute_force_optimum(shed, host_budget):
 def test_plan_offloads_within_the_window_and_not_past_a_host_budget():
     w = fake3()
     budget = FIXED + 1600 - 1400  # shed 1400 bytes
-    free = rk.plan(w, 1, budget)
-    capped = rk.plan(w, 1, budget, host_budget=250)
+    free = rk.plan(w, 1, budget, objective="flops")
+    capped = rk.plan(w, 1, budget, host_budget=250, objective="flops")
     # 600 B hide behind half the step: context + attn_out (600 B) go to host for free, and
     # mlpwi_0 is recomputed (1%). Under 250 B only query_proj (200 B) may go, and attn_out
     # must be recomputed with out_proj (2.51%) on top of mlpwi_0 and context.
@@ -732,7 +734,7 @@ def test_plan_offloads_within_the_window_and_not_past_a_host_budget():
     assert set(free.decisions.values()) >= {"offload"}
     assert 0 < free.host_bytes <= 600 and free.overhead < capped.overhead
     assert capped.host_bytes <= 250
-    none = rk.plan(w, 1, budget, host_budget=0)
+    none = rk.plan(w, 1, budget, host_budget=0, objective="flops")
     assert none.host_bytes == 0 and "offload" not in none.decisions.values()
 
 
@@ -742,7 +744,7 @@ def test_plan_with_layer_splits_is_the_brute_force_optimum(shed):
     tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
     w = fake3(tags, layers=4)
     budget = FIXED + 1300 - shed
-    p = rk.plan(w, 1, budget)
+    p = rk.plan(w, 1, budget, objective="flops")
     best = _brute_force(tags, budget, layers=4, splits=True)
     assert p.fits and p.overhead == pytest.approx(best, abs=1e-9)
     if p.layers:
@@ -1112,3 +1114,84 @@ def test_a_peak_a_few_bytes_smaller_does_not_keep_a_slower_point_on_the_front():
     marked = {p.label: p for p in pareto_front([sched, plan, far])}
     assert marked["full @ every:2"].dominated and marked["full @ every:2"].dominated_by == "plan"
     assert not marked["plan"].dominated and not marked["full"].dominated
+
+
+# The time objective (issue 22): plans and fronts costed in predicted step time.
+
+
+def test_traced_seconds_prices_each_kind_at_its_rate():
+    from remat_kit.flops import FlopCount
+    from remat_kit.timing import speed_of
+    from remat_kit.timing.traced import traced_seconds
+
+    h100 = speed_of(rk.target("h100"))
+    # By hand from the H100's figures: products at peak x matmul efficiency; elementwise at
+    # 4 bytes per FLOP over bandwidth x memory efficiency; attention 1 : 2.5 forward/backward.
+    peak, bw = h100.peak_flops, h100.memory_bandwidth * h100.memory_efficiency
+    fwd, bwd = h100.attention_efficiency
+    count = FlopCount(total=3.5e12 + 2e12 + 1e10, matmul=2e12, attention_kernel=3.5e12, other=1e10)
+    expected = (
+        2e12 / (peak * h100.matmul_efficiency)
+        + 1e12 / (peak * fwd)
+        + 2.5e12 / (peak * bwd)
+        + 1e10 * 4.0 / bw
+    )
+    assert traced_seconds(count, h100) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_bare_flop_number_is_priced_as_products():
+    w = rk.Workload(lambda p, s, b: None, lambda p, s, b: 1e12, target=rk.target("h100"), seq=16)
+    count = w.traced_count(rk.policy("full"), rk.schedules.parse_schedule("none"), 1)
+    assert (count.total, count.matmul, count.other) == (1e12, 1e12, 0.0)
+
+
+@pytest.mark.parametrize("policy", ["full", "minimal", "megatron"])
+def test_time_overhead_of_a_compiled_step_is_its_predicted_time_against_none(small_w, policy):
+    r, none = small_w.report(policy, "none", 4), small_w.report("none", "none", 4)
+    expected = r.step_time.seconds / none.step_time.seconds - 1.0
+    assert small_w.overhead_of(r, 4) == pytest.approx(expected, rel=1e-12)
+    flops = small_w.overhead_of(r, 4, objective="flops")
+    assert flops == pytest.approx(r.flops / none.flops - 1.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("objective", ["time", "flops"])
+@pytest.mark.parametrize("at", ["mid", "megatron"])
+def test_the_plan_is_the_cheapest_fitting_point_in_its_objective(small_w, mid_plan, objective, at):
+    """Beside the catalogue (compiled), the plan wins in the unit it was asked for: least
+    predicted step time, or least FLOPs, among the programs under the budget."""
+    catalogue = ("none", "full", "minimal", "megatron", "dots", "block")
+    budget = {
+        "mid": mid_plan.budget_bytes,
+        "megatron": small_w.report("megatron", "none", 4).peak_bytes,
+    }[at]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        p = rk.plan(small_w, 4, budget, extra=catalogue, objective=objective)
+    assert p.fits and p.objective == objective
+    unit = (lambda r: r.step_time.seconds) if objective == "time" else (lambda r: r.flops)
+    mine = unit(p.report)
+    for name in catalogue:
+        r = small_w.report(name, "none", 4)
+        if r.peak_bytes <= p.budget_bytes:
+            assert mine <= unit(r) * (1 + 1e-9), name
+
+
+def test_time_and_flops_disagree_on_this_step_and_each_plan_says_which(small_w, mid_plan):
+    # On the small model saving residuals costs more HBM traffic than recomputing them: in
+    # time `full` beats `none`, in FLOPs it never can.
+    full, none = small_w.report("full", "none", 4), small_w.report("none", "none", 4)
+    assert full.step_time.seconds < none.step_time.seconds and full.flops > none.flops
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        flops = rk.plan(small_w, 4, mid_plan.budget_bytes, objective="flops")
+    assert mid_plan.objective == "time" and flops.objective == "flops"
+    assert mid_plan.overhead < 0 < flops.overhead
+    assert mid_plan.report.step_time.seconds <= flops.report.step_time.seconds
+    assert flops.report.flops <= mid_plan.report.flops
+
+
+def test_an_unknown_objective_is_refused_before_any_compile(small_w):
+    before = small_w.compiles
+    with pytest.raises(rk.errors.BadValue, match="objective='speed' is not one of time, flops"):
+        rk.plan(small_w, 4, 2**30, objective="speed")
+    assert small_w.compiles == before

@@ -94,6 +94,7 @@ FLAGS: dict[str, str] = {
     "host_budget": "--host-budget",
     "headroom": "--headroom",
     "hide": "--hide",
+    "objective": "--objective",
     "jobs": "--jobs",
 }
 

@@ -16,7 +16,7 @@ from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, polic
 from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
 from remat_kit.render.tables import decision_table, plan_table
-from remat_kit.render.titles import run_words
+from remat_kit.render.titles import opts_precision, run_words
 from remat_kit.search import FRONT_POLICIES, plan_front
 
 __all__ = ["add_parser", "run"]
@@ -58,6 +58,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="the whole curve: also plan for the catalogue's peaks and compile the segment "
         "schedules (more compiles); the table, the JSON and the plot show the same front",
+    )
+    p.add_argument(
+        "--objective",
+        choices=("time", "flops"),
+        default="time",
+        help="what the plan minimises and the front's overhead axis: time, the predicted step "
+        "time (each recomputed product, attention and elementwise op at the GPU's rates; "
+        "compiled plans from their kernels), or flops, extra FLOPs as if all ran at peak",
     )
     add_search_args(p)
     return p
@@ -111,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
             hide=args.hide,
             headroom=args.headroom,
             sweep=args.sweep,
+            objective=args.objective,
         )
     p, points = found.plan, found.points
     out = console(args.wide)
@@ -146,6 +155,9 @@ def run(args: argparse.Namespace) -> int:
             title=f"{run_words(opts)} on {target.name}",
             budget_bytes=p.budget_bytes,
             device_bytes=target.memory_bytes,
+            usable_bytes=target.usable_bytes,
+            precision=opts_precision(opts),
+            objective=args.objective,
         )
     if args.json:
         write_json(args.json, found.to_dict(), flag="--json")

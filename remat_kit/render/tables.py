@@ -428,8 +428,13 @@ def plan_table(
         title += f", host budget {gib(p.host_budget_bytes)} GiB"
     caption = (
         f"plan found in {plan_seconds:.1f} s ({p.compiles} compiles); {compiles} compiles in "
-        f"{seconds:.1f} s in all. {_solver_words(p)}. overhead = recompute FLOPs + host "
-        "transfer not hidden (estimate); * = on the Pareto front"
+        f"{seconds:.1f} s in all. {_solver_words(p)}. overhead = "
+        + (
+            "predicted time of recomputation + host transfer not hidden"
+            if p.objective == "time"
+            else "recompute FLOPs + host transfer not hidden (--objective flops)"
+        )
+        + " (estimate); recompute = extra FLOPs; * = on the Pareto front"
     )
     timed = any(pt.step_seconds is not None for pt in points)
     if timed:

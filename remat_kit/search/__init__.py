@@ -32,7 +32,7 @@ Example (``tiny_model`` is a factory ``tiny_model(policy)`` of a small Flax mode
   >>> no_remat = w.report("none", batch=2).peak_bytes
   >>> p = rk.plan(w, batch=2, budget=no_remat - 1)
   >>> p.fits, p.peak_bytes < no_remat, p.policy.spec, p.schedule.spec
-  (True, True, 'names:save=mlpwi_1+mlpwo+lm_head', 'none')
+  (True, True, 'names:save=mlpwo+lm_head', 'none')
 """
 
 from remat_kit.search.advise import Advice, ScaleOut, advise, gpus_needed
@@ -47,13 +47,14 @@ from remat_kit.search.front import (
 )
 from remat_kit.search.planner import Plan, PlanCandidate, SolverStatus, plan
 from remat_kit.search.recommend import PlanFront, plan_front
-from remat_kit.search.workload import DEFAULT_HIDE, Workload
+from remat_kit.search.workload import DEFAULT_HIDE, OBJECTIVES, Workload
 
 __all__ = [
     "DEFAULT_HEADROOM",
     "DEFAULT_HIDE",
     "FRONT_POLICIES",
     "FRONT_SCHEDULES",
+    "OBJECTIVES",
     "Advice",
     "BatchFit",
     "FrontPoint",

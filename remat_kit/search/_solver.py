@@ -96,7 +96,8 @@ class Estimate:
       host_bytes: residual bytes offloaded to host memory.
       flops: FLOPs of the step.
       recompute_overhead: ``flops / baseline - 1``.
-      overhead: recompute plus the host transfer that does not hide behind compute.
+      overhead: the objective's recomputation (time or FLOPs, :attr:`CostModel.objective`)
+        plus the host transfer that does not hide behind compute.
     """
 
     device_bytes: float
@@ -122,7 +123,14 @@ class CostModel:
       spill: tag -> untagged device bytes that recomputing it adds.
       cost: tag -> FLOPs of recomputing it (when it is needed).
       offloadable: tags that may be offloaded (empty when offload is off or cannot be costed).
-      step_seconds: the step's compute time at peak bf16 (None: unknown).
+      weight: tag -> what recomputing it adds to the objective, as a fraction of the step
+        without remat: its seconds at the target's rates (``time``) or its FLOPs (``flops``).
+      saved_weight: the objective's overhead of the step with every tag saved (the
+        recomputation that no tag decision removes), the same unit.
+      objective: ``time`` or ``flops`` (``time`` on a target without rates falls back to
+        ``flops``).
+      step_seconds: the step's compute time without remat (None: unknown), as the objective
+        estimates it (:meth:`Workload.step_seconds`).
       link_bandwidth: the host link, bytes/s per direction (None: unknown).
       hide: fraction of the step's compute time transfers may take and stay hidden.
     """
@@ -137,6 +145,9 @@ class CostModel:
     needs: Mapping[str, tuple[str, ...]]
     spill: Mapping[str, int]
     cost: Mapping[str, float]
+    weight: Mapping[str, float]
+    saved_weight: float = 0.0
+    objective: str = "flops"
     offloadable: frozenset[str] = frozenset()
     step_seconds: float | None = None
     link_bandwidth: float | None = None
@@ -176,7 +187,8 @@ class CostModel:
         if layers and first is not None:
             frac = layers / self.n_layers
             groups = [(first, frac), (decisions, 1.0 - frac)]
-        dev, host, flops = float(self.untagged_bytes), 0.0, float(self.saved_flops)
+        dev, host = float(self.untagged_bytes), 0.0
+        flops, weight = float(self.saved_flops), self.saved_weight
         for dec, w in groups:
             rec = {t for t in self.tags if dec.get(t, "save") == "recompute"}
             for u in self.tags:
@@ -188,9 +200,10 @@ class CostModel:
                     host += w * self.size[u]
                 elif need:
                     flops += w * self.cost[u]
+                    weight += w * self.weight[u]
             dev += w * sum(self.spill[t] for t in rec)
         recompute = flops / self.baseline_flops - 1.0
-        return Estimate(dev, host, flops, recompute, recompute + self.exposed(host))
+        return Estimate(dev, host, flops, recompute, weight + self.exposed(host))
 
     def exposed(self, host_bytes: float) -> float:
         """Transfer time of ``host_bytes`` beyond what hides behind compute, per step time."""
@@ -202,7 +215,9 @@ class CostModel:
         return max(0.0, transfer - self.hide * self.step_seconds) / self.step_seconds
 
 
-def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) -> CostModel:
+def cost_model(
+    workload: Workload, batch: int, *, offload: bool, hide: float, objective: str = "time"
+) -> CostModel:
     """Traces the cost model of ``workload`` at ``batch`` (cached in the workload).
 
     One trace with every tag saved, one per tag with that tag recomputed, and one per tag that
@@ -214,6 +229,9 @@ def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) ->
       batch: the batch size.
       offload: allow offloading (only where the target's host link and peak FLOPs are known).
       hide: fraction of the step's compute time transfers may take and stay hidden.
+      objective: ``time`` (each tag's recomputation at the target's rates, offload at the
+        host link's measured efficiency and not hidden, as :mod:`remat_kit.timing` prices a
+        compiled step; ``hide`` is then 0) or ``flops``.
 
     Returns:
       The CostModel.
@@ -228,34 +246,49 @@ def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) ->
       >>> round(m.evaluate({"mlpwi_1": "recompute"}).recompute_overhead, 3)
       0.082
     """
-    key = ("cost_model", batch, offload, hide)
+    key = ("cost_model", batch, offload, hide, objective)
     if key in workload.memo:
         return workload.memo[key]
     present = tuple(workload.traced_residuals(NO_REMAT, NO_SCHEDULE, batch).tags)
 
-    def trace(recomputed: Sequence[str]) -> tuple[int, float, dict[str, int]]:
+    timed = objective == "time" and workload.traced_seconds(NO_REMAT, NO_SCHEDULE, batch)
+    base_cost = (
+        workload.traced_seconds(NO_REMAT, NO_SCHEDULE, batch) if timed else workload.baseline(batch)
+    )
+
+    def trace(recomputed: Sequence[str]) -> tuple[int, float, dict[str, int], float]:
         pol = tag_policy([t for t in present if t not in recomputed], ())
         res = workload.traced_residuals(pol, NO_SCHEDULE, batch)
         kept = {
             name: sum(r.nbytes for r in res.residuals if r.name == name and r.kind == "saved")
             for name in present
         }
-        return res.bytes_by("saved"), workload.traced_flops(pol, NO_SCHEDULE, batch), kept
+        flops = workload.traced_flops(pol, NO_SCHEDULE, batch)
+        cost = workload.traced_seconds(pol, NO_SCHEDULE, batch) if timed else flops
+        return res.bytes_by("saved"), flops, kept, cost / base_cost
 
-    base_bytes, base_flops, base_kept = trace(())
+    def saving(nbytes: int) -> float:
+        # A residual kept is written in the forward pass and read in the backward: recomputing
+        # it saves that traffic (what makes `full` faster than `none` on an H100 for
+        # gpt2-medium, measured), as a fraction of the step.
+        return 2.0 * nbytes / workload.speed.bytes_per_s() / base_cost if timed else 0.0
+
+    base_bytes, base_flops, base_kept, base_weight = trace(())
     needed = {u: base_kept[u] > 0 for u in present}
     size = dict(base_kept)
     needs: dict[str, tuple[str, ...]] = {}
     spill: dict[str, int] = {}
     cost: dict[str, float] = {}
+    weight: dict[str, float] = {}
     singles = {t: trace((t,)) for t in present}
-    for t, (_, f, kept) in singles.items():
+    for t, (_, f, kept, _) in singles.items():
         grown = tuple(u for u in present if u != t and kept[u] > base_kept[u])
         needs[t] = grown
         for u in grown:
             size[u] = max(size[u], kept[u])
         cost[t] = max(0.0, f - base_flops) if needed[t] else 0.0
-    for t, (b, _, kept) in singles.items():
+    for t, (b, _, kept, wt) in singles.items():
+        weight[t] = wt - base_weight - saving(size[t]) if needed[t] else 0.0
         freed = base_bytes - b
         growth = sum(kept[u] - base_kept[u] for u in needs[t])
         spill[t] = (size[t] if needed[t] else 0) - growth - freed
@@ -265,9 +298,16 @@ def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) ->
         via = next((t for t in present if u in needs[t]), None)
         if via is not None:
             # Needed only when ``via`` is recomputed: its cost is the pair's beyond via's own.
-            cost[u] = max(0.0, trace((via, u))[1] - singles[via][1])
-    step = workload.step_seconds(batch)
+            pair = trace((via, u))
+            cost[u] = max(0.0, pair[1] - singles[via][1])
+            weight[u] = pair[3] - singles[via][3] - saving(size[u])
+    step = workload.step_seconds(batch, "time" if timed else "flops")
     link = workload.target.host_link_bandwidth
+    if timed and workload.speed.host_link:
+        # As the compiled time model prices offload: at the link's measured efficiency and
+        # not hidden (XLA did not overlap offload copies with compute on an H100).
+        link = workload.speed.host_link * workload.speed.host_link_efficiency
+        hide = 0.0
     can_offload = offload and bool(step) and bool(link)
     model = CostModel(
         tags=present,
@@ -280,6 +320,9 @@ def cost_model(workload: Workload, batch: int, *, offload: bool, hide: float) ->
         needs=needs,
         spill=spill,
         cost=cost,
+        weight=weight,
+        saved_weight=base_weight - 1.0,
+        objective="time" if timed else "flops",
         offloadable=frozenset(u for u in present if can_offload and size[u] > 0),
         step_seconds=step,
         link_bandwidth=link,
@@ -449,7 +492,6 @@ def _solve_one(
     L = model.n_layers
     groups = [(1.0, "all")] if k == 0 else [(k / L, "first"), ((L - k) / L, "rest")]
     scale = max(abs(cap), 1.0)
-    base = model.baseline_flops
     cols: list[tuple[str, str, str]] = []  # (group, tag, var)
     index: dict[tuple[str, str, str], int] = {}
 
@@ -516,7 +558,7 @@ def _solve_one(
                     hi[on_host] = 0.0
             device[kept] = device.get(kept, 0.0) + w * model.size[u] / scale
             device[r] = device.get(r, 0.0) + w * model.spill[u] / scale
-            c[recomputed] += w * model.cost[u] / base
+            c[recomputed] += w * model.weight[u]
             if on_host is not None:
                 host[on_host] = host.get(on_host, 0.0) + w * model.size[u] / scale
     # Ties: fewer device bytes.
@@ -568,7 +610,7 @@ def _solve_one(
     dual = getattr(res, "mip_dual_bound", None)
     if dual is None or not math.isfinite(dual):
         return status, (objective, first, rest), None
-    const = model.saved_flops / base - 1.0
+    const = model.saved_weight
     bound = dual + const - _TIE * sum(device.values())
     return status, (objective, first, rest), min(bound, objective)
 

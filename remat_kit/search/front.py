@@ -4,10 +4,18 @@
 :func:`pareto_front` marks which points another beats on both axes. Drawing it is
 :func:`remat_kit.render.front.plot_front`.
 
+The overhead axis is the predicted step time recomputation and exposed transfers add
+(``objective="time"``, the default) or the extra FLOPs (``"flops"``). In time, a policy whose
+recomputation costs less than the memory traffic of the residuals it no longer saves is faster
+than ``none`` and can dominate it; in FLOPs nothing can.
+
 Example:
-  >>> pts = rk.front(w, 2, policies=["none", "full", "minimal"], schedules=())
-  >>> [p.label for p in pts], pts[0].dominated  # no remat: the least overhead, never dominated
+  >>> pts = rk.front(w, 2, policies=["none", "full", "minimal"], schedules=(), objective="flops")
+  >>> [p.label for p in pts], pts[0].dominated  # no remat: the fewest FLOPs, never dominated
   (['none', 'full', 'minimal'], False)
+  >>> timed = rk.front(w, 2, policies=["none", "minimal"], schedules=())
+  >>> [(p.label, round(p.overhead, 3), p.dominated_by) for p in timed]
+  [('none', 0.0, 'minimal'), ('minimal', -0.037, None)]
 """
 
 from __future__ import annotations
@@ -140,6 +148,7 @@ def front(
     schedules: Iterable[tuple[Any, Any]] = FRONT_SCHEDULES,
     plans: Iterable[Plan] = (),
     hide: float = DEFAULT_HIDE,
+    objective: str = "time",
 ) -> tuple[FrontPoint, ...]:
     """Compiles catalogue policies and segment schedules; returns them and ``plans`` as a front.
 
@@ -150,6 +159,7 @@ def front(
       schedules: ``(policy, schedule)`` pairs.
       plans: Plans for the same workload and batch.
       hide: as for :func:`plan` (offload beyond it counts as overhead).
+      objective: as for :func:`plan` (``time`` or ``flops``: what the overhead axis is).
 
     Returns:
       FrontPoints with dominated ones marked (see :func:`pareto_front`).
@@ -166,12 +176,16 @@ def front(
     pts = []
     for spec in policies:
         pol = as_policy(spec)
-        pts.append(_point(workload, batch, pol, NO_SCHEDULE, pol.spec, "catalogue", hide))
+        pts.append(
+            _point(workload, batch, pol, NO_SCHEDULE, pol.spec, "catalogue", hide, objective)
+        )
     for spec, sch in schedules:
         pol, s = as_policy(spec), parse_schedule(sch)
         if not workload.supports(s):  # a factory's model that takes no schedules
             continue
-        pts.append(_point(workload, batch, pol, s, label(pol.spec, s.spec), "schedule", hide))
+        pts.append(
+            _point(workload, batch, pol, s, label(pol.spec, s.spec), "schedule", hide, objective)
+        )
     for p in plans:
         if p.batch != batch:
             raise BadValue(f"a plan for batch {p.batch} cannot join a front for batch {batch}")
@@ -206,14 +220,21 @@ def plan_label(p: Plan) -> str:
 
 
 def _point(
-    w: Workload, batch: int, pol: Policy, sch: Schedule, label: str, kind: str, hide: float
+    w: Workload,
+    batch: int,
+    pol: Policy,
+    sch: Schedule,
+    label: str,
+    kind: str,
+    hide: float,
+    objective: str,
 ) -> FrontPoint:
     r = w.compiled(pol, sch, batch)
     return FrontPoint(
         label=label,
         kind=kind,
         peak_bytes=r.peak_bytes,
-        overhead=w.overhead_of(r, batch, hide),
+        overhead=w.overhead_of(r, batch, hide, objective),
         recompute_overhead=w.recompute_of(pol, sch, batch),
         fits=r.fits,
         policy=pol.spec,

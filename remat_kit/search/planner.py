@@ -8,7 +8,7 @@ says; the algorithm is in its docstring.
 Example:
   >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
   >>> p.fits, p.policy.spec, p.source, p.solver.optimal
-  (True, 'names:save=mlpwi_1+mlpwo+lm_head', 'solver', True)
+  (True, 'names:save=mlpwo+lm_head', 'solver', True)
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from remat_kit.search.workload import (
     FULL,
     NO_REMAT,
     NO_SCHEDULE,
+    OBJECTIVES,
     Workload,
     host_bytes,
 )
@@ -57,7 +58,8 @@ class PlanCandidate:
       peak_bytes: compiled peak.
       estimated_peak_bytes: the planner's estimate before compiling (None when it had none).
       recompute_overhead: extra FLOPs of recomputation (traced).
-      overhead: estimated step-time overhead (recompute plus host transfer not hidden).
+      overhead: estimated step-time overhead (recompute plus host transfer not hidden), in
+        the unit of ``objective``.
       host_bytes: bytes offloaded to host memory.
       fits: compiled peak <= budget (and host bytes <= the host budget, when there is one).
     """
@@ -94,7 +96,8 @@ class Plan:
       peak_bytes: compiled peak of the plan (the smallest reached when nothing fits).
       fits: ``peak_bytes <= budget_bytes`` (and host bytes within ``host_budget_bytes``).
       recompute_overhead: extra FLOPs of recomputation against no remat.
-      overhead: estimated step-time overhead (recompute plus host transfer not hidden).
+      overhead: estimated step-time overhead (recompute plus host transfer not hidden), in
+        the unit of ``objective``.
       host_bytes: bytes offloaded to host per step.
       transfer_seconds: their estimated round trip over the host link.
       candidates: every program compiled, in order.
@@ -110,6 +113,7 @@ class Plan:
       source: where the plan comes from: ``none`` (no remat needed), ``solver``,
         ``catalogue`` (a policy given in ``extra`` that is at least as good), ``schedule``
         (segment checkpointing), or ``nothing`` (nothing fits; the smallest peak reached).
+      objective: what ``overhead`` measures: ``time`` (predicted step time) or ``flops``.
       report: the compiled report of the plan.
     """
 
@@ -133,6 +137,7 @@ class Plan:
     host_budget_bytes: int | None = None
     solver: SolverStatus | None = None
     source: str = "solver"
+    objective: str = "time"
     report: MemoryReport | None = dataclasses.field(default=None, repr=False, compare=False)
 
     @property
@@ -184,6 +189,7 @@ def plan(
     hide: float = DEFAULT_HIDE,
     extra: Iterable[Any] = (),
     max_compiles: int = 6,
+    objective: str = "time",
 ) -> Plan:
     """The plan with the lowest estimated overhead whose compiled peak fits ``budget``.
 
@@ -229,6 +235,10 @@ def plan(
       extra: policies (names, specs, Policies, or ``(policy, schedule)`` pairs) to compare
         against, e.g. the catalogue.
       max_compiles: compiles allowed for step 4.
+      objective: what "overhead" is (:data:`~remat_kit.search.workload.OBJECTIVES`):
+        ``time``, the predicted step time each tag's recomputation adds at the target's rates
+        (compiled plans: from their kernels, :mod:`remat_kit.timing`); ``flops``, extra
+        FLOPs as if at peak. Host transfers beyond ``hide`` count in both.
 
     Returns:
       The Plan. ``fits`` is False when nothing reaches the budget; its ``note`` then holds the
@@ -245,7 +255,7 @@ def plan(
       >>> budget = w.report("none", batch=2).peak_bytes - 1  # just under no remat
       >>> p = rk.plan(w, batch=2, budget=budget, host_budget=0)
       >>> p.fits, p.host_bytes, p.decisions
-      (True, 0, {'lm_head': 'save', 'mlpwi_1': 'save', 'mlpwo': 'save'})
+      (True, 0, {'lm_head': 'save', 'mlpwi_1': 'recompute', 'mlpwo': 'save'})
       >>> model = tiny_model(p.policy)  # the model, built with the plan's policy
     """
     t0 = time.perf_counter()
@@ -254,12 +264,13 @@ def plan(
     if not 0.0 <= hide <= 1.0:
         raise BadValue(f"hide={hide!r} must be in [0, 1]", param="hide")
     _check_host_budget(host_budget)
+    _check_objective(objective)
     if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1:
         raise BadValue(f"max_compiles={max_compiles!r} must be a positive int")
     budget = limit_for(workload.target, budget, headroom)
     check_budget(workload, batch, budget)
     extras = [_as_extra(p) for p in extra]
-    ctx = _PlanContext(workload, batch, budget, hide, host_budget)
+    ctx = _PlanContext(workload, batch, budget, hide, host_budget, objective)
 
     if _none_lower_bound(workload, batch) <= budget:
         none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
@@ -267,7 +278,7 @@ def plan(
             return ctx.result(none, before, t0, source="none")
 
     use_offload = offload and host_budget != 0
-    model = cost_model(workload, batch, offload=use_offload, hide=hide)
+    model = cost_model(workload, batch, offload=use_offload, hide=hide, objective=objective)
     best, sol, status = _solve_and_verify(ctx, model, max_compiles)
     source = "solver"
     if best is None:
@@ -300,6 +311,13 @@ def _none_lower_bound(workload: Workload, batch: int) -> int:
     return inputs + sum(
         r.nbytes for r in res.residuals if r.name != "argument" and r.kind == "saved"
     )
+
+
+def _check_objective(objective: str) -> None:
+    if objective not in OBJECTIVES:
+        raise BadValue(
+            f"objective={objective!r} is not one of {', '.join(OBJECTIVES)}", param="objective"
+        )
 
 
 def _check_host_budget(host_budget: Any) -> None:
@@ -352,10 +370,16 @@ class _PlanContext:
     """The compiles of one plan() call, and how to turn the chosen one into a Plan."""
 
     def __init__(
-        self, workload: Workload, batch: int, budget: int, hide: float, host_budget: int | None
+        self,
+        workload: Workload,
+        batch: int,
+        budget: int,
+        hide: float,
+        host_budget: int | None,
+        objective: str,
     ) -> None:
         self.workload, self.batch, self.budget, self.hide = workload, batch, budget, hide
-        self.host_budget = host_budget
+        self.host_budget, self.objective = host_budget, objective
         self.candidates: list[PlanCandidate] = []
         self._objects: dict[tuple[str, str], tuple[Policy, Schedule]] = {}
 
@@ -372,7 +396,7 @@ class _PlanContext:
             peak_bytes=r.peak_bytes,
             estimated_peak_bytes=estimate,
             recompute_overhead=w.recompute_of(pol, sch, self.batch),
-            overhead=w.overhead_of(r, self.batch, self.hide),
+            overhead=w.overhead_of(r, self.batch, self.hide, self.objective),
             host_bytes=host,
             fits=r.peak_bytes <= self.budget
             and (self.host_budget is None or host <= self.host_budget),
@@ -442,6 +466,7 @@ class _PlanContext:
             host_budget_bytes=self.host_budget,
             solver=solver,
             source=source,
+            objective=self.objective,
             report=r,
         )
 
@@ -600,9 +625,9 @@ def _best_of(
 ) -> PlanCandidate:
     """``best``, or a policy in ``extras`` that fits and is cheaper, or as cheap and smaller.
 
-    Only extras whose traced recompute is not above ``best``'s overhead can be as cheap, so
-    only those are compiled. The result is never dominated (smaller peak and no higher
-    overhead) by an extra.
+    In FLOPs only extras whose traced recompute is not above ``best``'s overhead can be as
+    cheap, so only those are compiled; in time all are. The result is never dominated
+    (smaller peak and no higher overhead) by an extra.
     """
     w = ctx.workload
 
@@ -616,7 +641,9 @@ def _best_of(
     )
     fitting = [best]
     for recompute, _, p, s in ranked:
-        if recompute > best.overhead + tol(best.overhead):
+        # In FLOPs an extra's traced recompute bounds its overhead from below; in time nothing
+        # traced does (recomputing can be faster than saving), so every extra is compiled.
+        if ctx.objective == "flops" and recompute > best.overhead + tol(best.overhead):
             break
         got = ctx.compile(p, s, "catalogue")
         if got.fits:

@@ -82,6 +82,7 @@ def plan_front(
     headroom: float = DEFAULT_HEADROOM,
     sweep: bool = False,
     schedules: Iterable[tuple[Any, Any]] = FRONT_SCHEDULES,
+    objective: str = "time",
 ) -> PlanFront:
     """The cheapest plan under ``budget``, compiled beside the catalogue as a Pareto front.
 
@@ -107,6 +108,8 @@ def plan_front(
       sweep: also plan for other budgets and compile the segment schedules (the whole curve,
         as ``remat-kit plan --plot`` draws it).
       schedules: ``(policy, schedule)`` pairs compiled with ``sweep``.
+      objective: ``time`` (predicted step time) or ``flops``: what the plan minimises and
+        the front's overhead axis (see :func:`~remat_kit.search.plan`).
 
     Returns:
       A PlanFront. ``plan.fits`` is False when nothing reaches the budget.
@@ -121,14 +124,15 @@ def plan_front(
     schedules = list(schedules) if sweep else []
     # What the front shows beside the plan is what the plan must not be dominated by.
     beside: list[Any] = [*catalogue, *schedules]
-    options = {"host_budget": host_budget, "offload": offload, "hide": hide}
+    cost = {"hide": hide, "objective": objective}
+    options = {"host_budget": host_budget, "offload": offload, **cost}
     p = plan(workload, batch, budget, headroom=headroom, extra=beside, **options)
     plan_seconds = time.perf_counter() - start
-    points = front(workload, batch, policies=catalogue, schedules=(), plans=[p], hide=hide)
+    points = front(workload, batch, policies=catalogue, schedules=(), plans=[p], **cost)
     swept: list[Plan] = []
     if sweep:
         swept = _sweep(workload, batch, p, points, options)
-        more = front(workload, batch, policies=(), schedules=schedules, plans=swept, hide=hide)
+        more = front(workload, batch, policies=(), schedules=schedules, plans=swept, **cost)
         points = pareto_front([*points, *more])
         better = [
             (pt.policy, pt.schedule)
@@ -137,10 +141,15 @@ def plan_front(
         ]
         if better:
             p = plan(
-                workload, batch, budget, headroom=headroom, extra=[*beside, *better], **options
+                workload,
+                batch,
+                budget,
+                headroom=headroom,
+                extra=[*beside, *better],
+                **options,
             )
             points = [pt for pt in points if pt.kind != "plan" or pt.label != plan_label(p)]
-            mine = front(workload, batch, policies=(), schedules=(), plans=[p], hide=hide)
+            mine = front(workload, batch, policies=(), schedules=(), plans=[p], **cost)
             points = pareto_front([*points, *mine])
     return PlanFront(
         plan=p,

@@ -26,6 +26,7 @@ from typing import Any
 
 from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadValue
+from remat_kit.flops import FlopCount
 from remat_kit.policies import Policy, PolicyLike, as_policy, policy
 from remat_kit.residuals import ResidualReport
 from remat_kit.schedules import Schedule, parse_schedule
@@ -33,8 +34,16 @@ from remat_kit.targets import Target
 
 __all__ = [
     "DEFAULT_HIDE",
+    "OBJECTIVES",
     "Workload",
 ]
+
+#: What a search minimises: ``time``, the step's predicted time (recomputed products,
+#: attention and elementwise work each at the target's rate, :mod:`remat_kit.timing.traced`;
+#: a compiled plan's from its kernels, :mod:`remat_kit.timing`); ``flops``, extra FLOPs as if
+#: all ran at peak (what remat_kit used before it predicted time). Host transfers beyond what
+#: hides behind compute count in both.
+OBJECTIVES = ("time", "flops")
 
 #: Fraction of the step's compute time (at peak bf16 throughput) that host transfers may take
 #: and still count as hidden behind compute. Device->host copies overlap the forward pass and
@@ -54,7 +63,7 @@ SCHEDULE_KINDS = ("none", "every", "sqrt", "nested", "layers")
 FIXED_PARTS = ("weights", "gradients", "optimizer", "batch", "grad_accumulator")
 
 MeasureFn = Callable[[Policy, Schedule, int], MemoryReport]
-FlopsFn = Callable[[Policy, Schedule, int], float]
+FlopsFn = Callable[[Policy, Schedule, int], "FlopCount | float"]
 ResidualsFn = Callable[[Policy, Schedule, int], ResidualReport]
 BreakdownFn = Callable[[int], Mapping[str, int]]
 
@@ -69,8 +78,9 @@ class Workload:
 
     Attributes:
       measure_fn: ``(policy, schedule, batch) -> MemoryReport`` compiled for ``target``.
-      flops_fn: ``(policy, schedule, batch) -> FLOPs`` of the whole step, traced, not compiled
-        (not called where a compiled report of the same step already counted them).
+      flops_fn: ``(policy, schedule, batch) -> FlopCount`` (or a bare number of FLOPs) of the
+        whole step, traced, not compiled. The split by kind prices each at its rate for the
+        ``time`` objective; a bare number is priced as matrix products.
       target: where ``measure_fn`` compiles.
       seq: tokens per sequence (tokens per step = batch x seq).
       n_layers: layers of the stack (the granularity of layer schedules a plan may use).
@@ -112,7 +122,9 @@ class Workload:
     _reports: dict[Hashable, MemoryReport] = dataclasses.field(
         default_factory=dict, init=False, repr=False
     )
-    _flops: dict[Hashable, float] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _flops: dict[Hashable, FlopCount] = dataclasses.field(
+        default_factory=dict, init=False, repr=False
+    )
     _residuals: dict[Hashable, ResidualReport] = dataclasses.field(
         default_factory=dict, init=False, repr=False
     )
@@ -179,27 +191,60 @@ class Workload:
         """Number of programs compiled so far."""
         return len(self._reports)
 
-    def step_seconds(self, batch: int) -> float | None:
-        """The step's compute time at the target's peak bf16 throughput (an estimate)."""
+    def step_seconds(self, batch: int, objective: str = "time") -> float | None:
+        """The compute time of the step without remat (an estimate from its trace).
+
+        Args:
+          batch: the batch size.
+          objective: ``time``: each kind of FLOP at the target's rate
+            (:func:`remat_kit.timing.traced.traced_seconds`); ``flops``: all FLOPs at the peak
+            bf16 rate. A target without the rates (the CPU, a custom GPU naming none) falls
+            back to the peak, and without that to None.
+        """
+        if objective == "time":
+            seconds = self.traced_seconds(NO_REMAT, NO_SCHEDULE, batch)
+            if seconds is not None:
+                return seconds
         if not self.target.peak_bf16_flops:
             return None
         return self.baseline(batch) / self.target.peak_bf16_flops
 
-    def overhead_of(self, report: MemoryReport, batch: int, hide: float = DEFAULT_HIDE) -> float:
-        """Estimated step-time overhead of a compiled report: recompute plus exposed transfer.
+    def overhead_of(
+        self,
+        report: MemoryReport,
+        batch: int,
+        hide: float = DEFAULT_HIDE,
+        objective: str = "time",
+    ) -> float:
+        """Estimated step-time overhead of a compiled report against the step without remat.
 
-        Recompute is the extra FLOPs against the step without remat. Offloaded bytes cross the
-        host link twice (out in the forward pass, back in the backward pass); the part of that
+        ``time``, where the report has a predicted step time (:mod:`remat_kit.timing`): its
+        predicted seconds over those of the compiled ``none`` step, less one. It can be
+        negative: a residual saved is written in the forward pass and read in the backward,
+        and recomputing it can cost less than that traffic (measured on an H100: gpt2-medium's
+        ``minimal`` step 20% faster than ``none``). Otherwise (and for ``flops``): recompute is
+        the extra FLOPs against the step without remat; offloaded bytes cross the host link
+        twice (out in the forward pass, back in the backward pass), and the part of that
         transfer time beyond ``hide`` x the step's compute time cannot hide behind compute and
         is added, as a fraction of the step's compute time.
         """
+        if objective == "time" and report.step_time is not None:
+            reference = self.reference_seconds(batch)
+            if reference:
+                return report.step_time.seconds / reference - 1.0
         flops = (
             report.flops
             if math.isfinite(report.flops)
             else self.flops(report.policy or "none", report.schedule or "none", batch)
         )
         recompute = flops / self.baseline(batch) - 1.0
-        return recompute + self._exposed_fraction(host_bytes(report), batch, hide)
+        return recompute + self._exposed_fraction(host_bytes(report), batch, hide, objective)
+
+    def reference_seconds(self, batch: int) -> float | None:
+        """The predicted step time of the compiled ``none`` step (compiled if it was not; the
+        reference of the ``time`` objective); None where the target has no rates."""
+        report = self.compiled(NO_REMAT, NO_SCHEDULE, batch)
+        return report.step_time.seconds if report.step_time is not None else None
 
     def transfer_seconds(self, host_bytes: int) -> float | None:
         """Seconds to move ``host_bytes`` to host and back over the target's host link."""
@@ -217,13 +262,13 @@ class Workload:
         corrections), so later searches over the same workload start from them."""
         return self._memo
 
-    def trace_caches(self) -> tuple[dict[Hashable, float], dict[Hashable, ResidualReport]]:
+    def trace_caches(self) -> tuple[dict[Hashable, FlopCount], dict[Hashable, ResidualReport]]:
         """The traced FLOPs and residuals by (policy, schedule, batch): the live dicts, so
         workloads whose steps trace alike (the same model on other GPUs) can share them."""
         return self._flops, self._residuals
 
     def adopt_traces(
-        self, flops: Mapping[Hashable, float], residuals: Mapping[Hashable, ResidualReport]
+        self, flops: Mapping[Hashable, FlopCount], residuals: Mapping[Hashable, ResidualReport]
     ) -> None:
         """Takes traced FLOPs and residuals of a workload whose steps trace the same
         (:meth:`trace_caches`); what this one traced already is kept."""
@@ -247,10 +292,39 @@ class Workload:
             # A compiled report counted the FLOPs of the same step from its own trace.
             compiled = self._reports.get(key)
             if compiled is not None and math.isfinite(compiled.flops):
-                self._flops[key] = float(compiled.flops)
-            else:
-                self._flops[key] = float(self.flops_fn(pol, sch, batch))
+                return float(compiled.flops)
+        return self.traced_count(pol, sch, batch).total
+
+    def traced_count(self, pol: Policy, sch: Schedule, batch: int) -> FlopCount:
+        """The FLOPs of a typed (policy, schedule, batch) by kind (traced, cached)."""
+        key = _key(pol, sch, batch)
+        if key not in self._flops:
+            counted = self.flops_fn(pol, sch, batch)
+            if not isinstance(counted, FlopCount):
+                n = float(counted)  # a bare number: priced as products
+                counted = FlopCount(total=n, matmul=n, attention_kernel=0.0, other=0.0)
+            self._flops[key] = counted
         return self._flops[key]
+
+    def traced_seconds(self, pol: Policy, sch: Schedule, batch: int) -> float | None:
+        """The compute time of a typed (policy, schedule, batch) from its trace, each kind of
+        FLOP at the target's rate (:func:`remat_kit.timing.traced.traced_seconds`); None for
+        a target without the rates."""
+        from remat_kit.timing.traced import traced_seconds
+
+        speed = self.speed
+        if speed is None:
+            return None
+        return traced_seconds(self.traced_count(pol, sch, batch), speed)
+
+    @property
+    def speed(self) -> Any:
+        """The target's rates (:func:`remat_kit.timing.speed_of`; None: not known)."""
+        from remat_kit.timing.speed import speed_of
+
+        if "speed" not in self._memo:
+            self._memo["speed"] = speed_of(self.target)
+        return self._memo["speed"]
 
     def recompute_of(self, pol: Policy, sch: Schedule, batch: int) -> float:
         """Extra FLOPs of recomputation of a typed (policy, schedule, batch), as a fraction."""
@@ -272,9 +346,11 @@ class Workload:
             self._residuals[key] = self.residuals_fn(pol, sch, batch)
         return self._residuals[key]
 
-    def _exposed_fraction(self, host_bytes: int, batch: int, hide: float) -> float:
+    def _exposed_fraction(
+        self, host_bytes: int, batch: int, hide: float, objective: str = "time"
+    ) -> float:
         transfer = self.transfer_seconds(host_bytes)
-        step = self.step_seconds(batch)
+        step = self.step_seconds(batch, objective)
         if not host_bytes:
             return 0.0
         if transfer is None or step is None:

@@ -28,7 +28,7 @@ from remat_kit import cache, checks
 from remat_kit.analysis import MemoryReport, RematWarning, memory_report, transfer_estimate
 from remat_kit.breakdown import add_breakdown, add_measured_breakdown
 from remat_kit.errors import BadValue
-from remat_kit.flops import count_flops
+from remat_kit.flops import FlopCount, count_flops
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, PolicyLike, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
@@ -45,6 +45,7 @@ __all__ = [
     "measure",
     "nbytes_count",
     "residuals",
+    "step_flop_count",
     "step_flops",
     "tags",
     "usable_policies",
@@ -292,16 +293,42 @@ def step_flops(
     Returns:
       The FLOPs of one optimizer step, forward, backward and recomputation.
     """
+    return step_flop_count(source, policy, target, config, schedule).total
+
+
+def step_flop_count(
+    source: StepSource,
+    policy: PolicyLike,
+    target: Target | str,
+    config: TrainConfig,
+    schedule: Any = "none",
+) -> FlopCount:
+    """:func:`step_flops` split by kind (products, attention kernels, elementwise), which the
+    planner prices at each kind's rate (:func:`remat_kit.timing.traced.traced_seconds`).
+
+    Args:
+      source: the model source.
+      policy: a policy name, spec or Policy.
+      target: where it would run (the attention kernel may depend on it).
+      config: batch, sequence, optimizer ...
+      schedule: a layer schedule the source can build.
+
+    Returns:
+      The FlopCount of one optimizer step.
+    """
     t = as_target(target)
     pol, sch = as_policy(policy), parse_schedule(schedule)
 
-    def compute() -> float:
+    def compute() -> dict[str, Any]:
         step = source.build_step(pol, sch, config, t, sharded=False).step
-        return float(count_flops(step.fn, *step.args).total)
+        return count_flops(step.fn, *step.args).to_dict()
 
     if pol.name == "custom":
-        return compute()
-    return _remembered("flops", source, t, config, compute, policy=pol.spec, schedule=sch.spec)
+        return FlopCount(**compute())
+    counted = _remembered(
+        "flop_count", source, t, config, compute, policy=pol.spec, schedule=sch.spec
+    )
+    return FlopCount(**counted)
 
 
 def residuals(
@@ -471,7 +498,7 @@ def workload(
     n_layers = src.n_layers() if "layers" in src.schedule_kinds else None
     return Workload(
         lambda p, s, b: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False),
-        lambda p, s, b: step_flops(src, p, t, at(b), s),
+        lambda p, s, b: step_flop_count(src, p, t, at(b), s),
         target=t,
         seq=config.seq,
         n_layers=n_layers or 1,
