@@ -34,7 +34,7 @@ DROP_FIRST: tuple[str, ...] = (
     "fixed GiB",
     "tok/s",
     "host GiB",
-    "overhead",
+    "recompute",
     "saved vs none",
     "time vs none",
 )
