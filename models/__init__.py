@@ -21,7 +21,13 @@ import jax.numpy as jnp
 
 from remat_kit.errors import unknown
 from remat_kit_models.attention import SelfAttention
-from remat_kit_models.config import ATTENTION_KINDS, FAMILIES, ModelConfig, as_dtype
+from remat_kit_models.config import (
+    ATTENTION_KINDS,
+    FAMILIES,
+    ModelConfig,
+    as_dtype,
+    blame_overrides,
+)
 from remat_kit_models.gpt2 import GPT2, GPT2Block
 from remat_kit_models.llama import Llama, LlamaBlock
 
@@ -208,7 +214,8 @@ def get_config(name: str, **overrides: Any) -> ModelConfig:
         kv = base["n_kv_heads"]
         base["n_kv_heads"] = kv if changes["n_heads"] % kv == 0 else changes["n_heads"]
     base.update(changes)
-    return ModelConfig(name=name, **base)
+    with blame_overrides(changes):
+        return ModelConfig(name=name, **base)
 
 
 def build(cfg: ModelConfig, *, deterministic: bool = True) -> nn.Module:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import math
+from collections.abc import Collection, Iterator
 from typing import Any
 
 import jax.numpy as jnp
@@ -10,7 +13,7 @@ import jax.numpy as jnp
 import remat_kit as rk
 from remat_kit.errors import BadValue
 
-__all__ = ["ATTENTION_KINDS", "FAMILIES", "MLP_ACTIVATIONS", "ModelConfig"]
+__all__ = ["ATTENTION_KINDS", "FAMILIES", "MLP_ACTIVATIONS", "ModelConfig", "blame_overrides"]
 
 FAMILIES = ("llama", "gpt2")
 ATTENTION_KINDS = ("xla", "cudnn", "auto")
@@ -25,6 +28,65 @@ _DTYPES = {
     "f16": jnp.float16,
     "float16": jnp.float16,
 }
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
+
+
+def _listed(values: list[int], most: int = 12) -> str:
+    # Up to ``most`` values; past that, the first ones, an ellipsis and the largest.
+    shown = [str(v) for v in values]
+    return ", ".join(shown if len(shown) <= most else [*shown[: most - 1], "...", shown[-1]])
+
+
+def _odd_head(cfg: ModelConfig) -> str:
+    """Why an odd head size cannot be built, and the head counts (or widths) that can."""
+    rule = "the llama family's rotary position embedding rotates pairs of dimensions"
+    if cfg.head_dim is not None:
+        return f"head_dim={cfg.head_dim} is odd: {rule}; use an even head_dim"
+    d, n, kv = cfg.d_model, cfg.n_heads, cfg.n_kv_heads
+    head = f"head size {d // n} (d_model={d} / n_heads={n}) is odd: {rule}"
+    wide = f"a d_model that is a multiple of {2 * n}"
+    even = [h for h in _divisors(d) if (d // h) % 2 == 0 and h % kv == 0]
+    if not even:
+        return f"{head}; use {wide} (no n_heads divisible by n_kv_heads={kv} gives an even one)"
+    return f"{head}; use n_heads in {_listed(even)} (n_kv_heads={kv}), or {wide}"
+
+
+#: Fields a rule of :class:`ModelConfig` ties together: the head size is d_model / n_heads.
+_HEAD_SPLIT = ("d_model", "n_heads")
+
+
+@contextlib.contextmanager
+def blame_overrides(changed: Collection[str]) -> Iterator[None]:
+    """A ``BadValue`` about the width and the head count names the one the caller changed.
+
+    A rule between ``d_model`` and ``n_heads`` (the head size) is raised naming one of them
+    (``BadValue.param``); when the caller overrode only the other, the error names that one
+    instead, so the CLI puts the flag that was given in front of the message.
+
+    Args:
+      changed: the ``ModelConfig`` fields the caller overrode.
+
+    Example:
+      >>> try:
+      ...     with blame_overrides({"d_model"}):
+      ...         ModelConfig("x", "llama", 256, d_model=4, n_layers=1, n_heads=4, n_kv_heads=1,
+      ...                     d_ff=8)
+      ... except BadValue as err:
+      ...     print(err.param)
+      d_model
+    """
+    try:
+        yield
+    except BadValue as err:
+        if err.param in _HEAD_SPLIT and err.param not in changed:
+            other = _HEAD_SPLIT[1 - _HEAD_SPLIT.index(err.param)]
+            if other in changed:
+                err.param = other
+        raise
 
 
 def as_dtype(d: Any) -> Any:
@@ -106,14 +168,21 @@ class ModelConfig:
             )
         if self.head_dim is None and self.d_model % self.n_heads:
             raise BadValue(
-                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
-                "pass head_dim or a width that is a multiple of the head count",
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads} (n_heads "
+                f"that divide it: {_listed(_divisors(self.d_model))}); pass head_dim or a width "
+                "that is a multiple of the head count",
                 param="d_model",
             )
         if self.n_heads % self.n_kv_heads:
             raise BadValue(
-                f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}",
+                f"n_kv_heads={self.n_kv_heads} must divide n_heads={self.n_heads} (valid: "
+                f"{_listed(_divisors(self.n_heads))})",
                 param="n_kv_heads",
+            )
+        if self.family == "llama" and self.dim_per_head % 2:
+            # The rotary embedding rotates the two halves of each head (attention.rope).
+            raise BadValue(
+                _odd_head(self), param="n_heads" if self.head_dim is None else "head_dim"
             )
         if not isinstance(self.lora_rank, int) or self.lora_rank < 0:
             raise BadValue(

@@ -23,7 +23,7 @@ import remat_kit_models as models
 from remat_kit.errors import BadValue
 from remat_kit_models import get_config
 from remat_kit_models import hf as _hf
-from remat_kit_models.config import ModelConfig, as_dtype
+from remat_kit_models.config import ModelConfig, as_dtype, blame_overrides
 
 __all__ = [
     "ABSURD_FACTOR",
@@ -375,7 +375,8 @@ def _config(opts: Options, **fields: Any) -> ModelConfig:
     changes = {models.OVERRIDES.get(k, k): v for k, v in fields.items() if v is not None}
     if "d_model" in changes and "head_dim" not in changes:
         changes["head_dim"] = None
-    cfg = cfg.replace(**changes)
+    with blame_overrides(changes):
+        cfg = cfg.replace(**changes)
     if opts.seq > cfg.max_seq_len:
         raise BadValue(
             f"seq={opts.seq} is longer than {opts.model} attends to ({cfg.max_seq_len}: "

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "BadOutput",
     "BadType",
     "BadValue",
     "DoesNotFit",
@@ -159,6 +160,31 @@ class UnitlessBudget(BadValue):
     bytes. A caller with no device to scale (a host budget) words the fix as "give bytes with a
     unit".
     """
+
+
+class BadOutput(BadValue):
+    """A model whose output is not logits ``[batch, seq, vocab]`` for its tokens ``[batch, seq]``.
+
+    Found from the traced output's shape, before a loss is computed from it.
+
+    Attributes:
+      model: the model's name (a factory's ``file.py:NAME``).
+      shape: the shape of the logits it returned.
+      tokens: the shape of the tokens it was given, ``(batch, seq)``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        model: str,
+        shape: Iterable[int],
+        tokens: Iterable[int],
+    ):
+        super().__init__(message)
+        self.model = model
+        self.shape = tuple(shape)
+        self.tokens = tuple(tokens)
 
 
 class RematWarning(UserWarning):

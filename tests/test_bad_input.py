@@ -13,19 +13,22 @@ import os
 import stat
 import time
 import types
+from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
 from remat_kit.cli import main
-from remat_kit.errors import BadValue, DoesNotFit, UnknownName
+from remat_kit.errors import BadOutput, BadValue, DoesNotFit, UnknownName
 from remat_kit.notes import Note
 from remat_kit.render.files import check_output, write_json
 from remat_kit_models.measure import Options, check_sizes, cudnn_problem, resolve_attention
 
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
+DATA = Path(__file__).resolve().parent / "data"
 TINY_FIT = TINY[:-2]  # fit searches the batch: --batch is refused there
 
 
@@ -34,7 +37,8 @@ def _r(*argv):
 
 
 # (argv, what the one line must say, exit code). Placeholders: {dir} an existing directory,
-# {link} a symlink to a file, {fifo} a FIFO, {file} a regular file, {tmp} the test's directory.
+# {link} a symlink to a file, {fifo} a FIFO, {file} a regular file, {tmp} the test's directory,
+# {data} the tests' data directory (factories).
 CLI_CASES = [
     # output paths: refused before the compile, never replaced
     (_r("--json", "{dir}"), "is a directory, not a regular file", 2),
@@ -125,7 +129,60 @@ CLI_CASES = [
     (_r("--seq", "-3"), "must be positive", 2),
     (_r("--vocab", "1"), "--vocab 1: vocab_size=1", 2),
     (_r("--width", "65"), "--width 65", 2),
-    (_r("--kv-heads", "3"), "--kv-heads 3", 2),
+    (_r("--kv-heads", "3"), "--kv-heads 3: n_kv_heads=3 must divide n_heads=4 (valid: 1, 2, 4)", 2),
+    (
+        _r("--heads", "3"),
+        "--heads 3: d_model=64 is not divisible by n_heads=3 (n_heads that divide it: 1, 2, 4, 8, "
+        "16, 32, 64)",
+        2,
+    ),
+    # head sizes the rotary embedding cannot halve (jax: "array split does not result in an
+    # equal division", with a traceback)
+    (
+        _r("--heads", "64", "--kv-heads", "1"),
+        "--heads 64: head size 1 (d_model=64 / n_heads=64) is odd: the llama family's rotary "
+        "position embedding rotates pairs of dimensions; use n_heads in 1, 2, 4, 8, 16, 32 "
+        "(n_kv_heads=1), or a d_model that is a multiple of 128",
+        2,
+    ),
+    (
+        _r("--width", "4"),
+        "--width 4: head size 1 (d_model=4 / n_heads=4) is odd: the llama family's rotary "
+        "position embedding rotates pairs of dimensions; use n_heads in 2 (n_kv_heads=2), or a "
+        "d_model that is a multiple of 8",
+        2,
+    ),
+    (
+        _r("--width", "66", "--heads", "2", "--kv-heads", "2"),
+        "--heads 2: head size 33 (d_model=66 / n_heads=2) is odd: the llama family's rotary "
+        "position embedding rotates pairs of dimensions; use a d_model that is a multiple of 4 "
+        "(no n_heads divisible by n_kv_heads=2 gives an even one)",
+        2,
+    ),
+    (
+        ["report", "--model", "llama3-8b", "--seq", "64", "--width", "96"],
+        "--width 96: head size 3 (d_model=96 / n_heads=32) is odd",
+        2,
+    ),
+    (
+        ["report", "--hf-config", "{data}/hf/llama3-8b.json", "--seq", "64", "--width", "96"],
+        "--width 96: head size 3 (d_model=96 / n_heads=32) is odd",
+        2,
+    ),
+    # a factory whose output is not logits [batch, seq, vocab] (jax: "indices and arr must have
+    # the same number of dimensions", with a traceback)
+    (
+        ["report", "--model", "{data}/factories.py:pooled", "--seq", "64", "--batch", "2"],
+        "factories.py:pooled returned logits of shape [2, 256] for tokens of shape [2, 64]: a "
+        "model maps tokens [batch, seq] to logits [batch, seq, vocab], here [2, 64, vocab] (an "
+        "array, or an output whose .logits has that shape)",
+        2,
+    ),
+    (  # compare traces one sequence first (the tags its policies may name)
+        ["compare", "--model", "{data}/factories.py:scored", "--seq", "64", "--batch", "2"],
+        "factories.py:scored returned logits of shape [1, 64] for tokens of shape [1, 64]",
+        2,
+    ),
     (_r("--lora", "4096"), "lora_rank=4096 exceeds", 2),
     (_r("--optimizer", "adamm"), "unknown optimizer", 2),
     (_r("--batch", "4", "--accum", "3"), "accum=3", 2),
@@ -181,6 +238,7 @@ def places(tmp_path):
         "{fifo}": str(tmp_path / "fifo.json"),
         "{file}": str(tmp_path / "plain"),
         "{tmp}": str(tmp_path),
+        "{data}": str(DATA),
     }
 
 
@@ -266,6 +324,12 @@ def _llama(**overrides):
         (lambda: rk.search.parse_budget("0GiB"), ValueError, "must be positive"),
         (lambda: rk.search.parse_budget("52GiB", 2**30), ValueError, "larger than the device"),
         (lambda: models.get_config("tiny-llama", vocab=1), ValueError, "vocab_size=1 leaves"),
+        (
+            lambda: models.get_config("tiny-llama", head_dim=15),
+            BadValue,
+            "head_dim=15 is odd: the llama family's rotary position embedding rotates pairs of "
+            "dimensions; use an even head_dim",
+        ),
         (
             lambda: resolve_attention("cudnn", rk.target("h100"), _llama(), seq=2047),
             BadValue,
@@ -499,6 +563,11 @@ def test_advise_exits_1_when_no_gpu_fits(monkeypatch, capsys):
         (lambda: rk.parse_schedule("every:0"), "schedule"),
         (lambda: rk.policy("names", sav=["query_proj"]), "policy"),
         (lambda: models.get_config("tiny-llama", vocab=1), "vocab_size"),
+        # the head size is d_model / n_heads: the error names the one the caller changed
+        (lambda: models.get_config("tiny-llama", width=4), "d_model"),
+        (lambda: models.get_config("tiny-llama", heads=64, kv_heads=1), "n_heads"),
+        (lambda: models.get_config("tiny-llama", heads=3), "n_heads"),
+        (lambda: models.get_config("tiny-llama", width=65), "d_model"),
         (lambda: rk.sources.load_factory("no_colon.py"), "model"),
     ],
 )
@@ -507,6 +576,25 @@ def test_a_bad_value_names_its_parameter(call, param):
         call()
     assert info.value.param == param
     assert "--" not in str(info.value)  # a flag is the CLI's word for it, not the library's
+
+
+def test_a_factory_output_that_is_not_per_token_logits_is_a_typed_error():
+    """The traced logits' shape is checked before the loss reads them: BadOutput carries the
+    factory, the shape it returned and the tokens' shape (not jax's take_along_axis error)."""
+    spec = f"{DATA}/factories.py:pooled"
+    source = rk.sources.from_factory(spec)
+    config = rk.TrainConfig(batch=2, seq=8, optimizer="sgd")
+    built = source.build_step(rk.policy("none"), rk.parse_schedule("none"), config, "cpu")
+    with pytest.raises(BadOutput) as err:
+        jax.eval_shape(built.step.loss_fn, *built.step.loss_args)
+    assert (err.value.model, err.value.shape, err.value.tokens) == (spec, (2, 256), (2, 8))
+    assert str(err.value).startswith(f"{spec} returned logits of shape [2, 256] for tokens")
+    # A sequence axis that lost a position is refused as well.
+    from remat_kit.sources.source import _check_logits
+
+    with pytest.raises(BadOutput, match=r"shape \[2, 15, 256\] for tokens of shape \[2, 16\]"):
+        _check_logits("m", jax.ShapeDtypeStruct((2, 15, 256), "float32"), jnp.zeros((2, 16)))
+    _check_logits("m", jax.ShapeDtypeStruct((2, 16, 256), "float32"), jnp.zeros((2, 16)))
 
 
 def test_host_budget_fractions_are_refused_by_type_not_by_text():

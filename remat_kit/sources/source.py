@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from remat_kit import checks, tagging
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadOutput, BadValue
 from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
@@ -31,7 +31,7 @@ from remat_kit.sharding import MeshPlan
 from remat_kit.sources._loading import _import_class, _takes, load_factory, patched_block
 from remat_kit.sources.protocol import SourceStep
 from remat_kit.targets import Target
-from remat_kit.train import TrainConfig, TrainStep, build_train_step
+from remat_kit.train import TrainConfig, TrainStep, build_train_step, logits_of
 
 __all__ = [
     "ALL_SCHEDULES",
@@ -96,6 +96,39 @@ class _NNXModel:
         return nnx.merge(self.graphdef, params, rest)(*args, **kwargs)
 
 
+def _check_logits(model: str, logits: Any, tokens: Any) -> None:
+    """Raises unless ``logits`` is ``[batch, seq, vocab]`` for ``tokens`` ``[batch, seq]``.
+
+    Reads shapes only: call it on traced (abstract) values, before a loss is computed.
+
+    Args:
+      model: the model's name for the message (a factory's ``file.py:NAME``).
+      logits: what the model's output gave as logits.
+      tokens: the tokens it was given.
+
+    Raises:
+      BadOutput: naming ``model``, the shape it returned and the one expected.
+
+    Example:
+      >>> _check_logits("f.py:pooled", jnp.zeros((2, 256)), jnp.zeros((2, 16), jnp.int32))
+      Traceback (most recent call last):
+      remat_kit.errors.BadOutput: f.py:pooled returned logits of shape [2, 256] for tokens ...
+    """
+    shape, given = tuple(getattr(logits, "shape", ())), tuple(tokens.shape)
+    if len(shape) == 3 and shape[:2] == given:
+        return
+    got = f"[{', '.join(map(str, shape))}]"
+    raise BadOutput(
+        f"{model} returned logits of shape {got} for tokens of shape "
+        f"[{', '.join(map(str, given))}]: a model maps tokens [batch, seq] to logits [batch, "
+        f"seq, vocab], here [{', '.join(map(str, given))}, vocab] (an array, or an output "
+        "whose .logits has that shape)",
+        model=model,
+        shape=shape,
+        tokens=given,
+    )
+
+
 def _concrete(x: Any) -> Any:
     if not isinstance(x, jax.ShapeDtypeStruct):
         return x
@@ -106,10 +139,21 @@ def _concrete(x: Any) -> Any:
 
 
 class _Applied:
-    """A module's ``init``/``apply`` run inside contexts (tagging, a patched block class)."""
+    """A module's ``init``/``apply`` run inside contexts (tagging, a patched block class).
 
-    def __init__(self, module: Any, contexts: Callable[[], contextlib.AbstractContextManager]):
+    ``apply(variables, tokens, ...)`` checks the shape of the logits it returns (read by
+    ``output``) as soon as they are traced, before any loss is computed from them.
+    """
+
+    def __init__(
+        self,
+        module: Any,
+        contexts: Callable[[], contextlib.AbstractContextManager],
+        spec: str = "the model",
+        output: Callable[[Any], jax.Array] | None = None,
+    ):
         self.module, self._contexts = module, contexts
+        self.spec, self._output = spec, output or logits_of
 
     def init(self, *args: Any, **kwargs: Any) -> Any:
         with self._contexts():
@@ -117,7 +161,10 @@ class _Applied:
 
     def apply(self, *args: Any, **kwargs: Any) -> Any:
         with self._contexts():
-            return self.module.apply(*args, **kwargs)
+            out = self.module.apply(*args, **kwargs)
+        if len(args) > 1 and "method" not in kwargs:  # variables, tokens: the forward pass
+            _check_logits(self.spec, self._output(out), args[1])
+        return out
 
     def __repr__(self) -> str:
         inner = getattr(self.module, "module", self.module)
@@ -360,7 +407,7 @@ class ModelSource:
         if inputs == "auto":
             inputs = hf_inputs if all(_takes(call, k) for k in _HF_INPUTS) else None
         return BuiltModel(
-            module=_Applied(module, contexts),
+            module=_Applied(module, contexts, self.spec, self.output),
             policy=pol,
             schedule=sch,
             inputs=inputs,  # type: ignore[arg-type]

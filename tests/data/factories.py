@@ -94,6 +94,39 @@ def always_full(policy):
     return models.build(models.get_config("tiny-llama", policy="full"))
 
 
+class _Pooled(nn.Module):
+    """Mean-pools the sequence before the head: logits [batch, vocab], not per token."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        return nn.Dense(VOCAB, name="lm_head")(x.mean(axis=1))
+
+
+def pooled(policy):
+    """A classifier, not a language model: one row of logits per sequence, [batch, vocab]."""
+    return _Pooled()
+
+
+class _Scored(nn.Module):
+    """One score per token, returned in an output's ``.logits``: [batch, seq]."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        return _Output(nn.Dense(1, name="score")(x)[..., 0])
+
+
+class _Output:
+    def __init__(self, logits):
+        self.logits = logits
+
+
+def scored(policy):
+    """A model whose ``.logits`` hold one number per token, [batch, seq]."""
+    return _Scored()
+
+
 _CACHE: dict[str, nn.Module] = {}
 
 
