@@ -105,6 +105,9 @@ class Options:
         record = precision_of(self).to_dict()
         if not self.lora:
             record["frozen"] = "-"
+        if not _keeps_state(self.optimizer):
+            # As the compiled step's record says it (sgd): no state, not state in some dtype.
+            record["optimizer_state"] = "-"
         if self.names_factory:
             record["compute"] = "module's own"
         return record
@@ -113,6 +116,16 @@ class Options:
     def names_factory(self) -> bool:
         """Whether ``model`` names a factory (``file.py:NAME``, ``package.module:NAME``)."""
         return self.hf_config is None and ":" in self.model
+
+
+def _keeps_state(optimizer: str) -> bool:
+    """Whether ``optimizer`` keeps floating-point state per weight (sgd keeps none)."""
+    import jax
+    import jax.numpy as jnp
+
+    tx = rk.train.make_optimizer(optimizer)
+    state = jax.eval_shape(tx.init, {"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
+    return any(jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree.leaves(state))
 
 
 #: ``--param-dtype`` without ``--precision``: the regime whose weights have that dtype.

@@ -241,3 +241,17 @@ def test_precision_words_lora_and_sgd():
         "precision mixed: trained f32, frozen bf16, grads f32, no optimizer state, compute bf16"
     )
     assert precision_words(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "state"),
+    [("sgd", "-"), ("sgd_momentum", "float32"), ("adamw", "float32"), ("lion", "float32")],
+)
+def test_the_title_from_options_names_the_state_the_compiled_step_has(optimizer, state):
+    """plan and fit title a run from its options, compare from the compiled step: both must
+    say "no optimizer state" for sgd (mixed precision keeps f32 state for the others)."""
+    opts = Options("tiny-llama", 2, 32, optimizer=optimizer)
+    assert opts.precision_record()["optimizer_state"] == state
+    step = rk.build_train_step(models.build(models.get_config("tiny-llama")), opts.train_config())
+    assert step.precision["optimizer_state"] == state
+    assert ("no optimizer state" in precision_words(opts.precision_record())) == (state == "-")
