@@ -504,13 +504,32 @@ def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
 
     monkeypatch.setattr("remat_kit.cli.fit.max_batch", nothing)
     assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 1
-    assert "nothing fits: no policy fits even the smallest batch on h100-80gb" in _one_line(capsys)
+    out, err = capsys.readouterr()
+    # The verdict once: the table's batch-1 peaks, then one line (no line per policy).
+    assert err == (
+        "remat-kit: nothing fits: even at batch 1 the smallest peak is 10.00 GiB (none), over "
+        "the 1.00 GiB limit on h100-80gb; remat-kit plan --batch 1 for a per-tag plan, or "
+        "remat-kit advise for a GPU\n"
+    )
+    assert "does not fit" not in out and "10.00" in out
     # And 0 as soon as one policy fits.
     monkeypatch.setattr(
         "remat_kit.cli.fit.max_batch",
         lambda w, p, s, **kw: dataclasses.replace(nothing(w, p, s), max_batch=2),
     )
     assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 0
+
+
+def test_fit_refuses_before_any_compile_when_the_fixed_part_is_over(monkeypatch, capsys):
+    def no_compile(self, *args, **kwargs):
+        raise AssertionError("compiled")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", no_compile)
+    argv = ["fit", "--model", "llama3-8b", "--seq", "2048", "--target", "rtx4090"]
+    assert main(argv) == 1
+    err = _one_line(capsys)
+    assert "llama3-8b s2048 adamw does not fit 17.99 GiB on rtx4090 whatever the policy" in err
+    assert "119.66 GiB before any activation" in err  # 8.03e9 weights x (4 + 4 + 8) bytes
 
 
 def test_advise_exits_1_when_no_gpu_fits(monkeypatch, capsys):

@@ -18,7 +18,8 @@ from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
 from remat_kit.render.tables import FitRow, fit_table
 from remat_kit.schedules import label
-from remat_kit.search import max_batch, max_batch_plan
+from remat_kit.search import check_budget, max_batch, max_batch_plan
+from remat_kit.search.budget import limit_for
 
 __all__ = ["add_parser", "run"]
 
@@ -88,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
     named = [p for p in policies.values() if p is not None]
     sources.check_policies(run.source, run.config, target, named)  # the one tag check
     w = sources.workload(run.source, target, run.config)
+    # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
+    # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
+    check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
     start = time.perf_counter()
     rows = []
     with warnings.catch_warnings():
@@ -113,18 +117,24 @@ def run(args: argparse.Namespace) -> int:
             out.width,
         )
     )
+    fits = any(row.fit.fits for row in rows)
     for row in rows:
-        if not row.fit.fits or row.label.startswith("plan"):
+        # When nothing fits, the table's batch-1 peaks and the one line below say it once.
+        if fits and (not row.fit.fits or row.label.startswith("plan")):
             out.print(row.fit.message)
     if args.json:
         data = [row.to_dict() for row in rows]
         write_json(
             args.json, {"seconds": seconds, "compiles": w.compiles, "rows": data}, flag="--json"
         )
-    if not any(row.fit.fits for row in rows):
+    if not fits:
         # Exit code 1: the search ran and found nothing that fits (README, "Exit codes").
+        least = min(rows, key=lambda row: row.fit.peak_bytes)
         sys.stderr.write(
-            f"remat-kit: nothing fits: no policy fits even the smallest batch on {target.name}\n"
+            f"remat-kit: nothing fits: even at batch {w.batch_multiple} the smallest peak is "
+            f"{least.fit.peak_bytes / 2**30:.2f} GiB ({least.label}), over the "
+            f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.name}; remat-kit plan "
+            "--batch 1 for a per-tag plan, or remat-kit advise for a GPU\n"
         )
         return 1
     return 0
