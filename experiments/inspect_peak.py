@@ -80,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                 args.out / "inspect_timeline_minimal.png",
                 title=f"llama3-8b b4 s2048 minimal ({cfg.attention}) on {target.name}",
                 memory_bytes=target.memory_bytes,
+                usable_bytes=target.usable_bytes,
+                precision=opts.precision_record(),
             )
     d = rk.peak.diff(reports["full"], reports["none"])
     write_json(

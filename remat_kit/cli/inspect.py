@@ -26,7 +26,7 @@ from remat_kit.render.format import console
 from remat_kit.render.layout import fitted
 from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render.timeline import plot_timeline
-from remat_kit.render.titles import run_words
+from remat_kit.render.titles import opts_precision, run_words
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target
 
@@ -119,6 +119,8 @@ def run(args: argparse.Namespace) -> int:
             labels=policies,
             title=f"{run_words(run.opts)} on {tgt.name}",
             memory_bytes=tgt.memory_bytes,
+            usable_bytes=tgt.usable_bytes,
+            precision=opts_precision(run.opts),
         )
         out.print(f"timeline written to {args.plot}")
     if getattr(args, "json", None):
