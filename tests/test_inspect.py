@@ -4,7 +4,6 @@ Each GPU compile costs seconds, so the SMALL model is compiled once per policy
 (minimal, none) for the session; the parser tests read synthetic dump text.
 """
 
-import argparse
 import json
 import os
 
@@ -269,8 +268,9 @@ def test_unreadable_lines_name_file_and_line(tmp_path):
 
 
 def test_cli_functions_print_and_write(tmp_path, capsys):
-    parser = argparse.ArgumentParser()
-    inspect_cli.add_parser(parser.add_subparsers(dest="command"))
+    from remat_kit.cli import _parser
+
+    parser, _ = _parser("inspect")  # the CLI's own parser: the common flags (--wide) too
     args = parser.parse_args(
         [
             "inspect",
