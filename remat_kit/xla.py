@@ -26,6 +26,7 @@ from remat_kit.timing.kernels import Kernel, kernels_of
 
 __all__ = [
     "CompiledMemory",
+    "captured_stderr",
     "compile_memory",
     "compile_with",
     "parse_xla_log",
@@ -122,13 +123,13 @@ def compile_memory(
       256
     """
     start = time.perf_counter()
-    with _captured_stderr() as log:
+    with captured_stderr() as log:
         compiled = compile_with(lowered, options)
     stats = compiled.memory_analysis()
     lines = log.lines
     limit, saved, fell_short = _remat_from_log(lines)
     if not fell_short and measure_xla_remat and _has_remat_clones(compiled):
-        with _captured_stderr():
+        with captured_stderr():
             plain = compile_with(lowered, options, _DISABLE_REMAT).memory_analysis()
         saved = max(0, _peak(plain) - _peak(stats))
     return CompiledMemory(
@@ -276,11 +277,20 @@ class _Log:
 
 
 @contextlib.contextmanager
-def _captured_stderr() -> Iterator[_Log]:
+def captured_stderr() -> Iterator[_Log]:
     """Redirects file descriptor 2 (where XLA's C++ logs go) to a file for the duration.
 
     What is not an XLA log line (a Python warning printed meanwhile) is written back to the
     real stderr afterwards, so nothing the user should see is lost.
+
+    Returns:
+      A context manager; the object it yields holds the captured ``lines`` once it exits.
+
+    Example:
+      >>> with captured_stderr() as log:
+      ...     _ = os.write(2, b"W1124 02:20:01.1 7 hlo_rematerialization.cc:3231] raw" + b"\\n")
+      >>> log.lines
+      ['W1124 02:20:01.1 7 hlo_rematerialization.cc:3231] raw']
     """
     log = _Log()
     sys.stderr.flush()

@@ -28,7 +28,7 @@ from typing import Any
 import jax
 
 from remat_kit.errors import InspectError
-from remat_kit.xla import compile_with
+from remat_kit.xla import captured_stderr, compile_with
 
 __all__ = [
     "DumpFiles",
@@ -66,11 +66,15 @@ def compile_with_dump(
     """
     if keep_dump is not None:
         Path(keep_dump).mkdir(parents=True, exist_ok=True)
-        compiled = compile_with(lowered, options, _dump_options(str(keep_dump)))
+        # XLA's own log lines (its remat pass, its scheduler) are the memory report's to
+        # word; here they would reach the terminal raw.
+        with captured_stderr():
+            compiled = compile_with(lowered, options, _dump_options(str(keep_dump)))
         dump = DumpFiles.find(str(keep_dump), _module_name(compiled))
         return compiled, dump, dump.read()
     with tempfile.TemporaryDirectory(prefix="remat_kit_inspect_") as tmp:
-        compiled = compile_with(lowered, options, _dump_options(tmp))
+        with captured_stderr():
+            compiled = compile_with(lowered, options, _dump_options(tmp))
         dump = DumpFiles.find(tmp, _module_name(compiled))
         # Read before the directory goes: the files do not outlive the ``with``.
         return compiled, dump, dump.read()
