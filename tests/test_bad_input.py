@@ -443,12 +443,13 @@ def test_a_gpu_is_suggested_only_when_it_gives_more_than_this_whole_device():
     h100, a100 = rk.target("h100"), rk.target("a100-80gb")
     assert h100.usable_bytes < a100.usable_bytes < h100.memory_bytes
     # Fixed parts (+15% for activations) between what the two give: the a100 holds them, on
-    # paper, by 0.1 GiB; only the h200 is a real step up from an h100.
+    # paper, by 0.1 GiB; only the b200 and the h200 are real steps up from an h100 (the h20's
+    # 95 GiB give a JAX process 71 GiB, less than the h100's card).
     gib = (h100.usable_bytes + a100.usable_bytes) / 2 / 1.15 / 2**30
     with pytest.raises(DoesNotFit) as err:
         rk.search.check_budget(_budget_workload("h100", gib), 1, int((gib - 1) * 2**30))
     text = str(err.value)
-    assert "a GPU with more memory: h200 (141 GiB);" in text
+    assert "a GPU with more memory: b200 (178 GiB), h200 (141 GiB);" in text
     assert "a100-80gb" not in text and "a larger budget" not in text
     # Sharding is an honest hint at this size: two GPUs.
     assert "sharding weights, gradients and optimizer state over 2+ GPUs" in text

@@ -32,6 +32,22 @@ TABLE = {
     "a100-40gb": ("NVIDIA A100-SXM4-40GB", 42331013120, (8, 0), 1555200000000, 32e9, 312e12),
     "rtx4090": ("NVIDIA GeForce RTX 4090", 25757220864, (8, 9), 1008000000000, 32e9, 165e12),
     "l4": ("NVIDIA L4", 24152899584, (8, 9), 300000000000, 32e9, 121e12),
+    "b200": ("NVIDIA B200", 182631 * 2**20, (10, 0), 7672320000000, 64e9, 2.25e15),
+    "h20": ("NVIDIA H20", 97285 * 2**20, (9, 0), 4000000000000, 64e9, 148e12),
+    "l40s": ("NVIDIA L40S", 45589 * 2**20, (8, 9), 864000000000, 32e9, 362.05e12),
+    "rtx-a6000": ("NVIDIA RTX A6000", 48676 * 2**20, (8, 6), 768000000000, 32e9, 154.8e12),
+}
+
+# The cards of issue 26, every figure written down from its source (not read from the
+# catalogue): CUDA's device properties of the card where they have been published
+# (torch.cuda.get_device_properties, pytorch/ao#4002 for the B200), else the datasheet,
+# the H20's spec sheet, or the CUDA programming guide's table for the compute capability.
+# name -> (SMs, FP32 lanes/SM, shared memory/SM, opt-in/block, threads/SM, L2 bytes, GHz)
+NEW_CARDS = {
+    "b200": (148, 128, 228 * 1024, 227 * 1024, 2048, int(126.5 * 2**20), 1.965),
+    "h20": (78, 128, 228 * 1024, 227 * 1024, 2048, 60 * 2**20, 1.98),
+    "l40s": (142, 128, 100 * 1024, 99 * 1024, 1536, 48 * 2**20, 2.52),
+    "rtx-a6000": (84, 128, 100 * 1024, 99 * 1024, 1536, 6 * 2**20, 1.8),
 }
 
 H100_FACTS = {
@@ -98,6 +114,53 @@ def test_compile_goes_to_that_gpu(name):
     assert any(k in text for k in ("triton", "cublas", "gemm_fusion"))
 
 
+@pytest.mark.parametrize("name", sorted(NEW_CARDS))
+def test_new_cards_hand_xla_their_figures(name):
+    sms, lanes, smem, optin, threads, l2, ghz = NEW_CARDS[name]
+    desc, memory, cc, hbm, _, _ = TABLE[name]
+    config = rkt.target(name).target_config
+    fields = {
+        "core_count": sms,
+        "fpus_per_core": lanes,
+        "shared_memory_per_core": smem,
+        "shared_memory_per_block_optin": optin,
+        "threads_per_core_limit": threads,
+        "l2_cache_size": l2,
+        "memory_bandwidth": hbm,
+        "device_memory_size": memory,
+    }
+    for key, value in fields.items():
+        assert re.search(rf"\b{key}: {value}\n", config), (key, value)
+    assert float(re.search(r"clock_rate_ghz: ([0-9.]+)", config).group(1)) == ghz
+    assert f'device_description_str: "{desc}"' in config
+    assert f"cuda_compute_capability {{ major: {cc[0]} minor: {cc[1]} }}" in config
+
+
+def test_b200_is_the_180gb_card_as_cuda_reports_it():
+    # DGX/HGX B200: "180 GB" per GPU; CUDA reports 178.35 GiB (pytorch/ao#4002), not the
+    # 192 GB (the HBM3e stacks) some lists give.
+    t = rkt.target("b200")
+    assert round(t.memory_bytes / 2**30, 2) == 178.35
+    assert t.memory_bytes < 192e9
+
+
+@pytest.mark.parametrize("name", sorted(NEW_CARDS))
+def test_new_cards_compile_a_train_step(name):
+    # The tiny Llama train step test_precision uses; attention as the CLI picks it (cuDNN
+    # flash attention where the cuDNN wheel is installed: sm_86, sm_89, sm_90, sm_100).
+    from remat_kit_models.measure import Options, measure
+
+    opts = Options("tiny-llama", 2, 32, optimizer="sgd")
+    got = measure(opts, "full", name)
+    ref = measure(opts, "full", "h100")
+    assert got.target == name
+    assert got.target_memory_bytes == TABLE[name][1]
+    # The arguments (weights, batch) do not depend on the card; the program was compiled.
+    assert got.argument_bytes == ref.argument_bytes > 0
+    assert 0 < got.peak_bytes < 2**30
+    assert got.fits is True
+
+
 # The attention output projection of `report --width 6144 --heads 64 --shard tp:8 --batch 4
 # --seq 2048` on one GPU: 8 heads x 96, transposed into the contraction of one bf16 dot
 # (XLA fuses the transpose into the Triton GEMM). Deviceless, XLA's default tiling for it
@@ -160,6 +223,12 @@ def test_mesh_rejects_bad_shape(names, shape, match):
         ("h100-sxm", "h100-80gb"),
         ("a100", "a100-80gb"),
         ("H100", "h100-80gb"),
+        ("a6000", "rtx-a6000"),
+        ("rtxa6000", "rtx-a6000"),
+        ("L40S", "l40s"),
+        ("h20-96gb", "h20"),
+        ("b200-180gb", "b200"),
+        ("B200", "b200"),
     ],
 )
 def test_aliases_resolve(alias, canonical):

@@ -259,6 +259,18 @@ def test_speed_of_names_its_fractions_by_generation():
     assert speed_of(rk.target("cpu")) is None
 
 
+@pytest.mark.parametrize(
+    ("name", "link"),
+    # NVLink per direction from the datasheets (B200: NVLink 5, 1.8 TB/s both ways; H20:
+    # 900 GB/s both ways); PCIe Gen4 x16 for the cards without NVLink between all GPUs.
+    [("b200", 900e9), ("h20", 450e9), ("l40s", 32e9), ("rtx-a6000", 32e9)],
+)
+def test_speed_of_the_2026_cards_links_them_as_their_datasheets_say(name, link):
+    s = speed_of(rk.target(name))
+    assert s.device_link == link
+    assert s.peak_flops == rk.target(name).peak_bf16_flops
+
+
 def test_kernels_survive_the_compile_cache_record():
     low = jax.jit(lambda a: jnp.tanh(a @ a)).lower(jax.ShapeDtypeStruct((64, 64), jnp.float32))
     mem = compile_memory(low)

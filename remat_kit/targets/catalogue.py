@@ -88,11 +88,106 @@ GPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
                       1008000000000, 75497472, 2.52, 25757220864, 32e9, 165e12),
     "l4": _facts("NVIDIA L4", (8, 9), 58, 128, 102400, 101376, 1536,
                  300000000000, 50331648, 2.04, 24152899584, 32e9, 121e12),
+    # The cards added for issue 26, each figure with its source. "CUDA reports" is
+    # cudaGetDeviceProperties on the card, as torch.cuda.get_device_properties prints it
+    # (total_memory floored to MiB); memory_bytes is that total, as for the H100 above.
+    # Shared memory and threads per SM: the CUDA C++ Programming Guide's table of compute
+    # capabilities (8.6, 8.9: 100 KB per SM, 99 KB per block opt-in, 1536 threads per SM;
+    # 9.0, 10.0: 228 KB per SM, 227 KB per block opt-in, 2048 threads per SM).
+    "b200": _facts(
+        "NVIDIA B200",                    # CUDA device name
+        cc=(10, 0),                       # sm_100: XLA compiles for it (sm_100a PTX)
+        sms=148,                          # CUDA reports 148 (pytorch/ao#4002)
+        # HGX B200 datasheet: 600 TFLOP/s FP32 for 8 GPUs = 8 x 148 x 128 x 2 x ~1.98 GHz
+        fp32_per_sm=128,
+        smem_per_sm=233472,               # 228 KiB: CUDA reports it (pytorch/ao#4002)
+        smem_optin=232448,                # 227 KiB per block (Blackwell tuning guide)
+        threads_per_sm=2048,              # CUDA reports it (pytorch/ao#4002)
+        # The 7680-bit bus x 3996 MHz x 2 that CUDA and nvidia-smi report (pytorch/ao#4002):
+        # 7.67 TB/s, below the DGX B200 / HGX B200 datasheet's 8 TB/s; the lower is kept.
+        hbm_bandwidth=7672320000000,
+        l2_bytes=132644864,               # 126.5 MiB: CUDA reports it (pytorch/ao#4002)
+        # Not in NVIDIA's datasheets: 1965 MHz is the highest SM clock rented B200s are
+        # locked at in public benchmark notes (as 1980 MHz is the H100's).
+        clock_ghz=1.965,
+        # CUDA reports 182631 MiB (ECC on; another driver reported 182642, the smaller is
+        # kept; nvidia-smi 183359 MiB): the "180 GB" of the DGX B200 / HGX B200 datasheets.
+        # Not the 192 GB some list: that is the HBM3e stacks, more than CUDA hands out.
+        memory_bytes=182631 * 2**20,
+        host_link_bandwidth=64e9,         # PCIe Gen5 x16, per direction
+        # HGX B200 datasheet: 36 PFLOP/s FP16/BF16 for 8 GPUs with sparsity: 2.25 dense each
+        peak_bf16_flops=2.25e15,
+    ),
+    # NVIDIA publishes no datasheet for the H20; its spec sheet to partners is widely
+    # reported: 96 GB HBM3, 4.0 TB/s, 60 MB L2, 148 TFLOP/s dense FP16/BF16, NVLink
+    # 900 GB/s, PCIe Gen5 x16.
+    "h20": _facts(
+        "NVIDIA H20",                     # CUDA device name
+        cc=(9, 0),
+        sms=78,                           # CUDA reports 78
+        fp32_per_sm=128,                  # Hopper SM
+        smem_per_sm=233472,               # compute capability 9.0 (above)
+        smem_optin=232448,
+        threads_per_sm=2048,
+        hbm_bandwidth=4000000000000,      # 4.0 TB/s (spec sheet)
+        l2_bytes=62914560,                # 60 MB (spec sheet)
+        clock_ghz=1.98,                   # not published: the H100 SXM's 1980 MHz assumed
+        memory_bytes=97285 * 2**20,       # CUDA reports 97285 MiB (nvidia-smi 97871 MiB)
+        host_link_bandwidth=64e9,         # PCIe Gen5 x16, per direction (spec sheet)
+        peak_bf16_flops=148e12,           # dense FP16/BF16 (spec sheet)
+    ),
+    "l40s": _facts(
+        "NVIDIA L40S",                    # CUDA device name
+        cc=(8, 9),
+        sms=142,                          # CUDA reports 142
+        fp32_per_sm=128,                  # L40S datasheet: 18176 CUDA cores = 142 x 128
+        smem_per_sm=102400,               # compute capability 8.9 (above)
+        smem_optin=101376,
+        threads_per_sm=1536,
+        hbm_bandwidth=864000000000,       # 864 GB/s GDDR6 (L40S datasheet)
+        # Not in the L40S datasheet: 48 MB per the TechPowerUp GPU database (the whole
+        # AD102 has 96 MB, Ada whitepaper); the smaller is kept.
+        l2_bytes=50331648,
+        clock_ghz=2.52,                   # datasheet: 91.6 TFLOP/s FP32 = 142 x 256 x 2.52 GHz
+        # CUDA reports 45589 MiB: 48 GB with ECC on, the L40S's default (nvidia-smi 46068
+        # MiB); with ECC off the card has about 1/16 more.
+        memory_bytes=45589 * 2**20,
+        host_link_bandwidth=32e9,         # datasheet: PCIe Gen4 x16, 64 GB/s bidirectional
+        peak_bf16_flops=362.05e12,        # datasheet: BF16 362.05 dense, 733 with sparsity
+    ),
+    "rtx-a6000": _facts(
+        "NVIDIA RTX A6000",               # CUDA device name
+        cc=(8, 6),
+        sms=84,                           # CUDA reports 84
+        fp32_per_sm=128,                  # RTX A6000 datasheet: 10752 CUDA cores = 84 x 128
+        smem_per_sm=102400,               # compute capability 8.6 (above)
+        smem_optin=101376,
+        threads_per_sm=1536,
+        hbm_bandwidth=768000000000,       # 768 GB/s GDDR6 (RTX A6000 datasheet)
+        l2_bytes=6291456,                 # 6144 KB (Ampere GA102 whitepaper)
+        clock_ghz=1.8,                    # datasheet: 38.7 TFLOP/s FP32 = 84 x 256 x 1.8 GHz
+        # CUDA reports 48676 MiB: 48 GB with ECC off, the card's default (nvidia-smi 49140
+        # MiB); with ECC on about 1/16 less.
+        memory_bytes=48676 * 2**20,
+        # PCIe Gen4 x16 (datasheet); its NVLink bridge joins two cards only, so not used
+        host_link_bandwidth=32e9,
+        # GA102 whitepaper: 154.8 TFLOP/s bf16 with FP32 accumulate, dense; the datasheet's
+        # 309.7 "tensor performance" is with sparsity
+        peak_bf16_flops=154.8e12,
+    ),
 })
 # fmt: on
 
 ALIASES: Mapping[str, str] = types.MappingProxyType(
-    {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "a100": "a100-80gb"}
+    {
+        "h100": "h100-80gb",
+        "h100-sxm": "h100-80gb",
+        "a100": "a100-80gb",
+        "a6000": "rtx-a6000",
+        "rtxa6000": "rtx-a6000",
+        "h20-96gb": "h20",
+        "b200-180gb": "b200",
+    }
 )
 SPECIAL = ("cpu", "local")
 

@@ -26,8 +26,10 @@ a fraction of them. The fractions here, and where each comes from:
 - **Per-kernel cost: 3 us** (launch, ramp-up and tail; the H100's chain of small dependent
   products ran at 5.9 us per kernel including the smallest product's own time).
 - **Links between GPUs** (collectives, ring model): NVLink per direction from the datasheets
-  (H100/H200 SXM 450 GB/s, A100 SXM 300 GB/s), PCIe for cards without NVLink; across hosts one
-  400 Gb/s NIC per GPU (50 GB/s), as in DGX H100 / A3 nodes.
+  (B200 900 GB/s, NVLink 5 at 1.8 TB/s both ways; H100/H200 SXM and H20 450 GB/s; A100 SXM
+  300 GB/s), PCIe for cards without NVLink (the L40S, L4, RTX 4090; the RTX A6000's bridge
+  joins two cards only); across hosts one 400 Gb/s NIC per GPU (50 GB/s), as in DGX H100 / A3
+  nodes.
 
 Example:
   >>> import remat_kit as rk
@@ -53,6 +55,8 @@ _NVLINK = {
     "NVIDIA H200": 450e9,
     "NVIDIA A100-SXM4-80GB": 300e9,
     "NVIDIA A100-SXM4-40GB": 300e9,
+    "NVIDIA B200": 900e9,  # NVLink 5: 1.8 TB/s bidirectional (DGX B200 datasheet)
+    "NVIDIA H20": 450e9,  # NVLink 900 GB/s bidirectional (H20 spec sheet)
 }
 _NETWORK = 50e9  # one 400 Gb/s NIC per GPU
 
