@@ -1,0 +1,395 @@
+"""``remat-kit advise``: the table is the answer (issue 26).
+
+A GPU that does not fit says why in its row (the fixed part over the limit, or every plan over
+it) and what would (the GPU count ``--scale-out`` found, with the global batch it compiled, or
+check_budget's hints in a word each); the caption says the rest once, and its time is the whole
+command's. The search is replaced by hand-made rows here (figures chosen by hand), so nothing
+compiles; one test runs the real search on tiny-llama where it refuses from shapes alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import types
+
+import pytest
+
+import remat_kit as rk
+from remat_kit.cli import main
+from remat_kit.notes import Note
+from remat_kit.render.tables import advise_table
+from remat_kit.search import Advice, ScaleOut
+from remat_kit_models.measure import Options
+
+GIB = 2**30
+TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "8"]
+OPTS = Options("tiny-llama", batch=8, seq=64)
+
+#: llama3-8b with AdamW in mixed precision: 30 + 30 + 60 GiB before any activation.
+PARTS = {"weights": 30 * GIB, "gradients": 30 * GIB, "optimizer": 60 * GIB, "batch": 0}
+
+# check_budget's hints, in its words (remat_kit.search.budget._what_would_fit).
+SGD = "SGD (--optimizer sgd: no optimizer state, about 60.0 GiB instead of 120.0)"
+LORA = (
+    "LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer state, "
+    "about 30.0 GiB plus adapters)"
+)
+BIGGER = "a GPU with more memory: h200 (141 GiB)"
+LARGER = (
+    "a larger budget: h100-80gb can give 59.33 GiB, and the parts above need 1.00 GiB before "
+    "activations (e.g. a budget of 2GiB or more)"
+)
+
+NONE = (
+    "nothing realistic at this budget: 1.00 KiB is absurdly small for 120.00 GiB of weights, "
+    "gradients and optimizer state (it would take 190650 GPUs sharded; did you mean GiB?)"
+)
+
+
+def _shard(n: int) -> str:
+    return (
+        f"sharding weights, gradients and optimizer state over {n}+ GPUs (FSDP/ZeRO-3: about "
+        f"{120 / n:.1f} GiB each, an estimate)"
+    )
+
+
+def _over(name: str, limit: int, hints=(), parts=PARTS) -> Advice:
+    """A GPU whose fixed part is over ``limit`` (what advise returns on a DoesNotFit)."""
+    fixed = sum(parts.values())
+    return Advice(
+        target=name,
+        memory_bytes=80 * GIB,
+        fits=False,
+        plan=None,
+        peak_bytes=None,
+        recompute_overhead=None,
+        overhead=None,
+        max_batch=0,
+        fixed_bytes=fixed,
+        note=Note(
+            "fixed_over_budget",
+            {
+                "message": f"MESSAGE-{name}: does not fit whatever the policy",
+                "target": name,
+                "limit_bytes": limit,
+                "parts": parts,
+                "fixed_bytes": fixed,
+                "hints": list(hints),
+            },
+        ),
+        seconds=0.0,
+    )
+
+
+def _fits(name: str, plan: str = "full", peak: int = 50 * GIB, max_batch: int = 12) -> Advice:
+    return Advice(
+        target=name,
+        memory_bytes=141 * GIB,
+        fits=True,
+        plan=plan,
+        peak_bytes=peak,
+        recompute_overhead=0.25,
+        overhead=0.25,
+        max_batch=max_batch,
+        fixed_bytes=20 * GIB,
+        note=Note(
+            "plan_fits",
+            {
+                "policy": plan,
+                "schedule": "none",
+                "budget_bytes": 100 * GIB,
+                "peak_bytes": peak,
+                "recompute_overhead": 0.25,
+                "source": "catalogue",
+                "solver": None,
+            },
+        ),
+        seconds=0.0,
+    )
+
+
+def _activations_over(name: str, budget: int, smallest: int, max_batch: int) -> Advice:
+    """A GPU whose fixed part fits but no plan does at the batch (plan_nothing_fits)."""
+    return Advice(
+        target=name,
+        memory_bytes=48 * GIB,
+        fits=False,
+        plan="full",
+        peak_bytes=smallest,
+        recompute_overhead=0.3,
+        overhead=0.3,
+        max_batch=max_batch,
+        fixed_bytes=10 * GIB,
+        note=Note(
+            "plan_nothing_fits",
+            {
+                "target": name,
+                "batch": 8,
+                "budget_bytes": budget,
+                "peak_bytes": smallest,
+                "policy": "full",
+                "schedule": "none",
+            },
+        ),
+        seconds=0.0,
+    )
+
+
+def _scaled(name: str, devices: int | None, batch: int, peak: float) -> ScaleOut:
+    kind = "scale_out_fits" if devices else "scale_out_none"
+    data = {"target": name, "devices": devices or 64, "peak_bytes": int(peak * GIB)}
+    data["policy"] = "full"
+    if devices:
+        data["batch"] = batch
+    return ScaleOut(
+        target=name,
+        devices=devices,
+        batch=batch,
+        policy="full",
+        peak_bytes=int(peak * GIB) if devices else None,
+        tried=((2, 99 * GIB), (64, int(peak * GIB))) if devices is None else ((devices, 1),),
+        note=Note(kind, data),
+    )
+
+
+def _cells(table) -> dict[str, list[str]]:
+    return {str(c.header): list(c.cells) for c in table.columns}
+
+
+def _caption(table) -> str:
+    return str(table.caption)
+
+
+def _table(rows, **kw):
+    kw.setdefault("headroom", 0.0)
+    kw.setdefault("seconds", 1.0)
+    return advise_table(rows, OPTS, **kw)
+
+
+# --- a row that does not fit says why and what would ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("hints", "instead"),
+    [
+        ([SGD, LORA, _shard(2)], "SGD, LoRA, ~2+ GPUs"),
+        ([_shard(11)], "~11+ GPUs"),
+        ([LORA, _shard(4)], "LoRA, ~4+ GPUs"),
+        ([BIGGER, _shard(2)], "bigger GPU, ~2+ GPUs"),
+        ([LARGER, _shard(2)], "less --headroom, ~2+ GPUs"),
+        ([NONE], "nothing realistic"),
+        ([], "more GPUs (--scale-out)"),
+    ],
+)
+def test_a_gpu_whose_fixed_part_is_over_says_why_and_what_would(hints, instead):
+    cells = _cells(_table([_over("a100-40gb", 30 * GIB, hints)]))
+    assert cells["why not"] == ["fixed > 30.00 GiB"]
+    assert cells["instead"] == [instead]
+    assert cells["fixed GiB"] == ["120.00"]
+
+
+def test_a_gpu_whose_activations_are_over_names_the_limit_and_a_batch_that_fits():
+    row = _activations_over("l40s", budget=33 * GIB, smallest=40 * GIB, max_batch=3)
+    cells = _cells(_table([row, _fits("h200")]))
+    assert cells["plan / why not"] == ["every plan > 33.00 GiB", "full"]
+    assert cells["peak GiB"] == ["40.00", "50.00"]  # the smallest peak reached; the plan's
+    assert cells["max batch"] == ["3", "12"]
+    assert cells["instead"] == ["batch 3 with full", ""]
+    none = _activations_over("l40s", budget=33 * GIB, smallest=40 * GIB, max_batch=0)
+    assert _cells(_table([none]))["instead"] == ["more GPUs (--scale-out)"]
+
+
+@pytest.mark.parametrize(
+    ("rows", "headers"),
+    [
+        # Nothing fits and nothing was planned: no empty plan, peak, recompute, max batch.
+        (
+            [_over("l4", 17 * GIB), _over("h200", 105 * GIB)],
+            ["target", "GiB", "fixed GiB", "fits", "why not", "instead"],
+        ),
+        (
+            [_fits("h200")],
+            ["target", "GiB", "fixed GiB", "fits", "plan", "peak GiB", "recompute", "max batch"],
+        ),
+        (
+            [_over("l4", 17 * GIB), _fits("h200")],
+            [
+                "target",
+                "GiB",
+                "fixed GiB",
+                "fits",
+                "plan / why not",
+                "peak GiB",
+                "recompute",
+                "max batch",
+                "instead",
+            ],
+        ),
+    ],
+)
+def test_columns_no_row_fills_are_left_out(rows, headers):
+    assert list(_cells(_table(rows))) == headers
+
+
+# --- --scale-out: the count, the per-GPU peak, the global batch and the batch per GPU -----------
+
+
+@pytest.mark.parametrize(
+    ("scaled", "instead", "grows"),
+    [
+        (_scaled("h100-80gb", 4, 8, 36.4), "4 x 36.4 GiB, b8 (2/GPU)", False),
+        (_scaled("a100-40gb", 8, 8, 18.7), "8 x 18.7 GiB, b8 (1/GPU)", False),
+        # fsdp over 16 GPUs needs a whole sample on each: the batch asked for (8) grew.
+        (
+            _scaled("l4", 16, 16, 9.5),
+            "16 x 9.5 GiB, [yellow]b16*[/yellow] (1/GPU)",
+            True,
+        ),
+        (_scaled("rtx4090", None, 64, 20.0), "none up to 64 GPUs", False),
+    ],
+)
+def test_scale_out_cells_give_the_count_and_the_global_batch(scaled, instead, grows):
+    row = _over(scaled.target, 17 * GIB, [SGD, LORA, _shard(9)])
+    table = _table([row], scale_out={scaled.target: scaled}, seconds=10.0, scale_seconds=8.0)
+    assert _cells(table)["instead"] == [instead]
+    caption = _caption(table)
+    assert "bN: the global batch, split evenly over them (per GPU)" in caption
+    assert ("*: more than the 8 asked for" in caption) is grows
+    # The counts are compiled: the estimate's legend goes; SGD and LoRA name their GPUs.
+    assert "~N+ GPUs" not in caption
+    assert f"on one GPU: SGD ({scaled.target}) = --optimizer sgd" in caption
+
+
+# --- the caption: the time, the fixed part once, the hints' meaning -----------------------------
+
+
+@pytest.mark.parametrize(
+    ("seconds", "scale_seconds", "took"),
+    [
+        (13.1, None, "13.1 s. fits = "),
+        (202.0, 177.0, "202.0 s (plans 25.0 s, scale-out 177.0 s). fits = "),
+    ],
+)
+def test_the_caption_starts_with_the_time(seconds, scale_seconds, took):
+    scale = {} if scale_seconds is not None else None
+    table = _table([_fits("h200")], seconds=seconds, scale_out=scale, scale_seconds=scale_seconds)
+    assert _caption(table).startswith(took)
+
+
+def test_the_caption_names_the_fixed_part_once_and_what_the_hints_stand_for():
+    rows = [
+        _over("a100-40gb", 30 * GIB, [_shard(7)]),
+        _over("h200", 105 * GIB, [SGD, LORA, _shard(2)]),
+        _over("h100-80gb", 59 * GIB, [LORA, _shard(4)]),
+    ]
+    lines = _caption(_table(rows)).splitlines()
+    # The batch (0 bytes) is no part worth naming; weights 30 + gradients 30 + optimizer 60.
+    assert lines[1] == (
+        "fixed = weights 30.00 + gradients 30.00 + optimizer state 60.00 GiB, whatever the policy"
+    )
+    assert lines[2] == (
+        "SGD = --optimizer sgd: no optimizer state, 60.00 GiB fixed; LoRA = --lora 16: the "
+        "frozen weights (30.00 GiB) carry no gradients or optimizer state; ~N+ GPUs = weights, "
+        "gradients and optimizer state sharded over N GPUs (FSDP), an estimate: --scale-out "
+        "compiles it"
+    )
+    assert len(lines) == 3
+    assert all("MESSAGE-" not in line for line in lines)  # the paragraphs are gone
+
+
+def test_gpus_with_different_fixed_parts_get_a_line_each():
+    small = {"weights": GIB, "gradients": GIB, "optimizer": 2 * GIB, "batch": GIB // 2}
+    rows = [_over("l4", 17 * GIB), _over("rtx4090", GIB, parts=small)]
+    lines = _caption(_table(rows)).splitlines()
+    assert lines[1:3] == [
+        "on l4: fixed = weights 30.00 + gradients 30.00 + optimizer state 60.00 GiB, whatever "
+        "the policy",
+        "on rtx4090: fixed = weights 1.00 + gradients 1.00 + optimizer state 2.00 + batch 0.50 "
+        "GiB, whatever the policy",
+    ]
+
+
+# --- the command -------------------------------------------------------------------------------
+
+
+class _Clock:
+    """A perf_counter that moves only when the fakes below say so."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self):
+        return self.now
+
+
+@pytest.fixture
+def searched(monkeypatch):
+    """advise and gpus_needed replaced: the plans take 25 s, each scale-out 88.5 s (fake)."""
+    clock = _Clock()
+    sizes = {"l4": (16, 16, 9.5), "h100": (4, 8, 36.4)}
+
+    def plans(workload_for, batch, targets=None, **kwargs):
+        clock.now += 25.0
+        return [_over(name, 17 * GIB, [LORA, _shard(11)]) for name in targets]
+
+    def counts(workload_for, batch, **kwargs):
+        clock.now += 88.5
+        name = workload_for.args[1]  # functools.partial(_sharded_workload, opts, name, ...)
+        return _scaled(name, *sizes[name])
+
+    fake_time = types.SimpleNamespace(perf_counter=clock.perf_counter)
+    monkeypatch.setattr("remat_kit.cli.advise.time", fake_time)
+    monkeypatch.setattr("remat_kit.cli.advise.advise", plans)
+    monkeypatch.setattr("remat_kit.cli.advise.gpus_needed", counts)
+    monkeypatch.setenv("COLUMNS", "250")
+
+
+def test_advise_prints_the_answer_in_the_table_and_times_the_whole_command(
+    searched, capsys, tmp_path
+):
+    out_json = tmp_path / "advise.json"
+    argv = ["advise", *TINY, "--targets", "l4,h100", "--scale-out", "--json", str(out_json)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    # 25 s of plans + 2 x 88.5 s of scale-out: the time covers both (it was 25.0 s).
+    assert "202.0 s (plans 25.0 s, scale-out 177.0 s)." in out
+    assert "16 x 9.5 GiB, b16* (1/GPU)" in out
+    assert "4 x 36.4 GiB, b8 (2/GPU)" in out
+    assert "*: more than the 8 asked for" in out
+    # No paragraph per GPU under the table: the messages are in the JSON.
+    assert "MESSAGE-" not in out and "scale out:" not in out
+    data = json.loads(out_json.read_text())
+    assert [d["message"] for d in data] == [
+        "MESSAGE-l4: does not fit whatever the policy",
+        "MESSAGE-h100: does not fit whatever the policy",
+    ]
+    assert [d["scale_out"]["devices"] for d in data] == [16, 4]
+
+
+def test_advise_without_scale_out_times_the_plans(searched, capsys):
+    assert main(["advise", *TINY, "--targets", "l4"]) == 1
+    out, err = capsys.readouterr()
+    assert "25.0 s. fits = " in out and "scale-out" not in out.split("fits = ")[0]
+    assert "LoRA, ~11+ GPUs" in out
+    assert err.endswith("(--scale-out tries several GPUs)\n")
+
+
+def test_advise_words_check_budgets_real_hints(monkeypatch, capsys, tmp_path):
+    """The real search, refused from shapes before any compile: the hints check_budget writes
+    are the ones the cells shorten."""
+    monkeypatch.setenv("COLUMNS", "250")
+    out_json = tmp_path / "advise.json"
+    argv = ["advise", *TINY, "--targets", "l4", "--mem-fraction", "0.00001"]
+    assert main([*argv, "--json", str(out_json)]) == 1
+    out = capsys.readouterr().out
+    (row,) = json.loads(out_json.read_text())
+    assert row["fits"] is False and row["note"]["kind"] == "fixed_over_budget"
+    limit, fixed = row["note"]["limit_bytes"], row["note"]["fixed_bytes"]
+    assert limit == int(rk.target("l4", mem_fraction=0.00001).usable_bytes)
+    # check_budget shards over ceil(fixed / (2/3 of the limit)) GPUs; a bigger GPU holds it.
+    gpus = math.ceil(fixed / (0.66 * limit))
+    assert f"fixed > {limit / GIB:.2f} GiB" in out
+    assert f"bigger GPU, ~{gpus}+ GPUs" in out
+    assert "whatever the policy:" not in out  # the old paragraph
+    assert "a GPU with more memory: " in out  # its legend: which GPUs
