@@ -8,7 +8,7 @@ the traced program (a jaxpr) or the compiled report:
 - a model that ignores the policy it is given, or a trace reused from an earlier policy (a
   module-level ``jax.jit``, a Flax ``nn.jit`` cache): the program then holds no checkpoint
   with that policy, or is identical to the previous policy's (:func:`check_traced_with`);
-- offload that XLA did not carry out: it moved far fewer bytes to host memory than jax
+- offload that XLA did not carry out in full: it moved fewer bytes to host memory than jax
   marked for offload, which happens on unrolled layers (:func:`offload_shortfall`).
 
 Example:
@@ -44,9 +44,10 @@ __all__ = [
     "unmatched_policy",
 ]
 
-#: Offload is reported as not carried out when XLA moved less than this share of the bytes jax
-#: marked for offload.
-OFFLOAD_SHORTFALL = 0.5
+#: Offload is reported as not carried out in full when XLA moved less than this share of the
+#: bytes jax marked. A scanned stack moves exactly the marked bytes; unrolled layers moved 50-64%
+#: of them (jax 0.10), so any real shortfall is reported; the 1% spares rounding alone.
+OFFLOAD_SHORTFALL = 0.99
 
 # Callables handed to jax.checkpoint on behalf of a Policy (rk.remat's recorders) -> the
 # Policy, so a checkpoint in a jaxpr can be traced back to the policy it was made for. Weak:
@@ -260,11 +261,13 @@ def check_traced_with(
 def offload_shortfall(
     report: MemoryReport, marked_bytes: int, *, threshold: float = OFFLOAD_SHORTFALL
 ) -> Note | None:
-    """A note when XLA moved far fewer bytes to host than jax marked for offload.
+    """A note when XLA moved fewer bytes to host than jax marked for offload.
 
     jax marks the residuals an offload policy names for host memory; XLA decides whether the
-    copies happen. On unrolled layers it moved 3-30% of them in our measurements and the
-    peak went up, while a scanned stack offloads them all: offload needs scanned layers.
+    copies happen. On unrolled layers it moved part of them in our measurements (3-30% with
+    older jax, 50-64% with jax 0.10: llama3-8b, 4 layers, ``minimal_offloaded`` moved 1.42 of
+    2.38 GiB) and the rest stayed on the device, while a scanned stack offloads exactly the
+    marked bytes: offload needs scanned layers.
 
     Args:
       report: the compiled report (its ``host_temp_bytes``, else ``host_bytes``).

@@ -305,3 +305,101 @@ def test_cli_functions_print_and_write(tmp_path, capsys):
     assert (tmp_path / "i.png").stat().st_size > 1000
     printed = capsys.readouterr().out
     assert "top 10 buffers live at the peak" in printed and "keeps at its peak" in printed
+
+
+def _stacked_weight_shapes():
+    """SMALL's scanned weights, written out from its config: ``[layers, ...]`` each."""
+    o = dict(SMALL["overrides"])
+    layers, width, heads, kv, ff = o["layers"], o["width"], o["heads"], o["kv_heads"], o["ff"]
+    head = width // heads
+    return {
+        (layers, width, heads, head),  # query
+        (layers, width, kv, head),  # key, value
+        (layers, heads, head, width),  # out
+        (layers, width, ff),  # wi_0, wi_1
+        (layers, ff, width),  # wo
+        (layers, width),  # the two norms' scales
+    }
+
+
+def test_stacked_gradient_carries_belong_to_the_scanned_layers(minimal):
+    # The backward scan accumulates each stacked weight's gradient in a [layers, ...] carry
+    # that XLA zero-fills before the loop (issue 26: it showed as "non-layer", and the carries
+    # with no op_name as "other temporaries"): every layer's gradient at once.
+    r, _ = minimal
+    stacked = _stacked_weight_shapes()
+    made_outside = [
+        b
+        for b in r.buffers
+        if b.shape in stacked and b.op != "parameter" and "/while" not in b.op_name
+    ]
+    assert made_outside, [(b.shape, b.op_name) for b in r.buffers]
+    assert {(b.category, b.layer) for b in made_outside} == {("gradient", "scanned layers")}
+    assert sum(r.by_layer.values()) == sum(r.by_category.values()) == r.peak_bytes
+
+
+#: A toy stack (no Flax): LAYERS square weights, scanned (``layers``, one [LAYERS, W, W] leaf)
+#: or unrolled (``layers_0`` ...), between an embedding [V, W] and a head [W, 8]; no
+#: activation ([TOKENS, W]) is shaped like a weight.
+LAYERS, W, V, TOKENS = 4, 256, 16, 8
+
+
+def _toy_params(scan: bool) -> dict:
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    stack = (
+        {"layers": f32(LAYERS, W, W)} if scan else {f"layers_{i}": f32(W, W) for i in range(LAYERS)}
+    )
+    return {"embed": f32(V, W), **stack, "head": f32(W, 8)}
+
+
+def _toy_loss(p, x):
+    h = x @ p["embed"]
+    if "layers" in p:
+        h, _ = jax.lax.scan(lambda c, w: (jnp.tanh(c @ w), None), h, p["layers"])
+    else:
+        for i in range(LAYERS):
+            h = jnp.tanh(h @ p[f"layers_{i}"])
+    return (h @ p["head"]).sum()
+
+
+def _toy_adam(p, m, x):
+    # No donation: the updated weights and both moments are new buffers, so the peak is in
+    # the optimizer, where they all live at once.
+    g = jax.grad(_toy_loss)(p, x)
+    m = jax.tree.map(lambda a, b: 0.9 * a + b, m, g)
+    v = jax.tree.map(lambda b: b * b, g)
+    new = jax.tree.map(lambda w, a, c: w - 0.1 * a / (jnp.sqrt(c) + 1.0), p, m, v)
+    return new, m, v
+
+
+@pytest.mark.parametrize(
+    ("scan", "weight_shape", "layer"),
+    [(True, (LAYERS, W, W), "scanned layers"), (False, (W, W), "non-layer")],
+)
+def test_updates_of_a_stack_belong_to_it(scan, weight_shape, layer):
+    # Scanned: the stack's updated weights and moments (jit(step)/sub, outside any layer op)
+    # are the layers'. Unrolled: a [W, W] update could be any layer's, so the shape says
+    # nothing and it stays where its op puts it.
+    p = _toy_params(scan)
+    x = jax.ShapeDtypeStruct((TOKENS, V), jnp.float32)
+    r = rk.inspect(
+        _toy_adam, p, p, x, target="h100", categories={0: "parameter", 1: "optimizer state"}
+    )
+    assert r.peak_phase == "optimizer"
+    updates = [b for b in r.buffers if b.shape == weight_shape and b.op != "parameter"]
+    assert len(updates) >= 3, [(b.shape, b.name) for b in r.buffers]  # weights, m and v
+    assert {b.layer for b in updates} == {layer}
+    assert sum(r.by_layer.values()) == r.peak_bytes
+
+
+def test_a_scanned_gradient_carry_is_a_gradient_of_the_layers():
+    p = _toy_params(scan=True)
+    x = jax.ShapeDtypeStruct((TOKENS, V), jnp.float32)
+    r = rk.inspect(jax.grad(_toy_loss), p, x, target="h100", categories={0: "parameter"})
+    assert r.peak_phase == "backward"
+    carries = [b for b in r.buffers if b.shape == (LAYERS, W, W) and b.op != "parameter"]
+    assert carries, [(b.shape, b.name) for b in r.buffers]
+    assert {(b.category, b.layer) for b in carries} == {("gradient", "scanned layers")}
+    # The head's gradient stays outside the layers.
+    head = [b for b in r.buffers if b.category == "gradient" and b.shape == (W, 8)]
+    assert head and {b.layer for b in head} == {"non-layer"}

@@ -368,7 +368,14 @@ def _report(peak: int = 10 * 2**30, host_temp: int = 0) -> rk.MemoryReport:
 
 @pytest.mark.parametrize(
     ("moved_gib", "marked_gib", "warned"),
-    [(0.3, 10.0, True), (0.0, 10.0, True), (4.9, 10.0, True), (5.0, 10.0, False), (0, 0, False)],
+    [
+        (0.3, 10.0, True),
+        (0.0, 10.0, True),
+        (4.9, 10.0, True),
+        (6.0, 10.0, True),
+        (10.0, 10.0, False),
+        (0, 0, False),
+    ],
 )
 def test_offload_shortfall_reports_both_figures(moved_gib, marked_gib, warned):
     note = checks.offload_shortfall(

@@ -10,7 +10,9 @@ categories add up to ``peak_bytes``.
 Each buffer live at the peak is described from the HLO op that made it (its ``op_name``:
 forward, backward or recomputed) and, for saved activations and recomputations, named by
 the ``checkpoint_name`` tag it carries (see :mod:`remat_kit.peak.tags`); :func:`analyse`
-shows the pieces together.
+shows the pieces together. Its layer comes from the same op_name; a buffer made outside any
+layer's ops but shaped like one layer stack's weights (the backward scan's gradient carry,
+zero-filled before the loop; the stack's updates in the optimizer) is that stack's.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from remat_kit.peak.parsers import (
 from remat_kit.peak.phases import phase_at, phases_of
 from remat_kit.peak.tags import (
     INPUT_KEY,
+    NON_LAYER,
     STACK,
     Tag,
     layer_of,
@@ -52,6 +55,7 @@ from remat_kit.peak.types import (
     CATEGORIES,
     FRAGMENTATION,
     GRADIENT,
+    OPTIMIZER_STATE,
     PARAMETER,
     RECOMPUTE,
     SAVED_ACTIVATION,
@@ -297,7 +301,17 @@ def analyse(
             f"more than the program's {peak_bytes} (argument + output + temp - alias)"
         )
 
-    ctx = _Context(allocs, arg_leaves, hlo, tags, tuple(phases), first_backward, live)
+    ctx = _Context(
+        allocs,
+        arg_leaves,
+        hlo,
+        tags,
+        tuple(phases),
+        first_backward,
+        live,
+        _layers_by_shape(hlo, arg_leaves),
+        _carried(hlo),
+    )
     buffers = [_describe(v, size, span, ctx) for v, size, span in _attribute(lv, pos)]
     buffers += [_parameter_buffer(a, ctx) for a in allocs.values() if a.parameter is not None]
     buffers = [b for b in buffers if b.size_bytes > 0]
@@ -357,6 +371,11 @@ class _Context:
     phases: tuple[Phase, ...]
     first_backward: int | None
     live: LiveRanges
+    #: Shape of weights and optimizer state -> the one layer (or stack) whose leaves have
+    #: it (see :func:`_layers_by_shape`).
+    layer_of_shape: Mapping[tuple[int, ...], str]
+    #: Values a while loop carries (see :func:`_carried`).
+    carried: frozenset[tuple[str, int | None]]
 
 
 def _parameter_buffer(alloc: Allocation, ctx: _Context) -> PeakBuffer:
@@ -391,7 +410,7 @@ def _argument_buffer(
 ) -> PeakBuffer:
     leaf = ctx.arg_leaves[number]
     path = entry.op_name if entry else ""
-    segs = [next(x for x in k if x) for k in re.findall(r"\['([^']*)'\]|\.(\w+)|\[(\d+)\]", path)]
+    segs = _argument_segments(path)
     return PeakBuffer(
         name=name,
         size_bytes=size,
@@ -402,10 +421,63 @@ def _argument_buffer(
         op_name=path,
         module_path="/".join(segs) or path,
         checkpoint_name=None,
-        layer=layer_of(segs, any(STACK.match(s) for s in segs)),
+        layer=_argument_layer(segs),
         live=span,
         phase=phase_at(ctx.phases, span[0]),
     )
+
+
+def _argument_segments(path: str) -> list[str]:
+    """An argument's pytree path (``tr['params']['decoder']...``) -> its keys."""
+    return [next(x for x in k if x) for k in re.findall(r"\['([^']*)'\]|\.(\w+)|\[(\d+)\]", path)]
+
+
+def _argument_layer(segs: Sequence[str]) -> str:
+    """The layer of an argument leaf: a key such as ``layers`` holds a scanned stack."""
+    return layer_of(segs, any(STACK.match(s) for s in segs))
+
+
+def _layers_by_shape(hlo: Hlo, arg_leaves: Sequence[ArgLeaf]) -> dict[tuple[int, ...], str]:
+    """Shape -> layer, for shapes that weight and optimizer-state leaves of one layer (or
+    one scanned stack) alone have.
+
+    Shapes shared across layers (unrolled layers) or with a non-layer leaf say nothing.
+    """
+    seen: dict[tuple[int, ...], set[str]] = {}
+    for i in hlo.instructions.values():
+        if not _is_entry_parameter(hlo, i) or i.index is None or i.index >= len(arg_leaves):
+            continue
+        leaf = arg_leaves[i.index]
+        if leaf.category in (PARAMETER, OPTIMIZER_STATE) and leaf.shape:
+            layer = _argument_layer(_argument_segments(i.op_name))
+            seen.setdefault(leaf.shape, set()).add(layer)
+    return {
+        shape: next(iter(layers))
+        for shape, layers in seen.items()
+        if len(layers) == 1 and NON_LAYER not in layers
+    }
+
+
+def _carried(hlo: Hlo) -> frozenset[tuple[str, int | None]]:
+    """(instruction, output index) of the values while loops carry: each loop's result,
+    its body's parameter, and the values its initial tuple is made of."""
+    out: set[tuple[str, int | None]] = set()
+    for body, name in hlo.loops.items():
+        out.add((name, None))
+        params = hlo.computations.get(body, ())
+        out.update((i, None) for i in params if hlo.instructions[i].opcode == "parameter")
+        loop = hlo.instructions[name]
+        init = hlo.instructions.get(loop.operands[0]) if loop.operands else None
+        for op in init.operands if init is not None and init.opcode == "tuple" else ():
+            i = hlo.instructions.get(op)
+            if i is not None and i.opcode == "get-tuple-element" and i.operands:
+                out.add((i.operands[0], i.index))  # an output of a multi-output fusion
+            elif i is None and "#" in op:  # newer HLO text: "%x#k" is element k of x
+                base, _, k = op.rpartition("#")
+                out.add((base, int(k) if k.isdigit() else None))
+            else:
+                out.add((op, None))
+    return frozenset(out)
 
 
 def _describe(v: Value, size: int, span: tuple[int, int], ctx: _Context) -> PeakBuffer:
@@ -436,8 +508,11 @@ def _describe(v: Value, size: int, span: tuple[int, int], ctx: _Context) -> Peak
     )
     recompute = "rematted_computation" in prod_op or ".remat" in v.instruction
     # Gradient accumulators are often zero-filled broadcasts XLA hoists to the start,
-    # with no op_name; shaped like a parameter, they are gradients.
-    zeros = not prod_op and "broadcast" in v.instruction
+    # with no op_name; shaped like a parameter, they are gradients. Inside the loop that
+    # accumulates them the value is the loop's parameter, and the broadcast its producer.
+    zeros = not prod_op and any(
+        "broadcast" in n for n in (v.instruction, producer.name if producer else "")
+    )
     if recompute:
         category = RECOMPUTE
     elif (backward or zeros) and _is_gradient(shape, dtype, ctx.arg_leaves):
@@ -453,6 +528,13 @@ def _describe(v: Value, size: int, span: tuple[int, int], ctx: _Context) -> Peak
         )
     path = module_path(named_op)
     scanned = "/while" in op_name or "/while" in named_op
+    layer = layer_of(path, scanned)
+    carried = (v.instruction, None) in ctx.carried or (v.instruction, value_index) in ctx.carried
+    if layer == NON_LAYER and (carried or phase == "optimizer"):
+        # Made outside the layers' ops but shaped like one layer stack's weights: the scan's
+        # gradient carry (zero-filled before the loop: every layer's gradient at once), or
+        # in the optimizer, the stack's updated weights or optimizer state.
+        layer = ctx.layer_of_shape.get(shape, layer)
     return PeakBuffer(
         name=v.name,
         size_bytes=size,
@@ -463,7 +545,7 @@ def _describe(v: Value, size: int, span: tuple[int, int], ctx: _Context) -> Peak
         op_name=named_op,
         module_path="/".join(path),
         checkpoint_name=checkpoint,
-        layer=layer_of(path, scanned),
+        layer=layer,
         live=span,
         phase=phase,
     )

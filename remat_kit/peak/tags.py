@@ -25,6 +25,8 @@ from remat_kit.peak.parsers import xla_dtype
 
 __all__ = [
     "INPUT_KEY",
+    "NON_LAYER",
+    "SCANNED_LAYERS",
     "STACK",
     "Tag",
     "layer_of",
@@ -202,6 +204,10 @@ def sliced_sibling(
 
 
 _LAYER = re.compile(r"^(?:\w*?layers?|\w*?blocks?|h)_\d+$", re.IGNORECASE)
+#: The layer of a buffer of a scanned stack: every layer's at once (stacked along dim 0).
+SCANNED_LAYERS = "scanned layers"
+#: The layer of a buffer outside the layers (embedding, head, loss).
+NON_LAYER = "non-layer"
 #: A module holding a stack of layers (``layers``, ``blocks``, ``h``): a scanned stack.
 STACK = re.compile(r"^(?:\w*?layers?|\w*?blocks?|h)$", re.IGNORECASE)
 
@@ -212,5 +218,5 @@ def layer_of(path: Sequence[str], scanned: bool) -> str:
         if _LAYER.match(seg):
             return seg
     if scanned:
-        return "scanned layers"
-    return "non-layer"
+        return SCANNED_LAYERS
+    return NON_LAYER
