@@ -18,7 +18,7 @@ import pytest
 import remat_kit as rk
 from remat_kit.cli import main
 from remat_kit.notes import Note
-from remat_kit.render.tables import advise_table
+from remat_kit.render.advice import advise_table
 from remat_kit.search import Advice, ScaleOut
 from remat_kit_models.measure import Options
 

@@ -18,8 +18,8 @@ from remat_kit.cli._model import resolve, source_for
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
+from remat_kit.render.advice import advise_table
 from remat_kit.render.layout import fitted
-from remat_kit.render.tables import advise_table
 from remat_kit.search import Advice, ScaleOut, advise, gpus_needed
 from remat_kit.targets import target
 

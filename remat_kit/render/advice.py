@@ -1,0 +1,233 @@
+"""The ``advise`` table: for every GPU, whether the step fits and with which plan, else why not
+and what would (the fixed part over the limit, SGD, LoRA, a GPU count under ``--scale-out``).
+
+Data in (``Advice`` rows, ``ScaleOut`` answers), a ``rich.table.Table`` out; nothing here
+compiles or searches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from remat_kit.render.format import gib, pct, short
+from remat_kit.render.tables import _YES_NO, _runtime_words
+from remat_kit.render.titles import RunOptions, opts_precision, run_words, training_line
+
+if TYPE_CHECKING:
+    from remat_kit.search import Advice, ScaleOut
+
+__all__ = [
+    "advise_table",
+]
+
+
+def advise_table(
+    rows: Sequence[Advice],
+    opts: RunOptions,
+    *,
+    headroom: float,
+    seconds: float,
+    scale_out: Mapping[str, ScaleOut] | None = None,
+    scale_seconds: float | None = None,
+) -> Table:
+    """The ``advise`` table: for every GPU, does the step fit, with which plan, else why not
+    and what would.
+
+    A row that does not fit says why in the plan column (``fixed > 29.57 GiB``: weights,
+    gradients and optimizer state alone are over the limit; ``every plan > ...``: the
+    activations are) and what would in ``instead``: the GPU count ``--scale-out`` found, its
+    per-GPU peak, the global batch it compiled and the batch per GPU (``8 x 18.7 GiB, b8
+    (1/GPU)``; ``b16*`` where fsdp had to grow the batch asked for), else the hints of
+    :func:`remat_kit.search.check_budget` in a word each. The caption says the rest once: the
+    time, what fits means, the fixed part, what the hints stand for. Columns no row fills are
+    left out.
+
+    Args:
+      rows: one ``Advice`` per target.
+      opts: the run's options (for the title and the batch asked for).
+      headroom: the fraction of device memory kept free (for the caption).
+      seconds: wall time of the whole command (for the caption).
+      scale_out: ``--scale-out``'s answer per target that does not fit on one GPU; None
+        when it was not asked for.
+      scale_seconds: the part of ``seconds`` the scale-out took.
+
+    Returns:
+      The table.
+    """
+    scale = {} if scale_out is None else scale_out
+    misses = [a for a in rows if not a.fits]
+    planned = any(a.plan is not None for a in rows)
+    table = Table(
+        title=f"which GPU: {run_words(opts)}" + training_line(opts_precision(opts), None),
+        caption="\n".join(_advise_caption(rows, opts, headroom, seconds, scale_out, scale_seconds)),
+    )
+    why = "plan" if not misses else "plan / why not" if planned else "why not"
+    columns = ["target", "GiB", "fixed GiB", "fits", why]
+    if planned:
+        columns += ["peak GiB", "recompute"]
+    if any(a.max_batch for a in rows):
+        columns.append("max batch")
+    if misses:
+        columns.append("instead")
+    for col in columns:
+        # The answer of a row that does not fit stays on one line; a long plan label gives way.
+        table.add_column(
+            col,
+            justify="left" if col in ("target", why, "instead") else "right",
+            no_wrap=col == "instead",
+        )
+    for a in rows:
+        cells = {
+            "target": a.target,
+            "GiB": gib(a.memory_bytes, 0),
+            "fixed GiB": gib(a.fixed_bytes),
+            "fits": _YES_NO[bool(a.fits)],
+            why: short(a.plan or "-") if a.fits else _advise_why(a),
+            "peak GiB": gib(a.peak_bytes),
+            "recompute": pct(a.recompute_overhead),
+            "max batch": str(a.max_batch),
+            "instead": "" if a.fits else _advise_instead(a, scale.get(a.target), opts),
+        }
+        table.add_row(*(cells[col] for col in columns))
+    return table
+
+
+def _advise_why(a: Advice) -> str:
+    """Why ``a`` does not fit, in a table cell."""
+    d = a.note.data
+    if a.note.kind == "fixed_over_budget":
+        return f"fixed > {gib(d['limit_bytes'])} GiB"
+    if a.note.kind == "plan_nothing_fits":
+        return f"every plan > {gib(d['budget_bytes'])} GiB"
+    return short(a.plan or "-")
+
+
+def _advise_instead(a: Advice, so: ScaleOut | None, opts: RunOptions) -> str:
+    """What would fit where ``a`` does not, in a table cell."""
+    if so is not None:
+        if so.devices is None:
+            return f"none up to {so.tried[-1][0]} GPUs" if so.tried else "none"
+        batch = f"b{so.batch}"  # as the title writes the batch
+        if so.batch != opts.batch:  # fsdp gives each GPU whole samples: the batch grew
+            batch = f"[yellow]{batch}*[/yellow]"
+        return f"{so.devices} x {gib(so.peak_bytes, 1)} GiB, {batch} ({so.batch // so.devices}/GPU)"
+    if a.note.kind == "fixed_over_budget" and a.note.data["hints"]:
+        return ", ".join(_advise_hint(h) for h in a.note.data["hints"])
+    if a.max_batch:
+        return f"batch {a.max_batch} with full"
+    return "more GPUs (--scale-out)"
+
+
+def _advise_hint(hint: str) -> str:
+    """A hint of ``check_budget`` (``"LoRA (a rank such as 16: ...)"``) in a word or two."""
+    for lead, word in _ADVISE_HINTS:
+        if hint.startswith(lead):
+            return word
+    head, over, _ = hint.partition("+ GPUs")
+    count = head.rsplit(" ", 1)[-1]
+    if hint.startswith("sharding") and over and count.isdigit():
+        return f"~{count}+ GPUs"
+    return short(hint.split(" (")[0].split(":")[0], 30)
+
+
+#: The leads of ``check_budget``'s hints and the word an ``advise`` cell gives each.
+_ADVISE_HINTS = (
+    ("SGD", "SGD"),
+    ("LoRA", "LoRA"),
+    ("a GPU with more memory", "bigger GPU"),
+    ("a larger budget", "less --headroom"),
+    ("nothing realistic", "nothing realistic"),
+)
+
+#: Fixed parts in the order the caption names them.
+_ADVISE_PARTS = (
+    ("weights", "weights"),
+    ("gradients", "gradients"),
+    ("optimizer", "optimizer state"),
+    ("grad_accumulator", "gradient accumulator"),
+    ("batch", "batch"),
+)
+
+
+def _advise_caption(
+    rows: Sequence[Advice],
+    opts: RunOptions,
+    headroom: float,
+    seconds: float,
+    scale_out: Mapping[str, ScaleOut] | None,
+    scale_seconds: float | None,
+) -> list[str]:
+    """The caption's lines: the time, what fits means, and what the cells do not say."""
+    took = f"{seconds:.1f} s"
+    if scale_seconds is not None:
+        took += f" (plans {seconds - scale_seconds:.1f} s, scale-out {scale_seconds:.1f} s)"
+    lines = [
+        f"{took}. fits = the plan's compiled peak <= what a JAX process may allocate on that "
+        f"GPU ({_runtime_words(None)}"
+        + (f", less {100 * headroom:.0f}%" if headroom else "")
+        + ")"
+        + ("; max batch with 'full'" if any(a.max_batch for a in rows) else "")
+    ]
+    over = [a for a in rows if not a.fits and a.note.kind == "fixed_over_budget"]
+    # One line per distinct fixed part (the same on every GPU unless the steps differ).
+    by_parts: dict[tuple[tuple[str, int], ...], list[str]] = {}
+    for a in over:
+        key = tuple(sorted(a.note.data["parts"].items()))
+        by_parts.setdefault(key, []).append(a.target)
+    for key, names in by_parts.items():
+        parts = dict(key)
+        shown = " + ".join(f"{name} {gib(parts[k])}" for k, name in _ADVISE_PARTS if parts.get(k))
+        where = f"on {', '.join(names)}: " if len(by_parts) > 1 else ""
+        lines.append(f"{where}fixed = {shown} GiB, whatever the policy")
+    lines += _advise_legend(over, scale_out)
+    if scale_out:
+        grown = any(s.devices and s.batch != opts.batch for s in scale_out.values())
+        lines.append(
+            "N x P GiB: the fewest GPUs whose step, sharded fsdp:N with full, fits each, and "
+            "the peak on each; bN: the global batch, split evenly over them (per GPU)"
+            + (
+                f"; *: more than the {opts.batch} asked for, as fsdp gives each GPU whole samples"
+                if grown
+                else ""
+            )
+        )
+    return lines
+
+
+def _advise_legend(over: Sequence[Advice], scale_out: Mapping[str, ScaleOut] | None) -> list[str]:
+    """What the hint words stand for; with ``--scale-out`` (its counts in the cells instead),
+    the GPUs each would serve alone."""
+    used: dict[str, list[Advice]] = {}
+    for a in over:
+        for hint in a.note.data["hints"]:
+            used.setdefault(_advise_hint(hint), []).append(a)
+    said = []
+    # In check_budget's order: the cheapest change first, sharding last.
+    order = {"SGD": 0, "LoRA": 1}
+    for word in sorted(used, key=lambda w: order.get(w, 3 if w.startswith("~") else 2)):
+        rows = used[word]
+        data = rows[0].note.data
+        on = f" ({', '.join(a.target for a in rows)})" if scale_out is not None else ""
+        if word == "SGD":
+            fixed = data["fixed_bytes"] - data["parts"].get("optimizer", 0)
+            said.append(f"SGD{on} = --optimizer sgd: no optimizer state, {gib(fixed)} GiB fixed")
+        elif word == "LoRA":
+            said.append(
+                f"LoRA{on} = --lora 16: the frozen weights ({gib(data['parts'].get('weights'))} "
+                "GiB) carry no gradients or optimizer state"
+            )
+        elif word.startswith("~"):
+            if scale_out is None:
+                said.append(
+                    "~N+ GPUs = weights, gradients and optimizer state sharded over N GPUs "
+                    "(FSDP), an estimate: --scale-out compiles it"
+                )
+        else:
+            said.append(next(h for h in data["hints"] if _advise_hint(h) == word) + on)
+    if not said:
+        return []
+    # With --scale-out the cells give GPU counts; these say which GPUs would do alone.
+    return [("on one GPU: " if scale_out is not None else "") + "; ".join(dict.fromkeys(said))]
