@@ -108,7 +108,7 @@ def test_compare_prints_within_a_100_column_terminal(monkeypatch, capsys):
     from remat_kit.cli import main
 
     monkeypatch.setenv("COLUMNS", "100")
-    argv = ["compare", "--model", "gpt2-small", "--layers", "2", "--batch", "1", "--seq", "128"]
+    argv = ["compare", "--model", "tiny-llama", "--layers", "2", "--batch", "2", "--seq", "64"]
     argv += ["--jobs", "1", "--policies", "none,full,offload_dots_no_batch"]
     assert main(argv) == 0
     narrow = capsys.readouterr().out
