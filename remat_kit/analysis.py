@@ -308,7 +308,8 @@ def memory_report(
         schedule=schedule,
         attention=attention,
         compile_seconds=seconds,
-        meta=dict(meta or {}),
+        # Which program this is (policies that lower alike share it): fronts merge on it.
+        meta={**dict(meta or {}), **({"program": mem.program} if mem.program else {})},
         step_time=_step_time(mem.kernels, t),
     )
     notes = _notes_for(report, pol, t) + [Note("xla_log", {"line": m}) for m in mem.xla_messages]

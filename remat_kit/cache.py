@@ -516,18 +516,23 @@ def compiled_memory(
     if compile_fn is None:
         # Looked up now, so a patched one is used.
         compile_fn = functools.partial(xla.compile_memory, options=options)
+    text = lowered.as_text()
+    # The same program whatever asked for it: what lets a front merge identical programs.
+    program = fingerprint(text)[:16]
     if not enabled():
         _compiled += 1
-        return compile_fn(lowered)
+        return dataclasses.replace(compile_fn(lowered), program=program)
     start = time.perf_counter()
-    key = entry_key(lowered.as_text(), target, key_options(options or {}))
+    key = entry_key(text, target, key_options(options or {}))
     record = load(key)
     if record is not None:
         got = _from_record(record)
         if got is not None:
-            return dataclasses.replace(got, compile_seconds=time.perf_counter() - start)
+            return dataclasses.replace(
+                got, compile_seconds=time.perf_counter() - start, program=program
+            )
     _compiled += 1
-    mem = compile_fn(lowered)
+    mem = dataclasses.replace(compile_fn(lowered), program=program)
     store(key, mem.to_dict())
     return mem
 
@@ -563,6 +568,8 @@ def _from_record(record: Mapping[str, Any]) -> CompiledMemory | None:
             values[name] = value
         elif kind == "float" and type(value) in (int, float):
             values[name] = float(value)
+        elif kind == "str" and isinstance(value, str):
+            values[name] = value
         elif name == "kernels" and isinstance(value, list):
             try:
                 values[name] = tuple(Kernel.from_list(v) for v in value)

@@ -68,6 +68,9 @@ class CompiledMemory:
       compile_seconds: wall time of the compile (both compiles when a second was needed).
       kernels: the kernels the program launches, read from its optimized HLO
         (:func:`remat_kit.timing.kernels_of`): what the step-time model prices.
+      program: a fingerprint of the lowered program (16 hex digits of
+        :func:`remat_kit.cache.fingerprint`; ``""`` where not taken): two policies that
+        lower to the same program (``dots`` and ``minimal`` on a Llama) have the same one.
     """
 
     argument_bytes: int
@@ -84,6 +87,7 @@ class CompiledMemory:
     xla_messages: tuple[str, ...]
     compile_seconds: float
     kernels: tuple[Kernel, ...] = ()
+    program: str = ""
 
     @property
     def peak_bytes(self) -> int:

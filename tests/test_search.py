@@ -1195,3 +1195,42 @@ def test_an_unknown_objective_is_refused_before_any_compile(small_w):
     with pytest.raises(rk.errors.BadValue, match="objective='speed' is not one of time, flops"):
         rk.plan(small_w, 4, 2**30, objective="speed")
     assert small_w.compiles == before
+
+
+# Identical programs are one front entry (issue 26).
+
+
+def _pt(label, kind="catalogue", peak=10, over=0.2, program=None):
+    return rk.search.FrontPoint(label, kind, peak, over, over, program=program)
+
+
+def test_points_of_one_program_are_one_entry_a_plan_first():
+    from remat_kit.search.front import merged, pareto_front
+
+    pts = [
+        _pt("dots", program="p1"),
+        _pt("minimal", program="p1"),
+        _pt("worse", peak=12, over=0.3, program="p2"),
+        _pt("twin of worse", peak=12, over=0.3),  # same figures, no program: not merged
+        _pt("plan", kind="plan", program="p1"),
+    ]
+    out = {p.label: p for p in pareto_front(pts)}
+    assert out["plan"].same_as is None
+    assert out["dots"].same_as == "plan" and out["minimal"].same_as == "plan"
+    assert out["worse"].dominated_by == "plan"  # never a repeat of it
+    assert out["twin of worse"].same_as is None and out["twin of worse"].dominated
+    assert [p.label for p in merged(out.values())] == [
+        "worse",
+        "twin of worse",
+        "plan = dots = minimal",
+    ]
+
+
+def test_policies_that_lower_alike_share_a_program_and_a_front_entry(small_w):
+    pts = rk.front(small_w, 4, policies=["full", "minimal", "dots_no_batch", "block"], schedules=())
+    by = {p.label: p for p in pts}
+    # On the small model dots_no_batch saves what minimal saves: one program.
+    assert by["dots_no_batch"].same_as == "minimal" and by["minimal"].same_as is None
+    assert by["dots_no_batch"].peak_bytes == small_w.report("minimal", "none", 4).peak_bytes
+    assert by["block"].same_as is None and by["full"].same_as is None
+    assert len({by[k].program for k in ("full", "minimal", "block")}) == 3

@@ -146,7 +146,10 @@ def front_figure(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    ordered = sorted(points, key=lambda p: (p.peak_bytes, p.overhead, p.label))
+    from remat_kit.search.front import merged
+
+    # One marker per program: policies that lower alike share it (``dots = minimal``).
+    ordered = sorted(merged(points), key=lambda p: (p.peak_bytes, p.overhead, p.label))
     shown = [(i, p) for i, p in enumerate(ordered, 1) if math.isfinite(p.overhead)]
     # The key needs a line per point below the legend: a long front makes a taller figure.
     height = max(5.0, 2.9 + 0.12 * (len(ordered) + 2))
@@ -202,7 +205,7 @@ def front_figure(
 
     ax.set_xlabel("compiled peak (GiB)")
     ax.set_ylabel(f"estimated overhead (% of {_OBJECTIVES.get(objective or '', 'the step')})")
-    ax.set_title(_title(title, ordered, precision), loc="left", fontsize=9)
+    ax.set_title(_title(title, points, precision), loc="left", fontsize=9)
     corner = ax.get_position()
     key_x, key_y = corner.x1 + 0.02 * corner.width, corner.y1
     if ax.get_legend_handles_labels()[0]:

@@ -433,7 +433,8 @@ def plan_table(
             if p.objective == "time"
             else "recompute FLOPs + host transfer not hidden (--objective flops)"
         )
-        + " (estimate); recompute = extra FLOPs; * = on the Pareto front"
+        + " (estimate); recompute = extra FLOPs; * = on the Pareto front; = X: the same "
+        "program as X"
     )
     timed = any(pt.step_seconds is not None for pt in points)
     if timed:
@@ -463,7 +464,11 @@ def plan_table(
             *step,
             gib(p.host_bytes if pt.label == main else None),
             _YES_NO[pt.peak_bytes <= p.budget_bytes],
-            "*" if not pt.dominated else f"dominated by {short(pt.dominated_by or '', 30)}",
+            f"= {short(pt.same_as, 30)}"
+            if pt.same_as is not None
+            else "*"
+            if not pt.dominated
+            else f"dominated by {short(pt.dominated_by or '', 30)}",
         )
     return table
 

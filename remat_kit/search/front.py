@@ -36,6 +36,7 @@ __all__ = [
     "FRONT_SCHEDULES",
     "FrontPoint",
     "front",
+    "merged",
     "pareto_front",
     "plan_label",
 ]
@@ -81,6 +82,9 @@ class FrontPoint:
       policy, schedule: the specs compiled (for a plan: the plan's).
       step_seconds: the step time predicted from the compiled kernels
         (:mod:`remat_kit.timing`; None where the target has no speed figures).
+      program: the compiled program's fingerprint (None: not known).
+      same_as: the label of the point that is the same program (set by :func:`pareto_front`:
+        one front entry per program; None for that point and every other).
     """
 
     label: str
@@ -94,6 +98,8 @@ class FrontPoint:
     policy: str | None = None
     schedule: str | None = None
     step_seconds: float | None = None
+    program: str | None = None
+    same_as: str | None = None
 
 
 def pareto_front(
@@ -112,22 +118,30 @@ def pareto_front(
         schedule a few hundred bytes smaller does not stay on the front beside a plan of the
         same shown peak with less recompute.
 
+    Points that are the same program (``program``: ``dots``, ``dots_no_batch`` and
+    ``minimal`` lower alike on a Llama) are one entry: the first of them (a plan, if one is
+    among them) keeps its place, the others take its verdict and name it in ``same_as``.
+
     Returns:
-      The points in the same order, with ``dominated``/``dominated_by`` set.
+      The points in the same order, with ``dominated``/``dominated_by``/``same_as`` set.
 
     Example:
       >>> a = FrontPoint("a", "catalogue", 10, 0.2, 0.2)
       >>> b = FrontPoint("b", "catalogue", 12, 0.3, 0.3)
       >>> [p.dominated for p in pareto_front([a, b])]
       [False, True]
+      >>> c = FrontPoint("c", "catalogue", 10, 0.2, 0.2, program="f00d")
+      >>> d = FrontPoint("d", "catalogue", 10, 0.2, 0.2, program="f00d")
+      >>> [(p.label, p.same_as) for p in pareto_front([c, d])]
+      [('c', None), ('d', 'c')]
     """
-    pts = list(points)
+    pts = _one_per_program(list(points))
     out = []
     for p in pts:
         by = None
         for q in pts:
-            if q is p:
-                continue
+            if q is p or q.same_as is not None:
+                continue  # a repeat of a program speaks through its first point
             tol = rtol * max(1.0, abs(p.overhead))
             slack = peak_rtol * max(p.peak_bytes, q.peak_bytes)
             le_peak = q.peak_bytes <= p.peak_bytes + slack
@@ -138,6 +152,50 @@ def pareto_front(
                 break
         out.append(dataclasses.replace(p, dominated=by is not None, dominated_by=by))
     return tuple(out)
+
+
+def _one_per_program(pts: list[FrontPoint]) -> list[FrontPoint]:
+    """``pts`` with every point that repeats an earlier one's program (a plan first) marked
+    ``same_as`` it, and given its figures, so the two can never dominate each other."""
+    first: dict[str, FrontPoint] = {}
+    for p in sorted(pts, key=lambda q: q.kind != "plan"):  # stable: a plan, then input order
+        if p.program is not None:
+            first.setdefault(p.program, p)
+    out = []
+    for p in pts:
+        q = first.get(p.program) if p.program is not None else None
+        if q is None or q is p:
+            out.append(dataclasses.replace(p, same_as=None))
+        else:
+            out.append(
+                dataclasses.replace(
+                    p, same_as=q.label, peak_bytes=q.peak_bytes, overhead=q.overhead
+                )
+            )
+    return out
+
+
+def merged(points: Iterable[FrontPoint]) -> tuple[FrontPoint, ...]:
+    """One point per program: the points :func:`pareto_front` marked ``same_as`` another are
+    left out and named in that one's label (``dots = dots_no_batch = minimal``), as a plot
+    shows them.
+
+    Example:
+      >>> c = FrontPoint("c", "catalogue", 10, 0.2, 0.2, program="f00d")
+      >>> d = FrontPoint("d", "catalogue", 10, 0.2, 0.2, program="f00d")
+      >>> [p.label for p in merged(pareto_front([c, d]))]
+      ['c = d']
+    """
+    pts = list(points)
+    alias: dict[str, list[str]] = {}
+    for p in pts:
+        if p.same_as is not None:
+            alias.setdefault(p.same_as, []).append(p.label)
+    return tuple(
+        dataclasses.replace(p, label=" = ".join([p.label, *alias.get(p.label, [])]))
+        for p in pts
+        if p.same_as is None
+    )
 
 
 def front(
@@ -204,6 +262,7 @@ def front(
                     if p.report is not None and p.report.step_time is not None
                     else None
                 ),
+                program=p.report.meta.get("program") if p.report is not None else None,
             )
         )
     return pareto_front(pts)
@@ -240,4 +299,5 @@ def _point(
         policy=pol.spec,
         schedule=sch.spec,
         step_seconds=r.step_time.seconds if r.step_time is not None else None,
+        program=r.meta.get("program"),
     )
