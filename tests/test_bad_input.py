@@ -521,6 +521,21 @@ def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
     assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 0
 
 
+@pytest.mark.parametrize("extra", [[], ["--gpus", "2", "--shard", "fsdp:2"]])
+def test_fit_takes_an_accum_that_does_not_divide_the_default_batch(monkeypatch, extra):
+    # --batch's default (4) is no batch of fit's: --accum 3 must not be refused for it.
+    seen = []
+
+    def record(w, policy, schedule, **kwargs):
+        seen.append(w.batch_multiple)
+        raise SystemExit(0)  # the search itself is not what is checked here
+
+    monkeypatch.setattr("remat_kit.cli.fit.max_batch", record)
+    with pytest.raises(SystemExit):
+        main(["fit", *TINY_FIT, "--accum", "3", "--policy", "full", *extra])
+    assert seen == [3 * (2 if extra else 1)]
+
+
 def test_fit_refuses_before_any_compile_when_the_fixed_part_is_over(monkeypatch, capsys):
     def no_compile(self, *args, **kwargs):
         raise AssertionError("compiled")

@@ -70,13 +70,17 @@ def run(args: argparse.Namespace) -> int:
     Example:
       ``remat-kit fit --model tiny-llama --target h100`` parses its flags and calls this.
     """
-    # Every value, the output path included, is checked before the first trace or compile.
-    run = resolve(args)
     if "--batch" in getattr(args, "given", ()):
         raise BadValue(
             f"--batch {args.batch}: fit searches the batch (from where the trace puts the "
             "largest); drop --batch, or measure one batch with report"
         )
+    # The search sets the batch; the one the step is first built with only has to split into
+    # --accum micro-batches over the data-parallel GPUs (their count divides --gpus), which
+    # --batch's default of 4 need not (--accum 3).
+    args.batch = args.accum * args.gpus
+    # Every value, the output path included, is checked before the first trace or compile.
+    run = resolve(args)
     opts, target = run.opts, run.target
     if args.policy:
         flag, specs = "--policy", [args.policy]
