@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import warnings
@@ -16,9 +17,11 @@ from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
-from remat_kit.render.tables import FitRow, fit_table
+from remat_kit.render.progress import progress
+from remat_kit.render.tables import FitRow, fit_table, limit_words
+from remat_kit.render.throughput import fastest_words, throughput_table
 from remat_kit.schedules import label
-from remat_kit.search import check_budget, max_batch, max_batch_plan
+from remat_kit.search import PLAN, check_budget, fastest, max_batch, max_batch_plan
 from remat_kit.search.budget import limit_for
 
 __all__ = ["add_parser", "run"]
@@ -50,6 +53,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="comma-separated policies; 'plan' is the planner at the largest batch",
     )
     p.add_argument("--schedule", default="none", help="layer schedule for every policy")
+    p.add_argument(
+        "--objective",
+        choices=("batch", "throughput"),
+        default="batch",
+        help="batch: the largest batch per policy; throughput: the micro-batch that trains "
+        "fastest per policy (predicted tokens/s), the winner against none at its largest batch",
+    )
+    p.add_argument(
+        "--global-batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --objective throughput: sequences per optimizer step; the search picks the "
+        "micro-batch x accumulation that reaches it fastest",
+    )
     add_search_args(p)
     return p
 
@@ -75,6 +93,20 @@ def run(args: argparse.Namespace) -> int:
             f"--batch {args.batch}: fit searches the batch (from where the trace puts the "
             "largest); drop --batch, or measure one batch with report"
         )
+    throughput = args.objective == "throughput"
+    given = getattr(args, "given", ())
+    if args.global_batch is not None and not throughput:
+        raise BadValue(
+            f"--global-batch {args.global_batch} needs --objective throughput (the largest "
+            "batch search has no global batch)"
+        )
+    if throughput and args.accum > 1 and "--accum" in given:
+        raise BadValue(
+            f"--accum {args.accum}: --objective throughput picks the accumulation; give "
+            "--global-batch N for the sequences per optimizer step"
+        )
+    if args.global_batch is not None and args.global_batch < 1:
+        raise BadValue(f"--global-batch {args.global_batch}: must be at least 1")
     # The search sets the batch; the one the step is first built with only has to split into
     # --accum micro-batches over the data-parallel GPUs (their count divides --gpus), which
     # --batch's default of 4 need not (--accum 3).
@@ -96,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
     # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
     # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
     check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
+    if throughput:
+        return _throughput(args, run, w, policies, schedule)
     start = time.perf_counter()
     rows = []
     with warnings.catch_warnings():
@@ -140,5 +174,47 @@ def run(args: argparse.Namespace) -> int:
             f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.name}; remat-kit plan "
             "--batch 1 for a per-tag plan, or remat-kit advise for a GPU\n"
         )
+        return 1
+    return 0
+
+
+def _throughput(
+    args: argparse.Namespace, run: Any, w: Any, policies: dict[str, Any], schedule: Any
+) -> int:
+    """``--objective throughput``: the fastest micro-batch per policy, the winner marked."""
+    ways = w.batch_multiple
+    if args.global_batch is not None and args.global_batch % ways:
+        raise BadValue(
+            f"--global-batch {args.global_batch} does not split over the {ways} data-parallel "
+            f"GPUs; use a multiple of {ways}"
+        )
+
+    def accumulate(accum: int) -> Any:
+        return sources.workload(
+            run.source, run.target, dataclasses.replace(run.config, accum=accum)
+        )
+
+    specs = [PLAN if pol is None else pol for pol in policies.values()]
+    with warnings.catch_warnings(), progress("fit --objective throughput") as step:
+        warnings.simplefilter("ignore")  # the table shows what matters
+        found = fastest(
+            w,
+            specs,
+            schedule,
+            global_batch=args.global_batch,
+            accumulate=accumulate,
+            headroom=args.headroom,
+            offload=not args.no_offload,
+            hide=args.hide,
+            progress=step,
+        )
+    out = console(args.wide)
+    limit = limit_words(run.target, args.headroom)
+    out.print(fitted(throughput_table(found, run.opts, limit_words=limit), out.width))
+    out.print(fastest_words(found))
+    if args.json:
+        write_json(args.json, found.to_dict(), flag="--json")
+    if not any(row.fits for row in found.rows):
+        sys.stderr.write(f"remat-kit: nothing fits on {run.target.name}\n")
         return 1
     return 0

@@ -37,6 +37,7 @@ __all__ = [
     "compare_table",
     "decision_table",
     "fit_table",
+    "limit_words",
     "plan_table",
     "report_table",
     "residual_table",
@@ -369,7 +370,7 @@ def fit_table(
     """
     title = (
         f"largest batch: {run_words(opts, batch=False)} on {target.name} "
-        f"(limit {gib(rows[0].fit.limit_bytes)} GiB = {_limit_words(target, headroom)})"
+        f"(limit {gib(rows[0].fit.limit_bytes)} GiB = {limit_words(target, headroom)})"
         + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
@@ -523,7 +524,7 @@ def fits_rule(target: Target) -> str:
 
     Example:
       >>> print(fits_rule(rk.target("h100")))
-      fits = peak <= 59.33 GiB, what a JAX process may allocate of the 79.11 GiB of h100-80gb ...
+      fits = peak <= 59.38 GiB, what a JAX process may allocate of the 79.18 GiB of h100-80gb ...
       >>> fits_rule(rk.target("cpu"))
       'fits: not judged (the target has no memory size)'
     """
@@ -547,7 +548,14 @@ def _runtime_words(target: Target | None) -> str:
     return f"allocator fraction {rt.mem_fraction:g}, {source}"
 
 
-def _limit_words(target: Target, headroom: float) -> str:
+def limit_words(target: Target, headroom: float) -> str:
+    """How a search's limit was set: the usable memory at the runtime's fraction, less the
+    headroom.
+
+    Example:
+      >>> limit_words(rk.target("h100"), 0.1)
+      "usable at allocator fraction 0.75, JAX's default, less 10%"
+    """
     words = f"usable at {_runtime_words(target)}"
     return words + (f", less {100 * headroom:.0f}%" if headroom else "")
 

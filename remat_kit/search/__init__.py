@@ -7,7 +7,7 @@ the search needs: callbacks that compile (``measure_fn``) or trace (``flops_fn``
 size, plus the target it is compiled for. It caches every answer, so a plan, a max-batch search
 and a Pareto front over the same workload share their compiles.
 
-The four questions, one module each:
+The five questions, one module each:
 
 - :func:`max_batch` (``batch``): the largest batch whose compiled peak fits the device minus a
   headroom (exponential search from ``start``, then bisection; every probe is a compiled report).
@@ -16,6 +16,8 @@ The four questions, one module each:
   ``scipy.optimize.milp``), then verified by compiling (the algorithm is in its docstring).
 - :func:`front` / :func:`pareto_front` (``front``): memory against overhead over catalogue
   policies, layer schedules and plans, with the dominated points marked.
+- :func:`fastest` (``throughput``): which policy and micro-batch (and, for a global batch,
+  accumulation) train fastest: predicted tokens/s at the batches that fit.
 - :func:`advise` (``advise``): for every GPU target, does the step fit, with which plan, at what
   overhead, and how large a batch the target takes.
 
@@ -47,6 +49,7 @@ from remat_kit.search.front import (
 )
 from remat_kit.search.planner import Plan, PlanCandidate, SolverStatus, plan
 from remat_kit.search.recommend import PlanFront, plan_front
+from remat_kit.search.throughput import PLAN, Fastest, Throughput, fastest
 from remat_kit.search.workload import DEFAULT_HIDE, OBJECTIVES, Workload
 
 __all__ = [
@@ -55,17 +58,21 @@ __all__ = [
     "FRONT_POLICIES",
     "FRONT_SCHEDULES",
     "OBJECTIVES",
+    "PLAN",
     "Advice",
     "BatchFit",
+    "Fastest",
     "FrontPoint",
     "Plan",
     "PlanCandidate",
     "PlanFront",
     "ScaleOut",
     "SolverStatus",
+    "Throughput",
     "Workload",
     "advise",
     "check_budget",
+    "fastest",
     "front",
     "gpus_needed",
     "max_batch",
