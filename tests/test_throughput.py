@@ -1,0 +1,231 @@
+"""The throughput search (``rk.search.fastest``, ``fit --objective throughput``) on a fake step
+whose peak and step time are written down, so the expected answers are computed by hand."""
+
+import dataclasses
+import json
+
+import pytest
+
+import remat_kit as rk
+from remat_kit.cli import main
+from remat_kit.errors import BadValue
+from remat_kit.render.throughput import fastest_words, throughput_table
+from remat_kit.timing import StepTime
+
+SEQ = 10
+FIXED = 1000
+ACCUMULATOR = 200
+#: per policy: (activation bytes per sample, seconds per sample); a step also costs 1 s once
+#: per optimizer step (the update) and PASS per forward/backward pass (launches).
+PASS = 0.02
+POLICIES = {"none": (100, 0.10), "full": (40, 0.13), "minimal": (60, 0.105)}
+#: none fits 8 samples, full 21, minimal 14.
+LIMIT = FIXED + 8 * 100 + 50
+
+
+def _step(seconds: float) -> StepTime:
+    return StepTime(
+        seconds=seconds,
+        matmul_seconds=seconds,
+        attention_seconds=0.0,
+        memory_seconds=0.0,
+        collective_seconds=0.0,
+        collective_hidden_seconds=0.0,
+        transfer_seconds=0.0,
+        launch_seconds=0.0,
+        recompute_seconds=0.0,
+        model_flops=1e12 * seconds,
+        flops=1e12 * seconds,
+        kernels=1,
+        device="fake",
+        peak_flops=2e12,
+    )
+
+
+def _report(policy, peak, seconds):
+    t = rk.target("h100")
+    return rk.MemoryReport(
+        target=t.name,
+        target_memory_bytes=t.memory_bytes,
+        usable_bytes=t.usable_bytes,
+        mem_fraction=t.mem_fraction,
+        fits_with_fraction=None,
+        devices=1,
+        peak_bytes=int(peak),
+        argument_bytes=FIXED,
+        output_bytes=0,
+        temp_bytes=int(peak) - FIXED,
+        alias_bytes=0,
+        host_bytes=0,
+        host_temp_bytes=0,
+        generated_code_bytes=0,
+        xla_peak_bytes=None,
+        flops=float("nan"),
+        flops_detail={},
+        tags=(),
+        xla_remat=False,
+        xla_remat_saved_bytes=0,
+        xla_remat_limit_bytes=None,
+        policy=policy,
+        schedule="none",
+        attention=None,
+        compile_seconds=0.0,
+        step_time=_step(seconds),
+    )
+
+
+def fake(accum=1, penalty=None):
+    """The step accumulating over ``accum`` micro-batches; ``penalty(policy, micro)`` adds
+    seconds to a micro-batch (a product that tiles badly)."""
+
+    def measure(pol, sch, batch):
+        per_sample, per_second = POLICIES[pol.spec]
+        micro = batch // accum
+        extra = 0.0 if penalty is None else penalty(pol.spec, micro)
+        seconds = 1.0 + accum * (PASS + per_second * micro + extra)
+        peak = FIXED + (ACCUMULATOR if accum > 1 else 0) + per_sample * micro
+        return _report(pol.spec, peak, seconds)
+
+    return rk.Workload(
+        measure,
+        lambda p, s, b: float(b) * (1.2 if p.spec == "full" else 1.0),
+        target=rk.target("h100"),
+        seq=SEQ,
+        batch_multiple=accum,
+    )
+
+
+def _seconds(policy, micro, accum=1):
+    return 1.0 + accum * (PASS + POLICIES[policy][1] * micro)
+
+
+def _tps(policy, micro, accum=1):
+    return micro * accum * SEQ / _seconds(policy, micro, accum)
+
+
+def test_each_policy_trains_at_its_largest_batch_and_the_winner_beats_none():
+    f = rk.search.fastest(fake(), ["none", "full", "minimal"], limit_bytes=LIMIT)
+    got = {r.policy: (r.micro_batch, r.max_batch) for r in f.rows}
+    # Tokens/s grows with the batch here, so each policy is fastest at its largest batch.
+    assert got == {"none": (8, 8), "full": (21, 21), "minimal": (14, 14)}
+    rows = {r.policy: r for r in f.rows}
+    for name, (micro, _) in got.items():
+        assert rows[name].tokens_per_second == pytest.approx(_tps(name, micro))
+        assert rows[name].step_seconds == pytest.approx(_seconds(name, micro))
+        assert rows[name].peak_bytes == FIXED + POLICIES[name][0] * micro <= LIMIT
+    # minimal: 140 / 2.49 = 56.22 tok/s; full: 210 / 3.75 = 56.00; none: 80 / 1.82 = 43.96.
+    assert f.winner.policy == "minimal"
+    assert f.baseline.policy == "none"
+    assert f.margin == pytest.approx((140 / 2.49) / (80 / 1.82) - 1.0)
+    assert rows["full"].recompute_overhead == pytest.approx(0.2)
+    words = fastest_words(f)
+    assert words.startswith("fastest: minimal at micro-batch 14, 56 tok/s, +27.9% over none")
+
+
+def test_a_badly_tiled_largest_batch_loses_to_the_power_of_two_under_it():
+    # full's 21 samples pay 2 s more than 16: 16 is faster (160 / 3.10 = 51.6 vs 210 / 5.75).
+    slow = fake(penalty=lambda p, micro: 2.0 if micro & (micro - 1) else 0.0)
+    f = rk.search.fastest(slow, ["full"], limit_bytes=LIMIT)
+    (row,) = f.rows
+    assert (row.micro_batch, row.max_batch) == (16, 21)
+    assert [t[0] for t in row.tried] == [21, 16]
+    assert row.tokens_per_second == pytest.approx(160 / 3.10)
+
+
+def test_the_baseline_is_searched_when_none_is_not_asked_for():
+    f = rk.search.fastest(fake(), ["full"], limit_bytes=LIMIT)
+    assert [r.policy for r in f.rows] == ["full"]
+    assert (f.baseline.policy, f.baseline.micro_batch) == ("none", 8)
+    assert f.margin == pytest.approx((210 / 3.75) / (80 / 1.82) - 1.0)
+
+
+def test_a_global_batch_takes_the_fewest_accumulation_steps_whose_micro_batch_fits():
+    # 24 sequences per optimizer step. none fits 8 per pass, but the accumulator (200 bytes)
+    # puts 3 x 8 over the limit (1000 + 200 + 800 > 1850): 4 x 6 is the answer.
+    made = []
+
+    def accumulate(a):
+        made.append(a)
+        return fake(accum=a)
+
+    f = rk.search.fastest(
+        fake(), ["none", "full"], global_batch=24, accumulate=accumulate, limit_bytes=LIMIT
+    )
+    rows = {r.policy: r for r in f.rows}
+    none, full = rows["none"], rows["full"]
+    assert (none.micro_batch, none.accum, none.batch) == (6, 4, 24)
+    assert none.tried[0] == (8, 3, None)
+    # full fits 21 per pass: 2 x 12 and 3 x 8 are tried; 2 x 12 is faster (one pass less:
+    # 1 + 2 x (0.02 + 1.56) = 4.16 s against 1 + 3 x (0.02 + 1.04) = 4.18 s).
+    assert (full.micro_batch, full.accum) == (12, 2)
+    assert [t[:2] for t in full.tried] == [(12, 2), (8, 3)]
+    assert full.step_seconds == pytest.approx(4.16)
+    assert full.tokens_per_second == pytest.approx(24 * SEQ / 4.16)
+    assert none.step_seconds == pytest.approx(1.0 + 4 * (0.02 + 0.6))
+    # none: 240 / 3.48 = 69.0 tok/s beats full's 240 / 4.16 = 57.7 (its recompute costs more
+    # per sample than the two passes fewer save).
+    assert f.winner is none and f.margin == 0.0
+    assert set(made) <= {2, 3, 4, 6}
+
+
+def test_a_global_batch_that_fits_in_one_pass_needs_no_accumulation():
+    f = rk.search.fastest(
+        fake(), ["full"], global_batch=16, accumulate=lambda a: fake(accum=a), limit_bytes=LIMIT
+    )
+    (row,) = f.rows
+    assert (row.micro_batch, row.accum, row.batch) == (16, 1, 16)
+
+
+def test_nothing_fits_is_a_row_without_a_time():
+    f = rk.search.fastest(fake(), ["none", "full"], limit_bytes=FIXED + 30)
+    assert [r.fits for r in f.rows] == [False, False]
+    assert f.winner is None and f.baseline is None and f.margin is None
+    assert fastest_words(f) == "fastest: nothing fits"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        (dict(policies=[]), "at least one policy"),
+        (dict(global_batch=24), "needs accumulate"),
+        (dict(global_batch=0, accumulate=fake), "at least 1"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_compile(kwargs, match):
+    w = fake()
+    policies = kwargs.pop("policies", ["none"])
+    with pytest.raises(BadValue, match=match):
+        rk.search.fastest(w, policies, limit_bytes=LIMIT, **kwargs)
+    assert w.compiles == 0
+
+
+def test_a_global_batch_must_split_over_the_data_parallel_gpus():
+    w = dataclasses.replace(fake(), batch_multiple=4)  # 4 data-parallel GPUs
+    with pytest.raises(BadValue, match="does not split over 4 data-parallel GPUs"):
+        rk.search.fastest(w, ["none"], global_batch=6, accumulate=fake, limit_bytes=LIMIT)
+
+
+def test_the_table_marks_the_winner_and_says_each_row_against_none():
+    f = rk.search.fastest(fake(), ["none", "full", "minimal"], limit_bytes=LIMIT)
+    table = throughput_table(f, None)
+    cols = {c.header: list(c._cells) for c in table.columns}
+    assert cols["policy"] == ["none", "full", "[bold]minimal *[/bold]"]
+    assert cols["micro-batch"] == ["8", "21", "14"]
+    assert cols["vs none"][0] == "+0.0%"
+    assert cols["vs none"][2] == f"{(140 / 2.49) / (80 / 1.82) - 1:+.1%}"
+    assert cols["MFU"][0] == f"{1e12 / 2e12:.0%}"
+    assert json.loads(json.dumps(f.to_dict()))["winner"] == "minimal"
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["--global-batch", "16"], "--global-batch 16 needs --objective throughput"),
+        (["--objective", "throughput", "--accum", "2"], "--accum 2: --objective throughput"),
+        (["--objective", "throughput", "--global-batch", "0"], "--global-batch 0: must be"),
+    ],
+)
+def test_fit_refuses_what_the_throughput_search_cannot_do(argv, match, capsys):
+    assert main(["fit", "--model", "tiny-llama", "--target", "h100", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err
