@@ -9,10 +9,13 @@ compiles; one test runs the real search on tiny-llama where it refuses from shap
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import sys
 import types
 
+import flax.linen as nn
 import pytest
 
 import remat_kit as rk
@@ -35,9 +38,9 @@ LORA = (
     "LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer state, "
     "about 30.0 GiB plus adapters)"
 )
-BIGGER = "a GPU with more memory: h200 (141 GiB)"
+BIGGER = "a GPU with more memory: h200 (140 GiB)"
 LARGER = (
-    "a larger budget: h100-80gb can give 59.33 GiB, and the parts above need 1.00 GiB before "
+    "a larger budget: h100-80gb can give 59.38 GiB, and the parts above need 1.00 GiB before "
     "activations (e.g. a budget of 2GiB or more)"
 )
 
@@ -393,3 +396,123 @@ def test_advise_words_check_budgets_real_hints(monkeypatch, capsys, tmp_path):
     assert f"bigger GPU, ~{gpus}+ GPUs" in out
     assert "whatever the policy:" not in out  # the old paragraph
     assert "a GPU with more memory: " in out  # its legend: which GPUs
+
+
+# --- cost per token (issue 23) -------------------------------------------------------------------
+
+
+def _fast(name: str, tps: float | None) -> Advice:
+    return dataclasses.replace(_fits(name), tokens_per_second=tps, step_seconds=1.0)
+
+
+@pytest.fixture
+def priced(monkeypatch):
+    """advise replaced: h100 trains 4,000 tok/s, a100-80gb 2,000, l4 1,000 (l4 has no price);
+    rtx4090 fits nothing, and its scale-out fits 4 GPUs at 3,000 tok/s."""
+    speeds = {"h100-80gb": 4000.0, "a100-80gb": 2000.0, "l4": 1000.0}
+    calls = []
+
+    def plans(workload_for, batch, targets=None, **kwargs):
+        calls.append(targets)
+        out = []
+        for name in targets:
+            canon = rk.target(name).name
+            out.append(
+                _over(canon, 17 * GIB) if canon == "rtx4090" else _fast(canon, speeds[canon])
+            )
+        return out
+
+    def counts(workload_for, batch, **kwargs):
+        so = _scaled("rtx4090", 4, 8, 20.0)
+        return dataclasses.replace(so, step_seconds=1.0, tokens_per_second=3000.0)
+
+    monkeypatch.setattr("remat_kit.cli.advise.advise", plans)
+    monkeypatch.setattr("remat_kit.cli.advise.gpus_needed", counts)
+    monkeypatch.setenv("COLUMNS", "300")
+    return calls
+
+
+def _usd(price: float, gpus: int, tps: float) -> float:
+    return price * gpus / (tps * 3600) * 1e6
+
+
+def test_advise_ranks_gpus_by_dollars_per_million_tokens(priced, capsys, tmp_path):
+    out_json = tmp_path / "a.json"
+    argv = ["advise", *TINY, "--targets", "l4,h100,a100-80gb,rtx4090", "--scale-out"]
+    assert main([*argv, "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out_json.read_text())
+    h100, a100, r4090 = (rk.targets.prices.PRICES[n] for n in ("h100-80gb", "a100-80gb", "rtx4090"))
+    expected = {
+        "h100-80gb": _usd(h100.usd_per_gpu_hour, 1, 4000.0),
+        "a100-80gb": _usd(a100.usd_per_gpu_hour, 1, 2000.0),
+        "rtx4090": _usd(r4090.usd_per_gpu_hour, 4, 3000.0),  # 4 GPUs billed
+    }
+    got = {d["target"]: d["cost"]["usd_per_million_tokens"] for d in data}
+    assert got == pytest.approx({**expected, "l4": None})
+    cheapest_first = sorted(expected, key=expected.get)
+    assert [d["target"] for d in data] == [*cheapest_first, "l4"]  # no price: last
+    rows = [line.split("│")[1].strip() for line in out.splitlines() if line.startswith("│")]
+    assert rows == [*cheapest_first, "l4"]
+    # Every price's provider, page and date, and that prices change.
+    assert f"rtx4090 ${r4090.usd_per_gpu_hour:.2f} ({r4090.date})" in out
+    assert r4090.source in out and r4090.provider in out
+    assert "prices change" in out
+    assert "4 x " + f"{r4090.usd_per_gpu_hour:.2f}" in out
+
+
+def test_advise_ranks_by_speed_and_takes_the_users_price(priced, capsys, tmp_path):
+    out_json = tmp_path / "a.json"
+    argv = ["advise", *TINY, "--targets", "a100-80gb,l4,h100", "--rank", "speed"]
+    assert main([*argv, "--price", "h100=0.50", "--json", str(out_json)]) == 0
+    data = json.loads(out_json.read_text())
+    assert [d["target"] for d in data] == ["h100-80gb", "a100-80gb", "l4"]
+    h100 = data[0]["cost"]
+    assert h100["price"]["provider"] == "user"
+    assert h100["usd_per_million_tokens"] == pytest.approx(_usd(0.50, 1, 4000.0))
+    assert "prices from user, --price: h100-80gb $0.50" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "match"),
+    [
+        (["--price", "h100=abc"], "--price"),
+        (["--price", "h1000=2"], "--price"),
+        (["--price-file", "no-such-prices.json"], "--price-file"),
+    ],
+)
+def test_advise_refuses_a_bad_price_before_any_search(priced, flags, match, capsys):
+    assert main(["advise", *TINY, "--targets", "h100", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and match in err
+    assert priced == []  # nothing searched
+
+
+def test_advise_refuses_an_unknown_ranking(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["advise", *TINY, "--rank", "cheap"])
+    assert exit_.value.code == 2 and "--rank" in capsys.readouterr().err
+
+
+class _Tiny(nn.Module):
+    policy: rk.Policy
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(64, 16)(tokens)
+        x = rk.remat(nn.Dense, self.policy)(16, name="layers_0")(x)
+        return nn.Dense(64, name="lm_head")(x)
+
+
+def test_advice_tokens_per_second_is_the_plans_predicted_step(monkeypatch):
+    # The max-batch search is not what is checked here (it would compile up to 16k sequences).
+    module = sys.modules["remat_kit.search.advise"]  # the name is also the function's
+    monkeypatch.setattr(module, "max_batch", lambda *a, **k: types.SimpleNamespace(max_batch=9))
+    cfg = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+    w = rk.sources.workload(_Tiny, "h100", cfg)
+    (a,) = rk.advise(lambda t: w, 2, targets=["h100"])
+    report = w.report("none", batch=2)  # the plan: none fits
+    assert a.plan == "none"
+    assert a.step_seconds == report.step_time.seconds > 0
+    assert a.tokens_per_second == pytest.approx(2 * 16 / report.step_time.seconds)
+    assert a.mfu == report.step_time.mfu

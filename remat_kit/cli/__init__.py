@@ -96,6 +96,10 @@ FLAGS: dict[str, str] = {
     "hide": "--hide",
     "objective": "--objective",
     "jobs": "--jobs",
+    "price": "--price",
+    "price_file": "--price-file",
+    "rank": "--rank",
+    "global_batch": "--global-batch",
 }
 
 _DEBUG_HELP = "on an error, show the full traceback instead of one line"

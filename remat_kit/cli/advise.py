@@ -20,8 +20,9 @@ from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.advice import advise_table
 from remat_kit.render.layout import fitted
-from remat_kit.search import Advice, ScaleOut, advise, gpus_needed
+from remat_kit.search import RANKINGS, Advice, ScaleOut, advise, cost_of, gpus_needed, rank_costs
 from remat_kit.targets import target
+from remat_kit.targets.prices import load_prices, parse_prices
 
 __all__ = ["add_parser", "run"]
 
@@ -47,6 +48,27 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--scale-out",
         action="store_true",
         help="where one GPU cannot fit, find how many GPUs of that kind fit with fsdp + full",
+    )
+    p.add_argument(
+        "--price",
+        action="append",
+        default=[],
+        metavar="GPU=USD",
+        help="your price of one GPU-hour, e.g. h100=2.10 (repeat for more GPUs); wins over "
+        "--price-file and the shipped table",
+    )
+    p.add_argument(
+        "--price-file",
+        default=None,
+        metavar="FILE",
+        help='JSON prices: {"h100": 2.1, "a100-80gb": {"usd_per_gpu_hour": 1.3, ...}}',
+    )
+    p.add_argument(
+        "--rank",
+        choices=RANKINGS,
+        default="cost",
+        help="order of the GPUs: cost (dollars per million tokens, cheapest first), speed "
+        "(predicted tokens/s), name",
     )
     add_search_args(p)
     add_jobs_arg(p)
@@ -80,6 +102,9 @@ def run(args: argparse.Namespace) -> int:
         )
     run = resolve(args)
     opts = run.opts
+    # Prices are read before any compile: a bad one is one line, not a search's end.
+    prices = {} if args.price_file is None else load_prices(args.price_file)
+    prices.update(parse_prices(args.price))
     names = None
     if args.targets is not None:
         names = flag_items(args.targets, "--targets", example="h100,a100-80gb")
@@ -107,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
         before = time.perf_counter()
         scale = _scale_out(args, opts, rows)
         scale_seconds = time.perf_counter() - before
+    costs = rank_costs([cost_of(a, scale.get(a.target), prices) for a in rows], args.rank)
+    order = {c.target: i for i, c in enumerate(costs)}
+    rows = sorted(rows, key=lambda a: order[a.target])
     out = console(args.wide)
     # Every row says why it does not fit and what would (the GPU count with --scale-out): the
     # table is the answer; each message is in --json.
@@ -117,11 +145,16 @@ def run(args: argparse.Namespace) -> int:
         seconds=time.perf_counter() - start,
         scale_out=scale if args.scale_out else None,
         scale_seconds=scale_seconds,
+        costs={c.target: c for c in costs},
     )
     out.print(fitted(table, out.width))
     if args.json:
         data = [
-            {**a.to_dict(), "scale_out": scale[a.target].to_dict() if a.target in scale else None}
+            {
+                **a.to_dict(),
+                "scale_out": scale[a.target].to_dict() if a.target in scale else None,
+                "cost": costs[order[a.target]].to_dict(),
+            }
             for a in rows
         ]
         write_json(args.json, data, flag="--json")

@@ -15,9 +15,10 @@ from rich.table import Table
 from remat_kit.render.format import gib, pct, short
 from remat_kit.render.tables import _YES_NO, _runtime_words
 from remat_kit.render.titles import RunOptions, opts_precision, run_words, training_line
+from remat_kit.targets.prices import PRICE_CAVEAT
 
 if TYPE_CHECKING:
-    from remat_kit.search import Advice, ScaleOut
+    from remat_kit.search import Advice, Cost, ScaleOut
 
 __all__ = [
     "advise_table",
@@ -32,6 +33,7 @@ def advise_table(
     seconds: float,
     scale_out: Mapping[str, ScaleOut] | None = None,
     scale_seconds: float | None = None,
+    costs: Mapping[str, Cost] | None = None,
 ) -> Table:
     """The ``advise`` table: for every GPU, does the step fit, with which plan, else why not
     and what would.
@@ -53,6 +55,9 @@ def advise_table(
       scale_out: ``--scale-out``'s answer per target that does not fit on one GPU; None
         when it was not asked for.
       scale_seconds: the part of ``seconds`` the scale-out took.
+      costs: per target, the predicted tokens/s and dollars per million tokens (the rows
+        come in the order wanted); the caption then names every price's provider, source
+        and date.
 
     Returns:
       The table.
@@ -62,7 +67,10 @@ def advise_table(
     planned = any(a.plan is not None for a in rows)
     table = Table(
         title=f"which GPU: {run_words(opts)}" + training_line(opts_precision(opts), None),
-        caption="\n".join(_advise_caption(rows, opts, headroom, seconds, scale_out, scale_seconds)),
+        caption="\n".join(
+            _advise_caption(rows, opts, headroom, seconds, scale_out, scale_seconds)
+            + _price_lines(costs)
+        ),
     )
     why = "plan" if not misses else "plan / why not" if planned else "why not"
     columns = ["target", "GiB", "fixed GiB", "fits", why]
@@ -72,6 +80,9 @@ def advise_table(
         columns.append("max batch")
     if misses:
         columns.append("instead")
+    priced = costs or {}
+    if any(c.tokens_per_second for c in priced.values()):
+        columns += ["tok/s (est.)", "$/GPU-h", "$/Mtok"]
     for col in columns:
         # The answer of a row that does not fit stays on one line; a long plan label gives way.
         table.add_column(
@@ -90,9 +101,45 @@ def advise_table(
             "recompute": pct(a.recompute_overhead),
             "max batch": str(a.max_batch),
             "instead": "" if a.fits else _advise_instead(a, scale.get(a.target), opts),
+            **_cost_cells(priced.get(a.target)),
         }
         table.add_row(*(cells[col] for col in columns))
     return table
+
+
+def _cost_cells(c: Cost | None) -> dict[str, str]:
+    """The speed and price cells of one target (``N x`` where the scale-out's GPUs are billed)."""
+    if c is None:
+        return {"tok/s (est.)": "-", "$/GPU-h": "-", "$/Mtok": "-"}
+    many = f"{c.gpus} x " if c.gpus > 1 else ""
+    return {
+        "tok/s (est.)": "-" if not c.tokens_per_second else f"{c.tokens_per_second:,.0f}",
+        "$/GPU-h": "no price" if c.price is None else f"{many}{c.price.usd_per_gpu_hour:.2f}",
+        "$/Mtok": "-" if c.usd_per_million_tokens is None else f"{c.usd_per_million_tokens:.2f}",
+    }
+
+
+def _price_lines(costs: Mapping[str, Cost] | None) -> list[str]:
+    """Where each price comes from (provider, page, date), one line per source, and that
+    prices change."""
+    if not costs or not any(c.usd_per_million_tokens for c in costs.values()):
+        return []
+    by_source: dict[tuple[str, str], list[str]] = {}
+    for c in costs.values():
+        if c.price is not None and c.usd_per_million_tokens is not None:
+            key = (c.price.provider, c.price.source)
+            by_source.setdefault(key, []).append(
+                f"{c.target} ${c.price.usd_per_gpu_hour:.2f} ({c.price.date})"
+            )
+    lines = [
+        "tok/s: predicted for the step at the batch asked for (all its GPUs); $/Mtok: dollars "
+        "per million tokens at that speed and the on-demand price per GPU-hour below"
+    ]
+    lines += [
+        f"prices from {provider}, {source}: {', '.join(items)}"
+        for (provider, source), items in by_source.items()
+    ]
+    return [*lines, PRICE_CAVEAT + " --price GPU=USD or --price-file sets yours."]
 
 
 def _advise_why(a: Advice) -> str:

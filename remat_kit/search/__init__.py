@@ -40,6 +40,7 @@ Example (``tiny_model`` is a factory ``tiny_model(policy)`` of a small Flax mode
 from remat_kit.search.advise import Advice, ScaleOut, advise, gpus_needed
 from remat_kit.search.batch import BatchFit, max_batch, max_batch_plan
 from remat_kit.search.budget import DEFAULT_HEADROOM, check_budget, parse_budget
+from remat_kit.search.cost import RANKINGS, Cost, cost_of, rank_costs
 from remat_kit.search.front import (
     FRONT_POLICIES,
     FRONT_SCHEDULES,
@@ -59,8 +60,10 @@ __all__ = [
     "FRONT_SCHEDULES",
     "OBJECTIVES",
     "PLAN",
+    "RANKINGS",
     "Advice",
     "BatchFit",
+    "Cost",
     "Fastest",
     "FrontPoint",
     "Plan",
@@ -72,6 +75,7 @@ __all__ = [
     "Workload",
     "advise",
     "check_budget",
+    "cost_of",
     "fastest",
     "front",
     "gpus_needed",
@@ -81,4 +85,5 @@ __all__ = [
     "parse_budget",
     "plan",
     "plan_front",
+    "rank_costs",
 ]

@@ -54,6 +54,10 @@ class Advice:
         ``fixed_over_budget`` (what no policy removes is over the device: the
         :class:`DoesNotFit` error's fields); ``message`` is its words.
       seconds: wall time for this target.
+      devices: GPUs the step runs on (``--gpus``).
+      step_seconds: the plan's predicted step time at the requested batch (None: nothing
+        fits, or the target has no rates); ``tokens_per_second`` all its GPUs together,
+        ``mfu`` its model FLOPs utilisation.
     """
 
     target: str
@@ -67,6 +71,10 @@ class Advice:
     fixed_bytes: int
     note: Note
     seconds: float
+    devices: int = 1
+    step_seconds: float | None = None
+    tokens_per_second: float | None = None
+    mfu: float | None = None
 
     @property
     def message(self) -> str:
@@ -166,8 +174,10 @@ def _advise_one(
             fixed_bytes=fixed,
             note=Note("fixed_over_budget", err.to_dict()),
             seconds=time.perf_counter() - t0,
+            devices=t.devices,
         )
     fit = max_batch(w, FULL, headroom=headroom)  # from where the trace puts the boundary
+    st = p.report.step_time if p.fits and p.report is not None else None
     return Advice(
         target=t.name,
         memory_bytes=t.memory_bytes,
@@ -180,6 +190,10 @@ def _advise_one(
         fixed_bytes=fixed,
         note=p.note,
         seconds=time.perf_counter() - t0,
+        devices=t.devices,
+        step_seconds=None if st is None else st.seconds,
+        tokens_per_second=None if st is None else st.tokens_per_second(batch * w.seq),
+        mfu=None if st is None else st.mfu,
     )
 
 
@@ -226,6 +240,8 @@ class ScaleOut:
       tried: (devices, per-GPU peak) for every count compiled.
       note: what was found, as data (kind ``scale_out_fits`` or ``scale_out_none``);
         ``message`` is its words.
+      step_seconds: the predicted step time at ``devices`` (None: nothing fits, or no
+        rates); ``tokens_per_second`` all the GPUs together.
     """
 
     target: str
@@ -235,6 +251,8 @@ class ScaleOut:
     peak_bytes: int | None
     tried: tuple[tuple[int, int], ...]
     note: Note
+    step_seconds: float | None = None
+    tokens_per_second: float | None = None
 
     @property
     def message(self) -> str:
@@ -294,9 +312,11 @@ def gpus_needed(
         name = w.target.name
         limit = limit_for(w.target, None, headroom)
         b = -(-batch // w.batch_multiple) * w.batch_multiple
-        peak = w.compiled(pol, NO_SCHEDULE, b).peak_bytes
+        report = w.compiled(pol, NO_SCHEDULE, b)
+        peak = report.peak_bytes
         tried.append((n, peak))
         if peak <= limit:
+            st = report.step_time
             return ScaleOut(
                 name,
                 n,
@@ -314,6 +334,8 @@ def gpus_needed(
                         "batch": b,
                     },
                 ),
+                step_seconds=None if st is None else st.seconds,
+                tokens_per_second=None if st is None else st.tokens_per_second(b * w.seq),
             )
     return ScaleOut(
         name,

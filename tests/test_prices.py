@@ -1,0 +1,291 @@
+"""The price table, its overrides and cost per token (remat_kit/targets/prices.py)."""
+
+import dataclasses
+import datetime
+import json
+import re
+
+import pytest
+
+from remat_kit.errors import BadType, BadValue, UnknownName
+from remat_kit.targets import target, target_names
+from remat_kit.targets.catalogue import ALIASES, GPU_FACTS
+from remat_kit.targets.prices import (
+    PRICE_TABLE_DATE,
+    PRICES,
+    Price,
+    cost_per_million_tokens,
+    load_prices,
+    parse_prices,
+    price_for,
+)
+
+TODAY = datetime.date(2026, 11, 24)
+
+
+def _is_iso_date(text: str) -> bool:
+    try:
+        return datetime.date.fromisoformat(text).isoformat() == text
+    except ValueError:
+        return False
+
+
+# --- the shipped table -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(PRICES))
+def test_table_keys_are_canonical_gpu_names(name):
+    assert name in target_names()
+    assert name in GPU_FACTS  # a GPU, not "cpu"/"local"
+    assert target(name).name == name
+
+
+@pytest.mark.parametrize("name", sorted(PRICES))
+def test_table_entries_name_provider_source_and_date(name):
+    p = PRICES[name]
+    assert isinstance(p, Price)
+    assert p.provider.strip()
+    assert re.fullmatch(r"https?://\S+", p.source), p.source
+    assert p.date == "undated" or _is_iso_date(p.date), p.date
+    assert 0.1 < p.usd_per_gpu_hour < 20  # dollars per GPU-hour, not per 8-GPU instance
+    assert p.note.strip()  # which product, read where
+
+
+def test_table_date_is_the_newest_entry():
+    dated = [p.date for p in PRICES.values() if p.date != "undated"]
+    assert max(dated) == PRICE_TABLE_DATE
+    assert _is_iso_date(PRICE_TABLE_DATE)
+
+
+def test_table_is_read_only():
+    with pytest.raises(TypeError):
+        PRICES["l4"] = Price(1.0, "x", "https://x", "undated")  # type: ignore[index]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        PRICES["b200"].usd_per_gpu_hour = 0.01  # type: ignore[misc]
+
+
+def test_table_orders_the_cards_sensibly():
+    # Same provider and date tier: a B200 costs more than an H200, an H200 more than an
+    # H100, an H100 more than an A100 80GB, and a 4090 least.
+    usd = {k: v.usd_per_gpu_hour for k, v in PRICES.items()}
+    assert usd["b200"] > usd["h200"] > usd["h100-80gb"] > usd["a100-80gb"] > usd["rtx4090"]
+
+
+@pytest.mark.parametrize("name", ["l4", "h20"])
+def test_gpus_without_a_found_price_have_none(name):
+    assert name in GPU_FACTS
+    assert price_for(name) is None
+
+
+# --- lookup ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("alias", sorted(ALIASES))
+def test_aliases_resolve_as_target_does(alias):
+    canonical = target(alias).name
+    assert price_for(alias) is PRICES.get(canonical)
+    assert price_for(f"  {alias.upper()} ") is PRICES.get(canonical)
+    over = parse_prices([f"{alias}=9.5"], today=TODAY)
+    assert list(over) == [canonical]
+    assert price_for(canonical, over).usd_per_gpu_hour == 9.5
+
+
+def test_h100_alias_finds_the_sxm_price():
+    assert price_for("h100") is PRICES["h100-80gb"]
+    assert price_for("h100") is not PRICES["h100-pcie"]
+
+
+@pytest.mark.parametrize("name", ["cpu", "local", "my-custom-gpu"])
+def test_non_catalogue_names_have_no_price(name):
+    assert price_for(name) is None
+
+
+def test_override_wins_and_only_for_its_gpu():
+    over = parse_prices(["h100=2.10"], today=TODAY)
+    got = price_for("h100-80gb", over)
+    assert got == Price(2.10, "user", "--price", "2026-11-24")
+    assert price_for("a100-80gb", over) is PRICES["a100-80gb"]
+    assert price_for("h100-80gb") is PRICES["h100-80gb"]  # the table itself is untouched
+
+
+def test_override_prices_a_gpu_the_table_lacks():
+    over = parse_prices(["l4=0.70"], today=TODAY)
+    assert price_for("l4", over).usd_per_gpu_hour == 0.70
+    assert price_for("l4") is None
+
+
+def test_custom_target_priced_by_exact_name():
+    over = {"my-gpu": Price(1.5, "user", "--price", "undated")}
+    assert price_for("my-gpu", over).usd_per_gpu_hour == 1.5
+
+
+def test_price_for_refuses_a_non_str():
+    with pytest.raises(BadType, match="must be a str"):
+        price_for(3)  # type: ignore[arg-type]
+
+
+# --- cost --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("usd", "gpus", "tok_s", "want"),
+    [
+        (2.00, 1, 1000.0, 0.5556),  # 2 / 3.6e6 tokens * 1e6
+        (2.00, 8, 8000.0, 0.5556),  # 8 GPUs, 8x the tokens: same
+        (3.60, 2, 1000.0, 2.0),  # 7.2 $/h / 3.6e6 tokens per hour * 1e6
+        (1.00, 1, 3600.0, 0.0772),  # 1 $/h / 12.96e6 tokens * 1e6
+    ],
+)
+def test_cost_per_million_tokens_by_hand(usd, gpus, tok_s, want):
+    got = cost_per_million_tokens(Price(usd, "user", "--price", "undated"), gpus, tok_s)
+    assert got == pytest.approx(want, abs=5e-5)
+
+
+def test_cost_scales_with_gpus_and_inversely_with_throughput():
+    p = Price(2.5, "user", "--price", "undated")
+    base = cost_per_million_tokens(p, 1, 1000)
+    assert cost_per_million_tokens(p, 4, 1000) == pytest.approx(4 * base)
+    assert cost_per_million_tokens(p, 1, 4000) == pytest.approx(base / 4)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "tok_s", "err", "match"),
+    [
+        (0, 1000, BadValue, "gpus must be a positive int"),
+        (1.5, 1000, BadType, "gpus must be an int"),
+        (True, 1000, BadType, "gpus must be an int"),
+        (1, 0, BadValue, "tokens_per_second must be a positive"),
+        (1, -5.0, BadValue, "tokens_per_second must be a positive"),
+        (1, float("inf"), BadValue, "tokens_per_second must be a positive"),
+        (1, "fast", BadValue, "tokens_per_second must be a positive"),
+    ],
+)
+def test_cost_refuses_bad_counts(gpus, tok_s, err, match):
+    with pytest.raises(err, match=match):
+        cost_per_million_tokens(Price(2.0, "user", "--price", "undated"), gpus, tok_s)
+
+
+def test_cost_refuses_a_bare_number_for_price():
+    with pytest.raises(BadType, match="Price"):
+        cost_per_million_tokens(2.0, 1, 1000)  # type: ignore[arg-type]
+
+
+# --- --price strings ---------------------------------------------------------------------
+
+
+def test_parse_prices_stamps_user_source_and_date():
+    got = parse_prices(["h100=2.10", "a100-40gb=$1.25", " l40s = 0.9 "], today=TODAY)
+    assert got == {
+        "h100-80gb": Price(2.10, "user", "--price", "2026-11-24"),
+        "a100-40gb": Price(1.25, "user", "--price", "2026-11-24"),
+        "l40s": Price(0.9, "user", "--price", "2026-11-24"),
+    }
+
+
+def test_parse_prices_defaults_to_today():
+    (p,) = parse_prices(["h200=3"]).values()
+    assert p.date == datetime.date.today().isoformat()
+
+
+def test_parse_prices_empty_is_empty():
+    assert parse_prices([], today=TODAY) == {}
+
+
+@pytest.mark.parametrize(
+    ("items", "err", "match"),
+    [
+        (["h10=2"], UnknownName, r"unknown GPU 'h10'.*Known: a100-40gb, .*rtx4090"),
+        (["cpu=1"], UnknownName, r"unknown GPU 'cpu'"),
+        (["h100"], BadValue, r"price 'h100' has no '='.*NAME=USD_PER_GPU_HOUR"),
+        (["=2"], BadValue, r"price '=2' has no GPU name"),
+        (["h100=abc"], BadValue, r"price 'h100=abc'.*positive number.*got 'abc'"),
+        (["h100="], BadValue, r"price 'h100='.*positive number"),
+        (["h100=0"], BadValue, r"price 'h100=0'.*positive number.*got '0'"),
+        (["h100=-1"], BadValue, r"price 'h100=-1'.*positive number"),
+        (["h100=nan"], BadValue, r"positive number.*got 'nan'"),
+        (["h100=inf"], BadValue, r"positive number.*got 'inf'"),
+        (["h100=2", "h100-80gb=3"], BadValue, r"'h100-80gb' given twice"),
+        ("h100=2", BadType, r"list of 'NAME=USD' strings"),
+        ([2.1], BadType, r"'NAME=USD' str"),
+    ],
+)
+def test_parse_prices_errors(items, err, match):
+    with pytest.raises(err, match=match) as info:
+        parse_prices(items, today=TODAY)
+    assert info.value.param == "price"
+
+
+def test_parse_prices_unknown_suggests_close_names():
+    with pytest.raises(UnknownName) as info:
+        parse_prices(["a10O=1"], today=TODAY)
+    assert "a100-80gb" in info.value.close
+    assert set(info.value.known) == set(GPU_FACTS)
+
+
+# --- price files -------------------------------------------------------------------------
+
+
+def _write(tmp_path, data) -> str:
+    path = tmp_path / "prices.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def test_load_prices_numbers_and_objects(tmp_path):
+    path = _write(
+        tmp_path,
+        {
+            "h100": 2.1,
+            "a100-80gb": {
+                "usd_per_gpu_hour": 1.3,
+                "provider": "CoreWeave",
+                "source": "https://www.coreweave.com/pricing",
+                "date": "2026-10-01",
+                "note": "8x instance / 8",
+            },
+            "l4": {"usd_per_gpu_hour": 0.5, "date": "undated"},
+        },
+    )
+    got = load_prices(path, today=TODAY)
+    assert got == {
+        "h100-80gb": Price(2.1, "user", path, "2026-11-24"),
+        "a100-80gb": Price(
+            1.3, "CoreWeave", "https://www.coreweave.com/pricing", "2026-10-01", "8x instance / 8"
+        ),
+        "l4": Price(0.5, "user", path, "undated"),
+    }
+
+
+def test_loaded_prices_override_the_table(tmp_path):
+    over = load_prices(_write(tmp_path, {"b200": 5.0}), today=TODAY)
+    assert price_for("b200", over).usd_per_gpu_hour == 5.0
+    assert price_for("h200", over) is PRICES["h200"]
+
+
+@pytest.mark.parametrize(
+    ("data", "err", "match"),
+    [
+        ('{"h100": 2.1', BadValue, r"not valid JSON \(line 1, column \d+"),
+        ("[1, 2]", BadValue, r"holds a list, not an object"),
+        ({"h10": 2}, UnknownName, r"unknown GPU 'h10'"),
+        ({"h100": 0}, BadValue, r"entry 'h100'.*positive number"),
+        ({"h100": "cheap"}, BadValue, r"entry 'h100'.*positive number.*got 'cheap'"),
+        ({"h100": True}, BadValue, r"entry 'h100'.*positive number.*got True"),
+        ({"h100": None}, BadValue, r"entry 'h100'.*positive number"),
+        ({"h100": {"usd": 2}}, BadValue, r"unknown field\(s\) 'usd'.*Valid: usd_per_gpu_hour"),
+        ({"h100": {"provider": "x"}}, BadValue, r"usd_per_gpu_hour is missing"),
+        ({"h100": {"usd_per_gpu_hour": 2, "date": "last week"}}, BadValue, r"ISO date"),
+        ({"h100": {"usd_per_gpu_hour": 2, "provider": 7}}, BadValue, r"provider must be a str"),
+        ({"h100": 2, "h100-80gb": 3}, BadValue, r"prices 'h100-80gb' twice"),
+    ],
+)
+def test_load_prices_errors(tmp_path, data, err, match):
+    with pytest.raises(err, match=match) as info:
+        load_prices(_write(tmp_path, data), today=TODAY)
+    assert info.value.param == "price_file"
+
+
+def test_load_prices_missing_file(tmp_path):
+    with pytest.raises(BadValue, match=r"price file .*nope\.json does not exist") as info:
+        load_prices(tmp_path / "nope.json")
+    assert info.value.param == "price_file"
