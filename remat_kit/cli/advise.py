@@ -20,6 +20,7 @@ from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.advice import advise_table
 from remat_kit.render.layout import fitted
+from remat_kit.render.progress import progress
 from remat_kit.search import RANKINGS, Advice, ScaleOut, advise, cost_of, gpus_needed, rank_costs
 from remat_kit.targets import target
 from remat_kit.targets.prices import load_prices, parse_prices
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             except BadValue as err:  # its param is "target": name this flag, not --target
                 raise BadValue(f"--targets {name!r}: {err}") from None
             run.source.check(run.config, t)  # the attention kernel and sizes for that GPU
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), progress("advise") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = advise(
             # A partial of a module-level function: it pickles, so --jobs can use workers.
@@ -125,12 +126,14 @@ def run(args: argparse.Namespace) -> int:
             offload=not args.no_offload,
             hide=args.hide,
             jobs=args.jobs,
+            progress=step,
         )
     scale: dict[str, ScaleOut] = {}
     scale_seconds = None
     if args.scale_out:
         before = time.perf_counter()
-        scale = _scale_out(args, opts, rows)
+        with progress("advise --scale-out") as step:
+            scale = _scale_out(args, opts, rows, step)
         scale_seconds = time.perf_counter() - before
     costs = rank_costs([cost_of(a, scale.get(a.target), prices) for a in rows], args.rank)
     order = {c.target: i for i, c in enumerate(costs)}
@@ -201,9 +204,16 @@ def _gpus_needed(opts: Any, mem_fraction: Any, headroom: float, name: str) -> Sc
         )
 
 
-def _scale_out(args: argparse.Namespace, opts: Any, rows: Sequence[Advice]) -> dict[str, ScaleOut]:
+def _scale_out(
+    args: argparse.Namespace, opts: Any, rows: Sequence[Advice], step: Any
+) -> dict[str, ScaleOut]:
     """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full; the
     targets side by side in ``--jobs`` worker processes once one needs a compile."""
     names = [a.target for a in rows if not a.fits]
     one = functools.partial(_gpus_needed, opts, args.mem_fraction, args.headroom)
-    return dict(zip(names, _workers.run(one, names, args.jobs), strict=True))
+
+    def on_done(i: int, so: ScaleOut) -> None:
+        step(f"{so.target}: {so.devices or 'no'} GPUs ({i + 1} of {len(names)})")
+
+    found = _workers.run(one, names, args.jobs, on_done=on_done)
+    return dict(zip(names, found, strict=True))

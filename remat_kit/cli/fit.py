@@ -132,9 +132,10 @@ def run(args: argparse.Namespace) -> int:
         return _throughput(args, run, w, policies, schedule)
     start = time.perf_counter()
     rows = []
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), progress("fit") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
-        for pol in policies.values():
+        for i, (spec, pol) in enumerate(policies.items()):
+            step(f"{spec} ({i + 1}/{len(policies)})")
             if pol is None:
                 fit, _ = max_batch_plan(
                     w, headroom=args.headroom, offload=not args.no_offload, hide=args.hide

@@ -15,6 +15,7 @@ from remat_kit.cli._model import resolve
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
+from remat_kit.render.progress import progress
 from remat_kit.render.tables import decision_table, plan_table
 from remat_kit.render.titles import opts_precision, run_words
 from remat_kit.search import FRONT_POLICIES, plan_front
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     )
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
     w = sources.workload(run.source, target, run.config)
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), progress("plan") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         # --sweep adds the whole curve; --plot only draws: what is dominated must not depend
         # on whether it is drawn.
@@ -120,6 +121,7 @@ def run(args: argparse.Namespace) -> int:
             headroom=args.headroom,
             sweep=args.sweep,
             objective=args.objective,
+            progress=step,
         )
     p, points = found.plan, found.points
     out = console(args.wide)

@@ -98,6 +98,7 @@ def advise(
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
     jobs: int = 1,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Advice, ...]:
     """For every GPU target: does the step fit, with which plan, overhead and max batch.
 
@@ -111,6 +112,7 @@ def advise(
         a compile the on-disk cache does not have (see ``remat_kit._workers``); with more than
         1, ``workload_for`` must pickle (a module-level function or a ``functools.partial``
         of one).
+      progress: called with a few words as each target is done (for a progress bar).
 
     Returns:
       One Advice per target, in the order given (default: by name). A target whose memory
@@ -142,7 +144,14 @@ def advise(
             ) from None
     traces: dict[Any, tuple[dict, dict]] = {}  # shared by the targets planned in this process
     one = functools.partial(_advise_one, workload_for, batch, headroom, offload, hide, traces)
-    return tuple(_workers.run(one, resolved, jobs))
+    done: list[str] = []
+
+    def on_done(i: int, advice: Advice) -> None:
+        done.append(advice.target)
+        if progress is not None:
+            progress(f"{advice.target} done ({len(done)}/{len(resolved)})")
+
+    return tuple(_workers.run(one, resolved, jobs, on_done=on_done))
 
 
 def _advise_one(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from remat_kit.search.budget import DEFAULT_HEADROOM
@@ -83,6 +83,7 @@ def plan_front(
     sweep: bool = False,
     schedules: Iterable[tuple[Any, Any]] = FRONT_SCHEDULES,
     objective: str = "time",
+    progress: Callable[[str], None] | None = None,
 ) -> PlanFront:
     """The cheapest plan under ``budget``, compiled beside the catalogue as a Pareto front.
 
@@ -110,6 +111,7 @@ def plan_front(
       schedules: ``(policy, schedule)`` pairs compiled with ``sweep``.
       objective: ``time`` (predicted step time) or ``flops``: what the plan minimises and
         the front's overhead axis (see :func:`~remat_kit.search.plan`).
+      progress: called with a few words as each stage starts (for a progress bar).
 
     Returns:
       A PlanFront. ``plan.fits`` is False when nothing reaches the budget.
@@ -120,17 +122,21 @@ def plan_front(
         host budget or ``hide``).
     """
     start = time.perf_counter()
+    say = progress or (lambda words: None)
     catalogue = list(catalogue)
     schedules = list(schedules) if sweep else []
     # What the front shows beside the plan is what the plan must not be dominated by.
     beside: list[Any] = [*catalogue, *schedules]
     cost = {"hide": hide, "objective": objective}
     options = {"host_budget": host_budget, "offload": offload, **cost}
+    say("planning (cost model, solver, verifying compiles)")
     p = plan(workload, batch, budget, headroom=headroom, extra=beside, **options)
     plan_seconds = time.perf_counter() - start
+    say(f"compiling the {len(catalogue)} catalogue policies beside the plan")
     points = front(workload, batch, policies=catalogue, schedules=(), plans=[p], **cost)
     swept: list[Plan] = []
     if sweep:
+        say("sweeping the planner's curve and the layer schedules")
         swept = _sweep(workload, batch, p, points, options)
         more = front(workload, batch, policies=(), schedules=schedules, plans=swept, **cost)
         points = pareto_front([*points, *more])

@@ -1,0 +1,219 @@
+"""Does checkpointing plus a larger batch train faster? And which GPU is cheapest per token?
+
+Claims: checkpointing "enables 2-3x larger batch sizes ... directly improving training
+throughput despite the per-step slowdown"; "balance batch size and gradient checkpointing".
+
+Part ``throughput``: for gpt2-medium and bert-base on an RTX 4090 (seq 512, AdamW, mixed
+precision) and Llama 3 8B on an H100 (seq 2048, bf16, SGD and AdamW), the predicted tokens/s
+of each policy at its fastest fitting micro-batch (``rk.search.fastest``: the largest, or the
+power of two under it), against ``none`` at its own largest batch. Step times are predicted
+from each compiled program (remat_kit.timing), not measured.
+
+Part ``cost``: ``rk.advise`` for Llama 3 8B, batch 8, seq 2048, with LoRA 16 and full
+fine-tuning (AdamW, mixed), each GPU of the price table ranked by dollars per million tokens
+(the fewest GPUs that fit, fsdp + full, where one does not).
+
+Writes results/batch_vs_remat.json and results/batch_vs_remat.png.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from common import parse, save_png, table, write_json
+
+#: (name, model, target, seq, optimizer, precision)
+CASES = (
+    ("gpt2-medium", "gpt2-medium", "rtx4090", 512, "adamw", None),
+    ("bert-base", "bert-base", "rtx4090", 512, "adamw", None),
+    ("llama3-8b sgd", "llama3-8b", "h100", 2048, "sgd", "bf16"),
+    ("llama3-8b adamw", "llama3-8b", "h100", 2048, "adamw", "bf16"),
+)
+POLICIES = ("none", "full", "minimal", "block", "plan")
+#: The GPUs the cost part ranks (those the price table prices).
+COST_TARGETS = ("h100", "h200", "b200", "a100-80gb", "a100-40gb", "l40s", "rtx4090", "rtx-a6000")
+COST_CASES = (("LoRA 16", 16), ("full fine-tuning", 0))
+
+
+def throughput(args, only: set[str]) -> list[dict]:
+    import remat_kit as rk
+    from remat_kit_models.measure import Options, workload
+
+    out = []
+    for name, model, target, seq, optimizer, precision in CASES:
+        if only and name not in only:
+            continue
+        opts = Options(model, batch=1, seq=seq, optimizer=optimizer, precision=precision)
+        w = workload(opts, rk.target(target))
+        policies = POLICIES[:3] if args.quick else POLICIES
+        t0 = time.perf_counter()
+        try:
+            f = rk.search.fastest(w, policies)
+        except rk.errors.DoesNotFit as err:
+            out.append({"case": name, "target": target, "nothing_fits": str(err)})
+            print(f"{name}: nothing fits ({err})")
+            continue
+        seconds = time.perf_counter() - t0
+        win = f.winner
+        out.append(
+            {
+                "case": name,
+                "target": f.target,
+                "seq": seq,
+                "seconds": seconds,
+                "compiles": f.compiles,
+                "winner": None if win is None else win.name,
+                "margin": f.margin,
+                "baseline": None if f.baseline is None else f.baseline.to_dict(),
+                "rows": [r.to_dict() for r in f.rows],
+            }
+        )
+        rows = [
+            {
+                "policy": r.name,
+                "batch": r.micro_batch,
+                "step s": r.step_seconds,
+                "tok/s": r.tokens_per_second,
+                "MFU": r.mfu,
+                "peak GiB": None if r.peak_bytes is None else r.peak_bytes / 2**30,
+            }
+            for r in f.rows
+        ]
+        print(table(rows, list(rows[0]), f"{name} on {f.target} ({seconds:.0f} s)"))
+        if win is not None:
+            print(f"winner {win.name}, {f.margin:+.1%} over none at its largest batch\n")
+    return out
+
+
+def cost(args) -> list[dict]:
+    import functools
+
+    import remat_kit as rk
+    from remat_kit.search.advise import gpus_needed
+    from remat_kit_models.measure import Options, workload
+
+    def on(opts, t):
+        return workload(opts, rk.target(t.name))
+
+    def sharded(opts, name, n):
+        o = Options(opts.model, batch=opts.batch, seq=opts.seq, lora=opts.lora)
+        if n > 1:
+            o = Options(o.model, batch=o.batch, seq=o.seq, lora=o.lora, shard=f"fsdp:{n}")
+        return workload(o, rk.target(name, devices=n, hosts=max(1, n // 8)))
+
+    out = []
+    for label, lora in COST_CASES[:1] if args.quick else COST_CASES:
+        opts = Options("llama3-8b", batch=8, seq=2048, lora=lora)
+        t0 = time.perf_counter()
+        rows = rk.advise(functools.partial(on, opts), 8, targets=COST_TARGETS)
+        scale = {
+            a.target: gpus_needed(
+                functools.partial(sharded, opts, a.target), 8, counts=(2, 4, 8, 16)
+            )
+            for a in rows
+            if not a.fits
+        }
+        costs = rk.search.rank_costs([rk.search.cost_of(a, scale.get(a.target)) for a in rows])
+        seconds = time.perf_counter() - t0
+        printed = [
+            {
+                "target": c.target,
+                "GPUs": c.gpus,
+                "tok/s": c.tokens_per_second,
+                "$/GPU-h": None if c.price is None else c.price.usd_per_gpu_hour,
+                "$/Mtok": c.usd_per_million_tokens,
+            }
+            for c in costs
+        ]
+        print(table(printed, list(printed[0]), f"llama3-8b b8 s2048 {label} ({seconds:.0f} s)"))
+        out.append(
+            {
+                "case": label,
+                "seconds": seconds,
+                "rows": [c.to_dict() for c in costs],
+                "advice": [a.to_dict() for a in rows],
+            }
+        )
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse(__doc__, argv)
+    only = {s for s in args.only.split(",") if s}
+    parts = {"throughput", "cost"} & only or {"throughput", "cost"}
+    cases = only - {"throughput", "cost"}
+    data = {"throughput": [], "cost": []}
+    if "throughput" in parts:
+        data["throughput"] = throughput(args, cases)
+    if "cost" in parts:
+        data["cost"] = cost(args)
+    data["readme_rows"] = readme_rows(data)
+    write_json(args.out / "batch_vs_remat.json", data)
+    plot(data, args.out / "batch_vs_remat.png")
+
+
+def readme_rows(data: dict) -> list[list[str]]:
+    rows = []
+    cases = [c for c in data["throughput"] if c.get("winner")]
+    if cases:
+        said = "; ".join(
+            f"{c['case']}: {c['winner']} {c['margin']:+.0%} tok/s over none at its largest batch"
+            for c in cases
+        )
+        rows.append(
+            [
+                "checkpointing + a larger batch trains faster despite the recompute",
+                "faster",
+                said,
+                "`python experiments/batch_vs_remat.py --only throughput`",
+            ]
+        )
+    for c in data["cost"]:
+        priced = [r for r in c["rows"] if r["usd_per_million_tokens"] is not None]
+        if priced:
+            best = priced[0]
+            gpus = f"{best['gpus']} x " if best["gpus"] > 1 else ""
+            rows.append(
+                [
+                    f"cheapest GPU per token for Llama 3 8B {c['case']} (b8 s2048)",
+                    "-",
+                    f"{gpus}{best['target']}: ${best['usd_per_million_tokens']:.2f}/Mtok "
+                    f"(price of {best['price']['date']}); next "
+                    + ", ".join(
+                        f"{r['target']} ${r['usd_per_million_tokens']:.2f}" for r in priced[1:3]
+                    ),
+                    "`python experiments/batch_vs_remat.py --only cost`",
+                ]
+            )
+    return rows
+
+
+def plot(data: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cases = [c for c in data["throughput"] if c.get("rows")]
+    if not cases:
+        return
+    fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 4), squeeze=False)
+    for ax, c in zip(axes[0], cases, strict=True):
+        rows = [r for r in c["rows"] if r["tokens_per_second"]]
+        names = [r["name"].split(":")[0] for r in rows]
+        vals = [r["tokens_per_second"] for r in rows]
+        bars = ax.bar(range(len(rows)), vals, color="tab:blue")
+        for bar, r in zip(bars, rows, strict=True):
+            top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
+            ax.annotate(f"b{r['micro_batch']}", top, ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(rows)), names, rotation=30, fontsize=7)
+        ax.set_title(f"{c['case']} on {c['target']}", fontsize=9)
+        ax.set_ylabel("predicted tokens/s")
+    fig.suptitle("tokens/s of each policy at its fastest batch that fits (predicted)", fontsize=10)
+    fig.tight_layout()
+    save_png(fig, path)
+
+
+if __name__ == "__main__":
+    main()
