@@ -229,3 +229,24 @@ def test_fit_refuses_what_the_throughput_search_cannot_do(argv, match, capsys):
     assert main(["fit", "--model", "tiny-llama", "--target", "h100", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and match in err
+
+
+def test_the_search_says_each_policy_before_it_searches_it():
+    said = []
+    rk.search.fastest(fake(), ["full", "minimal"], limit_bytes=LIMIT, progress=said.append)
+    assert said == ["full (1/2)", "minimal (2/2)", "none (the baseline)"]
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_progress_draws_only_on_a_terminal(terminal):
+    import io
+
+    from rich.console import Console
+
+    from remat_kit.render.progress import progress
+
+    buf = io.StringIO()
+    out = Console(file=buf, force_terminal=terminal, width=80)
+    with progress("fit", console=out) as step:
+        step("minimal (2/3)")
+    assert ("fit: minimal (2/3)" in buf.getvalue()) is terminal
