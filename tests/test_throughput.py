@@ -250,3 +250,25 @@ def test_progress_draws_only_on_a_terminal(terminal):
     with progress("fit", console=out) as step:
         step("minimal (2/3)")
     assert ("fit: minimal (2/3)" in buf.getvalue()) is terminal
+
+
+def test_fit_throughput_prints_the_table_writes_the_json_and_accumulates(
+    monkeypatch, capsys, tmp_path
+):
+    seen = {}
+
+    def searched(w, specs, schedule, *, global_batch, accumulate, **kwargs):
+        seen.update(specs=specs, global_batch=global_batch, accum2=accumulate(2).batch_multiple)
+        return rk.search.fastest(fake(), ["none", "full", "minimal"], limit_bytes=LIMIT)
+
+    monkeypatch.setattr("remat_kit.cli.fit.fastest", searched)
+    monkeypatch.setenv("COLUMNS", "200")
+    out_json = tmp_path / "fit.json"
+    argv = ["fit", "--model", "tiny-llama", "--target", "h100", "--objective", "throughput"]
+    assert main([*argv, "--global-batch", "24", "--json", str(out_json)]) == 0
+    out = capsys.readouterr().out
+    assert seen["global_batch"] == 24 and seen["accum2"] == 2
+    assert [getattr(s, "spec", s) for s in seen["specs"]] == ["none", "full", "minimal", "plan"]
+    assert "fastest way to train tiny-llama" in out and "minimal *" in out
+    assert "fastest: minimal at micro-batch 14" in out
+    assert json.loads(out_json.read_text())["winner"] == "minimal"

@@ -191,9 +191,10 @@ def _throughput(
         )
 
     def accumulate(accum: int) -> Any:
-        return sources.workload(
-            run.source, run.target, dataclasses.replace(run.config, accum=accum)
-        )
+        # The step is first built at one micro-batch per data-parallel GPU per pass (the
+        # search sets the batch); it has to split into ``accum`` passes.
+        config = dataclasses.replace(run.config, accum=accum, batch=accum * ways)
+        return sources.workload(run.source, run.target, config)
 
     specs = [PLAN if pol is None else pol for pol in policies.values()]
     with warnings.catch_warnings(), progress("fit --objective throughput") as step:
