@@ -271,8 +271,10 @@ def offload_shortfall(
 
     Args:
       report: the compiled report (its ``host_temp_bytes``, else ``host_bytes``).
-      marked_bytes: bytes jax marked for offload in the same step (the ``offloaded``
-        residuals of ``rk.saved_residuals``; per micro-batch, like the step's host buffers).
+      marked_bytes: bytes jax marked for offload in the same step that are in host memory
+        at once (``rk.saved_residuals(...).marked_bytes``: the offloaded residuals and,
+        under a segment schedule, one segment's; per micro-batch, like the step's host
+        buffers).
       threshold: the share below which the offload counts as not carried out.
 
     Returns:

@@ -87,12 +87,26 @@ class ResidualReport:
         reads it (e.g. an output projection whose sum with the residual is kept).
       tag_bytes: tag name -> bytes of one occurrence (a layer's worth).
       tag_count: tag name -> number of occurrences (layers x uses).
+      segment_offloaded_bytes: under a segment schedule (``every:k``, ``sqrt``,
+        ``nested:m``) a segment keeps only its input, and its layers' policy offloads their
+        residuals while the backward pass recomputes the segment, one segment at a time:
+        the most bytes one segment offloads then (0 when no checkpoint holds another).
     """
 
     residuals: tuple[Residual, ...]
     tags: Mapping[str, str]
     tag_bytes: Mapping[str, int]
     tag_count: Mapping[str, int]
+    segment_offloaded_bytes: int = 0
+
+    @property
+    def marked_bytes(self) -> int:
+        """Bytes jax marks for host memory that are there at once: the offloaded residuals,
+        or under a segment schedule those of the one segment being recomputed, whichever is
+        more. (A schedule's layers outside segments come after them - ``nested:m``'s
+        leftover layers - so their backward pass, and their host buffers, end before the
+        first segment is recomputed.)"""
+        return max(self.bytes_by("offloaded"), self.segment_offloaded_bytes)
 
     def bytes_by(self, kind: str | None = None, *, tagged_only: bool = False) -> int:
         """Total residual bytes, optionally only ``kind`` and/or only tagged ones."""
@@ -126,6 +140,8 @@ class ResidualReport:
             "by_name": self.per_name(),
             "saved_bytes": self.bytes_by("saved"),
             "offloaded_bytes": self.bytes_by("offloaded"),
+            "segment_offloaded_bytes": self.segment_offloaded_bytes,
+            "marked_bytes": self.marked_bytes,
         }
 
 
@@ -176,7 +192,8 @@ def saved_residuals(
             Residual(name, tuple(aval.shape), str(aval.dtype), nbytes, kind, layers, source)
         )
 
-    present = tags_in(jax.make_jaxpr(flat)(*leaves))
+    forward = jax.make_jaxpr(flat)(*leaves)
+    present = tags_in(forward)
     intended = expected_decisions(policy, present) if policy is not None else {}
     decided: dict[str, str] = {}
     for tag in present:
@@ -194,6 +211,7 @@ def saved_residuals(
         tags=decided,
         tag_bytes={t: b for t, (b, _) in present.items()},
         tag_count={t: c for t, (_, c) in present.items()},
+        segment_offloaded_bytes=_segment_offloaded(forward.jaxpr),
     )
 
 
@@ -228,6 +246,45 @@ def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> Non
         )
         for sub in sub_jaxprs(eqn):
             _collect_tags(open_jaxpr(sub), inner_mult, out)
+
+
+_CHECKPOINTS = ("checkpoint", "remat2", "remat")
+
+
+def _segment_offloaded(jaxpr: Any) -> int:
+    """The most bytes the checkpoints inside one checkpoint (a segment) offload.
+
+    The backward pass recomputes a segment from its input and runs the segment's backward
+    pass at once: what the checkpoints inside it offload is the segment's own ``vjp``
+    residuals, in host memory while that segment's backward pass runs. Segments are
+    recomputed one after another, so the largest one counts.
+    """
+    most = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name in _CHECKPOINTS:
+            body = eqn.params["jaxpr"]
+            if _holds_checkpoint(open_jaxpr(body)):
+                most = max(most, _offloaded_by(body))
+            continue
+        for sub in sub_jaxprs(eqn):
+            most = max(most, _segment_offloaded(open_jaxpr(sub)))
+    return most
+
+
+def _holds_checkpoint(jaxpr: Any) -> bool:
+    return any(
+        eqn.primitive.name in _CHECKPOINTS
+        or any(_holds_checkpoint(open_jaxpr(sub)) for sub in sub_jaxprs(eqn))
+        for eqn in jaxpr.eqns
+    )
+
+
+def _offloaded_by(body: Any) -> int:
+    """Bytes a checkpoint's body marks for host memory at once, run as a plain function."""
+    closed = body if isinstance(body, core.ClosedJaxpr) else core.ClosedJaxpr(body, ())
+    run = core.jaxpr_as_fun(closed)
+    args = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in closed.jaxpr.invars]
+    return saved_residuals(lambda *xs: run(*xs), *args).marked_bytes
 
 
 def _on_host(aval: Any) -> bool:

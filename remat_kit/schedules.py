@@ -43,6 +43,8 @@ __all__ = [
 ]
 
 _NAMES = ("every", "layers", "nested", "none", "sqrt")
+#: Unrolled layer i runs in the name scope ``layers_{i}`` (see :func:`apply_layers`).
+LAYER_SCOPE = "layers_"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -365,7 +367,9 @@ def apply_layers(
       keys: per-layer PRNG keys (a key array of length ``n_layers``) or None.
 
     Returns:
-      The output of the last layer.
+      The output of the last layer. Unrolled, layer ``i`` runs in the name scope
+      ``layers_{i}``, so its ops' names (and XLA's op_name metadata) say which layer
+      they belong to.
 
     Example:
       >>> import jax, jax.numpy as jnp, remat_kit as rk
@@ -380,7 +384,7 @@ def apply_layers(
         sl = slice(run.start, run.start + run.layers)
         p = jax.tree.map(lambda a, sl=sl: a[sl], params) if scan else list(params[sl])
         k = None if keys is None else keys[sl]
-        x = _run_level(layer, p, k, x, run.lengths, run.policy, scan)
+        x = _run_level(layer, p, k, x, run.lengths, run.policy, scan, run.start)
     return x
 
 
@@ -392,30 +396,42 @@ def _run_level(
     lengths: Sequence[int],
     policy: Policy,
     scan: bool,
+    start: int,
 ) -> jax.Array:
-    """Applies ``prod(lengths)`` layers; every level but the innermost is a segment."""
+    """Applies ``prod(lengths)`` layers, the first being layer ``start`` of the stack;
+    every level but the innermost is a segment."""
     if len(lengths) == 1:
         one = remat(layer, policy, prevent_cse=not scan) if policy.is_remat else layer
-        return _loop(one, params, keys, x, lengths[0], scan)
+        return _loop(one, params, keys, x, lengths[0], scan, start)
     outer, rest = lengths[0], tuple(lengths[1:])
     size = math.prod(rest)
 
-    def segment(p: Any, x: jax.Array, k: Any) -> jax.Array:
-        return _run_level(layer, p, k, x, rest, policy, scan)
+    def segment(first: int) -> Callable[..., jax.Array]:
+        # A segment is checkpointed whole: only its input is kept for the backward pass.
+        def run(p: Any, x: jax.Array, k: Any) -> jax.Array:
+            return _run_level(layer, p, k, x, rest, policy, scan, first)
 
-    # A segment is checkpointed whole: only its input is kept for the backward pass.
-    seg = remat(segment, "full", prevent_cse=not scan)
+        return remat(run, "full", prevent_cse=not scan)
+
     if scan:
         grouped = jax.tree.map(lambda a: a.reshape(outer, size, *a.shape[1:]), params)
         gkeys = None if keys is None else keys.reshape(outer, size, *keys.shape[1:])
-    else:
-        grouped = [params[i * size : (i + 1) * size] for i in range(outer)]
-        gkeys = None if keys is None else [keys[i * size : (i + 1) * size] for i in range(outer)]
-    return _loop(seg, grouped, gkeys, x, outer, scan)
+        return _loop(segment(start), grouped, gkeys, x, outer, scan, start)
+    for i in range(outer):
+        p = params[i * size : (i + 1) * size]
+        k = None if keys is None else keys[i * size : (i + 1) * size]
+        x = segment(start + i * size)(p, x, k)
+    return x
 
 
 def _loop(
-    fn: Callable[..., jax.Array], params: Any, keys: Any, x: jax.Array, n: int, scan: bool
+    fn: Callable[..., jax.Array],
+    params: Any,
+    keys: Any,
+    x: jax.Array,
+    n: int,
+    scan: bool,
+    start: int,
 ) -> jax.Array:
     if scan:
 
@@ -426,7 +442,10 @@ def _loop(
         x, _ = jax.lax.scan(body, x, (params, keys), length=n)
         return x
     for i in range(n):
-        x = fn(params[i], x, None if keys is None else keys[i])
+        # Unrolled, each layer's ops carry its index in their names (``layers_3/...`` in the
+        # jaxpr's name stack and XLA's op_name), so a buffer can be told apart by layer.
+        with jax.named_scope(f"{LAYER_SCOPE}{start + i}"):
+            x = fn(params[i], x, None if keys is None else keys[i])
     return x
 
 

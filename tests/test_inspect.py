@@ -1,7 +1,8 @@
 """rk.inspect: what is live at the peak of a compiled train step, and when.
 
 Each GPU compile costs seconds, so the SMALL model is compiled once per policy
-(minimal, none) for the session; the parser tests read synthetic dump text.
+(minimal, none) for the session, plus once each for an offload policy and for unrolled
+layers; the parser tests read synthetic dump text.
 """
 
 import json
@@ -15,14 +16,15 @@ import remat_kit as rk
 import remat_kit.render.timeline
 import remat_kit_models as models
 from conftest import SMALL
+from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.cli import inspect as inspect_cli
 from remat_kit.peak import CATEGORIES, InspectError, diff, dump
 from remat_kit.peak.parsers import parse_buffer_assignment, parse_hlo, parse_live_range
 from remat_kit_models.measure import Options, model_config
 
 
-def _step(policy: str):
-    opts = Options(**SMALL)
+def _step(policy: str, scan: bool = True):
+    opts = Options(**{**SMALL, "scan_layers": scan})
     target = rk.target("h100")
     cfg = model_config(opts, rk.as_policy(policy), target)
     return rk.build_train_step(models.build(cfg), opts.train_config()), target
@@ -403,3 +405,93 @@ def test_a_scanned_gradient_carry_is_a_gradient_of_the_layers():
     # The head's gradient stays outside the layers.
     head = [b for b in r.buffers if b.category == "gradient" and b.shape == (W, 8)]
     assert head and {b.layer for b in head} == {"non-layer"}
+
+
+def _per_layer_saved_by_hand() -> int:
+    """Bytes of q, k, v, out, wi_0 and wi_1 that one SMALL layer keeps under ``minimal`` (and
+    offloads under ``minimal_offloaded``): tokens x their widths x 2 B (bf16)."""
+    o = dict(SMALL["overrides"])
+    kv_width = o["kv_heads"] * (o["width"] // o["heads"])
+    features = o["width"] + 2 * kv_width + o["width"] + 2 * o["ff"]
+    return SMALL["batch"] * SMALL["seq"] * features * 2
+
+
+_PROJECTIONS = {"query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1"}
+
+
+def test_offloaded_residuals_are_host_memory_not_part_of_the_peak(small):
+    # Issue 26: the offloaded residuals get a temp block of their own in host memory (an
+    # allocation of another color), which the memory analysis counts as host temp; read as
+    # device memory, inspect refused the dump ("the preallocated temp block is ... bytes").
+    step, target = _step("minimal_offloaded")
+    r = rk.peak.inspect_step(step, target)
+    plain = small("minimal_offloaded")
+    assert r.peak_bytes == plain.peak_bytes and r.temp_bytes == plain.temp_bytes
+    assert sum(r.by_category.values()) == sum(r.by_layer.values()) == r.peak_bytes
+    assert sum(b.size_bytes for b in r.buffers) == r.live_peak_bytes <= r.peak_bytes
+    assert r.xla_peak_bytes is None or abs(r.xla_peak_bytes - r.live_peak_bytes) <= 1e-3 * (
+        r.peak_bytes
+    )
+    # Every layer's projections are on the host at once (a scanned stack offloads them all).
+    layers = dict(SMALL["overrides"])["layers"]
+    assert r.host_temp_bytes == plain.host_temp_bytes == layers * _per_layer_saved_by_hand()
+    assert not _PROJECTIONS & {b.checkpoint_name for b in r.buffers}
+
+
+def test_an_allocation_in_another_memory_space_keeps_its_color():
+    allocs, _ = parse_buffer_assignment(
+        "x-buffer-assignment.txt",
+        [
+            "BufferAssignment:",
+            "allocation 0: size 16, parameter 0, shape |f32[4]| at ShapeIndex {}:",
+            "allocation 1: size 64, color 5, preallocated-temp:",
+            "allocation 2: size 32, preallocated-temp:",
+        ],
+    )
+    assert [(a.color, a.kinds) for a in allocs.values()] == [
+        (0, frozenset()),
+        (5, frozenset({"preallocated-temp"})),
+        (0, frozenset({"preallocated-temp"})),
+    ]
+
+
+def test_unrolled_layers_own_their_saved_activations():
+    # Issue 26: unrolled (--no-scan), every layer's ops were named after the block class alone
+    # (LlamaBlock/...), so what the layers save showed as "non-layer".
+    step, target = _step("minimal", scan=False)
+    r = rk.peak.inspect_step(step, target)
+    assert r.peak_phase == "backward"
+    named = [b for b in r.buffers if b.category == "saved activation" and b.checkpoint_name]
+    assert named and "non-layer" not in {b.layer for b in named}
+    saved: dict = {}
+    for b in named:
+        if b.checkpoint_name in _PROJECTIONS:
+            saved[b.layer] = saved.get(b.layer, 0) + b.size_bytes
+    # The peak is in the last layer's backward pass: the three before it hold all they saved.
+    for layer in ("layers_0", "layers_1", "layers_2"):
+        assert saved.get(layer) == _per_layer_saved_by_hand(), saved
+    assert sum(r.by_layer.values()) == r.peak_bytes
+
+
+@pytest.mark.parametrize("schedule", ["none", "every:2", "nested:2"])
+def test_each_unrolled_layer_runs_in_a_scope_named_by_its_index(schedule):
+    def layer(p, h, k):
+        return jnp.tanh(h @ p)
+
+    w = [jax.ShapeDtypeStruct((4, 4), jnp.float32)] * 6
+    x = jax.ShapeDtypeStruct((2, 4), jnp.float32)
+    run = lambda w, x: rk.apply_layers(
+        layer, w, x, n_layers=6, schedule=schedule, policy="full", scan=False
+    ).sum()
+    scopes = []
+
+    def walk(jaxpr, prefix):
+        for eqn in jaxpr.eqns:
+            stack = f"{prefix}/{eqn.source_info.name_stack}"
+            if eqn.primitive.name == "tanh":
+                scopes.append([s for s in stack.split("/") if s.startswith("layers_")])
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub), stack)
+
+    walk(jax.make_jaxpr(run)(w, x).jaxpr, "")
+    assert scopes == [[f"layers_{i}"] for i in range(6)]

@@ -5,7 +5,9 @@ temp - alias, read from the same compile. XLA places temporaries in one prealloc
 block; buffers live at different times cannot always be packed without gaps, so the most
 bytes live at any one instant (``live_peak_bytes``, from the live ranges) is at most
 ``peak_bytes``. The difference is reported as the category ``fragmentation``, so the
-categories add up to ``peak_bytes``.
+categories add up to ``peak_bytes``. Buffers XLA places in another memory space (an offload
+policy's residuals, in pinned host memory: an allocation of another color) are not device
+memory and are left out; their temp block is ``host_temp_bytes``.
 
 Each buffer live at the peak is described from the HLO op that made it (its ``op_name``:
 forward, backward or recomputed) and, for saved activations and recomputations, named by
@@ -70,6 +72,9 @@ __all__ = [
     "analyse",
     "argument_leaves",
 ]
+
+#: XLA's memory space of device memory (an allocation's "color"); others are offloaded.
+DEVICE = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,12 +147,14 @@ def _live_values(
         a = allocs[v.allocation]
         if a.parameter is not None or a.kinds & {"thread-local", "constant"} or v.size == 0:
             continue
+        if a.color != DEVICE:  # offloaded: in host memory, not the device's
+            continue
         if v.name not in live.ranges:
             continue
         s, e = live.ranges[v.name]
         if max(s, 0) <= min(e, n - 1):
             kept.append((v, max(s, 0), min(e, n - 1)))
-    fixed = sum(a.size for a in allocs.values() if a.parameter is not None)
+    fixed = sum(a.size for a in allocs.values() if a.parameter is not None and a.color == DEVICE)
     lo = np.array([base[v.allocation] + v.offset for v, _, _ in kept], dtype=np.int64)
     return _Live(
         tuple(v for v, _, _ in kept),
@@ -263,7 +270,7 @@ def analyse(
     xla_peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0) or None
 
     params = {a.parameter: a for a in allocs.values() if a.parameter is not None}
-    param_total = sum(a.size for a in params.values())
+    param_total = sum(a.size for a in params.values() if a.color == DEVICE)
     if param_total != arg:
         raise InspectError(
             f"{ba_file}: parameter allocations hold {param_total} bytes but the memory "
@@ -274,11 +281,24 @@ def analyse(
             f"{ba_file}: entry parameters {sorted(params)[:8]}... do not match the "
             f"{len(arg_leaves)} argument leaves that reach the program"
         )
-    temp_blocks = sum(a.size for a in allocs.values() if "preallocated-temp" in a.kinds)
+    # An offload policy's residuals get a temp block of their own in host memory (another
+    # color): the memory analysis counts it as host temp, not in ``temp``, and so does this.
+    temp_blocks = sum(
+        a.size for a in allocs.values() if "preallocated-temp" in a.kinds and a.color == DEVICE
+    )
+    host_blocks = sum(
+        a.size for a in allocs.values() if "preallocated-temp" in a.kinds and a.color != DEVICE
+    )
     if temp_blocks and temp_blocks != temp:
         raise InspectError(
             f"{ba_file}: the preallocated temp block is {temp_blocks} bytes but the memory "
             f"analysis says {temp}"
+        )
+    host_temp = int(getattr(stats, "host_temp_size_in_bytes", host_blocks) or 0)
+    if host_blocks != host_temp:
+        raise InspectError(
+            f"{ba_file}: the host-memory temp block is {host_blocks} bytes but the memory "
+            f"analysis says {host_temp} host temp bytes"
         )
 
     n = len(live.sequence)
@@ -313,7 +333,11 @@ def analyse(
         _carried(hlo),
     )
     buffers = [_describe(v, size, span, ctx) for v, size, span in _attribute(lv, pos)]
-    buffers += [_parameter_buffer(a, ctx) for a in allocs.values() if a.parameter is not None]
+    buffers += [
+        _parameter_buffer(a, ctx)
+        for a in allocs.values()
+        if a.parameter is not None and a.color == DEVICE
+    ]
     buffers = [b for b in buffers if b.size_bytes > 0]
     buffers.sort(key=lambda b: (-b.size_bytes, b.name))
     if sum(b.size_bytes for b in buffers) != live_peak:
@@ -359,6 +383,7 @@ def analyse(
         jax_version=jax.__version__,
         compile_seconds=0.0,
         parse_seconds=0.0,
+        host_temp_bytes=host_blocks,
     )
 
 

@@ -88,6 +88,9 @@ class Allocation:
     size: int
     parameter: int | None
     kinds: frozenset[str]
+    #: XLA's memory space ("color"): 0 is device memory; an offloaded buffer sits in
+    #: another (pinned host memory is color 5 on GPU).
+    color: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,10 +156,15 @@ def parse_buffer_assignment(
                 raise _fail(path, lineno, line, "an allocation header")
             attrs = m.group(3) or ""
             param = re.search(r"(?:^|, )parameter (\d+)", attrs)
+            color = re.search(r"(?:^|, )color (\d+)", attrs)
             kinds = frozenset(k for k in _ALLOC_KINDS if k in attrs)
             current = int(m.group(1))
             allocs[current] = Allocation(
-                current, int(m.group(2)), int(param.group(1)) if param else None, kinds
+                current,
+                int(m.group(2)),
+                int(param.group(1)) if param else None,
+                kinds,
+                int(color.group(1)) if color else 0,
             )
             continue
         if line.startswith(" value:"):

@@ -155,6 +155,8 @@ class PeakReport:
       module: the HLO module name; ``jax_version`` the jax that compiled it.
       compile_seconds: lowering + compiling with the dump; ``parse_seconds`` reading it.
       meta: labels set by the caller (model, policy, batch, ...).
+      host_temp_bytes: bytes an offload policy's residuals take in host memory (XLA's
+        host temp block); not device memory, so not in ``peak_bytes`` or any category.
     """
 
     target: str
@@ -182,6 +184,7 @@ class PeakReport:
     compile_seconds: float
     parse_seconds: float
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    host_temp_bytes: int = 0
 
     def top(self, n: int = 10) -> tuple[PeakBuffer, ...]:
         """The ``n`` largest buffers live at the peak."""

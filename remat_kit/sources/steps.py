@@ -193,7 +193,7 @@ def _measure(
     if pol.offloads and step.plan is None:
         # XLA may carry out only part of the copies jax marks (unrolled layers): say so. Both
         # figures are one micro-batch's on one device (sharded steps are not compared).
-        marked = residuals(source, pol, t, config, sch).bytes_by("offloaded")
+        marked = residuals(source, pol, t, config, sch).marked_bytes
         note = checks.offload_shortfall(report, marked)
         if note is not None:
             report = report.replace(notes=(*report.notes, note))
