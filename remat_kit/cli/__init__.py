@@ -260,8 +260,20 @@ def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespa
         # jax or XLA refused the program after the checks passed (a kernel's shape rule, an
         # XLA INTERNAL error): its first line, not a 100-line traceback.
         text = _one_line(err, limit=300)
+        if _TILING in str(err):
+            text += _TILING_HINT
         sys.stderr.write(f"remat-kit: jax/XLA could not build this step: {text}\n")
         return 2
+
+
+#: XLA's refusal of a Triton GEMM tiling, and what it means in a deviceless compile.
+_TILING = "Couldn't find output tile sizes"
+_TILING_HINT = (
+    " (a compile without the GPU takes XLA's first Triton tiling untried, where the card's "
+    "autotuner would try others or fall back to cuBLAS: a product whose rows, batch x seq, "
+    "no power-of-two tile divides fails here, as an odd --seq with --batch 2 or more does; "
+    "a --seq that is a multiple of 8 avoids it)"
+)
 
 
 def _is_build_error(err: Exception) -> bool:
