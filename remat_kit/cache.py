@@ -263,6 +263,9 @@ def request_key(kind: str, parts: Mapping[str, Any], target: Any) -> str:
         "kind": kind,
         "parts": parts,
         "target": _target_parts(target),
+        # Not in the compile, but a remembered report's step time and offload estimate are
+        # priced at them (a custom card edited under the same name must not read back).
+        "rates": [getattr(target, f, None) for f in ("peak_bf16_flops", "host_link_bandwidth")],
         "jax": {name: repr(getattr(jax.config, name, None)) for name in _JAX_SETTINGS},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "versions": _versions(),

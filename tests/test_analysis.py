@@ -21,7 +21,7 @@ gpu_device_info {
   shared_memory_per_core: 233472 threads_per_core_limit: 2048 core_count: 132
   fpus_per_core: 128 block_dim_limit_x: 2147483647 block_dim_limit_y: 65535
   block_dim_limit_z: 65535 memory_bandwidth: 3352320000000 l2_cache_size: 52428800
-  clock_rate_ghz: 1.98 device_memory_size: 84942979072 shared_memory_per_block_optin: 232448
+  clock_rate_ghz: 1.98 device_memory_size: 85018542080 shared_memory_per_block_optin: 232448
   cuda_compute_capability { major: 9 minor: 0 }
   registers_per_core_limit: 65536 registers_per_block_limit: 65536
 }
@@ -59,7 +59,7 @@ def _expected_flops():
 def test_fields_present_and_consistent(small, policy):
     r = small(policy)
     assert r.peak_bytes == r.argument_bytes + r.output_bytes + r.temp_bytes - r.alias_bytes
-    assert r.target == "h100-80gb" and r.target_memory_bytes == 84942979072
+    assert r.target == "h100-80gb" and r.target_memory_bytes == 85018542080
     assert r.fits is True and r.over_by_bytes < 0
     assert r.compile_seconds > 0
     assert r.policy == policy and r.attention == "xla"
@@ -265,3 +265,62 @@ def test_measure_warns_with_the_public_remat_warning():
         r = measure(opts, "names:save=attn_scores", "h100", warn=True)
     assert r.attention == "cudnn" and r.warnings
     assert rk.RematWarning is rk.analysis.RematWarning and "RematWarning" in rk.__all__
+
+
+# --- boundaries: the limit itself, and the largest batch where the peak is not monotone ---------
+
+
+def test_a_report_fits_at_its_limit_and_not_one_byte_over(small):
+    r = small("full")
+    at = r.replace(peak_bytes=r.usable_bytes)
+    over = r.replace(peak_bytes=r.usable_bytes + 1)
+    assert (at.fits, at.over_by_bytes) == (True, 0)
+    assert (over.fits, over.over_by_bytes) == (False, 1)
+    assert rk.MemoryReport.from_dict(over.to_dict()).fits is False
+
+
+def _zigzag(batch: int) -> int:
+    """A peak that is not monotone in the batch: odd batches carry 150 bytes more, so an odd
+    batch can need more than the even one above it (7 -> 850, 8 -> 800)."""
+    return 100 * batch + (150 if batch % 2 else 0)
+
+
+class _FakeWorkload:
+    """What max_batch asks of a Workload, with _zigzag as the compiled peak (no compile)."""
+
+    batch_multiple, seq, breakdown_fn, residuals_fn = 1, 8, None, None
+    target = rk.target("h100")
+
+    def __init__(self):
+        self.compiles, self.asked = 0, []
+
+    def compiled(self, policy, schedule, batch):
+        self.compiles += 1
+        self.asked.append(batch)
+
+        class Compiled:
+            peak_bytes, xla_remat = _zigzag(batch), False
+
+        return Compiled
+
+    def recompute_of(self, policy, schedule, batch):
+        return 0.0
+
+
+# (Below 250 the answer is 0 by definition, "even the smallest batch does not fit", though
+# batch 2 would: a search cannot prove a batch fits past one that does not.)
+# With start=8 the line through batches 8 and 16 lands on 8 itself, at the limit to the byte.
+@pytest.mark.parametrize(
+    ("limit", "start"),
+    [(800, None), (799, None), (801, None), (1000, None), (1049, None), (250, None), (800, 8)],
+)
+def test_max_batch_lands_on_the_boundary_of_a_peak_that_is_not_monotone(limit, start):
+    fit = rk.max_batch(_FakeWorkload(), "full", limit_bytes=limit, start=start, cap=64)
+    # The largest batch within the limit, by brute force: every larger one is over it.
+    want = max((b for b in range(1, 65) if _zigzag(b) <= limit), default=0)
+    assert fit.max_batch == want
+    if want:
+        assert fit.peak_bytes == _zigzag(want) <= limit
+        assert fit.next_peak_bytes == _zigzag(want + 1) > limit
+    else:
+        assert fit.peak_bytes == _zigzag(1) > limit

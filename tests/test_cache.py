@@ -353,3 +353,154 @@ def test_memory_report_from_dict_rejects_other_fields():
     del data["peak_bytes"]
     with pytest.raises(ValueError, match="missing"):
         rk.MemoryReport.from_dict(data)
+
+
+# --- every input that changes an answer changes its key (issue 27) -----------------------------
+
+_H100 = dict(rk.targets.catalogue.GPU_FACTS["h100-80gb"])
+
+
+def _card(**changes):
+    """A custom GPU named like the H100 whose facts differ from it only by ``changes``."""
+    return rk.targets.custom_target("h100-80gb", {**_H100, **changes})
+
+
+#: Targets that differ from ``_card()`` in one respect each, and whether that respect can change
+#: a compiled analysis (True) or only what is derived from it: the step time and offload
+#: estimate a remembered report carries (False).
+_TARGETS = {
+    "allocator fraction": (lambda: _card().with_mem_fraction(0.9), True),
+    "platform allocator": (
+        lambda: dataclasses.replace(
+            _card(), runtime=rk.targets.Runtime(None, "platform allocator")
+        ),
+        True,
+    ),
+    "devices": (lambda: rk.targets.custom_target("h100-80gb", _H100, devices=8), True),
+    "hosts": (lambda: rk.targets.custom_target("h100-80gb", _H100, devices=8, hosts=2), True),
+    "memory size": (lambda: _card(memory_bytes=_H100["memory_bytes"] - 1), True),
+    "SMs": (lambda: _card(sms=114), True),
+    "shared memory": (lambda: _card(smem_per_sm=167936), True),
+    "L2": (lambda: _card(l2_bytes=41943040), True),
+    "clock": (lambda: _card(clock_ghz=1.755), True),
+    "HBM bandwidth": (lambda: _card(hbm_bandwidth=2039040000000), True),
+    "compute capability": (lambda: _card(compute_capability=(8, 0)), True),
+    "peak bf16 FLOP/s": (lambda: _card(peak_bf16_flops=756e12), False),
+    "host link": (lambda: _card(host_link_bandwidth=32e9), False),
+}
+
+
+@pytest.mark.parametrize("why", sorted(_TARGETS))
+def test_every_fact_of_the_target_keys_what_it_changes(why):
+    text = _lowered().as_text()
+    base, (make, compiled) = _card(), _TARGETS[why]
+    other = make()
+    assert cache.entry_key(text, base) == cache.entry_key(text, _card())  # a value, not an id
+    assert (cache.entry_key(text, other) != cache.entry_key(text, base)) is compiled, why
+    # A remembered report holds the step time and offload estimate priced at the target's
+    # rates: every fact keys it.
+    parts = {"model": "m"}
+    assert cache.request_key("report", parts, other) != cache.request_key("report", parts, base)
+
+
+class _Asked(Exception):
+    """Raised by the stand-in for cache.remember once it has the request's key."""
+
+
+@pytest.fixture
+def request_keys(monkeypatch):
+    """The keys of the requests made, without computing any of them."""
+    keys = []
+
+    def remember(kind, parts, target, compute, **kwargs):
+        keys.append((kind, cache.request_key(kind, parts, target)))
+        raise _Asked
+
+    monkeypatch.setattr(cache, "remember", remember)
+    return keys
+
+
+_BASE = dict(model="tiny-llama", batch=2, seq=64)
+_REPORTS = {  # one input changed each, from _BASE under "full" on the h100
+    "precision": (dict(precision="bf16"), "full", "none", "h100"),
+    "optimizer": (dict(optimizer="sgd"), "full", "none", "h100"),
+    "batch": (dict(batch=4), "full", "none", "h100"),
+    "seq": (dict(seq=128), "full", "none", "h100"),
+    "accumulation": (dict(accum=2), "full", "none", "h100"),
+    "LoRA": (dict(lora=4), "full", "none", "h100"),
+    "attention": (dict(attention="xla"), "full", "none", "h100"),
+    "model size": (dict(overrides=(("layers", 3),)), "full", "none", "h100"),
+    "policy": ({}, "minimal", "none", "h100"),
+    "schedule": ({}, "full", "every:2", "h100"),
+    "target": ({}, "full", "none", "a100-80gb"),
+    "allocator fraction": ({}, "full", "none", "MEM_FRACTION"),
+}
+
+
+def _report_key(keys, changes, policy, schedule, target):
+    from remat_kit_models.measure import Options, measure
+
+    if target == "MEM_FRACTION":
+        target = rk.target("h100", mem_fraction=0.9)
+    with pytest.raises(_Asked):
+        measure(Options(**{**_BASE, **changes}), policy, target, schedule=schedule)
+    kind, key = keys[-1]
+    assert kind == "report"
+    return key
+
+
+@pytest.mark.parametrize("why", sorted(_REPORTS))
+def test_every_option_of_a_report_keys_it(why, request_keys):
+    base = _report_key(request_keys, {}, "full", "none", "h100")
+    assert _report_key(request_keys, {}, "full", "none", "h100") == base
+    assert _report_key(request_keys, *_REPORTS[why]) != base, why
+
+
+def test_the_environment_keys_what_it_changes(request_keys, monkeypatch):
+    base = _report_key(request_keys, {}, "full", "none", "h100")
+    changed = {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true")
+    changed["XLA_FLAGS"] = _report_key(request_keys, {}, "full", "none", "h100")
+    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
+    changed["jax's fraction variable"] = _report_key(request_keys, {}, "full", "none", "h100")
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+    changed["platform allocator"] = _report_key(request_keys, {}, "full", "none", "h100")
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR")
+    versions = cache._versions
+    monkeypatch.setattr(cache, "_versions", lambda: (("jax", "0.0.0"), ("jaxlib", "0.0.0")))
+    changed["jax version"] = _report_key(request_keys, {}, "full", "none", "h100")
+    monkeypatch.setattr(cache, "_versions", versions)
+    previous = jax.config.jax_default_matmul_precision
+    jax.config.update("jax_default_matmul_precision", "float32")
+    try:
+        changed["a jax setting"] = _report_key(request_keys, {}, "full", "none", "h100")
+    finally:
+        jax.config.update("jax_default_matmul_precision", previous)
+    for why, key in changed.items():
+        assert key != base, why
+    assert len(set(changed.values())) == len(changed)
+    # What only says where answers go or how they look keys nothing.
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setenv(cache.ENV_DIR, "/elsewhere")
+    assert _report_key(request_keys, {}, "full", "none", "h100") == base
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--json", "OUT/a.json"), ("--json", "OUT/b.json"), ("--no-residuals",), ("--wide",)],
+)
+def test_output_flags_key_nothing(flags, request_keys, tmp_path, capsys):
+    from remat_kit.cli import main
+
+    argv = ["report", "--model", "tiny-llama", "--batch", "2", "--seq", "64", "--target", "h100"]
+    with pytest.raises(_Asked):
+        main(argv)
+    with pytest.raises(_Asked):
+        main([*argv, *(f.replace("OUT", str(tmp_path)) for f in flags)])
+    with pytest.raises(_Asked):
+        main([*argv, "--mem-fraction", "0.9"])
+    (_, plain), (_, output), (_, fraction) = request_keys[-3:]
+    assert output == plain
+    assert fraction != plain

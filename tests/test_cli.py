@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 
@@ -406,3 +407,121 @@ def test_compare_says_what_to_try_when_nothing_fits(argv, says, capsys):
     assert main(["compare", "--target", "l4", *argv]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "nothing fits." in out and says in out
+
+
+# --- --mem-fraction and the allocator, end to end (issue 27) ------------------------------------
+
+#: What CUDA reported on a lent H100 80GB HBM3 (81080 MiB), written here, not read from the
+#: catalogue.
+H100_BYTES = 81080 * 2**20
+MIB = 2**20
+
+
+@pytest.mark.parametrize(
+    ("value", "says"),
+    [
+        ("0", "must be in (0, 1]"),
+        ("-0.1", "must be in (0, 1]"),
+        ("1.5", "must be in (0, 1]"),
+        ("abc", "'abc' is not a number"),
+        # In (0, 1] but leaving the CUDA context less than 0.5 GiB of the card.
+        ("1", "use at most 0.99"),
+        ("0.995", "use at most 0.99"),
+    ],
+)
+def test_a_refused_mem_fraction_is_one_line_naming_the_flag(value, says, capsys):
+    try:
+        code = main(["report", *TINY, "--target", "h100", "--mem-fraction", value])
+    except SystemExit as exc:  # argparse-level refusals
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("remat-kit: ") and err.count("\n") == 1 and "Traceback" not in err
+    assert "--mem-fraction" in err and says in err
+
+
+class _FakeCompile:
+    """xla.compile_memory without XLA: a program of ``peak`` bytes (all arguments); records the
+    device_memory_size of every GPU topology the step's mesh is made from."""
+
+    def __init__(self, monkeypatch, tmp_path, peak):
+        from remat_kit.targets import core
+        from remat_kit.xla import CompiledMemory
+
+        self.sizes = []
+        real = core.gpu_topology
+
+        def topology(config, *args, **kwargs):
+            size = re.search(r"device_memory_size: (\d+)", config)
+            self.sizes.append(int(size.group(1)))
+            return real(config, *args, **kwargs)
+
+        def compile_memory(lowered, **kwargs):
+            return CompiledMemory(peak, 0, 0, 0, 0, 0, 0, None, None, 0, False, (), 0.0)
+
+        monkeypatch.setenv("REMAT_KIT_CACHE_DIR", str(tmp_path / "cache"))
+        monkeypatch.setattr(core, "gpu_topology", topology)
+        monkeypatch.setattr("remat_kit.xla.compile_memory", compile_memory)
+
+
+def _report_json(tmp_path, capsys, *flags):
+    out = tmp_path / "r.json"
+    argv = ["report", *TINY, "--target", "h100", "--no-residuals", *flags, "--json", str(out)]
+    assert main(argv) == 0
+    capsys.readouterr()
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize(
+    ("flags", "env", "fraction", "usable", "xla_size"),
+    [
+        # JAX's default: floor(0.75 x total); the compile gets the size whose 80% is that.
+        ((), {}, 0.75, H100_BYTES * 3 // 4, None),
+        (("--mem-fraction", "0.99"), {}, 0.99, H100_BYTES * 99 // 100, None),
+        # 0.07 x total is ...945.6 bytes: the allocator floors it.
+        (("--mem-fraction", "0.07"), {}, 0.07, H100_BYTES * 7 // 100, None),
+        # The flag wins over the environment jax would read.
+        (("--mem-fraction", "0.5"), {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.9"}, 0.5,
+         H100_BYTES // 2, None),
+        # No pool: the card less the 512 MiB kept for the CUDA context; XLA gets the card.
+        ((), {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, None, H100_BYTES - 512 * MIB,
+         H100_BYTES),
+    ],
+)  # fmt: skip
+def test_each_runtime_mode_reaches_the_json_and_the_compile(
+    flags, env, fraction, usable, xla_size, monkeypatch, tmp_path, capsys
+):
+    for var in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    fake = _FakeCompile(monkeypatch, tmp_path, peak=1024)
+    d = _report_json(tmp_path, capsys, *flags)
+    assert (d["mem_fraction"], d["usable_bytes"], d["target_memory_bytes"]) == (
+        fraction,
+        usable,
+        H100_BYTES,
+    )
+    assert d["fits"] is True and d["fits_with_fraction"] is None
+    assert fake.sizes, "the step was never laid out on the GPU's topology"
+    if xla_size is not None:
+        assert set(fake.sizes) == {xla_size}
+    else:
+        # Deviceless, XLA's remat pass takes floor(0.8 x size): it must be the process's limit.
+        assert {s * 80 // 100 for s in fake.sizes} == {usable}
+
+
+@pytest.mark.parametrize(
+    ("over", "fits", "cell"), [(0, True, None), (1, False, 0.91)], ids=["at", "one-byte-over"]
+)
+def test_fits_is_peak_at_most_the_limit_to_the_byte(
+    over, fits, cell, monkeypatch, tmp_path, capsys
+):
+    usable = H100_BYTES * 90 // 100  # floor(0.9 x total), JAX's bytes_limit at 0.9
+    _FakeCompile(monkeypatch, tmp_path, peak=usable + over)
+    d = _report_json(tmp_path, capsys, "--mem-fraction", "0.9")
+    assert (d["peak_bytes"], d["usable_bytes"]) == (usable + over, usable)
+    assert d["fits"] is fits
+    # Over the limit, the smallest fraction that holds it: 0.91 (0.90 is one byte short).
+    assert d["fits_with_fraction"] == cell

@@ -22,12 +22,14 @@ from remat_kit import targets as rkt
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Independent copy of the table in shared/gpu_targets.md:
+# Independent copy of the table in shared/gpu_targets.md, but for the memory CUDA reports on a
+# real H100 80GB HBM3 (81080 MiB, jax's allocator on a lent card) and H200 (143156 MiB,
+# torch.cuda.get_device_properties; issue 26):
 # name -> (description, device_memory_size, cc, HBM bytes/s, host link bytes/s, peak bf16 FLOP/s)
 TABLE = {
-    "h100-80gb": ("NVIDIA H100 80GB HBM3", 84942979072, (9, 0), 3352320000000, 64e9, 989e12),
+    "h100-80gb": ("NVIDIA H100 80GB HBM3", 81080 * 2**20, (9, 0), 3352320000000, 64e9, 989e12),
     "h100-pcie": ("NVIDIA H100 PCIe", 84942979072, (9, 0), 2039040000000, 64e9, 756e12),
-    "h200": ("NVIDIA H200 141GB HBM3e", 151397597184, (9, 0), 4800000000000, 64e9, 989e12),
+    "h200": ("NVIDIA H200 141GB HBM3e", 143156 * 2**20, (9, 0), 4800000000000, 64e9, 989e12),
     "a100-80gb": ("NVIDIA A100-SXM4-80GB", 85100068864, (8, 0), 2039040000000, 32e9, 312e12),
     "a100-40gb": ("NVIDIA A100-SXM4-40GB", 42331013120, (8, 0), 1555200000000, 32e9, 312e12),
     "rtx4090": ("NVIDIA GeForce RTX 4090", 25757220864, (8, 9), 1008000000000, 32e9, 165e12),
@@ -50,6 +52,23 @@ NEW_CARDS = {
     "rtx-a6000": (84, 128, 100 * 1024, 99 * 1024, 1536, 6 * 2**20, 1.8),
 }
 
+# The seven cards of shared/gpu_targets.md, in the units their specifications give: NVIDIA's
+# datasheets and architecture whitepapers (SMs, L2, boost clock), the CUDA programming guide's
+# table per compute capability (shared memory, opt-in per block, threads per SM: 8.0 164/163
+# KiB and 2048; 8.9 100/99 KiB and 1536; 9.0 228/227 KiB and 2048), FP32 lanes from the CUDA
+# core counts (A100 6912 = 108 x 64; H100 SXM 16896 = 132 x 128; RTX 4090 16384 = 128 x 128;
+# L4 7424 = 58 x 128). Same layout as NEW_CARDS.
+ORIGINAL_CARDS = {
+    "h100-80gb": (132, 128, 228 * 1024, 227 * 1024, 2048, 50 * 2**20, 1.98),
+    "h100-pcie": (114, 128, 228 * 1024, 227 * 1024, 2048, 50 * 2**20, 1.755),
+    "h200": (132, 128, 228 * 1024, 227 * 1024, 2048, 50 * 2**20, 1.98),
+    "a100-80gb": (108, 64, 164 * 1024, 163 * 1024, 2048, 40 * 2**20, 1.41),
+    "a100-40gb": (108, 64, 164 * 1024, 163 * 1024, 2048, 40 * 2**20, 1.41),
+    "rtx4090": (128, 128, 100 * 1024, 99 * 1024, 1536, 72 * 2**20, 2.52),
+    "l4": (58, 128, 100 * 1024, 99 * 1024, 1536, 48 * 2**20, 2.04),
+}
+ALL_CARDS = {**ORIGINAL_CARDS, **NEW_CARDS}
+
 H100_FACTS = {
     "sms": 132,
     "fp32_per_sm": 128,
@@ -59,7 +78,7 @@ H100_FACTS = {
     "hbm_bandwidth": 3352320000000,
     "l2_bytes": 52428800,
     "clock_ghz": 1.98,
-    "memory_bytes": 84942979072,
+    "memory_bytes": 81080 * 2**20,
     "compute_capability": (9, 0),
     "host_link_bandwidth": 64e9,
     "peak_bf16_flops": 989e12,
@@ -114,9 +133,41 @@ def test_compile_goes_to_that_gpu(name):
     assert any(k in text for k in ("triton", "cublas", "gemm_fusion"))
 
 
-@pytest.mark.parametrize("name", sorted(NEW_CARDS))
-def test_new_cards_hand_xla_their_figures(name):
-    sms, lanes, smem, optin, threads, l2, ghz = NEW_CARDS[name]
+@pytest.mark.parametrize("name", sorted(ALL_CARDS))
+def test_every_card_has_the_facts_of_its_sources(name):
+    sms, lanes, smem, optin, threads, l2, ghz = ALL_CARDS[name]
+    desc, memory, cc, hbm, link, peak = TABLE[name]
+    expected = {
+        "description": desc,
+        "compute_capability": cc,
+        "sms": sms,
+        "fp32_per_sm": lanes,
+        "smem_per_sm": smem,
+        "smem_optin": optin,
+        "threads_per_sm": threads,
+        "hbm_bandwidth": hbm,
+        "l2_bytes": l2,
+        "clock_ghz": ghz,
+        "memory_bytes": memory,
+        "host_link_bandwidth": link,
+        "peak_bf16_flops": peak,
+    }
+    assert dict(rkt.catalogue.GPU_FACTS[name]) == expected
+    assert set(rkt.catalogue.GPU_FACTS) == set(ALL_CARDS) == set(TABLE)
+
+
+def test_the_h100_and_h200_are_sized_as_cuda_reports_them():
+    # H100 80GB HBM3: 81080 MiB, what jax's allocator saw on a lent card (nvidia-smi: 81559).
+    # H200: 143156 MiB, torch.cuda.get_device_properties on one (nvidia-smi: 143771).
+    assert rkt.target("h100").memory_bytes == 85_018_542_080
+    assert rkt.target("h200").memory_bytes == 150_109_945_856
+    assert round(rkt.target("h200").memory_bytes / 2**30, 2) == 139.80 < 143771 / 1024
+    assert rkt.target("h100").usable_bytes == 63_763_906_560  # 0.75 of it: 59.38 GiB
+
+
+@pytest.mark.parametrize("name", sorted(ALL_CARDS))
+def test_every_card_hands_xla_its_figures(name):
+    sms, lanes, smem, optin, threads, l2, ghz = ALL_CARDS[name]
     desc, memory, cc, hbm, _, _ = TABLE[name]
     config = rkt.target(name).target_config
     fields = {
@@ -338,7 +389,7 @@ def test_target_from_config_errors(tmp_path):
         rkt.target_from_config(tmp_path / "missing.txtpb")
 
 
-H100_TOTAL = 84942979072  # device_memory_size of the H100 in shared/gpu_targets.md
+H100_TOTAL = 85018542080  # what CUDA reported on a lent H100 80GB HBM3 (81080 MiB)
 
 
 def test_fits_is_judged_against_the_allocators_share(monkeypatch):
@@ -390,7 +441,7 @@ def test_bad_runtime_environment_is_one_clear_error(monkeypatch, env, match):
 
 
 def test_a_fraction_that_starves_the_cuda_context_is_refused():
-    # 0.995 of 79.11 GiB leaves 0.40 GiB, less than the 0.5 GiB kept for the CUDA context.
+    # 0.995 of 79.18 GiB leaves 0.40 GiB, less than the 0.5 GiB kept for the CUDA context.
     with pytest.raises(rk.errors.BadValue, match=r"at most 0\.99"):
         rkt.target("h100", mem_fraction=0.995)
     assert rkt.target("h100", mem_fraction=0.99).usable_bytes == math.floor(H100_TOTAL * 0.99)

@@ -173,3 +173,110 @@ def test_lora_and_accumulation_shrink_the_gpu_peak(small):
 def test_bad_train_config(kwargs, error, match):
     with pytest.raises(error, match=match):
         rk.TrainConfig(**kwargs)
+
+
+# --- gradient accumulation: its dtype and bytes; donation as the compiled program shows it -------
+
+
+def _leaf_bytes(tree) -> int:
+    return sum(x.size * jnp.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree))
+
+
+def _accum_step(accum_dtype, layers=2, seq=64):
+    cfg = models.get_config("tiny-llama", layers=layers, policy="full", attention="xla")
+    config = rk.TrainConfig(
+        batch=4, seq=seq, optimizer="sgd", precision="bf16", accum=2, accum_dtype=accum_dtype
+    )
+    return cfg, rk.build_train_step(models.build(cfg), config)
+
+
+@pytest.mark.parametrize(("accum_dtype", "itemsize"), [(None, 2), (jnp.float32, 4)])
+def test_the_accumulator_has_its_dtype_in_the_program_and_the_shapes(accum_dtype, itemsize):
+    cfg, step = _accum_step(accum_dtype)
+    n = cfg.param_count()
+    # The shapes' estimate: one accumulator per trained weight, in its dtype (default: the
+    # gradients', bf16 here), beside the bf16 gradients themselves.
+    assert step.breakdown["grad_accumulator"] == itemsize * n
+    assert step.breakdown["gradients"] == 2 * n
+    # The traced program: the micro-batch loop carries the accumulator in that dtype.
+    jaxpr = jax.make_jaxpr(step.fn)(*step.args).jaxpr
+    (scan,) = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
+    carried = [v.aval for v in scan.outvars[: scan.params["num_carry"]]]
+    weights = {(x.shape, x.dtype) for x in jax.tree.leaves(step.args[0])}
+    acc = [a for a in carried if (a.shape, jnp.dtype(jnp.bfloat16)) in weights]
+    assert sum(a.size for a in acc) == n
+    assert {str(a.dtype) for a in acc} == {"bfloat16" if accum_dtype is None else "float32"}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: peak/attribute.py takes a zero-filled loop carry for a gradient only when "
+    "its op_name is empty and its dtype a parameter's; the accumulator's zeros here are named "
+    "'jit(step)/broadcast_in_dim', so the measured breakdown calls them saved activations",
+)
+def test_the_measured_breakdown_counts_the_accumulator_as_gradients():
+    from remat_kit.breakdown import measured_breakdown
+
+    _, step = _accum_step(None, layers=1, seq=32)
+    parts = measured_breakdown(step, "h100")
+    # Mid-step the accumulator is live: at least its bytes are gradients.
+    assert parts["gradients"] >= step.breakdown["grad_accumulator"] > 0
+
+
+def _compiled_aliases(step):
+    """(input leaf -> output leaf aliases, alias bytes) of the step compiled for an H100."""
+    import re
+
+    from remat_kit.analysis import abstract
+    from remat_kit.targets.codegen import analysis_options
+
+    t = rk.target("h100")
+    args = tuple(abstract(a, t.sharding()) for a in step.args)
+    jitted = jax.jit(step.fn, donate_argnums=step.donate_argnums)
+    compiled = jitted.lower(*args).compile(compiler_options=analysis_options(t))
+    header = compiled.as_text().split("\n", 1)[0]
+    pairs = re.findall(r"\{(\d+)\}: \((\d+), \{\}, may-alias\)", header)
+    return {int(i): int(o) for o, i in pairs}, compiled.memory_analysis().alias_size_in_bytes
+
+
+def _lora_step(donate):
+    cfg = models.get_config("tiny-llama", layers=1, lora_rank=4, attention="xla")
+    config = rk.TrainConfig(batch=2, seq=16, optimizer="adamw", lora=True, donate=donate)
+    return rk.build_train_step(models.build(cfg), config)
+
+
+def test_the_step_donates_trained_weights_and_optimizer_state_only():
+    step = _lora_step(donate=True)
+    aliases, alias_bytes = _compiled_aliases(step)
+    tr, fr, opt, _ = (jax.tree.leaves(a) for a in step.args)
+    # Inputs in argument order: trained weights, frozen weights, optimizer state, batch;
+    # outputs: trained weights, optimizer state, loss. Each donated input becomes the output
+    # in its place; frozen weights and the batch are not donated.
+    n_tr, n_fr, n_opt = len(tr), len(fr), len(opt)
+    want = {i: i for i in range(n_tr)}
+    want |= {n_tr + n_fr + j: n_tr + j for j in range(n_opt)}
+    assert aliases == want
+    assert alias_bytes == _leaf_bytes(tr) + _leaf_bytes(opt)
+    assert _leaf_bytes(fr) > 10 * _leaf_bytes(tr)  # LoRA: what is not donated is most of it
+
+
+def _donated_inputs(step) -> set[int]:
+    """The input leaves the lowered program hands XLA as donated (aliased to an output, or
+    a donor XLA may reuse): what the compiled program may overwrite in place."""
+    import re
+
+    text = jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*step.args).as_text()
+    main = text[text.index("func.func public @main(") :].split("\n", 1)[0]
+    args = re.split(r"%arg(\d+): ", main)[1:]
+    marks = ("tf.aliasing_output", "jax.buffer_donor")
+    pairs = zip(args[::2], args[1::2], strict=True)
+    return {int(i) for i, attrs in pairs if any(m in attrs for m in marks)}
+
+
+def test_the_program_donates_what_the_step_may_overwrite_and_nothing_without_donation():
+    donated = _lora_step(donate=True)
+    n_tr, n_fr, n_opt = (len(jax.tree.leaves(a)) for a in donated.args[:3])
+    want = set(range(n_tr)) | set(range(n_tr + n_fr, n_tr + n_fr + n_opt))
+    # Frozen weights and the batch are the caller's to keep: never donated.
+    assert _donated_inputs(donated) == want
+    assert _donated_inputs(_lora_step(donate=False)) == set()

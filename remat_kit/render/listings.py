@@ -36,7 +36,7 @@ def targets_table(targets: Iterable[tuple[str, Target]]) -> Table:
     Example:
       >>> t = targets_table([("h100-80gb", rk.target("h100"))])
       >>> t.columns[2].header, list(t.columns[2].cells)
-      ('memory GiB', ['79.11'])
+      ('memory GiB', ['79.18'])
     """
     table = Table(title="targets")
     for col in ("name", "device", "memory GiB", "HBM TB/s", "host link GB/s", "bf16 TFLOP/s"):

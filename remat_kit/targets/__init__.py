@@ -10,7 +10,7 @@ Example:
   >>> import remat_kit.targets as rkt
   >>> t = rkt.target("h100")
   >>> t.name, t.memory_bytes
-  ('h100-80gb', 84942979072)
+  ('h100-80gb', 85018542080)
   >>> x = jax.ShapeDtypeStruct((256, 256), jnp.bfloat16, sharding=t.sharding())
   >>> x.sharding.mesh.devices.shape  # one H100 this machine need not have
   (1,)

@@ -203,8 +203,8 @@ class Target:
         for ``local`` GPUs the limit jax reports; None when unknown (CPU).
 
         Example:
-          >>> target("h100").usable_bytes          # 0.75 of 84942979072
-          63707234304
+          >>> target("h100").usable_bytes          # 0.75 of 85018542080
+          63763906560
         """
         if self.memory_bytes is None:
             return None

@@ -147,8 +147,8 @@ def compile_memory_size(memory_bytes: int, runtime: Runtime) -> int:
     is the size for which the two agree (see the module docstring).
 
     Example:
-      >>> compile_memory_size(84942979072, Runtime())   # an H100 at JAX's default 0.75
-      79634042880
+      >>> compile_memory_size(85018542080, Runtime())   # an H100 at JAX's default 0.75
+      79704883200
     """
     if runtime.mem_fraction is None:
         return memory_bytes  # no module limit in the real process either: XLA takes 80% too
