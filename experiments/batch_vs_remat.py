@@ -18,6 +18,7 @@ Writes results/batch_vs_remat.json and results/batch_vs_remat.png.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 
@@ -27,8 +28,8 @@ from common import parse, save_png, table, write_json
 CASES = (
     ("gpt2-medium", "gpt2-medium", "rtx4090", 512, "adamw", None),
     ("bert-base", "bert-base", "rtx4090", 512, "adamw", None),
-    ("llama3-8b sgd", "llama3-8b", "h100", 2048, "sgd", "bf16"),
-    ("llama3-8b adamw", "llama3-8b", "h100", 2048, "adamw", "bf16"),
+    ("llama3-8b sgd bf16", "llama3-8b", "h100", 2048, "sgd", "bf16"),
+    ("llama3-8b adamw bf16", "llama3-8b", "h100", 2048, "adamw", "bf16"),
 )
 POLICIES = ("none", "full", "minimal", "block", "plan")
 #: The GPUs the cost part ranks (those the price table prices).
@@ -143,29 +144,47 @@ def main(argv: Sequence[str] | None = None) -> None:
     only = {s for s in args.only.split(",") if s}
     parts = {"throughput", "cost"} & only or {"throughput", "cost"}
     cases = only - {"throughput", "cost"}
+    # A part not run keeps what an earlier run wrote.
+    path = args.out / "batch_vs_remat.json"
     data = {"throughput": [], "cost": []}
+    if path.exists():
+        data.update({k: v for k, v in json.loads(path.read_text()).items() if k in data})
     if "throughput" in parts:
         data["throughput"] = throughput(args, cases)
     if "cost" in parts:
         data["cost"] = cost(args)
     data["readme_rows"] = readme_rows(data)
-    write_json(args.out / "batch_vs_remat.json", data)
+    write_json(path, data)
     plot(data, args.out / "batch_vs_remat.png")
 
 
 def readme_rows(data: dict) -> list[list[str]]:
     rows = []
-    cases = [c for c in data["throughput"] if c.get("winner")]
-    if cases:
-        said = "; ".join(
-            f"{c['case']}: {c['winner']} {c['margin']:+.0%} tok/s over none at its largest batch"
-            for c in cases
+    said = []
+    for c in data["throughput"]:
+        if c.get("winner") is None:
+            if c.get("rows"):
+                least = min(r["peak_bytes"] for r in c["rows"] if r["peak_bytes"])
+                said.append(
+                    f"{c['case']}: nothing fits {c['target']}, the least is "
+                    f"{least / 2**30:.1f} GiB at batch 1"
+                )
+            continue
+        base = c["baseline"]
+        win = next(r for r in c["rows"] if r["name"] == c["winner"])
+        name = "plan" if win["name"].startswith("plan") else win["name"]
+        said.append(
+            f"{c['case']}: none b{base['micro_batch']} {base['tokens_per_second']:,.0f} tok/s "
+            f"-> {name} b{win['micro_batch']} {win['tokens_per_second']:,.0f} "
+            f"({c['margin']:+.0%})"
         )
+    if said:
         rows.append(
             [
-                "checkpointing + a larger batch trains faster despite the recompute",
+                "checkpointing + a larger batch trains faster despite the recompute "
+                "(predicted, each policy at its fastest batch that fits)",
                 "faster",
-                said,
+                "; ".join(said),
                 "`python experiments/batch_vs_remat.py --only throughput`",
             ]
         )
@@ -181,12 +200,17 @@ def readme_rows(data: dict) -> list[list[str]]:
                     f"{gpus}{best['target']}: ${best['usd_per_million_tokens']:.2f}/Mtok "
                     f"(price of {best['price']['date']}); next "
                     + ", ".join(
-                        f"{r['target']} ${r['usd_per_million_tokens']:.2f}" for r in priced[1:3]
+                        f"{_gpus(r)}{r['target']} ${r['usd_per_million_tokens']:.2f}"
+                        for r in priced[1:3]
                     ),
                     "`python experiments/batch_vs_remat.py --only cost`",
                 ]
             )
     return rows
+
+
+def _gpus(row: dict) -> str:
+    return f"{row['gpus']} x " if row["gpus"] > 1 else ""
 
 
 def plot(data: dict, path) -> None:
@@ -200,17 +224,27 @@ def plot(data: dict, path) -> None:
         return
     fig, axes = plt.subplots(1, len(cases), figsize=(4.2 * len(cases), 4), squeeze=False)
     for ax, c in zip(axes[0], cases, strict=True):
+        ax.set_title(f"{c['case']} on {c['target']}", fontsize=9)
         rows = [r for r in c["rows"] if r["tokens_per_second"]]
+        if not rows:
+            least = min(r["peak_bytes"] for r in c["rows"] if r["peak_bytes"])
+            ax.text(0.5, 0.5, f"nothing fits:\nthe least is {least / 2**30:.1f} GiB at b1",
+                    ha="center", va="center", transform=ax.transAxes)  # fmt: skip
+            ax.set_axis_off()
+            continue
         names = [r["name"].split(":")[0] for r in rows]
         vals = [r["tokens_per_second"] for r in rows]
-        bars = ax.bar(range(len(rows)), vals, color="tab:blue")
+        colors = ["tab:orange" if r["name"] == c["winner"] else "tab:blue" for r in rows]
+        bars = ax.bar(range(len(rows)), vals, color=colors)
         for bar, r in zip(bars, rows, strict=True):
             top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
             ax.annotate(f"b{r['micro_batch']}", top, ha="center", va="bottom", fontsize=7)
         ax.set_xticks(range(len(rows)), names, rotation=30, fontsize=7)
-        ax.set_title(f"{c['case']} on {c['target']}", fontsize=9)
         ax.set_ylabel("predicted tokens/s")
-    fig.suptitle("tokens/s of each policy at its fastest batch that fits (predicted)", fontsize=10)
+    fig.suptitle(
+        "tokens/s of each policy at its fastest batch that fits (predicted; the winner orange)",
+        fontsize=10,
+    )
     fig.tight_layout()
     save_png(fig, path)
 
