@@ -525,3 +525,24 @@ def test_fits_is_peak_at_most_the_limit_to_the_byte(
     assert d["fits"] is fits
     # Over the limit, the smallest fraction that holds it: 0.91 (0.90 is one byte short).
     assert d["fits_with_fraction"] == cell
+
+
+@pytest.mark.parametrize(
+    ("xla", "hint"),
+    [
+        ("INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot = bf16[254,64]", True),
+        ("INTERNAL: launch needs more blocks than the GPU allows", False),
+    ],
+)
+def test_a_deviceless_tiling_refusal_says_which_seq_avoids_it(xla, hint, monkeypatch, capsys):
+    import jax
+
+    def refuse(self, *args, **kwargs):
+        raise jax.errors.JaxRuntimeError(xla + "\n  HLO follows")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
+    argv = ["report", "--model", "tiny-llama", "--target", "h100", "--batch", "2", "--seq", "127"]
+    assert main([*argv, "--no-cache"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and xla in err
+    assert ("a --seq that is a multiple of 8 avoids it" in err) is hint
