@@ -197,10 +197,10 @@ def readme_rows(data: dict) -> list[list[str]]:
                 [
                     f"cheapest GPU per token for Llama 3 8B {c['case']} (b8 s2048)",
                     "-",
-                    f"{gpus}{best['target']}: ${best['usd_per_million_tokens']:.2f}/Mtok "
+                    f"{gpus}{best['target']}: ${best['usd_per_million_tokens']:.3f}/Mtok "
                     f"(price of {best['price']['date']}); next "
                     + ", ".join(
-                        f"{_gpus(r)}{r['target']} ${r['usd_per_million_tokens']:.2f}"
+                        f"{_gpus(r)}{r['target']} ${r['usd_per_million_tokens']:.3f}"
                         for r in priced[1:3]
                     ),
                     "`python experiments/batch_vs_remat.py --only cost`",
