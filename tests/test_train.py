@@ -208,12 +208,6 @@ def test_the_accumulator_has_its_dtype_in_the_program_and_the_shapes(accum_dtype
     assert {str(a.dtype) for a in acc} == {"bfloat16" if accum_dtype is None else "float32"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: peak/attribute.py takes a zero-filled loop carry for a gradient only when "
-    "its op_name is empty and its dtype a parameter's; the accumulator's zeros here are named "
-    "'jit(step)/broadcast_in_dim', so the measured breakdown calls them saved activations",
-)
 def test_the_measured_breakdown_counts_the_accumulator_as_gradients():
     from remat_kit.breakdown import measured_breakdown
 

@@ -532,15 +532,23 @@ def _describe(v: Value, size: int, span: tuple[int, int], ctx: _Context) -> Peak
         "jvp(" in prod_op or (ctx.first_backward is not None and def_pos < ctx.first_backward)
     )
     recompute = "rematted_computation" in prod_op or ".remat" in v.instruction
-    # Gradient accumulators are often zero-filled broadcasts XLA hoists to the start,
-    # with no op_name; shaped like a parameter, they are gradients. Inside the loop that
-    # accumulates them the value is the loop's parameter, and the broadcast its producer.
-    zeros = not prod_op and any(
-        "broadcast" in n for n in (v.instruction, producer.name if producer else "")
+    # Gradient accumulators are zero-filled broadcasts made outside any derivative (XLA
+    # hoists them to the start with no op_name, or keeps jax's ``broadcast_in_dim``); shaped
+    # like a parameter, they are gradients, in the accumulator's dtype, which need not be
+    # the parameter's (an f32 accumulator of bf16 weights). Inside the loop that accumulates
+    # them the value is the loop's parameter, and the broadcast its producer.
+    # Under accumulation the sums are made in the accumulation loop's body, outside any
+    # derivative and before the optimizer: ``jit(step)/while/body/.../add``.
+    outside = not backward and "jvp(" not in prod_op and phase != "optimizer"
+    zeros = outside and (
+        any("broadcast" in n for n in (v.instruction, producer.name if producer else ""))
+        or prod_op.startswith("jit(step)/while/")
     )
     if recompute:
         category = RECOMPUTE
-    elif (backward or zeros) and _is_gradient(shape, dtype, ctx.arg_leaves):
+    elif (backward and _is_gradient(shape, dtype, ctx.arg_leaves)) or (
+        zeros and _is_gradient(shape, None, ctx.arg_leaves)
+    ):
         category = GRADIENT
     elif ctx.first_backward is not None and forward and span[1] >= ctx.first_backward:
         category = SAVED_ACTIVATION
@@ -691,10 +699,13 @@ def _parameter_number(i: Instr) -> int | None:
     return i.index if i.opcode == "parameter" else None
 
 
-def _is_gradient(shape: tuple[int, ...], dtype: str, arg_leaves: Sequence[ArgLeaf]) -> bool:
+def _is_gradient(shape: tuple[int, ...], dtype: str | None, arg_leaves: Sequence[ArgLeaf]) -> bool:
+    """Shaped like a parameter (and of its dtype, unless ``dtype`` is None)."""
     squeeze = lambda dims: tuple(d for d in dims if d != 1)
     dims = squeeze(shape)
     return bool(dims) and any(
-        leaf.category == PARAMETER and squeeze(leaf.shape) == dims and leaf.dtype == dtype
+        leaf.category == PARAMETER
+        and squeeze(leaf.shape) == dims
+        and (dtype is None or leaf.dtype == dtype)
         for leaf in arg_leaves
     )
