@@ -115,7 +115,7 @@ def _cost_cells(c: Cost | None) -> dict[str, str]:
     return {
         "tok/s (est.)": "-" if not c.tokens_per_second else f"{c.tokens_per_second:,.0f}",
         "$/GPU-h": "no price" if c.price is None else f"{many}{c.price.usd_per_gpu_hour:.2f}",
-        "$/Mtok": "-" if c.usd_per_million_tokens is None else f"{c.usd_per_million_tokens:.2f}",
+        "$/Mtok": "-" if c.usd_per_million_tokens is None else f"{c.usd_per_million_tokens:.3f}",
     }
 
 

@@ -27,6 +27,7 @@ __all__ = [
 # dropped: policy, peak, fits, step time and the like are the answer itself.
 DROP_FIRST: tuple[str, ...] = (
     "compile s",
+    "$/GPU-h",
     "offload / recompute ms (est.)",
     "tokens/step",
     "next batch GiB",
