@@ -272,3 +272,16 @@ def test_fit_throughput_prints_the_table_writes_the_json_and_accumulates(
     assert "fastest way to train tiny-llama" in out and "minimal *" in out
     assert "fastest: minimal at micro-batch 14" in out
     assert json.loads(out_json.read_text())["winner"] == "minimal"
+
+
+def test_a_plan_that_is_a_catalogue_program_is_named_by_it():
+    f = rk.search.fastest(fake(), ["none", "minimal"], limit_bytes=LIMIT)
+    mine = dataclasses.replace(f.rows[1], policy="names:save=a+b", name="plan: names:save=a+b")
+    twin = dataclasses.replace(mine, same_as="minimal")
+    for row, shown in ((mine, "plan: names:save=a+b"), (twin, "plan (= minimal)")):
+        g = dataclasses.replace(f, rows=(*f.rows, row))
+        (cells,) = [
+            list(c._cells) for c in throughput_table(g, None).columns if c.header == "policy"
+        ]
+        assert cells[-1] == shown
+        assert g.to_dict()["rows"][-1]["policy"] == "names:save=a+b"

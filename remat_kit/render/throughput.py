@@ -65,7 +65,8 @@ def throughput_table(f: Fastest, opts: RunOptions, *, limit_words: str = "") -> 
     win = f.winner
     base = f.baseline
     for row in f.rows:
-        name = short(row.name)
+        # The planner's row names its policy in full in the JSON; here, what it equals.
+        name = f"plan (= {row.same_as})" if row.same_as else short(row.name, 48)
         if win is not None and row is win:
             name = f"[bold]{name} *[/bold]"
         table.add_row(

@@ -63,6 +63,10 @@ class Throughput:
       recompute_overhead: extra FLOPs of recomputation at the chosen micro-batch.
       tried: ``(micro_batch, accum, tokens/s)`` of every compiled candidate, in the order tried.
       note: why nothing fits, as data (kind ``batch_none_fits``), else None.
+      program: the fingerprint of the compiled program chosen (``MemoryReport.meta``), so
+        rows that compile to the same program can be told (None: not known).
+      same_as: for the planner's row, the catalogue row whose program it is at the same
+        micro-batch (None: a program of its own).
     """
 
     policy: str
@@ -80,6 +84,8 @@ class Throughput:
     recompute_overhead: float | None
     tried: tuple[tuple[int, int, float | None], ...] = ()
     note: Note | None = None
+    program: str | None = None
+    same_as: str | None = None
 
     @property
     def fits(self) -> bool:
@@ -225,8 +231,20 @@ def fastest(
         if progress is not None:
             progress(f"{PLAN if p == PLAN else p.spec} ({n + 1}/{len(specs)})")
         if p == PLAN:
-            hints = [(r.micro_batch, r.accum) for r in found.values() if r.fits]
-            found[i] = search.planned(hints, [q for q in specs if q != PLAN])
+            rows_so_far = [r for r in found.values() if r.fits]
+            hints = [(r.micro_batch, r.accum) for r in rows_so_far]
+            row = search.planned(hints, [q for q in specs if q != PLAN])
+            twin = next(
+                (
+                    r
+                    for r in rows_so_far
+                    if row.program is not None
+                    and (r.program, r.micro_batch, r.accum)
+                    == (row.program, row.micro_batch, row.accum)
+                ),
+                None,
+            )
+            found[i] = row if twin is None else dataclasses.replace(row, same_as=twin.name)
         else:
             found[i] = search.policy(p)
     rows = [found[i] for i in range(len(specs))]
@@ -388,6 +406,7 @@ class _Search:
             else st.tokens_per_second(batch * self.workload.seq),
             mfu=None if st is None else st.mfu,
             recompute_overhead=None,
+            program=report.meta.get("program"),
         )
 
     def _none_fits(
