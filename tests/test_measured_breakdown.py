@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import types
 
 import jax
 import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
-from remat_kit.breakdown import MEASURED_PARTS, measured_breakdown
+from remat_kit.breakdown import (
+    MEASURED_PARTS,
+    add_breakdown,
+    add_measured_breakdown,
+    measured_breakdown,
+)
 from remat_kit.cli import main
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadValue, InspectError
 from remat_kit_models.measure import Options, measure
 
 
@@ -79,3 +85,135 @@ def test_cli_flag(tmp_path, capsys):
     parts = {k: v for k, v in data["breakdown"].items() if k in MEASURED_PARTS}
     assert sum(parts.values()) == data["peak_bytes"]
     assert data["meta"]["breakdown"] == "measured"
+
+
+# --- the arithmetic, on fakes (no compile) --------------------------------------------------------
+
+#: The shapes' parts, each a different power of two so a part left out or subtracted shows.
+SHAPES = {"weights": 1, "optimizer": 2, "batch": 4, "gradients": 8, "grad_accumulator": 16}
+
+
+def _report(peak):
+    return rk.MemoryReport(
+        target="h100-80gb",
+        target_memory_bytes=None,
+        usable_bytes=None,
+        mem_fraction=None,
+        fits_with_fraction=None,
+        devices=1,
+        peak_bytes=peak,
+        argument_bytes=peak,
+        output_bytes=0,
+        temp_bytes=0,
+        alias_bytes=0,
+        host_bytes=0,
+        host_temp_bytes=0,
+        generated_code_bytes=0,
+        xla_peak_bytes=None,
+        flops=0.0,
+        flops_detail={},
+        tags=(),
+        xla_remat=False,
+        xla_remat_saved_bytes=0,
+        xla_remat_limit_bytes=None,
+        policy="full",
+        schedule="none",
+        attention=None,
+        compile_seconds=0.0,
+        meta={"model": "fake"},
+    )
+
+
+def _step(plan=None):
+    return types.SimpleNamespace(breakdown=dict(SHAPES), plan=plan)
+
+
+@pytest.mark.parametrize(("peak", "activations"), [(100, 69), (31, 0)])
+def test_activations_are_the_rest_of_the_peak(peak, activations):
+    """Exactly the parts (31 bytes) is no activation and no note."""
+    r = add_breakdown(_report(peak), _step())
+    assert dict(r.breakdown) == {**SHAPES, "activations": activations}
+    assert [n.kind for n in r.notes] == []
+
+
+def test_a_peak_under_the_shapes_parts_says_they_are_an_upper_bound():
+    r = add_breakdown(_report(30), _step())  # 31 bytes of parts, 30 at the peak
+    assert r.breakdown["activations"] == 0
+    (note,) = r.notes
+    assert note.kind == "breakdown_upper_bound"
+    assert note.data == {"peak_bytes": 30, "known_bytes": 31}
+
+
+#: The inspector's bytes by category, each a different power of two.
+CATEGORIES = {
+    "parameter": 1,
+    "gradient": 2,
+    "optimizer state": 4,
+    "input": 8,
+    "saved activation": 16,
+    "recomputation workspace": 32,
+    "other temporaries": 64,
+    "fragmentation": 128,
+}
+
+
+def _inspector(monkeypatch, peak=255, by_category=CATEGORIES):
+    seen = []
+
+    def inspect_step(step, target):
+        seen.append(target)
+        return types.SimpleNamespace(by_category=dict(by_category), peak_bytes=peak)
+
+    monkeypatch.setattr("remat_kit.breakdown._peak_api.inspect_step", inspect_step)
+    return seen
+
+
+def test_measured_parts_read_each_category_of_the_inspector(monkeypatch):
+    seen = _inspector(monkeypatch)
+    assert measured_breakdown(_step(), "h200") == {
+        "weights": 1,
+        "gradients": 2,
+        "optimizer": 4,
+        "batch": 8,
+        "saved_activations": 16,
+        "recompute_workspace": 32,
+        "temporaries": 64,
+        "fragmentation": 128,
+        "peak": 255,
+    }
+    assert seen == ["h200"]
+    # A category absent at the peak is 0, not missing.
+    absent = {k: v for k, v in CATEGORIES.items() if k != "parameter"}
+    _inspector(monkeypatch, peak=254, by_category=absent)
+    assert measured_breakdown(_step())["weights"] == 0
+
+
+def test_measured_parts_that_do_not_sum_to_the_peak_are_an_error(monkeypatch):
+    _inspector(monkeypatch, peak=256)
+    with pytest.raises(InspectError, match="sum to 255 bytes, not the compiled peak 256"):
+        measured_breakdown(_step())
+    with pytest.raises(BadValue, match="sharded"):
+        measured_breakdown(_step(plan=types.SimpleNamespace(spec="fsdp:2")))
+
+
+def test_the_measured_breakdown_replaces_the_estimate_and_keeps_it_in_meta(monkeypatch):
+    _inspector(monkeypatch)
+    r = add_measured_breakdown(_report(255), _step(), "h100")
+    assert dict(r.breakdown) == {
+        "weights": 1,
+        "gradients": 2,
+        "optimizer": 4,
+        "batch": 8,
+        "saved_activations": 16,
+        "recompute_workspace": 32,
+        "temporaries": 64,
+        "fragmentation": 128,
+        "activations": 16 + 32 + 64 + 128,
+    }
+    assert r.meta == {
+        "model": "fake",
+        "breakdown": "measured",
+        "breakdown_estimate": {**SHAPES, "activations": 255 - 31},
+    }
+    with pytest.raises(InspectError, match="peaks at 255 bytes, the report's at 256"):
+        add_measured_breakdown(_report(256), _step(), "h100")

@@ -206,3 +206,55 @@ def test_a_sharded_workload_steps_the_batch_by_data_ways_and_accumulation(shard,
         dataclasses.replace(opts.train_config(), batch=8 // (multiple // accum)),
     )
     assert per_device.bytes_by("saved") == whole.bytes_by("saved")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _RecordingSource(_OwnSource):
+    """Notes how each step was asked for (hashed and compared by its spec, as _OwnSource)."""
+
+    asked: list = dataclasses.field(default_factory=list)
+
+    def build_step(self, policy, schedule, config, target, *, sharded=True):
+        self.asked.append((policy, sharded))
+        return super().build_step(policy, schedule, config, target, sharded=sharded)
+
+
+def test_the_offload_estimate_traces_the_recompute_alternative_unsharded():
+    """What offloading costs beside recomputing: the same step with the offloaded tensors
+    recomputed, traced (never compiled) and unsharded, however the measured step was built."""
+    from remat_kit.sources.steps import _with_offload_estimate
+
+    src = _RecordingSource()
+    pol = parse_policy("offload:offload=mlpwi")
+    t = rk.target("h100")
+    report = rk.memory_report(lambda x: x, jax.ShapeDtypeStruct((4,), "float32"), target="cpu")
+    report = report.replace(host_bytes=2**20, host_temp_bytes=2**20, flops=1.0)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        got = _with_offload_estimate(report, src, pol, rk.parse_schedule("none"), CONFIG, t)
+    # The alternative is remat_kit's own policy: no warning about it reaches the user.
+    assert not [w for w in said if issubclass(w.category, rk.RematWarning)]
+    ((alt, sharded),) = src.asked
+    assert sharded is False
+    assert rk.decide(alt, "mlpwi") == "recompute" and not alt.offloads
+    est = got.meta["offload_estimate"]
+    assert est["host_bytes"] == 2**20
+    assert est["transfer_seconds"] == pytest.approx(2 * 2**20 / t.host_link_bandwidth)
+    assert est["recompute_seconds"] > 0
+
+
+def test_tags_are_read_from_the_unsharded_step_under_none():
+    src = _RecordingSource(spec="own, for its tags")
+    assert sources.tags(src, CONFIG, "h100") == ("mlpwi",)
+    ((policy, sharded),) = src.asked
+    assert policy.name == "none" and sharded is False
+
+
+def test_a_parameter_count_counts_elements_not_bytes():
+    from remat_kit.sources.steps import nbytes_count
+
+    tree = {
+        "w": jax.ShapeDtypeStruct((3, 4), "float32"),
+        "b": jax.ShapeDtypeStruct((5,), "bfloat16"),
+    }
+    assert nbytes_count(tree) == 17

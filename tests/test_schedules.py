@@ -10,6 +10,7 @@ import pytest
 import remat_kit as rk
 import remat_kit_models as models
 from helpers import loss_and_grads, tokens
+from remat_kit import checks
 
 SCHEDULES = ["every:2", "every:3", "sqrt", "nested:2", "nested:3", "layers:0-1=full,rest=minimal"]
 
@@ -71,6 +72,47 @@ def test_layer_plan_policies():
     # Without "rest", unnamed layers use the model's policy.
     runs = rk.parse_schedule("layers:0-1=full").runs(4, "context")
     assert [r.policy.name for r in runs] == ["full", "context"]
+
+
+def _checkpoints(closed):
+    """(layer scope, policy name) of every top-level checkpoint of a jaxpr, in order."""
+    return [
+        (str(e.source_info.name_stack), checks._policy_of(e.params["policy"]).name)
+        for e in closed.jaxpr.eqns
+        if e.primitive.name in ("checkpoint", "remat2", "remat")
+    ]
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scan"])
+def test_a_layer_plan_puts_each_policy_on_the_layers_it_names(scan):
+    """Which layer is checkpointed with which policy, not only how many are: the plan's policy
+    on the layers it names, the model's elsewhere, no checkpoint on a ``none`` layer."""
+    w = jnp.ones((6, 3, 3)) * 0.1
+
+    def f(params):
+        return rk.apply_layers(
+            lambda p, h, k: jnp.tanh(h @ p),
+            params if scan else list(params),
+            jnp.ones((2, 3)),
+            n_layers=6,
+            schedule="layers:0=none,2=full,4-5=dots",
+            policy="minimal",
+            scan=scan,
+        )
+
+    closed = jax.make_jaxpr(f)(w)
+    got = [checks._policy_of(p).name for p, _ in checks.checkpoint_policies(closed)]
+    if scan:  # a run of layers is one checkpoint inside its scan: one per run after layer 0
+        assert got == ["minimal", "full", "minimal", "dots"]
+    else:
+        assert got == ["minimal", "full", "minimal", "dots", "dots"]
+        assert _checkpoints(closed) == [
+            ("layers_1", "minimal"),
+            ("layers_2", "full"),
+            ("layers_3", "minimal"),
+            ("layers_4", "dots"),
+            ("layers_5", "dots"),
+        ]
 
 
 def test_apply_layers_matches_a_python_loop():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import types
 import warnings
 
 import jax
@@ -185,6 +186,69 @@ def test_fake_plan_nothing_fits_says_smallest():
     assert not p.fits
     assert "nothing fits" in p.message and "smallest peak reached" in p.message
     assert p.peak_bytes == min(c.peak_bytes for c in p.candidates)
+
+
+def test_with_no_budget_nothing_fits_what_a_process_may_use_though_the_device_would_hold_it():
+    """No budget given: the limit is the usable memory (0.75 of the device), not the device.
+    On a 1300 B device a process may use 975 B: the fake's smallest program (``full``, 1000 B)
+    would fit the device and fits nothing here."""
+    t = dataclasses.replace(rk.target("h100"), memory_bytes=1300)
+    w = dataclasses.replace(fake_workload(), target=t)
+    p = rk.plan(w, 1)
+    assert not p.fits and p.budget_bytes == 975
+    assert "nothing fits" in p.message
+    assert p.peak_bytes == FIXED  # full, the smallest program
+    fit = rk.max_batch(w, "full")
+    assert fit.max_batch == 0 and fit.limit_bytes == 975
+    assert rk.max_batch(w, "full", headroom=0.0).max_batch == 0
+
+
+def test_front_leaves_out_only_the_schedules_the_workload_cannot_build():
+    w = dataclasses.replace(fake_workload(), schedule_kinds=frozenset({"none", "every"}))
+    pts = rk.front(w, 1, policies=("full",), schedules=[("full", "sqrt"), ("full", "every:2")])
+    assert [(p.kind, p.policy, p.schedule) for p in pts] == [
+        ("catalogue", "full", "none"),
+        ("schedule", "full", "every:2"),
+    ]
+
+
+def test_plan_front_shows_the_catalogue_it_is_given():
+    w = fake_workload()
+    everything = FIXED + sum(b for b, _ in TAGS.values())
+    got = rk.search.plan_front(w, 1, everything - 300, catalogue=("full",), objective="flops")
+    assert [p.label for p in got.points if p.kind == "catalogue"] == ["full"]
+    assert [p.kind for p in got.points].count("plan") == 1
+
+
+def test_the_time_objective_is_the_predicted_step_time_over_none_s():
+    """A report with a predicted step time is priced by it (2.5 s against none's 2 s: 25%),
+    whatever its FLOPs say; without one, by FLOPs."""
+
+    def measure(policy, schedule, batch):
+        r = _fake_measure(policy, schedule, batch)
+        seconds = 2.0 if policy.name == "none" else 2.5
+        return r.replace(step_time=types.SimpleNamespace(seconds=seconds))
+
+    w = dataclasses.replace(fake_workload(), measure_fn=measure)
+    full = w.report("full", "none", 1)
+    assert w.overhead_of(full, 1, objective="time") == pytest.approx(0.25)
+    flops = (BASE + sum(c for _, c in TAGS.values())) / BASE - 1  # 5.01%
+    assert w.overhead_of(full, 1, objective="flops") == pytest.approx(flops)
+    assert w.overhead_of(full.replace(step_time=None), 1, objective="time") == pytest.approx(flops)
+
+
+def test_a_model_that_says_nothing_fits_is_calibrated_on_its_smallest_point_and_solved_again():
+    """An earlier plan measured a large offset (5000 B, kept in the workload's memo): the model
+    says nothing fits. The planner compiles its smallest point (everything recomputed), which
+    fits and corrects the offset, and solves again: the plan is the brute-force optimum, not
+    the smallest point."""
+    w = fake3()
+    w.memo[("plan offset", 1)] = 5000
+    budget = FIXED + 1600 - 300
+    p = rk.plan(w, 1, budget, offload=False, objective="flops")
+    assert "smallest" in [c.label for c in p.candidates]
+    assert p.source == "solver"
+    assert p.fits and p.overhead == pytest.approx(_brute_force(TAGS3, budget, 0), abs=1e-9)
 
 
 #: Bytes the "compiler" adds whenever query_proj is kept: the traced residuals do not show them,
@@ -537,12 +601,19 @@ def test_advise_and_fit_cli_bad_names_are_one_line(capsys):
     assert "Did you mean full" in capsys.readouterr().err
 
 
-def _sharded_fake(devices):
-    """Per-GPU peak of a fake step whose 80 GiB of fixed state shards over ``devices``."""
+#: What a JAX process may use of an H100: its memory times JAX's default allocator fraction
+#: (XLA_PYTHON_CLIENT_MEM_FRACTION, 0.75), 59.4 GiB. Before the fraction was modelled the
+#: searches worked to about 76.7 GiB.
+H100_USABLE = int(rk.target("h100").memory_bytes * 0.75)
+
+
+def _sharded_fake(devices, fixed=80 * 2**30, per_sample=2**30):
+    """Per-GPU peak of a fake step whose ``fixed`` bytes of state and ``per_sample`` bytes of
+    each sample shard over ``devices``."""
     t = rk.target("h100", devices=devices)
 
     def measure(policy, schedule, batch):
-        per_gpu = 80 * 2**30 // devices + batch * 2**30 // devices
+        per_gpu = fixed // devices + batch * per_sample // devices
         return _fake_report(per_gpu, policy=policy.spec)
 
     return rk.Workload(
@@ -559,13 +630,34 @@ def _sharded_fake(devices):
 
 
 def test_gpus_needed_finds_the_fewest_that_fit():
-    got = rk.search.gpus_needed(_sharded_fake, 3, counts=(1, 2, 4, 8))
-    # 80 GiB + 4 GiB of batch (3 rounded up to 4 ways) halves at 2 GPUs: 42 GiB fits 76.7 GiB.
-    assert got.devices == 2 and got.batch == 4
-    assert [n for n, _ in got.tried] == [1, 2]
-    assert got.peak_bytes == (80 + 4) * 2**30 // 2
+    # 120 GiB + 4 GiB of batch (3 rounded up to 4 ways): 62 GiB per GPU at 2 GPUs is over the
+    # 59.4 GiB a process may use (it fit the old 76.7 GiB limit), 31 GiB at 4 fits.
+    got = rk.search.gpus_needed(
+        lambda n: _sharded_fake(n, fixed=120 * 2**30), 3, counts=(1, 2, 4, 8)
+    )
+    assert got.devices == 4 and got.batch == 4
+    assert [n for n, _ in got.tried] == [1, 2, 4]
+    assert got.peak_bytes == (120 + 4) * 2**30 // 4
+    assert got.tried[1][1] == (120 + 4) * 2**30 // 2 > H100_USABLE
     none = rk.search.gpus_needed(_sharded_fake, 3, counts=(1,))
     assert none.devices is None and "does not fit 1 x h100-80gb" in none.message
+
+
+@pytest.mark.parametrize(("over", "devices"), [(0, 1), (1, 2)])
+def test_gpus_needed_fits_exactly_at_the_usable_memory(over, devices):
+    """A per-GPU peak equal to the usable bytes fits; one byte more does not."""
+    got = rk.search.gpus_needed(
+        lambda n: _sharded_fake(n, fixed=H100_USABLE + over, per_sample=0), 1, counts=(1, 2)
+    )
+    assert got.devices == devices and got.tried[0][1] == H100_USABLE + over
+
+
+def test_gpus_needed_leaves_the_headroom_free():
+    """With 10% headroom the limit is 0.9 x the usable bytes: 55 GiB on one GPU no longer fits."""
+    w = lambda n: _sharded_fake(n, fixed=55 * 2**30, per_sample=0)
+    assert rk.search.gpus_needed(w, 1, counts=(1, 2)).devices == 1
+    assert 0.9 * H100_USABLE < 55 * 2**30
+    assert rk.search.gpus_needed(w, 1, counts=(1, 2), headroom=0.1).devices == 2
 
 
 # --- the exact planner: a fake with offload, an interaction and a pattern policy ---------------
@@ -629,13 +721,18 @@ def _layer_decisions(tags, policy, schedule, layers):
     return out
 
 
-def fake3(tags=TAGS3, layers=1, quirk=()):
+def fake3(tags=TAGS3, layers=1, quirk=(), untagged_flops=0.0, parts=None):
     """A fake step over ``tags`` with offload; ``quirk`` policies compile 10 B smaller than
-    their decisions say (as XLA's schedule of an equivalent program may)."""
+    their decisions say (as XLA's schedule of an equivalent program may). A rematerialized
+    layer also recomputes ``untagged_flops`` / ``layers`` of untagged work (norms, activations)
+    whatever it decides for the tags. ``parts``: the shapes' breakdown (default weights and
+    gradients of 400 B each, under the 1000 B the step really holds besides residuals)."""
     t = dataclasses.replace(rk.target("h100"), peak_bf16_flops=PEAK3, host_link_bandwidth=LINK3)
 
     def figures(policy, schedule, batch):
-        return _truth(_layer_decisions(tags, policy, schedule, layers), tags, batch)
+        dev, host, flops = _truth(_layer_decisions(tags, policy, schedule, layers), tags, batch)
+        remat = sum(r.layers for r in schedule.runs(layers, policy) if r.policy.is_remat)
+        return dev, host, flops + batch * untagged_flops * remat / layers
 
     def measure(policy, schedule, batch):
         dev, host, flops = figures(policy, schedule, batch)
@@ -677,12 +774,12 @@ def fake3(tags=TAGS3, layers=1, quirk=()):
         seq=10,
         n_layers=layers,
         residuals_fn=residuals,
-        breakdown_fn=lambda b: {"weights": 400, "gradients": 400, "optimizer": 0},
+        breakdown_fn=lambda b: parts or {"weights": 400, "gradients": 400, "optimizer": 0},
         label="fake3",
     )
 
 
-def _brute_force(tags, budget, host_budget=None, layers=1, splits=False):
+def _brute_force(tags, budget, host_budget=None, layers=1, splits=False, untagged_flops=0.0):
     """The least overhead over every decision of every tag (3^k), and over every two-group
     layer split when ``splits``: the fake's own rules, no planner code."""
     options = [
@@ -698,7 +795,7 @@ def _brute_force(tags, budget, host_budget=None, layers=1, splits=False):
                 dev, host, flops = _truth(decs, tags)
                 if FIXED + dev > budget or (host_budget is not None and host > host_budget):
                     continue
-                over = _overhead(host, flops)
+                over = _overhead(host, flops + untagged_flops)
                 best = over if best is None else min(best, over)
     return best
 
@@ -719,6 +816,42 @@ def test_plan_is_the_brute_force_optimum(shed, host_budget):
     assert p.overhead == pytest.approx(best, abs=1e-9)
     assert p.solver is not None and p.solver.optimal and p.solver.gap == 0.0
     assert p.source == "solver" and "optimal on the cost model" in p.message
+
+
+@pytest.mark.parametrize(
+    ("shed", "host_budget"), [(300, None), (1000, None), (1000, 250), (1300, 0), (1300, None)]
+)
+def test_the_cost_model_counts_the_untagged_work_remat_recomputes(shed, host_budget):
+    """Every rematerialized layer recomputes 5% of the step that no tag decision removes, and
+    offload competes with recompute for the bytes to shed. The plan is the brute-force optimum
+    of the fake's truth, and the solver's own figure for it (its objective, from the traced
+    cost model, before any compile) is that same overhead: the 5% included."""
+    w = fake3(untagged_flops=0.05 * BASE)
+    budget = FIXED + 1600 - shed
+    p = rk.plan(w, 1, budget, host_budget=host_budget, objective="flops")
+    best = _brute_force(TAGS3, budget, host_budget, untagged_flops=0.05 * BASE)
+    assert best >= 0.05
+    assert p.fits and p.overhead == pytest.approx(best, abs=1e-9)
+    assert p.solver.objective == pytest.approx(best, abs=1e-6)
+    assert p.recompute_overhead >= 0.05
+
+
+def test_a_compile_under_the_estimate_lowers_it_and_frees_a_cheaper_plan():
+    """The shapes say 1400 B are fixed; the step really holds 1000 B besides its residuals.
+    Solved on the first guess the planner sheds 400 B too many; the compile shows the
+    room and the correction must move the estimate *down*, to the plan the truth allows."""
+    parts = {"weights": 700, "gradients": 700, "optimizer": 0}
+    budget = FIXED + 1600 - 300  # the truth: shed 300 B; the first guess: shed 700 B
+    w = fake3(parts=parts)
+    assert w.fixed_bytes(1) == 1400
+    p = rk.plan(w, 1, budget, offload=False, objective="flops")
+    best = _brute_force(TAGS3, budget, host_budget=0)
+    guessed = _brute_force(TAGS3, budget - 400, host_budget=0)
+    assert guessed > best  # the first guess's optimum costs more
+    solved = [c for c in p.candidates if c.estimated_peak_bytes is not None]
+    assert solved[0].estimated_peak_bytes > solved[0].peak_bytes  # estimated high, then lowered
+    assert p.fits and p.overhead == pytest.approx(best, abs=1e-9)
+    assert p.solver.optimal
 
 
 def test_plan_offloads_within_the_window_and_not_past_a_host_budget():

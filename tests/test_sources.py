@@ -7,9 +7,12 @@ import dataclasses
 import functools
 import json
 import math
+import sys
+import types
 import warnings
 from pathlib import Path
 
+import flax.linen as nn
 import flax.traverse_util
 import jax
 import jax.numpy as jnp
@@ -153,6 +156,131 @@ def test_schedules_are_offered_only_where_the_factory_builds_them(name, block, k
             src.build("full", "sqrt")
 
 
+# --- per-layer plans: which block gets which policy ---------------------------------------------
+
+#: The factory by module name, so that patching its ``_Block`` reaches the model it builds.
+UNTAGGED_BY_NAME, BLOCK = "tests.data.factories:untagged", "tests.data.factories:_Block"
+
+
+def test_a_patched_block_gives_the_nth_block_built_the_nth_policy(monkeypatch):
+    """The n-th block constructed in the context is wrapped with the n-th policy; blocks past
+    the list take the last one; the class is put back afterwards."""
+    mod = types.ModuleType("_rk_blocks")
+
+    class Block:
+        def __init__(self, i):
+            self.i = i
+
+    mod.Block = Block
+    monkeypatch.setitem(sys.modules, "_rk_blocks", mod)
+    made = []
+
+    def fake_remat(cls, p):
+        made.append(p.spec)
+        return type(f"Remat_{p.name}", (cls,), {"spec": p.spec})
+
+    monkeypatch.setattr("remat_kit.sources._loading.remat", fake_remat)
+    plan = [rk.policy(n) for n in ("full", "minimal", "full", "dots")]
+    counter = [0]
+    with sources.patched_block("_rk_blocks:Block", plan, counter=counter):
+        built = [mod.Block(i) for i in range(6)]
+    assert [b.spec for b in built] == ["full", "minimal", "full", "dots", "dots", "dots"]
+    assert [b.i for b in built] == list(range(6))
+    assert counter == [6] and sorted(made) == ["dots", "full", "minimal"]  # one class each
+    assert mod.Block is Block
+    with sources.patched_block("_rk_blocks:Block", rk.policy("minimal")):
+        assert [mod.Block(i).spec for i in range(2)] == ["minimal", "minimal"]
+    assert mod.Block is Block
+
+
+@pytest.mark.parametrize("spec", ["flax.linen.Dense", "flax.linen:", ":Dense"])
+def test_a_block_that_is_not_module_colon_class_says_how_to_name_it(spec):
+    with pytest.raises(BadValue, match=r"name the block class as module:Class") as err:
+        sources.from_factory(UNTAGGED_BY_NAME, block=spec)
+    assert err.value.param == "block"
+
+
+def test_a_model_that_needs_hugging_face_inputs_gets_them_to_count_and_train(monkeypatch):
+    """Counting layers builds the model once: with the mask and positions it requires."""
+    mod = types.ModuleType("_rk_hf")
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return x + nn.Dense(8)(x)
+
+    class Model(nn.Module):
+        @nn.compact
+        def __call__(self, input_ids, attention_mask, position_ids):  # no defaults, as HF's
+            x = nn.Embed(16, 8)(input_ids) * attention_mask[..., None]
+            x = x + position_ids[..., None]
+            for _ in range(3):
+                x = mod.Block()(x)
+            return nn.Dense(16)(x)
+
+    mod.Block, mod.build = Block, lambda policy: Model()
+    monkeypatch.setitem(sys.modules, "_rk_hf", mod)
+    src = sources.from_factory("_rk_hf:build", block="_rk_hf:Block")
+    assert src.n_layers() == 3
+    # Its train step hands the model those inputs too: it traces.
+    step = src.build("full").train_step(rk.TrainConfig(batch=2, seq=8, optimizer="sgd"))
+    jax.eval_shape(step.fn, *step.args)
+
+
+class _InitOnly:
+    def init(self, *args):
+        return {}
+
+
+class _ApplyOnly:
+    def apply(self, *args):
+        return None
+
+
+@pytest.mark.parametrize("made", [_InitOnly(), _ApplyOnly(), 3])
+def test_a_factory_that_returns_no_flax_module_is_refused_naming_what_it_returned(made):
+    with pytest.raises(BadValue, match=rf"returned {type(made).__name__}; a factory returns a"):
+        sources.from_factory(lambda policy: made).build("full")
+
+
+@pytest.mark.parametrize(
+    ("made", "layers"),
+    [
+        (types.SimpleNamespace(n_layers=1), 1),
+        (types.SimpleNamespace(num_layers=2), 2),
+        (types.SimpleNamespace(config=types.SimpleNamespace(num_hidden_layers=3)), 3),
+        (types.SimpleNamespace(config=types.SimpleNamespace(n_layer=4)), 4),
+        (types.SimpleNamespace(cfg=types.SimpleNamespace(n_layers=1)), 1),
+        (types.SimpleNamespace(n_layers=0, cfg=types.SimpleNamespace(n_layers=0)), None),
+        (types.SimpleNamespace(n_layers="4"), None),
+    ],
+)
+def test_the_layer_count_is_read_from_the_names_models_give_it(made, layers):
+    from remat_kit.sources.source import _layer_attr
+
+    assert _layer_attr(made) == layers
+
+
+def test_a_layer_plan_on_a_patched_stack_maps_each_layer_to_its_policy():
+    src = sources.from_factory(UNTAGGED_BY_NAME, block=BLOCK)
+    got = src._per_layer(rk.policy("dots"), rk.parse_schedule("layers:1=full,3=minimal"))
+    assert [p.name for p in got] == ["dots", "full", "dots", "minimal"]
+    got = src._per_layer(rk.policy("dots"), rk.parse_schedule("layers:0-1=full,rest=minimal"))
+    assert [p.name for p in got] == ["full", "full", "minimal", "minimal"]
+
+
+def test_a_layer_plan_on_a_patched_stack_keeps_what_each_layer_s_policy_keeps():
+    """Traced: layer 1 recomputes everything (full), layer 3 keeps q/k/v only; layers 0 and 2
+    run the model's policy, which keeps their own mixer. Which mixer is kept says which block
+    got which policy."""
+    src = sources.from_factory(UNTAGGED_BY_NAME, block=BLOCK)
+    res = sources.residuals(
+        src, "names:save=layers_*/mixer", "cpu", SMALL, "layers:1=full,3=qkv_proj"
+    )
+    saved = {t for t, d in res.tags.items() if d == "saved"}
+    assert saved == {"layers_0/mixer", "layers_2/mixer", "query_proj", "key_proj", "value_proj"}
+
+
 def test_untagged_model_is_tagged_and_a_model_with_tags_keeps_its_own():
     untagged = sources.residuals(
         sources.from_factory(f"{FACTORIES}:untagged"), "minimal", "cpu", SMALL
@@ -239,6 +367,14 @@ def test_fresh_traces_pass_with_their_schedule_policies():
         ("full", [], False),  # not a name-based policy
         ("none", [], False),
         ("offload:offload=context", ["query_proj"], True),
+        # Several tags: unmatched only when *none* is kept (one kept is enough to act), so
+        # "any tag unkept" and "every tag unkept" answer differently here.
+        ("minimal", ["context", "mlpwo", "attn_out"], False),
+        ("minimal", ["attn_out", "context"], True),
+        ("names:save=layers_*/mixer", ["mixer", "layers_3/mixer"], False),
+        ("offload:offload=context", ["query_proj", "context"], False),
+        ("minimal", [], True),  # a model with no tags at all: the name policy acts on nothing
+        ("full", ["context", "mlpwo"], False),
     ],
 )
 def test_unmatched_policy(policy, tags, unmatched):

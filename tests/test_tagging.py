@@ -87,6 +87,92 @@ def test_rules_map_published_names_onto_the_vocabulary(path, tag):
     assert tagging.tag_for(path, tagging.rules("auto")) == tag
 
 
+#: Every rule of every rule set: the path a published model gives the layer, and its tag typed
+#: out here (not read from remat_kit.names), so a rule pointing at the wrong name fails.
+PUBLISHED = [
+    ("hf", ("model", "layers", "0", "self_attn", "q_proj"), "query_proj"),
+    ("hf", ("model", "layers", "0", "self_attn", "k_proj"), "key_proj"),
+    ("hf", ("model", "layers", "0", "self_attn", "v_proj"), "value_proj"),
+    ("hf", ("model", "layers", "0", "self_attn", "o_proj"), "out_proj"),
+    ("hf", ("model", "layers", "0", "mlp", "gate_proj"), "mlpwi_0"),
+    ("hf", ("model", "layers", "0", "mlp", "up_proj"), "mlpwi_1"),
+    ("hf", ("model", "layers", "0", "mlp", "down_proj"), "mlpwo"),
+    ("gpt2", ("transformer", "h", "0", "attn", "c_attn"), "query_proj"),
+    ("gpt2", ("transformer", "h", "0", "attn", "c_proj"), "out_proj"),
+    ("gpt2", ("transformer", "h", "0", "mlp", "c_fc"), "mlpwi"),
+    ("gpt2", ("transformer", "h", "0", "mlp", "c_proj"), "mlpwo"),
+    ("gemma", ("transformer", "layer_0", "attn", "q_einsum"), "query_proj"),
+    ("gemma", ("transformer", "layer_0", "attn", "qkv_einsum"), "query_proj"),
+    ("gemma", ("transformer", "layer_0", "attn", "kv_einsum"), "key_proj"),
+    ("gemma", ("transformer", "layer_0", "attn", "attn_vec_einsum"), "out_proj"),
+    ("gemma", ("transformer", "layer_0", "mlp", "gating_einsum"), "mlpwi_0"),
+    ("gemma", ("transformer", "layer_0", "mlp", "linear"), "mlpwo"),
+]
+
+
+def test_the_published_table_covers_every_rule_of_every_set():
+    """A rule added to a set without a row here fails: each rule is matched by exactly one row."""
+    rows = {(s, path) for s, path, _ in PUBLISHED}
+    for name, rule_set in tagging.RULE_SETS.items():
+        for rule in rule_set:
+            hits = [path for s, path in rows if s == name and rule.matches(path)]
+            assert len(hits) == 1, (name, rule.pattern, hits)
+    assert {s for s, _, _ in PUBLISHED} == set(tagging.RULE_SETS)
+
+
+@pytest.mark.parametrize(
+    ("rule_set", "path", "tag"), PUBLISHED, ids=[f"{s}-{p[-1]}-{p[-2]}" for s, p, _ in PUBLISHED]
+)
+def test_every_rule_of_every_rule_set_gives_its_tag(rule_set, path, tag):
+    assert tagging.tag_for(path, tagging.rules(rule_set)) == tag
+    assert tagging.tag_for(path, tagging.rules("auto")) == tag  # no other set shadows it
+    assert tagging.tag_for(path, tagging.rules("paths")) == "/".join(path)
+    for other in set(tagging.RULE_SETS) - {rule_set}:
+        assert tagging.tag_for(path, tagging.rules(other)) == "/".join(path), other
+    # The rule names a whole path component: not one that ends or starts like it.
+    near = (*path[:-1], "my_" + path[-1])
+    assert tagging.tag_for(near, tagging.rules(rule_set)) == "/".join(near)
+    assert tagging.tag_for(path[:-1], tagging.rules(rule_set)) == "/".join(path[:-1])
+
+
+def test_a_rule_pattern_with_a_parent_matches_only_under_that_parent():
+    """gpt2's ``c_proj`` is the MLP's output under ``mlp`` and attention's under ``attn``."""
+    gpt2 = tagging.rules("gpt2")
+    assert tagging.tag_for(("h", "0", "mlp", "c_proj"), gpt2) == "mlpwo"
+    assert tagging.tag_for(("h", "0", "attn", "c_proj"), gpt2) == "out_proj"
+    assert tagging.tag_for(("h", "0", "other", "c_proj"), gpt2) == "h/0/other/c_proj"
+    assert tagging.tag_for(("c_proj",), gpt2) == "c_proj"  # too short for the pattern
+    # A user's rules, as pairs, first match wins; a glob matches within a component.
+    mine = tagging.rules([("*_in", "mlpwi"), ("w_in", "never"), ("a/b", "ab")])
+    assert tagging.tag_for(("m", "w_in"), mine) == "mlpwi"
+    assert tagging.tag_for(("x", "a", "b"), mine) == "ab"
+    assert tagging.tag_for(("a", "x", "b"), mine) == "a/x/b"
+
+
+class Rotary(nn.Module):
+    """Not a projection class: tagged only where a rule names it."""
+
+    @nn.compact
+    def __call__(self, x):
+        return jnp.sin(x) * 2.0
+
+
+class Named(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        x = Rotary(name="o_proj")(x)  # a rule names it: out_proj, whatever its class
+        x = Rotary(name="rotary")(x)  # no rule, no projection class: no tag at all
+        return nn.Dense(WIDTH, name="q_proj")(x)
+
+
+def test_modules_a_rule_names_are_tagged_whatever_their_class():
+    model = tagging.TaggedModule(Named(), "hf")
+    params = model.init(jax.random.key(0), X)
+    found = tags_in(jax.make_jaxpr(lambda p: model.apply(p, X))(params))
+    assert set(found) == {"out_proj", "query_proj"}
+    assert set(tags_in(jax.make_jaxpr(lambda p: Named().apply(p, X))(params))) == set()
+
+
 def test_rule_sets_by_name_and_unknown_name():
     assert [r.tag for r in tagging.rules("gpt2")] == ["query_proj", "out_proj", "mlpwi", "mlpwo"]
     assert tagging.rules("paths") == ()
@@ -173,6 +259,31 @@ def test_tag_nnx_names_linear_layers_in_place():
     assert set(tags_in(closed)) == {"query_proj", "mixer", "mlpwo"}
 
 
+class NNXMixed(nnx.Module):
+    """Layers a tag is not for (a norm, a raw weight named like a rule) beside projections."""
+
+    def __init__(self, rngs):
+        self.a_norm = nnx.RMSNorm(WIDTH, rngs=rngs)
+        self.o_proj = nnx.Param(jnp.eye(WIDTH))  # a weight, not a layer: never retyped
+        self.up_proj = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+        self.z_norm = nnx.RMSNorm(WIDTH, rngs=rngs)
+        self.down_proj = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+
+    def __call__(self, x):
+        h = self.up_proj(self.a_norm(x)) @ self.o_proj[...]
+        return x + self.down_proj(self.z_norm(h))
+
+
+def test_tag_nnx_skips_what_is_not_a_projection_and_tags_every_one_after_it():
+    model = NNXMixed(nnx.Rngs(0))
+    assert tagging.tag_nnx(model, "hf") == {"up_proj": "mlpwi_1", "down_proj": "mlpwo"}
+    assert type(model.o_proj) is nnx.Param and type(model.a_norm) is nnx.RMSNorm
+    graphdef, state = nnx.split(model)
+    x = jnp.ones((2, WIDTH))
+    closed = jax.make_jaxpr(lambda s: nnx.merge(graphdef, s)(x))(state)
+    assert set(tags_in(closed)) == {"mlpwi_1", "mlpwo"}
+
+
 class Einsum(nn.Module):
     """gemma's Einsum layer: a weight named by ``weight_name``, applied by an equation."""
 
@@ -203,6 +314,27 @@ class GemmaBlock(nn.Module):
 
     def __call__(self, x):
         return x + self.mlp(x)
+
+
+class OwnScope(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        # An Einsum in a scope of its own, named like its weight: its path already ends with
+        # the weight's name, which must not be added again.
+        return Einsum((WIDTH, WIDTH), weight_name="w_up", name="w_up")("...d,de->...e", x)
+
+
+class Holder(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        return OwnScope(name="mlp")(x)
+
+
+def test_an_einsum_named_like_its_weight_is_tagged_by_its_path_once():
+    model = tagging.TaggedModule(Holder(), "paths")
+    params = model.init(jax.random.key(0), X)
+    found = tags_in(jax.make_jaxpr(lambda p: model.apply(p, X))(params))
+    assert set(found) == {"mlp/w_up"}
 
 
 def test_gemma_einsums_sharing_a_scope_get_their_own_tags():

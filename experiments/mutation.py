@@ -1,0 +1,650 @@
+"""Do the tests catch one-line bugs in the code that decides a user's numbers? (issue 27).
+
+A mutation check the team can run: for each core module it makes one-line mutants of the source
+with ``ast`` (a comparison boundary, an operator, a constant off by one, ``and``/``or``,
+``True``/``False``, a keyword argument left out, ``min``/``max``, a negation dropped, a loop's
+``continue``/``break``, a ``return`` of nothing), picks up to ``--cap`` of them per module with a
+seeded generator, writes each into the source file, runs the test files that cover that module
+(``-x -q -p no:cacheprovider``, with a timeout) and restores the file, checking its hash. A mutant
+is *killed* when the tests fail, *survived* when they pass, *timeout* when they hang (counted as
+killed: a user would notice).
+
+The mutants are applied to a private copy of the tree (``--in-place`` to use the checkout itself,
+only when nobody else runs tests there): mutating a shared checkout breaks everyone else's runs.
+
+Each module's slowest tests (compiles of a small Llama, see ``Group.slow``) are left out unless
+``--full``: a surviving mutant costs the whole run of its tests. The unmutated tests run first,
+once per set of tests; a module whose tests already fail (someone's work in progress) is skipped
+and said so.
+
+Goal (issue 27): 90% or more killed on these modules. Writes results/mutation.json with every
+mutant (file:line, the change, the verdict, the failing test) and prints a per-module kill-rate
+table; ``--before`` puts an earlier run's rates beside it.
+
+Why not mutmut or cosmic-ray (both install here): mutmut 3 first runs the whole suite (15
+minutes on 2 cores) to map tests to functions and forks the test process per mutant, which jax's
+threads do not survive; cosmic-ray enumerates every mutant of every operator (thousands on
+these 8,000 lines) with no per-module sample. A seeded sample against each module's own tests
+keeps a run under about 20 minutes.
+
+Usage::
+
+    python experiments/mutation.py                 # every module, 6 mutants each, seed 0
+    python experiments/mutation.py --only tagging,cache --cap 20
+    python experiments/mutation.py --list          # the mutants, without running anything
+    python experiments/mutation.py --before old.json   # kill rates beside an earlier run's
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from common import RESULTS, ROOT, table, write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class Group:
+    """A module group: its source files or folders, the test files that cover them, and the
+    slowest of those tests, left out unless ``--full`` (each costs a survivor its whole time)."""
+
+    sources: tuple[str, ...]
+    tests: tuple[str, ...]
+    slow: tuple[str, ...] = ()
+    #: file name -> the tests that cover that file alone (instead of ``tests``).
+    by_file: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+
+#: Module group -> what to mutate and what to run. The tests are the files a developer would
+#: run after touching that code.
+MODULES: dict[str, Group] = {
+    "search": Group(
+        ("remat_kit/search",),
+        ("tests/test_search.py", "tests/test_advise.py"),
+        # The tests on a compiled small Llama (its fixtures compile for a minute).
+        (
+            "compiled_figures",
+            "plan_is_on_the_front",
+            "fits_none",
+            "max_batch_fits_and_next",
+            "infeasible_budget_on_a_real",
+            "plan_policy_keeps_gradients",
+            "what_the_plan_cli_reports",
+            "plan_front_on_the_small",
+            "time_overhead_of_a_compiled",
+            "cheapest_fitting_point",
+            "time_and_flops_disagree",
+            "unknown_objective_is_refused",
+            "lower_alike_share",
+        ),
+        by_file=(("throughput.py", ("tests/test_throughput.py",)),),
+    ),
+    "cache": Group(("remat_kit/cache.py",), ("tests/test_cache.py",)),
+    "targets": Group(
+        ("remat_kit/targets",),
+        ("tests/test_targets.py",),
+        by_file=(
+            ("codegen.py", ("tests/test_codegen.py", "tests/test_targets.py")),
+            ("prices.py", ("tests/test_prices.py", "tests/test_targets.py")),
+        ),
+    ),
+    "analysis": Group(("remat_kit/analysis.py",), ("tests/test_analysis.py",)),
+    "train": Group(
+        ("remat_kit/train.py",),
+        ("tests/test_train.py", "tests/test_precision.py"),
+        ("lora_and_accumulation_shrink", "lora_gradients_unchanged"),
+    ),
+    "breakdown": Group(
+        ("remat_kit/breakdown.py",),
+        ("tests/test_measured_breakdown.py", "tests/test_analysis.py"),
+        # compiles of a tiny Llama; the arithmetic is pinned on fakes beside them.
+        ("parts_sum_to_the_compiled_peak", "cli_flag"),
+    ),
+    "tagging": Group(("remat_kit/tagging.py",), ("tests/test_tagging.py",)),
+    "sources": Group(("remat_kit/sources",), ("tests/test_sources.py", "tests/test_pipeline.py")),
+}
+
+PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider")
+
+_COMPARE_SWAP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_BINOP_SWAP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Mult,
+}
+_SYMBOL = {
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.And: "and",
+    ast.Or: "or",
+}
+#: Calls whose arguments only shape a message or a warning's location.
+_QUIET_CALLS = frozenset({"warn", "debug", "info", "warning", "error", "exception"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    """One change to one node of one file."""
+
+    module: str
+    path: str  # relative to the tree's root
+    line: int
+    op: str  # the operator's kind: compare, binop, constant, ...
+    change: str  # "a < b -> a <= b"
+    index: int  # the node's position in ast.walk order
+    variant: int  # which change of that node (a Compare with two ops, a Call's keywords)
+
+
+# --- making mutants ------------------------------------------------------------------------------
+
+
+def _skipped_nodes(tree: ast.AST) -> set[int]:
+    """ids of nodes no mutant touches: docstrings, annotations, decorators, f-strings, raise
+    statements and warnings (messages only), ``__all__`` and ``if __name__ == "__main__"``."""
+    skip: set[int] = set()
+
+    def drop(node: ast.AST | None) -> None:
+        if node is not None:
+            skip.update(id(n) for n in ast.walk(node))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs]:
+                drop(a.annotation)
+            drop(node.args.vararg and node.args.vararg.annotation)
+            drop(node.args.kwarg and node.args.kwarg.annotation)
+            drop(node.returns)
+            for d in node.decorator_list:
+                drop(d)
+        elif isinstance(node, ast.ClassDef):
+            for d in node.decorator_list:
+                drop(d)
+        elif isinstance(node, ast.AnnAssign):
+            drop(node.annotation)
+        elif isinstance(node, (ast.JoinedStr, ast.Raise, ast.Assert)):
+            drop(node)
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            if name in _QUIET_CALLS:
+                drop(node)
+        elif _is_all(node) or (isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)):
+            drop(node)
+    return skip
+
+
+def _is_all(node: ast.AST) -> bool:
+    return isinstance(node, ast.Assign) and any(
+        isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+    )
+
+
+def _is_text(node: ast.AST) -> bool:
+    return isinstance(node, ast.JoinedStr) or (
+        isinstance(node, ast.Constant) and isinstance(node.value, str)
+    )
+
+
+def _is_none(node: ast.AST | None) -> bool:
+    return node is None or (isinstance(node, ast.Constant) and node.value is None)
+
+
+def _variants(node: ast.AST) -> list[tuple[str, str, Any]]:
+    """(kind, description, how) of every change this node allows."""
+    out: list[tuple[str, str, Any]] = []
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            new = _COMPARE_SWAP.get(type(op))
+            if new:
+                out.append(("compare", f"{_SYMBOL[type(op)]} -> {_SYMBOL[new]}", ("op", i, new)))
+    elif isinstance(node, ast.BinOp) and type(node.op) in _BINOP_SWAP:
+        strings = _is_text(node.left) or _is_text(node.right)
+        if not strings:
+            new = _BINOP_SWAP[type(node.op)]
+            out.append(("binop", f"{_SYMBOL[type(node.op)]} -> {_SYMBOL[new]}", ("binop", new)))
+    elif isinstance(node, ast.AugAssign) and type(node.op) in _BINOP_SWAP:
+        if not (isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)):
+            new = _BINOP_SWAP[type(node.op)]
+            sym = _SYMBOL[type(node.op)]
+            out.append(("binop", f"{sym}= -> {_SYMBOL[new]}=", ("binop", new)))
+    elif isinstance(node, ast.BoolOp):
+        new = ast.Or if isinstance(node.op, ast.And) else ast.And
+        out.append(("boolop", f"{_SYMBOL[type(node.op)]} -> {_SYMBOL[new]}", ("boolop", new)))
+    elif isinstance(node, ast.Constant):
+        v = node.value
+        if isinstance(v, bool):
+            out.append(("bool", f"{v} -> {not v}", ("const", not v)))
+        elif isinstance(v, int):
+            out.append(("constant", f"{v!r} -> {v + 1!r}", ("const", v + 1)))
+        elif isinstance(v, float):
+            # n -> n + 1, except where one is lost in the number (1e15 FLOP/s): twice it.
+            new = v + 1 if abs(v) < 1e3 else 2 * v
+            out.append(("constant", f"{v!r} -> {new!r}", ("const", new)))
+    elif isinstance(node, ast.Call):
+        if isinstance(node.func, ast.Name) and node.func.id in ("min", "max"):
+            new = "max" if node.func.id == "min" else "min"
+            out.append(("minmax", f"{node.func.id}( -> {new}(", ("minmax", new)))
+        for i, kw in enumerate(node.keywords):
+            if kw.arg is not None:
+                out.append(("kwarg", f"drop {kw.arg}={ast.unparse(kw.value)}", ("kwarg", i)))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        out.append(("not", "not x -> x", ("not",)))
+    elif isinstance(node, ast.Continue):
+        out.append(("loop", "continue -> break", ("stmt", ast.Break)))
+    elif isinstance(node, ast.Break):
+        out.append(("loop", "break -> continue", ("stmt", ast.Continue)))
+    elif isinstance(node, ast.Return) and not _is_none(node.value):
+        out.append(("return", "return x -> return None", ("return",)))
+    return out
+
+
+def _mutated(node: ast.AST, how: Any) -> ast.AST:
+    new = copy.deepcopy(node)
+    kind = how[0]
+    if kind == "op":
+        new.ops[how[1]] = how[2]()
+    elif kind in ("binop", "boolop"):
+        new.op = how[1]()
+    elif kind == "const":
+        new.value = how[1]
+    elif kind == "minmax":
+        new.func.id = how[1]
+    elif kind == "kwarg":
+        del new.keywords[how[1]]
+    elif kind == "not":
+        new = new.operand
+    elif kind == "stmt":
+        new = how[1]()
+    elif kind == "return":
+        new.value = None
+    return new
+
+
+def _replace(tree: ast.AST, old: ast.AST, new: ast.AST) -> None:
+    for parent in ast.walk(tree):
+        for field, value in ast.iter_fields(parent):
+            if value is old:
+                setattr(parent, field, new)
+                return
+            if isinstance(value, list):
+                for i, item in enumerate(value):
+                    if item is old:
+                        value[i] = new
+                        return
+    raise AssertionError("node not found")
+
+
+def _offsets(source: str) -> list[int]:
+    starts, pos = [0], 0
+    for line in source.splitlines(keepends=True):
+        pos += len(line.encode())
+        starts.append(pos)
+    return starts
+
+
+def mutant_source(source: str, index: int, how: Any) -> str | None:
+    """``source`` with the node at ``index`` (ast.walk order) changed as ``how`` says, written
+    over that node's own text only; None when the text cannot carry the change exactly (the
+    result must parse to the mutated tree)."""
+    tree = ast.parse(source)
+    node = list(ast.walk(tree))[index]
+    new = _mutated(node, how)
+    # An expression is written in parentheses, so it binds as the node did.
+    text = ast.unparse(new) if isinstance(node, ast.stmt) else f"({ast.unparse(new)})"
+    starts = _offsets(source)
+    raw = source.encode()
+    a = starts[node.lineno - 1] + node.col_offset
+    b = starts[node.end_lineno - 1] + node.end_col_offset
+    out = (raw[:a] + text.encode() + raw[b:]).decode()
+    _replace(tree, node, new)
+    try:
+        if ast.dump(ast.parse(out)) != ast.dump(tree):
+            return None
+    except SyntaxError:
+        return None
+    return out
+
+
+def _files(spec: Sequence[str], root: Path) -> list[Path]:
+    out: list[Path] = []
+    for s in spec:
+        p = root / s
+        out.extend(sorted(p.glob("*.py")) if p.is_dir() else [p])
+    return out
+
+
+def candidates(module: str, root: Path) -> list[Mutant]:
+    """Every mutant of a module group, in file and line order."""
+    out: list[Mutant] = []
+    for path in _files(MODULES[module].sources, root):
+        tree = ast.parse(path.read_text())
+        skip = _skipped_nodes(tree)
+        for index, node in enumerate(ast.walk(tree)):
+            if id(node) in skip:
+                continue
+            for variant, (op, change, _) in enumerate(_variants(node)):
+                rel = str(path.relative_to(root))
+                out.append(Mutant(module, rel, node.lineno, op, change, index, variant))
+    return sorted(out, key=lambda m: (m.path, m.line, m.index, m.variant))
+
+
+def sample(module: str, root: Path, cap: int, seed: int) -> list[Mutant]:
+    """Up to ``cap`` mutants of the module that apply cleanly, chosen by ``seed``: one kind of
+    change after another (so that ``return`` statements, the commonest node, do not crowd out
+    the boundaries), each kind's mutants in a seeded random order."""
+    rng = random.Random(f"{seed}:{module}")
+    by_kind: dict[str, list[Mutant]] = {}
+    for m in candidates(module, root):
+        by_kind.setdefault(m.op, []).append(m)
+    kinds = sorted(by_kind)
+    rng.shuffle(kinds)
+    for pool in by_kind.values():
+        rng.shuffle(pool)
+    out: list[Mutant] = []
+    while len(out) < cap and any(by_kind.values()):
+        for kind in kinds:
+            pool = by_kind[kind]
+            while pool and len(out) < cap:
+                m = pool.pop()
+                if _apply_text(m, root) is not None:
+                    out.append(m)
+                    break
+    return sorted(out, key=lambda m: (m.path, m.line, m.index, m.variant))
+
+
+def _apply_text(m: Mutant, root: Path) -> str | None:
+    source = (root / m.path).read_text()
+    node = list(ast.walk(ast.parse(source)))[m.index]
+    return mutant_source(source, m.index, _variants(node)[m.variant][2])
+
+
+# --- running them --------------------------------------------------------------------------------
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _copy_tree(dest: Path, source: Path = ROOT) -> Path:
+    keep = ("remat_kit", "models", "tests", "conftest.py", "pyproject.toml", "README.md")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in keep:
+        src = source / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def _pytest(root: Path, targets: Sequence[str], timeout: float) -> tuple[str, float, str]:
+    """(passed | failed | timeout, seconds, the last lines of output) of one pytest run."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [sys.executable, "-m", "pytest", *targets, *PYTEST_ARGS]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        verdict = "passed" if proc.returncode == 0 else "failed"
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        verdict = "timeout"
+    except BaseException:  # interrupted: stop the tests before the caller restores the file
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    tail = "\n".join(out.strip().splitlines()[-3:])
+    return verdict, time.perf_counter() - start, tail
+
+
+def _targets(module: str, full: bool = False, path: str = "") -> tuple[str, ...]:
+    """The pytest arguments for a mutant of ``path`` in ``module``."""
+    g = MODULES[module]
+    tests = dict(g.by_file).get(Path(path).name, g.tests)
+    skip = () if full else g.slow
+    return (*tests, *(["-k", " and ".join(f"not {s}" for s in skip)] if skip else []))
+
+
+def run_mutant(m: Mutant, root: Path, timeout: float, full: bool = False) -> dict[str, Any]:
+    """Writes the mutant, runs its tests, restores the file (verified by hash) whatever happens."""
+    path = root / m.path
+    original = path.read_bytes()
+    digest = hashlib.sha256(original).hexdigest()
+    text = _apply_text(m, root)
+    assert text is not None
+    try:
+        path.write_text(text)
+        verdict, seconds, tail = _pytest(root, _targets(m.module, full, m.path), timeout)
+    finally:
+        path.write_bytes(original)
+        if _sha(path) != digest:
+            path.write_bytes(original)
+            raise RuntimeError(f"{m.path} was not restored: compare it with the checkout")
+    status = {"failed": "killed", "passed": "survived", "timeout": "timeout"}[verdict]
+    return {**dataclasses.asdict(m), "status": status, "seconds": round(seconds, 1), "tail": tail}
+
+
+def _diff_line(m: Mutant, root: Path) -> str:
+    text = _apply_text(m, root)
+    old = (root / m.path).read_text().splitlines()
+    new = (text or "").splitlines()
+    return next((b.strip() for a, b in zip(old, new, strict=False) if a != b), "")
+
+
+def summary(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for module in dict.fromkeys(r["module"] for r in rows):
+        rs = [r for r in rows if r["module"] == module]
+        dead = sum(r["status"] in ("killed", "timeout") for r in rs)
+        out.append(
+            {
+                "module": module,
+                "mutants": len(rs),
+                "killed": sum(r["status"] == "killed" for r in rs),
+                "timeout": sum(r["status"] == "timeout" for r in rs),
+                "survived": sum(r["status"] == "survived" for r in rs),
+                "kill_rate": round(dead / len(rs), 3) if rs else None,
+                "seconds": round(sum(r["seconds"] for r in rs), 1),
+            }
+        )
+    n = len(rows)
+    dead = sum(r["status"] in ("killed", "timeout") for r in rows)
+    out.append(
+        {
+            "module": "all",
+            "mutants": n,
+            "killed": sum(r["status"] == "killed" for r in rows),
+            "timeout": sum(r["status"] == "timeout" for r in rows),
+            "survived": sum(r["status"] == "survived" for r in rows),
+            "kill_rate": round(dead / n, 3) if n else None,
+            "seconds": round(sum(r["seconds"] for r in rows), 1),
+        }
+    )
+    return out
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--only", default="", help="comma-separated module groups (default: all)")
+    p.add_argument("--cap", type=int, default=6, help="mutants per module group")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="3 mutants per module, for a smoke run")
+    p.add_argument("--timeout", type=float, default=0, help="seconds per mutant (0: 3x baseline)")
+    p.add_argument("--list", action="store_true", help="print the mutants and stop")
+    p.add_argument("--full", action="store_true", help="run the slow tests too (see Group.slow)")
+    p.add_argument("--in-place", action="store_true", help="mutate this checkout, not a copy")
+    p.add_argument("--name", default="mutation", help="results/<name>.json")
+    p.add_argument(
+        "--before", type=Path, help="an earlier results JSON: its kill rates beside these"
+    )
+    p.add_argument(
+        "--source", type=Path, default=ROOT, help="the tree to copy (default: this checkout)"
+    )
+    return p.parse_args(argv)
+
+
+def _checked_sources(root: Path, modules: Sequence[str]) -> dict[Path, str]:
+    return {f: _sha(f) for m in modules for f in _files(MODULES[m].sources, root)}
+
+
+@dataclasses.dataclass
+class _Run:
+    root: Path
+    modules: list[str]
+    mutants: list[Mutant]
+    rows: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    broken: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+def _iterate(run: _Run, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    # The unmutated tests first, once per set of tests: they must pass (else every mutant
+    # would read as killed), and their time sets each mutant's timeout.
+    baseline: dict[tuple[str, ...], float] = {}
+    for m in run.mutants:
+        targets = _targets(m.module, args.full, m.path)
+        if targets in baseline or m.module in run.broken:
+            continue
+        verdict, seconds, tail = _pytest(run.root, targets, timeout=1800)
+        if verdict != "passed":
+            # Someone's work in progress: its mutants would all read as killed. Say so, go on.
+            print(f"SKIPPED {m.module}: its tests fail unmutated:\n{tail}", flush=True)
+            run.broken[m.module] = tail
+            continue
+        baseline[targets] = seconds
+        files = " ".join(t for t in targets if t.endswith(".py"))
+        print(f"unmutated {m.module} ({files}): {seconds:.0f} s", flush=True)
+    for i, m in enumerate(run.mutants, 1):
+        targets = _targets(m.module, args.full, m.path)
+        if m.module in run.broken:
+            continue
+        timeout = args.timeout or 3 * baseline[targets] + 30
+        row = run_mutant(m, run.root, timeout, args.full)
+        row["diff"] = _diff_line(m, run.root)
+        row["tests"] = list(targets)
+        row["baseline_seconds"] = round(baseline[targets], 1)
+        print(
+            f"[{i}/{len(run.mutants)}] {row['status']:8} {m.path}:{m.line} {m.change}"
+            f" ({row['seconds']:.0f} s)",
+            flush=True,
+        )
+        yield row
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse(argv)
+    cap = 3 if args.quick else args.cap
+    modules = [m for m in (args.only.split(",") if args.only else MODULES) if m]
+    unknown = [m for m in modules if m not in MODULES]
+    if unknown:
+        raise SystemExit(f"unknown module group {unknown}; known: {', '.join(MODULES)}")
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="remat_kit_mutation_") as tmp:
+        root = ROOT if args.in_place else _copy_tree(Path(tmp), args.source)
+        before = _checked_sources(root, modules)
+        mutants = [m for mod in modules for m in sample(mod, root, cap, args.seed)]
+        if args.list:
+            for m in mutants:
+                print(f"{m.module:10} {m.path}:{m.line:<5} {m.op:9} {m.change}")
+            return
+        run = _Run(root, modules, mutants)
+        try:
+            for row in _iterate(run, args):
+                run.rows.append(row)
+        finally:
+            changed = [str(f) for f, h in before.items() if _sha(f) != h]
+            if changed:
+                print(f"NOT RESTORED: {changed}", file=sys.stderr)
+    wall = time.perf_counter() - start
+    rows = run.rows
+    data = {
+        "seed": args.seed,
+        "cap": cap,
+        "wall_seconds": round(wall, 1),
+        "pytest_args": list(PYTEST_ARGS),
+        "source": str(args.source),
+        "modules": {m: {**dataclasses.asdict(MODULES[m]), "full": args.full} for m in modules},
+        "summary": summary(rows),
+        "skipped": run.broken,
+        "mutants": rows,
+    }
+    if args.before:
+        before = {r["module"]: r for r in json.loads(args.before.read_text())["summary"]}
+        data["before"] = {"file": str(args.before), "summary": list(before.values())}
+        for row in data["summary"]:
+            old = before.get(row["module"])
+            row["kill_rate_before"] = old["kill_rate"] if old else None
+    write_json(args.out / f"{args.name}.json", data)
+    print(
+        table(
+            data["summary"],
+            [
+                "module",
+                "mutants",
+                "killed",
+                "timeout",
+                "survived",
+                *(["kill_rate_before"] if args.before else []),
+                "kill_rate",
+                "seconds",
+            ],
+            "mutation kill rate",
+        )
+    )
+    survivors = [r for r in rows if r["status"] == "survived"]
+    for r in survivors:
+        print(f"survived  {r['path']}:{r['line']}  {r['change']}  | {r['diff']}")
+    print(f"wall time {wall:.0f} s ({len(rows)} mutants)")
+
+
+if __name__ == "__main__":
+    main()
