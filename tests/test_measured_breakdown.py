@@ -10,6 +10,7 @@ import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
+from helpers import memory_report
 from remat_kit.breakdown import (
     MEASURED_PARTS,
     add_breakdown,
@@ -94,34 +95,7 @@ SHAPES = {"weights": 1, "optimizer": 2, "batch": 4, "gradients": 8, "grad_accumu
 
 
 def _report(peak):
-    return rk.MemoryReport(
-        target="h100-80gb",
-        target_memory_bytes=None,
-        usable_bytes=None,
-        mem_fraction=None,
-        fits_with_fraction=None,
-        devices=1,
-        peak_bytes=peak,
-        argument_bytes=peak,
-        output_bytes=0,
-        temp_bytes=0,
-        alias_bytes=0,
-        host_bytes=0,
-        host_temp_bytes=0,
-        generated_code_bytes=0,
-        xla_peak_bytes=None,
-        flops=0.0,
-        flops_detail={},
-        tags=(),
-        xla_remat=False,
-        xla_remat_saved_bytes=0,
-        xla_remat_limit_bytes=None,
-        policy="full",
-        schedule="none",
-        attention=None,
-        compile_seconds=0.0,
-        meta={"model": "fake"},
-    )
+    return memory_report(None, peak_bytes=peak, meta={"model": "fake"})
 
 
 def _step(plan=None):

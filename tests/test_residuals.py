@@ -6,6 +6,7 @@ import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
+from helpers import memory_report
 from remat_kit import names
 
 PROJ_LLAMA = {
@@ -175,33 +176,11 @@ def test_name_based_policies_keep_what_they_name(policy):
 
 
 def _bare_report(target):
-    t = rk.target(target)
-    return rk.MemoryReport(
-        target=t.name,
-        target_memory_bytes=t.memory_bytes,
-        usable_bytes=t.usable_bytes,
-        mem_fraction=t.mem_fraction,
-        fits_with_fraction=None,
-        devices=1,
-        peak_bytes=2**30,
-        argument_bytes=2**30,
-        output_bytes=0,
-        temp_bytes=0,
-        alias_bytes=0,
-        host_bytes=0,
-        host_temp_bytes=0,
-        generated_code_bytes=0,
-        xla_peak_bytes=None,
+    return memory_report(
+        target,
         flops=1e12,
-        flops_detail={},
-        tags=(),
-        xla_remat=False,
-        xla_remat_saved_bytes=0,
-        xla_remat_limit_bytes=None,
         policy="offload_dots_no_batch",
-        schedule="none",
         attention="xla",
-        compile_seconds=0.0,
         meta={"layers": 4},
     )
 

@@ -21,7 +21,7 @@ from jax.errors import JaxRuntimeError
 import remat_kit as rk
 import remat_kit_models as models
 from conftest import SMALL
-from helpers import loss_and_grads, tokens
+from helpers import loss_and_grads, memory_report, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit
 
@@ -58,32 +58,14 @@ def _fake_flops(policy, schedule, batch):
 
 
 def _fake_report(peak, flops=float("nan"), policy=None, schedule="none"):
-    return rk.MemoryReport(
-        target="h100-80gb",
-        target_memory_bytes=rk.target("h100").memory_bytes,
-        usable_bytes=rk.target("h100").usable_bytes,
-        mem_fraction=rk.target("h100").mem_fraction,
-        fits_with_fraction=None,
-        devices=1,
+    return memory_report(
         peak_bytes=int(peak),
         argument_bytes=FIXED,
-        output_bytes=0,
         temp_bytes=int(peak) - FIXED,
-        alias_bytes=0,
-        host_bytes=0,
-        host_temp_bytes=0,
-        generated_code_bytes=0,
-        xla_peak_bytes=None,
         flops=flops,
-        flops_detail={},
         tags=tuple(TAGS),
-        xla_remat=False,
-        xla_remat_saved_bytes=0,
-        xla_remat_limit_bytes=None,
         policy=policy,
         schedule=schedule,
-        attention=None,
-        compile_seconds=0.0,
     )
 
 

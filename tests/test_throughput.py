@@ -7,6 +7,7 @@ import json
 import pytest
 
 import remat_kit as rk
+from helpers import memory_report
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
 from remat_kit.render.throughput import fastest_words, throughput_table
@@ -43,33 +44,12 @@ def _step(seconds: float) -> StepTime:
 
 
 def _report(policy, peak, seconds):
-    t = rk.target("h100")
-    return rk.MemoryReport(
-        target=t.name,
-        target_memory_bytes=t.memory_bytes,
-        usable_bytes=t.usable_bytes,
-        mem_fraction=t.mem_fraction,
-        fits_with_fraction=None,
-        devices=1,
+    return memory_report(
         peak_bytes=int(peak),
         argument_bytes=FIXED,
-        output_bytes=0,
         temp_bytes=int(peak) - FIXED,
-        alias_bytes=0,
-        host_bytes=0,
-        host_temp_bytes=0,
-        generated_code_bytes=0,
-        xla_peak_bytes=None,
         flops=float("nan"),
-        flops_detail={},
-        tags=(),
-        xla_remat=False,
-        xla_remat_saved_bytes=0,
-        xla_remat_limit_bytes=None,
         policy=policy,
-        schedule="none",
-        attention=None,
-        compile_seconds=0.0,
         step_time=_step(seconds),
     )
 
