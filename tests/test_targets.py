@@ -585,3 +585,39 @@ def test_a_target_is_a_value_and_a_report_sets_jax_up_when_it_compiles():
         "print(r.argument_bytes, r.fits)\n"
     )
     assert proc.stdout.split("\n")[:2] == ["None", "2097152 True"], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("installed", "found"),
+    [
+        ({"jax_plugins.xla_cuda12"}, True),
+        ({"jax_plugins.xla_cuda13"}, True),  # jax[cuda13]: only the second is there
+        (set(), False),
+    ],
+)
+def test_either_cuda_plugin_compiles_for_the_catalogue(installed, found, monkeypatch):
+    from remat_kit.targets import platform
+
+    def import_module(name):
+        if name not in installed:
+            raise ImportError(name)
+        return object()
+
+    monkeypatch.setattr(platform.importlib, "import_module", import_module)
+    assert platform._cuda_plugin_installed() is found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "gpu_device_info { core_count: 132 }",  # one line: text, not a file name
+        "gpu_device_info:\n",  # several lines without a brace
+    ],
+)
+def test_config_text_is_read_as_text_and_a_path_as_a_file(text, tmp_path):
+    from remat_kit.targets.proto import read_config
+
+    assert read_config(text) == (text, "target config text", None)
+    path = tmp_path / "my-gpu.txt"
+    path.write_text(text)
+    assert read_config(str(path)) == (text, f"target config file {str(path)!r}", "my-gpu")

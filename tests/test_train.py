@@ -274,3 +274,28 @@ def test_the_program_donates_what_the_step_may_overwrite_and_nothing_without_don
     # Frozen weights and the batch are the caller's to keep: never donated.
     assert _donated_inputs(donated) == want
     assert _donated_inputs(_lora_step(donate=False)) == set()
+
+
+def test_a_step_donates_by_default():
+    cfg = models.get_config("tiny-llama", layers=1, attention="xla")
+    model = models.build(cfg)
+    step = rk.build_train_step(model, rk.TrainConfig(batch=2, seq=16))
+    kept = rk.build_train_step(model, rk.TrainConfig(batch=2, seq=16, donate=False))
+    assert rk.TrainConfig(batch=2, seq=16).donate is True
+    # Trained weights and optimizer state are donated; nothing is without donation.
+    assert step.donate_argnums == (0, 2) and kept.donate_argnums == ()
+
+
+def test_a_mesh_given_is_the_one_the_step_uses_and_none_builds_the_plans():
+    from remat_kit import sharding
+    from remat_kit.train import _plan_and_mesh
+
+    plan = sharding.parse_shard("fsdp:1")
+    mesh = plan.mesh(rk.target("local", devices=1))
+    got_plan, got_mesh = _plan_and_mesh("fsdp:1", mesh)
+    assert got_mesh is mesh and got_plan == plan
+    built_plan, built = _plan_and_mesh("fsdp:1", None)
+    assert built_plan == plan and dict(built.shape) == {"fsdp": 1}
+    wrong = sharding.parse_shard("dp:1").mesh(rk.target("local", devices=1))
+    with pytest.raises(rk.BadValue, match="do not match the plan"):
+        _plan_and_mesh("fsdp:1", wrong)
