@@ -64,7 +64,9 @@ class PresetSource:
 
     def n_layers(self) -> int:
         """Layers of the model, overrides included."""
-        return self.config_for("none", rk.target("cpu")).n_layers
+        # Depth does not depend on the attention kernel, and the CPU cannot resolve 'cudnn'.
+        opts = dataclasses.replace(self.opts, attention="xla")
+        return model_config(opts, "none", rk.target("cpu")).n_layers
 
     def config_for(
         self, policy: rk.policies.PolicyLike, target: rk.Target, schedule: Any = "none"

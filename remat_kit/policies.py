@@ -374,6 +374,20 @@ _CATALOGUE: dict[str, Callable[..., Policy]] = {
         tags=_MINIMAL,
         offloads=True,
     ),
+    # Long context: whatever the policy, every layer's input stays on device for the backward
+    # pass (L x batch x seq x width); past ~32k tokens that is the largest residual left.
+    "offload_inputs": lambda: Policy(
+        "offload_inputs",
+        "recompute every block; move its input (decoder_layer_input) to pinned host",
+        jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=[_names.DECODER_LAYER_INPUT],
+            offload_src="device",
+            offload_dst="pinned_host",
+        ),
+        tags=(_names.DECODER_LAYER_INPUT,),
+        offloads=True,
+    ),
     "qkv_proj": _save_names("qkv_proj", "save the q/k/v projections only", _QKV),
     "context": _save_names(
         "context", "save the attention context (probs @ v) only", (_names.CONTEXT,)
