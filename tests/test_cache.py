@@ -504,3 +504,38 @@ def test_output_flags_key_nothing(flags, request_keys, tmp_path, capsys):
     (_, plain), (_, output), (_, fraction) = request_keys[-3:]
     assert output == plain
     assert fraction != plain
+
+
+def test_compiler_options_key_the_entry_but_the_stand_in_path_does_not(cache_dir):
+    # Options the caller hands the compile change the analysis; the stand-in ptxas's directory
+    # is the user's own and does not.
+    low, count = _lowered(), _Counting()
+    cpu = rk.target("cpu")
+
+    def run(options):
+        return cache.compiled_memory(low, cpu, count, options=options)
+
+    run({"xla_gpu_cuda_data_dir": "/home/a/.cache/remat_kit/ptxas/1"})
+    run({"xla_gpu_cuda_data_dir": "/home/b/.cache/remat_kit/ptxas/2"})
+    assert count.calls == 1, "another stand-in path is the same compile"
+    run({"xla_gpu_cuda_data_dir": "/home/b/.cache/remat_kit/ptxas/2", "xla_some_option": 1})
+    assert count.calls == 2, "another compiler option is another compile"
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["cached", "bypassed"])
+def test_a_report_names_its_program_on_a_miss_and_on_a_hit(cache_dir, enabled):
+    cache.set_enabled(enabled)
+    low = _lowered()
+    want = cache.fingerprint(low.as_text())[:16]  # what two equal programs share
+    miss = cache.compiled_memory(low, rk.target("cpu"), _Counting())
+    hit = cache.compiled_memory(_lowered(), rk.target("cpu"), _Counting())
+    assert miss.program == hit.program == want
+
+
+def test_a_fresh_process_has_compiled_nothing():
+    import subprocess
+    import sys
+
+    code = "from remat_kit import cache; print(cache.compiles())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "0"
