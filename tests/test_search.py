@@ -1349,3 +1349,42 @@ def test_policies_that_lower_alike_share_a_program_and_a_front_entry(small_w):
     assert by["dots_no_batch"].peak_bytes == small_w.report("minimal", "none", 4).peak_bytes
     assert by["block"].same_as is None and by["full"].same_as is None
     assert len({by[k].program for k in ("full", "minimal", "block")}) == 3
+
+
+@pytest.mark.parametrize("shed", [150, 500, 1100])
+def test_solve_without_splits_never_splits_the_layers(shed):
+    """``splits=False`` is the single-group optimum, even where a layer split would be cheaper
+    (the brute force says which sheds those are)."""
+    from remat_kit.search._solver import cost_model, solve
+
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags, layers=4)
+    model = cost_model(w, 1, offload=True, hide=0.5, objective="flops")
+    cap = 1300 - shed  # the fake's residual bytes with every tag saved, less what must go
+    whole, _ = solve(model, model.untagged_bytes + cap, splits=False)
+    split, _ = solve(model, model.untagged_bytes + cap, splits=True)
+    budget = FIXED + 1300 - shed
+    assert whole.layers == 0
+    assert whole.estimate.overhead == pytest.approx(_brute_force(tags, budget, layers=4), abs=1e-9)
+    best_split = _brute_force(tags, budget, layers=4, splits=True)
+    assert split.estimate.overhead == pytest.approx(best_split, abs=1e-9)
+    if best_split < whole.estimate.overhead - 1e-9:
+        assert split.layers > 0
+
+
+def test_solve_finds_a_split_cheaper_than_any_single_group():
+    """The case above that can tell the two apart exists."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    cheaper = [
+        shed
+        for shed in (150, 500, 1100)
+        if _brute_force(tags, FIXED + 1300 - shed, layers=4, splits=True)
+        < _brute_force(tags, FIXED + 1300 - shed, layers=4) - 1e-9
+    ]
+    assert cheaper
+
+
+@pytest.mark.parametrize("batch", [0, -2])
+def test_plan_refuses_a_batch_that_is_not_positive(batch):
+    with pytest.raises(ValueError, match=f"batch={batch} must be a positive int"):
+        rk.plan(fake3(), batch, 2000)
