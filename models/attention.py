@@ -4,17 +4,36 @@ Two implementations behind one switch: ``"xla"`` writes attention as explicit ei
 so every tag of the vocabulary exists (the seq x seq scores and probabilities
 included); ``"cudnn"`` calls ``jax.nn.dot_product_attention(implementation="cudnn")``,
 flash attention: the scores are never materialised and only ``context`` is tagged.
+
+Under context parallelism (a mesh plan with ``cp``) queries keep their sequence split and
+keys and values are gathered whole (``KV_GATHERED_AXES``) before attention reads them. The
+einsum path is partitioned by XLA as it stands (the causal mask comes from positions over
+the whole sequence). cuDNN's kernel refuses a split sequence (its partitioning rule allows
+batch and heads only), so under ``cp`` it runs per device in a ``shard_map``: the local
+queries against all keys, the causal mask offset by the device's place in the sequence and
+given as a mask (cuDNN's own causal mask assumes queries start at position 0).
 """
 
 from __future__ import annotations
+
+import math
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
+from jax.sharding import PartitionSpec
 
 from remat_kit import names
-from remat_kit_models.axes import constrain, partitioned
+from remat_kit.errors import BadValue
+from remat_kit_models.axes import (
+    KV_AXES,
+    KV_GATHERED_AXES,
+    QUERY_AXES,
+    constrain,
+    mesh_axes,
+    partitioned,
+)
 from remat_kit_models.config import ModelConfig
 from remat_kit_models.lora import project
 
@@ -55,26 +74,24 @@ class SelfAttention(nn.Module):
             bias_init=partitioned(nn.initializers.zeros, (heads, "head_dim")),
             name=name,
         )
-        q_axes = ("act_batch", None, "act_heads", None)
-        kv_axes = ("act_batch", None, "act_kv_heads", None)
         q = project(cfg, dense((n, h), "heads", "query"), x, (n, h), "query")
-        q = checkpoint_name(constrain(q, q_axes), names.QUERY_PROJ)
+        q = checkpoint_name(constrain(q, QUERY_AXES), names.QUERY_PROJ)
         k = project(cfg, dense((kv, h), "kv_heads", "key"), x, (kv, h), "key")
-        k = checkpoint_name(constrain(k, kv_axes), names.KEY_PROJ)
+        k = checkpoint_name(constrain(k, KV_AXES), names.KEY_PROJ)
         v = project(cfg, dense((kv, h), "kv_heads", "value"), x, (kv, h), "value")
-        v = checkpoint_name(constrain(v, kv_axes), names.VALUE_PROJ)
+        v = checkpoint_name(constrain(v, KV_AXES), names.VALUE_PROJ)
         if self.use_rope:
-            positions = jnp.arange(s)
+            positions = jnp.arange(s)  # over the whole sequence, split or not
             q = rope(q, positions, cfg.rope_theta)
             k = rope(k, positions, cfg.rope_theta)
+        # Every query attends to the whole sequence: under cp, the all-gather of K and V.
+        k, v = constrain(k, KV_GATHERED_AXES), constrain(v, KV_GATHERED_AXES)
 
         if cfg.attention == "cudnn":
-            context = jax.nn.dot_product_attention(
-                q, k, v, is_causal=cfg.causal, implementation="cudnn"
-            )
+            context = flash_attention(q, k, v, causal=cfg.causal)
         else:
             context = self._einsum_attention(q, k, v)
-        context = checkpoint_name(constrain(context, q_axes), names.CONTEXT)
+        context = checkpoint_name(constrain(context, QUERY_AXES), names.CONTEXT)
 
         out_layer = nn.DenseGeneral(
             cfg.d_model,
@@ -106,3 +123,72 @@ class SelfAttention(nn.Module):
         probs = checkpoint_name(probs, names.ATTN_PROBS)
         context = jnp.einsum("bkgst,btkh->bskgh", probs, v)
         return context.reshape(b, s, n, h)
+
+
+def flash_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool, implementation: str = "cudnn"
+) -> jax.Array:
+    """``jax.nn.dot_product_attention``, per device under context parallelism.
+
+    Outside a mesh plan, or when the plan leaves the query sequence whole, this is
+    ``jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation=...)``. When the
+    axis rules split the query sequence (``act_len`` over ``cp``), each device attends its
+    queries to the whole keys and values in a ``shard_map`` (batch and heads stay split as
+    the rules say), with the causal mask offset by its place in the sequence.
+
+    Args:
+      q: queries (batch, seq, heads, head_dim).
+      k: keys (batch, seq, kv_heads, head_dim), the whole sequence.
+      v: values, as ``k``.
+      causal: mask each query's future.
+      implementation: ``"cudnn"`` (flash attention) or ``"xla"`` (the same on any backend).
+
+    Returns:
+      The attention output, shaped and split like ``q``.
+
+    Raises:
+      BadValue: cuDNN under ``cp`` with an odd number of tokens per device (its training
+        kernel takes the offset mask as a bias, and a bias only on even lengths).
+
+    Example:
+      >>> q = jnp.ones((1, 8, 4, 16))
+      >>> flash_attention(q, q, q, causal=True, implementation="xla").shape
+      (1, 8, 4, 16)
+    """
+    q_spec = mesh_axes(QUERY_AXES)
+    if q_spec is None or q_spec[1] is None:
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=causal, implementation=implementation
+        )
+    mesh = jax.sharding.get_abstract_mesh()
+    seq_axes = q_spec[1] if isinstance(q_spec[1], tuple) else (q_spec[1],)
+    kv_spec = mesh_axes(KV_GATHERED_AXES) or PartitionSpec()
+    ways = math.prod(mesh.shape[a] for a in seq_axes)
+    local = q.shape[1] // ways
+    if implementation == "cudnn" and causal and local % 2:
+        # The mask is a bias operand, and cuDNN trains with a bias on even lengths only.
+        raise BadValue(
+            f"attention='cudnn' under context parallelism needs an even number of tokens per "
+            f"device (seq {q.shape[1]} / {ways} = {local}): use a seq that is a multiple of "
+            f"{2 * ways}, or attention='xla'",
+            param="attention",
+        )
+
+    def one_device(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+        mask = None
+        if causal:
+            # This device's queries sit at [index * local, (index + 1) * local).
+            index = jnp.zeros((), jnp.int32)
+            for a in seq_axes:
+                index = index * mesh.shape[a] + jax.lax.axis_index(a)
+            rows = index * local + jnp.arange(local)
+            mask = (rows[:, None] >= jnp.arange(k.shape[1])[None, :])[None, None]
+        return jax.nn.dot_product_attention(q, k, v, mask=mask, implementation=implementation)
+
+    return jax.shard_map(
+        one_device,
+        mesh=mesh,
+        in_specs=(q_spec, kv_spec, kv_spec),
+        out_specs=q_spec,
+        check_vma=False,
+    )(q, k, v)

@@ -14,7 +14,14 @@ from jax.ad_checkpoint import checkpoint_name
 from remat_kit import names
 from remat_kit.errors import BadValue
 from remat_kit_models.attention import SelfAttention
-from remat_kit_models.axes import LOGITS_AXES, RESIDUAL_AXES, constrain, partitioned
+from remat_kit_models.axes import (
+    LOGITS_AXES,
+    MLP_AXES,
+    RESIDUAL_AXES,
+    constrain,
+    embedded,
+    partitioned,
+)
 from remat_kit_models.config import ModelConfig
 from remat_kit_models.lora import project
 from remat_kit_models.stack import BlockStack
@@ -38,7 +45,7 @@ class GeluMLP(nn.Module):
             name=name,
         )
         hidden = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi"), x, (cfg.d_ff,), "wi")
-        hidden = checkpoint_name(constrain(hidden, ("act_batch", None, "act_mlp")), names.MLPWI)
+        hidden = checkpoint_name(constrain(hidden, MLP_AXES), names.MLPWI)
         wo = dense(cfg.d_model, ("mlp", "embed"), "wo")
         out = project(cfg, wo, nn.gelu(hidden), (cfg.d_model,), "wo")
         out = checkpoint_name(out, names.MLPWO)
@@ -106,7 +113,7 @@ class GPT2(nn.Module):
             embedding_init=partitioned(nn.initializers.normal(0.01), ("pos", "embed")),
             name="wpe",
         )
-        x = wte(tokens) + wpe(jnp.arange(s))[None]
+        x = embedded(wte(tokens) + wpe(jnp.arange(s))[None])
         x = nn.Dropout(cfg.dropout_rate, deterministic=self.deterministic)(x)
         x = BlockStack(cfg, GPT2Block, self.deterministic, name="decoder")(x)
         x = _layer_norm(cfg, "ln_f")(x)

@@ -8,7 +8,14 @@ from jax.ad_checkpoint import checkpoint_name
 
 from remat_kit import names
 from remat_kit_models.attention import SelfAttention
-from remat_kit_models.axes import LOGITS_AXES, RESIDUAL_AXES, constrain, partitioned
+from remat_kit_models.axes import (
+    LOGITS_AXES,
+    MLP_AXES,
+    RESIDUAL_AXES,
+    constrain,
+    embedded,
+    partitioned,
+)
 from remat_kit_models.config import ModelConfig
 from remat_kit_models.lora import project
 from remat_kit_models.stack import BlockStack
@@ -30,7 +37,7 @@ class SwiGLU(nn.Module):
             kernel_init=partitioned(nn.initializers.normal(0.02), axes),
             name=name,
         )
-        hidden = ("act_batch", None, "act_mlp")
+        hidden = MLP_AXES
         gate = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi_0"), x, (cfg.d_ff,), "wi_0")
         gate = checkpoint_name(constrain(gate, hidden), names.MLPWI_0)
         up = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi_1"), x, (cfg.d_ff,), "wi_1")
@@ -94,7 +101,7 @@ class Llama(nn.Module):
             embedding_init=partitioned(nn.initializers.normal(0.02), ("vocab", "embed")),
             name="embed",
         )
-        x = embed(tokens)
+        x = embedded(embed(tokens))
         if cfg.embed_scale:
             # Gemma scales the embeddings by sqrt(d_model), in the compute dtype.
             x = x * jax.numpy.sqrt(cfg.d_model).astype(x.dtype)

@@ -178,7 +178,11 @@ def precision_of(opts: Options) -> rk.train.Precision:
 
 
 def resolve_attention(
-    requested: str, target: rk.Target, cfg: ModelConfig | None = None, seq: int | None = None
+    requested: str,
+    target: rk.Target,
+    cfg: ModelConfig | None = None,
+    seq: int | None = None,
+    cp: int = 1,
 ) -> str:
     """``auto`` -> ``cudnn`` where flash attention compiles for ``target``, else ``xla``.
 
@@ -191,6 +195,7 @@ def resolve_attention(
       target: where the step is compiled for.
       cfg: the model, when known.
       seq: tokens per sequence, when known.
+      cp: devices each sequence is split over (context parallelism).
 
     Returns:
       ``"cudnn"`` or ``"xla"``.
@@ -207,7 +212,7 @@ def resolve_attention(
         usable = cfg is None or (
             jax.numpy.dtype(cfg.dtype).itemsize == 2
             and cfg.dropout_rate == 0.0
-            and cudnn_problem(cfg, seq, target) is None
+            and cudnn_problem(cfg, seq, target, cp) is None
         )
         return "cudnn" if usable and rk.cudnn_attention_available(target) else "xla"
     if requested == "cudnn" and not rk.cudnn_attention_available(target):
@@ -218,7 +223,7 @@ def resolve_attention(
             param="attention",
         )
     if requested == "cudnn" and cfg is not None:
-        problem = cudnn_problem(cfg, seq, target)
+        problem = cudnn_problem(cfg, seq, target, cp)
         if problem is not None:
             raise BadValue(
                 f"attention='cudnn' cannot train {cfg.name}: {problem}", param="attention"
@@ -226,7 +231,7 @@ def resolve_attention(
     return requested
 
 
-def cudnn_problem(cfg: ModelConfig, seq: int | None, target: rk.Target) -> str | None:
+def cudnn_problem(cfg: ModelConfig, seq: int | None, target: rk.Target, cp: int = 1) -> str | None:
     """Why cuDNN flash attention would reject training ``cfg`` at ``seq`` tokens, or None.
 
     jax checks the shapes when it traces ``jax.nn.dot_product_attention(implementation=
@@ -237,12 +242,14 @@ def cudnn_problem(cfg: ModelConfig, seq: int | None, target: rk.Target) -> str |
     - the head size must be a multiple of 8 and at most 128 (256 on a Hopper GPU jax runs
       on; a deviceless compile runs on the CPU backend, so jax checks 128);
     - the training kernel always receives a (possibly empty) bias operand, and with a bias
-      both sequence lengths must be even.
+      both sequence lengths must be even; under context parallelism each device's queries
+      (``seq / cp``) are one of them (``models.attention.flash_attention``).
 
     Args:
       cfg: the model.
       seq: tokens per sequence (None: not checked).
       target: the target (a local Hopper GPU allows larger heads).
+      cp: devices each sequence is split over (context parallelism).
 
     Returns:
       One phrase naming the rule and the value, or None when cuDNN accepts the shapes.
@@ -263,6 +270,13 @@ def cudnn_problem(cfg: ModelConfig, seq: int | None, target: rk.Target) -> str |
         return (
             f"its training kernel needs an even sequence length (got seq={seq}): use seq="
             f"{seq - 1} or {seq + 1}, or attention='xla'"
+        )
+    if seq is not None and cp > 1 and seq % cp == 0 and (seq // cp) % 2:
+        below = seq // (2 * cp) * (2 * cp)
+        near = " or ".join(str(n) for n in (below, below + 2 * cp) if n > 0)
+        return (
+            f"its training kernel needs an even number of tokens per device (got seq={seq} "
+            f"over cp:{cp}: {seq // cp}): use seq={near}, or attention='xla'"
         )
     return None
 
@@ -289,7 +303,9 @@ def model_config(
         lora_rank=opts.lora,
         **extra,
     )
-    cfg = cfg.replace(attention=resolve_attention(opts.attention, target, cfg, opts.seq))
+    cfg = cfg.replace(
+        attention=resolve_attention(opts.attention, target, cfg, opts.seq, _cp(opts, target))
+    )
     if opts.seq > cfg.max_seq_len and cfg.family == "gpt2":
         raise BadValue(
             f"seq={opts.seq} exceeds {opts.model}'s learned positions ({cfg.max_seq_len}); "
@@ -366,6 +382,17 @@ def check_sizes(opts: Options, cfg: ModelConfig, target: rk.Target) -> None:
             f"{_human(weights)} of weights per device, more than {ABSURD_FACTOR}x {where}: "
             "check n_layers, d_model, d_ff and vocab_size"
         )
+
+
+def _cp(opts: Options, target: rk.Target) -> int:
+    # The plan's context-parallel size on the target (1 without; a plan that does not fit
+    # the target is named by the mesh's own check).
+    if not opts.shard:
+        return 1
+    try:
+        return rk.parse_shard(opts.shard, target.devices).size("cp")
+    except BadValue:
+        return 1
 
 
 def _human(nbytes: float) -> str:

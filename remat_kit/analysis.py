@@ -23,6 +23,7 @@ from remat_kit.errors import BadType, BadValue, RematWarning
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
+from remat_kit.sharding.context import collective_summary
 from remat_kit.targets import Target, as_target
 from remat_kit.targets.codegen import analysis_options
 from remat_kit.timing import Kernel, StepTime, speed_of, step_time
@@ -309,7 +310,12 @@ def memory_report(
         attention=attention,
         compile_seconds=seconds,
         # Which program this is (policies that lower alike share it): fronts merge on it.
-        meta={**dict(meta or {}), **({"program": mem.program} if mem.program else {})},
+        meta={
+            **dict(meta or {}),
+            **({"program": mem.program} if mem.program else {}),
+            # What the devices exchange per step (all-gathers of fsdp/cp, tp's reductions).
+            **({"collectives": collective_summary(mem.kernels)} if t.devices > 1 else {}),
+        },
         step_time=_step_time(mem.kernels, t),
     )
     notes = _notes_for(report, pol, t) + [Note("xla_log", {"line": m}) for m in mem.xla_messages]

@@ -245,8 +245,8 @@ def build_train_step(
     Raises:
       ValueError: LoRA asked for but the module has no ``lora`` parameters, or nothing
         is trainable; with ``sharding``: a mesh that does not match the plan, a batch or
-        sequence the plan's axes do not divide, or a parameter dimension a mesh axis
-        does not divide.
+        sequence the plan's axes do not divide, a parameter dimension a mesh axis
+        does not divide, or ``cp`` for a module that splits no activation's sequence.
 
     Example:
       >>> import remat_kit_models as models, remat_kit as rk
@@ -401,6 +401,11 @@ def build_train_step(
             return loss_fn(tr, fr, mb["tokens"], mb["targets"], rng[0] if rng else None)
 
     rng_args = (rng_abs,) if streams else ()
+    if plan is not None:
+        # A model must split its sequence itself for cp: a trace, before any compile.
+        micro_args = (tr_nested, fr_nested, {"tokens": micro, "targets": micro}, *rng_args)
+        what = getattr(module, "spec", None) or type(module).__name__
+        _sharding.check_sequence_split(micro_loss, micro_args, plan, config.seq, what)
     return TrainStep(
         fn=step,
         args=(tr_nested, fr_nested, opt_abs, batch, *rng_args),
@@ -513,13 +518,7 @@ def _check_batch(plan: _sharding.MeshPlan, config: TrainConfig) -> None:
             f"use a batch that is a multiple of {plan.data_size * config.accum}",
             param="batch",
         )
-    tp = plan.size("tp")
-    if config.seq % tp:
-        raise BadValue(
-            f"seq={config.seq} does not split over tp:{tp} (sequence parallelism between "
-            f"blocks): use a sequence length that is a multiple of {tp}",
-            param="seq",
-        )
+    plan.check_seq(config.seq)  # over cp, else tp: context or sequence parallelism
 
 
 def _nest(flat: Mapping[tuple[str, ...], Any]) -> Any:

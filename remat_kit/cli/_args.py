@@ -177,7 +177,8 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
         "--shard",
         type=_shard_arg,
         default=None,
-        help=f"sharding over --gpus devices: {_EXAMPLES}; figures are per GPU",
+        help=f"sharding over --gpus devices: {_EXAMPLES} (dp/fsdp split the batch, cp the "
+        "sequence, tp the heads and MLP); figures are per GPU",
     )
     parser.add_argument(
         "--hosts", type=positive_int, default=1, help="hosts the --gpus devices are spread over"

@@ -111,7 +111,7 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     Builds the options, the target, the source and the train config; checks the model
     (preset, overrides, dtypes, the attention kernel and its shape rules, learned positions,
     absurd sizes: ``StepSource.check``), the optimizer, the batch against ``--accum`` and the
-    mesh plan against ``--gpus``.
+    mesh plan against ``--gpus`` and ``--seq``.
 
     Args:
       args: parsed arguments of a parser given ``add_model_args``.
@@ -136,7 +136,9 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     # boundary (remat_kit.cli.main, FLAGS) names the flag that set it.
     source.check(config, tgt)
     if opts.shard:
-        parse_shard(opts.shard, tgt.devices).check_devices(tgt.devices)
+        plan = parse_shard(opts.shard, tgt.devices)
+        plan.check_devices(tgt.devices)
+        plan.check_seq(opts.seq)  # cp (else tp) splits the sequence
     return ModelRun(opts, tgt, source, config)
 
 

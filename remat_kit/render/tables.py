@@ -293,6 +293,8 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     )
     if r.step_time is not None:
         table.caption += "\n" + step_time_words(r.step_time, tokens_of(m))
+    if m.get("collectives"):
+        table.caption += "\n" + _collective_words(m["collectives"])
     est = r.meta.get("offload_estimate")
     if est:
         table.caption += (
@@ -302,6 +304,16 @@ def report_table(r: MemoryReport, target: Target) -> Table:
             f"{est['step_compute_seconds'] * 1e3:.0f} ms"
         )
     return table
+
+
+def _collective_words(summary: Mapping[str, Any]) -> str:
+    # One line on what a sharded step exchanges, per GPU (remat_kit.sharding.collective_summary).
+    parts = [
+        f"{op} {row['launches']:,}x {gib(row['bytes'])} GiB (groups of "
+        f"{', '.join(map(str, row['groups']))})"
+        for op, row in summary.items()
+    ]
+    return "collectives per step, per GPU: " + "; ".join(parts)
 
 
 def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
