@@ -1,7 +1,7 @@
 """Notes: what the library has to tell the user, as data.
 
 A :class:`Note` is a kind and the figures behind it (bytes, specs, names), never a sentence:
-``MemoryReport.notes``, ``BatchFit.note``, ``Plan.note``, ``Advice.note`` and
+``MemoryReport.notes``, ``BatchFit.note``, ``SeqFit.note``, ``Plan.note``, ``Advice.note`` and
 ``ScaleOut.note`` hold them. :func:`remat_kit.render.notes.words` makes the one line a user
 reads; the RematWarning a report issues carries those words.
 
@@ -70,6 +70,21 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     ),
     "batch_none_fits": ("policy", "batch", "peak_bytes", "limit_bytes", "target"),
     "plan_at_max_batch": ("max_batch", "plan"),
+    # SeqFit.note: remat_kit.search.seq
+    "seq_fits": (
+        "policy",
+        "schedule",
+        "batch",
+        "seq",
+        "peak_bytes",
+        "limit_bytes",
+        "next_seq",
+        "next_peak_bytes",
+        "refused",
+        "cap",
+    ),
+    "seq_none_fits": ("policy", "batch", "seq", "peak_bytes", "limit_bytes", "target"),
+    "plan_at_max_seq": ("max_seq", "plan"),
     # Plan.note: remat_kit.search.planner
     "plan_fits": (
         "policy",

@@ -1,4 +1,5 @@
-"""``remat-kit fit``: the largest batch that fits, per policy (or the planner's best plan)."""
+"""``remat-kit fit``: the largest batch that fits, per policy (or the planner's best plan);
+with ``--over seq``, the longest sequence at a fixed batch."""
 
 from __future__ import annotations
 
@@ -11,18 +12,31 @@ from typing import Any
 
 from remat_kit import sources
 from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args, add_search_args
-from remat_kit.cli._model import resolve
+from remat_kit.cli._args import add_model_args, add_search_args, positive_int
+from remat_kit.cli._model import resolve, source_for
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
 from remat_kit.render.progress import progress
+from remat_kit.render.seq import SeqRow, longest_words, seq_table
 from remat_kit.render.tables import FitRow, fit_table, limit_words
 from remat_kit.render.throughput import fastest_words, throughput_table
 from remat_kit.schedules import label
-from remat_kit.search import PLAN, check_budget, fastest, max_batch, max_batch_plan
+from remat_kit.search import (
+    DEFAULT_GRANULARITY,
+    DEFAULT_SEQ_CAP,
+    PLAN,
+    check_budget,
+    fastest,
+    max_batch,
+    max_batch_plan,
+    max_seq,
+    max_seq_plan,
+    seq_multiple,
+)
 from remat_kit.search.budget import limit_for
+from remat_kit.search.workload import Workload
 
 __all__ = ["add_parser", "run"]
 
@@ -44,13 +58,32 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("fit", help=summary("fit"))
     add_model_args(
         p,
-        batch_help="refused: the search finds the batch (report measures one)",
+        batch_help="with --over seq: sequences per step (default: 1, or the --accum x "
+        "data-parallel GPUs); refused with --over batch, which finds the batch (report "
+        "measures one)",
+    )
+    p.add_argument(
+        "--over",
+        choices=("batch", "seq"),
+        default="batch",
+        help="what the search grows: batch, the largest batch at --seq; seq, the longest "
+        "sequence at --batch (up to --max-seq, else the model's learned positions, else "
+        f"{DEFAULT_SEQ_CAP} tokens)",
+    )
+    p.add_argument(
+        "--seq-step",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help=f"with --over seq: tokens between the sequences searched (default "
+        f"{DEFAULT_GRANULARITY}); a multiple of what the mesh splits the sequence into",
     )
     p.add_argument("--policy", default=None, help="one policy (name or spec)")
     p.add_argument(
         "--policies",
         default="none,full,minimal,plan",
-        help="comma-separated policies; 'plan' is the planner at the largest batch",
+        help="comma-separated policies; 'plan' is the planner at the largest batch (the "
+        "longest sequence with --over seq)",
     )
     p.add_argument("--schedule", default="none", help="layer schedule for every policy")
     p.add_argument(
@@ -79,22 +112,30 @@ def run(args: argparse.Namespace) -> int:
       args: parsed arguments of the ``fit`` parser.
 
     Returns:
-      The exit code: 0, or 1 when no policy fits even the smallest batch.
+      The exit code: 0, or 1 when no policy fits even the smallest batch (sequence).
 
     Raises:
-      BadValue: empty ``--policies`` or an unknown name in them (before any compile), or a
-        bad model, target, schedule or size.
+      BadValue: empty ``--policies`` or an unknown name in them (before any compile), a flag
+        the chosen search does not take, or a bad model, target, schedule or size.
 
     Example:
       ``remat-kit fit --model tiny-llama --target h100`` parses its flags and calls this.
     """
-    if "--batch" in getattr(args, "given", ()):
+    given = getattr(args, "given", ())
+    if args.over == "seq":
+        return _over_seq(args, given)
+    if args.seq_step is not None:
+        raise BadValue(
+            f"--seq-step {args.seq_step} needs --over seq (it is the granularity of the "
+            "sequence search)"
+        )
+    if "--batch" in given:
         raise BadValue(
             f"--batch {args.batch}: fit searches the batch (from where the trace puts the "
-            "largest); drop --batch, or measure one batch with report"
+            "largest); drop --batch, or measure one batch with report (--over seq searches "
+            "the sequence at a given batch)"
         )
     throughput = args.objective == "throughput"
-    given = getattr(args, "given", ())
     if args.global_batch is not None and not throughput:
         raise BadValue(
             f"--global-batch {args.global_batch} needs --objective throughput (the largest "
@@ -114,16 +155,7 @@ def run(args: argparse.Namespace) -> int:
     # Every value, the output path included, is checked before the first trace or compile.
     run = resolve(args)
     opts, target = run.opts, run.target
-    if args.policy:
-        flag, specs = "--policy", [args.policy]
-    else:
-        flag = "--policies"
-        specs = flag_items(args.policies, flag, example="none,full,minimal,plan")
-    # Keyed by spec, so a policy named twice is searched once; None stands for the planner.
-    policies = {s: None if s == "plan" else policy_arg(s, flag) for s in specs}
-    schedule = schedule_arg(args.schedule, "--schedule", run.n_layers)
-    named = [p for p in policies.values() if p is not None]
-    sources.check_policies(run.source, run.config, target, named)  # the one tag check
+    policies, schedule = _policies(args, run)
     w = sources.workload(run.source, target, run.config)
     # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
     # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
@@ -220,3 +252,145 @@ def _throughput(
         sys.stderr.write(f"remat-kit: nothing fits on {run.target.name}\n")
         return 1
     return 0
+
+
+def _over_seq(args: argparse.Namespace, given: Any) -> int:
+    """``--over seq``: the longest sequence per policy at a fixed batch, the longest starred.
+
+    Every flag is checked before the first compile. The sequences are multiples of
+    ``--seq-step``, which must split over the mesh's sequence axis; ``--max-seq`` (the
+    model's longest sequence) is the cap, and a model with learned positions refuses longer
+    sequences, which the search reads as an upper bound.
+    """
+    step = DEFAULT_GRANULARITY if args.seq_step is None else args.seq_step
+    if args.objective == "throughput":
+        raise BadValue(
+            "--objective throughput with --over seq: the throughput search picks the batch at "
+            "one --seq; drop one of them"
+        )
+    if args.global_batch is not None:
+        raise BadValue(
+            f"--global-batch {args.global_batch} with --over seq: the sequence search keeps "
+            "--batch fixed; give --batch N"
+        )
+    if "--seq" in given:
+        raise BadValue(
+            f"--seq {args.seq}: fit --over seq searches the sequence; drop --seq (--seq-step "
+            "sets the granularity, --max-seq the longest)"
+        )
+    cap = DEFAULT_SEQ_CAP if args.max_seq is None else args.max_seq
+    if cap < step:
+        raise BadValue(
+            f"--seq-step {step} is longer than --max-seq {cap}: nothing to search; give a "
+            f"--seq-step of at most {cap}"
+        )
+    batch_given = "--batch" in given
+    if not batch_given:
+        # A batch every --accum and data-parallel split takes; the search's own default is
+        # the smallest (the step's batch multiple), set below.
+        args.batch = args.accum * args.gpus
+    args.seq = step  # the model's checks run at the shortest sequence searched
+    try:
+        run = resolve(args)
+    except BadValue as err:
+        if err.param != "seq":
+            raise
+        raise BadValue(f"--seq-step {step}: {err}") from None
+    target = run.target
+    multiple = seq_multiple(run.source.mesh_plan(target))
+    if step % multiple:
+        raise BadValue(
+            f"--seq-step {step}: --shard {args.shard} splits the sequence {multiple} ways; "
+            f"use a multiple of {multiple}"
+        )
+    policies, schedule = _policies(args, run)
+    workloads: dict[int, Workload] = {}
+
+    def at(seq: int) -> Workload:
+        # The step at ``seq``: the model's own checks (learned positions, sizes) refuse a
+        # sequence it cannot take, which the search reads as an upper bound.
+        if seq not in workloads:
+            if seq % multiple:
+                raise BadValue(f"seq={seq} does not split {multiple} ways over the mesh")
+            config = dataclasses.replace(run.config, seq=seq)
+            source = source_for(dataclasses.replace(run.opts, seq=seq))
+            source.check(config, target)
+            workloads[seq] = sources.workload(source, target, config)
+        return workloads[seq]
+
+    first = at(step)
+    batch = args.batch if batch_given else first.batch_multiple
+    if batch % first.batch_multiple:
+        raise BadValue(
+            f"--batch {batch} does not split into --accum {args.accum} x "
+            f"{first.batch_multiple // args.accum} data-parallel GPUs; use a multiple of "
+            f"{first.batch_multiple}"
+        )
+    # Weights, gradients and optimizer state over the limit: no sequence fits (one line).
+    check_budget(first, batch, limit_for(target, None, args.headroom))
+    search = dict(batch=batch, granularity=step, headroom=args.headroom, cap=cap)
+    start = time.perf_counter()
+    rows = []
+    with warnings.catch_warnings(), progress("fit --over seq") as tick:
+        warnings.simplefilter("ignore")  # the table shows what matters
+        for i, (spec, pol) in enumerate(policies.items()):
+            tick(f"{spec} ({i + 1}/{len(policies)})")
+            if pol is None:
+                fit, _ = max_seq_plan(at, offload=not args.no_offload, hide=args.hide, **search)
+                name = f"plan: {label(fit.policy, fit.schedule)}" if fit.fits else "plan"
+            else:
+                fit = max_seq(at, pol, schedule, **search)
+                name = label(fit.policy, fit.schedule)
+            rows.append(SeqRow(name, fit))
+    seconds = time.perf_counter() - start
+    compiles = sum(w.compiles for w in workloads.values())
+    out = console(args.wide)
+    limit = limit_words(target, args.headroom)
+    table = seq_table(rows, target, run.opts, limit_words=limit, compiles=compiles, seconds=seconds)
+    out.print(fitted(table, out.width))
+    fits = any(row.fit.fits for row in rows)
+    if fits:
+        out.print(longest_words(rows))
+    for row in rows:
+        # Why a row stopped where it did, where the table does not show it: nothing fits,
+        # the cap, a sequence the model or XLA refused; and what the planner chose.
+        stopped = row.fit.fits and row.fit.next_peak_bytes is None
+        if fits and (not row.fit.fits or stopped or row.label.startswith("plan")):
+            out.print(row.fit.message)
+    if args.json:
+        data = {
+            "over": "seq",
+            "batch": batch,
+            "granularity": step,
+            "cap": cap,
+            "seconds": seconds,
+            "compiles": compiles,
+            "rows": [row.to_dict() for row in rows],
+        }
+        write_json(args.json, data, flag="--json")
+    if not fits:
+        least = min(rows, key=lambda row: row.fit.peak_bytes)
+        sys.stderr.write(
+            f"remat-kit: nothing fits: even at seq {step} (batch {batch}) the smallest peak is "
+            f"{least.fit.peak_bytes / 2**30:.2f} GiB ({least.label}), over the "
+            f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.name}; try a shorter "
+            "--seq-step, a smaller --batch, or remat-kit advise for a GPU\n"
+        )
+        return 1
+    return 0
+
+
+def _policies(args: argparse.Namespace, run: Any) -> tuple[dict[str, Any], Any]:
+    """The policies to search, by spec (None: the planner), and the schedule; the tag check
+    of the named policies, once, before any compile."""
+    if args.policy:
+        flag, specs = "--policy", [args.policy]
+    else:
+        flag = "--policies"
+        specs = flag_items(args.policies, flag, example="none,full,minimal,plan")
+    # Keyed by spec, so a policy named twice is searched once; None stands for the planner.
+    policies = {s: None if s == "plan" else policy_arg(s, flag) for s in specs}
+    schedule = schedule_arg(args.schedule, "--schedule", run.n_layers)
+    named = [p for p in policies.values() if p is not None]
+    sources.check_policies(run.source, run.config, run.target, named)  # the one tag check
+    return policies, schedule

@@ -197,6 +197,32 @@ def _plan_at_max_batch(d: Mapping[str, Any]) -> str:
     return f"plan at the max batch of full ({d['max_batch']}): {words(d['plan'])}"
 
 
+def _seq_fits(d: Mapping[str, Any]) -> str:
+    if d["next_seq"] is None:
+        after = f"; stopped at the cap {d['cap']}"
+    elif d["refused"] is not None:
+        after = f", seq {d['next_seq']} cannot be built ({d['refused']})"
+    else:
+        after = f", seq {d['next_seq']} does not ({_gib(d['next_peak_bytes'])} GiB)"
+    return (
+        label(d["policy"], d["schedule"])
+        + f": seq {d['seq']} fits at batch {d['batch']} ({_gib(d['peak_bytes'])} GiB of "
+        + f"{_gib(d['limit_bytes'])} GiB)"
+        + after
+    )
+
+
+def _seq_none_fits(d: Mapping[str, Any]) -> str:
+    return (
+        f"{d['policy']}: even seq {d['seq']} at batch {d['batch']} does not fit: "
+        f"{_gib(d['peak_bytes'])} GiB > {_gib(d['limit_bytes'])} GiB on {d['target']}"
+    )
+
+
+def _plan_at_max_seq(d: Mapping[str, Any]) -> str:
+    return f"plan at the longest sequence of full ({d['max_seq']}): {words(d['plan'])}"
+
+
 _WHY = {
     "none": "no remat needed",
     "catalogue": "a policy given to compare is at least as good as the solver's plan",
@@ -274,6 +300,9 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "batch_fits": _batch_fits,
     "batch_none_fits": _batch_none_fits,
     "plan_at_max_batch": _plan_at_max_batch,
+    "seq_fits": _seq_fits,
+    "seq_none_fits": _seq_none_fits,
+    "plan_at_max_seq": _plan_at_max_seq,
     "plan_fits": _plan_fits,
     "plan_nothing_fits": _plan_nothing_fits,
     "fixed_over_budget": lambda d: d["message"],  # the DoesNotFit error's own message

@@ -7,10 +7,14 @@ the search needs: callbacks that compile (``measure_fn``) or trace (``flops_fn``
 size, plus the target it is compiled for. It caches every answer, so a plan, a max-batch search
 and a Pareto front over the same workload share their compiles.
 
-The five questions, one module each:
+The six questions, one module each:
 
 - :func:`max_batch` (``batch``): the largest batch whose compiled peak fits the device minus a
   headroom (exponential search from ``start``, then bisection; every probe is a compiled report).
+- :func:`max_seq` (``seq``): the longest sequence at a fixed batch, the same way; the search
+  takes a builder ``seq -> Workload`` (the sequence changes the traced program), fits a line
+  (flash attention) or a quadratic (einsum attention's scores) through the compiled peaks and
+  verifies the boundary by two compiles.
 - :func:`plan` (``planner``): the plan with the lowest estimated step-time overhead whose
   *compiled* peak fits a budget: solved exactly on a traced cost model (a mixed-integer program,
   ``scipy.optimize.milp``), then verified by compiling (the algorithm is in its docstring).
@@ -50,12 +54,22 @@ from remat_kit.search.front import (
 )
 from remat_kit.search.planner import Plan, PlanCandidate, SolverStatus, plan
 from remat_kit.search.recommend import PlanFront, plan_front
+from remat_kit.search.seq import (
+    DEFAULT_GRANULARITY,
+    DEFAULT_SEQ_CAP,
+    SeqFit,
+    max_seq,
+    max_seq_plan,
+    seq_multiple,
+)
 from remat_kit.search.throughput import PLAN, Fastest, Throughput, fastest
 from remat_kit.search.workload import DEFAULT_HIDE, OBJECTIVES, Workload
 
 __all__ = [
+    "DEFAULT_GRANULARITY",
     "DEFAULT_HEADROOM",
     "DEFAULT_HIDE",
+    "DEFAULT_SEQ_CAP",
     "FRONT_POLICIES",
     "FRONT_SCHEDULES",
     "OBJECTIVES",
@@ -70,6 +84,7 @@ __all__ = [
     "PlanCandidate",
     "PlanFront",
     "ScaleOut",
+    "SeqFit",
     "SolverStatus",
     "Throughput",
     "Workload",
@@ -81,9 +96,12 @@ __all__ = [
     "gpus_needed",
     "max_batch",
     "max_batch_plan",
+    "max_seq",
+    "max_seq_plan",
     "pareto_front",
     "parse_budget",
     "plan",
     "plan_front",
     "rank_costs",
+    "seq_multiple",
 ]

@@ -1,0 +1,329 @@
+"""The longest sequence at a fixed batch (``rk.search.max_seq``).
+
+Two kinds of tests, as for the batch search. Fake builders (peak from a formula, no compiles)
+pin the search exactly: the boundary against a brute-force scan, the compiles on the curves
+the search expects (a line, a quadratic) and on curves it does not (bisection still exact), the
+sequences XLA or the model refuses, the cap, and the checks made before any compile. Tiny
+presets compiled for an H100 check the answer on real programs, each against compiles made
+apart from the search: one with einsum attention (its scores grow as seq^2) and one with
+cuDNN flash attention (close to affine).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+from jax.errors import JaxRuntimeError
+
+import remat_kit as rk
+from helpers import memory_report
+from remat_kit.errors import BadType, BadValue
+from remat_kit.search.seq import UNBUILDABLE
+
+# --- fake builders: the peak as a formula of the sequence -----------------------------------
+
+FIXED = 10_000
+
+
+class Fake:
+    """A builder ``seq -> Workload`` whose compiled peak is ``peak_of(seq, batch)``; it counts
+    the programs "compiled" (measure calls) and the workloads built."""
+
+    def __init__(self, peak_of, refuse_above=None, xla_refuses_above=None, multiple=1):
+        self.peak_of = peak_of
+        self.refuse_above = refuse_above
+        self.xla_refuses_above = xla_refuses_above
+        self.multiple = multiple
+        self.measured: list[int] = []
+        self.built: list[int] = []
+
+    def __call__(self, seq):
+        self.built.append(seq)
+        if self.refuse_above is not None and seq > self.refuse_above:
+            raise BadValue(f"seq={seq} exceeds the model's learned positions", param="seq")
+
+        def measure(policy, schedule, batch):
+            if self.xla_refuses_above is not None and seq > self.xla_refuses_above:
+                raise JaxRuntimeError("INTERNAL: launch needs more blocks\nHLO follows")
+            self.measured.append(seq)
+            peak = self.peak_of(seq, batch)
+            return memory_report(peak_bytes=int(peak), policy=policy.spec, flops=float(seq))
+
+        return rk.Workload(
+            measure,
+            lambda p, s, b: float(seq * b),
+            target=rk.target("h100"),
+            seq=seq,
+            batch_multiple=self.multiple,
+        )
+
+
+def affine(seq, batch):
+    return FIXED + 37 * seq * batch
+
+
+def quadratic(seq, batch):
+    return FIXED + 37 * seq * batch + seq * seq * batch // 50
+
+
+def lumpy(seq, batch):
+    """Monotone but no polynomial: a square root with steps (XLA's fusion choices)."""
+    return FIXED + int(4000 * math.sqrt(seq)) + 3000 * (seq // 700) + 5 * seq
+
+
+def longest(peak_of, limit, step, cap=1 << 20, batch=1):
+    """The brute-force answer: the longest multiple of ``step`` from ``step`` up whose peak
+    fits, scanning until the first that does not (the curves here are monotone)."""
+    best, seq = 0, step
+    while seq <= cap and peak_of(seq, batch) <= limit:
+        best, seq = seq, seq + step
+    return best
+
+
+@pytest.mark.parametrize(
+    ("curve", "most", "method"),
+    [(affine, 4, "line"), (quadratic, 5, "quadratic")],
+)
+@pytest.mark.parametrize("limit", [FIXED + 2_000_000, FIXED + 7_777_777, 3 * 10**7 + 1])
+@pytest.mark.parametrize("step", [64, 1024])
+def test_on_the_curve_it_expects_the_search_is_exact_in_few_compiles(
+    curve, most, method, limit, step
+):
+    fake = Fake(curve)
+    fit = rk.search.max_seq(fake, "full", granularity=step, limit_bytes=limit)
+    expect = longest(curve, limit, step)
+    assert expect > 2 * step  # a real search, not the first probes
+    assert fit.max_seq == expect and fit.max_seq % step == 0
+    assert fit.peak_bytes == curve(expect, 1) <= limit < fit.next_peak_bytes
+    assert fit.next_peak_bytes == curve(expect + step, 1)
+    # The answer rests on two compiles: the longest that fits and the next step up.
+    assert {expect, expect + step} <= set(fake.measured)
+    assert fit.compiles == len(set(fake.measured)) <= most
+    assert fit.method == method
+    assert fit.tokens_per_step == expect and fit.batch == 1 and fit.granularity == step
+
+
+@pytest.mark.parametrize("limit", [FIXED + 120_000, FIXED + 333_333, FIXED + 2_000_000])
+@pytest.mark.parametrize("step", [16, 128])
+def test_bisection_finds_the_exact_boundary_off_the_curve(limit, step):
+    fake = Fake(lumpy)
+    fit = rk.search.max_seq(fake, "full", granularity=step, limit_bytes=limit)
+    expect = longest(lumpy, limit, step)
+    assert fit.max_seq == expect > 0
+    assert lumpy(expect, 1) <= limit < lumpy(expect + step, 1)
+    assert fit.peak_bytes <= fit.limit_bytes == limit < fit.next_peak_bytes
+    # Galloping from the curve's miss, then bisecting: logarithmic in the answer.
+    assert fit.compiles == len(set(fake.measured)) <= 6 + 2 * math.ceil(math.log2(expect / step))
+
+
+def test_when_the_first_two_compiles_are_the_boundary_they_are_the_answer():
+    fake = Fake(affine)
+    fit = rk.search.max_seq(fake, granularity=64, limit_bytes=affine(64, 1) + 1)
+    assert fit.max_seq == 64 and fit.next_peak_bytes == affine(128, 1)
+    assert fake.measured == [64, 128] and fit.method == "first probes"
+
+
+@pytest.mark.parametrize("curve", [affine, quadratic, lumpy])
+@pytest.mark.parametrize("steps", [3, 17])
+def test_a_peak_equal_to_the_limit_fits(curve, steps):
+    limit = curve(64 * steps, 1)
+    fit = rk.search.max_seq(Fake(curve), granularity=64, limit_bytes=limit)
+    assert fit.max_seq == 64 * steps and fit.peak_bytes == limit
+
+
+def test_the_batch_multiplies_the_tokens_and_is_held_fixed():
+    fake = Fake(quadratic, multiple=2)
+    limit = FIXED + 30_000_000
+    fit = rk.search.max_seq(fake, "none", batch=4, granularity=256, limit_bytes=limit)
+    expect = longest(quadratic, limit, 256, batch=4)
+    assert fit.max_seq == expect and fit.batch == 4 and fit.tokens_per_step == 4 * expect
+    assert quadratic(expect, 4) <= limit < quadratic(expect + 256, 4)
+
+
+@pytest.mark.parametrize("refused_above", [1000, 5000])
+@pytest.mark.parametrize("who", ["model", "XLA"])
+def test_a_sequence_that_cannot_be_built_is_an_upper_bound(refused_above, who):
+    kwargs = {"refuse_above" if who == "model" else "xla_refuses_above": refused_above}
+    fake = Fake(affine, **kwargs)
+    fit = rk.search.max_seq(fake, "full", granularity=100, limit_bytes=10**12)
+    expect = refused_above // 100 * 100
+    assert fit.max_seq == expect and fit.next_peak_bytes is None
+    assert fit.note.kind == "seq_fits" and fit.note.data["next_seq"] == expect + 100
+    said = {"model": "the model: seq=", "XLA": "XLA: INTERNAL: launch needs more blocks)"}[who]
+    assert f"seq {expect + 100} cannot be built ({said}" in fit.message
+    assert "HLO" not in fit.message
+    # Refused sequences cost no compile; the ones that built are a handful.
+    assert fit.compiles == len(set(fake.measured)) <= 4 + 2 * math.ceil(math.log2(expect / 100))
+
+
+def test_refusing_the_shortest_sequence_is_an_error():
+    with pytest.raises(BadValue, match="learned positions"):
+        rk.search.max_seq(Fake(affine, refuse_above=50), granularity=64, limit_bytes=10**9)
+    with pytest.raises(JaxRuntimeError, match="launch needs more blocks"):
+        rk.search.max_seq(Fake(affine, xla_refuses_above=50), granularity=64, limit_bytes=10**9)
+
+
+@pytest.mark.parametrize("cap", [64 * 5, 64 * 5 + 63, 1 << 20])
+def test_the_cap_stops_the_search(cap):
+    fake = Fake(affine)
+    fit = rk.search.max_seq(fake, "full", granularity=64, limit_bytes=10**15, cap=cap)
+    assert fit.max_seq == cap // 64 * 64 and fit.method == "cap"
+    assert fit.next_peak_bytes is None and max(fake.measured) == fit.max_seq
+    assert fit.message.endswith(f"; stopped at the cap {cap}")
+
+
+def test_nothing_fits_says_the_shortest_sequence_and_its_peak():
+    fake = Fake(affine)
+    fit = rk.search.max_seq(fake, "minimal", granularity=512, limit_bytes=FIXED)
+    assert not fit.fits and fit.max_seq == 0 and fit.tokens_per_step == 0
+    assert fit.peak_bytes == affine(512, 1) and fake.measured == [512]
+    assert fit.message == (
+        f"minimal: even seq 512 at batch 1 does not fit: {affine(512, 1) / 2**30:.2f} GiB > "
+        f"{FIXED / 2**30:.2f} GiB on h100-80gb"
+    )
+
+
+def test_a_start_past_the_boundary_walks_down():
+    fake = Fake(quadratic)
+    limit = FIXED + 5_000_000
+    fit = rk.search.max_seq(fake, granularity=64, limit_bytes=limit, start=64 * 200 + 50)
+    assert fake.measured[0] == 64 * 200  # the start, rounded down to a multiple of the step
+    assert fit.max_seq == longest(quadratic, limit, 64)
+
+
+def test_a_memoized_builder_shares_the_compiles_of_an_earlier_search():
+    fake = Fake(quadratic)
+    build = functools.cache(fake)
+    limit = FIXED + 9_000_000
+    first = rk.search.max_seq(build, "full", granularity=64, limit_bytes=limit)
+    again = rk.search.max_seq(build, "full", granularity=64, limit_bytes=limit)
+    assert again.max_seq == first.max_seq and first.compiles > 0 and again.compiles == 0
+    other = rk.search.max_seq(build, "none", granularity=64, limit_bytes=limit)
+    assert other.compiles > 0  # another policy is another program
+
+
+def test_to_dict_holds_every_field_and_the_words():
+    fit = rk.search.max_seq(Fake(affine), "full", granularity=64, limit_bytes=FIXED + 10**6)
+    d = fit.to_dict()
+    assert {f for f in d} >= {
+        "policy",
+        "schedule",
+        "max_seq",
+        "batch",
+        "granularity",
+        "peak_bytes",
+        "next_peak_bytes",
+        "limit_bytes",
+        "compiles",
+        "seconds",
+        "method",
+        "predicted_seq",
+        "note",
+        "fits",
+        "message",
+    }
+    assert d["note"]["kind"] == "seq_fits" and d["message"] == fit.message
+    assert rk.notes.Note.from_dict(d["note"]) == fit.note
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"granularity": 0}, BadValue, "granularity=0 must be at least 1"),
+        ({"granularity": 64.0}, BadType, "granularity must be an int"),
+        ({"batch": 0}, BadValue, "batch=0 must be at least 1"),
+        ({"cap": 32}, BadValue, "cap=32 is below granularity=64"),
+        ({"batch": 3}, BadValue, "batch=3 does not split into the step's 2"),
+        ({"headroom": 1.5, "limit_bytes": None}, BadValue, "headroom=1.5 must be in"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_compile(kwargs, error, match):
+    fake = Fake(affine, multiple=2)
+    args = {"granularity": 64, "limit_bytes": 10**9, "batch": 2, **kwargs}
+    with pytest.raises(error, match=match):
+        rk.search.max_seq(fake, "full", **args)
+    assert fake.measured == []
+
+
+@pytest.mark.parametrize(
+    ("build", "match"),
+    [
+        (lambda seq: "not a workload", "returned str, not an rk.Workload"),
+        (lambda seq: Fake(affine)(seq + 1), r"build\(64\) returned a workload of seq=65"),
+    ],
+)
+def test_a_broken_builder_is_a_type_error(build, match):
+    with pytest.raises(BadType, match=match):
+        rk.search.max_seq(build, granularity=64, limit_bytes=10**9)
+
+
+def test_seq_multiple_reads_the_axes_that_split_the_sequence():
+    assert rk.search.seq_multiple(None) == 1
+    assert rk.search.seq_multiple(rk.parse_shard("fsdp:8")) == 1
+    assert rk.search.seq_multiple(rk.parse_shard("dp:2,tp:4")) == 4
+    if "cp" in rk.sharding.STRATEGIES:  # context parallelism: the plan says how it splits
+        plan = rk.parse_shard("cp:2,tp:4")
+        assert rk.search.seq_multiple(plan) == plan.seq_ways >= 2
+
+
+def test_seq_multiple_of_a_plan_that_only_has_rules():
+    class Rules:  # a plan as remat_kit had it before seq_ways: only its logical-axis rules
+        def rules(self):
+            return (("act_batch", "dp"), ("act_seq", ("cp", "tp")), ("heads", "tp"))
+
+        def size(self, kind):
+            return {"dp": 2, "cp": 3, "tp": 4}[kind]
+
+    assert rk.search.seq_multiple(Rules()) == 12
+
+
+def test_unbuildable_is_over_any_limit():
+    assert UNBUILDABLE > 2**60
+
+
+# --- compiled: tiny presets for an H100 -------------------------------------------------------
+
+
+def _builder(model, attention, **changes):
+    from remat_kit_models.measure import Options, workload
+
+    def at(seq):
+        opts = Options(model, batch=1, seq=seq, optimizer="sgd", attention=attention, **changes)
+        return workload(opts, "h100")
+
+    return at
+
+
+#: (preset, attention, extra options, the kernel the step runs). GPT-2's learned positions are
+#: widened so that its sequence is bounded by memory, not by its position table.
+PRESETS = [
+    ("tiny-llama", "xla", {}, "xla"),
+    ("tiny-gpt2", "auto", {"overrides": (("max_seq", 4096),)}, "cudnn"),
+]
+
+
+@pytest.mark.parametrize(("model", "attention", "changes", "kernel"), PRESETS)
+def test_the_longest_sequence_is_verified_by_compiles_made_apart(model, attention, changes, kernel):
+    step, policy = 64, "none"
+    # The limit: halfway between the peaks at 6 and 7 steps, compiled apart from the search.
+    fresh = _builder(model, attention, **changes)
+    six, seven = (fresh(n * step).report(policy, batch=1) for n in (6, 7))
+    assert six.attention == kernel and six.peak_bytes < seven.peak_bytes
+    limit = (six.peak_bytes + seven.peak_bytes) // 2
+    fit = rk.search.max_seq(
+        functools.cache(_builder(model, attention, **changes)),
+        policy,
+        granularity=step,
+        limit_bytes=limit,
+    )
+    assert fit.fits and fit.max_seq % step == 0
+    # Independent compiles (new workloads) at the answer and one step up.
+    at = fresh(fit.max_seq).report(policy, batch=1).peak_bytes
+    nxt = fresh(fit.max_seq + step).report(policy, batch=1).peak_bytes
+    assert at <= limit < nxt
+    assert (at, nxt) == (fit.peak_bytes, fit.next_peak_bytes)
+    assert fit.max_seq == 6 * step  # the peaks grow with the sequence here
+    assert fit.attention == kernel
+    assert fit.compiles <= 7
