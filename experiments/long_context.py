@@ -172,7 +172,10 @@ PARTS = {"one": one, "cp": cp, "peaks": peaks}
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
-    only = {s for s in args.only.split(",") if s} & set(PARTS) or set(PARTS)
+    asked = {s for s in args.only.split(",") if s}
+    if asked - set(PARTS):
+        raise SystemExit(f"--only: unknown part(s) {sorted(asked - set(PARTS))}; {sorted(PARTS)}")
+    only = asked or set(PARTS)
     path = args.out / "long_context.json"
     # A part not run keeps what an earlier run wrote.
     data = {name: [] for name in PARTS}
@@ -245,7 +248,7 @@ def plot(data: dict, path) -> None:
         return
     fig, axes = plt.subplots(1, len(parts), figsize=(6 * len(parts), 4), squeeze=False)
     for ax, (part, rows) in zip(axes[0], parts, strict=True):
-        groups = sorted({(r["optimizer"], r["mesh"]) for r in rows}, key=str)
+        groups = list(dict.fromkeys((r["optimizer"], r["mesh"]) for r in rows))
         policies = list(dict.fromkeys(r["policy"] for r in rows))
         width = 0.8 / len(policies)
         for i, policy in enumerate(policies):
@@ -262,7 +265,10 @@ def plot(data: dict, path) -> None:
         ax.set_ylabel("longest sequence (k tokens)")
         ax.set_title("one h100" if part == "one" else "8 h100, adamw", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{MODEL} bf16, batch 1: the longest sequence each policy trains", fontsize=10)
+    fig.suptitle(
+        f"{MODEL} bf16: the longest sequence each policy trains (one sequence per data group)",
+        fontsize=10,
+    )
     fig.tight_layout()
     save_png(fig, path)
 
