@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 
 import jax
@@ -459,9 +460,10 @@ def test_every_option_of_a_report_keys_it(why, request_keys):
 def test_the_environment_keys_what_it_changes(request_keys, monkeypatch):
     base = _report_key(request_keys, {}, "full", "none", "h100")
     changed = {}
-    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true")
+    flags = os.environ.get("XLA_FLAGS", "")  # the suite's own (conftest.py)
+    monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_gpu_enable_latency_hiding_scheduler=true")
     changed["XLA_FLAGS"] = _report_key(request_keys, {}, "full", "none", "h100")
-    monkeypatch.delenv("XLA_FLAGS")
+    monkeypatch.setenv("XLA_FLAGS", flags)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     changed["jax's fraction variable"] = _report_key(request_keys, {}, "full", "none", "h100")
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")

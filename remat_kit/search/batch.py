@@ -18,6 +18,7 @@ from jax.errors import JaxRuntimeError
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.search._fit import NotedFit
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search.planner import Plan, plan
 from remat_kit.search.workload import DEFAULT_HIDE, FIXED_PARTS, FULL, Workload
@@ -33,7 +34,7 @@ __all__ = [
 
 
 @dataclasses.dataclass(frozen=True)
-class BatchFit:
+class BatchFit(NotedFit):
     """The largest batch that fits, for one policy and schedule.
 
     Attributes:
@@ -81,19 +82,6 @@ class BatchFit:
     def fits(self) -> bool:
         """At least the smallest batch fits."""
         return self.max_batch > 0
-
-    @property
-    def message(self) -> str:
-        """The note in words, one line (``""`` without a note)."""
-        from remat_kit.render.notes import words
-
-        return "" if self.note is None else words(self.note)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields, the note as ``Note.to_dict()``, plus ``fits`` and ``message``."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["note"] = None if self.note is None else self.note.to_dict()
-        return {**out, "fits": self.fits, "message": self.message}
 
 
 def max_batch(

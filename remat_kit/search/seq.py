@@ -26,6 +26,7 @@ from remat_kit.errors import BadType, BadValue
 from remat_kit.notes import Note
 from remat_kit.policies import PolicyLike, as_policy
 from remat_kit.schedules import parse_schedule
+from remat_kit.search._fit import NotedFit
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search.planner import Plan, plan
 from remat_kit.search.workload import DEFAULT_HIDE, FULL, Workload
@@ -60,7 +61,7 @@ Builder = Callable[[int], Workload]
 
 
 @dataclasses.dataclass(frozen=True)
-class SeqFit:
+class SeqFit(NotedFit):
     """The longest sequence that fits at a fixed batch, for one policy and schedule.
 
     Attributes:
@@ -114,19 +115,6 @@ class SeqFit:
     def fits(self) -> bool:
         """At least the shortest sequence (``granularity`` tokens) fits."""
         return self.max_seq > 0
-
-    @property
-    def message(self) -> str:
-        """The note in words, one line (``""`` without a note)."""
-        from remat_kit.render.notes import words
-
-        return "" if self.note is None else words(self.note)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready fields, the note as ``Note.to_dict()``, plus ``fits`` and ``message``."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        out["note"] = None if self.note is None else self.note.to_dict()
-        return {**out, "fits": self.fits, "message": self.message}
 
 
 class _Probes:
