@@ -171,19 +171,24 @@ def _offload_link_bound(d: Mapping[str, Any]) -> str:
     )
 
 
-def _batch_fits(d: Mapping[str, Any]) -> str:
-    if d["next_batch"] is None:
+def _boundary(d: Mapping[str, Any], what: str, here: str, refused: str, by: str) -> str:
+    """``X fits (peak of limit)``, then why the next size up is the boundary."""
+    nxt = d[f"next_{what}"]
+    if nxt is None:
         after = f"; stopped at the cap {d['cap']}"
-    elif d["unbuildable"] is not None:
-        after = f", batch {d['next_batch']} cannot be built by XLA ({d['unbuildable']})"
+    elif d[refused] is not None:
+        after = f", {what} {nxt} cannot be built{by} ({d[refused]})"
     else:
-        after = f", batch {d['next_batch']} does not ({_gib(d['next_peak_bytes'])} GiB)"
+        after = f", {what} {nxt} does not ({_gib(d['next_peak_bytes'])} GiB)"
     return (
         label(d["policy"], d["schedule"])
-        + f": batch {d['batch']} fits ({_gib(d['peak_bytes'])} GiB of "
-        + f"{_gib(d['limit_bytes'])} GiB)"
+        + f": {here} ({_gib(d['peak_bytes'])} GiB of {_gib(d['limit_bytes'])} GiB)"
         + after
     )
+
+
+def _batch_fits(d: Mapping[str, Any]) -> str:
+    return _boundary(d, "batch", f"batch {d['batch']} fits", "unbuildable", " by XLA")
 
 
 def _batch_none_fits(d: Mapping[str, Any]) -> str:
@@ -198,18 +203,8 @@ def _plan_at_max_batch(d: Mapping[str, Any]) -> str:
 
 
 def _seq_fits(d: Mapping[str, Any]) -> str:
-    if d["next_seq"] is None:
-        after = f"; stopped at the cap {d['cap']}"
-    elif d["refused"] is not None:
-        after = f", seq {d['next_seq']} cannot be built ({d['refused']})"
-    else:
-        after = f", seq {d['next_seq']} does not ({_gib(d['next_peak_bytes'])} GiB)"
-    return (
-        label(d["policy"], d["schedule"])
-        + f": seq {d['seq']} fits at batch {d['batch']} ({_gib(d['peak_bytes'])} GiB of "
-        + f"{_gib(d['limit_bytes'])} GiB)"
-        + after
-    )
+    here = f"seq {d['seq']} fits at batch {d['batch']}"
+    return _boundary(d, "seq", here, "refused", "")
 
 
 def _seq_none_fits(d: Mapping[str, Any]) -> str:
