@@ -9,6 +9,7 @@ import json
 import os
 
 import jax
+import flax.linen as nn
 import jax.numpy as jnp
 import pytest
 
@@ -329,7 +330,10 @@ def test_stacked_gradient_carries_belong_to_the_scanned_layers(minimal):
     # that XLA zero-fills before the loop (issue 26: it showed as "non-layer", and the carries
     # with no op_name as "other temporaries"): every layer's gradient at once.
     r, _ = minimal
-    stacked = _stacked_weight_shapes()
+    # SMALL's residual stream [batch, seq, width] is shaped like the stacked wo [layers, ff,
+    # width]: its gradient is an activation's, so that shape says nothing here.
+    width = dict(SMALL["overrides"])["width"]
+    stacked = _stacked_weight_shapes() - {(SMALL["batch"], SMALL["seq"], width)}
     made_outside = [
         b
         for b in r.buffers
@@ -405,6 +409,31 @@ def test_a_scanned_gradient_carry_is_a_gradient_of_the_layers():
     # The head's gradient stays outside the layers.
     head = [b for b in r.buffers if b.category == "gradient" and b.shape == (W, 8)]
     assert head and {b.layer for b in head} == {"non-layer"}
+
+
+class _NormedHead(nn.Module):
+    """proj [W, W] -> norm -> head [W, 8]: on W tokens of width W, the gradient of the
+    head's input is [W, W] f32, shaped like proj's kernel, and made by the head."""
+
+    @nn.compact
+    def __call__(self, x):
+        h = nn.RMSNorm(name="norm")(nn.Dense(W, use_bias=False, name="proj")(x))
+        return nn.Dense(8, use_bias=False, name="head")(h).sum()
+
+
+def test_an_activation_gradient_shaped_like_a_weight_is_not_a_gradient():
+    # A weight's gradient is made under its module's name; the head holds no [W, W] leaf, so
+    # what its backward makes at that shape is an activation's gradient (issue 27: on jax
+    # 0.12 the residual stream's gradient, [batch, seq, width], took the stacked wo's place).
+    net = _NormedHead()
+    x = jax.ShapeDtypeStruct((W, W), jnp.float32)
+    p = jax.eval_shape(net.init, jax.random.key(0), x)
+    grad = jax.grad(lambda p, x: net.apply(p, x))
+    r = rk.inspect(grad, p, x, target="h100", categories={0: "parameter"})
+    made = [b for b in r.buffers if b.shape == (W, W) and b.module_path == "_NormedHead/head/dot_general"]
+    assert made, [(b.shape, b.module_path) for b in r.buffers]
+    assert {b.category for b in made} == {"other temporaries"}
+    assert r.by_category["gradient"] == 0
 
 
 def _per_layer_saved_by_hand() -> int:

@@ -20,7 +20,7 @@ import jax
 
 from remat_kit.analysis import abstract
 from remat_kit.errors import BadValue
-from remat_kit.peak.attribute import analyse, argument_leaves
+from remat_kit.peak.attribute import analyse, argument_leaves, key_paths
 from remat_kit.peak.dump import compile_with_dump, kept_leaves
 from remat_kit.peak.tags import tag_index
 from remat_kit.peak.types import (
@@ -97,7 +97,9 @@ def inspect(
 
     start = time.perf_counter()
     tags = tag_index(jax.make_jaxpr(fn)(*abstract_args))
-    arg_leaves = argument_leaves(leaves_per_arg, kept, cats)
+    arg_leaves = argument_leaves(
+        leaves_per_arg, kept, cats, [key_paths(a) for a in abstract_args]
+    )
     report = analyse(texts, dump, stats, arg_leaves, tags, t.name)
     return report.replace(
         compile_seconds=compile_seconds,

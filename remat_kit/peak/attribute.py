@@ -71,6 +71,7 @@ __all__ = [
     "ArgLeaf",
     "analyse",
     "argument_leaves",
+    "key_paths",
 ]
 
 #: XLA's memory space of device memory (an allocation's "color"); others are offloaded.
@@ -86,10 +87,16 @@ class ArgLeaf:
     shape: tuple[int, ...]
     dtype: str
     elements: int
+    #: The leaf's key path in its argument's pytree, as strings (``("params", "mlp",
+    #: "wi", "kernel")``); empty when unknown.
+    path: tuple[str, ...] = ()
 
 
 def argument_leaves(
-    leaves_per_arg: Sequence[Sequence[Any]], kept: Sequence[int], cats: Mapping[int, str]
+    leaves_per_arg: Sequence[Sequence[Any]],
+    kept: Sequence[int],
+    cats: Mapping[int, str],
+    paths_per_arg: Sequence[Sequence[tuple[str, ...]]] | None = None,
 ) -> list[ArgLeaf]:
     """The leaves that reach the program (``kept`` indexes the flattened leaves), in order.
 
@@ -97,6 +104,8 @@ def argument_leaves(
       leaves_per_arg: each argument's leaves (arrays or ShapeDtypeStructs).
       kept: indices into the flattened leaves that jit kept (it drops unused ones).
       cats: argument index -> category.
+      paths_per_arg: each leaf's key path as strings, in the same order (``key_paths``);
+        None when unknown.
 
     Returns:
       One ArgLeaf per entry parameter of the compiled program.
@@ -108,7 +117,8 @@ def argument_leaves(
     """
     flat = []
     for argnum, leaves in enumerate(leaves_per_arg):
-        for leaf in leaves:
+        paths = paths_per_arg[argnum] if paths_per_arg is not None else [()] * len(leaves)
+        for leaf, path in zip(leaves, paths, strict=True):
             shape = tuple(int(d) for d in leaf.shape)
             flat.append(
                 ArgLeaf(
@@ -117,9 +127,29 @@ def argument_leaves(
                     shape,
                     xla_dtype(np.dtype(leaf.dtype)),
                     int(np.prod(shape, dtype=np.int64)),
+                    tuple(path),
                 )
             )
     return [flat[i] for i in kept]
+
+
+def key_paths(tree: Any) -> list[tuple[str, ...]]:
+    """Each leaf's key path in ``tree``, as strings, in ``jax.tree.leaves`` order.
+
+    Example:
+      >>> key_paths({"params": {"mlp": {"kernel": 0}}, "step": 1})
+      [('params', 'mlp', 'kernel'), ('step',)]
+    """
+    out = []
+    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        keys = []
+        for k in path:
+            for attr in ("key", "name", "idx"):
+                if hasattr(k, attr):
+                    keys.append(str(getattr(k, attr)))
+                    break
+        out.append(tuple(keys))
+    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -546,8 +576,8 @@ def _describe(v: Value, size: int, span: tuple[int, int], ctx: _Context) -> Peak
     )
     if recompute:
         category = RECOMPUTE
-    elif (backward and _is_gradient(shape, dtype, ctx.arg_leaves)) or (
-        zeros and _is_gradient(shape, None, ctx.arg_leaves)
+    elif (backward and _is_gradient(shape, dtype, _params_of(prod_op, ctx.arg_leaves))) or (
+        zeros and _is_gradient(shape, None, _params_of(prod_op, ctx.arg_leaves))
     ):
         category = GRADIENT
     elif ctx.first_backward is not None and forward and span[1] >= ctx.first_backward:
@@ -697,6 +727,26 @@ def _is_entry_parameter(hlo: Hlo, i: Instr) -> bool:
 
 def _parameter_number(i: Instr) -> int | None:
     return i.index if i.opcode == "parameter" else None
+
+
+def _params_of(op_name: str, arg_leaves: Sequence[ArgLeaf]) -> Sequence[ArgLeaf]:
+    """The leaves a value made by ``op_name`` can be the gradient of.
+
+    A gradient of a module's weight is made under that module's name, so an activation's
+    gradient that only happens to share a weight's shape (batch x seq x width against
+    layers x d_ff x width) is not taken for one. When the module holds no known leaf (an
+    op outside the model, a model whose op names are not its parameter paths), every leaf.
+    """
+    module = module_path(op_name)[1:-1]  # drop the model's own name and the op
+    if not module:
+        return arg_leaves
+    n = len(module)
+    under = [
+        leaf
+        for leaf in arg_leaves
+        if any(leaf.path[i : i + n] == module for i in range(len(leaf.path) - n + 1))
+    ]
+    return under or arg_leaves
 
 
 def _is_gradient(shape: tuple[int, ...], dtype: str | None, arg_leaves: Sequence[ArgLeaf]) -> bool:
