@@ -8,8 +8,8 @@ layers; the parser tests read synthetic dump text.
 import json
 import os
 
-import jax
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -430,7 +430,8 @@ def test_an_activation_gradient_shaped_like_a_weight_is_not_a_gradient():
     p = jax.eval_shape(net.init, jax.random.key(0), x)
     grad = jax.grad(lambda p, x: net.apply(p, x))
     r = rk.inspect(grad, p, x, target="h100", categories={0: "parameter"})
-    made = [b for b in r.buffers if b.shape == (W, W) and b.module_path == "_NormedHead/head/dot_general"]
+    head = "_NormedHead/head/dot_general"
+    made = [b for b in r.buffers if b.shape == (W, W) and b.module_path == head]
     assert made, [(b.shape, b.module_path) for b in r.buffers]
     assert {b.category for b in made} == {"other temporaries"}
     assert r.by_category["gradient"] == 0

@@ -97,9 +97,7 @@ def inspect(
 
     start = time.perf_counter()
     tags = tag_index(jax.make_jaxpr(fn)(*abstract_args))
-    arg_leaves = argument_leaves(
-        leaves_per_arg, kept, cats, [key_paths(a) for a in abstract_args]
-    )
+    arg_leaves = argument_leaves(leaves_per_arg, kept, cats, [key_paths(a) for a in abstract_args])
     report = analyse(texts, dump, stats, arg_leaves, tags, t.name)
     return report.replace(
         compile_seconds=compile_seconds,
