@@ -53,6 +53,7 @@ PARAM_AXES: tuple[str, ...] = (
     "lora_in",
     "lora_rank",
     "lora_out",
+    "exp",
 )
 
 #: Logical names of activation dimensions the models constrain (``nn.with_logical_constraint``).
@@ -70,6 +71,7 @@ ACTIVATION_AXES: tuple[str, ...] = (
     "act_kv_heads",
     "act_mlp",
     "act_vocab",
+    "act_exp",
 )
 
 _EXAMPLES = "e.g. dp:8, fsdp:8, tp:8, cp:8, fsdp:4,tp:2, fsdp:2,cp:4, dp:2,fsdp:4"
@@ -216,6 +218,8 @@ class MeshPlan:
             "lora_in": None,
             "lora_rank": None,
             "lora_out": None,
+            "exp": None,
+            "act_exp": None,
         }
         return tuple(mapping.items())
 
