@@ -157,7 +157,7 @@ def test_cp_plan_and_rules(spec, canonical, data, seq_ways, act_seq, embed):
 
 
 def test_cp_sits_between_the_data_axes_and_tp():
-    assert rks.STRATEGIES == ("dp", "fsdp", "cp", "tp")
+    assert rks.STRATEGIES == ("dp", "fsdp", "ep", "cp", "tp")
     mesh = rk.parse_shard("tp:2,cp:2,fsdp:2").mesh(rk.target("h100", devices=8))
     assert tuple(mesh.shape) == ("fsdp", "cp", "tp")
 
@@ -414,7 +414,7 @@ def test_cudnn_under_cp_needs_an_even_share_of_the_sequence():
 @pytest.mark.parametrize(
     ("spec", "match"),
     [
-        ("ctx:4", r"unknown sharding axis 'ctx' in 'ctx:4'\. Valid: dp, fsdp, cp, tp \(e\.g\."),
+        ("ctx:4", r"unknown sharding axis 'ctx' in 'ctx:4'\. Valid: dp, fsdp, ep, cp, tp \(e\.g\."),
         ("cpp:4", r"unknown sharding axis 'cpp'.*Did you mean cp\?"),
         ("cp:4,cp:2", r"cp named twice"),
         ("cp:0", r"cannot read size '0' of axis 'cp'"),
@@ -429,13 +429,13 @@ def test_bad_cp_specs(spec, match):
 
 def test_examples_name_cp(capsys):
     assert "cp:8" in rks._EXAMPLES and "fsdp:2,cp:4" in rks._EXAMPLES
-    with pytest.raises(BadValue, match=r"valid: dp, fsdp, cp, tp"):
+    with pytest.raises(BadValue, match=r"valid: dp, fsdp, ep, cp, tp"):
         rks.MeshPlan((("sp", 8),))
     with pytest.raises(SystemExit) as exit_:
         main(["report", "--model", "tiny-llama", "--gpus", "4", "--shard", "seq:4"])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.count("\n") == 1
-    assert "unknown sharding axis 'seq' in 'seq:4'. Valid: dp, fsdp, cp, tp" in err
+    assert "unknown sharding axis 'seq' in 'seq:4'. Valid: dp, fsdp, ep, cp, tp" in err
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,13 @@
 import argparse
 import functools
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import pytest
@@ -19,6 +21,7 @@ import remat_kit as rk
 import remat_kit_models as models
 from remat_kit import sharding as rks
 from remat_kit.cli._args import add_shard_args
+from remat_kit.errors import BadValue
 
 HERE = Path(__file__).resolve().parent
 
@@ -89,7 +92,7 @@ def test_parse_shard(spec, devices, canonical, data):
         ("fsdp:4", 8, r"mesh fsdp:4 holds 4 devices but the target has 8.*fsdp:8"),
         ("fsdp:3", 8, r"holds 3 devices but the target has 8"),
         ("fsdp:4,tp:4", 8, r"holds 16 devices"),
-        ("zero:8", 8, r"unknown sharding axis 'zero'.*Valid: dp, fsdp, cp, tp"),
+        ("zero:8", 8, r"unknown sharding axis 'zero'.*Valid: dp, fsdp, ep, cp, tp"),
         ("fdsp:8", 8, r"Did you mean fsdp"),
         ("fsdp:x", 8, r"cannot read size 'x' of axis 'fsdp'"),
         ("fsdp:0", 8, r"size '0'"),
@@ -310,3 +313,55 @@ def test_sharded_step_matches_one_device():
     for r in rows:
         assert r["loss"] == pytest.approx(r["ref_loss"], rel=1e-5)
         assert r["max_grad_diff"] < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("spec", "names", "want"),
+    [
+        # An expert weight: its experts over ep, its width over what is left of the weight axes.
+        ("fsdp:2,ep:4", ("exp", "embed", "mlp"), ("ep", "fsdp", None)),
+        ("ep:8", ("exp", "embed", "mlp"), ("ep", None, None)),
+        ("ep:4,tp:2", ("exp", "mlp", "embed"), ("ep", "tp", None)),
+        # Any other weight: its width over fsdp and ep together (ZeRO-3 over both).
+        ("fsdp:2,ep:4", ("embed", "mlp"), (("fsdp", "ep"), None)),
+        ("ep:8", ("vocab", "embed"), (None, "ep")),
+        # Activations: ep is a data axis; dispatched tokens take it for their experts.
+        ("fsdp:2,ep:4", ("act_batch", "act_seq", "act_embed"), (("fsdp", "ep"), None, None)),
+        ("fsdp:2,ep:4", ("act_exp", "act_batch", None, "act_embed"), ("ep", "fsdp", None, None)),
+        ("ep:8", ("act_exp", "act_batch", None, "act_embed"), ("ep", None, None, None)),
+        # Without ep the expert axes are whole.
+        ("fsdp:8", ("exp", "embed", "mlp"), (None, "fsdp", None)),
+    ],
+)
+def test_expert_parallel_rules(spec, names, want):
+    plan = rk.parse_shard(spec)
+    got = tuple(nn.logical_to_mesh_axes(names, plan.rules()))
+    assert got == want
+
+
+@pytest.mark.parametrize(
+    ("spec", "data", "weights"),
+    [("ep:8", ("ep",), ("ep",)), ("dp:2,fsdp:2,ep:2", ("dp", "fsdp", "ep"), ("fsdp", "ep"))],
+)
+def test_ep_is_a_data_axis_and_a_weight_axis(spec, data, weights):
+    plan = rk.parse_shard(spec)
+    assert plan.data_axes == data and plan.weight_axes == weights
+    assert plan.data_size == math.prod(plan.size(a) for a in data)
+
+
+@pytest.mark.parametrize(
+    ("spec", "experts", "match"),
+    [
+        ("ep:3", 8, r"ep:3 does not split 8 experts evenly: use an ep size in \[2, 4, 8\]"),
+        ("ep:16", 8, r"ep:16 does not split 8 experts"),
+        ("fsdp:2,ep:4", 0, r"ep:4 splits the experts .* this model has none"),
+    ],
+)
+def test_ep_must_split_the_experts(spec, experts, match):
+    with pytest.raises(BadValue, match=match):
+        rk.parse_shard(spec).check_experts(experts)
+
+
+@pytest.mark.parametrize(("spec", "experts"), [("ep:8", 8), ("fsdp:8", 0), ("ep:4", 128)])
+def test_ep_that_splits_the_experts_passes(spec, experts):
+    rk.parse_shard(spec).check_experts(experts)

@@ -1,4 +1,4 @@
-"""Mesh plans: which axes (dp, fsdp, cp, tp) a ``--shard`` spec names, and their logical rules.
+"""Mesh plans: which axes (dp, fsdp, ep, cp, tp) a ``--shard`` spec names, and their logical rules.
 
 Example:
   >>> plan = parse_shard("fsdp:2,cp:4")
@@ -33,11 +33,12 @@ __all__ = [
 
 #: Mesh axis kinds, in the order they are laid out on the mesh (the last varies fastest over
 #: the device ids, so it lands on the devices of one host): the data axes (``dp``, ``fsdp``)
-#: outermost, across hosts; then ``cp``, whose all-gathers of keys and values sit in every
-#: attention layer; ``tp`` last, whose collectives sit in every block. Both want NVLink: with
-#: ``cp * tp`` at most the devices of one host, a context- and a tensor-parallel group each
-#: stay on one host.
-STRATEGIES: tuple[str, ...] = ("dp", "fsdp", "cp", "tp")
+#: outermost, across hosts; then ``ep`` (expert parallelism: a data axis whose devices also
+#: split the experts, with an all-to-all dispatch and combine in every MoE layer); then
+#: ``cp``, whose all-gathers of keys and values sit in every attention layer; ``tp`` last,
+#: whose collectives sit in every block. The last three want NVLink: with ``ep * cp * tp``
+#: at most the devices of one host, each group stays on one host.
+STRATEGIES: tuple[str, ...] = ("dp", "fsdp", "ep", "cp", "tp")
 
 #: Logical names of parameter dimensions the models use (Flax ``with_logical_partitioning``).
 PARAM_AXES: tuple[str, ...] = (
@@ -74,7 +75,7 @@ ACTIVATION_AXES: tuple[str, ...] = (
     "act_exp",
 )
 
-_EXAMPLES = "e.g. dp:8, fsdp:8, tp:8, cp:8, fsdp:4,tp:2, fsdp:2,cp:4, dp:2,fsdp:4"
+_EXAMPLES = "e.g. dp:8, fsdp:8, tp:8, cp:8, ep:8, fsdp:4,tp:2, fsdp:2,cp:4, fsdp:2,ep:4"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,8 +89,8 @@ class MeshPlan:
       axes: ``((kind, size), ...)`` with kinds from :data:`STRATEGIES`, each at most once.
 
     Example:
-      >>> MeshPlan((("fsdp", 8),)).rules()[0]
-      ('act_batch', 'fsdp')
+      >>> dict(MeshPlan((("fsdp", 8),)).rules())["act_batch"]
+      'fsdp'
     """
 
     axes: tuple[tuple[str, int], ...]
@@ -142,9 +143,14 @@ class MeshPlan:
 
     @property
     def data_axes(self) -> tuple[str, ...]:
-        """The axes that split the batch (``dp``, ``fsdp``; not ``cp``, whose devices share
-        their samples and split each sequence)."""
-        return tuple(k for k in self.axis_names if k in ("dp", "fsdp"))
+        """The axes that split the batch (``dp``, ``fsdp``, ``ep``; not ``cp``, whose devices
+        share their samples and split each sequence).
+
+        ``ep`` is one: outside the experts its devices hold different samples, as MaxText's
+        ``expert`` axis does; each MoE layer's all-to-all sends every token to the device
+        of its expert and back.
+        """
+        return tuple(k for k in self.axis_names if k in ("dp", "fsdp", "ep"))
 
     @property
     def data_size(self) -> int:
@@ -154,9 +160,10 @@ class MeshPlan:
     @property
     def weight_axes(self) -> tuple[str, ...]:
         """The axes that split the model width (``embed``) of weights, gradients and optimizer
-        state, ZeRO-3 style: ``fsdp`` and ``cp`` together (as MaxText shards ``embed`` over its
-        ``fsdp`` and ``context`` axes)."""
-        return tuple(k for k in self.axis_names if k in ("fsdp", "cp"))
+        state, ZeRO-3 style: ``fsdp``, ``ep`` and ``cp`` together (as MaxText shards ``embed``
+        over its ``fsdp``, ``expert`` and ``context`` axes). An expert weight is split over
+        ``ep`` by its experts instead, and its width over the others."""
+        return tuple(k for k in self.axis_names if k in ("fsdp", "ep", "cp"))
 
     @property
     def seq_axes(self) -> tuple[str, ...]:
@@ -184,6 +191,11 @@ class MeshPlan:
         Names that this plan does not split map to None, so a constraint on them is explicit
         (replicated) rather than skipped.
 
+        Flax takes the first rule of a name whose mesh axes are still free in the array. With
+        ``ep``, the experts' rules come first (an expert weight's ``exp`` and dispatched
+        tokens' ``act_exp`` take ``ep``), and ``embed`` and ``act_batch`` have a second rule
+        without ``ep``, for the arrays where the experts took it.
+
         Returns:
           ``((logical_name, mesh_axis | tuple of mesh axes | None), ...)`` for
           ``nn.logical_axis_rules`` / ``nn.logical_to_mesh_axes``.
@@ -194,9 +206,13 @@ class MeshPlan:
           >>> rules = dict(parse_shard("fsdp:2,cp:2,tp:2").rules())
           >>> rules["act_seq"], rules["act_len"], rules["embed"], rules["heads"]
           ('cp', 'cp', ('fsdp', 'cp'), 'tp')
+          >>> [r for r in parse_shard("fsdp:2,ep:4").rules() if r[0] in ("exp", "embed")]
+          [('exp', 'ep'), ('embed', ('fsdp', 'ep')), ('embed', 'fsdp')]
         """
         tp = "tp" if "tp" in self.axis_names else None
         cp = "cp" if "cp" in self.axis_names else None
+        ep = "ep" if "ep" in self.axis_names else None
+        experts = {"exp": ep, "act_exp": ep}
         mapping = {
             "act_batch": _one(self.data_axes),
             "act_seq": _one(self.seq_axes),
@@ -218,10 +234,13 @@ class MeshPlan:
             "lora_in": None,
             "lora_rank": None,
             "lora_out": None,
-            "exp": None,
-            "act_exp": None,
         }
-        return tuple(mapping.items())
+        rules = [*experts.items()]
+        for name, target in mapping.items():
+            rules.append((name, target))
+            if ep and name in ("embed", "act_batch"):
+                rules.append((name, _one(tuple(a for a in _axes(target) if a != ep))))
+        return tuple(rules)
 
     def check_seq(self, seq: int) -> None:
         """Raises BadValue unless ``seq`` splits over the sequence axis (``cp``, else ``tp``).
@@ -253,6 +272,38 @@ class MeshPlan:
             f"{' or '.join(map(str, near))}",
             param="seq",
         )
+
+    def check_experts(self, n_experts: int) -> None:
+        """Raises BadValue unless ``ep`` splits ``n_experts`` evenly (before any compile).
+
+        Args:
+          n_experts: routed experts per MoE layer (0: a dense model, which ``ep`` cannot
+            split: its devices would only be a data axis).
+
+        Raises:
+          BadValue: one line naming the expert count, ``ep`` and the sizes that divide it.
+
+        Example:
+          >>> parse_shard("ep:8").check_experts(128)
+          >>> parse_shard("ep:3").check_experts(8)
+          Traceback (most recent call last):
+          remat_kit.errors.BadValue: ep:3 does not split 8 experts ...
+        """
+        ways = self.size("ep")
+        if ways == 1:
+            return
+        if n_experts <= 0:
+            raise BadValue(
+                f"ep:{ways} splits the experts of a mixture-of-experts model, and this model "
+                "has none: use dp or fsdp for its data axis",
+                param="shard",
+            )
+        if n_experts % ways:
+            valid = [d for d in range(2, n_experts + 1) if n_experts % d == 0]
+            raise BadValue(
+                f"ep:{ways} does not split {n_experts} experts evenly: use an ep size in {valid}",
+                param="shard",
+            )
 
     def mesh(self, target: Target) -> Mesh:
         """The device mesh of this plan on ``target`` (compile-only devices for GPU targets).
@@ -391,6 +442,13 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
     if devices is not None:
         plan.check_devices(devices)
     return plan
+
+
+def _axes(target: Any) -> tuple[str, ...]:
+    # A rule's target as a tuple of mesh axes.
+    if target is None:
+        return ()
+    return target if isinstance(target, tuple) else (target,)
 
 
 def _one(axes: tuple[str, ...]) -> Any:
