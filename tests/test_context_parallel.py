@@ -294,6 +294,14 @@ def test_activation_bytes_shrink_with_cp(attention):
     assert ratios[8] < ratios[4] < ratios[2] < 1, ratios
 
 
+def test_no_collective_is_recomputed_when_nothing_is():
+    from remat_kit_models.measure import measure
+
+    r = measure(_opts("fsdp:2,cp:4", batch=2), "none", _target("fsdp:2,cp:4"))
+    rows = r.meta["collectives"].values()
+    assert rows and all(row["recomputed_launches"] == row["recomputed_bytes"] == 0 for row in rows)
+
+
 def test_report_shows_cp_collectives():
     r = _report("fsdp:2,cp:4", batch=2)
     collectives = r.meta["collectives"]
@@ -304,6 +312,11 @@ def test_report_shows_cp_collectives():
     caption = report_table(r, _target("fsdp:2,cp:4")).caption
     assert "collectives per step, per GPU: all-gather" in caption and "groups of 2, 4, 8" in caption
     assert r.meta["mesh"] == "fsdp:2,cp:4" and r.meta["batch_per_device"] == 1
+    # Under full, the layers' gathers of keys and values run again in the backward pass.
+    again = collectives["all-gather"]["recomputed_launches"]
+    assert 0 < again < collectives["all-gather"]["launches"]
+    assert 0 < collectives["all-gather"]["recomputed_bytes"] < collectives["all-gather"]["bytes"]
+    assert f"{again}x" in caption and "recomputed in the backward pass" in caption
     # No step of the program replicates a whole activation ("Involuntary full
     # rematerialization" of the embedding lookup, say).
     assert not [w for w in r.warnings if "Involuntary" in w], r.warnings

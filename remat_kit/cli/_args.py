@@ -178,7 +178,8 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
         type=_shard_arg,
         default=None,
         help=f"sharding over --gpus devices: {_EXAMPLES} (dp/fsdp split the batch, cp the "
-        "sequence, tp the heads and MLP); figures are per GPU",
+        "sequence, tp the heads and MLP, ep the experts of an MoE model and the batch); "
+        "figures are per GPU",
     )
     parser.add_argument(
         "--hosts", type=positive_int, default=1, help="hosts the --gpus devices are spread over"

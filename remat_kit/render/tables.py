@@ -308,11 +308,20 @@ def report_table(r: MemoryReport, target: Target) -> Table:
 
 def _collective_words(summary: Mapping[str, Any]) -> str:
     # One line on what a sharded step exchanges, per GPU (remat_kit.sharding.collective_summary).
-    parts = [
-        f"{op} {row['launches']:,}x {gib(row['bytes'])} GiB (groups of "
-        f"{', '.join(map(str, row['groups']))})"
-        for op, row in summary.items()
-    ]
+    parts = []
+    for op, row in summary.items():
+        again = row.get("recomputed_launches", 0)
+        parts.append(
+            f"{op} {row['launches']:,}x {gib(row['bytes'])} GiB (groups of "
+            f"{', '.join(map(str, row['groups']))}"
+            + (
+                f"; {again:,}x {gib(row['recomputed_bytes'])} GiB of it recomputed in the "
+                "backward pass"
+                if again
+                else ""
+            )
+            + ")"
+        )
     return "collectives per step, per GPU: " + "; ".join(parts)
 
 

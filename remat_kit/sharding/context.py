@@ -120,25 +120,46 @@ def collective_summary(kernels: Iterable[Any]) -> dict[str, dict[str, Any]]:
       kernels: the step's kernels (``remat_kit.timing.kernels_of``; those of kind
         ``"collective"`` are read).
 
+    A collective inside a rematerialized region (an expert layer's all-to-all under a
+    policy that recomputes it, a tensor-parallel all-gather under ``full``) runs again in
+    the backward pass: those launches are counted apart as well, in ``recomputed_launches``
+    and ``recomputed_bytes`` (included in the totals).
+
     Returns:
-      ``{op: {"launches": n, "bytes": moved per device per step, "groups": [sizes]}}``,
-      ops sorted (``all-gather``, ``all-reduce``, ``reduce-scatter`` ...); empty without
-      collectives.
+      ``{op: {"launches": n, "bytes": moved per device per step, "groups": [sizes],
+      "recomputed_launches": n, "recomputed_bytes": b}}``, ops sorted (``all-gather``,
+      ``all-reduce``, ``all-to-all``, ``reduce-scatter`` ...); empty without collectives.
 
     Example:
       >>> from remat_kit.timing import Kernel
       >>> k = Kernel("collective", count=32, flops=0.0, bytes=1024, op="all-gather", group=4)
-      >>> collective_summary([k])
-      {'all-gather': {'launches': 32, 'bytes': 32768, 'groups': [4]}}
+      >>> again = Kernel("collective", count=8, flops=0.0, bytes=1024, op="all-gather", group=4,
+      ...                recompute=True)
+      >>> row = collective_summary([k, again])["all-gather"]
+      >>> row["launches"], row["bytes"], row["recomputed_launches"], row["recomputed_bytes"]
+      (40, 40960, 8, 8192)
     """
     out: dict[str, dict[str, Any]] = {}
     for k in kernels:
         if getattr(k, "kind", None) != "collective":
             continue
-        row = out.setdefault(k.op, {"launches": 0, "bytes": 0, "groups": set()})
+        row = out.setdefault(
+            k.op,
+            {
+                "launches": 0,
+                "bytes": 0,
+                "groups": set(),
+                "recomputed_launches": 0,
+                "recomputed_bytes": 0,
+            },
+        )
+        moved = int(k.bytes * k.count)
         row["launches"] += int(k.count)
-        row["bytes"] += int(k.bytes * k.count)
+        row["bytes"] += moved
         row["groups"].add(int(k.group))
+        if k.recompute:
+            row["recomputed_launches"] += int(k.count)
+            row["recomputed_bytes"] += moved
     return {op: {**row, "groups": sorted(row["groups"])} for op, row in sorted(out.items())}
 
 
