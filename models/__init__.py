@@ -30,6 +30,7 @@ from remat_kit_models.config import (
 )
 from remat_kit_models.gpt2 import GPT2, GPT2Block
 from remat_kit_models.llama import Llama, LlamaBlock
+from remat_kit_models.moe import MoE
 
 __all__ = [
     "ATTENTION_KINDS",
@@ -39,6 +40,7 @@ __all__ = [
     "GPT2Block",
     "Llama",
     "LlamaBlock",
+    "MoE",
     "ModelConfig",
     "SelfAttention",
     "as_dtype",
@@ -62,7 +64,8 @@ _GPT2 = dict(
     dropout_rate=0.1,
 )
 
-# Published shapes (Meta model cards / config.json; OpenAI GPT-2; BERT-base).
+# Published shapes (Meta model cards / config.json; OpenAI GPT-2; BERT-base; Mistral's
+# Mixtral and Qwen's Qwen3 config.json).
 _PRESETS: types.MappingProxyType[str, dict[str, Any]] = types.MappingProxyType(
     {
         "llama3-8b": dict(
@@ -136,6 +139,63 @@ _PRESETS: types.MappingProxyType[str, dict[str, Any]] = types.MappingProxyType(
             n_heads=4,
             n_kv_heads=2,
             d_ff=128,
+            max_seq_len=128,
+            rope_theta=10_000.0,
+            dtype=jnp.float32,
+            param_dtype=jnp.float32,
+        ),
+        # Mixtral 8x7B (mistralai/Mixtral-8x7B-v0.1 config.json): 8 SwiGLU experts of width
+        # 14336, top 2, softmax weights renormalised over the two; 46,702,792,704 parameters.
+        "mixtral-8x7b": dict(
+            family="llama",
+            vocab_size=32_000,
+            d_model=4096,
+            n_layers=32,
+            n_heads=32,
+            n_kv_heads=8,
+            d_ff=14_336,
+            n_experts=8,
+            experts_per_token=2,
+            norm_topk_prob=True,
+            router_aux_loss_coef=0.02,
+            rope_theta=1_000_000.0,
+            norm_eps=1e-5,
+            max_seq_len=32_768,
+        ),
+        # Qwen3-30B-A3B (Qwen/Qwen3-30B-A3B config.json): 128 experts of width 768, top 8,
+        # q/k RMSNorm, head_dim 128 (not 2048 / 32); 30,532,122,624 parameters.
+        "qwen3-30b-a3b": dict(
+            family="llama",
+            vocab_size=151_936,
+            d_model=2048,
+            n_layers=48,
+            n_heads=32,
+            n_kv_heads=4,
+            head_dim=128,
+            d_ff=6144,
+            n_experts=128,
+            experts_per_token=8,
+            moe_d_ff=768,
+            norm_topk_prob=True,
+            router_aux_loss_coef=0.001,
+            qk_norm=True,
+            rope_theta=1_000_000.0,
+            norm_eps=1e-6,
+            max_seq_len=40_960,
+        ),
+        # Tests: a mixture of experts small enough for a CPU, f32 like tiny-llama.
+        "tiny-moe": dict(
+            family="llama",
+            vocab_size=256,
+            d_model=64,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            d_ff=128,
+            n_experts=4,
+            experts_per_token=2,
+            moe_d_ff=64,
+            norm_topk_prob=True,
             max_seq_len=128,
             rope_theta=10_000.0,
             dtype=jnp.float32,

@@ -80,6 +80,16 @@ class SelfAttention(nn.Module):
         k = checkpoint_name(constrain(k, KV_AXES), names.KEY_PROJ)
         v = project(cfg, dense((kv, h), "kv_heads", "value"), x, (kv, h), "value")
         v = checkpoint_name(constrain(v, KV_AXES), names.VALUE_PROJ)
+        if cfg.qk_norm:
+            # Qwen3: RMSNorm over head_dim on each query and key head, before the rotation.
+            norm = lambda name: nn.RMSNorm(
+                epsilon=cfg.norm_eps,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                scale_init=partitioned(nn.initializers.ones, ("head_dim",)),
+                name=name,
+            )
+            q, k = norm("query_norm")(q), norm("key_norm")(k)
         if self.use_rope:
             positions = jnp.arange(s)  # over the whole sequence, split or not
             q = rope(q, positions, cfg.rope_theta)

@@ -25,7 +25,9 @@ import flax.linen as nn
 import jax
 
 __all__ = [
+    "DISPATCHED_AXES",
     "EMBEDDED_AXES",
+    "EXPERT_HIDDEN_AXES",
     "KV_AXES",
     "KV_GATHERED_AXES",
     "LOGITS_AXES",
@@ -46,6 +48,12 @@ RESIDUAL_AXES = ("act_batch", "act_seq", "act_embed")
 LOGITS_AXES = ("act_batch", "act_len", "act_vocab")
 #: The MLP's hidden activations (batch, seq, d_ff): sequence over ``cp``, width over ``tp``.
 MLP_AXES = ("act_batch", "act_len", "act_mlp")
+#: Tokens dispatched to the experts (experts, groups, capacity, width) in a mixture of experts'
+#: capacity path: experts over ``ep`` (GSPMD's all-to-all moves them there), the groups (the
+#: sequences) over the data axes ``ep`` leaves.
+DISPATCHED_AXES = ("act_exp", "act_batch", None, "act_embed")
+#: The experts' hidden activations (experts, groups, capacity, expert d_ff).
+EXPERT_HIDDEN_AXES = ("act_exp", "act_batch", None, "act_mlp")
 #: Queries and attention outputs (batch, seq, heads, head_dim): sequence over ``cp``.
 QUERY_AXES = ("act_batch", "act_len", "act_heads", None)
 #: Keys and values as projected (batch, seq, kv_heads, head_dim): sequence over ``cp``, so

@@ -13,12 +13,25 @@ import jax.numpy as jnp
 import remat_kit as rk
 from remat_kit.errors import BadValue
 
-__all__ = ["ATTENTION_KINDS", "FAMILIES", "MLP_ACTIVATIONS", "ModelConfig", "blame_overrides"]
+__all__ = [
+    "ATTENTION_KINDS",
+    "FAMILIES",
+    "MLP_ACTIVATIONS",
+    "MOE_IMPLS",
+    "ROUTER_SCORINGS",
+    "ModelConfig",
+    "blame_overrides",
+]
 
 FAMILIES = ("llama", "gpt2")
 ATTENTION_KINDS = ("xla", "cudnn", "auto")
 #: The gated MLP's activation (Llama family): SwiGLU, or GeGLU (Gemma; tanh approximation).
 MLP_ACTIVATIONS = ("silu", "gelu")
+#: How a mixture-of-experts layer runs its experts (models.moe): dropless grouped matmuls
+#: (``jax.lax.ragged_dot``) or GShard/Switch's fixed-capacity dispatch einsums.
+MOE_IMPLS = ("ragged", "capacity")
+#: How the router turns logits into expert weights: softmax (Mixtral, Qwen3) or sigmoid.
+ROUTER_SCORINGS = ("softmax", "sigmoid")
 
 _DTYPES = {
     "bf16": jnp.bfloat16,
@@ -137,6 +150,22 @@ class ModelConfig:
     qkv_bias: bool = False
     mlp_activation: str = "silu"
     embed_scale: bool = False
+    # Qwen3: RMSNorm over head_dim on each head of q and k, before the rotary embedding.
+    qk_norm: bool = False
+    # Mixture of experts (models.moe), llama family: ``n_experts`` routed SwiGLU experts of
+    # width ``moe_d_ff`` (default d_ff) in place of the MLP, each token sent to its top
+    # ``experts_per_token``; ``n_shared_experts`` always-on experts of the same width beside
+    # them (DeepSeek / Qwen2-MoE). 0 experts: the dense MLP of width d_ff. LoRA adapts the
+    # attention and the shared experts; the router and the routed experts get no adapter.
+    n_experts: int = 0
+    experts_per_token: int = 0
+    moe_d_ff: int | None = None
+    n_shared_experts: int = 0
+    router_scoring: str = "softmax"
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.0
+    moe_impl: str = "ragged"
+    capacity_factor: float = 1.25
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -200,6 +229,14 @@ class ModelConfig:
                 f"{', '.join(MLP_ACTIVATIONS)}",
                 param="mlp_activation",
             )
+        self._check_moe()
+        if not isinstance(self.qk_norm, bool):
+            raise BadValue(f"qk_norm={self.qk_norm!r} must be true or false", param="qk_norm")
+        if self.qk_norm and self.family != "llama":
+            raise BadValue(
+                f"qk_norm=True is modelled for the llama family only, not {self.family!r}",
+                param="qk_norm",
+            )
         if not 0.0 <= self.dropout_rate < 1.0:
             raise BadValue(
                 f"dropout_rate={self.dropout_rate!r} must be in [0, 1)", param="dropout_rate"
@@ -222,6 +259,79 @@ class ModelConfig:
                     param="dtype",
                 )
 
+    def _check_moe(self) -> None:
+        # Every mixture-of-experts field, before anything is built (BadValue names the field).
+        def whole(field: str, least: int) -> int:
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                kind = "a positive int" if least else "a non-negative int"
+                raise BadValue(f"{field}={value!r} must be {kind}", param=field)
+            return value
+
+        n, k = whole("n_experts", 0), whole("experts_per_token", 0)
+        shared = whole("n_shared_experts", 0)
+        if self.moe_d_ff is not None:
+            whole("moe_d_ff", 1)
+        if self.router_scoring not in ROUTER_SCORINGS:
+            raise BadValue(
+                f"unknown router_scoring {self.router_scoring!r}; valid: "
+                f"{', '.join(ROUTER_SCORINGS)}",
+                param="router_scoring",
+            )
+        if self.moe_impl not in MOE_IMPLS:
+            raise BadValue(
+                f"unknown moe_impl {self.moe_impl!r}; valid: {', '.join(MOE_IMPLS)}",
+                param="moe_impl",
+            )
+        if not isinstance(self.norm_topk_prob, bool):
+            raise BadValue(
+                f"norm_topk_prob={self.norm_topk_prob!r} must be true or false",
+                param="norm_topk_prob",
+            )
+        for field in ("router_aux_loss_coef", "capacity_factor"):
+            value = getattr(self, field)
+            if not isinstance(value, int | float) or isinstance(value, bool) or value != value:
+                raise BadValue(f"{field}={value!r} must be a number", param=field)
+        if self.router_aux_loss_coef < 0:
+            raise BadValue(
+                f"router_aux_loss_coef={self.router_aux_loss_coef!r} must be >= 0 (0: no "
+                "load-balancing loss)",
+                param="router_aux_loss_coef",
+            )
+        if not self.capacity_factor > 0 or self.capacity_factor == float("inf"):
+            raise BadValue(
+                f"capacity_factor={self.capacity_factor!r} must be a positive finite number "
+                f"(1.25 is GShard's; {n / max(k, 1):g} = n_experts / experts_per_token drops "
+                "no token)",
+                param="capacity_factor",
+            )
+        if n == 0:
+            if k or shared:
+                field = "experts_per_token" if k else "n_shared_experts"
+                raise BadValue(
+                    f"{field}={getattr(self, field)} needs routed experts: set n_experts > 0 "
+                    "(n_experts=0 is the dense MLP)",
+                    param=field,
+                )
+            return
+        if self.family != "llama":
+            raise BadValue(
+                f"n_experts={n}: mixture-of-experts layers are modelled for the llama family "
+                f"only, not {self.family!r}; use n_experts=0",
+                param="n_experts",
+            )
+        if not 1 <= k <= n:
+            raise BadValue(
+                f"experts_per_token={k} must be in 1..n_experts={n} (the top-k experts each "
+                "token is sent to)",
+                param="experts_per_token",
+            )
+
+    @property
+    def expert_d_ff(self) -> int:
+        """The hidden width of one expert (``moe_d_ff``, or ``d_ff`` when unset)."""
+        return self.moe_d_ff or self.d_ff
+
     @property
     def dim_per_head(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
@@ -235,7 +345,12 @@ class ModelConfig:
         attn = d * h * (self.n_heads * 2 + self.n_kv_heads * 2)
         if self.family == "llama":
             attn += h * (self.n_heads + 2 * self.n_kv_heads) if self.qkv_bias else 0
+            attn += 2 * h if self.qk_norm else 0
             mlp = 3 * d * self.d_ff
+            if self.n_experts:
+                f, n = self.expert_d_ff, self.n_experts
+                # router, routed experts, shared experts (one MLP of their summed width)
+                mlp = d * n + n * 3 * d * f + 3 * d * f * self.n_shared_experts
             norms = 2 * d
             extra = d  # final norm
             pos = 0

@@ -8,8 +8,14 @@ accounted for: mapped, checked against the one value we model, or known not to t
 so a config we cannot model is never measured as something else.
 
 Architectures: ``LlamaForCausalLM``, ``MistralForCausalLM``, ``Qwen2ForCausalLM`` (biases on
-q/k/v) and ``GemmaForCausalLM`` (GeGLU MLP, tied embeddings scaled by sqrt(d_model); its
-RMSNorm's ``1 + w`` scale and the tanh GELU change values, not shapes).
+q/k/v), ``GemmaForCausalLM`` (GeGLU MLP, tied embeddings scaled by sqrt(d_model); its
+RMSNorm's ``1 + w`` scale and the tanh GELU change values, not shapes), ``Qwen3ForCausalLM``
+(RMSNorm on each query and key head) and two mixtures of experts (models.moe):
+``MixtralForCausalLM`` (top-k softmax weights renormalised) and ``Qwen3MoeForCausalLM``
+(q/k norms; every layer sparse: a config whose ``decoder_sparse_step`` or ``mlp_only_layers``
+makes some layers dense is refused, naming the field). ``router_aux_loss_coef`` is the
+load-balancing loss's weight in the gradients, whatever ``output_router_logits`` says (it
+decides whether Hugging Face returns the logits, not what training on them costs).
 
 Example:
   >>> import remat_kit_models.hf
@@ -37,6 +43,31 @@ ARCHITECTURES: Mapping[str, Mapping[str, Any]] = {
     "MistralForCausalLM": {},
     "Qwen2ForCausalLM": {"qkv_bias": True},
     "GemmaForCausalLM": {"mlp_activation": "gelu", "embed_scale": True, "tie_embeddings": True},
+    "Qwen3ForCausalLM": {"qk_norm": True},
+    "MixtralForCausalLM": {"norm_topk_prob": True},
+    "Qwen3MoeForCausalLM": {"qk_norm": True},
+}
+
+#: The mixture-of-experts fields each architecture has: HF field -> ModelConfig field (None:
+#: checked below). Another architecture's config holding one of them is refused.
+_MOE_FIELDS: Mapping[str, Mapping[str, str | None]] = {
+    "MixtralForCausalLM": {
+        "num_local_experts": "n_experts",
+        "num_experts_per_tok": "experts_per_token",
+        "router_aux_loss_coef": "router_aux_loss_coef",
+        "router_jitter_noise": None,
+        "output_router_logits": None,
+    },
+    "Qwen3MoeForCausalLM": {
+        "num_experts": "n_experts",
+        "num_experts_per_tok": "experts_per_token",
+        "moe_intermediate_size": "moe_d_ff",
+        "norm_topk_prob": "norm_topk_prob",
+        "router_aux_loss_coef": "router_aux_loss_coef",
+        "decoder_sparse_step": None,
+        "mlp_only_layers": None,
+        "output_router_logits": None,
+    },
 }
 
 # HF field -> ModelConfig field, copied as is.
@@ -159,8 +190,9 @@ def from_hf_config(
             f"{', '.join(ARCHITECTURES)} (for others write a factory: file.py:NAME)",
             param="hf_config",
         )
+    moe = _MOE_FIELDS.get(arch, {})
     for key in fields:
-        if key not in _MAPPED and key not in _NO_EFFECT and key not in _CHECKED:
+        if key not in _MAPPED and key not in _NO_EFFECT and key not in _CHECKED and key not in moe:
             raise BadValue(
                 f"hf config {label!r}: field {key!r} = {fields[key]!r} is not modelled by our "
                 f"{arch} decoder; remove it if it does not change the model, or write a factory "
@@ -171,6 +203,14 @@ def from_hf_config(
         ours: fields[theirs] for theirs, ours in _MAPPED.items() if fields.get(theirs) is not None
     }
     values.update(ARCHITECTURES[arch])
+    values.update(
+        {
+            ours: fields[theirs]
+            for theirs, ours in moe.items()
+            if ours and fields.get(theirs) is not None
+        }
+    )
+    _experts(label, fields, values)
     heads = values.get("n_heads")
     values["n_kv_heads"] = fields.get("num_key_value_heads") or heads
     head_dim = fields.get("head_dim")
@@ -207,6 +247,20 @@ def from_hf_config(
         raise BadValue(f"hf config {label!r} lacks {', '.join(missing)}")
     values.update(overrides)
     return ModelConfig(name=label, family="llama", **values)
+
+
+def _experts(label: str, fields: Mapping[str, Any], values: dict[str, Any]) -> None:
+    # Every layer is a mixture of experts, or the config is refused: our stack repeats one block.
+    step = fields.get("decoder_sparse_step", 1)
+    if step != 1:
+        _refuse(label, "decoder_sparse_step", step, "1: every layer sparse")
+    dense = fields.get("mlp_only_layers") or []
+    if dense:
+        _refuse(label, "mlp_only_layers", dense, "[]: every layer sparse")
+    if fields.get("router_jitter_noise"):
+        _refuse(label, "router_jitter_noise", fields["router_jitter_noise"], "0 or null")
+    if "n_experts" in values and "experts_per_token" not in values:
+        raise BadValue(f"hf config {label!r} lacks num_experts_per_tok")
 
 
 def _windows(label: str, fields: Mapping[str, Any], values: dict[str, Any]) -> None:

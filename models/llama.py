@@ -18,17 +18,23 @@ from remat_kit_models.axes import (
 )
 from remat_kit_models.config import ModelConfig
 from remat_kit_models.lora import project
+from remat_kit_models.moe import MoE
 from remat_kit_models.stack import BlockStack
 
 
 class SwiGLU(nn.Module):
-    """gate = x Wi_0, up = x Wi_1, out = (silu(gate) * up) Wo."""
+    """gate = x Wi_0, up = x Wi_1, out = (silu(gate) * up) Wo.
+
+    ``d_ff`` overrides the config's hidden width (a mixture of experts' shared experts).
+    """
 
     cfg: ModelConfig
+    d_ff: int | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
+        width = self.d_ff or cfg.d_ff
         dense = lambda feats, axes, name: nn.Dense(
             feats,
             use_bias=False,
@@ -38,9 +44,9 @@ class SwiGLU(nn.Module):
             name=name,
         )
         hidden = MLP_AXES
-        gate = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi_0"), x, (cfg.d_ff,), "wi_0")
+        gate = project(cfg, dense(width, ("embed", "mlp"), "wi_0"), x, (width,), "wi_0")
         gate = checkpoint_name(constrain(gate, hidden), names.MLPWI_0)
-        up = project(cfg, dense(cfg.d_ff, ("embed", "mlp"), "wi_1"), x, (cfg.d_ff,), "wi_1")
+        up = project(cfg, dense(width, ("embed", "mlp"), "wi_1"), x, (width,), "wi_1")
         up = checkpoint_name(constrain(up, hidden), names.MLPWI_1)
         wo = dense(cfg.d_model, ("mlp", "embed"), "wo")
         act = nn.silu if cfg.mlp_activation == "silu" else nn.gelu  # gelu: tanh approximation
@@ -69,7 +75,17 @@ class LlamaBlock(nn.Module):
             cfg, deterministic=self.deterministic, qkv_bias=cfg.qkv_bias, name="attention"
         )
         x = checkpoint_name(x + attn(norm("attention_norm")(x)), names.ATTN_OUT)
-        x = x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
+        h = norm("mlp_norm")(x)
+        if cfg.n_experts:
+            # A mixture of experts (models.moe) in place of the MLP; the shared experts beside
+            # it are one SwiGLU of their summed width (the same function as n separate ones).
+            out = MoE(cfg, name="moe")(h)
+            if cfg.n_shared_experts:
+                width = cfg.n_shared_experts * cfg.expert_d_ff
+                out = out + SwiGLU(cfg, d_ff=width, name="shared_mlp")(h)
+        else:
+            out = SwiGLU(cfg, name="mlp")(h)
+        x = x + out
         return checkpoint_name(constrain(x, RESIDUAL_AXES), names.BLOCK_OUT), None
 
 

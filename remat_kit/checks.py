@@ -9,7 +9,10 @@ the traced program (a jaxpr) or the compiled report:
   module-level ``jax.jit``, a Flax ``nn.jit`` cache): the program then holds no checkpoint
   with that policy, or is identical to the previous policy's (:func:`check_traced_with`);
 - offload that XLA did not carry out in full: it moved fewer bytes to host memory than jax
-  marked for offload, which happens on unrolled layers (:func:`offload_shortfall`).
+  marked for offload, which happens on unrolled layers (:func:`offload_shortfall`);
+- a dot policy (``dots``, ``dots_no_batch``, ...) on a mixture-of-experts model: jax's dot
+  policies look for ``dot_general`` only, so the grouped expert GEMMs
+  (``ragged_dot_general``) are recomputed (:func:`ragged_dots_recomputed`).
 
 Example:
   >>> import remat_kit as rk
@@ -27,10 +30,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
+from remat_kit._shapes import array_bytes
 from remat_kit.analysis import MemoryReport, RematWarning
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, PolicyLike, as_policy, decide
+from remat_kit.policies import Policy, PolicyLike, as_policy, decide, decide_eqn
 from remat_kit.residuals import tags_in
 
 __all__ = [
@@ -39,7 +43,9 @@ __all__ = [
     "check_policy_matches",
     "check_traced_with",
     "checkpoint_policies",
+    "keeps_dots",
     "offload_shortfall",
+    "ragged_dots_recomputed",
     "register",
     "unmatched_policy",
 ]
@@ -290,3 +296,123 @@ def offload_shortfall(
     if marked_bytes <= 0 or moved >= threshold * marked_bytes:
         return None
     return Note("offload_shortfall", {"moved_bytes": moved, "marked_bytes": int(marked_bytes)})
+
+
+# A dot policy's counterpart that also keeps the grouped GEMMs, by what the policy is.
+_WITH_RAGGED = {
+    "dots": "dots_and_ragged",
+    "dots_no_batch": "dots_no_batch_and_ragged",
+    "offload_dots_no_batch": "offload_dots_no_batch_and_ragged",
+    "DotsSaveable(only_if_no_batch_dims=False)": "dots_and_ragged",  # jax's own callables
+    "DotsSaveable(only_if_no_batch_dims=True)": "dots_no_batch_and_ragged",
+}
+
+
+def ragged_dots_recomputed(closed: Any) -> Note | None:
+    """A note when a policy that keeps matmul outputs recomputes the grouped GEMMs.
+
+    jax's dot policies (``dots_saveable``, ``dots_with_no_batch_dims_saveable``,
+    ``offload_dot_with_no_batch_dims``) look for ``dot_general`` only: a mixture-of-experts
+    layer's expert GEMMs (``jax.lax.ragged_dot``, the ``ragged_dot_general`` primitive) are
+    recomputed, silently. This asks each checkpoint's own policy about the program's
+    primitives, not about tags: a policy counts as a dot policy when it keeps a plain
+    ``dot_general`` output, and the note fires when it then recomputes a ``ragged_dot_general``
+    output in the same checkpoint.
+
+    Args:
+      closed: the jaxpr of the *forward* function (``jax.make_jaxpr(loss)(params, batch)``):
+        there each checkpoint's body is what its policy decides on. The checkpoints of a
+        differentiated program (a train step) mix the recomputation with the backward pass's
+        own ragged dots, so they are skipped.
+
+    Returns:
+      The note (kind ``ragged_dots_recomputed``): the policy, the ragged-dot output bytes one
+      checkpoint (a layer) recomputes, most of any, how many checkpoint runs recompute some
+      (scan trips counted), and a policy spec that keeps them (None when the policy is not one
+      we can name: combine it with ``ragged_dots`` through ``rk.policy("either", ...)``); None
+      when nothing is recomputed that way.
+
+    Example:
+      >>> f = jax.checkpoint(
+      ...     lambda x, w: jax.lax.ragged_dot(x, w, jnp.array([3, 5])) @ jnp.ones((4, 2)),
+      ...     policy=rk.policy("dots"))
+      >>> args = jnp.ones((8, 2)), jnp.ones((2, 2, 4))
+      >>> note = ragged_dots_recomputed(jax.make_jaxpr(f)(*args))
+      >>> note.data["per_layer_bytes"], note.data["suggest"]
+      (128, 'dots_and_ragged')
+    """
+    found: list[tuple[Any, int, int]] = []  # (policy callable, bytes per run, runs)
+
+    def walk(jaxpr: Any, runs: int) -> None:
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name in ("checkpoint", "remat2", "remat") and not eqn.params.get("differentiated"):
+                fn = eqn.params.get("policy")
+                body = open_jaxpr(eqn.params["jaxpr"])
+                if fn is not None and keeps_dots(fn):
+                    nbytes = _ragged_recomputed_bytes(fn, body)
+                    if nbytes:
+                        found.append((fn, nbytes, runs))
+                walk(body, runs)  # a checkpoint nested inside decides for its own body
+                continue
+            inner = runs * int(eqn.params.get("length", 1)) if name == "scan" else runs
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub), inner)
+
+    walk(open_jaxpr(closed), 1)
+    if not found:
+        return None
+    fn = max(found, key=lambda f: f[1])[0]
+    owner = _policy_of(fn)
+    if owner is not None and owner.name == "custom":  # rk.remat given a raw jax callable
+        fn, owner = owner.jax_policy, None
+    label = owner.spec if owner is not None else _describe(fn)
+    key = owner.spec if owner is not None else repr(fn)
+    return Note(
+        "ragged_dots_recomputed",
+        {
+            "policy": label,
+            "per_layer_bytes": max(f[1] for f in found),
+            "layers": sum(f[2] for f in found),
+            "suggest": _WITH_RAGGED.get(key),
+        },
+    )
+
+
+def keeps_dots(fn: Any) -> bool:
+    """Whether a jax policy keeps (or offloads) the output of a plain 2-D ``dot_general``.
+
+    Example:
+      >>> keeps_dots(rk.policy("dots_no_batch").jax_policy)
+      True
+      >>> keeps_dots(rk.policy("minimal").jax_policy)
+      False
+    """
+    return decide_eqn(fn, _probe_dot()) != "recompute"
+
+
+def _probe_dot() -> Any:
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.ShapeDtypeStruct((2, 2), jnp.float32)
+    return jax.make_jaxpr(jnp.matmul)(x, x).eqns[0]
+
+
+def _ragged_recomputed_bytes(fn: Any, body: Any, times: int = 1) -> int:
+    """Bytes of the ``ragged_dot_general`` outputs in one run of ``body`` that ``fn``
+    recomputes (nested checkpoints decide for themselves and are left out)."""
+    total = 0
+    for eqn in body.eqns:
+        name = eqn.primitive.name
+        if name == "ragged_dot_general":
+            if decide_eqn(fn, eqn) == "recompute":
+                aval = eqn.outvars[0].aval
+                total += times * array_bytes(aval.shape, aval.dtype)
+            continue
+        if name in ("checkpoint", "remat2", "remat"):
+            continue
+        inner = times * int(eqn.params.get("length", 1)) if name == "scan" else times
+        for sub in sub_jaxprs(eqn):
+            total += _ragged_recomputed_bytes(fn, open_jaxpr(sub), inner)
+    return total

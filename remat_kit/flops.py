@@ -9,8 +9,14 @@ counting every equation of the full jaxpr counts the recompute.
 
 What is counted:
 
-* ``matmul``: ``dot_general`` (``2 * batch * lhs_free * rhs_free * contracting``) and
-  ``conv_general_dilated`` (``2 * out_elems * kernel_spatial * in_features / feature_group_count``).
+* ``matmul``: ``dot_general`` (``2 * batch * lhs_free * rhs_free * contracting``),
+  ``conv_general_dilated`` (``2 * out_elems * kernel_spatial * in_features / feature_group_count``)
+  and the grouped GEMMs of mixture-of-experts layers, ``ragged_dot_general``
+  (``jax.lax.ragged_dot``): every row of the lhs meets one group's weights only, so all three
+  modes jax produces (the forward, the weight gradient with the ragged dim contracted, the input
+  gradient) cost ``2 * lhs_elems * rhs_free``, where ``rhs_free`` are the rhs dims that are
+  neither contracting, batch nor group dims: ``2 * T * D * F`` for tokens (T, D) and experts
+  (E, D, F), not E times that.
 * ``attention_kernel``: the cuDNN fused attention primitives that
   ``jax.nn.dot_product_attention(..., implementation="cudnn")`` binds
   (``dot_product_attention_fwd_wrapper`` / ``dot_product_attention_bwd_wrapper`` and their fp8 and
@@ -58,6 +64,7 @@ __all__ = [
     "FlopCount",
     "count_flops",
     "count_jaxpr_flops",
+    "ragged_dot_flops",
     "scan_operand_split",
 ]
 
@@ -68,7 +75,7 @@ class FlopCount:
 
     Attributes:
       total: all FLOPs: ``matmul + attention_kernel + other``.
-      matmul: ``dot_general`` and ``conv_general_dilated`` FLOPs.
+      matmul: ``dot_general``, ``conv_general_dilated`` and ``ragged_dot_general`` FLOPs.
       attention_kernel: FLOPs of opaque fused attention kernels, counted from their shapes.
       other: elementwise arithmetic and reductions.
       unknown_loops: while loops whose trip count could not be read statically; each body was
@@ -322,6 +329,8 @@ def _count_eqn(eqn: core.JaxprEqn, known: _Known) -> _Tally:
         tally.matmul = _dot_general_flops(eqn)
     elif name == "conv_general_dilated":
         tally.matmul = _conv_flops(eqn)
+    elif name == "ragged_dot_general":
+        tally.matmul = ragged_dot_flops(eqn)
     elif name in _ATTENTION_FWD:
         tally.attention = _attention_fwd_flops(eqn)
     elif name in _ATTENTION_BWD:
@@ -457,6 +466,30 @@ def _dot_general_flops(eqn: core.JaxprEqn) -> float:
     lhs_free = math.prod(s for d, s in enumerate(lhs) if d not in (*lhs_contract, *lhs_batch))
     rhs_free = math.prod(s for d, s in enumerate(rhs) if d not in (*rhs_contract, *rhs_batch))
     return 2.0 * batch * lhs_free * rhs_free * contract
+
+
+def ragged_dot_flops(eqn: core.JaxprEqn) -> float:
+    """FLOPs of one ``ragged_dot_general`` equation: ``2 * lhs_elems * rhs_free``.
+
+    Each lhs element is multiplied by every rhs element of the one group its row belongs to
+    along the dims it meets (contracting, batch, group): what is left of the rhs is its free
+    dims. The group sizes sum to the ragged dim, so groups add up to one dense product of the
+    lhs, whichever dim is ragged (free in the forward and input gradient, contracting in the
+    weight gradient).
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> x, w = jnp.ones((6, 4)), jnp.ones((3, 4, 5))
+      >>> jaxpr = jax.make_jaxpr(jax.lax.ragged_dot)(x, w, jnp.array([1, 2, 3]))
+      >>> ragged_dot_flops(jaxpr.eqns[0]) == 2 * 6 * 4 * 5
+      True
+    """
+    numbers = eqn.params["ragged_dot_dimension_numbers"]
+    (_, rhs_contract), (_, rhs_batch) = numbers.dot_dimension_numbers
+    met = {*rhs_contract, *rhs_batch, *numbers.rhs_group_dimensions}
+    lhs, rhs = eqn.invars[0].aval.shape, eqn.invars[1].aval.shape
+    rhs_free = math.prod(s for d, s in enumerate(rhs) if d not in met)
+    return 2.0 * math.prod(lhs) * rhs_free
 
 
 def _conv_flops(eqn: core.JaxprEqn) -> float:

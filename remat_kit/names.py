@@ -20,6 +20,13 @@ MLPWI_0 = "mlpwi_0"
 MLPWI_1 = "mlpwi_1"
 MLPWI = "mlpwi"
 MLPWO = "mlpwo"
+# Mixture of experts (models.moe). The expert GEMMs are tagged twice, the MoE name inside the
+# dense one (as MaxText does): a policy that saves ``mlpwi_0`` saves the experts' too, and one
+# that names ``moe_mlpwi_0`` tells them apart from a dense or shared-expert MLP.
+ROUTER_LOGITS = "router_logits"
+MOE_MLPWI_0 = "moe_mlpwi_0"
+MOE_MLPWI_1 = "moe_mlpwi_1"
+MOE_MLPWO = "moe_mlpwo"
 BLOCK_OUT = "block_out"
 
 #: Every name a model in this project may tag, in the order they occur in a block.
@@ -37,6 +44,10 @@ VOCABULARY: tuple[str, ...] = (
     MLPWI_1,
     MLPWI,
     MLPWO,
+    ROUTER_LOGITS,
+    MOE_MLPWI_0,
+    MOE_MLPWI_1,
+    MOE_MLPWO,
     BLOCK_OUT,
 )
 
@@ -55,9 +66,15 @@ DESCRIPTIONS: dict[str, str] = {
     MLPWI_1: "second MLP input projection (the up projection in SwiGLU)",
     MLPWI: "the MLP input projection of a non-gated MLP (GPT-2)",
     MLPWO: "MLP output projection",
+    ROUTER_LOGITS: "MoE router logits x @ W_router (tokens x experts, f32)",
+    MOE_MLPWI_0: "experts' first input projection (gate), per routed token; also tagged mlpwi_0",
+    MOE_MLPWI_1: "experts' second input projection (up), per routed token; also tagged mlpwi_1",
+    MOE_MLPWO: "experts' output projection, per routed token; also tagged mlpwo",
     BLOCK_OUT: "output of the block (the residual stream leaving it)",
 }
 
+#: The names only a mixture-of-experts layer tags.
+MOE_NAMES: tuple[str, ...] = (ROUTER_LOGITS, MOE_MLPWI_0, MOE_MLPWI_1, MOE_MLPWO)
 #: Tensors whose size grows with seq^2: they do not exist under flash attention.
 SCORE_NAMES: tuple[str, ...] = (ATTN_SCORES, ATTN_PROBS)
 #: The projection outputs (the matmuls with weights, no batch dimension in the contraction).

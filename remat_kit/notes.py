@@ -54,6 +54,8 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "breakdown_upper_bound": ("peak_bytes", "known_bytes"),
     "offload_shortfall": ("moved_bytes", "marked_bytes"),
     "offload_link_bound": ("target", "host_bytes", "transfer_seconds", "step_compute_seconds"),
+    # remat_kit.checks.ragged_dots_recomputed
+    "ragged_dots_recomputed": ("policy", "per_layer_bytes", "layers", "suggest"),
     # remat_kit.checks.check_policy_matches
     "no_tag_matched_in": ("policy", "names", "where", "tags"),
     # BatchFit.note: remat_kit.search.batch

@@ -28,6 +28,7 @@ __all__ = [
     "PolicyLike",
     "as_policy",
     "decide",
+    "decide_eqn",
     "parse_policy",
     "policy",
     "policy_names",
@@ -311,6 +312,36 @@ def _either_policy(a: Any, b: Any) -> Policy:
     )
 
 
+#: The grouped GEMM of mixture-of-experts layers (``jax.lax.ragged_dot``): jax's dot policies
+#: look for ``dot_general`` only and recompute it.
+_RAGGED_DOT = "ragged_dot_general"
+
+
+def _plus_ragged(base: Callable[..., Any] | None, *, offload: bool = False) -> Callable[..., Any]:
+    """``base`` that also saves (or offloads) every ``ragged_dot_general`` output."""
+    ragged: Any = Offloadable(src="device", dst="pinned_host") if offload else True
+
+    def save_ragged_dots(prim: Any, *avals: Any, **params: Any) -> Any:
+        if getattr(prim, "name", None) == _RAGGED_DOT:
+            return ragged
+        return False if base is None else base(prim, *avals, **params)
+
+    return save_ragged_dots
+
+
+def decide_eqn(p: Policy | Callable[..., Any], eqn: Any) -> PolicyKind:
+    """What ``p`` does with the output of one equation of a jaxpr (as ``jax.checkpoint`` asks it).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat_kit as rk
+      >>> eqn = jax.make_jaxpr(jax.lax.ragged_dot)(
+      ...     jnp.ones((4, 2)), jnp.ones((2, 2, 3)), jnp.array([1, 3])).eqns[0]
+      >>> decide_eqn(rk.policy("dots"), eqn), decide_eqn(rk.policy("dots_and_ragged"), eqn)
+      ('recompute', 'save')
+    """
+    return _kind(p(eqn.primitive, *(v.aval for v in eqn.invars), **eqn.params))
+
+
 _MINIMAL = (
     _names.QUERY_PROJ,
     _names.KEY_PROJ,
@@ -350,6 +381,32 @@ _CATALOGUE: dict[str, Callable[..., Policy]] = {
         "offload_dots_no_batch",
         "offload the weight-projection matmul outputs to pinned host memory",
         jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+        offloads=True,
+    ),
+    # Mixture-of-experts: jax's dot policies see dot_general only, so they recompute the expert
+    # GEMMs (ragged_dot_general); these keep them too (rk.checks.ragged_dots_recomputed).
+    "ragged_dots": lambda: Policy(
+        "ragged_dots",
+        "save the grouped expert GEMMs only (ragged_dot_general outputs); recompute the rest",
+        _plus_ragged(None),
+    ),
+    "dots_and_ragged": lambda: Policy(
+        "dots_and_ragged",
+        "save every matmul, as dots does, and the grouped expert GEMMs (ragged_dot_general)",
+        _plus_ragged(jax.checkpoint_policies.dots_saveable),
+    ),
+    "dots_no_batch_and_ragged": lambda: Policy(
+        "dots_no_batch_and_ragged",
+        "save the weight matmuls, as dots_no_batch does, and the grouped expert GEMMs",
+        _plus_ragged(jax.checkpoint_policies.dots_with_no_batch_dims_saveable),
+    ),
+    "offload_dots_no_batch_and_ragged": lambda: Policy(
+        "offload_dots_no_batch_and_ragged",
+        "offload the weight matmuls and the grouped expert GEMMs to pinned host memory",
+        _plus_ragged(
+            jax.checkpoint_policies.offload_dot_with_no_batch_dims("device", "pinned_host"),
+            offload=True,
+        ),
         offloads=True,
     ),
     "block": _save_names(

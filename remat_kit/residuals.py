@@ -3,8 +3,9 @@
 The residuals are the values the forward pass hands to the backward pass: what stays
 in memory between them. We trace ``jax.vjp`` abstractly and follow every residual back
 to the op that made it, through ``scan`` (scanned layers stack residuals along a layer
-axis), ``jit`` and ``checkpoint`` boundaries and host-offload ``device_put`` s, so a
-residual is reported by its ``checkpoint_name`` tag even in a scanned model.
+axis), ``jit``, ``checkpoint``, ``shard_map``, ``custom_vjp`` and ``closed_call`` boundaries
+and host-offload ``device_put`` s, so a residual is reported by its ``checkpoint_name`` tag
+even in a scanned model or an expert computation inside ``shard_map``.
 """
 
 from __future__ import annotations
@@ -33,18 +34,23 @@ _PASS_THROUGH = {
     "squeeze",
     "broadcast_in_dim",
 }
-# Primitives that wrap one sub-jaxpr whose outputs are the eqn's outputs one to one.
+# Primitives that wrap one sub-jaxpr whose outputs are the eqn's outputs one to one (a
+# shard_map's body sees per-device shapes of the same values).
 _CALLS = {
     "pjit",
     "jit",
     "closed_call",
     "core_call",
     "remat2",
+    "remat",
     "checkpoint",
     "custom_jvp_call",
     "custom_vjp_call",
     "custom_vjp_call_jaxpr",
+    "shard_map",
 }
+# Calls that hold other jaxprs besides the one that runs: follow only this one.
+_RUNS = {"custom_vjp_call": ("call_jaxpr",), "custom_vjp_call_jaxpr": ("fun_jaxpr",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,7 +338,7 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
         if prim in _PASS_THROUGH:
             v = eqn.invars[0]
             continue
-        subs = [open_jaxpr(j) for j in sub_jaxprs(eqn)]
+        subs = [open_jaxpr(j) for j in sub_jaxprs(eqn, _RUNS.get(prim))]
         if (prim == "scan" or prim in _CALLS) and len(subs) == 1:
             inner = subs[0]
             out = inner.outvars[eqn.outvars.index(v)]

@@ -95,7 +95,7 @@ def test_every_vocabulary_tag_exists_in_the_models():
     from remat_kit import names
 
     seen = set()
-    for model in MODELS:
+    for model in [*MODELS, "tiny-moe"]:
         cfg = models.get_config(model, layers=1, scan_layers=False)
         toks = tokens()
         module = models.build(cfg)

@@ -65,6 +65,25 @@ CASES = [
         "names:save=context+query_proj",
     ),
     (
+        "ragged_dots_recomputed",
+        {
+            "policy": "dots_no_batch",
+            "per_layer_bytes": 3 * 2**20,
+            "layers": 32,
+            "suggest": "dots_no_batch_and_ragged",
+        },
+        "policy 'dots_no_batch' keeps matmul outputs but recomputes the grouped expert GEMMs "
+        "(ragged_dot_general): 3.00 MiB per layer, 32 layer(s); policy "
+        "'dots_no_batch_and_ragged' keeps them",
+    ),
+    (
+        "ragged_dots_recomputed",
+        {"policy": "my_policy", "per_layer_bytes": 2**19, "layers": 1, "suggest": None},
+        "policy 'my_policy' keeps matmul outputs but recomputes the grouped expert GEMMs "
+        "(ragged_dot_general): 0.50 MiB per layer, 1 layer(s); "
+        "rk.policy('either', a=<this policy>, b='ragged_dots') keeps them",
+    ),
+    (
         "offload_on_cpu",
         {"policy": "offload_dots"},
         "policy 'offload_dots' offloads to host, but a cpu compile does not measure host memory "

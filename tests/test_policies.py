@@ -61,7 +61,8 @@ def test_none_is_no_remat_and_full_saves_nothing():
         (
             "megatron",
             {"decoder_layer_input", "query_proj", "key_proj", "value_proj", "context"}
-            | {"out_proj", "attn_out", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo", "block_out"},
+            | {"out_proj", "attn_out", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo", "block_out"}
+            | {"router_logits", "moe_mlpwi_0", "moe_mlpwi_1", "moe_mlpwo"},
         ),
         ("full", set()),
         ("everything", set(names.VOCABULARY)),

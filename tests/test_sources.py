@@ -288,7 +288,8 @@ def test_untagged_model_is_tagged_and_a_model_with_tags_keeps_its_own():
     assert untagged.tags["query_proj"] == "saved"
     assert untagged.tags["layers_0/mixer"] == "recomputed"
     preset = sources.residuals(sources.from_factory(f"{FACTORIES}:preset"), "minimal", "cpu", SMALL)
-    assert set(preset.tags) == set(rk.names.VOCABULARY) - {"mlpwi"}  # no path tags added
+    # No path tags added; the preset is dense (no expert or router tags).
+    assert set(preset.tags) == set(rk.names.VOCABULARY) - {"mlpwi", *rk.names.MOE_NAMES}
 
 
 def test_nnx_factory_is_built_abstractly_and_tagged():

@@ -108,6 +108,19 @@ def _flash_recomputes_scores(d: Mapping[str, Any]) -> str:
     )
 
 
+def _ragged_dots_recomputed(d: Mapping[str, Any]) -> str:
+    keep = (
+        f"policy {d['suggest']!r} keeps them"
+        if d["suggest"]
+        else "rk.policy('either', a=<this policy>, b='ragged_dots') keeps them"
+    )
+    return (
+        f"policy {d['policy']!r} keeps matmul outputs but recomputes the grouped expert GEMMs "
+        f"(ragged_dot_general): {d['per_layer_bytes'] / 2**20:.2f} MiB per layer, {d['layers']} "
+        f"layer(s); {keep}"
+    )
+
+
 def _offload_on_cpu(d: Mapping[str, Any]) -> str:
     return (
         f"policy {d['policy']!r} offloads to host, but a cpu compile does not measure host "
@@ -284,6 +297,7 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "no_tag_matched": _no_tag_matched,
     "flash_recomputes_scores": _flash_recomputes_scores,
     "offload_on_cpu": _offload_on_cpu,
+    "ragged_dots_recomputed": _ragged_dots_recomputed,
     "offload_moved_nothing": _offload_moved_nothing,
     "xla_remat": _xla_remat,
     "does_not_fit": _does_not_fit,

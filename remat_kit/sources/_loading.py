@@ -98,9 +98,13 @@ def _load_file(spec: str, path: Path) -> Any:
     module = importlib.util.module_from_spec(loader)
     folder = str(path.resolve().parent)
     sys.path.insert(0, folder)
+    # Registered as it runs, as an import would: a dataclass (a linen Module) with a string
+    # annotation (``from __future__ import annotations``) looks its module up there.
+    sys.modules[module_name] = module
     try:
         loader.loader.exec_module(module)
     except Exception as err:
+        sys.modules.pop(module_name, None)
         raise BadValue(
             f"factory {spec!r}: {path.name} failed to run: {type(err).__name__}: {err}",
             param="model",

@@ -284,7 +284,7 @@ def _parse(text: str) -> _Module:
             name=m.group(2),
             shape=rest[:cut].strip(),
             opcode=op.group(1),
-            operands=tuple(re.findall(r"%([^\s,()]+)", rest[op.end() : end])),
+            operands=_operands(rest[op.end() : end]),
             attrs=rest[end + 1 :],
             is_root=bool(m.group(1)),
             index=int(inside) if op.group(1) == "parameter" and inside.isdigit() else None,
@@ -292,6 +292,15 @@ def _parse(text: str) -> _Module:
         current.append(instr)
         shapes[instr.name] = instr.shape
     return _Module(entry, {k: tuple(v) for k, v in comps.items()}, shapes)
+
+
+def _operands(text: str) -> tuple[str, ...]:
+    # Optimized HLO names operands with a leading %; the HLO of a lowered module (before
+    # XLA's passes) prints bare names.
+    named = re.findall(r"%([^\s,()]+)", text)
+    if named or "%" in text:
+        return tuple(named)
+    return tuple(p.strip() for p in text.split(",") if re.fullmatch(r"[\w.\-]+", p.strip()))
 
 
 def _closing(text: str, start: int) -> int:
@@ -462,7 +471,7 @@ def _cost(module: _Module, instr: _Instr, times: int) -> Kernel | None:
         return _custom_call(module, instr, base)
     if op in ("fusion", "fusion-start"):
         return _fusion(module, instr, base, asynchronous=op == "fusion-start")
-    if op in ("dot", "convolution"):
+    if op in _DOTS:
         flops, (m, n, k, b) = _dot_flops(module.shapes, instr)
         dev, host = _io_bytes(module, instr, None)
         return Kernel("gemm", flops=flops, bytes=dev, host_bytes=host, m=m, n=n, k=k, batch=b,
@@ -548,12 +557,12 @@ def _fusion(module: _Module, instr: _Instr, base: dict[str, Any], *, asynchronou
     called = _attr(instr.attrs, "calls")
     body = module.computations.get(called or "", ())
     dev, host = _io_bytes(module, instr, body)
-    dots = [i for i in body if i.opcode in ("dot", "convolution")]
+    dots = [i for i in body if i.opcode in _DOTS]
     if not dots:
         for inner in body:  # Triton GEMM fusions nest the dot one level down
             if inner.opcode == "fusion":
                 nested = module.computations.get(_attr(inner.attrs, "calls") or "", ())
-                dots += [i for i in nested if i.opcode in ("dot", "convolution")]
+                dots += [i for i in nested if i.opcode in _DOTS]
     if dots:
         flops = 0.0
         m = n = k = b = 0
@@ -599,7 +608,16 @@ def _elementwise_ops(body: Sequence[_Instr]) -> float:
     return float(total)
 
 
+# Matrix products. ``ragged-dot`` is a grouped GEMM (``jax.lax.ragged_dot``: MoE experts); XLA's
+# GPU compiler of jax 0.10 rewrites it into a dense dot over all groups before it runs (E times
+# the FLOPs, and those dense dots are what is priced then); where it survives as one kernel it
+# costs its own FLOPs (:func:`_ragged_dot_flops`).
+_DOTS = ("dot", "convolution", "ragged-dot")
+
+
 def _dot_flops(shapes: Mapping[str, str], instr: _Instr) -> tuple[float, tuple[int, int, int, int]]:
+    if instr.opcode == "ragged-dot":
+        return _ragged_dot_flops(shapes, instr)
     out = _arrays(instr.shape)
     lhs = _arrays(shapes.get(instr.operands[0], "")) if instr.operands else []
     if not out or not lhs:
@@ -613,6 +631,27 @@ def _dot_flops(shapes: Mapping[str, str], instr: _Instr) -> tuple[float, tuple[i
     n = out[0][1][-1] if out[0][1] else 1
     m = size // max(1, n * b)
     return 2.0 * size * k, (m, n, k, b)
+
+
+def _ragged_dot_flops(
+    shapes: Mapping[str, str], instr: _Instr
+) -> tuple[float, tuple[int, int, int, int]]:
+    """``2 * lhs_elems * rhs_free``: each row meets one group's weights (as remat_kit.flops)."""
+    lhs = _arrays(shapes.get(instr.operands[0], "")) if instr.operands else []
+    rhs = _arrays(shapes.get(instr.operands[1], "")) if len(instr.operands) > 1 else []
+    if not lhs or not rhs:
+        return 0.0, (0, 0, 0, 0)
+    lhs_dims, rhs_dims = lhs[0][1], rhs[0][1]
+    met = {
+        *_dims_attr(instr.attrs, "rhs_contracting_dims"),
+        *_dims_attr(instr.attrs, "rhs_batch_dims"),
+        *_dims_attr(instr.attrs, "rhs_group_dims"),
+    }
+    n = math.prod(s for d, s in enumerate(rhs_dims) if d not in met)
+    contracting = _dims_attr(instr.attrs, "lhs_contracting_dims")
+    k = math.prod(lhs_dims[d] for d in contracting if d < len(lhs_dims))
+    m = math.prod(lhs_dims) // max(1, k)
+    return 2.0 * m * k * n, (m, n, k, 1)
 
 
 def _output_shape(instr: _Instr) -> str:
