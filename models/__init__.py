@@ -226,6 +226,11 @@ OVERRIDES: types.MappingProxyType[str, str] = types.MappingProxyType(
         "ff": "d_ff",
         "vocab": "vocab_size",
         "max_seq": "max_seq_len",
+        "experts": "n_experts",
+        "top_k": "experts_per_token",
+        "moe_ff": "moe_d_ff",
+        "moe_impl": "moe_impl",
+        "capacity_factor": "capacity_factor",
     }
 )
 

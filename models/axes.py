@@ -28,6 +28,7 @@ __all__ = [
     "DISPATCHED_AXES",
     "EMBEDDED_AXES",
     "EXPERT_HIDDEN_AXES",
+    "GROUPED_AXES",
     "KV_AXES",
     "KV_GATHERED_AXES",
     "LOGITS_AXES",
@@ -52,6 +53,11 @@ MLP_AXES = ("act_batch", "act_len", "act_mlp")
 #: capacity path: experts over ``ep`` (GSPMD's all-to-all moves them there), the groups (the
 #: sequences) over the data axes ``ep`` leaves.
 DISPATCHED_AXES = ("act_exp", "act_batch", None, "act_embed")
+#: The same tensor as the dispatch einsum makes it and the combine einsum reads it: experts
+#: whole, groups over every data axis (``ep`` included). Constraining to this, then to
+#: :data:`DISPATCHED_AXES`, makes the reshard an all-to-all over ``ep`` (GShard); without it
+#: XLA's partitioner all-gathers every group's tokens onto each device instead.
+GROUPED_AXES = (None, "act_batch", None, "act_embed")
 #: The experts' hidden activations (experts, groups, capacity, expert d_ff).
 EXPERT_HIDDEN_AXES = ("act_exp", "act_batch", None, "act_mlp")
 #: Queries and attention outputs (batch, seq, heads, head_dim): sequence over ``cp``.

@@ -42,6 +42,7 @@ from remat_kit import names
 from remat_kit_models.axes import (
     DISPATCHED_AXES,
     EXPERT_HIDDEN_AXES,
+    GROUPED_AXES,
     constrain,
     partitioned,
 )
@@ -231,10 +232,13 @@ def _capacity(
     mask = chosen.astype(x.dtype)
     dispatch = jnp.einsum("gske,gskc->gsec", mask, place)
     combine = jnp.einsum("gske,gskc,gsk->gsec", mask, place, weights.astype(x.dtype))
-    routed = constrain(jnp.einsum("gsec,gsd->egcd", dispatch, x), DISPATCHED_AXES)
+    # Made split by groups, then resharded by experts: the all-to-all dispatch under ep.
+    routed = constrain(jnp.einsum("gsec,gsd->egcd", dispatch, x), GROUPED_AXES)
+    routed = constrain(routed, DISPATCHED_AXES)
     hidden = lambda h, moe_name, name: _tag(constrain(h, EXPERT_HIDDEN_AXES), moe_name, name)
     gate = hidden(jnp.einsum("egcd,edf->egcf", routed, w[0]), names.MOE_MLPWI_0, names.MLPWI_0)
     up = hidden(jnp.einsum("egcd,edf->egcf", routed, w[1]), names.MOE_MLPWI_1, names.MLPWI_1)
     out = jnp.einsum("egcf,efd->egcd", _activation(cfg)(gate) * up, w[2])
     out = _tag(constrain(out, DISPATCHED_AXES), names.MOE_MLPWO, names.MLPWO)
-    return jnp.einsum("gsec,egcd->gsd", combine, out)
+    # Back to the groups' devices (the all-to-all combine under ep) before the combine.
+    return jnp.einsum("gsec,egcd->gsd", combine, constrain(out, GROUPED_AXES))

@@ -306,6 +306,7 @@ def model_config(
     cfg = cfg.replace(
         attention=resolve_attention(opts.attention, target, cfg, opts.seq, _cp(opts, target))
     )
+    cfg = _experts_for_mesh(opts, cfg, target)
     if opts.seq > cfg.max_seq_len and cfg.family == "gpt2":
         raise BadValue(
             f"seq={opts.seq} exceeds {opts.model}'s learned positions ({cfg.max_seq_len}); "
@@ -393,6 +394,28 @@ def _cp(opts: Options, target: rk.Target) -> int:
         return rk.parse_shard(opts.shard, target.devices).size("cp")
     except BadValue:
         return 1
+
+
+def _experts_for_mesh(opts: Options, cfg: ModelConfig, target: rk.Target) -> ModelConfig:
+    """Under ``ep``: the experts must split evenly, and they run as capacity einsums unless
+    the caller chose ragged ones.
+
+    XLA's SPMD partitioner turns the capacity dispatch's einsums over expert-split weights
+    into all-to-alls (GShard); it has no expert-parallel partitioning of ``ragged_dot``, whose
+    expert-split weights it all-gathers whole on every device of the group.
+    """
+    if not opts.shard:
+        return cfg
+    try:
+        plan = rk.parse_shard(opts.shard, target.devices)
+    except BadValue:
+        return cfg  # named by the mesh's own check
+    if plan.size("ep") == 1:
+        return cfg
+    plan.check_experts(cfg.n_experts)
+    if cfg.moe_impl == "ragged" and "moe_impl" not in dict(opts.overrides):
+        return cfg.replace(moe_impl="capacity")
+    return cfg
 
 
 def _human(nbytes: float) -> str:

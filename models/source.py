@@ -105,6 +105,13 @@ class PresetSource:
             "layers": cfg.n_layers,
             "params": cfg.param_count(),
         }
+        if cfg.n_experts:
+            meta["experts"] = {
+                "routed": cfg.n_experts,
+                "per_token": cfg.experts_per_token,
+                "impl": cfg.moe_impl,
+                "capacity_factor": cfg.capacity_factor if cfg.moe_impl == "capacity" else None,
+            }
         return rk.sources.SourceStep(step, cfg.policy, cfg.schedule, cfg.attention, meta)
 
     def check_step(self, built: rk.sources.SourceStep, what: str) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import remat_kit_models as models
 
@@ -61,3 +64,61 @@ def memory_report(target: str | None = "h100", **fields):
     )
     values.update(fields)
     return rk.MemoryReport(**values)
+
+
+def axis_groups(mesh, axis: str) -> set:
+    """The device groups of one mesh axis, as the partition ids HLO names them."""
+    ids = np.arange(mesh.size).reshape(tuple(mesh.shape.values()))
+    ids = np.moveaxis(ids, list(mesh.shape).index(axis), -1)
+    return {frozenset(g.tolist()) for g in ids.reshape(-1, mesh.shape[axis])}
+
+
+def replica_groups(line):
+    """The device groups of a collective, in any of the three forms XLA writes them."""
+    m = re.search(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", line)
+    if m:
+        return {frozenset(map(int, g.split(","))) for g in re.findall(r"\{([\d,]+)\}", m.group(1))}
+    m = re.search(
+        r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\))?"
+        r"\s*\{([^}]*)\}",
+        line,
+    )
+    if m:  # mesh['axis_0'=2,'axis_1'=4] {'axis_1'}: devices in order over that mesh, or in
+        # the order device_ids=([2,2]T(1,0)) lays them out (an iota, transposed)
+        sizes = [(a, int(n)) for a, n in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+        named = re.findall(r"'([^']+)'", m.group(4))
+        ids = np.arange(np.prod([n for _, n in sizes]))
+        if m.group(2):
+            laid = np.arange(ids.size).reshape(tuple(map(int, m.group(2).split(","))))
+            if m.group(3):
+                laid = laid.transpose(tuple(map(int, m.group(3).split(","))))
+            ids = laid.reshape(-1)
+        ids = ids.reshape([n for _, n in sizes])
+        axes = [a for a, _ in sizes]
+        ids = np.moveaxis(ids, [axes.index(a) for a in named], range(-len(named), 0))
+        width = int(np.prod([n for a, n in sizes if a in named]))
+        return {frozenset(g.tolist()) for g in ids.reshape(-1, width)}
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+    if not m:
+        return set()
+    dims = tuple(map(int, m.group(3).split(",")))
+    ids = np.arange(int(np.prod(dims))).reshape(dims)
+    if m.group(4):
+        ids = ids.transpose(tuple(map(int, m.group(4).split(","))))
+    return {frozenset(g.tolist()) for g in ids.reshape(int(m.group(1)), int(m.group(2)))}
+
+
+def collectives(text, op):
+    """(result arrays as (dtype, dims), replica groups, op_name) of every ``op`` in the HLO."""
+    out = []
+    for line in text.splitlines():
+        if not re.search(rf"\s{op}(-start)?\(", line):
+            continue
+        result = line.split("=", 1)[1].split(f" {op}", 1)[0]
+        arrays = [
+            (dtype, tuple(map(int, d.split(","))))
+            for dtype, d in re.findall(r"(\w+)\[([\d,]+)\]", result)
+        ]
+        name = re.search(r'op_name="([^"]*)"', line)
+        out.append((arrays, replica_groups(line), name.group(1) if name else ""))
+    return out

@@ -7,7 +7,6 @@ program and its memory come from deviceless compiles for H100s.
 import functools
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from jax.sharding import PartitionSpec as P
 
 import remat_kit as rk
 import remat_kit_models as models
+from helpers import axis_groups, collectives
 from remat_kit import sharding as rks
 from remat_kit.analysis import abstract
 from remat_kit.cli import main
@@ -84,49 +84,7 @@ def _program(shard, **changes):
 
 def _cp_groups(mesh):
     """The device groups of the mesh's cp axis, as the partition ids HLO names them."""
-    ids = np.arange(mesh.size).reshape(tuple(mesh.shape.values()))
-    ids = np.moveaxis(ids, list(mesh.shape).index("cp"), -1)
-    return {frozenset(g.tolist()) for g in ids.reshape(-1, mesh.shape["cp"])}
-
-
-def _replica_groups(line):
-    """The device groups of a collective, in any of the three forms XLA writes them."""
-    m = re.search(r"replica_groups=\{(\{[\d,]*\}(?:,\{[\d,]*\})*)\}", line)
-    if m:
-        return {frozenset(map(int, g.split(","))) for g in re.findall(r"\{([\d,]+)\}", m.group(1))}
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
-    if m:  # mesh['axis_0'=2,'axis_1'=4] {'axis_1'}: devices in order over that mesh
-        sizes = [(a, int(n)) for a, n in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
-        named = re.findall(r"'([^']+)'", m.group(2))
-        ids = np.arange(np.prod([n for _, n in sizes])).reshape([n for _, n in sizes])
-        axes = [a for a, _ in sizes]
-        ids = np.moveaxis(ids, [axes.index(a) for a in named], range(-len(named), 0))
-        width = int(np.prod([n for a, n in sizes if a in named]))
-        return {frozenset(g.tolist()) for g in ids.reshape(-1, width)}
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
-    if not m:
-        return set()
-    dims = tuple(map(int, m.group(3).split(",")))
-    ids = np.arange(int(np.prod(dims))).reshape(dims)
-    if m.group(4):
-        ids = ids.transpose(tuple(map(int, m.group(4).split(","))))
-    return {frozenset(g.tolist()) for g in ids.reshape(int(m.group(1)), int(m.group(2)))}
-
-
-def _collectives(text, op):
-    """(result arrays as (dtype, dims), replica groups, op_name) of every ``op`` in the HLO."""
-    out = []
-    for line in text.splitlines():
-        if not re.search(rf"\s{op}(-start)?\(", line):
-            continue
-        result = line.split("=", 1)[1].split(f" {op}", 1)[0]
-        arrays = [
-            (dtype, tuple(map(int, d.split(","))))
-            for dtype, d in re.findall(r"(\w+)\[([\d,]+)\]", result)
-        ]
-        name = re.search(r'op_name="([^"]*)"', line)
-        out.append((arrays, _replica_groups(line), name.group(1) if name else ""))
-    return out
+    return axis_groups(mesh, "cp")
 
 
 # --- plans and rules ---------------------------------------------------------------------------
@@ -251,7 +209,7 @@ def test_attention_gathers_keys_and_values_over_cp(shard, attention):
     cp = _cp_groups(mesh)
     kv_heads = dict(CP["overrides"])["kv_heads"] // plan.size("tp")
 
-    gathers = [(dtype, d, name) for arrays, groups, name in _collectives(text, "all-gather")
+    gathers = [(dtype, d, name) for arrays, groups, name in collectives(text, "all-gather")
                if groups == cp for dtype, d in arrays]  # fmt: skip
     # Keys and values gathered whole (their sequence complete) over the cp group, in
     # attention, each once where the forward pass needs it and once where policy "full"
@@ -266,7 +224,7 @@ def test_attention_gathers_keys_and_values_over_cp(shard, attention):
     # Backward: their gradients (whole on every GPU) reduce-scattered over cp to the sequence
     # split (XLA's reduce-scatter pass keeps no op_name: told apart by shape).
     local = seq // plan.size("cp")
-    scattered = [d for arrays, groups, _ in _collectives(text, "reduce-scatter") if groups == cp
+    scattered = [d for arrays, groups, _ in collectives(text, "reduce-scatter") if groups == cp
                  for _, d in arrays]  # fmt: skip
     assert any(local in d and kv_heads in d for d in scattered), scattered
 

@@ -159,6 +159,26 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         ("--max-seq", "learned positions (GPT-2 family)"),
     ):
         p.add_argument(flag, type=positive_int, default=None, help=f"override: {help_text}")
+    for flag, help_text in (
+        ("--experts", "routed experts per MoE layer"),
+        ("--top-k", "experts each token is routed to"),
+        ("--moe-ff", "each expert's MLP width"),
+    ):
+        p.add_argument(flag, type=positive_int, default=None, help=f"override: {help_text}")
+    p.add_argument(
+        "--moe-impl",
+        choices=("ragged", "capacity"),
+        default=None,
+        help="how an MoE model runs its experts: ragged (grouped GEMMs, dropless; the default "
+        "on one GPU) or capacity (einsum dispatch with a capacity factor; the default under "
+        "--shard ep:N, whose all-to-all XLA partitions only this way)",
+    )
+    p.add_argument(
+        "--capacity-factor",
+        type=float,
+        default=None,
+        help="expert slots per token share under --moe-impl capacity (default 1.25)",
+    )
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
 
 

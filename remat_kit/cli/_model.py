@@ -32,7 +32,20 @@ __all__ = [
 ]
 
 #: Model flags that override a preset's config field (``--layers`` sets ``n_layers`` ...).
-_SHAPE_FLAGS = ("layers", "width", "heads", "kv_heads", "ff", "vocab", "max_seq")
+_SHAPE_FLAGS = (
+    "layers",
+    "width",
+    "heads",
+    "kv_heads",
+    "ff",
+    "vocab",
+    "max_seq",
+    "experts",
+    "top_k",
+    "moe_ff",
+    "moe_impl",
+    "capacity_factor",
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -293,6 +293,8 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     )
     if r.step_time is not None:
         table.caption += "\n" + step_time_words(r.step_time, tokens_of(m))
+    if m.get("experts"):
+        table.caption += "\n" + _expert_words(m["experts"])
     if m.get("collectives"):
         table.caption += "\n" + _collective_words(m["collectives"])
     est = r.meta.get("offload_estimate")
@@ -304,6 +306,17 @@ def report_table(r: MemoryReport, target: Target) -> Table:
             f"{est['step_compute_seconds'] * 1e3:.0f} ms"
         )
     return table
+
+
+def _expert_words(e: Mapping[str, Any]) -> str:
+    # How an MoE model's experts ran in the measured program (models' meta["experts"]).
+    how = (
+        f"capacity einsum dispatch (capacity factor {e['capacity_factor']:g}; tokens over an "
+        "expert's capacity skip it)"
+        if e["impl"] == "capacity"
+        else "grouped GEMMs (ragged_dot, dropless)"
+    )
+    return f"experts: {e['routed']} routed, {e['per_token']} per token, as {how}"
 
 
 def _collective_words(summary: Mapping[str, Any]) -> str:
