@@ -201,9 +201,11 @@ def saved_residuals(
     forward = jax.make_jaxpr(flat)(*leaves)
     present = tags_in(forward)
     intended = expected_decisions(policy, present) if policy is not None else {}
+    aliases = _aliases(forward.jaxpr)
     decided: dict[str, str] = {}
     for tag in present:
-        kinds = {r.kind for r in residuals if r.name == tag}
+        same = aliases.get(tag, {tag})
+        kinds = {r.kind for r in residuals if r.name in same}
         if "saved" in kinds:
             decided[tag] = "saved"
         elif "offloaded" in kinds:
@@ -252,6 +254,33 @@ def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> Non
         )
         for sub in sub_jaxprs(eqn):
             _collect_tags(open_jaxpr(sub), inner_mult, out)
+
+
+def _aliases(jaxpr: Any) -> dict[str, set[str]]:
+    """Tags that name one value: ``checkpoint_name(checkpoint_name(x, a), b)`` (MaxText tags
+    expert outputs under their MoE and their dense names alike). A policy that keeps the
+    value under either name keeps it, and the residual carries one of them."""
+    groups: dict[str, set[str]] = {}
+
+    def walk(jx: Any) -> None:
+        made = {}
+        for eqn in jx.eqns:
+            if eqn.primitive.name == "name":
+                name = str(eqn.params["name"])
+                made[eqn.outvars[0]] = name
+                inner = (
+                    made.get(eqn.invars[0]) if not isinstance(eqn.invars[0], core.Literal) else None
+                )
+                if inner is not None and inner != name:
+                    joined = groups.get(name, {name}) | groups.get(inner, {inner})
+                    for t in joined:
+                        groups[t] = joined
+                continue
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub))
+
+    walk(jaxpr)
+    return groups
 
 
 _CHECKPOINTS = ("checkpoint", "remat2", "remat")

@@ -472,3 +472,19 @@ def test_train_step_compiles_for_h100(impl):
     r = measure(opts, "minimal", "h100")
     assert r.target == "h100-80gb" and r.peak_bytes > 0
     assert r.meta["params"] == models.get_config("tiny-moe").param_count()
+
+
+@pytest.mark.parametrize(
+    ("policy", "fate"),
+    [
+        ("minimal", "saved"),
+        ("names:save=moe_mlpwi_0+moe_mlpwi_1+moe_mlpwo", "saved"),
+        ("full", "recomputed"),
+    ],
+)
+def test_a_value_tagged_under_two_names_has_one_fate(policy, fate):
+    # One tensor, two names (moe_mlpwi_0 inside mlpwi_0): whichever name the policy keeps,
+    # the table says both are kept, not "recomputed" for the name the residual lacks.
+    tags = _saved("ragged", policy).tags
+    for moe, dense in zip(rk.names.MOE_NAMES[1:], ("mlpwi_0", "mlpwi_1", "mlpwo"), strict=True):
+        assert tags[moe] == tags[dense] == fate, tags
