@@ -62,3 +62,38 @@ def fit_exponent(xs: Sequence[float], ys: Sequence[float]) -> float:
     import numpy as np
 
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
+
+
+def run_parts(
+    doc: str,
+    argv: Sequence[str] | None,
+    parts: dict[str, Any],
+    name: str,
+    readme_rows: Any,
+    plot: Any,
+) -> None:
+    """Runs the parts ``--only`` names (all by default) into results/<name>.json and .png.
+
+    A part not run keeps what an earlier run wrote; ``readme_rows(data)`` and ``plot(data,
+    path)`` see every part's rows.
+    """
+    import json
+    import time
+
+    args = parse(doc, argv)
+    asked = {s for s in args.only.split(",") if s}
+    if asked - set(parts):
+        raise SystemExit(f"--only: unknown part(s) {sorted(asked - set(parts))}; {sorted(parts)}")
+    only = asked or set(parts)
+    path = args.out / f"{name}.json"
+    data: dict[str, Any] = {part: [] for part in parts}
+    if path.exists():
+        data.update({k: v for k, v in json.loads(path.read_text()).items() if k in data})
+    for part in parts:
+        if part in only:
+            t0 = time.perf_counter()
+            data[part] = parts[part](args)
+            data[f"{part}_seconds"] = time.perf_counter() - t0
+    data["readme_rows"] = readme_rows(data)
+    write_json(path, data)
+    plot(data, args.out / f"{name}.png")

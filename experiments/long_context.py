@@ -21,11 +21,10 @@ Writes results/long_context.json and results/long_context.png.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 
-from common import parse, save_png, table, write_json
+from common import run_parts, save_png, table
 
 MODEL = "llama3-8b"
 ONE_POLICIES = ("none", "full", "minimal", "offload_inputs")
@@ -171,24 +170,7 @@ PARTS = {"one": one, "cp": cp, "peaks": peaks}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse(__doc__, argv)
-    asked = {s for s in args.only.split(",") if s}
-    if asked - set(PARTS):
-        raise SystemExit(f"--only: unknown part(s) {sorted(asked - set(PARTS))}; {sorted(PARTS)}")
-    only = asked or set(PARTS)
-    path = args.out / "long_context.json"
-    # A part not run keeps what an earlier run wrote.
-    data = {name: [] for name in PARTS}
-    if path.exists():
-        data.update({k: v for k, v in json.loads(path.read_text()).items() if k in data})
-    for name in PARTS:
-        if name in only:
-            t0 = time.perf_counter()
-            data[name] = PARTS[name](args)
-            data[f"{name}_seconds"] = time.perf_counter() - t0
-    data["readme_rows"] = readme_rows(data)
-    write_json(path, data)
-    plot(data, args.out / "long_context.png")
+    run_parts(__doc__, argv, PARTS, "long_context", readme_rows, plot)
 
 
 def _k(seq: int) -> str:

@@ -22,11 +22,10 @@ Writes results/moe.json and results/moe.png.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 
-from common import parse, save_png, table, write_json
+from common import run_parts, save_png, table
 
 MODELS = ("qwen3-30b-a3b", "mixtral-8x7b")
 #: Published totals: the Hugging Face model cards (Qwen3-30B-A3B: 30.5B; Mixtral-8x7B: 46.7B),
@@ -167,24 +166,7 @@ PARTS = {"params": params, "catalogue": catalogue, "ep": ep}
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = parse(__doc__, argv)
-    asked = {s for s in args.only.split(",") if s}
-    if asked - set(PARTS):
-        raise SystemExit(f"--only: unknown part(s) {sorted(asked - set(PARTS))}; {sorted(PARTS)}")
-    only = asked or set(PARTS)
-    path = args.out / "moe.json"
-    # A part not run keeps what an earlier run wrote.
-    data = {name: [] for name in PARTS}
-    if path.exists():
-        data.update({k: v for k, v in json.loads(path.read_text()).items() if k in data})
-    for name in PARTS:
-        if name in only:
-            t0 = time.perf_counter()
-            data[name] = PARTS[name](args)
-            data[f"{name}_seconds"] = time.perf_counter() - t0
-    data["readme_rows"] = readme_rows(data)
-    write_json(path, data)
-    plot(data, args.out / "moe.png")
+    run_parts(__doc__, argv, PARTS, "moe", readme_rows, plot)
 
 
 def readme_rows(data: dict) -> list[list[str]]:

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from remat_kit._shapes import path_keys
 from remat_kit.errors import InspectError
 from remat_kit.peak.dump import DumpFiles
 from remat_kit.peak.parsers import (
@@ -140,16 +141,7 @@ def key_paths(tree: Any) -> list[tuple[str, ...]]:
       >>> key_paths({"params": {"mlp": {"kernel": 0}}, "step": 1})
       [('params', 'mlp', 'kernel'), ('step',)]
     """
-    out = []
-    for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        keys = []
-        for k in path:
-            for attr in ("key", "name", "idx"):
-                if hasattr(k, attr):
-                    keys.append(str(getattr(k, attr)))
-                    break
-        out.append(tuple(keys))
-    return out
+    return [path_keys(path) for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import jax
 from flax.core import meta
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from remat_kit._shapes import array_bytes
+from remat_kit._shapes import array_bytes, path_keys
 from remat_kit.errors import BadValue
 from remat_kit.sharding.plan import MeshPlan
 
@@ -172,11 +172,11 @@ def opt_state_shardings(opt_state: Any, params: Any, shardings: Any, mesh: Mesh)
         jax.tree.leaves(shardings, is_leaf=lambda v: isinstance(v, NamedSharding)),
         strict=True,
     ):
-        by_path[_path_keys(path)] = (tuple(x.shape), s)
+        by_path[path_keys(path)] = (tuple(x.shape), s)
     replicated = NamedSharding(mesh, PartitionSpec())
 
     def one(path: Any, x: Any) -> NamedSharding:
-        keys, shape = _path_keys(path), tuple(getattr(x, "shape", ()))
+        keys, shape = path_keys(path), tuple(getattr(x, "shape", ()))
         for i in range(len(keys)):
             hit = by_path.get(keys[i:])
             if hit is not None and hit[0] == shape:
@@ -281,18 +281,6 @@ def _spec_by_shape(shape: tuple[int, ...], plan: MeshPlan) -> PartitionSpec:
     return PartitionSpec()
 
 
-def _path_keys(path: Sequence[Any]) -> tuple[str, ...]:
-    out = []
-    for k in path:
-        for attr in ("key", "name", "idx"):
-            if hasattr(k, attr):
-                out.append(str(getattr(k, attr)))
-                break
-        else:
-            out.append(str(k))
-    return tuple(out)
-
-
 def _path_str(path: Sequence[Any]) -> str:
-    keys = [k for k in _path_keys(path) if k != "params"]
+    keys = [k for k in path_keys(path) if k != "params"]
     return "/".join(keys) or "<root>"
