@@ -15,7 +15,8 @@ outputs (by their tags), the bytes a dot policy recomputes of them (the ragged n
 all-to-all bytes replayed in the backward pass.
 
 Part ``ep``: per-GPU peak and step time under ``minimal`` as ep grows from 1 to 8 (fsdp
-fills the rest of the 8 GPUs), with each compile's wall time.
+fills the rest of the 8 GPUs), every row with the capacity dispatch, with each compile's wall
+time.
 
 Writes results/moe.json and results/moe.png.
 """
@@ -47,10 +48,18 @@ BATCH, SEQ, GPUS = 8, 4096, 8
 GiB = 2**30
 
 
-def _options(model: str, shard: str, seq: int = SEQ):
+def _options(model: str, shard: str, **overrides):
     from remat_kit_models.measure import Options
 
-    return Options(model, batch=BATCH, seq=seq, optimizer="adamw", precision="bf16", shard=shard)
+    return Options(
+        model,
+        batch=BATCH,
+        seq=SEQ,
+        optimizer="adamw",
+        precision="bf16",
+        shard=shard,
+        overrides=tuple(overrides.items()),
+    )
 
 
 def params(args) -> list[dict]:
@@ -143,7 +152,8 @@ def ep(args) -> list[dict]:
     out = []
     for model in MODELS[:1] if args.quick else MODELS:
         for mesh in EP_MESHES:
-            w = workload(_options(model, mesh), target)
+            # One dispatch for every row (ep=1 included), so only the mesh changes.
+            w = workload(_options(model, mesh, moe_impl="capacity"), target)
             out.append(_row(model, mesh, "minimal", w))
     rows = [
         {
