@@ -10,6 +10,7 @@ import remat_kit as rk
 import remat_kit_models as models
 from conftest import SMALL
 from helpers import tokens
+from remat_kit.flops import scan_operand_split
 
 
 def _concrete(tree, seed=0):
@@ -201,7 +202,8 @@ def test_the_accumulator_has_its_dtype_in_the_program_and_the_shapes(accum_dtype
     # The traced program: the micro-batch loop carries the accumulator in that dtype.
     jaxpr = jax.make_jaxpr(step.fn)(*step.args).jaxpr
     (scan,) = [e for e in jaxpr.eqns if e.primitive.name == "scan"]
-    carried = [v.aval for v in scan.outvars[: scan.params["num_carry"]]]
+    _, num_carry = scan_operand_split(scan)  # a param before jax 0.12, a flat tree after
+    carried = [v.aval for v in scan.outvars[:num_carry]]
     weights = {(x.shape, x.dtype) for x in jax.tree.leaves(step.args[0])}
     acc = [a for a in carried if (a.shape, jnp.dtype(jnp.bfloat16)) in weights]
     assert sum(a.size for a in acc) == n

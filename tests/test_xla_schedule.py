@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 import remat_kit as rk
-from remat_kit.timing.xla_schedule import read_schedule, xla_estimate
+from remat_kit.timing.xla_schedule import analytical_estimator_runs, read_schedule, xla_estimate
 
 TINY = (Path(__file__).parent / "data" / "tiny_schedule.txt").read_text()
 
@@ -62,6 +62,9 @@ def test_a_sharded_compile_gives_each_layer_loop_one_run_per_layer():
         "tiny-llama", 4, 128, optimizer="sgd", overrides=(("layers", layers),), shard="fsdp:2"
     )
     e = xla_estimate(_lowered(opts, rk.target("h100", devices=2)), rk.target("h100", devices=2))
+    if not analytical_estimator_runs():  # jax 0.12's XLA aborts on it: nothing to read
+        assert e is None
+        return
     loops = sorted(runs for _, runs in e.computations.values())
     assert loops == [1, layers, layers]  # the entry, the forward and the backward scan
     assert 0 < e.seconds < 0.01  # a tiny step: microseconds, not XLA's default for a while

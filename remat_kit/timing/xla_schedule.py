@@ -13,7 +13,10 @@ the entry's total, less the time it gives its ``while`` instructions, plus each 
 total times the loop's trip count (recursively). Measured on this deviceless compile (jax 0.10):
 the analytical estimator gives a ``while`` a large default (73 ms for tiny-llama's backward
 loop, whose four trips take 88 us by its own body schedule), so the entry's total alone is not
-the step; it charges no launch cost per kernel.
+the step; it charges no launch cost per kernel. With jax 0.12 the analytical estimator aborts
+the process in a deviceless compile (a failed ``CHECK`` in XLA's ``shape.h``: ``buffer !=
+nullptr``), which no ``try`` can catch; there :func:`xla_estimate` answers None without
+compiling.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "XlaEstimate",
+    "analytical_estimator_runs",
     "read_schedule",
     "xla_estimate",
 ]
@@ -143,6 +147,18 @@ def read_schedule(text: str) -> XlaEstimate:
     return XlaEstimate(seconds, runs, wasted_total)
 
 
+def analytical_estimator_runs() -> bool:
+    """Whether this jaxlib's XLA can run its analytical latency estimator deviceless.
+
+    jax 0.12.0.1's aborts the process on it (measured on tiny-llama, fsdp:2 over two H100s);
+    jax 0.10.2's runs it.
+    """
+    import jax
+
+    major, minor = (int(p) for p in jax.__version__.split(".")[:2])
+    return (major, minor) < (0, 12)
+
+
 def xla_estimate(lowered: Any, target: Any) -> XlaEstimate | None:
     """Compiles ``lowered`` for ``target`` with the schedule dumped and reads XLA's estimate.
 
@@ -156,8 +172,11 @@ def xla_estimate(lowered: Any, target: Any) -> XlaEstimate | None:
     Returns:
       The XlaEstimate, or None where XLA wrote no schedule: it schedules a program on one
       device without its latency-hiding scheduler (measured: jax 0.10, h100), so only
-      programs over several devices have one.
+      programs over several devices have one; also None, with nothing compiled, where the
+      estimator would abort the process (:func:`analytical_estimator_runs`).
     """
+    if not analytical_estimator_runs():
+        return None
     from remat_kit.targets.codegen import analysis_options
     from remat_kit.xla import captured_stderr, compile_with
 
