@@ -43,6 +43,7 @@ __all__ = [
     "check_policy_matches",
     "check_traced_with",
     "checkpoint_policies",
+    "expert_dots_recomputed",
     "keeps_dots",
     "offload_shortfall",
     "ragged_dots_recomputed",
@@ -341,33 +342,10 @@ def ragged_dots_recomputed(closed: Any) -> Note | None:
       >>> note.data["per_layer_bytes"], note.data["suggest"]
       (128, 'dots_and_ragged')
     """
-    found: list[tuple[Any, int, int]] = []  # (policy callable, bytes per run, runs)
-
-    def walk(jaxpr: Any, runs: int) -> None:
-        for eqn in jaxpr.eqns:
-            name = eqn.primitive.name
-            if name in ("checkpoint", "remat2", "remat") and not eqn.params.get("differentiated"):
-                fn = eqn.params.get("policy")
-                body = open_jaxpr(eqn.params["jaxpr"])
-                if fn is not None and keeps_dots(fn):
-                    nbytes = _ragged_recomputed_bytes(fn, body)
-                    if nbytes:
-                        found.append((fn, nbytes, runs))
-                walk(body, runs)  # a checkpoint nested inside decides for its own body
-                continue
-            inner = runs * int(eqn.params.get("length", 1)) if name == "scan" else runs
-            for sub in sub_jaxprs(eqn):
-                walk(open_jaxpr(sub), inner)
-
-    walk(open_jaxpr(closed), 1)
+    found = _missed_by_dot_policies(closed, _is_ragged)
     if not found:
         return None
-    fn = max(found, key=lambda f: f[1])[0]
-    owner = _policy_of(fn)
-    if owner is not None and owner.name == "custom":  # rk.remat given a raw jax callable
-        fn, owner = owner.jax_policy, None
-    label = owner.spec if owner is not None else _describe(fn)
-    key = owner.spec if owner is not None else repr(fn)
+    label, key = _label(found)
     return Note(
         "ragged_dots_recomputed",
         {
@@ -377,6 +355,90 @@ def ragged_dots_recomputed(closed: Any) -> Note | None:
             "suggest": _WITH_RAGGED.get(key),
         },
     )
+
+
+def expert_dots_recomputed(closed: Any) -> Note | None:
+    """A note when a policy that keeps weight matmuls recomputes batched ones against weights.
+
+    Expert GEMMs written as einsums (the capacity dispatch of GShard, Switch and MaxText's
+    dense path: ``"egcd,edf->egcf"``) carry the expert as a batch dimension, and jax's
+    ``dots_with_no_batch_dims_saveable`` (``dots_no_batch``, ``offload_dots_no_batch``)
+    leaves every product with a batch dimension to be recomputed: maxtext#2207. Read from the
+    traced program, not from names: a batched ``dot_general`` one of whose operands is an
+    input of the checkpointed block (a weight: cast, reshaped or transposed at most, its
+    batch dimensions leading) and whose output the block's dot policy recomputes. Attention's
+    batched products read projections made inside the block, so they do not count.
+
+    Args:
+      closed: the jaxpr of the forward function, as for :func:`ragged_dots_recomputed`.
+
+    Returns:
+      The note (kind ``expert_dots_recomputed``): the policy, the bytes one checkpoint run
+      recomputes, most of any, and how many runs recompute some; None when none does.
+
+    Example:
+      >>> f = jax.checkpoint(
+      ...     lambda x, w: jnp.einsum("ecd,edf->ecf", jnp.sin(x), w).sum(),
+      ...     policy=rk.policy("dots_no_batch"))
+      >>> args = jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5))
+      >>> expert_dots_recomputed(jax.make_jaxpr(f)(*args)).data["per_layer_bytes"]
+      120
+    """
+    found = _missed_by_dot_policies(closed, _is_batched_weight_product)
+    if not found:
+        return None
+    label, _ = _label(found)
+    return Note(
+        "expert_dots_recomputed",
+        {
+            "policy": label,
+            "per_layer_bytes": max(f[1] for f in found),
+            "layers": sum(f[2] for f in found),
+        },
+    )
+
+
+_CHECKPOINT_PRIMS = ("checkpoint", "remat2", "remat")
+#: Ops that change a value's dtype or layout but not what it is (a weight stays a weight).
+_LAYOUT = {"convert_element_type", "copy", "copy_p", "reshape", "transpose", "squeeze"}
+
+
+def _missed_by_dot_policies(
+    closed: Any, counts: Callable[[Any, Any], bool]
+) -> list[tuple[Any, int, int]]:
+    """``(policy callable, bytes per run, runs)`` of each checkpoint whose dot policy (one that
+    keeps a plain ``dot_general``) recomputes outputs of equations ``counts(eqn, body)``."""
+    found: list[tuple[Any, int, int]] = []
+
+    def walk(jaxpr: Any, runs: int) -> None:
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name in _CHECKPOINT_PRIMS and not eqn.params.get("differentiated"):
+                fn = eqn.params.get("policy")
+                body = open_jaxpr(eqn.params["jaxpr"])
+                if fn is not None and keeps_dots(fn):
+                    nbytes = _recomputed_bytes(fn, body, counts)
+                    if nbytes:
+                        found.append((fn, nbytes, runs))
+                walk(body, runs)  # a checkpoint nested inside decides for its own body
+                continue
+            inner = runs * int(eqn.params.get("length", 1)) if name == "scan" else runs
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub), inner)
+
+    walk(open_jaxpr(closed), 1)
+    return found
+
+
+def _label(found: list[tuple[Any, int, int]]) -> tuple[str, str]:
+    # The policy that recomputes most, as the user named it, and its key in _WITH_RAGGED.
+    fn = max(found, key=lambda f: f[1])[0]
+    owner = _policy_of(fn)
+    if owner is not None and owner.name == "custom":  # rk.remat given a raw jax callable
+        fn, owner = owner.jax_policy, None
+    if owner is not None:
+        return owner.spec, owner.spec
+    return _describe(fn), repr(fn)
 
 
 def keeps_dots(fn: Any) -> bool:
@@ -399,20 +461,47 @@ def _probe_dot() -> Any:
     return jax.make_jaxpr(jnp.matmul)(x, x).eqns[0]
 
 
-def _ragged_recomputed_bytes(fn: Any, body: Any, times: int = 1) -> int:
-    """Bytes of the ``ragged_dot_general`` outputs in one run of ``body`` that ``fn``
-    recomputes (nested checkpoints decide for themselves and are left out)."""
+def _is_ragged(eqn: Any, body: Any) -> bool:
+    del body
+    return eqn.primitive.name == "ragged_dot_general"
+
+
+def _is_batched_weight_product(eqn: Any, body: Any) -> bool:
+    if eqn.primitive.name != "dot_general":
+        return False
+    (_, _), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
+    if not lhs_batch:
+        return False
+    inputs = set(body.invars)
+    producers = {v: e for e in body.eqns for v in e.outvars}
+    for v, batch in zip(eqn.invars, (lhs_batch, rhs_batch), strict=True):
+        if tuple(batch) != tuple(range(len(batch))):
+            continue  # a weight stack leads with its batch (expert) dimensions
+        while v in producers and producers[v].primitive.name in _LAYOUT:
+            v = producers[v].invars[0]
+        if v in inputs:
+            return True
+    return False
+
+
+def _recomputed_bytes(
+    fn: Any, scope: Any, counts: Callable[[Any, Any], bool], times: int = 1
+) -> int:
+    """Bytes of the outputs of ``counts`` equations in one run of ``scope`` (a checkpoint's
+    body, then each sub-jaxpr in turn, whose inputs ``counts`` sees) that ``fn`` recomputes;
+    nested checkpoints decide for themselves and are left out."""
     total = 0
-    for eqn in body.eqns:
+    for eqn in scope.eqns:
         name = eqn.primitive.name
-        if name == "ragged_dot_general":
+        if counts(eqn, scope):
             if decide_eqn(fn, eqn) == "recompute":
                 aval = eqn.outvars[0].aval
                 total += times * array_bytes(aval.shape, aval.dtype)
             continue
-        if name in ("checkpoint", "remat2", "remat"):
+        if name in _CHECKPOINT_PRIMS:
             continue
         inner = times * int(eqn.params.get("length", 1)) if name == "scan" else times
         for sub in sub_jaxprs(eqn):
-            total += _ragged_recomputed_bytes(fn, open_jaxpr(sub), inner)
+            opened = open_jaxpr(sub)
+            total += _recomputed_bytes(fn, opened, counts, inner)
     return total

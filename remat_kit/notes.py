@@ -56,6 +56,8 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "offload_link_bound": ("target", "host_bytes", "transfer_seconds", "step_compute_seconds"),
     # remat_kit.checks.ragged_dots_recomputed
     "ragged_dots_recomputed": ("policy", "per_layer_bytes", "layers", "suggest"),
+    # remat_kit.checks.expert_dots_recomputed
+    "expert_dots_recomputed": ("policy", "per_layer_bytes", "layers"),
     # remat_kit.checks.check_policy_matches
     "no_tag_matched_in": ("policy", "names", "where", "tags"),
     # BatchFit.note: remat_kit.search.batch

@@ -84,6 +84,14 @@ CASES = [
         "rk.policy('either', a=<this policy>, b='ragged_dots') keeps them",
     ),
     (
+        "expert_dots_recomputed",
+        {"policy": "dots_no_batch", "per_layer_bytes": 5 * 2**20, "layers": 48},
+        "policy 'dots_no_batch' keeps weight matmuls but recomputes batched matmuls against "
+        "weights (expert GEMMs with the expert as a batch dimension, maxtext#2207): 5.00 MiB per "
+        "layer, 48 layer(s); save them by their tags (minimal does on the presets) or with "
+        "'dots', which keeps every batched product too",
+    ),
+    (
         "offload_on_cpu",
         {"policy": "offload_dots"},
         "policy 'offload_dots' offloads to host, but a cpu compile does not measure host memory "

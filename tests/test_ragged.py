@@ -296,3 +296,62 @@ def test_a_report_on_a_users_moe_factory_carries_the_note(policy, noted, tmp_pat
     (note,) = notes
     assert note["per_layer_bytes"] == _per_layer_bytes()
     assert note["layers"] == 2 and note["suggest"] == "dots_no_batch_and_ragged"
+
+
+# --------------------------------------------------------------------------------------------
+# Expert GEMMs as batched einsums (the capacity dispatch): dots_no_batch misses them too
+
+
+def _preset_forward(impl, policy, dtype="f32"):
+    import remat_kit_models as models
+
+    cfg = models.get_config("tiny-moe", moe_impl=impl, policy=policy, dtype=dtype)
+    module = models.build(cfg)
+    toks = _spec(2, 16, dtype=jnp.int32)
+    params = jax.eval_shape(module.init, jax.random.key(0), toks)
+    return jax.make_jaxpr(module.apply)(params, toks), cfg
+
+
+def _capacity_bytes_by_hand(cfg):
+    """One layer's expert GEMM outputs under the capacity dispatch: (E, groups, C, width) for
+    gate and up (expert width) and out (model width), f32; 2 sequences of 16 tokens, top 2 of
+    4 experts, factor 1.25: C = ceil(2 * 16 * 1.25 / 4) = 10."""
+    slots = cfg.n_experts * 2 * 10
+    return slots * (2 * cfg.expert_d_ff + cfg.d_model) * jnp.dtype(cfg.dtype).itemsize
+
+
+@pytest.mark.parametrize(
+    ("impl", "policy", "ragged", "batched"),
+    [
+        ("capacity", "dots_no_batch", False, True),
+        # f32 weights cast to bf16 before the product: still the block's input.
+        ("capacity/bf16", "dots_no_batch", False, True),
+        ("capacity", "offload_dots_no_batch", False, True),
+        ("capacity", "dots", False, False),  # keeps batched products too
+        ("capacity", "minimal", False, False),  # not a dot policy: keeps them by name
+        ("ragged", "dots_no_batch", True, False),
+        ("ragged", "dots_no_batch_and_ragged", False, False),
+    ],
+)
+def test_each_dot_policy_blind_spot_has_its_note_on_the_moe_preset(impl, policy, ragged, batched):
+    impl, _, dtype = impl.partition("/")
+    forward, cfg = _preset_forward(impl, policy, dtype or "f32")
+    assert (checks.ragged_dots_recomputed(forward) is not None) == ragged
+    note = checks.expert_dots_recomputed(forward)
+    assert (note is not None) == batched
+    if batched:
+        assert note.data["per_layer_bytes"] == _capacity_bytes_by_hand(cfg)
+        assert note.data["layers"] == cfg.n_layers
+        assert "maxtext#2207" in words(note)
+
+
+@pytest.mark.parametrize("attention", ["xla", "cudnn"])
+def test_attention_products_are_not_taken_for_expert_gemms(attention):
+    # Batched too (heads, batch), but over projections made inside the block.
+    import remat_kit_models as models
+
+    cfg = models.get_config("tiny-llama", policy="dots_no_batch", attention=attention, dtype="bf16")
+    module = models.build(cfg)
+    toks = _spec(2, 16, dtype=jnp.int32)
+    params = jax.eval_shape(module.init, jax.random.key(0), toks)
+    assert checks.expert_dots_recomputed(jax.make_jaxpr(module.apply)(params, toks)) is None

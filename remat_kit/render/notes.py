@@ -121,6 +121,16 @@ def _ragged_dots_recomputed(d: Mapping[str, Any]) -> str:
     )
 
 
+def _expert_dots_recomputed(d: Mapping[str, Any]) -> str:
+    return (
+        f"policy {d['policy']!r} keeps weight matmuls but recomputes batched matmuls against "
+        f"weights (expert GEMMs with the expert as a batch dimension, maxtext#2207): "
+        f"{d['per_layer_bytes'] / 2**20:.2f} MiB per layer, {d['layers']} layer(s); save them by "
+        "their tags (minimal does on the presets) or with 'dots', which keeps every batched "
+        "product too"
+    )
+
+
 def _offload_on_cpu(d: Mapping[str, Any]) -> str:
     return (
         f"policy {d['policy']!r} offloads to host, but a cpu compile does not measure host "
@@ -298,6 +308,7 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "flash_recomputes_scores": _flash_recomputes_scores,
     "offload_on_cpu": _offload_on_cpu,
     "ragged_dots_recomputed": _ragged_dots_recomputed,
+    "expert_dots_recomputed": _expert_dots_recomputed,
     "offload_moved_nothing": _offload_moved_nothing,
     "xla_remat": _xla_remat,
     "does_not_fit": _does_not_fit,

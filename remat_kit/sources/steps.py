@@ -201,26 +201,27 @@ def _measure(
         # A dot policy on a mixture of experts recomputes the grouped expert GEMMs (jax's
         # dot policies see dot_general only): say so, with the bytes.
         ways = step.plan.data_size if step.plan is not None else 1
-        note = _ragged_note(source, pol, sch, config, t, ways)
-        if note is not None:
-            report = report.replace(notes=(*report.notes, note))
+        notes = _expert_notes(source, pol, sch, config, t, ways)
+        report = report.replace(notes=(*report.notes, *notes))
     return report
 
 
 @functools.lru_cache(maxsize=64)
-def _ragged_note(
+def _expert_notes(
     source: StepSource,
     pol: Policy,
     sch: Schedule,
     config: TrainConfig,
     t: Target,
     ways: int,
-) -> Note | None:
+) -> tuple[Note, ...]:
     # Traced (not compiled) at one GPU's micro-batch, unsharded: the forward program, where
     # each checkpoint's body is what its policy decides on.
     one = dataclasses.replace(config, batch=max(1, config.micro_batch // ways), accum=1)
     step = source.build_step(pol, sch, one, t, sharded=False).step
-    return checks.ragged_dots_recomputed(jax.make_jaxpr(step.loss_fn)(*step.loss_args))
+    forward = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
+    found = (checks.ragged_dots_recomputed(forward), checks.expert_dots_recomputed(forward))
+    return tuple(n for n in found if n is not None)
 
 
 def _with_offload_estimate(
