@@ -113,9 +113,16 @@ def test_a_recomputed_dispatch_is_reported():
     assert _report("ep:4").meta["batch_per_device"] == BATCH // 4
 
 
-def test_ragged_when_asked_stays_ragged():
-    _, cfg = _program("ep:4", moe_impl="ragged")
-    assert cfg.moe_impl == "ragged"
+@pytest.mark.parametrize(
+    ("shard", "asked", "impl"),
+    [("ep:4", None, "capacity"), ("ep:4", "ragged", "ragged"), ("fsdp:4", None, "ragged")],
+)
+def test_the_experts_run_as_asked_else_as_the_mesh_needs(shard, asked, impl):
+    from remat_kit_models.measure import model_config
+
+    overrides = {} if asked is None else {"moe_impl": asked}
+    cfg = model_config(_opts(shard, **overrides), "minimal", _target(shard))
+    assert cfg.moe_impl == impl
 
 
 @pytest.mark.parametrize(

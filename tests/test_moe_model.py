@@ -311,9 +311,17 @@ def test_ragged_and_capacity_agree_without_drops():
     chex.assert_trees_all_close(grads_c, grads_r, **F32)
 
 
-@pytest.mark.parametrize("policy", ["full", "minimal", "names:save=moe_mlpwo+router_logits"])
+@pytest.mark.parametrize(
+    ("policy", "scan"),
+    [
+        ("full", True),
+        ("minimal", True),
+        ("names:save=moe_mlpwo+router_logits", True),
+        ("minimal", False),  # unrolled: one policy is enough to see the layout work
+    ],
+    ids=["full", "minimal", "names", "minimal-unrolled"],
+)
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
-@pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
 def test_policy_keeps_gradients(policy, impl, scan):
     cfg, toks, params, (ref_loss, ref_grads) = _setup(impl, scan, router_aux_loss_coef=0.05)
     loss, grads = loss_and_grads(cfg.replace(policy=policy), params, toks)
