@@ -304,8 +304,6 @@ _WITH_RAGGED = {
     "dots": "dots_and_ragged",
     "dots_no_batch": "dots_no_batch_and_ragged",
     "offload_dots_no_batch": "offload_dots_no_batch_and_ragged",
-    "DotsSaveable(only_if_no_batch_dims=False)": "dots_and_ragged",  # jax's own callables
-    "DotsSaveable(only_if_no_batch_dims=True)": "dots_no_batch_and_ragged",
 }
 
 
@@ -438,6 +436,17 @@ def _label(found: list[tuple[Any, int, int]]) -> tuple[str, str]:
         fn, owner = owner.jax_policy, None
     if owner is not None:
         return owner.spec, owner.spec
+    import jax
+
+    # jax's own callables, by identity: their repr differs between jax releases (an object
+    # ``DotsSaveable(...)`` in 0.10, a plain function in 0.12).
+    cp = jax.checkpoint_policies
+    for name, known in (
+        ("dots", cp.dots_saveable),
+        ("dots_no_batch", cp.dots_with_no_batch_dims_saveable),
+    ):
+        if fn is known:
+            return _describe(fn), name
     return _describe(fn), repr(fn)
 
 
