@@ -89,6 +89,7 @@ def measure(
         strict=opts.strict,
         warn=warn,
         measured_breakdown=measured_breakdown,
+        depth=opts.depth,
     )
 
 
@@ -131,4 +132,6 @@ def workload(opts: Options, target: rk.Target | str) -> rk.Workload:
       >>> w.n_layers
       4
     """
-    return rk.sources.workload(source_for(opts), target, opts.train_config(), strict=opts.strict)
+    return rk.sources.workload(
+        source_for(opts), target, opts.train_config(), strict=opts.strict, depth=opts.depth
+    )

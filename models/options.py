@@ -60,7 +60,9 @@ class Options:
     ``NAME(policy)`` (``rk.sources``), with ``block`` a ``module:Class`` to rematerialize by
     patching, and ``tags`` the rules naming its projections (``rk.tagging.rules``; ``none``:
     the model's own tags only). ``strict``: a name-based policy that matches no tag of the
-    traced program is an error (the CLI), not a warning.
+    traced program is an error (the CLI), not a warning. ``depth``: how an unrolled model
+    is compiled (``rk.sources.measure``'s ``depth``: ``auto`` from shallow copies, ``full``,
+    ``check``).
     """
 
     model: str
@@ -81,6 +83,7 @@ class Options:
     block: str | None = None
     tags: str = "auto"
     strict: bool = False
+    depth: str = "auto"
 
     def train_config(self) -> rk.TrainConfig:
         return rk.TrainConfig(

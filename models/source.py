@@ -68,6 +68,14 @@ class PresetSource:
         opts = dataclasses.replace(self.opts, attention="xla")
         return model_config(opts, "none", rk.target("cpu")).n_layers
 
+    def at_depth(self, layers: int) -> PresetSource | None:
+        """This model with ``layers`` layers, None when its layers are scanned (a scan
+        compiles one body whatever the depth)."""
+        if self.opts.scan_layers:
+            return None
+        kept = tuple((k, v) for k, v in self.opts.overrides if k not in ("layers", "n_layers"))
+        return PresetSource(dataclasses.replace(self.opts, overrides=(*kept, ("layers", layers))))
+
     def config_for(
         self, policy: rk.policies.PolicyLike, target: rk.Target, schedule: Any = "none"
     ) -> ModelConfig:

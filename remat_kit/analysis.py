@@ -37,6 +37,7 @@ __all__ = [
     "TransferEstimate",
     "abstract",
     "memory_report",
+    "report_notes",
     "transfer_estimate",
 ]
 
@@ -223,6 +224,7 @@ def memory_report(
     meta: Mapping[str, Any] | None = None,
     count_flops: bool = True,
     warn: bool = True,
+    dump_to: str | None = None,
 ) -> MemoryReport:
     """Compiles ``fn(*args)`` for ``target`` and reports its memory, per device.
 
@@ -241,6 +243,8 @@ def memory_report(
       meta: extra labels kept in the report.
       count_flops: count FLOPs from the jaxpr (a second trace; cheap).
       warn: also issue the report's warnings as ``RematWarning``.
+      dump_to: a directory where XLA dumps this compile (:mod:`remat_kit.peak` reads it);
+        the program is then compiled even when the on-disk cache holds its analysis.
 
     Returns:
       The MemoryReport.
@@ -274,7 +278,7 @@ def memory_report(
         traced = jitted.trace(*abstract_args)
         lowered = traced.lower()
         # remat_kit.xla.compile_memory, cached on disk; no machine code for a GPU target.
-        mem = compiled_memory(lowered, t, options=analysis_options(t))
+        mem = compiled_memory(lowered, t, options=analysis_options(t), dump_to=dump_to)
     seconds = time.perf_counter() - start
 
     closed = traced.jaxpr if count_flops or pol is not None else None
@@ -318,7 +322,7 @@ def memory_report(
         },
         step_time=_step_time(mem.kernels, t),
     )
-    notes = _notes_for(report, pol, t) + [Note("xla_log", {"line": m}) for m in mem.xla_messages]
+    notes = report_notes(report, pol, t) + [Note("xla_log", {"line": m}) for m in mem.xla_messages]
     report = report.replace(notes=tuple(notes))
     if warn:
         for text in report.warnings:
@@ -333,7 +337,15 @@ def _step_time(kernels: Sequence[Kernel], t: Target) -> StepTime | None:
     return step_time(kernels, speed, devices_per_host=t.devices_per_host)
 
 
-def _notes_for(r: MemoryReport, pol: Policy | None, t: Target) -> list[Note]:
+def report_notes(r: MemoryReport, pol: Policy | None, t: Target) -> list[Note]:
+    """The notes a report's own figures call for (no tag matched, nothing offloaded, XLA's
+    remat pass, does not fit): for a report built from others' figures as well.
+
+    Example:
+      >>> r = rk.memory_report(lambda a: a * 2, jnp.zeros(4), target="cpu", warn=False)
+      >>> report_notes(r, None, rk.target("cpu"))
+      []
+    """
     notes = []
     if pol is not None and pol.tags:
         # decide() matches the way the policy does (globs over module-path tags included).

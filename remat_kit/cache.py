@@ -493,6 +493,7 @@ def compiled_memory(
     compile_fn: Callable[[Any], CompiledMemory] | None = None,
     *,
     options: Mapping[str, Any] | None = None,
+    dump_to: str | None = None,
 ) -> CompiledMemory:
     """``compile_fn(lowered)``, remembered on disk across runs (see the module docstring).
 
@@ -506,6 +507,9 @@ def compiled_memory(
         with ``options``).
       options: compiler options of the compile (the target's analysis options), part of the
         key (the stand-in ``ptxas``'s path by what it is, not where it lives).
+      dump_to: a directory for XLA's dump (:func:`remat_kit.xla.compile_memory`): the
+        program is then compiled even when the disk holds its analysis, and the analysis
+        is stored.
 
     Returns:
       The CompiledMemory.
@@ -518,7 +522,7 @@ def compiled_memory(
     global _compiled
     if compile_fn is None:
         # Looked up now, so a patched one is used.
-        compile_fn = functools.partial(xla.compile_memory, options=options)
+        compile_fn = functools.partial(xla.compile_memory, options=options, dump_to=dump_to)
     text = lowered.as_text()
     # The same program whatever asked for it: what lets a front merge identical programs.
     program = fingerprint(text)[:16]
@@ -527,7 +531,7 @@ def compiled_memory(
         return dataclasses.replace(compile_fn(lowered), program=program)
     start = time.perf_counter()
     key = entry_key(text, target, key_options(options or {}))
-    record = load(key)
+    record = load(key) if dump_to is None else None  # a dump needs a compile
     if record is not None:
         got = _from_record(record)
         if got is not None:

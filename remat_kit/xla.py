@@ -106,6 +106,7 @@ def compile_memory(
     *,
     options: Mapping[str, Any] | None = None,
     measure_xla_remat: bool = True,
+    dump_to: str | None = None,
 ) -> CompiledMemory:
     """Compiles ``lowered`` and reads its memory analysis and XLA's remat outcome.
 
@@ -116,6 +117,9 @@ def compile_memory(
         of them compiles without them.
       measure_xla_remat: when XLA's pass cloned instructions and said nothing, compile once
         more without it to learn what it saved (False: report 0 saved in that case).
+      dump_to: a directory for XLA's dump of this compile (buffer assignment, live
+        ranges, optimized HLO: :mod:`remat_kit.peak` reads them); the compile that measures
+        XLA's remat pass, if any, dumps nothing.
 
     Returns:
       A CompiledMemory.
@@ -128,7 +132,8 @@ def compile_memory(
     """
     start = time.perf_counter()
     with captured_stderr() as log:
-        compiled = compile_with(lowered, options)
+        dump = {"xla_dump_to": dump_to, "xla_dump_hlo_as_text": True} if dump_to else None
+        compiled = compile_with(lowered, options, dump)
     stats = compiled.memory_analysis()
     lines = log.lines
     limit, saved, fell_short = _remat_from_log(lines)

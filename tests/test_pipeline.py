@@ -60,6 +60,9 @@ class _OwnSource:
     def n_layers(self) -> int:
         return 2
 
+    def at_depth(self, layers):
+        del layers
+
     def check(self, config, target) -> None:
         del config, target
 

@@ -143,6 +143,15 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         "from the environment, else JAX's 0.75); every 'fits' is judged against it",
     )
     p.add_argument(
+        "--depth",
+        choices=("auto", "full", "check"),
+        default="auto",
+        help="unrolled layers (--no-scan, a factory taking layers=): auto answers from "
+        "compiles of 2 and 3 layers, compiling the whole model where a fits verdict is within "
+        "2%% of the limit or the copies are not affine in depth; full compiles the whole model; "
+        "check does both and reports the error (README: Unrolled models)",
+    )
+    p.add_argument(
         "--no-cache",
         action="store_true",
         help="compile afresh: neither read nor write the cache of compiled analyses "

@@ -107,6 +107,7 @@ def options_from_args(args: argparse.Namespace) -> Any:
         shard=getattr(args, "shard", None),
         precision=getattr(args, "precision", None),
         dropout=getattr(args, "dropout", None),
+        depth=getattr(args, "depth", "auto"),
     )
 
 

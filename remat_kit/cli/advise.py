@@ -176,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
 def _target_workload(opts: Any, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
     """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``."""
     on = target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction)
-    return sources.workload(source_for(opts), on, opts.train_config(), strict=opts.strict)
+    return sources.workload(
+        source_for(opts), on, opts.train_config(), strict=opts.strict, depth=opts.depth
+    )
 
 
 def _sharded_workload(opts: Any, name: str, mem_fraction: Any, n: int) -> Any:
@@ -189,6 +191,7 @@ def _sharded_workload(opts: Any, name: str, mem_fraction: Any, n: int) -> Any:
         target(name, devices=n, hosts=hosts, mem_fraction=mem_fraction),
         sharded.train_config(),
         strict=opts.strict,
+        depth=opts.depth,
     )
 
 

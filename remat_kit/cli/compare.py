@@ -156,6 +156,7 @@ def _measure_case(opts: Any, target: Any, baseline: float, case: tuple[str, str]
             opts.train_config(),
             schedule=parse_schedule(schedule),
             baseline=baseline,
+            depth=opts.depth,
         )
 
 
@@ -166,7 +167,7 @@ def _next_steps(run: Any, reports: Any) -> str:
     from remat_kit.errors import DoesNotFit
     from remat_kit.search.budget import check_budget
 
-    w = sources.workload(run.source, run.target, run.config)
+    w = sources.workload(run.source, run.target, run.config, depth=run.opts.depth)
     try:
         check_budget(w, run.opts.batch, run.target.usable_bytes)
     except DoesNotFit as err:

@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
     run = resolve(args)
     opts, target = run.opts, run.target
     policies, schedule = _policies(args, run)
-    w = sources.workload(run.source, target, run.config)
+    w = sources.workload(run.source, target, run.config, depth=run.opts.depth)
     # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
     # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
     check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
@@ -226,7 +226,7 @@ def _throughput(
         # The step is first built at one micro-batch per data-parallel GPU per pass (the
         # search sets the batch); it has to split into ``accum`` passes.
         config = dataclasses.replace(run.config, accum=accum, batch=accum * ways)
-        return sources.workload(run.source, run.target, config)
+        return sources.workload(run.source, run.target, config, depth=run.opts.depth)
 
     specs = [PLAN if pol is None else pol for pol in policies.values()]
     with warnings.catch_warnings(), progress("fit --objective throughput") as step:
@@ -315,7 +315,7 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
             config = dataclasses.replace(run.config, seq=seq)
             source = source_for(dataclasses.replace(run.opts, seq=seq))
             source.check(config, target)
-            workloads[seq] = sources.workload(source, target, config)
+            workloads[seq] = sources.workload(source, target, config, depth=run.opts.depth)
         return workloads[seq]
 
     first = at(step)

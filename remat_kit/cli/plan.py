@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         given=args.policies != ",".join(FRONT_POLICIES),
     )
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
-    w = sources.workload(run.source, target, run.config)
+    w = sources.workload(run.source, target, run.config, depth=run.opts.depth)
     with warnings.catch_warnings(), progress("plan") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         # --sweep adds the whole curve; --plot only draws: what is dominated must not depend

@@ -82,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
             schedule=schedule,
             baseline=baseline,
             measured_breakdown=args.measured_breakdown,
+            depth=args.depth,
         )
     res = None
     if not args.no_residuals:

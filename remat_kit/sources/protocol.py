@@ -69,6 +69,12 @@ class StepSource(Protocol):
         """Layers of the model, None when they cannot be counted."""
         ...
 
+    def at_depth(self, layers: int) -> StepSource | None:
+        """The same model with ``layers`` identical layers (a shallow copy whose programs
+        :mod:`remat_kit.sources.depth` extrapolates from), None when it has no such copy
+        (a scanned stack compiles one body anyway; a factory that takes no ``layers=``)."""
+        ...
+
     def check(self, config: TrainConfig, target: Target) -> None:
         """Checks what needs no trace, before anything is built: the model's sizes, its
         kernels on ``target``; raises BadValue."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
@@ -280,6 +281,27 @@ class ModelSource:
         """
         pol, sch = as_policy(policy), self.check_schedule(schedule)
         return self._build(pol, sch, self._rules())
+
+    def at_depth(self, layers: int) -> ModelSource | None:
+        """The factory's model with ``layers`` layers, when the factory takes ``layers=``
+        (a shallow copy for :mod:`remat_kit.sources.depth`); else None.
+
+        Example:
+          >>> from_factory("tests/data/factories.py:untagged").at_depth(2) is None
+          True
+        """
+        try:
+            named = "layers" in inspect.signature(self.factory).parameters
+        except (TypeError, ValueError):
+            named = False  # a builtin: no signature to read
+        if not named:  # not **kwargs: a factory must say it builds any depth
+            return None
+        return dataclasses.replace(
+            self,
+            spec=f"{self.spec} [{layers} layers]",
+            factory=functools.partial(self.factory, layers=layers),
+            _cache={},
+        )
 
     def check(self, config: TrainConfig, target: Target) -> None:
         """Nothing to check before the factory runs: its model is its own."""

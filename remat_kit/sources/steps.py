@@ -34,7 +34,8 @@ from remat_kit.policies import Policy, PolicyLike, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.workload import Workload
-from remat_kit.sources.protocol import StepSource
+from remat_kit.sources.depth import by_depth, check_depth, near_limit
+from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import from_factory
 from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
@@ -65,6 +66,7 @@ def measure(
     warn: bool = True,
     measured_breakdown: bool = False,
     meta: Mapping[str, Any] | None = None,
+    depth: str = "auto",
 ) -> MemoryReport:
     """Compiles the train step of ``source`` under ``policy`` for ``target`` and reports it.
 
@@ -88,13 +90,18 @@ def measure(
         with XLA's dump; unsharded steps only) instead of the shapes' estimate, which is
         kept in ``meta["breakdown_estimate"]``.
       meta: extra labels for the report.
+      depth: ``"auto"``: an unrolled stack of identical layers is answered from compiles
+        of shallow copies (:mod:`remat_kit.sources.depth`), and compiled at full depth
+        where the copies do not fit a line or the peak comes near the usable memory;
+        ``"full"``: always compile the whole model; ``"check"``: both, the full compile
+        reported with the extrapolation's error. ``meta["depth"]`` says what was done.
 
     Returns:
       The MemoryReport, with the weights/gradients/optimizer/activations breakdown.
 
     Raises:
-      BadValue: a stale trace, an unbuildable schedule, (``strict``) an unmatched policy, or
-        a measured breakdown asked of a sharded step.
+      BadValue: a stale trace, an unbuildable schedule, (``strict``) an unmatched policy, a
+        measured breakdown asked of a sharded step, or an unknown ``depth``.
 
     Example:
       >>> src = rk.sources.from_factory(tiny_model)
@@ -104,6 +111,7 @@ def measure(
     """
     t = as_target(target)
     pol, sch = as_policy(policy), parse_schedule(schedule)
+    check_depth(depth)
     if strict:
         check_policies(source, config, t, [pol])
     if measured_breakdown and source.mesh_plan(t) is not None:
@@ -114,7 +122,7 @@ def measure(
         )
 
     def compute() -> MemoryReport:
-        return _measure(source, pol, sch, t, config, baseline, measured_breakdown, meta)
+        return _measure(source, pol, sch, t, config, baseline, measured_breakdown, meta, depth)
 
     if pol.name == "custom" or meta:
         report = compute()  # a callable has no spec to remember it by
@@ -129,6 +137,7 @@ def measure(
             schedule=sch.spec,
             baseline=baseline,
             measured_breakdown=measured_breakdown,
+            depth=depth,
         )
     if warn:
         for note in report.warnings:
@@ -145,6 +154,7 @@ def _measure(
     baseline: float | None,
     measured_breakdown: bool,
     meta: Mapping[str, Any] | None,
+    depth: str,
 ) -> MemoryReport:
     built = source.build_step(pol, sch, config, t)
     source.check_step(built, f"{source.spec} (b{config.batch} s{config.seq})")
@@ -167,19 +177,42 @@ def _measure(
             batch_per_device=config.batch // step.plan.data_size,
         )
     labels.update(meta or {})
-    report = memory_report(
-        step.fn,
-        *step.args,
-        target=t,
-        donate_argnums=step.donate_argnums,
-        in_shardings=step.in_shardings,
-        out_shardings=step.out_shardings,
-        policy=built.policy,
-        attention=built.attention,
-        schedule=built.schedule.spec,
-        meta=labels,
-        warn=False,
-    )
+
+    def compile_step(b: SourceStep, dump_to: str | None = None) -> MemoryReport:
+        # A shallow copy's report carries the full model's labels: lines through them
+        # keep them as they are.
+        return memory_report(
+            b.step.fn,
+            *b.step.args,
+            target=t,
+            donate_argnums=b.step.donate_argnums,
+            in_shardings=b.step.in_shardings,
+            out_shardings=b.step.out_shardings,
+            policy=b.policy,
+            attention=b.attention,
+            schedule=b.schedule.spec,
+            meta=labels,
+            warn=False,
+            dump_to=dump_to,
+        )
+
+    report, record = None, {}
+    if depth != "full" and not measured_breakdown:
+        report, record = by_depth(source, pol, sch, t, config, compile_step)
+        if report is not None and (depth == "check" or near_limit(report)):
+            full = compile_step(built)
+            record = {
+                **record,
+                "mode": "verified",
+                "extrapolated_peak_bytes": report.peak_bytes,
+                "peak_error": report.peak_bytes / full.peak_bytes - 1.0,
+                "extrapolated_compile_seconds": report.compile_seconds,
+            }
+            report = full
+    if report is None:
+        report = compile_step(built)
+    if record:
+        report = report.replace(meta={**report.meta, "depth": record})
     if measured_breakdown:
         report = add_measured_breakdown(report, step, t)
     else:
@@ -487,6 +520,7 @@ def workload(
     *,
     strict: bool = False,
     label: str | None = None,
+    depth: str = "auto",
 ) -> Workload:
     """The train step of a source as an ``rk.Workload`` for ``rk.plan``, ``rk.max_batch``,
     ``rk.front`` and ``rk.advise``: one call from a model to the search.
@@ -502,6 +536,7 @@ def workload(
       config: sequence, optimizer, precision, accumulation (``batch`` is overridden).
       strict: a policy matching no tag is an error (the CLI), not a warning.
       label: a name for tables (default: the source's label).
+      depth: how an unrolled model is compiled (see :func:`measure`).
 
     Returns:
       The Workload.
@@ -525,7 +560,9 @@ def workload(
 
     n_layers = src.n_layers() if "layers" in src.schedule_kinds else None
     return Workload(
-        lambda p, s, b: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False),
+        lambda p, s, b: measure(
+            src, p, t, at(b), schedule=s, strict=strict, warn=False, depth=check_depth(depth)
+        ),
         lambda p, s, b: step_flop_count(src, p, t, at(b), s),
         target=t,
         seq=config.seq,

@@ -1,0 +1,337 @@
+"""An unrolled stack of identical layers answered from compiles of shallow copies.
+
+Compiling an unrolled model costs about its depth times one layer; a scanned one compiles one
+body. Most models users bring unroll their layers, so every report, fit and plan of a 32-layer
+model pays 32 layers per compile. Here the same step is compiled at two shallow depths
+(:data:`DEPTHS`) and the full-depth figures are read off lines through them:
+
+- sizes that grow by the same amount per layer (arguments, outputs, aliases, host bytes,
+  FLOPs, the predicted step time and its split, the breakdown) are affine in depth: two
+  points give the line;
+- the peak is not. It is the largest of the live bytes at every point of the schedule, and
+  points grow at different rates: the start of the backward pass holds every saved
+  activation, its end every layer's gradient, so the peak can move from one to the other
+  between 8 and 16 layers (measured: a 2048-wide Llama under ``full`` is 8% over a straight
+  line through 2 and 4 layers at 32). So each compile is read from XLA's dump (its buffer
+  assignment and live ranges, :mod:`remat_kit.peak.profile`): the most bytes live in each
+  section of the schedule (phase x layer, or before/after the layers) are fitted per section,
+  ``a + b * depth + c * layer_index`` inside the layers, ``a + b * depth`` outside them, and
+  the full-depth peak is the largest section at full depth (a line in the layer index peaks
+  at the first or last layer).
+
+The fit says how well it fits: the largest residual of the sections that could hold the
+peak. Where that is over :data:`AFFINE_TOLERANCE` of the peak, where XLA's own
+rematerialization pass acted in a shallow copy, or where the section sets of the copies
+differ, the layers are not the stack this assumes, and None sends the caller to compile at
+full depth.
+
+Example:
+  >>> fit = fit_sections({2: {Section("backward", "before"): 10},
+  ...                     3: {Section("backward", "before"): 13}}, layers=32)
+  >>> fit.peak_live_bytes, fit.section
+  (100, 'backward, before the layers')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from remat_kit.analysis import MemoryReport, report_notes
+from remat_kit.errors import BadValue
+from remat_kit.peak.profile import Section, live_sections
+from remat_kit.policies import Policy
+from remat_kit.schedules import Schedule
+from remat_kit.sources.protocol import SourceStep, StepSource
+from remat_kit.targets import Target
+from remat_kit.train import TrainConfig
+
+__all__ = [
+    "AFFINE_TOLERANCE",
+    "DEPTHS",
+    "DEPTH_MODES",
+    "MIN_LAYERS",
+    "VERIFY_MARGIN",
+    "DepthFit",
+    "by_depth",
+    "check_depth",
+    "extrapolate_report",
+    "fit_sections",
+    "near_limit",
+]
+
+#: The shallow depths compiled: two, so that a line through them is the cheapest fit, and
+#: not one, where the first layer is also the last.
+DEPTHS: tuple[int, int] = (2, 3)
+#: Below this depth a full compile costs about what the shallow copies cost.
+MIN_LAYERS = 8
+#: Largest residual of the section fits, as a fraction of the peak, still called affine.
+AFFINE_TOLERANCE = 0.005
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthFit:
+    """The peak of a full-depth program, from the live sections of shallow copies.
+
+    Attributes:
+      layers: the full depth.
+      depths: the shallow depths compiled.
+      peak_live_bytes: the largest section's live bytes at full depth.
+      section: where that lies (``"backward, layer 0"``).
+      residual_bytes: the largest residual of the section fits that could hold the peak
+        (those whose line comes within its own residual of the peak).
+      sections: sections fitted.
+    """
+
+    layers: int
+    depths: tuple[int, ...]
+    peak_live_bytes: int
+    section: str
+    residual_bytes: int
+    sections: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return dataclasses.asdict(self)
+
+
+def fit_sections(by_depth: Mapping[int, Mapping[Section, int]], layers: int) -> DepthFit | None:
+    """Fits each section's live bytes across shallow copies and evaluates them at ``layers``.
+
+    Args:
+      by_depth: depth -> Section -> the most bytes live in it (``live_sections``).
+      layers: the full depth.
+
+    Returns:
+      The DepthFit, or None where the copies' sections do not line up (a section missing
+      at one depth, layer indices other than ``0 .. depth-1``) or a family has too few
+      points to fit.
+
+    Example:
+      >>> s = {d: {Section("backward", "layer", k): 100 + 10 * d - k for k in range(d)}
+      ...      for d in (2, 3)}
+      >>> fit_sections(s, layers=8).peak_live_bytes, fit_sections(s, layers=8).section
+      (180, 'backward, layer 0')
+    """
+    families: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
+    for depth, secs in by_depth.items():
+        for sec, value in secs.items():
+            families.setdefault((sec.phase, sec.role), []).append((depth, sec.layer, value))
+    lines: list[tuple[float, float, str]] = []  # (value at full depth, residual, where)
+    for (phase, role), rows in sorted(families.items()):
+        depths = sorted({d for d, _, _ in rows})
+        if depths != sorted(by_depth):
+            return None  # a section the other copies lack
+        if role == "layer" and any(
+            sorted(k for dd, k, _ in rows if dd == d) != list(range(d)) for d in depths
+        ):
+            # Not every layer runs here (an optimizer phase that names one layer's ops):
+            # the stretch's most bytes per depth, as outside the layers.
+            rows = [(d, -1, max(v for dd, _, v in rows if dd == d)) for d in depths]
+            role = "spans some layers"
+        if role == "layer":
+            a = np.array([[1.0, d, k] for d, k, _ in rows])
+            ends = {0: "layer 0", layers - 1: f"layer {layers - 1}"}
+        else:
+            a = np.array([[1.0, d] for d, _, _ in rows])
+            ends = {-1: f"{role} the layers" if role in ("before", "after") else role}
+        y = np.array([float(v) for _, _, v in rows])
+        if np.linalg.matrix_rank(a) < a.shape[1]:
+            return None
+        coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+        residual = float(np.max(np.abs(a @ coef - y)))
+        for k, where in ends.items():
+            x = [1.0, layers, k] if role == "layer" else [1.0, layers]
+            lines.append((float(np.dot(coef, x)), residual, f"{phase}, {where}"))
+    if not lines:
+        return None
+    peak, _, where = max(lines)
+    residual = max(r for v, r, _ in lines if v + r >= peak)
+    return DepthFit(
+        layers=layers,
+        depths=tuple(sorted(by_depth)),
+        peak_live_bytes=round(peak),
+        section=where,
+        residual_bytes=math.ceil(residual),
+        sections=sum(len(s) for s in by_depth.values()),
+    )
+
+
+def _line(a: Any, b: Any, da: int, db: int, at: int) -> Any:
+    """The value at ``at`` of the line through ``(da, a)`` and ``(db, b)``, kept in type:
+    numbers (ints rounded), mappings and lists element-wise, anything else ``b``'s."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        value = b + (b - a) * (at - db) / (db - da)
+        return round(value) if isinstance(a, int) and isinstance(b, int) else value
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return {k: _line(a.get(k), v, da, db, at) if k in a else v for k, v in b.items()}
+    return b
+
+
+def extrapolate_report(
+    shallow: Sequence[MemoryReport],
+    depths: Sequence[int],
+    fit: DepthFit,
+    fragmentation_bytes: int,
+    usable: tuple[int | None, float | None],
+) -> MemoryReport:
+    """The full-depth report from two shallow copies' reports and the peak's fit.
+
+    Affine figures come from the line through the two copies; the peak from ``fit`` plus
+    ``fragmentation_bytes``; temp bytes are what the peak leaves after the arguments,
+    outputs and aliases. XLA's own peak is absent (no compile made it).
+
+    Args:
+      shallow: the copies' reports, shallow first.
+      depths: their depths.
+      fit: the peak's fit (:func:`fit_sections`).
+      fragmentation_bytes: reserved but free bytes at the peak (the deeper copy's).
+      usable: the target's ``(usable_bytes, fraction_to_fit(peak) or None)``.
+
+    Returns:
+      The MemoryReport at ``fit.layers`` layers, its ``meta["depth"]`` the fit.
+    """
+    a, b = shallow
+    da, db = depths
+    fields = (
+        "argument_bytes",
+        "output_bytes",
+        "alias_bytes",
+        "host_bytes",
+        "host_temp_bytes",
+        "generated_code_bytes",
+        "flops",
+    )
+    changes: dict[str, Any] = {
+        f: _line(getattr(a, f), getattr(b, f), da, db, fit.layers) for f in fields
+    }
+    peak = fit.peak_live_bytes + fragmentation_bytes
+    changes["peak_bytes"] = peak
+    changes["temp_bytes"] = (
+        peak - changes["argument_bytes"] - changes["output_bytes"] + changes["alias_bytes"]
+    )
+    changes["xla_peak_bytes"] = None
+    changes["flops_detail"] = _line(a.flops_detail, b.flops_detail, da, db, fit.layers)
+    changes["breakdown"] = _line(a.breakdown, b.breakdown, da, db, fit.layers)
+    changes["compile_seconds"] = a.compile_seconds + b.compile_seconds
+    changes["fits_with_fraction"] = usable[1]
+    meta = _line(a.meta, b.meta, da, db, fit.layers)
+    meta.pop("program", None)  # no one compiled program is this report's
+    meta["depth"] = {**fit.to_dict(), "fragmentation_bytes": fragmentation_bytes}
+    changes["meta"] = meta
+    if a.step_time is not None and b.step_time is not None:
+        st = _line(
+            dataclasses.asdict(a.step_time), dataclasses.asdict(b.step_time), da, db, fit.layers
+        )
+        changes["step_time"] = dataclasses.replace(b.step_time, **st)
+    return b.replace(**changes)
+
+
+#: What ``rk.sources.measure(depth=...)`` takes (see there).
+DEPTH_MODES: tuple[str, ...] = ("auto", "full", "check")
+
+
+def check_depth(depth: str) -> str:
+    """``depth`` when it is one of :data:`DEPTH_MODES`.
+
+    Raises:
+      BadValue: naming the value and the valid ones.
+
+    Example:
+      >>> check_depth("sideways")
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: depth='sideways': give one of auto, full, check
+    """
+    if depth not in DEPTH_MODES:
+        raise BadValue(f"depth={depth!r}: give one of {', '.join(DEPTH_MODES)}", param="depth")
+    return depth
+
+
+#: How close to the usable memory (a fraction of it) an extrapolated peak is verified by a
+#: compile at full depth: a fits verdict there is final.
+VERIFY_MARGIN = 0.02
+
+
+def by_depth(
+    source: StepSource,
+    pol: Policy,
+    sch: Schedule,
+    t: Target,
+    config: TrainConfig,
+    compile_step: Callable[[SourceStep, str], MemoryReport],
+) -> tuple[MemoryReport | None, dict[str, Any]]:
+    """The full-depth report of ``source`` from its shallow copies, where they allow it.
+
+    Args:
+      source: the model source (its :meth:`~remat_kit.sources.StepSource.at_depth` gives
+        the copies).
+      pol: the policy.
+      sch: the schedule (``none``: every layer alike).
+      t: the target.
+      config: the train config.
+      compile_step: compiles a copy's step with XLA's dump in the given directory.
+
+    Returns:
+      ``(report, record)``: the extrapolated report (None: compile at full depth) and what
+      was decided, for ``meta["depth"]`` (``mode`` ``"extrapolated"`` or ``"full"``, and why).
+    """
+    layers = source.n_layers()
+    if sch.name != "none" or layers is None or layers < MIN_LAYERS:
+        return None, {}  # a schedule's layers differ; a shallow model costs little
+    if source.at_depth(DEPTHS[0]) is None:
+        return None, {}  # scanned, or a factory that builds one depth
+    if source.mesh_plan(t) is not None:
+        return None, {"mode": "full", "reason": "sharded steps are compiled at full depth"}
+    if pol.offloads:
+        # Measured: offload_dots_no_batch on a 2048-wide Llama, 32 layers, was 7% over
+        # the line through 2 and 3 layers: XLA carries out a different share of the
+        # marked copies at each depth.
+        return None, {
+            "mode": "full",
+            "reason": "XLA carries out a different share of an offload policy's copies "
+            "at each depth",
+        }
+    reports, sections = [], {}
+    for d in DEPTHS:
+        copy = source.at_depth(d)
+        if copy is None:
+            return None, {"mode": "full", "reason": "the model builds no shallow copies"}
+        built = copy.build_step(pol, sch, config, t)
+        with tempfile.TemporaryDirectory(prefix="remat_kit_depth_") as tmp:
+            r = compile_step(built, tmp)
+            sections[d] = live_sections(tmp)
+        if r.xla_remat:
+            return None, {"mode": "full", "reason": f"XLA's remat pass acted at {d} layers"}
+        reports.append(r)
+    fit = fit_sections(sections, layers)
+    if fit is None:
+        return None, {"mode": "full", "reason": "the copies' schedules do not line up"}
+    if fit.residual_bytes > AFFINE_TOLERANCE * fit.peak_live_bytes:
+        return None, {
+            "mode": "full",
+            "reason": f"not affine in depth (residual {fit.residual_bytes} bytes)",
+        }
+    deep = reports[-1]
+    frag = max(0, deep.peak_bytes - max(sections[DEPTHS[-1]].values()))
+    peak = fit.peak_live_bytes + frag
+    fraction = None if t.fits(peak) is not False else t.fraction_to_fit(peak)
+    report = extrapolate_report(reports, DEPTHS, fit, frag, (t.usable_bytes, fraction))
+    notes = [*report_notes(report, pol, t), *(n for n in deep.notes if n.kind == "xla_log")]
+    return report.replace(notes=tuple(notes)), dict(report.meta["depth"], mode="extrapolated")
+
+
+def near_limit(report: MemoryReport) -> bool:
+    """The report's fits verdict could flip within :data:`VERIFY_MARGIN` of the usable
+    memory plus its fit's residual: compile at full depth before answering."""
+    if report.usable_bytes is None:
+        return False
+    depth = report.meta.get("depth") or {}
+    slack = VERIFY_MARGIN * report.usable_bytes + int(depth.get("residual_bytes", 0))
+    return abs(report.peak_bytes - report.usable_bytes) <= slack
