@@ -36,6 +36,7 @@ __all__ = [
     "compare_rows",
     "compare_table",
     "decision_table",
+    "depth_words",
     "fit_table",
     "limit_words",
     "plan_table",
@@ -200,13 +201,24 @@ def compare_table(
         table.add_column(
             col, justify="left" if col == "policy" else "right", no_wrap=col == "policy"
         )
+    depths = [row.get("meta_depth") or {} for row in rows]
+    if any(d.get("mode") == "extrapolated" for d in depths):
+        caption += "\n~ " + depth_words(
+            max(
+                (d for d in depths if d.get("mode") == "extrapolated"),
+                key=lambda d: d["residual_bytes"],
+            )
+        )
+    for d in {depth_words(d) for d in depths if d.get("mode") in ("verified", "full")}:
+        caption += "\n" + d
     for row in rows:
         fits = _fits_cell(row["fits"], row["fits_with_fraction"])
         if row["xla_remat"]:
             fits += f", XLA -{_cut(row['xla_remat_saved_bytes'])}"
+        mark = "~" if (row.get("meta_depth") or {}).get("mode") == "extrapolated" else ""
         cells = [
             label(row["policy"], row["schedule"]),
-            gib(row["peak_bytes"]),
+            mark + gib(row["peak_bytes"]),
             gib(row["activation_bytes"]),
             # XLA's CPU backend has no host memory space: its 0 would read "nothing moved".
             "n/a" if target.kind == "cpu" else gib(row["host_bytes"]),
@@ -224,6 +236,7 @@ def compare_table(
             r_s = row["offload_recompute_seconds_est"]
             cells.append("-" if t_s is None else f"{t_s * 1e3:.0f} / {r_s * 1e3:.0f}")
         table.add_row(*cells, fits, f"{row['compile_seconds']:.1f}")
+    table.caption = caption  # the lines added since the table was made
     return table
 
 
@@ -295,6 +308,8 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         table.caption += "\n" + step_time_words(r.step_time, tokens_of(m))
     if m.get("experts"):
         table.caption += "\n" + _expert_words(m["experts"])
+    if m.get("depth"):
+        table.caption += "\n" + depth_words(m["depth"])
     if m.get("collectives"):
         table.caption += "\n" + _collective_words(m["collectives"])
     est = r.meta.get("offload_estimate")
@@ -306,6 +321,30 @@ def report_table(r: MemoryReport, target: Target) -> Table:
             f"{est['step_compute_seconds'] * 1e3:.0f} ms"
         )
     return table
+
+
+def depth_words(d: Mapping[str, Any]) -> str:
+    """One line on how an unrolled model was compiled (``meta["depth"]``,
+    :mod:`remat_kit.sources.depth`).
+
+    Example:
+      >>> print(depth_words({"mode": "full", "reason": "sharded steps are compiled at full depth"}))
+      compiled at full depth: sharded steps are compiled at full depth
+    """
+    if d["mode"] == "full":
+        return f"compiled at full depth: {d['reason']}"
+    if d["mode"] == "verified":
+        return (
+            "compiled at full depth to confirm a verdict near the limit: the copies' "
+            f"extrapolation was {d['extrapolated_peak_bytes'] / GIB:.2f} GiB "
+            f"({d['peak_error']:+.2%})"
+        )
+    return (
+        f"extrapolated to {d['layers']} layers from compiles of "
+        f"{' and '.join(map(str, d['depths']))} layers: the peak per schedule section, "
+        f"largest fit residual {d['residual_bytes'] / _MIB:.1f} MiB, at {d['section']} "
+        "(--depth full compiles the whole model)"
+    )
 
 
 def _expert_words(e: Mapping[str, Any]) -> str:
