@@ -2,32 +2,31 @@
 
 Compiling an unrolled model costs about its depth times one layer; a scanned one compiles one
 body. Most models users bring unroll their layers, so every report, fit and plan of a 32-layer
-model pays 32 layers per compile. Here the same step is compiled at two shallow depths
+model pays 32 layers per compile. Here the same step is compiled at shallow depths
 (:data:`DEPTHS`) and the full-depth figures are read off lines through them:
 
 - sizes that grow by the same amount per layer (arguments, outputs, aliases, host bytes,
-  FLOPs, the predicted step time and its split, the breakdown) are affine in depth: two
-  points give the line;
+  FLOPs, the predicted step time and its split, the breakdown) are affine in depth: the line
+  through the shallowest and deepest copy;
 - the peak is not. It is the largest of the live bytes at every point of the schedule, and
   points grow at different rates: the start of the backward pass holds every saved
-  activation, its end every layer's gradient, so the peak can move from one to the other
-  between 8 and 16 layers (measured: a 2048-wide Llama under ``full`` is 8% over a straight
-  line through 2 and 4 layers at 32). So each compile is read from XLA's dump (its buffer
-  assignment and live ranges, :mod:`remat_kit.peak.profile`): the most bytes live in each
-  section of the schedule (phase x layer, or before/after the layers) are fitted per section,
-  ``a + b * depth + c * layer_index`` inside the layers, ``a + b * depth`` outside them, and
-  the full-depth peak is the largest section at full depth (a line in the layer index peaks
-  at the first or last layer).
+  activation, the backward of the first layer every other layer's gradient, so the peak can
+  move from one to the other between 8 and 16 layers (measured: a 2048-wide Llama under
+  ``full`` is 8% over a straight line through the peaks of 2 and 4 layers at 32). So each
+  copy is read from XLA's dump (its buffer assignment and live ranges,
+  :mod:`remat_kit.peak.profile`): the most bytes live in each section of the schedule (per
+  phase: before the layers, the first layer, the last, after them) are fitted per section
+  across the copies, and the full-depth peak is the largest section at full depth.
 
 The fit says how well it fits: the largest residual of the sections that could hold the
-peak. Where that is over :data:`AFFINE_TOLERANCE` of the peak, where XLA's own
-rematerialization pass acted in a shallow copy, or where the section sets of the copies
-differ, the layers are not the stack this assumes, and None sends the caller to compile at
-full depth.
+peak. Where that is over :data:`AFFINE_TOLERANCE` of the peak, where an inner layer of a copy
+holds more than its first and last, where XLA's own rematerialization pass acted in a copy,
+or where the copies' sections differ, the layers are not the stack this assumes, and None
+sends the caller to compile at full depth.
 
 Example:
-  >>> fit = fit_sections({2: {Section("backward", "before"): 10},
-  ...                     3: {Section("backward", "before"): 13}}, layers=32)
+  >>> fit = fit_sections({d: {Section("backward", "before"): 4 + 3 * d} for d in (2, 3, 4)},
+  ...                    layers=32)
   >>> fit.peak_live_bytes, fit.section
   (100, 'backward, before the layers')
 """
@@ -35,7 +34,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import math
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -65,9 +63,9 @@ __all__ = [
     "near_limit",
 ]
 
-#: The shallow depths compiled: two, so that a line through them is the cheapest fit, and
-#: not one, where the first layer is also the last.
-DEPTHS: tuple[int, int] = (2, 3)
+#: The shallow depths compiled: three, so that a line through them has a residual that
+#: says how straight it is; none of one layer, where the first layer is also the last.
+DEPTHS: tuple[int, ...] = (2, 3, 4)
 #: Below this depth a full compile costs about what the shallow copies cost.
 MIN_LAYERS = 8
 #: Largest residual of the section fits, as a fraction of the peak, still called affine.
@@ -103,61 +101,69 @@ class DepthFit:
 def fit_sections(by_depth: Mapping[int, Mapping[Section, int]], layers: int) -> DepthFit | None:
     """Fits each section's live bytes across shallow copies and evaluates them at ``layers``.
 
+    Inside a phase, layer ``k`` of ``d`` holds what the layers before it left (saved
+    activations) and what the layers after it made (gradients): monotone in ``k``, so the
+    most bytes of any layer lie at the first or the last. Those two, and the stretches
+    before and after the layers, are each a line ``a + b * depth`` through the copies
+    (least squares: with three copies the residual says how straight it is). A copy whose
+    inner layer holds more than its first and last breaks the premise: None.
+
     Args:
       by_depth: depth -> Section -> the most bytes live in it (``live_sections``).
       layers: the full depth.
 
     Returns:
       The DepthFit, or None where the copies' sections do not line up (a section missing
-      at one depth, layer indices other than ``0 .. depth-1``) or a family has too few
-      points to fit.
+      at one depth), an inner layer peaks, or fewer than two copies were given.
 
     Example:
       >>> s = {d: {Section("backward", "layer", k): 100 + 10 * d - k for k in range(d)}
-      ...      for d in (2, 3)}
+      ...      for d in (2, 3, 4)}
       >>> fit_sections(s, layers=8).peak_live_bytes, fit_sections(s, layers=8).section
       (180, 'backward, layer 0')
     """
-    families: dict[tuple[str, str], list[tuple[int, int, int]]] = {}
-    for depth, secs in by_depth.items():
-        for sec, value in secs.items():
-            families.setdefault((sec.phase, sec.role), []).append((depth, sec.layer, value))
+    depths = sorted(by_depth)
+    if len(depths) < 2:
+        return None
+    points: dict[tuple[str, str], dict[int, int]] = {}
+    for d in depths:
+        per_layer: dict[str, dict[int, int]] = {}
+        for sec, value in by_depth[d].items():
+            if sec.role == "layer":
+                per_layer.setdefault(sec.phase, {})[sec.layer] = value
+            else:
+                points.setdefault((sec.phase, f"{sec.role} the layers"), {})[d] = value
+        for phase, ks in per_layer.items():
+            if sorted(ks) != list(range(d)):
+                # Not every layer runs here (an optimizer phase that names one layer's
+                # ops): the stretch's most bytes, as outside the layers.
+                points.setdefault((phase, "spans some layers"), {})[d] = max(ks.values())
+                continue
+            ends = max(ks[0], ks[d - 1])
+            if any(v > ends for k, v in ks.items() if 0 < k < d - 1):
+                return None  # an inner layer peaks: not monotone in the layer index
+            points.setdefault((phase, "first layer"), {})[d] = ks[0]
+            points.setdefault((phase, "last layer"), {})[d] = ks[d - 1]
     lines: list[tuple[float, float, str]] = []  # (value at full depth, residual, where)
-    for (phase, role), rows in sorted(families.items()):
-        depths = sorted({d for d, _, _ in rows})
-        if depths != sorted(by_depth):
+    for (phase, where), by_d in sorted(points.items()):
+        if sorted(by_d) != depths:
             return None  # a section the other copies lack
-        if role == "layer" and any(
-            sorted(k for dd, k, _ in rows if dd == d) != list(range(d)) for d in depths
-        ):
-            # Not every layer runs here (an optimizer phase that names one layer's ops):
-            # the stretch's most bytes per depth, as outside the layers.
-            rows = [(d, -1, max(v for dd, _, v in rows if dd == d)) for d in depths]
-            role = "spans some layers"
-        if role == "layer":
-            a = np.array([[1.0, d, k] for d, k, _ in rows])
-            ends = {0: "layer 0", layers - 1: f"layer {layers - 1}"}
-        else:
-            a = np.array([[1.0, d] for d, _, _ in rows])
-            ends = {-1: f"{role} the layers" if role in ("before", "after") else role}
-        y = np.array([float(v) for _, _, v in rows])
-        if np.linalg.matrix_rank(a) < a.shape[1]:
-            return None
+        a = np.array([[1.0, d] for d in depths])
+        y = np.array([float(by_d[d]) for d in depths])
         coef, *_ = np.linalg.lstsq(a, y, rcond=None)
         residual = float(np.max(np.abs(a @ coef - y)))
-        for k, where in ends.items():
-            x = [1.0, layers, k] if role == "layer" else [1.0, layers]
-            lines.append((float(np.dot(coef, x)), residual, f"{phase}, {where}"))
+        label = where.replace("first layer", "layer 0").replace("last layer", f"layer {layers - 1}")
+        lines.append((float(coef[0] + coef[1] * layers), residual, f"{phase}, {label}"))
     if not lines:
         return None
     peak, _, where = max(lines)
     residual = max(r for v, r, _ in lines if v + r >= peak)
     return DepthFit(
         layers=layers,
-        depths=tuple(sorted(by_depth)),
+        depths=tuple(depths),
         peak_live_bytes=round(peak),
         section=where,
-        residual_bytes=math.ceil(residual),
+        residual_bytes=round(residual),
         sections=sum(len(s) for s in by_depth.values()),
     )
 
@@ -322,7 +328,10 @@ def by_depth(
     frag = max(0, deep.peak_bytes - max(sections[DEPTHS[-1]].values()))
     peak = fit.peak_live_bytes + frag
     fraction = None if t.fits(peak) is not False else t.fraction_to_fit(peak)
-    report = extrapolate_report(reports, DEPTHS, fit, frag, (t.usable_bytes, fraction))
+    ends = (reports[0], reports[-1])
+    report = extrapolate_report(
+        ends, (DEPTHS[0], DEPTHS[-1]), fit, frag, (t.usable_bytes, fraction)
+    )
     notes = [*report_notes(report, pol, t), *(n for n in deep.notes if n.kind == "xla_log")]
     return report.replace(notes=tuple(notes)), dict(report.meta["depth"], mode="extrapolated")
 

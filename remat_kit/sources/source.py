@@ -465,7 +465,8 @@ class ModelSource:
 
     def n_layers(self) -> int | None:
         """Layers of the model when known: blocks built (``block``), or the module's
-        ``n_layers`` / ``num_layers`` / ``config.num_hidden_layers`` / ``cfg.n_layers``."""
+        ``n_layers`` / ``num_layers`` / ``layers`` / ``config.num_hidden_layers`` /
+        ``cfg.n_layers`` (an int)."""
         if "n_layers" in self._cache:
             return self._cache["n_layers"]
         n: int | None = None
@@ -524,7 +525,7 @@ def _schedule_policies(sch: Schedule) -> list[Any]:
 
 
 def _layer_attr(made: Any) -> int | None:
-    for path in ("n_layers", "num_layers", "config.num_hidden_layers", "config.n_layer"):
+    for path in ("n_layers", "num_layers", "layers", "config.num_hidden_layers", "config.n_layer"):
         obj = made
         for part in path.split("."):
             obj = getattr(obj, part, None)

@@ -168,3 +168,21 @@ def nnx_model(policy):
 
 
 not_callable = 3
+
+
+class _Deep(nn.Module):
+    policy: rk.Policy
+    layers: int
+
+    @nn.compact
+    def __call__(self, tokens):
+        block = rk.remat(_Block, self.policy)
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        for i in range(self.layers):
+            x = block(name=f"layers_{i}")(x, deterministic=True)
+        return nn.Dense(VOCAB, name="lm_head")(nn.RMSNorm()(x))
+
+
+def deep(policy, layers=8):
+    """``untagged``'s layers, as many as asked: a factory that builds shallow copies."""
+    return _Deep(policy, layers)

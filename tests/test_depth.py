@@ -1,0 +1,224 @@
+"""Unrolled models answered from shallow copies (remat_kit.sources.depth).
+
+The fit is checked on sections made by hand, where the peak moves from one section to
+another between the shallow copies and full depth; the pipeline is checked against bare
+compiles of the full-depth step, for a factory that takes ``layers=`` and for a preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import remat_kit as rk
+from remat_kit import sources
+from remat_kit.errors import BadValue
+from remat_kit.peak.profile import Section, sections_of
+from remat_kit.sources import depth
+from remat_kit_models.measure import measure as measure_preset
+from remat_kit_models.options import Options
+from remat_kit_models.source import source_for
+
+FACTORY = "tests/data/factories.py:deep"
+CONFIG = rk.TrainConfig(batch=2, seq=32, optimizer="sgd")
+
+
+def _sections(d, *, start=100, grads=7, saved=3, layer_cost=1):
+    # The start of the backward pass holds every saved activation (grows with depth); the
+    # backward of layer k holds the gradients of the layers above it.
+    out = {Section("backward", "before"): start + saved * d}
+    for k in range(d):
+        out[Section("backward", "layer", k)] = 90 + layer_cost * d + grads * (d - 1 - k)
+    return out
+
+
+DEPTHS = (2, 3, 4)
+
+
+@pytest.mark.parametrize("layers", [8, 32])
+def test_the_peak_is_the_largest_section_line_at_full_depth(layers):
+    fit = depth.fit_sections({d: _sections(d) for d in DEPTHS}, layers)
+    before = 100 + 3 * layers
+    layer0 = 90 + layers + 7 * (layers - 1)
+    assert fit.peak_live_bytes == max(before, layer0)
+    where = "backward, layer 0" if layer0 > before else "backward, before the layers"
+    assert fit.section == where
+    assert fit.residual_bytes == 0
+
+
+def test_the_shallow_copies_peak_elsewhere_than_the_full_model():
+    # At 2 to 4 layers the start of the backward pass is the peak; at 32 the gradients
+    # of the layer stack are: a straight line through the copies' peaks misses it.
+    shallow = {d: _sections(d, grads=4) for d in DEPTHS}
+    assert all(max(s, key=s.get).role == "before" for s in shallow.values())
+    fit = depth.fit_sections(shallow, 32)
+    assert fit.section == "backward, layer 0"
+    p2, p4 = max(shallow[2].values()), max(shallow[4].values())
+    straight = p4 + 28 * (p4 - p2) / 2
+    assert fit.peak_live_bytes == 90 + 32 + 4 * 31 > straight
+
+
+def test_the_first_layer_is_fitted_as_itself_not_as_a_line_in_the_layer_index():
+    # The first layer's backward holds more than a line through the others says (measured
+    # on tests/data/factories.py:deep under full): its own line through the depths holds.
+    secs = {d: _sections(d) for d in DEPTHS}
+    for d in DEPTHS:
+        secs[d][Section("backward", "layer", 0)] += 50
+    fit = depth.fit_sections(secs, 32)
+    assert fit.peak_live_bytes == 90 + 32 + 7 * 31 + 50
+
+
+def test_a_residual_is_reported_and_counted_only_where_it_could_hold_the_peak():
+    bent = {d: _sections(d) for d in DEPTHS}
+    bent[3][Section("backward", "layer", 0)] += 6  # the peak's own line is bent
+    assert depth.fit_sections(bent, 32).residual_bytes == 4  # lstsq: 6 * 2/3
+    low = {d: _sections(d) for d in DEPTHS}
+    low[3][Section("forward", "before")] = 8  # far below the peak, and bent
+    for d in (2, 4):
+        low[d][Section("forward", "before")] = 5
+    assert depth.fit_sections(low, 32).residual_bytes == 0
+
+
+def test_an_inner_layer_that_peaks_is_refused():
+    secs = {d: _sections(d) for d in DEPTHS}
+    secs[4][Section("backward", "layer", 2)] = 10**6
+    assert depth.fit_sections(secs, 32) is None
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {d: {Section("backward" if d < 4 else "forward", "before"): 1} for d in DEPTHS},
+        {
+            2: {Section("backward", "before"): 1},
+            3: {Section("backward", "before"): 1, Section("backward", "after"): 2},
+        },
+        {2: {Section("backward", "before"): 1}},
+    ],
+)
+def test_copies_that_do_not_line_up_are_refused(broken):
+    assert depth.fit_sections(broken, 32) is None
+
+
+def test_sections_follow_the_schedule():
+    got = sections_of(
+        [1, 5, 2, 8, 3, 9, 4],
+        [("forward", 0, 3), ("backward", 4, 6)],
+        ["non-layer", "layers_0", "non-layer", "layers_1", "layers_1", "layers_0", "non-layer"],
+    )
+    assert got == {
+        Section("forward", "before"): 1,
+        Section("forward", "layer", 0): 5,  # the glue after layer 0 belongs to it
+        Section("forward", "layer", 1): 8,
+        Section("backward", "layer", 1): 3,
+        Section("backward", "layer", 0): 9,
+        Section("backward", "after"): 4,
+    }
+
+
+def test_an_unknown_depth_mode_is_refused_before_any_compile():
+    src = sources.from_factory(FACTORY)
+    with pytest.raises(BadValue, match="depth='deep': give one of auto, full, check"):
+        sources.measure(src, "full", "h100", CONFIG, depth="deep")
+
+
+def _bare(src, policy, target="h100"):
+    none = rk.schedules.parse_schedule("none")
+    step = src.build_step(rk.policy(policy), none, CONFIG, rk.target("h100")).step
+    return rk.memory_report(
+        step.fn, *step.args, target=target, donate_argnums=step.donate_argnums, warn=False
+    )
+
+
+@pytest.fixture(scope="module")
+def factory():
+    return sources.from_factory(FACTORY)
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_a_factory_taking_layers_is_answered_from_copies_within_a_percent(factory, policy):
+    got = sources.measure(factory, policy, "h100", CONFIG, warn=False)
+    bare = _bare(factory, policy)
+    assert got.meta["depth"]["mode"] == "extrapolated"
+    assert tuple(got.meta["depth"]["depths"]) == depth.DEPTHS
+    assert got.peak_bytes == pytest.approx(bare.peak_bytes, rel=0.01)
+    assert got.argument_bytes == bare.argument_bytes  # affine exactly: parameters
+    assert got.flops == pytest.approx(bare.flops, rel=1e-9)
+    assert got.step_time.seconds == pytest.approx(bare.step_time.seconds, rel=0.01)
+    assert got.meta["layers"] == 8 and got.xla_peak_bytes is None
+
+
+def test_check_compiles_the_full_model_and_states_the_error(factory):
+    got = sources.measure(factory, "full", "h100", CONFIG, warn=False, depth="check")
+    bare = _bare(factory, "full")
+    d = got.meta["depth"]
+    assert d["mode"] == "verified" and got.peak_bytes == bare.peak_bytes
+    assert d["peak_error"] == pytest.approx(d["extrapolated_peak_bytes"] / bare.peak_bytes - 1)
+    assert abs(d["peak_error"]) < 0.01
+
+
+def test_a_verdict_near_the_limit_is_compiled_at_full_depth(factory):
+    h100 = rk.target("h100")
+    # A fraction that puts the usable memory 1% above this peak: within the margin.
+    peak = _bare(factory, "full").peak_bytes
+    near = rk.target("h100", mem_fraction=peak * 1.01 / h100.memory_bytes)
+    got = sources.measure(factory, "full", near, CONFIG, warn=False)
+    assert got.meta["depth"]["mode"] == "verified"
+    assert got.peak_bytes == _bare(factory, "full", target=near).peak_bytes
+    far = sources.measure(factory, "full", h100, CONFIG, warn=False)
+    assert far.meta["depth"]["mode"] == "extrapolated"
+
+
+@pytest.mark.parametrize(
+    ("policy", "schedule", "reason"),
+    [
+        ("offload_dots_no_batch", "none", "offload"),
+        ("full", "every:2", None),  # a schedule's layers differ: quietly full
+    ],
+)
+def test_what_is_not_a_stack_of_identical_layers_is_compiled_whole(policy, schedule, reason):
+    src = sources.from_factory("tests/data/factories.py:preset")
+    deep = sources.from_factory(FACTORY)
+    s = deep if schedule == "none" else src
+    if schedule != "none" and "every" not in s.schedule_kinds:
+        pytest.skip("needs a factory taking schedule=")
+    got = sources.measure(s, policy, "h100", CONFIG, schedule=schedule, warn=False)
+    d = got.meta.get("depth")
+    if reason is None:
+        assert d is None
+    else:
+        assert d["mode"] == "full" and reason in d["reason"]
+
+
+def test_depth_full_compiles_the_whole_model(factory):
+    got = sources.measure(factory, "full", "h100", CONFIG, warn=False, depth="full")
+    assert "depth" not in got.meta
+    assert got.peak_bytes == _bare(factory, "full").peak_bytes
+
+
+def test_a_factory_without_layers_and_a_scanned_preset_build_no_copies():
+    assert sources.from_factory("tests/data/factories.py:untagged").at_depth(2) is None
+    scanned = source_for(Options("tiny-llama", 2, 32))
+    assert scanned.at_depth(2) is None
+    unrolled = source_for(Options("tiny-llama", 2, 32, scan_layers=False))
+    assert unrolled.at_depth(3).n_layers() == 3
+
+
+def test_an_unrolled_preset_through_the_cli_options_matches_its_full_compile():
+    opts = Options(
+        "tiny-llama", 2, 32, optimizer="sgd", scan_layers=False, overrides=(("layers", 10),)
+    )
+    auto = measure_preset(opts, "minimal", "h100")
+    full = measure_preset(dataclasses.replace(opts, depth="full"), "minimal", "h100")
+    assert auto.meta["depth"]["mode"] == "extrapolated" and "depth" not in full.meta
+    assert auto.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)
+    assert auto.meta["params"] == full.meta["params"]
+
+
+def test_a_stretch_that_runs_some_layers_only_is_fitted_as_one():
+    # An optimizer phase whose ops name layer 0 alone, at every depth.
+    got = depth.fit_sections(
+        {d: {Section("optimizer", "layer", 0): 10 * d} for d in DEPTHS}, layers=32
+    )
+    assert (got.peak_live_bytes, got.section) == (320, "optimizer, spans some layers")
