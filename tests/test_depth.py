@@ -216,9 +216,11 @@ def test_an_unrolled_preset_through_the_cli_options_matches_its_full_compile():
     assert auto.meta["params"] == full.meta["params"]
 
 
-def test_a_stretch_that_runs_some_layers_only_is_fitted_as_one():
-    # An optimizer phase whose ops name layer 0 alone, at every depth.
+@pytest.mark.parametrize("depths", [DEPTHS, (1, 2), (1, 2, 3)])
+def test_a_stretch_that_runs_some_layers_only_is_fitted_as_one(depths):
+    # An optimizer phase whose ops name layer 0 alone, at every depth: in a one-layer copy
+    # that is every layer, in the deeper ones it is not, and the phase is one stretch.
     got = depth.fit_sections(
-        {d: {Section("optimizer", "layer", 0): 10 * d} for d in DEPTHS}, layers=32
+        {d: {Section("optimizer", "layer", 0): 10 * d} for d in depths}, layers=32
     )
     assert (got.peak_live_bytes, got.section) == (320, "optimizer, spans some layers")
