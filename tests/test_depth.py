@@ -12,6 +12,7 @@ import dataclasses
 import pytest
 
 import remat_kit as rk
+from helpers import memory_report
 from remat_kit import sources
 from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, sections_of
@@ -224,3 +225,90 @@ def test_a_stretch_that_runs_some_layers_only_is_fitted_as_one(depths):
         {d: {Section("optimizer", "layer", 0): 10 * d} for d in depths}, layers=32
     )
     assert (got.peak_live_bytes, got.section) == (320, "optimizer, spans some layers")
+
+
+# --- final answers rest on full-depth compiles ---------------------------------------------
+
+PER_SAMPLE, BASE_BYTES = 10_000, 50_000
+
+
+def _extrapolating_workload(error, *, calls=None):
+    """A workload whose reports are read off "shallow copies" ``error`` (a fraction) off the
+    full step's peak, BASE_BYTES + PER_SAMPLE * batch; ``verify_fn`` compiles it whole."""
+    calls = [] if calls is None else calls
+
+    def true(pol, batch):
+        peak = BASE_BYTES + PER_SAMPLE * batch
+        return memory_report(peak_bytes=peak, flops=float("nan"), policy=pol.spec)
+
+    def measure_fn(pol, sch, batch):
+        r = true(pol, batch)
+        meta = {"depth": {"mode": "extrapolated", "residual_bytes": 0}}
+        return r.replace(peak_bytes=round(r.peak_bytes * (1 + error)), meta=meta)
+
+    def verify_fn(pol, sch, batch, report, limit):
+        def full():
+            calls.append(batch)
+            return true(pol, batch)
+
+        return depth.verify(report, full, limit, always=limit is None)
+
+    return rk.Workload(
+        measure_fn, lambda p, s, b: 1.0, target=rk.target("h100"), verify_fn=verify_fn
+    )
+
+
+@pytest.mark.parametrize("error", [-0.05, -0.01, 0.0, 0.01, 0.05])
+@pytest.mark.parametrize("answer", [8, 37, 150])
+def test_a_fit_boundary_from_copies_is_compiled_whole(error, answer):
+    limit = BASE_BYTES + PER_SAMPLE * answer + 5
+    calls = []
+    fit = rk.max_batch(_extrapolating_workload(error, calls=calls), "full", limit_bytes=limit)
+    assert fit.max_batch == answer
+    assert fit.peak_bytes == BASE_BYTES + PER_SAMPLE * answer  # the full compile's figure
+    assert answer in calls and len(calls) == len(set(calls))
+    # The next batch is compiled whole where, seen through the error measured at the
+    # answer, it is within 2% of the limit (at 150 samples one more is 0.6% more bytes);
+    # else its figure is the copies', corrected by that error.
+    # Where the copies' boundary was wrong, the search went on compiling whole.
+    true_next = BASE_BYTES + PER_SAMPLE * (answer + 1)
+    near = true_next - limit <= depth.VERIFY_MARGIN * limit
+    if near:
+        assert answer + 1 in calls
+    if error == 0.0:  # the copies' boundary held: one compile whole, two near the limit
+        assert calls == [answer, answer + 1][: 1 + near]
+    assert fit.next_peak_bytes == pytest.approx(true_next, rel=1e-5)
+
+
+@pytest.mark.parametrize("error", [-0.05, 0.05])
+def test_nothing_fits_is_verified_near_the_limit(error):
+    limit = BASE_BYTES + PER_SAMPLE  # batch 1 fits exactly
+    fit = rk.max_batch(_extrapolating_workload(error), "full", limit_bytes=limit)
+    assert fit.max_batch == 1
+
+
+@pytest.mark.parametrize("error", [-0.05, 0.01])
+def test_a_plan_from_copies_states_the_full_steps_figures(error):
+    calls = []
+    w = _extrapolating_workload(error, calls=calls)
+    budget = BASE_BYTES + PER_SAMPLE * 4 + 1  # "none" at batch 4 fits by one byte
+    p = rk.plan(w, batch=4, budget=budget)
+    assert p.fits and p.peak_bytes == BASE_BYTES + PER_SAMPLE * 4
+    assert calls == [4]
+
+
+def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():
+    r = memory_report(peak_bytes=1000)
+    assert depth.verify(r, lambda: pytest.fail("compiled"), always=True) is r
+    guess = r.replace(meta={"depth": {"mode": "extrapolated", "layers": 8}})
+    far = depth.verify(guess, lambda: pytest.fail("compiled"), limit=10_000)
+    assert far is guess
+    got = depth.verify(guess, lambda: memory_report(peak_bytes=800), limit=1010)
+    assert got.peak_bytes == 800
+    assert got.meta["depth"] == {
+        "mode": "verified",
+        "layers": 8,
+        "extrapolated_peak_bytes": 1000,
+        "peak_error": 0.25,
+        "extrapolated_compile_seconds": guess.compile_seconds,
+    }

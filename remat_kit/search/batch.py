@@ -114,6 +114,9 @@ def max_batch(
 
     Every probe is a compiled report for the workload's target, cached in the workload; the
     answer always rests on two compiled peaks, ``b`` fitting and ``b + 1`` not (or ``cap``).
+    Where a probe's peak was read off shallow copies of an unrolled model
+    (``Workload.verify_fn``), those two are compiled whole, and the search goes on where
+    that moves the boundary.
 
     Args:
       workload: the step to compile.
@@ -166,7 +169,10 @@ def max_batch(
     second = _second_probe(workload, peak(first), first, step, limit, units_cap)
     peak(second)
     if min(first, second) == 1 and peak(1) > limit:
-        return _no_fit(workload, pol, sch, step, limit, before, t0)
+        # "Nothing fits" is a final answer: a peak read off shallow copies is compiled whole.
+        known[1] = workload.verified(pol, sch, step).peak_bytes
+        if known[1] > limit:
+            return _no_fit(workload, pol, sch, step, limit, before, t0)
     predicted = _line(known, first, second, limit, units_cap)
     method = "bisection"
     if predicted is not None:
@@ -186,10 +192,13 @@ def max_batch(
     lo, hi = _bracket(known, limit)
     if method == "bisection":
         lo, hi = _narrow(peak, known, limit, lo, hi, units_cap)
-        if lo == 0:
-            return _no_fit(workload, pol, sch, step, limit, before, t0)
         if hi is None:
             method = "cap"
+    verified = _verify_boundary(workload, pol, sch, step, known, limit, lo, hi, units_cap)
+    if verified != (lo, hi):
+        method, (lo, hi) = "bisection", verified
+    if lo == 0:
+        return _no_fit(workload, pol, sch, step, limit, before, t0)
     best = workload.compiled(pol, sch, lo * step)
     nxt_peak = known.get(hi) if hi is not None else None
     batch = lo * step
@@ -321,6 +330,50 @@ def _line(known: dict[int, int], a: int, b: int, limit: int, cap: int) -> int | 
     if slope <= 0:
         return None  # not growing with the batch: no line to follow
     return int(min(cap, max(1, a + (limit - known[a]) // slope)))
+
+
+def _verify_boundary(
+    workload: Workload,
+    pol: Policy,
+    sch: Schedule,
+    step: int,
+    known: dict[int, int],
+    limit: int,
+    lo: int,
+    hi: int | None,
+    cap: int,
+) -> tuple[int, int | None]:
+    """``(lo, hi)`` resting on full-depth compiles where peaks were read off shallow copies
+    of an unrolled model (``Workload.verify_fn``).
+
+    The answer, ``lo``, is compiled whole. ``hi`` is too where, seen through the error that
+    compile measured, its verdict is near the limit: the copies' error at neighbouring
+    batches is the same program's. Where that moves the boundary the search goes on,
+    compiling each probe whole.
+    """
+    ratio = 1.0  # full-depth peak / extrapolated peak, as measured at the answer
+
+    def full(units: int, seen: int | None = None) -> int:
+        if known.get(units) == UNBUILDABLE:
+            return UNBUILDABLE
+        got = workload.verified(pol, sch, units * step, seen).peak_bytes
+        # Not compiled whole (far from the limit): the copies' figure, corrected by the
+        # error measured at the answer.
+        exact = not workload.extrapolated(pol, sch, units * step)
+        known[units] = got if exact else round(got * ratio)
+        return known[units]
+
+    while True:
+        if lo:
+            guess = workload.compiled(pol, sch, lo * step).peak_bytes
+            exact = full(lo)
+            ratio = exact / guess if exact != guess else ratio
+        if hi:
+            full(hi, round(limit / ratio))
+        bracket = _bracket(known, limit)
+        if bracket == (lo, hi):
+            return lo, hi
+        lo, hi = _narrow(full, known, limit, *bracket, cap)
 
 
 def _bracket(known: dict[int, int], limit: int) -> tuple[int, int | None]:

@@ -387,7 +387,8 @@ class _PlanContext:
         self, pol: Policy, sch: Schedule, label: str, estimate: int | None = None
     ) -> PlanCandidate:
         w = self.workload
-        r = w.compiled(pol, sch, self.batch)
+        # A peak read off shallow copies near the budget is compiled whole before it counts.
+        r = w.verified(pol, sch, self.batch, self.budget)
         host = host_bytes(r)
         cand = PlanCandidate(
             label=label,
@@ -419,6 +420,16 @@ class _PlanContext:
         w = self.workload
         pol, sch = self._objects[(cand.policy, cand.schedule)]
         r = w.compiled(pol, sch, self.batch)
+        if fits:
+            # The answer is final: its figures are the full step's (far from the budget the
+            # verdict stands; near it compile() verified it already).
+            r = w.verified(pol, sch, self.batch)
+            host = host_bytes(r)
+            ok = r.peak_bytes <= self.budget and (
+                self.host_budget is None or host <= self.host_budget
+            )
+            cand = dataclasses.replace(cand, peak_bytes=r.peak_bytes, host_bytes=host, fits=ok)
+            fits = ok
         decisions, layer_dec, layers = _decisions(w, self.batch, pol, sch, r.tags)
         if fits:
             note = Note(

@@ -66,6 +66,7 @@ MeasureFn = Callable[[Policy, Schedule, int], MemoryReport]
 FlopsFn = Callable[[Policy, Schedule, int], "FlopCount | float"]
 ResidualsFn = Callable[[Policy, Schedule, int], ResidualReport]
 BreakdownFn = Callable[[int], Mapping[str, int]]
+VerifyFn = Callable[[Policy, Schedule, int, MemoryReport, "int | None"], MemoryReport]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -94,6 +95,11 @@ class Workload:
       schedule_kinds: the schedule names (``none``, ``every``, ``sqrt``, ``nested``,
         ``layers``) ``measure_fn`` can build; None: all. A factory's model may take none
         (``rk.sources``): the search then leaves schedules out.
+      verify_fn: ``(policy, schedule, batch, report, limit) -> MemoryReport``: the report
+        ``measure_fn`` gave, or the same step compiled whole where ``measure_fn`` read it
+        off shallow copies of an unrolled model (``rk.sources``: ``depth="auto"``) and the
+        verdict against ``limit`` bytes is near, or, with ``limit`` None, final. None: every
+        report is final as it is.
 
     Example:
       >>> def measure_fn(policy, schedule, batch):
@@ -119,6 +125,7 @@ class Workload:
     breakdown_fn: BreakdownFn | None = None
     label: str = ""
     schedule_kinds: frozenset[str] | None = None
+    verify_fn: VerifyFn | None = None
     _reports: dict[Hashable, MemoryReport] = dataclasses.field(
         default_factory=dict, init=False, repr=False
     )
@@ -129,6 +136,7 @@ class Workload:
         default_factory=dict, init=False, repr=False
     )
     _memo: dict[Hashable, Any] = dataclasses.field(default_factory=dict, init=False, repr=False)
+    _verified: set[Hashable] = dataclasses.field(default_factory=set, init=False, repr=False)
 
     def report(self, policy: PolicyLike, schedule: Any = "none", batch: int = 1) -> MemoryReport:
         """The compiled report of the step (cached)."""
@@ -188,8 +196,8 @@ class Workload:
 
     @property
     def compiles(self) -> int:
-        """Number of programs compiled so far."""
-        return len(self._reports)
+        """Number of programs compiled so far (full-depth verifications included)."""
+        return len(self._reports) + len(self._verified)
 
     def step_seconds(self, batch: int, objective: str = "time") -> float | None:
         """The compute time of the step without remat (an estimate from its trace).
@@ -283,6 +291,28 @@ class Workload:
         if key not in self._reports:
             self._reports[key] = self.measure_fn(pol, sch, batch)
         return self._reports[key]
+
+    def verified(
+        self, pol: Policy, sch: Schedule, batch: int, limit: int | None = None
+    ) -> MemoryReport:
+        """The compiled report of a typed (policy, schedule, batch) whose verdict against
+        ``limit`` bytes (None: whatever it is, the answer is final) is the full step's: a
+        report extrapolated from shallow copies is replaced by the full-depth compile where
+        ``verify_fn`` says so (cached in its place)."""
+        key = _key(pol, sch, batch)
+        report = self.compiled(pol, sch, batch)
+        if self.verify_fn is not None and key not in self._verified:
+            full = self.verify_fn(pol, sch, batch, report, limit)
+            if full is not report:
+                self._reports[key] = report = full
+                self._verified.add(key)
+        return report
+
+    def extrapolated(self, pol: Policy, sch: Schedule, batch: int) -> bool:
+        """Whether the compiled report of a typed (policy, schedule, batch) was read off
+        shallow copies of an unrolled model, not compiled whole (``rk.sources``)."""
+        report = self.compiled(pol, sch, batch)
+        return (report.meta.get("depth") or {}).get("mode") == "extrapolated"
 
     def traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
         """FLOPs of a typed (policy, schedule, batch), from its compiled report when there is

@@ -61,8 +61,10 @@ __all__ = [
     "by_depth",
     "check_depth",
     "extrapolate_report",
+    "extrapolated",
     "fit_sections",
     "near_limit",
+    "verify",
 ]
 
 #: The shallow depths compiled. A copy costs about the non-layer part of the step plus its
@@ -350,11 +352,61 @@ def by_depth(
     return report.replace(notes=tuple(notes)), dict(report.meta["depth"], mode="extrapolated")
 
 
-def near_limit(report: MemoryReport) -> bool:
-    """The report's fits verdict could flip within :data:`VERIFY_MARGIN` of the usable
-    memory plus its fit's residual: compile at full depth before answering."""
-    if report.usable_bytes is None:
+def near_limit(report: MemoryReport, limit: int | None = None) -> bool:
+    """The report's verdict against ``limit`` (default: the usable memory) could flip
+    within :data:`VERIFY_MARGIN` of it plus its fit's residual: compile at full depth
+    before answering.
+
+    Example:
+      >>> r = rk.memory_report(lambda a: a @ a, jax.ShapeDtypeStruct((64, 64), jnp.float32),
+      ...                      target="h100")
+      >>> near_limit(r, limit=r.peak_bytes + 100), near_limit(r, limit=2 * r.peak_bytes)
+      (True, False)
+    """
+    limit = report.usable_bytes if limit is None else limit
+    if limit is None:
         return False
     depth = report.meta.get("depth") or {}
-    slack = VERIFY_MARGIN * report.usable_bytes + int(depth.get("residual_bytes", 0))
-    return abs(report.peak_bytes - report.usable_bytes) <= slack
+    slack = VERIFY_MARGIN * limit + int(depth.get("residual_bytes", 0))
+    return abs(report.peak_bytes - limit) <= slack
+
+
+def extrapolated(report: MemoryReport) -> bool:
+    """Whether ``report``'s figures were read off shallow copies (no full-depth compile)."""
+    return (report.meta.get("depth") or {}).get("mode") == "extrapolated"
+
+
+def verify(
+    report: MemoryReport,
+    compile_full: Callable[[], MemoryReport],
+    limit: int | None = None,
+    *,
+    always: bool = False,
+) -> MemoryReport:
+    """``report``, or the full-depth compile of its step where its answer is final.
+
+    A report extrapolated from shallow copies is replaced by ``compile_full()`` when
+    ``always`` (a final answer: the boundary of a fit, a plan's choice, ``--depth check``)
+    or when its verdict against ``limit`` is near (:func:`near_limit`). The full report's
+    ``meta["depth"]`` keeps the fit and adds the extrapolation's peak and its error.
+
+    Args:
+      report: a report from :func:`by_depth` (any other is returned as it is).
+      compile_full: compiles the same step at full depth.
+      limit: the bytes the verdict is against (default: the usable memory).
+      always: verify whatever the verdict.
+
+    Returns:
+      A MemoryReport; ``meta["depth"]["mode"]`` is ``"verified"`` when it was compiled here.
+    """
+    if not extrapolated(report) or not (always or near_limit(report, limit)):
+        return report
+    full = compile_full()
+    record = {
+        **report.meta["depth"],
+        "mode": "verified",
+        "extrapolated_peak_bytes": report.peak_bytes,
+        "peak_error": report.peak_bytes / full.peak_bytes - 1.0,
+        "extrapolated_compile_seconds": report.compile_seconds,
+    }
+    return full.replace(meta={**full.meta, "depth": record})

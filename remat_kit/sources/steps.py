@@ -34,7 +34,7 @@ from remat_kit.policies import Policy, PolicyLike, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.workload import Workload
-from remat_kit.sources.depth import by_depth, check_depth, near_limit
+from remat_kit.sources.depth import by_depth, check_depth, verify
 from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import from_factory
 from remat_kit.targets import Target, as_target
@@ -199,20 +199,16 @@ def _measure(
     report, record = None, {}
     if depth != "full" and not measured_breakdown:
         report, record = by_depth(source, pol, sch, t, config, compile_step)
-        if report is not None and (depth == "check" or near_limit(report)):
-            full = compile_step(built)
-            record = {
-                **record,
-                "mode": "verified",
-                "extrapolated_peak_bytes": report.peak_bytes,
-                "peak_error": report.peak_bytes / full.peak_bytes - 1.0,
-                "extrapolated_compile_seconds": report.compile_seconds,
-            }
-            report = full
-    if report is None:
+    if report is not None:
+        report = verify(
+            report.replace(meta={**report.meta, "depth": record}),
+            lambda: compile_step(built),
+            always=depth == "check",
+        )
+    else:
         report = compile_step(built)
-    if record:
-        report = report.replace(meta={**report.meta, "depth": record})
+        if record:
+            report = report.replace(meta={**report.meta, "depth": record})
     if measured_breakdown:
         report = add_measured_breakdown(report, step, t)
     else:
@@ -572,4 +568,10 @@ def workload(
         breakdown_fn=lambda b: breakdown(src, at(b), t),
         label=label or src.label(config, t),
         schedule_kinds=src.schedule_kinds,
+        verify_fn=lambda p, s, b, r, limit: verify(
+            r,
+            lambda: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False, depth="full"),
+            limit,
+            always=limit is None,
+        ),
     )
