@@ -1,19 +1,23 @@
 """Unrolled models answered from shallow copies: figures vs the full-depth compile, and speed.
 
 A Llama-style model of 32 unrolled layers (width 2048, GQA 16/8, MLP 8192, batch 1, seq 2048,
-on h100-80gb): for each policy, the report extrapolated from compiles of 2, 3 and 4 layers
+on h100-80gb): for each policy, the report extrapolated from compiles of 2 and 3 layers
 (``rk.sources.measure(depth="check")``) against the full-depth compile of the same step; then
-the wall time of ``remat-kit compare`` on the same shapes scanned, unrolled at full depth, and
-unrolled from shallow copies (fresh processes, ``--no-cache``, medians of ``--runs``).
+the wall time of ``remat-kit compare``, ``fit`` and ``plan`` (``--quick``: compare only) on
+the same shapes scanned, unrolled at full depth, and unrolled from shallow copies (fresh
+processes, each with an empty compile cache as a new user's first run, the default
+``--jobs``; medians of :data:`RUNS` paired runs, one with ``--quick``).
 
 Writes results/unrolled_speed.json and results/unrolled_speed.png.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 
@@ -60,35 +64,55 @@ def figures(target: str, policies: Sequence[str]) -> list[dict]:
     return rows
 
 
-def _compare(extra: Sequence[str], target: str, policies: Sequence[str]) -> float:
-    cmd = [sys.executable, "-m", "remat_kit.cli", "compare", "--model", "llama3-8b", *SHAPE]
-    cmd += ["--batch", "1", "--seq", "2048", "--target", target, "--no-cache", "--jobs", "1"]
-    cmd += ["--policies", ",".join(policies), *extra]
-    start = time.perf_counter()
-    subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True)
-    return time.perf_counter() - start
+#: The commands timed, each on the same shapes scanned, unrolled at full depth and unrolled
+#: from shallow copies. ``plan``'s budget lies between ``full`` (33.1 GiB) and ``none``
+#: (38.9 GiB) at this shape, so it compiles more than ``none``.
+COMMANDS = {
+    "compare": ["compare", "--batch", "1", "--policies", "none,full,minimal"],
+    "fit": ["fit", "--policy", "full"],
+    "plan": ["plan", "--batch", "1", "--budget", "36GiB", "--policies", ""],
+}
+#: Paired runs of each command (fit and plan at full depth take minutes each).
+RUNS = {"compare": 2, "fit": 1, "plan": 1}
 
 
-def speed(target: str, policies: Sequence[str], runs: int) -> list[dict]:
+def _run(command: Sequence[str], extra: Sequence[str], target: str) -> float:
+    cmd = [sys.executable, "-m", "remat_kit.cli", *command[:1], "--model", "llama3-8b", *SHAPE]
+    cmd += ["--seq", "2048", "--target", target, *command[1:], *extra]
+    # A new user's first run: an empty compile cache (so every program is compiled), with
+    # what a cache directory gives a deviceless compile (remat_kit.targets.codegen).
+    with tempfile.TemporaryDirectory(prefix="rk_speed_") as cache:
+        env = {**os.environ, "REMAT_KIT_CACHE_DIR": cache}
+        start = time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, env=env)
+        return time.perf_counter() - start
+
+
+def speed(target: str, commands: Sequence[str], quick: bool) -> list[dict]:
     cases = {
         "scanned": [],
         "unrolled, --depth full": ["--no-scan", "--depth", "full"],
         "unrolled, --depth auto": ["--no-scan"],
     }
-    times: dict[str, list[float]] = {k: [] for k in cases}
-    for _ in range(runs):  # paired: each run measures every case once, in turn
-        for name, extra in cases.items():
-            times[name].append(_compare(extra, target, policies))
-    scanned = statistics.median(times["scanned"])
-    return [
-        {
-            "case": name,
-            "median_s": statistics.median(ts),
-            "runs": ts,
-            "vs_scanned": statistics.median(ts) / scanned,
-        }
-        for name, ts in times.items()
-    ]
+    rows = []
+    for command in commands:
+        times: dict[str, list[float]] = {k: [] for k in cases}
+        for _ in range(1 if quick else RUNS[command]):  # paired: every case in turn
+            for name, extra in cases.items():
+                times[name].append(_run(COMMANDS[command], extra, target))
+                print(f"{command} {name}: {times[name][-1]:.1f} s", flush=True)
+        scanned = statistics.median(times["scanned"])
+        rows += [
+            {
+                "command": command,
+                "case": name,
+                "median_s": statistics.median(ts),
+                "runs": ts,
+                "vs_scanned": statistics.median(ts) / scanned,
+            }
+            for name, ts in times.items()
+        ]
+    return rows
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -99,11 +123,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         table(
             rows,
             ["policy", "full_peak_gib", "extrapolated_peak_gib", "peak_error", "section"],
-            "extrapolated from 2, 3, 4 layers vs the full compile (32 layers)",
+            "extrapolated from 2 and 3 layers vs the full compile (32 layers)",
         )
     )
-    timing = speed(args.target, policies[:3], 1 if args.quick else 3)
-    print(table(timing, ["case", "median_s", "vs_scanned"], f"compare of {policies[:3]}"))
+    commands = ("compare",) if args.quick else tuple(COMMANDS)
+    timing = speed(args.target, commands, args.quick)
+    print(table(timing, ["command", "case", "median_s", "vs_scanned"], "wall time, s"))
     write_json(args.out / "unrolled_speed.json", {"figures": rows, "compare": timing})
 
     import matplotlib
@@ -116,9 +141,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     ax[0].bar([r["policy"] for r in done], [100 * r["peak_error"] for r in done])
     ax[0].set_ylabel("extrapolated vs full peak, %")
     ax[0].tick_params(axis="x", rotation=30)
-    ax[1].bar([t["case"] for t in timing], [t["median_s"] for t in timing])
-    ax[1].set_ylabel("compare wall time, s (median)")
-    ax[1].tick_params(axis="x", rotation=15)
+    cases = list(dict.fromkeys(t["case"] for t in timing))
+    for i, case in enumerate(cases):
+        got = [t for t in timing if t["case"] == case]
+        xs = [j + (i - 1) * 0.27 for j in range(len(got))]
+        ax[1].bar(xs, [t["median_s"] for t in got], width=0.27, label=case)
+    ax[1].set_xticks(range(len(commands)), commands)
+    ax[1].set_ylabel("wall time, s (median)")
+    ax[1].legend(fontsize=7)
     fig.tight_layout()
     save_png(fig, args.out / "unrolled_speed.png")
 

@@ -159,7 +159,7 @@ def test_check_compiles_the_full_model_and_states_the_error(factory):
     assert abs(d["peak_error"]) < 0.01
 
 
-def test_a_verdict_near_the_limit_is_compiled_at_full_depth(factory):
+def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory):
     h100 = rk.target("h100")
     # A fraction that puts the usable memory 1% above this peak: within the margin.
     peak = _bare(factory, "full").peak_bytes
@@ -169,6 +169,12 @@ def test_a_verdict_near_the_limit_is_compiled_at_full_depth(factory):
     assert got.peak_bytes == _bare(factory, "full", target=near).peak_bytes
     far = sources.measure(factory, "full", h100, CONFIG, warn=False)
     assert far.meta["depth"]["mode"] == "extrapolated"
+    # Over the limit: a "no" is compiled whole too (copies were furthest off there).
+    over = rk.target("h100", mem_fraction=peak * 0.8 / h100.memory_bytes)
+    got = sources.measure(factory, "full", over, CONFIG, warn=False)
+    assert got.meta["depth"]["mode"] == "verified" and got.fits is False
+    estimate = sources.measure(factory, "full", over, CONFIG, warn=False, depth="estimate")
+    assert estimate.meta["depth"]["mode"] == "extrapolated"
 
 
 @pytest.mark.parametrize(
@@ -266,18 +272,10 @@ def test_a_fit_boundary_from_copies_is_compiled_whole(error, answer):
     fit = rk.max_batch(_extrapolating_workload(error, calls=calls), "full", limit_bytes=limit)
     assert fit.max_batch == answer
     assert fit.peak_bytes == BASE_BYTES + PER_SAMPLE * answer  # the full compile's figure
-    assert answer in calls and len(calls) == len(set(calls))
-    # The next batch is compiled whole where, seen through the error measured at the
-    # answer, it is within 2% of the limit (at 150 samples one more is 0.6% more bytes);
-    # else its figure is the copies', corrected by that error.
-    # Where the copies' boundary was wrong, the search went on compiling whole.
-    true_next = BASE_BYTES + PER_SAMPLE * (answer + 1)
-    near = true_next - limit <= depth.VERIFY_MARGIN * limit
-    if near:
-        assert answer + 1 in calls
-    if error == 0.0:  # the copies' boundary held: one compile whole, two near the limit
-        assert calls == [answer, answer + 1][: 1 + near]
-    assert fit.next_peak_bytes == pytest.approx(true_next, rel=1e-5)
+    assert fit.next_peak_bytes == BASE_BYTES + PER_SAMPLE * (answer + 1)
+    assert {answer, answer + 1} <= set(calls) and len(calls) == len(set(calls))
+    if error == 0.0:  # the copies' boundary held: its two sides, and nothing else, compiled whole
+        assert sorted(calls) == [answer, answer + 1]
 
 
 @pytest.mark.parametrize("error", [-0.05, 0.05])
@@ -287,7 +285,7 @@ def test_nothing_fits_is_verified_near_the_limit(error):
     assert fit.max_batch == 1
 
 
-@pytest.mark.parametrize("error", [-0.05, 0.01])
+@pytest.mark.parametrize("error", [-0.05, 0.01, 0.05])
 def test_a_plan_from_copies_states_the_full_steps_figures(error):
     calls = []
     w = _extrapolating_workload(error, calls=calls)
@@ -303,6 +301,8 @@ def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():
     guess = r.replace(meta={"depth": {"mode": "extrapolated", "layers": 8}})
     far = depth.verify(guess, lambda: pytest.fail("compiled"), limit=10_000)
     assert far is guess
+    over = depth.verify(guess, lambda: memory_report(peak_bytes=700), limit=900)
+    assert over.peak_bytes == 700  # a "does not fit" from copies is compiled whole
     got = depth.verify(guess, lambda: memory_report(peak_bytes=800), limit=1010)
     assert got.peak_bytes == 800
     assert got.meta["depth"] == {

@@ -17,6 +17,7 @@ from pathlib import Path
 from remat_kit.cli._parser import Parser
 from remat_kit.errors import BadValue, OpenShardAxis
 from remat_kit.sharding import _EXAMPLES, parse_shard
+from remat_kit.sources.depth import DEPTH_MODES
 from remat_kit.train import PRECISIONS
 
 __all__ = [
@@ -144,12 +145,14 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
     )
     p.add_argument(
         "--depth",
-        choices=("auto", "full", "check"),
+        choices=DEPTH_MODES,
         default="auto",
         help="unrolled layers (--no-scan, a factory taking layers=): auto answers from "
-        "compiles of 2 and 3 layers, compiling the whole model where a fits verdict is within "
-        "2%% of the limit or the copies are not affine in depth; full compiles the whole model; "
-        "check does both and reports the error (README: Unrolled models)",
+        "compiles of 2 and 3 layers where the step fits with 2%% to spare, and compiles the "
+        "whole model for any other verdict, for copies that do not line up and for the final "
+        "answers of fit and plan; estimate gives the copies' figures whatever the verdict; "
+        "full compiles the whole model; check does both and reports the error (README: "
+        "Unrolled models)",
     )
     p.add_argument(
         "--no-cache",

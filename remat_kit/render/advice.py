@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from remat_kit.render.captions import runtime_words
 from remat_kit.render.format import gib, pct, short
-from remat_kit.render.tables import _YES_NO, _runtime_words
+from remat_kit.render.tables import _YES_NO
 from remat_kit.render.titles import RunOptions, opts_precision, run_words, training_line
 from remat_kit.targets.prices import PRICE_CAVEAT
 
@@ -213,7 +214,7 @@ def _advise_caption(
         took += f" (plans {seconds - scale_seconds:.1f} s, scale-out {scale_seconds:.1f} s)"
     lines = [
         f"{took}. fits = the plan's compiled peak <= what a JAX process may allocate on that "
-        f"GPU ({_runtime_words(None)}"
+        f"GPU ({runtime_words(None)}"
         + (f", less {100 * headroom:.0f}%" if headroom else "")
         + ")"
         + ("; max batch with 'full'" if any(a.max_batch for a in rows) else "")

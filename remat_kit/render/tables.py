@@ -15,6 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from remat_kit.render.captions import (
+    collective_words,
+    depth_words,
+    expert_words,
+    fits_rule,
+    limit_words,
+    runtime_words,
+)
 from remat_kit.render.format import GIB, fmt, gib, pct, short
 from remat_kit.render.timing import step_time_words, tokens_of
 from remat_kit.render.titles import (
@@ -36,9 +44,7 @@ __all__ = [
     "compare_rows",
     "compare_table",
     "decision_table",
-    "depth_words",
     "fit_table",
-    "limit_words",
     "plan_table",
     "report_table",
     "residual_table",
@@ -282,7 +288,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         ),
         ("XLA's own peak", r.xla_peak_bytes),
         ("target memory", target.memory_bytes),
-        (f"  usable by a JAX process ({_runtime_words(target)})", r.usable_bytes),
+        (f"  usable by a JAX process ({runtime_words(target)})", r.usable_bytes),
     ]
     for what, value in lines:
         cell = value if isinstance(value, str) else "" if value is None else gib(value)
@@ -307,11 +313,11 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     if r.step_time is not None:
         table.caption += "\n" + step_time_words(r.step_time, tokens_of(m))
     if m.get("experts"):
-        table.caption += "\n" + _expert_words(m["experts"])
+        table.caption += "\n" + expert_words(m["experts"])
     if m.get("depth"):
         table.caption += "\n" + depth_words(m["depth"])
     if m.get("collectives"):
-        table.caption += "\n" + _collective_words(m["collectives"])
+        table.caption += "\n" + collective_words(m["collectives"])
     est = r.meta.get("offload_estimate")
     if est:
         table.caption += (
@@ -321,60 +327,6 @@ def report_table(r: MemoryReport, target: Target) -> Table:
             f"{est['step_compute_seconds'] * 1e3:.0f} ms"
         )
     return table
-
-
-def depth_words(d: Mapping[str, Any]) -> str:
-    """One line on how an unrolled model was compiled (``meta["depth"]``,
-    :mod:`remat_kit.sources.depth`).
-
-    Example:
-      >>> print(depth_words({"mode": "full", "reason": "sharded steps are compiled at full depth"}))
-      compiled at full depth: sharded steps are compiled at full depth
-    """
-    if d["mode"] == "full":
-        return f"compiled at full depth: {d['reason']}"
-    if d["mode"] == "verified":
-        return (
-            "compiled at full depth to confirm a verdict near the limit: the copies' "
-            f"extrapolation was {d['extrapolated_peak_bytes'] / GIB:.2f} GiB "
-            f"({d['peak_error']:+.2%})"
-        )
-    return (
-        f"extrapolated to {d['layers']} layers from compiles of "
-        f"{' and '.join(map(str, d['depths']))} layers: the peak per schedule section, "
-        f"largest fit residual {d['residual_bytes'] / _MIB:.1f} MiB, at {d['section']} "
-        "(--depth full compiles the whole model)"
-    )
-
-
-def _expert_words(e: Mapping[str, Any]) -> str:
-    # How an MoE model's experts ran in the measured program (models' meta["experts"]).
-    how = (
-        f"capacity einsum dispatch (capacity factor {e['capacity_factor']:g}; tokens over an "
-        "expert's capacity skip it)"
-        if e["impl"] == "capacity"
-        else "grouped GEMMs (ragged_dot, dropless)"
-    )
-    return f"experts: {e['routed']} routed, {e['per_token']} per token, as {how}"
-
-
-def _collective_words(summary: Mapping[str, Any]) -> str:
-    # One line on what a sharded step exchanges, per GPU (remat_kit.sharding.collective_summary).
-    parts = []
-    for op, row in summary.items():
-        again = row.get("recomputed_launches", 0)
-        parts.append(
-            f"{op} {row['launches']:,}x {gib(row['bytes'])} GiB (groups of "
-            f"{', '.join(map(str, row['groups']))}"
-            + (
-                f"; {again:,}x {gib(row['recomputed_bytes'])} GiB of it recomputed in the "
-                "backward pass"
-                if again
-                else ""
-            )
-            + ")"
-        )
-    return "collectives per step, per GPU: " + "; ".join(parts)
 
 
 def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
@@ -590,47 +542,6 @@ def decision_table(p: Plan) -> Table:
             cells.append(p.layer_decisions.get(tag, decision))
         table.add_row(*cells)
     return table
-
-
-def fits_rule(target: Target) -> str:
-    """One line saying what "fits" means for ``target``, e.g. for a table's caption.
-
-    Example:
-      >>> print(fits_rule(rk.target("h100")))
-      fits = peak <= 59.38 GiB, what a JAX process may allocate of the 79.18 GiB of h100-80gb ...
-      >>> fits_rule(rk.target("cpu"))
-      'fits: not judged (the target has no memory size)'
-    """
-    if target.usable_bytes is None:
-        return "fits: not judged (the target has no memory size)"
-    return (
-        f"fits = peak <= {gib(target.usable_bytes)} GiB, what a JAX process may allocate of the "
-        f"{gib(target.memory_bytes)} GiB of {target.name} ({_runtime_words(target)})"
-    )
-
-
-def _runtime_words(target: Target | None) -> str:
-    if target is None or target.runtime is None:
-        if target is not None:
-            return "the limit jax reports"
-        return "JAX's allocator fraction: 0.75 by default, XLA_PYTHON_CLIENT_MEM_FRACTION"
-    rt = target.runtime
-    if rt.mem_fraction is None:
-        return "platform allocator: the card less the CUDA context"
-    source = {"default": "JAX's default"}.get(rt.source, rt.source)
-    return f"allocator fraction {rt.mem_fraction:g}, {source}"
-
-
-def limit_words(target: Target, headroom: float) -> str:
-    """How a search's limit was set: the usable memory at the runtime's fraction, less the
-    headroom.
-
-    Example:
-      >>> limit_words(rk.target("h100"), 0.1)
-      "usable at allocator fraction 0.75, JAX's default, less 10%"
-    """
-    words = f"usable at {_runtime_words(target)}"
-    return words + (f", less {100 * headroom:.0f}%" if headroom else "")
 
 
 def _fits_cell(fits: bool | None, with_fraction: float | None) -> str:

@@ -344,32 +344,20 @@ def _verify_boundary(
     cap: int,
 ) -> tuple[int, int | None]:
     """``(lo, hi)`` resting on full-depth compiles where peaks were read off shallow copies
-    of an unrolled model (``Workload.verify_fn``).
+    of an unrolled model (``Workload.verify_fn``): both are compiled whole, and where that
+    moves the boundary the search goes on, compiling each probe whole. Copies' peaks can
+    be far off at some batches (XLA schedules a shallow step differently), so neither
+    side is taken from them."""
 
-    The answer, ``lo``, is compiled whole. ``hi`` is too where, seen through the error that
-    compile measured, its verdict is near the limit: the copies' error at neighbouring
-    batches is the same program's. Where that moves the boundary the search goes on,
-    compiling each probe whole.
-    """
-    ratio = 1.0  # full-depth peak / extrapolated peak, as measured at the answer
-
-    def full(units: int, seen: int | None = None) -> int:
-        if known.get(units) == UNBUILDABLE:
-            return UNBUILDABLE
-        got = workload.verified(pol, sch, units * step, seen).peak_bytes
-        # Not compiled whole (far from the limit): the copies' figure, corrected by the
-        # error measured at the answer.
-        exact = not workload.extrapolated(pol, sch, units * step)
-        known[units] = got if exact else round(got * ratio)
+    def full(units: int) -> int:
+        if known.get(units) != UNBUILDABLE:
+            known[units] = workload.verified(pol, sch, units * step).peak_bytes
         return known[units]
 
     while True:
-        if lo:
-            guess = workload.compiled(pol, sch, lo * step).peak_bytes
-            exact = full(lo)
-            ratio = exact / guess if exact != guess else ratio
-        if hi:
-            full(hi, round(limit / ratio))
+        for units in (lo, hi):
+            if units:
+                full(units)
         bracket = _bracket(known, limit)
         if bracket == (lo, hi):
             return lo, hi

@@ -98,8 +98,8 @@ class Workload:
       verify_fn: ``(policy, schedule, batch, report, limit) -> MemoryReport``: the report
         ``measure_fn`` gave, or the same step compiled whole where ``measure_fn`` read it
         off shallow copies of an unrolled model (``rk.sources``: ``depth="auto"``) and the
-        verdict against ``limit`` bytes is near, or, with ``limit`` None, final. None: every
-        report is final as it is.
+        verdict against ``limit`` bytes is not a clear "fits", or, with ``limit`` None,
+        whatever it is (a final answer). None: every report is final as it is.
 
     Example:
       >>> def measure_fn(policy, schedule, batch):
@@ -297,7 +297,7 @@ class Workload:
     ) -> MemoryReport:
         """The compiled report of a typed (policy, schedule, batch) whose verdict against
         ``limit`` bytes (None: whatever it is, the answer is final) is the full step's: a
-        report extrapolated from shallow copies is replaced by the full-depth compile where
+        report read off shallow copies is replaced by the full-depth compile where
         ``verify_fn`` says so (cached in its place)."""
         key = _key(pol, sch, batch)
         report = self.compiled(pol, sch, batch)
@@ -307,12 +307,6 @@ class Workload:
                 self._reports[key] = report = full
                 self._verified.add(key)
         return report
-
-    def extrapolated(self, pol: Policy, sch: Schedule, batch: int) -> bool:
-        """Whether the compiled report of a typed (policy, schedule, batch) was read off
-        shallow copies of an unrolled model, not compiled whole (``rk.sources``)."""
-        report = self.compiled(pol, sch, batch)
-        return (report.meta.get("depth") or {}).get("mode") == "extrapolated"
 
     def traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
         """FLOPs of a typed (policy, schedule, batch), from its compiled report when there is

@@ -91,10 +91,12 @@ def measure(
         kept in ``meta["breakdown_estimate"]``.
       meta: extra labels for the report.
       depth: ``"auto"``: an unrolled stack of identical layers is answered from compiles
-        of shallow copies (:mod:`remat_kit.sources.depth`), and compiled at full depth
-        where the copies do not fit a line or the peak comes near the usable memory;
-        ``"full"``: always compile the whole model; ``"check"``: both, the full compile
-        reported with the extrapolation's error. ``meta["depth"]`` says what was done.
+        of shallow copies (:mod:`remat_kit.sources.depth`) where it fits with room to
+        spare, and compiled at full depth where the copies do not line up or the peak
+        comes near the usable memory or over it; ``"full"``: always compile the whole
+        model; ``"check"``: both, the full compile reported with the extrapolation's
+        error; ``"estimate"``: the copies' figures whatever the verdict (a search, which
+        compiles its final answers whole). ``meta["depth"]`` says what was done.
 
     Returns:
       The MemoryReport, with the weights/gradients/optimizer/activations breakdown.
@@ -200,11 +202,9 @@ def _measure(
     if depth != "full" and not measured_breakdown:
         report, record = by_depth(source, pol, sch, t, config, compile_step)
     if report is not None:
-        report = verify(
-            report.replace(meta={**report.meta, "depth": record}),
-            lambda: compile_step(built),
-            always=depth == "check",
-        )
+        report = report.replace(meta={**report.meta, "depth": record})
+        if depth != "estimate":
+            report = verify(report, lambda: compile_step(built), always=depth == "check")
     else:
         report = compile_step(built)
         if record:
@@ -544,6 +544,7 @@ def workload(
     """
     src = source if isinstance(source, StepSource) else from_factory(source)
     t = as_target(target)
+    probes = "estimate" if check_depth(depth) == "auto" else depth
     plan = src.mesh_plan(t)
     ways = plan.data_size if plan is not None else 1
 
@@ -556,8 +557,9 @@ def workload(
 
     n_layers = src.n_layers() if "layers" in src.schedule_kinds else None
     return Workload(
+        # Probes from copies as they are; final answers compiled whole (verify_fn).
         lambda p, s, b: measure(
-            src, p, t, at(b), schedule=s, strict=strict, warn=False, depth=check_depth(depth)
+            src, p, t, at(b), schedule=s, strict=strict, warn=False, depth=probes
         ),
         lambda p, s, b: step_flop_count(src, p, t, at(b), s),
         target=t,

@@ -1,0 +1,134 @@
+"""The sentences under tables: how a figure was made, what "fits" means, how a limit was set.
+
+Each function takes data (a report's ``meta``, a target) and returns one line of text;
+:mod:`remat_kit.render.tables` and the other renderers put them in captions and titles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from remat_kit.render.format import GIB, gib
+
+if TYPE_CHECKING:
+    from remat_kit.targets import Target
+
+__all__ = [
+    "collective_words",
+    "depth_words",
+    "expert_words",
+    "fits_rule",
+    "limit_words",
+    "runtime_words",
+]
+
+_MIB = 2**20
+
+
+def depth_words(d: Mapping[str, Any]) -> str:
+    """One line on how an unrolled model was compiled (``meta["depth"]``,
+    :mod:`remat_kit.sources.depth`).
+
+    Example:
+      >>> print(depth_words({"mode": "full", "reason": "sharded steps are compiled at full depth"}))
+      compiled at full depth: sharded steps are compiled at full depth
+    """
+    if d["mode"] == "full":
+        return f"compiled at full depth: {d['reason']}"
+    if d["mode"] == "verified":
+        return (
+            "compiled at full depth to confirm the answer: the copies' "
+            f"extrapolation was {d['extrapolated_peak_bytes'] / GIB:.2f} GiB "
+            f"({d['peak_error']:+.2%})"
+        )
+    # Two copies leave no residual: a fit through more says how straight it is.
+    straight = (
+        f", largest fit residual {d['residual_bytes'] / _MIB:.1f} MiB"
+        if len(d["depths"]) > 2
+        else ""
+    )
+    return (
+        f"extrapolated to {d['layers']} layers from compiles of "
+        f"{' and '.join(map(str, d['depths']))} layers: the peak per schedule section, "
+        f"at {d['section']}{straight}; final answers are compiled whole "
+        "(--depth full compiles the whole model)"
+    )
+
+
+def expert_words(e: Mapping[str, Any]) -> str:
+    """How an MoE model's experts ran in the measured program (models' ``meta["experts"]``)."""
+    how = (
+        f"capacity einsum dispatch (capacity factor {e['capacity_factor']:g}; tokens over an "
+        "expert's capacity skip it)"
+        if e["impl"] == "capacity"
+        else "grouped GEMMs (ragged_dot, dropless)"
+    )
+    return f"experts: {e['routed']} routed, {e['per_token']} per token, as {how}"
+
+
+def collective_words(summary: Mapping[str, Any]) -> str:
+    """One line on what a sharded step exchanges, per GPU
+    (:func:`remat_kit.sharding.collective_summary`)."""
+    parts = []
+    for op, row in summary.items():
+        again = row.get("recomputed_launches", 0)
+        parts.append(
+            f"{op} {row['launches']:,}x {gib(row['bytes'])} GiB (groups of "
+            f"{', '.join(map(str, row['groups']))}"
+            + (
+                f"; {again:,}x {gib(row['recomputed_bytes'])} GiB of it recomputed in the "
+                "backward pass"
+                if again
+                else ""
+            )
+            + ")"
+        )
+    return "collectives per step, per GPU: " + "; ".join(parts)
+
+
+def fits_rule(target: Target) -> str:
+    """One line saying what "fits" means for ``target``, e.g. for a table's caption.
+
+    Example:
+      >>> print(fits_rule(rk.target("h100")))
+      fits = peak <= 59.38 GiB, what a JAX process may allocate of the 79.18 GiB of h100-80gb ...
+      >>> fits_rule(rk.target("cpu"))
+      'fits: not judged (the target has no memory size)'
+    """
+    if target.usable_bytes is None:
+        return "fits: not judged (the target has no memory size)"
+    return (
+        f"fits = peak <= {gib(target.usable_bytes)} GiB, what a JAX process may allocate of the "
+        f"{gib(target.memory_bytes)} GiB of {target.name} ({runtime_words(target)})"
+    )
+
+
+def runtime_words(target: Target | None) -> str:
+    """What sets the memory a JAX process may use on ``target`` (None: any GPU).
+
+    Example:
+      >>> runtime_words(rk.target("h100"))
+      "allocator fraction 0.75, JAX's default"
+    """
+    if target is None or target.runtime is None:
+        if target is not None:
+            return "the limit jax reports"
+        return "JAX's allocator fraction: 0.75 by default, XLA_PYTHON_CLIENT_MEM_FRACTION"
+    rt = target.runtime
+    if rt.mem_fraction is None:
+        return "platform allocator: the card less the CUDA context"
+    source = {"default": "JAX's default"}.get(rt.source, rt.source)
+    return f"allocator fraction {rt.mem_fraction:g}, {source}"
+
+
+def limit_words(target: Target, headroom: float) -> str:
+    """How a search's limit was set: the usable memory at the runtime's fraction, less the
+    headroom.
+
+    Example:
+      >>> limit_words(rk.target("h100"), 0.1)
+      "usable at allocator fraction 0.75, JAX's default, less 10%"
+    """
+    words = f"usable at {runtime_words(target)}"
+    return words + (f", less {100 * headroom:.0f}%" if headroom else "")
