@@ -99,7 +99,8 @@ class Workload:
         ``measure_fn`` gave, or the same step compiled whole where ``measure_fn`` read it
         off shallow copies of an unrolled model (``rk.sources``: ``depth="auto"``) and the
         verdict against ``limit`` bytes is not a clear "fits", or, with ``limit`` None,
-        whatever it is (a final answer). None: every report is final as it is.
+        whatever it is (a final answer); with ``report`` None, the step compiled whole.
+        None: every report is final as it is.
 
     Example:
       >>> def measure_fn(policy, schedule, batch):
@@ -307,6 +308,16 @@ class Workload:
                 self._reports[key] = report = full
                 self._verified.add(key)
         return report
+
+    def whole(self, pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
+        """The full step's compiled report of a typed (policy, schedule, batch), not read off
+        shallow copies: ``verify_fn`` asked to compile it whole (cached); without one, the
+        compiled report."""
+        key = _key(pol, sch, batch)
+        if self.verify_fn is None or key in self._reports:
+            return self.verified(pol, sch, batch)
+        self._reports[key] = self.verify_fn(pol, sch, batch, None, None)
+        return self._reports[key]
 
     def traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
         """FLOPs of a typed (policy, schedule, batch), from its compiled report when there is
