@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import pytest
 
 import remat_kit as rk
@@ -16,6 +17,7 @@ from helpers import memory_report
 from remat_kit import sources
 from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, sections_of
+from remat_kit.residuals import tags_in
 from remat_kit.sources import depth
 from remat_kit_models.measure import measure as measure_preset
 from remat_kit_models.options import Options
@@ -322,3 +324,18 @@ def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():
         "peak_error": 0.25,
         "extrapolated_compile_seconds": guess.compile_seconds,
     }
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_flops_of_an_unrolled_stack_come_from_its_copies_exactly(factory, policy):
+    none = rk.schedules.parse_schedule("none")
+    step = factory.build_step(rk.policy(policy), none, CONFIG, rk.target("h100")).step
+    whole = rk.count_flops(step.fn, *step.args)  # the full-depth trace
+    got = sources.step_flop_count(factory, policy, "h100", CONFIG)
+    assert got.total == pytest.approx(whole.total, rel=1e-9)
+    assert got.matmul == pytest.approx(whole.matmul, rel=1e-9)
+    assert got.other == pytest.approx(whole.other, rel=1e-9)
+    # Tags name layers by index: they are traced at full depth.
+    traced = tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args))
+    assert set(sources.tags(factory, CONFIG, "h100")) == set(traced)
+    assert "layers_7/mixer" in traced

@@ -63,7 +63,9 @@ __all__ = [
     "extrapolate_report",
     "extrapolated",
     "fit_sections",
+    "line_at",
     "settled",
+    "shallow_copies",
     "verify",
 ]
 
@@ -281,6 +283,38 @@ def check_depth(depth: str) -> str:
 VERIFY_MARGIN = 0.02
 
 
+def shallow_copies(source: StepSource, sch: Schedule, t: Target) -> list[StepSource] | None:
+    """The copies of ``source`` at :data:`DEPTHS` layers, where its full-depth figures may
+    be read off them: an unrolled stack of at least :data:`MIN_LAYERS` identical layers
+    (schedule ``none``) that builds copies and is not sharded; else None.
+
+    Example:
+      >>> from remat_kit.schedules import parse_schedule
+      >>> shallow_copies(rk.sources.from_factory(tiny_model), parse_schedule("none"),
+      ...                rk.target("h100")) is None  # builds one depth only
+      True
+    """
+    layers = source.n_layers()
+    if sch.name != "none" or layers is None or layers < MIN_LAYERS:
+        return None
+    if source.mesh_plan(t) is not None:
+        return None
+    copies = [source.at_depth(d) for d in DEPTHS]
+    return None if any(c is None for c in copies) else copies  # type: ignore[return-value]
+
+
+def line_at(shallow: Sequence[Any], depths: Sequence[int], layers: int) -> Any:
+    """The value at ``layers`` of the line through two copies' figures (numbers, or
+    mappings and lists of them: ``FlopCount.to_dict()``), kept in type.
+
+    Example:
+      >>> line_at([{"total": 10.0, "loops": 0}, {"total": 14.0, "loops": 0}], (2, 3), 32)
+      {'total': 130.0, 'loops': 0}
+    """
+    (a, b), (da, db) = shallow[-2:], depths[-2:]
+    return _line(a, b, da, db, layers)
+
+
 def by_depth(
     source: StepSource,
     pol: Policy,
@@ -311,6 +345,7 @@ def by_depth(
         return None, {}  # scanned, or a factory that builds one depth
     if source.mesh_plan(t) is not None:
         return None, {"mode": "full", "reason": "sharded steps are compiled at full depth"}
+    copies = shallow_copies(source, sch, t)
     if pol.offloads:
         # Measured: offload_dots_no_batch on a 2048-wide Llama, 32 layers, was 7% over
         # the line through 2 and 3 layers: XLA carries out a different share of the
@@ -320,11 +355,10 @@ def by_depth(
             "reason": "XLA carries out a different share of an offload policy's copies "
             "at each depth",
         }
+    if copies is None:
+        return None, {"mode": "full", "reason": "the model builds no shallow copies"}
     reports, sections = [], {}
-    for d in DEPTHS:
-        copy = source.at_depth(d)
-        if copy is None:
-            return None, {"mode": "full", "reason": "the model builds no shallow copies"}
+    for d, copy in zip(DEPTHS, copies, strict=True):
         built = copy.build_step(pol, sch, config, t)
         with tempfile.TemporaryDirectory(prefix="remat_kit_depth_") as tmp:
             r = compile_step(built, tmp)
