@@ -261,9 +261,7 @@ def _extrapolating_workload(error, *, calls=None, copies=None):
             calls.append(batch)
             return true(pol, batch)
 
-        if report is None:  # the step compiled whole, no copies asked
-            return full()
-        return depth.verify(report, full, limit, always=limit is None)
+        return depth.verify_search(report, full, limit)
 
     return rk.Workload(
         measure_fn, lambda p, s, b: 1.0, target=rk.target("h100"), verify_fn=verify_fn

@@ -67,6 +67,7 @@ __all__ = [
     "settled",
     "shallow_copies",
     "verify",
+    "verify_search",
 ]
 
 #: The shallow depths compiled. A copy costs about the non-layer part of the step plus its
@@ -456,3 +457,14 @@ def verify(
         "extrapolated_compile_seconds": report.compile_seconds,
     }
     return full.replace(meta={**full.meta, "depth": record})
+
+
+def verify_search(
+    report: MemoryReport | None, compile_full: Callable[[], MemoryReport], limit: int | None
+) -> MemoryReport:
+    """A search's check of a report (``rk.Workload.verify_fn``): with no ``report``, the
+    step compiled whole; with no ``limit``, a final answer (:func:`verify` ``always``);
+    else :func:`verify` against ``limit``."""
+    if report is None:
+        return compile_full()
+    return verify(report, compile_full, limit, always=limit is None)

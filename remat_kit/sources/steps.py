@@ -41,6 +41,7 @@ from remat_kit.sources.depth import (
     line_at,
     shallow_copies,
     verify,
+    verify_search,
 )
 from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import from_factory
@@ -328,15 +329,6 @@ def _remembered(
     return cache.remember(kind, key, t, compute, encode=encode, decode=decode)
 
 
-def _verified(
-    report: MemoryReport | None, compile_full: Callable[[], MemoryReport], limit: int | None
-) -> MemoryReport:
-    # A Workload's verify_fn: no report, the full step; no limit, a final answer.
-    if report is None:
-        return compile_full()
-    return verify(report, compile_full, limit, always=limit is None)
-
-
 def nbytes_count(tree: Any) -> int:
     """Number of elements in a pytree of arrays or ShapeDtypeStructs (a parameter count).
 
@@ -595,7 +587,7 @@ def workload(
         breakdown_fn=lambda b: breakdown(src, at(b), t),
         label=label or src.label(config, t),
         schedule_kinds=src.schedule_kinds,
-        verify_fn=lambda p, s, b, r, limit: _verified(
+        verify_fn=lambda p, s, b, r, limit: verify_search(
             r,
             lambda: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False, depth="full"),
             limit,
