@@ -159,7 +159,10 @@ def max_batch(
 
     def whole(units: int) -> int:
         # The full step's peak: a copies' figure is compiled whole (Workload.verify_fn);
-        # once the copies were off, probes skip them.
+        # once the copies were off, probes skip them. Without a verify_fn every peak is.
+        if workload.verify_fn is None:
+            exact.add(units)
+            return peak(units)
         if units not in exact and known.get(units) != UNBUILDABLE:
             b = units * step
             r = workload.whole(pol, sch, b) if copies == [False] else workload.verified(pol, sch, b)
@@ -174,7 +177,8 @@ def max_batch(
                     return whole(units)
                 r = workload.compiled(pol, sch, units * step)
                 known[units] = r.peak_bytes
-                if not copies and workload.verified(pol, sch, units * step) is not r:
+                checks = not copies and workload.verify_fn is not None
+                if checks and workload.verified(pol, sch, units * step) is not r:
                     # The first figure from copies is checked: where the copies are far off
                     # (XLA orders a shallow step differently at this batch), a search on
                     # them would go astray, and every probe is compiled whole instead.
