@@ -63,6 +63,10 @@ class Options:
     traced program is an error (the CLI), not a warning. ``depth``: how an unrolled model
     is compiled (``rk.sources.measure``'s ``depth``: ``auto`` from shallow copies, ``full``,
     ``check``).
+
+    ``step``: a train step of the user's own, ``file.py:NAME`` (``rk.sources.from_step``),
+    measured instead of the step remat_kit builds; ``model`` is then the same spec (the name
+    in titles), and the options that shape our model or step do not apply.
     """
 
     model: str
@@ -84,6 +88,7 @@ class Options:
     tags: str = "auto"
     strict: bool = False
     depth: str = "auto"
+    step: str | None = None
 
     def train_config(self) -> rk.TrainConfig:
         return rk.TrainConfig(
@@ -92,19 +97,23 @@ class Options:
             optimizer=self.optimizer,
             lora=self.lora > 0,
             accum=self.accum,
-            precision=precision_of(self),
+            # A user's step keeps its own dtypes: its config names no regime.
+            precision=None if self.step else precision_of(self),
         )
 
     def precision_regime(self) -> rk.train.Precision:
         """The precision regime these options train in (see :func:`precision_of`)."""
         return precision_of(self)
 
-    def precision_record(self) -> dict[str, str]:
+    def precision_record(self) -> dict[str, str] | None:
         """The regime as tables and JSON name it (``rk.render.precision_words`` reads it).
 
         Nothing is frozen in full training; a factory's model computes in its own dtypes (the
-        regime casts only its weights and optimizer state), as ``report`` states.
+        regime casts only its weights and optimizer state), as ``report`` states. None for a
+        user's step: its dtypes are its own (a report reads them off its arguments' roles).
         """
+        if self.step:
+            return None
         record = precision_of(self).to_dict()
         if not self.lora:
             record["frozen"] = "-"
@@ -117,7 +126,8 @@ class Options:
 
     @property
     def names_factory(self) -> bool:
-        """Whether ``model`` names a factory (``file.py:NAME``, ``package.module:NAME``)."""
+        """Whether ``model`` names a factory (``file.py:NAME``, ``package.module:NAME``), or
+        a user's step (``step``): code of the user's, with tag names of its own."""
         return self.hf_config is None and ":" in self.model
 
 

@@ -219,13 +219,16 @@ def source_for(opts: Options) -> rk.sources.StepSource:
       opts: the options.
 
     Returns:
-      A ``rk.sources.ModelSource`` for a factory, else a :class:`PresetSource`.
+      A ``rk.sources.StepSourceOf`` for a user's step (``opts.step``), a
+      ``rk.sources.ModelSource`` for a factory, else a :class:`PresetSource`.
 
     Raises:
       BadValue: an option a factory's model does not take (LoRA, the shape overrides,
         attention, dropout, a mesh plan, the layer loop), a block given for a preset, an
         unknown preset, or a factory that cannot be loaded.
     """
+    if opts.step:
+        return _step_source(opts)
     if opts.names_factory:
         return _factory_source(opts)
     if opts.block:
@@ -255,6 +258,35 @@ def _factory_source(opts: Options) -> rk.sources.ModelSource:
             param=bad[0].split("/")[0],
         )
     return _loaded(opts.model, opts.block, opts.tags)
+
+
+def _step_source(opts: Options) -> rk.sources.StepSourceOf:
+    given = {
+        "block": opts.block,
+        "tags": opts.tags != "auto",
+        "lora": opts.lora,
+        "accum": opts.accum != 1,
+        "precision/param_dtype/dtype": opts.precision or opts.param_dtype or opts.dtype,
+        "layers/width/heads/...": opts.overrides,
+        "attention": opts.attention != "auto",
+        "dropout": opts.dropout is not None,
+        "shard": opts.shard,
+        "scan_layers": not opts.scan_layers,
+        "hf_config": opts.hf_config,
+    }
+    bad = [name for name, value in given.items() if value]
+    if bad:
+        raise BadValue(
+            f"{', '.join(bad)}: the step {opts.step} is the user's own (its model, optimizer, "
+            "precision, accumulation and sharding are its own): drop them",
+            param="step",
+        )
+    return _loaded_step(opts.step)
+
+
+@functools.cache
+def _loaded_step(step: str) -> rk.sources.StepSourceOf:
+    return rk.sources.from_step(step)
 
 
 @functools.cache

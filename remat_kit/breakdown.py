@@ -33,12 +33,17 @@ def add_breakdown(report: MemoryReport, step: TrainStep) -> MemoryReport:
     workspace, logits and other temporaries.
     """
     parts = dict(step.breakdown)
+    if any(k not in parts for k in ("weights", "optimizer", "batch", "gradients")):
+        # A user's step whose roles were not all given: the parts not known are absent, and
+        # so is the rest (tables say "unknown").
+        return report.replace(breakdown=parts)
+    # An accumulator no shape names (a user's step) is among the temporaries.
     known = (
         parts["weights"]
         + parts["optimizer"]
         + parts["batch"]
         + parts["gradients"]
-        + parts["grad_accumulator"]
+        + parts.get("grad_accumulator", 0)
     )
     parts["activations"] = max(0, report.peak_bytes - known)
     if report.peak_bytes >= known:

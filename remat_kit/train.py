@@ -169,6 +169,13 @@ class TrainStep:
         there is none, ``a+b`` where leaves differ) and ``compute`` (the regime's, or
         ``"module's own"`` without one).
       rng_streams: the RNG streams (``"dropout"``) ``fn`` feeds the module from ``rng``.
+      categories: argument index -> what it holds for the peak inspector (``rk.peak``'s
+        ``parameter``, ``optimizer state``, ``input``); None: this module's layout
+        ``(trainable, frozen, opt_state, batch)``; empty: unknown (a user's step whose
+        roles were not given: no measured breakdown).
+      loss_given: ``loss_fn`` is one micro-batch's loss. False: it is the whole step (a
+        user's step given without its loss), whose trace names the tags and checkpoints
+        but whose VJP is no backward pass: no residuals are read from it.
     """
 
     fn: Callable[..., Any]
@@ -183,6 +190,8 @@ class TrainStep:
     mesh: Mesh | None = None
     precision: Mapping[str, str] = dataclasses.field(default_factory=dict)
     rng_streams: tuple[str, ...] = ()
+    categories: Mapping[int, str] | None = None
+    loss_given: bool = True
 
 
 def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:

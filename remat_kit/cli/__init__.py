@@ -63,6 +63,7 @@ COMMANDS: tuple[Command, ...] = (
 FLAGS: dict[str, str] = {
     "model": "--model",
     "hf_config": "--hf-config",
+    "step": "--step",
     "block": "--block",
     "tags": "--tags",
     "target": "--target",

@@ -91,6 +91,13 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         help="a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma) measured with our decoder",
     )
     p.add_argument(
+        "--step",
+        default=None,
+        metavar="FILE.py:NAME",
+        help="a train step of your own instead of ours: NAME(policy, config) -> (fn, args[, "
+        "donate_argnums]) or rk.sources.OwnStep (README: Your own model)",
+    )
+    p.add_argument(
         "--block",
         default=None,
         metavar="MODULE:CLASS",

@@ -82,14 +82,20 @@ def options_from_args(args: argparse.Namespace) -> Any:
         (key, getattr(args, key)) for key in _SHAPE_FLAGS if getattr(args, key, None) is not None
     )
     model, hf_config = getattr(args, "model", None), getattr(args, "hf_config", None)
-    if (model is None) == (hf_config is None):
+    step = getattr(args, "step", None)
+    named = [f for f, v in (("--model", model), ("--hf-config", hf_config), ("--step", step)) if v]
+    if len(named) != 1:
         raise BadValue(
-            "give the model once: a preset, path/file.py:NAME or package.module:NAME, or a "
-            "Hugging Face config.json",
-            param="model",
+            (f"{' and '.join(named)}: give one of them" if named else "give the model")
+            + ": a preset, path/file.py:NAME or package.module:NAME (--model), a Hugging Face "
+            "config.json (--hf-config), or a train step of your own, file.py:NAME (--step)",
+            param=None if len(named) > 1 else "model",
         )
+    if step:
+        _check_step_flags(args)
     return Options(
-        model=model if model is not None else Path(hf_config).stem,
+        model=step or (model if model is not None else Path(hf_config).stem),
+        step=step,
         hf_config=hf_config,
         block=getattr(args, "block", None),
         tags=getattr(args, "tags", None) or "auto",
@@ -109,6 +115,24 @@ def options_from_args(args: argparse.Namespace) -> Any:
         dropout=getattr(args, "dropout", None),
         depth=getattr(args, "depth", "auto"),
     )
+
+
+def _check_step_flags(args: argparse.Namespace) -> None:
+    """With ``--step``: no flag that shapes the model or the step remat_kit builds (the
+    user's step has its own model, optimizer, precision, accumulation and layout)."""
+    given = getattr(args, "given", None)
+    bad = [
+        flag
+        for dest, flag, default in _NOT_FOR_A_STEP
+        if (flag in given if given is not None else getattr(args, dest, default) != default)
+    ]
+    if bad:
+        raise BadValue(
+            f"{', '.join(bad)} with --step {args.step}: a step of your own has its own model, "
+            "optimizer, precision, accumulation and sharding; drop "
+            + ("it" if len(bad) == 1 else "them")
+            + " (the step function gets policy and config with the batch and seq)"
+        )
 
 
 def source_for(opts: Any) -> StepSource:

@@ -85,7 +85,9 @@ def run(args: argparse.Namespace) -> int:
             depth=args.depth,
         )
     res = None
-    if not args.no_residuals:
+    # A user's step given without its loss has no backward pass of a loss to read.
+    loss_given = report.meta.get("loss_given", True)
+    if not args.no_residuals and loss_given:
         res = sources.residuals(src, policy, target, config, schedule)
     out = console(args.wide)
     out.print(fitted(report_table(report, target), out.width))
@@ -93,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
         out.print(fitted(residual_table(res, report), out.width))
     for note in report.notes:
         out.print(f"[yellow]warning:[/yellow] {words(note)}")
+    if not args.no_residuals and not loss_given:
+        out.print(
+            "note: no residual table: the step was given without its loss (return "
+            "rk.sources.OwnStep(..., loss_fn=, loss_args=) for one)"
+        )
     chosen = attention_note(run)
     if chosen:
         out.print(f"[yellow]note:[/yellow] {chosen}")

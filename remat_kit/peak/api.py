@@ -128,12 +128,19 @@ def inspect_step(
       >>> r.top(1)[0].category, r.peak_phase
       ('saved activation', 'backward')
     """
+    categories = getattr(step, "categories", None)
+    if categories is not None and not categories:
+        raise BadValue(
+            "the step's arguments have no known roles (a step given without roles=): "
+            "nothing says which are weights or optimizer state; give roles, or read the "
+            "estimate"
+        )
     return inspect(
         step.fn,
         *step.args,
         target=target,
         donate_argnums=step.donate_argnums,
-        categories=TRAIN_STEP_CATEGORIES,
+        categories=TRAIN_STEP_CATEGORIES if categories is None else categories,
         meta=meta,
     )
 

@@ -551,7 +551,7 @@ def _fits_cell(fits: bool | None, with_fraction: float | None) -> str:
 
 def _breakdown_lines(
     parts: Mapping[str, int], meta: Mapping[str, Any]
-) -> list[tuple[str, int | None]]:
+) -> list[tuple[str, int | str | None]]:
     if meta.get("breakdown") == "measured":
         est = meta.get("breakdown_estimate") or {}
         return [
@@ -566,12 +566,19 @@ def _breakdown_lines(
             ("  fragmentation (reserved, free at the peak)", parts.get("fragmentation")),
             ("  activations, estimate (peak - shapes of the rest)", est.get("activations")),
         ]
+    # A user's step names the roles of its arguments or not (meta "roles"): a part it does
+    # not name is unknown, not blank.
+    missing = "unknown" if "roles" in meta else None
+    if "roles" in meta and "grad_accumulator" not in parts:
+        missing_acc: str | None = "unknown (in the rest)" if "activations" in parts else missing
+    else:
+        missing_acc = missing
     return [
         ("  estimate from shapes (activations = the rest):", None),
-        ("  weights", parts.get("weights")),
-        ("  gradients", parts.get("gradients")),
-        ("  optimizer state", parts.get("optimizer")),
-        ("  gradient accumulator", parts.get("grad_accumulator")),
-        ("  batch", parts.get("batch")),
-        ("  activations and temporaries", parts.get("activations")),
+        ("  weights", parts.get("weights", missing)),
+        ("  gradients", parts.get("gradients", missing)),
+        ("  optimizer state", parts.get("optimizer", missing)),
+        ("  gradient accumulator", parts.get("grad_accumulator", missing_acc)),
+        ("  batch", parts.get("batch", missing)),
+        ("  activations and temporaries", parts.get("activations", missing)),
     ]

@@ -76,8 +76,10 @@ def run_words(opts: RunOptions, *, batch: bool = True) -> str:
       >>> run_words(NS(model="llama3-8b", batch=4, seq=2048, optimizer="sgd", lora=16, accum=1))
       'llama3-8b b4 s2048 sgd lora16'
     """
+    # A user's step (``opts.step``) has its own optimizer, which the options do not name.
+    optimizer = "own step" if getattr(opts, "step", None) else opts.optimizer
     return (
-        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {opts.optimizer}"
+        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {optimizer}"
         + (f" lora{opts.lora}" if opts.lora else "")
         + (f" accum{opts.accum}" if opts.accum > 1 else "")
     )

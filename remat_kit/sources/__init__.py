@@ -15,6 +15,10 @@ with Hugging Face's keyword inputs (``attention_mask``, ``position_ids``) made f
 The CLI's ``--model file.py:NAME`` and ``remat_kit_models.measure`` go through here; remat_kit never
 imports ``models``.
 
+A user who has a train step already hands it over instead (:func:`from_step`, ``--step
+file.py:NAME``): ``NAME(policy, config)`` returns the step and its abstract arguments
+(:class:`OwnStep`), measured by the same pipeline (see :mod:`remat_kit.sources.own_step`).
+
 Example:
   >>> import remat_kit as rk
   >>> src = rk.sources.from_factory(tiny_model)  # or "path/to/file.py:NAME"
@@ -25,6 +29,7 @@ Example:
 """
 
 from remat_kit.sources._loading import load_factory, patched_block
+from remat_kit.sources.own_step import ROLES, OwnStep, StepSourceOf, from_step
 from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import ALL_SCHEDULES, BuiltModel, ModelSource, from_factory, hf_inputs
 from remat_kit.sources.steps import (
@@ -42,13 +47,17 @@ from remat_kit.sources.steps import (
 
 __all__ = [
     "ALL_SCHEDULES",
+    "ROLES",
     "BuiltModel",
     "ModelSource",
+    "OwnStep",
     "SourceStep",
     "StepSource",
+    "StepSourceOf",
     "breakdown",
     "check_policies",
     "from_factory",
+    "from_step",
     "hf_inputs",
     "load_factory",
     "measure",

@@ -227,7 +227,7 @@ def _measure(
         )
     if pol.offloads and report.host_bytes:
         report = _with_offload_estimate(report, source, pol, sch, config, t)
-    if pol.offloads and step.plan is None:
+    if pol.offloads and step.plan is None and step.loss_given:
         # XLA may carry out only part of the copies jax marks (unrolled layers): say so. Both
         # figures are one micro-batch's on one device (sharded steps are not compared).
         marked = residuals(source, pol, t, config, sch).marked_bytes
@@ -424,10 +424,18 @@ def residuals(
 
     Returns:
       The ResidualReport.
+
+    Raises:
+      BadValue: a step given without its loss (``TrainStep.loss_given``).
     """
     t = as_target(target)
     built = source.build_step(as_policy(policy), parse_schedule(schedule), config, t, sharded=False)
     step = built.step
+    if not step.loss_given:
+        raise BadValue(
+            f"{source.spec} gave its step without its loss: the residuals a policy keeps are "
+            "read from the loss's backward pass; return OwnStep(..., loss_fn=, loss_args=)"
+        )
     report = saved_residuals(step.loss_fn, *step.loss_args, policy=built.policy)
     checks.check_policy_matches(built.policy, report.tags, where=source.spec)
     return report
