@@ -74,8 +74,28 @@ def options_from_args(args: argparse.Namespace) -> Any:
     """``models.options.Options`` from parsed arguments (``--model --batch --seq ...``).
 
     Raises:
-      BadValue: no model or two (``--model`` and ``--hf-config``).
+      BadValue: no model or two (``--model``, ``--hf-config``, ``--step``), or with
+        ``--step`` a flag that shapes the model or the step remat_kit builds.
     """
+#: Flags that shape the model or the step remat_kit builds: a step of the user's own
+#: (``--step``) has its own, so giving one with it is an error. (dest, flag, default)
+_NOT_FOR_A_STEP = (
+    ("block", "--block", None),
+    ("tags", "--tags", None),
+    ("optimizer", "--optimizer", "adamw"),
+    ("lora", "--lora", 0),
+    ("accum", "--accum", 1),
+    ("precision", "--precision", None),
+    ("param_dtype", "--param-dtype", None),
+    ("dtype", "--dtype", None),
+    ("dropout", "--dropout", None),
+    ("attention", "--attention", "auto"),
+    ("no_scan", "--no-scan", False),
+    ("shard", "--shard", None),
+    *((key, "--" + key.replace("_", "-"), None) for key in _SHAPE_FLAGS),
+)
+
+
     from remat_kit_models.options import Options
 
     overrides = tuple(
