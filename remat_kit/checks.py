@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import warnings
 import weakref
@@ -33,8 +34,9 @@ from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit._shapes import array_bytes
 from remat_kit.analysis import MemoryReport, RematWarning
 from remat_kit.errors import BadValue
+from remat_kit.names import VOCABULARY
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, PolicyLike, as_policy, decide, decide_eqn
+from remat_kit.policies import Policy, PolicyLike, as_policy, decide, decide_eqn, is_path_pattern
 from remat_kit.residuals import tags_in
 
 __all__ = [
@@ -102,6 +104,11 @@ def check_policy_matches(
 ) -> Note | None:
     """Says so when a name-based policy matches no tag of a program.
 
+    With ``strict``, a name the policy was given that is neither ours
+    (:data:`remat_kit.names.VOCABULARY`, which a model may use in part) nor a tag of the
+    program is an error too: it is a typo of a model's own name (``mlp_gat``), which would
+    otherwise pass as long as another name matched.
+
     Args:
       policy: a policy name, spec or Policy.
       tags: the tags of the traced program.
@@ -114,19 +121,25 @@ def check_policy_matches(
       not decide by name).
 
     Raises:
-      BadValue: with ``strict``, when nothing matches (one line listing the tags that exist).
+      BadValue: with ``strict``, when nothing matches (one line listing the tags that exist),
+        or when a name outside our vocabulary is no tag of the program.
 
     Example:
       >>> check_policy_matches("context", ["query_proj"], strict=True)
       Traceback (most recent call last):
       remat_kit.errors.BadValue: policy 'context' names context but ...
+      >>> check_policy_matches("names:save=mlp_gate+mlp_gat", ["mlp_gate"], strict=True)
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: policy 'names:save=mlp_gate+mlp_gat' names 'mlp_gat' ...
     """
     pol = as_policy(policy)
     present = sorted(set(tags))
-    if not unmatched_policy(pol, present):
-        return None
     from remat_kit.render.notes import words
 
+    if strict:
+        _check_own_names(pol, present, where)
+    if not unmatched_policy(pol, present):
+        return None
     note = Note(
         "no_tag_matched_in",
         {"policy": pol.spec, "names": pol.tags, "where": where, "tags": present},
@@ -135,6 +148,26 @@ def check_policy_matches(
         raise BadValue(words(note))
     warnings.warn(words(note), RematWarning, stacklevel=2)
     return note
+
+
+def _check_own_names(pol: Policy, present: list[str], where: str) -> None:
+    # Names outside our vocabulary are a model's own: each must be a tag of the program.
+    stray = [
+        n for n in pol.tags if n not in VOCABULARY and n not in present and not is_path_pattern(n)
+    ]
+    if not stray:
+        return
+    from remat_kit.render.notes import words
+
+    close = {n: (difflib.get_close_matches(n, present, n=1) or [None])[0] for n in stray}
+    raise BadValue(
+        words(
+            Note(
+                "stray_tag_names",
+                {"policy": pol.spec, "names": close, "where": where, "tags": present},
+            )
+        )
+    )
 
 
 def checkpoint_policies(closed: Any) -> list[tuple[Any, frozenset[str]]]:

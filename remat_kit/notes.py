@@ -60,6 +60,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "expert_dots_recomputed": ("policy", "per_layer_bytes", "layers"),
     # remat_kit.checks.check_policy_matches
     "no_tag_matched_in": ("policy", "names", "where", "tags"),
+    "stray_tag_names": ("policy", "names", "where", "tags"),
     # BatchFit.note: remat_kit.search.batch
     "batch_fits": (
         "policy",

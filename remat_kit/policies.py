@@ -29,6 +29,7 @@ __all__ = [
     "as_policy",
     "decide",
     "decide_eqn",
+    "is_path_pattern",
     "parse_policy",
     "policy",
     "policy_names",
@@ -155,7 +156,7 @@ def _names_param(key: str, value: Any) -> tuple[str, ...]:
                 f"policy parameter {key} holds {item!r}; tag names are strings", param="policy"
             )
     # Module paths and globs name tags remat_kit.tagging gives untagged models: not typos.
-    unknown = [n for n in out if n not in _names.VOCABULARY and not _is_path_pattern(n)]
+    unknown = [n for n in out if n not in _names.VOCABULARY and not is_path_pattern(n)]
     if unknown:
         # Users tag their own tensors with their own names: a warning, never an error.
         hints = {n: difflib.get_close_matches(n, _names.VOCABULARY, n=1) for n in unknown}
@@ -200,14 +201,21 @@ def _names_policy(save: Iterable[str]) -> Policy:
         "names",
         f"save only tensors tagged {', '.join(saved) or '(none)'}; recompute the rest",
         _save_matching(saved)
-        if any(_is_path_pattern(n) for n in saved)
+        if any(is_path_pattern(n) for n in saved)
         else jax.checkpoint_policies.save_only_these_names(*saved),
         {"save": saved},
         tags=saved,
     )
 
 
-def _is_path_pattern(name: str) -> bool:
+def is_path_pattern(name: str) -> bool:
+    """Whether a name given to a policy is a module path or a glob (``*/mixer``), which names
+    the tags :mod:`remat_kit.tagging` gives models nobody tagged.
+
+    Example:
+      >>> is_path_pattern("model/layers/*/mlp"), is_path_pattern("mlp_gate")
+      (True, False)
+    """
     return any(c in name for c in "/*?[")
 
 

@@ -9,6 +9,11 @@ rule set knows the module's name (Hugging Face ``q_proj`` ... ``down_proj``, GPT
 ``c_proj`` ``c_fc``, gemma's ``q_einsum`` ... ``linear``), else with the module's path
 (``model/layers/0/self_attn/rotary``). :func:`tag_nnx` does the same for an NNX model.
 
+A model that tags its own tensors keeps its names; :func:`aliasing` adds ours beside them
+where an alias set knows the library's names (EasyDeL's ``attn_query`` ... ``mlp_down``,
+MaxText's ``qkv_proj`` and ``attention_out``), so a catalogue policy (``minimal``) and a
+policy in the library's own names (``names:save=mlp_gate``) both act on the model.
+
 Tags exist only while the model is traced inside the context (or through
 :class:`TaggedModule`), so the user's model and its parameters are unchanged.
 
@@ -31,7 +36,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import functools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -41,11 +46,16 @@ from jax.ad_checkpoint import checkpoint_name
 
 from remat_kit import names
 from remat_kit.errors import unknown
+from remat_kit.policies import _name_primitive
 
 __all__ = [
+    "ALIAS_SETS",
     "RULE_SETS",
     "Rule",
     "TaggedModule",
+    "aliases",
+    "aliases_for",
+    "aliasing",
     "rules",
     "tag_for",
     "tag_nnx",
@@ -104,6 +114,35 @@ RULE_SETS: Mapping[str, tuple[Rule, ...]] = {
     ),
 }
 
+#: Tag names libraries give their own tensors -> ours. Applied to a model that tags itself
+#: (:func:`aliasing`): its tensor then carries both names. Only names that mean the same
+#: tensor are mapped; a library's name with no counterpart (EasyDeL's ``residual``, which it
+#: gives both residual sums of a layer; MaxText's MLA ``query_wa_proj``) keeps its own name only.
+ALIAS_SETS: Mapping[str, Mapping[str, str]] = {
+    # EasyDeL 0.3 (easydel/layers/attention/_unified.py, modules/*/modeling_*.py). Its
+    # ``mlp_gate`` is the gate after the activation: the same size as the projection.
+    "easydel": {
+        "attn_qkv": names.QUERY_PROJ,
+        "attn_query": names.QUERY_PROJ,
+        "attn_key": names.KEY_PROJ,
+        "attn_value": names.VALUE_PROJ,
+        "attn_output": names.OUT_PROJ,
+        "mlp_gate": names.MLPWI_0,
+        "mlp_up": names.MLPWI_1,
+        "mlp_down": names.MLPWO,
+        "moe_router_logits": names.ROUTER_LOGITS,
+        "layer_output": names.BLOCK_OUT,
+    },
+    # MaxText (src/maxtext/layers): most of its names are ours already (they follow its
+    # vocabulary); these are the ones that differ. ``attention_out`` is the attention
+    # kernel's output before the out projection.
+    "maxtext": {
+        "qkv_proj": names.QUERY_PROJ,
+        "kv_proj": names.KEY_PROJ,
+        "attention_out": names.CONTEXT,
+    },
+}
+
 # Layer classes whose output is a projection worth naming, by class name so that a model's own
 # Einsum or Conv1D (gemma, Hugging Face GPT-2) counts like flax's.
 _PROJECTION_CLASSES = frozenset(
@@ -135,12 +174,123 @@ def rules(spec: str | Sequence[Rule | tuple[str, str]] = "auto") -> tuple[Rule, 
         if spec == "paths":
             return ()
         out: list[Rule] = []
-        for name in spec.split("+"):
-            if name not in RULE_SETS:
-                raise unknown("tag rule set", name, [*RULE_SETS, "auto", "paths"], param="tags")
-            out.extend(RULE_SETS[name])
+        for name in _set_names(spec):
+            out.extend(RULE_SETS.get(name, ()))  # an alias set names no projection
         return tuple(out)
     return tuple(r if isinstance(r, Rule) else Rule(*r) for r in spec)
+
+
+def _set_names(spec: str) -> list[str]:
+    # The sets a ``+``-joined spec names; an unknown one is an error naming the valid ones.
+    known = [*RULE_SETS, *ALIAS_SETS, "auto", "paths"]
+    out = spec.split("+")
+    for name in out:
+        if name not in known or (name in ("auto", "paths") and len(out) > 1):
+            raise unknown("tag rule set", name, known, param="tags")
+    return out
+
+
+def aliases(spec: str | Mapping[str, str] | None) -> dict[str, str]:
+    """The alias map (a library's tag name -> ours) a spec names.
+
+    Args:
+      spec: a ``+``-joined spec as :func:`rules` takes (its alias sets count: ``"easydel"``,
+        ``"hf+maxtext"``; ``"auto"`` and ``"paths"`` name none), a mapping, or None.
+
+    Returns:
+      The map, first set first.
+
+    Raises:
+      UnknownName: an unknown set name.
+
+    Example:
+      >>> aliases("hf+easydel")["attn_query"]
+      'query_proj'
+      >>> aliases("auto")
+      {}
+    """
+    if spec is None:
+        return {}
+    if not isinstance(spec, str):
+        return dict(spec)
+    out: dict[str, str] = {}
+    if spec in ("auto", "paths"):
+        return out
+    for name in _set_names(spec):
+        for theirs, ours in ALIAS_SETS.get(name, {}).items():
+            out.setdefault(theirs, ours)
+    return out
+
+
+def aliases_for(own: Iterable[str]) -> dict[str, str]:
+    """The aliases a model that tags itself gets (``--tags auto``): every alias set whose
+    names the traced program holds, less names the model already gives a tensor itself.
+
+    Args:
+      own: the tags of the model's traced program.
+
+    Returns:
+      Their name -> ours, for the names the program holds.
+
+    Example:
+      >>> aliases_for(["attn_query", "mlp_gate", "residual"])
+      {'attn_query': 'query_proj', 'mlp_gate': 'mlpwi_0'}
+      >>> aliases_for(["qkv_proj", "query_proj", "attention_out"])  # query_proj is its own
+      {'attention_out': 'context'}
+    """
+    present = set(own)
+    out: dict[str, str] = {}
+    for table in ALIAS_SETS.values():
+        for theirs, ours in table.items():
+            if theirs in present and ours not in present:
+                out.setdefault(theirs, ours)
+    return out
+
+
+@contextlib.contextmanager
+def aliasing(mapping: Mapping[str, str]) -> Iterator[dict[str, str]]:
+    """Within the context, a tensor a model tags ``theirs`` also carries ``mapping[theirs]``.
+
+    The model's own ``checkpoint_name(x, theirs)`` becomes
+    ``checkpoint_name(checkpoint_name(x, theirs), ours)`` as it is traced (the way MaxText
+    tags its experts twice): a policy naming either name acts on the tensor, and tables list
+    both. A library calls ``checkpoint_name`` from its own code, not from a module method an
+    interceptor sees, so the primitive's ``bind`` is wrapped for the duration of the context.
+
+    Args:
+      mapping: their name -> ours (see :func:`aliases`, :func:`aliases_for`).
+
+    Yields:
+      The mapping in use.
+
+    Example:
+      >>> from jax.ad_checkpoint import checkpoint_name
+      >>> with aliasing({"attn_query": "query_proj"}):
+      ...     closed = jax.make_jaxpr(lambda x: checkpoint_name(x * 2, "attn_query"))(1.0)
+      >>> sorted(rk.residuals.tags_in(closed))
+      ['attn_query', 'query_proj']
+    """
+    table = dict(mapping)
+    if not table:
+        yield table
+        return
+    prim = _name_primitive()
+    inner = prim.bind  # an enclosing context's wrapper, or the class's method
+
+    def bind(*args: Any, **params: Any) -> Any:
+        out = inner(*args, **params)
+        ours = table.get(params.get("name"))  # type: ignore[arg-type]
+        return out if ours is None else inner(out, **{**params, "name": ours})
+
+    had = "bind" in vars(prim)
+    prim.bind = bind
+    try:
+        yield table
+    finally:
+        if had:
+            prim.bind = inner
+        else:
+            del prim.bind
 
 
 def tag_for(path: Sequence[Any], rule_list: Sequence[Rule]) -> str:

@@ -343,3 +343,93 @@ def test_gemma_einsums_sharing_a_scope_get_their_own_tags():
     assert set(params["params"]["mlp"]) == {"gating_einsum", "linear"}  # gemma's layout
     found = tags_in(jax.make_jaxpr(lambda p: model.apply(p, X))(params))
     assert set(found) == {names.MLPWI_0, names.MLPWO}
+
+
+# --- a model's own names: alias sets -------------------------------------------------------------
+
+
+def _own_named(*pairs):
+    # A fresh function per trace: jax replays a cached trace of the same function and shapes.
+    from jax.ad_checkpoint import checkpoint_name
+
+    def f(x):
+        for i, tag in enumerate(pairs):
+            x = checkpoint_name(x * (i + 2.0), tag)
+        return x
+
+    return lambda: tags_in(jax.make_jaxpr(f)(1.0))
+
+
+def test_aliasing_adds_our_name_beside_the_models_and_restores_the_primitive():
+    with tagging.aliasing({"attn_query": names.QUERY_PROJ, "residual": "block_out"}):
+        inside = _own_named("attn_query", "mlp_gat")()
+    assert sorted(inside) == ["attn_query", "mlp_gat", "query_proj"]
+    assert sorted(_own_named("attn_query", "mlp_gat")()) == ["attn_query", "mlp_gat"]
+    with pytest.raises(RuntimeError), tagging.aliasing({"attn_query": "query_proj"}):
+        raise RuntimeError("a failed trace")
+    assert sorted(_own_named("attn_query")()) == ["attn_query"]  # restored after the error
+
+
+def test_nested_aliasing_applies_both_and_unwinds_in_order():
+    with tagging.aliasing(tagging.aliases("easydel")):
+        with tagging.aliasing(tagging.aliases("maxtext")):
+            both = _own_named("attn_key", "attention_out")()
+        one = _own_named("attn_key", "attention_out")()
+    assert sorted(both) == ["attention_out", "attn_key", "context", "key_proj"]
+    assert sorted(one) == ["attention_out", "attn_key", "key_proj"]
+    assert sorted(_own_named("attn_key", "attention_out")()) == ["attention_out", "attn_key"]
+
+
+def test_an_aliased_tensor_is_saved_by_either_name_with_the_same_value_and_gradient():
+    from jax.ad_checkpoint import checkpoint_name
+
+    w = jnp.linspace(-1.0, 1.0, WIDTH * WIDTH).reshape(WIDTH, WIDTH)
+
+    def loss(w, x):
+        h = checkpoint_name(jnp.tanh(x @ w), "mlp_up")
+        return jnp.sum(jnp.sin(h @ w))
+
+    x = X[0]
+    plain = jax.value_and_grad(loss)(w, x)
+    for spec in ("names:save=mlpwi_1", "names:save=mlp_up"):
+        with warnings.catch_warnings(), tagging.aliasing(tagging.aliases("easydel")):
+            warnings.simplefilter("ignore")  # mlp_up is not our name
+            f = jax.checkpoint(loss, policy=rk.policies.parse_policy(spec))
+            res = rk.saved_residuals(f, w, x)
+            got = jax.value_and_grad(f)(w, x)
+        assert res.tags["mlp_up"] != "recomputed" or res.tags["mlpwi_1"] != "recomputed"
+        chex.assert_trees_all_close(got, plain, rtol=1e-6)
+    with tagging.aliasing(tagging.aliases("easydel")):
+        res = rk.saved_residuals(jax.checkpoint(loss, policy=rk.policy("full")), w, x)
+    assert res.tags == {"mlp_up": "recomputed", "mlpwi_1": "recomputed"}
+
+
+@pytest.mark.parametrize(
+    ("own", "expected"),
+    [
+        (
+            ["attn_query", "mlp_gate", "residual"],
+            {"attn_query": "query_proj", "mlp_gate": "mlpwi_0"},
+        ),
+        (["qkv_proj", "attention_out"], {"qkv_proj": "query_proj", "attention_out": "context"}),
+        # A model that already gives a tensor our name keeps it for that tensor alone.
+        (["qkv_proj", "query_proj", "attention_out"], {"attention_out": "context"}),
+        (["residual", "embeddings"], {}),
+        ([], {}),
+    ],
+)
+def test_aliases_for_picks_the_sets_whose_names_the_trace_holds(own, expected):
+    assert tagging.aliases_for(own) == expected
+
+
+def test_alias_sets_map_onto_our_vocabulary_and_by_name():
+    for table in tagging.ALIAS_SETS.values():
+        assert set(table.values()) <= set(names.VOCABULARY)
+        assert not set(table) & set(names.VOCABULARY)  # their names, not ours
+    assert tagging.aliases("hf+easydel")["mlp_down"] == names.MLPWO
+    assert tagging.rules("hf+easydel") == tagging.rules("hf")  # an alias set names no layer
+    assert tagging.aliases("hf") == {} and tagging.aliases("auto") == {}
+    with pytest.raises(rk.UnknownName, match=r"easydl.*easydel"):
+        tagging.aliases("easydl")
+    with pytest.raises(rk.UnknownName, match=r"'auto'"):
+        tagging.rules("auto+easydel")

@@ -65,18 +65,17 @@ class ModelRun:
     config: TrainConfig
 
     @property
+    def own_names(self) -> bool:
+        """The model may tag tensors with names of its own (a factory's): policies' names
+        are checked against its traced program, not our vocabulary."""
+        return bool(getattr(self.opts, "names_factory", False))
+
+    @property
     def n_layers(self) -> int:
         """Layers of the model (1 when a factory's cannot be counted)."""
         return self.source.n_layers() or 1
 
 
-def options_from_args(args: argparse.Namespace) -> Any:
-    """``models.options.Options`` from parsed arguments (``--model --batch --seq ...``).
-
-    Raises:
-      BadValue: no model or two (``--model``, ``--hf-config``, ``--step``), or with
-        ``--step`` a flag that shapes the model or the step remat_kit builds.
-    """
 #: Flags that shape the model or the step remat_kit builds: a step of the user's own
 #: (``--step``) has its own, so giving one with it is an error. (dest, flag, default)
 _NOT_FOR_A_STEP = (
@@ -96,6 +95,13 @@ _NOT_FOR_A_STEP = (
 )
 
 
+def options_from_args(args: argparse.Namespace) -> Any:
+    """``models.options.Options`` from parsed arguments (``--model --batch --seq ...``).
+
+    Raises:
+      BadValue: no model or two (``--model``, ``--hf-config``, ``--step``), or with
+        ``--step`` a flag that shapes the model or the step remat_kit builds.
+    """
     from remat_kit_models.options import Options
 
     overrides = tuple(

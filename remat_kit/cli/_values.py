@@ -17,7 +17,7 @@ from pathlib import Path
 
 from remat_kit.errors import BadType, BadValue, UnitlessBudget
 from remat_kit.names import VOCABULARY
-from remat_kit.policies import Policy, PolicyLike, parse_policy
+from remat_kit.policies import Policy, PolicyLike, is_path_pattern, parse_policy
 from remat_kit.render.files import check_output
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target, target
@@ -168,26 +168,32 @@ def flag_items(text: str, flag: str, *, example: str, allow_empty: bool = False)
     return items
 
 
-def policy_arg(spec: str, flag: str) -> Policy:
+def policy_arg(spec: str, flag: str, *, own_names: bool = False) -> Policy:
     """Reads a policy spec given to ``flag``; a tag name no model uses is an error here.
 
     The library only warns about an unknown tag (users tag their own tensors); a preset
     model tags only names of ``remat_kit.names.VOCABULARY``, so on the command line a name
-    outside it is a typo that would silently measure ``full``.
+    outside it is a typo that would silently measure ``full``. A factory's model may tag
+    itself with its own names (EasyDeL's ``mlp_gate``): with ``own_names`` they are checked
+    against its traced program instead (``rk.sources.check_policies``), before any compile.
 
     Args:
       spec: e.g. ``"names:save=query_proj+mlpwo"``.
       flag: the flag's name for messages.
+      own_names: the model may have names of its own (a factory), checked once traced.
 
     Returns:
       The policy.
 
     Raises:
-      BadValue: an unreadable spec, an unknown policy or an unknown tag (with close matches).
+      BadValue: an unreadable spec, an unknown policy or, for a preset, an unknown tag (with
+        close matches).
 
     Example:
       >>> policy_arg("names:save=context", "--policy").params["save"]
       ('context',)
+      >>> policy_arg("names:save=mlp_gate", "--policy", own_names=True).tags
+      ('mlp_gate',)
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown tags are reported below, naming the flag
@@ -195,9 +201,11 @@ def policy_arg(spec: str, flag: str) -> Policy:
             pol = parse_policy(spec)
         except (BadValue, BadType) as err:
             raise BadValue(f"{flag} {spec!r}: {err}") from None
+    if own_names:
+        return pol
     # Paths and globs name the tags remat_kit.tagging gives models we did not write: they
     # are checked against the traced program instead.
-    bad = [t for t in _tag_names(pol) if t not in VOCABULARY and not any(c in t for c in "/*?[")]
+    bad = [t for t in _tag_names(pol) if t not in VOCABULARY and not is_path_pattern(t)]
     if bad:
         close = {t: difflib.get_close_matches(t, VOCABULARY, n=1) for t in bad}
         detail = ", ".join(

@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     # Every value, output path included, is checked before the first trace or compile.
     run = resolve(args)
     src, target, config = run.source, run.target, run.config
-    policy = policy_arg(args.policy, "--policy")
+    policy = policy_arg(args.policy, "--policy", own_names=run.own_names)
     schedule = schedule_arg(args.schedule, "--schedule", run.n_layers, policy)
     sources.check_policies(src, config, target, [policy])  # the one tag check
     baseline = sources.step_flops(src, "none", target, config)

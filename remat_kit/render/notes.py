@@ -100,6 +100,16 @@ def _no_tag_matched_in(d: Mapping[str, Any]) -> str:
     )
 
 
+def _stray_tag_names(d: Mapping[str, Any]) -> str:
+    named = ", ".join(
+        f"{n!r} (did you mean {c!r}?)" if c else repr(n) for n, c in d["names"].items()
+    )
+    return (
+        f"policy {d['policy']!r} names {named}, which is no tag of {d['where']}; "
+        f"tags there: {_tag_list(d['tags'])}"
+    )
+
+
 def _flash_recomputes_scores(d: Mapping[str, Any]) -> str:
     return (
         f"{d['policy']!r} recomputes attention scores/probabilities, which do not exist "
@@ -317,6 +327,7 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "offload_shortfall": _offload_shortfall,
     "offload_link_bound": _offload_link_bound,
     "no_tag_matched_in": _no_tag_matched_in,
+    "stray_tag_names": _stray_tag_names,
     "batch_fits": _batch_fits,
     "batch_none_fits": _batch_none_fits,
     "plan_at_max_batch": _plan_at_max_batch,

@@ -217,9 +217,11 @@ class ModelSource:
       takes_schedule: the factory accepts ``schedule=``.
       block: ``module:Class`` of a block to rematerialize by patching (models with no remat
         hook), or None.
-      tags: tag rules for :mod:`remat_kit.tagging` (a rule set, ``"paths"``), None to leave
-        the model's own tags alone, or ``"auto"``: every rule set, unless the model tags
-        tensors itself (found by tracing its ``init`` once).
+      tags: tag rules for :mod:`remat_kit.tagging` (rule and alias sets such as ``"hf"``,
+        ``"easydel"``, ``"hf+maxtext"``, or ``"paths"``), None to leave the model's own tags
+        alone, or ``"auto"``: every rule set, unless the model tags tensors itself (found by
+        tracing its ``init`` once); then its own names, with ours beside those of an alias
+        set (:func:`remat_kit.tagging.aliases_for`).
       inputs: keyword inputs from the tokens; ``"auto"`` gives Hugging Face's when the
         module's ``__call__`` takes ``attention_mask`` and ``position_ids``.
       output: the logits from the module's output (None: array, ``.logits`` or tuple[0]).
@@ -280,7 +282,7 @@ class ModelSource:
             one line) or returns something that is not a Flax module.
         """
         pol, sch = as_policy(policy), self.check_schedule(schedule)
-        return self._build(pol, sch, self._rules())
+        return self._build(pol, sch, *self._tagging())
 
     def at_depth(self, layers: int) -> ModelSource | None:
         """The factory's model with ``layers`` layers, when the factory takes ``layers=``
@@ -374,18 +376,26 @@ class ModelSource:
         del target
         return f"{self.spec} s{config.seq} {config.optimizer}"
 
-    def _rules(self) -> tuple[tagging.Rule, ...] | None:
+    def _tagging(self) -> tuple[tuple[tagging.Rule, ...] | None, dict[str, str]]:
+        # (rules naming projections or None, aliases of the model's own names).
         if self.tags is None:
-            return None
-        if self.tags != "auto":
-            return tagging.rules(self.tags)
-        # "auto": a model that tags its own tensors keeps its names; others get ours.
-        if "own_tags" not in self._cache:
-            self._cache["own_tags"] = self._own_tags()
-        return None if self._cache["own_tags"] else tagging.rules("auto")
+            return None, {}
+        if self.tags == "auto":
+            # A model that tags its own tensors keeps its names, with ours beside those an
+            # alias set knows; others get our names for their projections.
+            if "own_tags" not in self._cache:
+                self._cache["own_tags"] = self._own_tags()
+            own = self._cache["own_tags"]
+            return (None, tagging.aliases_for(own)) if own else (tagging.rules("auto"), {})
+        if isinstance(self.tags, str):
+            aliases = tagging.aliases(self.tags)
+            if all(name in tagging.ALIAS_SETS for name in self.tags.split("+")):
+                return None, aliases  # only a library's own names: nothing else to tag
+            return tagging.rules(self.tags), aliases
+        return tagging.rules(self.tags), {}
 
     def _own_tags(self) -> tuple[str, ...]:
-        built = self._build(as_policy("none"), parse_schedule("none"), None)
+        built = self._build(as_policy("none"), parse_schedule("none"), None, {})
         m, kw = built.module, built.inputs or (lambda t: {})
         tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
         if built.kind == "nnx":  # NNX's init allocates nothing: trace the forward pass
@@ -395,7 +405,11 @@ class ModelSource:
         return tuple(sorted(tags_in(closed)))
 
     def _build(
-        self, pol: Policy, sch: Schedule, rules: tuple[tagging.Rule, ...] | None
+        self,
+        pol: Policy,
+        sch: Schedule,
+        rules: tuple[tagging.Rule, ...] | None,
+        aliases: Mapping[str, str],
     ) -> BuiltModel:
         kwargs = {"schedule": sch} if self.takes_schedule else {}
         factory_policy = pol
@@ -423,6 +437,7 @@ class ModelSource:
                     stack.enter_context(patched_block(block_spec, block_policies))
                 if rules is not None and kind == "linen":
                     stack.enter_context(tagging.tagging(rules))
+                stack.enter_context(tagging.aliasing(aliases))
                 yield
 
         inputs = self.inputs
@@ -550,7 +565,8 @@ def from_factory(
       factory: ``path/to/file.py:NAME``, ``package.module:NAME`` or the callable itself.
       block: ``module:Class`` of the model's block to rematerialize by patching, for models
         with no remat hook; the factory then gets ``policy`` ``none``.
-      tags: tag rules (:func:`remat_kit.tagging.rules`), or None for the model's own tags.
+      tags: tag rules and alias sets (:func:`remat_kit.tagging.rules`,
+        :func:`remat_kit.tagging.aliases`), ``"auto"``, or None for the model's own tags.
       inputs: keyword inputs made from the tokens; ``"auto"``: Hugging Face's
         ``attention_mask``/``position_ids`` when the module takes them.
       output: the logits from the module's output (default: array, ``.logits``, tuple[0]).
@@ -588,6 +604,8 @@ def from_factory(
             ) from None
     if block is not None:
         _import_class(block)
+    if isinstance(tags, str):
+        tagging.rules(tags)  # an unknown rule or alias set is named before any trace
     return ModelSource(
         spec=spec,
         factory=fn,

@@ -186,3 +186,53 @@ class _Deep(nn.Module):
 def deep(policy, layers=8):
     """``untagged``'s layers, as many as asked: a factory that builds shallow copies."""
     return _Deep(policy, layers)
+
+
+class _OwnNamesBlock(nnx.Module):
+    """EasyDeL's way: NNX layers whose code tags its own tensors with its own names."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.q_proj = nnx.Linear(WIDTH, WIDTH, use_bias=False, rngs=rngs)
+        self.k_proj = nnx.Linear(WIDTH, WIDTH, use_bias=False, rngs=rngs)
+        self.v_proj = nnx.Linear(WIDTH, WIDTH, use_bias=False, rngs=rngs)
+        self.o_proj = nnx.Linear(WIDTH, WIDTH, use_bias=False, rngs=rngs)
+        self.gate_proj = nnx.Linear(WIDTH, 2 * WIDTH, use_bias=False, rngs=rngs)
+        self.up_proj = nnx.Linear(WIDTH, 2 * WIDTH, use_bias=False, rngs=rngs)
+        self.down_proj = nnx.Linear(2 * WIDTH, WIDTH, use_bias=False, rngs=rngs)
+
+    def __call__(self, x):
+        from jax.ad_checkpoint import checkpoint_name as name
+
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        q = name(self.q_proj(h), "attn_query")
+        k = name(self.k_proj(h), "attn_key")
+        v = name(self.v_proj(h), "attn_value")
+        scores = jnp.einsum("bsd,btd->bst", q, k) / 8.0
+        mask = jnp.tril(jnp.ones(scores.shape[-2:], bool))
+        probs = jax.nn.softmax(jnp.where(mask, scores, -1e9), axis=-1)
+        out = name(self.o_proj(jnp.einsum("bst,btd->bsd", probs, v)), "attn_output")
+        x = name(x + out, "residual")
+        h = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6)
+        gate = name(nnx.silu(self.gate_proj(h)), "mlp_gate")
+        up = name(self.up_proj(h), "mlp_up")
+        x = name(x + name(self.down_proj(gate * up), "mlp_down"), "residual")
+        return name(x, "layer_output")
+
+
+class _OwnNames(nnx.Module):
+    def __init__(self, policy: rk.Policy, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
+        block = rk.remat(_OwnNamesBlock, policy)
+        self.blocks = nnx.List([block(rngs) for _ in range(LAYERS)])
+        self.head = nnx.Linear(WIDTH, VOCAB, use_bias=False, rngs=rngs)
+
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def own_names(policy):
+    """An NNX model tagged with EasyDeL's names (attn_query ... mlp_down, residual)."""
+    return _OwnNames(policy, nnx.Rngs(0))
