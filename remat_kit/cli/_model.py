@@ -65,6 +65,12 @@ class ModelRun:
     config: TrainConfig
 
     @property
+    def own_names(self) -> bool:
+        """The model may tag tensors with names of its own (a factory's): policies' names
+        are checked against its traced program, not our vocabulary."""
+        return bool(getattr(self.opts, "names_factory", False))
+
+    @property
     def n_layers(self) -> int:
         """Layers of the model (1 when a factory's cannot be counted)."""
         return self.source.n_layers() or 1
