@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -346,19 +347,21 @@ def _roles(own: OwnStep, spec: str = "the step") -> dict[str, tuple[int, ...]]:
     for role, idx in dict(own.roles).items():
         if role not in ROLES:
             raise BadValue(
-                f"{spec}: unknown role {role!r}; roles are {', '.join(ROLES)}", param="step"
+                f"{spec} returned an unknown role {role!r}; roles are {', '.join(ROLES)}",
+                param="step",
             )
         indices = _indices(idx)
         for i in indices:
             if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < n:
                 raise BadValue(
-                    f"{spec}: role {role!r} names argument {i!r}, but the step has {n} "
+                    f"{spec} returned role {role!r} naming argument {i!r}, but the step has {n} "
                     f"arguments (0 to {n - 1})",
                     param="step",
                 )
             if i in seen:
                 raise BadValue(
-                    f"{spec}: argument {i} has two roles, {seen[i]!r} and {role!r}", param="step"
+                    f"{spec} returned two roles for argument {i}, {seen[i]!r} and {role!r}",
+                    param="step",
                 )
             seen[i] = role
         out[role] = indices
@@ -397,7 +400,7 @@ def _where(idx: tuple[int, ...]) -> str:
 
 
 def _count(args: tuple[Any, ...], idx: tuple[int, ...]) -> int:
-    return int(sum(int(jnp.size(x)) for i in idx for x in jax.tree.leaves(args[i])))
+    return int(sum(math.prod(x.shape) for i in idx for x in jax.tree.leaves(args[i])))
 
 
 def _bytes(args: tuple[Any, ...], roles: Mapping[str, tuple[int, ...]], role: str) -> int:

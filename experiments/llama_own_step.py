@@ -1,0 +1,115 @@
+"""A Llama-style linen model (an EasyDeL Llama stand-in) as a factory and as a user's own step.
+
+``--model experiments/llama_own_step.py:model`` measures remat_kit's train step around the model;
+``--step experiments/llama_own_step.py:step`` measures the plain step a user writes for it:
+value_and_grad of cross-entropy (logits upcast to f32) and optax SGD, the parameters donated.
+Both run the same module: unrolled layers, bf16 weights and compute, grouped-query einsum
+attention with a causal mask and rotary positions, SwiGLU MLP, untied embedding and head.
+
+The shape is Llama 3 8B's (width 4096, 32 layers, MLP 14336, vocab 128256, 32 heads, 8 KV
+heads); ``RK_LLAMA_LAYERS`` sets the depth (``model`` also takes ``layers=``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+import remat_kit as rk
+
+WIDTH, FF, VOCAB, HEADS, KV_HEADS = 4096, 14336, 128256, 32, 8
+LAYERS = int(os.environ.get("RK_LLAMA_LAYERS", "32"))
+DTYPE = jnp.bfloat16
+
+
+def _rotary(x: jax.Array) -> jax.Array:
+    s, d = x.shape[1], x.shape[-1]
+    freq = 500000.0 ** (-jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    angle = jnp.arange(s, dtype=jnp.float32)[:, None] * freq[None, :]
+    shape = (1, s) + (1,) * (x.ndim - 3) + (d // 2,)
+    cos, sin = jnp.cos(angle).reshape(shape), jnp.sin(angle).reshape(shape)
+    a, b = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([a * cos - b * sin, a * sin + b * cos], -1).astype(x.dtype)
+
+
+class Block(nn.Module):
+    """Pre-norm grouped-query attention and SwiGLU MLP; projections tagged with our names."""
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        from jax.ad_checkpoint import checkpoint_name
+
+        def dense(n: int, name: str) -> nn.Dense:
+            return nn.Dense(n, False, dtype=DTYPE, param_dtype=DTYPE, name=name)
+
+        b, s, _ = x.shape
+        hd = WIDTH // HEADS
+        h = nn.RMSNorm(dtype=DTYPE, param_dtype=DTYPE, name="input_norm")(x)
+        q = checkpoint_name(dense(HEADS * hd, "q_proj")(h), "query_proj")
+        k = checkpoint_name(dense(KV_HEADS * hd, "k_proj")(h), "key_proj")
+        v = checkpoint_name(dense(KV_HEADS * hd, "v_proj")(h), "value_proj")
+        q = _rotary(q.reshape(b, s, KV_HEADS, HEADS // KV_HEADS, hd))
+        k = _rotary(k.reshape(b, s, KV_HEADS, hd))
+        v = v.reshape(b, s, KV_HEADS, hd)
+        scores = jnp.einsum("bskgd,btkd->bkgst", q, k) / hd**0.5
+        mask = jnp.tril(jnp.ones((s, s), bool))
+        probs = jax.nn.softmax(jnp.where(mask, scores.astype(jnp.float32), -1e9), -1)
+        ctx = jnp.einsum("bkgst,btkd->bskgd", probs.astype(DTYPE), v).reshape(b, s, WIDTH)
+        ctx = checkpoint_name(ctx, "context")
+        x = x + checkpoint_name(dense(WIDTH, "o_proj")(ctx), "out_proj")
+        h = nn.RMSNorm(dtype=DTYPE, param_dtype=DTYPE, name="post_norm")(x)
+        gate = checkpoint_name(dense(FF, "gate_proj")(h), "mlpwi_0")
+        up = checkpoint_name(dense(FF, "up_proj")(h), "mlpwi_1")
+        return x + checkpoint_name(dense(WIDTH, "down_proj")(nn.silu(gate) * up), "mlpwo")
+
+
+class Llama(nn.Module):
+    policy: rk.Policy
+    layers: int = LAYERS
+
+    @nn.compact
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        block = rk.remat(Block, self.policy)  # Block itself for "none"
+        x = nn.Embed(VOCAB, WIDTH, dtype=DTYPE, param_dtype=DTYPE, name="embed")(tokens)
+        for i in range(self.layers):
+            x = block(name=f"layers_{i}")(x)
+        x = nn.RMSNorm(dtype=DTYPE, param_dtype=DTYPE, name="norm")(x)
+        return nn.Dense(VOCAB, False, dtype=DTYPE, param_dtype=DTYPE, name="lm_head")(x)
+
+
+def model(policy: rk.Policy, layers: int = LAYERS) -> Llama:
+    """The factory: ``--model experiments/llama_own_step.py:model`` (remat_kit's step)."""
+    return Llama(policy, layers)
+
+
+def step(policy: rk.Policy, config: rk.TrainConfig) -> rk.sources.OwnStep:
+    """The user's step: value_and_grad of cross-entropy, optax SGD, parameters donated."""
+    net = Llama(policy)
+    tokens = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
+    params = jax.eval_shape(net.init, jax.random.key(0), tokens)["params"]
+    tx = optax.sgd(1e-4)
+    opt_state = jax.eval_shape(tx.init, params)
+    batch = {"input_ids": tokens, "labels": tokens}
+
+    def loss_fn(params, batch):
+        logits = net.apply({"params": params}, batch["input_ids"])
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits.astype(jnp.float32), batch["labels"]
+        ).mean()
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return rk.sources.OwnStep(
+        jax.jit(train_step, donate_argnums=(0, 1)),
+        (params, opt_state, batch),
+        loss_fn=loss_fn,
+        loss_args=(params, batch),
+        roles={"params": 0, "optimizer": 1, "batch": 2},
+    )

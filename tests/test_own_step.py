@@ -1,0 +1,291 @@
+"""A user's own train step as a model source: ``rk.sources.from_step`` and ``--step``.
+
+The figures are checked against bare compiles of the user's step done here with jax alone
+(``jax.jit(fn, donate_argnums=...).lower(...).compile().memory_analysis()`` for a deviceless
+H100), not against remat_kit's own pipeline.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import jax
+import pytest
+
+import remat_kit as rk
+from remat_kit import sources
+from remat_kit.analysis import nbytes
+from remat_kit.cli import main
+from remat_kit.errors import BadValue
+
+DATA = Path(__file__).parent / "data"
+STEPS = str(DATA / "own_steps.py")
+SMALL = rk.TrainConfig(batch=2, seq=32)
+TAGS = {"context", "key_proj", "mlpwi_0", "mlpwi_1", "mlpwo", "out_proj", "query_proj"}
+TAGS |= {"value_proj"}
+
+
+def _src(name: str) -> sources.StepSourceOf:
+    return sources.from_step(f"{STEPS}:{name}")
+
+
+def _bare_peak(fn, args, donate, target="h100"):
+    """The peak of ``fn`` compiled by jax alone for the deviceless ``target``."""
+    sharding = rk.target(target).sharding()  # the deviceless GPU's one device
+    placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = jax.jit(fn, donate_argnums=donate).lower(*placed).compile().memory_analysis()
+    return (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+
+
+@pytest.fixture(scope="module")
+def measured():
+    """Reports of the fully described step (roles, loss) under none and full."""
+    src = _src("linen_step")
+    return {p: sources.measure(src, p, "h100", SMALL, warn=False) for p in ("none", "full")}
+
+
+# --- the peak is the user's step's --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_the_peak_is_a_bare_compile_of_the_users_step(policy, measured):
+    own = _src("linen_step").step(rk.policy(policy), SMALL)
+    assert own.donate_argnums == (0, 1)
+    expected = _bare_peak(own.fn, own.args, own.donate_argnums)
+    assert measured[policy].peak_bytes == expected
+    # and donation is what makes it: without it the step holds one more copy of the weights
+    assert _bare_peak(own.fn, own.args, ()) > expected
+
+
+@pytest.mark.parametrize("name", ["jitted_step", "tuple_step"])
+def test_a_jitted_or_tuple_step_is_compiled_with_its_own_donation(name):
+    """``jitted_step`` donates in its ``jax.jit``, ``tuple_step`` in its third item: either
+    way the params are donated, and the figures are those of a bare compile."""
+    src = _src(name)
+    report = sources.measure(src, "full", "h100", SMALL, warn=False)
+    fn, args = src.step(rk.policy("full"), SMALL).fn, src.step(rk.policy("full"), SMALL).args
+    inner = getattr(fn, "__wrapped__", fn)
+    assert report.peak_bytes == _bare_peak(inner, args, (0,))
+    assert report.peak_bytes < _bare_peak(inner, args, ())
+
+
+def test_remat_changes_the_users_step_and_the_flops_are_its_own(measured):
+    none, full = measured["none"], measured["full"]
+    assert full.peak_bytes < none.peak_bytes
+    own = _src("linen_step").step(rk.policy("none"), SMALL)
+    assert none.flops == pytest.approx(rk.count_flops(own.fn, *own.args).total)
+    assert full.flops > none.flops  # the recomputed forward
+
+
+def test_the_breakdown_comes_from_the_roles_and_is_unknown_without_them(measured):
+    own = _src("linen_step").step(rk.policy("full"), SMALL)
+    params, _, batch = own.args
+    r = measured["full"]
+    assert r.breakdown["weights"] == r.breakdown["gradients"] == nbytes(params)
+    assert r.breakdown["optimizer"] == 0  # optax.sgd keeps no state
+    assert r.breakdown["batch"] == nbytes(batch) == 2 * 2 * 32 * 4
+    known = sum(r.breakdown[k] for k in ("weights", "gradients", "optimizer", "batch"))
+    assert r.breakdown["activations"] == r.peak_bytes - known
+    assert r.meta["roles"] == {
+        "params": "argument 0",
+        "optimizer": "argument 1",
+        "batch": "argument 2",
+    }
+    assert r.meta["precision"]["params"] == "bfloat16"
+    bare = sources.measure(_src("tuple_step"), "full", "h100", SMALL, warn=False)
+    assert bare.breakdown == {} and bare.meta["roles"] == "not given"
+
+
+def test_the_measured_breakdown_reads_the_roles():
+    """XLA's buffers at the peak, by role, are those of our own step around the same model
+    (the factory ``model``, the same bf16 weights and SGD)."""
+    from remat_kit_models.options import Options
+    from remat_kit_models.source import source_for
+
+    own = sources.measure(
+        _src("linen_step"), "full", "h100", SMALL, warn=False, measured_breakdown=True
+    )
+    opts = Options(f"{STEPS}:model", 2, 32, optimizer="sgd", precision="bf16")
+    ours = sources.measure(
+        source_for(opts), "full", "h100", opts.train_config(), warn=False, measured_breakdown=True
+    )
+    for part in ("weights", "gradients", "optimizer", "batch"):
+        assert own.breakdown[part] == ours.breakdown[part], part
+    assert own.breakdown["weights"] > 0 and own.breakdown["batch"] == 2 * 2 * 32 * 4
+    with pytest.raises(BadValue, match="no known roles"):
+        sources.measure(
+            _src("tuple_step"), "full", "h100", SMALL, warn=False, measured_breakdown=True
+        )
+
+
+# --- tags and name-based policies ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["linen_step", "tuple_step"])
+def test_tags_come_from_the_users_step(name):
+    """With the loss (linen_step) or without it (tuple_step: the whole step is traced)."""
+    assert set(sources.tags(_src(name), SMALL, "h100")) == TAGS
+
+
+def test_a_name_based_policy_acts_on_the_users_tags():
+    src = _src("linen_step")
+    res = sources.residuals(src, "minimal", "h100", SMALL)
+    assert res.tags["query_proj"] == "saved" and res.tags["context"] == "recomputed"
+    sources.check_policies(src, SMALL, "h100", ["names:save=context"])
+    with pytest.raises(BadValue, match="names router_logits"):
+        sources.check_policies(src, SMALL, "h100", ["names:save=router_logits"])
+    saved = sources.measure(src, "names:save=mlpwi_0+mlpwi_1", "h100", SMALL, warn=False)
+    full = sources.measure(src, "full", "h100", SMALL, warn=False)
+    assert saved.peak_bytes > full.peak_bytes  # the saved MLP inputs are held
+
+
+def test_without_its_loss_a_step_has_no_residual_table():
+    with pytest.raises(BadValue, match="without its loss"):
+        sources.residuals(_src("tuple_step"), "minimal", "h100", SMALL)
+
+
+@pytest.mark.parametrize(
+    ("policy", "match"),
+    [
+        ("minimal", r"'minimal' holds no checkpoint with it.*other policies \(full"),
+        ("none", r"'none' holds checkpoints with full"),
+    ],
+)
+def test_a_step_that_ignores_its_policy_is_refused(policy, match):
+    with pytest.raises(BadValue, match=match):
+        sources.measure(_src("ignores_policy"), policy, "h100", SMALL, warn=False)
+
+
+# --- what a step function must return -----------------------------------------------------------
+
+
+def _returning(out):
+    def step_fn(policy, config):
+        return out
+
+    return step_fn
+
+
+_S = jax.ShapeDtypeStruct((2,), "float32")
+
+
+@pytest.mark.parametrize(
+    ("out", "match"),
+    [
+        ("model", r"returned str; a step function returns \(fn, args\)"),
+        ((abs, (_S,), (), None), r"returned a tuple of 4; a step function returns"),
+        ((3, (_S,)), r"returned a int as the step"),
+        ((abs, _S), r"returned args of type ShapeDtypeStruct; the arguments are a tuple"),
+        ((abs, (_S,), (1,)), r"donates argument 1, but the step has 1 arguments"),
+        (
+            sources.OwnStep(abs, (_S,), roles={"weights": 0}),
+            r"returned an unknown role 'weights'; roles",
+        ),
+        (
+            sources.OwnStep(abs, (_S,), roles={"params": 2}),
+            r"returned role 'params' naming argument 2",
+        ),
+        (sources.OwnStep(abs, (_S,), loss_fn=abs), r"returned loss_fn without the other"),
+        (sources.OwnStep(abs, (_S, _S), roles={"params": 0, "batch": (0, 1)}), r"returned two"),
+    ],
+)
+def test_a_bad_return_value_is_one_line_naming_the_function(out, match):
+    with pytest.raises(BadValue, match=rf"^step_fn {match}") as err:
+        sources.measure(sources.from_step(_returning(out)), "none", "cpu", SMALL, warn=False)
+    assert "\n" not in str(err.value)
+
+
+def test_a_step_function_must_take_policy_and_config():
+    with pytest.raises(BadValue, match=r"called as NAME\(policy, config\)"):
+        sources.from_step(lambda policy: None)
+
+
+def test_a_step_function_that_fails_says_so_in_one_line():
+    def broken(policy, config):
+        raise KeyError("params")
+
+    with pytest.raises(BadValue, match=r"broken\('none', batch=2, seq=32\) failed: KeyError"):
+        sources.measure(sources.from_step(broken), "none", "cpu", SMALL, warn=False)
+
+
+# --- the batch search: the step is rebuilt for every batch --------------------------------------
+
+
+def test_fit_finds_the_largest_batch_of_the_users_step():
+    """Under a 1.5 MiB limit; the answer's peak and the next batch's are bare compiles."""
+    src, limit = _src("linen_step"), 3 * 2**19
+    w = sources.workload(src, "h100", SMALL)
+    fit = rk.max_batch(w, "full", headroom=0.0, limit_bytes=limit)
+
+    def bare(batch: int) -> int:
+        own = src.step(rk.policy("full"), rk.TrainConfig(batch=batch, seq=SMALL.seq))
+        return _bare_peak(own.fn, own.args, own.donate_argnums)
+
+    assert fit.fits and fit.max_batch > 2
+    assert bare(fit.max_batch) == fit.peak_bytes <= limit < bare(fit.max_batch + 1)
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+
+def test_report_with_step_is_the_users_step(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["report", "--step", f"{STEPS}:linen_step", "--policy", "full", "--target", "h100"]
+    assert main([*argv, "--batch", "2", "--seq", "32", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "linen_step b2 s32 own step policy=full" in printed
+    data = json.loads(out.read_text())
+    own = _src("linen_step").step(rk.policy("full"), SMALL)
+    assert data["peak_bytes"] == _bare_peak(own.fn, own.args, (0, 1))
+    assert data["meta"]["optimizer"] == "own step" and data["residuals"]["tags"]["context"]
+
+
+def test_compare_with_step_has_a_row_per_policy(tmp_path, capsys):
+    out = tmp_path / "c.json"
+    argv = ["compare", "--step", f"{STEPS}:tuple_step", "--policies", "none,full,minimal"]
+    argv += ["--target", "h100", "--batch", "2", "--seq", "32", "--jobs", "1", "--json", str(out)]
+    assert main(argv) == 0
+    rows = {r["policy"]: r for r in json.loads(out.read_text())}
+    own = _src("tuple_step").step(rk.policy("minimal"), SMALL)
+    assert rows["minimal"]["peak_bytes"] == _bare_peak(own.fn, own.args, (0,))
+    assert rows["full"]["peak_bytes"] < rows["none"]["peak_bytes"]
+    assert "own step" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--model", "tiny-llama"], "--model and --step: give one of them"),
+        (["--hf-config", str(DATA / "hf" / "llama3-8b.json")], "--hf-config and --step: give"),
+        (["--lora", "4"], "--lora with --step"),
+        (["--layers", "3", "--optimizer", "adamw"], "--optimizer, --layers with --step"),
+        (["--shard", "fsdp:2", "--gpus", "2"], "--shard with --step"),
+    ],
+)
+def test_step_with_a_model_or_a_model_flag_is_refused_before_anything_runs(
+    flags, line, monkeypatch, capsys
+):
+    def never(*args, **kwargs):
+        raise AssertionError("the step function ran")
+
+    monkeypatch.setattr(sources.StepSourceOf, "step", never)
+    for command in ("report", "compare", "fit"):
+        assert main([command, "--step", f"{STEPS}:linen_step", *flags]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"remat-kit: {line}"), err
+        assert err.count("\n") == 1
+
+
+def test_a_step_that_does_not_load_names_the_flag(capsys):
+    assert main(["report", "--step", f"{DATA}/nowhere.py:f"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"remat-kit: --step {DATA}/nowhere.py:f: step '"), err
