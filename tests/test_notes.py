@@ -183,6 +183,23 @@ CASES = [
         "t00, t01, t02, t03, t04, t05, t06, t07, t08, t09, t10, t11 ... (2 more)",
     ),
     (
+        "stray_tag_names",
+        {
+            "policy": "names:save=mlp_gat",
+            "names": {"mlp_gat": "mlp_gate"},
+            "where": "m",
+            "tags": ["mlp_gate"],
+        },
+        "policy 'names:save=mlp_gat' names 'mlp_gat' (did you mean 'mlp_gate'?), which is no tag "
+        "of m; tags there: mlp_gate",
+    ),
+    (
+        "stray_tag_names",
+        {"policy": "p", "names": {"a": None, "b": "bb"}, "where": "m", "tags": []},
+        "policy 'p' names 'a', 'b' (did you mean 'bb'?), which is no tag of m; tags there: none "
+        "(tag the model: remat_kit.tagging, or checkpoint_name in its code)",
+    ),
+    (
         "batch_fits",
         {
             "policy": "full",

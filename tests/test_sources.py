@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import sys
 import types
 import warnings
@@ -401,6 +402,122 @@ def test_cli_refuses_a_policy_that_matches_no_tag_before_compiling(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1
     assert "'minimal' names query_proj" in err[0] and "tags there: none" in err[0]
+
+
+# --- a model that tags itself with its own names -----------------------------------------------
+
+OWN = f"{FACTORIES}:own_names"  # EasyDeL's names on an NNX model
+EASYDEL_MINIMAL = "attn_query+attn_key+attn_value+attn_output+mlp_gate+mlp_up+mlp_down"
+
+
+def test_a_self_tagged_models_names_and_ours_both_reach_the_trace():
+    there = sources.tags(sources.from_factory(OWN), SMALL, "h100")
+    assert {"attn_query", "query_proj", "mlp_gate", "mlpwi_0", "layer_output", "block_out"} <= set(
+        there
+    )
+    assert "residual" in there and "attn_out" not in there  # no counterpart: its own name only
+    assert sources.tags(sources.from_factory(OWN, tags=None), SMALL, "h100") == tuple(
+        sorted(set(there) - set(rk.names.VOCABULARY))
+    )
+    # Asked for by name, the alias set alone: no projection is tagged by path.
+    assert sources.tags(sources.from_factory(OWN, tags="easydel"), SMALL, "h100") == there
+
+
+def test_our_catalogue_policy_on_a_models_own_names_is_that_policy_in_its_names():
+    t = rk.target("h100")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the model's own names are not ours
+        ours = sources.measure(sources.from_factory(OWN), "minimal", t, SMALL)
+        theirs = sources.measure(
+            sources.from_factory(OWN, tags=None), f"names:save={EASYDEL_MINIMAL}", t, SMALL
+        )
+        full = sources.measure(sources.from_factory(OWN), "full", t, SMALL)
+    assert ours.peak_bytes == theirs.peak_bytes
+    assert ours.peak_bytes != full.peak_bytes
+
+
+@pytest.mark.parametrize(
+    ("model", "policy", "code", "message"),
+    [
+        (OWN, "names:save=mlp_gate+mlp_up+mlp_down", 0, None),
+        (OWN, "names:save=mlp_gate+mlp_up+mlpwo", 0, None),  # theirs and ours together
+        (OWN, "names:save=mlp_gate+mlp_gat", 2, r"names 'mlp_gat' \(did you mean 'mlp_gate'\?\)"),
+        (OWN, "names:save=context", 2, r"names context but .* tags none"),
+        ("tiny-llama", "names:save=mlp_gate", 2, r"'mlp_gate' .*is not a tag the models use"),
+    ],
+)
+def test_cli_takes_a_models_own_names_and_refuses_a_typo_of_them(
+    capsys, model, policy, code, message
+):
+    argv = ["report", "--model", model, "--target", "h100", "--batch", "1", "--seq", "16"]
+    assert main([*argv, "--policy", policy, "--optimizer", "sgd"]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    if message is None:
+        assert not err
+    else:
+        assert len(err) == 1 and re.search(message, err[0]), err
+
+
+# --- what importing the user's code set in the environment -------------------------------------
+
+ENV_FACTORY = f"{DATA / 'env_factories.py'}:tiny"
+FRACTION_VARS = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    # The factory's import writes the process environment: monkeypatch puts it back.
+    for name in (*FRACTION_VARS, "XLA_PYTHON_CLIENT_PREALLOCATE", "ENVLIB_FRACTION"):
+        monkeypatch.setenv(name, "")  # recorded, so that teardown restores it
+        monkeypatch.delenv(name)
+    models.source._loaded.cache_clear()  # a new load imports the library again
+    yield monkeypatch
+    models.source._loaded.cache_clear()
+
+
+def test_a_factory_source_records_what_its_import_set_and_who(clean_env):
+    src = sources.from_factory(ENV_FACTORY)
+    assert [(e.name, e.value, e.by) for e in src.env_at_import] == [
+        ("XLA_PYTHON_CLIENT_MEM_FRACTION", "1.0", "envlib"),
+        ("XLA_PYTHON_CLIENT_PREALLOCATE", "false", "envlib"),
+    ]
+    import os
+
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "1.0"  # set, as in the user's process
+    assert type(os.environ).__name__ == "_Environ"  # the recorder is gone
+    assert sources.from_factory(f"{FACTORIES}:untagged").env_at_import == ()
+
+
+def test_cli_names_the_library_that_set_a_fraction_no_process_can_use(clean_env, capsys):
+    argv = ["report", "--model", ENV_FACTORY, "--policy", "none", "--target", "h100", "--seq", "8"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=1.0, set by envlib at import" in err[0]
+    assert "use at most 0.99" in err[0] and "--mem-fraction" in err[0]
+
+
+@pytest.mark.parametrize(
+    ("set_by_import", "flag", "fraction", "source"),
+    [
+        ("0.9", None, 0.9, "XLA_PYTHON_CLIENT_MEM_FRACTION=0.9, set by envlib at import"),
+        ("1.0", "0.8", 0.8, "--mem-fraction"),  # the flag wins over what the import set
+    ],
+)
+def test_cli_reports_at_the_fraction_the_import_set_unless_given_one(
+    clean_env, tmp_path, capsys, set_by_import, flag, fraction, source
+):
+    clean_env.setenv("ENVLIB_FRACTION", set_by_import)
+    out = tmp_path / "r.json"
+    argv = ["report", "--model", ENV_FACTORY, "--policy", "none", "--target", "h100"]
+    argv += ["--seq", "8", "--json", str(out)] + (["--mem-fraction", flag] if flag else [])
+    assert main(argv) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"allocator fraction {fraction:g}, {source}" in shown
+    report = json.loads(out.read_text())
+    assert report["mem_fraction"] == fraction
+    card = rk.target("h100", mem_fraction=0.75).memory_bytes  # the environment says 1.0 now
+    assert report["usable_bytes"] == math.floor(fraction * card)
 
 
 def test_cli_refuses_options_a_factory_does_not_take(capsys):

@@ -15,7 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from remat_kit.cli._values import check_outputs, target_from_args
+from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import StepSource
@@ -195,6 +195,7 @@ def resolve(args: argparse.Namespace) -> ModelRun:
             f"reported as such; give a mesh, e.g. --shard fsdp:{tgt.devices}, or drop --gpus"
         )
     source = source_for(opts)
+    tgt = target_after_imports(tgt, getattr(source, "env_at_import", ()), args)
     config = opts.train_config()  # the optimizer's name, batch against accum
     # The model's own check names its field (vocab_size=1, BadValue.param): the CLI's error
     # boundary (remat_kit.cli.main, FLAGS) names the flag that set it.

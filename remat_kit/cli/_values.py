@@ -10,9 +10,12 @@ typed values travel.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
+import os
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 
 from remat_kit.errors import BadType, BadValue, UnitlessBudget
@@ -20,7 +23,8 @@ from remat_kit.names import VOCABULARY
 from remat_kit.policies import Policy, PolicyLike, is_path_pattern, parse_policy
 from remat_kit.render.files import check_output
 from remat_kit.schedules import Schedule, parse_schedule
-from remat_kit.targets import Target, target
+from remat_kit.sources._environ import ALLOCATOR_VARS, EnvSet
+from remat_kit.targets import Target, runtime_from_env, target
 
 __all__ = [
     "OUTPUT_FLAGS",
@@ -30,6 +34,7 @@ __all__ = [
     "host_budget_arg",
     "policy_arg",
     "schedule_arg",
+    "target_after_imports",
     "target_from_args",
 ]
 
@@ -65,6 +70,49 @@ def target_from_args(args: argparse.Namespace) -> Target:
     else:
         t = target(args.target, devices=gpus, hosts=hosts, mem_fraction=fraction)
     return t if fraction is None else t.with_mem_fraction(fraction, "--mem-fraction")
+
+
+def target_after_imports(t: Target, env: Sequence[EnvSet], args: argparse.Namespace) -> Target:
+    """The target as a process that imports the user's code gets it.
+
+    A library may set the allocator's variables when it is imported (EasyDeL sets
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION=1.0``): a training process that imports it runs with
+    that fraction, not the one the shell gave, so the reports use it and name who set it.
+    ``--mem-fraction`` still wins.
+
+    Args:
+      t: the target read from the flags and the environment before the import.
+      env: what the import set (``ModelSource.env_at_import``).
+      args: the parsed arguments (``--mem-fraction``).
+
+    Returns:
+      ``t``, with the runtime the import set where it set one.
+
+    Raises:
+      BadValue: a fraction the import set that leaves no room on the card (naming the
+        package and what to do).
+
+    Example:
+      >>> from remat_kit.sources._environ import EnvSet
+      >>> args = argparse.Namespace(target="h100", gpus=1, hosts=1, mem_fraction=None)
+      >>> t = target_after_imports(target_from_args(args), [], args)
+      >>> t.runtime.source
+      'default'
+    """
+    sets = [e for e in env if e.name in ALLOCATOR_VARS]
+    if not sets or t.kind != "gpu" or getattr(args, "mem_fraction", None) is not None:
+        return t
+    # What the import set, over the environment the shell gave.
+    runtime = runtime_from_env({**os.environ, **{e.name: e.value for e in sets}})
+    said = "; ".join(e.words() for e in sets)
+    try:
+        return dataclasses.replace(t, runtime=dataclasses.replace(runtime, source=said))
+    except BadValue as err:
+        by = " and ".join(dict.fromkeys(e.by for e in sets))
+        raise BadValue(
+            f"{err}; a process that imports {by} gets this setting: set it again after the "
+            "import in your training script, and give remat-kit the value with --mem-fraction"
+        ) from None
 
 
 def _is_file_target(text: str) -> bool:

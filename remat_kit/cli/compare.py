@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     run = resolve(args)
     opts, target = run.opts, run.target
     specs = flag_items(args.policies, "--policies", example="none,full,minimal")
-    policies = [policy_arg(s, "--policies") for s in specs]
+    policies = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
     # Catalogue policies by default; one whose tags the model lacks is skipped, one the user
     # named is an error (before any compile).
     policies, skipped = sources.usable_policies(

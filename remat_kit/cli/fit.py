@@ -390,7 +390,9 @@ def _policies(args: argparse.Namespace, run: Any) -> tuple[dict[str, Any], Any]:
         flag = "--policies"
         specs = flag_items(args.policies, flag, example="none,full,minimal,plan")
     # Keyed by spec, so a policy named twice is searched once; None stands for the planner.
-    policies = {s: None if s == "plan" else policy_arg(s, flag) for s in specs}
+    policies = {
+        s: None if s == "plan" else policy_arg(s, flag, own_names=run.own_names) for s in specs
+    }
     schedule = schedule_arg(args.schedule, "--schedule", run.n_layers)
     named = [p for p in policies.values() if p is not None]
     sources.check_policies(run.source, run.config, run.target, named)  # the one tag check

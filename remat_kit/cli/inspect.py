@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     policies = list(args.diff) if getattr(args, "diff", None) else [args.policy]
     flag = "--diff" if getattr(args, "diff", None) else "--policy"
     for spec in policies:
-        pol = policy_arg(spec, flag)
+        pol = policy_arg(spec, flag, own_names=run.own_names)
         schedule_arg(getattr(args, "schedule", "none"), "--schedule", run.n_layers, pol)
     # The one tag check: a name-based policy must match a tag.
     sources.check_policies(run.source, run.config, run.target, policies)

@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     opts, target = run.opts, run.target
     budget = None if args.budget is None else budget_arg(args.budget, target.memory_bytes)
     specs = flag_items(args.policies, "--policies", example="full,minimal", allow_empty=True)
-    catalogue = [policy_arg(s, "--policies") for s in specs]
+    catalogue = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
     # The default catalogue drops policies whose tags the model lacks; named ones must match.
     catalogue, _ = sources.usable_policies(
         run.source,

@@ -21,12 +21,28 @@ from typing import Any
 
 from remat_kit.errors import BadValue
 from remat_kit.policies import Policy
+from remat_kit.sources._environ import EnvSet, recording_environ
 from remat_kit.wrap import remat
 
 __all__ = [
     "load_factory",
+    "load_factory_env",
     "patched_block",
 ]
+
+
+def load_factory_env(spec: str) -> tuple[Callable[..., Any], tuple[EnvSet, ...]]:
+    """:func:`load_factory`, and the watched environment variables its import set.
+
+    Example:
+      >>> fn, env = load_factory_env("remat_kit.sources:hf_inputs")
+      >>> fn.__name__, env
+      ('hf_inputs', ())
+    """
+    location = spec.rpartition(":")[0]
+    with recording_environ(Path(location).name if location.endswith(".py") else location) as env:
+        fn = load_factory(spec)
+    return fn, tuple(env)
 
 
 def load_factory(spec: str) -> Callable[..., Any]:

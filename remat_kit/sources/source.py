@@ -29,7 +29,8 @@ from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.sharding import MeshPlan
-from remat_kit.sources._loading import _import_class, _takes, load_factory, patched_block
+from remat_kit.sources._environ import EnvSet
+from remat_kit.sources._loading import _import_class, _takes, load_factory_env, patched_block
 from remat_kit.sources.protocol import SourceStep
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep, build_train_step, logits_of
@@ -225,6 +226,8 @@ class ModelSource:
       inputs: keyword inputs from the tokens; ``"auto"`` gives Hugging Face's when the
         module's ``__call__`` takes ``attention_mask`` and ``position_ids``.
       output: the logits from the module's output (None: array, ``.logits`` or tuple[0]).
+      env_at_import: what importing the factory's file set in the environment (EasyDeL sets
+        ``XLA_PYTHON_CLIENT_MEM_FRACTION``): a process that trains the model gets it too.
     """
 
     spec: str
@@ -234,6 +237,7 @@ class ModelSource:
     tags: str | tuple[Any, ...] | None = "auto"
     inputs: Callable[[jax.Array], Mapping[str, Any]] | str | None = "auto"
     output: Callable[[Any], jax.Array] | None = None
+    env_at_import: tuple[EnvSet, ...] = dataclasses.field(default=(), compare=False)
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -585,8 +589,9 @@ def from_factory(
       >>> sorted(from_factory("tests/data/factories.py:preset").schedule_kinds)  # schedule=
       ['every', 'layers', 'nested', 'none', 'sqrt']
     """
+    env: tuple[EnvSet, ...] = ()
     if isinstance(factory, str):
-        fn, spec = load_factory(factory), factory
+        (fn, env), spec = load_factory_env(factory), factory
     elif callable(factory):
         fn, spec = factory, getattr(factory, "__name__", type(factory).__name__)
     else:
@@ -614,4 +619,5 @@ def from_factory(
         tags=tags,
         inputs=inputs,
         output=output,
+        env_at_import=env,
     )

@@ -25,6 +25,7 @@ from remat_kit.targets.catalogue import (
 from remat_kit.targets.platform import configure_if_no_gpu, gpu_topology
 from remat_kit.targets.proto import escape
 from remat_kit.targets.runtime import (
+    ENV_VARS,
     Runtime,
     compile_memory_size,
     fraction_to_fit,
@@ -103,8 +104,16 @@ class Target:
             raise BadValue(f"runtime is only meaningful for GPU targets, not {self.kind!r}")
         f = self.mem_fraction
         if f is not None and self.memory_bytes and f > max_mem_fraction(self.memory_bytes):
+            # A bare variable name: the process environment, which a library imported
+            # before may have set (EasyDeL 0.3 sets 1.0 at import).
+            where = (
+                f"{self.runtime.source} in this process's environment, from the shell or a "
+                "library imported before"
+                if self.runtime.source in ENV_VARS
+                else self.runtime.source
+            )
             raise BadValue(
-                f"memory fraction {f:g} ({self.runtime.source}) leaves less than "
+                f"memory fraction {f:g} ({where}) leaves less than "
                 f"{outside_heap_bytes(self.memory_bytes) / 2**30:.2f} GiB of {self.name} for the "
                 "CUDA context and "
                 f"library handles: use at most {max_mem_fraction(self.memory_bytes):g}",

@@ -1,0 +1,6 @@
+"""A library that configures the JAX process it is imported into, as EasyDeL 0.3 does."""
+
+import os
+
+os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = os.environ.get("ENVLIB_FRACTION", "1.0")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
