@@ -230,6 +230,7 @@ def check_traced_with(
     also: Iterable[Any] = (),
     previous: Trace | None = None,
     what: str = "the model",
+    block: str | None = None,
 ) -> Trace:
     """Fails loudly when a program was not traced with ``policy``.
 
@@ -244,6 +245,7 @@ def check_traced_with(
       also: other policies the program may use instead (those a layer schedule names).
       previous: the fingerprint of the program traced for the policy before.
       what: the model, for the message.
+      block: the ``module:Class`` patched to apply the policy, if one was (for the message).
 
     Returns:
       This program's fingerprint, to pass as ``previous`` next time.
@@ -275,10 +277,17 @@ def check_traced_with(
             if held
             else "it has no checkpoint at all: the policy was never applied"
         )
-        raise BadValue(
-            f"{what} traced for policy {pol.spec!r} holds no checkpoint with it; {detail}. "
-            "Apply the policy the factory is given (rk.remat(Block, policy)) or name the "
+        todo = (
+            f"{block} was patched while the model was built and traced, yet no block of "
+            "the program is one: the model takes the class from elsewhere (another module's "
+            "name for it: patch that one), or replays a trace cached before the patch "
+            "(nn.jit): apply the policy the factory is given (rk.remat(Block, policy))"
+            if block
+            else "Apply the policy the factory is given (rk.remat(Block, policy)) or name the "
             "block class to patch (block=module:Class)"
+        )
+        raise BadValue(
+            f"{what} traced for policy {pol.spec!r} holds no checkpoint with it; {detail}. {todo}"
         )
     # A program for "none" may hold checkpoints a model always makes, but not ones that
     # rk.remat made for another policy: that model ignored "none".

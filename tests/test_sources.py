@@ -520,6 +520,37 @@ def test_cli_reports_at_the_fraction_the_import_set_unless_given_one(
     assert report["usable_bytes"] == math.floor(fraction * card)
 
 
+# --- --block on an NNX model, whose blocks are built before any trace ----------------------------
+
+NNX_BLOCK = "nnx_blocks:PlainBlock"
+
+
+@pytest.mark.parametrize("policy", ["none", "full", "dots_no_batch"])
+def test_block_patches_an_nnx_model_as_its_own_remat_would(policy):
+    patched = sources.from_factory(f"{FACTORIES}:nnx_plain", block=NNX_BLOCK)
+    native = sources.from_factory(f"{FACTORIES}:nnx_native")
+    config = rk.TrainConfig(batch=2, seq=64)
+    got = sources.measure(patched, policy, "h100", config).peak_bytes
+    assert got == sources.measure(native, policy, "h100", config).peak_bytes
+
+
+def test_a_per_layer_plan_on_a_patched_nnx_model_counts_its_blocks():
+    src = sources.from_factory(f"{FACTORIES}:nnx_plain", block=NNX_BLOCK)
+    config = rk.TrainConfig(batch=2, seq=64)
+    assert src.n_layers() == 4
+    half = sources.measure(src, "full", "h100", config, schedule="layers:0-1=full,rest=none")
+    every = sources.measure(src, "full", "h100", config, schedule="layers:0-3=full")
+    full, none = (sources.measure(src, p, "h100", config) for p in ("full", "none"))
+    # Two of four layers checkpointed: strictly between all four and none.
+    assert every.peak_bytes == full.peak_bytes < half.peak_bytes < none.peak_bytes
+
+
+def test_a_block_the_model_does_not_take_from_the_patched_module_is_named():
+    src = sources.from_factory(f"{FACTORIES}:nnx_captured", block=NNX_BLOCK)
+    with pytest.raises(BadValue, match=r"nnx_blocks:PlainBlock was patched .* takes the class"):
+        sources.measure(src, "full", "h100", SMALL)
+
+
 def test_cli_refuses_options_a_factory_does_not_take(capsys):
     argv = ["report", "--model", f"{FACTORIES}:untagged", "--lora", "8", "--batch", "1"]
     assert main(argv) == 2

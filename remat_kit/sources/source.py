@@ -364,6 +364,7 @@ class ModelSource:
             also=_schedule_policies(built.schedule),
             previous=self._cache.get("trace"),
             what=what,
+            block=self.block,
         )
 
     def mesh_plan(self, target: Target) -> MeshPlan | None:
@@ -422,7 +423,10 @@ class ModelSource:
             # The patch applies the policy; the factory builds the plain model.
             factory_policy = as_policy("none")
             block_policies = self._per_layer(pol, sch) if sch.name == "layers" else pol
-        made = self._call_factory(factory_policy, kwargs)
+        # Patched while the factory runs too: an NNX model builds its blocks there, before
+        # any trace (a linen model builds them as it is traced, under ``contexts`` below).
+        patch = (self.block, block_policies) if self.block and block_policies else None
+        made = self._call_factory(factory_policy, kwargs, patch)
         kind = "nnx" if isinstance(made, nnx.Module) else "linen"
         if kind == "nnx":
             if rules is not None:
@@ -456,11 +460,20 @@ class ModelSource:
             kind=kind,
         )
 
-    def _call_factory(self, policy: Policy, kwargs: Mapping[str, Any]) -> Any:
+    def _call_factory(
+        self,
+        policy: Policy,
+        kwargs: Mapping[str, Any],
+        patch: tuple[str, Policy | list[Policy]] | None = None,
+        counter: list[int] | None = None,
+    ) -> Any:
         box: dict[str, Any] = {}
 
         def make() -> Any:
-            out = self.factory(policy, **kwargs)
+            with contextlib.ExitStack() as stack:
+                if patch is not None:
+                    stack.enter_context(patched_block(*patch, counter=counter))
+                out = self.factory(policy, **kwargs)
             if isinstance(out, nnx.Module):
                 return out
             box["module"] = out
@@ -498,10 +511,13 @@ class ModelSource:
         return n
 
     def _count_blocks(self) -> int | None:
-        made = self._call_factory(as_policy("none"), {})
-        if isinstance(made, nnx.Module):
-            return None
         counter = [0]
+        # An NNX model (or a linen one built eagerly) builds its blocks in the factory.
+        made = self._call_factory(
+            as_policy("none"), {}, (self.block or "", as_policy("none")), counter
+        )
+        if counter[0] or isinstance(made, nnx.Module):
+            return counter[0] or None
         tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
         extra = hf_inputs if self.inputs == "auto" else self.inputs
         call = type(made).__call__

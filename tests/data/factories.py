@@ -16,6 +16,11 @@ import remat_kit_models as models
 
 VOCAB, WIDTH, LAYERS = 256, 64, 4
 
+# Beside this file, on sys.path while a factory file runs: importable as --block names it.
+import nnx_blocks  # noqa: E402
+
+_CAPTURED = (nnx_blocks.Model, nnx_blocks.PlainBlock)
+
 
 def hf_llama(policy):
     """Hugging Face's Flax Llama (no remat hook: measured with --block)."""
@@ -236,3 +241,18 @@ class _OwnNames(nnx.Module):
 def own_names(policy):
     """An NNX model tagged with EasyDeL's names (attn_query ... mlp_down, residual)."""
     return _OwnNames(policy, nnx.Rngs(0))
+
+
+def nnx_plain(policy):
+    """An NNX model with no remat hook (tests/data/nnx_blocks.py): measured with --block."""
+    return nnx_blocks.Model(nnx.Rngs(0))
+
+
+def nnx_captured(policy):
+    """nnx_plain, but its block class was taken at import: a patch of the module misses it."""
+    return _CAPTURED[0](nnx.Rngs(0), block=_CAPTURED[1])
+
+
+def nnx_native(policy):
+    """The same model with its blocks rematerialized by the model itself."""
+    return nnx_blocks.Model(nnx.Rngs(0), block=rk.remat(nnx_blocks.PlainBlock, policy))
