@@ -525,3 +525,21 @@ def test_each_unrolled_layer_runs_in_a_scope_named_by_its_index(schedule):
 
     walk(jax.make_jaxpr(run)(w, x).jaxpr, "")
     assert scopes == [[f"layers_{i}"] for i in range(6)]
+
+
+def test_a_hugging_face_stack_names_its_layers_by_index():
+    # Issue 28: Hugging Face's Flax GPT-2 names its blocks h/0 ... h/3 (a stack, then an
+    # index), not h_0: they showed as "non-layer" and a "scanned layers" row.
+    from pathlib import Path
+
+    factory = f"{Path(__file__).parent / 'data' / 'factories.py'}:hf_gpt2"
+    block = "transformers.models.gpt2.modeling_flax_gpt2:FlaxGPT2Block"
+    src = rk.sources.from_factory(factory, block=block)
+    target = rk.target("h100")
+    config = rk.TrainConfig(batch=2, seq=64, optimizer="sgd")
+    built = src.build_step(rk.as_policy("full"), rk.parse_schedule("none"), config, target)
+    r = rk.peak.inspect_step(built.step, target)
+    layers = {b.layer for b in r.buffers if b.category in ("parameter", "optimizer state")}
+    assert {"h_0", "h_1", "h_2", "h_3"} <= layers
+    assert "scanned layers" not in r.by_layer
+    assert set(r.by_layer) <= {"h_0", "h_1", "h_2", "h_3", "non-layer", "fragmentation"}

@@ -108,9 +108,10 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         "--tags",
         default=None,
         metavar="RULES",
-        help="with a factory: how its projections are tagged: auto (default: hf+gpt2+gemma "
-        "names, else module paths; none if the model tags itself) | hf | gpt2 | gemma | paths "
-        "(module paths only) | none",
+        help="with a factory: how its tensors are named: auto (default: a model that tags "
+        "itself keeps its names, with ours beside EasyDeL's and MaxText's; others get "
+        "hf+gpt2+gemma names, else module paths) | hf | gpt2 | gemma | easydel | maxtext | "
+        "paths (module paths only) | none (the model's own tags only); join sets with +",
     )
     p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
     p.add_argument("--batch", type=positive_int, default=4, help=batch_help)

@@ -213,10 +213,23 @@ STACK = re.compile(r"^(?:\w*?layers?|\w*?blocks?|h)$", re.IGNORECASE)
 
 
 def layer_of(path: Sequence[str], scanned: bool) -> str:
-    """``layers_3`` for an unrolled layer, ``scanned layers`` inside a scan, else ``non-layer``."""
-    for seg in path:
+    """``layers_3`` for an unrolled layer, ``scanned layers`` inside a scan, else ``non-layer``.
+
+    A layer is a path segment ``layers_3`` / ``h_3`` (linen's names for a list of modules), or
+    a stack's name followed by an index, ``h/16`` or ``layers/3`` (Hugging Face's Flax
+    models and NNX lists): named ``h_16``, ``layers_3``.
+
+    Example:
+      >>> layer_of(("transformer", "h", "16", "attn", "dot_general"), scanned=False)
+      'h_16'
+      >>> layer_of(("model", "layers_3", "mlp"), True), layer_of(("lm_head",), False)
+      ('layers_3', 'non-layer')
+    """
+    for seg, after in zip(path, (*path[1:], "")):
         if _LAYER.match(seg):
             return seg
+        if STACK.match(seg) and after.isdigit():
+            return f"{seg}_{after}"
     if scanned:
         return SCANNED_LAYERS
     return NON_LAYER
