@@ -1,10 +1,12 @@
-"""A Llama-style linen model (an EasyDeL Llama stand-in) as a factory and as a user's own step.
+"""A Llama-style model (an EasyDeL Llama stand-in, linen and NNX) as a factory and as a user's step.
 
 ``--model experiments/llama_own_step.py:model`` measures remat_kit's train step around the model;
 ``--step experiments/llama_own_step.py:step`` measures the plain step a user writes for it:
 value_and_grad of cross-entropy (logits upcast to f32) and optax SGD, the parameters donated.
 Both run the same module: unrolled layers, bf16 weights and compute, grouped-query einsum
 attention with a causal mask and rotary positions, SwiGLU MLP, untied embedding and head.
+``nnx_model`` / ``nnx_step`` are the same model in NNX (EasyDeL's framework), the step in
+EasyDeL's style: ``nnx.split`` into graph, parameters and the rest, ``nnx.merge`` in the loss.
 
 The shape is Llama 3 8B's (width 4096, 32 layers, MLP 14336, vocab 128256, 32 heads, 8 KV
 heads); ``RK_LLAMA_LAYERS`` sets the depth (``model`` also takes ``layers=``).
@@ -13,11 +15,14 @@ heads); ``RK_LLAMA_LAYERS`` sets the depth (``model`` also takes ``layers=``).
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 import remat_kit as rk
 
@@ -41,8 +46,6 @@ class Block(nn.Module):
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        from jax.ad_checkpoint import checkpoint_name
-
         def dense(n: int, name: str) -> nn.Dense:
             return nn.Dense(n, False, dtype=DTYPE, param_dtype=DTYPE, name=name)
 
@@ -112,4 +115,99 @@ def step(policy: rk.Policy, config: rk.TrainConfig) -> rk.sources.OwnStep:
         loss_fn=loss_fn,
         loss_args=(params, batch),
         roles={"params": 0, "optimizer": 1, "batch": 2},
+    )
+
+
+def _attention_mlp(p: Any, x: jax.Array) -> jax.Array:
+    """The linen Block's computation, with NNX layers ``p`` (same names, same math)."""
+    b, s, _ = x.shape
+    hd = WIDTH // HEADS
+    h = p.input_norm(x)
+    q = checkpoint_name(p.q_proj(h), "query_proj")
+    k = checkpoint_name(p.k_proj(h), "key_proj")
+    v = checkpoint_name(p.v_proj(h), "value_proj")
+    q = _rotary(q.reshape(b, s, KV_HEADS, HEADS // KV_HEADS, hd))
+    k = _rotary(k.reshape(b, s, KV_HEADS, hd))
+    v = v.reshape(b, s, KV_HEADS, hd)
+    scores = jnp.einsum("bskgd,btkd->bkgst", q, k) / hd**0.5
+    mask = jnp.tril(jnp.ones((s, s), bool))
+    probs = jax.nn.softmax(jnp.where(mask, scores.astype(jnp.float32), -1e9), -1)
+    ctx = jnp.einsum("bkgst,btkd->bskgd", probs.astype(DTYPE), v).reshape(b, s, WIDTH)
+    ctx = checkpoint_name(ctx, "context")
+    x = x + checkpoint_name(p.o_proj(ctx), "out_proj")
+    h = p.post_norm(x)
+    gate = checkpoint_name(p.gate_proj(h), "mlpwi_0")
+    up = checkpoint_name(p.up_proj(h), "mlpwi_1")
+    return x + checkpoint_name(p.down_proj(nnx.silu(gate) * up), "mlpwo")
+
+
+def _linear(n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(n_in, n_out, use_bias=False, dtype=DTYPE, param_dtype=DTYPE, rngs=rngs)
+
+
+class NNXBlock(nnx.Module):
+    def __init__(self, rngs: nnx.Rngs):
+        hd = WIDTH // HEADS
+        norm = lambda: nnx.RMSNorm(WIDTH, dtype=DTYPE, param_dtype=DTYPE, rngs=rngs)
+        self.input_norm, self.post_norm = norm(), norm()
+        self.q_proj = _linear(WIDTH, HEADS * hd, rngs)
+        self.k_proj = _linear(WIDTH, KV_HEADS * hd, rngs)
+        self.v_proj = _linear(WIDTH, KV_HEADS * hd, rngs)
+        self.o_proj = _linear(WIDTH, WIDTH, rngs)
+        self.gate_proj = _linear(WIDTH, FF, rngs)
+        self.up_proj = _linear(WIDTH, FF, rngs)
+        self.down_proj = _linear(FF, WIDTH, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return _attention_mlp(self, x)
+
+
+class NNXLlama(nnx.Module):
+    def __init__(self, policy: rk.Policy, layers: int, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(VOCAB, WIDTH, dtype=DTYPE, param_dtype=DTYPE, rngs=rngs)
+        block = rk.remat(NNXBlock, policy)  # NNXBlock itself for "none"
+        self.layers = nnx.List([block(rngs) for _ in range(layers)])
+        self.norm = nnx.RMSNorm(WIDTH, dtype=DTYPE, param_dtype=DTYPE, rngs=rngs)
+        self.lm_head = _linear(WIDTH, VOCAB, rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x)
+        return self.lm_head(self.norm(x))
+
+
+def nnx_model(policy: rk.Policy, layers: int = LAYERS) -> NNXLlama:
+    """The NNX factory: ``--model experiments/llama_own_step.py:nnx_model``."""
+    return NNXLlama(policy, layers, nnx.Rngs(0))
+
+
+def nnx_step(policy: rk.Policy, config: rk.TrainConfig) -> rk.sources.OwnStep:
+    """The user's NNX step, as EasyDeL's trainer runs it: the model split into its graph,
+    parameters and the rest; value_and_grad of cross-entropy over the parameters; optax SGD;
+    parameters (and the empty SGD state) donated."""
+    abstract = nnx.eval_shape(lambda: NNXLlama(policy, LAYERS, nnx.Rngs(0)))
+    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    tx = optax.sgd(1e-4)
+    opt_state = jax.eval_shape(tx.init, params)
+    tokens = jax.ShapeDtypeStruct((config.batch, config.seq), jnp.int32)
+    batch = {"input_ids": tokens, "labels": tokens}
+
+    def loss_fn(params, rest, batch):
+        logits = nnx.merge(graphdef, params, rest)(batch["input_ids"])
+        return optax.softmax_cross_entropy_with_integer_labels(
+            logits.astype(jnp.float32), batch["labels"]
+        ).mean()
+
+    def train_step(params, rest, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, rest, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return rk.sources.OwnStep(
+        jax.jit(train_step, donate_argnums=(0, 2)),
+        (params, rest, opt_state, batch),
+        loss_fn=loss_fn,
+        loss_args=(params, rest, batch),
+        roles={"params": 0, "frozen": 1, "optimizer": 2, "batch": 3},
     )

@@ -7,6 +7,7 @@ H100), not against remat_kit's own pipeline.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from pathlib import Path
@@ -103,6 +104,24 @@ def test_the_breakdown_comes_from_the_roles_and_is_unknown_without_them(measured
     assert r.meta["precision"]["params"] == "bfloat16"
     bare = sources.measure(_src("tuple_step"), "full", "h100", SMALL, warn=False)
     assert bare.breakdown == {} and bare.meta["roles"] == "not given"
+
+
+def test_a_part_whose_role_is_not_given_is_unknown_not_zero():
+    """Only ``params`` named: the gradients are known, the weights are not (argument 2 might
+    hold frozen ones), nor the rest; the table says unknown."""
+    from remat_kit.render.tables import report_table
+
+    def params_only(policy, config):
+        own = _src("linen_step").step(policy, config)
+        return dataclasses.replace(own, roles={"params": 0})
+
+    r = sources.measure(sources.from_step(params_only), "full", "h100", SMALL, warn=False)
+    n = nbytes(_src("linen_step").step(rk.policy("full"), SMALL).args[0])
+    assert r.breakdown == {"trainable": n, "gradients": n}
+    what, gib = (list(c.cells) for c in report_table(r, rk.target("h100")).columns)
+    cells = dict(zip(what, gib, strict=True))
+    assert cells["  weights"] == cells["  activations and temporaries"] == "unknown"
+    assert cells["  gradients"] == f"{n / 2**30:.2f}"
 
 
 def test_the_measured_breakdown_reads_the_roles():
