@@ -304,6 +304,12 @@ def test_step_with_a_model_or_a_model_flag_is_refused_before_anything_runs(
         assert err.count("\n") == 1
 
 
+def test_fit_for_throughput_varies_the_accumulation_a_users_step_does_not_take(capsys):
+    argv = ["fit", "--step", f"{STEPS}:linen_step", "--objective", "throughput"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith("remat-kit: --objective throughput with --step")
+
+
 def test_a_step_that_does_not_load_names_the_flag(capsys):
     assert main(["report", "--step", f"{DATA}/nowhere.py:f"]) == 2
     err = capsys.readouterr().err

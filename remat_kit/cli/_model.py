@@ -152,6 +152,8 @@ def _check_step_flags(args: argparse.Namespace) -> None:
         for dest, flag, default in _NOT_FOR_A_STEP
         if (flag in given if given is not None else getattr(args, dest, default) != default)
     ]
+    if getattr(args, "objective", None) == "throughput":
+        bad.append("--objective throughput")  # it varies --accum, which the step does not take
     if bad:
         raise BadValue(
             f"{', '.join(bad)} with --step {args.step}: a step of your own has its own model, "
