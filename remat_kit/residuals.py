@@ -97,6 +97,9 @@ class ResidualReport:
         ``nested:m``) a segment keeps only its input, and its layers' policy offloads their
         residuals while the backward pass recomputes the segment, one segment at a time:
         the most bytes one segment offloads then (0 when no checkpoint holds another).
+      same: tag name -> the other tags of the same value (``checkpoint_name`` of a
+        ``checkpoint_name``: a model's own name and ours beside it, MaxText's MoE names): a
+        residual carries one of them.
     """
 
     residuals: tuple[Residual, ...]
@@ -104,6 +107,19 @@ class ResidualReport:
     tag_bytes: Mapping[str, int]
     tag_count: Mapping[str, int]
     segment_offloaded_bytes: int = 0
+    same: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def kept_bytes(self, tag: str) -> int:
+        """Bytes of the residuals that carry ``tag`` or another name of the same value.
+
+        Example:
+          >>> r = Residual("query_proj", (2, 4), "float32", 32, "saved", 1, "")
+          >>> rep = ResidualReport((r,), {}, {}, {}, same={"attn_query": ("query_proj",)})
+          >>> rep.kept_bytes("attn_query"), rep.kept_bytes("context")
+          (32, 0)
+        """
+        names = {tag, *self.same.get(tag, ())}
+        return sum(r.nbytes for r in self.residuals if r.name in names)
 
     @property
     def marked_bytes(self) -> int:
@@ -220,6 +236,7 @@ def saved_residuals(
         tag_bytes={t: b for t, (b, _) in present.items()},
         tag_count={t: c for t, (_, c) in present.items()},
         segment_offloaded_bytes=_segment_offloaded(forward.jaxpr),
+        same={t: tuple(sorted(group - {t})) for t, group in aliases.items() if t in present},
     )
 
 

@@ -1,5 +1,7 @@
 """saved_residuals: which tags a policy keeps, offloads or recomputes, scanned or not."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -223,6 +225,32 @@ def test_residual_table_parts_are_parts_of_their_whole():
     assert "offloaded 6.00 GiB (from the trace: a cpu compile does not measure host memory)" in (
         on_cpu
     )
+
+
+@pytest.mark.parametrize("layers_known", [True, False])
+def test_a_value_with_two_names_counts_under_both_per_layer(layers_known):
+    # A model's own name with ours beside it (tagging.aliasing): the residual carries one of
+    # them, the table shows its bytes under both. Without a layer count (an NNX factory),
+    # the layers are the tags' most common number of occurrences.
+    from remat_kit.render.tables import residual_table
+
+    mib = 2**20
+    res = rk.residuals.ResidualReport(
+        residuals=tuple(
+            rk.residuals.Residual("query_proj", (), "float32", mib, "saved", 1, "")
+            for _ in range(4)
+        ),
+        tags={"attn_query": "saved", "query_proj": "saved", "lm_head": "recomputed"},
+        tag_bytes={},
+        tag_count={"attn_query": 4, "query_proj": 4, "lm_head": 1},
+        same={"attn_query": ("query_proj",), "query_proj": ("attn_query",)},
+    )
+    bare = _bare_report("h100")
+    if not layers_known:
+        bare = dataclasses.replace(bare, meta={})
+    text = _render(residual_table(res, bare))
+    assert "attn_query saved 1.00 4.00" in text and "query_proj saved 1.00 4.00" in text
+    assert "lm_head recomputed 0.00 0.00" in text
 
 
 def test_report_table_says_host_memory_is_not_measured_on_cpu():

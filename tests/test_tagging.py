@@ -402,6 +402,7 @@ def test_an_aliased_tensor_is_saved_by_either_name_with_the_same_value_and_gradi
     with tagging.aliasing(tagging.aliases("easydel")):
         res = rk.saved_residuals(jax.checkpoint(loss, policy=rk.policy("full")), w, x)
     assert res.tags == {"mlp_up": "recomputed", "mlpwi_1": "recomputed"}
+    assert res.same == {"mlp_up": ("mlpwi_1",), "mlpwi_1": ("mlp_up",)}
 
 
 @pytest.mark.parametrize(

@@ -344,15 +344,15 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
       >>> list(zip(t.columns[0].cells, t.columns[1].cells))
       [('mlpwi_1', 'saved'), ('mlpwo', 'not needed'), ('lm_head', 'recomputed')]
     """
-    layers = r.meta.get("layers") or 1
+    # A model whose layers cannot be counted (an NNX factory): most tags occur once a layer.
+    counts = sorted(res.tag_count.values())
+    layers = r.meta.get("layers") or max(counts, key=lambda c: (counts.count(c), c), default=1)
     table = Table(title="what the policy keeps, per tag (one micro-batch)")
     for col in ("tag", "decision", "MiB per layer", "MiB all layers"):
         table.add_column(col, justify="left" if col in ("tag", "decision") else "right")
-    by_name = res.per_name()
     for tag, decision in res.tags.items():
-        row = by_name.get(tag)
-        kept = row["bytes"] if row else 0
-        per_layer = kept / max(layers, 1) if row else 0
+        kept = res.kept_bytes(tag)  # under each name of a value (its own and ours)
+        per_layer = kept / max(layers, 1)
         table.add_row(tag, decision, fmt(per_layer, _MIB), fmt(kept, _MIB))
     # The part must be of the same kind as the whole: untagged residuals kept on device (an
     # offloaded untagged value is in the offloaded figure, not in what the device keeps).
