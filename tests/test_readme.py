@@ -92,6 +92,7 @@ def test_readme_console_command_runs_up_to_its_first_compile(command, tmp_path, 
         return real(self, *args, **kwargs)
 
     shutil.copy(ROOT / "tests" / "data" / "hf_llama.py", tmp_path)
+    shutil.copy(ROOT / "tests" / "data" / "own_steps.py", tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("REMAT_KIT_CACHE_DIR", str(tmp_path / "cache"))  # nothing remembered
     monkeypatch.setattr(jax.stages.Lowered, "compile", budget_checks_only)
