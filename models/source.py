@@ -219,7 +219,7 @@ def source_for(opts: Options) -> rk.sources.StepSource:
       opts: the options.
 
     Returns:
-      A ``rk.sources.StepSourceOf`` for a user's step (``opts.step``), a
+      A ``rk.sources.OwnStepSource`` for a user's step (``opts.step``), a
       ``rk.sources.ModelSource`` for a factory, else a :class:`PresetSource`.
 
     Raises:
@@ -260,7 +260,7 @@ def _factory_source(opts: Options) -> rk.sources.ModelSource:
     return _loaded(opts.model, opts.block, opts.tags)
 
 
-def _step_source(opts: Options) -> rk.sources.StepSourceOf:
+def _step_source(opts: Options) -> rk.sources.OwnStepSource:
     given = {
         "block": opts.block,
         "tags": opts.tags != "auto",
@@ -285,7 +285,7 @@ def _step_source(opts: Options) -> rk.sources.StepSourceOf:
 
 
 @functools.cache
-def _loaded_step(step: str) -> rk.sources.StepSourceOf:
+def _loaded_step(step: str) -> rk.sources.OwnStepSource:
     return rk.sources.from_step(step)
 
 

@@ -28,7 +28,7 @@ TAGS = {"context", "key_proj", "mlpwi_0", "mlpwi_1", "mlpwo", "out_proj", "query
 TAGS |= {"value_proj"}
 
 
-def _src(name: str) -> sources.StepSourceOf:
+def _src(name: str) -> sources.OwnStepSource:
     return sources.from_step(f"{STEPS}:{name}")
 
 
@@ -296,7 +296,7 @@ def test_step_with_a_model_or_a_model_flag_is_refused_before_anything_runs(
     def never(*args, **kwargs):
         raise AssertionError("the step function ran")
 
-    monkeypatch.setattr(sources.StepSourceOf, "step", never)
+    monkeypatch.setattr(sources.OwnStepSource, "step", never)
     for command in ("report", "compare", "fit"):
         assert main([command, "--step", f"{STEPS}:linen_step", *flags]) == 2
         err = capsys.readouterr().err

@@ -29,7 +29,7 @@ Example:
 """
 
 from remat_kit.sources._loading import load_factory, patched_block
-from remat_kit.sources.own_step import ROLES, OwnStep, StepSourceOf, from_step
+from remat_kit.sources.own_step import ROLES, OwnStep, OwnStepSource, from_step
 from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import ALL_SCHEDULES, BuiltModel, ModelSource, from_factory, hf_inputs
 from remat_kit.sources.steps import (
@@ -51,9 +51,9 @@ __all__ = [
     "BuiltModel",
     "ModelSource",
     "OwnStep",
+    "OwnStepSource",
     "SourceStep",
     "StepSource",
-    "StepSourceOf",
     "breakdown",
     "check_policies",
     "from_factory",

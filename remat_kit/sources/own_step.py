@@ -57,7 +57,7 @@ from remat_kit.train import TrainConfig, TrainStep
 __all__ = [
     "ROLES",
     "OwnStep",
-    "StepSourceOf",
+    "OwnStepSource",
     "from_step",
 ]
 
@@ -113,7 +113,7 @@ class OwnStep:
 
 
 @dataclasses.dataclass(frozen=True)
-class StepSourceOf:
+class OwnStepSource:
     """A user's step function ``NAME(policy, config)`` as an ``rk.sources.StepSource``.
 
     Attributes:
@@ -247,7 +247,7 @@ class StepSourceOf:
         return f"{self.spec} s{config.seq} own step"
 
 
-def from_step(step: str | Callable[..., Any]) -> StepSourceOf:
+def from_step(step: str | Callable[..., Any]) -> OwnStepSource:
     """A model source from a user's step function ``NAME(policy, config)`` (see the module
     docstring).
 
@@ -291,7 +291,7 @@ def from_step(step: str | Callable[..., Any]) -> StepSourceOf:
                 f"{_RETURNS}; its signature is {sig}",
                 param="step",
             ) from None
-    return StepSourceOf(spec=spec, step_fn=fn)
+    return OwnStepSource(spec=spec, step_fn=fn)
 
 
 def _checked(spec: str, out: Any) -> OwnStep:
@@ -375,10 +375,10 @@ def _unjitted(spec: str, own: OwnStep) -> tuple[Callable[..., Any], tuple[int, .
     inner = getattr(fn, "__wrapped__", None)
     if inner is None or not hasattr(fn, "trace"):
         return fn, donate
-    info = fn.trace(*own.args).args_info
+    positional, _ = fn.trace(*own.args).args_info  # (args, kwargs), an ArgInfo per leaf
     by_jit = tuple(
         i
-        for i, arg in enumerate(info[0] if isinstance(info, tuple) and len(info) == 2 else info)
+        for i, arg in enumerate(positional)
         if (leaves := jax.tree.leaves(arg, is_leaf=_is_arg_info))
         and all(leaf.donated for leaf in leaves)
     )
