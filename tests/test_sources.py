@@ -436,6 +436,25 @@ def test_our_catalogue_policy_on_a_models_own_names_is_that_policy_in_its_names(
     assert ours.peak_bytes != full.peak_bytes
 
 
+def test_the_planner_decides_once_per_value_of_a_model_that_names_it_twice():
+    # With ours beside its own names every projection has two tags: the plan (and its cost)
+    # must be the one the model gets under its own names alone, not a plan that pays for a
+    # value twice or thinks it recomputed while its other name keeps it.
+    config = rk.TrainConfig(batch=2, seq=128, optimizer="sgd")
+    plans = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for tags in ("auto", None):
+            w = sources.workload(sources.from_factory(OWN, tags=tags), "h100", config)
+            none, full = (w.report(p, batch=2).peak_bytes for p in ("none", "full"))
+            budget = none - (none - full) // 5
+            plans.append(rk.plan(w, 2, budget=budget, host_budget=0, objective="flops"))
+    aliased, own = plans
+    assert own.fits and own.policy.spec != "full"
+    assert aliased.policy.spec == own.policy.spec
+    assert aliased.peak_bytes == own.peak_bytes
+
+
 @pytest.mark.parametrize(
     ("model", "policy", "code", "message"),
     [
@@ -543,6 +562,17 @@ def test_a_per_layer_plan_on_a_patched_nnx_model_counts_its_blocks():
     full, none = (sources.measure(src, p, "h100", config) for p in ("full", "none"))
     # Two of four layers checkpointed: strictly between all four and none.
     assert every.peak_bytes == full.peak_bytes < half.peak_bytes < none.peak_bytes
+
+
+def test_block_patches_a_model_whose_call_is_nn_jitted():
+    # gemma's Transformer.__call__ is wrapped in nn.jit, which replays the trace it cached for
+    # the module: every policy after the first got the first one's program.
+    patched = sources.from_factory(f"{FACTORIES}:jitted_plain", block="jit_blocks:Block")
+    native = sources.from_factory(f"{FACTORIES}:jitted_native")
+    config = rk.TrainConfig(batch=2, seq=64)
+    for policy in ("none", "full", "dots_no_batch"):
+        got = sources.measure(patched, policy, "h100", config).peak_bytes
+        assert got == sources.measure(native, policy, "h100", config).peak_bytes, policy
 
 
 def test_a_block_the_model_does_not_take_from_the_patched_module_is_named():

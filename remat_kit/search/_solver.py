@@ -249,7 +249,13 @@ def cost_model(
     key = ("cost_model", batch, offload, hide, objective)
     if key in workload.memo:
         return workload.memo[key]
-    present = tuple(workload.traced_residuals(NO_REMAT, NO_SCHEDULE, batch).tags)
+    # One decision per value: a value a model names twice (its own name and ours beside it,
+    # MaxText's MoE names) is saved or recomputed under its first name.
+    traced = workload.traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
+    present: tuple[str, ...] = ()
+    for t in traced.tags:
+        if not set(traced.same.get(t, ())) & set(present):
+            present += (t,)
 
     timed = objective == "time" and workload.traced_seconds(NO_REMAT, NO_SCHEDULE, batch)
     base_cost = (
@@ -260,7 +266,11 @@ def cost_model(
         pol = tag_policy([t for t in present if t not in recomputed], ())
         res = workload.traced_residuals(pol, NO_SCHEDULE, batch)
         kept = {
-            name: sum(r.nbytes for r in res.residuals if r.name == name and r.kind == "saved")
+            name: sum(
+                r.nbytes
+                for r in res.residuals
+                if r.kind == "saved" and (r.name == name or r.name in res.same.get(name, ()))
+            )
             for name in present
         }
         flops = workload.traced_flops(pol, NO_SCHEDULE, batch)

@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -428,6 +429,8 @@ class ModelSource:
         patch = (self.block, block_policies) if self.block and block_policies else None
         made = self._call_factory(factory_policy, kwargs, patch)
         kind = "nnx" if isinstance(made, nnx.Module) else "linen"
+        if patch is not None and isinstance(made, nn.Module):
+            made = _retyped(made)
         if kind == "nnx":
             if rules is not None:
                 tagging.tag_nnx(made, rules)
@@ -548,6 +551,26 @@ class ModelSource:
                 )
             out += [run.policy] * run.layers
         return out
+
+
+def _retyped(module: nn.Module) -> nn.Module:
+    """``module`` as an instance of a new subclass of its class, fields unchanged.
+
+    A model whose ``__call__`` is wrapped in ``nn.jit`` (gemma's ``Transformer``) caches its
+    trace under the module's fingerprint: its class and fields, which a patched block class
+    does not change. The trace made for the first policy would be replayed for every later
+    one; a class of its own per build gives each policy a trace of its own.
+    """
+    cls = type(module)
+    sub = type(
+        cls.__name__, (cls,), {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+    )
+    fields = {
+        f.name: getattr(module, f.name)
+        for f in dataclasses.fields(module)
+        if f.init and f.name not in ("parent", "name") and hasattr(module, f.name)
+    }
+    return sub(**fields)
 
 
 def _schedule_policies(sch: Schedule) -> list[Any]:

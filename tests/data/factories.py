@@ -17,6 +17,7 @@ import remat_kit_models as models
 VOCAB, WIDTH, LAYERS = 256, 64, 4
 
 # Beside this file, on sys.path while a factory file runs: importable as --block names it.
+import jit_blocks  # noqa: E402
 import nnx_blocks  # noqa: E402
 
 _CAPTURED = (nnx_blocks.Model, nnx_blocks.PlainBlock)
@@ -256,3 +257,13 @@ def nnx_captured(policy):
 def nnx_native(policy):
     """The same model with its blocks rematerialized by the model itself."""
     return nnx_blocks.Model(nnx.Rngs(0), block=rk.remat(nnx_blocks.PlainBlock, policy))
+
+
+def jitted_plain(policy):
+    """A linen model whose __call__ is nn.jit'ed (gemma's habit), no remat hook: --block."""
+    return jit_blocks.Model()
+
+
+def jitted_native(policy):
+    """The same model, unjitted, with its blocks rematerialized by the model itself."""
+    return jit_blocks.Unjitted(block=rk.remat(jit_blocks.Block, policy))
