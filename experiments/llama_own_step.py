@@ -14,6 +14,7 @@ heads); ``RK_LLAMA_LAYERS`` sets the depth (``model`` also takes ``layers=``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -211,3 +212,53 @@ def nnx_step(policy: rk.Policy, config: rk.TrainConfig) -> rk.sources.OwnStep:
         loss_args=(params, rest, batch),
         roles={"params": 0, "frozen": 1, "optimizer": 2, "batch": 3},
     )
+
+
+def _renamed(tree: Any, width: int) -> Any:
+    """``layers_7`` <-> ``layers_07``: the same parameters under keys that sort another way."""
+
+    def key(k: str) -> str:
+        if k.startswith("layers_"):
+            return f"layers_{int(k.split('_')[1]):0{width}d}" if width else f"layers_{int(k[7:])}"
+        return k
+
+    return {key(k): v for k, v in tree.items()}
+
+
+def step_reordered(policy: rk.Policy, config: rk.TrainConfig) -> rk.sources.OwnStep:
+    """``step`` with the layers' parameters keyed ``layers_00 .. layers_31``: the same program
+    but for the order of its arguments (jax flattens dicts in sorted key order: ``layers_10``
+    comes before ``layers_2`` in ``step``, after ``layers_09`` here; with fewer than 11 layers
+    the orders agree)."""
+    own = step(policy, config)
+    inner = own.fn.__wrapped__
+    params, opt_state, batch = own.args
+    padded = _renamed(params, 2)
+
+    def train_step(params, opt_state, batch):
+        new, opt_state, loss = inner(_renamed(params, 0), opt_state, batch)
+        return _renamed(new, 2), opt_state, loss
+
+    return rk.sources.OwnStep(
+        jax.jit(train_step, donate_argnums=(0, 1)),
+        (padded, opt_state, batch),
+        roles={"params": 0, "optimizer": 1, "batch": 2},
+    )
+
+
+def step_bf16_loss(policy: rk.Policy, config: rk.TrainConfig) -> rk.sources.OwnStep:
+    """``step`` with the cross-entropy computed on the bf16 logits (no f32 upcast)."""
+    net = Llama(policy)
+    own = step(policy, config)
+    tx = optax.sgd(1e-4)
+
+    def loss_fn(params, batch):
+        logits = net.apply({"params": params}, batch["input_ids"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["labels"]).mean()
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return dataclasses.replace(own, fn=jax.jit(train_step, donate_argnums=(0, 1)), loss_fn=loss_fn)

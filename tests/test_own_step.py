@@ -8,6 +8,7 @@ H100), not against remat_kit's own pipeline.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import warnings
 from pathlib import Path
@@ -30,6 +31,13 @@ TAGS |= {"value_proj"}
 
 def _src(name: str) -> sources.OwnStepSource:
     return sources.from_step(f"{STEPS}:{name}")
+
+
+@functools.cache
+def _bare(name: str, policy: str, batch: int, donate: tuple[int, ...]) -> int:
+    """The bare peak of step function ``name``'s step (compiled once per session)."""
+    own = _src(name).step(rk.policy(policy), rk.TrainConfig(batch=batch, seq=SMALL.seq))
+    return _bare_peak(getattr(own.fn, "__wrapped__", own.fn), own.args, donate)
 
 
 def _bare_peak(fn, args, donate, target="h100"):
@@ -59,24 +67,19 @@ def measured():
 
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_the_peak_is_a_bare_compile_of_the_users_step(policy, measured):
-    own = _src("linen_step").step(rk.policy(policy), SMALL)
-    assert own.donate_argnums == (0, 1)
-    expected = _bare_peak(own.fn, own.args, own.donate_argnums)
-    assert measured[policy].peak_bytes == expected
-    # and donation is what makes it: without it the step holds one more copy of the weights
-    assert _bare_peak(own.fn, own.args, ()) > expected
+    assert _src("linen_step").step(rk.policy(policy), SMALL).donate_argnums == (0, 1)
+    assert measured[policy].peak_bytes == _bare("linen_step", policy, 2, (0, 1))
 
 
 @pytest.mark.parametrize("name", ["jitted_step", "tuple_step"])
 def test_a_jitted_or_tuple_step_is_compiled_with_its_own_donation(name):
     """``jitted_step`` donates in its ``jax.jit``, ``tuple_step`` in its third item: either
     way the params are donated, and the figures are those of a bare compile."""
-    src = _src(name)
-    report = sources.measure(src, "full", "h100", SMALL, warn=False)
-    fn, args = src.step(rk.policy("full"), SMALL).fn, src.step(rk.policy("full"), SMALL).args
-    inner = getattr(fn, "__wrapped__", fn)
-    assert report.peak_bytes == _bare_peak(inner, args, (0,))
-    assert report.peak_bytes < _bare_peak(inner, args, ())
+    report = sources.measure(_src(name), "full", "h100", SMALL, warn=False)
+    # Both steps run _plain's function: one bare compile of it serves both.
+    assert report.peak_bytes == _bare("tuple_step", "full", 2, (0,))
+    # donation is what makes it: without it the step holds one more copy of the weights
+    assert report.peak_bytes < _bare("tuple_step", "full", 2, ())
 
 
 def test_remat_changes_the_users_step_and_the_flops_are_its_own(measured):
@@ -240,17 +243,17 @@ def test_a_step_function_that_fails_says_so_in_one_line():
 
 
 def test_fit_finds_the_largest_batch_of_the_users_step():
-    """Under a 1.5 MiB limit; the answer's peak and the next batch's are bare compiles."""
+    """Under a 1.5 MiB limit: the step function is called at each batch the search tries."""
     src, limit = _src("linen_step"), 3 * 2**19
     w = sources.workload(src, "h100", SMALL)
     fit = rk.max_batch(w, "full", headroom=0.0, limit_bytes=limit)
 
-    def bare(batch: int) -> int:
-        own = src.step(rk.policy("full"), rk.TrainConfig(batch=batch, seq=SMALL.seq))
-        return _bare_peak(own.fn, own.args, own.donate_argnums)
-
+    # The search's answer and its proof are the step at those batches (whose peak is a bare
+    # compile's: test_the_peak_is_a_bare_compile_of_the_users_step).
+    at = lambda b: sources.measure(src, "full", "h100", rk.TrainConfig(b, SMALL.seq), warn=False)
     assert fit.fits and fit.max_batch > 2
-    assert bare(fit.max_batch) == fit.peak_bytes <= limit < bare(fit.max_batch + 1)
+    assert at(fit.max_batch).peak_bytes == fit.peak_bytes <= limit
+    assert at(fit.max_batch + 1).peak_bytes == fit.next_peak_bytes > limit
 
 
 # --- the command line ---------------------------------------------------------------------------
@@ -263,20 +266,18 @@ def test_report_with_step_is_the_users_step(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "linen_step b2 s32 own step policy=full" in printed
     data = json.loads(out.read_text())
-    own = _src("linen_step").step(rk.policy("full"), SMALL)
-    assert data["peak_bytes"] == _bare_peak(own.fn, own.args, (0, 1))
+    assert data["peak_bytes"] == _bare("linen_step", "full", 2, (0, 1))
     assert data["meta"]["optimizer"] == "own step" and data["residuals"]["tags"]["context"]
 
 
 def test_compare_with_step_has_a_row_per_policy(tmp_path, capsys):
     out = tmp_path / "c.json"
-    argv = ["compare", "--step", f"{STEPS}:tuple_step", "--policies", "none,full,minimal"]
+    argv = ["compare", "--step", f"{STEPS}:tuple_step", "--policies", "full,minimal"]
     argv += ["--target", "h100", "--batch", "2", "--seq", "32", "--jobs", "1", "--json", str(out)]
     assert main(argv) == 0
     rows = {r["policy"]: r for r in json.loads(out.read_text())}
-    own = _src("tuple_step").step(rk.policy("minimal"), SMALL)
-    assert rows["minimal"]["peak_bytes"] == _bare_peak(own.fn, own.args, (0,))
-    assert rows["full"]["peak_bytes"] < rows["none"]["peak_bytes"]
+    assert rows["full"]["peak_bytes"] == _bare("tuple_step", "full", 2, (0,))
+    assert rows["full"]["peak_bytes"] < rows["minimal"]["peak_bytes"]
     assert "own step" in capsys.readouterr().out
 
 
