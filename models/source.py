@@ -247,17 +247,16 @@ def _factory_source(opts: Options) -> rk.sources.ModelSource:
         "layers/width/heads/...": opts.overrides,
         "attention": opts.attention != "auto",
         "dropout": opts.dropout is not None,
-        "shard": opts.shard,
         "scan_layers": not opts.scan_layers,
     }
     bad = [name for name, value in given.items() if value]
     if bad:
         raise BadValue(
             f"{', '.join(bad)}: the factory {opts.model} builds its own model (adapters, "
-            "shape, attention, dropout, layer loop and sharding are its own): drop them",
+            "shape, attention, dropout and layer loop are its own): drop them",
             param=bad[0].split("/")[0],
         )
-    return _loaded(opts.model, opts.block, opts.tags)
+    return _loaded(opts.model, opts.block, opts.tags, opts.shard)
 
 
 def _step_source(opts: Options) -> rk.sources.OwnStepSource:
@@ -290,5 +289,9 @@ def _loaded_step(step: str) -> rk.sources.OwnStepSource:
 
 
 @functools.cache
-def _loaded(model: str, block: str | None, tags: str) -> rk.sources.ModelSource:
-    return rk.sources.from_factory(model, block=block, tags=None if tags == "none" else tags)
+def _loaded(
+    model: str, block: str | None, tags: str, shard: str | None = None
+) -> rk.sources.ModelSource:
+    return rk.sources.from_factory(
+        model, block=block, tags=None if tags == "none" else tags, shard=shard
+    )

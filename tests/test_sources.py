@@ -581,6 +581,40 @@ def test_a_block_the_model_does_not_take_from_the_patched_module_is_named():
         sources.measure(src, "full", "h100", SMALL)
 
 
+# --- a factory's step over several GPUs: data parallel, weights split by shape ------------------
+
+
+def test_fsdp_splits_a_factorys_weights_and_batch_over_the_gpus():
+    # The parameters carry no axis names: each is split along its largest dimension fsdp
+    # divides (every one of this model's does), so a device holds half of each part.
+    config = rk.TrainConfig(batch=8, seq=256)
+    one = sources.measure(sources.from_factory(f"{FACTORIES}:deep"), "full", "h100", config)
+    src = sources.from_factory(f"{FACTORIES}:deep", shard="fsdp:2")
+    two = sources.measure(src, "full", rk.target("h100", devices=2), config)
+    for part in ("weights", "gradients", "optimizer", "batch"):
+        assert two.breakdown[part] * 2 == pytest.approx(one.breakdown[part], abs=8), part
+    assert two.peak_bytes < one.peak_bytes
+    assert src.label(config, rk.target("h100", devices=2)).endswith("fsdp:2")
+
+
+@pytest.mark.parametrize(
+    ("shard", "code", "message"),
+    [
+        ("fsdp:2", 0, None),
+        ("tp:2", 2, r"--shard tp:2: .*: tp:2 splits tensors by what they mean.*dp and fsdp"),
+        ("fsdp:1,cp:2", 2, r"cp:2 splits tensors by what they mean"),
+    ],
+)
+def test_cli_shards_a_factory_data_parallel_only(capsys, shard, code, message):
+    argv = ["report", "--model", f"{FACTORIES}:untagged", "--target", "h100", "--gpus", "2"]
+    assert main([*argv, "--shard", shard, "--batch", "2", "--seq", "16"]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    if message is None:
+        assert not err
+    else:
+        assert len(err) == 1 and re.search(message, err[0]), err
+
+
 def test_cli_refuses_options_a_factory_does_not_take(capsys):
     argv = ["report", "--model", f"{FACTORIES}:untagged", "--lora", "8", "--batch", "1"]
     assert main(argv) == 2

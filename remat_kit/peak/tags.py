@@ -225,11 +225,11 @@ def layer_of(path: Sequence[str], scanned: bool) -> str:
       >>> layer_of(("model", "layers_3", "mlp"), True), layer_of(("lm_head",), False)
       ('layers_3', 'non-layer')
     """
-    for seg, after in zip(path, (*path[1:], "")):
+    for i, seg in enumerate(path):
         if _LAYER.match(seg):
             return seg
-        if STACK.match(seg) and after.isdigit():
-            return f"{seg}_{after}"
+        if STACK.match(seg) and i + 1 < len(path) and path[i + 1].isdigit():
+            return f"{seg}_{path[i + 1]}"
     if scanned:
         return SCANNED_LAYERS
     return NON_LAYER

@@ -29,7 +29,7 @@ from remat_kit.errors import BadOutput, BadValue
 from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
-from remat_kit.sharding import MeshPlan
+from remat_kit.sharding import MeshPlan, parse_shard
 from remat_kit.sources._environ import EnvSet
 from remat_kit.sources._loading import _import_class, _takes, load_factory_env, patched_block
 from remat_kit.sources.protocol import SourceStep
@@ -229,6 +229,10 @@ class ModelSource:
       output: the logits from the module's output (None: array, ``.logits`` or tuple[0]).
       env_at_import: what importing the factory's file set in the environment (EasyDeL sets
         ``XLA_PYTHON_CLIENT_MEM_FRACTION``): a process that trains the model gets it too.
+      shard: a data-parallel mesh plan (``fsdp:8``, ``dp:2,fsdp:4``): the batch is split
+        over every device, and each parameter (and its optimizer state) over the ``fsdp``
+        devices along its largest dimension they divide (ZeRO-3 by shape: a factory's
+        parameters carry no axis names); XLA places the rest. None: one device.
     """
 
     spec: str
@@ -239,6 +243,7 @@ class ModelSource:
     inputs: Callable[[jax.Array], Mapping[str, Any]] | str | None = "auto"
     output: Callable[[Any], jax.Array] | None = None
     env_at_import: tuple[EnvSet, ...] = dataclasses.field(default=(), compare=False)
+    shard: str | None = None
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -337,9 +342,12 @@ class ModelSource:
         Returns:
           The SourceStep, labelled with the parameter count and, when known, the layers.
         """
-        del target, sharded
         built = self.build(policy, schedule)
-        step = built.train_step(config)
+        plan = self.mesh_plan(target) if sharded else None
+        if plan is None:
+            step = built.train_step(config)
+        else:
+            step = built.train_step(config, sharding=plan, mesh=plan.mesh(target))
         meta: dict[str, Any] = {
             "params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(step.args[:2]))),
             # The regime casts weights and optimizer state; the compute dtype is the module's.
@@ -369,18 +377,25 @@ class ModelSource:
         )
 
     def mesh_plan(self, target: Target) -> MeshPlan | None:
-        """None: a factory's model is measured on one device."""
-        del target
-        return None
+        """The data-parallel plan (:attr:`shard`) on ``target``'s devices, or None.
+
+        Raises:
+          BadValue: a plan with a model axis (``tp``, ``cp``, ``ep``: they split tensors by
+            what they mean, which a factory's unnamed parameters do not say).
+        """
+        if not self.shard:
+            return None
+        check_data_parallel(self.shard, self.spec)
+        return parse_shard(self.shard, target.devices)
 
     def cache_parts(self) -> Mapping[str, Any] | None:
         """None: a factory's code is the user's, which the cache cannot fingerprint."""
         return None
 
     def label(self, config: TrainConfig, target: Target) -> str:
-        """``spec s<seq> <optimizer>``."""
-        del target
-        return f"{self.spec} s{config.seq} {config.optimizer}"
+        """``spec s<seq> <optimizer>``, with the mesh plan."""
+        plan = self.mesh_plan(target)
+        return f"{self.spec} s{config.seq} {config.optimizer}" + (f" {plan.spec}" if plan else "")
 
     def _tagging(self) -> tuple[tuple[tagging.Rule, ...] | None, dict[str, str]]:
         # (rules naming projections or None, aliases of the model's own names).
@@ -553,6 +568,36 @@ class ModelSource:
         return out
 
 
+#: The mesh axes a factory's step may be split over: the batch and, by shape, the weights.
+DATA_PARALLEL = ("dp", "fsdp")
+
+
+def check_data_parallel(shard: str, spec: str) -> None:
+    """Refuses a mesh plan a factory's model cannot take: one with a model axis.
+
+    Args:
+      shard: the plan, ``fsdp:8`` (sizes may be left open).
+      spec: the factory, for the message.
+
+    Raises:
+      BadValue: naming the axes and what a factory takes.
+
+    Example:
+      >>> check_data_parallel("fsdp:4,tp:2", "f.py:model")
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: f.py:model: tp:2 splits tensors by what they mean...
+    """
+    parts = [p.strip() for p in shard.replace("+", ",").split(",")]
+    model_axes = [p for p in parts if p.split(":")[0] not in DATA_PARALLEL]
+    if model_axes:
+        raise BadValue(
+            f"{spec}: {','.join(model_axes)} splits tensors by what they mean, which a "
+            "factory's parameters do not say (no axis names); a factory takes dp and fsdp "
+            "(fsdp splits each weight along its largest dimension it divides)",
+            param="shard",
+        )
+
+
 def _retyped(module: nn.Module) -> nn.Module:
     """``module`` as an instance of a new subclass of its class, fields unchanged.
 
@@ -601,6 +646,7 @@ def from_factory(
     tags: str | tuple[Any, ...] | None = "auto",
     inputs: Callable[[jax.Array], Mapping[str, Any]] | str | None = "auto",
     output: Callable[[Any], jax.Array] | None = None,
+    shard: str | None = None,
 ) -> ModelSource:
     """A model source from a factory ``NAME(policy)`` (see the module docstring).
 
@@ -613,6 +659,7 @@ def from_factory(
       inputs: keyword inputs made from the tokens; ``"auto"``: Hugging Face's
         ``attention_mask``/``position_ids`` when the module takes them.
       output: the logits from the module's output (default: array, ``.logits``, tuple[0]).
+      shard: a data-parallel mesh plan, ``fsdp:8`` (see :attr:`ModelSource.shard`).
 
     Returns:
       The ModelSource.
@@ -650,6 +697,8 @@ def from_factory(
         _import_class(block)
     if isinstance(tags, str):
         tagging.rules(tags)  # an unknown rule or alias set is named before any trace
+    if shard is not None:
+        check_data_parallel(shard, spec)  # before anything is built
     return ModelSource(
         spec=spec,
         factory=fn,
@@ -659,4 +708,5 @@ def from_factory(
         inputs=inputs,
         output=output,
         env_at_import=env,
+        shard=shard,
     )
