@@ -284,8 +284,11 @@ def test_compare_with_step_has_a_row_per_policy(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("flags", "line"),
     [
-        (["--model", "tiny-llama"], "--model and --step: give one of them"),
-        (["--hf-config", str(DATA / "hf" / "llama3-8b.json")], "--hf-config and --step: give"),
+        (["--model", "tiny-llama"], "give the model once (--model and --step given)"),
+        (
+            ["--hf-config", str(DATA / "hf" / "llama3-8b.json")],
+            "give the model once (--hf-config and --step",
+        ),
         (["--lora", "4"], "--lora with --step"),
         (["--layers", "3", "--optimizer", "adamw"], "--optimizer, --layers with --step"),
         (["--shard", "fsdp:2", "--gpus", "2"], "--shard with --step"),

@@ -112,7 +112,8 @@ def options_from_args(args: argparse.Namespace) -> Any:
     named = [f for f, v in (("--model", model), ("--hf-config", hf_config), ("--step", step)) if v]
     if len(named) != 1:
         raise BadValue(
-            (f"{' and '.join(named)}: give one of them" if named else "give the model")
+            "give the model once"
+            + (f" ({' and '.join(named)} given)" if named else "")
             + ": a preset, path/file.py:NAME or package.module:NAME (--model), a Hugging Face "
             "config.json (--hf-config), or a train step of your own, file.py:NAME (--step)",
             param=None if len(named) > 1 else "model",
