@@ -219,6 +219,41 @@ def test_arguments_by_category_and_dump_cleaned_up(monkeypatch):
         rk.inspect(f, w, m, x, target="h100", categories={0: "gradient"})
 
 
+def test_live_ranges_written_inside_the_buffer_assignment_are_read_there(tmp_path):
+    # jax 0.9 writes no *-live-range.txt: its buffer assignment ends with the same section.
+    stem = tmp_path / "module_0001.jit_f.cpu_after_optimizations"
+    assignment = [
+        "BufferAssignment:",
+        "allocation 0: size 256, output shape is |f32[8,8]|, maybe-live-out:",
+        " value: <1 dot.1 @0> (size=256,offset=0): f32[8,8]{1,0}",
+        "allocation 1: size 256, parameter 0, shape |f32[8,8]| at ShapeIndex {}:",
+        " value: <0 a.1 @0> (size=256,offset=0): f32[8,8]{1,0}",
+        "",
+    ]
+    live = [
+        "HloLiveRange (max 2):",
+        "  InstructionSequence:",
+        "    0:a.1",
+        "    1:dot.1",
+        "  BufferLiveRange:",
+        "    a.1{}:0-2",
+        "    dot.1{}:1-2",
+    ]
+    (tmp_path / f"{stem.name}-buffer-assignment.txt").write_text("\n".join(assignment + live))
+    (tmp_path / f"{stem.name}.txt").write_text("HloModule jit_f\n")
+    files = dump.DumpFiles.find(str(tmp_path), "jit_f")
+    texts = files.read()
+    assert texts[files.live_range] == live
+    assert texts[files.buffer_assignment] == assignment
+    assert parse_live_range(files.live_range, texts[files.live_range]).sequence == ("a.1", "dot.1")
+    allocs, _ = parse_buffer_assignment(files.buffer_assignment, texts[files.buffer_assignment])
+    assert sorted(a.size for a in allocs.values()) == [256, 256]
+    # Neither file nor section: the error names what is missing.
+    (tmp_path / f"{stem.name}-buffer-assignment.txt").write_text("\n".join(assignment))
+    with pytest.raises(InspectError, match=r"but not .*-live-range\.txt"):
+        dump.DumpFiles.find(str(tmp_path), "jit_f")
+
+
 def test_unreadable_lines_name_file_and_line(tmp_path):
     good = [
         "BufferAssignment:",

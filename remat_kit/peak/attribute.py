@@ -67,6 +67,7 @@ from remat_kit.peak.types import (
     PeakReport,
     Phase,
 )
+from remat_kit.xla import xla_peak as xla_peak_of
 
 __all__ = [
     "ArgLeaf",
@@ -289,7 +290,7 @@ def analyse(
     temp = int(stats.temp_size_in_bytes)
     alias = int(stats.alias_size_in_bytes)
     peak_bytes = arg + out + temp - alias
-    xla_peak = int(getattr(stats, "peak_memory_in_bytes", 0) or 0) or None
+    xla_peak = xla_peak_of(stats)
 
     params = {a.parameter: a for a in allocs.values() if a.parameter is not None}
     param_total = sum(a.size for a in params.values() if a.color == DEVICE)

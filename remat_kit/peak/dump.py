@@ -139,7 +139,12 @@ class DumpFiles:
             )
         stem = found[0][: -len("-buffer-assignment.txt")]
         files = DumpFiles(found[0], stem + "-live-range.txt", stem + ".txt")
+        if not os.path.exists(files.live_range) and _holds_live_range(found[0]):
+            # jax 0.9 writes the live ranges at the end of the buffer assignment.
+            files = dataclasses.replace(files, live_range=found[0] + _EMBEDDED)
         for path in (files.live_range, files.hlo):
+            if path.endswith(_EMBEDDED):
+                continue
             if not os.path.exists(path):
                 raise InspectError(
                     f"XLA dumped {os.path.basename(found[0])} but not {os.path.basename(path)} "
@@ -148,9 +153,28 @@ class DumpFiles:
         return files
 
     def read(self) -> dict[str, list[str]]:
-        """Each file's lines, by path."""
+        """Each file's lines, by path (live ranges written inside the buffer assignment
+        under their own key, the ``HloLiveRange`` section and what follows it)."""
         out = {}
-        for path in (self.buffer_assignment, self.live_range, self.hlo):
+        for path in (self.buffer_assignment, self.hlo):
             with open(path, encoding="utf-8", errors="replace") as f:
                 out[path] = f.read().splitlines()
+        if self.live_range.endswith(_EMBEDDED):
+            lines = out[self.buffer_assignment]
+            start = next(i for i, line in enumerate(lines) if line.startswith(_LIVE_HEADER))
+            out[self.buffer_assignment], out[self.live_range] = lines[:start], lines[start:]
+        else:
+            with open(self.live_range, encoding="utf-8", errors="replace") as f:
+                out[self.live_range] = f.read().splitlines()
         return out
+
+
+#: How XLA's live-range text starts, in its own file or (jax 0.9) in the buffer assignment.
+_LIVE_HEADER = "HloLiveRange"
+#: The key of live ranges read from inside the buffer assignment.
+_EMBEDDED = "#HloLiveRange"
+
+
+def _holds_live_range(path: str) -> bool:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return any(line.startswith(_LIVE_HEADER) for line in f)
