@@ -148,18 +148,21 @@ def _remat_class(
             static_pos = {i: a for i, a in enumerate(args) if i in fixed or _is_static(a)}
             dyn_args = [a for i, a in enumerate(args) if i not in static_pos]
             static_kw = {k: v for k, v in kwargs.items() if _is_static(v)}
-            dyn_kw = {k: v for k, v in kwargs.items() if k not in static_kw}
+            # Array keyword arguments go through the checkpoint as positions: nnx.remat
+            # cannot place keywords (EasyDeL calls its layers with hidden_states=...).
+            dyn_keys = [k for k in kwargs if k not in static_kw]
             n = len(args)
 
-            def run(module: Any, *dyn: Any, **dkw: Any) -> Any:
+            def run(module: Any, *dyn: Any) -> Any:
                 it = iter(dyn)
                 full = [static_pos[i] if i in static_pos else next(it) for i in range(n)]
+                dkw = dict(zip(dyn_keys, it, strict=True))
                 return base(module, *full, **dkw, **static_kw)
 
             run.__name__ = name  # flax names a lifted method's scope after it
             checkpointed = transform(run, policy=recorder.policy, prevent_cse=prevent_cse)
             recorder.check()
-            out = checkpointed(self, *dyn_args, **dyn_kw)
+            out = checkpointed(self, *dyn_args, *(kwargs[k] for k in dyn_keys))
             recorder.check()
             return out
 

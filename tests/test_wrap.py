@@ -106,6 +106,41 @@ def test_nnx_block_keeps_gradients_and_changes_residuals(policy):
     assert ("mlpwi" in names) == (policy != "full")
 
 
+class KeywordBlock(nnx.Module):
+    """Called with arrays as keywords, as EasyDeL calls its decoder layers."""
+
+    def __init__(self, rngs):
+        self.wi = nnx.Linear(8, 16, rngs=rngs)
+        self.wo = nnx.Linear(16, 8, rngs=rngs)
+
+    def __call__(self, hidden_states, *, scale, deterministic=True):
+        h = checkpoint_name(self.wi(hidden_states * scale), "mlpwi")
+        return hidden_states + self.wo(jnp.tanh(h))
+
+
+@pytest.mark.parametrize("policy", ["full", "names:save=mlpwi"])
+def test_array_keyword_arguments_pass_through_the_checkpoint(policy):
+    x = jnp.linspace(-1, 1, 24).reshape(3, 8)
+    scale = jnp.full((3, 8), 0.5)
+    ref, got = KeywordBlock(nnx.Rngs(0)), rk.remat(KeywordBlock, policy)(nnx.Rngs(0))
+
+    def loss(model, x, scale):
+        return jnp.sum(model(hidden_states=x, scale=scale, deterministic=True) ** 2)
+
+    chex.assert_trees_all_close(
+        nnx.state(nnx.grad(loss)(got, x, scale)),
+        nnx.state(nnx.grad(loss)(ref, x, scale)),
+        rtol=1e-6,
+    )
+    graphdef, state = nnx.split(got)
+
+    def functional(state, x, scale):
+        return loss(nnx.merge(graphdef, state), x, scale)
+
+    names = _residual_names(functional, state, x, scale)
+    assert ("mlpwi" in names) == (policy != "full")
+
+
 def test_function_wrap_and_prevent_cse_flag():
     def f(x):
         return jnp.sin(jnp.sin(x)).sum()
