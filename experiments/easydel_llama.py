@@ -1,0 +1,68 @@
+"""EasyDeL 0.3's Llama (NNX) as a remat-kit factory: ``--model experiments/easydel_llama.py:llama``.
+
+EasyDeL pins jax 0.9.2 and needs PyTorch at import, so it lives in a venv of its own:
+
+    python3 -m venv /tmp/edvenv && /tmp/edvenv/bin/pip install easydel==0.3.0 torch \\
+        'jax[cuda12]==0.9.2' matplotlib && /tmp/edvenv/bin/pip install --no-deps -e .
+    cd experiments && /tmp/edvenv/bin/remat-kit compare --model easydel_llama.py:llama \\
+        --block easydel.modules.llama.modeling_llama:LlamaDecoderLayer --target h100 \\
+        --batch 2 --seq 512 --optimizer sgd --mem-fraction 0.75 --jobs 1 \\
+        --policies none,full,minimal,names:save=mlp_gate+mlp_up+mlp_down
+
+Three of EasyDeL's habits, each handled here or by remat-kit:
+
+- importing it sets ``XLA_PYTHON_CLIENT_MEM_FRACTION=1.0``: remat-kit names it ("set by easydel
+  at import") and refuses the fraction (it leaves nothing for the CUDA context); give
+  ``--mem-fraction``, the same one as ``TARGET`` below;
+- its layers shard their activations by the mesh in context and place constants on the
+  config's mesh: both must be a mesh of the device the step is compiled for (``MESH``);
+- it tags its own tensors (``attn_query`` ... ``mlp_down``, ``residual``, ``layer_output``):
+  remat-kit adds ours beside them (``--tags auto``), so ``minimal`` and a policy in EasyDeL's
+  names both work, and ``--block`` on ``LlamaDecoderLayer`` applies the policy (EasyDeL calls
+  its layers with keyword arrays: ``rk.remat`` passes them through the checkpoint).
+
+The shape is small (width 256, 4 layers) so that it compiles in seconds; give ``layers=``.
+"""
+
+import easydel as ed
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+import remat_kit as rk
+
+TARGET = rk.target("h100", mem_fraction=0.75)  # the target and fraction given on the CLI
+MESH = Mesh(
+    np.asarray(rk.parse_shard("dp:1").mesh(TARGET).devices).reshape(1, 1, 1, 1, 1),
+    ("dp", "fsdp", "ep", "tp", "sp"),
+)
+
+
+class InMesh(nnx.Module):
+    """The model, run inside the mesh of the device the step compiles for; logits out."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, tokens):
+        with MESH:
+            return self.model(input_ids=tokens).logits
+
+
+def llama(policy, layers=4):
+    """EasyDeL's LlamaForCausalLM; ``policy`` is applied by ``--block``."""
+    config = ed.LlamaConfig(
+        vocab_size=1024,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    config.set_model_mesh(MESH)
+    model = ed.LlamaForCausalLM(
+        config=config, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0)
+    )
+    return InMesh(model)
