@@ -154,23 +154,9 @@ class _NNXBlock(nnx.Module):
         return x + self.down_proj(nnx.silu(self.up_proj(x)))
 
 
-class _NNXModel(nnx.Module):
-    def __init__(self, policy: rk.Policy, rngs: nnx.Rngs):
-        self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
-        block = rk.remat(_NNXBlock, policy)
-        self.blocks = nnx.List([block(rngs) for _ in range(LAYERS)])
-        self.head = nnx.Linear(WIDTH, VOCAB, rngs=rngs)
-
-    def __call__(self, tokens):
-        x = self.embed(tokens)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
-
-
 def nnx_model(policy):
     """An NNX model, remat applied with rk.remat on its block class."""
-    return _NNXModel(policy, nnx.Rngs(0))
+    return nnx_blocks.Model(nnx.Rngs(0), block=rk.remat(_NNXBlock, policy))
 
 
 not_callable = 3
@@ -225,23 +211,9 @@ class _OwnNamesBlock(nnx.Module):
         return name(x, "layer_output")
 
 
-class _OwnNames(nnx.Module):
-    def __init__(self, policy: rk.Policy, rngs: nnx.Rngs):
-        self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
-        block = rk.remat(_OwnNamesBlock, policy)
-        self.blocks = nnx.List([block(rngs) for _ in range(LAYERS)])
-        self.head = nnx.Linear(WIDTH, VOCAB, use_bias=False, rngs=rngs)
-
-    def __call__(self, tokens):
-        x = self.embed(tokens)
-        for b in self.blocks:
-            x = b(x)
-        return self.head(x)
-
-
 def own_names(policy):
     """An NNX model tagged with EasyDeL's names (attn_query ... mlp_down, residual)."""
-    return _OwnNames(policy, nnx.Rngs(0))
+    return nnx_blocks.Model(nnx.Rngs(0), block=rk.remat(_OwnNamesBlock, policy))
 
 
 def nnx_plain(policy):

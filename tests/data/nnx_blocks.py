@@ -23,6 +23,7 @@ class PlainBlock(nnx.Module):
 
 class Model(nnx.Module):
     def __init__(self, rngs: nnx.Rngs, block: type | None = None):
+        # block: a block class of the factory's (rk.remat'd, or another kind of block).
         self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
         # Looked up by name at construction, as a library's model does: the patch replaces it.
         make = block or PlainBlock
