@@ -291,7 +291,9 @@ def check_traced_with(
         )
     # A program for "none" may hold checkpoints a model always makes, but not ones that
     # rk.remat made for another policy: that model ignored "none".
-    others = sorted({o.spec for fn, _ in found if (o := _policy_of(fn)) is not None})
+    # A checkpoint handed the ``none`` Policy itself saves everything: it is no remat (a
+    # user's step that wraps its block with whatever policy it is given makes one).
+    others = sorted({o.spec for fn, _ in found if (o := _policy_of(fn)) is not None and o.is_remat})
     if not pol.is_remat and others and not any(as_policy(p).is_remat for p in also):
         raise BadValue(
             f"{what} traced for policy 'none' holds checkpoints with {', '.join(others)}: the "

@@ -327,6 +327,18 @@ def test_stale_or_ignored_traces_fail_loudly(name, policies, match):
             checks.check_traced_with(_forward(src, last), last)
 
 
+def test_a_checkpoint_handed_none_itself_is_no_remat():
+    # A user's step that wraps its block with whatever policy it gets: under "none" its
+    # checkpoint carries the none Policy, which saves everything (no remat at all).
+    f = lambda x: jnp.sin(jnp.sin(x)).sum()
+    under = {
+        p: jax.make_jaxpr(jax.checkpoint(f, policy=rk.policy(p)))(1.0) for p in ("none", "full")
+    }
+    checks.check_traced_with(under["none"], "none")
+    with pytest.raises(BadValue, match=r"'none' holds checkpoints with full"):
+        checks.check_traced_with(under["full"], "none")
+
+
 def test_identical_trace_for_another_policy_fails():
     # One program reported under two policies: the second report would be stale.
     closed = _forward(sources.from_factory(f"{FACTORIES}:preset"), "none")
