@@ -647,7 +647,7 @@ def test_a_factory_output_that_is_not_per_token_logits_is_a_typed_error():
     assert (err.value.model, err.value.shape, err.value.tokens) == (spec, (2, 256), (2, 8))
     assert str(err.value).startswith(f"{spec} returned logits of shape [2, 256] for tokens")
     # A sequence axis that lost a position is refused as well.
-    from remat_kit.sources.source import _check_logits
+    from remat_kit.sources._adapters import check_logits as _check_logits
 
     with pytest.raises(BadOutput, match=r"shape \[2, 15, 256\] for tokens of shape \[2, 16\]"):
         _check_logits("m", jax.ShapeDtypeStruct((2, 15, 256), "float32"), jnp.zeros((2, 16)))
