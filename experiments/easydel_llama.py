@@ -13,9 +13,10 @@ Three of EasyDeL's habits, each handled here or by remat-kit:
 
 - importing it sets ``XLA_PYTHON_CLIENT_MEM_FRACTION=1.0``: remat-kit names it ("set by easydel
   at import") and refuses the fraction (it leaves nothing for the CUDA context); give
-  ``--mem-fraction``, the same one as ``TARGET`` below;
+  ``--mem-fraction``;
 - its layers shard their activations by the mesh in context and place constants on the
-  config's mesh: both must be a mesh of the device the step is compiled for (``MESH``);
+  config's mesh: both must be a mesh of the devices the step is compiled for, so the factory
+  takes ``target=`` and remat-kit hands it the target it compiles for;
 - it tags its own tensors (``attn_query`` ... ``mlp_down``, ``residual``, ``layer_output``):
   remat-kit adds ours beside them (``--tags auto``), so ``minimal`` and a policy in EasyDeL's
   names both work, and ``--block`` on ``LlamaDecoderLayer`` applies the policy (EasyDeL calls
@@ -26,32 +27,26 @@ The shape is small (width 256, 4 layers) so that it compiles in seconds; give ``
 
 import easydel as ed
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
 
-import remat_kit as rk
-
-TARGET = rk.target("h100", mem_fraction=0.75)  # the target and fraction given on the CLI
-MESH = Mesh(
-    np.asarray(rk.parse_shard("dp:1").mesh(TARGET).devices).reshape(1, 1, 1, 1, 1),
-    ("dp", "fsdp", "ep", "tp", "sp"),
-)
+AXES = ("dp", "fsdp", "ep", "tp", "sp")  # EasyDeL's mesh axes, all of size 1 but dp
 
 
 class InMesh(nnx.Module):
     """The model, run inside the mesh of the device the step compiles for; logits out."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, mesh):
+        self.model, self.mesh = model, mesh
 
     def __call__(self, tokens):
-        with MESH:
+        with self.mesh:
             return self.model(input_ids=tokens).logits
 
 
-def llama(policy, layers=4):
-    """EasyDeL's LlamaForCausalLM; ``policy`` is applied by ``--block``."""
+def llama(policy, target, layers=4):
+    """EasyDeL's LlamaForCausalLM; ``policy`` is applied by ``--block``; ``target`` is the
+    one the step is compiled for (``--target``, ``--gpus``)."""
+    mesh = target.mesh(AXES, (target.devices, 1, 1, 1, 1))
     config = ed.LlamaConfig(
         vocab_size=1024,
         hidden_size=256,
@@ -61,8 +56,8 @@ def llama(policy, layers=4):
         num_key_value_heads=2,
         max_position_embeddings=512,
     )
-    config.set_model_mesh(MESH)
+    config.set_model_mesh(mesh)
     model = ed.LlamaForCausalLM(
         config=config, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0)
     )
-    return InMesh(model)
+    return InMesh(model, mesh)

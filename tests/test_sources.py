@@ -7,7 +7,9 @@ import dataclasses
 import functools
 import json
 import math
+import os
 import re
+import subprocess
 import sys
 import types
 import warnings
@@ -501,6 +503,7 @@ def clean_env(monkeypatch):
     for name in (*FRACTION_VARS, "XLA_PYTHON_CLIENT_PREALLOCATE", "ENVLIB_FRACTION"):
         monkeypatch.setenv(name, "")  # recorded, so that teardown restores it
         monkeypatch.delenv(name)
+    monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored at teardown
     models.source._loaded.cache_clear()  # a new load imports the library again
     yield monkeypatch
     models.source._loaded.cache_clear()
@@ -549,6 +552,31 @@ def test_cli_reports_at_the_fraction_the_import_set_unless_given_one(
     assert report["mem_fraction"] == fraction
     card = rk.target("h100", mem_fraction=0.75).memory_bytes  # the environment says 1.0 now
     assert report["usable_bytes"] == math.floor(fraction * card)
+
+
+def test_cli_says_which_xla_flags_an_import_set(clean_env, capsys):
+    clean_env.setenv("ENVLIB_FRACTION", "0.9")
+    flags = "--xla_gpu_force_compilation_parallelism=1 --xla_gpu_enable_shared_constants=true"
+    clean_env.setenv("ENVLIB_XLA_FLAGS", flags)
+    argv = ["report", "--model", ENV_FACTORY, "--policy", "none", "--target", "h100", "--seq", "8"]
+    assert main(argv) == 0
+    shown = "".join(capsys.readouterr().out.split())  # the console wraps long words too
+    said = f"note: XLA_FLAGS set by envlib at import (2 flags: {flags}): these programs were "
+    assert "".join(said.split()) in shown
+
+
+def test_flags_an_import_sets_reach_the_compiles_of_a_fresh_process(tmp_path):
+    # XLA reads XLA_FLAGS once, when it first compiles: the CLI imports the factory before
+    # that, so the note above holds (a dump directory the import names fills up).
+    dump = tmp_path / "dump"
+    env = {**os.environ, "ENVLIB_FRACTION": "0.9", "ENVLIB_XLA_FLAGS": f"--xla_dump_to={dump}"}
+    argv = ["report", "--model", ENV_FACTORY, "--policy", "none", "--target", "h100"]
+    argv += ["--seq", "8", "--no-cache", "--no-residuals"]
+    done = subprocess.run(
+        [sys.executable, "-m", "remat_kit.cli", *argv], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert any(p.name.endswith("gpu_after_optimizations.txt") for p in dump.iterdir())
 
 
 # --- --block on an NNX model, whose blocks are built before any trace ----------------------------
@@ -625,6 +653,69 @@ def test_cli_shards_a_factory_data_parallel_only(capsys, shard, code, message):
         assert not err
     else:
         assert len(err) == 1 and re.search(message, err[0]), err
+
+
+def _recording(seen, default):
+    deep = sources.from_factory(f"{FACTORIES}:deep").factory
+
+    def needs_target(policy, target, layers=2):
+        seen.append(target)
+        return deep(policy, layers)
+
+    def target_optional(policy, layers=2, target=None):
+        seen.append(target)
+        return deep(policy, layers)
+
+    return target_optional if default else needs_target
+
+
+@pytest.mark.parametrize("default", [False, True])
+def test_a_factory_that_takes_target_gets_the_one_compiled_for(default):
+    seen = []
+    src = sources.from_factory(_recording(seen, default))
+    assert src.takes_target
+    h100 = rk.target("h100", devices=2)
+    src.build_step(rk.as_policy("full"), rk.parse_schedule("none"), rk.TrainConfig(2, 16), h100)
+    # The model the step is built from gets it; the traces of its structure (its own tags,
+    # its layers) get the default or the host's.
+    assert [t for t in seen if t not in (None, rk.target("cpu"))] == [h100]
+    seen.clear()
+    # A trace of the structure only, with no target compiled for: the factory's default,
+    # else the host's.
+    src.at_depth(3).n_layers()
+    assert seen == ([None] if default else [rk.target("cpu")])
+
+
+def test_a_factory_that_takes_kwargs_is_not_handed_a_target():
+    deep = sources.from_factory(f"{FACTORIES}:deep").factory
+    # **kwargs takes a schedule (it is handed one), but it does not say it understands a
+    # target: handed one, ``deep`` would fail.
+    src = sources.from_factory(
+        lambda policy, **kwargs: deep(
+            policy, **{k: v for k, v in kwargs.items() if k != "schedule"}
+        )
+    )
+    assert not src.takes_target
+    assert src.build_step(
+        rk.as_policy("none"), rk.parse_schedule("none"), rk.TrainConfig(1, 8), rk.target("h100")
+    )
+
+
+def test_cli_builds_a_factory_on_the_devices_it_compiles_for(capsys):
+    # The factory's mesh is the target's (EasyDeL's habit): two H100s, not the host's CPU.
+    argv = ["report", "--model", f"{FACTORIES}:meshed", "--target", "h100", "--gpus", "2"]
+    assert main([*argv, "--shard", "dp:2", "--batch", "4", "--seq", "16"]) == 0
+    assert not capsys.readouterr().err
+
+
+def test_cli_says_in_one_line_where_a_models_own_code_fails(capsys):
+    argv = ["report", "--model", f"{FACTORIES}:fails_past_one_row", "--batch", "2", "--seq", "8"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"remat-kit: {FACTORIES}:fails_past_one_row (b2 s8): the model failed as its train "
+        "step was traced: ValueError: Resource axis: dp is not found in mesh: ('fsdp',)."
+    ]
 
 
 def test_cli_refuses_options_a_factory_does_not_take(capsys):

@@ -19,15 +19,17 @@ from remat_kit.cli._values import check_outputs, target_after_imports, target_fr
 from remat_kit.errors import BadValue
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import StepSource
+from remat_kit.sources._environ import EnvSet
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig
 
 __all__ = [
     "ModelRun",
-    "attention_note",
+    "flags_words",
     "options_from_args",
     "preset_configs",
     "resolve",
+    "run_notes",
     "source_for",
 ]
 
@@ -210,16 +212,43 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     return ModelRun(opts, tgt, source, config)
 
 
-def attention_note(run: ModelRun) -> str | None:
-    """Why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, or None.
+def run_notes(run: ModelRun) -> list[str]:
+    """What the user should know about how the run's programs were made, one line each:
+    why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, and the
+    ``XLA_FLAGS`` a factory's import set (EasyDeL sets 17): XLA reads them when it compiles,
+    so these programs were made with them, as a training process that imports the factory.
 
     Args:
       run: the resolved run.
 
     Returns:
-      One line for the user, or None when nothing needs saying (a factory's model picks its
-      own kernels).
+      The lines (none when nothing needs saying).
     """
+    env = getattr(run.source, "env_at_import", ())
+    notes = [flags_words(e) for e in env if e.name == "XLA_FLAGS"]
+    chosen = _attention_note(run)
+    return [chosen, *notes] if chosen else notes
+
+
+def flags_words(env: EnvSet, shown: int = 3) -> str:
+    """The ``XLA_FLAGS`` an import added, in one line.
+
+    Example:
+      >>> flags_words(EnvSet("XLA_FLAGS", " --a=1  --b=2 --c --d", "easydel"))[:65]
+      'XLA_FLAGS set by easydel at import (4 flags: --a=1 --b=2 --c ...)'
+    """
+    flags = env.added()
+    listed = " ".join(flags[:shown]) + (" ..." if len(flags) > shown else "")
+    return (
+        f"XLA_FLAGS set by {env.by} at import ({len(flags)} flag{'s' * (len(flags) != 1)}: "
+        f"{listed}): these programs were compiled with them, as a process that imports "
+        f"{env.by} is"
+    )
+
+
+def _attention_note(run: ModelRun) -> str | None:
+    # Why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, or None (a
+    # factory's model picks its own kernels).
     from remat_kit.targets import cudnn_attention_available
     from remat_kit_models.options import cudnn_problem
 

@@ -12,7 +12,7 @@ from typing import Any
 from remat_kit import _workers, sources
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_jobs_arg, add_model_args
-from remat_kit.cli._model import attention_note, resolve
+from remat_kit.cli._model import resolve, run_notes
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_csv, write_json
@@ -117,9 +117,8 @@ def run(args: argparse.Namespace) -> int:
     out.print(fitted(compare_table(rows, target, opts, seconds), out.width))
     if skipped:
         out.print(f"not compared (the model tags none of their tensors): {', '.join(skipped)}")
-    chosen = attention_note(run)
-    if chosen:
-        out.print(f"[yellow]note:[/yellow] {chosen}")
+    for line in run_notes(run):
+        out.print(f"[yellow]note:[/yellow] {line}")
     # Not fitting and XLA's own remat are in the table's fits column already; a note that
     # several rows share (an XLA log line about the inputs) is printed once, naming them.
     shared: dict[str, list[str]] = {}

@@ -9,7 +9,7 @@ from typing import Any
 from remat_kit import sources
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args
-from remat_kit.cli._model import attention_note, resolve
+from remat_kit.cli._model import resolve, run_notes
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
@@ -100,9 +100,8 @@ def run(args: argparse.Namespace) -> int:
             "note: no residual table: the step was given without its loss (return "
             "rk.sources.OwnStep(..., loss_fn=, loss_args=) for one)"
         )
-    chosen = attention_note(run)
-    if chosen:
-        out.print(f"[yellow]note:[/yellow] {chosen}")
+    for line in run_notes(run):
+        out.print(f"[yellow]note:[/yellow] {line}")
     if args.json:
         data = report.to_dict()
         if res is not None:

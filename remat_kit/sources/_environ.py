@@ -53,11 +53,24 @@ class EnvSet:
       name: the variable.
       value: the value it was given (the last, when set twice).
       by: the top-level package whose code set it (``easydel``), or the factory's file.
+      before: its value before the import ("" when unset).
     """
 
     name: str
     value: str
     by: str
+    before: str = ""
+
+    def added(self) -> tuple[str, ...]:
+        """The space-separated words the import added (the flags it appended to
+        ``XLA_FLAGS``; a value it replaced is all new).
+
+        Example:
+          >>> EnvSet("XLA_FLAGS", "--a=1 --b=2 --c", "lib", before="--a=1").added()
+          ('--b=2', '--c')
+        """
+        kept = set(self.before.split())
+        return tuple(w for w in self.value.split() if w not in kept)
 
     def words(self) -> str:
         """``XLA_PYTHON_CLIENT_MEM_FRACTION=1.0, set by easydel at import``."""
@@ -73,7 +86,9 @@ class _Recorder:
 
     def _note(self, key: str, value: str) -> None:
         if key in WATCHED:
-            self._found[key] = EnvSet(key, str(value), _setter(self._file))
+            first = self._found.get(key)
+            before = first.before if first else self._real.get(key, "")
+            self._found[key] = EnvSet(key, str(value), _setter(self._file), before)
 
     def __setitem__(self, key: str, value: str) -> None:
         self._note(key, value)

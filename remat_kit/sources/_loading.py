@@ -139,6 +139,14 @@ def _takes(fn: Callable[..., Any], keyword: str) -> bool:
     return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
+def _names(fn: Callable[..., Any], keyword: str) -> bool:
+    # A parameter named so (not **kwargs: a keyword it must understand, not pass on).
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _import_class(spec: str) -> tuple[Any, str, type]:
     location, colon, name = spec.rpartition(":")
     if not colon or not location or not name:

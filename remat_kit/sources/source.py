@@ -25,16 +25,23 @@ import jax.numpy as jnp
 from flax import nnx
 
 from remat_kit import checks, tagging
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadValue, RematKitError
 from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.sharding import MeshPlan, parse_shard
 from remat_kit.sources._adapters import HF_INPUTS, Applied, NNXModel, hf_inputs, retyped
 from remat_kit.sources._environ import EnvSet
-from remat_kit.sources._loading import _import_class, _takes, load_factory_env, patched_block
+from remat_kit.sources._loading import (
+    _import_class,
+    _names,
+    _takes,
+    load_factory_env,
+    patched_block,
+)
 from remat_kit.sources.protocol import SourceStep
 from remat_kit.targets import Target
+from remat_kit.targets import target as named_target
 from remat_kit.train import TrainConfig, TrainStep, build_train_step
 
 __all__ = [
@@ -92,6 +99,10 @@ class ModelSource:
       spec: where it came from (``file.py:NAME``), its name in reports.
       factory: the callable.
       takes_schedule: the factory accepts ``schedule=``.
+      takes_target: the factory names a ``target`` parameter: it is called with the Target
+        the step is compiled for (a model that builds a device mesh needs the target's). Its
+        traces that read only the model's structure (its layers, its own tags) pass the
+        factory's default, else the host's target (``rk.target("cpu")``).
       block: ``module:Class`` of a block to rematerialize by patching (models with no remat
         hook), or None.
       tags: tag rules for :mod:`remat_kit.tagging` (rule and alias sets such as ``"hf"``,
@@ -113,6 +124,7 @@ class ModelSource:
     spec: str
     factory: Callable[..., Any] = dataclasses.field(compare=False)
     takes_schedule: bool = False
+    takes_target: bool = False
     block: str | None = None
     tags: str | tuple[Any, ...] | None = "auto"
     inputs: Callable[[jax.Array], Mapping[str, Any]] | str | None = "auto"
@@ -149,7 +161,9 @@ class ModelSource:
             )
         return sch
 
-    def build(self, policy: PolicyLike = "none", schedule: Any = "none") -> BuiltModel:
+    def build(
+        self, policy: PolicyLike = "none", schedule: Any = "none", target: Target | None = None
+    ) -> BuiltModel:
         """The model for ``policy`` and ``schedule``, ready for a train step.
 
         The factory runs under ``nnx.eval_shape``, so an NNX model's weights are never
@@ -167,7 +181,7 @@ class ModelSource:
             one line) or returns something that is not a Flax module.
         """
         pol, sch = as_policy(policy), self.check_schedule(schedule)
-        return self._build(pol, sch, *self._tagging())
+        return self._build(pol, sch, *self._tagging(), target=target)
 
     def at_depth(self, layers: int) -> ModelSource | None:
         """The factory's model with ``layers`` layers, when the factory takes ``layers=``
@@ -177,11 +191,7 @@ class ModelSource:
           >>> from_factory("tests/data/factories.py:untagged").at_depth(2) is None
           True
         """
-        try:
-            named = "layers" in inspect.signature(self.factory).parameters
-        except (TypeError, ValueError):
-            named = False  # a builtin: no signature to read
-        if not named:  # not **kwargs: a factory must say it builds any depth
+        if not _names(self.factory, "layers"):  # a factory must say it builds any depth
             return None
         return dataclasses.replace(
             self,
@@ -216,13 +226,19 @@ class ModelSource:
 
         Returns:
           The SourceStep, labelled with the parameter count and, when known, the layers.
+
+        Raises:
+          BadValue: the model's own code fails as the step is traced (its error in one
+            line).
         """
-        built = self.build(policy, schedule)
+        built = self.build(policy, schedule, target)
         plan = self.mesh_plan(target) if sharded else None
-        if plan is None:
-            step = built.train_step(config)
-        else:
-            step = built.train_step(config, sharding=plan, mesh=plan.mesh(target))
+        what = f"{self.spec} (b{config.batch} s{config.seq})"
+        with _model_errors(f"{what}: the model failed as its train step was traced"):
+            if plan is None:
+                step = built.train_step(config)
+            else:
+                step = built.train_step(config, sharding=plan, mesh=plan.mesh(target))
         meta: dict[str, Any] = {
             "params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(step.args[:2]))),
             # The regime casts weights and optimizer state; the compute dtype is the module's.
@@ -238,10 +254,12 @@ class ModelSource:
         its trace (``nn.jit``), and replay a stale program.
 
         Raises:
-          BadValue: a stale or ignored trace.
+          BadValue: a stale or ignored trace, or a model that fails as it is traced (its
+            error in one line).
         """
         step = built.step
-        closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
+        with _model_errors(f"{what}: the model failed as its train step was traced"):
+            closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
         self._cache["trace"] = checks.check_traced_with(
             closed,
             built.policy,
@@ -294,10 +312,12 @@ class ModelSource:
         built = self._build(as_policy("none"), parse_schedule("none"), None, {})
         m, kw = built.module, built.inputs or (lambda t: {})
         tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-        if built.kind == "nnx":  # NNX's init allocates nothing: trace the forward pass
-            closed = jax.make_jaxpr(lambda t: m.apply(m.init(None, t), t, **kw(t)))(tokens)
-        else:
-            closed = jax.make_jaxpr(lambda k, t: m.init(k, t, **kw(t)))(jax.random.key(0), tokens)
+        with _model_errors(f"{self.spec}: the model failed as it was traced for its own tags"):
+            if built.kind == "nnx":  # NNX's init allocates nothing: trace the forward pass
+                closed = jax.make_jaxpr(lambda t: m.apply(m.init(None, t), t, **kw(t)))(tokens)
+            else:
+                init = lambda k, t: m.init(k, t, **kw(t))
+                closed = jax.make_jaxpr(init)(jax.random.key(0), tokens)
         return tuple(sorted(tags_in(closed)))
 
     def _build(
@@ -306,8 +326,10 @@ class ModelSource:
         sch: Schedule,
         rules: tuple[tagging.Rule, ...] | None,
         aliases: Mapping[str, str],
+        target: Target | None = None,
     ) -> BuiltModel:
         kwargs = {"schedule": sch} if self.takes_schedule else {}
+        kwargs |= self._target_kwargs(target)
         factory_policy = pol
         block_policies: Policy | list[Policy] | None = None
         if self.block:
@@ -352,6 +374,16 @@ class ModelSource:
             output=self.output,
             kind=kind,
         )
+
+    def _target_kwargs(self, target: Target | None) -> dict[str, Any]:
+        # ``target=`` for a factory that names it: the compiled-for target, else (a trace of
+        # the structure only) the factory's default, else the host's.
+        if not self.takes_target:
+            return {}
+        if target is not None:
+            return {"target": target}
+        param = inspect.signature(self.factory).parameters["target"]
+        return {} if param.default is not param.empty else {"target": named_target("cpu")}
 
     def _call_factory(
         self,
@@ -398,7 +430,7 @@ class ModelSource:
         if self.block:
             n = self._count_blocks()
         else:
-            made = self._call_factory(as_policy("none"), {})
+            made = self._call_factory(as_policy("none"), self._target_kwargs(None))
             n = _layer_attr(made)
         self._cache["n_layers"] = n
         return n
@@ -407,7 +439,10 @@ class ModelSource:
         counter = [0]
         # An NNX model (or a linen one built eagerly) builds its blocks in the factory.
         made = self._call_factory(
-            as_policy("none"), {}, (self.block or "", as_policy("none")), counter
+            as_policy("none"),
+            self._target_kwargs(None),
+            (self.block or "", as_policy("none")),
+            counter,
         )
         if counter[0] or isinstance(made, nnx.Module):
             return counter[0] or None
@@ -441,6 +476,19 @@ class ModelSource:
                 )
             out += [run.policy] * run.layers
         return out
+
+
+@contextlib.contextmanager
+def _model_errors(what: str) -> Iterator[None]:
+    # The model's own code raised as it was traced: the user's to fix, in one line (the
+    # traceback stays on the error's __cause__, which ``--debug`` shows).
+    try:
+        yield
+    except RematKitError:
+        raise
+    except Exception as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise BadValue(f"{what}: {type(err).__name__}: {first}") from err
 
 
 #: The mesh axes a factory's step may be split over: the batch and, by shape, the weights.
@@ -543,7 +591,8 @@ def from_factory(
         sig = None  # a builtin or C callable: no signature to read, try it as it is
     if sig is not None:
         try:
-            sig.bind(as_policy("none"))
+            # ``target`` is handed when named (``takes_target``); anything else needs a default.
+            sig.bind(as_policy("none"), **({"target": None} if "target" in sig.parameters else {}))
         except TypeError:
             raise BadValue(
                 f"{spec}: a factory is called as NAME(policy); its signature is {sig}"
@@ -558,6 +607,7 @@ def from_factory(
         spec=spec,
         factory=fn,
         takes_schedule=_takes(fn, "schedule"),
+        takes_target=_names(fn, "target"),
         block=block,
         tags=tags,
         inputs=inputs,

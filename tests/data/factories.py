@@ -211,6 +211,41 @@ class _OwnNamesBlock(nnx.Module):
         return name(x, "layer_output")
 
 
+class _Meshed(nn.Module):
+    """EasyDeL's habit: activations constrained to a mesh of the devices the step runs on."""
+
+    mesh: jax.sharding.Mesh
+    policy: rk.Policy
+
+    @nn.compact
+    def __call__(self, tokens):
+        spec = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec("dp"))
+        block = rk.remat(_Block, self.policy)
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        for i in range(2):
+            x = jax.lax.with_sharding_constraint(block(name=f"layers_{i}")(x), spec)
+        return nn.Dense(VOCAB, name="lm_head")(x)
+
+
+def meshed(policy, target):
+    """A model built on the target's devices (``target=``: the one the step compiles for)."""
+    return _Meshed(target.mesh(("dp",), (target.devices,)), policy)
+
+
+class _FailsPastOneRow(nn.Module):
+    """A model whose own code raises at a batch it cannot take (a mesh it does not divide)."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        if tokens.shape[0] > 1:
+            raise ValueError("Resource axis: dp is not found in mesh: ('fsdp',).\nmore")
+        return nn.Dense(VOCAB)(nn.Embed(VOCAB, WIDTH)(tokens))
+
+
+def fails_past_one_row(policy):
+    return _FailsPastOneRow()
+
+
 def own_names(policy):
     """An NNX model tagged with EasyDeL's names (attn_query ... mlp_down, residual)."""
     return nnx_blocks.Model(nnx.Rngs(0), block=rk.remat(_OwnNamesBlock, policy))
