@@ -604,6 +604,17 @@ def test_a_per_layer_plan_on_a_patched_nnx_model_counts_its_blocks():
     assert every.peak_bytes == full.peak_bytes < half.peak_bytes < none.peak_bytes
 
 
+def test_a_patched_stack_built_in_setup_counts_each_named_layer_once():
+    # flax runs a setup again per clone (nn.jit's trace, init, apply): gemma's 6 layers were
+    # counted 18, and a per-layer plan handed the later builds the plan's last policy.
+    src = sources.from_factory(f"{FACTORIES}:jitted_setup", block="jit_blocks:Block")
+    assert src.n_layers() == 4
+    config = rk.TrainConfig(batch=2, seq=64)
+    half = sources.measure(src, "full", "h100", config, schedule="layers:0-1=full,rest=none")
+    full, none = (sources.measure(src, p, "h100", config) for p in ("full", "none"))
+    assert full.peak_bytes < half.peak_bytes < none.peak_bytes
+
+
 def test_block_patches_a_model_whose_call_is_nn_jitted():
     # gemma's Transformer.__call__ is wrapped in nn.jit, which replays the trace it cached for
     # the module: every policy after the first got the first one's program.
@@ -716,6 +727,18 @@ def test_cli_says_in_one_line_where_a_models_own_code_fails(capsys):
         f"remat-kit: {FACTORIES}:fails_past_one_row (b2 s8): the model failed as its train "
         "step was traced: ValueError: Resource axis: dp is not found in mesh: ('fsdp',)."
     ]
+
+
+def test_cli_plan_tells_a_factory_how_to_use_the_plan(capsys):
+    # A factory is handed its policy: remat_kit_models.get_config is for presets only.
+    argv = ["plan", "--model", f"{FACTORIES}:untagged", "--budget", "20GiB", "--policies"]
+    assert main([*argv, "none,full", "--batch", "1", "--seq", "16", "--target", "h100"]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert (
+        "use it: --policy 'none', or in code: hand your model rk.policy('none') as its policy"
+        in shown
+    )
+    assert "get_config" not in shown
 
 
 def test_cli_refuses_options_a_factory_does_not_take(capsys):

@@ -144,12 +144,18 @@ def run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"remat-kit: {p.message}\n")
     else:
         out.print(p.message)
-        out.print(
-            "use it: remat_kit_models.get_config(..., policy=plan.policy, "
-            "schedule=plan.schedule) or "
-            f"--policy '{p.policy.spec}'"
-            + (f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else "")
+        flags = f"--policy '{p.policy.spec}'" + (
+            f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else ""
         )
+        if getattr(run.source, "config_for", None) is not None:  # a preset
+            code = "remat_kit_models.get_config(..., policy=plan.policy, schedule=plan.schedule)"
+        else:  # the user's factory or step applies the policy it is handed
+            code = f"hand your model rk.policy({p.policy.spec!r}) as its policy" + (
+                f" and schedule=rk.parse_schedule({p.schedule.spec!r})"
+                if p.schedule.name != "none"
+                else ""
+            )
+        out.print(f"use it: {flags}, or in code: {code}")
     if args.plot:
         _plot_front()(
             points,

@@ -15,7 +15,7 @@ import importlib.util
 import inspect
 import itertools
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,13 +175,14 @@ def patched_block(
 
     For models with no remat hook: the module's global ``Class`` is replaced by
     ``rk.remat(Class, policy)`` while the model is traced, then restored. With one policy per
-    layer (a ``layers`` plan on an unrolled stack), the n-th block built in the context gets
-    the n-th policy.
+    layer (a ``layers`` plan on an unrolled stack), the n-th layer built in the context gets
+    the n-th policy (a layer: a block's ``name``, or each unnamed block).
 
     Args:
       spec: ``module:Class``, the module the model looks the class up in.
       policies: one policy, or one per layer in construction order.
-      counter: a one-item list incremented per block built (to count layers).
+      counter: a one-item list set to the layers built so far (to count them): the
+        distinct names blocks are given, each unnamed block one more.
 
     Yields:
       Nothing.
@@ -206,14 +207,26 @@ def patched_block(
             wrapped[p.spec] = remat(cls, p)
         return wrapped[p.spec]
 
+    # A layer is a block's name where the model gives one (gemma's ``layer_3``, Hugging
+    # Face's ``"3"``): a linen ``setup`` runs again for each clone of the model (``nn.jit``
+    # runs gemma's three times), building its blocks again under the same names. An unnamed
+    # block (NNX, compact linen) is a new layer each time it is built.
+    layers: dict[Any, int] = {}
+    unnamed = itertools.count()
+
+    def layer_of(kwargs: Mapping[str, Any]) -> int:
+        key = kwargs.get("name")
+        key = ("unnamed", next(unnamed)) if not isinstance(key, str) else key
+        i = layers.setdefault(key, len(layers))
+        if counter is not None:
+            counter[0] = len(layers)
+        return i
+
     if per_layer:
         plan = list(policies)  # type: ignore[arg-type]
-        built = itertools.count()
 
         def replacement(*args: Any, **kwargs: Any) -> Any:
-            i = next(built)
-            if counter is not None:
-                counter[0] += 1
+            i = layer_of(kwargs)
             return for_policy(plan[min(i, len(plan) - 1)])(*args, **kwargs)
 
     else:
@@ -223,7 +236,7 @@ def patched_block(
         else:
 
             def replacement(*args: Any, **kwargs: Any) -> Any:
-                counter[0] += 1
+                layer_of(kwargs)
                 return base(*args, **kwargs)
 
     setattr(module, name, replacement)

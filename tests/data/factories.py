@@ -17,8 +17,12 @@ import remat_kit_models as models
 VOCAB, WIDTH, LAYERS = 256, 64, 4
 
 # Beside this file, on sys.path while a factory file runs: importable as --block names it.
-import jit_blocks  # noqa: E402
-import nnx_blocks  # noqa: E402
+# Imported by module name (tests.data.factories), the file's folder is not on sys.path.
+try:
+    import jit_blocks
+    import nnx_blocks
+except ModuleNotFoundError:
+    from tests.data import jit_blocks, nnx_blocks
 
 _CAPTURED = (nnx_blocks.Model, nnx_blocks.PlainBlock)
 
@@ -269,6 +273,11 @@ def nnx_native(policy):
 def jitted_plain(policy):
     """A linen model whose __call__ is nn.jit'ed (gemma's habit), no remat hook: --block."""
     return jit_blocks.Model()
+
+
+def jitted_setup(policy):
+    """Blocks built in setup, __call__ nn.jit'ed (gemma's Transformer), no remat hook."""
+    return jit_blocks.SetupModel()
 
 
 def jitted_native(policy):

@@ -43,3 +43,20 @@ class Unjitted(nn.Module):
     @nn.compact
     def __call__(self, tokens):
         return _body(self, tokens)
+
+
+class SetupModel(nn.Module):
+    """gemma's exact shape: blocks built in ``setup`` (named ``layer_i``) and an ``nn.jit``'ed
+    ``__call__``; flax runs ``setup`` again for each clone of the model."""
+
+    def setup(self):
+        self.embed = nn.Embed(VOCAB, WIDTH)
+        self.blocks = [Block(name=f"layer_{i}") for i in range(LAYERS)]
+        self.head = nn.Dense(VOCAB)
+
+    @functools.partial(nn.jit, static_argnames=("self",))
+    def __call__(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
