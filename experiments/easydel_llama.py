@@ -43,21 +43,62 @@ class InMesh(nnx.Module):
             return self.model(input_ids=tokens).logits
 
 
-def llama(policy, target, layers=4):
-    """EasyDeL's LlamaForCausalLM; ``policy`` is applied by ``--block``; ``target`` is the
-    one the step is compiled for (``--target``, ``--gpus``)."""
+#: Llama 3 8B's shapes (``llama8b``); ``llama`` is a small one that compiles in seconds.
+LLAMA3_8B = dict(
+    vocab_size=128256,
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    max_position_embeddings=8192,
+)
+SMALL = dict(
+    vocab_size=1024,
+    hidden_size=256,
+    intermediate_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+#: EasyDeL's own remat option (``gradient_checkpointing``) for our policies, for the bare
+#: compiles of ``experiments/library_models.py``: (EasyDeL's policy, its names to save).
+OWN_REMAT = {
+    "none": ("", None),
+    "full": ("nothing_saveable", None),
+    "dots_no_batch": ("dots_with_no_batch_dims_saveable", None),
+    "minimal": (
+        "save_only_these_names",
+        ["attn_query", "attn_key", "attn_value", "attn_output", "mlp_gate", "mlp_up", "mlp_down"],
+    ),
+}
+
+
+def _model(shape, target, layers, dtype, own_remat=("", None)):
     mesh = target.mesh(AXES, (target.devices, 1, 1, 1, 1))
-    config = ed.LlamaConfig(
-        vocab_size=1024,
-        hidden_size=256,
-        intermediate_size=512,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
+    remat, names = own_remat
+    config = ed.LlamaConfig(num_hidden_layers=layers, **shape)
+    if remat:
+        config.gradient_checkpointing = remat
+        config.gradient_checkpointing_targets = names
     config.set_model_mesh(mesh)
-    model = ed.LlamaForCausalLM(
-        config=config, dtype=jnp.float32, param_dtype=jnp.float32, rngs=nnx.Rngs(0)
-    )
+    model = ed.LlamaForCausalLM(config=config, dtype=dtype, param_dtype=dtype, rngs=nnx.Rngs(0))
     return InMesh(model, mesh)
+
+
+def llama(policy, target, layers=4):
+    """EasyDeL's LlamaForCausalLM, small, f32; ``policy`` is applied by ``--block``;
+    ``target`` is the one the step is compiled for (``--target``, ``--gpus``)."""
+    return _model(SMALL, target, layers, jnp.float32)
+
+
+def llama8b(policy, target, layers=4):
+    """EasyDeL's LlamaForCausalLM at Llama 3 8B's shapes, bf16, ``layers`` of its 32."""
+    return _model(LLAMA3_8B, target, layers, jnp.bfloat16)
+
+
+def llama8b_own(policy, target, layers=4):
+    """``llama8b`` with EasyDeL's own remat option for ``policy`` (``OWN_REMAT``) instead
+    of ``--block``. EasyDeL wraps its layer class for good with the first policy it is
+    given: build one policy per process."""
+    return _model(LLAMA3_8B, target, layers, jnp.bfloat16, OWN_REMAT[policy.spec])

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import types
 from typing import Any
 
 import flax.linen as nn
@@ -50,25 +51,20 @@ class Block(nn.Module):
         def dense(n: int, name: str) -> nn.Dense:
             return nn.Dense(n, False, dtype=DTYPE, param_dtype=DTYPE, name=name)
 
-        b, s, _ = x.shape
         hd = WIDTH // HEADS
-        h = nn.RMSNorm(dtype=DTYPE, param_dtype=DTYPE, name="input_norm")(x)
-        q = checkpoint_name(dense(HEADS * hd, "q_proj")(h), "query_proj")
-        k = checkpoint_name(dense(KV_HEADS * hd, "k_proj")(h), "key_proj")
-        v = checkpoint_name(dense(KV_HEADS * hd, "v_proj")(h), "value_proj")
-        q = _rotary(q.reshape(b, s, KV_HEADS, HEADS // KV_HEADS, hd))
-        k = _rotary(k.reshape(b, s, KV_HEADS, hd))
-        v = v.reshape(b, s, KV_HEADS, hd)
-        scores = jnp.einsum("bskgd,btkd->bkgst", q, k) / hd**0.5
-        mask = jnp.tril(jnp.ones((s, s), bool))
-        probs = jax.nn.softmax(jnp.where(mask, scores.astype(jnp.float32), -1e9), -1)
-        ctx = jnp.einsum("bkgst,btkd->bskgd", probs.astype(DTYPE), v).reshape(b, s, WIDTH)
-        ctx = checkpoint_name(ctx, "context")
-        x = x + checkpoint_name(dense(WIDTH, "o_proj")(ctx), "out_proj")
-        h = nn.RMSNorm(dtype=DTYPE, param_dtype=DTYPE, name="post_norm")(x)
-        gate = checkpoint_name(dense(FF, "gate_proj")(h), "mlpwi_0")
-        up = checkpoint_name(dense(FF, "up_proj")(h), "mlpwi_1")
-        return x + checkpoint_name(dense(WIDTH, "down_proj")(nn.silu(gate) * up), "mlpwo")
+        norm = lambda name: nn.RMSNorm(dtype=DTYPE, param_dtype=DTYPE, name=name)
+        layers = types.SimpleNamespace(
+            input_norm=norm("input_norm"),
+            post_norm=norm("post_norm"),
+            q_proj=dense(HEADS * hd, "q_proj"),
+            k_proj=dense(KV_HEADS * hd, "k_proj"),
+            v_proj=dense(KV_HEADS * hd, "v_proj"),
+            o_proj=dense(WIDTH, "o_proj"),
+            gate_proj=dense(FF, "gate_proj"),
+            up_proj=dense(FF, "up_proj"),
+            down_proj=dense(WIDTH, "down_proj"),
+        )
+        return _attention_mlp(layers, x)
 
 
 class Llama(nn.Module):
@@ -120,7 +116,7 @@ def step(policy: rk.Policy, config: rk.TrainConfig) -> rk.sources.OwnStep:
 
 
 def _attention_mlp(p: Any, x: jax.Array) -> jax.Array:
-    """The linen Block's computation, with NNX layers ``p`` (same names, same math)."""
+    """A block's computation with its layers ``p`` (linen or NNX: same names, same math)."""
     b, s, _ = x.shape
     hd = WIDTH // HEADS
     h = p.input_norm(x)
