@@ -242,9 +242,11 @@ def source_for(opts: Options) -> rk.sources.StepSource:
 
 
 def _factory_source(opts: Options) -> rk.sources.ModelSource:
+    shape = dict(opts.overrides)
+    layers = shape.pop("layers", None)
     given = {
         "lora": opts.lora,
-        "layers/width/heads/...": opts.overrides,
+        "layers/width/heads/...": shape,
         "attention": opts.attention != "auto",
         "dropout": opts.dropout is not None,
         "scan_layers": not opts.scan_layers,
@@ -256,7 +258,18 @@ def _factory_source(opts: Options) -> rk.sources.ModelSource:
             "shape, attention, dropout and layer loop are its own): drop them",
             param=bad[0].split("/")[0],
         )
-    return _loaded(opts.model, opts.block, opts.tags, opts.shard)
+    source = _loaded(opts.model, opts.block, opts.tags, opts.shard)
+    if layers is None:
+        return source
+    # --layers N: a factory that names ``layers`` builds any depth (its shallow copies too).
+    deeper = source.at_depth(layers, label=False)
+    if deeper is None:
+        raise BadValue(
+            f"the factory {opts.model} takes no layers= argument, so it "
+            "builds one depth: drop --layers, or give the factory a layers parameter",
+            param="n_layers",
+        )
+    return deeper
 
 
 def _step_source(opts: Options) -> rk.sources.OwnStepSource:

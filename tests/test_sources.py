@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import json
 import math
 import os
@@ -739,6 +740,29 @@ def test_cli_plan_tells_a_factory_how_to_use_the_plan(capsys):
         in shown
     )
     assert "get_config" not in shown
+
+
+def test_cli_layers_builds_a_factory_that_names_layers_at_that_depth(tmp_path):
+    def params_and_layers(n):
+        out = tmp_path / f"{n}.json"
+        argv = ["report", "--model", f"{FACTORIES}:deep", "--layers", str(n), "--batch", "1"]
+        assert main([*argv, "--seq", "16", "--no-residuals", "--json", str(out)]) == 0
+        meta = json.loads(out.read_text())["meta"]
+        return meta["params"], meta["layers"], meta["model"]
+
+    (p3, l3, name), (p5, l5, _) = params_and_layers(3), params_and_layers(5)
+    assert (l3, l5) == (3, 5) and name == f"{FACTORIES}:deep"
+    # Two more blocks, counted from the block itself.
+    block = importlib.import_module("tests.data.factories")._Block()
+    shapes = jax.eval_shape(block.init, jax.random.key(0), jnp.zeros((1, 4, 64)))
+    assert p5 - p3 == 2 * sum(x.size for x in jax.tree.leaves(shapes))
+
+
+def test_cli_layers_on_a_factory_of_one_depth_says_so(capsys):
+    argv = ["report", "--model", f"{FACTORIES}:untagged", "--layers", "3", "--batch", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "remat-kit: --layers 3: the factory" in err and "takes no layers= argument" in err
 
 
 def test_cli_refuses_options_a_factory_does_not_take(capsys):

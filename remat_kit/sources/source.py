@@ -183,9 +183,16 @@ class ModelSource:
         pol, sch = as_policy(policy), self.check_schedule(schedule)
         return self._build(pol, sch, *self._tagging(), target=target)
 
-    def at_depth(self, layers: int) -> ModelSource | None:
+    def at_depth(self, layers: int, *, label: bool = True) -> ModelSource | None:
         """The factory's model with ``layers`` layers, when the factory takes ``layers=``
-        (a shallow copy for :mod:`remat_kit.sources.depth`); else None.
+        (a shallow copy for :mod:`remat_kit.sources.depth`, or ``--layers``); else None.
+
+        Args:
+          layers: the depth to build.
+          label: name the depth in :attr:`spec` (``f.py:NAME [2 layers]``), as copies are.
+
+        Returns:
+          The source at that depth, or None for a factory with no ``layers`` parameter.
 
         Example:
           >>> from_factory("tests/data/factories.py:untagged").at_depth(2) is None
@@ -195,7 +202,7 @@ class ModelSource:
             return None
         return dataclasses.replace(
             self,
-            spec=f"{self.spec} [{layers} layers]",
+            spec=f"{self.spec} [{layers} layers]" if label else self.spec,
             factory=functools.partial(self.factory, layers=layers),
             _cache={},
         )
