@@ -130,21 +130,32 @@ def bare_peak(model, batch: int, seq: int, target) -> int:
 
     tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     if isinstance(model, nnx.Module):
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+        graphdef, params, abstract_rest = nnx.split(model, nnx.Param, ...)
 
-        def logits_of(p, rest, t):
+        def logits_of(p, t):
+            # The rest (RNG keys and counts): constants made inside the trace, whose
+            # variables a remat'd layer may advance (made outside, they belong to another
+            # trace level, and EasyDeL's own remat fails with flax's TraceContextError).
+            rest = jax.tree.map(
+                lambda x: (
+                    jax.random.key(0)
+                    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+                    else jnp.zeros(x.shape, x.dtype)
+                ),
+                abstract_rest,
+            )
             return nnx.merge(graphdef, p, rest)(t)
 
     else:
-        params, rest = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"], {}
+        params = jax.eval_shape(model.init, jax.random.key(0), tokens)["params"]
 
-        def logits_of(p, rest, t):
+        def logits_of(p, t):
             out = model.apply({"params": p}, t)
             return getattr(out, "logits", out)
 
-    def step(p, rest, tokens, targets):
+    def step(p, tokens, targets):
         def loss(p):
-            logits = logits_of(p, rest, tokens).astype(jnp.float32)
+            logits = logits_of(p, tokens).astype(jnp.float32)
             return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
         value, grads = jax.value_and_grad(loss)(p)
@@ -153,7 +164,7 @@ def bare_peak(model, batch: int, seq: int, target) -> int:
     sharding = target.sharding()
     placed = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-        (params, rest, tokens, tokens),
+        (params, tokens, tokens),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
