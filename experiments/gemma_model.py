@@ -1,16 +1,18 @@
 """DeepMind's gemma 3 (``gemma`` 3.3, Flax linen) as a remat-kit factory:
 ``--model experiments/gemma_model.py:gemma --block gemma.gm.nn._modules:Block``.
 
-gemma pulls in kauldron, grain and orbax, whose resolution beside our pins took longer than
-a session; its model code needs only a few of them, so it lives in a venv of its own:
+pip's resolution of gemma's dependencies (kauldron, grain, orbax) did not finish in a session;
+its model code needs only some of them (kauldron's typing imports TensorFlow), so it lives in a
+venv of its own, installed without dependencies plus what the import asks for:
 
-    python3 -m venv /tmp/gemvenv && /tmp/gemvenv/bin/pip install -e . && \\
-        /tmp/gemvenv/bin/pip install --no-deps gemma==3.3.0 kauldron etils einops jaxtyping \\
-        treescope wadler_lindig typeguard && \\
-        /tmp/gemvenv/bin/pip install importlib_resources zipp typing_extensions fsspec
-    /tmp/gemvenv/bin/remat-kit compare --model experiments/gemma_model.py:gemma \\
-        --block gemma.gm.nn._modules:Block --target h100 --batch 1 --seq 2048 \\
-        --optimizer sgd --policies none,full,dots_no_batch
+    python3 -m venv /tmp/gemvenv && /tmp/gemvenv/bin/pip install -e . && \
+        /tmp/gemvenv/bin/pip install --no-deps gemma==3.3.0 kauldron==1.4.2 etils einops \
+        jaxtyping treescope wadler_lindig typeguard clu && \
+        /tmp/gemvenv/bin/pip install tensorflow-cpu lark immutabledict sentencepiece tqdm \
+        ml_collections 'etils[edc,enp,epath,epy,etree]' importlib_resources zipp fsspec
+    /tmp/gemvenv/bin/remat-kit compare --model experiments/gemma_model.py:gemma \
+        --block gemma.gm.nn._modules:Block --target h100 --batch 1 --seq 2048 \
+        --optimizer sgd --precision bf16 --policies none,full,dots_no_batch
 
 Gemma 3 4B's widths (2560 wide, MLP 10240, 8 heads of 256 over 4 KV heads, vocabulary 262144,
 five sliding-window layers to one global, QK norms), text only, with ``layers`` of its 34
