@@ -147,15 +147,18 @@ def run(args: argparse.Namespace) -> int:
         flags = f"--policy '{p.policy.spec}'" + (
             f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else ""
         )
+        code = None
         if getattr(run.source, "config_for", None) is not None:  # a preset
             code = "remat_kit_models.get_config(..., policy=plan.policy, schedule=plan.schedule)"
-        else:  # the user's factory or step applies the policy it is handed
-            code = f"hand your model rk.policy({p.policy.spec!r}) as its policy" + (
-                f" and schedule=rk.parse_schedule({p.schedule.spec!r})"
-                if p.schedule.name != "none"
-                else ""
+        elif p.schedule.name == "none":  # the user's factory or step applies its policy
+            code = f"hand your model rk.policy({p.policy.spec!r}) as its policy"
+        elif getattr(run.source, "takes_schedule", False):
+            code = (
+                f"hand your model rk.policy({p.policy.spec!r}) as its policy and "
+                f"schedule=rk.parse_schedule({p.schedule.spec!r})"
             )
-        out.print(f"use it: {flags}, or in code: {code}")
+        # else a per-layer plan applied through --block: the flags are the way to give it
+        out.print(f"use it: {flags}" + (f", or in code: {code}" if code else ""))
     if args.plot:
         _plot_front()(
             points,
