@@ -253,7 +253,15 @@ def _extrapolating_workload(error, *, calls=None, copies=None):
     def measure_fn(pol, sch, batch):
         copies.append(batch)
         r = true(pol, batch)
-        meta = {"depth": {"mode": "extrapolated", "residual_bytes": 0}}
+        meta = {
+            "depth": {
+                "mode": "extrapolated",
+                "residual_bytes": 0,
+                "layers": 32,
+                "depths": [2, 3],
+                "section": "backward",
+            }
+        }
         return r.replace(peak_bytes=round(r.peak_bytes * (1 + error)), meta=meta)
 
     def verify_fn(pol, sch, batch, report, limit):
@@ -303,6 +311,24 @@ def test_a_plan_from_copies_states_the_full_steps_figures(error):
     p = rk.plan(w, batch=4, budget=budget)
     assert p.fits and p.peak_bytes == BASE_BYTES + PER_SAMPLE * 4
     assert calls == [4]
+
+
+def test_plan_table_marks_the_front_points_read_off_copies():
+    from remat_kit.render.tables import plan_table
+    from remat_kit.search.front import front
+
+    w = _extrapolating_workload(0.05)
+    budget = BASE_BYTES + PER_SAMPLE * 4 + 1
+    p = rk.plan(w, batch=4, budget=budget)  # compiled whole: near its budget
+    pts = front(w, 4, policies=["full", "none"], schedules=(), plans=[p])
+    opts = Options("tiny-llama", batch=4, seq=16)
+    table = plan_table(p, pts, rk.target("h100"), opts, plan_seconds=0, seconds=0, compiles=0)
+    rows = dict(zip(table.columns[0].cells, table.columns[1].cells, strict=True))
+    # The plan (none: it fits by a byte) was compiled whole, and its point with it; full,
+    # a clear fit, stays the copies' figure.
+    assert not rows[next(k for k in rows if k.startswith("PLAN"))].startswith("~")
+    assert not rows["none"].startswith("~") and rows["full"].startswith("~")
+    assert "\n~ extrapolated to" in table.caption
 
 
 def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():

@@ -462,9 +462,15 @@ def plan_table(
         + " (estimate); recompute = extra FLOPs; * = on the Pareto front; = X: the same "
         "program as X"
     )
+    points = list(points)
     timed = any(pt.step_seconds is not None for pt in points)
     if timed:
         caption += "; step s: predicted from the compiled kernels (remat_kit.timing)"
+    copies = [pt.depth for pt in points if _extrapolated(pt.depth)]
+    if copies:
+        # The planner compiles whole what is near its budget; the rest (clear fits and
+        # clear misses) stays read off the copies.
+        caption += "\n~ " + depth_words(copies[0])
     if p.report is not None and p.report.step_time is not None:
         caption += "\nPLAN " + step_time_words(p.report.step_time, tokens_of(p.report.meta))
     table = Table(title=title, caption=caption)
@@ -484,7 +490,7 @@ def plan_table(
         step = [] if not timed else ["-" if pt.step_seconds is None else f"{pt.step_seconds:.3f}"]
         table.add_row(
             short(what),
-            gib(pt.peak_bytes),
+            ("~" if _extrapolated(pt.depth) else "") + gib(pt.peak_bytes),
             pct(pt.recompute_overhead),
             pct(pt.overhead),
             *step,
@@ -497,6 +503,10 @@ def plan_table(
             else f"dominated by {short(pt.dominated_by or '', 30)}",
         )
     return table
+
+
+def _extrapolated(depth: Mapping[str, Any] | None) -> bool:
+    return (depth or {}).get("mode") == "extrapolated"
 
 
 def _solver_words(p: Plan) -> str:

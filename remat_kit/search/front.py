@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from remat_kit.errors import BadValue
@@ -85,6 +85,8 @@ class FrontPoint:
       program: the compiled program's fingerprint (None: not known).
       same_as: the label of the point that is the same program (set by :func:`pareto_front`:
         one front entry per program; None for that point and every other).
+      depth: how an unrolled model's figures were made (the report's ``meta["depth"]``:
+        ``mode`` ``extrapolated`` for a peak read off shallow copies), or None.
     """
 
     label: str
@@ -100,6 +102,7 @@ class FrontPoint:
     step_seconds: float | None = None
     program: str | None = None
     same_as: str | None = None
+    depth: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
 
 
 def pareto_front(
@@ -263,6 +266,7 @@ def front(
                     else None
                 ),
                 program=p.report.meta.get("program") if p.report is not None else None,
+                depth=p.report.meta.get("depth") if p.report is not None else None,
             )
         )
     return pareto_front(pts)
@@ -300,4 +304,5 @@ def _point(
         schedule=sch.spec,
         step_seconds=r.step_time.seconds if r.step_time is not None else None,
         program=r.meta.get("program"),
+        depth=r.meta.get("depth"),
     )
