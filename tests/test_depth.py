@@ -8,6 +8,7 @@ compiles of the full-depth step, for a factory that takes ``layers=`` and for a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import pytest
@@ -139,9 +140,19 @@ def factory():
     return sources.from_factory(FACTORY)
 
 
+@pytest.fixture(scope="module")
+def on_h100(factory):
+    """``on_h100(policy)``: the factory measured for an H100 with the default depth (auto),
+    once per module: the copies are compiled again by every measure (their section profile
+    comes from XLA's dump), and two tests read this one."""
+    return functools.cache(
+        lambda policy: sources.measure(factory, policy, "h100", CONFIG, warn=False)
+    )
+
+
 @pytest.mark.parametrize("policy", ["none", "full"])
-def test_a_factory_taking_layers_is_answered_from_copies_within_a_percent(factory, policy):
-    got = sources.measure(factory, policy, "h100", CONFIG, warn=False)
+def test_a_factory_taking_layers_is_answered_from_copies_within_a_percent(on_h100, factory, policy):
+    got = on_h100(policy)
     bare = _bare(factory, policy)
     assert got.meta["depth"]["mode"] == "extrapolated"
     assert tuple(got.meta["depth"]["depths"]) == depth.DEPTHS
@@ -161,7 +172,7 @@ def test_check_compiles_the_full_model_and_states_the_error(factory):
     assert abs(d["peak_error"]) < 0.01
 
 
-def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory):
+def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory, on_h100):
     h100 = rk.target("h100")
     # A fraction that puts the usable memory 1% above this peak: within the margin.
     peak = _bare(factory, "full").peak_bytes
@@ -169,7 +180,7 @@ def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory):
     got = sources.measure(factory, "full", near, CONFIG, warn=False)
     assert got.meta["depth"]["mode"] == "verified"
     assert got.peak_bytes == _bare(factory, "full", target=near).peak_bytes
-    far = sources.measure(factory, "full", h100, CONFIG, warn=False)
+    far = on_h100("full")  # sources.measure(factory, "full", h100, CONFIG, warn=False)
     assert far.meta["depth"]["mode"] == "extrapolated"
     # Over the limit: a "no" is compiled whole too (copies were furthest off there).
     over = rk.target("h100", mem_fraction=peak * 0.8 / h100.memory_bytes)
@@ -198,6 +209,18 @@ def test_what_is_not_a_stack_of_identical_layers_is_compiled_whole(policy, sched
         assert d is None
     else:
         assert d["mode"] == "full" and reason in d["reason"]
+
+
+def test_a_stack_of_layers_not_alike_is_compiled_whole_saying_why():
+    src = sources.from_factory("tests/data/factories.py:alternating")
+    assert src.layer_kinds(rk.target("h100")) == 2
+    got = sources.measure(src, "full", "h100", CONFIG, warn=False)
+    assert got.meta["depth"] == {
+        "mode": "full",
+        "reason": "its layers are not alike (2 kinds among 8): the shallow copies hold only "
+        "its first ones",
+    }
+    assert got.peak_bytes == _bare(src, "full").peak_bytes
 
 
 def test_depth_full_compiles_the_whole_model(factory):

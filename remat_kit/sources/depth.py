@@ -36,12 +36,14 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.analysis import MemoryReport, report_notes
 from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, live_sections
@@ -63,6 +65,7 @@ __all__ = [
     "extrapolate_report",
     "extrapolated",
     "fit_sections",
+    "layer_kinds",
     "line_at",
     "settled",
     "shallow_copies",
@@ -285,6 +288,43 @@ def check_depth(depth: str) -> str:
 VERIFY_MARGIN = 0.02
 
 
+_CHECKPOINTS = ("checkpoint", "remat2", "remat")
+_TAG = re.compile(r"name\[name=[^\]]*\]")
+
+
+def layer_kinds(closed: Any) -> int | None:
+    """How many different layers a traced step's stack holds: its outermost checkpoints
+    (one per layer under a policy such as ``full``), told apart by their bodies' text
+    (operations, shapes and constants). None when it holds fewer than two checkpoints.
+
+    A layer whose body differs (gemma 3's global attention among its sliding-window layers:
+    another mask, another RoPE base) is one the shallow copies may not hold: they are the
+    model's first layers.
+
+    Example:
+      >>> layer = jax.checkpoint(lambda x: jnp.sin(x) * 2.0)
+      >>> other = jax.checkpoint(lambda x: jnp.sin(x) * 3.0)
+      >>> layer_kinds(jax.make_jaxpr(lambda x: layer(layer(layer(x))))(1.0))
+      1
+      >>> layer_kinds(jax.make_jaxpr(lambda x: other(layer(layer(x))))(1.0))
+      2
+    """
+    bodies: list[str] = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name in _CHECKPOINTS:
+                # Tag names carry the layer's path (layers_3/mixer): not the computation.
+                body = _TAG.sub("name[]", str(open_jaxpr(eqn.params["jaxpr"])))
+                bodies.append(body)
+                continue  # a checkpoint inside a layer is part of that layer
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub))
+
+    walk(open_jaxpr(closed))
+    return len(set(bodies)) if len(bodies) > 1 else None
+
+
 def shallow_copies(source: StepSource, sch: Schedule, t: Target) -> list[StepSource] | None:
     """The copies of ``source`` at :data:`DEPTHS` layers, where its full-depth figures may
     be read off them: an unrolled stack of at least :data:`MIN_LAYERS` identical layers
@@ -299,10 +339,17 @@ def shallow_copies(source: StepSource, sch: Schedule, t: Target) -> list[StepSou
     layers = source.n_layers()
     if sch.name != "none" or layers is None or layers < MIN_LAYERS:
         return None
-    if source.mesh_plan(t) is not None:
+    if source.mesh_plan(t) is not None or _kinds(source, t) > 1:
         return None
     copies = [source.at_depth(d) for d in DEPTHS]
     return None if any(c is None for c in copies) else copies  # type: ignore[return-value]
+
+
+def _kinds(source: StepSource, t: Target) -> int:
+    # Kinds of layer of a source that can tell them (a factory's: ModelSource.layer_kinds);
+    # a preset's layers are alike by construction.
+    kinds = getattr(source, "layer_kinds", None)
+    return (kinds(t) or 1) if kinds is not None else 1
 
 
 def line_at(shallow: Sequence[Any], depths: Sequence[int], layers: int) -> Any:
@@ -358,6 +405,13 @@ def by_depth(
             "at each depth",
         }
     if copies is None:
+        kinds = _kinds(source, t)
+        if kinds > 1:
+            return None, {
+                "mode": "full",
+                "reason": f"its layers are not alike ({kinds} kinds among {layers}): the "
+                "shallow copies hold only its first ones",
+            }
         return None, {"mode": "full", "reason": "the model builds no shallow copies"}
     reports, sections = [], {}
     for d, copy in zip(DEPTHS, copies, strict=True):

@@ -207,6 +207,31 @@ class ModelSource:
             _cache={},
         )
 
+    def layer_kinds(self, target: Target) -> int | None:
+        """How many different layers the model's stack holds: its step traced once at full
+        depth under ``full``, which puts a checkpoint on each layer where the factory or
+        ``block`` applies the policy per layer, each layer's body compared
+        (:func:`remat_kit.sources.depth.layer_kinds`). None when it cannot tell (fewer than
+        two checkpoints, or a model that does not trace at batch 1, seq 32).
+
+        Example:
+          >>> from_factory("tests/data/factories.py:deep").layer_kinds(rk.target("h100"))
+          1
+        """
+        from remat_kit.sources.depth import layer_kinds
+
+        if "layer_kinds" not in self._cache:
+            small = TrainConfig(batch=1, seq=32, optimizer="sgd")
+            try:
+                built = self.build_step(
+                    as_policy("full"), parse_schedule("none"), small, target, sharded=False
+                )
+                closed = jax.make_jaxpr(built.step.loss_fn)(*built.step.loss_args)
+                self._cache["layer_kinds"] = layer_kinds(closed)
+            except Exception:  # the run itself will say what fails; the kinds stay unknown
+                self._cache["layer_kinds"] = None
+        return self._cache["layer_kinds"]
+
     def check(self, config: TrainConfig, target: Target) -> None:
         """Nothing to check before the factory runs: its model is its own."""
         del config, target

@@ -184,6 +184,33 @@ def deep(policy, layers=8):
     return _Deep(policy, layers)
 
 
+class _OtherBlock(nn.Module):
+    """A layer of another kind (gemma 3's global layer among its sliding-window ones)."""
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool = True):
+        h = nn.Dense(4 * WIDTH, name="up_proj")(nn.RMSNorm()(x))
+        return x + nn.Dense(WIDTH, name="down_proj")(nn.gelu(h))
+
+
+class _Alternating(nn.Module):
+    policy: rk.Policy
+    layers: int
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        for i in range(self.layers):
+            kind = _OtherBlock if i % 4 == 3 else _Block
+            x = rk.remat(kind, self.policy)(name=f"layers_{i}")(x, deterministic=True)
+        return nn.Dense(VOCAB, name="lm_head")(nn.RMSNorm()(x))
+
+
+def alternating(policy, layers=8):
+    """``deep`` with every fourth layer of another kind: its copies hold only the first."""
+    return _Alternating(policy, layers)
+
+
 class _OwnNamesBlock(nnx.Module):
     """EasyDeL's way: NNX layers whose code tags its own tensors with its own names."""
 
