@@ -7,10 +7,17 @@ session's private compile cache is the root conftest.py's (the doctests share it
 
 import functools
 import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
+
+HERE = Path(__file__).resolve().parent
 
 #: A small bf16 Llama whose train step shows remat effects on a GPU target.
 SMALL = dict(
@@ -47,3 +54,94 @@ def small_report(
 @pytest.fixture(scope="session")
 def small():
     return small_report
+
+
+# --- tests/sharded_step.py: one train step on 8 fake CPU devices, in a subprocess -----------------
+
+#: The test file that reads each group of tests/sharded_step.py.
+SHARDED_GROUPS = {"test_context_parallel.py": "cp", "test_sharding.py": "sharding"}
+_sharded_runs: dict[str, subprocess.CompletedProcess | BaseException] = {}
+_sharded_done: dict[str, threading.Event] = {}
+_sharded_procs: list[subprocess.Popen] = []
+_session_over = threading.Event()
+
+
+def _run_sharded(group: str, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Runs ``tests/sharded_step.py group`` to its end (8 fake devices, which must be fixed
+    when jax starts: hence a subprocess)."""
+    # Files, not pipes: nobody reads the output until the run is over.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "sharded_step.py"), group],
+            env=env,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+        _sharded_procs.append(proc)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # its return code (-9) fails the test, with its stderr
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
+def _run_in_background(groups: list[str]) -> None:
+    """Runs ``groups`` one after the other in a thread: beside the in-process tests (one core
+    for them, one for the subprocess) instead of holding up the tests that read them."""
+    for group in groups:
+        _sharded_done[group] = threading.Event()
+    env = {  # taken here, not in the thread, while a test may be changing os.environ
+        **os.environ,
+        # -O0 code generation: a third of the compile time, the same HLO (the same numbers).
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+        "JAX_PLATFORMS": "cpu",
+    }
+
+    def work():
+        for group in groups:
+            try:
+                if not _session_over.is_set():
+                    _sharded_runs[group] = _run_sharded(group, env)
+            except BaseException as e:  # handed to the test that reads it
+                _sharded_runs[group] = e
+            finally:
+                _sharded_done[group].set()
+
+    threading.Thread(target=work, name="sharded_step", daemon=True).start()
+
+
+def _sharded_run(group: str) -> subprocess.CompletedProcess:
+    """The finished run of ``tests/sharded_step.py group``: its exit code and output."""
+    if group not in _sharded_done:  # not started with the session: run it now
+        _run_in_background([group])
+    _sharded_done[group].wait()
+    got = _sharded_runs[group]
+    if isinstance(got, BaseException):
+        raise got
+    return got
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sharded_steps_in_background(request, _private_compile_cache):
+    """Starts the sharded-step runs the collected tests will read, in the order they come."""
+    files = [item.path.name for item in request.session.items]
+    groups = [SHARDED_GROUPS[f] for f in dict.fromkeys(files) if f in SHARDED_GROUPS]
+    if groups:
+        _run_in_background(groups)
+    yield
+    _session_over.set()
+    for proc in _sharded_procs:
+        if proc.poll() is None:  # a run the session stopped before reading (-x, ^C)
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def sharded_run():
+    """``sharded_run(group)``: the finished run of ``tests/sharded_step.py group``, which the
+    session started when it began (this module's state: the test files must not import it)."""
+    return _sharded_run

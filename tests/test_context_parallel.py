@@ -6,10 +6,6 @@ program and its memory come from deviceless compiles for H100s.
 
 import functools
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +24,6 @@ from remat_kit.cli import main
 from remat_kit.errors import BadValue
 from remat_kit.render.tables import report_table
 from remat_kit_models.axes import constrain
-
-HERE = Path(__file__).resolve().parent
 
 #: A bf16 Llama whose activations dominate its step (1024..4096 tokens, width 512), small
 #: enough to compile for up to 8 deviceless H100s in a few seconds.
@@ -152,21 +146,9 @@ def test_weights_are_split_over_fsdp_and_cp_together():
 
 
 @pytest.fixture(scope="module")
-def cp_rows():
-    env = {
-        **os.environ,
-        # -O0 code generation: a third of the compile time, the same HLO (the same numbers).
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
-        "JAX_PLATFORMS": "cpu",
-    }
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "sharded_step.py"), "cp"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+def cp_rows(sharded_run):
+    # Started with the session (the sharded_run fixture): it runs beside the other tests.
+    proc = sharded_run("cp")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 

@@ -4,10 +4,6 @@ import argparse
 import functools
 import json
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import flax.linen as nn
 import jax
@@ -22,8 +18,6 @@ import remat_kit_models as models
 from remat_kit import sharding as rks
 from remat_kit.cli._args import add_shard_args
 from remat_kit.errors import BadValue
-
-HERE = Path(__file__).resolve().parent
 
 #: A bf16 Llama big enough for weights to dominate the per-device arguments, small enough to
 #: compile for 8 deviceless H100s in a few seconds.
@@ -292,21 +286,9 @@ def test_bad_mesh_for_the_target_raises():
 # --- the same step on 8 real (fake CPU) devices ---------------------------------------------------
 
 
-def test_sharded_step_matches_one_device():
-    env = {
-        **os.environ,
-        # -O0 code generation: a third of the compile time, the same HLO (the same numbers).
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
-        "JAX_PLATFORMS": "cpu",
-    }
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "sharded_step.py"), "sharding"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+def test_sharded_step_matches_one_device(sharded_run):
+    # Started with the session (the sharded_run fixture): it runs beside the other tests.
+    proc = sharded_run("sharding")
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert {r["plan"] for r in rows} == {"fsdp:8", "fsdp:4,tp:2", "dp:4,tp:2"}
