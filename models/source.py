@@ -258,11 +258,9 @@ def _factory_source(opts: Options) -> rk.sources.ModelSource:
             "shape, attention, dropout and layer loop are its own): drop them",
             param=bad[0].split("/")[0],
         )
-    source = _loaded(opts.model, opts.block, opts.tags, opts.shard)
     if layers is None:
-        return source
-    # --layers N: a factory that names ``layers`` builds any depth (its shallow copies too).
-    deeper = source.at_depth(layers, label=False)
+        return _loaded(opts.model, opts.block, opts.tags, opts.shard)
+    deeper = _loaded_at(opts.model, opts.block, opts.tags, opts.shard, layers)
     if deeper is None:
         raise BadValue(
             f"the factory {opts.model} takes no layers= argument, so it "
@@ -270,6 +268,15 @@ def _factory_source(opts: Options) -> rk.sources.ModelSource:
             param="n_layers",
         )
     return deeper
+
+
+@functools.cache
+def _loaded_at(
+    model: str, block: str | None, tags: str, shard: str | None, layers: int
+) -> rk.sources.ModelSource | None:
+    # --layers N: a factory that names ``layers`` builds any depth (its shallow copies too);
+    # one source per process, as _loaded, so that what it traces once is kept.
+    return _loaded(model, block, tags, shard).at_depth(layers, label=False)
 
 
 def _step_source(opts: Options) -> rk.sources.OwnStepSource:
