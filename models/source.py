@@ -264,7 +264,7 @@ def _factory_source(opts: Options) -> rk.sources.ModelSource:
     if deeper is None:
         raise BadValue(
             f"the factory {opts.model} takes no layers= argument, so it "
-            "builds one depth: drop --layers, or give the factory a layers parameter",
+            "builds one depth: leave its layers as they are, or give it a layers parameter",
             param="n_layers",
         )
     return deeper
