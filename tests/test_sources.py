@@ -260,7 +260,7 @@ def test_a_factory_that_returns_no_flax_module_is_refused_naming_what_it_returne
     ],
 )
 def test_the_layer_count_is_read_from_the_names_models_give_it(made, layers):
-    from remat_kit.sources.source import _layer_attr
+    from remat_kit.sources._factory import _layer_attr
 
     assert _layer_attr(made) == layers
 

@@ -17,15 +17,14 @@ from typing import Any
 
 from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
+from remat_kit.render.captions import flags_words
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import StepSource
-from remat_kit.sources._environ import EnvSet
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig
 
 __all__ = [
     "ModelRun",
-    "flags_words",
     "options_from_args",
     "preset_configs",
     "resolve",
@@ -228,22 +227,6 @@ def run_notes(run: ModelRun) -> list[str]:
     notes = [flags_words(e) for e in env if e.name == "XLA_FLAGS"]
     chosen = _attention_note(run)
     return [chosen, *notes] if chosen else notes
-
-
-def flags_words(env: EnvSet, shown: int = 3) -> str:
-    """The ``XLA_FLAGS`` an import added, in one line.
-
-    Example:
-      >>> flags_words(EnvSet("XLA_FLAGS", " --a=1  --b=2 --c --d", "easydel"))[:65]
-      'XLA_FLAGS set by easydel at import (4 flags: --a=1 --b=2 --c ...)'
-    """
-    flags = env.added()
-    listed = " ".join(flags[:shown]) + (" ..." if len(flags) > shown else "")
-    return (
-        f"XLA_FLAGS set by {env.by} at import ({len(flags)} flag{'s' * (len(flags) != 1)}: "
-        f"{listed}): these programs were compiled with them, as a process that imports "
-        f"{env.by} is"
-    )
 
 
 def _attention_note(run: ModelRun) -> str | None:

@@ -1,7 +1,8 @@
 """The sentences under tables: how a figure was made, what "fits" means, how a limit was set.
 
-Each function takes data (a report's ``meta``, a target) and returns one line of text;
-:mod:`remat_kit.render.tables` and the other renderers put them in captions and titles.
+Each function takes data (a report's ``meta``, a target, what an import set) and returns one line;
+:mod:`remat_kit.render.tables` and the other renderers put them in captions and titles, the
+CLI in the notes under a run (``remat_kit.cli._model.run_notes``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from remat_kit.render.format import GIB, gib
 
 if TYPE_CHECKING:
+    from remat_kit.sources._environ import EnvSet
     from remat_kit.targets import Target
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "depth_words",
     "expert_words",
     "fits_rule",
+    "flags_words",
     "limit_words",
     "runtime_words",
 ]
@@ -101,6 +104,23 @@ def fits_rule(target: Target) -> str:
     return (
         f"fits = peak <= {gib(target.usable_bytes)} GiB, what a JAX process may allocate of the "
         f"{gib(target.memory_bytes)} GiB of {target.name} ({runtime_words(target)})"
+    )
+
+
+def flags_words(env: EnvSet, shown: int = 3) -> str:
+    """The ``XLA_FLAGS`` an import added, in one line.
+
+    Example:
+      >>> from remat_kit.sources._environ import EnvSet
+      >>> flags_words(EnvSet("XLA_FLAGS", " --a=1  --b=2 --c --d", "easydel"))[:65]
+      'XLA_FLAGS set by easydel at import (4 flags: --a=1 --b=2 --c ...)'
+    """
+    flags = env.added()
+    listed = " ".join(flags[:shown]) + (" ..." if len(flags) > shown else "")
+    return (
+        f"XLA_FLAGS set by {env.by} at import ({len(flags)} flag{'s' * (len(flags) != 1)}: "
+        f"{listed}): these programs were compiled with them, as a process that imports "
+        f"{env.by} is"
     )
 
 

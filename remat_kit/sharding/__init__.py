@@ -29,7 +29,7 @@ activation dimensions may be split (``nn.with_logical_constraint`` with the ``ac
 :meth:`MeshPlan.rules` maps those names to mesh axes. Parameters without names are split by shape
 over ``fsdp`` and ``cp`` (their largest dimension those axes divide) and replicated otherwise.
 
-The package: :mod:`~remat_kit.sharding.plan` (specs, plans, rules),
+The package: :mod:`~remat_kit.sharding.plan` (specs, plans, rules, what a factory takes),
 :mod:`~remat_kit.sharding.params` (shardings of a step's arguments),
 :mod:`~remat_kit.sharding.context` (context parallelism's checks, the collectives of a step).
 
@@ -62,6 +62,7 @@ from remat_kit.sharding.plan import (
     PARAM_AXES,
     STRATEGIES,
     MeshPlan,
+    check_data_parallel,
     parse_shard,
 )
 
@@ -71,6 +72,7 @@ __all__ = [
     "STRATEGIES",
     "MeshPlan",
     "batch_sharding",
+    "check_data_parallel",
     "check_sequence_split",
     "collective_summary",
     "opt_state_shardings",

@@ -1,5 +1,8 @@
 """Mesh plans: which axes (dp, fsdp, ep, cp, tp) a ``--shard`` spec names, and their logical rules.
 
+A factory's model, whose parameters carry no axis names, takes the data axes alone
+(:func:`check_data_parallel`).
+
 Example:
   >>> plan = parse_shard("fsdp:2,cp:4")
   >>> plan.spec, plan.devices, plan.data_size, plan.seq_ways
@@ -28,6 +31,7 @@ __all__ = [
     "PARAM_AXES",
     "STRATEGIES",
     "MeshPlan",
+    "check_data_parallel",
     "parse_shard",
 ]
 
@@ -442,6 +446,36 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
     if devices is not None:
         plan.check_devices(devices)
     return plan
+
+
+#: The mesh axes a factory's step may be split over: the batch and, by shape, the weights.
+DATA_PARALLEL = ("dp", "fsdp")
+
+
+def check_data_parallel(shard: str, spec: str) -> None:
+    """Refuses a mesh plan a factory's model cannot take: one with a model axis.
+
+    Args:
+      shard: the plan, ``fsdp:8`` (sizes may be left open).
+      spec: the factory, for the message.
+
+    Raises:
+      BadValue: naming the axes and what a factory takes.
+
+    Example:
+      >>> check_data_parallel("fsdp:4,tp:2", "f.py:model")
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: f.py:model: tp:2 splits tensors by what they mean...
+    """
+    parts = [p.strip() for p in shard.replace("+", ",").split(",")]
+    model_axes = [p for p in parts if p.split(":")[0] not in DATA_PARALLEL]
+    if model_axes:
+        raise BadValue(
+            f"{spec}: {','.join(model_axes)} splits tensors by what they mean, which a "
+            "factory's parameters do not say (no axis names); a factory takes dp and fsdp "
+            "(fsdp splits each weight along its largest dimension it divides)",
+            param="shard",
+        )
 
 
 def _axes(target: Any) -> tuple[str, ...]:

@@ -25,13 +25,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from remat_kit import checks, tagging
-from remat_kit.errors import BadValue, RematKitError
+from remat_kit.errors import BadValue
 from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import Schedule, parse_schedule
-from remat_kit.sharding import MeshPlan, parse_shard
+from remat_kit.sharding import MeshPlan, check_data_parallel, parse_shard
 from remat_kit.sources._adapters import HF_INPUTS, Applied, NNXModel, hf_inputs, retyped
 from remat_kit.sources._environ import EnvSet
+from remat_kit.sources._factory import call_factory, count_layers, model_errors, target_kwargs
 from remat_kit.sources._loading import (
     _import_class,
     _names,
@@ -41,7 +42,6 @@ from remat_kit.sources._loading import (
 )
 from remat_kit.sources.protocol import SourceStep
 from remat_kit.targets import Target
-from remat_kit.targets import target as named_target
 from remat_kit.train import TrainConfig, TrainStep, build_train_step
 
 __all__ = [
@@ -266,7 +266,7 @@ class ModelSource:
         built = self.build(policy, schedule, target)
         plan = self.mesh_plan(target) if sharded else None
         what = f"{self.spec} (b{config.batch} s{config.seq})"
-        with _model_errors(f"{what}: the model failed as its train step was traced"):
+        with model_errors(f"{what}: the model failed as its train step was traced"):
             if plan is None:
                 step = built.train_step(config)
             else:
@@ -290,7 +290,7 @@ class ModelSource:
             error in one line).
         """
         step = built.step
-        with _model_errors(f"{what}: the model failed as its train step was traced"):
+        with model_errors(f"{what}: the model failed as its train step was traced"):
             closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
         self._cache["trace"] = checks.check_traced_with(
             closed,
@@ -344,7 +344,7 @@ class ModelSource:
         built = self._build(as_policy("none"), parse_schedule("none"), None, {})
         m, kw = built.module, built.inputs or (lambda t: {})
         tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-        with _model_errors(f"{self.spec}: the model failed as it was traced for its own tags"):
+        with model_errors(f"{self.spec}: the model failed as it was traced for its own tags"):
             if built.kind == "nnx":  # NNX's init allocates nothing: trace the forward pass
                 closed = jax.make_jaxpr(lambda t: m.apply(m.init(None, t), t, **kw(t)))(tokens)
             else:
@@ -361,7 +361,7 @@ class ModelSource:
         target: Target | None = None,
     ) -> BuiltModel:
         kwargs = {"schedule": sch} if self.takes_schedule else {}
-        kwargs |= self._target_kwargs(target)
+        kwargs |= target_kwargs(self, target)
         factory_policy = pol
         block_policies: Policy | list[Policy] | None = None
         if self.block:
@@ -371,7 +371,7 @@ class ModelSource:
         # Patched while the factory runs too: an NNX model builds its blocks there, before
         # any trace (a linen model builds them as it is traced, under ``contexts`` below).
         patch = (self.block, block_policies) if self.block and block_policies else None
-        made = self._call_factory(factory_policy, kwargs, patch)
+        made = call_factory(self, factory_policy, kwargs, patch)
         kind = "nnx" if isinstance(made, nnx.Module) else "linen"
         if patch is not None and isinstance(made, nn.Module):
             made = retyped(made)
@@ -407,89 +407,13 @@ class ModelSource:
             kind=kind,
         )
 
-    def _target_kwargs(self, target: Target | None) -> dict[str, Any]:
-        # ``target=`` for a factory that names it: the compiled-for target, else (a trace of
-        # the structure only) the factory's default, else the host's.
-        if not self.takes_target:
-            return {}
-        if target is not None:
-            return {"target": target}
-        param = inspect.signature(self.factory).parameters["target"]
-        return {} if param.default is not param.empty else {"target": named_target("cpu")}
-
-    def _call_factory(
-        self,
-        policy: Policy,
-        kwargs: Mapping[str, Any],
-        patch: tuple[str, Policy | list[Policy]] | None = None,
-        counter: list[int] | None = None,
-    ) -> Any:
-        box: dict[str, Any] = {}
-
-        def make() -> Any:
-            with contextlib.ExitStack() as stack:
-                if patch is not None:
-                    stack.enter_context(patched_block(*patch, counter=counter))
-                out = self.factory(policy, **kwargs)
-            if isinstance(out, nnx.Module):
-                return out
-            box["module"] = out
-            return None
-
-        try:
-            abstract = nnx.eval_shape(make)
-        except BadValue:
-            raise
-        except Exception as err:
-            raise BadValue(
-                f"{self.spec}({policy.spec!r}) failed: {type(err).__name__}: {err}"
-            ) from None
-        made = abstract if abstract is not None else box.get("module")
-        if not (isinstance(made, nnx.Module) or (hasattr(made, "init") and hasattr(made, "apply"))):
-            raise BadValue(
-                f"{self.spec} returned {type(made).__name__}; a factory returns a Flax module "
-                "(linen or NNX) mapping tokens [batch, seq] to logits"
-            )
-        return made
-
     def n_layers(self) -> int | None:
         """Layers of the model when known: blocks built (``block``), or the module's
         ``n_layers`` / ``num_layers`` / ``layers`` / ``config.num_hidden_layers`` /
         ``cfg.n_layers`` (an int)."""
-        if "n_layers" in self._cache:
-            return self._cache["n_layers"]
-        n: int | None = None
-        if self.block:
-            n = self._count_blocks()
-        else:
-            made = self._call_factory(as_policy("none"), self._target_kwargs(None))
-            n = _layer_attr(made)
-        self._cache["n_layers"] = n
-        return n
-
-    def _count_blocks(self) -> int | None:
-        counter = [0]
-        # An NNX model (or a linen one built eagerly) builds its blocks in the factory.
-        made = self._call_factory(
-            as_policy("none"),
-            self._target_kwargs(None),
-            (self.block or "", as_policy("none")),
-            counter,
-        )
-        if counter[0] or isinstance(made, nnx.Module):
-            return counter[0] or None
-        tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-        extra = hf_inputs if self.inputs == "auto" else self.inputs
-        call = type(made).__call__
-        if self.inputs == "auto" and not all(_takes(call, k) for k in HF_INPUTS):
-            extra = None
-        with patched_block(self.block or "", as_policy("none"), counter=counter):
-            jax.eval_shape(
-                lambda k, t: made.init(k, t, **(extra(t) if callable(extra) else {})),
-                jax.random.key(0),
-                tokens,
-            )
-        return counter[0] or None
+        if "n_layers" not in self._cache:
+            self._cache["n_layers"] = count_layers(self)
+        return self._cache["n_layers"]
 
     def _per_layer(self, pol: Policy, sch: Schedule) -> list[Policy]:
         n = self.n_layers()
@@ -510,49 +434,6 @@ class ModelSource:
         return out
 
 
-@contextlib.contextmanager
-def _model_errors(what: str) -> Iterator[None]:
-    # The model's own code raised as it was traced: the user's to fix, in one line (the
-    # traceback stays on the error's __cause__, which ``--debug`` shows).
-    try:
-        yield
-    except RematKitError:
-        raise
-    except Exception as err:
-        first = (str(err).strip().splitlines() or [""])[0]
-        raise BadValue(f"{what}: {type(err).__name__}: {first}") from err
-
-
-#: The mesh axes a factory's step may be split over: the batch and, by shape, the weights.
-DATA_PARALLEL = ("dp", "fsdp")
-
-
-def check_data_parallel(shard: str, spec: str) -> None:
-    """Refuses a mesh plan a factory's model cannot take: one with a model axis.
-
-    Args:
-      shard: the plan, ``fsdp:8`` (sizes may be left open).
-      spec: the factory, for the message.
-
-    Raises:
-      BadValue: naming the axes and what a factory takes.
-
-    Example:
-      >>> check_data_parallel("fsdp:4,tp:2", "f.py:model")
-      Traceback (most recent call last):
-      remat_kit.errors.BadValue: f.py:model: tp:2 splits tensors by what they mean...
-    """
-    parts = [p.strip() for p in shard.replace("+", ",").split(",")]
-    model_axes = [p for p in parts if p.split(":")[0] not in DATA_PARALLEL]
-    if model_axes:
-        raise BadValue(
-            f"{spec}: {','.join(model_axes)} splits tensors by what they mean, which a "
-            "factory's parameters do not say (no axis names); a factory takes dp and fsdp "
-            "(fsdp splits each weight along its largest dimension it divides)",
-            param="shard",
-        )
-
-
 def _schedule_policies(sch: Schedule) -> list[Any]:
     # Policies a schedule may put on layers instead of the model's: its plan's and segments'.
     out: list[Any] = [p for _, _, p in sch.plan]
@@ -560,18 +441,6 @@ def _schedule_policies(sch: Schedule) -> list[Any]:
     if sch.name in ("every", "sqrt", "nested"):
         out.append("full")
     return out
-
-
-def _layer_attr(made: Any) -> int | None:
-    for path in ("n_layers", "num_layers", "layers", "config.num_hidden_layers", "config.n_layer"):
-        obj = made
-        for part in path.split("."):
-            obj = getattr(obj, part, None)
-        if isinstance(obj, int) and obj > 0:
-            return obj
-    cfg = getattr(made, "cfg", None)
-    n = getattr(cfg, "n_layers", None)
-    return n if isinstance(n, int) and n > 0 else None
 
 
 def from_factory(

@@ -3,9 +3,10 @@
 XLA's GPU compiler turns a step into a sequence of kernels: matrix products (cuBLAS custom calls
 or Triton GEMM fusions), cuDNN attention calls, fusions that read and write device memory,
 collectives and copies to and from pinned host memory. :func:`kernels_of` walks the entry
-computation of the optimized HLO text, entering while loops (their body times the trip count
-XLA recorded, ``known_trip_count``), calls and async wrappers, and returns one
-:class:`Kernel` per distinct launch with how many times a step runs it.
+computation of the optimized HLO text (parsed by :mod:`remat_kit.timing._hlo`), entering while
+loops (their body times the trip count XLA recorded, ``known_trip_count``), calls and async
+wrappers, and returns one :class:`Kernel` per distinct launch with how many times a step runs
+it.
 
 What each kernel moves is counted at the fusion's boundary, with two corrections that matter
 for scanned layers: an operand the fusion only slices (``dynamic-slice`` of a stacked weight)
@@ -28,11 +29,23 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from remat_kit.timing._hlo import (
+    _DTYPE_BYTES,
+    _arrays,
+    _attr,
+    _backend_config,
+    _dims_attr,
+    _Instr,
+    _Module,
+    _nbytes,
+    _output_shape,
+    _parse,
+)
 
 __all__ = [
     "KINDS",
@@ -48,33 +61,6 @@ KINDS = (
     "collective",
     "host_transfer",
 )
-
-_DTYPE_BYTES = {
-    "pred": 1,
-    "s4": 0.5,
-    "u4": 0.5,
-    "s8": 1,
-    "u8": 1,
-    "f8e4m3fn": 1,
-    "f8e5m2": 1,
-    "f8e4m3": 1,
-    "f8e4m3b11fnuz": 1,
-    "f8e5m2fnuz": 1,
-    "f8e4m3fnuz": 1,
-    "s16": 2,
-    "u16": 2,
-    "f16": 2,
-    "bf16": 2,
-    "s32": 4,
-    "u32": 4,
-    "f32": 4,
-    "s64": 8,
-    "u64": 8,
-    "f64": 8,
-    "c64": 8,
-    "c128": 16,
-    "token": 0,
-}
 
 # Ops that launch nothing: names, views, control flow (walked into), the second half of a pair.
 _FREE = frozenset(
@@ -225,142 +211,7 @@ def kernels_of(hlo_text: str) -> tuple[Kernel, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Parsing: just what costing needs (shapes, operands, a few attributes).
-
-
-@dataclasses.dataclass(frozen=True)
-class _Instr:
-    name: str
-    shape: str
-    opcode: str
-    operands: tuple[str, ...]
-    attrs: str
-    is_root: bool
-    index: int | None = None  # a parameter's number
-
-
-@dataclasses.dataclass(frozen=True)
-class _Module:
-    entry: str | None
-    computations: Mapping[str, tuple[_Instr, ...]]
-    shapes: Mapping[str, str]  # instruction -> its shape text (names are module-unique)
-
-
-_COMP = re.compile(r"^(ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
-_INSTR = re.compile(r"^\s+(ROOT\s+)?%?([^\s=]+)\s*=\s*(.*)$")
-_OPCODE = re.compile(r"\s*([a-z][\w\-]*)\(")
-
-
-def _parse(text: str) -> _Module:
-    comps: dict[str, list[_Instr]] = {}
-    shapes: dict[str, str] = {}
-    entry = None
-    current: list[_Instr] | None = None
-    for line in text.splitlines():
-        if not line.strip() or line.startswith(("HloModule", "//")):
-            continue
-        if not line.startswith(" "):
-            m = _COMP.match(line)
-            if m:
-                current = comps.setdefault(m.group(2), [])
-                if m.group(1):
-                    entry = m.group(2)
-            elif line.strip() == "}":
-                current = None
-            continue
-        if current is None:
-            continue
-        m = _INSTR.match(line)
-        if not m:
-            continue
-        rest = m.group(3)
-        cut = _closing(rest, 0) + 1 if rest.startswith("(") else rest.find(" ")
-        op = _OPCODE.match(rest, cut) if cut > 0 else None
-        if op is None:
-            continue
-        end = _closing(rest, op.end() - 1)
-        inside = rest[op.end() : end].strip()
-        instr = _Instr(
-            name=m.group(2),
-            shape=rest[:cut].strip(),
-            opcode=op.group(1),
-            operands=_operands(rest[op.end() : end]),
-            attrs=rest[end + 1 :],
-            is_root=bool(m.group(1)),
-            index=int(inside) if op.group(1) == "parameter" and inside.isdigit() else None,
-        )
-        current.append(instr)
-        shapes[instr.name] = instr.shape
-    return _Module(entry, {k: tuple(v) for k, v in comps.items()}, shapes)
-
-
-def _operands(text: str) -> tuple[str, ...]:
-    # Optimized HLO names operands with a leading %; the HLO of a lowered module (before
-    # XLA's passes) prints bare names.
-    named = re.findall(r"%([^\s,()]+)", text)
-    if named or "%" in text:
-        return tuple(named)
-    return tuple(p.strip() for p in text.split(",") if re.fullmatch(r"[\w.\-]+", p.strip()))
-
-
-def _closing(text: str, start: int) -> int:
-    depth = 0
-    for j in range(start, len(text)):
-        c = text[j]
-        if c in "({":
-            depth += 1
-        elif c in ")}":
-            depth -= 1
-            if depth == 0:
-                return j
-    return len(text)
-
-
-_ARRAY = re.compile(r"([a-z]\w*)\[([\d,]*)\](\{[^}]*\})?")
-
-
-def _arrays(shape: str) -> list[tuple[str, tuple[int, ...], bool]]:
-    """(dtype, dims, on host) of each array in a shape (a tuple's leaves in order)."""
-    out = []
-    for m in _ARRAY.finditer(shape):
-        dims = tuple(int(d) for d in m.group(2).split(",") if d)
-        out.append((m.group(1), dims, "S(5)" in (m.group(3) or "")))
-    return out
-
-
-def _nbytes(shape: str) -> tuple[int, int]:
-    """(device bytes, host bytes) of a shape."""
-    dev = host = 0
-    for dtype, dims, on_host in _arrays(shape):
-        size = int(math.prod(dims) * _DTYPE_BYTES.get(dtype, 4))
-        if on_host:
-            host += size
-        else:
-            dev += size
-    return dev, host
-
-
-def _attr(attrs: str, key: str) -> str | None:
-    m = re.search(rf"\b{key}=%?([^\s,}}]+)", attrs)
-    return m.group(1) if m else None
-
-
-def _dims_attr(attrs: str, key: str) -> tuple[int, ...]:
-    m = re.search(rf"\b{key}=\{{([\d,]*)\}}", attrs)
-    return tuple(int(d) for d in m.group(1).split(",") if d) if m else ()
-
-
-def _backend_config(attrs: str) -> dict[str, Any]:
-    i = attrs.find("backend_config=")
-    if i < 0:
-        return {}
-    start = attrs.find("{", i)
-    if start < 0:
-        return {}
-    try:
-        return json.loads(attrs[start : _closing(attrs, start) + 1])
-    except ValueError:
-        return {}
+# What costing reads from an instruction's attributes (the text is parsed in timing._hlo).
 
 
 def _trip_count(instr: _Instr) -> int:
@@ -652,31 +503,6 @@ def _ragged_dot_flops(
     k = math.prod(lhs_dims[d] for d in contracting if d < len(lhs_dims))
     m = math.prod(lhs_dims) // max(1, k)
     return 2.0 * m * k * n, (m, n, k, 1)
-
-
-def _output_shape(instr: _Instr) -> str:
-    # An async start's shape is ((operands...), output, context): only the output is written.
-    if instr.opcode.endswith("-start") and instr.shape.startswith("("):
-        parts = _tuple_elements(instr.shape)
-        if len(parts) >= 2:
-            return parts[1]
-    return instr.shape
-
-
-def _tuple_elements(shape: str) -> list[str]:
-    """The top-level elements of a tuple shape's text."""
-    inner = shape[1 : _closing(shape, 0)]
-    out, depth, start = [], 0, 0
-    for j, c in enumerate(inner):
-        if c in "({[":
-            depth += 1
-        elif c in ")}]":
-            depth -= 1
-        elif c == "," and depth == 0:
-            out.append(inner[start:j].strip())
-            start = j + 1
-    out.append(inner[start:].strip())
-    return [re.sub(r"^/\*index=\d+\*/", "", e) for e in out if e]
 
 
 def _io_bytes(module: _Module, instr: _Instr, body: Iterable[_Instr] | None) -> tuple[int, int]:
