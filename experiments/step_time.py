@@ -10,8 +10,11 @@ Three checks, each printed and saved to results/step_time.json (+ step_time.png)
    (dots without batch dims + attention context), and MaxText's a3 README's 492 TFLOP/s per chip
    at batch 4 per GPU with ``minimal_with_context``.
 3. **This CPU, measured now** (``--cpu``): small presets under none / full / minimal run for real
-   on jax's CPU backend; the same walker prices the CPU compile with this CPU's measured matmul
-   rate and bandwidth (remat_kit.timing.measure_cpu_speed).
+   on jax's CPU backend; the same walker prices the CPU compile with this CPU's measured rates
+   (remat_kit.timing.measure_cpu_speed: products, loops by kind, fresh pages), and the step's
+   fresh memory (remat_kit.timing.fresh_bytes_of). The policies' steps are timed in turn,
+   round by round; each row gives, for every other policy, the rounds in which the one
+   predicted faster ran faster.
 
 ``--quick`` runs the H100 llama3.2-1b rows and the CPU check only; ``--only h100,published``
 picks parts. The JSON is rewritten after each part; parts not run keep their earlier rows.
@@ -33,7 +36,7 @@ import remat_kit as rk
 from remat_kit.analysis import abstract
 from remat_kit.policies import parse_policy
 from remat_kit.schedules import parse_schedule
-from remat_kit.timing import kernels_of, measure_cpu_speed, step_time
+from remat_kit.timing import fresh_bytes_of, kernels_of, measure_cpu_speed, step_time
 from remat_kit_models.options import Options
 from remat_kit_models.source import source_for
 
@@ -65,10 +68,10 @@ PUBLISHED = (
     ),
 )
 
-#: (model, batch, seq, steps timed, overrides) run for real on this CPU.
+#: (model, batch, seq, rounds of steps timed, overrides) run for real on this CPU.
 CPU_CASES = (
-    ("gpt2-small", 2, 256, 4, (("layers", 4),)),
-    ("llama3.2-1b", 1, 256, 3, (("layers", 2), ("vocab", 16384))),
+    ("gpt2-small", 2, 256, 6, (("layers", 4),)),
+    ("llama3.2-1b", 1, 256, 5, (("layers", 2), ("vocab", 16384))),
 )
 CPU_POLICIES = ("none", "full", "minimal")
 
@@ -208,18 +211,28 @@ def _published_rows() -> list[dict[str, Any]]:
     return rows
 
 
-_CPU_COLUMNS = ("model", "policy", "measured s", "predicted s", "error")
+_CPU_COLUMNS = (
+    "model",
+    "policy",
+    "measured s",
+    "predicted s",
+    "error",
+    "fresh GiB",
+    "kernels only error",
+    "ranking holds",
+)
 
 
 def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
     import jax
 
-    speed = measure_cpu_speed(3.0)
-    print(speed.sources[0], flush=True)
+    from remat_kit.validate import _next_args, _random_like
+
     t = rk.target("cpu")
     rows = []
-    for model, batch, seq, steps, overrides in CPU_CASES[:1] if quick else CPU_CASES:
+    for model, batch, seq, rounds, overrides in CPU_CASES[:1] if quick else CPU_CASES:
         opts = Options(model, batch, seq, overrides=overrides)
+        runs = {}
         for policy in CPU_POLICIES:
             built = source_for(opts).build_step(
                 parse_policy(policy), parse_schedule("none"), opts.train_config(), t, sharded=False
@@ -227,28 +240,98 @@ def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
             step = built.step
             args = tuple(abstract(a) for a in step.args)
             compiled = jax.jit(step.fn).lower(*args).compile()
-            predicted = step_time(kernels_of(compiled.as_text()), speed).seconds
-            from remat_kit.validate import _next_args, _random_like
-
             real = jax.jit(functools.partial(_random_like, step.args))()
-            times = []
-            for _ in range(steps + 1):
+            runs[policy] = [compiled, real, []]
+        # This VM's rates drift (bf16 products measured 84 and 170 GFLOP/s minutes apart):
+        # they are measured three times, their medians taken, and the policies' steps are
+        # timed in turn, round by round, so that a drift moves every policy alike. The
+        # rates are measured before the first step: right after the first round of the
+        # llama3.2-1b steps the same fill of fresh pages took 2.3x as long (with the same
+        # faults), and a round later it was back to its first time.
+        speeds = [measure_cpu_speed(1.5) for _ in range(3)]
+        for _ in range(rounds + 1):  # the first round is a warm-up
+            for run in runs.values():
+                compiled, real, times = run
                 start = time.perf_counter()
                 tr, opt, _loss = jax.block_until_ready(compiled(*real))
                 times.append(time.perf_counter() - start)
-                real = _next_args(real, tr, opt)
+                run[1] = _next_args(real, tr, opt)
+        speed = _median_speed(speeds)
+        print(speed.sources[0], flush=True)
+        case = []
+        for policy, (compiled, _real, times) in runs.items():
+            fresh = fresh_bytes_of(compiled.memory_analysis())
+            kernels = kernels_of(compiled.as_text())
+            predicted = step_time(kernels, speed, fresh_bytes=fresh).seconds
+            # the walker without the fresh pages (the check's first version)
+            kernels_only = step_time(kernels, speed).seconds
             meas = statistics.median(times[1:])
-            rows.append(
+            case.append(
                 {
                     "model": f"{model} {dict(overrides)} b{batch} s{seq}",
                     "policy": policy,
                     "measured s": meas,
+                    "measured runs": times[1:],
                     "predicted s": predicted,
                     "error": predicted / meas - 1,
+                    "fresh GiB": fresh / 2**30,
+                    "kernels only s": kernels_only,
+                    "kernels only error": kernels_only / meas - 1,
+                    "rates": speed.sources[0],
                 }
             )
-            print(json.dumps(rows[-1]), flush=True)
+        by_measured = [r["policy"] for r in sorted(case, key=lambda r: r["measured s"])]
+        by_predicted = [r["policy"] for r in sorted(case, key=lambda r: r["predicted s"])]
+        for r in case:
+            r["ranking holds"] = by_measured == by_predicted
+            # Each pair of policies, round by round: in how many rounds the one predicted
+            # faster ran faster (a drift between rounds moves both of a pair alike).
+            r["pairs"] = {
+                q["policy"]: _rounds_agreeing(r, q) for q in case if q["policy"] != r["policy"]
+            }
+            print(json.dumps(r), flush=True)
+        rows += case
+        del runs
     return rows
+
+
+def _rounds_agreeing(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """``"k of n"``: rounds in which the one of ``a``, ``b`` predicted faster ran faster."""
+    faster_a = a["predicted s"] < b["predicted s"]
+    rounds = list(zip(a["measured runs"], b["measured runs"], strict=True))
+    agree = sum((ta < tb) == faster_a for ta, tb in rounds)
+    return f"{agree} of {len(rounds)}"
+
+
+def _median_speed(speeds: Sequence[Any]) -> Any:
+    """Each rate of ``speeds`` (Speed values measured in turn) at its median."""
+    import dataclasses
+
+    first = speeds[0]
+    fields = {}
+    for f in dataclasses.fields(first):
+        values = [getattr(s, f.name) for s in speeds]
+        if isinstance(values[0], float):
+            fields[f.name] = statistics.median(values)
+    loops = [
+        (
+            t,
+            st,
+            statistics.median(
+                r for s in speeds for t2, st2, r in s.loop_rates if (t2, st2) == (t, st)
+            ),
+        )
+        for t, st, _ in first.loop_rates
+    ]
+    flops = [s.peak_flops for s in speeds]
+    summary = (
+        f"median of {len(speeds)} measurements: bf16 products "
+        f"{fields['peak_flops'] / 1e9:.0f} GFLOP/s (range {min(flops) / 1e9:.0f}-"
+        f"{max(flops) / 1e9:.0f}), "
+        f"in-place update {fields['memory_bandwidth'] / 1e9:.1f} GB/s, fresh pages "
+        f"{fields['fresh_bytes_per_s'] / 1e9:.1f} GB/s"
+    )
+    return dataclasses.replace(first, **fields, loop_rates=tuple(loops), sources=(summary,))
 
 
 def _plot(out: dict[str, Any], path: Any) -> None:

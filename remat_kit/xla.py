@@ -136,9 +136,10 @@ def compile_memory(
         dump = {"xla_dump_to": dump_to, "xla_dump_hlo_as_text": True} if dump_to else None
         compiled = compile_with(lowered, options, dump)
     stats = compiled.memory_analysis()
+    text = _text_of(compiled)  # printed once: a deep unrolled step's text takes a second
     lines = log.lines
     limit, saved, fell_short = _remat_from_log(lines)
-    if not fell_short and measure_xla_remat and _has_remat_clones(compiled):
+    if not fell_short and measure_xla_remat and _has_remat_clones(text):
         with captured_stderr():
             plain = compile_with(lowered, options, _DISABLE_REMAT).memory_analysis()
         saved = max(0, _peak(plain) - _peak(stats))
@@ -161,7 +162,7 @@ def compile_memory(
         xla_remat_fell_short=fell_short,
         xla_messages=tuple(parse_xla_log(lines)),
         compile_seconds=time.perf_counter() - start,
-        kernels=_kernels(compiled),
+        kernels=kernels_of(text) if text else (),
     )
 
 
@@ -253,21 +254,17 @@ def _remat_from_log(lines: list[str]) -> tuple[int | None, int, bool]:
     return None, 0, False
 
 
-def _has_remat_clones(compiled: Any) -> bool:
+def _text_of(compiled: Any) -> str:
+    # The optimized HLO of the compile the memory analysis read: the step-time model and the
+    # remat-clone check need no other.
     try:
-        text = compiled.as_text()
-    except Exception:  # a debugging API: its absence must not fail a report
-        return False
-    return _CLONE.search(_METADATA.sub("", text)) is not None
+        return compiled.as_text() or ""
+    except Exception:  # a debugging API: a backend that keeps no text gives no kernels
+        return ""
 
 
-def _kernels(compiled: Any) -> tuple[Kernel, ...]:
-    # The same compile the memory analysis read: the step-time model needs no other.
-    try:
-        text = compiled.as_text()
-    except Exception:  # a backend that keeps no text: no kernels, no time estimate
-        return ()
-    return kernels_of(text) if text else ()
+def _has_remat_clones(text: str) -> bool:
+    return bool(text) and _CLONE.search(_METADATA.sub("", text)) is not None
 
 
 def xla_peak(stats: Any) -> int | None:

@@ -240,6 +240,124 @@ def test_ring_collectives_and_hiding_behind_compute(op, factor):
     assert net.collective_seconds == pytest.approx(8e9 * factor / (50e9 * 0.8))
 
 
+@pytest.mark.parametrize("rate", [0.0, 2.5e9])
+def test_fresh_memory_is_priced_only_where_the_device_pays_for_it(rate):
+    s = dataclasses.replace(_speed(), fresh_bytes_per_s=rate)
+    k = Kernel("memory", count=1, flops=0.0, bytes=10**9)
+    base = step_time([k], s)
+    t = step_time([k], s, fresh_bytes=5 * 10**9)
+    extra = 5e9 / rate if rate else 0.0
+    assert t.memory_seconds == pytest.approx(1e9 / (3.35232e12 * 0.9) + extra)
+    assert t.seconds == pytest.approx(base.seconds + extra)
+    assert speed_of(rk.target("h100")).fresh_bytes_per_s == 0.0  # GPUs: BFC reuses memory
+
+
+def test_fresh_bytes_are_the_temporaries_and_the_outputs_no_input_donates():
+    x = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+
+    def f(a, b):
+        return jnp.tanh(a @ b) @ b + a
+
+    kept = jax.jit(f).lower(x, x).compile().memory_analysis()
+    donated = jax.jit(f, donate_argnums=0).lower(x, x).compile().memory_analysis()
+    assert kept.temp_size_in_bytes > 0
+    # independently: one f32[256,256] output, new unless the donated input takes it in place
+    assert rk.timing.fresh_bytes_of(kept) == kept.temp_size_in_bytes + 256 * 256 * 4
+    assert rk.timing.fresh_bytes_of(donated) == donated.temp_size_in_bytes
+
+
+_CPU_LOOPS = """HloModule cpu
+
+%plain (p0: f32[1024,512]) -> f32[1024,512] {
+  %p0 = f32[1024,512]{1,0} parameter(0)
+  ROOT %n = f32[1024,512]{1,0} negate(%p0)
+}
+
+%turned (p0: f32[512,1024]) -> f32[1024,512] {
+  %p0 = f32[512,1024]{1,0} parameter(0)
+  %t = f32[1024,512]{0,1} transpose(%p0), dimensions={1,0}
+  ROOT %c = f32[1024,512]{1,0} copy(%t)
+}
+
+%relabelled (p0: f32[512,1024]) -> f32[1024,512] {
+  %p0 = f32[512,1024]{1,0} parameter(0)
+  %t = f32[1024,512]{0,1} transpose(%p0), dimensions={1,0}
+  ROOT %n = f32[1024,512]{0,1} negate(%t)
+}
+
+ENTRY %main (a: f32[1024,512], b: f32[512,1024]) -> (f32[1024,512], f32[1024,512], f32[1024,512], f32[1024,512]) {
+  %a = f32[1024,512]{1,0} parameter(0)
+  %b = f32[512,1024]{1,0} parameter(1)
+  %threaded = f32[1024,512]{1,0} fusion(%a), kind=kLoop, calls=%plain, backend_config={"outer_dimension_partitions":["2"]}
+  %single = f32[1024,512]{1,0} fusion(%b), kind=kLoop, calls=%turned
+  %bitcast_like = f32[1024,512]{0,1} fusion(%b), kind=kLoop, calls=%relabelled, backend_config={"outer_dimension_partitions":["2","2"]}
+  %copied = f32[1024,512]{0,1} copy(%a)
+  ROOT %out = (f32[1024,512]{1,0}, f32[1024,512]{1,0}, f32[1024,512]{0,1}, f32[1024,512]{0,1}) tuple(%threaded, %single, %bitcast_like, %copied)
+}
+"""
+
+
+def test_cpu_loops_carry_their_threads_and_whether_they_transpose():
+    got = {k.name: (k.parts, k.strided) for k in kernels_of(_CPU_LOOPS)}
+    assert got == {
+        "threaded": (2, False),
+        "single": (1, True),  # the copy into the other layout moves the data
+        "bitcast_like": (4, False),  # the transpose only relabels the operand's layout
+        "copied": (1, True),
+    }
+
+
+def test_loops_are_priced_at_their_kinds_rate_where_the_device_has_one():
+    gpu = _speed()
+    cpu = dataclasses.replace(
+        gpu, loop_rates=((True, True, 5e9), (False, True, 1e9), (True, False, 4e10))
+    )
+    strided_only = dataclasses.replace(gpu, loop_rates=((False, True, 1e9),))
+    kernels = {k.name: k for k in kernels_of(_CPU_LOOPS)}
+    nbytes = 2 * 1024 * 512 * 4
+    assert len(kernels) == 4 and all(k.bytes == nbytes for k in kernels.values())
+    bandwidth = gpu.bytes_per_s()
+    rates = {  # name: (on cpu, on strided_only)
+        "single": (1e9, 1e9),
+        "copied": (1e9, 1e9),
+        "threaded": (4e10, bandwidth),  # a kind not listed runs at the bandwidth
+        "bitcast_like": (4e10, bandwidth),
+    }
+    for name, (on_cpu, on_strided_only) in rates.items():
+        for speed, rate in ((cpu, on_cpu), (strided_only, on_strided_only), (gpu, bandwidth)):
+            got = step_time([kernels[name]], speed).memory_seconds
+            assert got == pytest.approx(nbytes / rate), (name, speed.loop_rates)
+
+
+@pytest.mark.parametrize(("transposed", "strided"), [(False, False), (True, True)])
+def test_a_cpu_compile_of_an_update_says_whether_it_transposes(transposed, strided):
+    def update(buf, u):
+        return jax.lax.dynamic_update_index_in_dim(buf, u.T if transposed else u, 1, 0)
+
+    buf = jax.ShapeDtypeStruct((2, 256, 256), jnp.float32)
+    u = jax.ShapeDtypeStruct((256, 256), jnp.float32)
+    text = jax.jit(update, donate_argnums=0).lower(buf, u).compile().as_text()
+    loops = [k for k in kernels_of(text) if k.kind == "memory"]
+    assert loops and max(loops, key=lambda k: k.bytes).strided is strided
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="page faults counted on Linux")
+def test_fresh_bytes_are_the_pages_a_cpu_run_faults_in():
+    import resource
+
+    x = jnp.ones((1024,), jnp.float32)
+    big = jax.jit(lambda a: jnp.broadcast_to(a, (32 * 1024, 1024)) * 2.0)  # 128 MiB out
+    compiled = big.lower(x).compile()
+    jax.block_until_ready(compiled(x))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    out = jax.block_until_ready(compiled(x))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    del out
+    pages = rk.timing.fresh_bytes_of(compiled.memory_analysis()) / 4096
+    assert pages == 32 * 1024 * 1024 * 4 / 4096
+    assert 0.8 * pages < faults < 1.3 * pages
+
+
 def test_recompute_seconds_and_mfu():
     s = _speed()
     fwd = Kernel("gemm", count=1, flops=1e12, bytes=0, dtype="bf16")

@@ -14,7 +14,7 @@ Example:
 """
 
 from remat_kit.timing.kernels import KINDS, Kernel, kernels_of
-from remat_kit.timing.model import StepTime, measure_cpu_speed, step_time
+from remat_kit.timing.model import StepTime, fresh_bytes_of, measure_cpu_speed, step_time
 from remat_kit.timing.speed import Speed, speed_of
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "Kernel",
     "Speed",
     "StepTime",
+    "fresh_bytes_of",
     "kernels_of",
     "measure_cpu_speed",
     "speed_of",

@@ -134,6 +134,10 @@ class Kernel:
       ops: elementwise operations of one launch of a fusion (each computing instruction's
         elements): what makes random-number and other arithmetic-heavy fusions slower than
         their bytes.
+      parts: the threads XLA:CPU splits a loop fusion over (its ``outer_dimension_partitions``;
+        1 where it names none: one thread on a CPU, and every GPU kernel).
+      strided: a memory-bound fusion or copy that transposes (a ``transpose`` or ``copy`` that
+        changes the layout): on a CPU it walks one side across cache lines.
     """
 
     kind: str
@@ -152,6 +156,8 @@ class Kernel:
     op: str = ""
     name: str = ""
     ops: float = 0.0
+    parts: int = 1
+    strided: bool = False
 
     def to_list(self) -> list[Any]:
         """The fields in order (a compact record for the compile cache)."""
@@ -335,7 +341,8 @@ def _cost(module: _Module, instr: _Instr, times: int) -> Kernel | None:
         # In place: reads and writes the update, not the buffer.
         upd = _nbytes(module.shapes.get(instr.operands[1], ""))
         dev, host = 2 * upd[0], 2 * upd[1]
-    return _memory_or_host(dev, host, base, op, asynchronous=False)
+    kernel = _memory_or_host(dev, host, base, op, asynchronous=False)
+    return dataclasses.replace(kernel, strided=_transposes(module.shapes, instr))
 
 
 def _memory_or_host(
@@ -423,7 +430,42 @@ def _fusion(module: _Module, instr: _Instr, base: dict[str, Any], *, asynchronou
         return Kernel("gemm", flops=flops, bytes=dev, host_bytes=host, m=m, n=n, k=k, batch=b,
                       op="fusion", asynchronous=asynchronous, **base)  # fmt: skip
     kernel = _memory_or_host(dev, host, base, "fusion", asynchronous=asynchronous)
-    return dataclasses.replace(kernel, ops=_elementwise_ops(body))
+    return dataclasses.replace(
+        kernel,
+        ops=_elementwise_ops(body),
+        parts=_parts(instr.attrs),
+        strided=any(_transposes(module.shapes, i) for i in body),
+    )
+
+
+def _parts(attrs: str) -> int:
+    # XLA:CPU's loop fusions name the threads they run on: ["2"] for two.
+    parts = _backend_config(attrs).get("outer_dimension_partitions") or []
+    return max(1, math.prod(int(p) for p in parts))
+
+
+def _transposes(shapes: Mapping[str, str], instr: _Instr) -> bool:
+    """Whether ``instr`` moves data across dimensions: a ``copy`` into another layout, or a
+    ``transpose`` that is not a relabelling of its operand's layout (a bitcast)."""
+    if instr.opcode not in ("copy", "transpose") or not instr.operands:
+        return False
+    out, src = _layout(instr.shape), _layout(shapes.get(instr.operands[0], ""))
+    if out is None or src is None:
+        return False
+    if instr.opcode == "copy":
+        return out != src
+    perm = _dims_attr(instr.attrs, "dimensions")
+    return len(perm) == len(out) and tuple(perm[d] for d in out) != src
+
+
+def _layout(shape: str) -> tuple[int, ...] | None:
+    m = _LAYOUT.search(shape)
+    if m is None:
+        return None
+    return tuple(int(d) for d in m.group(1).split(",") if d)
+
+
+_LAYOUT = re.compile(r"\[[\d,]*\]\{([\d,]*)[}:]")
 
 
 # Ops that move or name data without computing on it.

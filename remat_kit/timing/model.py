@@ -41,6 +41,7 @@ from remat_kit.timing.speed import Speed
 
 __all__ = [
     "StepTime",
+    "fresh_bytes_of",
     "measure_cpu_speed",
     "step_time",
 ]
@@ -124,7 +125,11 @@ class StepTime:
 
 
 def step_time(
-    kernels: Iterable[Kernel], speed: Speed, *, devices_per_host: int | None = None
+    kernels: Iterable[Kernel],
+    speed: Speed,
+    *,
+    devices_per_host: int | None = None,
+    fresh_bytes: int = 0,
 ) -> StepTime:
     """Prices every kernel of a step on ``speed`` and adds them up.
 
@@ -133,6 +138,9 @@ def step_time(
       speed: the device's rates (:func:`remat_kit.timing.speed_of`).
       devices_per_host: devices one host holds (collectives over more cross the network);
         None: all on one host.
+      fresh_bytes: memory the step allocates afresh each run (its temporaries and the outputs
+        that alias no input: :func:`fresh_bytes_of`). Priced at ``speed.fresh_bytes_per_s``
+        as memory time; nothing where that rate is 0 (GPUs).
 
     Returns:
       The StepTime.
@@ -163,6 +171,10 @@ def step_time(
             flops += k.flops * k.count
             if not k.recompute:
                 model_flops += k.flops * k.count
+    if fresh_bytes and speed.fresh_bytes_per_s > 0:
+        # XLA:CPU takes each run's temporaries and outputs from the allocator anew, and the
+        # large ones come back as untouched pages: their first write faults every page in.
+        parts["memory"] += fresh_bytes / speed.fresh_bytes_per_s
     compute = parts["gemm"] + parts["attention"] + parts["memory"]
     hidden = min(hidden_candidates, compute)
     exposed = parts["collective"] + hidden_candidates - hidden
@@ -202,6 +214,7 @@ def _seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -> float:
     if k.kind == "host_transfer":
         link = (speed.host_link or 32e9) * speed.host_link_efficiency
         return k.host_bytes / link + memory
+    memory = k.bytes / speed.loop_bytes_per_s(k.parts > 1, k.strided)
     if k.ops and speed.alu_ops:
         return max(memory, k.ops / speed.alu_ops)
     return memory
@@ -231,13 +244,38 @@ def _collective_seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -
     return share / link
 
 
+def fresh_bytes_of(memory: Any) -> int:
+    """What a run of a compiled program allocates anew: its temporaries and the outputs that
+    alias no input (a donated parameter's update is written in place).
+
+    Args:
+      memory: ``compiled.memory_analysis()`` (anything with its ``*_size_in_bytes`` fields).
+
+    Returns:
+      Bytes, for :func:`step_time`'s ``fresh_bytes``.
+
+    Example:
+      >>> import jax, jax.numpy as jnp
+      >>> x = jax.ShapeDtypeStruct((1024,), jnp.float32)
+      >>> fresh_bytes_of(jax.jit(lambda a: a * 2).lower(x).compile().memory_analysis())
+      4096
+      >>> donated = jax.jit(lambda a: a * 2, donate_argnums=0).lower(x).compile()
+      >>> fresh_bytes_of(donated.memory_analysis())
+      0
+    """
+    out = memory.output_size_in_bytes - memory.alias_size_in_bytes
+    return int(memory.temp_size_in_bytes + max(0, out))
+
+
 def measure_cpu_speed(seconds: float = 2.0) -> Speed:
     """This CPU's rates, measured now, the way XLA's CPU programs use them.
 
     bf16 and f32 products give the matmul rates; an elementwise update in place (a donated buffer,
     so no fresh output pages are touched) the memory rate; random bits (the threefry fusion
     dropout uses) the arithmetic rate, counted as :func:`kernels_of` counts a fusion's
-    operations; a chain of tiny ops the per-kernel cost.
+    operations; a chain of tiny ops the per-kernel cost; a fill of a new output less the same
+    write in place the cost of fresh pages (what a run's newly allocated memory costs on first
+    write: on this workplace's VMs 7-15x the in-place write).
 
     Args:
       seconds: roughly how long to spend measuring.
@@ -248,6 +286,8 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
     Example:
       >>> s = measure_cpu_speed(0.2)
       >>> s.peak_flops > 1e8 and s.memory_bandwidth > 1e8 and s.alu_ops > 1e7
+      True
+      >>> s.fresh_bytes_per_s > 0
       True
     """
     import jax
@@ -272,7 +312,15 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
         state["x"] = update(state["x"])
         return state["x"]
 
-    bandwidth = 2 * 256 * 2**20 / _best(step, None, budget)
+    size = 256 * 2**20
+    bandwidth = 2 * size / _best(step, None, budget)
+    # The same bytes written into a new output each call: the allocator maps fresh pages
+    # (glibc serves blocks this large from mmap), so the write also faults every page in.
+    fill = jax.jit(lambda x: jnp.full_like(x, 2.0))
+    faults = _best(fill, state["x"], budget) - size / bandwidth
+    fresh = size / faults if faults > 0 else 0.0
+
+    loops = _loop_rates(budget)
 
     bits = jax.jit(lambda k: jax.random.bits(k, (2**22,), jnp.uint32))
     key = jax.random.key(0)
@@ -296,12 +344,58 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
         network=bandwidth,
         alu_ops=alu,
         f32_matmul_ratio=rates[jnp.float32] / flops,
+        fresh_bytes_per_s=fresh,
+        loop_rates=loops,
         sources=(
             f"measured on this CPU: bf16 / f32 products {flops / 1e9:.0f} / "
             f"{rates[jnp.float32] / 1e9:.0f} GFLOP/s, in-place update "
-            f"{bandwidth / 1e9:.1f} GB/s, random bits {alu / 1e9:.1f} Gop/s",
+            f"{bandwidth / 1e9:.1f} GB/s ("
+            + ", ".join(
+                f"{'threaded' if t else 'one thread'}{' transposing' if st else ''} {r / 1e9:.2g}"
+                for t, st, r in loops
+            )
+            + f"), fresh pages {fresh / 1e9:.1f} GB/s, random bits {alu / 1e9:.1f} Gop/s",
         ),
     )
+
+
+def _loop_rates(budget: float) -> tuple[tuple[bool, bool, float], ...]:
+    """The rates of XLA:CPU's memory-bound loops by kind, each from a program that XLA
+    compiles to one loop of that kind and in place (a donated buffer: no fresh pages): an
+    update written into a slice of a stacked buffer (one thread), the same update
+    transposed (one thread, strided), and a transposed sum (threaded, strided). Each loop's
+    bytes are counted as :func:`kernels_of` counts them, and its rate goes to the kind the
+    walker gives it: a loop XLA compiles otherwise on another CPU still prices its own
+    kind."""
+    import jax
+    import jax.numpy as jnp
+
+    from remat_kit.timing.kernels import kernels_of
+
+    n = 4096
+    upd = jnp.ones((n, n), jnp.float32)
+    programs = (
+        (lambda b, u: jax.lax.dynamic_update_index_in_dim(b, u, 1, 0), (2, n, n)),
+        (lambda b, u: jax.lax.dynamic_update_index_in_dim(b, u.T, 1, 0), (2, n, n)),
+        (lambda b, u: b + u.T, (n, n)),
+    )
+    found: dict[tuple[bool, bool], float] = {}
+    for fn, shape in programs:
+        program = jax.jit(fn, donate_argnums=0)
+        state = {"b": jnp.zeros(shape, jnp.float32)}
+        kernels = kernels_of(program.lower(state["b"], upd).compile().as_text())
+        loops = [k for k in kernels if k.kind == "memory"]
+        if not loops:
+            continue
+        main = max(loops, key=lambda k: k.bytes * k.count)
+
+        def step(_: Any, program: Any = program, state: dict[str, Any] = state) -> Any:
+            state["b"] = program(state["b"], upd)
+            return state["b"]
+
+        moved = sum(k.bytes * k.count for k in loops)
+        found.setdefault((main.parts > 1, main.strided), moved / _best(step, None, budget / 3))
+    return tuple((t, s, rate) for (t, s), rate in sorted(found.items()))
 
 
 def _best(fn: Any, x: Any, budget: float) -> float:

@@ -82,6 +82,13 @@ class Speed:
       alu_ops: elementwise operations per second of the vector units (SMs x FP32 lanes x
         clock), for arithmetic-heavy fusions (random bits for dropout).
       f32_matmul_ratio: f32 products' rate against bf16 (0.5: TF32 tensor cores).
+      fresh_bytes_per_s: how fast a step's freshly allocated memory is first written, page
+        faults included (bytes/s); 0: the allocator hands the step memory it already touched
+        (a GPU's BFC allocator), so fresh memory costs nothing extra.
+      loop_rates: ``(threaded, strided, bytes/s)`` of memory-bound loops by kind, where the
+        kind changes the rate: on a CPU, a loop XLA runs on one thread, or one that
+        transposes (:class:`remat_kit.timing.Kernel`'s ``parts`` and ``strided``). Kinds
+        not listed run at :meth:`bytes_per_s` (every kind on a GPU).
       sources: where the figures come from, in words.
     """
 
@@ -99,6 +106,8 @@ class Speed:
     network: float
     alu_ops: float = 0.0
     f32_matmul_ratio: float = 0.5
+    fresh_bytes_per_s: float = 0.0
+    loop_rates: tuple[tuple[bool, bool, float], ...] = ()
     sources: tuple[str, ...] = ()
 
     def matmul_flops_per_s(self, dtype: str) -> float:
@@ -113,6 +122,14 @@ class Speed:
     def bytes_per_s(self) -> float:
         """What a memory-bound kernel reaches (bytes read + written per second)."""
         return self.memory_bandwidth * self.memory_efficiency
+
+    def loop_bytes_per_s(self, threaded: bool, strided: bool) -> float:
+        """What a memory-bound loop of this kind reaches (:attr:`loop_rates`, else
+        :meth:`bytes_per_s`)."""
+        for t, s, rate in self.loop_rates:
+            if (t, s) == (threaded, strided) and rate > 0:
+                return rate
+        return self.bytes_per_s()
 
 
 def speed_of(target: Any) -> Speed | None:
