@@ -1,6 +1,7 @@
 """Optimized HLO text, parsed just as far as costing its kernels needs: each computation's
 instructions (name, shape text, opcode, operands, attributes), every instruction's shape, and
-what a shape holds (its arrays, their bytes in device memory and in pinned host memory).
+what a shape holds (its arrays, their bytes in device memory and in pinned host memory), and of
+a loop, the threads XLA:CPU runs it on and whether an instruction of it transposes.
 
 :mod:`remat_kit.timing.kernels` walks the parsed module and costs each launch.
 
@@ -207,3 +208,33 @@ def _tuple_elements(shape: str) -> list[str]:
             start = j + 1
     out.append(inner[start:].strip())
     return [re.sub(r"^/\*index=\d+\*/", "", e) for e in out if e]
+
+
+def _parts(attrs: str) -> int:
+    # XLA:CPU's loop fusions name the threads they run on: ["2"] for two.
+    parts = _backend_config(attrs).get("outer_dimension_partitions") or []
+    return max(1, math.prod(int(p) for p in parts))
+
+
+def _transposes(shapes: Mapping[str, str], instr: _Instr) -> bool:
+    """Whether ``instr`` moves data across dimensions: a ``copy`` into another layout, or a
+    ``transpose`` that is not a relabelling of its operand's layout (a bitcast)."""
+    if instr.opcode not in ("copy", "transpose") or not instr.operands:
+        return False
+    out, src = _layout(instr.shape), _layout(shapes.get(instr.operands[0], ""))
+    if out is None or src is None:
+        return False
+    if instr.opcode == "copy":
+        return out != src
+    perm = _dims_attr(instr.attrs, "dimensions")
+    return len(perm) == len(out) and tuple(perm[d] for d in out) != src
+
+
+def _layout(shape: str) -> tuple[int, ...] | None:
+    m = _LAYOUT.search(shape)
+    if m is None:
+        return None
+    return tuple(int(d) for d in m.group(1).split(",") if d)
+
+
+_LAYOUT = re.compile(r"\[[\d,]*\]\{([\d,]*)[}:]")

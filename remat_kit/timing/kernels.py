@@ -12,7 +12,9 @@ What each kernel moves is counted at the fusion's boundary, with two corrections
 for scanned layers: an operand the fusion only slices (``dynamic-slice`` of a stacked weight)
 costs the slice, not the stack; a fusion whose root updates a buffer in place
 (``dynamic-update-slice``) writes the update, not the buffer. Bytes in pinned host memory
-(layout memory space ``S(5)``) cross the host link, not device memory.
+(layout memory space ``S(5)``) cross the host link, not device memory. XLA:CPU's loops say how
+many threads they run on (``outer_dimension_partitions``) and whether they transpose, which a
+CPU's rates tell apart (:attr:`remat_kit.timing.Speed.loop_rates`).
 
 Recomputation is what jax's ``checkpoint`` re-runs in the backward pass (its ops are named
 ``.../rematted_computation/...``) and what XLA's own rematerialization pass cloned
@@ -45,6 +47,8 @@ from remat_kit.timing._hlo import (
     _nbytes,
     _output_shape,
     _parse,
+    _parts,
+    _transposes,
 )
 
 __all__ = [
@@ -436,36 +440,6 @@ def _fusion(module: _Module, instr: _Instr, base: dict[str, Any], *, asynchronou
         parts=_parts(instr.attrs),
         strided=any(_transposes(module.shapes, i) for i in body),
     )
-
-
-def _parts(attrs: str) -> int:
-    # XLA:CPU's loop fusions name the threads they run on: ["2"] for two.
-    parts = _backend_config(attrs).get("outer_dimension_partitions") or []
-    return max(1, math.prod(int(p) for p in parts))
-
-
-def _transposes(shapes: Mapping[str, str], instr: _Instr) -> bool:
-    """Whether ``instr`` moves data across dimensions: a ``copy`` into another layout, or a
-    ``transpose`` that is not a relabelling of its operand's layout (a bitcast)."""
-    if instr.opcode not in ("copy", "transpose") or not instr.operands:
-        return False
-    out, src = _layout(instr.shape), _layout(shapes.get(instr.operands[0], ""))
-    if out is None or src is None:
-        return False
-    if instr.opcode == "copy":
-        return out != src
-    perm = _dims_attr(instr.attrs, "dimensions")
-    return len(perm) == len(out) and tuple(perm[d] for d in out) != src
-
-
-def _layout(shape: str) -> tuple[int, ...] | None:
-    m = _LAYOUT.search(shape)
-    if m is None:
-        return None
-    return tuple(int(d) for d in m.group(1).split(",") if d)
-
-
-_LAYOUT = re.compile(r"\[[\d,]*\]\{([\d,]*)[}:]")
 
 
 # Ops that move or name data without computing on it.
