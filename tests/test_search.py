@@ -1359,7 +1359,8 @@ def test_policies_that_lower_alike_share_a_program_and_a_front_entry(small_w):
 def test_solve_without_splits_never_splits_the_layers(shed):
     """``splits=False`` is the single-group optimum, even where a layer split would be cheaper
     (the brute force says which sheds those are)."""
-    from remat_kit.search._solver import cost_model, solve
+    from remat_kit.search._costs import cost_model
+    from remat_kit.search._solver import solve
 
     tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
     w = fake3(tags, layers=4)

@@ -1,9 +1,9 @@
 """The planner: the cheapest plan whose compiled peak fits a memory budget.
 
 :func:`plan` solves the keep/recompute/offload choice per tag (and per layer range) exactly on
-its traced cost model (:mod:`remat_kit.search._solver`, a mixed-integer program for
-``scipy.optimize.milp``), then compiles the answer and corrects the model by what the compiler
-says; the algorithm is in its docstring.
+its traced cost model (:mod:`remat_kit.search._costs`; the solver, a mixed-integer program for
+``scipy.optimize.milp``, is :mod:`remat_kit.search._solver`), then compiles the answer and
+corrects the model by what the compiler says; the algorithm is in its docstring.
 
 Example:
   >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
@@ -23,7 +23,8 @@ from remat_kit.errors import BadType, BadValue
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.schedules import Schedule, label, parse_schedule
-from remat_kit.search._solver import CostModel, Solution, SolverStatus, cost_model, solve
+from remat_kit.search._costs import CostModel, cost_model
+from remat_kit.search._solver import Solution, SolverStatus, solve
 from remat_kit.search.budget import DEFAULT_HEADROOM, check_budget, limit_for
 from remat_kit.search.workload import (
     DEFAULT_HIDE,
@@ -201,7 +202,7 @@ def plan(
     2. The cost model is traced (no compile): every tag's residual bytes and recompute FLOPs
        from "save every tagged tensor" and one trace per tag, with the tags that only another's
        recompute makes needed (``out_proj`` under ``attn_out``) traced as pairs; see
-       :mod:`remat_kit.search._solver`.
+       :mod:`remat_kit.search._costs`.
     3. The keep/recompute/offload decision of every tag, in all layers or separately in the
        first ``k`` (a ``layers`` schedule; every ``k`` up to half the depth), is solved exactly
        on that model as a mixed-integer program (``scipy.optimize.milp``, HiGHS): least
