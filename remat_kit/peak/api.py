@@ -20,7 +20,8 @@ import jax
 
 from remat_kit.analysis import abstract
 from remat_kit.errors import BadValue
-from remat_kit.peak.attribute import analyse, argument_leaves, key_paths
+from remat_kit.peak.attribute import analyse
+from remat_kit.peak.classify import argument_leaves, key_paths
 from remat_kit.peak.dump import compile_with_dump, kept_leaves
 from remat_kit.peak.tags import tag_index
 from remat_kit.peak.types import (
