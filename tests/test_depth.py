@@ -386,3 +386,27 @@ def test_flops_of_an_unrolled_stack_come_from_its_copies_exactly(factory, policy
     traced = tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args))
     assert set(sources.tags(factory, CONFIG, "h100")) == set(traced)
     assert "layers_7/mixer" in traced
+
+
+def test_policies_that_match_a_copys_tags_skip_the_full_depth_tag_trace(factory, monkeypatch):
+    # minimal saves the projections of every layer, which the 3-layer copy has
+    def full_depth_trace(*args, **kwargs):
+        raise AssertionError("the tags were traced at full depth")
+
+    monkeypatch.setattr(sources.tag_checks, "tags", full_depth_trace)
+    sources.check_policies(factory, CONFIG, "h100", ["minimal", "names:save=layers_1/mixer"])
+    kept, skipped = sources.usable_policies(
+        factory, CONFIG, "h100", ["minimal", "dots_no_batch"], given=False
+    )
+    assert [p.spec for p in kept] == ["minimal", "dots_no_batch"] and skipped == []
+
+
+def test_a_name_only_a_later_layer_has_is_checked_against_the_whole_model(factory):
+    # layers_7 lies past the copies (2 and 3 layers): the whole model's tags decide
+    sources.check_policies(factory, CONFIG, "h100", ["names:save=layers_7/mixer"])
+    with pytest.raises(BadValue, match="layers_7/mixer"):  # a typo lists the model's tags
+        sources.check_policies(factory, CONFIG, "h100", ["names:save=layers_9/mixer"])
+    kept, skipped = sources.usable_policies(
+        factory, CONFIG, "h100", ["names:save=layers_7/mixer", "context"], given=False
+    )
+    assert [p.spec for p in kept] == ["names:save=layers_7/mixer"] and skipped == ["context"]

@@ -34,16 +34,14 @@ from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import ALL_SCHEDULES, BuiltModel, ModelSource, from_factory, hf_inputs
 from remat_kit.sources.steps import (
     breakdown,
-    check_policies,
     measure,
     nbytes_count,
     residuals,
     step_flop_count,
     step_flops,
-    tags,
-    usable_policies,
     workload,
 )
+from remat_kit.sources.tag_checks import check_policies, tags, usable_policies
 
 __all__ = [
     "ALL_SCHEDULES",

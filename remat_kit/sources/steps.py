@@ -19,21 +19,22 @@ import dataclasses
 import functools
 import math
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 
-from remat_kit import cache, checks
+from remat_kit import checks
 from remat_kit.analysis import MemoryReport, RematWarning, memory_report, transfer_estimate
 from remat_kit.breakdown import add_breakdown, add_measured_breakdown
 from remat_kit.errors import BadValue
 from remat_kit.flops import FlopCount, count_flops
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, PolicyLike, as_policy, recompute_instead
-from remat_kit.residuals import ResidualReport, saved_residuals, tags_in
+from remat_kit.residuals import ResidualReport, saved_residuals
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.workload import Workload
+from remat_kit.sources._remember import _remembered
 from remat_kit.sources.depth import (
     DEPTHS,
     by_depth,
@@ -45,19 +46,17 @@ from remat_kit.sources.depth import (
 )
 from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.sources.source import from_factory
+from remat_kit.sources.tag_checks import check_policies
 from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
 
 __all__ = [
     "breakdown",
-    "check_policies",
     "measure",
     "nbytes_count",
     "residuals",
     "step_flop_count",
     "step_flops",
-    "tags",
-    "usable_policies",
     "workload",
 ]
 
@@ -297,38 +296,6 @@ def _with_offload_estimate(
     )
 
 
-def _remembered(
-    kind: str,
-    source: StepSource,
-    t: Target,
-    config: TrainConfig,
-    compute: Callable[[], Any],
-    **request: Any,
-) -> Any:
-    """``compute()`` remembered on disk (``rk.cache.remember``) under the source's parts,
-    the train config, remat_kit's code and ``request``; computed each time for a source
-    that names no parts. A warm run answers without tracing; reports read back say 0 s
-    compiling."""
-    parts = source.cache_parts()
-    if parts is None:
-        return compute()
-    key = {
-        **parts,
-        "config": dataclasses.asdict(config),
-        "code_remat_kit": cache.code_fingerprint("remat_kit"),
-        **request,
-    }
-    if kind == "report":
-        encode = MemoryReport.to_dict
-
-        def decode(d: Any) -> MemoryReport:
-            return MemoryReport.from_dict({**d, "compile_seconds": 0.0})
-
-    else:
-        encode = decode = lambda value: value  # JSON-ready already
-    return cache.remember(kind, key, t, compute, encode=encode, decode=decode)
-
-
 def nbytes_count(tree: Any) -> int:
     """Number of elements in a pytree of arrays or ShapeDtypeStructs (a parameter count).
 
@@ -449,89 +416,6 @@ def breakdown(source: StepSource, config: TrainConfig, target: Target | str) -> 
     t = as_target(target)
     built = source.build_step(as_policy("none"), parse_schedule("none"), config, t)
     return dict(built.step.breakdown)
-
-
-def tags(source: StepSource, config: TrainConfig, target: Target | str) -> tuple[str, ...]:
-    """The checkpoint-name tags of the source's step; traced once per source, remembered.
-
-    Tags do not depend on the policy or the batch: one micro-batch of one sequence (the
-    smallest batch the config's accumulation allows) is traced under ``none``.
-
-    Args:
-      source: the model source.
-      config: the train config (its batch is reduced to one micro-batch).
-      target: where it would run (the attention kernel may depend on it).
-
-    Returns:
-      The sorted tags.
-    """
-    small = dataclasses.replace(config, batch=max(1, config.accum))
-    return _tags(source, small, as_target(target))
-
-
-@functools.lru_cache(maxsize=64)
-def _tags(source: StepSource, config: TrainConfig, t: Target) -> tuple[str, ...]:
-    def compute() -> list[str]:
-        none, sch = as_policy("none"), parse_schedule("none")
-        # Traced at full depth: tags name layers by index (``layers_7/mixer``).
-        step = source.build_step(none, sch, config, t, sharded=False).step
-        return sorted(tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args)))
-
-    return tuple(_remembered("tags", source, t, config, compute))
-
-
-def check_policies(
-    source: StepSource, config: TrainConfig, target: Target | str, policies: Iterable[Any]
-) -> None:
-    """Before any compile: every name-based policy must match a tag of the model.
-
-    Args:
-      source: the model source.
-      config: the train config.
-      target: the target (the attention kernel, hence the tags, may depend on it).
-      policies: policy names, specs or Policies.
-
-    Raises:
-      BadValue: the first policy that matches no tag (one line listing the tags there).
-    """
-    pols = [as_policy(p) for p in policies]
-    if not any(p.tags for p in pols):
-        return
-    there = tags(source, config, target)
-    for p in pols:
-        checks.check_policy_matches(p, there, strict=True, where=source.spec)
-
-
-def usable_policies(
-    source: StepSource,
-    config: TrainConfig,
-    target: Target | str,
-    policies: Iterable[Any],
-    *,
-    given: bool,
-) -> tuple[list[Policy], list[str]]:
-    """The policies that can act on the model, and the specs of those that cannot.
-
-    Args:
-      source: the model source.
-      config: the train config.
-      target: the target.
-      policies: policy names, specs or Policies.
-      given: the user named them: a policy matching no tag is then an error, not skipped.
-
-    Returns:
-      (kept policies, skipped specs).
-
-    Raises:
-      BadValue: ``given`` and a name-based policy that matches no tag of the model.
-    """
-    pols = [as_policy(p) for p in policies]
-    if given or not any(p.tags for p in pols):
-        check_policies(source, config, target, pols)
-        return pols, []
-    there = tags(source, config, target)
-    skipped = [p.spec for p in pols if checks.unmatched_policy(p, there)]
-    return [p for p in pols if p.spec not in skipped], skipped
 
 
 def workload(
