@@ -263,7 +263,7 @@ def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
             fresh = fresh_bytes_of(compiled.memory_analysis())
             kernels = kernels_of(compiled.as_text())
             predicted = step_time(kernels, speed, fresh_bytes=fresh).seconds
-            # the walker without the fresh pages (the check's first version)
+            # the walker without the fresh pages (its loops priced by kind all the same)
             kernels_only = step_time(kernels, speed).seconds
             meas = statistics.median(times[1:])
             case.append(
