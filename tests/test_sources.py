@@ -555,15 +555,22 @@ def test_cli_reports_at_the_fraction_the_import_set_unless_given_one(
     assert report["usable_bytes"] == math.floor(fraction * card)
 
 
-def test_cli_says_which_xla_flags_an_import_set(clean_env, capsys):
+def test_cli_says_which_xla_flags_an_import_set(clean_env, capsys, tmp_path):
     clean_env.setenv("ENVLIB_FRACTION", "0.9")
-    flags = "--xla_gpu_force_compilation_parallelism=1 --xla_gpu_enable_shared_constants=true"
+    clean_env.setenv("XLA_FLAGS", "--xla_dump_hlo_as_proto")  # the user's own: not the import's
+    # Flags this XLA knows (an unknown one is fatal at the process's first compile) and that
+    # change no figure (no dump directory is named).
+    flags = "--xla_gpu_force_compilation_parallelism=1 --xla_dump_hlo_as_text"
     clean_env.setenv("ENVLIB_XLA_FLAGS", flags)
+    out = tmp_path / "r.json"
     argv = ["report", "--model", ENV_FACTORY, "--policy", "none", "--target", "h100", "--seq", "8"]
-    assert main(argv) == 0
+    assert main([*argv, "--json", str(out)]) == 0
     shown = "".join(capsys.readouterr().out.split())  # the console wraps long words too
     said = f"note: XLA_FLAGS set by envlib at import (2 flags: {flags}): these programs were "
     assert "".join(said.split()) in shown
+    env = {e["name"]: e for e in json.loads(out.read_text())["meta"]["env_at_import"]}
+    assert env["XLA_FLAGS"]["by"] == "envlib" and env["XLA_FLAGS"]["added"] == flags.split()
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"]["value"] == "0.9"
 
 
 def test_flags_an_import_sets_reach_the_compiles_of_a_fresh_process(tmp_path):

@@ -278,6 +278,12 @@ class ModelSource:
         }
         if self.n_layers() is not None:
             meta["layers"] = self.n_layers()
+        if self.env_at_import:
+            # XLA reads XLA_FLAGS when it compiles: what the import set made these programs.
+            meta["env_at_import"] = [
+                {"name": e.name, "value": e.value, "by": e.by, "added": list(e.added())}
+                for e in self.env_at_import
+            ]
         return SourceStep(step, built.policy, built.schedule, "model's own", meta)
 
     def check_step(self, built: SourceStep, what: str) -> None:
