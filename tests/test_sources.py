@@ -557,10 +557,14 @@ def test_cli_reports_at_the_fraction_the_import_set_unless_given_one(
 
 def test_cli_says_which_xla_flags_an_import_set(clean_env, capsys, tmp_path):
     clean_env.setenv("ENVLIB_FRACTION", "0.9")
-    clean_env.setenv("XLA_FLAGS", "--xla_dump_hlo_as_proto")  # the user's own: not the import's
-    # Flags this XLA knows (an unknown one is fatal at the process's first compile) and that
-    # change no figure (no dump directory is named).
-    flags = "--xla_gpu_force_compilation_parallelism=1 --xla_dump_hlo_as_text"
+    # the user's own flag, before the import: not the import's
+    clean_env.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=true")
+    # Flags this XLA knows (an unknown one is fatal at the process's first compile) that
+    # change no figure and write nothing (a dump format without a directory dumps to "-/").
+    flags = (
+        "--xla_gpu_force_compilation_parallelism=1 "
+        "--xla_gpu_enable_llvm_module_compilation_parallelism=false"
+    )
     clean_env.setenv("ENVLIB_XLA_FLAGS", flags)
     out = tmp_path / "r.json"
     argv = ["report", "--model", ENV_FACTORY, "--policy", "none", "--target", "h100", "--seq", "8"]
