@@ -275,7 +275,7 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
     dropout uses) the arithmetic rate, counted as :func:`kernels_of` counts a fusion's
     operations; a chain of tiny ops the per-kernel cost; a fill of a new output less the same
     write in place the cost of fresh pages (what a run's newly allocated memory costs on first
-    write: on this workplace's VMs 7-15x the in-place write).
+    write: on this workplace's VMs 11-19x the in-place write).
 
     Args:
       seconds: roughly how long to spend measuring.
