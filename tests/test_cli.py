@@ -83,6 +83,41 @@ def test_compare_writes_rows(compared):
     assert [int(r["peak_bytes"]) for r in got] == [r["peak_bytes"] for r in rows]
 
 
+def test_compare_reads_the_flops_of_none_off_its_row(compared, tmp_path, monkeypatch):
+    from remat_kit import sources
+    from remat_kit_models.measure import Options, baseline_flops
+
+    _, out = compared
+    none, full, _ = json.loads((out / "rows.json").read_text())
+    # The row's FLOPs are the baseline a separate trace of "none" counts.
+    opts = Options(
+        "tiny-llama",
+        batch=2,
+        seq=256,
+        optimizer="sgd",
+        attention="xla",
+        overrides=(("width", 256), ("heads", 4)),
+    )
+    traced = baseline_flops(opts, "h100")
+    assert none["flops"] == pytest.approx(traced, rel=1e-9)
+    assert full["recompute_overhead"] == pytest.approx(full["flops"] / traced - 1, rel=1e-9)
+    assert full["recompute_overhead"] > 0.1
+
+    def separate_trace(*args, **kwargs):
+        raise AssertionError("compare traced the FLOPs of none beside its none row")
+
+    monkeypatch.setattr(sources, "step_flops", separate_trace)
+    args = ["compare", *SMALL, "--policies", "full,none", "--jobs", "1"]
+    assert main([*args, "--json", str(tmp_path / "rows.json")]) == 0
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["recompute_overhead"] for r in rows] == pytest.approx(
+        [full["recompute_overhead"], 0.0], abs=1e-12
+    )
+    # Without a "none" row the baseline is traced apart.
+    with pytest.raises(AssertionError, match="beside its none row"):
+        main(["compare", *SMALL, "--policies", "full", "--jobs", "1"])
+
+
 def test_report_prints_breakdown_and_residuals(tmp_path, capsys):
     assert main(["report", *SMALL, "--policy", "minimal", "--json", str(tmp_path / "r.json")]) == 0
     text = capsys.readouterr().out

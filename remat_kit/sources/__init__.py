@@ -39,6 +39,7 @@ from remat_kit.sources.steps import (
     residuals,
     step_flop_count,
     step_flops,
+    with_baseline,
     workload,
 )
 from remat_kit.sources.tag_checks import check_policies, tags, usable_policies
@@ -66,5 +67,6 @@ __all__ = [
     "step_flops",
     "tags",
     "usable_policies",
+    "with_baseline",
     "workload",
 ]

@@ -57,6 +57,7 @@ __all__ = [
     "residuals",
     "step_flop_count",
     "step_flops",
+    "with_baseline",
     "workload",
 ]
 
@@ -221,9 +222,7 @@ def _measure(
     else:
         report = add_breakdown(report, step)
     if baseline:
-        report = report.replace(
-            meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0}
-        )
+        report = with_baseline(report, baseline)
     if pol.offloads and report.host_bytes:
         report = _with_offload_estimate(report, source, pol, sch, config, t)
     if pol.offloads and step.plan is None and step.loss_given:
@@ -304,6 +303,25 @@ def nbytes_count(tree: Any) -> int:
       12
     """
     return int(sum(math.prod(x.shape) for x in jax.tree.leaves(tree)))
+
+
+def with_baseline(report: MemoryReport, baseline: float) -> MemoryReport:
+    """``report`` with ``meta["recompute_overhead"]``: its FLOPs over ``baseline``'s, less 1.
+
+    Args:
+      report: a compiled report (its ``flops`` counted from its own trace).
+      baseline: FLOPs of the same step without remat (``step_flops(..., "none", ...)``, or
+        the FLOPs of a ``none`` report of the same step).
+
+    Returns:
+      The report with the overhead in its meta.
+
+    Example:
+      >>> r = rk.memory_report(lambda x: x @ x, jnp.ones((4, 4)), target="h100")
+      >>> with_baseline(r, r.flops / 2).meta["recompute_overhead"]
+      1.0
+    """
+    return report.replace(meta={**report.meta, "recompute_overhead": report.flops / baseline - 1.0})
 
 
 def step_flops(
