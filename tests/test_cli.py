@@ -28,6 +28,20 @@ SMALL = [
 ]
 
 
+def _small_options():
+    """SMALL as the presets' Options, for the figures the tests compute apart."""
+    from remat_kit_models.measure import Options
+
+    return Options(
+        "tiny-llama",
+        batch=2,
+        seq=256,
+        optimizer="sgd",
+        attention="xla",
+        overrides=(("width", 256), ("heads", 4)),
+    )
+
+
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli")
@@ -47,7 +61,7 @@ def compared(tmp_path_factory):
 
 
 def test_compare_writes_rows(compared):
-    from remat_kit_models.measure import Options, residuals
+    from remat_kit_models.measure import residuals
 
     code, out = compared
     assert code == 0
@@ -67,14 +81,7 @@ def test_compare_writes_rows(compared):
     assert none["saved_vs_none"] == 0 and none["recompute_overhead"] == pytest.approx(0, abs=1e-9)
     assert full["peak_bytes"] < none["peak_bytes"]
     # What XLA put in host memory is what the trace says the policy offloads, to the byte.
-    opts = Options(
-        "tiny-llama",
-        batch=2,
-        seq=256,
-        optimizer="sgd",
-        attention="xla",
-        overrides=(("width", 256), ("heads", 4)),
-    )
+    opts = _small_options()
     offloaded = residuals(opts, "offload_dots_no_batch", "h100").bytes_by("offloaded")
     assert off["host_bytes"] == offloaded > 0 == none["host_bytes"] == full["host_bytes"]
     with open(out / "rows.csv") as f:
@@ -85,19 +92,12 @@ def test_compare_writes_rows(compared):
 
 def test_compare_reads_the_flops_of_none_off_its_row(compared, tmp_path, monkeypatch):
     from remat_kit import sources
-    from remat_kit_models.measure import Options, baseline_flops
+    from remat_kit_models.measure import baseline_flops
 
     _, out = compared
     none, full, _ = json.loads((out / "rows.json").read_text())
     # The row's FLOPs are the baseline a separate trace of "none" counts.
-    opts = Options(
-        "tiny-llama",
-        batch=2,
-        seq=256,
-        optimizer="sgd",
-        attention="xla",
-        overrides=(("width", 256), ("heads", 4)),
-    )
+    opts = _small_options()
     traced = baseline_flops(opts, "h100")
     assert none["flops"] == pytest.approx(traced, rel=1e-9)
     assert full["recompute_overhead"] == pytest.approx(full["flops"] / traced - 1, rel=1e-9)
