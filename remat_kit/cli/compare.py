@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import time
 import warnings
 from pathlib import Path
@@ -99,10 +98,9 @@ def run(args: argparse.Namespace) -> int:
     # a tenth of compare's time) is made only without one. Not for a sharded step, whose
     # rows trace the program the mesh runs.
     plain = [i for i, (p, s) in enumerate(cases) if p.spec == "none" and s.name == "none"]
-    if not plain or run.source.mesh_plan(target) is not None:
-        baseline = sources.step_flops(run.source, "none", target, run.config)
-    else:
-        baseline = None
+    if run.source.mesh_plan(target) is not None:
+        plain = []
+    baseline = None if plain else sources.step_flops(run.source, "none", target, run.config)
     # The programs are independent: with --jobs N they compile side by side in N processes
     # (not for a local target: workers compile for jax's CPU platform).
     jobs = 1 if target.kind == "local" else args.jobs
@@ -122,9 +120,8 @@ def run(args: argparse.Namespace) -> int:
             )
     if baseline is None:
         baseline = reports[plain[0]].flops
-        if not math.isfinite(baseline) or baseline <= 0:  # a trace its FLOP count could not read
-            baseline = sources.step_flops(run.source, "none", target, run.config)
-        reports = [sources.with_baseline(r, baseline) for r in reports]
+        if baseline:  # as measure() takes it: no FLOPs, no overhead
+            reports = [sources.with_baseline(r, baseline) for r in reports]
     seconds = time.perf_counter() - start
     rows = compare_rows(reports)
     out = console(args.wide)
