@@ -235,22 +235,12 @@ _CPU_COLUMNS = (
 def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
     import jax
 
-    from remat_kit.validate import _next_args, _random_like
+    from remat_kit.validate import _next_args
 
-    t = rk.target("cpu")
     rows = []
     for model, batch, seq, rounds, overrides in CPU_CASES[:1] if quick else CPU_CASES:
         opts = Options(model, batch, seq, overrides=overrides)
-        runs = {}
-        for policy in CPU_POLICIES:
-            built = source_for(opts).build_step(
-                parse_policy(policy), parse_schedule("none"), opts.train_config(), t, sharded=False
-            )
-            step = built.step
-            args = tuple(abstract(a) for a in step.args)
-            compiled = jax.jit(step.fn).lower(*args).compile()
-            real = jax.jit(functools.partial(_random_like, step.args))()
-            runs[policy] = [compiled, real, []]
+        runs = {policy: [*cpu_step(opts, policy), []] for policy in CPU_POLICIES}
         # This VM's rates drift (bf16 products measured 84 and 170 GFLOP/s minutes apart):
         # they are measured three times, their medians taken, and the policies' steps are
         # timed in turn, round by round, so that a drift moves every policy alike. The
@@ -308,6 +298,25 @@ def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
         rows += case
         del runs
     return rows
+
+
+def cpu_step(opts: Options, policy: str) -> tuple[Any, Any]:
+    """The train step of ``opts`` under ``policy`` compiled for this CPU, and random arguments
+    of its shapes on it (``validate``'s own), ready to run."""
+    import jax
+
+    from remat_kit.validate import _random_like
+
+    built = source_for(opts).build_step(
+        parse_policy(policy),
+        parse_schedule("none"),
+        opts.train_config(),
+        rk.target("cpu"),
+        sharded=False,
+    )
+    step = built.step
+    compiled = jax.jit(step.fn).lower(*(abstract(a) for a in step.args)).compile()
+    return compiled, jax.jit(functools.partial(_random_like, step.args))()
 
 
 def _rounds_agreeing(a: dict[str, Any], b: dict[str, Any]) -> str:
