@@ -17,6 +17,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 
+from remat_kit.targets.codegen import PROCESS_FLAGS
+
 HERE = Path(__file__).resolve().parent
 
 #: A small bf16 Llama whose train step shows remat effects on a GPU target.
@@ -97,7 +99,13 @@ def _run_in_background(groups: list[str]) -> None:
     env = {  # taken here, not in the thread, while a test may be changing os.environ
         **os.environ,
         # -O0 code generation: a third of the compile time, the same HLO (the same numbers).
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
+        "XLA_FLAGS": " ".join(
+            [
+                "--xla_force_host_platform_device_count=8",
+                "--xla_backend_optimization_level=0",
+                *PROCESS_FLAGS,
+            ]
+        ),
         "JAX_PLATFORMS": "cpu",
     }
 
@@ -130,7 +138,9 @@ def _sharded_steps_in_background(request, _private_compile_cache):
     """Starts the sharded-step runs the collected tests will read, in the order they come."""
     files = [item.path.name for item in request.session.items]
     groups = [SHARDED_GROUPS[f] for f in dict.fromkeys(files) if f in SHARDED_GROUPS]
-    if groups:
+    # Under pytest-xdist every worker collects every test but runs only its share: started
+    # here, each group would run once per worker. There the test that reads a group starts it.
+    if groups and "PYTEST_XDIST_WORKER" not in os.environ:
         _run_in_background(groups)
     yield
     _session_over.set()

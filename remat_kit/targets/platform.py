@@ -18,6 +18,7 @@ from typing import Any
 import jax
 
 from remat_kit.errors import TargetError
+from remat_kit.targets.codegen import set_process_flags
 
 __all__ = [
     "configure_for_deviceless",
@@ -40,13 +41,15 @@ def configure_for_deviceless() -> None:
     for a driver that is absent. This does nothing if jax's backends are already initialized or if
     ``JAX_PLATFORMS``/``JAX_SKIP_CUDA_CONSTRAINTS_CHECK`` (or ``jax.config.jax_platforms``) is
     already set. Note it also makes the ``"local"`` target the CPU: skip it when measuring on a
-    real GPU.
+    real GPU. Before jax's backends start it also puts
+    :data:`~remat_kit.targets.codegen.PROCESS_FLAGS` in ``XLA_FLAGS`` (XLA reads them then).
 
     Example:
       >>> configure_for_deviceless()
     """
     if _backends_initialized():
         return
+    set_process_flags()
     if os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK"):
         return
     if "jax" in sys.modules:
