@@ -1,17 +1,110 @@
-"""Walking jaxprs: the one place that knows where sub-jaxprs hide in an equation's params.
+"""Walking jaxprs: the one place that knows where sub-jaxprs hide in an equation's params,
+and which equations are a ``checkpoint_name`` tag or a ``jax.checkpoint`` call.
 
 flops (FLOP counts), residuals (what a policy saves) and peak (which tag a buffer holds) all
 descend into scans, conds, pjit/remat calls and custom_vjp bodies the same way.
+
+jax has two remat implementations, chosen by its ``jax_remat3`` flag (env ``JAX_REMAT3``; "on
+its way to becoming the default"). By default ``checkpoint_name`` binds ``name_p`` and
+``jax.checkpoint`` binds ``remat2`` (printed ``checkpoint`` by older releases). With the flag
+on (jax 0.12) both are "hi" primitives: the equation's primitive is ``call_hi_primitive`` for
+every one of them and its one param ``_prim`` is the object that says what it is (jax's
+``CheckpointName`` or ``RematTraced``, whose ``params``/``jaxpr``/``policy`` are attributes);
+a jaxpr prints it under that object's name. jax's own ``saved_residuals`` tells the two apart
+the same way (``jax/_src/ad_checkpoint.py``, ``get_name``). The helpers here read both forms,
+so the walkers never look at a primitive's printed name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jax.extend import core
 
-__all__ = ["open_jaxpr", "sub_jaxprs"]
+__all__ = [
+    "is_checkpoint",
+    "kind_of",
+    "open_jaxpr",
+    "params_of",
+    "sub_jaxprs",
+    "tag_of",
+]
+
+#: What jax calls a ``jax.checkpoint`` call: the primitive by default, the hi object's type
+#: under ``jax_remat3``.
+_CHECKPOINT_NAMES = frozenset({"checkpoint", "remat2", "remat", "RematTraced"})
+#: The same for ``checkpoint_name`` (``CheckpointNameFwd``: its forward half, jax 0.12).
+_TAG_TYPES = frozenset({"CheckpointName", "CheckpointNameFwd"})
+
+
+def _hi(eqn: Any) -> Any:
+    """The hi object of a ``call_hi_primitive`` equation (``jax_remat3``), else None."""
+    params = eqn.params
+    return params.get("_prim") if isinstance(params, Mapping) and len(params) == 1 else None
+
+
+def kind_of(eqn: Any) -> str:
+    """What an equation binds: its primitive's name, or its hi object's type name.
+
+    Example:
+      >>> import jax
+      >>> kind_of(jax.make_jaxpr(jax.checkpoint(lambda x: x * 2))(1.0).eqns[0]) in (
+      ...     "remat2", "RematTraced")
+      True
+    """
+    hi = _hi(eqn)
+    return type(hi).__name__ if hi is not None else eqn.primitive.name
+
+
+def params_of(eqn: Any) -> Mapping[str, Any]:
+    """An equation's params: its hi object's (``params``, ``jaxpr``, ``policy``) under
+    ``jax_remat3``, else ``eqn.params``.
+
+    Example:
+      >>> import jax
+      >>> from jax.ad_checkpoint import checkpoint_name
+      >>> params_of(jax.make_jaxpr(lambda x: checkpoint_name(x, "t"))(1.0).eqns[0])["name"]
+      't'
+    """
+    hi = _hi(eqn)
+    if hi is None:
+        return eqn.params
+    out = dict(getattr(hi, "params", None) or {})
+    for key in ("jaxpr", "policy", "prevent_cse"):
+        if hasattr(hi, key):
+            out.setdefault(key, getattr(hi, key))
+    return out
+
+
+def tag_of(eqn: Any) -> str | None:
+    """The tag of a ``checkpoint_name`` equation (either remat implementation), else None.
+
+    Example:
+      >>> import jax
+      >>> from jax.ad_checkpoint import checkpoint_name
+      >>> tag_of(jax.make_jaxpr(lambda x: checkpoint_name(x, "t"))(1.0).eqns[0])
+      't'
+      >>> tag_of(jax.make_jaxpr(lambda x: x * 2)(1.0).eqns[0]) is None
+      True
+    """
+    hi = _hi(eqn)
+    if hi is not None:
+        return str(hi.name) if type(hi).__name__ in _TAG_TYPES else None
+    if eqn.primitive.name == "name" and "name" in eqn.params:
+        return str(eqn.params["name"])
+    return None
+
+
+def is_checkpoint(eqn: Any) -> bool:
+    """Whether ``eqn`` is a ``jax.checkpoint`` call (either remat implementation).
+
+    Example:
+      >>> import jax
+      >>> is_checkpoint(jax.make_jaxpr(jax.checkpoint(lambda x: x * 2))(1.0).eqns[0])
+      True
+    """
+    return kind_of(eqn) in _CHECKPOINT_NAMES
 
 
 def sub_jaxprs(eqn: Any, keys: Iterable[str] | None = None) -> list[Any]:
@@ -31,7 +124,8 @@ def sub_jaxprs(eqn: Any, keys: Iterable[str] | None = None) -> list[Any]:
       >>> len(sub_jaxprs(eqn))
       2
     """
-    params = eqn.params if keys is None else {k: eqn.params[k] for k in keys if k in eqn.params}
+    every = params_of(eqn)
+    params = every if keys is None else {k: every[k] for k in keys if k in every}
     out: list[Any] = []
     seen: set[int] = set()
     for value in params.values():

@@ -44,7 +44,7 @@ def default_jobs() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
-def run(
+def run[T, R](
     fn: Callable[[T], R],
     items: Iterable[T],
     jobs: int,

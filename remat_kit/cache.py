@@ -227,8 +227,10 @@ def _target_parts(target: Any) -> dict[str, Any]:
     }
 
 
-#: jax settings that change what a traced program is (dtypes, matmul precision, promotion).
+#: jax settings that change what a traced program is (dtypes, matmul precision, promotion,
+#: and jax_remat3: which remat implementation traces jax.checkpoint and checkpoint_name).
 _JAX_SETTINGS = (
+    "jax_remat3",
     "jax_enable_x64",
     "jax_default_matmul_precision",
     "jax_numpy_dtype_promotion",

@@ -30,7 +30,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
+from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs
 from remat_kit._shapes import array_bytes
 from remat_kit.analysis import MemoryReport, RematWarning
 from remat_kit.errors import BadValue
@@ -185,8 +185,9 @@ def checkpoint_policies(closed: Any) -> list[tuple[Any, frozenset[str]]]:
 
     def walk(jaxpr: Any) -> None:
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name in ("checkpoint", "remat2", "remat"):
-                out.append((eqn.params.get("policy"), frozenset(tags_in(eqn.params["jaxpr"]))))
+            if is_checkpoint(eqn):
+                params = params_of(eqn)
+                out.append((params.get("policy"), frozenset(tags_in(params["jaxpr"]))))
             for sub in sub_jaxprs(eqn):
                 walk(open_jaxpr(sub))
 
@@ -440,7 +441,6 @@ def expert_dots_recomputed(closed: Any) -> Note | None:
     )
 
 
-_CHECKPOINT_PRIMS = ("checkpoint", "remat2", "remat")
 #: Ops that change a value's dtype or layout but not what it is (a weight stays a weight).
 _LAYOUT = {"convert_element_type", "copy", "copy_p", "reshape", "transpose", "squeeze"}
 
@@ -455,9 +455,10 @@ def _missed_by_dot_policies(
     def walk(jaxpr: Any, runs: int) -> None:
         for eqn in jaxpr.eqns:
             name = eqn.primitive.name
-            if name in _CHECKPOINT_PRIMS and not eqn.params.get("differentiated"):
-                fn = eqn.params.get("policy")
-                body = open_jaxpr(eqn.params["jaxpr"])
+            params = params_of(eqn)
+            if is_checkpoint(eqn) and not params.get("differentiated"):
+                fn = params.get("policy")
+                body = open_jaxpr(params["jaxpr"])
                 if fn is not None and keeps_dots(fn):
                     nbytes = _recomputed_bytes(fn, body, counts)
                     if nbytes:
@@ -551,7 +552,7 @@ def _recomputed_bytes(
                 aval = eqn.outvars[0].aval
                 total += times * array_bytes(aval.shape, aval.dtype)
             continue
-        if name in _CHECKPOINT_PRIMS:
+        if is_checkpoint(eqn):
             continue
         inner = times * int(eqn.params.get("length", 1)) if name == "scan" else times
         for sub in sub_jaxprs(eqn):

@@ -10,14 +10,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
-import functools
 import inspect
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
-from jax.ad_checkpoint import Offloadable, Saveable, checkpoint_name
+from jax.ad_checkpoint import Offloadable, Saveable, name_p
 
 from remat_kit import names as _names
 from remat_kit.errors import BadType, BadValue, unknown
@@ -127,11 +126,11 @@ def decide(p: Policy | Callable[..., Any], name: str) -> PolicyKind:
     return _kind(p(_name_primitive(), name=name))
 
 
-@functools.cache
 def _name_primitive() -> Any:
-    # The primitive that checkpoint_name binds, found through the public API (tracing one call)
-    # rather than imported from jax._src, whose layout changes between releases.
-    return jax.make_jaxpr(lambda x: checkpoint_name(x, "t"))(0.0).eqns[0].primitive
+    # The primitive a policy is asked about for a checkpoint_name tag. Under jax_remat3 the
+    # tag's equation binds a "hi" primitive, but policies are still asked with name_p
+    # (jax/_src/ad_checkpoint.py, CheckpointName.remat), which jax 0.12 exports.
+    return name_p
 
 
 def _kind(out: Any) -> PolicyKind:

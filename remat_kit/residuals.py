@@ -17,7 +17,7 @@ from typing import Any
 import jax
 from jax.extend import core
 
-from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
+from remat_kit._jaxpr import is_checkpoint, kind_of, open_jaxpr, params_of, sub_jaxprs, tag_of
 from remat_kit._shapes import array_bytes
 from remat_kit.flops import scan_operand_split
 from remat_kit.policies import Policy, as_policy, decide
@@ -44,6 +44,7 @@ _CALLS = {
     "remat2",
     "remat",
     "checkpoint",
+    "RematTraced",
     "custom_jvp_call",
     "custom_vjp_call",
     "custom_vjp_call_jaxpr",
@@ -259,10 +260,10 @@ def tags_in(closed: Any) -> dict[str, tuple[int, int]]:
 
 def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> None:
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "name":
+        name = tag_of(eqn)
+        if name is not None:
             aval = eqn.outvars[0].aval
             nbytes = array_bytes(aval.shape, aval.dtype)
-            name = str(eqn.params["name"])
             prev = out.get(name, (nbytes, 0))
             out[name] = (max(prev[0], nbytes), prev[1] + mult)
             continue
@@ -282,8 +283,8 @@ def _aliases(jaxpr: Any) -> dict[str, set[str]]:
     def walk(jx: Any) -> None:
         made = {}
         for eqn in jx.eqns:
-            if eqn.primitive.name == "name":
-                name = str(eqn.params["name"])
+            name = tag_of(eqn)
+            if name is not None:
                 made[eqn.outvars[0]] = name
                 inner = (
                     made.get(eqn.invars[0]) if not isinstance(eqn.invars[0], core.Literal) else None
@@ -300,9 +301,6 @@ def _aliases(jaxpr: Any) -> dict[str, set[str]]:
     return groups
 
 
-_CHECKPOINTS = ("checkpoint", "remat2", "remat")
-
-
 def _segment_offloaded(jaxpr: Any) -> int:
     """The most bytes the checkpoints inside one checkpoint (a segment) offload.
 
@@ -313,8 +311,8 @@ def _segment_offloaded(jaxpr: Any) -> int:
     """
     most = 0
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name in _CHECKPOINTS:
-            body = eqn.params["jaxpr"]
+        if is_checkpoint(eqn):
+            body = params_of(eqn)["jaxpr"]
             if _holds_checkpoint(open_jaxpr(body)):
                 most = max(most, _offloaded_by(body))
             continue
@@ -325,8 +323,7 @@ def _segment_offloaded(jaxpr: Any) -> int:
 
 def _holds_checkpoint(jaxpr: Any) -> bool:
     return any(
-        eqn.primitive.name in _CHECKPOINTS
-        or any(_holds_checkpoint(open_jaxpr(sub)) for sub in sub_jaxprs(eqn))
+        is_checkpoint(eqn) or any(_holds_checkpoint(open_jaxpr(sub)) for sub in sub_jaxprs(eqn))
         for eqn in jaxpr.eqns
     )
 
@@ -370,9 +367,9 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
         eqn = prods.get(v)
         if eqn is None:
             return "<constant>", layers, "a constant"
-        prim = eqn.primitive.name
-        if prim == "name":
-            return str(eqn.params["name"]), layers, _where(eqn)
+        prim = kind_of(eqn)
+        if (tag := tag_of(eqn)) is not None:
+            return tag, layers, _where(eqn)
         # jax's dot policies save (or offload) a matmul's output before the name op
         # that tags it: report the value under the tag its consumer gives it.
         tag = _tag_of_value(v, prods)
@@ -402,8 +399,8 @@ def _trace_back(v: Any, producers: Mapping[Any, Any], invars: list[Any]) -> tupl
 def _tag_of_value(v: Any, producers: Mapping[Any, Any], hops: int = 2) -> str | None:
     eqns = list(producers.values())
     for eqn in eqns:
-        if eqn.primitive.name == "name" and eqn.invars[0] is v:
-            return str(eqn.params["name"])
+        if eqn.invars and eqn.invars[0] is v and (tag := tag_of(eqn)) is not None:
+            return tag
     if hops == 0:
         return None
     # A layer with a bias (GPT-2's Dense) tags dot + bias: jax's dot policies keep the dot's

@@ -36,7 +36,7 @@ def _is_nnx_class(obj: Any) -> bool:
     return inspect.isclass(obj) and issubclass(obj, nnx.Module)
 
 
-def _wrap(
+def _wrap[T](
     target: T,
     p: Policy,
     prevent_cse: bool,

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
+from remat_kit._jaxpr import open_jaxpr, sub_jaxprs, tag_of
 from remat_kit.peak.parsers import xla_dtype
 
 __all__ = [
@@ -107,23 +107,24 @@ def tag_index(closed: Any) -> dict[tuple[str, ...], list[Tag]]:
             stack = f"{prefix}/{eqn.source_info.name_stack}"
             for v in eqn.outvars:
                 producers[v] = eqn
-            if eqn.primitive.name == "name" and "name" in eqn.params:
+            tag = tag_of(eqn)
+            if tag is not None:
                 src = eqn.invars[0]
                 prod = producers.get(src)
                 while prod is not None and prod.primitive.name in _PASS_THROUGH:
                     keys = [
                         module_path(f"{prefix}/{prod.source_info.name_stack}/{prod.primitive.name}")
                     ]
-                    _add_tag(index, keys[0], eqn.params["name"], src.aval)
+                    _add_tag(index, keys[0], tag, src.aval)
                     src = prod.invars[0]
                     prod = producers.get(src)
                 if prod is not None:
                     key = module_path(
                         f"{prefix}/{prod.source_info.name_stack}/{prod.primitive.name}"
                     )
-                    _add_tag(index, key, eqn.params["name"], src.aval)
+                    _add_tag(index, key, tag, src.aval)
                 elif hasattr(src, "aval"):  # a tagged input of a (scan) body
-                    _add_tag(index, INPUT_KEY, eqn.params["name"], src.aval)
+                    _add_tag(index, INPUT_KEY, tag, src.aval)
             for sub in sub_jaxprs(eqn):
                 walk(open_jaxpr(sub), stack)
 

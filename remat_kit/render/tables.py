@@ -166,7 +166,11 @@ def compare_table(
         run_words(opts)
         + (f" {opts.shard} over {target.devices} GPUs, per GPU" if opts.shard else "")
         + f" on {target.name} ({gib(target.memory_bytes)} GiB), attention={rows[0]['attention']}"
-        + training_line(rows[0].get("meta_precision"), rows[0].get("meta_dropout"))
+        + training_line(
+            rows[0].get("meta_precision"),
+            rows[0].get("meta_dropout"),
+            rows[0].get("meta_remat_impl"),
+        )
     )
     remembered = sum(1 for row in rows if row["compile_seconds"] == 0.0)
     caption = f"{fits_rule(target)}\n{len(rows)} programs in {seconds:.1f} s" + (
@@ -267,7 +271,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     title = (
         f"{m.get('model')} b{m.get('batch')} s{m.get('seq')} {m.get('optimizer')} "
         f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.name}"
-        + training_line(m.get("precision"), m.get("dropout"))
+        + training_line(m.get("precision"), m.get("dropout"), m.get("remat_impl"))
     )
     table = Table(title=title, show_header=True)
     table.add_column("what")

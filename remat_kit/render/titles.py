@@ -85,10 +85,22 @@ def run_words(opts: RunOptions, *, batch: bool = True) -> str:
     )
 
 
-def training_line(precision: Mapping[str, str] | None, dropout: float | None) -> str:
-    words = precision_words(precision)
+def training_line(
+    precision: Mapping[str, str] | None, dropout: float | None, remat_impl: str | None = None
+) -> str:
+    """The title's second line: the precision regime, dropout, and jax's remat
+    implementation when it is not the default (``meta["remat_impl"]``).
+
+    Example:
+      >>> training_line(None, 0.1, "remat3")
+      '\\ndropout 0.1 (applied); traced with jax_remat3'
+    """
+    parts = [precision_words(precision)]
     if dropout:
-        words += f"{'; ' if words else ''}dropout {dropout:g} (applied)"
+        parts.append(f"dropout {dropout:g} (applied)")
+    if remat_impl == "remat3":
+        parts.append("traced with jax_remat3")
+    words = "; ".join(p for p in parts if p)
     return f"\n{words}" if words else ""
 
 

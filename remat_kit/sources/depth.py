@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
+from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs
 from remat_kit.analysis import MemoryReport, report_notes
 from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, live_sections
@@ -288,8 +288,8 @@ def check_depth(depth: str) -> str:
 VERIFY_MARGIN = 0.02
 
 
-_CHECKPOINTS = ("checkpoint", "remat2", "remat")
-_TAG = re.compile(r"name\[name=[^\]]*\]")
+# A tag as a jaxpr prints it: name[name=...], CheckpointName[name=...] under jax_remat3.
+_TAG = re.compile(r"[Nn]ame(?:Fwd)?\[name=[^\]]*\]")
 
 
 def layer_kinds(closed: Any) -> int | None:
@@ -313,9 +313,9 @@ def layer_kinds(closed: Any) -> int | None:
 
     def walk(jaxpr: Any) -> None:
         for eqn in jaxpr.eqns:
-            if eqn.primitive.name in _CHECKPOINTS:
+            if is_checkpoint(eqn):
                 # Tag names carry the layer's path (layers_3/mixer): not the computation.
-                body = _TAG.sub("name[]", str(open_jaxpr(eqn.params["jaxpr"])))
+                body = _TAG.sub("name[]", str(open_jaxpr(params_of(eqn)["jaxpr"])))
                 bodies.append(body)
                 continue  # a checkpoint inside a layer is part of that layer
             for sub in sub_jaxprs(eqn):

@@ -177,6 +177,9 @@ def _measure(
         "accum": config.accum,
         "precision": dict(step.precision),
         "tokens_per_step": config.batch * config.seq,
+        # Which of jax's remat implementations traced the step (its jax_remat3 flag): the
+        # two can give another program for the same policy.
+        "remat_impl": "remat3" if jax.config.jax_remat3 else "default",
         **built.meta,
     }
     if step.plan is not None:
@@ -236,7 +239,7 @@ def _measure(
         # A dot policy on a mixture of experts recomputes the grouped expert GEMMs (jax's
         # dot policies see dot_general only): say so, with the bytes.
         ways = step.plan.data_size if step.plan is not None else 1
-        notes = _expert_notes(source, pol, sch, config, t, ways)
+        notes = _expert_notes(source, pol, sch, config, t, ways, bool(jax.config.jax_remat3))
         report = report.replace(notes=(*report.notes, *notes))
     return report
 
@@ -249,7 +252,10 @@ def _expert_notes(
     config: TrainConfig,
     t: Target,
     ways: int,
+    remat3: bool,
 ) -> tuple[Note, ...]:
+    # remat3: jax's remat implementation, part of the memo's key only (the trace below runs
+    # under the flag as it is).
     # Traced (not compiled) at one GPU's micro-batch, unsharded: the forward program, where
     # each checkpoint's body is what its policy decides on.
     one = dataclasses.replace(config, batch=max(1, config.micro_batch // ways), accum=1)

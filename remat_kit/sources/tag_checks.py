@@ -48,11 +48,13 @@ def tags(source: StepSource, config: TrainConfig, target: Target | str) -> tuple
       The sorted tags.
     """
     small = dataclasses.replace(config, batch=max(1, config.accum))
-    return _tags(source, small, as_target(target))
+    return _tags(source, small, as_target(target), bool(jax.config.jax_remat3))
 
 
 @functools.lru_cache(maxsize=64)
-def _tags(source: StepSource, config: TrainConfig, t: Target) -> tuple[str, ...]:
+def _tags(source: StepSource, config: TrainConfig, t: Target, remat3: bool) -> tuple[str, ...]:
+    # remat3 (jax's remat implementation) is part of the memo's key only: the trace below
+    # runs under the flag as it is, and a process may switch it between two calls.
     def compute() -> list[str]:
         none, sch = as_policy("none"), parse_schedule("none")
         # Traced at full depth: tags name layers by index (``layers_7/mixer``).
