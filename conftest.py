@@ -18,6 +18,9 @@ import os
 import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Tables fit $COLUMNS (remat_kit.render.format): the tests read output written to a file, as in
+# CI, unless a test sets a width itself. pytest-xdist's workers start with COLUMNS=80.
+os.environ.pop("COLUMNS", None)
 # The suite's CPU runs compare numbers, not speed: LLVM's optimisation of the CPU code is
 # about a third of each CPU compile (tests/test_schedules: 172 s -> 107 s without it) and
 # comes after the buffer assignment every figure is read from. Set before jax starts, so the
