@@ -58,8 +58,8 @@ def kind_of(eqn: Any) -> str:
 
 
 def params_of(eqn: Any) -> Mapping[str, Any]:
-    """An equation's params: its hi object's (``params``, ``jaxpr``, ``policy``) under
-    ``jax_remat3``, else ``eqn.params``.
+    """An equation's params: its hi object's ``params`` under ``jax_remat3`` (a
+    ``RematTraced``'s hold its ``jaxpr``, ``policy`` and ``prevent_cse``), else ``eqn.params``.
 
     Example:
       >>> import jax
@@ -68,13 +68,7 @@ def params_of(eqn: Any) -> Mapping[str, Any]:
       't'
     """
     hi = _hi(eqn)
-    if hi is None:
-        return eqn.params
-    out = dict(getattr(hi, "params", None) or {})
-    for key in ("jaxpr", "policy", "prevent_cse"):
-        if hasattr(hi, key):
-            out.setdefault(key, getattr(hi, key))
-    return out
+    return eqn.params if hi is None else getattr(hi, "params", None) or {}
 
 
 def tag_of(eqn: Any) -> str | None:
