@@ -130,7 +130,8 @@ def remat3(args: argparse.Namespace) -> list[dict]:
             }
             for p in off_p
         ]
-        print(table(rows, ["model", "policy", "off_gib", "on_gib", "equal"], f"jax_remat3: {label}"))
+        columns = ["model", "policy", "off_gib", "on_gib", "equal"]
+        print(table(rows, columns, f"jax_remat3: {label}"))
         print(f"compile: off {off_s:.1f} s, on {on_s:.1f} s; meta_remat_impl with it on: {impl}")
         out += rows
     return out

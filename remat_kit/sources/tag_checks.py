@@ -104,7 +104,8 @@ def _copy_tags(source: StepSource, config: TrainConfig, t: Target) -> tuple[str,
     copies = shallow_copies(source, parse_schedule("none"), t)
     if copies is None:
         return None
-    return _tags(copies[-1], dataclasses.replace(config, batch=max(1, config.accum)), t)
+    small = dataclasses.replace(config, batch=max(1, config.accum))
+    return _tags(copies[-1], small, t, bool(jax.config.jax_remat3))
 
 
 def usable_policies(
