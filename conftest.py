@@ -70,6 +70,51 @@ def tiny_model(policy):
     return TinyModel(policy)
 
 
+#: Docstring examples that compile for a GPU target, search by compiling or time a step (a
+#: second or more each, measured): marked ``slow`` like such tests, so the fast tier
+#: (``-m "not slow"``) leaves them out.
+SLOW_EXAMPLES = frozenset(
+    {
+        "models.attention.flash_attention",
+        "models.measure",
+        "models.moe.balancing_loss",
+        "remat_kit.breakdown.add_measured_breakdown",
+        "remat_kit.breakdown.measured_breakdown",
+        "remat_kit.peak.api.inspect_step",
+        "remat_kit.peak.compare.diff",
+        "remat_kit.render.tables.compare_rows",
+        "remat_kit.render.tables.decision_table",
+        "remat_kit.render.tables.report_table",
+        "remat_kit.render.tables.residual_table",
+        "remat_kit.search",
+        "remat_kit.search._costs.CostModel.evaluate",
+        "remat_kit.search.advise",
+        "remat_kit.search.advise.advise",
+        "remat_kit.search.batch",
+        "remat_kit.search.batch.max_batch",
+        "remat_kit.search.front",
+        "remat_kit.search.seq",
+        "remat_kit.search.seq.max_seq",
+        "remat_kit.search.seq.max_seq_plan",
+        "remat_kit.search.throughput",
+        "remat_kit.search.throughput.fastest",
+        "remat_kit.search.workload",
+        "remat_kit.search.workload.Workload",
+        "remat_kit.sources",
+        "remat_kit.sources.depth.settled",
+        "remat_kit.sources.own_step",
+        "remat_kit.sources.steps",
+        "remat_kit.timing.model.measure_cpu_speed",
+    }
+)
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if isinstance(item, pytest.DoctestItem) and item.name in SLOW_EXAMPLES:
+            item.add_marker(pytest.mark.slow)
+
+
 @functools.cache
 def _tiny_workload():
     return rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16, optimizer="sgd"))

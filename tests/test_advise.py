@@ -504,6 +504,7 @@ class _Tiny(nn.Module):
         return nn.Dense(64, name="lm_head")(x)
 
 
+@pytest.mark.slow
 def test_advice_tokens_per_second_is_the_plans_predicted_step(monkeypatch):
     # The max-batch search is not what is checked here (it would compile up to 16k sequences).
     module = sys.modules["remat_kit.search.advise"]  # the name is also the function's

@@ -55,6 +55,7 @@ def _expected_flops():
     return fwd_blocks, 2 * b * s * vocab * d, 2 * b * s * (d * d + cfg.d_ff * d) * layers
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_fields_present_and_consistent(small, policy):
     r = small(policy)
@@ -99,6 +100,7 @@ def test_fields_present_and_consistent(small, policy):
     assert d["breakdown"] == dict(b)
 
 
+@pytest.mark.slow
 def test_report_equals_independent_direct_compile():
     topo = topologies.get_topology_desc(platform="cuda", target_config=H100_TEXT, topology="1x1x1")
     mesh = topologies.make_mesh(topo, (1,), ("x",))
@@ -127,6 +129,7 @@ def test_arrays_and_shape_structs_give_the_same_report():
     assert a.flops == 2 * 64 * 32 * 128 * 2 + 64 * 128  # two matmuls and a tanh
 
 
+@pytest.mark.slow
 def test_remat_lowers_gpu_peak_and_costs_flops(small):
     none, full, minimal = small("none"), small("full"), small("minimal")
     assert full.peak_bytes < minimal.peak_bytes < none.peak_bytes
@@ -140,6 +143,7 @@ def test_remat_lowers_gpu_peak_and_costs_flops(small):
     assert 0 < minimal.meta["recompute_overhead"] < full.meta["recompute_overhead"]
 
 
+@pytest.mark.slow
 def test_offload_moves_bytes_to_host(small):
     off, full = small("offload_dots_no_batch"), small("full")
     assert off.host_bytes > 0 and full.host_bytes == 0
@@ -189,6 +193,7 @@ def test_transfer_estimate_counts_both_directions():
     assert est.link_bound  # 1 s of transfers cannot hide behind 0.25 s of compute
 
 
+@pytest.mark.slow
 def test_scanned_and_unrolled_flops_agree():
     target = rk.target("h100")
     for policy in ("none", "full", "minimal"):
@@ -255,6 +260,7 @@ def test_bad_arguments():
         rk.memory_report(_mlp, *_mlp_args(), target="h1000")
 
 
+@pytest.mark.slow
 def test_measure_warns_with_the_public_remat_warning():
     """measure(..., warn=True) issues rk.RematWarning (a name-based policy that saves nothing:
     cuDNN's attention never makes the scores it names)."""
@@ -270,6 +276,7 @@ def test_measure_warns_with_the_public_remat_warning():
 # --- boundaries: the limit itself, and the largest batch where the peak is not monotone ---------
 
 
+@pytest.mark.slow
 def test_a_report_fits_at_its_limit_and_not_one_byte_over(small):
     r = small("full")
     at = r.replace(peak_bytes=r.usable_bytes)

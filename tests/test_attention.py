@@ -19,6 +19,7 @@ def test_auto_resolves_by_target():
         resolve_attention("cudnn", rk.target("cpu"))
 
 
+@pytest.mark.slow
 def test_auto_runs_as_xla_on_cpu_with_the_same_gradients():
     cfg = models.get_config("tiny-llama", layers=2)
     toks = tokens(seq=17)
@@ -28,6 +29,7 @@ def test_auto_runs_as_xla_on_cpu_with_the_same_gradients():
     chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_cudnn_compiles_deviceless_and_cuts_temporaries(small):
     xla, flash = small("none"), small("none", attention="cudnn")
     assert flash.attention == "cudnn" and xla.attention == "xla"
@@ -40,6 +42,7 @@ def test_cudnn_compiles_deviceless_and_cuts_temporaries(small):
     assert flash.flops == pytest.approx(xla.flops, rel=0.15)
 
 
+@pytest.mark.slow
 def test_megatron_under_flash_is_reported_as_its_counterpart(small):
     r = small("megatron", attention="cudnn")
     note = next(w for w in r.warnings if "flash attention" in w)

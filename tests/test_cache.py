@@ -319,6 +319,7 @@ def test_the_code_fingerprint_follows_the_source(tmp_path, monkeypatch):
     assert cache.code_fingerprint.__wrapped__("rk_probe_pkg") != before
 
 
+@pytest.mark.slow
 def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
     """The second identical report neither traces nor compiles, and reads back field for field;
     another policy is measured afresh."""

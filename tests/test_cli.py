@@ -60,6 +60,7 @@ def compared(tmp_path_factory):
     return code, out
 
 
+@pytest.mark.slow
 def test_compare_writes_rows(compared):
     from remat_kit_models.measure import residuals
 
@@ -90,6 +91,7 @@ def test_compare_writes_rows(compared):
     assert [int(r["peak_bytes"]) for r in got] == [r["peak_bytes"] for r in rows]
 
 
+@pytest.mark.slow
 def test_compare_reads_the_flops_of_none_off_its_row(compared, tmp_path, monkeypatch):
     from remat_kit import sources
     from remat_kit_models.measure import baseline_flops
@@ -118,6 +120,7 @@ def test_compare_reads_the_flops_of_none_off_its_row(compared, tmp_path, monkeyp
         main(["compare", *SMALL, "--policies", "full", "--jobs", "1"])
 
 
+@pytest.mark.slow
 def test_report_prints_breakdown_and_residuals(tmp_path, capsys):
     assert main(["report", *SMALL, "--policy", "minimal", "--json", str(tmp_path / "r.json")]) == 0
     text = capsys.readouterr().out
@@ -181,6 +184,7 @@ def test_bad_input_is_one_line_exit_2(argv, message, capsys):
     assert err.startswith("remat-kit: ") and err.count("\n") == 1 and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_report_with_schedule(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert (
@@ -205,6 +209,7 @@ def test_report_with_schedule(tmp_path, capsys):
     assert code == 2 and "Did you mean every" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_inspect_is_wired(tmp_path, capsys):
     out = tmp_path / "peak.json"
     assert main(["inspect", *SMALL, "--policy", "full", "--top", "3", "--json", str(out)]) == 0
@@ -213,6 +218,7 @@ def test_inspect_is_wired(tmp_path, capsys):
     assert data["peak_bytes"] == sum(data["by_category"].values())
 
 
+@pytest.mark.slow
 def test_sharded_report_is_per_device(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = [
@@ -275,6 +281,7 @@ def test_debug_raises_instead_of_one_line(capsys):
     assert capsys.readouterr().err == ""
 
 
+@pytest.mark.slow
 def test_debug_shows_the_full_traceback():
     import subprocess
     import sys
@@ -386,6 +393,7 @@ _CARD = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["facts", "config"])
 def test_a_gpu_from_a_file_is_a_target_on_the_command_line(kind, tmp_path):
     import remat_kit as rk
@@ -411,6 +419,7 @@ def test_a_gpu_from_a_file_is_a_target_on_the_command_line(kind, tmp_path):
         assert report["step_time"]["peak_flops"] == lib.peak_bf16_flops
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "says"),
     [
@@ -507,6 +516,7 @@ def _report_json(tmp_path, capsys, *flags):
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "env", "fraction", "usable", "xla_size"),
     [
@@ -547,6 +557,7 @@ def test_each_runtime_mode_reaches_the_json_and_the_compile(
         assert {s * 80 // 100 for s in fake.sizes} == {usable}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("over", "fits", "cell"), [(0, True, None), (1, False, 0.91)], ids=["at", "one-byte-over"]
 )

@@ -43,6 +43,7 @@ def searched(tmp_path_factory):
     return code, out.getvalue(), err.getvalue(), json.loads(path.read_text())
 
 
+@pytest.mark.slow
 def test_the_table_stars_the_longest_and_says_it_under_the_table(searched):
     code, out, err, data = searched
     assert code == 0, err
@@ -62,6 +63,7 @@ def test_the_table_stars_the_longest_and_says_it_under_the_table(searched):
     ) in " ".join(out.split())
 
 
+@pytest.mark.slow
 def test_the_json_is_what_the_library_call_gives(searched):
     from remat_kit.targets.runtime import Runtime
     from remat_kit_models.options import Options

@@ -34,6 +34,7 @@ def _lowered(policy, target):
     return jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*args)
 
 
+@pytest.mark.slow
 @needs_ptxas
 @pytest.mark.parametrize(
     "target,policy",

@@ -153,6 +153,7 @@ def cp_rows(sharded_run):
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", sharded_step.CASES["cp"], ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
 def test_cp_step_matches_one_device(cp_rows, case):
     """Loss, gradients, updated weights and AdamW state equal the one-device step's (f32)."""
@@ -167,6 +168,7 @@ def test_cp_step_matches_one_device(cp_rows, case):
     assert np.prod(row["kernel_shard"]) * ways == np.prod(row["kernel_shape"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("plan", sharded_step.FLASH_PLANS)
 @pytest.mark.parametrize("causal", [True, False])
 def test_flash_attention_per_device_matches_one_device(cp_rows, plan, causal):
@@ -178,6 +180,7 @@ def test_flash_attention_per_device_matches_one_device(cp_rows, plan, causal):
 # --- the compiled program for H100s ---------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("shard", "attention"),
     [("cp:4", "xla"), ("fsdp:2,cp:4", "xla"), ("cp:2,tp:2", "xla"), ("fsdp:2,cp:4", "cudnn")],
@@ -211,6 +214,7 @@ def test_attention_gathers_keys_and_values_over_cp(shard, attention):
     assert any(local in d and kv_heads in d for d in scattered), scattered
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("attention", ["xla", "cudnn"])
 def test_activation_bytes_shrink_with_cp(attention):
     """One sequence over 1, 2, 4, 8 H100s: each GPU holds a shrinking share of it."""
@@ -234,6 +238,7 @@ def test_activation_bytes_shrink_with_cp(attention):
     assert ratios[8] < ratios[4] < ratios[2] < 1, ratios
 
 
+@pytest.mark.slow
 def test_no_collective_is_recomputed_when_nothing_is():
     from remat_kit_models.measure import measure
 
@@ -242,6 +247,7 @@ def test_no_collective_is_recomputed_when_nothing_is():
     assert rows and all(row["recomputed_launches"] == row["recomputed_bytes"] == 0 for row in rows)
 
 
+@pytest.mark.slow
 def test_report_shows_cp_collectives():
     r = _report("fsdp:2,cp:4", batch=2)
     collectives = r.meta["collectives"]
@@ -391,6 +397,7 @@ def test_examples_name_cp(capsys):
     assert "unknown sharding axis 'seq' in 'seq:4'. Valid: dp, fsdp, ep, cp, tp" in err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("factory", "ok"),
     [("tests/data/factories.py:untagged", False), ("tests/data/factories.py:preset", True)],

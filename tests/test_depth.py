@@ -150,6 +150,7 @@ def on_h100(factory):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_a_factory_taking_layers_is_answered_from_copies_within_a_percent(on_h100, factory, policy):
     got = on_h100(policy)
@@ -163,6 +164,7 @@ def test_a_factory_taking_layers_is_answered_from_copies_within_a_percent(on_h10
     assert got.meta["layers"] == 8 and got.xla_peak_bytes is None
 
 
+@pytest.mark.slow
 def test_check_compiles_the_full_model_and_states_the_error(factory):
     got = sources.measure(factory, "full", "h100", CONFIG, warn=False, depth="check")
     bare = _bare(factory, "full")
@@ -172,6 +174,7 @@ def test_check_compiles_the_full_model_and_states_the_error(factory):
     assert abs(d["peak_error"]) < 0.01
 
 
+@pytest.mark.slow
 def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory, on_h100):
     h100 = rk.target("h100")
     # A fraction that puts the usable memory 1% above this peak: within the margin.
@@ -190,6 +193,7 @@ def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory, on_
     assert estimate.meta["depth"]["mode"] == "extrapolated"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("policy", "schedule", "reason"),
     [
@@ -211,6 +215,7 @@ def test_what_is_not_a_stack_of_identical_layers_is_compiled_whole(policy, sched
         assert d["mode"] == "full" and reason in d["reason"]
 
 
+@pytest.mark.slow
 def test_a_stack_of_layers_not_alike_is_compiled_whole_saying_why():
     src = sources.from_factory("tests/data/factories.py:alternating")
     assert src.layer_kinds(rk.target("h100")) == 2
@@ -223,6 +228,7 @@ def test_a_stack_of_layers_not_alike_is_compiled_whole_saying_why():
     assert got.peak_bytes == _bare(src, "full").peak_bytes
 
 
+@pytest.mark.slow
 def test_depth_full_compiles_the_whole_model(factory):
     got = sources.measure(factory, "full", "h100", CONFIG, warn=False, depth="full")
     assert "depth" not in got.meta
@@ -237,6 +243,7 @@ def test_a_factory_without_layers_and_a_scanned_preset_build_no_copies():
     assert unrolled.at_depth(3).n_layers() == 3
 
 
+@pytest.mark.slow
 def test_an_unrolled_preset_through_the_cli_options_matches_its_full_compile():
     opts = Options(
         "tiny-llama", 2, 32, optimizer="sgd", scan_layers=False, overrides=(("layers", 10),)
@@ -373,6 +380,7 @@ def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_flops_of_an_unrolled_stack_come_from_its_copies_exactly(factory, policy):
     none = rk.schedules.parse_schedule("none")
@@ -388,6 +396,7 @@ def test_flops_of_an_unrolled_stack_come_from_its_copies_exactly(factory, policy
     assert "layers_7/mixer" in traced
 
 
+@pytest.mark.slow
 def test_policies_that_match_a_copys_tags_skip_the_full_depth_tag_trace(factory, monkeypatch):
     # minimal saves the projections of every layer, which the 3-layer copy has
     def full_depth_trace(*args, **kwargs):
@@ -401,6 +410,7 @@ def test_policies_that_match_a_copys_tags_skip_the_full_depth_tag_trace(factory,
     assert [p.spec for p in kept] == ["minimal", "dots_no_batch"] and skipped == []
 
 
+@pytest.mark.slow
 def test_a_name_only_a_later_layer_has_is_checked_against_the_whole_model(factory):
     # layers_7 lies past the copies (2 and 3 layers): the whole model's tags decide
     sources.check_policies(factory, CONFIG, "h100", ["names:save=layers_7/mixer"])

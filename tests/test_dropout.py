@@ -48,6 +48,7 @@ def _grads(step, rng, scan=True):
     return jax.jit(jax.value_and_grad(step.loss_fn))(params, {}, batch, rng)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy, scan", CASES)
 def test_same_key_same_gradients_under_every_policy(policy, scan):
     ref = _grads(_step("none", scan=scan), _key(3), scan)
@@ -55,6 +56,7 @@ def test_same_key_same_gradients_under_every_policy(policy, scan):
     chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dropout_is_applied_and_keyed():
     step = _step("full")
     loss_a, grads_a = _grads(step, _key(3))
@@ -76,6 +78,7 @@ def test_step_takes_a_key_only_with_dropout():
     assert with_dropout.breakdown["batch"] == without.breakdown["batch"] + 8
 
 
+@pytest.mark.slow
 def test_accumulation_gives_each_micro_batch_its_own_key():
     # SGD at learning rate 1: new weights = weights - mean of the micro-batches' gradients,
     # micro-batch i drawing its masks from fold_in(rng, i).
@@ -124,6 +127,7 @@ def test_auto_attention_falls_back_to_xla_for_dropout():
     assert step.rng_streams == ("dropout",)
 
 
+@pytest.mark.slow
 def test_dropout_raises_the_compiled_peak():
     # The masks (and the random bits behind them) are real buffers: with dropout the step
     # needs more memory than without, same model, batch and attention.

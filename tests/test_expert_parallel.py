@@ -53,6 +53,7 @@ def _program(shard, policy="minimal", **overrides):
     return jitted.lower(*args).compile().as_text(), cfg
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shard", ["ep:4", "fsdp:2,ep:2"])
 def test_tokens_reach_their_experts_by_all_to_all_over_ep(shard):
     text, cfg = _program(shard)
@@ -103,6 +104,7 @@ def _report(shard, policy="minimal"):
     return measure(_opts(shard), policy, _target(shard))
 
 
+@pytest.mark.slow
 def test_a_recomputed_dispatch_is_reported():
     # minimal saves the expert GEMMs, not the dispatched tokens: the backward pass replays
     # the dispatch all-to-all; none never does.
@@ -149,6 +151,7 @@ def test_bad_expert_settings_fail_before_a_compile(argv, match, capsys):
     assert re.search(match, err), err
 
 
+@pytest.mark.slow
 def test_the_report_says_how_the_experts_ran(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["report", "--model", "tiny-moe", "--target", "h100", "--gpus", "4", "--shard", "ep:4"]

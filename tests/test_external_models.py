@@ -59,6 +59,7 @@ def _layer_loss(cls):
     return loss, params
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["full", "minimal", "dots_no_batch", "offload_dots_no_batch"])
 def test_rk_remat_of_the_hf_decoder_layer_with_keyword_deterministic(policy):
     ref_loss, params = _layer_loss(hf_llama.FlaxLlamaDecoderLayer)
@@ -74,6 +75,7 @@ def test_rk_remat_of_the_hf_decoder_layer_with_keyword_deterministic(policy):
     assert kept < rk.saved_residuals(ref_loss, params).bytes_by()  # it did rematerialize
 
 
+@pytest.mark.slow
 def test_keyword_flag_reaches_the_layer_in_train_mode():
     # deterministic=False must switch dropout on inside the checkpoint (not be traced away).
     layer = rk.remat(hf_llama.FlaxLlamaDecoderLayer, "full")(CONFIG, dtype=jnp.float32)
@@ -128,6 +130,7 @@ def test_static_argnums_count_after_self_for_nnx_classes():
 # --- through rk.sources, as `--model file.py:NAME --block module:Class` ------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "block", "tags"),
     [
@@ -153,6 +156,7 @@ def test_hf_models_get_our_tags_and_minimal_saves_the_projections(name, block, t
     assert all(minimal.tag_count[t] == 4 for t in tags)  # four layers, each tagged
 
 
+@pytest.mark.slow
 def test_per_layer_plan_by_patching_an_unrolled_stack():
     src = sources.from_factory(f"{FACTORIES}:hf_llama", block=LLAMA_BLOCK)
     res = sources.residuals(src, "minimal", "cpu", SMALL, "layers:0-2=full")
@@ -162,6 +166,7 @@ def test_per_layer_plan_by_patching_an_unrolled_stack():
     assert per["query_proj"]["bytes"] * 4 == whole["query_proj"]["bytes"]
 
 
+@pytest.mark.slow
 def test_source_gradients_match_the_model_without_remat():
     src = sources.from_factory(f"{FACTORIES}:hf_llama", block=LLAMA_BLOCK)
     tokens = jnp.arange(32, dtype=jnp.int32).reshape(2, 16) % 128
@@ -179,6 +184,7 @@ def test_source_gradients_match_the_model_without_remat():
     chex.assert_trees_all_close(grads("minimal"), grads("none"), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_cli_compare_on_an_hf_model(capsys, tmp_path):
     out = tmp_path / "rows.json"
     argv = ["compare", "--model", f"{FACTORIES}:hf_gpt2", "--block", GPT2_BLOCK]

@@ -47,6 +47,7 @@ def nothing_saved_but_inputs():
     return rk.peak.inspect_step(step, target, meta={"policy": "none"})
 
 
+@pytest.mark.slow
 def test_peak_equals_memory_report(minimal):
     report, plain = minimal
     assert report.peak_bytes == plain.peak_bytes
@@ -54,6 +55,7 @@ def test_peak_equals_memory_report(minimal):
     assert report.argument_bytes == plain.argument_bytes
 
 
+@pytest.mark.slow
 def test_categories_add_up_to_the_peak(minimal, nothing_saved_but_inputs):
     for r in (minimal[0], nothing_saved_but_inputs):
         assert set(r.by_category) == set(CATEGORIES)
@@ -63,6 +65,7 @@ def test_categories_add_up_to_the_peak(minimal, nothing_saved_but_inputs):
         assert r.fragmentation_bytes == r.peak_bytes - r.live_peak_bytes >= 0
 
 
+@pytest.mark.slow
 def test_live_peak_is_the_timeline_maximum_and_matches_xla(minimal):
     r, _ = minimal
     assert len(r.timeline) == r.schedule_length
@@ -73,6 +76,7 @@ def test_live_peak_is_the_timeline_maximum_and_matches_xla(minimal):
         assert abs(r.xla_peak_bytes - r.live_peak_bytes) <= 1e-3 * r.peak_bytes
 
 
+@pytest.mark.slow
 def test_categories_are_what_the_program_holds(minimal):
     r, _ = minimal
     step, _ = _step("minimal")
@@ -160,6 +164,7 @@ def test_phases_cover_the_schedule_in_order(minimal):
         assert b.live[1] >= bwd.start and "transpose(" not in b.op_name
 
 
+@pytest.mark.slow
 def test_no_remat_saves_more_and_recomputes_nothing(minimal, nothing_saved_but_inputs):
     low, high = minimal[0], nothing_saved_but_inputs
     assert high.by_category["recomputation workspace"] == 0
@@ -305,6 +310,7 @@ def test_unreadable_lines_name_file_and_line(tmp_path):
         parse_hlo("x.txt", [*hlo[:4], "  ROOT garbage without equals", hlo[5]])
 
 
+@pytest.mark.slow
 def test_cli_functions_print_and_write(tmp_path, capsys):
     from remat_kit.cli import _parser
 
@@ -413,6 +419,7 @@ def _toy_adam(p, m, x):
     return new, m, v
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scan", "weight_shape", "layer"),
     [(True, (LAYERS, W, W), "scanned layers"), (False, (W, W), "non-layer")],
@@ -484,6 +491,7 @@ def _per_layer_saved_by_hand() -> int:
 _PROJECTIONS = {"query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1"}
 
 
+@pytest.mark.slow
 def test_offloaded_residuals_are_host_memory_not_part_of_the_peak(small):
     # Issue 26: the offloaded residuals get a temp block of their own in host memory (an
     # allocation of another color), which the memory analysis counts as host temp; read as
@@ -520,6 +528,7 @@ def test_an_allocation_in_another_memory_space_keeps_its_color():
     ]
 
 
+@pytest.mark.slow
 def test_unrolled_layers_own_their_saved_activations():
     # Issue 26: unrolled (--no-scan), every layer's ops were named after the block class alone
     # (LlamaBlock/...), so what the layers save showed as "non-layer".
@@ -562,6 +571,7 @@ def test_each_unrolled_layer_runs_in_a_scope_named_by_its_index(schedule):
     assert scopes == [[f"layers_{i}"] for i in range(6)]
 
 
+@pytest.mark.slow
 def test_a_hugging_face_stack_names_its_layers_by_index():
     # Issue 28: Hugging Face's Flax GPT-2 names its blocks h/0 ... h/3 (a stack, then an
     # index), not h_0: they showed as "non-layer" and a "scanned layers" row.

@@ -104,6 +104,7 @@ def test_console_width_follows_columns_then_the_terminal(monkeypatch, env, wide,
     assert console(wide).width == expected  # pytest's stdout is not a terminal
 
 
+@pytest.mark.slow
 def test_compare_prints_within_a_100_column_terminal(monkeypatch, capsys):
     from remat_kit.cli import main
 

@@ -33,6 +33,7 @@ def step(request):
     return rk.build_train_step(models.build(cfg), config)
 
 
+@pytest.mark.slow
 def test_parts_sum_to_the_compiled_peak(step):
     parts = measured_breakdown(step, "h100")
     report = rk.memory_report(
@@ -52,6 +53,7 @@ def test_parts_sum_to_the_compiled_peak(step):
     assert parts["saved_activations"] > 0  # minimal keeps the projections
 
 
+@pytest.mark.slow
 def test_report_keeps_the_estimate_labelled():
     opts = Options("tiny-llama", 2, 64, precision="bf16")
     measured = measure(opts, "minimal", "h100", measured_breakdown=True)
@@ -76,6 +78,7 @@ def test_sharded_step_is_refused():
         )
 
 
+@pytest.mark.slow
 def test_cli_flag(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["report", "--model", "tiny-llama", "--batch", "2", "--seq", "64", "--target", "h100"]

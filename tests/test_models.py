@@ -36,6 +36,7 @@ def _setup(model: str, scan: bool):
     return cfg, toks, params, loss_and_grads(cfg, params, toks)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("policy", POLICIES)
@@ -46,6 +47,7 @@ def test_policy_keeps_gradients(policy, model, scan):
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model", MODELS)
 def test_scan_and_unrolled_agree(model):
     cfg_s, toks, params_s, (loss_s, _) = _setup(model, True)
@@ -97,6 +99,7 @@ def test_overrides_and_errors():
         models.get_config("tiny-llama", attention="flash")
 
 
+@pytest.mark.slow
 def test_every_vocabulary_tag_exists_in_the_models():
     from remat_kit import names
 
@@ -122,6 +125,7 @@ FAMILY_TAGS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
 @pytest.mark.parametrize("model", MODELS)
 def test_each_model_tags_exactly_its_tensors(model, scan):

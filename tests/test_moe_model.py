@@ -268,6 +268,7 @@ ROUTINGS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
 @pytest.mark.parametrize(
     "routing", ROUTINGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()) or "top2"
@@ -281,6 +282,7 @@ def test_experts_match_a_per_token_reference(impl, routing):
     chex.assert_trees_all_close(got, _reference(cfg, params, x).astype(np.float32), **F32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("factor", [0.5, 1.0])
 def test_capacity_drops_the_tokens_past_each_experts_slots(factor):
     cfg = models.get_config("tiny-moe", moe_impl="capacity", capacity_factor=factor)
@@ -304,6 +306,7 @@ def _setup(impl: str, scan: bool = True, **changes):
     return cfg, toks, params, loss_and_grads(cfg, params, toks)
 
 
+@pytest.mark.slow
 def test_ragged_and_capacity_agree_without_drops():
     _, _, _, (loss_r, grads_r) = _setup("ragged")
     _, _, _, (loss_c, grads_c) = _setup("capacity")
@@ -311,6 +314,7 @@ def test_ragged_and_capacity_agree_without_drops():
     chex.assert_trees_all_close(grads_c, grads_r, **F32)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("policy", "scan"),
     [
@@ -329,6 +333,7 @@ def test_policy_keeps_gradients(policy, impl, scan):
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
 def test_scan_and_unrolled_agree(impl):
     cfg, toks, params_s, (loss_s, _) = _setup(impl, True)
@@ -359,6 +364,7 @@ def _saved(impl: str, policy: str):
     return rk.saved_residuals(loss, params, policy=policy)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
 def test_minimal_saves_the_expert_gemms(impl):
     cfg = models.get_config("tiny-moe", moe_impl=impl, capacity_factor=2.0)
@@ -375,6 +381,7 @@ def test_minimal_saves_the_expert_gemms(impl):
     assert not {"mlpwi_0", "moe_mlpwi_0"} & {r.name for r in _saved(impl, "full").residuals}
 
 
+@pytest.mark.slow
 def test_shared_experts_add_a_dense_mlp_beside_the_routed_ones():
     cfg = models.get_config("tiny-moe", layers=1, scan_layers=False, n_shared_experts=2)
     toks = tokens()
@@ -391,6 +398,7 @@ def test_shared_experts_add_a_dense_mlp_beside_the_routed_ones():
     chex.assert_trees_all_close(models.build(cfg).apply(silent, toks), without, **F32)
 
 
+@pytest.mark.slow
 def test_every_moe_tag_exists_in_the_model():
     cfg = models.get_config("tiny-moe", layers=1, scan_layers=False, n_shared_experts=1)
     toks = tokens()
@@ -415,6 +423,7 @@ def _switch_aux(logits: jax.Array, k: int) -> jax.Array:
     return n * jnp.sum(f * probs.mean(axis=0))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
 def test_aux_loss_gradients_are_those_of_loss_plus_coef_aux(impl):
     coef = 0.3
@@ -449,6 +458,7 @@ def test_balancing_loss_is_k_when_balanced():
 # --- q/k norm ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_qk_norm_normalises_each_query_and_key_head():
     # eps ~ 0: the norm then undoes any scale of the projections exactly.
     cfg = models.get_config("tiny-moe", qk_norm=True, layers=1, scan_layers=False, norm_eps=1e-12)
@@ -474,6 +484,7 @@ def test_qk_norm_normalises_each_query_and_key_head():
 # --- compiled for a GPU -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
 def test_train_step_compiles_for_h100(impl):
     opts = Options("tiny-moe", 2, 64, optimizer="sgd", overrides=(("moe_impl", impl),), strict=True)
@@ -482,6 +493,7 @@ def test_train_step_compiles_for_h100(impl):
     assert r.meta["params"] == models.get_config("tiny-moe").param_count()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("policy", "fate"),
     [

@@ -46,6 +46,7 @@ def test_offload_inputs_names_only_the_layer_input():
     }
 
 
+@pytest.mark.slow
 def test_every_layer_input_is_on_the_host_and_off_the_device(long_reports):
     full, moved = long_reports["full"], long_reports["offload_inputs"]
     # A scanned stack offloads every layer's input (the carry of each scan step).
@@ -60,6 +61,7 @@ def test_every_layer_input_is_on_the_host_and_off_the_device(long_reports):
     assert moved.flops == pytest.approx(full.flops, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_the_planner_offloads_the_layer_inputs_when_that_is_what_fits(long_reports):
     full, moved = long_reports["full"], long_reports["offload_inputs"]
     opts = Options(**{**SMALL, **LONG})
@@ -71,6 +73,7 @@ def test_the_planner_offloads_the_layer_inputs_when_that_is_what_fits(long_repor
     assert p.host_bytes >= LAYER_INPUT
 
 
+@pytest.mark.slow
 def test_a_model_without_the_layer_input_tag_is_told_so():
     # The policy rests on one tag; a model that never tags it would silently offload nothing.
     with pytest.raises(ValueError, match="decoder_layer_input"):

@@ -25,6 +25,7 @@ def _marked_by_hand() -> int:
     return o["layers"] * tokens * features * 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False], ids=["scanned", "unrolled"])
 def test_a_partial_offload_is_said_with_both_figures(small, scan):
     r = small("minimal_offloaded", scan=scan)
@@ -42,6 +43,7 @@ def test_a_partial_offload_is_said_with_both_figures(small, scan):
         assert words(notes[0]) in r.warnings
 
 
+@pytest.mark.slow
 def test_segments_offload_one_segment_at_a_time_and_a_shortfall_is_said(small):
     # Issue 26: under every:2 a segment keeps only its input and its layers offload while the
     # backward pass recomputes it, so jax's top-level residuals hold no offloaded bytes and the

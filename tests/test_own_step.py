@@ -65,12 +65,14 @@ def measured():
 # --- the peak is the user's step's --------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["none", "full"])
 def test_the_peak_is_a_bare_compile_of_the_users_step(policy, measured):
     assert _src("linen_step").step(rk.policy(policy), SMALL).donate_argnums == (0, 1)
     assert measured[policy].peak_bytes == _bare("linen_step", policy, 2, (0, 1))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["jitted_step", "tuple_step"])
 def test_a_jitted_or_tuple_step_is_compiled_with_its_own_donation(name):
     """``jitted_step`` donates in its ``jax.jit``, ``tuple_step`` in its third item: either
@@ -82,6 +84,7 @@ def test_a_jitted_or_tuple_step_is_compiled_with_its_own_donation(name):
     assert report.peak_bytes < _bare("tuple_step", "full", 2, ())
 
 
+@pytest.mark.slow
 def test_remat_changes_the_users_step_and_the_flops_are_its_own(measured):
     none, full = measured["none"], measured["full"]
     assert full.peak_bytes < none.peak_bytes
@@ -90,6 +93,7 @@ def test_remat_changes_the_users_step_and_the_flops_are_its_own(measured):
     assert full.flops > none.flops  # the recomputed forward
 
 
+@pytest.mark.slow
 def test_the_breakdown_comes_from_the_roles_and_is_unknown_without_them(measured):
     own = _src("linen_step").step(rk.policy("full"), SMALL)
     params, _, batch = own.args
@@ -109,6 +113,7 @@ def test_the_breakdown_comes_from_the_roles_and_is_unknown_without_them(measured
     assert bare.breakdown == {} and bare.meta["roles"] == "not given"
 
 
+@pytest.mark.slow
 def test_a_part_whose_role_is_not_given_is_unknown_not_zero():
     """Only ``params`` named: the gradients are known, the weights are not (argument 2 might
     hold frozen ones), nor the rest; the table says unknown."""
@@ -127,6 +132,7 @@ def test_a_part_whose_role_is_not_given_is_unknown_not_zero():
     assert cells["  gradients"] == f"{n / 2**30:.2f}"
 
 
+@pytest.mark.slow
 def test_the_measured_breakdown_reads_the_roles():
     """XLA's buffers at the peak, by role, are those of our own step around the same model
     (the factory ``model``, the same bf16 weights and SGD)."""
@@ -158,6 +164,7 @@ def test_tags_come_from_the_users_step(name):
     assert set(sources.tags(_src(name), SMALL, "h100")) == TAGS
 
 
+@pytest.mark.slow
 def test_a_name_based_policy_acts_on_the_users_tags():
     src = _src("linen_step")
     res = sources.residuals(src, "minimal", "h100", SMALL)
@@ -242,6 +249,7 @@ def test_a_step_function_that_fails_says_so_in_one_line():
 # --- the batch search: the step is rebuilt for every batch --------------------------------------
 
 
+@pytest.mark.slow
 def test_fit_finds_the_largest_batch_of_the_users_step():
     """Under a 1.5 MiB limit: the step function is called at each batch the search tries."""
     src, limit = _src("linen_step"), 3 * 2**19
@@ -259,6 +267,7 @@ def test_fit_finds_the_largest_batch_of_the_users_step():
 # --- the command line ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_report_with_step_is_the_users_step(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = ["report", "--step", f"{STEPS}:linen_step", "--policy", "full", "--target", "h100"]
@@ -270,6 +279,7 @@ def test_report_with_step_is_the_users_step(tmp_path, capsys):
     assert data["meta"]["optimizer"] == "own step" and data["residuals"]["tags"]["context"]
 
 
+@pytest.mark.slow
 def test_compare_with_step_has_a_row_per_policy(tmp_path, capsys):
     out = tmp_path / "c.json"
     argv = ["compare", "--step", f"{STEPS}:tuple_step", "--policies", "full,minimal"]

@@ -92,6 +92,7 @@ def test_every_kind_of_source_is_a_step_source():
         assert isinstance(src, sources.StepSource)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["none", "full", "names:save=mlpwi"])
 def test_a_source_written_against_the_protocol_is_measured_like_a_bare_compile(policy):
     src = _OwnSource()
@@ -107,6 +108,7 @@ def test_a_source_written_against_the_protocol_is_measured_like_a_bare_compile(p
     assert got.attention == "xla"
 
 
+@pytest.mark.slow
 def test_the_protocol_source_gets_the_search_and_the_tag_check():
     src = _OwnSource()
     w = sources.workload(src, "h100", CONFIG)
@@ -119,6 +121,7 @@ def test_the_protocol_source_gets_the_search_and_the_tag_check():
     assert full.peak_bytes < none.peak_bytes
 
 
+@pytest.mark.slow
 def test_a_factory_gets_the_measured_breakdown_presets_have():
     src = sources.from_factory(f"{FACTORIES}:untagged")
     with warnings.catch_warnings():
@@ -135,6 +138,7 @@ def test_a_sharded_measured_breakdown_is_refused_before_any_compile():
     assert err.value.param == "measured_breakdown"
 
 
+@pytest.mark.slow
 def test_preset_and_factory_labels_and_meta_come_from_the_same_pipeline():
     opts = Options("tiny-llama", batch=2, seq=16, optimizer="sgd", attention="xla")
     preset = models.source.source_for(opts)

@@ -86,6 +86,7 @@ def _numbers(ax):
     return [t for t in ax.texts if t.get_text().isdigit()]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make", [_crowd, _line, _cloud], ids=["crowd", "line", "cloud"])
 @pytest.mark.parametrize("usable", [None, 30 * GIB + 2**20], ids=["no-limit", "limit-at-crowd"])
 def test_front_labels_never_overlap(make, usable):
@@ -197,6 +198,7 @@ def test_front_overhead_axis_names_the_objective(objective, unit):
     assert fig.axes[0].get_ylabel() == f"estimated overhead ({unit})"
 
 
+@pytest.mark.slow
 def test_plot_front_writes_a_png(tmp_path):
     path = plot_front(
         pareto_front(_cloud()),

@@ -216,6 +216,7 @@ def test_cli_flag():
         p.parse_args(["--model", "x", "--precision", "mixd"])
 
 
+@pytest.mark.slow
 def test_report_names_its_precision():
     from remat_kit_models.measure import measure
 

@@ -229,6 +229,7 @@ def test_the_suggested_policies_keep_the_expert_gemms(policy, kind, shard_map):
     assert {t: rep.tags[t] for t in EXPERT_TAGS} == dict.fromkeys(EXPERT_TAGS, kind)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "policy",
     ["ragged_dots", "dots_and_ragged", "dots_no_batch_and_ragged", "offload_dots_no_batch"],
@@ -246,6 +247,7 @@ def test_ragged_policies_keep_gradients(policy):
 # The planner's per-tag prices
 
 
+@pytest.mark.slow
 def test_planner_prices_an_expert_tag_at_its_ragged_dot_flops():
     """The cost model's price of recomputing ``expert_out`` (the others kept) is at least its
     grouped GEMM, 2 x rows x ff x width per layer; its extra matmul FLOPs are exactly that."""
@@ -278,6 +280,7 @@ def test_planner_prices_an_expert_tag_at_its_ragged_dot_flops():
     assert model.cost["expert_out"] >= expert_out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("policy", "noted"), [("dots_no_batch", True), ("dots_no_batch_and_ragged", False)]
 )

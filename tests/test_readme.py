@@ -23,6 +23,7 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert _commands()[1] in ci
 
 
+@pytest.mark.slow
 def test_library_example_runs_as_written_without_a_gpu(tmp_path):
     """README's library example, in a fresh process with JAX_PLATFORMS unset, as a user runs it."""
     import os
@@ -65,6 +66,7 @@ def test_readme_shows_console_commands_to_check():
     assert "remat-kit models" in commands  # the piped line is split
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", _console_commands(), ids=lambda c: "_".join(c.split()[1:4]))
 def test_readme_console_command_runs_up_to_its_first_compile(command, tmp_path, monkeypatch):
     """Each command of README, as written, gets past every check of its flags, model, budget

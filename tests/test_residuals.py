@@ -100,6 +100,7 @@ def test_tag_counts_cover_every_layer():
     assert set(rep.to_dict()) >= {"tags", "by_name", "saved_bytes", "offloaded_bytes"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("policy", "kind"), [("dots_no_batch", "saved"), ("offload_dots_no_batch", "offloaded")]
 )

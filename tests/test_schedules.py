@@ -27,6 +27,7 @@ def _setup(model, scan):
     return cfg, toks, params, key, loss_and_grads(cfg, params, toks, dropout_key=key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
 @pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
 @pytest.mark.parametrize("schedule", SCHEDULES)
@@ -115,6 +116,7 @@ def test_a_layer_plan_puts_each_policy_on_the_layers_it_names(scan):
         ]
 
 
+@pytest.mark.slow
 def test_apply_layers_matches_a_python_loop():
     w = jax.random.normal(jax.random.key(0), (7, 5, 5)) * 0.3
     x = jnp.ones((3, 5))
@@ -173,6 +175,7 @@ def test_inner_sets_the_policy_inside_segments(name, kwargs):
     assert [r.lengths for r in own] == [r.lengths for r in default]
 
 
+@pytest.mark.slow
 def test_segments_cut_gpu_activations(small):
     none, every2 = small("none"), small("none", schedule="every:2")
     full = small("full")

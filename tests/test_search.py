@@ -472,6 +472,7 @@ def mid_plan(small_w):
         return rk.plan(small_w, 4, budget)
 
 
+@pytest.mark.slow
 def test_plan_respects_budget_on_compiled_figures(mid_plan, small_w):
     from remat_kit_models.measure import Options, measure
 
@@ -491,6 +492,7 @@ def test_plan_respects_budget_on_compiled_figures(mid_plan, small_w):
     assert all(c.peak_bytes is not None for c in p.candidates)
 
 
+@pytest.mark.slow
 def test_plan_is_on_the_front(mid_plan, small_w):
     pts = rk.front(
         small_w, 4, policies=("none", "full", "minimal", "megatron"), schedules=(), plans=[mid_plan]
@@ -506,6 +508,7 @@ def test_plan_is_on_the_front(mid_plan, small_w):
     assert mid_plan.to_dict()["step_time"]["seconds"] == plan_pt.step_seconds
 
 
+@pytest.mark.slow
 def test_plan_is_none_when_the_budget_fits_none(small_w):
     p = rk.plan(small_w, 4)  # the whole H100 minus headroom: a tiny model fits without remat
     assert p.policy.name == "none" and p.schedule.name == "none"
@@ -513,6 +516,7 @@ def test_plan_is_none_when_the_budget_fits_none(small_w):
     assert p.compiles <= 1
 
 
+@pytest.mark.slow
 def test_max_batch_fits_and_next_does_not(small_w):
     from remat_kit_models.measure import Options, measure
 
@@ -533,6 +537,7 @@ def test_infeasible_budget_on_a_real_model(small_w):
         rk.plan(small_w, 4, rk.target("h100").memory_bytes + 1)
 
 
+@pytest.mark.slow
 def test_plan_policy_keeps_gradients(mid_plan):
     """The plan's Policy and schedule, handed to the model, give the no-remat gradients."""
     cfg = models.get_config("tiny-llama")
@@ -1155,6 +1160,7 @@ def plan_label(p):
     return label(p)
 
 
+@pytest.mark.slow
 def test_plan_front_is_what_the_plan_cli_reports_with_or_without_plot(monkeypatch, tmp_path):
     """The CLI parses and prints; the plan, the front and the sweep are plan_front's, and the
     front is the same whether or not --plot draws it."""
@@ -1199,6 +1205,7 @@ def test_plan_front_is_what_the_plan_cli_reports_with_or_without_plot(monkeypatc
     assert bare.swept == () and {pt.kind for pt in bare.points} == {"catalogue", "plan"}
 
 
+@pytest.mark.slow
 def test_plan_front_on_the_small_model(mid_plan, small_w):
     """On compiled figures: the plan is rk.plan's with the catalogue beside it, on the front."""
     catalogue = ("none", "full", "minimal")
@@ -1260,6 +1267,7 @@ def test_a_bare_flop_number_is_priced_as_products():
     assert (count.total, count.matmul, count.other) == (1e12, 1e12, 0.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["full", "minimal", "megatron"])
 def test_time_overhead_of_a_compiled_step_is_its_predicted_time_against_none(small_w, policy):
     r, none = small_w.report(policy, "none", 4), small_w.report("none", "none", 4)
@@ -1269,6 +1277,7 @@ def test_time_overhead_of_a_compiled_step_is_its_predicted_time_against_none(sma
     assert flops == pytest.approx(r.flops / none.flops - 1.0, rel=1e-9)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("objective", ["time", "flops"])
 @pytest.mark.parametrize("at", ["mid", "megatron"])
 def test_the_plan_is_the_cheapest_fitting_point_in_its_objective(small_w, mid_plan, objective, at):
@@ -1291,6 +1300,7 @@ def test_the_plan_is_the_cheapest_fitting_point_in_its_objective(small_w, mid_pl
             assert mine <= unit(r) * (1 + 1e-9), name
 
 
+@pytest.mark.slow
 def test_time_and_flops_disagree_on_this_step_and_each_plan_says_which(small_w, mid_plan):
     # On the small model saving residuals costs more HBM traffic than recomputing them: in
     # time `full` beats `none`, in FLOPs it never can.
@@ -1345,6 +1355,7 @@ def test_points_of_one_program_are_one_entry_a_plan_first():
     ]
 
 
+@pytest.mark.slow
 def test_policies_that_lower_alike_share_a_program_and_a_front_entry(small_w):
     pts = rk.front(small_w, 4, policies=["full", "minimal", "dots_no_batch", "block"], schedules=())
     by = {p.label: p for p in pts}

@@ -304,6 +304,7 @@ PRESETS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("model", "attention", "changes", "kernel"), PRESETS)
 def test_the_longest_sequence_is_verified_by_compiles_made_apart(model, attention, changes, kernel):
     step, policy = 64, "none"

@@ -248,6 +248,7 @@ def test_grad_accumulator_is_per_device_under_fsdp():
 # --- per-device reports for 8 deviceless H100s --------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fsdp_splits_weights_and_optimizer_eight_ways():
     dp, fsdp = _gpu_report("dp:8"), _gpu_report("fsdp:8")
     assert dp.devices == fsdp.devices == 8
@@ -259,6 +260,7 @@ def test_fsdp_splits_weights_and_optimizer_eight_ways():
     assert fsdp.peak_bytes < dp.peak_bytes / 2
 
 
+@pytest.mark.slow
 def test_tp_shards_heads_and_mlp():
     from remat_kit_models.measure import Options, model_config, train_step
 
@@ -286,6 +288,7 @@ def test_bad_mesh_for_the_target_raises():
 # --- the same step on 8 real (fake CPU) devices ---------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sharded_step_matches_one_device(sharded_run):
     # Started with the session (the sharded_run fixture): it runs beside the other tests.
     proc = sharded_run("sharding")

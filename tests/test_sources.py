@@ -285,6 +285,7 @@ def test_a_layer_plan_on_a_patched_stack_keeps_what_each_layer_s_policy_keeps():
     assert saved == {"layers_0/mixer", "layers_2/mixer", "query_proj", "key_proj", "value_proj"}
 
 
+@pytest.mark.slow
 def test_untagged_model_is_tagged_and_a_model_with_tags_keeps_its_own():
     untagged = sources.residuals(
         sources.from_factory(f"{FACTORIES}:untagged"), "minimal", "cpu", SMALL
@@ -425,6 +426,7 @@ OWN = f"{FACTORIES}:own_names"  # EasyDeL's names on an NNX model
 EASYDEL_MINIMAL = "attn_query+attn_key+attn_value+attn_output+mlp_gate+mlp_up+mlp_down"
 
 
+@pytest.mark.slow
 def test_a_self_tagged_models_names_and_ours_both_reach_the_trace():
     there = sources.tags(sources.from_factory(OWN), SMALL, "h100")
     assert {"attn_query", "query_proj", "mlp_gate", "mlpwi_0", "layer_output", "block_out"} <= set(
@@ -438,6 +440,7 @@ def test_a_self_tagged_models_names_and_ours_both_reach_the_trace():
     assert sources.tags(sources.from_factory(OWN, tags="easydel"), SMALL, "h100") == there
 
 
+@pytest.mark.slow
 def test_our_catalogue_policy_on_a_models_own_names_is_that_policy_in_its_names():
     t = rk.target("h100")
     with warnings.catch_warnings():
@@ -451,6 +454,7 @@ def test_our_catalogue_policy_on_a_models_own_names_is_that_policy_in_its_names(
     assert ours.peak_bytes != full.peak_bytes
 
 
+@pytest.mark.slow
 def test_the_planner_decides_once_per_value_of_a_model_that_names_it_twice():
     # With ours beside its own names every projection has two tags: the plan (and its cost)
     # must be the one the model gets under its own names alone, not a plan that pays for a
@@ -470,6 +474,7 @@ def test_the_planner_decides_once_per_value_of_a_model_that_names_it_twice():
     assert aliased.peak_bytes == own.peak_bytes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("model", "policy", "code", "message"),
     [
@@ -532,6 +537,7 @@ def test_cli_names_the_library_that_set_a_fraction_no_process_can_use(clean_env,
     assert "use at most 0.99" in err[0] and "--mem-fraction" in err[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("set_by_import", "flag", "fraction", "source"),
     [
@@ -555,6 +561,7 @@ def test_cli_reports_at_the_fraction_the_import_set_unless_given_one(
     assert report["usable_bytes"] == math.floor(fraction * card)
 
 
+@pytest.mark.slow
 def test_cli_says_which_xla_flags_an_import_set(clean_env, capsys, tmp_path):
     clean_env.setenv("ENVLIB_FRACTION", "0.9")
     # the user's own flag, before the import: not the import's
@@ -577,6 +584,7 @@ def test_cli_says_which_xla_flags_an_import_set(clean_env, capsys, tmp_path):
     assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"]["value"] == "0.9"
 
 
+@pytest.mark.slow
 def test_flags_an_import_sets_reach_the_compiles_of_a_fresh_process(tmp_path):
     # XLA reads XLA_FLAGS once, when it first compiles: the CLI imports the factory before
     # that, so the note above holds (a dump directory the import names fills up).
@@ -596,6 +604,7 @@ def test_flags_an_import_sets_reach_the_compiles_of_a_fresh_process(tmp_path):
 NNX_BLOCK = "nnx_blocks:PlainBlock"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["none", "full", "dots_no_batch"])
 def test_block_patches_an_nnx_model_as_its_own_remat_would(policy):
     patched = sources.from_factory(f"{FACTORIES}:nnx_plain", block=NNX_BLOCK)
@@ -605,6 +614,7 @@ def test_block_patches_an_nnx_model_as_its_own_remat_would(policy):
     assert got == sources.measure(native, policy, "h100", config).peak_bytes
 
 
+@pytest.mark.slow
 def test_a_per_layer_plan_on_a_patched_nnx_model_counts_its_blocks():
     src = sources.from_factory(f"{FACTORIES}:nnx_plain", block=NNX_BLOCK)
     config = rk.TrainConfig(batch=2, seq=64)
@@ -616,6 +626,7 @@ def test_a_per_layer_plan_on_a_patched_nnx_model_counts_its_blocks():
     assert every.peak_bytes == full.peak_bytes < half.peak_bytes < none.peak_bytes
 
 
+@pytest.mark.slow
 def test_a_patched_stack_built_in_setup_counts_each_named_layer_once():
     # flax runs a setup again per clone (nn.jit's trace, init, apply): gemma's 6 layers were
     # counted 18, and a per-layer plan handed the later builds the plan's last policy.
@@ -627,6 +638,7 @@ def test_a_patched_stack_built_in_setup_counts_each_named_layer_once():
     assert full.peak_bytes < half.peak_bytes < none.peak_bytes
 
 
+@pytest.mark.slow
 def test_block_patches_a_model_whose_call_is_nn_jitted():
     # gemma's Transformer.__call__ is wrapped in nn.jit, which replays the trace it cached for
     # the module: every policy after the first got the first one's program.
@@ -647,6 +659,7 @@ def test_a_block_the_model_does_not_take_from_the_patched_module_is_named():
 # --- a factory's step over several GPUs: data parallel, weights split by shape ------------------
 
 
+@pytest.mark.slow
 def test_fsdp_splits_a_factorys_weights_and_batch_over_the_gpus():
     # The parameters carry no axis names: each is split along its largest dimension fsdp
     # divides (every one of this model's does), so a device holds half of each part.
@@ -660,6 +673,7 @@ def test_fsdp_splits_a_factorys_weights_and_batch_over_the_gpus():
     assert src.label(config, rk.target("h100", devices=2)).endswith("fsdp:2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("shard", "code", "message"),
     [
@@ -724,6 +738,7 @@ def test_a_factory_that_takes_kwargs_is_not_handed_a_target():
     )
 
 
+@pytest.mark.slow
 def test_cli_builds_a_factory_on_the_devices_it_compiles_for(capsys):
     # The factory's mesh is the target's (EasyDeL's habit): two H100s, not the host's CPU.
     argv = ["report", "--model", f"{FACTORIES}:meshed", "--target", "h100", "--gpus", "2"]
@@ -741,6 +756,7 @@ def test_cli_says_in_one_line_where_a_models_own_code_fails(capsys):
     ]
 
 
+@pytest.mark.slow
 def test_cli_plan_tells_a_factory_how_to_use_the_plan(capsys):
     # A factory is handed its policy: remat_kit_models.get_config is for presets only.
     argv = ["plan", "--model", f"{FACTORIES}:untagged", "--budget", "20GiB", "--policies"]
@@ -753,6 +769,7 @@ def test_cli_plan_tells_a_factory_how_to_use_the_plan(capsys):
     assert "get_config" not in shown
 
 
+@pytest.mark.slow
 def test_cli_layers_builds_a_factory_that_names_layers_at_that_depth(tmp_path):
     def params_and_layers(n):
         out = tmp_path / f"{n}.json"
@@ -792,6 +809,7 @@ def test_cli_needs_exactly_one_model(capsys):
 # --- compiled reports --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_factory_report_equals_the_preset_report():
     # Our preset through the factory door is the same program as through models.measure.
     t = rk.target("h100")
@@ -932,6 +950,7 @@ def test_hf_config_refuses_sliding_layers():
     assert models.hf.from_hf_config(fields).n_layers == 28
 
 
+@pytest.mark.slow
 def test_cli_report_from_an_hf_config(capsys, tmp_path):
     out = tmp_path / "r.json"
     small = ["--layers", "1", "--width", "64", "--heads", "4", "--kv-heads", "2", "--ff", "128"]

@@ -183,6 +183,7 @@ def test_rule_sets_by_name_and_unknown_name():
         tagging.rules("hff")
 
 
+@pytest.mark.slow
 def test_tagged_module_names_every_projection_and_keeps_the_parameters():
     plain = Stack()
     tagged = tagging.TaggedModule(plain)
@@ -196,6 +197,7 @@ def test_tagged_module_names_every_projection_and_keeps_the_parameters():
     assert tags_in(jax.make_jaxpr(lambda p: plain.apply(p, X))(params)) == {}
 
 
+@pytest.mark.slow
 def test_tagging_leaves_values_and_gradients_unchanged():
     plain_loss, params = _loss(Stack("none"))
     tagged = tagging.TaggedModule(Stack("minimal"))
@@ -207,6 +209,7 @@ def test_tagging_leaves_values_and_gradients_unchanged():
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("policy", "saved"),
     [
@@ -223,6 +226,7 @@ def test_name_policies_act_on_an_untagged_model_once_tagged(policy, saved):
     assert {t for t, d in report.tags.items() if d == "saved"} == saved
 
 
+@pytest.mark.slow
 def test_untagged_model_warns_that_a_name_policy_does_nothing():
     loss, params = _loss(Stack("minimal"))  # no tagging: the model has no tags at all
     with pytest.warns(RematWarning, match=r"'minimal' names query_proj.*tags none of them"):

@@ -195,6 +195,7 @@ def test_b200_is_the_180gb_card_as_cuda_reports_it():
     assert t.memory_bytes < 192e9
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(NEW_CARDS))
 def test_new_cards_compile_a_train_step(name):
     # The tiny Llama train step test_precision uses; attention as the CLI picks it (cuDNN
@@ -529,6 +530,7 @@ def _run(code: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("nvidia-smi") is not None, reason="a real GPU driver is present")
 def test_without_jax_platforms_a_gpu_target_configures_itself():
     # README's library example: no JAX_PLATFORMS, no configure call, no NVIDIA device here.
@@ -540,6 +542,7 @@ def test_without_jax_platforms_a_gpu_target_configures_itself():
     assert proc.stdout.strip() == "NO ERROR", proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_after_jax_started_probing_the_error_says_what_to_set():
     proc = _run(
         "import jax; jax.devices()\n"
@@ -551,6 +554,7 @@ def test_after_jax_started_probing_the_error_says_what_to_set():
     assert "JAX_PLATFORMS=cpu" in proc.stdout
 
 
+@pytest.mark.slow
 def test_configure_for_deviceless_in_a_fresh_process():
     proc = _run(
         "import os, jax\n"
@@ -562,6 +566,7 @@ def test_configure_for_deviceless_in_a_fresh_process():
     assert proc.stdout.split("\n")[:2] == ["cpu", "NVIDIA H100 80GB HBM3"], proc.stderr
 
 
+@pytest.mark.slow
 def test_configure_for_deviceless_leaves_initialized_backends_alone():
     proc = _run(
         "import os, jax\n"
@@ -573,6 +578,7 @@ def test_configure_for_deviceless_leaves_initialized_backends_alone():
     assert proc.stdout.strip() == "None", proc.stderr
 
 
+@pytest.mark.slow
 def test_a_target_is_a_value_and_a_report_sets_jax_up_when_it_compiles():
     """rk.target() has no side effect; memory_report chooses the platform before it compiles."""
     proc = _run(

@@ -197,6 +197,7 @@ def test_the_table_marks_the_winner_and_says_each_row_against_none():
     assert json.loads(json.dumps(f.to_dict()))["winner"] == "minimal"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("argv", "match"),
     [

@@ -32,6 +32,7 @@ def _split(step, params):
     return tr, fr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw", "sgd", "lion", "adafactor"])
 def test_step_trains_on_cpu(optimizer):
     cfg = models.get_config("tiny-llama", layers=2, policy="full")
@@ -55,6 +56,7 @@ def test_step_trains_on_cpu(optimizer):
     assert losses[-1] < losses[0] - 0.01
 
 
+@pytest.mark.slow
 def test_accumulation_equals_one_big_batch():
     cfg = models.get_config("tiny-llama", layers=2)
     module = models.build(cfg)
@@ -128,6 +130,7 @@ def test_lora_trains_only_adapters():
         rk.build_train_step(models.build(base), rk.TrainConfig(batch=2, seq=16, lora=True))
 
 
+@pytest.mark.slow
 def test_lora_gradients_unchanged_by_policy():
     cfg = models.get_config("tiny-gpt2", layers=2, lora_rank=4, scan_layers=False)
     module = models.build(cfg)
@@ -146,6 +149,7 @@ def test_lora_gradients_unchanged_by_policy():
         chex.assert_trees_all_close(g, grads[0], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_lora_and_accumulation_shrink_the_gpu_peak(small):
     full_ft = small("full")
     lora = small("full", optimizer="adamw", lora=8)
@@ -210,6 +214,7 @@ def test_the_accumulator_has_its_dtype_in_the_program_and_the_shapes(accum_dtype
     assert {str(a.dtype) for a in acc} == {"bfloat16" if accum_dtype is None else "float32"}
 
 
+@pytest.mark.slow
 def test_the_measured_breakdown_counts_the_accumulator_as_gradients():
     from remat_kit.breakdown import measured_breakdown
 
@@ -241,6 +246,7 @@ def _lora_step(donate):
     return rk.build_train_step(models.build(cfg), config)
 
 
+@pytest.mark.slow
 def test_the_step_donates_trained_weights_and_optimizer_state_only():
     step = _lora_step(donate=True)
     aliases, alias_bytes = _compiled_aliases(step)
@@ -269,6 +275,7 @@ def _donated_inputs(step) -> set[int]:
     return {int(i) for i, attrs in pairs if any(m in attrs for m in marks)}
 
 
+@pytest.mark.slow
 def test_the_program_donates_what_the_step_may_overwrite_and_nothing_without_donation():
     donated = _lora_step(donate=True)
     n_tr, n_fr, n_opt = (len(jax.tree.leaves(a)) for a in donated.args[:3])

@@ -87,6 +87,7 @@ def _predicted_step(step, limit: int) -> float:
     return step_time(kernels_of(compiled.as_text()), speed_of(t)).seconds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "baseline, extra, limit",
     [(0, 5_000_000, 60 * 2**30), (123_456, 7_777_777, 2**30), (10_000, 2_000_000, 1_000)],
@@ -109,6 +110,7 @@ def test_measures_peak_above_baseline_and_the_error(step, baseline, extra, limit
     assert fake.calls == 4
 
 
+@pytest.mark.slow
 def test_to_dict_is_json_ready(step):
     import json
 
@@ -121,6 +123,7 @@ def test_to_dict_is_json_ready(step):
     assert isinstance(v, Validation)
 
 
+@pytest.mark.slow
 def test_no_new_peak_is_no_measurement(step):
     # The process peaked higher before the steps (e.g. an earlier check in the same process).
     script = _script(0, 1000, 1000, 2**30)
@@ -132,6 +135,7 @@ def test_no_new_peak_is_no_measurement(step):
     assert "fresh process" in v.note
 
 
+@pytest.mark.slow
 def test_explicit_target_overrides_the_match(step):
     fake = FakeStats("NVIDIA Some Future GPU", _script(0, 10, 3_000_000, 2**30))
     v = validate(step, target="a100-80gb", steps=1, stats_source=fake)
@@ -160,6 +164,7 @@ def test_cpu_target_is_refused(step):
         validate(step, target="cpu", stats_source=FakeStats(H100_KIND, _script(0, 1, 2, 3)))
 
 
+@pytest.mark.slow
 def test_compiles_with_the_local_allocator_limit(step, monkeypatch):
     # The prediction is compiled with the limit the local allocator reports, not the env's.
     seen = {}
@@ -216,6 +221,7 @@ def test_other_runtime_errors_propagate(monkeypatch):
         validate(fake_step, steps=1, stats_source=FakeStats(H100_KIND, _script(0, 1, 2, 3)))
 
 
+@pytest.mark.slow
 def test_dropout_step_gets_its_key(monkeypatch):
     # A step with a dropout stream takes a fifth argument; validate feeds it through.
     cfg = models.get_config("tiny-gpt2", layers=2, dropout_rate=0.1, policy="full")

@@ -49,6 +49,7 @@ def test_advise_with_jobs_needs_a_workload_factory_that_pickles():
         rk.advise(lambda t: None, 1, targets=["h100", "a100-40gb"], jobs=2)
 
 
+@pytest.mark.slow
 def test_compare_with_two_jobs_gives_the_same_rows(tmp_path, monkeypatch):
     """The CLI's --jobs 2 (workers, no cache) and --jobs 1 print the same figures."""
     monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache"))
@@ -108,6 +109,7 @@ def _fake_workload(scale, t):
     )
 
 
+@pytest.mark.slow
 def test_advise_workers_match_one_process():
     make = functools.partial(_fake_workload, 1.0)
     names = ["h100", "rtx4090", "l4", "a100-40gb"]

@@ -34,6 +34,7 @@ def test_none_returns_the_class_itself():
     assert rk.remat(MLP, "none") is MLP
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("policy", ["full", "mlpwi", "dots", "minimal"])
 def test_linen_direct_and_decorator_agree(policy):
     spec = "names:save=mlpwi" if policy == "mlpwi" else policy
@@ -49,6 +50,7 @@ def test_linen_direct_and_decorator_agree(policy):
         chex.assert_trees_all_close(jax.grad(loss)(params), jax.grad(ref_loss)(params))
 
 
+@pytest.mark.slow
 def test_linen_policy_changes_what_is_saved():
     full_loss, params = _linen_loss(rk.remat(MLP, "full"))
     keep_loss, _ = _linen_loss(rk.remat(MLP, rk.policy("names", save=["mlpwi"])))

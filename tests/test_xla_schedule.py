@@ -54,6 +54,7 @@ def _lowered(opts, target, policy="full"):
     return jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*args)
 
 
+@pytest.mark.slow
 def test_a_sharded_compile_gives_each_layer_loop_one_run_per_layer():
     from remat_kit_models.measure import Options
 
