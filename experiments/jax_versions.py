@@ -11,10 +11,10 @@ Two parts, each a set of whole ``remat-kit`` processes (cold: a fresh cache dire
   (``JAX_REMAT3=0/1``), on the main job and on a factory model (an NNX model of
   ``tests/data/factories.py``). Prints the peaks side by side and whether they are equal.
 
-Writes results/platform.json. Usage::
+Writes results/jax_versions.json. Usage::
 
-    python experiments/platform.py --only remat3
-    python experiments/platform.py --only versions --a /path/venv311/bin/remat-kit --rounds 3
+    python experiments/jax_versions.py --only remat3
+    python experiments/jax_versions.py --only versions --a /path/venv311/bin/remat-kit --rounds 3
 """
 
 from __future__ import annotations
@@ -143,14 +143,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--a", help="remat-kit of the environment to compare against")
     parser.add_argument("--b", default=HERE_EXE, help="remat-kit of this environment")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--key", default="versions", help="where versions' result goes")
     args = parser.parse_args(argv)
-    path = RESULTS / "platform.json"
+    path = RESULTS / "jax_versions.json"
     data = json.loads(path.read_text()) if path.exists() else {}
     for part in args.only.split(","):
         if part == "versions":
             if not args.a:
                 raise SystemExit("--only versions needs --a (another environment's remat-kit)")
-            data["versions"] = versions(args)
+            data[args.key] = versions(args)
         elif part == "remat3":
             data["remat3"] = remat3(args)
         else:
