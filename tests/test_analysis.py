@@ -331,3 +331,23 @@ def test_max_batch_lands_on_the_boundary_of_a_peak_that_is_not_monotone(limit, s
         assert fit.next_peak_bytes == _zigzag(want + 1) > limit
     else:
         assert fit.peak_bytes == _zigzag(1) > limit
+
+
+@pytest.mark.parametrize(
+    ("tags", "noted"),
+    [
+        (("query_proj", "context", "mlpwo"), True),  # flash: no score tensors in the program
+        (("query_proj", "context", "attn_scores", "attn_probs", "mlpwo"), False),  # XLA's
+        (("query_proj", "mlpwo"), False),  # no attention output tagged: nothing to say
+    ],
+)
+def test_a_policy_that_recomputes_scores_is_noted_only_under_flash_attention(tags, noted):
+    """The note says the scores a policy recomputes do not exist: true only where the program
+    tags the attention output and no score tensor (a fused kernel's)."""
+    from helpers import memory_report
+    from remat_kit.analysis import report_notes
+
+    r = memory_report("h100", tags=tags)
+    keeps_context = rk.as_policy("names:save=context+query_proj")
+    kinds = [n.kind for n in report_notes(r, keeps_context, rk.target("h100"))]
+    assert ("flash_recomputes_scores" in kinds) == noted

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 
 import jax
@@ -68,6 +70,9 @@ def test_stand_in_writes_an_empty_object_and_asks_the_real_ptxas_its_version(tmp
     )
     assert mine.stdout == theirs.stdout and "ptxas" in mine.stdout
     assert (stub / "nvvm").resolve() == (real / "nvvm").resolve()
+    # XLA runs it: nobody but its owner may change what it runs.
+    mode = stat.S_IMODE(os.stat(exe).st_mode)
+    assert mode & 0o700 == 0o700 and mode & 0o022 == 0, oct(mode)
 
 
 @needs_ptxas

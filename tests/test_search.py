@@ -766,15 +766,18 @@ def fake3(tags=TAGS3, layers=1, quirk=(), untagged_flops=0.0, parts=None):
     )
 
 
-def _brute_force(tags, budget, host_budget=None, layers=1, splits=False, untagged_flops=0.0):
+def _brute_force(
+    tags, budget, host_budget=None, layers=1, splits=False, untagged_flops=0.0, min_split=0
+):
     """The least overhead over every decision of every tag (3^k), and over every two-group
-    layer split when ``splits``: the fake's own rules, no planner code."""
+    layer split when ``splits`` (splits of ``min_split`` layers or more): the fake's own rules,
+    no planner code."""
     options = [
         dict(zip(tags, combo, strict=True))
         for combo in itertools.product(("save", "recompute", "offload"), repeat=len(tags))
     ]
     best = None
-    ks = range(0, layers) if splits else [0]
+    ks = range(min_split, layers) if splits else [0]
     for k in ks:
         for a in options if k else [None]:
             for b in options:
@@ -1386,6 +1389,23 @@ def test_solve_without_splits_never_splits_the_layers(shed):
     assert split.estimate.overhead == pytest.approx(best_split, abs=1e-9)
     if best_split < whole.estimate.overhead - 1e-9:
         assert split.layers > 0
+
+
+@pytest.mark.parametrize("shed", [150, 500, 1100])
+def test_solve_tries_every_split_when_no_single_group_fits(shed):
+    """A split has room of its own (``split_cap``): where not even the single group that
+    recomputes everything fits, the splits are still tried, and the best of them is the
+    brute force's best over splits."""
+    from remat_kit.search._costs import cost_model
+    from remat_kit.search._solver import solve
+
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    model = cost_model(fake3(tags, layers=4), 1, offload=True, hide=0.5, objective="flops")
+    cap = 1300 - shed
+    got, _ = solve(model, model.untagged_bytes - 1, split_cap=model.untagged_bytes + cap)
+    best = _brute_force(tags, FIXED + cap, layers=4, splits=True, min_split=1)
+    assert got is not None and got.layers > 0
+    assert got.estimate.overhead == pytest.approx(best, abs=1e-9)
 
 
 def test_solve_finds_a_split_cheaper_than_any_single_group():
