@@ -308,3 +308,13 @@ def test_a_mesh_given_is_the_one_the_step_uses_and_none_builds_the_plans():
     wrong = sharding.parse_shard("dp:1").mesh(rk.target("local", devices=1))
     with pytest.raises(rk.BadValue, match="do not match the plan"):
         _plan_and_mesh("fsdp:1", wrong)
+
+
+def test_a_built_step_carries_the_models_loss():
+    """Our step says its loss is given (the residual table and the offload check trace
+    ``loss_fn``; a user's own step may come without one): a scalar f32 of the model."""
+    cfg = models.get_config("tiny-llama", layers=1)
+    step = rk.build_train_step(models.build(cfg), rk.TrainConfig(batch=2, seq=8, optimizer="sgd"))
+    assert step.loss_given is True
+    out = jax.eval_shape(step.loss_fn, *step.loss_args)
+    assert out.shape == () and out.dtype == jnp.float32
