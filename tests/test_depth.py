@@ -420,3 +420,15 @@ def test_a_name_only_a_later_layer_has_is_checked_against_the_whole_model(factor
         factory, CONFIG, "h100", ["names:save=layers_7/mixer", "context"], given=False
     )
     assert [p.spec for p in kept] == ["names:save=layers_7/mixer"] and skipped == ["context"]
+
+
+@pytest.mark.parametrize(("depths", "peak"), [((2, 3), 180), ((3, 4), 180), ((2,), None)])
+def test_two_copies_are_enough_for_a_line_and_one_is_not(depths, peak):
+    """Each section grows by 10 bytes a layer: two depths fix the line (the peak at 8 layers
+    is 100 + 10 * 8 for the first layer's backward section); one depth fixes nothing."""
+    secs = {
+        d: {depth.Section("backward", "layer", k): 100 + 10 * d - k for k in range(d)}
+        for d in depths
+    }
+    fit = depth.fit_sections(secs, layers=8)
+    assert (fit.peak_live_bytes if fit is not None else None) == peak
