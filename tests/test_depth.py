@@ -432,3 +432,14 @@ def test_two_copies_are_enough_for_a_line_and_one_is_not(depths, peak):
     }
     fit = depth.fit_sections(secs, layers=8)
     assert (fit.peak_live_bytes if fit is not None else None) == peak
+
+
+@pytest.mark.parametrize(
+    ("residual", "affine"), [(0, True), (4_999, True), (5_000, True), (5_001, False)]
+)
+def test_copies_off_their_lines_by_more_than_half_a_percent_of_the_peak_are_not_extrapolated(
+    residual, affine
+):
+    # 0.5% of a 1,000,000-byte peak is 5,000 bytes (depth.AFFINE_TOLERANCE).
+    fit = depth.DepthFit(8, (2, 3), 1_000_000, "backward, layer 0", residual, 4)
+    assert fit.affine is affine

@@ -111,6 +111,17 @@ class DepthFit:
     residual_bytes: int
     sections: int
 
+    @property
+    def affine(self) -> bool:
+        """Whether the sections lie on their lines closely enough to extrapolate: the largest
+        residual at most :data:`AFFINE_TOLERANCE` of the peak.
+
+        Example:
+          >>> DepthFit(8, (2, 3), 1000, "backward, layer 0", residual_bytes=5, sections=1).affine
+          True
+        """
+        return self.residual_bytes <= AFFINE_TOLERANCE * self.peak_live_bytes
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields."""
         return dataclasses.asdict(self)
@@ -425,7 +436,7 @@ def by_depth(
     fit = fit_sections(sections, layers)
     if fit is None:
         return None, {"mode": "full", "reason": "the copies' schedules do not line up"}
-    if fit.residual_bytes > AFFINE_TOLERANCE * fit.peak_live_bytes:
+    if not fit.affine:
         return None, {
             "mode": "full",
             "reason": f"not affine in depth (residual {fit.residual_bytes} bytes)",
