@@ -962,3 +962,16 @@ def test_cli_report_from_an_hf_config(capsys, tmp_path):
     # embed + head (2 x 256 x 64) + one layer with q/k/v biases + final norm, by hand:
     layer = 64 * 64 * 2 + 2 * 64 * 32 + (64 + 2 * 32) + 3 * 64 * 128 + 2 * 64
     assert meta["params"] == 2 * 256 * 64 + layer + 64
+
+
+def test_a_source_made_by_hand_builds_only_what_its_factory_takes():
+    """``ModelSource(spec, factory)`` with nothing else said: the factory is called with the
+    policy alone, so a layer schedule is refused in one line before any trace."""
+
+    def mine(policy):
+        return nn.Dense(4)
+
+    src = sources.ModelSource("mine", mine)
+    assert src.schedule_kinds == frozenset({"none"})
+    with pytest.raises(BadValue, match="every:2"):
+        src.check_schedule("every:2")
