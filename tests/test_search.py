@@ -1424,3 +1424,15 @@ def test_solve_finds_a_split_cheaper_than_any_single_group():
 def test_plan_refuses_a_batch_that_is_not_positive(batch):
     with pytest.raises(ValueError, match=f"batch={batch} must be a positive int"):
         rk.plan(fake3(), batch, 2000)
+
+
+@pytest.mark.parametrize(
+    ("lo", "hi", "closed"),
+    [(3, 4, True), (3, 10, False), (100, None, True), (120, None, True), (50, None, False)],
+)
+def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
+    """A search stops when the longest known to fit and the shortest known not to are
+    neighbours, or when nothing is known not to fit and the cap (100 here) fits."""
+    from remat_kit.search.seq import _closed
+
+    assert _closed(lo, hi, 100) is closed

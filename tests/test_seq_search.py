@@ -328,15 +328,3 @@ def test_the_longest_sequence_is_verified_by_compiles_made_apart(model, attentio
     assert fit.max_seq == 6 * step  # the peaks grow with the sequence here
     assert fit.attention == kernel
     assert fit.compiles <= 7
-
-
-@pytest.mark.parametrize(
-    ("lo", "hi", "closed"),
-    [(3, 4, True), (3, 10, False), (100, None, True), (120, None, True), (50, None, False)],
-)
-def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
-    """A search stops when the longest known to fit and the shortest known not to are
-    neighbours, or when nothing is known not to fit and the cap (100 here) fits."""
-    from remat_kit.search.seq import _closed
-
-    assert _closed(lo, hi, 100) is closed
