@@ -123,14 +123,7 @@ def decide(p: Policy | Callable[..., Any], name: str) -> PolicyKind:
       >>> rk.decide(rk.policy("minimal"), "query_proj"), rk.decide(rk.policy("minimal"), "context")
       ('save', 'recompute')
     """
-    return _kind(p(_name_primitive(), name=name))
-
-
-def _name_primitive() -> Any:
-    # The primitive a policy is asked about for a checkpoint_name tag. Under jax_remat3 the
-    # tag's equation binds a "hi" primitive, but policies are still asked with name_p
-    # (jax/_src/ad_checkpoint.py, CheckpointName.remat), which jax 0.12 exports.
-    return name_p
+    return _kind(p(name_p, name=name))
 
 
 def _kind(out: Any) -> PolicyKind:
@@ -222,9 +215,7 @@ def _save_matching(patterns: tuple[str, ...]) -> Callable[..., bool]:
     # Globs over tags such as "model/layers/*/mlp/*" (remat_kit.tagging names a layer it has
     # no rule for by its module path); jax's save_only_these_names matches exact names only.
     def save_matching(prim: Any, *_: Any, **params: Any) -> bool:
-        return prim is _name_primitive() and any(
-            fnmatch.fnmatchcase(str(params["name"]), p) for p in patterns
-        )
+        return prim is name_p and any(fnmatch.fnmatchcase(str(params["name"]), p) for p in patterns)
 
     return save_matching
 
@@ -236,7 +227,7 @@ def _except_policy(names: Iterable[str]) -> Policy:
     # which keeps the excluded tensors alive through their consumers; save tagged
     # tensors only, so the excluded ones really are recomputed.
     def save_tagged_except(prim: Any, *_: Any, **params: Any) -> bool:
-        return prim is _name_primitive() and params["name"] not in excluded
+        return prim is name_p and params["name"] not in excluded
 
     return Policy(
         "except",

@@ -42,11 +42,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
+from jax.ad_checkpoint import checkpoint_name, name_p
 
 from remat_kit import names
 from remat_kit.errors import unknown
-from remat_kit.policies import _name_primitive
 
 __all__ = [
     "ALIAS_SETS",
@@ -274,7 +273,7 @@ def aliasing(mapping: Mapping[str, str]) -> Iterator[dict[str, str]]:
     if not table:
         yield table
         return
-    prim = _name_primitive()
+    prim = name_p
     inner = prim.bind  # an enclosing context's wrapper, or the class's method
 
     def bind(*args: Any, **params: Any) -> Any:

@@ -16,10 +16,11 @@ import flax.linen as nn
 import jax
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import name_p
 
 from remat_kit import checks
 from remat_kit.errors import BadType, BadValue
-from remat_kit.policies import Policy, _name_primitive, as_policy
+from remat_kit.policies import Policy, as_policy
 
 __all__ = ["remat"]
 
@@ -86,7 +87,7 @@ class _Recorder:
         self.p, self.what = p, what
         self.asked, self.warned = False, False
         self.tags: set[str] = set()
-        name_prim, jax_policy = _name_primitive(), p.jax_policy
+        name_prim, jax_policy = name_p, p.jax_policy
 
         def policy(prim: Any, *avals: Any, **params: Any) -> Any:
             self.asked = True
