@@ -123,6 +123,8 @@ def decide(p: Policy | Callable[..., Any], name: str) -> PolicyKind:
       >>> rk.decide(rk.policy("minimal"), "query_proj"), rk.decide(rk.policy("minimal"), "context")
       ('save', 'recompute')
     """
+    # Under jax_remat3 too, policies are asked about a tag with name_p (jax/_src/ad_checkpoint.py,
+    # CheckpointName.remat), though the tag's equation binds a "hi" primitive there.
     return _kind(p(name_p, name=name))
 
 
