@@ -11,7 +11,7 @@ Two parts, each a set of whole ``remat-kit`` processes (cold: a fresh cache dire
   (``JAX_REMAT3=0/1``), on the main job and on a factory model (an NNX model of
   ``tests/data/factories.py``). Prints the peaks side by side and whether they are equal.
 
-Writes results/jax_versions.json. Usage::
+Writes results/jax_versions.json and a PNG of both parts. Usage::
 
     python experiments/jax_versions.py --only remat3
     python experiments/jax_versions.py --only versions --a /path/venv311/bin/remat-kit --rounds 3
@@ -31,7 +31,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from common import RESULTS, ROOT, table, write_json
+from common import RESULTS, ROOT, save_png, table, write_json
 
 GIB = 2**30
 MAIN = ("compare", "--model", "llama3-8b", "--target", "h100", "--batch", "4", "--seq", "2048")
@@ -137,6 +137,42 @@ def remat3(args: argparse.Namespace) -> list[dict]:
     return out
 
 
+def plot(data: dict, path: Path) -> None:
+    """Peaks per policy: jax 0.10.2 beside 0.12, and 0.12 with jax_remat3 on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+    if "versions" in data:
+        v = data["versions"]
+        names = [r["policy"] for r in v["rows"]]
+        xs = range(len(names))
+        labels = v.get("versions", {})
+        for i, side in enumerate(("a", "b")):
+            axes[0].bar(
+                [x + (i - 0.5) * 0.4 for x in xs],
+                [r[f"{side}_gib"] for r in v["rows"]],
+                0.4,
+                label="Python {} jax {}".format(*(labels.get(side) or f"{side} ?").split()[:2]),
+            )
+        axes[0].set_xticks(list(xs), names, rotation=60, ha="right")
+        axes[0].set_ylabel("peak GiB (llama3-8b b4 s2048, H100)")
+        axes[0].set_title("main job: jax 0.10.2 vs 0.12")
+        axes[0].legend()
+    if "remat3" in data:
+        rows = [r for r in data["remat3"] if r["model"].startswith("llama3")]
+        xs = range(len(rows))
+        axes[1].bar([x - 0.2 for x in xs], [r["off_gib"] for r in rows], 0.4, label="default")
+        axes[1].bar([x + 0.2 for x in xs], [r["on_gib"] for r in rows], 0.4, label="jax_remat3")
+        axes[1].set_xticks(list(xs), [r["policy"] for r in rows], rotation=60, ha="right")
+        axes[1].set_title("jax 0.12: remat implementations (equal to the byte)")
+        axes[1].legend()
+    fig.tight_layout()
+    save_png(fig, path)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="remat3,versions")
@@ -154,9 +190,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             data[args.key] = versions(args)
         elif part == "remat3":
             data["remat3"] = remat3(args)
+        elif part == "plot":
+            pass  # the PNG below, from what results/jax_versions.json holds
         else:
-            raise SystemExit(f"--only: unknown part {part!r}; versions, remat3")
+            raise SystemExit(f"--only: unknown part {part!r}; versions, remat3, plot")
     write_json(path, data)
+    plot(data, RESULTS / "jax_versions.png")
 
 
 if __name__ == "__main__":
