@@ -13,6 +13,20 @@ from helpers import loss_and_grads, tokens
 from remat_kit import checks
 
 SCHEDULES = ["every:2", "every:3", "sqrt", "nested:2", "nested:3", "layers:0-1=full,rest=minimal"]
+MODELS = ["tiny-llama", "tiny-gpt2"]
+# Each schedule on both layouts (a scanned stack is split into segments, an unrolled one is
+# not), the models swapped between layouts: each schedule meets both models, one of them
+# with dropout's key threaded through its segments.
+GRADIENT_CASES = [
+    pytest.param(
+        schedule,
+        MODELS[(i + scan) % 2],
+        scan,
+        id=f"{schedule}-{MODELS[(i + scan) % 2]}-" + ("scan" if scan else "unrolled"),
+    )
+    for i, schedule in enumerate(SCHEDULES)
+    for scan in (True, False)
+]
 
 
 @functools.cache
@@ -28,9 +42,7 @@ def _setup(model, scan):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("scan", [True, False], ids=["scan", "unrolled"])
-@pytest.mark.parametrize("model", ["tiny-llama", "tiny-gpt2"])
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize(("schedule", "model", "scan"), GRADIENT_CASES)
 def test_schedule_keeps_gradients(schedule, model, scan):
     cfg, toks, params, key, ref = _setup(model, scan)
     got = loss_and_grads(
