@@ -59,6 +59,7 @@ from remat_kit.xla import CompiledMemory
 __all__ = [
     "ENV_DIR",
     "ENV_OFF",
+    "KERNEL_CACHE_OPTION",
     "STUB_MARK",
     "STUB_OPTION",
     "bypassed",
@@ -86,6 +87,10 @@ ENV_OFF = "REMAT_KIT_NO_CACHE"
 STUB_MARK = "ptxas-stand-in-1"
 #: The compiler option that points XLA at the stand-in.
 STUB_OPTION = "xla_gpu_cuda_data_dir"
+#: The compiler option that names the file where XLA keeps the kernels it made
+#: (:func:`remat_kit.targets.codegen.kernel_cache_file`): where they are kept changes no
+#: figure, so no key sees it.
+KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
 #: Bumped when what a record means changes without its fields changing.
 FORMAT = 1
 
@@ -477,13 +482,15 @@ def store(key: str, record: Mapping[str, Any]) -> bool:
 
 def key_options(options: dict[str, Any]) -> dict[str, Any]:
     """``options`` as a cache key sees them: the stand-in's path (the user's own) becomes
-    :data:`STUB_MARK`, so that the key names what the options do, not where they live.
+    :data:`STUB_MARK`, so that the key names what the options do, not where they live; the
+    kernel file (:data:`KERNEL_CACHE_OPTION`, one per process) is left out.
 
     Example:
-      >>> key_options({"xla_gpu_cuda_data_dir": "/home/u/.cache/remat_kit/ptxas/ab12"})
+      >>> key_options({"xla_gpu_cuda_data_dir": "/home/u/.cache/remat_kit/ptxas/ab12",
+      ...              "xla_gpu_kernel_cache_file": "/tmp/remat_kit_kernels_x/1.bin"})
       {'xla_gpu_cuda_data_dir': 'ptxas-stand-in-1'}
     """
-    out = dict(options)
+    out = {k: v for k, v in options.items() if k != KERNEL_CACHE_OPTION}
     if STUB_OPTION in out:
         out[STUB_OPTION] = STUB_MARK
     return out

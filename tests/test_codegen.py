@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import pytest
@@ -50,6 +53,8 @@ def test_analysis_only_compile_reads_the_same_analysis(target, policy):
     full = xla.compile_memory(low, measure_xla_remat=False)
     fast = xla.compile_memory(low, options=options, measure_xla_remat=False)
     assert _figures(fast) == _figures(full)
+    # XLA took the kernel file: the next program with these fusions reads them from there.
+    assert os.path.getsize(options[cache.KERNEL_CACHE_OPTION]) > 0
     if "offload" in policy:
         assert fast.host_bytes > 0  # the comparison covers host memory too
 
@@ -108,6 +113,35 @@ def test_no_stand_in_when_the_cache_is_off(tmp_path, monkeypatch):
     assert "xla_gpu_cuda_data_dir" in codegen.analysis_options(rk.target("h100"))
 
 
+@needs_ptxas
+def test_the_kernel_file_goes_with_the_stand_in_and_is_the_processs_own(monkeypatch):
+    option = cache.KERNEL_CACHE_OPTION
+    mine = codegen.kernel_cache_file()
+    assert codegen.analysis_options(rk.target("h100"))[option] == str(mine)
+    assert stat.S_IMODE(mine.parent.stat().st_mode) == 0o700
+    with cache.bypassed():  # no stand-in: the kernels would be real, and nobody's to share
+        assert option not in codegen.analysis_options(rk.target("h100"))
+    monkeypatch.setenv(codegen.ENV_FULL, "1")
+    assert option not in codegen.analysis_options(rk.target("h100"))
+    # A forked child (another process id) writes a file of its own.
+    monkeypatch.setattr(codegen.os, "getpid", lambda: -1)
+    child = codegen.kernel_cache_file()
+    try:
+        assert child is not None and child.parent != mine.parent
+    finally:
+        shutil.rmtree(child.parent)
+
+
+@pytest.mark.slow
+def test_the_kernel_directory_goes_when_the_process_exits():
+    code = "from remat_kit.targets import codegen; print(codegen.kernel_cache_file().parent)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    made = Path(out.strip())
+    assert made.name.startswith("remat_kit_kernels_") and not made.exists()
+
+
 @pytest.mark.parametrize("target", ["cpu", "local"])
 def test_targets_whose_programs_run_get_no_options(target):
     assert codegen.analysis_options(rk.target(target)) == {}
@@ -126,6 +160,9 @@ def test_key_names_the_stand_in_by_what_it_is(tmp_path):
     program, t = "module @m {}", rk.target("h100")
     mine = {"xla_backend_optimization_level": 0, "xla_gpu_cuda_data_dir": "/home/a/x"}
     yours = {"xla_backend_optimization_level": 0, "xla_gpu_cuda_data_dir": "/home/b/y"}
+    # Each process keeps its kernels in a file of its own: one key across processes.
+    mine[cache.KERNEL_CACHE_OPTION] = "/tmp/remat_kit_kernels_a/kernels.bin"
+    yours[cache.KERNEL_CACHE_OPTION] = "/tmp/remat_kit_kernels_b/kernels.bin"
     key = lambda o: cache.entry_key(program, t, codegen.key_options(o))
     assert key(mine) == key(yours)
     assert key(mine) != key({}), "a full compile and an analysis-only one share no entry"
