@@ -116,7 +116,12 @@ MODULES: dict[str, Group] = {
         ("parts_sum_to_the_compiled_peak", "cli_flag"),
     ),
     "tagging": Group(("remat_kit/tagging.py",), ("tests/test_tagging.py",)),
-    "sources": Group(("remat_kit/sources",), ("tests/test_sources.py", "tests/test_pipeline.py")),
+    "sources": Group(
+        ("remat_kit/sources",),
+        ("tests/test_sources.py", "tests/test_pipeline.py"),
+        # The depth extrapolation's fit and report are tested on hand-made sections there.
+        by_file=(("depth.py", ("tests/test_depth.py",)),),
+    ),
 }
 
 PYTEST_ARGS = ("-x", "-q", "-p", "no:cacheprovider")

@@ -361,6 +361,22 @@ def test_plan_table_marks_the_front_points_read_off_copies():
     assert "\n~ extrapolated to" in table.caption
 
 
+def test_the_full_depth_report_is_the_line_through_two_copies_and_the_fitted_peak():
+    fit = depth.DepthFit(8, (2, 3), 5000, "backward, layer 0", residual_bytes=0, sections=3)
+    at = lambda d, **kw: memory_report(
+        argument_bytes=100 * d, output_bytes=10 * d, flops=7.0 * d, compile_seconds=d / 2, **kw
+    )
+    got = depth.extrapolate_report([at(2), at(3)], (2, 3), fit, 96, (10**6, None))
+    # Per layer: 100 argument bytes, 10 output bytes, 7 FLOPs; 8 layers.
+    assert (got.argument_bytes, got.output_bytes, got.flops) == (800, 80, 56.0)
+    assert got.peak_bytes == 5000 + 96
+    assert got.temp_bytes == 5096 - 800 - 80 + got.alias_bytes
+    assert got.xla_peak_bytes is None
+    # The time it took is both copies' compiles, 1 s and 1.5 s.
+    assert got.compile_seconds == pytest.approx(2.5)
+    assert got.meta["depth"]["layers"] == 8 and got.meta["depth"]["fragmentation_bytes"] == 96
+
+
 def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():
     r = memory_report(peak_bytes=1000)
     assert depth.verify(r, lambda: pytest.fail("compiled"), always=True) is r

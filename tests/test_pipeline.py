@@ -250,6 +250,17 @@ def test_the_offload_estimate_traces_the_recompute_alternative_unsharded():
     assert est["recompute_seconds"] > 0
 
 
+@pytest.mark.slow
+def test_an_offload_that_moved_nothing_traces_no_recompute_alternative():
+    # On the CPU target XLA keeps everything where it is: nothing moved, nothing to price.
+    src = _RecordingSource(spec="own, offloading on a CPU")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = sources.measure(src, "offload:offload=mlpwi", "cpu", CONFIG)
+    assert got.host_bytes == 0 and "offload_estimate" not in got.meta
+    assert src.asked and all(policy.offloads for policy, _ in src.asked), src.asked
+
+
 def test_tags_are_read_from_the_unsharded_step_under_none():
     src = _RecordingSource(spec="own, for its tags")
     assert sources.tags(src, CONFIG, "h100") == ("mlpwi",)

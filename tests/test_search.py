@@ -24,6 +24,7 @@ from conftest import SMALL
 from helpers import loss_and_grads, memory_report, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit
+from remat_kit.search.front import plan_label
 
 GIB = 2**30
 
@@ -899,6 +900,19 @@ def test_plan_is_never_dominated_by_what_it_is_shown_beside():
     assert {rk.decide(p.policy, t) for t in tags} == {"recompute"}  # why a trace is needed
     pts = rk.front(w, 1, policies=("dots", "full"), schedules=(), plans=[p])
     assert not next(pt for pt in pts if pt.kind == "plan").dominated
+
+
+def test_a_swept_front_recommends_a_plan_nothing_on_it_dominates():
+    # The solver alone picks what dots does more cheaply (above): the plan made again after
+    # the sweep must still weigh the catalogue beside the swept plans.
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags, quirk=("dots",))
+    budget = FIXED + 1300 - 300
+    pf = rk.search.plan_front(w, 1, budget, catalogue=["dots", "full"], offload=False, sweep=True,
+                       schedules=())  # fmt: skip
+    assert pf.swept, "the sweep planned at the catalogue's peaks"
+    mine = next(pt for pt in pf.points if pt.kind == "plan" and pt.label == plan_label(pf.plan))
+    assert not mine.dominated and pf.plan.policy.name == "dots"
 
 
 # --- max batch: a line through two compiles, verified ------------------------------------------
