@@ -1171,12 +1171,6 @@ def _front_rows(points):
     return [dataclasses.asdict(pt) for pt in points]
 
 
-def plan_label(p):
-    from remat_kit.search.front import plan_label as label
-
-    return label(p)
-
-
 @pytest.mark.slow
 def test_plan_front_is_what_the_plan_cli_reports_with_or_without_plot(monkeypatch, tmp_path):
     """The CLI parses and prints; the plan, the front and the sweep are plan_front's, and the
