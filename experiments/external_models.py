@@ -32,7 +32,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit.render.notes import words
+    from remat_kit.notes import words
     from remat_kit.search import FRONT_POLICIES
     from remat_kit_models.measure import Options, baseline_flops, measure, usable_policies
 

@@ -20,7 +20,7 @@ from remat_kit import names as _names
 from remat_kit._shapes import array_bytes
 from remat_kit.cache import compiled_memory
 from remat_kit.errors import BadType, BadValue, RematWarning
-from remat_kit.notes import Note
+from remat_kit.notes import Note, words
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.sharding.context import collective_summary
@@ -126,9 +126,7 @@ class MemoryReport:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """The notes in words, one line each (:func:`remat_kit.render.notes.words`)."""
-        from remat_kit.render.notes import words
-
+        """The notes in words, one line each (:func:`remat_kit.notes.words`)."""
         return tuple(words(n) for n in self.notes)
 
     def replace(self, **changes: Any) -> MemoryReport:

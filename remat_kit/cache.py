@@ -53,8 +53,7 @@ from typing import Any
 
 from remat_kit import xla
 from remat_kit.errors import BadType
-from remat_kit.timing.kernels import Kernel
-from remat_kit.xla import CompiledMemory
+from remat_kit.xla import CompiledMemory, Kernel
 
 __all__ = [
     "ENV_DIR",
@@ -182,10 +181,12 @@ def _versions() -> tuple[tuple[str, str], ...]:
 def _record_code() -> str:
     """sha256 of the code that turns a compile into the stored record: XLA's log lines become
     sentences and its HLO becomes kernels there, so a record written before that code changed
-    would carry the old sentences and kernels (the program alone does not key them)."""
+    would carry the old sentences and kernels (the program alone does not key them). That code
+    is the :mod:`remat_kit.xla` package, every file of it."""
     root = Path(__file__).resolve().parent
     digest = hashlib.sha256()
-    for path in (root / "xla.py", root / "timing" / "kernels.py"):
+    for path in sorted((root / "xla").glob("*.py")):
+        digest.update(path.name.encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()
 

@@ -28,16 +28,18 @@ import hashlib
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs
 from remat_kit._shapes import array_bytes
-from remat_kit.analysis import MemoryReport, RematWarning
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadValue, RematWarning
 from remat_kit.names import VOCABULARY
-from remat_kit.notes import Note
+from remat_kit.notes import Note, words
 from remat_kit.policies import Policy, PolicyLike, as_policy, decide, decide_eqn, is_path_pattern
 from remat_kit.residuals import tags_in
+
+if TYPE_CHECKING:  # a report is read, never made, here: the policy layer stays below analysis
+    from remat_kit.analysis import MemoryReport
 
 __all__ = [
     "OFFLOAD_SHORTFALL",
@@ -134,8 +136,6 @@ def check_policy_matches(
     """
     pol = as_policy(policy)
     present = sorted(set(tags))
-    from remat_kit.render.notes import words
-
     if strict:
         _check_own_names(pol, present, where)
     if not unmatched_policy(pol, present):
@@ -157,8 +157,6 @@ def _check_own_names(pol: Policy, present: list[str], where: str) -> None:
     ]
     if not stray:
         return
-    from remat_kit.render.notes import words
-
     close = {n: (difflib.get_close_matches(n, present, n=1) or [None])[0] for n in stray}
     raise BadValue(
         words(
@@ -331,7 +329,7 @@ def offload_shortfall(
 
     Returns:
       The note (kind ``offload_shortfall``, with ``moved_bytes`` and ``marked_bytes``;
-      ``rk.render.notes.words`` says it), or None.
+      ``rk.notes.words`` says it), or None.
 
     Example:
       >>> r = rk.memory_report(jnp.sin, jax.ShapeDtypeStruct((8,), jnp.float32), target="cpu")

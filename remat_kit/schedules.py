@@ -36,7 +36,6 @@ __all__ = [
     "Run",
     "Schedule",
     "apply_layers",
-    "label",
     "parse_schedule",
     "schedule",
     "schedule_names",
@@ -447,13 +446,3 @@ def _loop(
         with jax.named_scope(f"{LAYER_SCOPE}{start + i}"):
             x = fn(params[i], x, None if keys is None else keys[i])
     return x
-
-
-def label(policy: str, schedule: str | None) -> str:
-    """How a (policy, schedule) pair is shown: ``minimal`` or ``minimal @ every:2``.
-
-    Example:
-      >>> label("full", None), label("full", "sqrt")
-      ('full', 'full @ sqrt')
-    """
-    return policy if schedule in (None, "", "none") else f"{policy} @ {schedule}"

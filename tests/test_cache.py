@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import threading
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -136,9 +138,8 @@ def test_the_key_follows_the_code_that_words_the_log_and_reads_the_kernels(tmp_p
     text = _lowered().as_text()
     key = cache.entry_key(text, rk.target("cpu"))
     fake = tmp_path / "remat_kit"
-    (fake / "timing").mkdir(parents=True)
-    (fake / "xla.py").write_text("# another parser\n")
-    (fake / "timing" / "kernels.py").write_text("")
+    shutil.copytree(Path(cache.__file__).parent / "xla", fake / "xla")
+    (fake / "xla" / "_hlo.py").write_text("# another parser\n")  # one file of the reader
     monkeypatch.setattr(cache, "__file__", str(fake / "cache.py"))
     cache._record_code.cache_clear()
     try:

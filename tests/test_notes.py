@@ -1,6 +1,6 @@
 """Notes as data: every kind's words, the records' validation, and their JSON round trip.
 
-The library returns :class:`remat_kit.notes.Note` records; :func:`remat_kit.render.notes.words`
+The library returns :class:`remat_kit.notes.Note` records; :func:`remat_kit.notes.words`
 makes the sentences. Each expected sentence below is written out by hand (not computed by the
 code under test), so a changed figure, unit or word fails here.
 """
@@ -17,8 +17,7 @@ import pytest
 
 import remat_kit as rk
 from remat_kit.errors import BadType, BadValue
-from remat_kit.notes import KINDS, Note
-from remat_kit.render.notes import words
+from remat_kit.notes import KINDS, Note, words
 
 GIB = 2**30
 

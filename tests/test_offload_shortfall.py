@@ -12,7 +12,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import remat_kit as rk
 from conftest import SMALL
-from remat_kit.render.notes import words
+from remat_kit.notes import words
 
 
 def _marked_by_hand() -> int:

@@ -23,9 +23,9 @@ import pytest
 import remat_kit as rk
 from remat_kit import checks
 from remat_kit.flops import count_flops, ragged_dot_flops
-from remat_kit.render.notes import words
+from remat_kit.notes import words
 from remat_kit.search._costs import cost_model, tag_policy
-from remat_kit.timing.kernels import kernels_of
+from remat_kit.xla import kernels_of
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 import moe_factory

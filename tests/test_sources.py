@@ -30,7 +30,7 @@ from remat_kit.analysis import RematWarning
 from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
-from remat_kit.render.notes import words
+from remat_kit.notes import words
 from remat_kit_models.measure import Options, model_config, residuals
 
 DATA = Path(__file__).parent / "data"

@@ -16,6 +16,7 @@ from remat_kit.cli._args import add_model_args, add_search_args, positive_int
 from remat_kit.cli._model import resolve, source_for
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
+from remat_kit.notes import label
 from remat_kit.render import console, write_json
 from remat_kit.render.captions import limit_words
 from remat_kit.render.layout import fitted
@@ -23,7 +24,6 @@ from remat_kit.render.progress import progress
 from remat_kit.render.seq import SeqRow, longest_words, seq_table
 from remat_kit.render.tables import FitRow, fit_table
 from remat_kit.render.throughput import fastest_words, throughput_table
-from remat_kit.schedules import label
 from remat_kit.search import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,

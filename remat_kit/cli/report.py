@@ -11,9 +11,9 @@ from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import resolve, run_notes
 from remat_kit.cli._values import policy_arg, schedule_arg
+from remat_kit.notes import words
 from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
-from remat_kit.render.notes import words
 from remat_kit.render.tables import report_table, residual_table
 
 __all__ = ["add_parser", "run"]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from remat_kit.notes import label
 from remat_kit.render.captions import (
     collective_words,
     depth_words,
@@ -31,7 +32,6 @@ from remat_kit.render.titles import (
     run_words,
     training_line,
 )
-from remat_kit.schedules import label
 
 if TYPE_CHECKING:
     from remat_kit.analysis import MemoryReport

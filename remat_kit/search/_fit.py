@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from remat_kit.notes import words
+
 
 class NotedFit:
     """Mixin of :class:`~remat_kit.search.batch.BatchFit` and :class:`~remat_kit.search.seq.
@@ -13,8 +15,6 @@ class NotedFit:
     @property
     def message(self) -> str:
         """The note in words, one line (``""`` without a note)."""
-        from remat_kit.render.notes import words
-
         note = self.note  # type: ignore[attr-defined]
         return "" if note is None else words(note)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from remat_kit import _workers
 from remat_kit.errors import BadType, DoesNotFit
-from remat_kit.notes import Note
+from remat_kit.notes import Note, words
 from remat_kit.policies import PolicyLike, as_policy
 from remat_kit.search.batch import max_batch
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
@@ -79,8 +79,6 @@ class Advice:
     @property
     def message(self) -> str:
         """The note in words: one line."""
-        from remat_kit.render.notes import words
-
         return words(self.note)
 
     def to_dict(self) -> dict[str, Any]:
@@ -266,8 +264,6 @@ class ScaleOut:
     @property
     def message(self) -> str:
         """The note in words: one line for the user."""
-        from remat_kit.render.notes import words
-
         return words(self.note)
 
     def to_dict(self) -> dict[str, Any]:

@@ -25,8 +25,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from remat_kit.errors import BadValue
+from remat_kit.notes import label
 from remat_kit.policies import Policy, as_policy
-from remat_kit.schedules import Schedule, label, parse_schedule
+from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.budget import GIB
 from remat_kit.search.planner import Plan
 from remat_kit.search.workload import DEFAULT_HIDE, NO_SCHEDULE, Workload

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from remat_kit.analysis import MemoryReport
-from remat_kit.notes import Note
+from remat_kit.notes import Note, label, words
 from remat_kit.policies import Policy
-from remat_kit.schedules import Schedule, label
+from remat_kit.schedules import Schedule
 from remat_kit.search._solver import SolverStatus
 
 __all__ = [
@@ -126,8 +126,6 @@ class Plan:
     @property
     def message(self) -> str:
         """The note in words: one line for the user."""
-        from remat_kit.render.notes import words
-
         return words(self.note)
 
     def to_dict(self) -> dict[str, Any]:

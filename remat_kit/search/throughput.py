@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from remat_kit.errors import BadValue
-from remat_kit.notes import Note
+from remat_kit.notes import Note, label
 from remat_kit.policies import Policy, PolicyLike, as_policy
-from remat_kit.schedules import Schedule, label, parse_schedule
+from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search.batch import max_batch
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search.planner import plan

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +28,26 @@ from remat_kit.sources._loading import _takes, patched_block
 from remat_kit.targets import Target
 from remat_kit.targets import target as named_target
 
-if TYPE_CHECKING:
-    from remat_kit.sources.source import ModelSource
+
+class _Made(Protocol):
+    """What these functions read of a :class:`~remat_kit.sources.ModelSource`: the factory
+    and how it is called (so this module needs nothing of the class above it)."""
+
+    @property
+    def spec(self) -> str: ...
+
+    @property
+    def block(self) -> str | None: ...
+
+    @property
+    def inputs(self) -> Any: ...
+
+    @property
+    def factory(self) -> Callable[..., Any]: ...
+
+    @property
+    def takes_target(self) -> bool: ...
+
 
 __all__ = [
     "call_factory",
@@ -39,7 +57,7 @@ __all__ = [
 ]
 
 
-def target_kwargs(src: ModelSource, target: Target | None) -> dict[str, Any]:
+def target_kwargs(src: _Made, target: Target | None) -> dict[str, Any]:
     """``target=`` for a factory that names it: the compiled-for target, else (a trace of the
     structure only) the factory's default, else the host's."""
     if not src.takes_target:
@@ -51,7 +69,7 @@ def target_kwargs(src: ModelSource, target: Target | None) -> dict[str, Any]:
 
 
 def call_factory(
-    src: ModelSource,
+    src: _Made,
     policy: Policy,
     kwargs: Mapping[str, Any],
     patch: tuple[str, Policy | list[Policy]] | None = None,
@@ -97,7 +115,7 @@ def call_factory(
     return made
 
 
-def count_layers(src: ModelSource) -> int | None:
+def count_layers(src: _Made) -> int | None:
     """Layers of the model when known (:meth:`ModelSource.n_layers`, which remembers them)."""
     if src.block:
         return _count_blocks(src)
@@ -105,7 +123,7 @@ def count_layers(src: ModelSource) -> int | None:
     return _layer_attr(made)
 
 
-def _count_blocks(src: ModelSource) -> int | None:
+def _count_blocks(src: _Made) -> int | None:
     counter = [0]
     # An NNX model (or a linen one built eagerly) builds its blocks in the factory.
     made = call_factory(

@@ -1,8 +1,9 @@
 """Step time from the compiled program: the kernels it launches, priced on the device's rates.
 
-:func:`kernels_of` reads the optimized HLO of a compile (the one the memory analysis already
-made); :func:`speed_of` gives a GPU target's rates; :func:`step_time` adds the kernels up into a
-:class:`StepTime` (seconds, tokens/s, MFU, and where the time goes, recomputation included).
+:func:`kernels_of` (from :mod:`remat_kit.xla`, where the kernel record lives) reads the
+optimized HLO of a compile (the one the memory analysis already made); :func:`speed_of` gives a
+GPU target's rates; :func:`step_time` adds the kernels up into a :class:`StepTime` (seconds,
+tokens/s, MFU, and where the time goes, recomputation included).
 
 Example:
   >>> import jax, jax.numpy as jnp, remat_kit as rk
@@ -13,9 +14,9 @@ Example:
   True
 """
 
-from remat_kit.timing.kernels import KINDS, Kernel, kernels_of
 from remat_kit.timing.model import StepTime, fresh_bytes_of, measure_cpu_speed, step_time
 from remat_kit.timing.speed import Speed, speed_of
+from remat_kit.xla import KINDS, Kernel, kernels_of
 
 __all__ = [
     "KINDS",

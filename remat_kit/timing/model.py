@@ -1,6 +1,6 @@
 """Step time from the compiled program: each kernel priced on the device's rates, then added up.
 
-Each :class:`~remat_kit.timing.kernels.Kernel` costs:
+Each :class:`~remat_kit.xla.Kernel` costs:
 
 - **gemm**: ``max(flops / matmul rate, bytes / memory rate)``, the compute side stretched by wave
   quantization (output tiles of 128 x 128 spread over the device's SMs: a product with 140 tiles
@@ -36,8 +36,8 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from remat_kit.timing.kernels import Kernel
 from remat_kit.timing.speed import Speed
+from remat_kit.xla import Kernel
 
 __all__ = [
     "StepTime",
@@ -293,7 +293,7 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
     import jax
     import jax.numpy as jnp
 
-    from remat_kit.timing.kernels import kernels_of
+    from remat_kit.xla import kernels_of
 
     cpu = jax.devices("cpu")[0]
     budget = seconds / 4
@@ -370,7 +370,7 @@ def _loop_rates(budget: float) -> tuple[tuple[bool, bool, float], ...]:
     import jax
     import jax.numpy as jnp
 
-    from remat_kit.timing.kernels import kernels_of
+    from remat_kit.xla import kernels_of
 
     n = 4096
     upd = jnp.ones((n, n), jnp.float32)

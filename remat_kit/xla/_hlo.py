@@ -3,7 +3,7 @@ instructions (name, shape text, opcode, operands, attributes), every instruction
 what a shape holds (its arrays, their bytes in device memory and in pinned host memory), and of
 a loop, the threads XLA:CPU runs it on and whether an instruction of it transposes.
 
-:mod:`remat_kit.timing.kernels` walks the parsed module and costs each launch.
+:mod:`remat_kit.xla._kernels` walks the parsed module and costs each launch.
 
 Example:
   >>> _nbytes("(f32[2,3]{1,0}, bf16[4]{0:S(5)})")  # (device bytes, pinned host bytes)

@@ -3,7 +3,7 @@
 XLA's GPU compiler turns a step into a sequence of kernels: matrix products (cuBLAS custom calls
 or Triton GEMM fusions), cuDNN attention calls, fusions that read and write device memory,
 collectives and copies to and from pinned host memory. :func:`kernels_of` walks the entry
-computation of the optimized HLO text (parsed by :mod:`remat_kit.timing._hlo`), entering while
+computation of the optimized HLO text (parsed by :mod:`remat_kit.xla._hlo`), entering while
 loops (their body times the trip count XLA recorded, ``known_trip_count``), calls and async
 wrappers, and returns one :class:`Kernel` per distinct launch with how many times a step runs
 it.
@@ -36,7 +36,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from remat_kit.timing._hlo import (
+from remat_kit.xla._hlo import (
     _DTYPE_BYTES,
     _arrays,
     _attr,
@@ -221,7 +221,7 @@ def kernels_of(hlo_text: str) -> tuple[Kernel, ...]:
 
 
 # ---------------------------------------------------------------------------------------------
-# What costing reads from an instruction's attributes (the text is parsed in timing._hlo).
+# What costing reads from an instruction's attributes (the text is parsed in xla._hlo).
 
 
 def _trip_count(instr: _Instr) -> int:

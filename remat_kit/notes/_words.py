@@ -2,6 +2,7 @@
 
 Library code returns notes (data); this is where their figures become a sentence, for the CLI,
 the tables, the JSON's readable ``warnings`` / ``message`` and the RematWarning a report issues.
+A (policy, schedule) pair reads as :func:`label` has it, here and in every table.
 
 Example:
   >>> from remat_kit.notes import Note
@@ -16,14 +17,25 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from remat_kit.errors import BadValue
-from remat_kit.notes import KINDS, Note
-from remat_kit.render.format import GIB
-from remat_kit.schedules import label
+from remat_kit.notes._note import KINDS, Note
 
 __all__ = [
+    "label",
     "shared_words",
     "words",
 ]
+
+GIB = 2**30
+
+
+def label(policy: str, schedule: str | None) -> str:
+    """How a (policy, schedule) pair is shown: ``minimal`` or ``minimal @ every:2``.
+
+    Example:
+      >>> label("full", None), label("full", "sqrt")
+      ('full', 'full @ sqrt')
+    """
+    return policy if schedule in (None, "", "none") else f"{policy} @ {schedule}"
 
 
 def words(note: Note | Mapping[str, Any]) -> str:

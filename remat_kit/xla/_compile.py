@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remat_kit.timing.kernels import Kernel, kernels_of
+from remat_kit.xla._kernels import Kernel, kernels_of
 
 __all__ = [
     "CompiledMemory",
@@ -68,7 +68,7 @@ class CompiledMemory:
       xla_messages: XLA's warnings during the compile, as sentences for the user.
       compile_seconds: wall time of the compile (both compiles when a second was needed).
       kernels: the kernels the program launches, read from its optimized HLO
-        (:func:`remat_kit.timing.kernels_of`): what the step-time model prices.
+        (:func:`remat_kit.xla.kernels_of`): what the step-time model prices.
       program: a fingerprint of the lowered program (16 hex digits of
         :func:`remat_kit.cache.fingerprint`; ``""`` where not taken): two policies that
         lower to the same program (``dots`` and ``minimal`` on a Llama) have the same one.

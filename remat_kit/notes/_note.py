@@ -2,7 +2,7 @@
 
 A :class:`Note` is a kind and the figures behind it (bytes, specs, names), never a sentence:
 ``MemoryReport.notes``, ``BatchFit.note``, ``SeqFit.note``, ``Plan.note``, ``Advice.note`` and
-``ScaleOut.note`` hold them. :func:`remat_kit.render.notes.words` makes the one line a user
+``ScaleOut.note`` hold them. :func:`remat_kit.notes.words` makes the one line a user
 reads; the RematWarning a report issues carries those words.
 
 Every kind and the keys of its data are listed in :data:`KINDS`; a note of another kind, or

@@ -1,0 +1,37 @@
+"""What XLA says about a compiled program: its memory, its remat pass, its log and its kernels.
+
+:func:`compile_memory` compiles a lowered program and reads the memory analysis, the lines XLA's
+rematerialization pass logs and (from the optimized HLO) the kernels the step launches:
+:func:`kernels_of` turns that HLO into :class:`Kernel` records, which
+:mod:`remat_kit.timing` prices on a device's rates. Everything here reads XLA's output; nothing
+here decides.
+
+Example:
+  >>> import jax, jax.numpy as jnp
+  >>> x = jax.ShapeDtypeStruct((256, 512), jnp.float32)
+  >>> mem = compile_memory(jax.jit(lambda a, b: a @ b.T).lower(x, x))
+  >>> mem.argument_bytes, [k.kind for k in mem.kernels if k.kind == "gemm"]
+  (1048576, ['gemm'])
+"""
+
+from remat_kit.xla._compile import (
+    CompiledMemory,
+    captured_stderr,
+    compile_memory,
+    compile_with,
+    parse_xla_log,
+    xla_peak,
+)
+from remat_kit.xla._kernels import KINDS, Kernel, kernels_of
+
+__all__ = [
+    "KINDS",
+    "CompiledMemory",
+    "Kernel",
+    "captured_stderr",
+    "compile_memory",
+    "compile_with",
+    "kernels_of",
+    "parse_xla_log",
+    "xla_peak",
+]
