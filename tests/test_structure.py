@@ -1,0 +1,127 @@
+"""The house's floors: data flows one way, the policy layer at the ground, render and cli on top.
+
+Read from the code's own imports (``ast``), deferred ones inside functions included and those
+under ``if TYPE_CHECKING:`` left out (they run nowhere).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parent.parent
+PACKAGE = ROOT / "remat_kit"
+
+
+def _module(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_nodes(tree: ast.AST) -> set[int]:
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return skip
+
+
+def imports_of(path: Path) -> set[str]:
+    """The remat_kit modules ``path`` imports at run time (``from a import b`` names ``a.b``
+    too, which is the module where ``b`` is one)."""
+    tree = ast.parse(path.read_text())
+    skip = _type_checking_nodes(tree)
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return {m for m in out if m.split(".")[0] == "remat_kit"}
+
+
+LIBRARY = sorted(
+    p
+    for p in PACKAGE.rglob("*.py")
+    if not _module(p).startswith(("remat_kit.render", "remat_kit.cli")) and p.name != "__init__.py"
+)
+
+
+@pytest.mark.parametrize("path", LIBRARY, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_library_module_reaches_up_into_render_or_cli(path):
+    up = {m for m in imports_of(path) if m.startswith(("remat_kit.render", "remat_kit.cli"))}
+    assert not up, f"{path.relative_to(ROOT)} imports {sorted(up)}: words belong to the notes"
+
+
+def test_the_reader_sees_a_deferred_import_and_skips_a_type_only_one(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from remat_kit.analysis import MemoryReport\n"
+        "def g():\n    from remat_kit.render import format\n"
+    )
+    assert imports_of(f) == {"remat_kit.render", "remat_kit.render.format"}
+
+
+@pytest.mark.slow
+def test_the_policy_layer_loads_nothing_of_the_compile_layer():
+    # rk.remat on a user's model must not pull XLA's analysis, the cache or the targets in.
+    code = (
+        "import sys, remat_kit.wrap, remat_kit.schedules\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('remat_kit')))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert "remat_kit.wrap" in out and "remat_kit.policies" in out
+    loaded = {m.split(".")[1] for m in out if m.count(".")}
+    assert not loaded & {"analysis", "xla", "cache", "targets", "timing", "render", "cli"}, out
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
+    return {
+        name: {m for m in imports_of(path) if m in modules and m != name}
+        for name, path in modules.items()
+        # The package's face imports every public name; nothing below imports it back.
+        if name != "remat_kit"
+    }
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` (a list of modules, the first repeated last), or None."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circle():
+    assert _circle(_graph()) is None, " -> ".join(_circle(_graph()) or [])
+
+
+def test_a_circle_is_found_where_there_is_one():
+    assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
