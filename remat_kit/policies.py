@@ -22,6 +22,8 @@ from remat_kit import names as _names
 from remat_kit.errors import BadType, BadValue, unknown
 
 __all__ = [
+    "FULL",
+    "NO_REMAT",
     "Policy",
     "PolicyKind",
     "PolicyLike",
@@ -620,3 +622,9 @@ def recompute_instead(p: Policy | str) -> Policy:
         {"of": base},
         tags=base.tags,
     )
+
+
+#: The two ends every search and model source names (no remat; everything recomputed), built
+#: once and passed on as objects.
+NO_REMAT: Policy = policy("none")
+FULL: Policy = policy("full")

@@ -33,6 +33,7 @@ from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.wrap import remat
 
 __all__ = [
+    "NO_SCHEDULE",
     "Run",
     "Schedule",
     "apply_layers",
@@ -446,3 +447,7 @@ def _loop(
         with jax.named_scope(f"{LAYER_SCOPE}{start + i}"):
             x = fn(params[i], x, None if keys is None else keys[i])
     return x
+
+
+#: Every layer alike, as the searches and model sources name it: built once.
+NO_SCHEDULE: Schedule = parse_schedule("none")

@@ -18,6 +18,7 @@ from remat_kit.errors import BadValue, TargetError
 from remat_kit.render import console, write_json
 from remat_kit.render.layout import fitted
 from remat_kit.render.validation import validation_table
+from remat_kit.schedules import NO_SCHEDULE
 
 __all__ = ["add_parser", "run"]
 
@@ -77,7 +78,6 @@ def run(args: argparse.Namespace) -> int:
 
     from remat_kit.cli._model import options_from_args, source_for
     from remat_kit.policies import parse_policy
-    from remat_kit.schedules import parse_schedule
     from remat_kit.targets import target
     from remat_kit.validate import LocalGPU, match_target, validate
 
@@ -92,9 +92,7 @@ def run(args: argparse.Namespace) -> int:
         except TargetError as err:
             raise TargetError(f"{err} (--compare-with NAME names it here)") from None
     policy = parse_policy(args.policy)
-    built = model.build_step(
-        policy, parse_schedule("none"), opts.train_config(), compare, sharded=False
-    )
+    built = model.build_step(policy, NO_SCHEDULE, opts.train_config(), compare, sharded=False)
     step = built.step
     meta = {
         "model": opts.model,

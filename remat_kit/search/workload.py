@@ -27,9 +27,9 @@ from typing import Any
 from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadValue
 from remat_kit.flops import FlopCount
-from remat_kit.policies import Policy, PolicyLike, as_policy, policy
+from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import ResidualReport
-from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.targets import Target
 
 __all__ = [
@@ -51,10 +51,6 @@ OBJECTIVES = ("time", "flops")
 #: only part of the step is usable; half is the default.
 DEFAULT_HIDE = 0.5
 
-#: The policies and the schedule the search names itself, built once and passed as objects.
-NO_REMAT = policy("none")
-FULL = policy("full")
-NO_SCHEDULE = parse_schedule("none")
 
 #: The kinds of layer schedule (``Workload.schedule_kinds`` names a subset).
 SCHEDULE_KINDS = ("none", "every", "sqrt", "nested", "layers")

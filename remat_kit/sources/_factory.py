@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from remat_kit.errors import BadValue, RematKitError
-from remat_kit.policies import Policy, as_policy
+from remat_kit.policies import NO_REMAT, Policy
 from remat_kit.sources._adapters import HF_INPUTS, hf_inputs
 from remat_kit.sources._loading import _takes, patched_block
 from remat_kit.targets import Target
@@ -119,7 +119,7 @@ def count_layers(src: _Made) -> int | None:
     """Layers of the model when known (:meth:`ModelSource.n_layers`, which remembers them)."""
     if src.block:
         return _count_blocks(src)
-    made = call_factory(src, as_policy("none"), target_kwargs(src, None))
+    made = call_factory(src, NO_REMAT, target_kwargs(src, None))
     return _layer_attr(made)
 
 
@@ -128,9 +128,9 @@ def _count_blocks(src: _Made) -> int | None:
     # An NNX model (or a linen one built eagerly) builds its blocks in the factory.
     made = call_factory(
         src,
-        as_policy("none"),
+        NO_REMAT,
         target_kwargs(src, None),
-        (src.block or "", as_policy("none")),
+        (src.block or "", NO_REMAT),
         counter,
     )
     if counter[0] or isinstance(made, nnx.Module):
@@ -140,7 +140,7 @@ def _count_blocks(src: _Made) -> int | None:
     call = type(made).__call__
     if src.inputs == "auto" and not all(_takes(call, k) for k in HF_INPUTS):
         extra = None
-    with patched_block(src.block or "", as_policy("none"), counter=counter):
+    with patched_block(src.block or "", NO_REMAT, counter=counter):
         jax.eval_shape(
             lambda k, t: made.init(k, t, **(extra(t) if callable(extra) else {})),
             jax.random.key(0),

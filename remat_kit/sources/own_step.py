@@ -46,7 +46,7 @@ import jax.numpy as jnp
 from remat_kit import checks
 from remat_kit.analysis import nbytes
 from remat_kit.errors import BadValue
-from remat_kit.policies import Policy, as_policy
+from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.schedules import Schedule
 from remat_kit.sharding import MeshPlan
 from remat_kit.sources._loading import load_factory
@@ -284,7 +284,7 @@ def from_step(step: str | Callable[..., Any]) -> OwnStepSource:
         sig = None  # a builtin: no signature to read, try it as it is
     if sig is not None:
         try:
-            sig.bind(as_policy("none"), TrainConfig(batch=1, seq=1))
+            sig.bind(NO_REMAT, TrainConfig(batch=1, seq=1))
         except TypeError:
             raise BadValue(
                 f"{spec}: a step function is called as NAME(policy, config) and returns "

@@ -26,9 +26,9 @@ from flax import nnx
 
 from remat_kit import checks, tagging
 from remat_kit.errors import BadValue
-from remat_kit.policies import Policy, PolicyLike, as_policy
+from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
-from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.sharding import MeshPlan, check_data_parallel, parse_shard
 from remat_kit.sources._adapters import HF_INPUTS, Applied, NNXModel, hf_inputs, retyped
 from remat_kit.sources._environ import EnvSet
@@ -223,9 +223,7 @@ class ModelSource:
         if "layer_kinds" not in self._cache:
             small = TrainConfig(batch=1, seq=32, optimizer="sgd")
             try:
-                built = self.build_step(
-                    as_policy("full"), parse_schedule("none"), small, target, sharded=False
-                )
+                built = self.build_step(FULL, NO_SCHEDULE, small, target, sharded=False)
                 closed = jax.make_jaxpr(built.step.loss_fn)(*built.step.loss_args)
                 self._cache["layer_kinds"] = layer_kinds(closed)
             except Exception:  # the run itself will say what fails; the kinds stay unknown
@@ -347,7 +345,7 @@ class ModelSource:
         return tagging.rules(self.tags), {}
 
     def _own_tags(self) -> tuple[str, ...]:
-        built = self._build(as_policy("none"), parse_schedule("none"), None, {})
+        built = self._build(NO_REMAT, NO_SCHEDULE, None, {})
         m, kw = built.module, built.inputs or (lambda t: {})
         tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
         with model_errors(f"{self.spec}: the model failed as it was traced for its own tags"):
@@ -372,7 +370,7 @@ class ModelSource:
         block_policies: Policy | list[Policy] | None = None
         if self.block:
             # The patch applies the policy; the factory builds the plain model.
-            factory_policy = as_policy("none")
+            factory_policy = NO_REMAT
             block_policies = self._per_layer(pol, sch) if sch.name == "layers" else pol
         # Patched while the factory runs too: an NNX model builds its blocks there, before
         # any trace (a linen model builds them as it is traced, under ``contexts`` below).
@@ -499,7 +497,7 @@ def from_factory(
     if sig is not None:
         try:
             # ``target`` is handed when named (``takes_target``); anything else needs a default.
-            sig.bind(as_policy("none"), **({"target": None} if "target" in sig.parameters else {}))
+            sig.bind(NO_REMAT, **({"target": None} if "target" in sig.parameters else {}))
         except TypeError:
             raise BadValue(
                 f"{spec}: a factory is called as NAME(policy); its signature is {sig}"

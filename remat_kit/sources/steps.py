@@ -30,9 +30,9 @@ from remat_kit.breakdown import add_breakdown, add_measured_breakdown
 from remat_kit.errors import BadValue
 from remat_kit.flops import FlopCount, count_flops
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, PolicyLike, as_policy, recompute_instead
+from remat_kit.policies import NO_REMAT, Policy, PolicyLike, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals
-from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.search.workload import Workload
 from remat_kit.sources._remember import _remembered
 from remat_kit.sources.depth import (
@@ -438,7 +438,7 @@ def breakdown(source: StepSource, config: TrainConfig, target: Target | str) -> 
     Per device when the source shards its steps.
     """
     t = as_target(target)
-    built = source.build_step(as_policy("none"), parse_schedule("none"), config, t)
+    built = source.build_step(NO_REMAT, NO_SCHEDULE, config, t)
     return dict(built.step.breakdown)
 
 

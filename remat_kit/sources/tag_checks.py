@@ -17,9 +17,9 @@ import jax
 
 from remat_kit import checks
 from remat_kit.errors import BadValue
-from remat_kit.policies import Policy, as_policy
+from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.residuals import tags_in
-from remat_kit.schedules import parse_schedule
+from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.sources._remember import _remembered
 from remat_kit.sources.depth import shallow_copies
 from remat_kit.sources.protocol import StepSource
@@ -56,7 +56,7 @@ def _tags(source: StepSource, config: TrainConfig, t: Target, remat3: bool) -> t
     # remat3 (jax's remat implementation) is part of the memo's key only: the trace below
     # runs under the flag as it is, and a process may switch it between two calls.
     def compute() -> list[str]:
-        none, sch = as_policy("none"), parse_schedule("none")
+        none, sch = NO_REMAT, NO_SCHEDULE
         # Traced at full depth: tags name layers by index (``layers_7/mixer``).
         step = source.build_step(none, sch, config, t, sharded=False).step
         return sorted(tags_in(jax.make_jaxpr(step.loss_fn)(*step.loss_args)))
@@ -101,7 +101,7 @@ def _copy_tags(source: StepSource, config: TrainConfig, t: Target) -> tuple[str,
     A copy is the model's first layers, so its tags are some of the model's: a policy that
     matches them matches the model, and a 32-layer trace (a tenth of ``compare``'s time on a
     2048-wide Llama) is saved. What a copy does not match is asked of the whole model."""
-    copies = shallow_copies(source, parse_schedule("none"), t)
+    copies = shallow_copies(source, NO_SCHEDULE, t)
     if copies is None:
         return None
     small = dataclasses.replace(config, batch=max(1, config.accum))
