@@ -205,6 +205,59 @@ def test_a_product_is_priced_by_flops_waves_and_bytes():
     assert step_time([thin], s).matmul_seconds == pytest.approx(1e9 / (3.35232e12 * 0.9))
 
 
+def test_a_batched_product_spreads_every_batchs_tiles_over_the_sms():
+    # 3 x (2 x 2) = 12 output tiles on 132 SMs: one wave, 120 SMs idle; unbatched, the
+    # same FLOPs over 4 tiles would take the same one wave.
+    s = _speed()
+    k = Kernel("gemm", count=1, flops=1e9, bytes=0, m=256, n=256, k=64, batch=3, dtype="bf16")
+    assert step_time([k], s).matmul_seconds == pytest.approx(1e9 / (989e12 * 0.81) * 132 / 12)
+    wide = dataclasses.replace(k, batch=50)  # 200 tiles: two waves of 132
+    assert step_time([wide], s).matmul_seconds == pytest.approx(1e9 / (989e12 * 0.81) * 264 / 200)
+
+
+@pytest.mark.parametrize(
+    ("op", "head_dim", "efficiency"),
+    [
+        ("attention_fwd", 128, 0.50),
+        ("attention_bwd", 128, 0.40),
+        ("attention_bwd", 64, 0.40 * 0.8),  # a head under 128 wide fills the tiles less
+    ],
+)
+def test_flash_attention_is_priced_at_its_direction_and_head_width(op, head_dim, efficiency):
+    s = _speed()
+    k = Kernel("attention", count=2, flops=4e12, bytes=10**6, k=head_dim, op=op)
+    assert step_time([k], s).attention_seconds == pytest.approx(2 * 4e12 / (989e12 * efficiency))
+    # Too few FLOPs for its bytes: the memory side is the time.
+    light = dataclasses.replace(k, count=1, flops=1.0, bytes=10**10)
+    assert step_time([light], s).attention_seconds == pytest.approx(1e10 / (3.35232e12 * 0.9))
+
+
+def test_a_permute_sends_its_bytes_once_and_a_group_of_one_sends_nothing():
+    s = _speed()
+    permute = Kernel("collective", count=1, flops=0.0, bytes=10**9, group=4,
+                     op="collective-permute")  # fmt: skip
+    assert step_time([permute], s).collective_seconds == pytest.approx(1e9 / (450e9 * 0.8))
+    alone = dataclasses.replace(permute, group=1, op="all-reduce")
+    assert step_time([alone], s).collective_seconds == 0.0
+
+
+def test_a_host_transfer_also_moves_its_device_bytes():
+    s = _speed()
+    k = Kernel("host_transfer", count=1, flops=0.0, bytes=10**9, host_bytes=10**9)
+    assert step_time([k], s).transfer_seconds == pytest.approx(
+        1e9 / (64e9 * 0.86) + 1e9 / (3.35232e12 * 0.9)
+    )
+
+
+def test_recomputed_kernels_carry_their_launches_and_no_model_flops():
+    s = _speed()
+    again = Kernel("attention", count=3, flops=1e9, bytes=0, k=128, op="attention_fwd",
+                   recompute=True)  # fmt: skip
+    t = step_time([again], s)
+    assert t.recompute_seconds == pytest.approx(3 * (1e9 / (989e12 * 0.5) + 3e-6))
+    assert (t.model_flops, t.flops) == (0.0, 3e9)
+
+
 def test_f32_products_run_at_half_the_bf16_rate():
     s = _speed()
     bf = Kernel("gemm", count=1, flops=1e12, bytes=0, dtype="bf16")
