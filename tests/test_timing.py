@@ -156,6 +156,38 @@ def test_collectives_group_size_and_async_output(toy):
     assert rs.bytes == 2 * 512 * 32  # the input it scatters
 
 
+# The three ways XLA writes a collective's device groups, and a fusion its own remat pass cloned.
+_GROUPS_HLO = """HloModule g
+
+%sum (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%fused_neg (param_0: f32[256]) -> f32[256] {
+  %param_0 = f32[256]{0} parameter(0)
+  ROOT %n = f32[256]{0} negate(%param_0)
+}
+
+ENTRY %main (x: f32[256]) -> f32[256] {
+  %x = f32[256]{0} parameter(0)
+  %iota = f32[256]{0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%sum
+  %two = f32[256]{0} all-reduce(%iota), replica_groups=mesh['dp'=2,'tp'=4,'pp'=3] {'dp','tp'}, to_apply=%sum
+  %one = f32[256]{0} all-reduce(%two), replica_groups={{0},{1}}, to_apply=%sum
+  %neg = f32[256]{0} fusion(%one), kind=kLoop, calls=%fused_neg
+  ROOT %neg.remat2 = f32[256]{0} fusion(%neg), kind=kLoop, calls=%fused_neg
+}
+"""
+
+
+def test_group_sizes_in_each_of_xlas_forms_and_its_own_clones_are_recompute():
+    by_name = {k.name: k for k in kernels_of(_GROUPS_HLO)}
+    # [2,4]<=[8]: 2 groups of 4; a mesh's named axes multiply (2 x 4, pp not named); one device.
+    assert {n: by_name[n].group for n in ("iota", "two", "one")} == {"iota": 4, "two": 8, "one": 1}
+    assert by_name["neg.remat2"].recompute and not by_name["neg"].recompute
+
+
 def test_buffer_reservations_launch_nothing():
     assert all(k.op != "AllocateBuffer" for k in kernels_of(_HLO))
 
