@@ -627,3 +627,13 @@ def test_config_text_is_read_as_text_and_a_path_as_a_file(text, tmp_path):
     path = tmp_path / "my-gpu.txt"
     path.write_text(text)
     assert read_config(str(path)) == (text, f"target config file {str(path)!r}", "my-gpu")
+
+
+@pytest.mark.parametrize(("name", "configures"), [("h100", True), ("cpu", False), ("local", False)])
+def test_only_a_gpu_target_sets_up_a_deviceless_compile(monkeypatch, name, configures):
+    from remat_kit.targets import core
+
+    calls = []
+    monkeypatch.setattr(core, "configure_if_no_gpu", lambda: calls.append(name))
+    assert core.as_target(name).name == rk.target(name).name
+    assert calls == ([name] if configures else [])
