@@ -211,6 +211,8 @@ class DoesNotFit(BadValue):
       parts: the fixed parts in bytes, e.g. ``{"weights": ..., "gradients": ...}``.
       fixed_bytes: their sum.
       hints: what would fit instead, one short phrase each.
+      note: the ``fixed_over_budget`` note of it (``Note.to_dict()``: the figures and the
+        hints as data, :mod:`remat_kit.notes`), or None where none was made.
     """
 
     def __init__(
@@ -221,6 +223,7 @@ class DoesNotFit(BadValue):
         limit_bytes: int,
         parts: Mapping[str, int],
         hints: Iterable[str] = (),
+        data: Mapping[str, Any] | None = None,
     ):
         super().__init__(message)
         self.target = target
@@ -228,6 +231,7 @@ class DoesNotFit(BadValue):
         self.parts = dict(parts)
         self.fixed_bytes = int(sum(self.parts.values()))
         self.hints = tuple(hints)
+        self.note = None if data is None else dict(data)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields of the error (message included)."""
@@ -238,4 +242,5 @@ class DoesNotFit(BadValue):
             "parts": self.parts,
             "fixed_bytes": self.fixed_bytes,
             "hints": list(self.hints),
+            "note": self.note,
         }

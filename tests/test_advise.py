@@ -20,7 +20,8 @@ import pytest
 
 import remat_kit as rk
 from remat_kit.cli import main
-from remat_kit.notes import Note
+from remat_kit.errors import BadValue
+from remat_kit.notes import Note, hint_words
 from remat_kit.render.advice import advise_table
 from remat_kit.search import Advice, ScaleOut
 from remat_kit_models.measure import Options
@@ -32,29 +33,64 @@ OPTS = Options("tiny-llama", batch=8, seq=64)
 #: llama3-8b with AdamW in mixed precision: 30 + 30 + 60 GiB before any activation.
 PARTS = {"weights": 30 * GIB, "gradients": 30 * GIB, "optimizer": 60 * GIB, "batch": 0}
 
-# check_budget's hints, in its words (remat_kit.search.budget._what_would_fit).
-SGD = "SGD (--optimizer sgd: no optimizer state, about 60.0 GiB instead of 120.0)"
-LORA = (
+# check_budget's hints, as data (remat_kit.search.budget._what_would_fit), and in words.
+SGD = {"kind": "sgd", "fixed_bytes": 60 * GIB, "from_bytes": 120 * GIB}
+SGD_WORDS = "SGD (--optimizer sgd: no optimizer state, about 60.0 GiB instead of 120.0)"
+LORA = {"kind": "lora", "weights_bytes": 30 * GIB}
+LORA_WORDS = (
     "LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer state, "
     "about 30.0 GiB plus adapters)"
 )
-BIGGER = "a GPU with more memory: h200 (140 GiB)"
-LARGER = (
+BIGGER = {"kind": "bigger_gpu", "gpus": [["h200", 140 * GIB]]}
+BIGGER_WORDS = "a GPU with more memory: h200 (140 GiB)"
+LARGER = {
+    "kind": "larger_budget",
+    "target": "h100-80gb",
+    "usable_bytes": int(59.375 * GIB),
+    "fixed_bytes": GIB,
+    "budget_gib": 2,
+}
+LARGER_WORDS = (
     "a larger budget: h100-80gb can give 59.38 GiB, and the parts above need 1.00 GiB before "
     "activations (e.g. a budget of 2GiB or more)"
 )
-
-NONE = (
+NONE = {"kind": "no_realistic", "budget_bytes": 1024, "fixed_bytes": 120 * GIB, "gpus": 190650}
+NONE_WORDS = (
     "nothing realistic at this budget: 1.00 KiB is absurdly small for 120.00 GiB of weights, "
     "gradients and optimizer state (it would take 190650 GPUs sharded; did you mean GiB?)"
 )
 
 
-def _shard(n: int) -> str:
+def _shard(n: int) -> dict:
+    return {"kind": "shard", "gpus": n, "each_bytes": 120 * GIB / n}
+
+
+def _shard_words(n: int) -> str:
     return (
         f"sharding weights, gradients and optimizer state over {n}+ GPUs (FSDP/ZeRO-3: about "
         f"{120 / n:.1f} GiB each, an estimate)"
     )
+
+
+@pytest.mark.parametrize(
+    ("hint", "said"),
+    [
+        (SGD, SGD_WORDS),
+        (LORA, LORA_WORDS),
+        (BIGGER, BIGGER_WORDS),
+        (LARGER, LARGER_WORDS),
+        (NONE, NONE_WORDS),
+        (_shard(7), _shard_words(7)),
+    ],
+)
+def test_each_hint_reads_as_one_phrase(hint, said):
+    assert hint_words(hint) == said
+
+
+@pytest.mark.parametrize("bad", [{"kind": "bigger"}, {"kind": "shard", "gpus": 2}])
+def test_a_hint_without_words_is_refused(bad):
+    with pytest.raises(BadValue, match="no words for hint"):
+        hint_words(bad)
 
 
 def _over(name: str, limit: int, hints=(), parts=PARTS) -> Advice:
@@ -73,11 +109,12 @@ def _over(name: str, limit: int, hints=(), parts=PARTS) -> Advice:
         note=Note(
             "fixed_over_budget",
             {
-                "message": f"MESSAGE-{name}: does not fit whatever the policy",
+                "label": f"LABEL-{name}",
                 "target": name,
                 "limit_bytes": limit,
                 "parts": parts,
                 "fixed_bytes": fixed,
+                "compiled_bytes": None,
                 "hints": list(hints),
             },
         ),
@@ -298,7 +335,7 @@ def test_the_caption_names_the_fixed_part_once_and_what_the_hints_stand_for():
         "compiles it"
     )
     assert len(lines) == 3
-    assert all("MESSAGE-" not in line for line in lines)  # the paragraphs are gone
+    assert all("LABEL-" not in line for line in lines)  # the paragraphs are gone
 
 
 def test_gpus_with_different_fixed_parts_get_a_line_each():
@@ -361,12 +398,15 @@ def test_advise_prints_the_answer_in_the_table_and_times_the_whole_command(
     assert "4 x 36.4 GiB, b8 (2/GPU)" in out
     assert "*: more than the 8 asked for" in out
     # No paragraph per GPU under the table: the messages are in the JSON.
-    assert "MESSAGE-" not in out and "scale out:" not in out
+    assert "LABEL-" not in out and "scale out:" not in out
     data = json.loads(out_json.read_text())
+    fixed = "weights 30.00 GiB + gradients 30.00 GiB + optimizer state 60.00 GiB = 120.00 GiB"
     assert [d["message"] for d in data] == [
-        "MESSAGE-l4: does not fit whatever the policy",
-        "MESSAGE-h100: does not fit whatever the policy",
+        f"LABEL-{name} does not fit 17.00 GiB on {name} whatever the policy: {fixed} before any "
+        f"activation. What would fit: {LORA_WORDS}; {_shard_words(11)}."
+        for name in ("l4", "h100")
     ]
+    assert data[0]["note"]["hints"] == [LORA, _shard(11)]  # the hints as data
     assert [d["scale_out"]["devices"] for d in data] == [16, 4]
 
 

@@ -586,11 +586,12 @@ def test_advise_exits_1_when_no_gpu_fits(monkeypatch, capsys):
                 note=Note(
                     "fixed_over_budget",
                     {
-                        "message": "does not fit whatever the policy",
+                        "label": "tiny-llama",
                         "target": name,
                         "limit_bytes": 2**30,
                         "parts": {"weights": 2**31},
                         "fixed_bytes": 2**31,
+                        "compiled_bytes": None,
                         "hints": [],
                     },
                 ),

@@ -419,14 +419,18 @@ CASES = [
     (
         "fixed_over_budget",
         {
-            "message": "does not fit 1.00 GiB on l4 whatever the policy: ...",
+            "label": "tiny-llama b2 s16",
             "target": "l4",
             "limit_bytes": GIB,
-            "parts": {"weights": 2 * GIB},
+            "parts": {"weights": 2 * GIB, "batch": 0},
             "fixed_bytes": 2 * GIB,
-            "hints": ["fsdp over 2 GPUs"],
+            "compiled_bytes": 3 * 2**29,
+            "hints": [{"kind": "shard", "gpus": 3, "each_bytes": 2 * GIB / 3}],
         },
-        "does not fit 1.00 GiB on l4 whatever the policy: ...",
+        "tiny-llama b2 s16 does not fit 1.00 GiB on l4 whatever the policy: weights 2.00 GiB = "
+        "2.00 GiB before any activation (compiled with every layer recomputed, `full`, the step "
+        "needs 1.50 GiB). What would fit: sharding weights, gradients and optimizer state over "
+        "3+ GPUs (FSDP/ZeRO-3: about 0.7 GiB each, an estimate).",
     ),
     (
         "scale_out_fits",

@@ -13,12 +13,14 @@ Example:
   is a residual of this program
 """
 
-from remat_kit.notes._note import KINDS, Note
-from remat_kit.notes._words import label, shared_words, words
+from remat_kit.notes._note import HINT_KINDS, KINDS, Note
+from remat_kit.notes._words import hint_words, label, shared_words, words
 
 __all__ = [
+    "HINT_KINDS",
     "KINDS",
     "Note",
+    "hint_words",
     "label",
     "shared_words",
     "words",

@@ -28,6 +28,7 @@ from typing import Any
 from remat_kit.errors import BadType, BadValue
 
 __all__ = [
+    "HINT_KINDS",
     "KINDS",
     "Note",
 ]
@@ -102,9 +103,29 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     ),
     "plan_nothing_fits": ("target", "batch", "budget_bytes", "peak_bytes", "policy", "schedule"),
     # Advice.note, ScaleOut.note: remat_kit.search.advise
-    "fixed_over_budget": ("message", "target", "limit_bytes", "parts", "fixed_bytes", "hints"),
+    # hints: what would fit instead, as data: {"kind": one of HINT_KINDS, its figures}
+    "fixed_over_budget": (
+        "label",
+        "target",
+        "limit_bytes",
+        "parts",
+        "fixed_bytes",
+        "compiled_bytes",
+        "hints",
+    ),
     "scale_out_fits": ("target", "devices", "peak_bytes", "policy", "batch"),
     "scale_out_none": ("target", "devices", "peak_bytes", "policy"),
+}
+
+#: What would fit where the fixed parts are over a budget (a ``fixed_over_budget`` note's
+#: ``hints``): each kind and the keys of its figures.
+HINT_KINDS: Mapping[str, tuple[str, ...]] = {
+    "sgd": ("fixed_bytes", "from_bytes"),  # no optimizer state: fixed_bytes instead of from
+    "lora": ("weights_bytes",),  # frozen base weights: no gradients or optimizer state
+    "larger_budget": ("target", "usable_bytes", "fixed_bytes", "budget_gib"),
+    "bigger_gpu": ("gpus",),  # [[name, memory bytes], ...]
+    "shard": ("gpus", "each_bytes"),  # FSDP/ZeRO-3 over this many GPUs, an estimate
+    "no_realistic": ("budget_bytes", "fixed_bytes", "gpus"),  # the budget is a typo
 }
 
 # Keys the dict form of a note uses besides its data.

@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from remat_kit.errors import BadValue
-from remat_kit.notes._note import KINDS, Note
+from remat_kit.notes._note import HINT_KINDS, KINDS, Note
 
 __all__ = [
+    "hint_words",
     "label",
     "shared_words",
     "words",
@@ -325,6 +326,98 @@ def _scale_out_none(d: Mapping[str, Any]) -> str:
     )
 
 
+#: The fixed parts of a step in the order a sentence names them.
+_SHOWN_PARTS = (
+    ("weights", "weights"),
+    ("gradients", "gradients"),
+    ("optimizer", "optimizer state"),
+    ("grad_accumulator", "gradient accumulator"),
+    ("batch", "batch"),
+)
+
+
+def _size(nbytes: float) -> str:
+    """Bytes in the largest binary unit that keeps the figure >= 1 (1.00 KiB, 14.96 GiB)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def _fixed_over_budget(d: Mapping[str, Any]) -> str:
+    parts = d["parts"]
+    shown = " + ".join(
+        f"{name} {_gib(parts[key])} GiB" for key, name in _SHOWN_PARTS if parts.get(key)
+    )
+    where = f"{d['label']} " if d["label"] else ""
+    compiled = (
+        ""
+        if d["compiled_bytes"] is None
+        else " (compiled with every layer recomputed, `full`, the step needs "
+        f"{_gib(d['compiled_bytes'])} GiB)"
+    )
+    return (
+        f"{where}does not fit {_gib(d['limit_bytes'])} GiB on {d['target']} whatever the "
+        f"policy: {shown} = {_gib(d['fixed_bytes'])} GiB before any activation{compiled}. "
+        "What would fit: " + "; ".join(hint_words(h) for h in d["hints"]) + "."
+    )
+
+
+def hint_words(hint: Mapping[str, Any]) -> str:
+    """What would fit instead, as a ``fixed_over_budget`` note's hint reads.
+
+    Args:
+      hint: ``{"kind": ..., its figures}`` (see :data:`remat_kit.notes.HINT_KINDS`).
+
+    Returns:
+      A short phrase.
+
+    Raises:
+      BadValue: a kind of hint there are no words for, or its figures missing.
+
+    Example:
+      >>> print(hint_words({"kind": "shard", "gpus": 4, "each_bytes": 30 * 2**30}))
+      sharding weights, gradients and optimizer state over 4+ GPUs (FSDP/ZeRO-3: about 30.0 GiB
+      each, an estimate)
+    """
+    kind = hint.get("kind")
+    if kind not in HINT_KINDS or not set(HINT_KINDS[kind]) <= set(hint):
+        raise BadValue(
+            f"no words for hint {dict(hint)!r}: a kind of {', '.join(HINT_KINDS)} with its figures",
+            param="hint",
+        )
+    g = lambda key, digits=1: f"{hint[key] / GIB:.{digits}f}"
+    if kind == "sgd":
+        return (
+            f"SGD (--optimizer sgd: no optimizer state, about {g('fixed_bytes')} GiB instead "
+            f"of {g('from_bytes')})"
+        )
+    if kind == "lora":
+        return (
+            "LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer "
+            f"state, about {g('weights_bytes')} GiB plus adapters)"
+        )
+    if kind == "larger_budget":
+        return (
+            f"a larger budget: {hint['target']} can give {_size(hint['usable_bytes'])}, and the "
+            f"parts above need {_size(hint['fixed_bytes'])} before activations (e.g. a budget "
+            f"of {hint['budget_gib']}GiB or more)"
+        )
+    if kind == "bigger_gpu":
+        gpus = ", ".join(f"{name} ({memory / GIB:.0f} GiB)" for name, memory in hint["gpus"])
+        return f"a GPU with more memory: {gpus}"
+    if kind == "shard":
+        return (
+            f"sharding weights, gradients and optimizer state over {hint['gpus']}+ GPUs "
+            f"(FSDP/ZeRO-3: about {g('each_bytes')} GiB each, an estimate)"
+        )
+    return (
+        f"nothing realistic at this budget: {_size(hint['budget_bytes'])} is absurdly small "
+        f"for {_size(hint['fixed_bytes'])} of weights, gradients and optimizer state (it "
+        f"would take {hint['gpus']} GPUs sharded; did you mean GiB?)"
+    )
+
+
 _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "no_tag_matched": _no_tag_matched,
     "flash_recomputes_scores": _flash_recomputes_scores,
@@ -348,7 +441,7 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "plan_at_max_seq": _plan_at_max_seq,
     "plan_fits": _plan_fits,
     "plan_nothing_fits": _plan_nothing_fits,
-    "fixed_over_budget": lambda d: d["message"],  # the DoesNotFit error's own message
+    "fixed_over_budget": _fixed_over_budget,
     "scale_out_fits": _scale_out_fits,
     "scale_out_none": _scale_out_none,
 }

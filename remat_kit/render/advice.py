@@ -8,10 +8,11 @@ compiles or searches.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from remat_kit.notes import hint_words
 from remat_kit.render.captions import runtime_words
 from remat_kit.render.format import gib, pct, short
 from remat_kit.render.tables import _YES_NO
@@ -169,26 +170,21 @@ def _advise_instead(a: Advice, so: ScaleOut | None, opts: RunOptions) -> str:
     return "more GPUs (--scale-out)"
 
 
-def _advise_hint(hint: str) -> str:
-    """A hint of ``check_budget`` (``"LoRA (a rank such as 16: ...)"``) in a word or two."""
-    for lead, word in _ADVISE_HINTS:
-        if hint.startswith(lead):
-            return word
-    head, over, _ = hint.partition("+ GPUs")
-    count = head.rsplit(" ", 1)[-1]
-    if hint.startswith("sharding") and over and count.isdigit():
-        return f"~{count}+ GPUs"
-    return short(hint.split(" (")[0].split(":")[0], 30)
+def _advise_hint(hint: Mapping[str, Any]) -> str:
+    """A hint of ``check_budget`` (``{"kind": "lora", ...}``) in a word or two."""
+    if hint["kind"] == "shard":
+        return f"~{hint['gpus']}+ GPUs"
+    return _ADVISE_HINTS[hint["kind"]]
 
 
-#: The leads of ``check_budget``'s hints and the word an ``advise`` cell gives each.
-_ADVISE_HINTS = (
-    ("SGD", "SGD"),
-    ("LoRA", "LoRA"),
-    ("a GPU with more memory", "bigger GPU"),
-    ("a larger budget", "less --headroom"),
-    ("nothing realistic", "nothing realistic"),
-)
+#: The kinds of ``check_budget``'s hints and the word an ``advise`` cell gives each.
+_ADVISE_HINTS = {
+    "sgd": "SGD",
+    "lora": "LoRA",
+    "bigger_gpu": "bigger GPU",
+    "larger_budget": "less --headroom",
+    "no_realistic": "nothing realistic",
+}
 
 #: Fixed parts in the order the caption names them.
 _ADVISE_PARTS = (
@@ -274,7 +270,8 @@ def _advise_legend(over: Sequence[Advice], scale_out: Mapping[str, ScaleOut] | N
                     "(FSDP), an estimate: --scale-out compiles it"
                 )
         else:
-            said.append(next(h for h in data["hints"] if _advise_hint(h) == word) + on)
+            hint = next(h for h in data["hints"] if _advise_hint(h) == word)
+            said.append(hint_words(hint) + on)
     if not said:
         return []
     # With --scale-out the cells give GPU counts; these say which GPUs would do alone.

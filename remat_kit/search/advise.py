@@ -179,7 +179,7 @@ def _advise_one(
             overhead=None,
             max_batch=0,
             fixed_bytes=fixed,
-            note=Note("fixed_over_budget", err.to_dict()),
+            note=Note.from_dict(err.note),  # check_budget's: it always carries one
             seconds=time.perf_counter() - t0,
             devices=t.devices,
         )

@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from remat_kit.errors import BadType, BadValue, DoesNotFit, UnitlessBudget
+from remat_kit.notes import Note, hint_words, words
 from remat_kit.search.workload import FIXED_PARTS, FULL, NO_SCHEDULE, Workload
 from remat_kit.targets import Target, target_names
 from remat_kit.targets import target as _target
@@ -50,15 +52,6 @@ _UNITS = {
     "%": None,
 }
 _BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z%]*)\s*$")
-
-#: Breakdown keys in the order a message names them, with their names there.
-_SHOWN_PARTS = (
-    ("weights", "weights"),
-    ("gradients", "gradients"),
-    ("optimizer", "optimizer state"),
-    ("grad_accumulator", "gradient accumulator"),
-    ("batch", "batch"),
-)
 
 
 def parse_budget(text: str | float | int, device_bytes: int | None = None) -> int:
@@ -210,25 +203,27 @@ def check_budget(workload: Workload, batch: int, budget: int) -> None:
         measured = workload.compiled(FULL, NO_SCHEDULE, batch).peak_bytes
         if measured <= budget:
             return
-    shown = " + ".join(
-        f"{name} {parts[key] / GIB:.2f} GiB" for key, name in _SHOWN_PARTS if parts.get(key)
-    )
-    where = f"{workload.label} " if workload.label else ""
     hints = _what_would_fit(workload, parts, fixed, budget)
-    compiled = (
-        ""
-        if measured is None
-        else f" (compiled with every layer recomputed, `full`, the step needs "
-        f"{measured / GIB:.2f} GiB)"
+    fixed_parts = {k: parts[k] for k in FIXED_PARTS if k in parts}
+    note = Note(
+        "fixed_over_budget",
+        {
+            "label": workload.label,
+            "target": workload.target.name,
+            "limit_bytes": budget,
+            "parts": fixed_parts,
+            "fixed_bytes": fixed,
+            "compiled_bytes": measured,
+            "hints": hints,
+        },
     )
     raise DoesNotFit(
-        f"{where}does not fit {budget / GIB:.2f} GiB on {workload.target.name} whatever the "
-        f"policy: {shown} = {fixed / GIB:.2f} GiB before any activation{compiled}. "
-        "What would fit: " + "; ".join(hints) + ".",
+        words(note),
         target=workload.target.name,
         limit_bytes=budget,
-        parts={k: parts[k] for k in FIXED_PARTS if k in parts},
-        hints=hints,
+        parts=fixed_parts,
+        hints=[hint_words(h) for h in hints],
+        data=note.to_dict(),
     )
 
 
@@ -238,30 +233,29 @@ MAX_GPUS_HINT = 1024
 
 def _what_would_fit(
     workload: Workload, parts: Mapping[str, int], fixed: int, budget: int
-) -> list[str]:
-    hints = []
+) -> list[dict[str, Any]]:
+    """What would fit instead, as data (:data:`remat_kit.notes.HINT_KINDS`)."""
+    hints: list[dict[str, Any]] = []
     weights = parts.get("weights", 0)
     state = parts.get("optimizer", 0)
     if state and fixed - state <= 0.8 * budget:
         # The cheapest change, where it is enough: no optimizer state to keep.
-        hints.append(
-            f"SGD (--optimizer sgd: no optimizer state, about {(fixed - state) / GIB:.1f} GiB "
-            f"instead of {fixed / GIB:.1f})"
-        )
+        hints.append({"kind": "sgd", "fixed_bytes": fixed - state, "from_bytes": fixed})
     if parts.get("gradients", 0) and weights < 0.8 * budget:
-        hints.append(
-            f"LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer state, "
-            f"about {weights / GIB:.1f} GiB plus adapters)"
-        )
+        hints.append({"kind": "lora", "weights_bytes": weights})
     # The fixed parts and a little room for activations.
     need = fixed * 1.15
     here = _usable(workload.target)
     if here is not None and need <= here:
         # The device holds them; the budget asked for less than it gives.
         hints.append(
-            f"a larger budget: {workload.target.name} can give {_size(here)}, and the parts "
-            f"above need {_size(fixed)} before activations (e.g. a budget of "
-            f"{max(1, math.ceil(need / GIB))}GiB or more)"
+            {
+                "kind": "larger_budget",
+                "target": workload.target.name,
+                "usable_bytes": here,
+                "fixed_bytes": fixed,
+                "budget_gib": max(1, math.ceil(need / GIB)),
+            }
         )
     else:
         # Only GPUs whose *usable* memory beats this whole device are bigger in practice (an
@@ -273,22 +267,17 @@ def _what_would_fit(
             t = _target(name)
             usable = _usable(t) or 0
             if usable > need and usable > (workload.target.memory_bytes or 0):
-                bigger.append(f"{name} ({(t.memory_bytes or 0) / GIB:.0f} GiB)")
+                bigger.append([name, t.memory_bytes or 0])
         if bigger:
-            hints.append(f"a GPU with more memory: {', '.join(bigger)}")
+            hints.append({"kind": "bigger_gpu", "gpus": bigger})
     # Sharding weights, gradients and optimizer state (FSDP/ZeRO-3) divides them by the GPU
     # count; leave about a third of the budget for activations.
     n = max(2, math.ceil(fixed / (0.66 * budget)))
     if n <= MAX_GPUS_HINT:
-        hints.append(
-            f"sharding weights, gradients and optimizer state over {n}+ GPUs (FSDP/ZeRO-3: "
-            f"about {fixed / n / GIB:.1f} GiB each, an estimate)"
-        )
+        hints.append({"kind": "shard", "gpus": n, "each_bytes": fixed / n})
     else:
         hints.append(
-            f"nothing realistic at this budget: {_size(budget)} is absurdly small for "
-            f"{_size(fixed)} of weights, gradients and optimizer state (it would take "
-            f"{n} GPUs sharded; did you mean GiB?)"
+            {"kind": "no_realistic", "budget_bytes": budget, "fixed_bytes": fixed, "gpus": n}
         )
     return hints
 
@@ -299,11 +288,3 @@ def _usable(t: Target) -> int | None:
     if usable is not None:
         return int(usable)
     return None if t.memory_bytes is None else int(t.memory_bytes * (1 - DEFAULT_HEADROOM))
-
-
-def _size(nbytes: float) -> str:
-    """Bytes in the largest binary unit that keeps the figure >= 1 (1.0 KiB, 14.96 GiB)."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.2f} {unit}"
-    return f"{int(nbytes)} B"
