@@ -18,6 +18,7 @@ from helpers import memory_report
 from remat_kit import sources
 from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, sections_of
+from remat_kit.render.captions import depth_words
 from remat_kit.residuals import tags_in
 from remat_kit.sources import depth
 from remat_kit_models.measure import measure as measure_preset
@@ -121,6 +122,14 @@ def test_sections_follow_the_schedule():
     }
 
 
+@pytest.mark.parametrize("reason", sorted(depth.FULL_DEPTH_REASONS))
+def test_every_full_depth_reason_reads_as_a_line_with_its_figures(reason):
+    figures = dict(zip(depth.FULL_DEPTH_REASONS[reason], (3, 8, 9), strict=False))
+    line = depth_words({"mode": "full", "reason": reason, **figures})
+    assert line.startswith("compiled at full depth: ")
+    assert all(str(v) in line for v in figures.values())
+
+
 def test_an_unknown_depth_mode_is_refused_before_any_compile():
     src = sources.from_factory(FACTORY)
     with pytest.raises(BadValue, match="depth='deep': give one of auto, full, check"):
@@ -212,7 +221,7 @@ def test_what_is_not_a_stack_of_identical_layers_is_compiled_whole(policy, sched
     if reason is None:
         assert d is None
     else:
-        assert d["mode"] == "full" and reason in d["reason"]
+        assert d == {"mode": "full", "reason": reason}
 
 
 @pytest.mark.slow
@@ -220,11 +229,11 @@ def test_a_stack_of_layers_not_alike_is_compiled_whole_saying_why():
     src = sources.from_factory("tests/data/factories.py:alternating")
     assert src.layer_kinds(rk.target("h100")) == 2
     got = sources.measure(src, "full", "h100", CONFIG, warn=False)
-    assert got.meta["depth"] == {
-        "mode": "full",
-        "reason": "its layers are not alike (2 kinds among 8): the shallow copies hold only "
-        "its first ones",
-    }
+    assert got.meta["depth"] == {"mode": "full", "reason": "layers_differ", "kinds": 2, "layers": 8}
+    assert depth_words(got.meta["depth"]) == (
+        "compiled at full depth: its layers are not alike (2 kinds among 8): the shallow "
+        "copies hold only its first ones"
+    )
     assert got.peak_bytes == _bare(src, "full").peak_bytes
 
 

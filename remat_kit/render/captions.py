@@ -7,7 +7,7 @@ CLI in the notes under a run (``remat_kit.cli._model.run_notes``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from remat_kit.render.format import GIB, gib
@@ -29,16 +29,33 @@ __all__ = [
 _MIB = 2**20
 
 
+#: Why a model was compiled at full depth (remat_kit.sources.depth.FULL_DEPTH_REASONS), in words.
+_FULL_DEPTH: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
+    "sharded": lambda d: "sharded steps are compiled at full depth",
+    "offload": lambda d: (
+        "XLA carries out a different share of an offload policy's copies at each depth"
+    ),
+    "layers_differ": lambda d: (
+        f"its layers are not alike ({d['kinds']} kinds among {d['layers']}): the shallow "
+        "copies hold only its first ones"
+    ),
+    "no_copies": lambda d: "the model builds no shallow copies",
+    "xla_remat": lambda d: f"XLA's remat pass acted at {d['at_layers']} layers",
+    "misaligned": lambda d: "the copies' schedules do not line up",
+    "not_affine": lambda d: f"not affine in depth (residual {d['residual_bytes']} bytes)",
+}
+
+
 def depth_words(d: Mapping[str, Any]) -> str:
     """One line on how an unrolled model was compiled (``meta["depth"]``,
     :mod:`remat_kit.sources.depth`).
 
     Example:
-      >>> print(depth_words({"mode": "full", "reason": "sharded steps are compiled at full depth"}))
-      compiled at full depth: sharded steps are compiled at full depth
+      >>> print(depth_words({"mode": "full", "reason": "xla_remat", "at_layers": 3}))
+      compiled at full depth: XLA's remat pass acted at 3 layers
     """
     if d["mode"] == "full":
-        return f"compiled at full depth: {d['reason']}"
+        return f"compiled at full depth: {_FULL_DEPTH[d['reason']](d)}"
     if d["mode"] == "verified":
         return (
             "compiled at full depth to confirm the answer: the copies' "

@@ -57,6 +57,7 @@ __all__ = [
     "AFFINE_TOLERANCE",
     "DEPTHS",
     "DEPTH_MODES",
+    "FULL_DEPTH_REASONS",
     "MIN_LAYERS",
     "VERIFY_MARGIN",
     "DepthFit",
@@ -375,6 +376,19 @@ def line_at(shallow: Sequence[Any], depths: Sequence[int], layers: int) -> Any:
     return _line(a, b, da, db, layers)
 
 
+#: Why a model was compiled at full depth (``meta["depth"]["reason"]``), with the figures each
+#: record carries besides.
+FULL_DEPTH_REASONS: dict[str, tuple[str, ...]] = {
+    "sharded": (),  # sharded steps are compiled whole
+    "offload": (),  # XLA carries out a different share of the marked copies at each depth
+    "layers_differ": ("kinds", "layers"),  # the copies hold only the first kind
+    "no_copies": (),  # the model builds no shallow copies
+    "xla_remat": ("at_layers",),  # XLA's own remat pass acted at a copy
+    "misaligned": (),  # the copies' schedules do not line up
+    "not_affine": ("residual_bytes",),
+}
+
+
 def by_depth(
     source: StepSource,
     pol: Policy,
@@ -396,7 +410,9 @@ def by_depth(
 
     Returns:
       ``(report, record)``: the extrapolated report (None: compile at full depth) and what
-      was decided, for ``meta["depth"]`` (``mode`` ``"extrapolated"`` or ``"full"``, and why).
+      was decided, for ``meta["depth"]``: ``mode`` ``"extrapolated"`` or ``"full"``, and for
+      ``full`` the ``reason`` as one of :data:`FULL_DEPTH_REASONS` with its figures (the
+      render layer words it).
     """
     layers = source.n_layers()
     if sch.name != "none" or layers is None or layers < MIN_LAYERS:
@@ -404,26 +420,23 @@ def by_depth(
     if source.at_depth(DEPTHS[0]) is None:
         return None, {}  # scanned, or a factory that builds one depth
     if source.mesh_plan(t) is not None:
-        return None, {"mode": "full", "reason": "sharded steps are compiled at full depth"}
+        return None, {"mode": "full", "reason": "sharded"}
     copies = shallow_copies(source, sch, t)
     if pol.offloads:
         # Measured: offload_dots_no_batch on a 2048-wide Llama, 32 layers, was 7% over
         # the line through 2 and 3 layers: XLA carries out a different share of the
         # marked copies at each depth.
-        return None, {
-            "mode": "full",
-            "reason": "XLA carries out a different share of an offload policy's copies "
-            "at each depth",
-        }
+        return None, {"mode": "full", "reason": "offload"}
     if copies is None:
         kinds = _kinds(source, t)
         if kinds > 1:
             return None, {
                 "mode": "full",
-                "reason": f"its layers are not alike ({kinds} kinds among {layers}): the "
-                "shallow copies hold only its first ones",
+                "reason": "layers_differ",
+                "kinds": kinds,
+                "layers": layers,
             }
-        return None, {"mode": "full", "reason": "the model builds no shallow copies"}
+        return None, {"mode": "full", "reason": "no_copies"}
     reports, sections = [], {}
     for d, copy in zip(DEPTHS, copies, strict=True):
         built = copy.build_step(pol, sch, config, t)
@@ -431,16 +444,13 @@ def by_depth(
             r = compile_step(built, tmp)
             sections[d] = live_sections(tmp)
         if r.xla_remat:
-            return None, {"mode": "full", "reason": f"XLA's remat pass acted at {d} layers"}
+            return None, {"mode": "full", "reason": "xla_remat", "at_layers": d}
         reports.append(r)
     fit = fit_sections(sections, layers)
     if fit is None:
-        return None, {"mode": "full", "reason": "the copies' schedules do not line up"}
+        return None, {"mode": "full", "reason": "misaligned"}
     if not fit.affine:
-        return None, {
-            "mode": "full",
-            "reason": f"not affine in depth (residual {fit.residual_bytes} bytes)",
-        }
+        return None, {"mode": "full", "reason": "not_affine", "residual_bytes": fit.residual_bytes}
     deep = reports[-1]
     # Reserved but free bytes at the peak (alignment, buffers outside the live ranges) grow
     # by a few per layer: measured on a 10-layer tiny-llama, 1,864 bytes per layer through
