@@ -118,6 +118,14 @@ class MemoryReport:
         return self.peak_bytes <= self.usable_bytes
 
     @property
+    def tokens_per_step(self) -> int | None:
+        """Tokens per step (batch x seq) from the report's labels; None without them."""
+        batch, seq = self.meta.get("batch"), self.meta.get("seq")
+        if isinstance(batch, int) and isinstance(seq, int):
+            return batch * seq
+        return None
+
+    @property
     def over_by_bytes(self) -> int | None:
         """How far the peak exceeds the usable memory (negative: room left)."""
         if self.usable_bytes is None:

@@ -12,6 +12,7 @@ from jax.sharding import PartitionSpec as P
 import remat_kit as rk
 import remat_kit_models as models
 from conftest import SMALL
+from helpers import memory_report
 from remat_kit_models.measure import Options, baseline_flops
 
 # Written out here from ../shared/gpu_targets.md, independently of remat_kit.targets.
@@ -351,3 +352,16 @@ def test_a_policy_that_recomputes_scores_is_noted_only_under_flash_attention(tag
     keeps_context = rk.as_policy("names:save=context+query_proj")
     kinds = [n.kind for n in report_notes(r, keeps_context, rk.target("h100"))]
     assert ("flash_recomputes_scores" in kinds) == noted
+
+
+@pytest.mark.parametrize(
+    ("meta", "tokens"),
+    [
+        ({"batch": 4, "seq": 2048}, 8192),
+        ({"batch": 4}, None),
+        ({}, None),
+        ({"batch": 2.0, "seq": 8}, None),
+    ],
+)
+def test_tokens_per_step_come_from_the_labels(meta, tokens):
+    assert memory_report(meta=meta).tokens_per_step == tokens

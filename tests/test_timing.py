@@ -494,7 +494,7 @@ def test_a_gpu_report_carries_its_step_time_and_reads_back():
 
 
 def test_compare_rows_carry_step_time_and_the_overhead_against_none():
-    from remat_kit.render.tables import compare_rows
+    from remat_kit.comparison import compare_rows
 
     x = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
     meta = {"batch": 2, "seq": 256}

@@ -25,7 +25,7 @@ from remat_kit.render.captions import (
     runtime_words,
 )
 from remat_kit.render.format import GIB, fmt, gib, pct, short
-from remat_kit.render.timing import step_time_words, tokens_of
+from remat_kit.render.timing import step_time_words
 from remat_kit.render.titles import (
     RunOptions,
     opts_precision,
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FitRow",
-    "compare_rows",
     "compare_table",
     "decision_table",
     "fit_table",
@@ -71,71 +70,6 @@ class FitRow:
         return {"label": self.label, **self.fit.to_dict()}
 
 
-def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
-    """Flat rows of a comparison: the report fields plus savings against ``none``.
-
-    Args:
-      reports: one report per (policy, schedule), in the order to show.
-
-    Returns:
-      One JSON/CSV-ready dict per report. ``saved_vs_none`` is 1 - peak/peak(none) when
-      ``none`` (without a schedule) is among the reports, else None.
-
-    Example:
-      >>> reports = [w.report("none", batch=2), w.report("full", batch=2)]
-      >>> [(r["policy"], r["saved_vs_none"] >= 0) for r in compare_rows(reports)]
-      [('none', True), ('full', True)]
-    """
-    base = next((r for r in reports if r.policy == "none" and r.schedule == "none"), None)
-    base_time = base.step_time.seconds if base is not None and base.step_time else None
-    rows = []
-    for r in reports:
-        est = r.meta.get("offload_estimate") or {}
-        t = r.step_time
-        tokens = tokens_of(r.meta)
-        row = {
-            "policy": r.policy,
-            "schedule": r.schedule,
-            "attention": r.attention,
-            "target": r.target,
-            "peak_bytes": r.peak_bytes,
-            "argument_bytes": r.argument_bytes,
-            "output_bytes": r.output_bytes,
-            "temp_bytes": r.temp_bytes,
-            "alias_bytes": r.alias_bytes,
-            "host_bytes": r.host_bytes,
-            "xla_peak_bytes": r.xla_peak_bytes,
-            "activation_bytes": r.breakdown.get("activations"),
-            "flops": r.flops,
-            "recompute_overhead": r.meta.get("recompute_overhead"),
-            "step_seconds": t.seconds if t else None,
-            "time_vs_none": (t.seconds / base_time - 1) if t and base_time else None,
-            "tokens_per_second": t.tokens_per_second(tokens) if t and tokens else None,
-            "mfu": t.mfu if t else None,
-            "recompute_seconds": t.recompute_seconds if t else None,
-            "transfer_seconds": t.transfer_seconds if t else None,
-            "saved_vs_none": (1 - r.peak_bytes / base.peak_bytes) if base else None,
-            "fits": r.fits,
-            "fits_with_fraction": r.fits_with_fraction,
-            "usable_bytes": r.usable_bytes,
-            "mem_fraction": r.mem_fraction,
-            "xla_remat": r.xla_remat,
-            "xla_remat_saved_bytes": r.xla_remat_saved_bytes,
-            "compile_seconds": r.compile_seconds,
-            "offload_transfer_seconds_est": est.get("transfer_seconds"),
-            "offload_recompute_seconds_est": est.get("recompute_seconds"),
-            "step_compute_seconds_est": est.get("step_compute_seconds"),
-            **{
-                f"meta_{k}": v
-                for k, v in r.meta.items()
-                if k not in ("recompute_overhead", "offload_estimate")
-            },
-            **{f"{k}_bytes": v for k, v in r.breakdown.items() if k != "activations"},
-        }
-        rows.append(row)
-    return rows
-
-
 def _cut(nbytes: int) -> str:
     """What XLA's remat pass took off, never "0.0": GiB to one decimal, or MiB below 0.1 GiB.
 
@@ -154,7 +88,7 @@ def compare_table(
     """The ``compare`` table: one line per policy and schedule.
 
     Args:
-      rows: what :func:`compare_rows` returned.
+      rows: what :func:`remat_kit.comparison.compare_rows` returned.
       target: the target compiled for.
       opts: the run's options (for the title).
       seconds: wall time of all compiles (for the caption).
@@ -315,7 +249,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         )
     )
     if r.step_time is not None:
-        table.caption += "\n" + step_time_words(r.step_time, tokens_of(m))
+        table.caption += "\n" + step_time_words(r.step_time, r.tokens_per_step)
     if m.get("experts"):
         table.caption += "\n" + expert_words(m["experts"])
     if m.get("depth"):
@@ -476,7 +410,7 @@ def plan_table(
         # clear misses) stays read off the copies.
         caption += "\n~ " + depth_words(copies[0])
     if p.report is not None and p.report.step_time is not None:
-        caption += "\nPLAN " + step_time_words(p.report.step_time, tokens_of(p.report.meta))
+        caption += "\nPLAN " + step_time_words(p.report.step_time, p.report.tokens_per_step)
     table = Table(title=title, caption=caption)
     columns = ["what", "peak GiB", "recompute", "overhead", "host GiB", "fits budget", "front"]
     if timed:

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from remat_kit.timing import StepTime
 
 __all__ = [
     "step_time_words",
-    "tokens_of",
 ]
 
 
@@ -37,16 +35,3 @@ def step_time_words(t: StepTime, tokens: int | None) -> str:
 
 def _seconds_words(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
-
-
-def tokens_of(meta: Mapping[str, Any]) -> int | None:
-    """Tokens per step (batch x seq) from a report's labels; None when they are not there.
-
-    Example:
-      >>> tokens_of({"batch": 4, "seq": 2048}), tokens_of({})
-      (8192, None)
-    """
-    batch, seq = meta.get("batch"), meta.get("seq")
-    if isinstance(batch, int) and isinstance(seq, int):
-        return batch * seq
-    return None
