@@ -122,3 +122,21 @@ def collectives(text, op):
         name = re.search(r'op_name="([^"]*)"', line)
         out.append((arrays, replica_groups(line), name.group(1) if name else ""))
     return out
+
+
+def on_both_layouts(items, models=("tiny-llama", "tiny-gpt2")):
+    """``pytest.param(item, model, scan)`` for each item on the scanned and the unrolled stack,
+    the models taking turns: every item meets both layouts and both models, in half the
+    compiles of the full product."""
+    import pytest
+
+    return [
+        pytest.param(
+            item,
+            models[(i + scan) % 2],
+            scan,
+            id=f"{item}-{models[(i + scan) % 2]}-" + ("scan" if scan else "unrolled"),
+        )
+        for i, item in enumerate(items)
+        for scan in (True, False)
+    ]

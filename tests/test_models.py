@@ -9,7 +9,7 @@ import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
-from helpers import loss_and_grads, tokens
+from helpers import loss_and_grads, on_both_layouts, tokens
 
 # The *ragged* policies act only on grouped expert GEMMs, which dense models have none of:
 # their gradients and what they keep are tested on MoE models (test_ragged.py).
@@ -29,16 +29,7 @@ MODELS = ["tiny-llama", "tiny-gpt2"]
 # Each policy on both layouts, the models swapped between neighbours: every policy meets the
 # scanned and the unrolled stack, and each model meets half the policies in each layout (the
 # full product compiled 68 gradients, 139 s of the suite, for no mutant the half misses).
-GRADIENT_CASES = [
-    pytest.param(
-        policy,
-        MODELS[(i + scan) % 2],
-        scan,
-        id=f"{policy}-{MODELS[(i + scan) % 2]}-" + ("scan" if scan else "unrolled"),
-    )
-    for i, policy in enumerate(POLICIES)
-    for scan in (True, False)
-]
+GRADIENT_CASES = on_both_layouts(POLICIES)
 
 
 @functools.cache

@@ -9,24 +9,14 @@ import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
-from helpers import loss_and_grads, tokens
+from helpers import loss_and_grads, on_both_layouts, tokens
 from remat_kit import checks
 
 SCHEDULES = ["every:2", "every:3", "sqrt", "nested:2", "nested:3", "layers:0-1=full,rest=minimal"]
-MODELS = ["tiny-llama", "tiny-gpt2"]
 # Each schedule on both layouts (a scanned stack is split into segments, an unrolled one is
 # not), the models swapped between layouts: each schedule meets both models, one of them
 # with dropout's key threaded through its segments.
-GRADIENT_CASES = [
-    pytest.param(
-        schedule,
-        MODELS[(i + scan) % 2],
-        scan,
-        id=f"{schedule}-{MODELS[(i + scan) % 2]}-" + ("scan" if scan else "unrolled"),
-    )
-    for i, schedule in enumerate(SCHEDULES)
-    for scan in (True, False)
-]
+GRADIENT_CASES = on_both_layouts(SCHEDULES)
 
 
 @functools.cache
