@@ -140,7 +140,7 @@ class ModelConfig:
     dtype: Any = jnp.bfloat16
     param_dtype: Any = jnp.bfloat16
     scan_layers: bool = True
-    policy: rk.Policy = "none"  # type: ignore[assignment]  # normalised in __post_init__
+    policy: rk.Policy = rk.policies.NO_REMAT  # a name or spec given is made one in __post_init__
     schedule: rk.Schedule = "none"  # type: ignore[assignment]
     attention: str = "xla"
     lora_rank: int = 0
