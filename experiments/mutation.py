@@ -91,8 +91,13 @@ MODULES: dict[str, Group] = {
             "time_and_flops_disagree",
             "unknown_objective_is_refused",
             "lower_alike_share",
+            "verified_by_compiles_made_apart",
         ),
-        by_file=(("throughput.py", ("tests/test_throughput.py",)),),
+        by_file=(
+            ("throughput.py", ("tests/test_throughput.py",)),
+            # The sequence search's curves, on fake builders (its compiles are marked slow).
+            ("seq.py", ("tests/test_seq_search.py", "tests/test_search.py")),
+        ),
     ),
     "cache": Group(("remat_kit/cache.py",), ("tests/test_cache.py",)),
     "targets": Group(

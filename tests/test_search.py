@@ -918,6 +918,23 @@ def test_a_swept_front_recommends_a_plan_nothing_on_it_dominates():
 # --- max batch: a line through two compiles, verified ------------------------------------------
 
 
+@pytest.mark.parametrize("start", [None, 7])
+def test_the_plans_largest_batch_search_starts_where_it_is_told(monkeypatch, start):
+    from remat_kit.search import batch
+
+    seen = []
+    nothing = batch.BatchFit("full", "none", 0, 10, 10, 5, None, 0, 1, 0.0)
+
+    def spy(workload, policy, schedule="none", **kw):
+        seen.append((policy.name, kw))
+        return nothing
+
+    monkeypatch.setattr(batch, "max_batch", spy)
+    fit, p = batch.max_batch_plan(fake_workload(), headroom=0.25, start=start)
+    assert (fit, p) == (nothing, None)
+    assert seen == [("full", {"headroom": 0.25, "start": start})]
+
+
 def _batch_fake(peak_of):
     """A workload whose compiled peak at batch ``b`` is ``peak_of(b)``; counts compiles."""
 
