@@ -365,3 +365,25 @@ def test_a_policy_that_recomputes_scores_is_noted_only_under_flash_attention(tag
 )
 def test_tokens_per_step_come_from_the_labels(meta, tokens):
     assert memory_report(meta=meta).tokens_per_step == tokens
+
+
+@pytest.mark.parametrize(
+    ("host_bytes", "link", "flops"),
+    [(0, 64e9, 989e12), (2**30, None, 989e12), (2**30, 64e9, None)],
+    ids=["nothing moved", "no host link", "no bf16 peak"],
+)
+def test_no_transfer_estimate_without_bytes_or_the_targets_rates(host_bytes, link, flops):
+    import dataclasses
+
+    t = dataclasses.replace(rk.target("h100"), host_link_bandwidth=link, peak_bf16_flops=flops)
+    report = memory_report(host_bytes=host_bytes, host_temp_bytes=host_bytes, flops=1e12)
+    assert rk.analysis.transfer_estimate(report, t) is None
+
+
+def test_a_gpu_report_prices_its_kernels_and_a_program_without_any_has_no_step_time():
+    from remat_kit.analysis import _step_time
+
+    x = jax.ShapeDtypeStruct((512, 512), jnp.bfloat16)
+    r = rk.memory_report(lambda a: jnp.tanh(a @ a), x, target="h100", warn=False)
+    assert r.step_time is not None and r.step_time.seconds > 0 and r.step_time.flops > 0
+    assert _step_time([], rk.target("h100")) is None
