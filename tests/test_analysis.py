@@ -387,3 +387,17 @@ def test_a_gpu_report_prices_its_kernels_and_a_program_without_any_has_no_step_t
     r = rk.memory_report(lambda a: jnp.tanh(a @ a), x, target="h100", warn=False)
     assert r.step_time is not None and r.step_time.seconds > 0 and r.step_time.flops > 0
     assert _step_time([], rk.target("h100")) is None
+
+
+@pytest.mark.parametrize(
+    ("temp", "host", "moved"),
+    [(3 * 2**30, 2**30, 3 * 2**30), (0, 2**30, 2**30)],
+    ids=["offloaded residuals", "host arguments only"],
+)
+def test_the_transfer_estimate_prices_what_went_to_host_memory(temp, host, moved):
+    # XLA's host temporaries are the offloaded residuals; without any, the host bytes.
+    t = rk.target("h100")
+    report = memory_report(host_bytes=host, host_temp_bytes=temp, flops=1e12)
+    est = rk.analysis.transfer_estimate(report, t)
+    assert est.host_bytes == moved
+    assert est.transfer_seconds == pytest.approx(2 * moved / t.host_link_bandwidth)
