@@ -223,7 +223,7 @@ class DoesNotFit(BadValue):
         limit_bytes: int,
         parts: Mapping[str, int],
         hints: Iterable[str] = (),
-        data: Mapping[str, Any] | None = None,
+        note: Mapping[str, Any] | None = None,
     ):
         super().__init__(message)
         self.target = target
@@ -231,7 +231,7 @@ class DoesNotFit(BadValue):
         self.parts = dict(parts)
         self.fixed_bytes = int(sum(self.parts.values()))
         self.hints = tuple(hints)
-        self.note = None if data is None else dict(data)
+        self.note = None if note is None else dict(note)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields of the error (message included)."""

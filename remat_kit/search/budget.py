@@ -223,7 +223,7 @@ def check_budget(workload: Workload, batch: int, budget: int) -> None:
         limit_bytes=budget,
         parts=fixed_parts,
         hints=[hint_words(h) for h in hints],
-        data=note.to_dict(),
+        note=note.to_dict(),
     )
 
 
