@@ -1,15 +1,15 @@
-"""Our presets and Hugging Face configs as model sources, and the one resolver of a model name.
+"""Our presets and Hugging Face configs as a plugin of model sources.
 
 :class:`PresetSource` is a preset (or a Hugging Face ``config.json`` mapped onto our decoder)
-with its options: it implements ``rk.sources.StepSource``, so remat_kit's one pipeline
-(``rk.sources.measure``, ``residuals``, ``step_flops``, ``workload`` ...) measures it exactly
-as it measures a user's factory. :func:`source_for` is the only place that decides which kind
-of source a model string names.
+asked for with a :class:`~remat_kit_models.spec.PresetSpec` (``HFSpec``): it implements
+``rk.sources.StepSource``, so remat_kit's one pipeline (``rk.sources.measure``, ``residuals``,
+``step_flops``, ``workload`` ...) measures it exactly as it measures a user's factory.
+:data:`PRESET` and :data:`HF_CONFIG` are the two kinds this package registers under the
+``remat_kit.sources`` entry points (``pyproject.toml``); remat_kit finds them there.
 
 Example:
   >>> import remat_kit as rk
-  >>> from remat_kit_models.options import Options
-  >>> src = source_for(Options("tiny-llama", 2, 32, optimizer="sgd"))
+  >>> src = rk.sources.resolve(PresetSpec("tiny-llama"))
   >>> src.n_layers(), isinstance(src, rk.sources.StepSource)
   (4, True)
 """
@@ -28,34 +28,42 @@ import jax
 import remat_kit as rk
 import remat_kit.cache
 from remat_kit.errors import BadValue
-from remat_kit_models import build, get_config
+from remat_kit.notes import Note
+from remat_kit_models import build, get_config, preset_names
 from remat_kit_models.config import ModelConfig
-from remat_kit_models.options import Options, model_config
+from remat_kit_models.configure import cudnn_problem, model_config, regime_of
+from remat_kit_models.spec import HFSpec, PresetSpec
 
 __all__ = [
+    "HF_CONFIG",
+    "PRESET",
     "PresetSource",
-    "source_for",
     "train_step",
 ]
 
 
 @dataclasses.dataclass(frozen=True)
-class PresetSource:
+class PresetSource(rk.sources.StepSource):
     """A preset or a Hugging Face config, with the options that shape its model.
 
-    The options' batch is not used: the train config passed to :meth:`build_step` sets it.
+    The train config each call is given sets the batch, sequence, optimizer and precision
+    regime (None: ``rk.train.DEFAULT_PRECISION``, as our models always compute in one).
 
     Attributes:
-      opts: the model, overrides, LoRA rank, attention, layer loop, dropout, mesh plan and
-        precision (``models.options.Options``).
+      request: the model, overrides, LoRA rank, attention, layer loop, dropout and mesh plan
+        (a :class:`PresetSpec` or :class:`HFSpec`).
     """
 
-    opts: Options
+    request: PresetSpec | HFSpec
+
+    #: A preset's policy and schedule are fields of its config (``get_config(...,
+    #: policy=..., schedule=...)``).
+    applies_in_code = "config"
 
     @property
     def spec(self) -> str:
         """The preset's name (or the Hugging Face config's label)."""
-        return self.opts.model
+        return self.request.name
 
     @property
     def schedule_kinds(self) -> frozenset[str]:
@@ -65,33 +73,35 @@ class PresetSource:
     def n_layers(self) -> int:
         """Layers of the model, overrides included."""
         # Depth does not depend on the attention kernel, and the CPU cannot resolve 'cudnn'.
-        opts = dataclasses.replace(self.opts, attention="xla")
-        return model_config(opts, "none", rk.target("cpu")).n_layers
+        request = dataclasses.replace(self.request, attention="xla")
+        return model_config(request, _SHAPES_ONLY, rk.policies.NO_REMAT, rk.target("cpu")).n_layers
 
     def at_depth(self, layers: int) -> PresetSource | None:
         """This model with ``layers`` layers, None when its layers are scanned (a scan
         compiles one body whatever the depth)."""
-        if self.opts.scan_layers:
+        if self.request.scan_layers:
             return None
-        kept = tuple((k, v) for k, v in self.opts.overrides if k not in ("layers", "n_layers"))
-        return PresetSource(dataclasses.replace(self.opts, overrides=(*kept, ("layers", layers))))
-
-    def config_for(
-        self, policy: rk.policies.PolicyLike, target: rk.Target, schedule: Any = "none"
-    ) -> ModelConfig:
-        """The ModelConfig under ``policy`` and ``schedule`` for ``target`` (attention
-        resolved, sizes checked): see ``models.options.model_config``."""
-        return model_config(self.opts, policy, target, schedule)
+        return PresetSource(self.request.with_layers(layers))
 
     def check(self, config: rk.TrainConfig, target: rk.Target) -> None:
         """The model's config for ``target`` (overrides, dtypes, the attention kernel and its
-        shape rules, learned positions, absurd sizes): shapes only, no trace.
+        shape rules, learned positions, absurd sizes) and the train config's LoRA switch
+        against the adapters: shapes only, no trace.
 
         Raises:
           BadValue: the first bad value.
         """
-        opts = dataclasses.replace(self.opts, batch=config.batch)
-        model_config(opts, "full", target)
+        _check_lora(self.request, config)
+        model_config(self.request, config, rk.policies.FULL, target)
+
+    def notes(self, config: rk.TrainConfig, target: rk.Target) -> tuple[Note, ...]:
+        """Why ``attention="auto"`` chose XLA's attention on a target that runs cuDNN's (the
+        rule of cuDNN's kernel the model or the sequence length breaks); else none."""
+        if self.request.attention != "auto" or not rk.cudnn_attention_available(target):
+            return ()
+        cfg = model_config(self.request, config, rk.policies.FULL, target)
+        problem = cudnn_problem(cfg, config.seq, target) if cfg.attention == "xla" else None
+        return () if problem is None else (Note("attention_chose_xla", {"problem": problem}),)
 
     def build_step(
         self,
@@ -103,11 +113,12 @@ class PresetSource:
         sharded: bool = True,
     ) -> rk.sources.SourceStep:
         """The preset's train step (the StepSource protocol): see :func:`train_step`."""
-        opts = dataclasses.replace(self.opts, batch=config.batch)
-        cfg = model_config(opts, policy, target, schedule)
-        step = train_step(opts, cfg, target, sharded=sharded, config=config)
+        _check_lora(self.request, config)
+        config = _in_regime(config)
+        cfg = model_config(self.request, config, policy, target, schedule)
+        step = train_step(self.request, cfg, config, target, sharded=sharded)
         meta = {
-            "lora": opts.lora,
+            "lora": self.request.lora,
             "param_dtype": jax.numpy.dtype(cfg.param_dtype).name,
             "dropout": cfg.dropout_rate,
             "layers": cfg.n_layers,
@@ -127,17 +138,20 @@ class PresetSource:
         del built, what
 
     def mesh_plan(self, target: rk.Target) -> rk.MeshPlan | None:
-        """The options' mesh plan on ``target``'s devices, or None."""
-        return rk.parse_shard(self.opts.shard, target.devices) if self.opts.shard else None
+        """The request's mesh plan on ``target``'s devices, or None."""
+        shard = self.request.shard
+        return rk.parse_shard(shard, target.devices) if shard else None
 
     def cache_parts(self) -> Mapping[str, Any]:
-        """The options (a Hugging Face config by its contents) and this package's code."""
+        """The request (a Hugging Face config by its contents) and this package's code."""
         parts: dict[str, Any] = {
-            "options": dataclasses.asdict(dataclasses.replace(self.opts, batch=0)),
+            "request": {"kind": type(self.request).__name__, **dataclasses.asdict(self.request)},
             "code_models": rk.cache.code_fingerprint("remat_kit_models"),
         }
-        if self.opts.hf_config is not None:
-            parts["hf_config"] = hashlib.sha256(Path(self.opts.hf_config).read_bytes()).hexdigest()
+        if isinstance(self.request, HFSpec):
+            parts["hf_config"] = hashlib.sha256(
+                Path(self.request.hf_config).read_bytes()
+            ).hexdigest()
         return parts
 
     def label(self, config: rk.TrainConfig, target: rk.Target) -> str:
@@ -145,52 +159,51 @@ class PresetSource:
         plan = self.mesh_plan(target)
         return (
             f"{self.spec} s{config.seq} {config.optimizer}"
-            + (f" lora{self.opts.lora}" if self.opts.lora else "")
+            + (f" lora{self.request.lora}" if self.request.lora else "")
             + (f" {plan.spec}" if plan is not None else "")
         )
 
 
 def train_step(
-    opts: Options,
+    request: PresetSpec | HFSpec,
     cfg: ModelConfig,
+    config: rk.TrainConfig,
     t: rk.Target,
     *,
     sharded: bool = True,
-    config: rk.TrainConfig | None = None,
 ) -> rk.train.TrainStep:
-    """The train step of ``opts`` for ``cfg``, as the measured programs run it.
+    """The train step of ``cfg``'s model, as the measured programs run it.
 
     In train mode: where ``cfg.dropout_rate`` > 0 the model applies dropout and the step
     takes a dropout key (``rng_streams=("dropout",)``). Sharded over ``t``'s devices when
-    ``opts.shard`` is set and ``sharded``.
+    ``request.shard`` is set and ``sharded``.
 
     Args:
-      opts: the options (precision, batch, optimizer, ...).
-      cfg: the model config (``models.options.model_config``).
+      request: the request (its mesh plan).
+      cfg: the model config (``remat_kit_models.configure.model_config``).
+      config: the train config.
       t: the target.
-      sharded: False builds the unsharded step even with ``opts.shard``.
-      config: the train config (default: the options').
+      sharded: False builds the unsharded step even with ``request.shard``.
 
     Returns:
       The ``rk.train.TrainStep``.
 
     Example:
-      >>> from remat_kit_models.options import Options, model_config
-      >>> t = rk.target("h100")
-      >>> opts = Options("tiny-gpt2", 2, 64, dropout=0.1)
-      >>> train_step(opts, model_config(opts, "full", t), t).rng_streams
+      >>> t, config = rk.target("h100"), rk.TrainConfig(2, 64, precision="mixed")
+      >>> request = PresetSpec("tiny-gpt2", dropout=0.1)
+      >>> cfg = model_config(request, config, "full", t)
+      >>> train_step(request, cfg, config, t).rng_streams
       ('dropout',)
     """
     dropout = cfg.dropout_rate > 0.0
     module = build(cfg, deterministic=not dropout)
     streams = ("dropout",) if dropout else ()
-    config = config or opts.train_config()
     params = _abstract_params(
         cfg.replace(policy="none", schedule="none"), config.micro_batch, config.seq
     )
-    if not (opts.shard and sharded):
+    if not (request.shard and sharded):
         return rk.build_train_step(module, config, rng_streams=streams, abstract_params=params)
-    plan = rk.parse_shard(opts.shard, t.devices)
+    plan = rk.parse_shard(request.shard, t.devices)
     return rk.build_train_step(
         module,
         config,
@@ -211,107 +224,49 @@ def _abstract_params(cfg: ModelConfig, micro_batch: int, seq: int) -> Any:
     return jax.eval_shape(module.init, jax.random.key(0), tokens)
 
 
-def source_for(opts: Options) -> rk.sources.StepSource:
-    """The model source ``opts`` names: a factory (``file.py:NAME``, ``package.module:NAME``;
-    loaded once per process), else a preset or Hugging Face config.
+#: The train config :meth:`PresetSource.n_layers` checks the sizes against: the depth is the
+#: same at any batch and sequence length.
+_SHAPES_ONLY = rk.TrainConfig(batch=1, seq=1)
 
-    Args:
-      opts: the options.
 
-    Returns:
-      A ``rk.sources.OwnStepSource`` for a user's step (``opts.step``), a
-      ``rk.sources.ModelSource`` for a factory, else a :class:`PresetSource`.
-
-    Raises:
-      BadValue: an option a factory's model does not take (LoRA, the shape overrides,
-        attention, dropout, a mesh plan, the layer loop), a block given for a preset, an
-        unknown preset, or a factory that cannot be loaded.
-    """
-    if opts.step:
-        return _step_source(opts)
-    if opts.names_factory:
-        return _factory_source(opts)
-    if opts.block:
+def _check_lora(request: PresetSpec | HFSpec, config: rk.TrainConfig) -> None:
+    # Adapters are trained alone: the train config must say so, and only where there are.
+    if config.lora != (request.lora > 0):
         raise BadValue(
-            f"block={opts.block!r} patches a factory's model (a model named file.py:NAME)",
-            param="block",
+            f"lora={request.lora} with a train config of lora={config.lora}: "
+            + (
+                "adapters are trained alone, give rk.TrainConfig(lora=True)"
+                if request.lora
+                else "the model has no adapters to train: give it a LoRA rank (lora=16)"
+            ),
+            param="lora",
         )
-    if opts.hf_config is None:
-        get_config(opts.model)  # an unknown preset is named before anything is built
-    return PresetSource(opts)
 
 
-def _factory_source(opts: Options) -> rk.sources.ModelSource:
-    shape = dict(opts.overrides)
-    layers = shape.pop("layers", None)
-    given = {
-        "lora": opts.lora,
-        "layers/width/heads/...": shape,
-        "attention": opts.attention != "auto",
-        "dropout": opts.dropout is not None,
-        "scan_layers": not opts.scan_layers,
-    }
-    bad = [name for name, value in given.items() if value]
-    if bad:
-        raise BadValue(
-            f"{', '.join(bad)}: the factory {opts.model} builds its own model (adapters, "
-            "shape, attention, dropout and layer loop are its own): drop them",
-            param=bad[0].split("/")[0],
-        )
-    if layers is None:
-        return _loaded(opts.model, opts.block, opts.tags, opts.shard)
-    deeper = _loaded_at(opts.model, opts.block, opts.tags, opts.shard, layers)
-    if deeper is None:
-        raise BadValue(
-            f"the factory {opts.model} takes no layers= argument, so it "
-            "builds one depth: leave its layers as they are, or give it a layers parameter",
-            param="n_layers",
-        )
-    return deeper
+def _in_regime(config: rk.TrainConfig) -> rk.TrainConfig:
+    # Our models compute in a regime: a config that names none trains in the default one.
+    return config if config.precision else dataclasses.replace(config, precision=regime_of(config))
 
 
-@functools.cache
-def _loaded_at(
-    model: str, block: str | None, tags: str, shard: str | None, layers: int
-) -> rk.sources.ModelSource | None:
-    # --layers N: a factory that names ``layers`` builds any depth (its shallow copies too);
-    # one source per process, as _loaded, so that what it traces once is kept.
-    return _loaded(model, block, tags, shard).at_depth(layers, label=False)
+def _resolve(request: PresetSpec | HFSpec) -> PresetSource:
+    if isinstance(request, PresetSpec):
+        get_config(request.model)  # an unknown preset is named before anything is built
+    return PresetSource(request)
 
 
-def _step_source(opts: Options) -> rk.sources.OwnStepSource:
-    given = {
-        "block": opts.block,
-        "tags": opts.tags != "auto",
-        "lora": opts.lora,
-        "accum": opts.accum != 1,
-        "precision/param_dtype/dtype": opts.precision or opts.param_dtype or opts.dtype,
-        "layers/width/heads/...": opts.overrides,
-        "attention": opts.attention != "auto",
-        "dropout": opts.dropout is not None,
-        "shard": opts.shard,
-        "scan_layers": not opts.scan_layers,
-        "hf_config": opts.hf_config,
-    }
-    bad = [name for name, value in given.items() if value]
-    if bad:
-        raise BadValue(
-            f"{', '.join(bad)}: the step {opts.step} is the user's own (its model, optimizer, "
-            "precision, accumulation and sharding are its own): drop them",
-            param="step",
-        )
-    return _loaded_step(opts.step)
+def _catalogue() -> list[tuple[str, ModelConfig]]:
+    return [(name, get_config(name)) for name in preset_names()]
 
 
-@functools.cache
-def _loaded_step(step: str) -> rk.sources.OwnStepSource:
-    return rk.sources.from_step(step)
+#: Presets by name (``--model llama3-8b``): any name without a colon, which a factory has.
+PRESET = rk.sources.SourceKind(
+    "preset",
+    PresetSpec,
+    _resolve,
+    "model",
+    claims=lambda name: ":" not in name,
+    catalogue=_catalogue,
+)
 
-
-@functools.cache
-def _loaded(
-    model: str, block: str | None, tags: str, shard: str | None = None
-) -> rk.sources.ModelSource:
-    return rk.sources.from_factory(
-        model, block=block, tags=None if tags == "none" else tags, shard=shard
-    )
+#: Hugging Face configs (``--hf-config config.json``) mapped onto our decoder.
+HF_CONFIG = rk.sources.SourceKind("hf", HFSpec, _resolve, "hf_config")

@@ -23,6 +23,7 @@ __all__ = [
     "Precision",
     "cast_floats",
     "precision",
+    "regime",
     "with_state_dtype",
 ]
 
@@ -167,6 +168,60 @@ def precision(name: str | Precision) -> Precision:
         return PRECISIONS[name]
     except (KeyError, TypeError):
         raise unknown("precision", name, PRECISIONS, n=2, param="precision") from None
+
+
+#: The weights' dtype alone, without a regime's name: the regime with those weights.
+_REGIME_OF_WEIGHTS = {"float32": "mixed", "bfloat16": "bf16"}
+
+
+def regime(
+    name: str | Precision | None = None, *, params: Any = None, compute: Any = None
+) -> Precision:
+    """The regime a request names: by name, by the weights' dtype, with a compute dtype over it.
+
+    ``params`` alone picks the regime with those weights (``f32`` -> ``mixed``, ``bf16`` ->
+    ``bf16``: the older way to ask) and must agree with ``name`` when both are given;
+    ``compute`` replaces the compute dtype (the regime is then ``"custom"``). Nothing given:
+    :data:`DEFAULT_PRECISION`.
+
+    Args:
+      name: a regime name (``PRECISIONS``) or Precision, or None.
+      params: the trained weights' dtype (``"f32"``, ``"bf16"``), or None.
+      compute: the compute dtype, or None.
+
+    Returns:
+      The Precision.
+
+    Raises:
+      BadValue: an unknown regime or dtype, or ``params`` the regime contradicts.
+
+    Example:
+      >>> regime(params="f32").name, regime("bf16", compute="f32").compute.name
+      ('mixed', 'float32')
+    """
+    if params is not None:
+        weights = _float_dtype(params, "param_dtype")
+        by_weights = _REGIME_OF_WEIGHTS.get(weights.name)
+        if by_weights is None:
+            raise BadValue(
+                f"param_dtype={params!r}: use bf16 or f32 (or a precision: "
+                f"{', '.join(PRECISIONS)})",
+                param="param_dtype",
+            )
+        if name is not None and precision(name).params != weights:
+            named = precision(name)
+            raise BadValue(
+                f"param_dtype={params} contradicts precision={named.name} (weights "
+                f"{named.params.name}): drop param_dtype, or use precision={by_weights}",
+                param="param_dtype",
+            )
+        name = name or by_weights
+    chosen = precision(name or DEFAULT_PRECISION)
+    if compute is not None:
+        dtype = _float_dtype(compute, "dtype")
+        if dtype != chosen.compute:
+            chosen = chosen.replace(compute=dtype)
+    return chosen
 
 
 def cast_floats(tree: Any, dtype: Any) -> Any:

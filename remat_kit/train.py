@@ -32,6 +32,7 @@ from remat_kit.precision import (
     Precision,
     cast_floats,
     precision,
+    regime,
     with_state_dtype,
 )
 from remat_kit.targets import target as _target
@@ -45,8 +46,11 @@ __all__ = [
     "TrainStep",
     "build_train_step",
     "logits_of",
+    "keeps_state",
     "make_optimizer",
+    "planned_precision",
     "precision",
+    "regime",
     "with_state_dtype",
 ]
 
@@ -85,6 +89,18 @@ def make_optimizer(name: str, learning_rate: float = 1e-4) -> optax.GradientTran
         return OPTIMIZERS[name](learning_rate)
     except KeyError:
         raise unknown("optimizer", name, OPTIMIZERS, n=2, param="optimizer") from None
+
+
+def keeps_state(optimizer: str) -> bool:
+    """Whether ``optimizer`` keeps floating-point state per weight (sgd keeps none).
+
+    Example:
+      >>> keeps_state("adamw"), keeps_state("sgd")
+      (True, False)
+    """
+    tx = make_optimizer(optimizer)
+    state = jax.eval_shape(tx.init, {"w": jax.ShapeDtypeStruct((2,), jnp.float32)})
+    return any(jnp.issubdtype(x.dtype, jnp.floating) for x in jax.tree.leaves(state))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +208,37 @@ class TrainStep:
     rng_streams: tuple[str, ...] = ()
     categories: Mapping[int, str] | None = None
     loss_given: bool = True
+
+
+def planned_precision(config: TrainConfig, *, own_compute: bool = False) -> dict[str, str] | None:
+    """The precision record a step trained under ``config`` will have, before it is built:
+    as tables and JSON name it (``TrainStep.precision``'s keys).
+
+    Nothing is frozen in full training; sgd keeps no optimizer state (``"-"``, as the compiled
+    step's record says it); a model of the user's computes in its own dtypes (the regime casts
+    only its weights and optimizer state).
+
+    Args:
+      config: the train config.
+      own_compute: the model is the user's code (``StepSource.own_model``).
+
+    Returns:
+      The record, or None when ``config`` names no regime (a user's step keeps its dtypes).
+
+    Example:
+      >>> planned_precision(TrainConfig(2, 32, optimizer="sgd", precision="bf16"))["frozen"]
+      '-'
+    """
+    if config.precision is None:
+        return None
+    record = config.precision.to_dict()
+    if not config.lora:
+        record["frozen"] = "-"
+    if not keeps_state(config.optimizer):
+        record["optimizer_state"] = "-"
+    if own_compute:
+        record["compute"] = "module's own"
+    return record
 
 
 def _cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:

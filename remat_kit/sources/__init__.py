@@ -12,8 +12,9 @@ a :class:`ModelSource`; :meth:`ModelSource.build` makes the module for one polic
 :mod:`remat_kit.tagging` (so name-based policies work on a model nobody tagged), with the
 policy applied by patching a block class when the model has no remat hook (``block=``), and
 with Hugging Face's keyword inputs (``attention_mask``, ``position_ids``) made from the tokens.
-The CLI's ``--model file.py:NAME`` and ``remat_kit_models.measure`` go through here; remat_kit never
-imports ``models``.
+A request names its model with a spec (:class:`FactorySpec`, :class:`StepSpec`, or a spec of
+a kind a plugin registers, such as the presets' ``PresetSpec``); :func:`resolve` makes the
+source (:mod:`remat_kit.sources._kinds`). remat_kit never imports the presets package.
 
 A user who has a train step already hands it over instead (:func:`from_step`, ``--step
 file.py:NAME``): ``NAME(policy, config)`` returns the step and its abstract arguments
@@ -28,6 +29,18 @@ Example:
   True
 """
 
+from remat_kit.sources._kinds import (
+    ENTRY_POINTS,
+    TRAIN_FIELDS,
+    FactorySpec,
+    ModelSpec,
+    SourceKind,
+    StepSpec,
+    kind_named,
+    kind_of,
+    kinds,
+    resolve,
+)
 from remat_kit.sources._loading import load_factory, patched_block
 from remat_kit.sources.own_step import ROLES, OwnStep, OwnStepSource, from_step
 from remat_kit.sources.protocol import SourceStep, StepSource
@@ -46,23 +59,33 @@ from remat_kit.sources.tag_checks import check_policies, tags, usable_policies
 
 __all__ = [
     "ALL_SCHEDULES",
+    "ENTRY_POINTS",
     "ROLES",
+    "TRAIN_FIELDS",
     "BuiltModel",
+    "FactorySpec",
     "ModelSource",
+    "ModelSpec",
     "OwnStep",
     "OwnStepSource",
+    "SourceKind",
     "SourceStep",
     "StepSource",
+    "StepSpec",
     "breakdown",
     "check_policies",
     "from_factory",
     "from_step",
     "hf_inputs",
+    "kind_named",
+    "kind_of",
+    "kinds",
     "load_factory",
     "measure",
     "nbytes_count",
     "patched_block",
     "residuals",
+    "resolve",
     "step_flop_count",
     "step_flops",
     "tags",

@@ -358,10 +358,8 @@ def shallow_copies(source: StepSource, sch: Schedule, t: Target) -> list[StepSou
 
 
 def _kinds(source: StepSource, t: Target) -> int:
-    # Kinds of layer of a source that can tell them (a factory's: ModelSource.layer_kinds);
-    # a preset's layers are alike by construction.
-    kinds = getattr(source, "layer_kinds", None)
-    return (kinds(t) or 1) if kinds is not None else 1
+    # Kinds of layer, where the source can tell them (a factory's); else alike.
+    return source.layer_kinds(t) or 1
 
 
 def line_at(shallow: Sequence[Any], depths: Sequence[int], layers: int) -> Any:

@@ -50,7 +50,7 @@ from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.schedules import Schedule
 from remat_kit.sharding import MeshPlan
 from remat_kit.sources._loading import load_factory
-from remat_kit.sources.protocol import SourceStep
+from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep
 
@@ -113,7 +113,7 @@ class OwnStep:
 
 
 @dataclasses.dataclass(frozen=True)
-class OwnStepSource:
+class OwnStepSource(StepSource):
     """A user's step function ``NAME(policy, config)`` as an ``rk.sources.StepSource``.
 
     Attributes:
@@ -124,6 +124,9 @@ class OwnStepSource:
     spec: str
     step_fn: Callable[..., Any] = dataclasses.field(compare=False)
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    #: The user's step: its own model, tag names and dtypes.
+    own_model = True
 
     @property
     def schedule_kinds(self) -> frozenset[str]:

@@ -19,9 +19,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from remat_kit.notes import Note
 from remat_kit.policies import Policy
 from remat_kit.schedules import Schedule
 from remat_kit.sharding import MeshPlan
+from remat_kit.sources._environ import EnvSet
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep
 
@@ -55,12 +57,29 @@ class SourceStep:
 class StepSource(Protocol):
     """A model the pipeline can build train steps of (see the module docstring).
 
+    The members below ``label`` say how one kind differs from another; each has a default,
+    which a source inherits by naming the protocol as its base (``class S(StepSource)``).
+    Nothing asks a source what kind it is.
+
     Attributes:
       spec: the model's name in reports (a preset name, ``file.py:NAME`` ...).
       schedule_kinds: the schedule names (``none``, ``every``, ``layers`` ...) it builds.
+      own_model: the model is the user's code: it names its tensors its own way (a
+        name-based policy is checked against its traced program) and computes in its own
+        dtypes. Default False.
+      env_at_import: what importing the user's code set in the environment (EasyDeL sets
+        ``XLA_FLAGS`` and the allocator's fraction): a process that trains the model runs
+        with it. Default none.
+      applies_in_code: how the user hands a plan's policy and schedule to this model in
+        code: ``"config"`` (fields of the model's config), ``"arguments"`` (``policy`` and
+        ``schedule=`` arguments of the user's function), ``"policy"`` (a ``policy``
+        argument only: schedules go through a patched block). Default ``"policy"``.
     """
 
     spec: str
+    own_model: bool = False
+    env_at_import: tuple[EnvSet, ...] = ()
+    applies_in_code: str = "policy"
 
     @property
     def schedule_kinds(self) -> frozenset[str]: ...
@@ -110,3 +129,15 @@ class StepSource(Protocol):
     def label(self, config: TrainConfig, target: Target) -> str:
         """A short name of the run for tables (model, sequence, optimizer ...)."""
         ...
+
+    def layer_kinds(self, target: Target) -> int | None:
+        """How many different layers the model's stack holds, None when it cannot tell
+        (the default: a preset's layers are alike by construction)."""
+        del target
+        return None
+
+    def notes(self, config: TrainConfig, target: Target) -> tuple[Note, ...]:
+        """What a user should know about how this source's programs are made for ``target``
+        (a kernel it chose and why), as notes for the rendering layer. Default none."""
+        del config, target
+        return ()

@@ -40,7 +40,7 @@ from remat_kit.sources._loading import (
     load_factory_env,
     patched_block,
 )
-from remat_kit.sources.protocol import SourceStep
+from remat_kit.sources.protocol import SourceStep, StepSource
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep, build_train_step
 
@@ -92,7 +92,7 @@ class BuiltModel:
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelSource:
+class ModelSource(StepSource):
     """A model from a factory ``NAME(policy)`` (see the module docstring).
 
     Attributes:
@@ -132,6 +132,15 @@ class ModelSource:
     env_at_import: tuple[EnvSet, ...] = dataclasses.field(default=(), compare=False)
     shard: str | None = None
     _cache: dict[str, Any] = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    #: The user's model: its own tag names and compute dtypes.
+    own_model = True
+
+    @property
+    def applies_in_code(self) -> str:
+        """``"arguments"`` when the factory takes ``schedule=`` beside ``policy``, else
+        ``"policy"``."""
+        return "arguments" if self.takes_schedule else "policy"
 
     @property
     def schedule_kinds(self) -> frozenset[str]:

@@ -1,0 +1,322 @@
+"""Model requests and the kinds of source they name: the one door from a request to a source.
+
+A model request is a small frozen value of one kind, a *spec*: :class:`FactorySpec` (a Flax
+model a function of the user's builds), :class:`StepSpec` (a train step of the user's own), or
+a spec a plugin brings. Each kind of spec is a :class:`SourceKind`: its spec type and the
+function that turns a spec into a :class:`~remat_kit.sources.StepSource`. :func:`resolve` is
+the only place a request becomes a source; nothing downstream asks which kind it holds.
+
+remat_kit knows its two kinds. Any other package adds kinds as a plugin, with one entry point
+per kind in the group ``remat_kit.sources`` naming a :class:`SourceKind` (Python's entry
+points, as pytest finds its plugins). The presets package registers ``preset`` and ``hf``
+this way (``pyproject.toml``); remat_kit never imports it::
+
+    [project.entry-points."remat_kit.sources"]
+    preset = "remat_kit_models.source:PRESET"
+
+Example:
+  >>> src = resolve(FactorySpec("tests/data/factories.py:untagged"))
+  >>> src.spec, sorted(kinds())[:2]
+  ('tests/data/factories.py:untagged', ['factory', 'hf'])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+from remat_kit.errors import BadType, BadValue, unknown
+from remat_kit.sources.own_step import OwnStepSource, from_step
+from remat_kit.sources.protocol import StepSource
+from remat_kit.sources.source import ModelSource, from_factory
+
+__all__ = [
+    "ENTRY_POINTS",
+    "TRAIN_FIELDS",
+    "FactorySpec",
+    "ModelSpec",
+    "SourceKind",
+    "StepSpec",
+    "kind_named",
+    "kind_of",
+    "kinds",
+    "resolve",
+]
+
+#: The entry-point group a plugin registers its kinds of source in.
+ENTRY_POINTS = "remat_kit.sources"
+
+#: Train-config fields a kind may leave to the model's own code (a user's step has its own
+#: optimizer, accumulation and precision): :attr:`SourceKind.trains` names those it honours.
+TRAIN_FIELDS = frozenset({"optimizer", "accum", "precision"})
+
+
+class ModelSpec(Protocol):
+    """A request for one model: a frozen dataclass, one field of which names the model.
+
+    Attributes:
+      name: the model's name in titles and tables.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+
+def _anything(value: str) -> bool:
+    del value
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceKind:
+    """One kind of model source: the spec that asks for one and how it becomes a source.
+
+    Attributes:
+      name: the kind's name (``"factory"``, ``"preset"`` ...), its entry point's name.
+      spec: the spec's frozen dataclass; its fields are every option the kind takes.
+      resolve: ``spec -> StepSource``; raises BadValue for a spec it cannot serve (an
+        unknown preset, a file that does not load), before anything is traced.
+      names_by: the spec field that names the model (``"model"``, ``"step"`` ...), one
+        without a default. Kinds named by the same field tell their names apart with
+        ``claims``.
+      claims: whether a name given in ``names_by`` is one of this kind's (a factory's has a
+        colon, ``file.py:NAME``; a preset's has none).
+      trains: the train-config fields (of :data:`TRAIN_FIELDS`) its steps honour; a request
+        that sets another is refused.
+      catalogue: the models the kind knows by name, ``[(name, config)]`` (presets), or None.
+
+    Raises:
+      BadValue: ``names_by`` is not a field of the spec without a default, or ``trains``
+        names a field outside :data:`TRAIN_FIELDS`.
+    """
+
+    name: str
+    spec: type
+    resolve: Callable[[Any], StepSource]
+    names_by: str
+    claims: Callable[[str], bool] = _anything
+    trains: frozenset[str] = TRAIN_FIELDS
+    catalogue: Callable[[], Sequence[tuple[str, Any]]] | None = None
+
+    def __post_init__(self) -> None:
+        field = {f.name: f for f in dataclasses.fields(self.spec)}.get(self.names_by)
+        if field is None or field.default is not dataclasses.MISSING:
+            raise BadValue(
+                f"kind {self.name!r}: names_by={self.names_by!r} must be a field of "
+                f"{self.spec.__name__} without a default (its fields: {', '.join(self.fields)})",
+                param="names_by",
+            )
+        object.__setattr__(self, "trains", frozenset(self.trains))
+        if not self.trains <= TRAIN_FIELDS:
+            raise BadValue(
+                f"kind {self.name!r}: trains={sorted(self.trains)} must be among "
+                f"{sorted(TRAIN_FIELDS)}",
+                param="trains",
+            )
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """The spec's fields, the model's name first: every option this kind takes."""
+        rest = [f.name for f in dataclasses.fields(self.spec) if f.name != self.names_by]
+        return (self.names_by, *rest)
+
+
+@dataclasses.dataclass(frozen=True)
+class FactorySpec:
+    """A Flax model a factory of the user's builds (``rk.sources.from_factory``).
+
+    Attributes:
+      model: ``path/file.py:NAME`` or ``package.module:NAME``, called as ``NAME(policy)``.
+      block: ``module:Class`` of a block to rematerialize by patching, or None.
+      tags: the tag rules (``rk.tagging.rules``); ``"none"``: the model's own tags only.
+      layers: the depth to build, for a factory that takes ``layers=`` (None: its own).
+      shard: a data-parallel mesh plan (``"fsdp:8"``), or None.
+
+    Example:
+      >>> FactorySpec("tests/data/factories.py:deep", layers=4).name
+      'tests/data/factories.py:deep'
+    """
+
+    model: str
+    block: str | None = None
+    tags: str = "auto"
+    layers: int | None = None
+    shard: str | None = None
+
+    @property
+    def name(self) -> str:
+        """The factory's location."""
+        return self.model
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """A train step of the user's own, ``file.py:NAME`` (``rk.sources.from_step``): its model,
+    optimizer, precision, accumulation and layout are its own.
+
+    Example:
+      >>> StepSpec("tests/data/own_steps.py:dense").name
+      'tests/data/own_steps.py:dense'
+    """
+
+    step: str
+
+    @property
+    def name(self) -> str:
+        """The step's location."""
+        return self.step
+
+
+def _resolve_factory(spec: FactorySpec) -> ModelSource:
+    if spec.layers is None:
+        return _loaded(spec.model, spec.block, spec.tags, spec.shard)
+    deeper = _loaded_at(spec.model, spec.block, spec.tags, spec.shard, spec.layers)
+    if deeper is None:
+        raise BadValue(
+            f"the factory {spec.model} takes no layers= argument, so it builds one depth: "
+            "leave its layers as they are, or give it a layers parameter",
+            param="n_layers",
+        )
+    return deeper
+
+
+# One source per process and request: what a source traces once (its tags, its layer kinds)
+# is kept for every command and search that asks for it again.
+@functools.cache
+def _loaded(model: str, block: str | None, tags: str, shard: str | None) -> ModelSource:
+    return from_factory(model, block=block, tags=None if tags == "none" else tags, shard=shard)
+
+
+@functools.cache
+def _loaded_at(
+    model: str, block: str | None, tags: str, shard: str | None, layers: int
+) -> ModelSource | None:
+    return _loaded(model, block, tags, shard).at_depth(layers, label=False)
+
+
+@functools.cache
+def _resolve_step(spec: StepSpec) -> OwnStepSource:
+    return from_step(spec.step)
+
+
+_BUILT_IN = (
+    SourceKind("factory", FactorySpec, _resolve_factory, "model", claims=lambda name: ":" in name),
+    SourceKind("step", StepSpec, _resolve_step, "step", trains=frozenset()),
+)
+
+
+@functools.cache
+def kinds() -> Mapping[str, SourceKind]:
+    """Every kind of source: remat_kit's own and those installed plugins register.
+
+    Read once per process from the ``remat_kit.sources`` entry points (installing a plugin
+    needs a new process; ``kinds.cache_clear()`` reads them again).
+
+    Returns:
+      Kind name -> :class:`SourceKind`.
+
+    Raises:
+      BadType: an entry point that names something other than a SourceKind.
+      BadValue: two kinds with one name.
+
+    Example:
+      >>> kinds()["step"].fields
+      ('step',)
+    """
+    found = {kind.name: kind for kind in _BUILT_IN}
+    for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        kind = point.load()
+        if not isinstance(kind, SourceKind):
+            raise BadType(
+                f"entry point {point.name} = {point.value!r} in {ENTRY_POINTS} names a "
+                f"{type(kind).__name__}, not an rk.sources.SourceKind",
+                param="kind",
+            )
+        if kind.name in found and found[kind.name] is not kind:
+            raise BadValue(
+                f"two kinds of source are named {kind.name!r} ({point.value} and another): "
+                "uninstall one",
+                param="kind",
+            )
+        found[kind.name] = kind
+    return found
+
+
+def kind_of(spec: Any) -> SourceKind:
+    """The kind a spec is of.
+
+    Args:
+      spec: a spec (``FactorySpec``, ``StepSpec`` or a plugin's).
+
+    Returns:
+      Its :class:`SourceKind`.
+
+    Raises:
+      BadType: a value that is no kind's spec (naming the spec types there are).
+
+    Example:
+      >>> kind_of(StepSpec("own.py:step")).name
+      'step'
+    """
+    for kind in kinds().values():
+        if type(spec) is kind.spec:
+            return kind
+    specs = ", ".join(sorted(k.spec.__name__ for k in kinds().values()))
+    raise BadType(
+        f"{spec!r} is not a model spec: give one of {specs} (rk.sources.kinds())", param="spec"
+    )
+
+
+def kind_named(field: str, name: str) -> SourceKind:
+    """The kind whose models ``field`` names and that claims ``name``.
+
+    Args:
+      field: the spec field given (``"model"``, ``"step"`` ...).
+      name: the name given in it.
+
+    Returns:
+      The one kind that claims it.
+
+    Raises:
+      UnknownName: no kind is named by ``field``.
+      BadValue: no kind, or more than one, claims ``name``.
+
+    Example:
+      >>> kind_named("model", "tests/data/factories.py:deep").name
+      'factory'
+    """
+    by_field = [k for k in kinds().values() if k.names_by == field]
+    if not by_field:
+        raise unknown("model field", field, sorted({k.names_by for k in kinds().values()}))
+    claiming = [k for k in by_field if k.claims(name)]
+    if len(claiming) != 1:
+        which = ", ".join(k.name for k in claiming or by_field)
+        raise BadValue(
+            f"{field}={name!r} is claimed by {len(claiming)} kinds of source ({which}): "
+            + ("uninstall one of them" if claiming else "give a name one of them takes"),
+            param=field,
+        )
+    return claiming[0]
+
+
+def resolve(spec: Any) -> StepSource:
+    """The source a spec asks for: its kind's ``resolve``.
+
+    Args:
+      spec: a spec of an installed kind (``FactorySpec``, ``StepSpec``, a preset's ...).
+
+    Returns:
+      The :class:`~remat_kit.sources.StepSource`.
+
+    Raises:
+      BadType: not a spec of any installed kind.
+      BadValue: what the kind refuses (an unknown preset, a file that does not load ...).
+
+    Example:
+      >>> resolve(FactorySpec("tests/data/factories.py:deep")).n_layers()
+      4
+    """
+    return kind_of(spec).resolve(spec)
