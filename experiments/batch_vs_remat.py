@@ -39,14 +39,14 @@ COST_CASES = (("LoRA 16", 16), ("full fine-tuning", 0))
 
 def throughput(args, only: set[str]) -> list[dict]:
     import remat_kit as rk
-    from remat_kit_models.measure import Options, workload
+    from remat_kit_models.spec import PresetSpec
 
     out = []
     for name, model, target, seq, optimizer, precision in CASES:
         if only and name not in only:
             continue
-        opts = Options(model, batch=1, seq=seq, optimizer=optimizer, precision=precision)
-        w = workload(opts, rk.target(target))
+        config = rk.TrainConfig(1, seq, optimizer=optimizer, precision=rk.train.regime(precision))
+        w = rk.sources.workload(rk.sources.resolve(PresetSpec(model)), rk.target(target), config)
         policies = POLICIES[:3] if args.quick else POLICIES
         t0 = time.perf_counter()
         try:
@@ -88,29 +88,31 @@ def throughput(args, only: set[str]) -> list[dict]:
 
 
 def cost(args) -> list[dict]:
+    import dataclasses
     import functools
 
     import remat_kit as rk
     from remat_kit.search.advise import gpus_needed
-    from remat_kit_models.measure import Options, workload
+    from remat_kit_models.spec import PresetSpec
 
-    def on(opts, t):
-        return workload(opts, rk.target(t.name))
+    def on(spec, config, t):
+        return rk.sources.workload(rk.sources.resolve(spec), rk.target(t.name), config)
 
-    def sharded(opts, name, n):
-        o = Options(opts.model, batch=opts.batch, seq=opts.seq, lora=opts.lora)
+    def sharded(spec, config, name, n):
         if n > 1:
-            o = Options(o.model, batch=o.batch, seq=o.seq, lora=o.lora, shard=f"fsdp:{n}")
-        return workload(o, rk.target(name, devices=n, hosts=max(1, n // 8)))
+            spec = dataclasses.replace(spec, shard=f"fsdp:{n}")
+        t = rk.target(name, devices=n, hosts=max(1, n // 8))
+        return rk.sources.workload(rk.sources.resolve(spec), t, config)
 
     out = []
     for label, lora in COST_CASES[:1] if args.quick else COST_CASES:
-        opts = Options("llama3-8b", batch=8, seq=2048, lora=lora)
+        spec = PresetSpec("llama3-8b", lora=lora)
+        config = rk.TrainConfig(8, 2048, lora=lora > 0)
         t0 = time.perf_counter()
-        rows = rk.advise(functools.partial(on, opts), 8, targets=COST_TARGETS)
+        rows = rk.advise(functools.partial(on, spec, config), 8, targets=COST_TARGETS)
         scale = {
             a.target: gpus_needed(
-                functools.partial(sharded, opts, a.target), 8, counts=(2, 4, 8, 16)
+                functools.partial(sharded, spec, config, a.target), 8, counts=(2, 4, 8, 16)
             )
             for a in rows
             if not a.fits

@@ -27,8 +27,9 @@ from typing import Any
 from common import parse, save_png, table, write_json
 from step_time import cpu_step
 
+import remat_kit as rk
 from remat_kit.timing import kernels_of, measure_cpu_speed, step_time
-from remat_kit_models.options import Options
+from remat_kit_models.spec import PresetSpec
 
 #: (model, batch, seq, overrides, policies): step_time.py's CPU cases that it takes apart.
 CASES = (
@@ -123,11 +124,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(speed.sources[0], flush=True)
     out: dict[str, Any] = {"rates": speed.sources[0], "cases": []}
     for model, batch, seq, overrides, policies in CASES:
-        opts = Options(model, batch, seq, overrides=overrides)
+        spec, config = PresetSpec(model, overrides=overrides), rk.TrainConfig(batch, seq)
         name = f"{model} {dict(overrides)} b{batch} s{seq}"
         runs, case = {}, {"model": name, "policies": {}}
         for policy in policies:
-            compiled, real = cpu_step(opts, policy)
+            compiled, real = cpu_step(spec, config, policy)
             spent, real = _kernel_seconds(compiled, real)
             runs[policy] = [compiled, real]
             case["policies"][policy] = _kinds(kernels_of(compiled.as_text()), spent, speed)

@@ -24,14 +24,13 @@ CASES = (  # (label, per-layer policy, schedule)
 )
 
 
-def _opts(layers: int):
-    from remat_kit_models.measure import Options
+def _request(layers: int):
+    """The model source and train config of the stack at ``layers`` layers."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
 
-    return Options(
+    spec = PresetSpec(
         "llama3-8b",
-        batch=4,
-        seq=2048,
-        optimizer="sgd",
         attention="cudnn",
         overrides=(
             ("layers", layers),
@@ -42,6 +41,7 @@ def _opts(layers: int):
             ("vocab", 4096),
         ),
     )
+    return rk.sources.resolve(spec), rk.TrainConfig(batch=4, seq=2048, optimizer="sgd")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -52,16 +52,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import baseline_flops, measure
 
     target = rk.target(args.target)
     layers = (4, 16, 64) if args.quick else LAYERS
     rows = []
     for L in progress(layers, "depths"):
-        opts = _opts(L)
-        base = baseline_flops(opts, target)
+        source, config = _request(L)
+        base = rk.sources.step_flops(source, "none", target, config)
         for label, policy, sched in CASES:
-            r = measure(opts, policy, target, schedule=sched, baseline=base)
+            r = rk.sources.measure(
+                source, policy, target, config, schedule=sched, baseline=base, warn=False
+            )
             rows.append(
                 {
                     "layers": L,

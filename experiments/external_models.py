@@ -34,26 +34,37 @@ def main(argv: Sequence[str] | None = None) -> None:
     import remat_kit as rk
     from remat_kit.notes import words
     from remat_kit.search import FRONT_POLICIES
-    from remat_kit_models.measure import Options, baseline_flops, measure, usable_policies
+    from remat_kit_models.spec import PresetSpec
 
     target = rk.target(args.target)
-    ours = Options("llama3-8b", attention="xla", scan_layers=False, **STEP)
-    theirs = Options(FACTORY, block=BLOCK, **STEP)
+    config = rk.TrainConfig(
+        STEP["batch"],
+        STEP["seq"],
+        optimizer=STEP["optimizer"],
+        precision=rk.train.regime(STEP["precision"]),
+    )
+    ours = rk.sources.resolve(PresetSpec("llama3-8b", attention="xla", scan_layers=False))
+    theirs = rk.sources.resolve(rk.sources.FactorySpec(FACTORY, block=BLOCK))
     policies = ("none", "full") if args.quick else FRONT_POLICIES
-    hf_ok, skipped = usable_policies(theirs, target, policies, given=False)
+    hf_ok, skipped = rk.sources.usable_policies(theirs, config, target, policies, given=False)
     hf_specs = {p.spec for p in hf_ok}
     started = time.perf_counter()
-    bases = {"ours": baseline_flops(ours, target), "hf": baseline_flops(theirs, target)}
+    bases = {
+        "ours": rk.sources.step_flops(ours, "none", target, config),
+        "hf": rk.sources.step_flops(theirs, "none", target, config),
+    }
     rows = []
     for spec in policies:
         row: dict = {"policy": spec}
-        for key, opts in (("ours", ours), ("hf", theirs)):
+        for key, source in (("ours", ours), ("hf", theirs)):
             if key == "hf" and spec not in hf_specs:
                 continue
             t0 = time.perf_counter()
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                r = measure(opts, spec, target, baseline=bases[key])
+                r = rk.sources.measure(
+                    source, spec, target, config, baseline=bases[key], warn=False
+                )
             row[f"{key}_peak_gib"] = r.peak_bytes / GIB
             row[f"{key}_recompute_pct"] = 100 * r.meta["recompute_overhead"]
             row[f"{key}_host_gib"] = r.host_bytes / GIB

@@ -34,17 +34,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options, baseline_flops, measure
+    from remat_kit_models.spec import PresetSpec
 
     targets = ("h100-80gb",) if args.quick else ("h100-80gb", "a100-40gb")
     rows = []
     for label, preset, lora, batch, c_none, c_ckpt, c_slow in progress(CASES, "cases"):
-        opts = Options(preset, batch=batch, seq=2048, optimizer="adamw", lora=lora)
+        source = rk.sources.resolve(PresetSpec(preset, lora=lora))
+        config = rk.TrainConfig(batch, 2048, optimizer="adamw", lora=lora > 0)
         for name in targets:
             target = rk.target(name)
-            base = baseline_flops(opts, target)
-            reports = {p: measure(opts, p, target, baseline=base) for p in POLICIES}
-            plan = _plan(opts, target)
+            base = rk.sources.step_flops(source, "none", target, config)
+            reports = {
+                p: rk.sources.measure(source, p, target, config, baseline=base, warn=False)
+                for p in POLICIES
+            }
+            plan = _plan(source, config, target)
             if plan is not None:
                 reports["plan"] = plan
             for policy, r in reports.items():
@@ -107,14 +111,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
 
 
-def _plan(opts, target):
+def _plan(source, config, target):
     """The planner's cheapest plan under the target's memory (catalogue as candidates)."""
     import remat_kit as rk
-    from remat_kit_models.measure import workload
 
     catalogue = [rk.policy(n) for n in ("full", "block", "minimal", "qkv_proj", "megatron")]
+    w = rk.sources.workload(source, target, config)
     try:
-        p = rk.plan(workload(opts, target), opts.batch, extra=catalogue)
+        p = rk.plan(w, config.batch, extra=catalogue)
     except ValueError:  # weights and optimizer state alone exceed the card: no plan
         return None
     if not p.fits or p.report is None:

@@ -37,12 +37,12 @@ from remat_kit.analysis import abstract
 from remat_kit.policies import parse_policy
 from remat_kit.schedules import parse_schedule
 from remat_kit.timing import fresh_bytes_of, kernels_of, measure_cpu_speed, step_time
-from remat_kit_models.options import Options
-from remat_kit_models.source import source_for
+from remat_kit_models.spec import PresetSpec
 
 MEASURED = ROOT / "results" / "gpu_calibration_h100.json"
 
-#: (label, Options fields, policy, shard, gpus, published seconds, published TFLOP/s per chip)
+#: (label, model request on 8 GPUs (fsdp:8), train config, policy, published seconds,
+#: published TFLOP/s per chip)
 _LLAMA2_7B = (
     ("layers", 32),
     ("width", 4096),
@@ -54,14 +54,16 @@ _LLAMA2_7B = (
 PUBLISHED = (
     (
         "JAX-Toolbox MaxText Llama2-7B, b2/GPU, minimal_flash",
-        dict(model="llama2-13b", batch=16, seq=4096, overrides=_LLAMA2_7B, scan_layers=False),
+        PresetSpec("llama2-13b", overrides=_LLAMA2_7B, scan_layers=False, shard="fsdp:8"),
+        rk.TrainConfig(16, 4096),
         "either:a=dots_no_batch,b=context",
         0.721,
         None,
     ),
     (
         "MaxText a3 Llama2-7B, b4/GPU, minimal_with_context",
-        dict(model="llama2-13b", batch=32, seq=4096, overrides=_LLAMA2_7B, scan_layers=False),
+        PresetSpec("llama2-13b", overrides=_LLAMA2_7B, scan_layers=False, shard="fsdp:8"),
+        rk.TrainConfig(32, 4096),
         "either:a=minimal,b=context",
         None,
         492.0,
@@ -118,11 +120,13 @@ _H100_COLUMNS = (
 )
 
 
-def _predict(opts: Options, policy: str, t: rk.Target) -> tuple[Any, Any]:
-    source = source_for(opts)
-    sharded = opts.shard is not None
+def _predict(
+    spec: PresetSpec, config: rk.TrainConfig, policy: str, t: rk.Target
+) -> tuple[Any, Any]:
+    source = rk.sources.resolve(spec)
+    sharded = spec.shard is not None
     built = source.build_step(
-        parse_policy(policy), parse_schedule("none"), opts.train_config(), t, sharded=sharded
+        parse_policy(policy), parse_schedule("none"), config, t, sharded=sharded
     )
     step = built.step
     report = rk.memory_report(
@@ -133,7 +137,7 @@ def _predict(opts: Options, policy: str, t: rk.Target) -> tuple[Any, Any]:
         in_shardings=getattr(step, "in_shardings", None),
         policy=None,
         warn=False,
-        meta={"batch": opts.batch, "seq": opts.seq},
+        meta={"batch": config.batch, "seq": config.seq},
     )
     return report, report.step_time
 
@@ -148,10 +152,13 @@ def _h100_rows(quick: bool) -> list[dict[str, Any]]:
     for m in measured:
         if quick and m["model"] != "llama3.2-1b":
             continue
-        opts = Options(
-            m["model"], m["batch"], m["seq"], optimizer=m["optimizer"], precision=m["precision"]
+        config = rk.TrainConfig(
+            m["batch"],
+            m["seq"],
+            optimizer=m["optimizer"],
+            precision=rk.train.regime(m["precision"]),
         )
-        report, st = _predict(opts, m["policy"], t)
+        report, st = _predict(PresetSpec(m["model"]), config, m["policy"], t)
         key = m["model"]
         if m["policy"] == "none":
             none_pred[key], none_flops[key] = st.seconds, report.flops
@@ -192,9 +199,8 @@ _PUB_COLUMNS = ("run", "published", "predicted", "error")
 def _published_rows() -> list[dict[str, Any]]:
     t = rk.target("h100", devices=8)
     rows = []
-    for name, fields, policy, seconds, tflops in PUBLISHED:
-        opts = Options(shard="fsdp:8", **fields)
-        _, st = _predict(opts, policy, t)
+    for name, spec, config, policy, seconds, tflops in PUBLISHED:
+        _, st = _predict(spec, config, policy, t)
         chip_tflops = st.model_flops / st.seconds / 1e12
         if seconds is not None:
             published, predicted, err = f"{seconds} s/step", f"{st.seconds:.3f} s/step", None
@@ -209,7 +215,7 @@ def _published_rows() -> list[dict[str, Any]]:
                 "published": published,
                 "predicted": predicted,
                 "predicted_seconds": st.seconds,
-                "predicted_tokens_per_s_per_gpu": fields["batch"] * fields["seq"] / 8 / st.seconds,
+                "predicted_tokens_per_s_per_gpu": config.batch * config.seq / 8 / st.seconds,
                 "predicted_tflops_per_chip": chip_tflops,
                 "error": err,
                 "split": {k: round(v, 4) for k, v in st.split().items()},
@@ -239,8 +245,8 @@ def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
 
     rows = []
     for model, batch, seq, rounds, overrides in CPU_CASES[:1] if quick else CPU_CASES:
-        opts = Options(model, batch, seq, overrides=overrides)
-        runs = {policy: [*cpu_step(opts, policy), []] for policy in CPU_POLICIES}
+        spec, config = PresetSpec(model, overrides=overrides), rk.TrainConfig(batch, seq)
+        runs = {policy: [*cpu_step(spec, config, policy), []] for policy in CPU_POLICIES}
         # This VM's rates drift (bf16 products measured 84 and 170 GFLOP/s minutes apart):
         # they are measured three times, their medians taken, and the policies' steps are
         # timed in turn, round by round, so that a drift moves every policy alike. The
@@ -300,17 +306,17 @@ def _cpu_rows(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def cpu_step(opts: Options, policy: str) -> tuple[Any, Any]:
-    """The train step of ``opts`` under ``policy`` compiled for this CPU, and random arguments
-    of its shapes on it (``validate``'s own), ready to run."""
+def cpu_step(spec: PresetSpec, config: rk.TrainConfig, policy: str) -> tuple[Any, Any]:
+    """The train step of ``spec`` under ``config`` and ``policy`` compiled for this CPU, and
+    random arguments of its shapes on it (``validate``'s own), ready to run."""
     import jax
 
     from remat_kit.validate import _random_like
 
-    built = source_for(opts).build_step(
+    built = rk.sources.resolve(spec).build_step(
         parse_policy(policy),
         parse_schedule("none"),
-        opts.train_config(),
+        config,
         rk.target("cpu"),
         sharded=False,
     )

@@ -23,45 +23,54 @@ import remat_kit as rk
 from remat_kit.policies import parse_policy
 from remat_kit.schedules import parse_schedule
 from remat_kit.timing.xla_schedule import xla_estimate
-from remat_kit_models.options import Options
+from remat_kit_models.spec import PresetSpec
 
-#: Small sharded steps: (label, Options fields, policy, devices).
+#: Small sharded steps: (label, model request (fsdp over the devices), train config, policy,
+#: devices).
 SMALL = (
     (
         "llama3.2-1b b8 s2048 fsdp:2",
-        dict(model="llama3.2-1b", batch=8, seq=2048, optimizer="sgd", precision="bf16"),
+        PresetSpec("llama3.2-1b", shard="fsdp:2"),
+        rk.TrainConfig(8, 2048, optimizer="sgd", precision=rk.train.regime("bf16")),
         "minimal",
         2,
     ),
     (
         "llama3-8b b8 s2048 fsdp:8 (4 layers)",
-        dict(model="llama3-8b", batch=8, seq=2048, overrides=(("layers", 4),)),
+        PresetSpec("llama3-8b", overrides=(("layers", 4),), shard="fsdp:8"),
+        rk.TrainConfig(8, 2048),
         "full",
         8,
     ),
 )
 
 
-def _lowered(opts: Options, policy: str, t: rk.Target) -> Any:
+def _lowered(spec: PresetSpec, config: rk.TrainConfig, policy: str, t: rk.Target) -> Any:
     """The step lowered for ``t`` as ``report`` lowers it (sharded over ``t``'s devices)."""
     import jax
 
     from remat_kit.analysis import abstract
-    from remat_kit_models.source import source_for
 
-    built = source_for(opts).build_step(
-        parse_policy(policy), parse_schedule("none"), opts.train_config(), t, sharded=True
+    built = rk.sources.resolve(spec).build_step(
+        parse_policy(policy), parse_schedule("none"), config, t, sharded=True
     )
     step = built.step
     args = tuple(abstract(a, s) for a, s in zip(step.args, step.in_shardings, strict=True))
     return jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*args)
 
 
-def _row(label: str, opts: Options, policy: str, devices: int, published: Any) -> dict:
+def _row(
+    label: str,
+    spec: PresetSpec,
+    config: rk.TrainConfig,
+    policy: str,
+    devices: int,
+    published: Any,
+) -> dict:
     t = rk.target("h100", devices=devices)
     start = time.perf_counter()
-    _, ours = _predict(opts, policy, t)
-    xla = xla_estimate(_lowered(opts, policy, t), t)
+    _, ours = _predict(spec, config, policy, t)
+    xla = xla_estimate(_lowered(spec, config, policy, t), t)
     split = ours.split()
     return {
         "run": label,
@@ -84,13 +93,12 @@ def _row(label: str, opts: Options, policy: str, devices: int, published: Any) -
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse(__doc__, argv)
     rows = []
-    for label, fields, policy, devices in SMALL:
-        opts = Options(shard=f"fsdp:{devices}", **fields)
-        rows.append(_row(label, opts, policy, devices, None))
+    for label, spec, config, policy, devices in SMALL:
+        rows.append(_row(label, spec, config, policy, devices, None))
         print(rows[-1]["run"], rows[-1]["ours s"], rows[-1]["XLA LHS s"], flush=True)
     if not args.quick:
-        for label, fields, policy, seconds, _tflops in PUBLISHED:
-            rows.append(_row(label, Options(shard="fsdp:8", **fields), policy, 8, seconds))
+        for label, spec, config, policy, seconds, _tflops in PUBLISHED:  # fsdp:8
+            rows.append(_row(label, spec, config, policy, 8, seconds))
             print(rows[-1]["run"], rows[-1]["ours s"], rows[-1]["XLA LHS s"], flush=True)
     columns = ("run", "policy", "published s", "ours s", "ours without launches s", "XLA LHS s")
     print(table(rows, columns, "step time: ours vs XLA's latency-hiding scheduler (h100)"))

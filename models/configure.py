@@ -7,7 +7,8 @@ after the checks that need no trace (:func:`check_sizes`, :func:`cudnn_problem`)
 
 Example:
   >>> from remat_kit_models.source import PresetSpec
-  >>> cfg = model_config(PresetSpec("llama3-8b"), rk.TrainConfig(4, 2048), "full", rk.target("h100"))
+  >>> config = rk.TrainConfig(4, 2048)
+  >>> cfg = model_config(PresetSpec("llama3-8b"), config, "full", rk.target("h100"))
   >>> cfg.n_layers, cfg.attention
   (32, 'cudnn')
 """

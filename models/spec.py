@@ -6,8 +6,8 @@ optimizer, precision) is ``rk.TrainConfig``'s. ``rk.sources.resolve`` makes eith
 through the kinds this package registers (``remat_kit_models.source``).
 
 Example:
-  >>> PresetSpec("llama3-8b", overrides={"layers": 4}, lora=16)
-  PresetSpec(overrides=(('layers', 4),), lora=16, attention='auto', scan_layers=True, dropout=None, shard=None, model='llama3-8b')
+  >>> PresetSpec("llama3-8b", overrides={"layers": 4}, lora=16).overrides
+  (('layers', 4),)
   >>> HFSpec("tests/data/hf/mistral_config.json").name
   'mistral_config'
 """

@@ -42,15 +42,47 @@ SMALL = dict(
 )
 
 
+#: SMALL's keys that shape the model (``PresetSpec``); the rest set the train config.
+_SPEC_KEYS = ("overrides", "lora", "attention", "scan_layers", "dropout", "shard")
+_CONFIG_KEYS = ("batch", "seq", "optimizer", "accum", "precision", "param_dtype", "dtype")
+
+
+def small_request(scan: bool = True, **changes):
+    """SMALL with ``changes`` (SMALL's keys) as a preset spec and its train config."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
+
+    fields = {**SMALL, "scan_layers": scan, **changes}
+    unknown = set(fields) - {"model", *_SPEC_KEYS, *_CONFIG_KEYS}
+    if unknown:
+        raise TypeError(f"not a key of SMALL: {sorted(unknown)}")
+    spec = PresetSpec(fields["model"], **{k: fields[k] for k in _SPEC_KEYS if k in fields})
+    config = rk.TrainConfig(
+        fields["batch"],
+        fields["seq"],
+        optimizer=fields.get("optimizer", "adamw"),
+        accum=fields.get("accum", 1),
+        lora=spec.lora > 0,
+        precision=rk.train.regime(
+            fields.get("precision"), params=fields.get("param_dtype"), compute=fields.get("dtype")
+        ),
+    )
+    return spec, config
+
+
 @functools.cache
 def small_report(
     policy: str, target: str = "h100-80gb", scan: bool = True, schedule: str = "none", **changes
 ):
     """The compiled report of SMALL under ``policy`` (cached for the session)."""
-    from remat_kit_models.measure import Options, baseline_flops, measure
+    import remat_kit as rk
 
-    opts = Options(**{**SMALL, "scan_layers": scan, **changes})
-    return measure(opts, policy, target, schedule=schedule, baseline=baseline_flops(opts, target))
+    spec, config = small_request(scan, **changes)
+    src = rk.sources.resolve(spec)
+    baseline = rk.sources.step_flops(src, "none", target, config)
+    return rk.sources.measure(
+        src, policy, target, config, schedule=schedule, baseline=baseline, warn=False
+    )
 
 
 @pytest.fixture(scope="session")

@@ -24,11 +24,22 @@ from remat_kit.errors import BadValue
 from remat_kit.notes import Note, hint_words
 from remat_kit.render.advice import advise_table
 from remat_kit.search import Advice, ScaleOut
-from remat_kit_models.measure import Options
+from remat_kit_models.spec import PresetSpec
 
 GIB = 2**30
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "8"]
-OPTS = Options("tiny-llama", batch=8, seq=64)
+SPEC, CONFIG = PresetSpec("tiny-llama"), rk.TrainConfig(8, 64, precision=rk.train.regime())
+#: The run as advise_table's title and caption read it (remat_kit.render.titles.RunOptions).
+OPTS = types.SimpleNamespace(
+    model=SPEC.name,
+    batch=CONFIG.batch,
+    seq=CONFIG.seq,
+    optimizer=CONFIG.optimizer,
+    lora=SPEC.lora,
+    accum=CONFIG.accum,
+    shard=SPEC.shard,
+    precision_record=lambda: rk.train.planned_precision(CONFIG),
+)
 
 #: llama3-8b with AdamW in mixed precision: 30 + 30 + 60 GiB before any activation.
 PARTS = {"weights": 30 * GIB, "gradients": 30 * GIB, "optimizer": 60 * GIB, "batch": 0}

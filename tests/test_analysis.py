@@ -11,9 +11,9 @@ from jax.sharding import PartitionSpec as P
 
 import remat_kit as rk
 import remat_kit_models as models
-from conftest import SMALL
+from conftest import SMALL, small_request
 from helpers import memory_report
-from remat_kit_models.measure import Options, baseline_flops
+from remat_kit_models.spec import PresetSpec
 
 # Written out here from ../shared/gpu_targets.md, independently of remat_kit.targets.
 H100_TEXT = """
@@ -197,8 +197,13 @@ def test_transfer_estimate_counts_both_directions():
 @pytest.mark.slow
 def test_scanned_and_unrolled_flops_agree():
     target = rk.target("h100")
+    spec, config = small_request()
     for policy in ("none", "full", "minimal"):
-        scanned = baseline_flops(Options(**SMALL), target) if policy == "none" else None
+        scanned = (
+            rk.sources.step_flops(rk.sources.resolve(spec), "none", target, config)
+            if policy == "none"
+            else None
+        )
         flops = {}
         for scan in (True, False):
             cfg = models.get_config(
@@ -265,11 +270,10 @@ def test_bad_arguments():
 def test_measure_warns_with_the_public_remat_warning():
     """measure(..., warn=True) issues rk.RematWarning (a name-based policy that saves nothing:
     cuDNN's attention never makes the scores it names)."""
-    from remat_kit_models.measure import measure
-
-    opts = Options("tiny-llama", batch=2, seq=32, optimizer="sgd")
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+    config = rk.TrainConfig(2, 32, optimizer="sgd")
     with pytest.warns(rk.RematWarning, match="attn_scores but the program tags none of them"):
-        r = measure(opts, "names:save=attn_scores", "h100", warn=True)
+        r = rk.sources.measure(src, "names:save=attn_scores", "h100", config, warn=True)
     assert r.attention == "cudnn" and r.warnings
     assert rk.RematWarning is rk.analysis.RematWarning and "RematWarning" in rk.__all__
 

@@ -7,7 +7,7 @@ import pytest
 import remat_kit as rk
 import remat_kit_models as models
 from helpers import loss_and_grads, tokens
-from remat_kit_models.measure import resolve_attention
+from remat_kit_models.configure import resolve_attention
 
 
 def test_auto_resolves_by_target():

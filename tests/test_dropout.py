@@ -12,7 +12,9 @@ import pytest
 import remat_kit as rk
 import remat_kit_models as models
 from remat_kit.errors import BadValue
-from remat_kit_models.measure import Options, measure, model_config, train_step
+from remat_kit_models.configure import model_config
+from remat_kit_models.source import train_step
+from remat_kit_models.spec import PresetSpec
 
 # Each case traces and compiles a gradient on two shared CPU cores: a few telling policies
 # (everything recomputed, projections kept, Megatron's selective) and one unrolled stack.
@@ -118,12 +120,12 @@ def test_presets_carry_the_published_dropout(preset, rate):
 
 
 def test_auto_attention_falls_back_to_xla_for_dropout():
-    t = rk.target("h100")
-    with_dropout = model_config(Options("tiny-gpt2", 2, 64, dropout=0.1), "full", t)
-    without = model_config(Options("tiny-gpt2", 2, 64, dropout=0.0), "full", t)
+    t, config = rk.target("h100"), rk.TrainConfig(2, 64, precision="mixed")
+    with_dropout = model_config(PresetSpec("tiny-gpt2", dropout=0.1), config, "full", t)
+    without = model_config(PresetSpec("tiny-gpt2", dropout=0.0), config, "full", t)
     assert with_dropout.attention == "xla"
     assert without.attention == ("cudnn" if rk.cudnn_attention_available(t) else "xla")
-    step = train_step(Options("tiny-gpt2", 2, 64, dropout=0.1), with_dropout, t)
+    step = train_step(PresetSpec("tiny-gpt2", dropout=0.1), with_dropout, config, t)
     assert step.rng_streams == ("dropout",)
 
 
@@ -131,9 +133,13 @@ def test_auto_attention_falls_back_to_xla_for_dropout():
 def test_dropout_raises_the_compiled_peak():
     # The masks (and the random bits behind them) are real buffers: with dropout the step
     # needs more memory than without, same model, batch and attention.
-    opts = dict(batch=8, seq=128, attention="xla", precision="bf16")
-    with_dropout = measure(Options("tiny-gpt2", dropout=0.1, **opts), "none", "h100")
-    without = measure(Options("tiny-gpt2", dropout=0.0, **opts), "none", "h100")
+    config = rk.TrainConfig(8, 128, precision="bf16")
+
+    def measure(dropout):
+        src = rk.sources.resolve(PresetSpec("tiny-gpt2", dropout=dropout, attention="xla"))
+        return rk.sources.measure(src, "none", "h100", config, warn=False)
+
+    with_dropout, without = measure(0.1), measure(0.0)
     assert with_dropout.meta["dropout"] == 0.1 and without.meta["dropout"] == 0.0
     assert with_dropout.peak_bytes > without.peak_bytes
     assert with_dropout.temp_bytes > without.temp_bytes

@@ -21,17 +21,14 @@ from remat_kit.errors import BadValue
 BATCH, SEQ = 8, 128
 
 
-def _opts(shard, **overrides):
-    from remat_kit_models.measure import Options
+#: The train config of every step here (the regime our models train in by default).
+CONFIG = rk.TrainConfig(BATCH, SEQ, optimizer="adamw", precision="mixed")
 
-    return Options(
-        "tiny-moe",
-        batch=BATCH,
-        seq=SEQ,
-        optimizer="adamw",
-        shard=shard,
-        overrides=tuple(overrides.items()),
-    )
+
+def _spec(shard, **overrides):
+    from remat_kit_models.spec import PresetSpec
+
+    return PresetSpec("tiny-moe", shard=shard, overrides=overrides)
 
 
 def _target(shard):
@@ -43,11 +40,12 @@ def _program(shard, policy="minimal", **overrides):
     """The optimized HLO of the step for H100s, and the model config it was built from."""
     import jax
 
-    from remat_kit_models.measure import model_config, train_step
+    from remat_kit_models.configure import model_config
+    from remat_kit_models.source import train_step
 
-    t, opts = _target(shard), _opts(shard, **overrides)
-    cfg = model_config(opts, policy, t)
-    step = train_step(opts, cfg, t)
+    t, spec = _target(shard), _spec(shard, **overrides)
+    cfg = model_config(spec, CONFIG, policy, t)
+    step = train_step(spec, cfg, CONFIG, t)
     args = [abstract(a, s) for a, s in zip(step.args, step.in_shardings, strict=True)]
     jitted = jax.jit(step.fn, in_shardings=step.in_shardings, out_shardings=step.out_shardings)
     return jitted.lower(*args).compile().as_text(), cfg
@@ -67,10 +65,11 @@ def test_tokens_reach_their_experts_by_all_to_all_over_ep(shard):
 
 @functools.cache
 def _step(shard):
-    from remat_kit_models.measure import model_config, train_step
+    from remat_kit_models.configure import model_config
+    from remat_kit_models.source import train_step
 
-    t, opts = _target(shard), _opts(shard)
-    return train_step(opts, model_config(opts, "minimal", t), t)
+    t, spec = _target(shard), _spec(shard)
+    return train_step(spec, model_config(spec, CONFIG, "minimal", t), CONFIG, t)
 
 
 @pytest.mark.parametrize(
@@ -99,9 +98,9 @@ def _padded(spec, n):
 
 @functools.cache
 def _report(shard, policy="minimal"):
-    from remat_kit_models.measure import measure
-
-    return measure(_opts(shard), policy, _target(shard))
+    return rk.sources.measure(
+        rk.sources.resolve(_spec(shard)), policy, _target(shard), CONFIG, warn=False
+    )
 
 
 @pytest.mark.slow
@@ -120,10 +119,10 @@ def test_a_recomputed_dispatch_is_reported():
     [("ep:4", None, "capacity"), ("ep:4", "ragged", "ragged"), ("fsdp:4", None, "ragged")],
 )
 def test_the_experts_run_as_asked_else_as_the_mesh_needs(shard, asked, impl):
-    from remat_kit_models.measure import model_config
+    from remat_kit_models.configure import model_config
 
     overrides = {} if asked is None else {"moe_impl": asked}
-    cfg = model_config(_opts(shard, **overrides), "minimal", _target(shard))
+    cfg = model_config(_spec(shard, **overrides), CONFIG, "minimal", _target(shard))
     assert cfg.moe_impl == impl
 
 

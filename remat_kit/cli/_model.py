@@ -1,38 +1,46 @@
-"""The one place the CLI turns ``--model`` / ``--hf-config`` and the training flags into a
-model source: the only module of remat_kit that imports the ``models`` presets.
+"""The one place the CLI turns ``--model`` / ``--hf-config`` / ``--step`` and the training
+flags into a model request, and the request into a source.
 
-:func:`resolve` checks everything that needs no trace or compile and returns a
-:class:`ModelRun`: the options (what the user asked, for titles and worker processes), the
-target, the ``rk.sources.StepSource`` and the ``rk.TrainConfig``. The commands hand the source
-and the config to ``rk.sources`` (measure, residuals, workload ...), the one pipeline for
-presets, Hugging Face configs and factories alike.
+The kind that claims the model's name (``rk.sources.kind_named``: a preset, a factory, a
+kind a plugin registers) says which flags it takes; :func:`spec_from_args` refuses the others
+in one place and builds its spec. :func:`resolve` checks everything that needs no trace or
+compile and returns a :class:`ModelRun`: the request, the target, the
+``rk.sources.StepSource`` and the ``rk.TrainConfig``. The commands hand the source and the
+config to ``rk.sources`` (measure, residuals, workload ...), the one pipeline for every kind.
+No module of remat_kit imports the presets package: it is a plugin.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from remat_kit import sources
 from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
+from remat_kit.notes import words
 from remat_kit.render.captions import flags_words
+from remat_kit.search import Workload
 from remat_kit.sharding import parse_shard
-from remat_kit.sources import StepSource
+from remat_kit.sources import SourceKind, StepSource, kind_named, kinds
+from remat_kit.sources import resolve as resolve_spec
 from remat_kit.targets import Target
-from remat_kit.train import TrainConfig
+from remat_kit.train import TrainConfig, planned_precision, regime
 
 __all__ = [
     "ModelRun",
-    "options_from_args",
-    "preset_configs",
+    "Request",
+    "catalogue",
+    "config_from_args",
     "resolve",
     "run_notes",
-    "source_for",
+    "spec_from_args",
 ]
 
-#: Model flags that override a preset's config field (``--layers`` sets ``n_layers`` ...).
+#: Model flags that override a preset's config field (``--layers`` sets ``n_layers`` ...): a
+#: kind takes them through its spec's ``overrides`` (a factory takes ``--layers`` alone, as
+#: its spec's ``layers``).
 _SHAPE_FLAGS = (
     "layers",
     "width",
@@ -48,135 +56,223 @@ _SHAPE_FLAGS = (
     "capacity_factor",
 )
 
+#: The flags that name the model: the spec field each fills (a kind's ``names_by``).
+_NAMES = (("model", "--model"), ("hf_config", "--hf-config"), ("step", "--step"))
+
+
+class _Flag(NamedTuple):
+    dest: str  # argparse's name
+    flag: str  # as typed
+    default: Any  # the parser's default: "given" where the argument list is unknown
+    field: str  # the spec field it fills, or the train-config field (``train``)
+    train: bool = False
+
+
+#: Every flag that shapes the model or its training, in the order errors name them: a flag
+#: is taken where the chosen kind's spec has its field (or, for a train flag, where the kind
+#: trains that field), and refused in :func:`_refuse_foreign_flags` otherwise.
+_FLAGS = (
+    _Flag("block", "--block", None, "block"),
+    _Flag("tags", "--tags", None, "tags"),
+    _Flag("optimizer", "--optimizer", "adamw", "optimizer", train=True),
+    _Flag("lora", "--lora", 0, "lora"),
+    _Flag("accum", "--accum", 1, "accum", train=True),
+    _Flag("precision", "--precision", None, "precision", train=True),
+    _Flag("param_dtype", "--param-dtype", None, "precision", train=True),
+    _Flag("dtype", "--dtype", None, "precision", train=True),
+    _Flag("dropout", "--dropout", None, "dropout"),
+    _Flag("attention", "--attention", "auto", "attention"),
+    _Flag("no_scan", "--no-scan", False, "scan_layers"),
+    _Flag("shard", "--shard", None, "shard"),
+    *(_Flag(key, "--" + key.replace("_", "-"), None, "overrides") for key in _SHAPE_FLAGS),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelRun:
-    """What one command measures: the options, the target, the source and the train config.
+    """What one command measures: the request, its kind, the target, the source and the
+    train config, with the measuring switches.
+
+    Its ``model``, ``batch``, ``seq``, ``optimizer``, ``lora``, ``accum`` and ``shard`` are
+    what titles read (``remat_kit.render.titles.RunOptions``).
 
     Attributes:
-      opts: ``models.options.Options``, as the user gave them (titles, worker processes).
+      spec: the model request (a spec of ``kind``; picklable, for worker processes).
+      kind: its kind of source.
       target: the ``rk.Target``.
       source: the model source (``rk.sources.StepSource``).
       config: the train config (batch, seq, optimizer, precision, accumulation).
+      depth: how an unrolled model is compiled (``--depth``).
+      lora: the LoRA rank asked for (0: none).
+      shard: the mesh plan asked for (``--shard``), or None.
     """
 
-    opts: Any
+    spec: Any
+    kind: SourceKind
     target: Target
     source: StepSource
     config: TrainConfig
+    depth: str = "auto"
+    lora: int = 0
+    shard: str | None = None
+
+    @property
+    def model(self) -> str:
+        """The model's name in titles."""
+        return self.spec.name
+
+    @property
+    def batch(self) -> int:
+        return self.config.batch
+
+    @property
+    def seq(self) -> int:
+        return self.config.seq
+
+    @property
+    def accum(self) -> int:
+        return self.config.accum
+
+    @property
+    def optimizer(self) -> str:
+        """The optimizer's name; ``"own step"`` for a kind whose code has its own."""
+        return self.config.optimizer if "optimizer" in self.kind.trains else "own step"
 
     @property
     def own_names(self) -> bool:
         """The model may tag tensors with names of its own (a factory's): policies' names
         are checked against its traced program, not our vocabulary."""
-        return bool(getattr(self.opts, "names_factory", False))
+        return self.source.own_model
 
     @property
     def n_layers(self) -> int:
         """Layers of the model (1 when a factory's cannot be counted)."""
         return self.source.n_layers() or 1
 
+    @property
+    def request(self) -> Request:
+        """The picklable request a worker process measures the run from."""
+        return Request(self.spec, self.config, self.depth)
 
-#: Flags that shape the model or the step remat_kit builds: a step of the user's own
-#: (``--step``) has its own, so giving one with it is an error. (dest, flag, default)
-_NOT_FOR_A_STEP = (
-    ("block", "--block", None),
-    ("tags", "--tags", None),
-    ("optimizer", "--optimizer", "adamw"),
-    ("lora", "--lora", 0),
-    ("accum", "--accum", 1),
-    ("precision", "--precision", None),
-    ("param_dtype", "--param-dtype", None),
-    ("dtype", "--dtype", None),
-    ("dropout", "--dropout", None),
-    ("attention", "--attention", "auto"),
-    ("no_scan", "--no-scan", False),
-    ("shard", "--shard", None),
-    *((key, "--" + key.replace("_", "-"), None) for key in _SHAPE_FLAGS),
-)
+    def precision_record(self) -> dict[str, str] | None:
+        """The regime as titles name it (``rk.train.planned_precision``)."""
+        return planned_precision(self.config, own_compute=self.source.own_model)
 
 
-def options_from_args(args: argparse.Namespace) -> Any:
-    """``models.options.Options`` from parsed arguments (``--model --batch --seq ...``).
+def _given(args: argparse.Namespace, flag: _Flag) -> bool:
+    # ``args.given`` (the flags typed, set by ``main``), else: a value other than the default.
+    given = getattr(args, "given", None)
+    if given is not None:
+        return flag.flag in given
+    return getattr(args, flag.dest, flag.default) != flag.default
+
+
+def _takes(kind: SourceKind, flag: _Flag) -> bool:
+    if flag.train:
+        return flag.field in kind.trains
+    if flag.field == "overrides" and "overrides" not in kind.fields:
+        return flag.dest == "layers" and "layers" in kind.fields
+    return flag.field in kind.fields
+
+
+def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
+    """The model request the flags make: its kind and its spec.
+
+    One of ``--model``, ``--hf-config``, ``--step`` names the model; the kind that claims the
+    name (``rk.sources.kind_named``) says which other flags it takes: the fields of its spec,
+    and the train-config fields it trains.
+
+    Args:
+      args: parsed arguments of a parser given ``add_model_args``.
+
+    Returns:
+      The kind and the spec.
 
     Raises:
-      BadValue: no model or two (``--model``, ``--hf-config``, ``--step``), or with
-        ``--step`` a flag that shapes the model or the step remat_kit builds.
+      BadValue: no model or two, or a flag the kind does not take (all such flags named
+        at once, in one place).
     """
-    from remat_kit_models.options import Options
-
-    overrides = tuple(
-        (key, getattr(args, key)) for key in _SHAPE_FLAGS if getattr(args, key, None) is not None
-    )
-    model, hf_config = getattr(args, "model", None), getattr(args, "hf_config", None)
-    step = getattr(args, "step", None)
-    named = [f for f, v in (("--model", model), ("--hf-config", hf_config), ("--step", step)) if v]
+    named = [(dest, flag) for dest, flag in _NAMES if getattr(args, dest, None)]
     if len(named) != 1:
         raise BadValue(
             "give the model once"
-            + (f" ({' and '.join(named)} given)" if named else "")
+            + (f" ({' and '.join(flag for _, flag in named)} given)" if named else "")
             + ": a preset, path/file.py:NAME or package.module:NAME (--model), a Hugging Face "
             "config.json (--hf-config), or a train step of your own, file.py:NAME (--step)",
             param=None if len(named) > 1 else "model",
         )
-    if step:
-        _check_step_flags(args)
-    return Options(
-        model=step or (model if model is not None else Path(hf_config).stem),
-        step=step,
-        hf_config=hf_config,
-        block=getattr(args, "block", None),
-        tags=getattr(args, "tags", None) or "auto",
-        strict=True,
-        batch=args.batch,
-        seq=args.seq,
-        optimizer=getattr(args, "optimizer", "adamw"),
-        lora=getattr(args, "lora", 0),
-        accum=getattr(args, "accum", 1),
-        param_dtype=getattr(args, "param_dtype", None),
-        dtype=getattr(args, "dtype", None),
-        attention=getattr(args, "attention", "auto"),
-        scan_layers=not getattr(args, "no_scan", False),
-        overrides=overrides,
-        shard=getattr(args, "shard", None),
-        precision=getattr(args, "precision", None),
-        dropout=getattr(args, "dropout", None),
-        depth=getattr(args, "depth", "auto"),
+    (dest, flag) = named[0]
+    name = getattr(args, dest)
+    kind = kind_named(dest, name)
+    _refuse_foreign_flags(args, kind, f"{flag} {name}")
+    values: dict[str, Any] = {dest: name}
+    overrides = []
+    for f in _FLAGS:
+        if f.train or not _given(args, f) or not _takes(kind, f):
+            continue
+        value = getattr(args, f.dest)
+        if f.field == "overrides" and "overrides" in kind.fields:
+            overrides.append((f.dest, value))
+        elif f.field == "overrides":
+            values["layers"] = value
+        else:
+            values[f.field] = not value if f.dest == "no_scan" else value
+    if overrides:
+        values["overrides"] = tuple(overrides)
+    return kind, kind.spec(**values)
+
+
+def _refuse_foreign_flags(args: argparse.Namespace, kind: SourceKind, named: str) -> None:
+    """The one place a flag the chosen kind does not take is refused (naming every such
+    flag, and those the kind takes)."""
+    bad = [f.flag for f in _FLAGS if _given(args, f) and not _takes(kind, f)]
+    if getattr(args, "objective", None) == "throughput" and "accum" not in kind.trains:
+        bad.append("--objective throughput")  # it varies --accum, which the kind does not take
+    if not bad:
+        return
+    takes = [f.flag for f in _FLAGS if _takes(kind, f)]
+    raise BadValue(
+        f"{', '.join(bad)} with {named}: "
+        + (
+            f"a {kind.name} source takes {', '.join(dict.fromkeys(takes))}"
+            if takes
+            else f"a {kind.name} of your own has its own model, optimizer, precision, "
+            "accumulation and sharding, and takes no flag that shapes them"
+        )
+        + "; drop "
+        + ("it" if len(bad) == 1 else "them")
     )
 
 
-def _check_step_flags(args: argparse.Namespace) -> None:
-    """With ``--step``: no flag that shapes the model or the step remat_kit builds (the
-    user's step has its own model, optimizer, precision, accumulation and layout)."""
-    given = getattr(args, "given", None)
-    bad = [
-        flag
-        for dest, flag, default in _NOT_FOR_A_STEP
-        if (flag in given if given is not None else getattr(args, dest, default) != default)
-    ]
-    if getattr(args, "objective", None) == "throughput":
-        bad.append("--objective throughput")  # it varies --accum, which the step does not take
-    if bad:
-        raise BadValue(
-            f"{', '.join(bad)} with --step {args.step}: a step of your own has its own model, "
-            "optimizer, precision, accumulation and sharding; drop "
-            + ("it" if len(bad) == 1 else "them")
-            + " (the step function gets policy and config with the batch and seq)"
+def config_from_args(args: argparse.Namespace, kind: SourceKind) -> TrainConfig:
+    """The train config the flags name, with only the fields ``kind`` trains (LoRA adapters
+    trained alone where its spec has a rank).
+
+    Raises:
+      BadValue: an unknown optimizer or regime, a batch ``--accum`` does not split.
+    """
+    trains = kind.trains
+    lora = _lora(args, kind)
+    return TrainConfig(
+        batch=args.batch,
+        seq=args.seq,
+        optimizer=getattr(args, "optimizer", "adamw") if "optimizer" in trains else "adamw",
+        accum=getattr(args, "accum", 1) if "accum" in trains else 1,
+        lora=lora > 0,
+        precision=regime(
+            getattr(args, "precision", None),
+            params=getattr(args, "param_dtype", None),
+            compute=getattr(args, "dtype", None),
         )
-
-
-def source_for(opts: Any) -> StepSource:
-    """The model source the options name (``models.source.source_for``): a worker process
-    resolves it again from the picklable options."""
-    from remat_kit_models.source import source_for as resolve_source
-
-    return resolve_source(opts)
+        if "precision" in trains
+        else None,
+    )
 
 
 def resolve(args: argparse.Namespace) -> ModelRun:
     """Checks the model flags and the output paths, without tracing or compiling.
 
-    Builds the options, the target, the source and the train config; checks the model
+    Builds the request, the target, the source and the train config; checks the model
     (preset, overrides, dtypes, the attention kernel and its shape rules, learned positions,
     absurd sizes: ``StepSource.check``), the optimizer, the batch against ``--accum`` and the
     mesh plan against ``--gpus`` and ``--seq``.
@@ -191,31 +287,67 @@ def resolve(args: argparse.Namespace) -> ModelRun:
       BadValue: the first bad value, naming it and what is valid.
     """
     check_outputs(args)
-    opts = options_from_args(args)
+    kind, spec = spec_from_args(args)
     tgt = target_from_args(args)
-    if tgt.devices > 1 and not opts.shard:
+    shard = getattr(args, "shard", None)
+    if tgt.devices > 1 and not shard:
         raise BadValue(
             f"--gpus {tgt.devices} without --shard: the step would be compiled for one GPU and "
             f"reported as such; give a mesh, e.g. --shard fsdp:{tgt.devices}, or drop --gpus"
         )
-    source = source_for(opts)
-    tgt = target_after_imports(tgt, getattr(source, "env_at_import", ()), args)
-    config = opts.train_config()  # the optimizer's name, batch against accum
+    source = resolve_spec(spec)
+    tgt = target_after_imports(tgt, source.env_at_import, args)
+    config = config_from_args(args, kind)  # the optimizer's name, batch against accum
     # The model's own check names its field (vocab_size=1, BadValue.param): the CLI's error
     # boundary (remat_kit.cli.main, FLAGS) names the flag that set it.
     source.check(config, tgt)
-    if opts.shard:
-        plan = parse_shard(opts.shard, tgt.devices)
+    if shard:
+        plan = parse_shard(shard, tgt.devices)
         plan.check_devices(tgt.devices)
-        plan.check_seq(opts.seq)  # cp (else tp) splits the sequence
-    return ModelRun(opts, tgt, source, config)
+        plan.check_seq(args.seq)  # cp (else tp) splits the sequence
+    depth = getattr(args, "depth", "auto")
+    lora = _lora(args, kind)
+    return ModelRun(spec, kind, tgt, source, config, depth=depth, lora=lora, shard=shard)
+
+
+def _lora(args: argparse.Namespace, kind: SourceKind) -> int:
+    return getattr(args, "lora", 0) if "lora" in kind.fields else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What a worker process needs to measure the run again: picklable values only (it
+    resolves the spec itself; a factory is loaded once per process).
+
+    Attributes:
+      spec: the model request.
+      config: the train config.
+      depth: how an unrolled model is compiled.
+    """
+
+    spec: Any
+    config: TrainConfig
+    depth: str = "auto"
+
+    def source(self) -> StepSource:
+        """The request's source (``rk.sources.resolve``)."""
+        return resolve_spec(self.spec)
+
+    def workload(self, on: Target) -> Workload:
+        """The step's Workload on ``on`` (name-based policies strict, as the CLI's are)."""
+        return sources.workload(self.source(), on, self.config, strict=True, depth=self.depth)
+
+    def sharded(self, shard: str | None) -> Request:
+        """This request with the mesh plan ``shard`` (its spec must take one)."""
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, shard=shard))
 
 
 def run_notes(run: ModelRun) -> list[str]:
-    """What the user should know about how the run's programs were made, one line each:
-    why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, and the
-    ``XLA_FLAGS`` a factory's import set (EasyDeL sets 17): XLA reads them when it compiles,
-    so these programs were made with them, as a training process that imports the factory.
+    """What the user should know about how the run's programs were made, one line each: the
+    source's notes (why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's)
+    and the ``XLA_FLAGS`` a factory's import set (EasyDeL sets 17): XLA reads them when it
+    compiles, so these programs were made with them, as a training process that imports the
+    factory.
 
     Args:
       run: the resolved run.
@@ -223,32 +355,13 @@ def run_notes(run: ModelRun) -> list[str]:
     Returns:
       The lines (none when nothing needs saying).
     """
-    env = getattr(run.source, "env_at_import", ())
-    notes = [flags_words(e) for e in env if e.name == "XLA_FLAGS"]
-    chosen = _attention_note(run)
-    return [chosen, *notes] if chosen else notes
+    env = [flags_words(e) for e in run.source.env_at_import if e.name == "XLA_FLAGS"]
+    return [words(note) for note in run.source.notes(run.config, run.target)] + env
 
 
-def _attention_note(run: ModelRun) -> str | None:
-    # Why ``--attention auto`` chose XLA's attention on a GPU that runs cuDNN's, or None (a
-    # factory's model picks its own kernels).
-    from remat_kit.targets import cudnn_attention_available
-    from remat_kit_models.options import cudnn_problem
-
-    config_for = getattr(run.source, "config_for", None)
-    if run.opts.attention != "auto" or config_for is None:
-        return None
-    cfg = config_for("full", run.target)
-    if cfg.attention != "xla" or not cudnn_attention_available(run.target):
-        return None
-    problem = cudnn_problem(cfg, run.opts.seq, run.target)
-    if problem is None:
-        return None
-    return f"attention=auto measured xla: cuDNN flash attention {problem}"
-
-
-def preset_configs() -> list[tuple[str, Any]]:
-    """Every preset's name and ``ModelConfig``, for ``remat-kit models``."""
-    import remat_kit_models as models
-
-    return [(name, models.get_config(name)) for name in models.preset_names()]
+def catalogue() -> list[tuple[str, Any]]:
+    """Every model a kind knows by name, with its config (the presets), for
+    ``remat-kit models``."""
+    return [
+        item for kind in kinds().values() if kind.catalogue is not None for item in kind.catalogue()
+    ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import sys
 import time
@@ -11,10 +10,10 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from remat_kit import _workers, sources
+from remat_kit import _workers
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args
-from remat_kit.cli._model import resolve, source_for
+from remat_kit.cli._model import Request, resolve
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import console, write_json
@@ -102,7 +101,11 @@ def run(args: argparse.Namespace) -> int:
             f"{args.target}[,OTHER...] (default: every GPU of the catalogue)"
         )
     run = resolve(args)
-    opts = run.opts
+    if args.scale_out and "shard" not in run.kind.fields:
+        raise BadValue(
+            f"--scale-out shards the step with fsdp over more GPUs; a {run.kind.name} source "
+            "takes no mesh plan: drop --scale-out"
+        )
     # Prices are read before any compile: a bad one is one line, not a search's end.
     prices = {} if args.price_file is None else load_prices(args.price_file)
     prices.update(parse_prices(args.price))
@@ -119,8 +122,10 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = advise(
             # A partial of a module-level function: it pickles, so --jobs can use workers.
-            functools.partial(_target_workload, opts, args.gpus, args.hosts, args.mem_fraction),
-            opts.batch,
+            functools.partial(
+                _target_workload, run.request, args.gpus, args.hosts, args.mem_fraction
+            ),
+            run.batch,
             targets=names,
             headroom=args.headroom,
             offload=not args.no_offload,
@@ -133,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     if args.scale_out:
         before = time.perf_counter()
         with progress("advise --scale-out") as step:
-            scale = _scale_out(args, opts, rows, step)
+            scale = _scale_out(args, run.request, rows, step)
         scale_seconds = time.perf_counter() - before
     costs = rank_costs([cost_of(a, scale.get(a.target), prices) for a in rows], args.rank)
     order = {c.target: i for i, c in enumerate(costs)}
@@ -143,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
     # table is the answer; each message is in --json.
     table = advise_table(
         rows,
-        opts,
+        run,
         headroom=args.headroom,
         seconds=time.perf_counter() - start,
         scale_out=scale if args.scale_out else None,
@@ -165,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
         # Exit code 1: the search ran and found nothing that fits (README, "Exit codes").
         sys.stderr.write(
             f"remat-kit: nothing fits: no GPU of {', '.join(a.target for a in rows)} fits "
-            f"{opts.model} batch {opts.batch}"
+            f"{run.model} batch {run.batch}"
             + ("" if args.scale_out else " (--scale-out tries several GPUs)")
             + "\n"
         )
@@ -173,47 +178,38 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _target_workload(opts: Any, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
+def _target_workload(request: Request, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
     """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``."""
-    on = target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction)
-    return sources.workload(
-        source_for(opts), on, opts.train_config(), strict=opts.strict, depth=opts.depth
-    )
+    return request.workload(target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction))
 
 
-def _sharded_workload(opts: Any, name: str, mem_fraction: Any, n: int) -> Any:
+def _sharded_workload(request: Request, name: str, mem_fraction: Any, n: int) -> Any:
     """The step on ``n`` GPUs ``name`` with fsdp over all of them, 8 GPUs per host (as in the
     DGX/HGX machines these cards come in)."""
     hosts = max(1, n // 8)
-    sharded = dataclasses.replace(opts, shard=f"fsdp:{n}" if n > 1 else None)
-    return sources.workload(
-        source_for(sharded),
-        target(name, devices=n, hosts=hosts, mem_fraction=mem_fraction),
-        sharded.train_config(),
-        strict=opts.strict,
-        depth=opts.depth,
-    )
+    on = target(name, devices=n, hosts=hosts, mem_fraction=mem_fraction)
+    return request.sharded(f"fsdp:{n}" if n > 1 else None).workload(on)
 
 
-def _gpus_needed(opts: Any, mem_fraction: Any, headroom: float, name: str) -> ScaleOut:
+def _gpus_needed(request: Request, mem_fraction: Any, headroom: float, name: str) -> ScaleOut:
     """The fewest GPUs ``name`` that fit with fsdp + full (module-level, for a worker)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return gpus_needed(
-            functools.partial(_sharded_workload, opts, name, mem_fraction),
-            opts.batch,
+            functools.partial(_sharded_workload, request, name, mem_fraction),
+            request.config.batch,
             counts=(2, 4, 8, 16, 32, 64),
             headroom=headroom,
         )
 
 
 def _scale_out(
-    args: argparse.Namespace, opts: Any, rows: Sequence[Advice], step: Any
+    args: argparse.Namespace, request: Request, rows: Sequence[Advice], step: Any
 ) -> dict[str, ScaleOut]:
     """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full; the
     targets side by side in ``--jobs`` worker processes once one needs a compile."""
     names = [a.target for a in rows if not a.fits]
-    one = functools.partial(_gpus_needed, opts, args.mem_fraction, args.headroom)
+    one = functools.partial(_gpus_needed, request, args.mem_fraction, args.headroom)
 
     def on_done(i: int, so: ScaleOut) -> None:
         step(f"{so.target}: {so.devices or 'no'} GPUs ({i + 1} of {len(names)})")

@@ -12,7 +12,7 @@ from typing import Any
 from remat_kit import _workers, sources
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_jobs_arg, add_model_args
-from remat_kit.cli._model import resolve, run_notes
+from remat_kit.cli._model import Request, resolve, run_notes
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.comparison import compare_rows
 from remat_kit.errors import BadValue
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Every value, output paths included, is checked before the first trace or compile.
     run = resolve(args)
-    opts, target = run.opts, run.target
+    opts, target = run, run.target
     specs = flag_items(args.policies, "--policies", example="none,full,minimal")
     policies = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
     # Catalogue policies by default; one whose tags the model lacks is skipped, one the user
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # printed once, after the table
             reports = _workers.run(
-                functools.partial(_measure_case, opts, target, baseline),
+                functools.partial(_measure_case, run.request, target, baseline),
                 [(p.spec, sch.spec) for p, sch in cases],
                 jobs,
                 on_done=lambda i, r: progress.advance(task),
@@ -149,10 +149,11 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measure_case(opts: Any, target: Any, baseline: float | None, case: tuple[str, str]) -> Any:
+def _measure_case(
+    request: Request, target: Any, baseline: float | None, case: tuple[str, str]
+) -> Any:
     """One row of the comparison: the report of ``(policy spec, schedule spec)``; a module-level
-    function of picklable options, so a worker process can run it."""
-    from remat_kit.cli._model import source_for
+    function of the picklable request, so a worker process can run it."""
     from remat_kit.policies import parse_policy
     from remat_kit.schedules import parse_schedule
 
@@ -160,13 +161,13 @@ def _measure_case(opts: Any, target: Any, baseline: float | None, case: tuple[st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return sources.measure(
-            source_for(opts),
+            request.source(),
             parse_policy(policy),
             target,
-            opts.train_config(),
+            request.config,
             schedule=parse_schedule(schedule),
             baseline=baseline,
-            depth=opts.depth,
+            depth=request.depth,
         )
 
 
@@ -177,9 +178,9 @@ def _next_steps(run: Any, reports: Any) -> str:
     from remat_kit.errors import DoesNotFit
     from remat_kit.search.budget import check_budget
 
-    w = sources.workload(run.source, run.target, run.config, depth=run.opts.depth)
+    w = sources.workload(run.source, run.target, run.config, depth=run.depth)
     try:
-        check_budget(w, run.opts.batch, run.target.usable_bytes)
+        check_budget(w, run.batch, run.target.usable_bytes)
     except DoesNotFit as err:
         return "Weights, gradients and optimizer state alone are over the limit: " + (
             "; ".join(err.hints) if err.hints else str(err)

@@ -13,7 +13,7 @@ from typing import Any
 from remat_kit import sources
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, add_search_args, positive_int
-from remat_kit.cli._model import resolve, source_for
+from remat_kit.cli._model import resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
@@ -155,9 +155,9 @@ def run(args: argparse.Namespace) -> int:
     args.batch = args.accum * args.gpus
     # Every value, the output path included, is checked before the first trace or compile.
     run = resolve(args)
-    opts, target = run.opts, run.target
+    opts, target = run, run.target
     policies, schedule = _policies(args, run)
-    w = sources.workload(run.source, target, run.config, depth=run.opts.depth)
+    w = sources.workload(run.source, target, run.config, depth=run.depth)
     # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
     # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
     check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
@@ -227,7 +227,7 @@ def _throughput(
         # The step is first built at one micro-batch per data-parallel GPU per pass (the
         # search sets the batch); it has to split into ``accum`` passes.
         config = dataclasses.replace(run.config, accum=accum, batch=accum * ways)
-        return sources.workload(run.source, run.target, config, depth=run.opts.depth)
+        return sources.workload(run.source, run.target, config, depth=run.depth)
 
     specs = [PLAN if pol is None else pol for pol in policies.values()]
     with warnings.catch_warnings(), progress("fit --objective throughput") as step:
@@ -245,7 +245,7 @@ def _throughput(
         )
     out = console(args.wide)
     limit = limit_words(run.target, args.headroom)
-    out.print(fitted(throughput_table(found, run.opts, limit_words=limit), out.width))
+    out.print(fitted(throughput_table(found, run, limit_words=limit), out.width))
     out.print(fastest_words(found))
     if args.json:
         write_json(args.json, found.to_dict(), flag="--json")
@@ -314,9 +314,8 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
             if seq % multiple:
                 raise BadValue(f"seq={seq} does not split {multiple} ways over the mesh")
             config = dataclasses.replace(run.config, seq=seq)
-            source = source_for(dataclasses.replace(run.opts, seq=seq))
-            source.check(config, target)
-            workloads[seq] = sources.workload(source, target, config, depth=run.opts.depth)
+            run.source.check(config, target)
+            workloads[seq] = sources.workload(run.source, target, config, depth=run.depth)
         return workloads[seq]
 
     first = at(step)
@@ -347,7 +346,7 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
     compiles = sum(w.compiles for w in workloads.values())
     out = console(args.wide)
     limit = limit_words(target, args.headroom)
-    table = seq_table(rows, target, run.opts, limit_words=limit, compiles=compiles, seconds=seconds)
+    table = seq_table(rows, target, run, limit_words=limit, compiles=compiles, seconds=seconds)
     out.print(fitted(table, out.width))
     fits = any(row.fit.fits for row in rows)
     if fits:

@@ -117,10 +117,10 @@ def run(args: argparse.Namespace) -> int:
             reports if len(reports) > 1 else reports[0],
             args.plot,
             labels=policies,
-            title=f"{run_words(run.opts)} on {tgt.name}",
+            title=f"{run_words(run)} on {tgt.name}",
             memory_bytes=tgt.memory_bytes,
             usable_bytes=tgt.usable_bytes,
-            precision=opts_precision(run.opts),
+            precision=opts_precision(run),
         )
         out.print(f"timeline written to {args.plot}")
     if getattr(args, "json", None):
@@ -132,13 +132,12 @@ def _inspect(run: ModelRun, tgt: Target, pol: Policy, schedule: Schedule) -> Pea
     # The unsharded step, as report runs it (dropout), its trace checked as report's is.
     built = run.source.build_step(pol, schedule, run.config, tgt, sharded=False)
     run.source.check_step(built, run.source.spec)
-    opts = run.opts
     meta = {
-        "model": opts.model,
+        "model": run.model,
         "policy": pol.spec,
-        "batch": opts.batch,
-        "seq": opts.seq,
+        "batch": run.batch,
+        "seq": run.seq,
         "attention": built.attention,
-        "optimizer": opts.optimizer,
+        "optimizer": run.config.optimizer,
     }
     return inspect_step(built.step, tgt, meta=meta)

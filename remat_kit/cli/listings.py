@@ -39,9 +39,9 @@ def _policies() -> Any:
 
 
 def _models() -> Any:
-    from remat_kit.cli._model import preset_configs
+    from remat_kit.cli._model import catalogue
 
-    return models_table(preset_configs())
+    return models_table(catalogue())
 
 
 #: Each listing: its subcommand and the function that builds its table.

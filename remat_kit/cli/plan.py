@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
     """
     # Every value, output paths included, is checked before the first trace or compile.
     run = resolve(args)
-    opts, target = run.opts, run.target
+    opts, target = run, run.target
     budget = None if args.budget is None else budget_arg(args.budget, target.memory_bytes)
     specs = flag_items(args.policies, "--policies", example="full,minimal", allow_empty=True)
     catalogue = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         given=args.policies != ",".join(FRONT_POLICIES),
     )
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
-    w = sources.workload(run.source, target, run.config, depth=run.opts.depth)
+    w = sources.workload(run.source, target, run.config, depth=run.depth)
     with warnings.catch_warnings(), progress("plan") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         # --sweep adds the whole curve; --plot only draws: what is dominated must not depend
@@ -148,11 +148,12 @@ def run(args: argparse.Namespace) -> int:
             f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else ""
         )
         code = None
-        if getattr(run.source, "config_for", None) is not None:  # a preset
+        applies = run.source.applies_in_code
+        if applies == "config":  # a preset: the policy and schedule are its config's fields
             code = "remat_kit_models.get_config(..., policy=plan.policy, schedule=plan.schedule)"
         elif p.schedule.name == "none":  # the user's factory or step applies its policy
             code = f"hand your model rk.policy({p.policy.spec!r}) as its policy"
-        elif getattr(run.source, "takes_schedule", False):
+        elif applies == "arguments":
             code = (
                 f"hand your model rk.policy({p.policy.spec!r}) as its policy and "
                 f"schedule=rk.parse_schedule({p.schedule.spec!r})"

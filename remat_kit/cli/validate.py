@@ -76,13 +76,15 @@ def run(args: argparse.Namespace) -> int:
     if args.mem_fraction is not None:
         _set_fraction(args.mem_fraction)
 
-    from remat_kit.cli._model import options_from_args, source_for
+    from remat_kit.cli._model import config_from_args, spec_from_args
     from remat_kit.policies import parse_policy
+    from remat_kit.sources import resolve
     from remat_kit.targets import target
     from remat_kit.validate import LocalGPU, match_target, validate
 
-    opts = options_from_args(args)
-    model = source_for(opts)
+    kind, spec = spec_from_args(args)
+    model = resolve(spec)
+    config = config_from_args(args, kind)
     gpu = LocalGPU()  # fails here, before any compile, on a machine with no GPU
     if args.compare_with:
         compare = target(args.compare_with)
@@ -92,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
         except TargetError as err:
             raise TargetError(f"{err} (--compare-with NAME names it here)") from None
     policy = parse_policy(args.policy)
-    built = model.build_step(policy, NO_SCHEDULE, opts.train_config(), compare, sharded=False)
+    built = model.build_step(policy, NO_SCHEDULE, config, compare, sharded=False)
     step = built.step
     meta = {
-        "model": opts.model,
+        "model": spec.name,
         "policy": built.policy.name,
-        "batch": opts.batch,
-        "seq": opts.seq,
-        "optimizer": opts.optimizer,
+        "batch": config.batch,
+        "seq": config.seq,
+        "optimizer": config.optimizer,
         "attention": built.attention,
         "precision": dict(step.precision),
         "dropout": built.meta.get("dropout", 0.0),

@@ -429,7 +429,9 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "does_not_fit": _does_not_fit,
     "xla_log": lambda d: d["line"],  # XLA's own line, already in words (remat_kit.xla)
     # The source's phrase names cuDNN's rule and the value that breaks it.
-    "attention_chose_xla": lambda d: f"attention=auto measured xla: cuDNN flash attention {d['problem']}",
+    "attention_chose_xla": lambda d: (
+        f"attention=auto measured xla: cuDNN flash attention {d['problem']}"
+    ),
     "breakdown_upper_bound": _breakdown_upper_bound,
     "offload_shortfall": _offload_shortfall,
     "offload_link_bound": _offload_link_bound,

@@ -18,8 +18,9 @@ __all__ = [
 
 
 class RunOptions(Protocol):
-    """What a table's title reads of the run's options (``models.options.Options`` has them;
-    a ``precision_record()`` method, when there is one, names the precision regime)."""
+    """What a table's title reads of the run (the CLI's ``ModelRun`` has them; its
+    ``optimizer`` is ``"own step"`` for a step of the user's; a ``precision_record()`` method,
+    when there is one, names the precision regime)."""
 
     model: str
     batch: int
@@ -76,10 +77,8 @@ def run_words(opts: RunOptions, *, batch: bool = True) -> str:
       >>> run_words(NS(model="llama3-8b", batch=4, seq=2048, optimizer="sgd", lora=16, accum=1))
       'llama3-8b b4 s2048 sgd lora16'
     """
-    # A user's step (``opts.step``) has its own optimizer, which the options do not name.
-    optimizer = "own step" if getattr(opts, "step", None) else opts.optimizer
     return (
-        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {optimizer}"
+        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {opts.optimizer}"
         + (f" lora{opts.lora}" if opts.lora else "")
         + (f" accum{opts.accum}" if opts.accum > 1 else "")
     )
