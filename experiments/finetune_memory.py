@@ -116,8 +116,8 @@ def _plan(source, config, target):
     import remat_kit as rk
 
     catalogue = [rk.policy(n) for n in ("full", "block", "minimal", "qkv_proj", "megatron")]
-    w = rk.sources.workload(source, target, config)
     try:
+        w = rk.sources.workload(source, target, config)
         p = rk.plan(w, config.batch, extra=catalogue)
     except ValueError:  # weights and optimizer state alone exceed the card: no plan
         return None

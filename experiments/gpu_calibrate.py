@@ -227,12 +227,12 @@ def _chain(smoke: bool) -> dict[str, float]:
 def _step_case(
     model: str, batch: int, seq: int, precision: str, optimizer: str, policy: str, steps: int
 ) -> tuple[dict[str, Any], str]:
+    import remat_kit as rk
     from remat_kit.policies import parse_policy
     from remat_kit.schedules import parse_schedule
     from remat_kit.targets import target
     from remat_kit.validate import _next_args, _random_like
-    from remat_kit_models.options import Options
-    from remat_kit_models.source import source_for
+    from remat_kit_models.spec import PresetSpec
 
     row: dict[str, Any] = {
         "model": model,
@@ -242,13 +242,15 @@ def _step_case(
         "optimizer": optimizer,
         "policy": policy,
     }
-    opts = Options(model, batch, seq, optimizer=optimizer, precision=precision)
     compare = target("h100") if HAS_GPU else target("cpu")
     try:
-        built = source_for(opts).build_step(
+        config = rk.TrainConfig(
+            batch, seq, optimizer=optimizer, precision=rk.train.regime(precision)
+        )
+        built = rk.sources.resolve(PresetSpec(model)).build_step(
             parse_policy(policy),
             parse_schedule("none"),
-            opts.train_config(),
+            config,
             compare,
             sharded=False,
         )

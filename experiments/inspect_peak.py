@@ -23,14 +23,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     import remat_kit.render.front
     import remat_kit.render.timeline
     import remat_kit_models as models
-    from remat_kit_models.measure import Options, measure, model_config
+    from remat_kit_models.configure import model_config
+    from remat_kit_models.spec import PresetSpec
 
     target = rk.target(args.target)
     layers = (("layers", 4),) if args.quick else ()
-    opts = Options("llama3-8b", 4, 2048, overrides=layers)
+    spec = PresetSpec("llama3-8b", overrides=layers)
+    source = rk.sources.resolve(spec)
+    # The default regime, named: the inspected step is built here (not by the source, which
+    # trains in it too) and the timeline states its dtypes.
+    config = rk.TrainConfig(4, 2048, precision=rk.train.regime())
     # Warm-up: the first compile in a process pays for loading the CUDA compiler plugin.
-    warm = Options("llama3-8b", 1, 256, optimizer="sgd", overrides=(("layers", 2),))
-    measure(warm, "full", target)
+    warm = rk.sources.resolve(PresetSpec("llama3-8b", overrides=(("layers", 2),)))
+    rk.sources.measure(warm, "full", target, rk.TrainConfig(1, 256, optimizer="sgd"), warn=False)
 
     summary, tops, cats = [], [], []
     reports = {}
@@ -38,11 +43,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             start = time.perf_counter()
-            plain = measure(opts, policy, target)
+            plain = rk.sources.measure(source, policy, target, config, warn=False)
             plain_s = time.perf_counter() - start
             start = time.perf_counter()
-            cfg = model_config(opts, rk.as_policy(policy), target)
-            step = rk.build_train_step(models.build(cfg), opts.train_config())
+            cfg = model_config(spec, config, rk.as_policy(policy), target)
+            step = rk.build_train_step(models.build(cfg), config)
             r = rk.peak.inspect_step(
                 step, target, meta={"policy": policy, "attention": cfg.attention}
             )
@@ -81,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 title=f"llama3-8b b4 s2048 minimal ({cfg.attention}) on {target.name}",
                 memory_bytes=target.memory_bytes,
                 usable_bytes=target.usable_bytes,
-                precision=opts.precision_record(),
+                precision=rk.train.planned_precision(config, own_compute=source.own_model),
             )
     d = rk.peak.diff(reports["full"], reports["none"])
     write_json(

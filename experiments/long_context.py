@@ -45,23 +45,25 @@ def _batch(shard: str | None) -> int:
     return 1 if shard is None else rk.parse_shard(shard, 8).data_size
 
 
-def _options(seq: int, optimizer: str, shard: str | None = None):
-    from remat_kit_models.measure import Options
+def _workload(seq: int, optimizer: str, target, shard: str | None = None):
+    """The search's workload of MODEL at ``seq`` tokens (bf16), one sequence per data group."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
 
-    return Options(
-        MODEL, batch=_batch(shard), seq=seq, optimizer=optimizer, precision="bf16", shard=shard
+    source = rk.sources.resolve(PresetSpec(MODEL, shard=shard))
+    config = rk.TrainConfig(
+        _batch(shard), seq, optimizer=optimizer, precision=rk.train.regime("bf16")
     )
+    return rk.sources.workload(source, target, config)
 
 
 def _builder(optimizer: str, target, shard: str | None = None):
     """``seq -> Workload`` for the search, one workload per sequence (shared by policies)."""
-    from remat_kit_models.measure import workload
-
     made = {}
 
     def at(seq: int):
         if seq not in made:
-            made[seq] = workload(_options(seq, optimizer, shard), target)
+            made[seq] = _workload(seq, optimizer, target, shard)
         return made[seq]
 
     return at
@@ -111,13 +113,12 @@ def cp(args) -> list[dict]:
 
 def peaks(args) -> list[dict]:
     import remat_kit as rk
-    from remat_kit_models.measure import workload
 
     target = rk.target("h100", devices=8)
     out = []
     for mesh in MESHES[::3] if args.quick else MESHES:
         for seq in PEAK_SEQS:
-            w = workload(_options(seq, "adamw", mesh), target)
+            w = _workload(seq, "adamw", target, mesh)
             for policy in PEAK_POLICIES:
                 t0 = time.perf_counter()
                 r = w.report(policy, batch=_batch(mesh))

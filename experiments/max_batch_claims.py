@@ -24,12 +24,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options, workload
+    from remat_kit_models.spec import PresetSpec
 
     target = rk.target(args.target)
+    config = rk.TrainConfig(batch=8, seq=512, optimizer="adamw")
     rows = []
     for model in progress(MODELS[:1] if args.quick else MODELS, "models"):
-        w = workload(Options(model, batch=8, seq=512, optimizer="adamw"), target)
+        w = rk.sources.workload(rk.sources.resolve(PresetSpec(model)), target, config)
         fits = {p: rk.max_batch(w, p) for p in POLICIES}
         for p, f in fits.items():
             rows.append(

@@ -48,18 +48,14 @@ BATCH, SEQ, GPUS = 8, 4096, 8
 GiB = 2**30
 
 
-def _options(model: str, shard: str, **overrides):
-    from remat_kit_models.measure import Options
+def _workload(model: str, shard: str, target, **overrides):
+    """The search's workload of ``model`` over ``shard`` (bf16 AdamW, BATCH x SEQ)."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
 
-    return Options(
-        model,
-        batch=BATCH,
-        seq=SEQ,
-        optimizer="adamw",
-        precision="bf16",
-        shard=shard,
-        overrides=tuple(overrides.items()),
-    )
+    spec = PresetSpec(model, shard=shard, overrides=tuple(overrides.items()))
+    config = rk.TrainConfig(BATCH, SEQ, optimizer="adamw", precision=rk.train.regime("bf16"))
+    return rk.sources.workload(rk.sources.resolve(spec), target, config)
 
 
 def params(args) -> list[dict]:
@@ -116,13 +112,12 @@ def _row(model: str, mesh: str, policy: str, w) -> dict:
 
 def catalogue(args) -> list[dict]:
     import remat_kit as rk
-    from remat_kit_models.measure import workload
 
     target = rk.target(args.target, devices=GPUS)
     out = []
     for model in MODELS[:1] if args.quick else MODELS:
         for mesh in MESHES:
-            w = workload(_options(model, mesh), target)
+            w = _workload(model, mesh, target)
             for policy in POLICIES[:3] if args.quick else POLICIES:
                 out.append(_row(model, mesh, policy, w))
     rows = [
@@ -146,14 +141,13 @@ def catalogue(args) -> list[dict]:
 
 def ep(args) -> list[dict]:
     import remat_kit as rk
-    from remat_kit_models.measure import workload
 
     target = rk.target(args.target, devices=GPUS)
     out = []
     for model in MODELS[:1] if args.quick else MODELS:
         for mesh in EP_MESHES:
             # One dispatch for every row (ep=1 included), so only the mesh changes.
-            w = workload(_options(model, mesh, moe_impl="capacity"), target)
+            w = _workload(model, mesh, target, moe_impl="capacity")
             out.append(_row(model, mesh, "minimal", w))
     rows = [
         {

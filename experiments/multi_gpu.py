@@ -14,7 +14,6 @@ Writes results/multi_gpu.json and results/multi_gpu.png.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -27,10 +26,12 @@ CLUSTERS = ((8, 1), (16, 2))
 MESHES_8B = ("dp:8", "fsdp:8", "fsdp:4,tp:2")
 
 
-def _opts(model: str, batch: int, shard: str | None, **kw: Any):
-    from remat_kit_models.measure import Options
+def _request(model: str, batch: int, shard: str | None, seq: int = 2048, **kw: Any):
+    """The model request (a preset over ``shard``) and its train config (AdamW)."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
 
-    return Options(model, batch, 2048, optimizer="adamw", shard=shard, **kw)
+    return PresetSpec(model, shard=shard, **kw), rk.TrainConfig(batch, seq, optimizer="adamw")
 
 
 def _row(r, **labels: Any) -> dict[str, Any]:
@@ -54,17 +55,17 @@ def _row(r, **labels: Any) -> dict[str, Any]:
 
 def llama70b(quick: bool) -> list[dict[str, Any]]:
     import remat_kit as rk
-    from remat_kit_models.measure import measure, workload
 
     rows = []
     clusters = CLUSTERS[:1] if quick else CLUSTERS
     for devices, hosts in clusters:
         t = rk.target("h100", devices=devices, hosts=hosts)
         shard = f"fsdp:{devices}"
-        opts = _opts("llama3-70b", devices, shard)  # one sequence per GPU
-        w = workload(opts, t)
+        spec, config = _request("llama3-70b", devices, shard)  # one sequence per GPU
+        source = rk.sources.resolve(spec)
+        w = rk.sources.workload(source, t, config)
         for policy in progress(POLICIES, f"70b {devices}x h100"):
-            r = measure(opts, policy, t)
+            r = rk.sources.measure(source, policy, t, config, warn=False)
             fit = rk.max_batch(w, policy, cap=devices * (4 if quick else 64))
             rows.append(
                 {
@@ -82,14 +83,14 @@ def llama70b(quick: bool) -> list[dict[str, Any]]:
 
 def llama8b(quick: bool) -> list[dict[str, Any]]:
     import remat_kit as rk
-    from remat_kit_models.measure import measure
 
     t = rk.target("a100-40gb", devices=8)
     rows = []
     policies = ("full",) if quick else ("full", "minimal")
     for shard in progress(MESHES_8B, "8b 8x a100-40gb"):
         for policy in policies:
-            r = measure(_opts("llama3-8b", 8, shard), policy, t)
+            spec, config = _request("llama3-8b", 8, shard)
+            r = rk.sources.measure(rk.sources.resolve(spec), policy, t, config, warn=False)
             rows.append(
                 {**_row(r, model="llama3-8b", mesh=shard, devices=8, hosts=1), "policy": policy}
             )
@@ -98,14 +99,13 @@ def llama8b(quick: bool) -> list[dict[str, Any]]:
 
 def compile_times() -> list[dict[str, Any]]:
     import remat_kit as rk
-    from remat_kit_models.measure import measure
 
     rows = []
     for devices, shard, batch in ((1, None, 1), (8, "fsdp:8", 8)):
         t = rk.target("h100", devices=devices)
-        opts = _opts("llama3-8b", batch, shard)
+        spec, config = _request("llama3-8b", batch, shard)
         start = time.perf_counter()
-        r = measure(opts, "full", t)
+        r = rk.sources.measure(rk.sources.resolve(spec), "full", t, config, warn=False)
         rows.append(
             {
                 "model": "llama3-8b",
@@ -169,13 +169,11 @@ def plot(rows70: list[dict], rows8: list[dict], path) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import remat_kit as rk
-    from remat_kit_models.measure import measure
 
     # Warm-up: the first compile in a process pays for loading the CUDA compiler plugin.
-    measure(
-        dataclasses.replace(_opts("llama3-8b", 8, "fsdp:8"), seq=256, overrides=(("layers", 2),)),
-        "full",
-        rk.target("h100", devices=8),
+    spec, config = _request("llama3-8b", 8, "fsdp:8", seq=256, overrides=(("layers", 2),))
+    rk.sources.measure(
+        rk.sources.resolve(spec), "full", rk.target("h100", devices=8), config, warn=False
     )
     start = time.perf_counter()
     times = compile_times()

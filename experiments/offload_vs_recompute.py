@@ -29,18 +29,23 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options, baseline_flops, measure
+    from remat_kit_models.spec import PresetSpec
+
+    source = rk.sources.resolve(PresetSpec("llama3-8b"))
+    config = rk.TrainConfig(batch=2, seq=2048, optimizer="sgd")
+
+    def measure(policy, target, base):
+        return rk.sources.measure(source, policy, target, config, baseline=base, warn=False)
 
     rows = []
     targets = ("h100-80gb",) if args.quick else ("h100-80gb", "a100-40gb")
     for name in targets:
         target = rk.target(name)
-        opts = Options("llama3-8b", batch=2, seq=2048, optimizer="sgd")
-        base = baseline_flops(opts, target)
-        full = measure(opts, "full", target, baseline=base)
+        base = rk.sources.step_flops(source, "none", target, config)
+        full = measure("full", target, base)
         for label, keep, off in SETS:
-            kept = measure(opts, keep, target, baseline=base)
-            moved = measure(opts, off, target, baseline=base)
+            kept = measure(keep, target, base)
+            moved = measure(off, target, base)
             est = moved.meta.get("offload_estimate") or {}
             rows.append(
                 {

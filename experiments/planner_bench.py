@@ -25,12 +25,13 @@ BUDGET = "52GiB"
 
 def _plan_rows(rk: Any, attention: str, offload: bool, sweep: bool) -> dict[str, Any]:
     """The issue's plan command beside the catalogue, and plans at the catalogue's budgets."""
-    from remat_kit_models.measure import Options, workload
+    from remat_kit_models.spec import PresetSpec
 
-    opts = Options("llama3-8b", 4, 2048, optimizer="sgd", attention=attention)
+    spec = PresetSpec("llama3-8b", attention=attention)
+    config = rk.TrainConfig(4, 2048, optimizer="sgd")
     t = rk.target("h100")
     start = time.perf_counter()
-    w = workload(opts, t)
+    w = rk.sources.workload(rk.sources.resolve(spec), t, config)
     budget = rk.search.parse_budget(BUDGET, t.memory_bytes)
     p = rk.plan(w, 4, budget, offload=offload)
     plan_seconds = time.perf_counter() - start
@@ -94,15 +95,15 @@ def _plan_rows(rk: Any, attention: str, offload: bool, sweep: bool) -> dict[str,
 
 def _adamw(rk: Any) -> list[dict[str, Any]]:
     """AdamW on one h100: bf16 moments (optax's default for bf16 weights) and f32 weights."""
-    from remat_kit_models.measure import Options, workload
+    from remat_kit_models.spec import PresetSpec
 
     out = []
     for label, precision in (
         ("bf16 weights, bf16 moments", "bf16"),
         ("f32 master weights", "mixed"),
     ):
-        opts = Options("llama3-8b", 4, 2048, optimizer="adamw", precision=precision)
-        w = workload(opts, "h100")
+        config = rk.TrainConfig(4, 2048, optimizer="adamw", precision=rk.train.regime(precision))
+        w = rk.sources.workload(rk.sources.resolve(PresetSpec("llama3-8b")), "h100", config)
         start = time.perf_counter()
         try:
             p = rk.plan(w, 4, None)
@@ -122,14 +123,15 @@ def _adamw(rk: Any) -> list[dict[str, Any]]:
 
 
 def _fits(rk: Any, quick: bool) -> list[dict[str, Any]]:
-    from remat_kit_models.measure import Options, workload
+    from remat_kit_models.spec import PresetSpec
 
     cases = [("llama3-8b", 2048, 4), ("gpt2-medium", 1024, 8)]
     targets = ("h100",) if quick else ("rtx4090", "a100-40gb", "h100")
     rows = []
     for model, seq, start_batch in cases:
         for name in targets:
-            w = workload(Options(model, start_batch, seq, optimizer="adamw"), name)
+            config = rk.TrainConfig(start_batch, seq, optimizer="adamw")
+            w = rk.sources.workload(rk.sources.resolve(PresetSpec(model)), name, config)
             t0 = time.perf_counter()
             for pol in ("none", "full", "minimal", "plan"):
                 if pol == "plan":
@@ -176,11 +178,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     rk.targets.configure_for_deviceless()
     warnings.simplefilter("ignore")
     # Warm-up: the first compile in a process loads the CUDA compiler plugin.
-    from remat_kit_models.measure import Options, measure
+    from remat_kit_models.spec import PresetSpec
 
-    measure(
-        Options("llama3-8b", 1, 256, optimizer="sgd", overrides=(("layers", 2),)), "full", "h100"
-    )
+    warm = rk.sources.resolve(PresetSpec("llama3-8b", overrides=(("layers", 2),)))
+    rk.sources.measure(warm, "full", "h100", rk.TrainConfig(1, 256, optimizer="sgd"), warn=False)
 
     results: dict[str, Any] = {"budget": BUDGET}
     variants = [("xla", True, not args.quick), ("xla", False, False), ("cudnn", True, False)]

@@ -85,16 +85,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options, baseline_flops, measure
+    from remat_kit_models.spec import PresetSpec
 
     target = rk.target(args.target)
     rows = []
     presets = PRESETS[:2] if args.quick else PRESETS
     for preset, batch, seq in progress(presets, "presets"):
-        opts = Options(preset, batch=batch, seq=seq, optimizer="sgd")
-        base = baseline_flops(opts, target)
-        none = measure(opts, "none", target, baseline=base)
-        full = measure(opts, "full", target, baseline=base)
+        source = rk.sources.resolve(PresetSpec(preset))
+        config = rk.TrainConfig(batch=batch, seq=seq, optimizer="sgd")
+        base = rk.sources.step_flops(source, "none", target, config)
+        none = rk.sources.measure(source, "none", target, config, baseline=base, warn=False)
+        full = rk.sources.measure(source, "full", target, config, baseline=base, warn=False)
         rows.append(
             {
                 "preset": preset,

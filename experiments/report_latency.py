@@ -15,11 +15,15 @@ from common import GIB, parse, save_png, table, write_json
 POLICIES = ("none", "full", "minimal", "dots_no_batch", "megatron", "offload_dots_no_batch")
 
 
-def _timed_report(opts, policy, target):
-    from remat_kit_models.measure import measure
+def _timed_report(layers: int, batch: int, seq: int, optimizer: str, policy: str, target):
+    """A report of llama3-8b at ``layers`` layers and the wall time it took."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
 
+    spec = PresetSpec("llama3-8b", overrides=(("layers", layers),))
+    config = rk.TrainConfig(batch, seq, optimizer=optimizer)
     start = time.perf_counter()
-    r = measure(opts, policy, target)
+    r = rk.sources.measure(rk.sources.resolve(spec), policy, target, config, warn=False)
     return time.perf_counter() - start, r
 
 
@@ -31,19 +35,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options
 
     target = rk.target(args.target)
     policies = POLICIES[:2] if args.quick else POLICIES
     rows = []
     # Warm-up: the first compile in a process pays for loading the CUDA compiler plugin.
-    _timed_report(
-        Options("llama3-8b", 1, 256, optimizer="sgd", overrides=(("layers", 2),)), "full", target
-    )
+    _timed_report(2, 1, 256, "sgd", "full", target)
     for layers in (16, 32, 64):
         for policy in policies:
-            opts = Options("llama3-8b", 4, 2048, overrides=(("layers", layers),))
-            seconds, r = _timed_report(opts, policy, target)
+            seconds, r = _timed_report(layers, 4, 2048, "adamw", policy, target)
             rows.append(
                 {
                     "layers": layers,

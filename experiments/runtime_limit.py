@@ -27,15 +27,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options, measure, workload
+    from remat_kit_models.spec import PresetSpec
 
     policies = ("none", "full", "minimal") if args.quick else rk.search.FRONT_POLICIES
     rows, batches = [], {}
+    source = rk.sources.resolve(PresetSpec(MODEL))
     for precision, fraction in [(p, f) for p in PRECISIONS for f in FRACTIONS]:
-        opts = Options(MODEL, batch=BATCH, seq=SEQ, optimizer="adamw", precision=precision)
+        config = rk.TrainConfig(BATCH, SEQ, optimizer="adamw", precision=rk.train.regime(precision))
         target = rk.target(args.target, mem_fraction=fraction)
         for policy in progress(policies, f"{precision} at fraction {fraction}"):
-            r = measure(opts, policy, target, warn=False)
+            r = rk.sources.measure(source, policy, target, config, warn=False)
             rows.append(
                 {
                     "mem_fraction": fraction,
@@ -49,7 +50,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "precision": precision,
                 }
             )
-        fit = rk.max_batch(workload(opts, target), "full")
+        fit = rk.max_batch(rk.sources.workload(source, target, config), "full")
         batches[f"{precision}@{fraction}"] = {
             "max_batch": fit.max_batch,
             "peak_gib": (fit.peak_bytes or 0) / GIB,

@@ -27,23 +27,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options, baseline_flops, measure, workload
+    from remat_kit_models.spec import PresetSpec
 
     target = rk.target(args.target)
     rows = []
     for label, lora, accum, batch in CASES:
-        opts = Options(
-            "llama3-70b",
-            batch=batch,
-            seq=2048,
+        source = rk.sources.resolve(PresetSpec("llama3-70b", lora=lora))
+        config = rk.TrainConfig(
+            batch,
+            2048,
             optimizer="adamw",
-            lora=lora,
+            lora=lora > 0,
             accum=accum,
-            precision="bf16",  # the claim's "mixed precision + LoRA": bf16 weights throughout
+            # the claim's "mixed precision + LoRA": bf16 weights throughout
+            precision=rk.train.regime("bf16"),
         )
-        base = baseline_flops(opts, target)
+        base = rk.sources.step_flops(source, "none", target, config)
         for policy in ("none", "full", "minimal"):
-            r = measure(opts, policy, target, baseline=base)
+            r = rk.sources.measure(source, policy, target, config, baseline=base, warn=False)
             rows.append(
                 {
                     "case": label,
@@ -56,7 +57,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "xla_remat": r.xla_remat,
                 }
             )
-    lora = workload(Options("llama3-70b", batch=1, seq=2048, optimizer="adamw", lora=16), target)
+    lora = rk.sources.workload(
+        rk.sources.resolve(PresetSpec("llama3-70b", lora=16)),
+        target,
+        rk.TrainConfig(1, 2048, optimizer="adamw", lora=True),
+    )
     try:
         # The limit every verdict uses: what a JAX process may allocate on the card.
         rk.search.check_budget(lora, 1, target.usable_bytes)

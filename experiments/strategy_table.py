@@ -36,19 +36,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     import matplotlib.pyplot as plt
 
     import remat_kit as rk
-    from remat_kit_models.measure import Options, baseline_flops, measure
+    from remat_kit_models.spec import PresetSpec
 
     target = rk.target(args.target)
+    config = rk.TrainConfig(batch=32, seq=512, optimizer="adamw")
     rows = []
     for attention in ("xla", "cudnn"):
         # cuDNN flash attention has no attention dropout: both rows run without it, alike.
-        opts = Options(
-            "bert-base", batch=32, seq=512, optimizer="adamw", attention=attention, dropout=0.0
-        )
-        base = baseline_flops(opts, target)
+        source = rk.sources.resolve(PresetSpec("bert-base", attention=attention, dropout=0.0))
+        base = rk.sources.step_flops(source, "none", target, config)
         ref = None
         for label, policy, sched, claim in ROWS:
-            r = measure(opts, policy, target, schedule=sched, baseline=base)
+            r = rk.sources.measure(
+                source, policy, target, config, schedule=sched, baseline=base, warn=False
+            )
             act = r.breakdown["activations"]
             ref = act if ref is None else ref
             rows.append(

@@ -27,22 +27,26 @@ SHAPE = ("--layers", "32", "--width", "2048", "--heads", "16", "--kv-heads", "8"
 POLICIES = ("none", "full", "minimal", "dots_no_batch", "block")
 
 
-def _options(depth: str):
-    from remat_kit_models.options import Options
+def _request():
+    """The unrolled model's request (SHAPE's sizes) and its train config (batch 1)."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
 
     shape = (("layers", 32), ("width", 2048), ("heads", 16), ("kv_heads", 8), ("ff", 8192))
-    return Options("llama3-8b", 1, 2048, scan_layers=False, overrides=shape, depth=depth)
+    return PresetSpec("llama3-8b", scan_layers=False, overrides=shape), rk.TrainConfig(1, 2048)
 
 
 def figures(target: str, policies: Sequence[str]) -> list[dict]:
     import remat_kit as rk
-    from remat_kit_models.measure import measure
 
     rk.cache.set_enabled(False)
     rows = []
     for pol in policies:
         start = time.perf_counter()
-        r = measure(_options("check"), pol, target)
+        spec, config = _request()
+        r = rk.sources.measure(
+            rk.sources.resolve(spec), pol, target, config, warn=False, depth="check"
+        )
         d = r.meta["depth"]
         if d["mode"] != "verified":
             rows.append({"policy": pol, "mode": d["mode"], "reason": d.get("reason")})

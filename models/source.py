@@ -258,13 +258,15 @@ def _catalogue() -> list[tuple[str, ModelConfig]]:
     return [(name, get_config(name)) for name in preset_names()]
 
 
-#: Presets by name (``--model llama3-8b``): any name without a colon, which a factory has.
+#: Presets by name (``--model llama3-8b``): any name without a colon (a factory's has one)
+#: that no plugin's kind claims; an unknown one is named with its close matches.
 PRESET = rk.sources.SourceKind(
     "preset",
     PresetSpec,
     _resolve,
     "model",
     claims=lambda name: ":" not in name,
+    fallback=True,
     catalogue=_catalogue,
 )
 

@@ -25,7 +25,7 @@ from remat_kit.cli import main
 from remat_kit.errors import BadOutput, BadValue, DoesNotFit, UnknownName
 from remat_kit.notes import Note
 from remat_kit.render.files import check_output, write_json
-from remat_kit_models.measure import Options, check_sizes, cudnn_problem, resolve_attention
+from remat_kit_models.configure import check_sizes, cudnn_problem, resolve_attention
 
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
 DATA = Path(__file__).resolve().parent / "data"
@@ -364,7 +364,7 @@ def _llama(**overrides):
         ),
         (
             lambda: check_sizes(
-                Options("gpt2-small", batch=10**9, seq=512),
+                rk.TrainConfig(batch=10**9, seq=512),
                 models.get_config("gpt2-small"),
                 rk.target("h100"),
             ),
@@ -402,16 +402,16 @@ def test_sizes_just_inside_the_limits_pass():
     """The size checks reject only the absurd: one token under each limit is accepted."""
     h100 = rk.target("h100")
     tiny = models.get_config("tiny-llama")
-    check_sizes(Options("tiny-llama", batch=2**24 - 1, seq=128), tiny, h100)
+    check_sizes(rk.TrainConfig(batch=2**24 - 1, seq=128), tiny, h100)
     with pytest.raises(BadValue, match="2147483648 tokens per step"):
-        check_sizes(Options("tiny-llama", batch=2**24, seq=128), tiny, h100)
+        check_sizes(rk.TrainConfig(batch=2**24, seq=128), tiny, h100)
     # logits = batch * seq * vocab * 4 bytes; the limit is 1000x the device's memory.
     vocab = 2**20
     limit_tokens = 1000 * h100.memory_bytes // (vocab * 4)
     wide = tiny.replace(vocab_size=vocab)
-    check_sizes(Options("tiny-llama", batch=limit_tokens // 128, seq=128), wide, h100)
+    check_sizes(rk.TrainConfig(batch=limit_tokens // 128, seq=128), wide, h100)
     with pytest.raises(BadValue, match="the logits alone"):
-        check_sizes(Options("tiny-llama", batch=limit_tokens // 128 + 1, seq=128), wide, h100)
+        check_sizes(rk.TrainConfig(batch=limit_tokens // 128 + 1, seq=128), wide, h100)
 
 
 def test_a_refused_write_leaves_nothing(tmp_path):

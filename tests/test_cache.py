@@ -27,6 +27,21 @@ def cache_dir(tmp_path, monkeypatch):
     cache.set_enabled(None)
 
 
+def _preset(model, batch, seq, *, optimizer="adamw", accum=1, precision=None, lora=0, **shape):
+    """A preset's source (``shape``: its spec's fields) and its train config."""
+    from remat_kit_models.spec import PresetSpec
+
+    config = rk.TrainConfig(
+        batch,
+        seq,
+        optimizer=optimizer,
+        accum=accum,
+        lora=lora > 0,
+        precision=rk.train.regime(precision) if precision else None,
+    )
+    return rk.sources.resolve(PresetSpec(model, lora=lora, **shape)), config
+
+
 def _lowered(n=64):
     f = lambda a: jnp.sin(a @ a).sum()
     return jax.jit(jax.grad(f)).lower(jax.ShapeDtypeStruct((n, n), jnp.float32))
@@ -324,26 +339,29 @@ def test_the_code_fingerprint_follows_the_source(tmp_path, monkeypatch):
 def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
     """The second identical report neither traces nor compiles, and reads back field for field;
     another policy is measured afresh."""
-    from remat_kit_models import measure as m
     from remat_kit_models import source
 
-    opts = m.Options("tiny-llama", batch=2, seq=32, attention="xla")
-    first = m.measure(opts, "minimal", "h100")
+    src, config = _preset(model="tiny-llama", batch=2, seq=32, attention="xla")
+
+    def measure(policy):
+        return rk.sources.measure(src, policy, "h100", config, warn=False)
+
+    first = measure("minimal")
     assert first.compile_seconds > 0
 
     def untouchable(*args, **kwargs):
         raise AssertionError("a remembered report must not build the step")
 
     monkeypatch.setattr(source, "train_step", untouchable)
-    again = m.measure(opts, "minimal", "h100")
+    again = measure("minimal")
     assert again.compile_seconds == 0.0
     want = {**first.to_dict(), "compile_seconds": 0.0}
     assert json.loads(json.dumps(again.to_dict())) == json.loads(json.dumps(want))
     assert again.tags == first.tags and isinstance(again.tags, tuple)
     with pytest.raises(AssertionError, match="must not build"):
-        m.measure(opts, "full", "h100")
+        measure("full")
     with pytest.raises(AssertionError, match="must not build"), cache.bypassed():
-        m.measure(opts, "minimal", "h100")
+        measure("minimal")
 
 
 def test_memory_report_from_dict_rejects_other_fields():
@@ -441,12 +459,11 @@ _REPORTS = {  # one input changed each, from _BASE under "full" on the h100
 
 
 def _report_key(keys, changes, policy, schedule, target):
-    from remat_kit_models.measure import Options, measure
-
     if target == "MEM_FRACTION":
         target = rk.target("h100", mem_fraction=0.9)
+    src, config = _preset(**{**_BASE, **changes})
     with pytest.raises(_Asked):
-        measure(Options(**{**_BASE, **changes}), policy, target, schedule=schedule)
+        rk.sources.measure(src, policy, target, config, schedule=schedule, warn=False)
     kind, key = keys[-1]
     assert kind == "report"
     return key

@@ -28,18 +28,13 @@ SMALL = [
 ]
 
 
-def _small_options():
-    """SMALL as the presets' Options, for the figures the tests compute apart."""
-    from remat_kit_models.measure import Options
+def _small_request():
+    """SMALL as a preset's source and train config, for the figures the tests compute apart."""
+    import remat_kit as rk
+    from remat_kit_models.spec import PresetSpec
 
-    return Options(
-        "tiny-llama",
-        batch=2,
-        seq=256,
-        optimizer="sgd",
-        attention="xla",
-        overrides=(("width", 256), ("heads", 4)),
-    )
+    spec = PresetSpec("tiny-llama", attention="xla", overrides=(("width", 256), ("heads", 4)))
+    return rk.sources.resolve(spec), rk.TrainConfig(2, 256, optimizer="sgd")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +57,7 @@ def compared(tmp_path_factory):
 
 @pytest.mark.slow
 def test_compare_writes_rows(compared):
-    from remat_kit_models.measure import residuals
+    from remat_kit import sources
 
     code, out = compared
     assert code == 0
@@ -82,8 +77,9 @@ def test_compare_writes_rows(compared):
     assert none["saved_vs_none"] == 0 and none["recompute_overhead"] == pytest.approx(0, abs=1e-9)
     assert full["peak_bytes"] < none["peak_bytes"]
     # What XLA put in host memory is what the trace says the policy offloads, to the byte.
-    opts = _small_options()
-    offloaded = residuals(opts, "offload_dots_no_batch", "h100").bytes_by("offloaded")
+    src, config = _small_request()
+    kept = sources.residuals(src, "offload_dots_no_batch", "h100", config)
+    offloaded = kept.bytes_by("offloaded")
     assert off["host_bytes"] == offloaded > 0 == none["host_bytes"] == full["host_bytes"]
     with open(out / "rows.csv") as f:
         got = list(csv.DictReader(f))
@@ -94,13 +90,12 @@ def test_compare_writes_rows(compared):
 @pytest.mark.slow
 def test_compare_reads_the_flops_of_none_off_its_row(compared, tmp_path, monkeypatch):
     from remat_kit import sources
-    from remat_kit_models.measure import baseline_flops
 
     _, out = compared
     none, full, _ = json.loads((out / "rows.json").read_text())
     # The row's FLOPs are the baseline a separate trace of "none" counts.
-    opts = _small_options()
-    traced = baseline_flops(opts, "h100")
+    src, config = _small_request()
+    traced = sources.step_flops(src, "none", "h100", config)
     assert none["flops"] == pytest.approx(traced, rel=1e-9)
     assert full["recompute_overhead"] == pytest.approx(full["flops"] / traced - 1, rel=1e-9)
     assert full["recompute_overhead"] > 0.1

@@ -16,19 +16,19 @@ import pytest
 import remat_kit as rk
 import remat_kit.render.timeline
 import remat_kit_models as models
-from conftest import SMALL
+from conftest import SMALL, small_request
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.cli import inspect as inspect_cli
 from remat_kit.peak import CATEGORIES, InspectError, diff, dump
 from remat_kit.peak.parsers import parse_buffer_assignment, parse_hlo, parse_live_range
-from remat_kit_models.measure import Options, model_config
+from remat_kit_models.configure import model_config
 
 
 def _step(policy: str, scan: bool = True):
-    opts = Options(**{**SMALL, "scan_layers": scan})
+    spec, config = small_request(scan)
     target = rk.target("h100")
-    cfg = model_config(opts, rk.as_policy(policy), target)
-    return rk.build_train_step(models.build(cfg), opts.train_config()), target
+    cfg = model_config(spec, config, rk.as_policy(policy), target)
+    return rk.build_train_step(models.build(cfg), config), target
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from remat_kit.breakdown import (
 )
 from remat_kit.cli import main
 from remat_kit.errors import BadValue, InspectError
-from remat_kit_models.measure import Options, measure
+from remat_kit_models.spec import PresetSpec
 
 
 def _bytes(tree) -> int:
@@ -55,9 +55,12 @@ def test_parts_sum_to_the_compiled_peak(step):
 
 @pytest.mark.slow
 def test_report_keeps_the_estimate_labelled():
-    opts = Options("tiny-llama", 2, 64, precision="bf16")
-    measured = measure(opts, "minimal", "h100", measured_breakdown=True)
-    estimated = measure(opts, "minimal", "h100")
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+    config = rk.TrainConfig(2, 64, precision="bf16")
+    measured = rk.sources.measure(
+        src, "minimal", "h100", config, warn=False, measured_breakdown=True
+    )
+    estimated = rk.sources.measure(src, "minimal", "h100", config, warn=False)
     assert measured.peak_bytes == estimated.peak_bytes
     assert measured.meta["breakdown"] == "measured"
     assert measured.meta["breakdown_estimate"] == dict(estimated.breakdown)
@@ -70,10 +73,12 @@ def test_report_keeps_the_estimate_labelled():
 
 def test_sharded_step_is_refused():
     with pytest.raises(BadValue, match="unsharded"):
-        measure(
-            Options("tiny-llama", 8, 64, shard="fsdp:8"),
+        rk.sources.measure(
+            rk.sources.resolve(PresetSpec("tiny-llama", shard="fsdp:8")),
             "full",
             rk.target("h100", devices=8),
+            rk.TrainConfig(8, 64),
+            warn=False,
             measured_breakdown=True,
         )
 

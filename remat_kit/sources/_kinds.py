@@ -84,6 +84,9 @@ class SourceKind:
         ``claims``.
       claims: whether a name given in ``names_by`` is one of this kind's (a factory's has a
         colon, ``file.py:NAME``; a preset's has none).
+      fallback: the kind takes a name it claims only where no other kind claims it: a
+        plugin's kind that claims ``toy-small`` wins over the presets, which claim every name
+        without a colon, and one that claims ``maxtext:...`` over factories.
       trains: the train-config fields (of :data:`TRAIN_FIELDS`) its steps honour; a request
         that sets another is refused.
       catalogue: the models the kind knows by name, ``[(name, config)]`` (presets), or None.
@@ -98,6 +101,7 @@ class SourceKind:
     resolve: Callable[[Any], StepSource]
     names_by: str
     claims: Callable[[str], bool] = _anything
+    fallback: bool = False
     trains: frozenset[str] = TRAIN_FIELDS
     catalogue: Callable[[], Sequence[tuple[str, Any]]] | None = None
 
@@ -292,6 +296,8 @@ def kind_named(field: str, name: str) -> SourceKind:
     if not by_field:
         raise unknown("model field", field, sorted({k.names_by for k in kinds().values()}))
     claiming = [k for k in by_field if k.claims(name)]
+    if len(claiming) > 1:
+        claiming = [k for k in claiming if not k.fallback]
     if len(claiming) != 1:
         which = ", ".join(k.name for k in claiming or by_field)
         raise BadValue(

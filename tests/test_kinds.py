@@ -1,0 +1,138 @@
+"""Kinds of model source: requests, the entry-point registry and the one refusal of flags.
+
+A toy kind (tests/data/toy_plugin: one module and one entry point) is installed the way a
+package installs one, by a ``.dist-info`` folder on the path, and measured end to end.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+import remat_kit as rk
+from remat_kit.cli import main
+from remat_kit.errors import BadType, BadValue
+from remat_kit.sources import FactorySpec, SourceKind, StepSpec, kind_named, kind_of, kinds
+from remat_kit_models.spec import HFSpec, PresetSpec
+
+TOY = Path(__file__).resolve().parent / "data" / "toy_plugin"
+
+
+@pytest.fixture
+def toy_installed(monkeypatch):
+    monkeypatch.syspath_prepend(str(TOY))
+    kinds.cache_clear()
+    yield sys.modules.get("toy_source") or __import__("toy_source")
+    kinds.cache_clear()  # the path is restored after this: read the kinds again without it
+
+
+def _entry_points(tmp_path, line: str):
+    dist = tmp_path / "bad-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: bad\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text(f"[remat_kit.sources]\n{line}\n")
+
+
+def test_the_installed_kinds_are_ours_and_the_presets_plugins():
+    assert sorted(kinds()) == ["factory", "hf", "preset", "step"]
+    assert kinds()["preset"].spec is PresetSpec and kinds()["hf"].spec is HFSpec
+
+
+@pytest.mark.parametrize(
+    ("field", "name", "kind"),
+    [
+        ("model", "llama3-8b", "preset"),
+        ("model", "no-such-preset", "preset"),  # the preset kind names it, with close matches
+        ("model", "tests/data/factories.py:deep", "factory"),
+        ("model", "pkg.module:NAME", "factory"),
+        ("hf_config", "config.json", "hf"),
+        ("step", "own.py:step", "step"),
+    ],
+)
+def test_a_name_is_claimed_by_one_kind(field, name, kind):
+    assert kind_named(field, name).name == kind
+
+
+@pytest.mark.parametrize(
+    ("spec", "kind"),
+    [
+        (PresetSpec("tiny-llama"), "preset"),
+        (HFSpec("c.json"), "hf"),
+        (FactorySpec("f.py:m"), "factory"),
+        (StepSpec("f.py:s"), "step"),
+    ],
+)
+def test_a_spec_is_of_one_kind(spec, kind):
+    assert kind_of(spec).name == kind
+
+
+def test_a_value_that_is_no_spec_is_a_typed_error_naming_the_specs():
+    with pytest.raises(BadType, match=r"not a model spec: give one of FactorySpec, HFSpec"):
+        rk.sources.resolve("tiny-llama")
+
+
+def test_a_kind_whose_name_field_has_a_default_or_is_missing_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        model: str = "x"
+
+    with pytest.raises(BadValue, match="names_by='model' must be a field of Spec without"):
+        SourceKind("x", Spec, lambda s: None, "model")
+    with pytest.raises(BadValue, match="names_by='name' must be a field"):
+        SourceKind("x", StepSpec, lambda s: None, "name")
+    with pytest.raises(BadValue, match=r"trains=\['seq'\] must be among"):
+        SourceKind("x", StepSpec, lambda s: None, "step", trains={"seq"})
+
+
+def test_the_toy_kind_wins_over_the_presets_fallback(toy_installed):
+    assert "toy" in kinds()
+    assert kind_named("model", "toy-64").name == "toy"
+    assert kind_named("model", "tiny-llama").name == "preset"
+
+
+def test_two_kinds_that_claim_a_name_are_an_error(toy_installed, monkeypatch):
+    twin = dataclasses.replace(toy_installed.TOY, name="twin")
+    found = {**kinds(), "twin": twin}
+    monkeypatch.setattr(rk.sources._kinds, "kinds", lambda: found)
+    with pytest.raises(BadValue, match=r"claimed by 2 kinds of source \(toy, twin\)"):
+        rk.sources._kinds.kind_named("model", "toy-64")
+
+
+def test_an_entry_point_that_names_no_kind_is_a_typed_error(tmp_path, monkeypatch):
+    _entry_points(tmp_path, "bad = remat_kit.sources:resolve")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kinds.cache_clear()
+    try:
+        with pytest.raises(BadType, match=r"entry point bad = 'remat_kit.sources:resolve'"):
+            kinds()
+    finally:
+        kinds.cache_clear()
+
+
+@pytest.mark.slow
+def test_the_toy_kind_measures_as_a_bare_compile_of_its_model(toy_installed):
+    src = rk.sources.resolve(toy_installed.ToySpec("toy-64", layers=3))
+    config = rk.TrainConfig(batch=2, seq=32, optimizer="sgd")
+    report = rk.sources.measure(src, "full", "h100", config)
+    # Independent: the same module, stepped by hand and compiled bare.
+    module = toy_installed._Toy(64, 3, rk.policy("full"))
+    step = rk.build_train_step(module, config)
+    bare = rk.memory_report(
+        step.fn, *step.args, target="h100", donate_argnums=step.donate_argnums
+    )
+    assert report.peak_bytes == bare.peak_bytes
+    assert src.n_layers() == 3
+
+
+@pytest.mark.slow
+def test_the_cli_measures_the_toy_and_refuses_what_its_spec_lacks(toy_installed, capsys):
+    argv = ["report", "--model", "toy-64", "--layers", "3", "--batch", "2", "--seq", "32"]
+    assert main([*argv, "--target", "h100", "--optimizer", "sgd"]) == 0
+    assert "toy-64" in capsys.readouterr().out
+    assert main([*argv, "--lora", "4", "--width", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat-kit: --lora, --width with --model toy-64: a toy source takes ")
+    assert "--layers" in err and err.count("\n") == 1
