@@ -18,13 +18,12 @@ from jax.errors import JaxRuntimeError
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.search._boundary import UNBUILDABLE, bracket, plan_at
 from remat_kit.search._fit import NotedFit
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
-from remat_kit.search.planner import Plan, plan
+from remat_kit.search.planner import Plan
 from remat_kit.search.workload import DEFAULT_HIDE, FIXED_PARTS, FULL, Workload
 
-#: The "peak" of a batch XLA refused to build: over any limit.
-UNBUILDABLE = 1 << 62
 #: How far (a fraction) the first peak read off shallow copies may be from the full step's
 #: for the search to go on with copies. Measured on a 2048-wide Llama, 32 layers, under
 #: ``full``: 0.03% at batch 1, but at batch 4 and 17 the copies' lines were 2.3x over.
@@ -209,12 +208,12 @@ def max_batch(
             # before any gradient exists (end of the forward pass, the loss), on a steeper
             # line through what no batch changes; follow that one from the smallest batch
             # known not to fit.
-            lo, hi = _bracket(known, limit)
+            lo, hi = bracket(known, limit)
             guess = None if hi is None else _forward_line(workload, known, hi, step, limit)
             inside = guess is not None and hi is not None and lo < guess < hi
             if inside and peak(guess) <= limit and peak(guess + 1) > limit:
                 method = "two lines"
-    lo, hi = _bracket(known, limit)
+    lo, hi = bracket(known, limit)
     if method == "bisection":
         lo, hi = _narrow(peak, known, limit, lo, hi, units_cap)
         if hi is None:
@@ -375,8 +374,8 @@ def _verify_boundary(
         for units in (lo, hi):
             if units:
                 whole(units)
-        bracket = _bracket(known, limit)
-        if bracket == (lo, hi):
+        now = bracket(known, limit)
+        if now == (lo, hi):
             return lo, hi
         for units in [u for u in known if u not in exact and known[u] != UNBUILDABLE]:
             del known[units]
@@ -386,16 +385,7 @@ def _verify_boundary(
             whole(guess)
             if guess < cap:
                 whole(guess + 1)
-        lo, hi = _narrow(whole, known, limit, *_bracket(known, limit), cap)
-
-
-def _bracket(known: dict[int, int], limit: int) -> tuple[int, int | None]:
-    """The largest batch known to fit (0: none) and the smallest known not to (None: none)."""
-    fits = [u for u, p in known.items() if p <= limit]
-    over = [u for u, p in known.items() if p > limit]
-    lo = max(fits, default=0)
-    hi = min((u for u in over if u > lo), default=None)
-    return lo, hi
+        lo, hi = _narrow(whole, known, limit, *bracket(known, limit), cap)
 
 
 def _narrow(
@@ -501,18 +491,16 @@ def max_batch_plan(
     full = max_batch(workload, FULL, headroom=headroom, start=start)
     if not full.fits:
         return full, None
-    p = plan(
-        workload, full.max_batch, None, headroom=headroom, offload=offload, hide=hide, extra=extra
-    )
-    fit = dataclasses.replace(
+    return plan_at(
         full,
-        policy=p.policy.spec,
-        schedule=p.schedule.spec,
-        peak_bytes=p.peak_bytes,
-        recompute_overhead=p.recompute_overhead,
-        compiles=workload.compiles - before,
-        seconds=time.perf_counter() - t0,
-        xla_remat=bool(p.report and p.report.xla_remat),
-        note=Note("plan_at_max_batch", {"max_batch": full.max_batch, "plan": p.note}),
+        workload,
+        full.max_batch,
+        limit_bytes=None,
+        headroom=headroom,
+        offload=offload,
+        hide=hide,
+        extra=extra,
+        compiles=lambda: workload.compiles - before,
+        t0=t0,
+        note=lambda n: Note("plan_at_max_batch", {"max_batch": full.max_batch, "plan": n}),
     )
-    return fit, p

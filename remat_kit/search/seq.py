@@ -26,9 +26,10 @@ from remat_kit.errors import BadType, BadValue
 from remat_kit.notes import Note
 from remat_kit.policies import PolicyLike, as_policy
 from remat_kit.schedules import parse_schedule
+from remat_kit.search._boundary import UNBUILDABLE, bracket, plan_at
 from remat_kit.search._fit import NotedFit
 from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
-from remat_kit.search.planner import Plan, plan
+from remat_kit.search.planner import Plan
 from remat_kit.search.workload import DEFAULT_HIDE, FULL, Workload
 
 __all__ = [
@@ -53,8 +54,6 @@ MODEL_STEPS = 6
 #: Three peaks whose parabola bends by less than this share of their rise read as a line.
 CURVED = 0.01
 
-#: The "peak" of a sequence XLA or the model refused to build: over any limit.
-UNBUILDABLE = 1 << 62
 
 #: A builder: the step at a sequence length, as a Workload (its ``seq`` that length).
 Builder = Callable[[int], Workload]
@@ -384,7 +383,7 @@ def _search(
 
     widths: list[float] = []  # the bracket's width before each prediction
     while True:
-        lo, hi = _bracket(known, limit)
+        lo, hi = bracket(known, limit)
         if _closed(lo, hi, cap):
             break
         widths.append(math.inf if hi is None else hi - lo)
@@ -413,11 +412,11 @@ def _search(
         u, before = _inside(guess, lo, hi, cap), (lo, hi)
         probe(u)
         refused = known[u] >= UNBUILDABLE
-        if at_end and not refused and not _closed(*_bracket(known, limit), cap):
+        if at_end and not refused and not _closed(*bracket(known, limit), cap):
             toward = "up" if known[u] <= limit else "down"  # the curve missed on this side
             break
     while True:
-        lo, hi = _bracket(known, limit)
+        lo, hi = bracket(known, limit)
         if _closed(lo, hi, cap):
             break
         method = "bisection"
@@ -444,13 +443,6 @@ def _closed(lo: int, hi: int | None, cap: int) -> bool:
 def _inside(guess: int, lo: int, hi: int | None, cap: int) -> int:
     """``guess`` moved strictly inside the bracket (and up to the cap): never a known unit."""
     return max(lo + 1, min(guess, cap if hi is None else hi - 1))
-
-
-def _bracket(known: dict[int, int], limit: int) -> tuple[int, int | None]:
-    """The longest known to fit (0: none) and the shortest longer one known not to (None)."""
-    lo = max((u for u, p in known.items() if p <= limit), default=0)
-    hi = min((u for u, p in known.items() if p > limit and u > lo), default=None)
-    return lo, hi
 
 
 def _predict(known: dict[int, int], limit: int, lo: int, hi: int | None) -> tuple[int | None, str]:
@@ -556,27 +548,19 @@ def max_seq_plan(
     )
     if not full.fits:
         return full, None
-    p = plan(
+    return plan_at(
+        full,
         probes(full.max_seq),
         batch,
-        limit_bytes,
+        limit_bytes=limit_bytes,
         headroom=headroom,
         offload=offload,
         hide=hide,
         extra=extra,
+        compiles=lambda: probes.compiles - before,
+        t0=t0,
+        note=lambda n: Note("plan_at_max_seq", {"max_seq": full.max_seq, "plan": n}),
     )
-    fit = dataclasses.replace(
-        full,
-        policy=p.policy.spec,
-        schedule=p.schedule.spec,
-        peak_bytes=p.peak_bytes,
-        recompute_overhead=p.recompute_overhead,
-        compiles=probes.compiles - before,
-        seconds=time.perf_counter() - t0,
-        xla_remat=bool(p.report and p.report.xla_remat),
-        note=Note("plan_at_max_seq", {"max_seq": full.max_seq, "plan": p.note}),
-    )
-    return fit, p
 
 
 def seq_multiple(plan: Any) -> int:
