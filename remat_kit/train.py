@@ -324,27 +324,9 @@ def build_train_step(
         boxed = jax.eval_shape(
             lambda key, t: module.init(key, t, **extra(t)), jax.random.key(rng_seed), micro
         )
-    params = _sharding.strip_boxes(boxed)
-    flat = traverse_util.flatten_dict(params)
-    if trainable is None:
-        trainable = (
-            (lambda path: any("lora" in str(k) for k in path))
-            if config.lora
-            else (lambda path: True)
-        )
-    train_keys = [k for k in flat if trainable(k)]
-    if config.lora and not train_keys:
-        raise BadValue(
-            "LoRA asked for but the module has no parameter with 'lora' in its path; "
-            "build the model with lora_rank > 0 (e.g. lora_rank=16)",
-            param="lora",
-        )
-    if not train_keys:
-        raise BadValue("no trainable parameters: the trainable predicate matched nothing")
+    tr_abs, fr_abs = _trained_and_frozen(_sharding.strip_boxes(boxed), config, trainable)
     streams = _check_streams(rng_streams)
     prec = config.precision
-    tr_abs = {k: flat[k] for k in train_keys}
-    fr_abs = {k: v for k, v in flat.items() if k not in tr_abs}
     optimizer = make_optimizer(config.optimizer, config.learning_rate)
     if prec is not None:
         tr_abs = cast_floats(tr_abs, prec.params)
@@ -362,15 +344,8 @@ def build_train_step(
     if sharding is not None:
         plan, mesh = _plan_and_mesh(sharding, mesh)
         _check_batch(plan, config)
-        p_sh = traverse_util.flatten_dict(_sharding.param_shardings(boxed, plan, mesh))
-        tr_sh = _nest({k: p_sh[k] for k in tr_abs})
-        fr_sh = _nest({k: p_sh[k] for k in fr_abs})
-        opt_sh = _sharding.opt_state_shardings(opt_abs, tr_nested, tr_sh, mesh)
-        b_sh = _sharding.batch_sharding(plan, mesh)
-        in_sh = (tr_sh, fr_sh, opt_sh, {"tokens": b_sh, "targets": b_sh})
-        if streams:
-            in_sh = (*in_sh, NamedSharding(mesh, PartitionSpec()))  # one key, replicated
-        out_sh = (tr_sh, opt_sh, NamedSharding(mesh, PartitionSpec()))
+        in_sh, out_sh = _step_shardings(boxed, plan, mesh, tr_abs, fr_abs, opt_abs, streams)
+        tr_sh = in_sh[0]
         context = lambda: plan.activation_context(mesh)
 
     def constrain(tree: Any) -> Any:
@@ -429,34 +404,14 @@ def build_train_step(
         updates, opt_state = optimizer.update(grads, opt_state, tr)
         return optax.apply_updates(tr, updates), opt_state, loss
 
-    # Bytes by role; per device under a mesh plan (what one device holds of each).
-    size = nbytes if in_sh is None else _sharding.per_device_bytes
-    shard = (lambda i: ()) if in_sh is None else (lambda i: (in_sh[i],))
-    grad_bytes = size(tr_nested, *shard(0))
-    acc_bytes = 0
-    if accum > 1:
-        acc_dtype = config.accum_dtype
-        acc_tree = (
-            tr_nested
-            if acc_dtype is None
-            else jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, acc_dtype), tr_nested)
-        )
-        acc_bytes = size(acc_tree, *shard(0))
-    breakdown = {
-        "weights": grad_bytes + size(fr_nested, *shard(1)),
-        "trainable": grad_bytes,
-        "gradients": grad_bytes,
-        "optimizer": size(opt_abs, *shard(2)),
-        # The dropout key is an input too (8 bytes), so the shapes' sum stays exact.
-        "batch": size(batch, *shard(3)) + (nbytes(rng_abs) if streams else 0),
-        "grad_accumulator": int(acc_bytes),
-    }
+    rng_in = (rng_abs,) if streams else ()
+    breakdown = _breakdown((tr_nested, fr_nested, opt_abs, batch, *rng_in), in_sh, config)
 
     def micro_loss(tr: Any, fr: Any, mb: Mapping[str, jax.Array], *rng: jax.Array) -> jax.Array:
         with context():
             return loss_fn(tr, fr, mb["tokens"], mb["targets"], rng[0] if rng else None)
 
-    rng_args = (rng_abs,) if streams else ()
+    rng_args = rng_in
     if plan is not None:
         # A model must split its sequence itself for cp: a trace, before any compile.
         micro_args = (tr_nested, fr_nested, {"tokens": micro, "targets": micro}, *rng_args)
@@ -476,6 +431,86 @@ def build_train_step(
         precision=_precision_record(prec, tr_nested, fr_nested, opt_abs),
         rng_streams=streams,
     )
+
+
+def _trained_and_frozen(
+    params: Any, config: TrainConfig, trainable: Callable[[tuple[str, ...]], bool] | None
+) -> tuple[dict[tuple[str, ...], Any], dict[tuple[str, ...], Any]]:
+    """The parameters by path, split into those trained and those frozen.
+
+    Raises:
+      BadValue: LoRA asked for on a module without ``lora`` parameters; nothing trainable.
+    """
+    flat = traverse_util.flatten_dict(params)
+    if trainable is None:
+        trainable = (
+            (lambda path: any("lora" in str(k) for k in path))
+            if config.lora
+            else (lambda path: True)
+        )
+    train_keys = [k for k in flat if trainable(k)]
+    if config.lora and not train_keys:
+        raise BadValue(
+            "LoRA asked for but the module has no parameter with 'lora' in its path; "
+            "build the model with lora_rank > 0 (e.g. lora_rank=16)",
+            param="lora",
+        )
+    if not train_keys:
+        raise BadValue("no trainable parameters: the trainable predicate matched nothing")
+    trained = {k: flat[k] for k in train_keys}
+    return trained, {k: v for k, v in flat.items() if k not in trained}
+
+
+def _step_shardings(
+    boxed: Any,
+    plan: _sharding.MeshPlan,
+    mesh: Mesh,
+    trained: Mapping[tuple[str, ...], Any],
+    frozen: Mapping[tuple[str, ...], Any],
+    opt_abs: Any,
+    streams: tuple[str, ...],
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The step's ``in_shardings`` (trained, frozen, optimizer state, batch[, key]) and
+    ``out_shardings`` (trained, optimizer state, loss) under ``plan``: the parameters as
+    their logical-axis boxes say, the optimizer state like the weights it follows."""
+    p_sh = traverse_util.flatten_dict(_sharding.param_shardings(boxed, plan, mesh))
+    tr_sh = _nest({k: p_sh[k] for k in trained})
+    fr_sh = _nest({k: p_sh[k] for k in frozen})
+    opt_sh = _sharding.opt_state_shardings(opt_abs, _nest(dict(trained)), tr_sh, mesh)
+    b_sh = _sharding.batch_sharding(plan, mesh)
+    in_sh: tuple[Any, ...] = (tr_sh, fr_sh, opt_sh, {"tokens": b_sh, "targets": b_sh})
+    if streams:
+        in_sh = (*in_sh, NamedSharding(mesh, PartitionSpec()))  # one key, replicated
+    return in_sh, (tr_sh, opt_sh, NamedSharding(mesh, PartitionSpec()))
+
+
+def _breakdown(
+    args: tuple[Any, ...], in_sh: tuple[Any, ...] | None, config: TrainConfig
+) -> dict[str, int]:
+    """Bytes of the step's arguments by role (``TrainStep.breakdown``); per device under a
+    mesh plan (what one device holds of each)."""
+    trained, frozen, opt_abs, batch, *rng = args
+    size = nbytes if in_sh is None else _sharding.per_device_bytes
+    shard = (lambda i: ()) if in_sh is None else (lambda i: (in_sh[i],))
+    grad_bytes = size(trained, *shard(0))
+    acc_bytes = 0
+    if config.accum > 1:
+        acc_dtype = config.accum_dtype
+        acc_tree = (
+            trained
+            if acc_dtype is None
+            else jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, acc_dtype), trained)
+        )
+        acc_bytes = size(acc_tree, *shard(0))
+    return {
+        "weights": grad_bytes + size(frozen, *shard(1)),
+        "trainable": grad_bytes,
+        "gradients": grad_bytes,
+        "optimizer": size(opt_abs, *shard(2)),
+        # The dropout key is an input too (8 bytes), so the shapes' sum stays exact.
+        "batch": size(batch, *shard(3)) + sum(nbytes(r) for r in rng),
+        "grad_accumulator": int(acc_bytes),
+    }
 
 
 def logits_of(out: Any) -> jax.Array:
