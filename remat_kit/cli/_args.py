@@ -78,6 +78,16 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
       >>> p.parse_args(["--model", "tiny-llama", "--batch", "2"]).batch
       2
     """
+    _add_source_args(p)
+    _add_training_args(p, batch_help)
+    _add_measuring_args(p)
+    _add_shape_args(p)
+    p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+
+
+def _add_source_args(p: argparse.ArgumentParser) -> None:
+    # The model: a preset, a factory or a Hugging Face config, or a step of the user's; how
+    # a factory's model is rematerialized and tagged.
     p.add_argument(
         "--model",
         default=None,
@@ -113,6 +123,11 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         "hf+gpt2+gemma names, else module paths) | hf | gpt2 | gemma | easydel | maxtext | "
         "paths (module paths only) | none (the model's own tags only); join sets with +",
     )
+
+
+def _add_training_args(p: argparse.ArgumentParser, batch_help: str) -> None:
+    # The target and the train config: batch, sequence, optimizer, LoRA, accumulation,
+    # precision, dropout, the attention kernel and the layer loop.
     p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
     p.add_argument("--batch", type=positive_int, default=4, help=batch_help)
     p.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence")
@@ -143,6 +158,10 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         "--attention", default="auto", help="xla | cudnn | auto (cudnn on NVIDIA targets)"
     )
     p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
+
+
+def _add_measuring_args(p: argparse.ArgumentParser) -> None:
+    # How the target's devices are counted and shared, and how the step is compiled.
     p.add_argument("--gpus", type=positive_int, default=1, help="devices of the target")
     p.add_argument(
         "--mem-fraction",
@@ -168,6 +187,10 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         help="compile afresh: neither read nor write the cache of compiled analyses "
         "(~/.cache/remat_kit, or REMAT_KIT_CACHE_DIR)",
     )
+
+
+def _add_shape_args(p: argparse.ArgumentParser) -> None:
+    # The mesh plan, and the overrides of a preset's sizes (a factory takes --layers).
     add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
     for flag, help_text in (
         ("--layers", "number of layers"),
@@ -199,7 +222,6 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
         default=None,
         help="expert slots per token share under --moe-impl capacity (default 1.25)",
     )
-    p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
 
 
 def add_shard_args(parser: argparse.ArgumentParser) -> None:
