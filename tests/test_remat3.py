@@ -88,7 +88,7 @@ def test_a_policy_found_in_a_jaxpr_is_the_one_rk_remat_was_given(remat3):
     forward = jax.make_jaxpr(_model("minimal"))(*ARGS)
     found = checks.checkpoint_policies(forward)
     assert len(found) == 2
-    assert all(checks._same_policy(fn, rk.policy("minimal")) for fn, _ in found)
+    assert all(checks.same_policy(fn, rk.policy("minimal")) for fn, _ in found)
     assert all(tags == {"mlpwi", "block_out"} for _, tags in found)
 
 

@@ -80,7 +80,7 @@ def test_layer_plan_policies():
 def _checkpoints(closed):
     """(layer scope, policy name) of every top-level checkpoint of a jaxpr, in order."""
     return [
-        (str(e.source_info.name_stack), checks._policy_of(e.params["policy"]).name)
+        (str(e.source_info.name_stack), checks.policy_of(e.params["policy"]).name)
         for e in closed.jaxpr.eqns
         if e.primitive.name in ("checkpoint", "remat2", "remat")
     ]
@@ -104,7 +104,7 @@ def test_a_layer_plan_puts_each_policy_on_the_layers_it_names(scan):
         )
 
     closed = jax.make_jaxpr(f)(w)
-    got = [checks._policy_of(p).name for p, _ in checks.checkpoint_policies(closed)]
+    got = [checks.policy_of(p).name for p, _ in checks.checkpoint_policies(closed)]
     if scan:  # a run of layers is one checkpoint inside its scan: one per run after layer 0
         assert got == ["minimal", "full", "minimal", "dots"]
     else:
