@@ -94,6 +94,11 @@ class PresetSource(rk.sources.StepSource):
         _check_lora(self.request, config)
         model_config(self.request, config, rk.policies.FULL, target)
 
+    def train_config(self, config: rk.TrainConfig) -> rk.TrainConfig:
+        """``config`` in the default regime (``rk.train.DEFAULT_PRECISION``) where it names
+        none: our models always compute in one."""
+        return _in_regime(config)
+
     def notes(self, config: rk.TrainConfig, target: rk.Target) -> tuple[Note, ...]:
         """Why ``attention="auto"`` chose XLA's attention on a target that runs cuDNN's (the
         rule of cuDNN's kernel the model or the sequence length breaks); else none."""
@@ -114,7 +119,7 @@ class PresetSource(rk.sources.StepSource):
     ) -> rk.sources.SourceStep:
         """The preset's train step (the StepSource protocol): see :func:`train_step`."""
         _check_lora(self.request, config)
-        config = _in_regime(config)
+        config = self.train_config(config)
         cfg = model_config(self.request, config, policy, target, schedule)
         step = train_step(self.request, cfg, config, target, sharded=sharded)
         meta = {

@@ -31,7 +31,7 @@ def _remembered(
         return compute()
     key = {
         **parts,
-        "config": dataclasses.asdict(config),
+        "config": dataclasses.asdict(source.train_config(config)),
         "code_remat_kit": cache.code_fingerprint("remat_kit"),
         **request,
     }

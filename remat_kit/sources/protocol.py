@@ -136,6 +136,12 @@ class StepSource(Protocol):
         del target
         return None
 
+    def train_config(self, config: TrainConfig) -> TrainConfig:
+        """The train config as this source trains it, where it fills in what ``config``
+        leaves open (a preset trains in the default precision regime where none is named):
+        equal configs key the same answers on disk. Default: as given."""
+        return config
+
     def notes(self, config: TrainConfig, target: Target) -> tuple[Note, ...]:
         """What a user should know about how this source's programs are made for ``target``
         (a kernel it chose and why), as notes for the rendering layer. Default none."""
