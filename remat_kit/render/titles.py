@@ -19,8 +19,7 @@ __all__ = [
 
 class RunOptions(Protocol):
     """What a table's title reads of the run (the CLI's ``ModelRun`` has them; its
-    ``optimizer`` is ``"own step"`` for a step of the user's; a ``precision_record()`` method,
-    when there is one, names the precision regime)."""
+    ``optimizer`` is ``"own step"`` for a step of the user's)."""
 
     model: str
     batch: int
@@ -29,6 +28,10 @@ class RunOptions(Protocol):
     lora: int
     accum: int
     shard: str | None
+
+    def precision_record(self) -> Mapping[str, str] | None:
+        """The precision regime as ``precision_words`` reads it (None: the model's own)."""
+        ...
 
 
 _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -104,6 +107,5 @@ def training_line(
 
 
 def opts_precision(opts: RunOptions) -> Mapping[str, str] | None:
-    # remat_kit_models.options.Options names its regime; other option objects may not have one.
-    record = getattr(opts, "precision_record", None)
-    return record() if callable(record) else None
+    """The run's precision record (``RunOptions.precision_record``)."""
+    return opts.precision_record()
