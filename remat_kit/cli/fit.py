@@ -255,13 +255,12 @@ def _throughput(
     return 0
 
 
-def _over_seq(args: argparse.Namespace, given: Any) -> int:
-    """``--over seq``: the longest sequence per policy at a fixed batch, the longest starred.
+def _seq_flags(args: argparse.Namespace, given: Any) -> tuple[int, int]:
+    """``--over seq``'s flags, checked before anything is resolved: the granularity and the
+    cap (``--seq-step``, ``--max-seq``).
 
-    Every flag is checked before the first compile. The sequences are multiples of
-    ``--seq-step``, which must split over the mesh's sequence axis; ``--max-seq`` (the
-    model's longest sequence) is the cap, and a model with learned positions refuses longer
-    sequences, which the search reads as an upper bound.
+    Raises:
+      BadValue: a flag the sequence search does not take, or a cap below the granularity.
     """
     step = DEFAULT_GRANULARITY if args.seq_step is None else args.seq_step
     if args.objective == "throughput":
@@ -285,6 +284,18 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
             f"--seq-step {step} is longer than --max-seq {cap}: nothing to search; give a "
             f"--seq-step of at most {cap}"
         )
+    return step, cap
+
+
+def _over_seq(args: argparse.Namespace, given: Any) -> int:
+    """``--over seq``: the longest sequence per policy at a fixed batch, the longest starred.
+
+    Every flag is checked before the first compile. The sequences are multiples of
+    ``--seq-step``, which must split over the mesh's sequence axis; ``--max-seq`` (the
+    model's longest sequence) is the cap, and a model with learned positions refuses longer
+    sequences, which the search reads as an upper bound.
+    """
+    step, cap = _seq_flags(args, given)
     batch_given = "--batch" in given
     if not batch_given:
         # A batch every --accum and data-parallel split takes; the search's own default is
@@ -344,6 +355,21 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
             rows.append(SeqRow(name, fit))
     seconds = time.perf_counter() - start
     compiles = sum(w.compiles for w in workloads.values())
+    return _print_seq(args, run, rows, batch, step, cap, seconds, compiles)
+
+
+def _print_seq(
+    args: argparse.Namespace,
+    run: Any,
+    rows: list[SeqRow],
+    batch: int,
+    step: int,
+    cap: int,
+    seconds: float,
+    compiles: int,
+) -> int:
+    """``--over seq``'s table, notes and JSON; the exit code (1: nothing fits)."""
+    target = run.target
     out = console(args.wide)
     limit = limit_words(target, args.headroom)
     table = seq_table(rows, target, run, limit_words=limit, compiles=compiles, seconds=seconds)
