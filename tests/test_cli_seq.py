@@ -66,8 +66,7 @@ def test_the_table_stars_the_longest_and_says_it_under_the_table(searched):
 @pytest.mark.slow
 def test_the_json_is_what_the_library_call_gives(searched):
     from remat_kit.targets.runtime import Runtime
-    from remat_kit_models.options import Options
-    from remat_kit_models.source import source_for
+    from remat_kit_models.spec import PresetSpec
 
     _, _, _, data = searched
     assert (data["over"], data["batch"], data["granularity"], data["cap"]) == (
@@ -81,12 +80,15 @@ def test_the_json_is_what_the_library_call_gives(searched):
         rk.target("h100", mem_fraction=FRACTION), runtime=Runtime(FRACTION, "--mem-fraction")
     )
 
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+
     @functools.cache
     def at(seq):
-        # As the CLI builds it (strict: a policy naming no tag is an error), so the programs
-        # are the ones it compiled, read back from the session's compile cache.
-        opts = Options("tiny-llama", batch=1, seq=seq, optimizer="sgd", strict=True)
-        return rk.sources.workload(source_for(opts), target, opts.train_config())
+        # As the CLI builds it (strict: a policy naming no tag is an error; the default
+        # regime named), so the programs are the ones it compiled, read back from the
+        # session's compile cache.
+        config = rk.TrainConfig(1, seq, optimizer="sgd", precision=rk.train.regime())
+        return rk.sources.workload(src, target, config, strict=True)
 
     rows = {row["label"]: row for row in data["rows"]}
     for policy in ("none", "full"):

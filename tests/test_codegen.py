@@ -30,11 +30,12 @@ def _figures(mem):
 
 
 def _lowered(policy, target):
-    from conftest import SMALL
-    from remat_kit_models.measure import Options, model_config, train_step
+    from conftest import small_request
+    from remat_kit_models.configure import model_config
+    from remat_kit_models.source import train_step
 
-    opts = Options(**SMALL)
-    step = train_step(opts, model_config(opts, policy, target), target)
+    spec, config = small_request()
+    step = train_step(spec, model_config(spec, config, policy, target), config, target)
     args = abstract(step.args, target.sharding())
     return jax.jit(step.fn, donate_argnums=step.donate_argnums).lower(*args)
 

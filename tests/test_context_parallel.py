@@ -47,10 +47,22 @@ CP = dict(
 )
 
 
-def _opts(shard, **changes):
-    from remat_kit_models.measure import Options
+def _request(shard, **changes):
+    """CP with ``changes`` (CP's keys) over the mesh plan ``shard``: the preset's spec and its
+    train config."""
+    from remat_kit_models.spec import PresetSpec
 
-    return Options(**{**CP, **changes}, shard=shard)
+    fields = {**CP, **changes}
+    spec = PresetSpec(
+        fields["model"], overrides=fields["overrides"], attention=fields["attention"], shard=shard
+    )
+    config = rk.TrainConfig(
+        fields["batch"],
+        fields["seq"],
+        optimizer=fields["optimizer"],
+        precision=rk.train.regime(params=fields["param_dtype"], compute=fields["dtype"]),
+    )
+    return spec, config
 
 
 def _target(shard):
@@ -59,18 +71,18 @@ def _target(shard):
 
 @functools.cache
 def _report(shard, **changes):
-    from remat_kit_models.measure import measure
-
-    return measure(_opts(shard, **changes), "full", _target(shard))
+    spec, config = _request(shard, **changes)
+    return rk.sources.measure(rk.sources.resolve(spec), "full", _target(shard), config, warn=False)
 
 
 @functools.cache
 def _program(shard, **changes):
     """The optimized HLO of the step for H100s, and its mesh."""
-    from remat_kit_models.measure import model_config, train_step
+    from remat_kit_models.configure import model_config
+    from remat_kit_models.source import train_step
 
-    t, opts = _target(shard), _opts(shard, **changes)
-    step = train_step(opts, model_config(opts, "full", t), t)
+    t, (spec, config) = _target(shard), _request(shard, **changes)
+    step = train_step(spec, model_config(spec, config, "full", t), config, t)
     args = [abstract(a, s) for a, s in zip(step.args, step.in_shardings, strict=True)]
     jitted = jax.jit(step.fn, in_shardings=step.in_shardings, out_shardings=step.out_shardings)
     return jitted.lower(*args).compile().as_text(), step.mesh
@@ -240,9 +252,9 @@ def test_activation_bytes_shrink_with_cp(attention):
 
 @pytest.mark.slow
 def test_no_collective_is_recomputed_when_nothing_is():
-    from remat_kit_models.measure import measure
-
-    r = measure(_opts("fsdp:2,cp:4", batch=2), "none", _target("fsdp:2,cp:4"))
+    spec, config = _request("fsdp:2,cp:4", batch=2)
+    src = rk.sources.resolve(spec)
+    r = rk.sources.measure(src, "none", _target("fsdp:2,cp:4"), config, warn=False)
     rows = r.meta["collectives"].values()
     assert rows and all(row["recomputed_launches"] == row["recomputed_bytes"] == 0 for row in rows)
 
@@ -345,7 +357,7 @@ def test_cp_is_not_a_data_axis_for_the_batch():
 
 def test_cudnn_under_cp_needs_an_even_share_of_the_sequence():
     """cuDNN trains with its (offset) mask only on even lengths: refused, or auto picks xla."""
-    from remat_kit_models.measure import model_config
+    from remat_kit_models.configure import model_config
 
     t = _target("cp:4")
     if not rk.cudnn_attention_available(t):
@@ -353,9 +365,11 @@ def test_cudnn_under_cp_needs_an_even_share_of_the_sequence():
     with pytest.raises(BadValue, match=r"attention='cudnn' cannot train tiny-llama: its training "
                        r"kernel needs an even number of tokens per device \(got seq=1028 over "
                        r"cp:4: 257\): use seq=1024 or 1032, or attention='xla'$"):  # fmt: skip
-        model_config(_opts("cp:4", attention="cudnn", seq=1028), "full", t)
-    assert model_config(_opts("cp:4", attention="auto", seq=1028), "full", t).attention == "xla"
-    assert model_config(_opts("cp:4", attention="auto", seq=1032), "full", t).attention == "cudnn"
+        model_config(*_request("cp:4", attention="cudnn", seq=1028), "full", t)
+    assert model_config(*_request("cp:4", attention="auto", seq=1028), "full", t).attention == "xla"
+    assert (
+        model_config(*_request("cp:4", attention="auto", seq=1032), "full", t).attention == "cudnn"
+    )
     # The per-device path checks it too (a library user's own call), before any compile.
     from remat_kit_models.attention import flash_attention
 

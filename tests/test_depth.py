@@ -7,8 +7,8 @@ compiles of the full-depth step, for a factory that takes ``layers=`` and for a 
 
 from __future__ import annotations
 
-import dataclasses
 import functools
+import types
 
 import jax
 import pytest
@@ -21,9 +21,7 @@ from remat_kit.peak.profile import Section, sections_of
 from remat_kit.render.captions import depth_words
 from remat_kit.residuals import tags_in
 from remat_kit.sources import depth
-from remat_kit_models.measure import measure as measure_preset
-from remat_kit_models.options import Options
-from remat_kit_models.source import source_for
+from remat_kit_models.spec import PresetSpec
 
 FACTORY = "tests/data/factories.py:deep"
 CONFIG = rk.TrainConfig(batch=2, seq=32, optimizer="sgd")
@@ -246,19 +244,18 @@ def test_depth_full_compiles_the_whole_model(factory):
 
 def test_a_factory_without_layers_and_a_scanned_preset_build_no_copies():
     assert sources.from_factory("tests/data/factories.py:untagged").at_depth(2) is None
-    scanned = source_for(Options("tiny-llama", 2, 32))
+    scanned = sources.resolve(PresetSpec("tiny-llama"))
     assert scanned.at_depth(2) is None
-    unrolled = source_for(Options("tiny-llama", 2, 32, scan_layers=False))
+    unrolled = sources.resolve(PresetSpec("tiny-llama", scan_layers=False))
     assert unrolled.at_depth(3).n_layers() == 3
 
 
 @pytest.mark.slow
-def test_an_unrolled_preset_through_the_cli_options_matches_its_full_compile():
-    opts = Options(
-        "tiny-llama", 2, 32, optimizer="sgd", scan_layers=False, overrides=(("layers", 10),)
-    )
-    auto = measure_preset(opts, "minimal", "h100")
-    full = measure_preset(dataclasses.replace(opts, depth="full"), "minimal", "h100")
+def test_an_unrolled_preset_spec_matches_its_full_compile():
+    spec = PresetSpec("tiny-llama", scan_layers=False, overrides=(("layers", 10),))
+    src, config = sources.resolve(spec), rk.TrainConfig(2, 32, optimizer="sgd")
+    auto = sources.measure(src, "minimal", "h100", config, warn=False)
+    full = sources.measure(src, "minimal", "h100", config, warn=False, depth="full")
     assert auto.meta["depth"]["mode"] == "extrapolated" and "depth" not in full.meta
     assert auto.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)
     assert auto.meta["params"] == full.meta["params"]
@@ -360,8 +357,19 @@ def test_plan_table_marks_the_front_points_read_off_copies():
     budget = BASE_BYTES + PER_SAMPLE * 4 + 1
     p = rk.plan(w, batch=4, budget=budget)  # compiled whole: near its budget
     pts = front(w, 4, policies=["full", "none"], schedules=(), plans=[p])
-    opts = Options("tiny-llama", batch=4, seq=16)
-    table = plan_table(p, pts, rk.target("h100"), opts, plan_seconds=0, seconds=0, compiles=0)
+    config = rk.TrainConfig(4, 16, precision=rk.train.regime())
+    # The run as the table's title reads it (remat_kit.render.titles.RunOptions).
+    run = types.SimpleNamespace(
+        model="tiny-llama",
+        batch=config.batch,
+        seq=config.seq,
+        optimizer=config.optimizer,
+        lora=0,
+        accum=config.accum,
+        shard=None,
+        precision_record=lambda: rk.train.planned_precision(config),
+    )
+    table = plan_table(p, pts, rk.target("h100"), run, plan_seconds=0, seconds=0, compiles=0)
     rows = dict(zip(table.columns[0].cells, table.columns[1].cells, strict=True))
     # The plan (none: it fits by a byte) was compiled whole, and its point with it; full,
     # a clear fit, stays the copies' figure.

@@ -120,9 +120,7 @@ def test_the_toy_kind_measures_as_a_bare_compile_of_its_model(toy_installed):
     # Independent: the same module, stepped by hand and compiled bare.
     module = toy_installed._Toy(64, 3, rk.policy("full"))
     step = rk.build_train_step(module, config)
-    bare = rk.memory_report(
-        step.fn, *step.args, target="h100", donate_argnums=step.donate_argnums
-    )
+    bare = rk.memory_report(step.fn, *step.args, target="h100", donate_argnums=step.donate_argnums)
     assert report.peak_bytes == bare.peak_bytes
     assert src.n_layers() == 3
 

@@ -15,7 +15,7 @@ import remat_kit_models as models
 import remat_kit_models.hf
 from helpers import loss_and_grads, tokens
 from remat_kit.errors import BadValue
-from remat_kit_models.measure import Options, measure
+from remat_kit_models.spec import PresetSpec
 
 F32 = dict(rtol=1e-4, atol=1e-5)
 
@@ -487,8 +487,9 @@ def test_qk_norm_normalises_each_query_and_key_head():
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
 def test_train_step_compiles_for_h100(impl):
-    opts = Options("tiny-moe", 2, 64, optimizer="sgd", overrides=(("moe_impl", impl),), strict=True)
-    r = measure(opts, "minimal", "h100")
+    src = rk.sources.resolve(PresetSpec("tiny-moe", overrides={"moe_impl": impl}))
+    config = rk.TrainConfig(2, 64, optimizer="sgd")
+    r = rk.sources.measure(src, "minimal", "h100", config, strict=True, warn=False)
     assert r.target == "h100-80gb" and r.peak_bytes > 0
     assert r.meta["params"] == models.get_config("tiny-moe").param_count()
 

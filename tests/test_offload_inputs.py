@@ -11,11 +11,8 @@ from pathlib import Path
 import pytest
 
 import remat_kit as rk
-import remat_kit_models as models
-import remat_kit_models.source
-from conftest import SMALL, small_report
+from conftest import SMALL, small_report, small_request
 from remat_kit import names, sources
-from remat_kit_models.options import Options
 
 FACTORIES = Path(__file__).parent / "data" / "factories.py"
 SEQ = 8192
@@ -64,8 +61,8 @@ def test_every_layer_input_is_on_the_host_and_off_the_device(long_reports):
 @pytest.mark.slow
 def test_the_planner_offloads_the_layer_inputs_when_that_is_what_fits(long_reports):
     full, moved = long_reports["full"], long_reports["offload_inputs"]
-    opts = Options(**{**SMALL, **LONG})
-    w = sources.workload(models.source.source_for(opts), "h100", opts.train_config())
+    spec, config = small_request(**LONG)
+    w = sources.workload(sources.resolve(spec), "h100", config)
     budget = (full.peak_bytes + moved.peak_bytes) // 2  # full is over it, offload_inputs under
     p = rk.plan(w, 1, budget)
     assert p.fits and p.peak_bytes <= budget

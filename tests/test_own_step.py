@@ -136,15 +136,17 @@ def test_a_part_whose_role_is_not_given_is_unknown_not_zero():
 def test_the_measured_breakdown_reads_the_roles():
     """XLA's buffers at the peak, by role, are those of our own step around the same model
     (the factory ``model``, the same bf16 weights and SGD)."""
-    from remat_kit_models.options import Options
-    from remat_kit_models.source import source_for
-
     own = sources.measure(
         _src("linen_step"), "full", "h100", SMALL, warn=False, measured_breakdown=True
     )
-    opts = Options(f"{STEPS}:model", 2, 32, optimizer="sgd", precision="bf16")
+    config = rk.TrainConfig(2, 32, optimizer="sgd", precision="bf16")
     ours = sources.measure(
-        source_for(opts), "full", "h100", opts.train_config(), warn=False, measured_breakdown=True
+        sources.resolve(sources.FactorySpec(f"{STEPS}:model")),
+        "full",
+        "h100",
+        config,
+        warn=False,
+        measured_breakdown=True,
     )
     for part in ("weights", "gradients", "optimizer", "batch"):
         assert own.breakdown[part] == ours.breakdown[part], part

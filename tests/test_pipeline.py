@@ -2,7 +2,7 @@
 
 A preset, a factory and a source nobody here wrote (a minimal StepSource) go through the same
 measure / residuals / step_flops / workload; the library never asks which kind it holds, and
-remat_kit looks the presets up in one file only.
+remat_kit never imports the presets (a plugin: ``rk.sources.resolve`` finds them).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import remat_kit_models as models
 import remat_kit_models.source
 from remat_kit import sources
 from remat_kit.policies import parse_policy
-from remat_kit_models.options import Options
+from remat_kit_models.spec import PresetSpec
 
 ROOT = Path(__file__).parent.parent
 FACTORIES = str(Path(__file__).parent / "data" / "factories.py")
@@ -48,8 +48,9 @@ class _Tiny(nn.Module):
 
 
 @dataclasses.dataclass(frozen=True)
-class _OwnSource:
-    """A source written against the protocol alone: the pipeline must serve it unchanged."""
+class _OwnSource(sources.StepSource):
+    """A source written against the protocol alone (its defaults inherited): the pipeline
+    must serve it unchanged."""
 
     spec: str = "own"
 
@@ -84,8 +85,8 @@ class _OwnSource:
 
 
 def test_every_kind_of_source_is_a_step_source():
-    preset = models.source.source_for(Options("tiny-llama", 2, 16))
-    factory = models.source.source_for(Options(f"{FACTORIES}:untagged", 2, 16))
+    preset = sources.resolve(PresetSpec("tiny-llama"))
+    factory = sources.resolve(sources.FactorySpec(f"{FACTORIES}:untagged"))
     assert isinstance(preset, models.source.PresetSource)
     assert isinstance(factory, sources.ModelSource)
     for src in (preset, factory, _OwnSource()):
@@ -132,7 +133,7 @@ def test_a_factory_gets_the_measured_breakdown_presets_have():
 
 
 def test_a_sharded_measured_breakdown_is_refused_before_any_compile():
-    src = models.source.source_for(Options("tiny-llama", 8, 16, shard="fsdp:8"))
+    src = sources.resolve(PresetSpec("tiny-llama", shard="fsdp:8"))
     with pytest.raises(rk.errors.BadValue, match="unsharded") as err:
         sources.measure(src, "full", rk.target("h100", devices=8), CONFIG, measured_breakdown=True)
     assert err.value.param == "measured_breakdown"
@@ -140,14 +141,12 @@ def test_a_sharded_measured_breakdown_is_refused_before_any_compile():
 
 @pytest.mark.slow
 def test_preset_and_factory_labels_and_meta_come_from_the_same_pipeline():
-    opts = Options("tiny-llama", batch=2, seq=16, optimizer="sgd", attention="xla")
-    preset = models.source.source_for(opts)
+    config = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+    preset = sources.resolve(PresetSpec("tiny-llama", attention="xla"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        a = sources.measure(preset, "full", "h100", opts.train_config())
-        b = sources.measure(
-            sources.from_factory(f"{FACTORIES}:preset"), "full", "h100", opts.train_config()
-        )
+        a = sources.measure(preset, "full", "h100", config)
+        b = sources.measure(sources.from_factory(f"{FACTORIES}:preset"), "full", "h100", config)
     shared = {"batch", "seq", "optimizer", "accum", "tokens_per_step", "layers"}
     assert {k: a.meta[k] for k in shared} == {k: b.meta[k] for k in shared}
     assert a.meta["model"] == "tiny-llama" and b.meta["model"].endswith(":preset")
@@ -166,17 +165,20 @@ def _imports_presets(path: Path) -> bool:
     return False
 
 
-def test_remat_kit_looks_presets_up_in_one_file():
+def test_remat_kit_never_imports_the_presets():
     files = sorted(
         str(p.relative_to(ROOT)) for p in (ROOT / "remat_kit").rglob("*.py") if _imports_presets(p)
     )
-    assert files == ["remat_kit/cli/_model.py"]
+    assert files == []
 
 
-def test_a_factory_refuses_preset_options_naming_each():
-    with pytest.raises(rk.errors.BadValue, match="lora, dropout: the factory") as err:
-        models.source.source_for(Options(f"{FACTORIES}:untagged", 2, 16, lora=4, dropout=0.1))
-    assert err.value.param == "lora"
+def test_a_factory_takes_no_preset_options():
+    # A factory builds its own model: its kind's spec has no field for the presets' options,
+    # so a request for one cannot carry them.
+    kind = sources.kind_named("model", f"{FACTORIES}:untagged")
+    assert kind.name == "factory" and not {"lora", "dropout"} & set(kind.fields)
+    with pytest.raises(TypeError, match="lora"):
+        sources.FactorySpec(f"{FACTORIES}:untagged", lora=4, dropout=0.1)
 
 
 def test_tags_are_traced_once_per_source_and_config(monkeypatch):
@@ -199,18 +201,19 @@ def test_tags_are_traced_once_per_source_and_config(monkeypatch):
     ("shard", "accum", "multiple"), [(None, 2, 2), ("fsdp:4", 1, 4), ("dp:2,tp:2", 2, 4)]
 )
 def test_a_sharded_workload_steps_the_batch_by_data_ways_and_accumulation(shard, accum, multiple):
-    opts = Options("tiny-llama", 8, 16, optimizer="sgd", shard=shard, accum=accum)
+    spec = PresetSpec("tiny-llama", shard=shard)
+    config = rk.TrainConfig(8, 16, optimizer="sgd", accum=accum)
     t = rk.target("h100", devices=4)
-    w = sources.workload(models.source.source_for(opts), t, opts.train_config())
+    w = sources.workload(sources.resolve(spec), t, config)
     assert w.batch_multiple == multiple
     assert w.label == "tiny-llama s16 sgd" + (f" {rk.parse_shard(shard, 4).spec}" if shard else "")
     # The planner sizes one device's share: residuals traced at batch / data ways.
     per_device = w.residuals("none", batch=8)
     whole = sources.residuals(
-        models.source.source_for(dataclasses.replace(opts, shard=None)),
+        sources.resolve(dataclasses.replace(spec, shard=None)),
         "none",
         t,
-        dataclasses.replace(opts.train_config(), batch=8 // (multiple // accum)),
+        dataclasses.replace(config, batch=8 // (multiple // accum)),
     )
     assert per_device.bytes_by("saved") == whole.bytes_by("saved")
 

@@ -17,8 +17,8 @@ import remat_kit as rk
 import remat_kit_models as models
 from remat_kit.errors import BadValue, UnknownName
 from remat_kit.render.titles import precision_words
-from remat_kit.train import PRECISIONS, precision, with_state_dtype
-from remat_kit_models.measure import Options, precision_of
+from remat_kit.train import PRECISIONS, precision, regime, with_state_dtype
+from remat_kit_models.spec import PresetSpec
 
 BF16, F32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
 
@@ -171,36 +171,36 @@ def test_replace_makes_a_custom_regime():
     "kw, name, compute",
     [
         ({}, "mixed", BF16),
-        ({"param_dtype": "f32"}, "mixed", BF16),
-        ({"param_dtype": "bf16"}, "bf16", BF16),
-        ({"precision": "bf16-f32-moments"}, "bf16-f32-moments", BF16),
-        ({"precision": "bf16", "param_dtype": "bf16"}, "bf16", BF16),
-        ({"precision": "mixed", "dtype": "f32"}, "custom", F32),
-        ({"param_dtype": "bf16", "dtype": "bf16"}, "bf16", BF16),
+        ({"params": "f32"}, "mixed", BF16),
+        ({"params": "bf16"}, "bf16", BF16),
+        ({"name": "bf16-f32-moments"}, "bf16-f32-moments", BF16),
+        ({"name": "bf16", "params": "bf16"}, "bf16", BF16),
+        ({"name": "mixed", "compute": "f32"}, "custom", F32),
+        ({"params": "bf16", "compute": "bf16"}, "bf16", BF16),
     ],
 )
-def test_options_precision(kw, name, compute):
-    p = precision_of(Options("llama3-8b", 4, 2048, **kw))
+def test_regime_of_a_request(kw, name, compute):
+    p = regime(**kw)
     assert (p.name, p.compute) == (name, compute)
 
 
 @pytest.mark.parametrize(
     "kw, match",
     [
-        ({"precision": "bf16", "param_dtype": "f32"}, "contradicts precision=bf16"),
-        ({"param_dtype": "f16"}, "use bf16 or f32"),
+        ({"name": "bf16", "params": "f32"}, "contradicts precision=bf16"),
+        ({"params": "f16"}, "use bf16 or f32"),
     ],
 )
-def test_options_precision_conflicts(kw, match):
+def test_regime_conflicts(kw, match):
     with pytest.raises(BadValue, match=match):
-        precision_of(Options("llama3-8b", 4, 2048, **kw))
+        regime(**kw)
 
 
 def test_model_config_follows_the_regime():
-    from remat_kit_models.measure import model_config
+    from remat_kit_models.configure import model_config
 
-    opts = Options("tiny-llama", 2, 16, precision="mixed")
-    cfg = model_config(opts, "full", rk.target("cpu"))
+    config = rk.TrainConfig(2, 16, precision="mixed")
+    cfg = model_config(PresetSpec("tiny-llama"), config, "full", rk.target("cpu"))
     assert (jnp.dtype(cfg.param_dtype), jnp.dtype(cfg.dtype)) == (F32, BF16)
 
 
@@ -218,9 +218,9 @@ def test_cli_flag():
 
 @pytest.mark.slow
 def test_report_names_its_precision():
-    from remat_kit_models.measure import measure
-
-    r = measure(Options("tiny-llama", 2, 32, precision="bf16-f32-moments"), "full", "h100")
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+    config = rk.TrainConfig(2, 32, precision="bf16-f32-moments")
+    r = rk.sources.measure(src, "full", "h100", config, warn=False)
     assert r.meta["precision"]["optimizer_state"] == "float32"
     assert r.meta["precision"]["params"] == "bfloat16"
     words = precision_words(r.meta["precision"])
@@ -248,11 +248,13 @@ def test_precision_words_lora_and_sgd():
     ("optimizer", "state"),
     [("sgd", "-"), ("sgd_momentum", "float32"), ("adamw", "float32"), ("lion", "float32")],
 )
-def test_the_title_from_options_names_the_state_the_compiled_step_has(optimizer, state):
-    """plan and fit title a run from its options, compare from the compiled step: both must
+def test_the_title_from_the_request_names_the_state_the_compiled_step_has(optimizer, state):
+    """plan and fit title a run from its request, compare from the compiled step: both must
     say "no optimizer state" for sgd (mixed precision keeps f32 state for the others)."""
-    opts = Options("tiny-llama", 2, 32, optimizer=optimizer)
-    assert opts.precision_record()["optimizer_state"] == state
-    step = rk.build_train_step(models.build(models.get_config("tiny-llama")), opts.train_config())
+    config = rk.TrainConfig(2, 32, optimizer=optimizer, precision=regime())
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+    record = rk.train.planned_precision(config, own_compute=src.own_model)
+    assert record["optimizer_state"] == state
+    step = rk.build_train_step(models.build(models.get_config("tiny-llama")), config)
     assert step.precision["optimizer_state"] == state
-    assert ("no optimizer state" in precision_words(opts.precision_record())) == (state == "-")
+    assert ("no optimizer state" in precision_words(record)) == (state == "-")

@@ -20,7 +20,7 @@ from jax.errors import JaxRuntimeError
 
 import remat_kit as rk
 import remat_kit_models as models
-from conftest import SMALL
+from conftest import small_request
 from helpers import loss_and_grads, memory_report, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit
@@ -454,11 +454,21 @@ def test_front_marks_dominated_points():
 # --- compiled figures: a small bf16 Llama on an H100 --------------------------------------------
 
 
+def _small(**changes):
+    """SMALL (with ``changes``) as a source and its train config."""
+    spec, config = small_request(**changes)
+    return rk.sources.resolve(spec), config
+
+
+def _measure_small(policy, schedule="none", **changes):
+    src, config = _small(**changes)
+    return rk.sources.measure(src, policy, "h100", config, schedule=schedule, warn=False)
+
+
 @pytest.fixture(scope="module")
 def small_w():
-    from remat_kit_models.measure import Options, workload
-
-    return workload(Options(**SMALL), "h100")
+    src, config = _small()
+    return rk.sources.workload(src, "h100", config)
 
 
 @pytest.fixture(scope="module")
@@ -475,20 +485,17 @@ def mid_plan(small_w):
 
 @pytest.mark.slow
 def test_plan_respects_budget_on_compiled_figures(mid_plan, small_w):
-    from remat_kit_models.measure import Options, measure
-
     p = mid_plan
     assert p.fits and p.peak_bytes <= p.budget_bytes
     # Compiled afresh, outside the workload's cache: the same program, the same peak.
-    fresh = measure(Options(**SMALL), p.policy, "h100", schedule=p.schedule)
+    fresh = _measure_small(p.policy, p.schedule)
     assert fresh.peak_bytes == p.peak_bytes <= p.budget_bytes
     # It does something, and it is cheaper than the catalogue policy that fits (full).
     assert "recompute" in p.decisions.values()
     assert 0 < p.recompute_overhead < small_w.recompute_overhead("full", "none", 4)
     # Its overhead is the fresh program's FLOPs over the no-remat step's (traced apart).
-    from remat_kit_models.measure import baseline_flops
-
-    baseline = baseline_flops(Options(**SMALL), "h100")
+    src, config = _small()
+    baseline = rk.sources.step_flops(src, "none", "h100", config)
     assert p.recompute_overhead == pytest.approx(fresh.flops / baseline - 1, rel=1e-6)
     assert all(c.peak_bytes is not None for c in p.candidates)
 
@@ -519,13 +526,11 @@ def test_plan_is_none_when_the_budget_fits_none(small_w):
 
 @pytest.mark.slow
 def test_max_batch_fits_and_next_does_not(small_w):
-    from remat_kit_models.measure import Options, measure
-
     limit = int(small_w.report("full", "none", 4).peak_bytes * 1.4)
     fit = rk.max_batch(small_w, "full", limit_bytes=limit, start=4)
     assert fit.max_batch >= 4
-    at = measure(Options(**{**SMALL, "batch": fit.max_batch}), "full", "h100")
-    nxt = measure(Options(**{**SMALL, "batch": fit.max_batch + 1}), "full", "h100")
+    at = _measure_small("full", batch=fit.max_batch)
+    nxt = _measure_small("full", batch=fit.max_batch + 1)
     assert at.peak_bytes <= limit < nxt.peak_bytes
 
 

@@ -287,11 +287,11 @@ def test_unbuildable_is_over_any_limit():
 
 
 def _builder(model, attention, **changes):
-    from remat_kit_models.measure import Options, workload
+    from remat_kit_models.spec import PresetSpec
 
     def at(seq):
-        opts = Options(model, batch=1, seq=seq, optimizer="sgd", attention=attention, **changes)
-        return workload(opts, "h100")
+        src = rk.sources.resolve(PresetSpec(model, attention=attention, **changes))
+        return rk.sources.workload(src, "h100", rk.TrainConfig(1, seq, optimizer="sgd"))
 
     return at
 

@@ -1,6 +1,7 @@
 """Sharding: mesh plans, logical-axis rules, per-device reports, and the same step on 8 devices."""
 
 import argparse
+import dataclasses
 import functools
 import json
 import math
@@ -18,16 +19,15 @@ import remat_kit_models as models
 from remat_kit import sharding as rks
 from remat_kit.cli._args import add_shard_args
 from remat_kit.errors import BadValue
+from remat_kit_models.configure import model_config
+from remat_kit_models.source import train_step
+from remat_kit_models.spec import PresetSpec
 
 #: A bf16 Llama big enough for weights to dominate the per-device arguments, small enough to
-#: compile for 8 deviceless H100s in a few seconds.
-GPU = dict(
-    model="tiny-llama",
-    batch=8,
-    seq=256,
-    optimizer="adamw",
-    param_dtype="bf16",
-    dtype="bf16",
+#: compile for 8 deviceless H100s in a few seconds: its request (a mesh plan added per test)
+#: and its train config.
+GPU = PresetSpec(
+    "tiny-llama",
     attention="xla",
     overrides=(
         ("layers", 2),
@@ -39,13 +39,19 @@ GPU = dict(
         ("max_seq", 1024),
     ),
 )
+GPU_CONFIG = rk.TrainConfig(
+    8, 256, optimizer="adamw", precision=rk.train.regime(params="bf16", compute="bf16")
+)
+
+
+def _gpu_measure(shard, target):
+    src = rk.sources.resolve(dataclasses.replace(GPU, shard=shard))
+    return rk.sources.measure(src, "full", target, GPU_CONFIG, warn=False)
 
 
 @functools.cache
 def _gpu_report(shard):
-    from remat_kit_models.measure import Options, measure
-
-    return measure(Options(**GPU, shard=shard), "full", rk.target("h100", devices=8))
+    return _gpu_measure(shard, rk.target("h100", devices=8))
 
 
 def _boxed(model="tiny-llama", **overrides):
@@ -231,14 +237,12 @@ def test_add_shard_args(capsys):
 
 def test_grad_accumulator_is_per_device_under_fsdp():
     """The accumulator has the gradients' shape and sharding: one GPU holds 1/8 under fsdp:8."""
-    from remat_kit_models.measure import Options, model_config, train_step
-
-    one = Options(**{**GPU, "batch": 16, "accum": 2})
-    eight = Options(**{**GPU, "batch": 16, "accum": 2, "shard": "fsdp:8"})
+    config = dataclasses.replace(GPU_CONFIG, batch=16, accum=2)
+    one, eight = GPU, dataclasses.replace(GPU, shard="fsdp:8")
     t1, t8 = rk.target("h100"), rk.target("h100", devices=8)
-    b1 = train_step(one, model_config(one, "full", t1), t1).breakdown
-    b8 = train_step(eight, model_config(eight, "full", t8), t8).breakdown
-    cfg = model_config(one, "full", t1)
+    b1 = train_step(one, model_config(one, config, "full", t1), config, t1).breakdown
+    b8 = train_step(eight, model_config(eight, config, "full", t8), config, t8).breakdown
+    cfg = model_config(one, config, "full", t1)
     # bf16 weights, no accumulator dtype given: the gradients' bytes, 2 per parameter.
     assert b1["grad_accumulator"] == b1["gradients"] == 2 * cfg.param_count()
     assert b8["grad_accumulator"] == b8["gradients"]
@@ -262,11 +266,9 @@ def test_fsdp_splits_weights_and_optimizer_eight_ways():
 
 @pytest.mark.slow
 def test_tp_shards_heads_and_mlp():
-    from remat_kit_models.measure import Options, model_config, train_step
-
     t = rk.target("h100", devices=8)
-    opts = Options(**GPU, shard="tp:8")
-    step = train_step(opts, model_config(opts, "full", t), t)
+    spec = dataclasses.replace(GPU, shard="tp:8")
+    step = train_step(spec, model_config(spec, GPU_CONFIG, "full", t), GPU_CONFIG, t)
     layer = step.in_shardings[0]["params"]["decoder"]["layers"]
     assert layer["attention"]["query"]["kernel"].spec == P(None, None, "tp", None)
     assert layer["mlp"]["wo"]["kernel"].spec == P(None, "tp", None)
@@ -275,14 +277,12 @@ def test_tp_shards_heads_and_mlp():
 
 
 def test_bad_mesh_for_the_target_raises():
-    from remat_kit_models.measure import Options, measure
-
     with pytest.raises(ValueError, match=r"mesh fsdp:4 holds 4 devices but the target has 8"):
-        measure(Options(**GPU, shard="fsdp:4"), "full", rk.target("h100", devices=8))
+        _gpu_measure("fsdp:4", rk.target("h100", devices=8))
     with pytest.raises(
         ValueError, match=r"tp:16 splits logical axis 'kv_heads' \(size 8\).*in \[1, 2, 4, 8\]"
     ):
-        measure(Options(**GPU, shard="tp:16"), "full", rk.target("h100", devices=16, hosts=2))
+        _gpu_measure("tp:16", rk.target("h100", devices=16, hosts=2))
 
 
 # --- the same step on 8 real (fake CPU) devices ---------------------------------------------------

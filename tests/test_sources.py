@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat_kit as rk
+import remat_kit.sources._kinds
 import remat_kit_models as models
 import remat_kit_models.hf
 from remat_kit import checks, sources
@@ -31,7 +32,8 @@ from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
 from remat_kit.notes import words
-from remat_kit_models.measure import Options, model_config, residuals
+from remat_kit_models.configure import model_config
+from remat_kit_models.spec import HFSpec, PresetSpec
 
 DATA = Path(__file__).parent / "data"
 FACTORIES = str(DATA / "factories.py")
@@ -115,10 +117,11 @@ def test_hf_config_file_errors(tmp_path):
 
 def test_sliding_window_bounds_the_sequence():
     t = rk.target("cpu")
-    opts = Options("mistral", 1, 4096, hf_config=str(DATA / "hf" / "mistral-7b.json"))
-    assert model_config(opts, "full", t).n_layers == 32
+    spec = HFSpec(str(DATA / "hf" / "mistral-7b.json"), label="mistral")
+    config = rk.TrainConfig(1, 4096)
+    assert model_config(spec, config, "full", t).n_layers == 32
     with pytest.raises(BadValue, match=r"seq=4097 is longer than mistral attends to \(4096"):
-        model_config(dataclasses.replace(opts, seq=4097), "full", t)
+        model_config(spec, dataclasses.replace(config, seq=4097), "full", t)
 
 
 # --- factories ---------------------------------------------------------------------------------
@@ -510,9 +513,9 @@ def clean_env(monkeypatch):
         monkeypatch.setenv(name, "")  # recorded, so that teardown restores it
         monkeypatch.delenv(name)
     monkeypatch.setenv("XLA_FLAGS", os.environ.get("XLA_FLAGS", ""))  # restored at teardown
-    models.source._loaded.cache_clear()  # a new load imports the library again
+    rk.sources._kinds._loaded.cache_clear()  # a new load imports the library again
     yield monkeypatch
-    models.source._loaded.cache_clear()
+    rk.sources._kinds._loaded.cache_clear()
 
 
 def test_a_factory_source_records_what_its_import_set_and_who(clean_env):
@@ -796,10 +799,13 @@ def test_cli_layers_on_a_factory_of_one_depth_says_so(capsys):
 
 
 def test_cli_refuses_options_a_factory_does_not_take(capsys):
-    argv = ["report", "--model", f"{FACTORIES}:untagged", "--lora", "8", "--batch", "1"]
-    assert main(argv) == 2
-    # The library names the parameter (lora); the CLI puts the flag and its value first.
-    assert "remat-kit: --lora 8: lora: the factory" in capsys.readouterr().err
+    argv = ["report", "--model", f"{FACTORIES}:untagged", "--lora", "8", "--dropout", "0.1"]
+    assert main([*argv, "--batch", "1"]) == 2
+    # One line names every flag the factory kind's spec has no field for, and those it takes.
+    err = capsys.readouterr().err
+    assert err.startswith(f"remat-kit: --lora, --dropout with --model {FACTORIES}:untagged: ")
+    assert "a factory source takes --block, --tags, --optimizer" in err
+    assert err.count("\n") == 1
 
 
 def test_cli_needs_exactly_one_model(capsys):
@@ -813,18 +819,35 @@ def test_cli_needs_exactly_one_model(capsys):
 
 @pytest.mark.slow
 def test_factory_report_equals_the_preset_report():
-    # Our preset through the factory door is the same program as through models.measure.
+    # Our preset through the factory door is the same program as through its preset spec.
     t = rk.target("h100")
-    opts = Options("tiny-llama", batch=2, seq=64, precision="f32", attention="xla")
+    spec = PresetSpec("tiny-llama", attention="xla")
     src = sources.from_factory(f"{FACTORIES}:preset")
-    config = dataclasses.replace(opts.train_config())
+    config = rk.TrainConfig(batch=2, seq=64, precision="f32")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RematWarning)
         via_factory = sources.measure(src, "minimal", t, config)
-        via_preset = models.measure.measure(opts, "minimal", t)
+        via_preset = sources.measure(sources.resolve(spec), "minimal", t, config, warn=False)
     assert via_factory.peak_bytes == via_preset.peak_bytes
-    assert via_factory.meta["params"] == model_config(opts, "none", t).param_count()
+    assert via_factory.meta["params"] == model_config(spec, config, "none", t).param_count()
     assert via_factory.meta["precision"]["compute"] == "module's own"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What a table's title reads of a run (``rk.render.titles.RunOptions``)."""
+
+    model: str
+    batch: int
+    seq: int
+    optimizer: str
+    lora: int
+    accum: int
+    record: dict | None
+    shard: str | None = None
+
+    def precision_record(self):
+        return self.record
 
 
 @pytest.mark.parametrize(
@@ -837,8 +860,10 @@ def test_factory_report_equals_the_preset_report():
 )
 def test_search_titles_name_the_compute_dtype_the_step_really_has(model, lora, compute, frozen):
     """fit, plan and advise titles say what report says: a factory computes in its own dtypes."""
-    opts = Options(model, batch=2, seq=16, lora=lora)
-    record = opts.precision_record()
+    spec = sources.FactorySpec(model) if ":" in model else PresetSpec(model, lora=lora)
+    src = sources.resolve(spec)
+    config = rk.TrainConfig(batch=2, seq=16, lora=lora > 0, precision=rk.train.regime())
+    record = rk.train.planned_precision(config, own_compute=src.own_model)
     assert record["compute"] == compute and record["frozen"] == frozen
     fit = rk.search.BatchFit(
         policy="full",
@@ -853,8 +878,9 @@ def test_search_titles_name_the_compute_dtype_the_step_really_has(model, lora, c
         seconds=1.0,
     )
     row = rk.render.tables.FitRow("full", fit)
+    run = _Run(src.spec, config.batch, config.seq, config.optimizer, lora, config.accum, record)
     table = rk.render.tables.fit_table(
-        [row], rk.target("h100"), opts, headroom=0.0, compiles=1, seconds=1.0
+        [row], rk.target("h100"), run, headroom=0.0, compiles=1, seconds=1.0
     )
     words = {"bfloat16": "bf16"}.get(compute, compute)
     assert f"compute {words}" in str(table.title)
@@ -873,10 +899,11 @@ def test_residuals_of_an_hf_config_match_the_preset_it_equals():
     # llama3-8b.json at tiny overrides is the llama3-8b preset at the same overrides.
     small = dict(layers=2, width=64, heads=4, kv_heads=2, ff=128, vocab=256)
     t = rk.target("cpu")
-    hf = Options("x", 1, 32, hf_config=str(DATA / "hf" / "llama3-8b.json"), attention="xla")
+    hf = HFSpec(str(DATA / "hf" / "llama3-8b.json"), label="x", attention="xla")
     hf = dataclasses.replace(hf, overrides=tuple(small.items()))
-    preset = dataclasses.replace(hf, model="llama3-8b", hf_config=None)
-    a, b = residuals(hf, "minimal", t), residuals(preset, "minimal", t)
+    preset = PresetSpec("llama3-8b", attention="xla", overrides=hf.overrides)
+    config = rk.TrainConfig(1, 32)
+    a, b = (sources.residuals(sources.resolve(s), "minimal", t, config) for s in (hf, preset))
     assert a.tag_bytes == b.tag_bytes and a.tags == b.tags
 
 

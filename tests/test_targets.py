@@ -200,11 +200,12 @@ def test_b200_is_the_180gb_card_as_cuda_reports_it():
 def test_new_cards_compile_a_train_step(name):
     # The tiny Llama train step test_precision uses; attention as the CLI picks it (cuDNN
     # flash attention where the cuDNN wheel is installed: sm_86, sm_89, sm_90, sm_100).
-    from remat_kit_models.measure import Options, measure
+    from remat_kit_models.spec import PresetSpec
 
-    opts = Options("tiny-llama", 2, 32, optimizer="sgd")
-    got = measure(opts, "full", name)
-    ref = measure(opts, "full", "h100")
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+    config = rk.TrainConfig(2, 32, optimizer="sgd")
+    got = rk.sources.measure(src, "full", name, config, warn=False)
+    ref = rk.sources.measure(src, "full", "h100", config, warn=False)
     assert got.target == name
     assert got.target_memory_bytes == TABLE[name][1]
     # The arguments (weights, batch) do not depend on the card; the program was compiled.

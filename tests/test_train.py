@@ -91,7 +91,8 @@ def test_breakdown_from_shapes():
 @pytest.mark.parametrize("policy,schedule", [("minimal", "none"), ("full", "every:2")])
 def test_abstract_params_given_are_the_ones_init_would_trace(policy, schedule):
     """A preset lays out its parameters the same under every policy and schedule, so the
-    search builds each step from one traced ``init`` (models.measure): the step is the same."""
+    search builds each step from one traced ``init`` (remat_kit_models.source.train_step): the
+    step is the same."""
     cfg = models.get_config("tiny-llama", policy=policy, schedule=schedule)
     plain = models.get_config("tiny-llama")
     tokens_shape = jax.ShapeDtypeStruct((2, 16), jnp.int32)

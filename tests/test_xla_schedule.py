@@ -32,20 +32,19 @@ def test_a_text_without_the_entry_schedule_is_refused():
         )
 
 
-def _lowered(opts, target, policy="full"):
+def _lowered(spec, config, target, policy="full"):
     import jax
 
     from remat_kit.analysis import abstract
-    from remat_kit_models.source import source_for
 
     step = (
-        source_for(opts)
+        rk.sources.resolve(spec)
         .build_step(
             rk.as_policy(policy),
             rk.schedules.parse_schedule("none"),
-            opts.train_config(),
+            config,
             target,
-            sharded=opts.shard is not None,
+            sharded=spec.shard is not None,
         )
         .step
     )
@@ -56,13 +55,13 @@ def _lowered(opts, target, policy="full"):
 
 @pytest.mark.slow
 def test_a_sharded_compile_gives_each_layer_loop_one_run_per_layer():
-    from remat_kit_models.measure import Options
+    from remat_kit_models.spec import PresetSpec
 
     layers = 3
-    opts = Options(
-        "tiny-llama", 4, 128, optimizer="sgd", overrides=(("layers", layers),), shard="fsdp:2"
-    )
-    e = xla_estimate(_lowered(opts, rk.target("h100", devices=2)), rk.target("h100", devices=2))
+    spec = PresetSpec("tiny-llama", overrides={"layers": layers}, shard="fsdp:2")
+    config = rk.TrainConfig(4, 128, optimizer="sgd")
+    t = rk.target("h100", devices=2)
+    e = xla_estimate(_lowered(spec, config, t), t)
     if not analytical_estimator_runs():  # jax 0.12's XLA aborts on it: nothing to read
         assert e is None
         return
@@ -74,7 +73,8 @@ def test_a_sharded_compile_gives_each_layer_loop_one_run_per_layer():
 
 def test_a_single_device_program_has_no_schedule_to_read():
     # XLA schedules a program on one device without its latency-hiding scheduler.
-    from remat_kit_models.measure import Options
+    from remat_kit_models.spec import PresetSpec
 
-    opts = Options("tiny-llama", 2, 128, optimizer="sgd", overrides=(("layers", 2),))
-    assert xla_estimate(_lowered(opts, rk.target("h100")), rk.target("h100")) is None
+    spec = PresetSpec("tiny-llama", overrides={"layers": 2})
+    config = rk.TrainConfig(2, 128, optimizer="sgd")
+    assert xla_estimate(_lowered(spec, config, rk.target("h100")), rk.target("h100")) is None
