@@ -139,6 +139,12 @@ CASES = [
     ),
     ("xla_log", {"line": "XLA (foo.cc:12): a line"}, "XLA (foo.cc:12): a line"),
     (
+        "attention_chose_xla",
+        {"problem": "its training kernel needs an even sequence length (got seq=63)"},
+        "attention=auto measured xla: cuDNN flash attention its training kernel needs an even "
+        "sequence length (got seq=63)",
+    ),
+    (
         "breakdown_upper_bound",
         {"peak_bytes": 13 * GIB, "known_bytes": 16 * GIB},
         "the peak (13.00 GiB) is below weights + gradients + optimizer state + batch (16.00 GiB): "

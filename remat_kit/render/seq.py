@@ -82,7 +82,7 @@ def seq_table(
       >>> from remat_kit.search import SeqFit
       >>> fit = SeqFit("full", "none", 8192, 1, 1024, 2**30, 2**31, 3 * 2**29, None, 8192, 4,
       ...              1.0, method="line", attention="cudnn")
-      >>> opts = NS(model="tiny-llama", optimizer="sgd", lora=0, accum=1)
+      >>> opts = NS(model="tiny-llama", optimizer="sgd", lora=0, accum=1, precision_record=dict)
       >>> t = seq_table([SeqRow("full", fit)], rk.target("h100"), opts, limit_words="",
       ...               compiles=4, seconds=1.0)
       >>> [c.header for c in t.columns][:3]

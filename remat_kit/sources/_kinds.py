@@ -322,7 +322,7 @@ def resolve(spec: Any) -> StepSource:
       BadValue: what the kind refuses (an unknown preset, a file that does not load ...).
 
     Example:
-      >>> resolve(FactorySpec("tests/data/factories.py:deep")).n_layers()
+      >>> resolve(FactorySpec("tests/data/factories.py:deep", layers=4)).n_layers()
       4
     """
     return kind_of(spec).resolve(spec)
