@@ -92,7 +92,7 @@ def cost(args) -> list[dict]:
     import functools
 
     import remat_kit as rk
-    from remat_kit.search.advise import gpus_needed
+    from remat_kit.search import gpus_needed
     from remat_kit_models.spec import PresetSpec
 
     def on(spec, config, t):

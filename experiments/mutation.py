@@ -94,9 +94,9 @@ MODULES: dict[str, Group] = {
             "verified_by_compiles_made_apart",
         ),
         by_file=(
-            ("throughput.py", ("tests/test_throughput.py",)),
+            ("_throughput.py", ("tests/test_throughput.py",)),
             # The sequence search's curves, on fake builders (its compiles are marked slow).
-            ("seq.py", ("tests/test_seq_search.py", "tests/test_search.py")),
+            ("_seq.py", ("tests/test_seq_search.py", "tests/test_search.py")),
         ),
     ),
     "cache": Group(("remat_kit/cache.py",), ("tests/test_cache.py",)),
@@ -125,7 +125,7 @@ MODULES: dict[str, Group] = {
         ("remat_kit/sources",),
         ("tests/test_sources.py", "tests/test_pipeline.py"),
         # The depth extrapolation's fit and report are tested on hand-made sections there.
-        by_file=(("depth.py", ("tests/test_depth.py",)),),
+        by_file=(("_depth.py", ("tests/test_depth.py",)),),
     ),
 }
 

@@ -44,7 +44,7 @@ OPTS = types.SimpleNamespace(
 #: llama3-8b with AdamW in mixed precision: 30 + 30 + 60 GiB before any activation.
 PARTS = {"weights": 30 * GIB, "gradients": 30 * GIB, "optimizer": 60 * GIB, "batch": 0}
 
-# check_budget's hints, as data (remat_kit.search.budget._what_would_fit), and in words.
+# check_budget's hints, as data (remat_kit.search._budget._what_would_fit), and in words.
 SGD = {"kind": "sgd", "fixed_bytes": 60 * GIB, "from_bytes": 120 * GIB}
 SGD_WORDS = "SGD (--optimizer sgd: no optimizer state, about 60.0 GiB instead of 120.0)"
 LORA = {"kind": "lora", "weights_bytes": 30 * GIB}
@@ -558,7 +558,7 @@ class _Tiny(nn.Module):
 @pytest.mark.slow
 def test_advice_tokens_per_second_is_the_plans_predicted_step(monkeypatch):
     # The max-batch search is not what is checked here (it would compile up to 16k sequences).
-    module = sys.modules["remat_kit.search.advise"]  # the name is also the function's
+    module = sys.modules["remat_kit.search._advise"]  # the name is also the function's
     monkeypatch.setattr(module, "max_batch", lambda *a, **k: types.SimpleNamespace(max_batch=9))
     cfg = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
     w = rk.sources.workload(_Tiny, "h100", cfg)

@@ -1,4 +1,4 @@
-"""Unrolled models answered from shallow copies (remat_kit.sources.depth).
+"""Unrolled models answered from shallow copies (remat_kit.sources._depth).
 
 The fit is checked on sections made by hand, where the peak moves from one section to
 another between the shallow copies and full depth; the pipeline is checked against bare
@@ -20,7 +20,7 @@ from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, sections_of
 from remat_kit.render.captions import depth_words
 from remat_kit.residuals import tags_in
-from remat_kit.sources import depth
+from remat_kit.sources import _depth as depth
 from remat_kit_models.spec import PresetSpec
 
 FACTORY = "tests/data/factories.py:deep"
@@ -351,7 +351,7 @@ def test_a_plan_from_copies_states_the_full_steps_figures(error):
 
 def test_plan_table_marks_the_front_points_read_off_copies():
     from remat_kit.render.tables import plan_table
-    from remat_kit.search.front import front
+    from remat_kit.search._front import front
 
     w = _extrapolating_workload(0.05)
     budget = BASE_BYTES + PER_SAMPLE * 4 + 1
@@ -435,7 +435,7 @@ def test_policies_that_match_a_copys_tags_skip_the_full_depth_tag_trace(factory,
     def full_depth_trace(*args, **kwargs):
         raise AssertionError("the tags were traced at full depth")
 
-    monkeypatch.setattr(sources.tag_checks, "tags", full_depth_trace)
+    monkeypatch.setattr(sources._tag_checks, "tags", full_depth_trace)
     sources.check_policies(factory, CONFIG, "h100", ["minimal", "names:save=layers_1/mixer"])
     kept, skipped = sources.usable_policies(
         factory, CONFIG, "h100", ["minimal", "dots_no_batch"], given=False

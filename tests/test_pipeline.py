@@ -232,7 +232,7 @@ class _RecordingSource(_OwnSource):
 def test_the_offload_estimate_traces_the_recompute_alternative_unsharded():
     """What offloading costs beside recomputing: the same step with the offloaded tensors
     recomputed, traced (never compiled) and unsharded, however the measured step was built."""
-    from remat_kit.sources.steps import _with_offload_estimate
+    from remat_kit.sources._steps import _with_offload_estimate
 
     src = _RecordingSource()
     pol = parse_policy("offload:offload=mlpwi")
@@ -272,7 +272,7 @@ def test_tags_are_read_from_the_unsharded_step_under_none():
 
 
 def test_a_parameter_count_counts_elements_not_bytes():
-    from remat_kit.sources.steps import nbytes_count
+    from remat_kit.sources._steps import nbytes_count
 
     tree = {
         "w": jax.ShapeDtypeStruct((3, 4), "float32"),

@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 from remat_kit.peak.types import PeakReport, Phase
 from remat_kit.render.front import front_figure, plot_front
 from remat_kit.render.timeline import plot_timeline, timeline_figure
-from remat_kit.search.front import FrontPoint, pareto_front
+from remat_kit.search._front import FrontPoint, pareto_front
 
 GIB = 2**30
 H100 = 85018542080  # rk.target("h100").memory_bytes

@@ -20,7 +20,7 @@ import remat_kit as rk
 from remat_kit import _jaxpr, cache, checks
 from remat_kit.flops import count_flops
 from remat_kit.residuals import tags_in
-from remat_kit.sources.depth import layer_kinds
+from remat_kit.sources._depth import layer_kinds
 
 N = 8  # a layer's width: its product is 2 * N * N * N FLOPs on an (N, N) input
 

@@ -24,7 +24,7 @@ from conftest import small_request
 from helpers import loss_and_grads, memory_report, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit
-from remat_kit.search.front import plan_label
+from remat_kit.search._front import plan_label
 
 GIB = 2**30
 
@@ -925,7 +925,7 @@ def test_a_swept_front_recommends_a_plan_nothing_on_it_dominates():
 
 @pytest.mark.parametrize("start", [None, 7])
 def test_the_plans_largest_batch_search_starts_where_it_is_told(monkeypatch, start):
-    from remat_kit.search import batch
+    from remat_kit.search import _batch as batch
 
     seen = []
     nothing = batch.BatchFit("full", "none", 0, 10, 10, 5, None, 0, 1, 0.0)
@@ -1260,7 +1260,7 @@ def test_plan_front_on_the_small_model(mid_plan, small_w):
 
 
 def test_a_peak_a_few_bytes_smaller_does_not_keep_a_slower_point_on_the_front():
-    from remat_kit.search.front import FrontPoint, pareto_front
+    from remat_kit.search._front import FrontPoint, pareto_front
 
     peak = 50 * 2**30
     sched = FrontPoint("full @ every:2", "schedule", peak - 1264, 0.30, 0.30)
@@ -1367,7 +1367,7 @@ def _pt(label, kind="catalogue", peak=10, over=0.2, program=None):
 
 
 def test_points_of_one_program_are_one_entry_a_plan_first():
-    from remat_kit.search.front import merged, pareto_front
+    from remat_kit.search._front import merged, pareto_front
 
     pts = [
         _pt("dots", program="p1"),
@@ -1463,6 +1463,6 @@ def test_plan_refuses_a_batch_that_is_not_positive(batch):
 def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
     """A search stops when the longest known to fit and the shortest known not to are
     neighbours, or when nothing is known not to fit and the cap (100 here) fits."""
-    from remat_kit.search.seq import _closed
+    from remat_kit.search._seq import _closed
 
     assert _closed(lo, hi, 100) is closed

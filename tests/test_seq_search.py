@@ -20,7 +20,7 @@ from jax.errors import JaxRuntimeError
 import remat_kit as rk
 from helpers import memory_report
 from remat_kit.errors import BadType, BadValue
-from remat_kit.search.seq import UNBUILDABLE
+from remat_kit.search._seq import UNBUILDABLE
 
 # --- fake builders: the peak as a formula of the sequence -----------------------------------
 

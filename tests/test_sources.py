@@ -370,7 +370,7 @@ def test_fresh_traces_pass_with_their_schedule_policies():
         prev = checks.check_traced_with(
             closed,
             pol,
-            also=sources.source._schedule_policies(rk.parse_schedule(sch)),
+            also=sources._source._schedule_policies(rk.parse_schedule(sch)),
             previous=prev,
         )
 

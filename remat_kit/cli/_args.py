@@ -17,7 +17,7 @@ from pathlib import Path
 from remat_kit.cli._parser import Parser
 from remat_kit.errors import BadValue, OpenShardAxis
 from remat_kit.sharding import _EXAMPLES, parse_shard
-from remat_kit.sources.depth import DEPTH_MODES
+from remat_kit.sources import DEPTH_MODES
 from remat_kit.train import PRECISIONS
 
 __all__ = [

@@ -23,7 +23,7 @@ from remat_kit.names import VOCABULARY
 from remat_kit.policies import Policy, PolicyLike, is_path_pattern, parse_policy
 from remat_kit.render.files import check_output
 from remat_kit.schedules import Schedule, parse_schedule
-from remat_kit.sources._environ import ALLOCATOR_VARS, EnvSet
+from remat_kit.sources import ALLOCATOR_VARS, EnvSet
 from remat_kit.targets import Target, runtime_from_env, target
 
 __all__ = [
@@ -93,7 +93,7 @@ def target_after_imports(t: Target, env: Sequence[EnvSet], args: argparse.Namesp
         package and what to do).
 
     Example:
-      >>> from remat_kit.sources._environ import EnvSet
+      >>> from remat_kit.sources import EnvSet
       >>> args = argparse.Namespace(target="h100", gpus=1, hosts=1, mem_fraction=None)
       >>> t = target_after_imports(target_from_args(args), [], args)
       >>> t.runtime.source

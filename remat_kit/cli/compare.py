@@ -176,7 +176,7 @@ def _next_steps(run: Any, reports: Any) -> str:
     LoRA, a larger GPU, sharding, with the figures each would give), or, when the fixed part
     fits, the searches that find a batch or a plan that does."""
     from remat_kit.errors import DoesNotFit
-    from remat_kit.search.budget import check_budget
+    from remat_kit.search import check_budget
 
     w = sources.workload(run.source, run.target, run.config, depth=run.depth)
     try:

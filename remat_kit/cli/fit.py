@@ -28,16 +28,16 @@ from remat_kit.search import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,
     PLAN,
+    Workload,
     check_budget,
     fastest,
+    limit_for,
     max_batch,
     max_batch_plan,
     max_seq,
     max_seq_plan,
     seq_multiple,
 )
-from remat_kit.search.budget import limit_for
-from remat_kit.search.workload import Workload
 
 __all__ = ["add_parser", "run"]
 

@@ -64,7 +64,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     # remat_kit.checks.check_policy_matches
     "no_tag_matched_in": ("policy", "names", "where", "tags"),
     "stray_tag_names": ("policy", "names", "where", "tags"),
-    # BatchFit.note: remat_kit.search.batch
+    # BatchFit.note: remat_kit.search._batch
     "batch_fits": (
         "policy",
         "schedule",
@@ -78,7 +78,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     ),
     "batch_none_fits": ("policy", "batch", "peak_bytes", "limit_bytes", "target"),
     "plan_at_max_batch": ("max_batch", "plan"),
-    # SeqFit.note: remat_kit.search.seq
+    # SeqFit.note: remat_kit.search._seq
     "seq_fits": (
         "policy",
         "schedule",
@@ -93,7 +93,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     ),
     "seq_none_fits": ("policy", "batch", "seq", "peak_bytes", "limit_bytes", "target"),
     "plan_at_max_seq": ("max_seq", "plan"),
-    # Plan.note: remat_kit.search.planner
+    # Plan.note: remat_kit.search._planner
     "plan_fits": (
         "policy",
         "schedule",
@@ -104,7 +104,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
         "solver",
     ),
     "plan_nothing_fits": ("target", "batch", "budget_bytes", "peak_bytes", "policy", "schedule"),
-    # Advice.note, ScaleOut.note: remat_kit.search.advise
+    # Advice.note, ScaleOut.note: remat_kit.search._advise
     # hints: what would fit instead, as data: {"kind": one of HINT_KINDS, its figures}
     "fixed_over_budget": (
         "label",

@@ -6,7 +6,7 @@ start of the backward pass holds every saved activation; the end of it, every la
 gradient). :func:`live_sections` reads XLA's dump of one compile and gives the most bytes
 live in each *section* of the schedule: a phase (forward, backward, optimizer) and, inside
 it, the stretch that runs one unrolled layer (by the layer's index) or the stretches before
-the first and after the last layer. :mod:`remat_kit.sources.depth` fits those per section
+the first and after the last layer. :mod:`remat_kit.sources._depth` fits those per section
 across shallow copies of a model and takes the largest at full depth.
 
 Example:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from remat_kit.render.format import GIB, gib
 
 if TYPE_CHECKING:
-    from remat_kit.sources._environ import EnvSet
+    from remat_kit.sources import EnvSet
     from remat_kit.targets import Target
 
 __all__ = [
@@ -29,7 +29,7 @@ __all__ = [
 _MIB = 2**20
 
 
-#: Why a model was compiled at full depth (remat_kit.sources.depth.FULL_DEPTH_REASONS), in words.
+#: Why a model was compiled at full depth (remat_kit.sources._depth.FULL_DEPTH_REASONS), in words.
 _FULL_DEPTH: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "sharded": lambda d: "sharded steps are compiled at full depth",
     "offload": lambda d: (
@@ -48,7 +48,7 @@ _FULL_DEPTH: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
 
 def depth_words(d: Mapping[str, Any]) -> str:
     """One line on how an unrolled model was compiled (``meta["depth"]``,
-    :mod:`remat_kit.sources.depth`).
+    :mod:`remat_kit.sources._depth`).
 
     Example:
       >>> print(depth_words({"mode": "full", "reason": "xla_remat", "at_layers": 3}))
@@ -128,7 +128,7 @@ def flags_words(env: EnvSet, shown: int = 3) -> str:
     """The ``XLA_FLAGS`` an import added, in one line.
 
     Example:
-      >>> from remat_kit.sources._environ import EnvSet
+      >>> from remat_kit.sources import EnvSet
       >>> flags_words(EnvSet("XLA_FLAGS", " --a=1  --b=2 --c --d", "easydel"))[:65]
       'XLA_FLAGS set by easydel at import (4 flags: --a=1 --b=2 --c ...)'
     """

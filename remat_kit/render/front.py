@@ -1,6 +1,6 @@
 """The Pareto front as a PNG: compiled peak against estimated overhead.
 
-The points come from :func:`remat_kit.search.front`; this module only draws them and writes the
+The points come from :func:`remat_kit.search._front`; this module only draws them and writes the
 file through :func:`remat_kit.render.files.save_figure` (atomic). Each point is numbered (by
 peak, smallest first) next to its marker, and a key beside the axes names it: a front has 10
 to 25 points, many of them within a fraction of a GiB of each other, so their names never fit
@@ -64,7 +64,7 @@ def plot_front(
     """Draws peak memory against overhead (see :func:`front_figure`) and writes it as a PNG.
 
     Args:
-      points: FrontPoints (see :func:`remat_kit.search.front`).
+      points: FrontPoints (see :func:`remat_kit.search._front`).
       path: where the PNG goes (written atomically; see :func:`save_figure`).
       title: the run, e.g. ``"llama3-8b b4 s2048 sgd on h100-80gb"``.
       budget_bytes: the budget the plan was made for, drawn as a vertical line.
@@ -125,7 +125,7 @@ def front_figure(
     what was searched (how many policies, schedules and plans) and the precision.
 
     Args:
-      points: FrontPoints (see :func:`remat_kit.search.front`).
+      points: FrontPoints (see :func:`remat_kit.search._front`).
       title: the run, the title's first line.
       budget_bytes: the plan's budget.
       device_bytes: the card's memory.
@@ -146,7 +146,7 @@ def front_figure(
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from remat_kit.search.front import merged
+    from remat_kit.search import merged
 
     # One marker per program: policies that lower alike share it (``dots = minimal``).
     ordered = sorted(merged(points), key=lambda p: (p.peak_bytes, p.overhead, p.label))

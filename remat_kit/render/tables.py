@@ -385,7 +385,7 @@ def plan_table(
             p.report.meta.get("dropout") if p.report is not None else None,
         )
     )
-    from remat_kit.search.front import plan_label
+    from remat_kit.search import plan_label
 
     if p.host_budget_bytes is not None:
         title += f", host budget {gib(p.host_budget_bytes)} GiB"

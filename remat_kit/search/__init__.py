@@ -41,20 +41,22 @@ Example (``tiny_model`` is a factory ``tiny_model(policy)`` of a small Flax mode
   (True, True, 'names:save=mlpwo+lm_head', 'none')
 """
 
-from remat_kit.search.advise import Advice, ScaleOut, advise, gpus_needed
-from remat_kit.search.batch import BatchFit, max_batch, max_batch_plan
-from remat_kit.search.budget import DEFAULT_HEADROOM, check_budget, parse_budget
-from remat_kit.search.cost import RANKINGS, Cost, cost_of, rank_costs
-from remat_kit.search.front import (
+from remat_kit.search._advise import Advice, ScaleOut, advise, gpus_needed
+from remat_kit.search._batch import BatchFit, max_batch, max_batch_plan
+from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for, parse_budget
+from remat_kit.search._cost import RANKINGS, Cost, cost_of, rank_costs
+from remat_kit.search._front import (
     FRONT_POLICIES,
     FRONT_SCHEDULES,
     FrontPoint,
     front,
+    merged,
     pareto_front,
+    plan_label,
 )
-from remat_kit.search.planner import Plan, PlanCandidate, SolverStatus, plan
-from remat_kit.search.recommend import PlanFront, plan_front
-from remat_kit.search.seq import (
+from remat_kit.search._planner import Plan, PlanCandidate, SolverStatus, plan
+from remat_kit.search._recommend import PlanFront, plan_front
+from remat_kit.search._seq import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,
     SeqFit,
@@ -62,8 +64,8 @@ from remat_kit.search.seq import (
     max_seq_plan,
     seq_multiple,
 )
-from remat_kit.search.throughput import PLAN, Fastest, Throughput, fastest
-from remat_kit.search.workload import DEFAULT_HIDE, OBJECTIVES, Workload
+from remat_kit.search._throughput import PLAN, Fastest, Throughput, fastest
+from remat_kit.search._workload import DEFAULT_HIDE, OBJECTIVES, Workload
 
 __all__ = [
     "DEFAULT_GRANULARITY",
@@ -94,14 +96,17 @@ __all__ = [
     "fastest",
     "front",
     "gpus_needed",
+    "limit_for",
     "max_batch",
     "max_batch_plan",
     "max_seq",
     "max_seq_plan",
+    "merged",
     "pareto_front",
     "parse_budget",
     "plan",
     "plan_front",
+    "plan_label",
     "rank_costs",
     "seq_multiple",
 ]

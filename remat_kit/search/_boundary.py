@@ -1,7 +1,7 @@
 """What the two boundary searches share: the bracket of compiled peaks and the plan at the end.
 
-:func:`~remat_kit.search.batch.max_batch` walks the batch (its peak is near a line in it) and
-:func:`~remat_kit.search.seq.max_seq` the sequence (a line under flash attention, a parabola
+:func:`~remat_kit.search._batch.max_batch` walks the batch (its peak is near a line in it) and
+:func:`~remat_kit.search._seq.max_seq` the sequence (a line under flash attention, a parabola
 where the scores are held); both keep the compiled peaks by unit of their axis, read the
 bracket off them the same way, and end in :func:`plan_at`: the cheapest plan at the boundary
 ``full`` reaches.
@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from remat_kit.notes import Note
-from remat_kit.search.planner import Plan, plan
-from remat_kit.search.workload import Workload
+from remat_kit.search._planner import Plan, plan
+from remat_kit.search._workload import Workload
 
 #: The "peak" of a point XLA or the model refused to build: over any limit.
 UNBUILDABLE = 1 << 62

@@ -9,7 +9,7 @@ from remat_kit.notes import Note, words
 
 
 class NotedFit:
-    """Base of :class:`~remat_kit.search.batch.BatchFit` and :class:`~remat_kit.search.seq.
+    """Base of :class:`~remat_kit.search._batch.BatchFit` and :class:`~remat_kit.search._seq.
     SeqFit`: frozen dataclasses with a ``note`` field and a ``fits`` property."""
 
     # What each subclass has, declared here so that these methods are typed: a dataclass's

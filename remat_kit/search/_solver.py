@@ -25,7 +25,7 @@ from remat_kit.policies import Policy
 from remat_kit.schedules import Schedule
 from remat_kit.schedules import schedule as _make_schedule
 from remat_kit.search._costs import CostModel, Estimate, tag_policy
-from remat_kit.search.workload import NO_SCHEDULE
+from remat_kit.search._workload import NO_SCHEDULE
 
 __all__ = [
     "Solution",

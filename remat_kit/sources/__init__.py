@@ -18,7 +18,7 @@ source (:mod:`remat_kit.sources._kinds`). remat_kit never imports the presets pa
 
 A user who has a train step already hands it over instead (:func:`from_step`, ``--step
 file.py:NAME``): ``NAME(policy, config)`` returns the step and its abstract arguments
-(:class:`OwnStep`), measured by the same pipeline (see :mod:`remat_kit.sources.own_step`).
+(:class:`OwnStep`), measured by the same pipeline (see :mod:`remat_kit.sources._own_step`).
 
 Example:
   >>> import remat_kit as rk
@@ -29,6 +29,8 @@ Example:
   True
 """
 
+from remat_kit.sources._depth import DEPTH_MODES
+from remat_kit.sources._environ import ALLOCATOR_VARS, EnvSet
 from remat_kit.sources._kinds import (
     ENTRY_POINTS,
     TRAIN_FIELDS,
@@ -42,10 +44,16 @@ from remat_kit.sources._kinds import (
     resolve,
 )
 from remat_kit.sources._loading import load_factory, patched_block
-from remat_kit.sources.own_step import ROLES, OwnStep, OwnStepSource, from_step
-from remat_kit.sources.protocol import SourceStep, StepSource
-from remat_kit.sources.source import ALL_SCHEDULES, BuiltModel, ModelSource, from_factory, hf_inputs
-from remat_kit.sources.steps import (
+from remat_kit.sources._own_step import ROLES, OwnStep, OwnStepSource, from_step
+from remat_kit.sources._protocol import SourceStep, StepSource
+from remat_kit.sources._source import (
+    ALL_SCHEDULES,
+    BuiltModel,
+    ModelSource,
+    from_factory,
+    hf_inputs,
+)
+from remat_kit.sources._steps import (
     breakdown,
     measure,
     nbytes_count,
@@ -55,14 +63,17 @@ from remat_kit.sources.steps import (
     with_baseline,
     workload,
 )
-from remat_kit.sources.tag_checks import check_policies, tags, usable_policies
+from remat_kit.sources._tag_checks import check_policies, tags, usable_policies
 
 __all__ = [
+    "ALLOCATOR_VARS",
     "ALL_SCHEDULES",
+    "DEPTH_MODES",
     "ENTRY_POINTS",
     "ROLES",
     "TRAIN_FIELDS",
     "BuiltModel",
+    "EnvSet",
     "FactorySpec",
     "ModelSource",
     "ModelSpec",

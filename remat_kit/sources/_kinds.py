@@ -29,9 +29,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from remat_kit.errors import BadType, BadValue, unknown
-from remat_kit.sources.own_step import OwnStepSource, from_step
-from remat_kit.sources.protocol import StepSource
-from remat_kit.sources.source import ModelSource, from_factory
+from remat_kit.sources._own_step import OwnStepSource, from_step
+from remat_kit.sources._protocol import StepSource
+from remat_kit.sources._source import ModelSource, from_factory
 
 __all__ = [
     "ENTRY_POINTS",

@@ -9,7 +9,7 @@ from typing import Any
 
 from remat_kit import cache
 from remat_kit.analysis import MemoryReport
-from remat_kit.sources.protocol import StepSource
+from remat_kit.sources._protocol import StepSource
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig
 

@@ -22,11 +22,11 @@ from remat_kit.errors import BadType, BadValue
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for
 from remat_kit.search._costs import CostModel, cost_model
+from remat_kit.search._plans import Plan, PlanCandidate
 from remat_kit.search._solver import Solution, SolverStatus, solve
-from remat_kit.search.budget import DEFAULT_HEADROOM, check_budget, limit_for
-from remat_kit.search.plans import Plan, PlanCandidate
-from remat_kit.search.workload import (
+from remat_kit.search._workload import (
     DEFAULT_HIDE,
     FIXED_PARTS,
     FULL,
@@ -105,7 +105,7 @@ def plan(
       extra: policies (names, specs, Policies, or ``(policy, schedule)`` pairs) to compare
         against, e.g. the catalogue.
       max_compiles: compiles allowed for step 4.
-      objective: what "overhead" is (:data:`~remat_kit.search.workload.OBJECTIVES`):
+      objective: what "overhead" is (:data:`~remat_kit.search._workload.OBJECTIVES`):
         ``time``, the predicted step time each tag's recomputation adds at the target's rates
         (compiled plans: from their kernels, :mod:`remat_kit.timing`); ``flops``, extra
         FLOPs as if at peak. Host transfers beyond ``hide`` count in both.

@@ -33,9 +33,8 @@ from remat_kit.notes import Note
 from remat_kit.policies import NO_REMAT, Policy, PolicyLike, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
-from remat_kit.search.workload import Workload
-from remat_kit.sources._remember import _remembered
-from remat_kit.sources.depth import (
+from remat_kit.search._workload import Workload
+from remat_kit.sources._depth import (
     DEPTHS,
     by_depth,
     check_depth,
@@ -44,9 +43,10 @@ from remat_kit.sources.depth import (
     verify,
     verify_search,
 )
-from remat_kit.sources.protocol import SourceStep, StepSource
-from remat_kit.sources.source import from_factory
-from remat_kit.sources.tag_checks import check_policies
+from remat_kit.sources._protocol import SourceStep, StepSource
+from remat_kit.sources._remember import _remembered
+from remat_kit.sources._source import from_factory
+from remat_kit.sources._tag_checks import check_policies
 from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
 
@@ -99,7 +99,7 @@ def measure(
         kept in ``meta["breakdown_estimate"]``.
       meta: extra labels for the report.
       depth: ``"auto"``: an unrolled stack of identical layers is answered from compiles
-        of shallow copies (:mod:`remat_kit.sources.depth`) where it fits with room to
+        of shallow copies (:mod:`remat_kit.sources._depth`) where it fits with room to
         spare, and compiled at full depth where the copies do not line up or the peak
         comes near the usable memory or over it; ``"full"``: always compile the whole
         model; ``"check"``: both, the full compile reported with the extrapolation's

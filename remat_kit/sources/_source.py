@@ -40,7 +40,7 @@ from remat_kit.sources._loading import (
     load_factory_env,
     patched_block,
 )
-from remat_kit.sources.protocol import SourceStep, StepSource
+from remat_kit.sources._protocol import SourceStep, StepSource
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep, build_train_step
 
@@ -194,7 +194,7 @@ class ModelSource(StepSource):
 
     def at_depth(self, layers: int, *, label: bool = True) -> ModelSource | None:
         """The factory's model with ``layers`` layers, when the factory takes ``layers=``
-        (a shallow copy for :mod:`remat_kit.sources.depth`, or ``--layers``); else None.
+        (a shallow copy for :mod:`remat_kit.sources._depth`, or ``--layers``); else None.
 
         Args:
           layers: the depth to build.
@@ -220,14 +220,14 @@ class ModelSource(StepSource):
         """How many different layers the model's stack holds: its step traced once at full
         depth under ``full``, which puts a checkpoint on each layer where the factory or
         ``block`` applies the policy per layer, each layer's body compared
-        (:func:`remat_kit.sources.depth.layer_kinds`). None when it cannot tell (fewer than
+        (:func:`remat_kit.sources._depth.layer_kinds`). None when it cannot tell (fewer than
         two checkpoints, or a model that does not trace at batch 1, seq 32).
 
         Example:
           >>> from_factory("tests/data/factories.py:deep").layer_kinds(rk.target("h100"))
           1
         """
-        from remat_kit.sources.depth import layer_kinds
+        from remat_kit.sources._depth import layer_kinds
 
         if "layer_kinds" not in self._cache:
             small = TrainConfig(batch=1, seq=32, optimizer="sgd")

@@ -2,7 +2,7 @@
 
 :func:`plan_front` is what ``remat-kit plan`` does, for library users: the cheapest plan under a
 budget (:func:`~remat_kit.search.plan`), the catalogue policies compiled beside it as a Pareto
-front (:func:`~remat_kit.search.front`), and, with ``sweep``, the planner's own curve (plans at
+front (:func:`~remat_kit.search._front`), and, with ``sweep``, the planner's own curve (plans at
 the peaks of the catalogue points that fit) and segment schedules, after which a swept plan that
 beats the first on both axes becomes the recommendation.
 
@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from remat_kit.search.budget import DEFAULT_HEADROOM
-from remat_kit.search.front import (
+from remat_kit.search._budget import DEFAULT_HEADROOM
+from remat_kit.search._front import (
     FRONT_POLICIES,
     FRONT_SCHEDULES,
     FrontPoint,
@@ -28,8 +28,8 @@ from remat_kit.search.front import (
     pareto_front,
     plan_label,
 )
-from remat_kit.search.planner import Plan, plan
-from remat_kit.search.workload import DEFAULT_HIDE, Workload
+from remat_kit.search._planner import Plan, plan
+from remat_kit.search._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
     "SWEEP_PLANS",

@@ -3,7 +3,7 @@
 A preset (``models``), a Hugging Face ``config.json`` mapped onto our decoder and a user's
 factory (:class:`remat_kit.sources.ModelSource`) are all a :class:`StepSource`: given a
 policy, a schedule, a train config and a target, a source builds the train step and says how
-to label it. :mod:`remat_kit.sources.steps` measures any of them the same way; nothing there
+to label it. :mod:`remat_kit.sources._steps` measures any of them the same way; nothing there
 asks which kind of source it holds.
 
 Example:
@@ -90,7 +90,7 @@ class StepSource(Protocol):
 
     def at_depth(self, layers: int) -> StepSource | None:
         """The same model with ``layers`` identical layers (a shallow copy whose programs
-        :mod:`remat_kit.sources.depth` extrapolates from), None when it has no such copy
+        :mod:`remat_kit.sources._depth` extrapolates from), None when it has no such copy
         (a scanned stack compiles one body anyway; a factory that takes no ``layers=``)."""
         ...
 

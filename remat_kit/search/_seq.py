@@ -27,10 +27,10 @@ from remat_kit.notes import Note
 from remat_kit.policies import PolicyLike, as_policy
 from remat_kit.schedules import parse_schedule
 from remat_kit.search._boundary import UNBUILDABLE, bracket, plan_at
+from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search._fit import NotedFit
-from remat_kit.search.budget import DEFAULT_HEADROOM, limit_for
-from remat_kit.search.planner import Plan
-from remat_kit.search.workload import DEFAULT_HIDE, FULL, Workload
+from remat_kit.search._planner import Plan
+from remat_kit.search._workload import DEFAULT_HIDE, FULL, Workload
 
 __all__ = [
     "DEFAULT_GRANULARITY",

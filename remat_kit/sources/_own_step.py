@@ -1,6 +1,6 @@
 """A user's own train step as a model source: ``--step file.py:NAME``, ``rk.sources.from_step``.
 
-Where a factory (:mod:`remat_kit.sources.source`) hands remat_kit a model and remat_kit builds
+Where a factory (:mod:`remat_kit.sources._source`) hands remat_kit a model and remat_kit builds
 the train step around it, a *step function* hands over the train step itself, so the figures
 are those of the program the user runs: their loss, their optimizer, their argument
 structure and donation.
@@ -50,7 +50,7 @@ from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.schedules import Schedule
 from remat_kit.sharding import MeshPlan
 from remat_kit.sources._loading import load_factory
-from remat_kit.sources.protocol import SourceStep, StepSource
+from remat_kit.sources._protocol import SourceStep, StepSource
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep
 

@@ -49,7 +49,7 @@ from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, live_sections
 from remat_kit.policies import Policy
 from remat_kit.schedules import Schedule
-from remat_kit.sources.protocol import SourceStep, StepSource
+from remat_kit.sources._protocol import SourceStep, StepSource
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig
 

@@ -20,9 +20,9 @@ from remat_kit.errors import BadValue
 from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import NO_SCHEDULE
+from remat_kit.sources._depth import shallow_copies
+from remat_kit.sources._protocol import StepSource
 from remat_kit.sources._remember import _remembered
-from remat_kit.sources.depth import shallow_copies
-from remat_kit.sources.protocol import StepSource
 from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
 

@@ -1,5 +1,5 @@
 """What the planner returns: the :class:`Plan` and every program it compiled on the way
-(:class:`PlanCandidate`). The planner itself is :mod:`remat_kit.search.planner`.
+(:class:`PlanCandidate`). The planner itself is :mod:`remat_kit.search._planner`.
 
 Example:
   >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)

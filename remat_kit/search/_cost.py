@@ -24,7 +24,7 @@ from remat_kit.errors import BadValue
 from remat_kit.targets.prices import Price, cost_per_million_tokens, price_for
 
 if TYPE_CHECKING:
-    from remat_kit.search.advise import Advice, ScaleOut
+    from remat_kit.search._advise import Advice, ScaleOut
 
 __all__ = [
     "RANKINGS",
