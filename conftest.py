@@ -104,7 +104,7 @@ SLOW_EXAMPLES = frozenset(
         "remat_kit.sources._depth.settled",
         "remat_kit.sources._own_step",
         "remat_kit.sources._steps",
-        "remat_kit.timing.model.measure_cpu_speed",
+        "remat_kit.timing._model.measure_cpu_speed",
     }
 )
 

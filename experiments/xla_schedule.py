@@ -2,7 +2,7 @@
 
 For the published MaxText Llama2-7B runs on 8x H100 (FSDP; experiments/step_time.py has them)
 and smaller sharded steps, the program is compiled as ``report`` compiles it and once more with
-XLA's schedule dumped (``remat_kit.timing.xla_schedule``: XLA's GPU performance model prices each
+XLA's schedule dumped (``remat_kit.timing._xla_schedule``: XLA's GPU performance model prices each
 instruction; the entry's loops are replaced by their bodies times the trip count). Both are
 printed beside the published figure where there is one, with our split (products, memory-bound,
 collectives exposed and hidden, launches) and the time XLA's schedule waits on each kind of
@@ -22,7 +22,7 @@ from step_time import PUBLISHED, _predict
 import remat_kit as rk
 from remat_kit.policies import parse_policy
 from remat_kit.schedules import parse_schedule
-from remat_kit.timing.xla_schedule import xla_estimate
+from remat_kit.timing import xla_estimate
 from remat_kit_models.spec import PresetSpec
 
 #: Small sharded steps: (label, model request (fsdp over the devices), train config, policy,

@@ -23,7 +23,7 @@ from remat_kit.errors import BadType, BadValue, RematWarning
 from remat_kit.notes import Note, words
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
-from remat_kit.sharding.context import collective_summary
+from remat_kit.sharding import collective_summary
 from remat_kit.targets import Target, as_target
 from remat_kit.targets.codegen import analysis_options
 from remat_kit.timing import Kernel, StepTime, speed_of, step_time

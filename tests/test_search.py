@@ -1277,7 +1277,7 @@ def test_a_peak_a_few_bytes_smaller_does_not_keep_a_slower_point_on_the_front():
 def test_traced_seconds_prices_each_kind_at_its_rate():
     from remat_kit.flops import FlopCount
     from remat_kit.timing import speed_of
-    from remat_kit.timing.traced import traced_seconds
+    from remat_kit.timing._traced import traced_seconds
 
     h100 = speed_of(rk.target("h100"))
     # By hand from the H100's figures: products at peak x matmul efficiency; elementwise at

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 import remat_kit as rk
-from remat_kit.timing.xla_schedule import analytical_estimator_runs, read_schedule, xla_estimate
+from remat_kit.timing._xla_schedule import analytical_estimator_runs, read_schedule, xla_estimate
 
 TINY = (Path(__file__).parent / "data" / "tiny_schedule.txt").read_text()
 

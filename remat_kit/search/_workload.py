@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 #: What a search minimises: ``time``, the step's predicted time (recomputed products,
-#: attention and elementwise work each at the target's rate, :mod:`remat_kit.timing.traced`;
+#: attention and elementwise work each at the target's rate, :mod:`remat_kit.timing._traced`;
 #: a compiled plan's from its kernels, :mod:`remat_kit.timing`); ``flops``, extra FLOPs as if
 #: all ran at peak (what remat_kit used before it predicted time). Host transfers beyond what
 #: hides behind compute count in both.
@@ -202,7 +202,7 @@ class Workload:
         Args:
           batch: the batch size.
           objective: ``time``: each kind of FLOP at the target's rate
-            (:func:`remat_kit.timing.traced.traced_seconds`); ``flops``: all FLOPs at the peak
+            (:func:`remat_kit.timing._traced.traced_seconds`); ``flops``: all FLOPs at the peak
             bf16 rate. A target without the rates (the CPU, a custom GPU naming none) falls
             back to the peak, and without that to None.
         """
@@ -339,9 +339,9 @@ class Workload:
 
     def traced_seconds(self, pol: Policy, sch: Schedule, batch: int) -> float | None:
         """The compute time of a typed (policy, schedule, batch) from its trace, each kind of
-        FLOP at the target's rate (:func:`remat_kit.timing.traced.traced_seconds`); None for
+        FLOP at the target's rate (:func:`remat_kit.timing._traced.traced_seconds`); None for
         a target without the rates."""
-        from remat_kit.timing.traced import traced_seconds
+        from remat_kit.timing import traced_seconds
 
         speed = self.speed
         if speed is None:
@@ -351,7 +351,7 @@ class Workload:
     @property
     def speed(self) -> Any:
         """The target's rates (:func:`remat_kit.timing.speed_of`; None: not known)."""
-        from remat_kit.timing.speed import speed_of
+        from remat_kit.timing import speed_of
 
         if "speed" not in self._memo:
             self._memo["speed"] = speed_of(self.target)

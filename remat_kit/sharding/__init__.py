@@ -29,9 +29,9 @@ activation dimensions may be split (``nn.with_logical_constraint`` with the ``ac
 :meth:`MeshPlan.rules` maps those names to mesh axes. Parameters without names are split by shape
 over ``fsdp`` and ``cp`` (their largest dimension those axes divide) and replicated otherwise.
 
-The package: :mod:`~remat_kit.sharding.plan` (specs, plans, rules, what a factory takes),
-:mod:`~remat_kit.sharding.params` (shardings of a step's arguments),
-:mod:`~remat_kit.sharding.context` (context parallelism's checks, the collectives of a step).
+The package: :mod:`~remat_kit.sharding._plan` (specs, plans, rules, what a factory takes),
+:mod:`~remat_kit.sharding._params` (shardings of a step's arguments),
+:mod:`~remat_kit.sharding._context` (context parallelism's checks, the collectives of a step).
 
 Example:
   >>> plan = parse_shard("fsdp:4,tp:2")
@@ -43,12 +43,12 @@ Example:
   'fsdp:2,cp:4'
 """
 
-from remat_kit.sharding.context import (
+from remat_kit.sharding._context import (
     check_sequence_split,
     collective_summary,
     sequence_constraints,
 )
-from remat_kit.sharding.params import (
+from remat_kit.sharding._params import (
     batch_sharding,
     opt_state_shardings,
     param_shardings,
@@ -56,8 +56,8 @@ from remat_kit.sharding.params import (
     per_device_bytes,
     strip_boxes,
 )
-from remat_kit.sharding.plan import _EXAMPLES as _EXAMPLES
-from remat_kit.sharding.plan import (
+from remat_kit.sharding._plan import _EXAMPLES as _EXAMPLES
+from remat_kit.sharding._plan import (
     ACTIVATION_AXES,
     PARAM_AXES,
     STRATEGIES,

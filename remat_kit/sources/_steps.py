@@ -360,7 +360,7 @@ def step_flop_count(
     schedule: Any = "none",
 ) -> FlopCount:
     """:func:`step_flops` split by kind (products, attention kernels, elementwise), which the
-    planner prices at each kind's rate (:func:`remat_kit.timing.traced.traced_seconds`).
+    planner prices at each kind's rate (:func:`remat_kit.timing._traced.traced_seconds`).
 
     Args:
       source: the model source.

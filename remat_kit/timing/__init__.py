@@ -14,18 +14,31 @@ Example:
   True
 """
 
-from remat_kit.timing.model import StepTime, fresh_bytes_of, measure_cpu_speed, step_time
-from remat_kit.timing.speed import Speed, speed_of
+from remat_kit.timing._model import StepTime, fresh_bytes_of, measure_cpu_speed, step_time
+from remat_kit.timing._speed import Speed, speed_of
+from remat_kit.timing._traced import BYTES_PER_ELEMENTWISE_FLOP, traced_seconds
+from remat_kit.timing._xla_schedule import (
+    XlaEstimate,
+    analytical_estimator_runs,
+    read_schedule,
+    xla_estimate,
+)
 from remat_kit.xla import KINDS, Kernel, kernels_of
 
 __all__ = [
+    "BYTES_PER_ELEMENTWISE_FLOP",
     "KINDS",
     "Kernel",
     "Speed",
     "StepTime",
+    "XlaEstimate",
+    "analytical_estimator_runs",
     "fresh_bytes_of",
     "kernels_of",
     "measure_cpu_speed",
+    "read_schedule",
     "speed_of",
     "step_time",
+    "traced_seconds",
+    "xla_estimate",
 ]

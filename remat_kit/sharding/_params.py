@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit._shapes import array_bytes, path_keys
 from remat_kit.errors import BadValue
-from remat_kit.sharding.plan import MeshPlan
+from remat_kit.sharding._plan import MeshPlan
 
 __all__ = [
     "batch_sharding",

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from remat_kit.timing.speed import Speed
+from remat_kit.timing._speed import Speed
 from remat_kit.xla import Kernel
 
 __all__ = [

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from remat_kit.flops import FlopCount
-    from remat_kit.timing.speed import Speed
+    from remat_kit.timing._speed import Speed
 
 __all__ = [
     "BYTES_PER_ELEMENTWISE_FLOP",

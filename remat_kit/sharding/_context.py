@@ -27,7 +27,7 @@ import jax
 
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.errors import BadValue
-from remat_kit.sharding.plan import MeshPlan
+from remat_kit.sharding._plan import MeshPlan
 
 __all__ = [
     "check_sequence_split",
