@@ -25,6 +25,7 @@ from remat_kit.errors import BadValue
 from remat_kit_models import get_config
 from remat_kit_models import hf as _hf
 from remat_kit_models.config import ModelConfig, blame_overrides
+from remat_kit_models.spec import HFSpec, PresetSpec
 
 __all__ = [
     "ABSURD_FACTOR",
@@ -148,7 +149,7 @@ def regime_of(config: rk.TrainConfig) -> rk.train.Precision:
 
 
 def model_config(
-    spec: Any,
+    spec: PresetSpec | HFSpec,
     config: rk.TrainConfig,
     policy: rk.policies.PolicyLike,
     target: rk.Target,
@@ -269,7 +270,7 @@ def check_sizes(config: rk.TrainConfig, cfg: ModelConfig, target: rk.Target) -> 
         )
 
 
-def _cp(spec: Any, target: rk.Target) -> int:
+def _cp(spec: PresetSpec | HFSpec, target: rk.Target) -> int:
     # The plan's context-parallel size on the target (1 without; a plan that does not fit
     # the target is named by the mesh's own check).
     if not spec.shard:
@@ -280,7 +281,9 @@ def _cp(spec: Any, target: rk.Target) -> int:
         return 1
 
 
-def _experts_for_mesh(spec: Any, cfg: ModelConfig, target: rk.Target) -> ModelConfig:
+def _experts_for_mesh(
+    spec: PresetSpec | HFSpec, cfg: ModelConfig, target: rk.Target
+) -> ModelConfig:
     """Under ``ep``: the experts must split evenly, and they run as capacity einsums unless
     the caller chose ragged ones.
 
@@ -309,9 +312,9 @@ def _human(nbytes: float) -> str:
     return f"{nbytes / 2**20:.0f} MiB"
 
 
-def _config(spec: Any, seq: int, **fields: Any) -> ModelConfig:
+def _config(spec: PresetSpec | HFSpec, seq: int, **fields: Any) -> ModelConfig:
     # The preset's config, or the Hugging Face config's, with the fields model_config sets.
-    if getattr(spec, "hf_config", None) is None:
+    if isinstance(spec, PresetSpec):
         return get_config(spec.model, **fields)
     cfg = _hf.from_hf_config(spec.hf_config, name=spec.name)
     changes = {models.OVERRIDES.get(k, k): v for k, v in fields.items() if v is not None}
