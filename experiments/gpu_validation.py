@@ -4,7 +4,8 @@ For gpt2-medium, llama3.2-1b and llama3.2-3b under none / full / minimal / minim
 runs the train step for real on the local GPU (``remat-kit validate``: a few steps, the
 allocator's ``peak_bytes_in_use`` and ``bytes_limit``) and compiles the same step deviceless for
 the catalogue target matching the GPU; each case runs in a fresh process, since jaxlib's
-allocator peak cannot be reset. Writes results/gpu_validation.json and a PNG.
+allocator peak cannot be reset. Writes results/gpu_validation.json and a PNG
+(``--target NAME``: compiled for that catalogue GPU, into gpu_validation_NAME.json).
 
 On a machine with no NVIDIA GPU it says so and exits 1, writing nothing.
 """
@@ -30,11 +31,12 @@ from common import ROOT, parse, save_png, table, write_json  # noqa: E402
 #: (model, batch, seq): sizes whose step fits an 80 GB H100 at least with ``full``.
 CASES = (("gpt2-medium", 8, 1024), ("llama3.2-1b", 4, 2048), ("llama3.2-3b", 2, 2048))
 POLICIES = ("none", "full", "minimal", "minimal_offloaded")
-STEPS = 3
+#: Steps per case: the first is a warm-up; the step time is the median of the rest.
+STEPS = 8
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse(__doc__, argv)
+    args = parse(__doc__, argv, target="")
     if not HAS_GPU:
         print(
             "gpu_validation: no NVIDIA GPU on this machine (no /dev/nvidia*); it measures on a "
@@ -49,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = []
     for model, batch, seq in cases:
         for policy in policies:
-            rows.append(_one(model, policy, batch, seq))
+            rows.append(_one(model, policy, batch, seq, args.target))
             print(json.dumps(_flat(rows[-1])), flush=True)
     measured = [r for r in rows if r.get("error") is not None]
     summary = {
@@ -57,15 +59,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "measured": len(measured),
         "max_abs_error": max((abs(r["error"]) for r in measured), default=None),
         "within_3pct": sum(abs(r["error"]) <= 0.03 for r in measured),
+        "device": _device(),
     }
-    write_json(args.out / "gpu_validation.json", {"rows": rows, "summary": summary})
-    _plot(measured, args.out / "gpu_validation.png")
+    name = f"gpu_validation_{args.target}" if args.target else "gpu_validation"
+    write_json(args.out / f"{name}.json", {"rows": rows, "summary": summary})
+    _plot(measured, args.out / f"{name}.png")
     print(table([_flat(r) for r in rows], _COLUMNS, "predicted vs measured peak (GiB)"))
     return 0
 
 
-def _one(model: str, policy: str, batch: int, seq: int) -> dict:
-    """One case in a fresh process: ``remat-kit validate ... --json``."""
+def _device() -> str:
+    """The GPU and the jax that measured, as they name themselves (a child process asks jax)."""
+    ask = "import jax, jaxlib; print(jax.devices()[0].device_kind, '| jax', jax.__version__)"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run([sys.executable, "-c", ask], env=env, capture_output=True, text=True)
+    return done.stdout.strip() or f"unknown ({done.stderr.strip()[-200:]})"
+
+
+def _one(model: str, policy: str, batch: int, seq: int, target: str) -> dict:
+    """One case in a fresh process: ``remat-kit validate ... --json``.
+
+    ``target`` names the catalogue GPU to compile the prediction for; empty, validate
+    matches it from the local device's kind.
+    """
     with tempfile.TemporaryDirectory(prefix="gpu_validation_") as tmp:
         out = Path(tmp) / "one.json"
         cmd = [
@@ -85,6 +101,7 @@ def _one(model: str, policy: str, batch: int, seq: int) -> dict:
             str(STEPS),
             "--json",
             str(out),
+            *(["--compare-with", target] if target else []),
         ]
         env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
@@ -98,7 +115,10 @@ def _one(model: str, policy: str, batch: int, seq: int) -> dict:
         }
 
 
-_COLUMNS = ("model", "policy", "batch", "seq", "predicted", "measured", "error", "ran")
+_COLUMNS = (
+    "model", "policy", "batch", "seq", "predicted", "measured", "error", "step_pred", "step_meas",
+    "ran",
+)  # fmt: skip
 
 
 def _flat(row: dict) -> dict:
@@ -113,6 +133,8 @@ def _flat(row: dict) -> dict:
         "predicted": gib(row.get("predicted_peak_bytes")),
         "measured": gib(row.get("measured_peak_bytes")),
         "error": None if row.get("error") is None else f"{100 * row['error']:+.1f}%",
+        "step_pred": row.get("predicted_step_seconds"),
+        "step_meas": row.get("step_seconds"),
         "ran": ran,
     }
 

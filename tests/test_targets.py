@@ -23,13 +23,13 @@ from remat_kit import targets as rkt
 REPO = Path(__file__).resolve().parents[1]
 
 # Independent copy of the table in shared/gpu_targets.md, but for the memory CUDA reports on a
-# real H100 80GB HBM3 (81080 MiB, jax's allocator on a lent card) and H200 (143156 MiB,
-# torch.cuda.get_device_properties; issue 26):
+# real H100 80GB HBM3 (81080 MiB, jax's allocator on a lent card) and H200 (what its
+# allocator's limit, 112583507968 B at 0.75, says on a lent card):
 # name -> (description, device_memory_size, cc, HBM bytes/s, host link bytes/s, peak bf16 FLOP/s)
 TABLE = {
     "h100-80gb": ("NVIDIA H100 80GB HBM3", 81080 * 2**20, (9, 0), 3352320000000, 64e9, 989e12),
     "h100-pcie": ("NVIDIA H100 PCIe", 84942979072, (9, 0), 2039040000000, 64e9, 756e12),
-    "h200": ("NVIDIA H200 141GB HBM3e", 143156 * 2**20, (9, 0), 4800000000000, 64e9, 989e12),
+    "h200": ("NVIDIA H200", 150111343958, (9, 0), 4800000000000, 64e9, 989e12),
     "a100-80gb": ("NVIDIA A100-SXM4-80GB", 85100068864, (8, 0), 2039040000000, 32e9, 312e12),
     "a100-40gb": ("NVIDIA A100-SXM4-40GB", 42331013120, (8, 0), 1555200000000, 32e9, 312e12),
     "rtx4090": ("NVIDIA GeForce RTX 4090", 25757220864, (8, 9), 1008000000000, 32e9, 165e12),
@@ -158,9 +158,10 @@ def test_every_card_has_the_facts_of_its_sources(name):
 
 def test_the_h100_and_h200_are_sized_as_cuda_reports_them():
     # H100 80GB HBM3: 81080 MiB, what jax's allocator saw on a lent card (nvidia-smi: 81559).
-    # H200: 143156 MiB, torch.cuda.get_device_properties on one (nvidia-smi: 143771).
+    # H200: jax's allocator on a lent card, bytes_limit 112583507968 (107368 MiB) at 0.75
+    # (nvidia-smi: 143771 MiB).
     assert rkt.target("h100").memory_bytes == 85_018_542_080
-    assert rkt.target("h200").memory_bytes == 150_109_945_856
+    assert rkt.target("h200").usable_bytes == 107368 * 2**20
     assert round(rkt.target("h200").memory_bytes / 2**30, 2) == 139.80 < 143771 / 1024
     assert rkt.target("h100").usable_bytes == 63_763_906_560  # 0.75 of it: 59.38 GiB
 

@@ -76,17 +76,19 @@ def _facts(
 # datasheet's GB nor nvidia-smi's total (which counts memory CUDA does not hand out):
 # - h100-80gb: 85018542080 B = 81080 MiB, measured on a lent H100 80GB HBM3 (jax memory
 #   stats: the allocator's total; nvidia-smi said 81559 MiB there).
-# - h200: torch.cuda.get_device_properties on an H200 printed total_memory=143156MB
-#   (floored to MiB; github.com/ai-bot-pro/achatbot, deploy/modal/src/llm/vllm/vlm/
-#   skywork_r1v.py); nvidia-smi says 143771 MiB on an H200.
+# - h200: measured on a lent H200 (2026-11-27, jax 0.11.2): jax names the device kind
+#   "NVIDIA H200" and its allocator's bytes_limit at the default fraction 0.75 is
+#   112583507968 B (107368 MiB); memory_bytes is the total that gives that limit (0.75 of it,
+#   floored). torch's published total_memory=143156MB (floored to MiB) is 1.33 MiB less;
+#   nvidia-smi says 143771 MiB.
 # fmt: off
 GPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType({
     "h100-80gb": _facts("NVIDIA H100 80GB HBM3", (9, 0), 132, 128, 233472, 232448, 2048,
                         3352320000000, 52428800, 1.98, 81080 * 2**20, 64e9, 989e12),
     "h100-pcie": _facts("NVIDIA H100 PCIe", (9, 0), 114, 128, 233472, 232448, 2048,
                         2039040000000, 52428800, 1.755, 84942979072, 64e9, 756e12),
-    "h200": _facts("NVIDIA H200 141GB HBM3e", (9, 0), 132, 128, 233472, 232448, 2048,
-                   4800000000000, 52428800, 1.98, 143156 * 2**20, 64e9, 989e12),
+    "h200": _facts("NVIDIA H200", (9, 0), 132, 128, 233472, 232448, 2048,
+                   4800000000000, 52428800, 1.98, 150111343958, 64e9, 989e12),
     "a100-80gb": _facts("NVIDIA A100-SXM4-80GB", (8, 0), 108, 64, 167936, 166912, 2048,
                         2039040000000, 41943040, 1.41, 85100068864, 32e9, 312e12),
     "a100-40gb": _facts("NVIDIA A100-SXM4-40GB", (8, 0), 108, 64, 167936, 166912, 2048,

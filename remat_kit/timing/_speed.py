@@ -51,7 +51,6 @@ __all__ = [
 # NVLink bytes/s per direction, by device kind; cards not named talk over PCIe.
 _NVLINK = {
     "NVIDIA H100 80GB HBM3": 450e9,
-    "NVIDIA H200 141GB HBM3e": 450e9,
     "NVIDIA H200": 450e9,
     "NVIDIA A100-SXM4-80GB": 300e9,
     "NVIDIA A100-SXM4-40GB": 300e9,
