@@ -18,7 +18,7 @@ import os
 import re
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Tables fit $COLUMNS (remat_kit.render.format): the tests read output written to a file, as in
+# Tables fit $COLUMNS (remat_kit.render._format): the tests read output written to a file, as in
 # CI, unless a test sets a width itself. pytest-xdist's workers start with COLUMNS=80.
 os.environ.pop("COLUMNS", None)
 # The suite's CPU runs compare numbers, not speed: LLVM's optimisation of the CPU code is
@@ -82,10 +82,10 @@ SLOW_EXAMPLES = frozenset(
         "remat_kit.breakdown.measured_breakdown",
         "remat_kit.peak.api.inspect_step",
         "remat_kit.peak.compare.diff",
-        "remat_kit.render.tables.compare_rows",
-        "remat_kit.render.tables.decision_table",
-        "remat_kit.render.tables.report_table",
-        "remat_kit.render.tables.residual_table",
+        "remat_kit.render._tables.compare_rows",
+        "remat_kit.render._tables.decision_table",
+        "remat_kit.render._tables.report_table",
+        "remat_kit.render._tables.residual_table",
         "remat_kit.search",
         "remat_kit.search._costs.CostModel.evaluate",
         "remat_kit.search._advise",

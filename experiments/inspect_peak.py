@@ -20,8 +20,7 @@ POLICIES = ("full", "minimal", "none")
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import remat_kit as rk
-    import remat_kit.render.front
-    import remat_kit.render.timeline
+    import remat_kit.render
     import remat_kit_models as models
     from remat_kit_models.configure import model_config
     from remat_kit_models.spec import PresetSpec
@@ -80,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         cats.append({"policy": policy, **{c: v / GIB for c, v in r.by_category.items()}})
         if policy == "minimal":
-            rk.render.timeline.plot_timeline(
+            rk.render.plot_timeline(
                 r,
                 args.out / "inspect_timeline_minimal.png",
                 title=f"llama3-8b b4 s2048 minimal ({cfg.attention}) on {target.name}",

@@ -172,8 +172,7 @@ def _fits(rk: Any, quick: bool) -> list[dict[str, Any]]:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import remat_kit as rk
-    import remat_kit.render.front
-    import remat_kit.render.timeline
+    import remat_kit.render
 
     rk.targets.configure_for_deviceless()
     warnings.simplefilter("ignore")
@@ -248,7 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def _plot(rk: Any, p: dict[str, Any], path: Any) -> None:
-    rk.render.front.plot_front(
+    rk.render.plot_front(
         p["_front"],
         path,
         title=f"llama3-8b b4 s2048 sgd on h100, attention={p['attention']}: memory vs overhead",

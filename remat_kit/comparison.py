@@ -2,7 +2,7 @@
 
 Each row is a report's figures, its step time and how it compares with the report of policy
 ``none`` (no schedule) among them: the peak saved, the step time added. JSON- and CSV-ready
-data; :func:`remat_kit.render.tables.compare_table` makes the table of them.
+data; :func:`remat_kit.render.compare_table` makes the table of them.
 """
 
 from __future__ import annotations

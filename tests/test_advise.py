@@ -22,14 +22,14 @@ import remat_kit as rk
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note, hint_words
-from remat_kit.render.advice import advise_table
+from remat_kit.render import advise_table
 from remat_kit.search import Advice, ScaleOut
 from remat_kit_models.spec import PresetSpec
 
 GIB = 2**30
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "8"]
 SPEC, CONFIG = PresetSpec("tiny-llama"), rk.TrainConfig(8, 64, precision=rk.train.regime())
-#: The run as advise_table's title and caption read it (remat_kit.render.titles.RunOptions).
+#: The run as advise_table's title and caption read it (remat_kit.render.RunOptions).
 OPTS = types.SimpleNamespace(
     model=SPEC.name,
     batch=CONFIG.batch,

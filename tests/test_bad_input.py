@@ -24,7 +24,7 @@ import remat_kit_models as models
 from remat_kit.cli import main
 from remat_kit.errors import BadOutput, BadValue, DoesNotFit, UnknownName
 from remat_kit.notes import Note
-from remat_kit.render.files import check_output, write_json
+from remat_kit.render import check_output, write_json
 from remat_kit_models.configure import check_sizes, cudnn_problem, resolve_attention
 
 TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]

@@ -22,7 +22,7 @@ from remat_kit import sharding as rks
 from remat_kit.analysis import abstract
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
-from remat_kit.render.tables import report_table
+from remat_kit.render import report_table
 from remat_kit_models.axes import constrain
 
 #: A bf16 Llama whose activations dominate its step (1024..4096 tokens, width 512), small

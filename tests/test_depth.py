@@ -18,7 +18,7 @@ from helpers import memory_report
 from remat_kit import sources
 from remat_kit.errors import BadValue
 from remat_kit.peak.profile import Section, sections_of
-from remat_kit.render.captions import depth_words
+from remat_kit.render import depth_words
 from remat_kit.residuals import tags_in
 from remat_kit.sources import _depth as depth
 from remat_kit_models.spec import PresetSpec
@@ -350,7 +350,7 @@ def test_a_plan_from_copies_states_the_full_steps_figures(error):
 
 
 def test_plan_table_marks_the_front_points_read_off_copies():
-    from remat_kit.render.tables import plan_table
+    from remat_kit.render import plan_table
     from remat_kit.search._front import front
 
     w = _extrapolating_workload(0.05)
@@ -358,7 +358,7 @@ def test_plan_table_marks_the_front_points_read_off_copies():
     p = rk.plan(w, batch=4, budget=budget)  # compiled whole: near its budget
     pts = front(w, 4, policies=["full", "none"], schedules=(), plans=[p])
     config = rk.TrainConfig(4, 16, precision=rk.train.regime())
-    # The run as the table's title reads it (remat_kit.render.titles.RunOptions).
+    # The run as the table's title reads it (remat_kit.render.RunOptions).
     run = types.SimpleNamespace(
         model="tiny-llama",
         batch=config.batch,

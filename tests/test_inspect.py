@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat_kit as rk
-import remat_kit.render.timeline
+import remat_kit.render
 import remat_kit_models as models
 from conftest import SMALL, small_request
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
@@ -190,7 +190,7 @@ def test_to_dict_is_json_ready(minimal, tmp_path):
     assert sum(back["by_category"].values()) == r.peak_bytes
     assert len(back["buffers"]) == len(r.buffers)
     assert back["meta"]["policy"] == "minimal"
-    png = rk.render.timeline.plot_timeline(
+    png = rk.render.plot_timeline(
         r, tmp_path / "t.png", memory_bytes=rk.target("h100").memory_bytes
     )
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

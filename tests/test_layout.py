@@ -4,8 +4,7 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from remat_kit.render.format import console
-from remat_kit.render.layout import DROP_FIRST, fitted
+from remat_kit.render import DROP_FIRST, console, fitted
 
 TITLE = "llama3-8b b4 s2048 adamw on h100-80gb (79.18 GiB), attention=cudnn, precision mixed"
 HEADERS = ["policy", "peak\nGiB", "activations\nGiB", "fits", "compile\ns", "tok/s"]

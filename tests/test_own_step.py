@@ -117,7 +117,7 @@ def test_the_breakdown_comes_from_the_roles_and_is_unknown_without_them(measured
 def test_a_part_whose_role_is_not_given_is_unknown_not_zero():
     """Only ``params`` named: the gradients are known, the weights are not (argument 2 might
     hold frozen ones), nor the rest; the table says unknown."""
-    from remat_kit.render.tables import report_table
+    from remat_kit.render import report_table
 
     def params_only(policy, config):
         own = _src("linen_step").step(policy, config)

@@ -16,7 +16,7 @@ from flax import traverse_util
 import remat_kit as rk
 import remat_kit_models as models
 from remat_kit.errors import BadValue, UnknownName
-from remat_kit.render.titles import precision_words
+from remat_kit.render import precision_words
 from remat_kit.train import PRECISIONS, precision, regime, with_state_dtype
 from remat_kit_models.spec import PresetSpec
 

@@ -200,7 +200,7 @@ def _render(table):
 
 def test_residual_table_parts_are_parts_of_their_whole():
     """An offloaded untagged value is offloaded, not part of what the device keeps."""
-    from remat_kit.render.tables import residual_table
+    from remat_kit.render import residual_table
 
     gib = 2**30
     res = rk.residuals.ResidualReport(
@@ -233,7 +233,7 @@ def test_a_value_with_two_names_counts_under_both_per_layer(layers_known):
     # A model's own name with ours beside it (tagging.aliasing): the residual carries one of
     # them, the table shows its bytes under both. Without a layer count (an NNX factory),
     # the layers are the tags' most common number of occurrences.
-    from remat_kit.render.tables import residual_table
+    from remat_kit.render import residual_table
 
     mib = 2**20
     res = rk.residuals.ResidualReport(
@@ -255,7 +255,7 @@ def test_a_value_with_two_names_counts_under_both_per_layer(layers_known):
 
 
 def test_report_table_says_host_memory_is_not_measured_on_cpu():
-    from remat_kit.render.tables import report_table
+    from remat_kit.render import report_table
 
     cpu = _render(report_table(_bare_report("cpu"), rk.target("cpu")))
     assert "host (offloaded): not measured on cpu n/a" in cpu

@@ -835,7 +835,7 @@ def test_factory_report_equals_the_preset_report():
 
 @dataclasses.dataclass(frozen=True)
 class _Run:
-    """What a table's title reads of a run (``rk.render.titles.RunOptions``)."""
+    """What a table's title reads of a run (``rk.render.RunOptions``)."""
 
     model: str
     batch: int
@@ -877,9 +877,9 @@ def test_search_titles_name_the_compute_dtype_the_step_really_has(model, lora, c
         compiles=1,
         seconds=1.0,
     )
-    row = rk.render.tables.FitRow("full", fit)
+    row = rk.render.FitRow("full", fit)
     run = _Run(src.spec, config.batch, config.seq, config.optimizer, lora, config.accum, record)
-    table = rk.render.tables.fit_table(
+    table = rk.render.fit_table(
         [row], rk.target("h100"), run, headroom=0.0, compiles=1, seconds=1.0
     )
     words = {"bfloat16": "bf16"}.get(compute, compute)

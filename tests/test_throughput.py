@@ -10,7 +10,7 @@ import remat_kit as rk
 from helpers import memory_report
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
-from remat_kit.render.throughput import fastest_words, throughput_table
+from remat_kit.render import fastest_words, throughput_table
 from remat_kit.timing import StepTime
 
 SEQ = 10
@@ -224,7 +224,7 @@ def test_progress_draws_only_on_a_terminal(terminal):
 
     from rich.console import Console
 
-    from remat_kit.render.progress import progress
+    from remat_kit.render import progress
 
     buf = io.StringIO()
     out = Console(file=buf, force_terminal=terminal, width=80)

@@ -20,7 +20,7 @@ from remat_kit import sources
 from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
 from remat_kit.notes import words
-from remat_kit.render.captions import flags_words
+from remat_kit.render import flags_words
 from remat_kit.search import Workload
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import SourceKind, StepSource, kind_named, kinds
@@ -94,7 +94,7 @@ class ModelRun:
     train config, with the measuring switches.
 
     Its ``model``, ``batch``, ``seq``, ``optimizer``, ``lora``, ``accum`` and ``shard`` are
-    what titles read (``remat_kit.render.titles.RunOptions``).
+    what titles read (``remat_kit.render.RunOptions``).
 
     Attributes:
       spec: the model request (a spec of ``kind``; picklable, for worker processes).

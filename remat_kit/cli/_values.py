@@ -21,7 +21,7 @@ from pathlib import Path
 from remat_kit.errors import BadType, BadValue, UnitlessBudget
 from remat_kit.names import VOCABULARY
 from remat_kit.policies import Policy, PolicyLike, is_path_pattern, parse_policy
-from remat_kit.render.files import check_output
+from remat_kit.render import check_output
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.sources import ALLOCATOR_VARS, EnvSet
 from remat_kit.targets import Target, runtime_from_env, target

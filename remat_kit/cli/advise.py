@@ -16,10 +16,7 @@ from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args
 from remat_kit.cli._model import Request, resolve
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
-from remat_kit.render import console, write_json
-from remat_kit.render.advice import advise_table
-from remat_kit.render.layout import fitted
-from remat_kit.render.progress import progress
+from remat_kit.render import advise_table, console, fitted, progress, write_json
 from remat_kit.search import RANKINGS, Advice, ScaleOut, advise, cost_of, gpus_needed, rank_costs
 from remat_kit.targets import target
 from remat_kit.targets.prices import load_prices, parse_prices

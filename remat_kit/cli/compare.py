@@ -17,9 +17,7 @@ from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.comparison import compare_rows
 from remat_kit.errors import BadValue
 from remat_kit.notes import label, shared_words
-from remat_kit.render import console, write_csv, write_json
-from remat_kit.render.layout import fitted
-from remat_kit.render.tables import compare_table
+from remat_kit.render import compare_table, console, fitted, write_csv, write_json
 from remat_kit.search import FRONT_POLICIES
 
 __all__ = ["add_parser", "run"]

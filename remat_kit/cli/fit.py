@@ -17,13 +17,20 @@ from remat_kit.cli._model import resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
-from remat_kit.render import console, write_json
-from remat_kit.render.captions import limit_words
-from remat_kit.render.layout import fitted
-from remat_kit.render.progress import progress
-from remat_kit.render.seq import SeqRow, longest_words, seq_table
-from remat_kit.render.tables import FitRow, fit_table
-from remat_kit.render.throughput import fastest_words, throughput_table
+from remat_kit.render import (
+    FitRow,
+    SeqRow,
+    console,
+    fastest_words,
+    fit_table,
+    fitted,
+    limit_words,
+    longest_words,
+    progress,
+    seq_table,
+    throughput_table,
+    write_json,
+)
 from remat_kit.search import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,

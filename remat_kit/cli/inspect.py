@@ -21,12 +21,18 @@ from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.peak import PeakReport, diff, inspect_step
 from remat_kit.policies import Policy, as_policy
-from remat_kit.render.files import write_json
-from remat_kit.render.format import console
-from remat_kit.render.layout import fitted
-from remat_kit.render.peak import buffer_table, diff_table, peak_table, split_table
-from remat_kit.render.timeline import plot_timeline
-from remat_kit.render.titles import opts_precision, run_words
+from remat_kit.render import (
+    buffer_table,
+    console,
+    diff_table,
+    fitted,
+    opts_precision,
+    peak_table,
+    plot_timeline,
+    run_words,
+    split_table,
+    write_json,
+)
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target
 

@@ -8,9 +8,7 @@ from typing import Any
 
 from remat_kit.cli import summary
 from remat_kit.policies import parse_policy, policy, policy_names
-from remat_kit.render import console
-from remat_kit.render.layout import fitted
-from remat_kit.render.listings import models_table, policies_table, targets_table
+from remat_kit.render import console, fitted, models_table, policies_table, targets_table
 from remat_kit.targets import target, target_names
 
 __all__ = ["add_parser", "run"]

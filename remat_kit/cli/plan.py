@@ -13,11 +13,16 @@ from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, add_search_args
 from remat_kit.cli._model import resolve
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
-from remat_kit.render import console, write_json
-from remat_kit.render.layout import fitted
-from remat_kit.render.progress import progress
-from remat_kit.render.tables import decision_table, plan_table
-from remat_kit.render.titles import opts_precision, run_words
+from remat_kit.render import (
+    console,
+    decision_table,
+    fitted,
+    opts_precision,
+    plan_table,
+    progress,
+    run_words,
+    write_json,
+)
 from remat_kit.search import FRONT_POLICIES, plan_front
 
 __all__ = ["add_parser", "run"]
@@ -177,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plot_front() -> Any:
-    # plot_front is moving from remat_kit.search to remat_kit.render.front; either serves.
+    # plot_front is moving from remat_kit.search to remat_kit.render; either serves.
     try:
-        from remat_kit.render.front import plot_front
+        from remat_kit.render import plot_front
     except ImportError:
         from remat_kit.search import plot_front
     return plot_front

@@ -12,9 +12,7 @@ from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import resolve, run_notes
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.notes import words
-from remat_kit.render import console, write_json
-from remat_kit.render.layout import fitted
-from remat_kit.render.tables import report_table, residual_table
+from remat_kit.render import console, fitted, report_table, residual_table, write_json
 
 __all__ = ["add_parser", "run"]
 

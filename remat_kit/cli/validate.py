@@ -15,9 +15,7 @@ from typing import Any
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args
 from remat_kit.errors import BadValue, TargetError
-from remat_kit.render import console, write_json
-from remat_kit.render.layout import fitted
-from remat_kit.render.validation import validation_table
+from remat_kit.render import console, fitted, validation_table, write_json
 from remat_kit.schedules import NO_SCHEDULE
 
 __all__ = ["add_parser", "run"]

@@ -18,8 +18,8 @@ One concern per module, the data flowing one way:
 - ``compare``: the difference of two reports;
 - ``api``: ``inspect`` and ``inspect_step``.
 
-Tables and the timeline plot live in ``remat_kit.render`` (``render.peak``,
-``render.timeline``); the ``remat-kit inspect`` command in ``remat_kit.cli.inspect``.
+Tables and the timeline plot live in ``remat_kit.render`` (``peak_table``,
+``plot_timeline``); the ``remat-kit inspect`` command in ``remat_kit.cli.inspect``.
 
 Example:
   >>> import jax, jax.numpy as jnp, remat_kit as rk

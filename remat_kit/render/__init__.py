@@ -4,19 +4,75 @@ Library code returns data (frozen dataclasses with ``to_dict``); the CLI and the
 scripts hand it here to be shown or written. Nothing else formats a number or writes a file.
 """
 
-from remat_kit.render.files import check_output, save_figure, write_csv, write_json, write_text
-from remat_kit.render.format import GIB, console, fmt, gib, pct, short, text_table
+from remat_kit.render._advice import advise_table
+from remat_kit.render._captions import depth_words, flags_words, limit_words
+from remat_kit.render._files import check_output, save_figure, write_csv, write_json, write_text
+from remat_kit.render._format import GIB, console, fmt, gib, pct, short, text_table
+from remat_kit.render._front import front_figure, plot_front
+from remat_kit.render._layout import DROP_FIRST, fitted
+from remat_kit.render._listings import models_table, policies_table, targets_table
+from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
+from remat_kit.render._progress import progress
+from remat_kit.render._seq import SeqRow, longest_words, seq_table
+from remat_kit.render._tables import (
+    FitRow,
+    compare_table,
+    decision_table,
+    fit_table,
+    plan_table,
+    report_table,
+    residual_table,
+)
+from remat_kit.render._throughput import fastest_words, throughput_table
+from remat_kit.render._timeline import plot_timeline, timeline_figure
+from remat_kit.render._titles import RunOptions, opts_precision, precision_words, run_words
+from remat_kit.render._validation import validation_table
 
 __all__ = [
+    "DROP_FIRST",
     "GIB",
+    "FitRow",
+    "RunOptions",
+    "SeqRow",
+    "advise_table",
+    "buffer_table",
     "check_output",
+    "compare_table",
     "console",
+    "decision_table",
+    "depth_words",
+    "diff_table",
+    "fastest_words",
+    "fit_table",
+    "fitted",
+    "flags_words",
     "fmt",
+    "front_figure",
     "gib",
+    "limit_words",
+    "longest_words",
+    "models_table",
+    "opts_precision",
     "pct",
+    "peak_table",
+    "plan_table",
+    "plot_front",
+    "plot_timeline",
+    "policies_table",
+    "precision_words",
+    "progress",
+    "report_table",
+    "residual_table",
+    "run_words",
     "save_figure",
+    "seq_table",
     "short",
+    "split_table",
+    "targets_table",
     "text_table",
+    "throughput_table",
+    "timeline_figure",
+    "validation_table",
     "write_csv",
     "write_json",
     "write_text",

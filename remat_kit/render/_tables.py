@@ -4,7 +4,7 @@ Each function takes data (reports, plans, rows) and returns a ``rich.table.Table
 to print; nothing here compiles or measures. ``opts`` is the run's options as the CLI reads them
 (:class:`RunOptions`: model, batch, seq, optimizer, lora, accum, shard, as
 ``models.options.Options`` has them). The catalogue listings (targets, policies, models) are in
-:mod:`remat_kit.render.listings`.
+:mod:`remat_kit.render._listings`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from remat_kit.notes import label
-from remat_kit.render.captions import (
+from remat_kit.render._captions import (
     collective_words,
     depth_words,
     expert_words,
@@ -24,9 +24,9 @@ from remat_kit.render.captions import (
     limit_words,
     runtime_words,
 )
-from remat_kit.render.format import GIB, fmt, gib, pct, short
-from remat_kit.render.timing import step_time_words
-from remat_kit.render.titles import (
+from remat_kit.render._format import GIB, fmt, gib, pct, short
+from remat_kit.render._timing import step_time_words
+from remat_kit.render._titles import (
     RunOptions,
     opts_precision,
     run_words,

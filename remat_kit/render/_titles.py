@@ -1,6 +1,6 @@
 """The words every title says about a run: its model, batch, sequence, optimizer and precision.
 
-Shared by the tables (:mod:`remat_kit.render.tables`) and the plots' titles.
+Shared by the tables (:mod:`remat_kit.render._tables`) and the plots' titles.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Example:
   >>> import os, tempfile
-  >>> from remat_kit.render.timeline import plot_timeline
+  >>> from remat_kit.render import plot_timeline
   >>> r = rk.inspect(lambda a: (a @ a) @ a, jnp.ones((64, 64)), target="cpu")
   >>> with tempfile.TemporaryDirectory() as d:
   ...     plot_timeline(r, os.path.join(d, "timeline.png")).name
@@ -20,10 +20,10 @@ import numpy as np
 
 from remat_kit.errors import BadValue
 from remat_kit.peak.types import PeakReport
-from remat_kit.render.files import save_figure
-from remat_kit.render.format import GIB, gib
-from remat_kit.render.front import place_labels
-from remat_kit.render.titles import precision_words
+from remat_kit.render._files import save_figure
+from remat_kit.render._format import GIB, gib
+from remat_kit.render._front import place_labels
+from remat_kit.render._titles import precision_words
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

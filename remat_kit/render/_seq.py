@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from remat_kit.render.format import gib, short
-from remat_kit.render.titles import RunOptions, opts_precision, training_line
+from remat_kit.render._format import gib, short
+from remat_kit.render._titles import RunOptions, opts_precision, training_line
 
 if TYPE_CHECKING:
     from remat_kit.search import SeqFit

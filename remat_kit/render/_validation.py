@@ -8,8 +8,8 @@ from typing import Any
 
 from rich.table import Table
 
-from remat_kit.render.format import gib, pct
-from remat_kit.render.titles import training_line
+from remat_kit.render._format import gib, pct
+from remat_kit.render._titles import training_line
 
 __all__ = [
     "validation_table",

@@ -1,7 +1,7 @@
 """The Pareto front as a PNG: compiled peak against estimated overhead.
 
 The points come from :func:`remat_kit.search._front`; this module only draws them and writes the
-file through :func:`remat_kit.render.files.save_figure` (atomic). Each point is numbered (by
+file through :func:`remat_kit.render.save_figure` (atomic). Each point is numbered (by
 peak, smallest first) next to its marker, and a key beside the axes names it: a front has 10
 to 25 points, many of them within a fraction of a GiB of each other, so their names never fit
 beside the markers. :func:`place_labels` puts the numbers where they overprint nothing.
@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from remat_kit.render.files import save_figure
-from remat_kit.render.format import GIB, gib, pct, short
-from remat_kit.render.titles import precision_words
+from remat_kit.render._files import save_figure
+from remat_kit.render._format import GIB, gib, pct, short
+from remat_kit.render._titles import precision_words
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -81,7 +81,7 @@ def plot_front(
 
     Raises:
       BadValue: ``path`` is not a writable regular file (see
-        :func:`remat_kit.render.files.check_output`).
+        :func:`remat_kit.render.check_output`).
 
     Example:
       >>> import tempfile

@@ -51,7 +51,7 @@ def console(wide: bool = False) -> Any:
 
     The width is ``$COLUMNS`` when set, else the terminal's width, else (output to a file or
     a pipe) 150 columns. Tables are laid out for that width by
-    :func:`remat_kit.render.layout.fitted`.
+    :func:`remat_kit.render.fitted`.
 
     Args:
       wide: ``--wide``: lay nothing out for the terminal (no column is left out, nothing is

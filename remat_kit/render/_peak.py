@@ -3,7 +3,7 @@
 Nothing here compiles or measures; ``remat-kit inspect`` prints what these return.
 
 Example:
-  >>> from remat_kit.render.peak import peak_table
+  >>> from remat_kit.render import peak_table
   >>> r = rk.inspect(lambda a: (a @ a) @ a, jnp.ones((64, 64)), target="cpu")
   >>> list(peak_table(r).columns[0].cells)[:3]
   ['peak GiB (argument + output + temp - alias)', 'live at the peak GiB', 'fragmentation GiB']
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from remat_kit.peak.types import PeakDiff, PeakReport
-from remat_kit.render.format import gib
+from remat_kit.render._format import gib
 
 __all__ = [
     "buffer_table",

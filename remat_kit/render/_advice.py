@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from rich.table import Table
 
 from remat_kit.notes import hint_words
-from remat_kit.render.captions import runtime_words
-from remat_kit.render.format import gib, pct, short
-from remat_kit.render.tables import _YES_NO
-from remat_kit.render.titles import RunOptions, opts_precision, run_words, training_line
+from remat_kit.render._captions import runtime_words
+from remat_kit.render._format import gib, pct, short
+from remat_kit.render._tables import _YES_NO
+from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 from remat_kit.targets.prices import PRICE_CAVEAT
 
 if TYPE_CHECKING:

@@ -6,8 +6,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from remat_kit.render.format import gib, pct, short
-from remat_kit.render.titles import RunOptions, opts_precision, run_words, training_line
+from remat_kit.render._format import gib, pct, short
+from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 
 if TYPE_CHECKING:
     from remat_kit.search import Fastest, Throughput

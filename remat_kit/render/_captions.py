@@ -1,7 +1,7 @@
 """The sentences under tables: how a figure was made, what "fits" means, how a limit was set.
 
 Each function takes data (a report's ``meta``, a target, what an import set) and returns one line;
-:mod:`remat_kit.render.tables` and the other renderers put them in captions and titles, the
+:mod:`remat_kit.render._tables` and the other renderers put them in captions and titles, the
 CLI in the notes under a run (``remat_kit.cli._model.run_notes``).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from remat_kit.render.format import GIB, gib
+from remat_kit.render._format import GIB, gib
 
 if TYPE_CHECKING:
     from remat_kit.sources import EnvSet

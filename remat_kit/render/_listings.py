@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from remat_kit.render.format import fmt, gib
+from remat_kit.render._format import fmt, gib
 
 if TYPE_CHECKING:
     from remat_kit.policies import Policy
