@@ -73,7 +73,7 @@ def _row(fit, **extra) -> dict:
     return {
         **extra,
         "policy": fit.policy,
-        "max_seq": fit.max_seq,
+        "max_seq": fit.seq,
         "peak_bytes": fit.peak_bytes,
         "next_peak_bytes": fit.next_peak_bytes,
         "limit_bytes": fit.limit_bytes,

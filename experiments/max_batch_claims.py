@@ -37,10 +37,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 {
                     "model": model,
                     "policy": p,
-                    "max_batch": f.max_batch,
+                    "max_batch": f.batch,
                     "peak_gib": f.peak_bytes / 2**30 if f.peak_bytes else None,
                     "recompute_overhead": f.recompute_overhead,
-                    "x_vs_none": f.max_batch / max(fits["none"].max_batch, 1),
+                    "x_vs_none": f.batch / max(fits["none"].batch, 1),
                 }
             )
     full_x = [r["x_vs_none"] for r in rows if r["policy"] == "full"]

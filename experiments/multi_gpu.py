@@ -71,8 +71,8 @@ def llama70b(quick: bool) -> list[dict[str, Any]]:
                 {
                     **_row(r, model="llama3-70b", mesh=shard, devices=devices, hosts=hosts),
                     "policy": policy,
-                    "max_batch_global": fit.max_batch,
-                    "max_batch_per_gpu": fit.max_batch // devices,
+                    "max_batch_global": fit.batch,
+                    "max_batch_per_gpu": fit.batch // devices,
                     "max_batch_peak_gib": fit.peak_bytes / GIB,
                     "search_compiles": fit.compiles,
                     "search_seconds": fit.seconds,

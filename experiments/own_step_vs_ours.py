@@ -103,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             fits.append(
                 {
                     "case": case,
-                    "max_batch": fit.max_batch,
+                    "max_batch": fit.batch,
                     "peak_gib": fit.peak_bytes / GIB,
                     "next_peak_gib": (fit.next_peak_bytes or 0) / GIB,
                     "limit_gib": fit.limit_bytes / GIB,

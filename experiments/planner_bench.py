@@ -143,7 +143,7 @@ def _fits(rk: Any, quick: bool) -> list[dict[str, Any]]:
                         "model": model,
                         "target": rk.target(name).name,
                         "policy": pol,
-                        "max_batch": fit.max_batch,
+                        "max_batch": fit.batch,
                         "peak_gib": fit.peak_bytes / GIB,
                         "next_gib": None
                         if fit.next_peak_bytes is None

@@ -52,7 +52,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         fit = rk.max_batch(rk.sources.workload(source, target, config), "full")
         batches[f"{precision}@{fraction}"] = {
-            "max_batch": fit.max_batch,
+            "max_batch": fit.batch,
             "peak_gib": (fit.peak_bytes or 0) / GIB,
             "limit_gib": fit.limit_bytes / GIB,
         }

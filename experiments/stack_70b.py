@@ -65,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         # The limit every verdict uses: what a JAX process may allocate on the card.
         rk.search.check_budget(lora, 1, target.usable_bytes)
-        best = rk.max_batch(lora, "full").max_batch
+        best = rk.max_batch(lora, "full").batch
         plan = rk.plan(lora, 1, extra=[rk.policy("full"), rk.policy("minimal")])
         verdict = (
             f"max batch with full {best}; plan {plan.label} at "

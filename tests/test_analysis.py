@@ -311,7 +311,7 @@ class _FakeWorkload:
         self.asked.append(batch)
 
         class Compiled:
-            peak_bytes, xla_remat = _zigzag(batch), False
+            peak_bytes, xla_remat, attention = _zigzag(batch), False, None
 
         return Compiled
 
@@ -330,7 +330,7 @@ def test_max_batch_lands_on_the_boundary_of_a_peak_that_is_not_monotone(limit, s
     fit = rk.max_batch(_FakeWorkload(), "full", limit_bytes=limit, start=start, cap=64)
     # The largest batch within the limit, by brute force: every larger one is over it.
     want = max((b for b in range(1, 65) if _zigzag(b) <= limit), default=0)
-    assert fit.max_batch == want
+    assert fit.batch == want
     if want:
         assert fit.peak_bytes == _zigzag(want) <= limit
         assert fit.next_peak_bytes == _zigzag(want + 1) > limit

@@ -502,15 +502,17 @@ def test_an_xla_error_at_compile_is_one_line_exit_2(monkeypatch, capsys):
 
 def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
     def nothing(w, policy, schedule, **kwargs):
-        return rk.search.BatchFit(
+        return rk.search.Fit(
+            "batch",
             policy=policy.spec,
             schedule=schedule.spec,
-            max_batch=0,
+            batch=0,
+            seq=16,
+            unit=1,
             peak_bytes=10 * 2**30,
             next_peak_bytes=None,
             limit_bytes=2**30,
             recompute_overhead=None,
-            tokens_per_step=0,
             compiles=1,
             seconds=0.0,
             note=Note(
@@ -538,7 +540,7 @@ def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
     # And 0 as soon as one policy fits.
     monkeypatch.setattr(
         "remat_kit.cli.fit.max_batch",
-        lambda w, p, s, **kw: dataclasses.replace(nothing(w, p, s), max_batch=2),
+        lambda w, p, s, **kw: dataclasses.replace(nothing(w, p, s), batch=2),
     )
     assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 0
 

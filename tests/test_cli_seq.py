@@ -94,31 +94,31 @@ def test_the_json_is_what_the_library_call_gives(searched):
     for policy in ("none", "full"):
         fit = rk.search.max_seq(at, policy, granularity=STEP)
         row = rows[policy]
-        fields = ("max_seq", "peak_bytes", "next_peak_bytes", "limit_bytes", "batch", "attention")
+        fields = ("seq", "peak_bytes", "next_peak_bytes", "limit_bytes", "batch", "attention")
         for field in fields:
             assert row[field] == getattr(fit, field), (policy, field)
         assert row["note"] == fit.note.to_dict() and row["message"] == fit.message
-        assert row["tokens_per_step"] == row["max_seq"] and row["granularity"] == STEP
+        assert row["tokens_per_step"] == row["seq"] == row["value"] and row["unit"] == STEP
         assert row["compiles"] >= 3 and row["method"] in ("line", "quadratic", "bisection")
     # The planner's row: the longest sequence of full, with the plan that fits there.
     plan = next(row for label, row in rows.items() if label.startswith("plan"))
-    assert plan["max_seq"] == rows["full"]["max_seq"] and plan["fits"]
+    assert plan["seq"] == rows["full"]["seq"] and plan["fits"]
     assert plan["peak_bytes"] <= plan["limit_bytes"]
     assert plan["note"]["kind"] == "plan_at_max_seq"
 
 
 def _nothing(build, policy, schedule, **kwargs):
-    return rk.search.SeqFit(
+    return rk.search.Fit(
+        "seq",
         policy=policy.spec,
         schedule="none",
-        max_seq=0,
         batch=kwargs["batch"],
-        granularity=kwargs["granularity"],
+        seq=0,
+        unit=kwargs["granularity"],
         peak_bytes=10 * 2**30,
         next_peak_bytes=10 * 2**30,
         limit_bytes=2**30,
         recompute_overhead=None,
-        tokens_per_step=0,
         compiles=1,
         seconds=0.1,
         note=Note(

@@ -319,7 +319,7 @@ def test_a_fit_boundary_from_copies_is_compiled_whole(error, answer):
     calls, copies = [], []
     w = _extrapolating_workload(error, calls=calls, copies=copies)
     fit = rk.max_batch(w, "full", limit_bytes=limit)
-    assert fit.max_batch == answer
+    assert fit.batch == answer
     assert fit.peak_bytes == BASE_BYTES + PER_SAMPLE * answer  # the full compile's figure
     assert fit.next_peak_bytes == BASE_BYTES + PER_SAMPLE * (answer + 1)
     assert {answer, answer + 1} <= set(calls) and len(calls) == len(set(calls))
@@ -336,7 +336,7 @@ def test_a_fit_boundary_from_copies_is_compiled_whole(error, answer):
 def test_nothing_fits_is_verified_near_the_limit(error):
     limit = BASE_BYTES + PER_SAMPLE  # batch 1 fits exactly
     fit = rk.max_batch(_extrapolating_workload(error), "full", limit_bytes=limit)
-    assert fit.max_batch == 1
+    assert fit.batch == 1
 
 
 @pytest.mark.parametrize("error", [-0.05, 0.01, 0.05])

@@ -593,15 +593,17 @@ def test_check_policy_matches_returns_the_note_it_warns_with():
 
 
 def test_search_records_hold_notes_and_word_them():
-    fit = rk.search.BatchFit(
+    fit = rk.search.Fit(
+        "batch",
         policy="full",
         schedule="none",
-        max_batch=0,
+        batch=0,
+        seq=16,
+        unit=1,
         peak_bytes=10 * GIB,
         next_peak_bytes=None,
         limit_bytes=GIB,
         recompute_overhead=None,
-        tokens_per_step=0,
         compiles=1,
         seconds=0.0,
         note=Note(

@@ -261,9 +261,9 @@ def test_fit_finds_the_largest_batch_of_the_users_step():
     # The search's answer and its proof are the step at those batches (whose peak is a bare
     # compile's: test_the_peak_is_a_bare_compile_of_the_users_step).
     at = lambda b: sources.measure(src, "full", "h100", rk.TrainConfig(b, SMALL.seq), warn=False)
-    assert fit.fits and fit.max_batch > 2
-    assert at(fit.max_batch).peak_bytes == fit.peak_bytes <= limit
-    assert at(fit.max_batch + 1).peak_bytes == fit.next_peak_bytes > limit
+    assert fit.fits and fit.batch > 2
+    assert at(fit.batch).peak_bytes == fit.peak_bytes <= limit
+    assert at(fit.batch + 1).peak_bytes == fit.next_peak_bytes > limit
 
 
 # --- the command line ---------------------------------------------------------------------------

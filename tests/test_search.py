@@ -110,17 +110,17 @@ def test_max_batch_is_exact_and_cached(limit):
     fit = rk.max_batch(w, "none", limit_bytes=limit)  # "none" keeps everything: 6300 B/sample
     per = UNTAGGED + sum(b for b, _ in TAGS.values())
     expect = (limit - FIXED) // per
-    assert fit.max_batch == expect
+    assert fit.batch == expect
     assert fit.peak_bytes <= limit < fit.next_peak_bytes
     assert fit.tokens_per_step == expect * 10
     assert fit.compiles <= 2 * int(np.log2(expect + 1)) + 3
     again = rk.max_batch(w, "none", limit_bytes=limit)
-    assert again.compiles == 0 and again.max_batch == expect
+    assert again.compiles == 0 and again.batch == expect
 
 
 def test_max_batch_when_nothing_fits():
     fit = rk.max_batch(fake_workload(), "full", limit_bytes=FIXED - 1)
-    assert fit.max_batch == 0 and not fit.fits
+    assert fit.batch == 0 and not fit.fits
     assert "even batch 1 does not fit" in fit.message
 
 
@@ -182,8 +182,8 @@ def test_with_no_budget_nothing_fits_what_a_process_may_use_though_the_device_wo
     assert "nothing fits" in p.message
     assert p.peak_bytes == FIXED  # full, the smallest program
     fit = rk.max_batch(w, "full")
-    assert fit.max_batch == 0 and fit.limit_bytes == 975
-    assert rk.max_batch(w, "full", headroom=0.0).max_batch == 0
+    assert fit.batch == 0 and fit.limit_bytes == 975
+    assert rk.max_batch(w, "full", headroom=0.0).batch == 0
 
 
 def test_front_leaves_out_only_the_schedules_the_workload_cannot_build():
@@ -528,9 +528,9 @@ def test_plan_is_none_when_the_budget_fits_none(small_w):
 def test_max_batch_fits_and_next_does_not(small_w):
     limit = int(small_w.report("full", "none", 4).peak_bytes * 1.4)
     fit = rk.max_batch(small_w, "full", limit_bytes=limit, start=4)
-    assert fit.max_batch >= 4
-    at = _measure_small("full", batch=fit.max_batch)
-    nxt = _measure_small("full", batch=fit.max_batch + 1)
+    assert fit.batch >= 4
+    at = _measure_small("full", batch=fit.batch)
+    nxt = _measure_small("full", batch=fit.batch + 1)
     assert at.peak_bytes <= limit < nxt.peak_bytes
 
 
@@ -928,7 +928,7 @@ def test_the_plans_largest_batch_search_starts_where_it_is_told(monkeypatch, sta
     from remat_kit.search import _batch as batch
 
     seen = []
-    nothing = batch.BatchFit("full", "none", 0, 10, 10, 5, None, 0, 1, 0.0)
+    nothing = rk.search.Fit("batch", "full", "none", 0, 10, 1, 10, 10, 5, None, 1, 0.0)
 
     def spy(workload, policy, schedule="none", **kw):
         seen.append((policy.name, kw))
@@ -969,8 +969,8 @@ def test_max_batch_follows_the_line_in_four_compiles(limit, start):
         return 10_000 + 6300 * b
 
     fit = rk.max_batch(_batch_fake(peak_of), "full", limit_bytes=limit, start=start)
-    assert fit.max_batch == _largest(peak_of, limit)
-    assert fit.method == "line" and fit.predicted_batch == fit.max_batch
+    assert fit.batch == _largest(peak_of, limit)
+    assert fit.method == "line" and fit.predicted == fit.batch
     assert fit.compiles <= 4  # two for the line, b and b + 1 to verify it (some shared)
     assert start is not None or fit.compiles == 4
     assert fit.peak_bytes <= limit < fit.next_peak_bytes
@@ -990,10 +990,10 @@ def test_max_batch_falls_back_when_the_line_is_wrong(peak_of, limit):
     w = _batch_fake(peak_of)
     fit = rk.max_batch(w, "full", limit_bytes=limit)
     expect = _largest(peak_of, limit)
-    assert fit.max_batch == expect
-    assert peak_of(fit.max_batch) <= limit < peak_of(fit.max_batch + 1)
+    assert fit.batch == expect
+    assert peak_of(fit.batch) <= limit < peak_of(fit.batch + 1)
     assert fit.compiles == w.compiles <= 4 + 2 * int(np.log2(expect + 1)) + 2
-    if fit.predicted_batch != expect:
+    if fit.predicted != expect:
         assert fit.method == "bisection"
 
 
@@ -1018,8 +1018,8 @@ def test_max_batch_follows_the_forward_line_when_the_first_overshoots(forward_ba
         _batch_fake(peak_of), breakdown_fn=lambda b: {"weights": W, "gradients": G}
     )
     fit = rk.max_batch(w, "full", limit_bytes=limit, start=4)
-    assert fit.max_batch == _largest(peak_of, limit)
-    assert peak_of(fit.max_batch) <= limit < peak_of(fit.max_batch + 1)
+    assert fit.batch == _largest(peak_of, limit)
+    assert peak_of(fit.batch) <= limit < peak_of(fit.batch + 1)
     if forward_base == W:
         assert fit.method == "two lines" and fit.compiles == 5
 
@@ -1056,8 +1056,8 @@ def test_max_batch_starts_where_the_trace_puts_the_boundary(per_sample, limit):
         residuals_fn=_traced(per_sample),
     )
     fit = rk.max_batch(w, "full", limit_bytes=limit)
-    assert fit.max_batch == _largest(peak_of, limit)
-    assert peak_of(fit.max_batch) <= limit < peak_of(fit.max_batch + 1)
+    assert fit.batch == _largest(peak_of, limit)
+    assert peak_of(fit.batch) <= limit < peak_of(fit.batch + 1)
     assert fit.method == "line" and fit.compiles == 3
 
 
@@ -1079,7 +1079,7 @@ def test_a_first_guess_xla_cannot_build_is_not_an_error():
         residuals_fn=_traced(1),
     )
     fit = rk.max_batch(w, "full", limit_bytes=10**9)
-    assert fit.max_batch == 30 and "batch 31 cannot be built by XLA" in fit.message
+    assert fit.batch == 30 and "batch 31 cannot be built by XLA" in fit.message
 
 
 def test_a_residual_trace_that_fails_only_loses_the_estimate():
@@ -1096,7 +1096,7 @@ def test_a_residual_trace_that_fails_only_loses_the_estimate():
     )
     limit = 10_000 + 6300 * 40 + 5
     fit = rk.max_batch(w, "full", limit_bytes=limit)
-    assert fit.max_batch == _largest(peak_of, limit) == 40
+    assert fit.batch == _largest(peak_of, limit) == 40
 
 
 @pytest.mark.parametrize("refused_above", [40, 250, 1000])
@@ -1114,7 +1114,7 @@ def test_a_batch_xla_cannot_build_is_an_upper_bound_not_a_crash(refused_above):
 
     w = rk.Workload(measure, lambda p, s, b: float(b), target=rk.target("h100"), seq=10)
     fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 10**6, start=4)
-    assert fit.max_batch == refused_above
+    assert fit.batch == refused_above
     assert fit.next_peak_bytes is None
     assert f"batch {refused_above + 1} cannot be built by XLA (INTERNAL: RET_CHECK" in fit.message
     assert "HLO" not in fit.message
@@ -1133,7 +1133,7 @@ def test_a_first_batch_xla_cannot_build_is_an_error():
 def test_max_batch_without_a_line_still_finds_the_cap():
     w = _batch_fake(lambda b: 5_000)  # flat: no slope to follow
     fit = rk.max_batch(w, "full", limit_bytes=6_000, cap=64)
-    assert fit.max_batch == 64 and fit.method == "cap" and fit.next_peak_bytes is None
+    assert fit.batch == 64 and fit.method == "cap" and fit.next_peak_bytes is None
 
 
 @pytest.mark.parametrize("counted", [True, False])
@@ -1463,6 +1463,6 @@ def test_plan_refuses_a_batch_that_is_not_positive(batch):
 def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
     """A search stops when the longest known to fit and the shortest known not to are
     neighbours, or when nothing is known not to fit and the cap (100 here) fits."""
-    from remat_kit.search._seq import _closed
+    from remat_kit.search._boundary import _closed
 
     assert _closed(lo, hi, 100) is closed

@@ -20,7 +20,7 @@ from jax.errors import JaxRuntimeError
 import remat_kit as rk
 from helpers import memory_report
 from remat_kit.errors import BadType, BadValue
-from remat_kit.search._seq import UNBUILDABLE
+from remat_kit.search._boundary import UNBUILDABLE
 
 # --- fake builders: the peak as a formula of the sequence -----------------------------------
 
@@ -95,14 +95,14 @@ def test_on_the_curve_it_expects_the_search_is_exact_in_few_compiles(
     fit = rk.search.max_seq(fake, "full", granularity=step, limit_bytes=limit)
     expect = longest(curve, limit, step)
     assert expect > 2 * step  # a real search, not the first probes
-    assert fit.max_seq == expect and fit.max_seq % step == 0
+    assert fit.seq == expect and fit.seq % step == 0
     assert fit.peak_bytes == curve(expect, 1) <= limit < fit.next_peak_bytes
     assert fit.next_peak_bytes == curve(expect + step, 1)
     # The answer rests on two compiles: the longest that fits and the next step up.
     assert {expect, expect + step} <= set(fake.measured)
     assert fit.compiles == len(set(fake.measured)) <= most
     assert fit.method == method
-    assert fit.tokens_per_step == expect and fit.batch == 1 and fit.granularity == step
+    assert fit.tokens_per_step == expect and fit.batch == 1 and fit.unit == step
 
 
 @pytest.mark.parametrize("limit", [FIXED + 120_000, FIXED + 333_333, FIXED + 2_000_000])
@@ -111,7 +111,7 @@ def test_bisection_finds_the_exact_boundary_off_the_curve(limit, step):
     fake = Fake(lumpy)
     fit = rk.search.max_seq(fake, "full", granularity=step, limit_bytes=limit)
     expect = longest(lumpy, limit, step)
-    assert fit.max_seq == expect > 0
+    assert fit.seq == expect > 0
     assert lumpy(expect, 1) <= limit < lumpy(expect + step, 1)
     assert fit.peak_bytes <= fit.limit_bytes == limit < fit.next_peak_bytes
     # Galloping from the curve's miss, then bisecting: logarithmic in the answer.
@@ -121,7 +121,7 @@ def test_bisection_finds_the_exact_boundary_off_the_curve(limit, step):
 def test_when_the_first_two_compiles_are_the_boundary_they_are_the_answer():
     fake = Fake(affine)
     fit = rk.search.max_seq(fake, granularity=64, limit_bytes=affine(64, 1) + 1)
-    assert fit.max_seq == 64 and fit.next_peak_bytes == affine(128, 1)
+    assert fit.seq == 64 and fit.next_peak_bytes == affine(128, 1)
     assert fake.measured == [64, 128] and fit.method == "first probes"
 
 
@@ -130,7 +130,7 @@ def test_when_the_first_two_compiles_are_the_boundary_they_are_the_answer():
 def test_a_peak_equal_to_the_limit_fits(curve, steps):
     limit = curve(64 * steps, 1)
     fit = rk.search.max_seq(Fake(curve), granularity=64, limit_bytes=limit)
-    assert fit.max_seq == 64 * steps and fit.peak_bytes == limit
+    assert fit.seq == 64 * steps and fit.peak_bytes == limit
 
 
 def test_the_batch_multiplies_the_tokens_and_is_held_fixed():
@@ -138,7 +138,7 @@ def test_the_batch_multiplies_the_tokens_and_is_held_fixed():
     limit = FIXED + 30_000_000
     fit = rk.search.max_seq(fake, "none", batch=4, granularity=256, limit_bytes=limit)
     expect = longest(quadratic, limit, 256, batch=4)
-    assert fit.max_seq == expect and fit.batch == 4 and fit.tokens_per_step == 4 * expect
+    assert fit.seq == expect and fit.batch == 4 and fit.tokens_per_step == 4 * expect
     assert quadratic(expect, 4) <= limit < quadratic(expect + 256, 4)
 
 
@@ -149,7 +149,7 @@ def test_a_sequence_that_cannot_be_built_is_an_upper_bound(refused_above, who):
     fake = Fake(affine, **kwargs)
     fit = rk.search.max_seq(fake, "full", granularity=100, limit_bytes=10**12)
     expect = refused_above // 100 * 100
-    assert fit.max_seq == expect and fit.next_peak_bytes is None
+    assert fit.seq == expect and fit.next_peak_bytes is None
     assert fit.note.kind == "seq_fits" and fit.note.data["next_seq"] == expect + 100
     said = {"model": "the model: seq=", "XLA": "XLA: INTERNAL: launch needs more blocks)"}[who]
     assert f"seq {expect + 100} cannot be built ({said}" in fit.message
@@ -169,15 +169,15 @@ def test_refusing_the_shortest_sequence_is_an_error():
 def test_the_cap_stops_the_search(cap):
     fake = Fake(affine)
     fit = rk.search.max_seq(fake, "full", granularity=64, limit_bytes=10**15, cap=cap)
-    assert fit.max_seq == cap // 64 * 64 and fit.method == "cap"
-    assert fit.next_peak_bytes is None and max(fake.measured) == fit.max_seq
+    assert fit.seq == cap // 64 * 64 and fit.method == "cap"
+    assert fit.next_peak_bytes is None and max(fake.measured) == fit.seq
     assert fit.message.endswith(f"; stopped at the cap {cap}")
 
 
 def test_nothing_fits_says_the_shortest_sequence_and_its_peak():
     fake = Fake(affine)
     fit = rk.search.max_seq(fake, "minimal", granularity=512, limit_bytes=FIXED)
-    assert not fit.fits and fit.max_seq == 0 and fit.tokens_per_step == 0
+    assert not fit.fits and fit.seq == 0 and fit.tokens_per_step == 0
     assert fit.peak_bytes == affine(512, 1) and fake.measured == [512]
     assert fit.message == (
         f"minimal: even seq 512 at batch 1 does not fit: {affine(512, 1) / 2**30:.2f} GiB > "
@@ -190,7 +190,7 @@ def test_a_start_past_the_boundary_walks_down():
     limit = FIXED + 5_000_000
     fit = rk.search.max_seq(fake, granularity=64, limit_bytes=limit, start=64 * 200 + 50)
     assert fake.measured[0] == 64 * 200  # the start, rounded down to a multiple of the step
-    assert fit.max_seq == longest(quadratic, limit, 64)
+    assert fit.seq == longest(quadratic, limit, 64)
 
 
 def test_a_memoized_builder_shares_the_compiles_of_an_earlier_search():
@@ -199,7 +199,7 @@ def test_a_memoized_builder_shares_the_compiles_of_an_earlier_search():
     limit = FIXED + 9_000_000
     first = rk.search.max_seq(build, "full", granularity=64, limit_bytes=limit)
     again = rk.search.max_seq(build, "full", granularity=64, limit_bytes=limit)
-    assert again.max_seq == first.max_seq and first.compiles > 0 and again.compiles == 0
+    assert again.seq == first.seq and first.compiles > 0 and again.compiles == 0
     other = rk.search.max_seq(build, "none", granularity=64, limit_bytes=limit)
     assert other.compiles > 0  # another policy is another program
 
@@ -210,16 +210,19 @@ def test_to_dict_holds_every_field_and_the_words():
     assert {f for f in d} >= {
         "policy",
         "schedule",
-        "max_seq",
+        "axis",
+        "seq",
         "batch",
-        "granularity",
+        "unit",
+        "value",
+        "tokens_per_step",
         "peak_bytes",
         "next_peak_bytes",
         "limit_bytes",
         "compiles",
         "seconds",
         "method",
-        "predicted_seq",
+        "predicted",
         "note",
         "fits",
         "message",
@@ -319,12 +322,12 @@ def test_the_longest_sequence_is_verified_by_compiles_made_apart(model, attentio
         granularity=step,
         limit_bytes=limit,
     )
-    assert fit.fits and fit.max_seq % step == 0
+    assert fit.fits and fit.seq % step == 0
     # Independent compiles (new workloads) at the answer and one step up.
-    at = fresh(fit.max_seq).report(policy, batch=1).peak_bytes
-    nxt = fresh(fit.max_seq + step).report(policy, batch=1).peak_bytes
+    at = fresh(fit.seq).report(policy, batch=1).peak_bytes
+    nxt = fresh(fit.seq + step).report(policy, batch=1).peak_bytes
     assert at <= limit < nxt
     assert (at, nxt) == (fit.peak_bytes, fit.next_peak_bytes)
-    assert fit.max_seq == 6 * step  # the peaks grow with the sequence here
+    assert fit.seq == 6 * step  # the peaks grow with the sequence here
     assert fit.attention == kernel
     assert fit.compiles <= 7

@@ -865,15 +865,17 @@ def test_search_titles_name_the_compute_dtype_the_step_really_has(model, lora, c
     config = rk.TrainConfig(batch=2, seq=16, lora=lora > 0, precision=rk.train.regime())
     record = rk.train.planned_precision(config, own_compute=src.own_model)
     assert record["compute"] == compute and record["frozen"] == frozen
-    fit = rk.search.BatchFit(
+    fit = rk.search.Fit(
+        "batch",
         policy="full",
         schedule="none",
-        max_batch=1,
+        batch=1,
+        seq=16,
+        unit=1,
         peak_bytes=1,
         next_peak_bytes=2,
         limit_bytes=2**30,
         recompute_overhead=0.0,
-        tokens_per_step=16,
         compiles=1,
         seconds=1.0,
     )

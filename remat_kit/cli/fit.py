@@ -19,7 +19,6 @@ from remat_kit.errors import BadValue
 from remat_kit.notes import label
 from remat_kit.render import (
     FitRow,
-    SeqRow,
     console,
     fastest_words,
     fit_table,
@@ -359,7 +358,7 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
             else:
                 fit = max_seq(at, pol, schedule, **search)
                 name = label(fit.policy, fit.schedule)
-            rows.append(SeqRow(name, fit))
+            rows.append(FitRow(name, fit))
     seconds = time.perf_counter() - start
     compiles = sum(w.compiles for w in workloads.values())
     return _print_seq(args, run, rows, batch, step, cap, seconds, compiles)
@@ -368,7 +367,7 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
 def _print_seq(
     args: argparse.Namespace,
     run: Any,
-    rows: list[SeqRow],
+    rows: list[FitRow],
     batch: int,
     step: int,
     cap: int,

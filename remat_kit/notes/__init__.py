@@ -1,7 +1,7 @@
 """Notes: what the library has to tell the user, as data, and the one line each kind reads as.
 
 A :class:`Note` is a kind and the figures behind it (bytes, specs, names), never a sentence:
-``MemoryReport.notes``, ``BatchFit.note``, ``SeqFit.note``, ``Plan.note``, ``Advice.note`` and
+``MemoryReport.notes``, ``Fit.note``, ``Plan.note``, ``Advice.note`` and
 ``ScaleOut.note`` hold them. Each kind owns its one line (:func:`words`): the CLI, the tables,
 the JSON's readable ``warnings`` / ``message`` and the RematWarning a report issues read it
 from here, so no library module reaches up into :mod:`remat_kit.render` for a sentence.

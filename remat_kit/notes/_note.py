@@ -1,7 +1,7 @@
 """Notes: what the library has to tell the user, as data.
 
 A :class:`Note` is a kind and the figures behind it (bytes, specs, names), never a sentence:
-``MemoryReport.notes``, ``BatchFit.note``, ``SeqFit.note``, ``Plan.note``, ``Advice.note`` and
+``MemoryReport.notes``, ``Fit.note``, ``Plan.note``, ``Advice.note`` and
 ``ScaleOut.note`` hold them. :func:`remat_kit.notes.words` makes the one line a user
 reads; the RematWarning a report issues carries those words.
 
@@ -64,7 +64,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     # remat_kit.checks.check_policy_matches
     "no_tag_matched_in": ("policy", "names", "where", "tags"),
     "stray_tag_names": ("policy", "names", "where", "tags"),
-    # BatchFit.note: remat_kit.search._batch
+    # Fit.note along the batch: remat_kit.search._batch
     "batch_fits": (
         "policy",
         "schedule",
@@ -78,7 +78,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     ),
     "batch_none_fits": ("policy", "batch", "peak_bytes", "limit_bytes", "target"),
     "plan_at_max_batch": ("max_batch", "plan"),
-    # SeqFit.note: remat_kit.search._seq
+    # Fit.note along the sequence: remat_kit.search._seq
     "seq_fits": (
         "policy",
         "schedule",

@@ -13,7 +13,7 @@ from remat_kit.render._layout import DROP_FIRST, fitted
 from remat_kit.render._listings import models_table, policies_table, targets_table
 from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render._progress import progress
-from remat_kit.render._seq import SeqRow, longest_words, seq_table
+from remat_kit.render._seq import longest_words, seq_table
 from remat_kit.render._tables import (
     FitRow,
     compare_table,
@@ -33,7 +33,6 @@ __all__ = [
     "GIB",
     "FitRow",
     "RunOptions",
-    "SeqRow",
     "advise_table",
     "buffer_table",
     "check_output",

@@ -1,60 +1,42 @@
 """The ``fit --over seq`` table: per policy the longest sequence that fits at a fixed batch.
 
 Example:
-  >>> from remat_kit.search import SeqFit
+  >>> from remat_kit.search import Fit
   >>> def fit(policy, seq):
-  ...     return SeqFit(policy, "none", seq, 1, 1024, 2**30, 2**31, 3 * 2**29, None, seq, 4,
-  ...                   1.0, method="line")
-  >>> rows = [SeqRow("none", fit("none", 4096)), SeqRow("full", fit("full", 16384))]
+  ...     return Fit("seq", policy, "none", 1, seq, 1024, 2**30, 2**31, 3 * 2**29, None, 4, 1.0,
+  ...                method="line")
+  >>> rows = [FitRow("none", fit("none", 4096)), FitRow("full", fit("full", 16384))]
   >>> longest_words(rows)
   'longest: full at seq 16384 (batch 1: 16,384 tokens per step), 4.0x none (4096)'
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rich.table import Table
 
 from remat_kit.render._format import gib, short
+from remat_kit.render._tables import FitRow
 from remat_kit.render._titles import RunOptions, opts_precision, training_line
 
 if TYPE_CHECKING:
-    from remat_kit.search import SeqFit
+    from remat_kit.search import Fit
     from remat_kit.targets import Target
 
 __all__ = [
-    "SeqRow",
     "longest_words",
     "seq_table",
 ]
 
 
-@dataclasses.dataclass(frozen=True)
-class SeqRow:
-    """One line of the ``fit --over seq`` table: what it is called and the search's answer.
-
-    Attributes:
-      label: the policy (``policy @ schedule``), or ``plan: ...`` for the planner's.
-      fit: the longest sequence found.
-    """
-
-    label: str
-    fit: SeqFit
-
-    def to_dict(self) -> dict[str, Any]:
-        """``{"label": ..., **SeqFit.to_dict()}``: a JSON row."""
-        return {"label": self.label, **self.fit.to_dict()}
-
-
-def _longest(rows: Sequence[SeqRow]) -> int:
-    return max((row.fit.max_seq for row in rows), default=0)
+def _longest(rows: Sequence[FitRow]) -> int:
+    return max((row.fit.seq for row in rows), default=0)
 
 
 def seq_table(
-    rows: Sequence[SeqRow],
+    rows: Sequence[FitRow],
     target: Target,
     opts: RunOptions,
     *,
@@ -65,7 +47,7 @@ def seq_table(
     """The ``fit --over seq`` table: the longest sequence per policy, the longest starred.
 
     Args:
-      rows: one SeqRow per policy (at least one).
+      rows: one FitRow per policy (at least one).
       target: the target compiled for.
       opts: the run's options (model, optimizer, LoRA rank, accumulation, for the title).
       limit_words: how the limit was set (``usable at ..., less 10%``).
@@ -79,11 +61,11 @@ def seq_table(
 
     Example:
       >>> from types import SimpleNamespace as NS
-      >>> from remat_kit.search import SeqFit
-      >>> fit = SeqFit("full", "none", 8192, 1, 1024, 2**30, 2**31, 3 * 2**29, None, 8192, 4,
-      ...              1.0, method="line", attention="cudnn")
+      >>> from remat_kit.search import Fit
+      >>> fit = Fit("seq", "full", "none", 1, 8192, 1024, 2**30, 2**31, 3 * 2**29, None, 4, 1.0,
+      ...           method="line", attention="cudnn")
       >>> opts = NS(model="tiny-llama", optimizer="sgd", lora=0, accum=1, precision_record=dict)
-      >>> t = seq_table([SeqRow("full", fit)], rk.target("h100"), opts, limit_words="",
+      >>> t = seq_table([FitRow("full", fit)], rk.target("h100"), opts, limit_words="",
       ...               compiles=4, seconds=1.0)
       >>> [c.header for c in t.columns][:3]
       ['policy', 'longest seq', 'tokens/step']
@@ -101,7 +83,7 @@ def seq_table(
     kernels = sorted({row.fit.attention for row in rows if row.fit.attention})
     attention = f", attention {'/'.join(kernels)}" if kernels else ""
     title = (
-        f"longest sequence: {run} on {target.name}{attention}, step {first.granularity} "
+        f"longest sequence: {run} on {target.name}{attention}, step {first.unit} "
         f"tokens ({limit})" + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
@@ -120,11 +102,11 @@ def seq_table(
     for row in rows:
         fit = row.fit
         name = short(row.label, 48)
-        if longest and fit.max_seq == longest:
+        if longest and fit.seq == longest:
             name = f"[bold]{name} *[/bold]"
         table.add_row(
             name,
-            str(fit.max_seq) if fit.fits else "none fits",
+            str(fit.seq) if fit.fits else "none fits",
             str(fit.tokens_per_step),
             gib(fit.peak_bytes),
             _next_cell(fit),
@@ -134,7 +116,7 @@ def seq_table(
     return table
 
 
-def _next_cell(fit: SeqFit) -> str:
+def _next_cell(fit: Fit) -> str:
     if fit.next_peak_bytes is not None:
         return gib(fit.next_peak_bytes)
     data = fit.note.data if fit.note is not None else {}
@@ -143,7 +125,7 @@ def _next_cell(fit: SeqFit) -> str:
     return "cap" if fit.fits else "-"
 
 
-def longest_words(rows: Sequence[SeqRow]) -> str:
+def longest_words(rows: Sequence[FitRow]) -> str:
     """One line under the table: the longest sequence, and how it compares with ``none``'s.
 
     Args:
@@ -160,7 +142,7 @@ def longest_words(rows: Sequence[SeqRow]) -> str:
     longest = _longest(rows)
     if not longest:
         return "longest: nothing fits"
-    win = next(row for row in rows if row.fit.max_seq == longest)
+    win = next(row for row in rows if row.fit.seq == longest)
     line = (
         f"longest: {win.label} at seq {longest} (batch {win.fit.batch}: "
         f"{win.fit.tokens_per_step:,} tokens per step)"
@@ -170,4 +152,4 @@ def longest_words(rows: Sequence[SeqRow]) -> str:
         return line
     if not base.fit.fits:
         return line + "; none (no remat) does not fit even the shortest sequence"
-    return line + f", {longest / base.fit.max_seq:.1f}x none ({base.fit.max_seq})"
+    return line + f", {longest / base.fit.seq:.1f}x none ({base.fit.seq})"

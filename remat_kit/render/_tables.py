@@ -36,7 +36,7 @@ from remat_kit.render._titles import (
 if TYPE_CHECKING:
     from remat_kit.analysis import MemoryReport
     from remat_kit.residuals import ResidualReport
-    from remat_kit.search import BatchFit, FrontPoint, Plan
+    from remat_kit.search import Fit, FrontPoint, Plan
     from remat_kit.targets import Target
 
 __all__ = [
@@ -59,14 +59,14 @@ class FitRow:
 
     Attributes:
       label: the policy (``policy @ schedule``), or ``plan: ...`` for the planner's.
-      fit: the largest batch found.
+      fit: the search's answer (along the batch, or the sequence).
     """
 
     label: str
-    fit: BatchFit
+    fit: Fit
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"label": ..., **BatchFit.to_dict()}``: a JSON row."""
+        """``{"label": ..., **Fit.to_dict()}``: a JSON row."""
         return {"label": self.label, **self.fit.to_dict()}
 
 
@@ -343,7 +343,7 @@ def fit_table(
         fit = row.fit
         table.add_row(
             short(row.label),
-            str(fit.max_batch),
+            str(fit.batch),
             gib(fit.peak_bytes),
             gib(fit.next_peak_bytes),
             pct(fit.recompute_overhead),

@@ -7,14 +7,15 @@ the search needs: callbacks that compile (``measure_fn``) or trace (``flops_fn``
 size, plus the target it is compiled for. It caches every answer, so a plan, a max-batch search
 and a Pareto front over the same workload share their compiles.
 
-The six questions, one module each:
+The questions, one module each:
 
-- :func:`max_batch` (``batch``): the largest batch whose compiled peak fits the device minus a
-  headroom (exponential search from ``start``, then bisection; every probe is a compiled report).
-- :func:`max_seq` (``seq``): the longest sequence at a fixed batch, the same way; the search
-  takes a builder ``seq -> Workload`` (the sequence changes the traced program), fits a line
-  (flash attention) or a quadratic (einsum attention's scores) through the compiled peaks and
-  verifies the boundary by two compiles.
+- :func:`max_batch` (``batch``) and :func:`max_seq` (``seq``): the largest batch, or the
+  longest sequence at a fixed batch, whose compiled peak fits the device minus a headroom.
+  One boundary search (``boundary``) over either axis, with one answer, a :class:`Fit`: each
+  axis opens with its own first probes, then a curve through the compiled peaks (a line along
+  the batch; along the sequence a line under flash attention, a quadratic where einsum
+  attention holds its scores) predicts the boundary and two compiles verify it. The sequence
+  search takes a builder ``seq -> Workload`` (the sequence changes the traced program).
 - :func:`plan` (``planner``): the plan with the lowest estimated step-time overhead whose
   *compiled* peak fits a budget: solved exactly on a traced cost model (a mixed-integer program,
   ``scipy.optimize.milp``), then verified by compiling (the algorithm is in its docstring).
@@ -42,7 +43,8 @@ Example (``tiny_model`` is a factory ``tiny_model(policy)`` of a small Flax mode
 """
 
 from remat_kit.search._advise import Advice, ScaleOut, advise, gpus_needed
-from remat_kit.search._batch import BatchFit, max_batch, max_batch_plan
+from remat_kit.search._batch import max_batch, max_batch_plan
+from remat_kit.search._boundary import Fit
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for, parse_budget
 from remat_kit.search._cost import RANKINGS, Cost, cost_of, rank_costs
 from remat_kit.search._front import (
@@ -59,7 +61,6 @@ from remat_kit.search._recommend import PlanFront, plan_front
 from remat_kit.search._seq import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,
-    SeqFit,
     max_seq,
     max_seq_plan,
     seq_multiple,
@@ -78,15 +79,14 @@ __all__ = [
     "PLAN",
     "RANKINGS",
     "Advice",
-    "BatchFit",
     "Cost",
     "Fastest",
+    "Fit",
     "FrontPoint",
     "Plan",
     "PlanCandidate",
     "PlanFront",
     "ScaleOut",
-    "SeqFit",
     "SolverStatus",
     "Throughput",
     "Workload",

@@ -193,7 +193,7 @@ def _advise_one(
         peak_bytes=p.peak_bytes,
         recompute_overhead=p.recompute_overhead,
         overhead=p.overhead,
-        max_batch=fit.max_batch,
+        max_batch=fit.batch,
         fixed_bytes=fixed,
         note=p.note,
         seconds=time.perf_counter() - t0,

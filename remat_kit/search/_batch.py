@@ -2,13 +2,12 @@
 
 Example:
   >>> fit = rk.max_batch(w, "full", limit_bytes=2**20)
-  >>> fit.max_batch > 2, fit.peak_bytes <= fit.limit_bytes < fit.next_peak_bytes
+  >>> fit.batch > 2, fit.peak_bytes <= fit.limit_bytes < fit.next_peak_bytes
   (True, True)
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,9 +17,8 @@ from jax.errors import JaxRuntimeError
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
-from remat_kit.search._boundary import UNBUILDABLE, bracket, plan_at
+from remat_kit.search._boundary import CURVES, UNBUILDABLE, Fit, Peaks, bracket, plan_at, search
 from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
-from remat_kit.search._fit import NotedFit
 from remat_kit.search._planner import Plan
 from remat_kit.search._workload import DEFAULT_HIDE, FIXED_PARTS, FULL, Workload
 
@@ -30,61 +28,9 @@ from remat_kit.search._workload import DEFAULT_HIDE, FIXED_PARTS, FULL, Workload
 COPIES_TOLERANCE = 0.02
 
 __all__ = [
-    "BatchFit",
     "max_batch",
     "max_batch_plan",
 ]
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchFit(NotedFit):
-    """The largest batch that fits, for one policy and schedule.
-
-    Attributes:
-      policy, schedule: what was measured (specs).
-      max_batch: the largest batch whose compiled peak is within ``limit_bytes`` (0: even the
-        smallest batch does not fit).
-      peak_bytes: compiled peak at ``max_batch`` (at the smallest batch when it is 0).
-      next_peak_bytes: compiled peak at the next larger batch (the proof it does not fit), or
-        None when the search stopped at ``cap`` or XLA could not build that batch (the message
-        then says so).
-      limit_bytes: device memory minus headroom.
-      recompute_overhead: extra FLOPs of recomputation at ``max_batch``.
-      tokens_per_step: ``max_batch`` x sequence length.
-      compiles: programs compiled for this search (cached ones not counted).
-      seconds: wall time of the search.
-      xla_remat: XLA's own rematerialization pass changed the program at ``max_batch``.
-      note: what the search found, as data (kind ``batch_fits``, ``batch_none_fits`` or
-        ``plan_at_max_batch``); ``message`` is its words.
-      predicted_batch: the batch the straight line through the first two compiled peaks
-        predicted (None when it could not: a peak that does not grow with the batch).
-      method: how the boundary was found: ``line`` (the prediction held: two compiles to fit
-        the line, one or two to verify, often one of them shared: three), ``two lines`` (the
-        line overshot, as it does where the peak moves to the end of the forward pass at
-        large batches; a second line from the inputs through the failed point held: five
-        compiles), ``bisection`` (neither held, or
-        there was no line), or ``cap``.
-    """
-
-    policy: str
-    schedule: str
-    max_batch: int
-    peak_bytes: int
-    next_peak_bytes: int | None
-    limit_bytes: int
-    recompute_overhead: float | None
-    tokens_per_step: int
-    compiles: int
-    seconds: float
-    xla_remat: bool = False
-    note: Note | None = None
-    predicted_batch: int | None = None
-    method: str = ""
-
-    @property
-    def fits(self) -> bool:
-        """At least the smallest batch fits."""
-        return self.max_batch > 0
 
 
 def max_batch(
@@ -96,7 +42,7 @@ def max_batch(
     limit_bytes: int | None = None,
     start: int | None = None,
     cap: int = 1 << 14,
-) -> BatchFit:
+) -> Fit:
     """The largest batch whose compiled peak fits the device minus ``headroom``.
 
     Peak memory is close to affine in the batch for a fixed policy and schedule (activations
@@ -111,9 +57,8 @@ def max_batch(
     2. the line predicts the largest batch ``b`` under the limit;
     3. ``b`` and ``b + 1`` are compiled: when ``b`` fits and ``b + 1`` does not, that is the
        answer (four compiles in all);
-    4. otherwise the known bounds are narrowed by alternating secant and bisection steps (each
-       step at least halves the bracket every second compile), after doubling from the largest
-       known fit when no batch is known not to fit.
+    4. otherwise the boundary search (:func:`~remat_kit.search._boundary.search`) follows
+       the line through the peaks nearest the bracket's ends, then gallops and bisects.
 
     Every probe is a compiled report for the workload's target, cached in the workload; the
     answer always rests on two compiled peaks, ``b`` fitting and ``b + 1`` not (or ``cap``).
@@ -132,15 +77,16 @@ def max_batch(
       cap: stop searching above this batch.
 
     Returns:
-      A BatchFit; ``max_batch == 0`` when even the smallest batch does not fit. ``compiles``
-      counts the programs compiled for it, ``method`` says whether the line held.
+      A :class:`~remat_kit.search.Fit` along ``batch``; its ``batch`` is 0 when even the
+      smallest batch does not fit. ``compiles`` counts the programs compiled for it,
+      ``method`` says whether the line held.
 
     Raises:
       ValueError: a target without a memory size and no ``limit_bytes``; a bad headroom.
 
     Example:
       >>> fit = rk.max_batch(w, "full", limit_bytes=2**20)  # 1 MiB for this tiny step
-      >>> fit.max_batch > 1, fit.peak_bytes <= fit.limit_bytes < fit.next_peak_bytes, fit.method
+      >>> fit.batch > 1, fit.peak_bytes <= fit.limit_bytes < fit.next_peak_bytes, fit.method
       (True, True, 'line')
     """
     t0 = time.perf_counter()
@@ -151,8 +97,6 @@ def max_batch(
     )
     step = max(1, int(workload.batch_multiple))
     units_cap = max(1, cap // step)
-    known: dict[int, int] = {}  # units -> compiled peak
-    unbuildable: dict[int, str] = {}  # units -> XLA's refusal
     exact: set[int] = set()  # units whose peak is the full step's (not read off copies)
     copies: list[bool] = []  # [held]: whether the copies' peak held where first checked
 
@@ -169,29 +113,23 @@ def max_batch(
             exact.add(units)
         return known[units]
 
-    def peak(units: int) -> int:
-        if units not in known:
-            try:
-                if copies == [False]:
-                    return whole(units)
-                r = workload.compiled(pol, sch, units * step)
-                known[units] = r.peak_bytes
-                checks = not copies and workload.verify_fn is not None
-                if checks and workload.verified(pol, sch, units * step) is not r:
-                    # The first figure from copies is checked: where the copies are far off
-                    # (XLA orders a shallow step differently at this batch), a search on
-                    # them would go astray, and every probe is compiled whole instead.
-                    copies.append(abs(r.peak_bytes / whole(units) - 1) <= COPIES_TOLERANCE)
-            except JaxRuntimeError as err:
-                # A batch XLA cannot build (a kernel grid or an index past what the GPU or
-                # int32 allows) does not run either: it is an upper bound. The smallest
-                # batch failing is a real error.
-                if units == 1:
-                    raise
-                known[units] = UNBUILDABLE
-                unbuildable[units] = str(err).split("\n", 1)[0][:200]
+    def measure(units: int) -> int:
+        if copies == [False]:
+            return whole(units)
+        r = workload.compiled(pol, sch, units * step)
+        known[units] = r.peak_bytes
+        checks = not copies and workload.verify_fn is not None
+        if checks and workload.verified(pol, sch, units * step) is not r:
+            # The first figure from copies is checked: where the copies are far off (XLA
+            # orders a shallow step differently at this batch), a search on them would go
+            # astray, and every probe is compiled whole instead.
+            copies.append(abs(r.peak_bytes / whole(units) - 1) <= COPIES_TOLERANCE)
         return known[units]
 
+    # A batch XLA cannot build (a kernel grid or an index past what the GPU or int32 allows)
+    # does not run either: an upper bound.
+    peak = Peaks(measure, (JaxRuntimeError,))
+    known = peak.known
     first = _first_probe(workload, pol, sch, step, limit, start, units_cap)
     second = _second_probe(workload, peak(first), first, step, limit, units_cap)
     peak(second)
@@ -215,7 +153,7 @@ def max_batch(
                 method = "two lines"
     lo, hi = bracket(known, limit)
     if method == "bisection":
-        lo, hi = _narrow(peak, known, limit, lo, hi, units_cap)
+        lo, hi, _, _ = search(peak, known, limit, units_cap, CURVES["batch"])
         if hi is None:
             method = "cap"
     verified = _verify_boundary(whole, known, exact, limit, lo, hi, units_cap)
@@ -224,12 +162,9 @@ def max_batch(
     if lo == 0:
         return _no_fit(workload, pol, sch, step, limit, before, t0)
     best = workload.compiled(pol, sch, lo * step)
-    nxt_peak = known.get(hi) if hi is not None else None
     batch = lo * step
-    overhead = workload.recompute_of(pol, sch, batch)
-    refusal = unbuildable.get(hi) if hi is not None else None
-    if refusal is not None:
-        nxt_peak = None
+    refusal = peak.refused.get(hi) if hi is not None else None
+    nxt_peak = known.get(hi) if hi is not None and refusal is None else None
     note = Note(
         "batch_fits",
         {
@@ -240,25 +175,28 @@ def max_batch(
             "limit_bytes": limit,
             "next_batch": None if hi is None else hi * step,  # None: stopped at the cap
             "next_peak_bytes": nxt_peak,
-            "unbuildable": refusal,  # XLA's refusal of the next batch
+            "unbuildable": None if refusal is None else refusal[1],  # XLA's refusal
             "cap": cap,
         },
     )
-    return BatchFit(
+    return Fit(
+        "batch",
         policy=pol.spec,
         schedule=sch.spec,
-        max_batch=batch,
+        batch=batch,
+        seq=workload.seq,
+        unit=step,
         peak_bytes=best.peak_bytes,
         next_peak_bytes=nxt_peak,
         limit_bytes=limit,
-        recompute_overhead=overhead,
-        tokens_per_step=batch * workload.seq,
+        recompute_overhead=workload.recompute_of(pol, sch, batch),
         compiles=workload.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=best.xla_remat,
         note=note,
-        predicted_batch=None if predicted is None else predicted * step,
+        predicted=None if predicted is None else predicted * step,
         method=method,
+        attention=best.attention,
     )
 
 
@@ -369,7 +307,7 @@ def _verify_boundary(
     shallow copies of an unrolled model (``Workload.verify_fn``): both sides are compiled
     whole. Where that moves the boundary the copies were off here: their peaks are
     dropped, and the search goes on from the line through the last two whole peaks, then
-    by secant and bisection, compiling whole."""
+    by the boundary search, compiling whole."""
     while True:
         for units in (lo, hi):
             if units:
@@ -385,61 +323,24 @@ def _verify_boundary(
             whole(guess)
             if guess < cap:
                 whole(guess + 1)
-        lo, hi = _narrow(whole, known, limit, *bracket(known, limit), cap)
-
-
-def _narrow(
-    peak: Any, known: dict[int, int], limit: int, lo: int, hi: int | None, cap: int
-) -> tuple[int, int | None]:
-    """Narrows ``(lo, hi)`` to neighbours: doubling while nothing is known not to fit, then
-    secant and bisection steps in turn (the secant step converges in one or two compiles on a
-    near-affine peak; the bisection step bounds the count when it is not)."""
-    if lo == 0:
-        # Only batches that do not fit are known: walk down to 1.
-        while hi is not None and hi > 1 and lo == 0:
-            mid = max(1, hi // 2)
-            if peak(mid) <= limit:
-                lo = mid
-            else:
-                hi = mid
-        if lo == 0:
-            return 0, hi
-    while hi is None:
-        nxt = min(lo * 2, cap)
-        if nxt == lo:
-            return lo, None
-        if peak(nxt) <= limit:
-            lo = nxt
-        else:
-            hi = nxt
-    secant = True
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if secant and known[hi] != UNBUILDABLE:
-            slope = (known[hi] - known[lo]) / (hi - lo)
-            if slope > 0:
-                mid = min(hi - 1, max(lo + 1, lo + int((limit - known[lo]) // slope)))
-        secant = not secant
-        if peak(mid) <= limit:
-            lo = mid
-        else:
-            hi = mid
-    return lo, hi
+        lo, hi, _, _ = search(whole, known, limit, cap, CURVES["batch"])
 
 
 def _no_fit(
     workload: Workload, pol: Policy, sch: Schedule, step: int, limit: int, before: int, t0: float
-) -> BatchFit:
+) -> Fit:
     r = workload.compiled(pol, sch, step)
-    return BatchFit(
+    return Fit(
+        "batch",
         policy=pol.spec,
         schedule=sch.spec,
-        max_batch=0,
+        batch=0,
+        seq=workload.seq,
+        unit=step,
         peak_bytes=r.peak_bytes,
         next_peak_bytes=r.peak_bytes,
         limit_bytes=limit,
         recompute_overhead=None,
-        tokens_per_step=0,
         compiles=workload.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=r.xla_remat,
@@ -453,6 +354,7 @@ def _no_fit(
                 "target": workload.target.name,
             },
         ),
+        attention=r.attention,
     )
 
 
@@ -464,7 +366,7 @@ def max_batch_plan(
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
     extra: Iterable[Any] = (),
-) -> tuple[BatchFit, Plan | None]:
+) -> tuple[Fit, Plan | None]:
     """The largest batch any plan reaches, and the cheapest plan at that batch.
 
     The batch is :func:`max_batch` of ``full`` (the planner's end point: everything
@@ -477,14 +379,14 @@ def max_batch_plan(
       offload, hide, extra: as for :func:`plan`.
 
     Returns:
-      ``(fit, plan)``: the BatchFit of the plan (its policy, peak and overhead), and the Plan,
+      ``(fit, plan)``: the Fit of the plan (its policy, peak and overhead), and the Plan,
       or None when even the smallest batch does not fit.
 
     Example (not run as a doctest: it searches up to the whole device, thousands of
     sequences even for a tiny model)::
 
       fit, p = rk.search.max_batch_plan(w)
-      model = factory(p.policy)  # trains ``fit.max_batch`` sequences per step
+      model = factory(p.policy)  # trains ``fit.batch`` sequences per step
     """
     t0 = time.perf_counter()
     before = workload.compiles
@@ -494,7 +396,6 @@ def max_batch_plan(
     return plan_at(
         full,
         workload,
-        full.max_batch,
         limit_bytes=None,
         headroom=headroom,
         offload=offload,
@@ -502,5 +403,4 @@ def max_batch_plan(
         extra=extra,
         compiles=lambda: workload.compiles - before,
         t0=t0,
-        note=lambda n: Note("plan_at_max_batch", {"max_batch": full.max_batch, "plan": n}),
     )

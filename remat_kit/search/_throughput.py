@@ -327,13 +327,13 @@ class _Search:
             return self._none_fits(pol.spec, name, fit.peak_bytes, fit.note)
         tried = []
         best = None
-        for micro, accum in self.candidates(fit.max_batch):
+        for micro, accum in self.candidates(fit.batch):
             w = self.at(accum)
             r = w.compiled(pol, self.schedule, micro * accum)
             if r.peak_bytes > self.limit:
                 tried.append((micro, accum, None))  # the accumulator put it over
                 continue
-            row = self._row(pol.spec, self.schedule.spec, name, micro, accum, fit.max_batch, r)
+            row = self._row(pol.spec, self.schedule.spec, name, micro, accum, fit.batch, r)
             row = dataclasses.replace(
                 row, recompute_overhead=w.recompute_of(pol, self.schedule, micro * accum)
             )
@@ -341,7 +341,7 @@ class _Search:
             if best is None or _faster(row, best):
                 best = row
         if best is None:
-            return self._none_fits(pol.spec, name, fit.peak_bytes, fit.note, largest=fit.max_batch)
+            return self._none_fits(pol.spec, name, fit.peak_bytes, fit.note, largest=fit.batch)
         return dataclasses.replace(best, tried=tuple(tried))
 
     def planned(self, hints: list[tuple[int, int]], catalogue: list[Any]) -> Throughput:
@@ -354,7 +354,7 @@ class _Search:
             return self._none_fits(PLAN, PLAN, fit.peak_bytes, fit.note)
         tried = []
         best = None
-        for micro, accum in dict.fromkeys([*self.candidates(fit.max_batch), *hints]):
+        for micro, accum in dict.fromkeys([*self.candidates(fit.batch), *hints]):
             w = self.at(accum)
             p = plan(
                 w,
@@ -373,7 +373,7 @@ class _Search:
                 f"plan: {p.label}",
                 micro,
                 accum,
-                fit.max_batch,
+                fit.batch,
                 p.report,
             )
             row = dataclasses.replace(row, recompute_overhead=p.recompute_overhead)
@@ -381,7 +381,7 @@ class _Search:
             if best is None or _faster(row, best):
                 best = row
         if best is None:
-            return self._none_fits(PLAN, PLAN, fit.peak_bytes, fit.note, largest=fit.max_batch)
+            return self._none_fits(PLAN, PLAN, fit.peak_bytes, fit.note, largest=fit.batch)
         return dataclasses.replace(best, tried=tuple(tried))
 
     def _row(
