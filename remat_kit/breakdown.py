@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from remat_kit import peak as _peak
 from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadValue, InspectError
 from remat_kit.notes import Note
-from remat_kit.peak import api as _peak_api
-from remat_kit.peak import types as _peak_types
 from remat_kit.targets import Target
 from remat_kit.train import TrainStep
 
@@ -56,14 +55,14 @@ def add_breakdown(report: MemoryReport, step: TrainStep) -> MemoryReport:
 
 #: Measured breakdown key -> the peak inspector's category it reads (remat_kit.peak).
 MEASURED_PARTS: Mapping[str, str] = {
-    "weights": _peak_types.PARAMETER,
-    "gradients": _peak_types.GRADIENT,
-    "optimizer": _peak_types.OPTIMIZER_STATE,
-    "batch": _peak_types.INPUT,
-    "saved_activations": _peak_types.SAVED_ACTIVATION,
-    "recompute_workspace": _peak_types.RECOMPUTE,
-    "temporaries": _peak_types.TEMPORARY,
-    "fragmentation": _peak_types.FRAGMENTATION,
+    "weights": _peak.PARAMETER,
+    "gradients": _peak.GRADIENT,
+    "optimizer": _peak.OPTIMIZER_STATE,
+    "batch": _peak.INPUT,
+    "saved_activations": _peak.SAVED_ACTIVATION,
+    "recompute_workspace": _peak.RECOMPUTE,
+    "temporaries": _peak.TEMPORARY,
+    "fragmentation": _peak.FRAGMENTATION,
 }
 
 
@@ -100,7 +99,7 @@ def measured_breakdown(step: TrainStep, target: Target | str = "h100-80gb") -> d
             f"a measured breakdown reads one unsharded program; this step is sharded "
             f"({step.plan.spec}): build it without sharding, or use the estimate (add_breakdown)"
         )
-    peak = _peak_api.inspect_step(step, target)
+    peak = _peak.inspect_step(step, target)
     by_cat = peak.by_category
     parts = {key: int(by_cat.get(cat, 0)) for key, cat in MEASURED_PARTS.items()}
     parts["peak"] = sum(parts.values())

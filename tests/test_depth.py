@@ -17,7 +17,8 @@ import remat_kit as rk
 from helpers import memory_report
 from remat_kit import sources
 from remat_kit.errors import BadValue
-from remat_kit.peak.profile import Section, sections_of
+from remat_kit.peak import Section
+from remat_kit.peak._profile import sections_of
 from remat_kit.render import depth_words
 from remat_kit.residuals import tags_in
 from remat_kit.sources import _depth as depth

@@ -19,8 +19,9 @@ import remat_kit_models as models
 from conftest import SMALL, small_request
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
 from remat_kit.cli import inspect as inspect_cli
-from remat_kit.peak import CATEGORIES, InspectError, diff, dump
-from remat_kit.peak.parsers import parse_buffer_assignment, parse_hlo, parse_live_range
+from remat_kit.peak import CATEGORIES, InspectError, diff
+from remat_kit.peak import _dump as dump
+from remat_kit.peak._parsers import parse_buffer_assignment, parse_hlo, parse_live_range
 from remat_kit_models.configure import model_config
 
 
@@ -120,7 +121,7 @@ _MLP = ("Llama", "layers", "mlp")
 
 def _merged_index(sizes):
     """A tag index of sibling matmuls under one parent, in program order, ``name: elements``."""
-    from remat_kit.peak.tags import Tag
+    from remat_kit.peak._tags import Tag
 
     return {(*_MLP, n, "dot_general"): [Tag(f"mlp{n}", e, "bf16")] for n, e in sizes.items()}
 
@@ -140,7 +141,7 @@ def _merged_index(sizes):
     ],
 )
 def test_a_slice_of_merged_siblings_is_the_sibling_at_its_offset(sizes, window, expect):
-    from remat_kit.peak.tags import sliced_sibling
+    from remat_kit.peak._tags import sliced_sibling
 
     first = next(iter(sizes))
     elements = 1

@@ -146,7 +146,7 @@ def _inspector(monkeypatch, peak=255, by_category=CATEGORIES):
         seen.append(target)
         return types.SimpleNamespace(by_category=dict(by_category), peak_bytes=peak)
 
-    monkeypatch.setattr("remat_kit.breakdown._peak_api.inspect_step", inspect_step)
+    monkeypatch.setattr("remat_kit.breakdown._peak.inspect_step", inspect_step)
     return seen
 
 

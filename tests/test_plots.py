@@ -17,7 +17,7 @@ from matplotlib.text import Text
 
 matplotlib.use("Agg")
 
-from remat_kit.peak.types import PeakReport, Phase
+from remat_kit.peak import PeakReport, Phase
 from remat_kit.render import front_figure, plot_front, plot_timeline, timeline_figure
 from remat_kit.search._front import FrontPoint, pareto_front
 

@@ -9,14 +9,14 @@ figure ``rk.memory_report`` gives for the same program.
 
 One concern per module, the data flowing one way:
 
-- ``types``: categories, Phase, PeakBuffer, PeakReport, PeakDiff;
-- ``dump``: the compile with XLA's dump switched on, and the dump's files;
-- ``parsers``: buffer assignment, live ranges and HLO text, read strictly;
-- ``tags``: checkpoint tags from the jaxpr, module paths, layer names;
-- ``phases``: forward / backward / optimizer spans of the schedule;
-- ``attribute``: live values, the timeline, and what each buffer at the peak is;
-- ``compare``: the difference of two reports;
-- ``api``: ``inspect`` and ``inspect_step``.
+- ``_types``: categories, Phase, PeakBuffer, PeakReport, PeakDiff;
+- ``_dump``: the compile with XLA's dump switched on, and the dump's files;
+- ``_parsers``: buffer assignment, live ranges and HLO text, read strictly;
+- ``_tags``: checkpoint tags from the jaxpr, module paths, layer names;
+- ``_phases``: forward / backward / optimizer spans of the schedule;
+- ``_attribute``: live values, the timeline, and what each buffer at the peak is;
+- ``_compare``: the difference of two reports;
+- ``_api``: ``inspect`` and ``inspect_step``.
 
 Tables and the timeline plot live in ``remat_kit.render`` (``peak_table``,
 ``plot_timeline``); the ``remat-kit inspect`` command in ``remat_kit.cli.inspect``.
@@ -30,9 +30,10 @@ Example:
 """
 
 from remat_kit.errors import InspectError
-from remat_kit.peak.api import inspect, inspect_step
-from remat_kit.peak.compare import diff
-from remat_kit.peak.types import (
+from remat_kit.peak._api import inspect, inspect_step
+from remat_kit.peak._compare import diff
+from remat_kit.peak._profile import Section, live_sections
+from remat_kit.peak._types import (
     CATEGORIES,
     FRAGMENTATION,
     GRADIENT,
@@ -65,7 +66,9 @@ __all__ = [
     "PeakDiff",
     "PeakReport",
     "Phase",
+    "Section",
     "diff",
     "inspect",
     "inspect_step",
+    "live_sections",
 ]

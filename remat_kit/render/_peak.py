@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
-from remat_kit.peak.types import PeakDiff, PeakReport
+from remat_kit.peak import PeakDiff, PeakReport
 from remat_kit.render._format import gib
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from remat_kit.errors import BadValue
-from remat_kit.peak.types import PeakReport
+from remat_kit.peak import PeakReport
 from remat_kit.render._files import save_figure
 from remat_kit.render._format import GIB, gib
 from remat_kit.render._front import place_labels

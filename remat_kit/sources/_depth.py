@@ -14,7 +14,7 @@ model pays 32 layers per compile. Here the same step is compiled at shallow dept
   move from one to the other between 8 and 16 layers (measured: a 2048-wide Llama under
   ``full`` is 8% over a straight line through the peaks of 2 and 4 layers at 32). So each
   copy is read from XLA's dump (its buffer assignment and live ranges,
-  :mod:`remat_kit.peak.profile`): the most bytes live in each section of the schedule (per
+  :mod:`remat_kit.peak._profile`): the most bytes live in each section of the schedule (per
   phase: before the layers, the first layer, the last, after them) are fitted per section
   across the copies, and the full-depth peak is the largest section at full depth.
 
@@ -46,7 +46,7 @@ import numpy as np
 from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs
 from remat_kit.analysis import MemoryReport, report_notes
 from remat_kit.errors import BadValue
-from remat_kit.peak.profile import Section, live_sections
+from remat_kit.peak import Section, live_sections
 from remat_kit.policies import Policy
 from remat_kit.schedules import Schedule
 from remat_kit.sources._protocol import SourceStep, StepSource

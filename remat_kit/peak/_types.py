@@ -4,7 +4,7 @@ Every figure here was read from one compiled program (see :mod:`remat_kit.peak`)
 types only hold it and turn it into JSON.
 
 Example:
-  >>> from remat_kit.peak.types import CATEGORIES
+  >>> from remat_kit.peak import CATEGORIES
   >>> CATEGORIES[-1]
   'fragmentation'
 """

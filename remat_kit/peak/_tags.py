@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs, tag_of
-from remat_kit.peak.parsers import xla_dtype
+from remat_kit.peak._parsers import xla_dtype
 
 __all__ = [
     "INPUT_KEY",

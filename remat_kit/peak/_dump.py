@@ -2,7 +2,7 @@
 
 The program is compiled for the target with ``compiler_options={"xla_dump_to": DIR}``
 for that one compile (a temporary directory removed afterwards unless the caller keeps
-it). Three files of the dump are read (see :mod:`remat_kit.peak.parsers`):
+it). Three files of the dump are read (see :mod:`remat_kit.peak._parsers`):
 ``*after_optimizations-buffer-assignment.txt``, ``*after_optimizations-live-range.txt``
 and ``*after_optimizations.txt``.
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from remat_kit.peak.parsers import Hlo
-from remat_kit.peak.types import Phase
+from remat_kit.peak._parsers import Hlo
+from remat_kit.peak._types import Phase
 
 __all__ = [
     "phase_at",
@@ -37,8 +37,8 @@ def phases_of(sequence: Sequence[str], hlo: Hlo) -> tuple[Phase, ...]:
       The phases in order; empty when the program has no backward pass.
 
     Example:
-      >>> from remat_kit.peak.dump import compile_with_dump
-      >>> from remat_kit.peak.parsers import parse_hlo, parse_live_range
+      >>> from remat_kit.peak._dump import compile_with_dump
+      >>> from remat_kit.peak._parsers import parse_hlo, parse_live_range
       >>> grad = jax.jit(jax.grad(lambda a: jnp.sin(a @ a).sum()))
       >>> _, dump, texts = compile_with_dump(grad.lower(jnp.ones((8, 8))))
       >>> live = parse_live_range(dump.live_range, texts[dump.live_range])

@@ -20,11 +20,11 @@ import jax
 
 from remat_kit.analysis import abstract
 from remat_kit.errors import BadValue
-from remat_kit.peak.attribute import analyse
-from remat_kit.peak.classify import argument_leaves, key_paths
-from remat_kit.peak.dump import compile_with_dump, kept_leaves
-from remat_kit.peak.tags import tag_index
-from remat_kit.peak.types import (
+from remat_kit.peak._attribute import analyse
+from remat_kit.peak._classify import argument_leaves, key_paths
+from remat_kit.peak._dump import compile_with_dump, kept_leaves
+from remat_kit.peak._tags import tag_index
+from remat_kit.peak._types import (
     ARGUMENT_CATEGORIES,
     INPUT,
     TRAIN_STEP_CATEGORIES,

@@ -25,11 +25,11 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from remat_kit.peak.attribute import _live_values, _timeline
-from remat_kit.peak.dump import DumpFiles
-from remat_kit.peak.parsers import Hlo, parse_buffer_assignment, parse_hlo, parse_live_range
-from remat_kit.peak.phases import phases_of
-from remat_kit.peak.tags import layer_of, module_path
+from remat_kit.peak._attribute import _live_values, _timeline
+from remat_kit.peak._dump import DumpFiles
+from remat_kit.peak._parsers import Hlo, parse_buffer_assignment, parse_hlo, parse_live_range
+from remat_kit.peak._phases import phases_of
+from remat_kit.peak._tags import layer_of, module_path
 
 __all__ = [
     "Section",

@@ -1,10 +1,10 @@
 """What a buffer live at the peak is: a parameter, a gradient, optimizer state, a saved
 activation, a recomputation or a temporary, of which layer, and under which tag.
 
-:func:`remat_kit.peak.attribute.analyse` finds the buffers live at the peak; each is described
+:func:`remat_kit.peak._attribute.analyse` finds the buffers live at the peak; each is described
 here from the HLO op that made it (its ``op_name``: forward, backward or recomputed) and, for
 saved activations and recomputations, named by the ``checkpoint_name`` tag it carries (see
-:mod:`remat_kit.peak.tags`). Its layer comes from the same op_name; a buffer made outside any
+:mod:`remat_kit.peak._tags`). Its layer comes from the same op_name; a buffer made outside any
 layer's ops but shaped like one layer stack's weights (the backward scan's gradient carry,
 zero-filled before the loop; the stack's updates in the optimizer) is that stack's. The program's
 arguments are described by the leaves that reach it (:func:`argument_leaves`).
@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from remat_kit._shapes import path_keys
-from remat_kit.peak.parsers import (
+from remat_kit.peak._parsers import (
     Allocation,
     Hlo,
     Instr,
@@ -30,8 +30,8 @@ from remat_kit.peak.parsers import (
     shape_of,
     xla_dtype,
 )
-from remat_kit.peak.phases import phase_at
-from remat_kit.peak.tags import (
+from remat_kit.peak._phases import phase_at
+from remat_kit.peak._tags import (
     INPUT_KEY,
     NON_LAYER,
     STACK,
@@ -41,7 +41,7 @@ from remat_kit.peak.tags import (
     module_path,
     sliced_sibling,
 )
-from remat_kit.peak.types import (
+from remat_kit.peak._types import (
     GRADIENT,
     OPTIMIZER_STATE,
     PARAMETER,

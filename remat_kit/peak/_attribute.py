@@ -10,7 +10,7 @@ policy's residuals, in pinned host memory: an allocation of another color) are n
 memory and are left out; their temp block is ``host_temp_bytes``.
 
 Each buffer live at the peak is described (what it is, its layer, its tag) by
-:mod:`remat_kit.peak.classify`; :func:`analyse` shows the pieces together.
+:mod:`remat_kit.peak._classify`; :func:`analyse` shows the pieces together.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import jax
 import numpy as np
 
 from remat_kit.errors import InspectError
-from remat_kit.peak.classify import (
+from remat_kit.peak._classify import (
     ArgLeaf,
     _carried,
     _Context,
@@ -32,8 +32,8 @@ from remat_kit.peak.classify import (
     _layers_by_shape,
     _parameter_buffer,
 )
-from remat_kit.peak.dump import DumpFiles
-from remat_kit.peak.parsers import (
+from remat_kit.peak._dump import DumpFiles
+from remat_kit.peak._parsers import (
     Allocation,
     LiveRanges,
     Value,
@@ -41,11 +41,11 @@ from remat_kit.peak.parsers import (
     parse_hlo,
     parse_live_range,
 )
-from remat_kit.peak.phases import phase_at, phases_of
-from remat_kit.peak.tags import (
+from remat_kit.peak._phases import phase_at, phases_of
+from remat_kit.peak._tags import (
     Tag,
 )
-from remat_kit.peak.types import (
+from remat_kit.peak._types import (
     CATEGORIES,
     FRAGMENTATION,
     PeakReport,
@@ -187,8 +187,8 @@ def analyse(
         analysis (parameter bytes, temp block, live bytes over the peak).
 
     Example:
-      >>> from remat_kit.peak.classify import argument_leaves
-      >>> from remat_kit.peak.dump import compile_with_dump
+      >>> from remat_kit.peak._classify import argument_leaves
+      >>> from remat_kit.peak._dump import compile_with_dump
       >>> x = jax.ShapeDtypeStruct((8, 8), jnp.float32)
       >>> compiled, dump, texts = compile_with_dump(jax.jit(lambda a: a @ a).lower(x))
       >>> leaves = argument_leaves([[x]], [0], {0: "input"})

@@ -5,7 +5,7 @@ See :func:`diff` for an example.
 
 from __future__ import annotations
 
-from remat_kit.peak.types import CATEGORIES, FRAGMENTATION, PeakDiff, PeakReport
+from remat_kit.peak._types import CATEGORIES, FRAGMENTATION, PeakDiff, PeakReport
 
 __all__ = [
     "diff",
