@@ -248,6 +248,26 @@ def test_a_step_function_that_fails_says_so_in_one_line():
         sources.measure(sources.from_step(broken), "none", "cpu", SMALL, warn=False)
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("optimizer", "sgd"), ("accum", 2), ("precision", "bf16")],
+)
+@pytest.mark.parametrize("door", ["measure", "workload"])
+def test_a_train_setting_the_step_decides_itself_is_refused_before_it_runs(field, value, door):
+    # The step has its own optimizer, accumulation and precision: a config asking for
+    # others would be ignored, so both library doors refuse it before calling the step.
+    def never(policy, config):
+        raise AssertionError("the step ran")
+
+    config = dataclasses.replace(SMALL, **{field: value})
+    src = sources.from_step(never)
+    with pytest.raises(BadValue, match=rf"^{field}={value!r} with the step .*own {field}"):
+        if door == "measure":
+            sources.measure(src, "none", "cpu", config, warn=False)
+        else:
+            sources.workload(src, "cpu", config)
+
+
 # --- the batch search: the step is rebuilt for every batch --------------------------------------
 
 

@@ -142,8 +142,25 @@ class OwnStepSource(StepSource):
         del layers
 
     def check(self, config: TrainConfig, target: Target) -> None:
-        """Nothing to check before the step function runs: the step is its own."""
-        del config, target
+        """A train config that sets what the step decides itself is refused: the step has
+        its own optimizer, accumulation and precision (its kind trains none of them), so a
+        config asking for others would be ignored without a word.
+
+        Raises:
+          BadValue: ``optimizer``, ``accum`` or ``precision`` other than the defaults.
+        """
+        del target
+        default = TrainConfig(config.batch, config.seq)
+        for field in ("optimizer", "accum", "precision"):
+            value = getattr(config, field)
+            if value != getattr(default, field):
+                shown = getattr(value, "name", value)  # a Precision by its regime's name
+                raise BadValue(
+                    f"{field}={shown!r} with the step {self.spec}: a step of your own has its "
+                    f"own {field}; leave it at {getattr(default, field)!r} and set it in the "
+                    "step function",
+                    param=field,
+                )
 
     def step(self, policy: Policy, config: TrainConfig) -> OwnStep:
         """What the step function returns for ``policy`` and ``config``, checked.

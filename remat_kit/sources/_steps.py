@@ -110,8 +110,9 @@ def measure(
       The MemoryReport, with the weights/gradients/optimizer/activations breakdown.
 
     Raises:
-      BadValue: a stale trace, an unbuildable schedule, (``strict``) an unmatched policy, a
-        measured breakdown asked of a sharded step, or an unknown ``depth``.
+      BadValue: a config the source refuses (its ``check``), a stale trace, an unbuildable
+        schedule, (``strict``) an unmatched policy, a measured breakdown asked of a sharded
+        step, or an unknown ``depth``.
 
     Example:
       >>> src = rk.sources.from_factory(tiny_model)
@@ -122,6 +123,7 @@ def measure(
     t = as_target(target)
     pol, sch = as_policy(policy), parse_schedule(schedule)
     check_depth(depth)
+    source.check(config, t)
     if strict:
         check_policies(source, config, t, [pol])
     if measured_breakdown and source.mesh_plan(t) is not None:
@@ -470,6 +472,11 @@ def workload(
     Returns:
       The Workload.
 
+    Raises:
+      BadValue: a config the source refuses before anything is traced (its ``check``: a
+        preset's sizes and attention kernel for the target; a step of your own given an
+        optimizer, accumulation or precision of ours).
+
     Example:
       >>> w = workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
       >>> w.report("full", batch=2).policy, w.label
@@ -477,6 +484,7 @@ def workload(
     """
     src = source if isinstance(source, StepSource) else from_factory(source)
     t = as_target(target)
+    src.check(config, t)
     probes = "estimate" if check_depth(depth) == "auto" else depth
     plan = src.mesh_plan(t)
     ways = plan.data_size if plan is not None else 1
