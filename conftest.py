@@ -37,9 +37,9 @@ import pytest
 
 import remat_kit as rk
 
-# The flags the CLI sets for its deviceless compiles (remat_kit.targets.codegen), read by XLA
+# The flags the CLI sets for its deviceless compiles (remat_kit.targets._codegen), read by XLA
 # when jax's first backend starts (importing jax starts none): the tests compile as the CLI.
-rk.targets.codegen.set_process_flags()
+rk.targets.set_process_flags()
 
 # Scripts and factory files the tests load by path or run in a subprocess: no doctests, and
 # importing them at collection would need what they need (transformers, 8 fake devices).

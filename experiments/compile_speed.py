@@ -1,7 +1,7 @@
 """Does an analysis-only GPU compile (no ptxas, no LLVM optimisation) give XLA's analysis, faster?
 
 remat_kit compiles for GPUs only to read the memory analysis, which XLA computes before making
-machine code (remat_kit.targets.codegen). This compiles the same lowered train step both ways,
+machine code (remat_kit.targets._codegen). This compiles the same lowered train step both ways,
 alternating, and checks that every figure of the analysis is identical: llama3-8b b4 s2048,
 the 11 main policies on an H100, three of them on an A100 40GB (sm_80) and an RTX 4090 (sm_89).
 Writes results/compile_speed.json (with the machine's core count) and a PNG.
@@ -47,8 +47,9 @@ def _timed(spec, config, policy, target, options):
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     import remat_kit as rk
+    from remat_kit.cache import key_options
     from remat_kit.search import FRONT_POLICIES
-    from remat_kit.targets.codegen import analysis_options, key_options
+    from remat_kit.targets import analysis_options
     from remat_kit_models.spec import PresetSpec
 
     spec = PresetSpec("llama3-8b")

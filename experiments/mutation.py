@@ -104,8 +104,8 @@ MODULES: dict[str, Group] = {
         ("remat_kit/targets",),
         ("tests/test_targets.py",),
         by_file=(
-            ("codegen.py", ("tests/test_codegen.py", "tests/test_targets.py")),
-            ("prices.py", ("tests/test_prices.py", "tests/test_targets.py")),
+            ("_codegen.py", ("tests/test_codegen.py", "tests/test_targets.py")),
+            ("_prices.py", ("tests/test_prices.py", "tests/test_targets.py")),
         ),
     ),
     "analysis": Group(("remat_kit/analysis.py",), ("tests/test_analysis.py",)),

@@ -84,7 +84,7 @@ def _run(command: Sequence[str], extra: Sequence[str], target: str) -> float:
     cmd = [sys.executable, "-m", "remat_kit.cli", *command[:1], "--model", "llama3-8b", *SHAPE]
     cmd += ["--seq", "2048", "--target", target, *command[1:], *extra]
     # A new user's first run: an empty compile cache (so every program is compiled), with
-    # what a cache directory gives a deviceless compile (remat_kit.targets.codegen).
+    # what a cache directory gives a deviceless compile (remat_kit.targets._codegen).
     with tempfile.TemporaryDirectory(prefix="rk_speed_") as cache:
         env = {**os.environ, "REMAT_KIT_CACHE_DIR": cache}
         start = time.perf_counter()

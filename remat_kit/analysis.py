@@ -24,8 +24,7 @@ from remat_kit.notes import Note, words
 from remat_kit.policies import Policy, as_policy, decide
 from remat_kit.residuals import tags_in
 from remat_kit.sharding import collective_summary
-from remat_kit.targets import Target, as_target
-from remat_kit.targets.codegen import analysis_options
+from remat_kit.targets import Target, analysis_options, as_target
 from remat_kit.timing import Kernel, StepTime, speed_of, step_time
 
 # Below this, XLA's remat pass moved nothing worth a mark (it clones even when it saves nothing).

@@ -81,13 +81,13 @@ __all__ = [
 ENV_DIR = "REMAT_KIT_CACHE_DIR"
 #: Environment variable that turns the cache off when set to 1 (or true/yes).
 ENV_OFF = "REMAT_KIT_NO_CACHE"
-#: What the ptxas stand-in's directory (remat_kit.targets.codegen) becomes in a key: its path
+#: What the ptxas stand-in's directory (remat_kit.targets._codegen) becomes in a key: its path
 #: is the user's own, what it does is the same everywhere.
 STUB_MARK = "ptxas-stand-in-1"
 #: The compiler option that points XLA at the stand-in.
 STUB_OPTION = "xla_gpu_cuda_data_dir"
 #: The compiler option that names the file where XLA keeps the kernels it made
-#: (:func:`remat_kit.targets.codegen.kernel_cache_file`): where they are kept changes no
+#: (:func:`remat_kit.targets._codegen.kernel_cache_file`): where they are kept changes no
 #: figure, so no key sees it.
 KERNEL_CACHE_OPTION = "xla_gpu_kernel_cache_file"
 #: Bumped when what a record means changes without its fields changing.

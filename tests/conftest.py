@@ -17,7 +17,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pytest
 
-from remat_kit.targets.codegen import PROCESS_FLAGS
+from remat_kit.targets import PROCESS_FLAGS
 
 HERE = Path(__file__).resolve().parent
 

@@ -493,7 +493,7 @@ def test_advise_ranks_gpus_by_dollars_per_million_tokens(priced, capsys, tmp_pat
     assert main([*argv, "--json", str(out_json)]) == 0
     out = capsys.readouterr().out
     data = json.loads(out_json.read_text())
-    h100, a100, r4090 = (rk.targets.prices.PRICES[n] for n in ("h100-80gb", "a100-80gb", "rtx4090"))
+    h100, a100, r4090 = (rk.targets.PRICES[n] for n in ("h100-80gb", "a100-80gb", "rtx4090"))
     expected = {
         "h100-80gb": _usd(h100.usd_per_gpu_hour, 1, 4000.0),
         "a100-80gb": _usd(a100.usd_per_gpu_hour, 1, 2000.0),

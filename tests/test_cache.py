@@ -378,7 +378,7 @@ def test_memory_report_from_dict_rejects_other_fields():
 
 # --- every input that changes an answer changes its key (issue 27) -----------------------------
 
-_H100 = dict(rk.targets.catalogue.GPU_FACTS["h100-80gb"])
+_H100 = dict(rk.targets.GPU_FACTS["h100-80gb"])
 
 
 def _card(**changes):

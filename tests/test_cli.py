@@ -484,7 +484,7 @@ class _FakeCompile:
     device_memory_size of every GPU topology the step's mesh is made from."""
 
     def __init__(self, monkeypatch, tmp_path, peak):
-        from remat_kit.targets import core
+        from remat_kit.targets import _core as core
         from remat_kit.xla import CompiledMemory
 
         self.sizes = []

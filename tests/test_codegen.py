@@ -15,7 +15,7 @@ import pytest
 import remat_kit as rk
 from remat_kit import cache, xla
 from remat_kit.analysis import abstract
-from remat_kit.targets import codegen
+from remat_kit.targets import _codegen as codegen
 
 needs_ptxas = pytest.mark.skipif(
     codegen.real_cuda_dir() is None, reason="no CUDA ptxas (the jax[cuda12] wheels) here"
@@ -135,7 +135,7 @@ def test_the_kernel_file_goes_with_the_stand_in_and_is_the_processs_own(monkeypa
 
 @pytest.mark.slow
 def test_the_kernel_directory_goes_when_the_process_exits():
-    code = "from remat_kit.targets import codegen; print(codegen.kernel_cache_file().parent)"
+    code = "from remat_kit.targets._codegen import kernel_cache_file as f; print(f().parent)"
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout

@@ -1,4 +1,4 @@
-"""The price table, its overrides and cost per token (remat_kit/targets/prices.py)."""
+"""The price table, its overrides and cost per token (remat_kit/targets/_prices.py)."""
 
 import dataclasses
 import datetime
@@ -8,9 +8,9 @@ import re
 import pytest
 
 from remat_kit.errors import BadType, BadValue, UnknownName
-from remat_kit.targets import target, target_names
-from remat_kit.targets.catalogue import ALIASES, GPU_FACTS
-from remat_kit.targets.prices import (
+from remat_kit.targets import (
+    ALIASES,
+    GPU_FACTS,
     PRICE_TABLE_DATE,
     PRICES,
     Price,
@@ -18,6 +18,8 @@ from remat_kit.targets.prices import (
     load_prices,
     parse_prices,
     price_for,
+    target,
+    target_names,
 )
 
 TODAY = datetime.date(2026, 11, 24)

@@ -116,7 +116,7 @@ def test_h100_compile_runs_ragged_dots_as_dense_dots_over_all_experts():
     prices the compiled program, so it sees three GEMMs of E x the product. If XLA starts
     running grouped GEMMs, this fails and the ratio in the report must be revisited."""
     t, lowered, one = _h100_lowered(experts=8)
-    from remat_kit.targets.codegen import analysis_options
+    from remat_kit.targets import analysis_options
 
     text = lowered.compile(compiler_options=analysis_options(t)).as_text()
     gemms = sorted(k.flops for k in kernels_of(text) if k.kind == "gemm")

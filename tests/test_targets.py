@@ -152,8 +152,8 @@ def test_every_card_has_the_facts_of_its_sources(name):
         "host_link_bandwidth": link,
         "peak_bf16_flops": peak,
     }
-    assert dict(rkt.catalogue.GPU_FACTS[name]) == expected
-    assert set(rkt.catalogue.GPU_FACTS) == set(ALL_CARDS) == set(TABLE)
+    assert dict(rkt.GPU_FACTS[name]) == expected
+    assert set(rkt.GPU_FACTS) == set(ALL_CARDS) == set(TABLE)
 
 
 def test_the_h100_and_h200_are_sized_as_cuda_reports_them():
@@ -515,8 +515,8 @@ def test_failures_become_actionable_target_errors(monkeypatch, installed, match)
     def broken(config, topology):
         raise NotImplementedError("topology not implemented for cuda")
 
-    monkeypatch.setattr(rkt.platform, "_cached_topology", broken)
-    monkeypatch.setattr(rkt.platform, "_cuda_plugin_installed", lambda: installed)
+    monkeypatch.setattr(rkt._platform, "_cached_topology", broken)
+    monkeypatch.setattr(rkt._platform, "_cuda_plugin_installed", lambda: installed)
     with pytest.raises(rkt.TargetError, match=match) as info:
         rkt.target("h200").mesh()
     assert isinstance(info.value, RuntimeError)
@@ -604,7 +604,7 @@ def test_a_target_is_a_value_and_a_report_sets_jax_up_when_it_compiles():
     ],
 )
 def test_either_cuda_plugin_compiles_for_the_catalogue(installed, found, monkeypatch):
-    from remat_kit.targets import platform
+    from remat_kit.targets import _platform as platform
 
     def import_module(name):
         if name not in installed:
@@ -623,7 +623,7 @@ def test_either_cuda_plugin_compiles_for_the_catalogue(installed, found, monkeyp
     ],
 )
 def test_config_text_is_read_as_text_and_a_path_as_a_file(text, tmp_path):
-    from remat_kit.targets.proto import read_config
+    from remat_kit.targets._proto import read_config
 
     assert read_config(text) == (text, "target config text", None)
     path = tmp_path / "my-gpu.txt"
@@ -633,7 +633,7 @@ def test_config_text_is_read_as_text_and_a_path_as_a_file(text, tmp_path):
 
 @pytest.mark.parametrize(("name", "configures"), [("h100", True), ("cpu", False), ("local", False)])
 def test_only_a_gpu_target_sets_up_a_deviceless_compile(monkeypatch, name, configures):
-    from remat_kit.targets import core
+    from remat_kit.targets import _core as core
 
     calls = []
     monkeypatch.setattr(core, "configure_if_no_gpu", lambda: calls.append(name))

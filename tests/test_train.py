@@ -230,7 +230,7 @@ def _compiled_aliases(step):
     import re
 
     from remat_kit.analysis import abstract
-    from remat_kit.targets.codegen import analysis_options
+    from remat_kit.targets import analysis_options
 
     t = rk.target("h100")
     args = tuple(abstract(a, t.sharding()) for a in step.args)

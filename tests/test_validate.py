@@ -76,7 +76,7 @@ def _predicted(step, limit: int) -> int:
 def _predicted_step(step, limit: int) -> float:
     # The step-time model over the kernels of that same compile, called directly.
     from remat_kit.analysis import abstract
-    from remat_kit.targets.codegen import analysis_options
+    from remat_kit.targets import analysis_options
     from remat_kit.timing import kernels_of, speed_of, step_time
 
     t = rk.target("h100-80gb")

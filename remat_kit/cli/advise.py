@@ -18,8 +18,7 @@ from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import advise_table, console, fitted, progress, write_json
 from remat_kit.search import RANKINGS, Advice, ScaleOut, advise, cost_of, gpus_needed, rank_costs
-from remat_kit.targets import target
-from remat_kit.targets.prices import load_prices, parse_prices
+from remat_kit.targets import load_prices, parse_prices, target
 
 __all__ = ["add_parser", "run"]
 

@@ -30,8 +30,7 @@ from remat_kit.peak._types import (
     TRAIN_STEP_CATEGORIES,
     PeakReport,
 )
-from remat_kit.targets import Target, as_target
-from remat_kit.targets.codegen import analysis_options
+from remat_kit.targets import Target, analysis_options, as_target
 
 __all__ = [
     "inspect",

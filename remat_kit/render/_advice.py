@@ -17,7 +17,7 @@ from remat_kit.render._captions import runtime_words
 from remat_kit.render._format import gib, pct, short
 from remat_kit.render._tables import _YES_NO
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
-from remat_kit.targets.prices import PRICE_CAVEAT
+from remat_kit.targets import PRICE_CAVEAT
 
 if TYPE_CHECKING:
     from remat_kit.search import Advice, Cost, ScaleOut

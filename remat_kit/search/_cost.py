@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from remat_kit.errors import BadValue
-from remat_kit.targets.prices import Price, cost_per_million_tokens, price_for
+from remat_kit.targets import Price, cost_per_million_tokens, price_for
 
 if TYPE_CHECKING:
     from remat_kit.search._advise import Advice, ScaleOut

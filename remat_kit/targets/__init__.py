@@ -17,7 +17,9 @@ Example:
 """
 
 from remat_kit.errors import TargetError
-from remat_kit.targets.core import (
+from remat_kit.targets._catalogue import ALIASES, GPU_FACTS
+from remat_kit.targets._codegen import PROCESS_FLAGS, analysis_options, set_process_flags
+from remat_kit.targets._core import (
     Target,
     as_target,
     check_deviceless,
@@ -25,21 +27,44 @@ from remat_kit.targets.core import (
     target,
     target_names,
 )
-from remat_kit.targets.custom import custom_target, target_from_config
-from remat_kit.targets.platform import configure_for_deviceless
+from remat_kit.targets._custom import custom_target, target_from_config
+from remat_kit.targets._platform import configure_for_deviceless
+from remat_kit.targets._prices import (
+    PRICE_CAVEAT,
+    PRICE_TABLE_DATE,
+    PRICES,
+    Price,
+    cost_per_million_tokens,
+    load_prices,
+    parse_prices,
+    price_for,
+)
 from remat_kit.targets.runtime import DEFAULT_MEM_FRACTION, Runtime, runtime_from_env
 
 __all__ = [
+    "ALIASES",
     "DEFAULT_MEM_FRACTION",
+    "GPU_FACTS",
+    "PRICES",
+    "PRICE_CAVEAT",
+    "PRICE_TABLE_DATE",
+    "PROCESS_FLAGS",
+    "Price",
     "Runtime",
     "Target",
     "TargetError",
+    "analysis_options",
     "as_target",
     "check_deviceless",
     "configure_for_deviceless",
+    "cost_per_million_tokens",
     "cudnn_attention_available",
     "custom_target",
+    "load_prices",
+    "parse_prices",
+    "price_for",
     "runtime_from_env",
+    "set_process_flags",
     "target",
     "target_from_config",
     "target_names",

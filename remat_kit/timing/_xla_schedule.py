@@ -177,7 +177,7 @@ def xla_estimate(lowered: Any, target: Any) -> XlaEstimate | None:
     """
     if not analytical_estimator_runs():
         return None
-    from remat_kit.targets.codegen import analysis_options
+    from remat_kit.targets import analysis_options
     from remat_kit.xla import captured_stderr, compile_with
 
     with tempfile.TemporaryDirectory(prefix="remat_kit_schedule_") as tmp:

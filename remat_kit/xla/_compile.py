@@ -114,7 +114,7 @@ def compile_memory(
     Args:
       lowered: a ``jax.stages.Lowered`` (``jax.jit(f).lower(*abstract_args)``).
       options: compiler options that make the compile cheaper without changing its analysis
-        (:func:`remat_kit.targets.codegen.analysis_options`); an XLA that does not know one
+        (:func:`remat_kit.targets.analysis_options`); an XLA that does not know one
         of them compiles without them.
       measure_xla_remat: when XLA's pass cloned instructions and said nothing, compile once
         more without it to learn what it saved (False: report 0 saved in that case).

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from remat_kit.errors import TargetError
-from remat_kit.targets.codegen import set_process_flags
+from remat_kit.targets._codegen import set_process_flags
 
 __all__ = [
     "configure_for_deviceless",
@@ -42,7 +42,7 @@ def configure_for_deviceless() -> None:
     ``JAX_PLATFORMS``/``JAX_SKIP_CUDA_CONSTRAINTS_CHECK`` (or ``jax.config.jax_platforms``) is
     already set. Note it also makes the ``"local"`` target the CPU: skip it when measuring on a
     real GPU. Before jax's backends start it also puts
-    :data:`~remat_kit.targets.codegen.PROCESS_FLAGS` in ``XLA_FLAGS`` (XLA reads them then).
+    :data:`~remat_kit.targets.PROCESS_FLAGS` in ``XLA_FLAGS`` (XLA reads them then).
 
     Example:
       >>> configure_for_deviceless()

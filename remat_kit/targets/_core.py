@@ -16,14 +16,14 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit.errors import BadType, BadValue, unknown
-from remat_kit.targets.catalogue import (
+from remat_kit.targets._catalogue import (
     ALIASES,
     CONFIG_TEMPLATE,
     GPU_FACTS,
     SPECIAL,
 )
-from remat_kit.targets.platform import configure_if_no_gpu, gpu_topology
-from remat_kit.targets.proto import escape
+from remat_kit.targets._platform import configure_if_no_gpu, gpu_topology
+from remat_kit.targets._proto import escape
 from remat_kit.targets.runtime import (
     ENV_VARS,
     Runtime,

@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from remat_kit.errors import BadType, BadValue, unknown
-from remat_kit.targets.catalogue import ALIASES, GPU_FACTS
+from remat_kit.targets._catalogue import ALIASES, GPU_FACTS
 
 __all__ = [
     "PRICES",

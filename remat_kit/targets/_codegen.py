@@ -66,10 +66,10 @@ it, on the nine programs tried that compile either way (GPT-2, Llama and BERT pr
 Megatron shape on H100; A100, RTX 4090, L4, H100; one GPU, fsdp:4, tp:8).
 
 Example:
-  >>> from remat_kit.targets import codegen, target
-  >>> codegen.analysis_options(target("cpu"))
+  >>> from remat_kit.targets import analysis_options, target
+  >>> analysis_options(target("cpu"))
   {}
-  >>> "xla_llvm_disable_expensive_passes" in codegen.analysis_options(target("h100"))
+  >>> "xla_llvm_disable_expensive_passes" in analysis_options(target("h100"))
   True
 """
 
