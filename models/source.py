@@ -204,7 +204,9 @@ def train_step(
     module = build(cfg, deterministic=not dropout)
     streams = ("dropout",) if dropout else ()
     params = _abstract_params(
-        cfg.replace(policy="none", schedule="none"), config.micro_batch, config.seq
+        cfg.replace(policy=rk.policies.NO_REMAT, schedule=rk.schedules.NO_SCHEDULE),
+        config.micro_batch,
+        config.seq,
     )
     if not (request.shard and sharded):
         return rk.build_train_step(module, config, rng_streams=streams, abstract_params=params)

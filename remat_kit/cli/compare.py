@@ -17,6 +17,7 @@ from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.comparison import compare_rows
 from remat_kit.errors import BadValue
 from remat_kit.notes import label, shared_words
+from remat_kit.policies import NO_REMAT
 from remat_kit.render import compare_table, console, fitted, write_csv, write_json
 from remat_kit.search import FRONT_POLICIES
 
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     plain = [i for i, (p, s) in enumerate(cases) if p.spec == "none" and s.name == "none"]
     if run.source.mesh_plan(target) is not None:
         plain = []
-    baseline = None if plain else sources.step_flops(run.source, "none", target, run.config)
+    baseline = None if plain else sources.step_flops(run.source, NO_REMAT, target, run.config)
     # The programs are independent: with --jobs N they compile side by side in N processes
     # (not for a local target: workers compile for jax's CPU platform).
     jobs = 1 if target.kind == "local" else args.jobs

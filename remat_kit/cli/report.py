@@ -12,6 +12,7 @@ from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import resolve, run_notes
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.notes import words
+from remat_kit.policies import NO_REMAT
 from remat_kit.render import console, fitted, report_table, residual_table, write_json
 
 __all__ = ["add_parser", "run"]
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     policy = policy_arg(args.policy, "--policy", own_names=run.own_names)
     schedule = schedule_arg(args.schedule, "--schedule", run.n_layers, policy)
     sources.check_policies(src, config, target, [policy])  # the one tag check
-    baseline = sources.step_flops(src, "none", target, config)
+    baseline = sources.step_flops(src, NO_REMAT, target, config)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the report's own warnings are printed below
         report = sources.measure(
