@@ -76,7 +76,7 @@ def cost_of(
       advice: the target's advice.
       scale_out: the fewest GPUs that fit where ``advice`` does not (or None).
       prices: user prices that win over the shipped table
-        (:func:`remat_kit.targets.prices.parse_prices`, ``load_prices``).
+        (:func:`remat_kit.targets.parse_prices`, ``load_prices``).
 
     Returns:
       The :class:`Cost`.

@@ -2,7 +2,7 @@
 
 :func:`front` compiles catalogue policies and segment schedules and adds plans;
 :func:`pareto_front` marks which points another beats on both axes. Drawing it is
-:func:`remat_kit.render.front.plot_front`.
+:func:`remat_kit.render.plot_front`.
 
 The overhead axis is the predicted step time recomputation and exposed transfers add
 (``objective="time"``, the default) or the extra FLOPs (``"flops"``). In time, a policy whose
