@@ -9,7 +9,7 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from jax.errors import JaxRuntimeError
@@ -97,66 +97,20 @@ def max_batch(
     )
     step = max(1, int(workload.batch_multiple))
     units_cap = max(1, cap // step)
-    exact: set[int] = set()  # units whose peak is the full step's (not read off copies)
-    copies: list[bool] = []  # [held]: whether the copies' peak held where first checked
-
-    def whole(units: int) -> int:
-        # The full step's peak: a copies' figure is compiled whole (Workload.verify_fn);
-        # once the copies were off, probes skip them. Without a verify_fn every peak is.
-        if workload.verify_fn is None:
-            exact.add(units)
-            return peak(units)
-        if units not in exact and known.get(units) != UNBUILDABLE:
-            b = units * step
-            r = workload.whole(pol, sch, b) if copies == [False] else workload.verified(pol, sch, b)
-            known[units] = r.peak_bytes
-            exact.add(units)
-        return known[units]
-
-    def measure(units: int) -> int:
-        if copies == [False]:
-            return whole(units)
-        r = workload.compiled(pol, sch, units * step)
-        known[units] = r.peak_bytes
-        checks = not copies and workload.verify_fn is not None
-        if checks and workload.verified(pol, sch, units * step) is not r:
-            # The first figure from copies is checked: where the copies are far off (XLA
-            # orders a shallow step differently at this batch), a search on them would go
-            # astray, and every probe is compiled whole instead.
-            copies.append(abs(r.peak_bytes / whole(units) - 1) <= COPIES_TOLERANCE)
-        return known[units]
-
-    # A batch XLA cannot build (a kernel grid or an index past what the GPU or int32 allows)
-    # does not run either: an upper bound.
-    peak = Peaks(measure, (JaxRuntimeError,))
-    known = peak.known
+    probes = _Batches(workload, pol, sch, step)
+    peak, known = probes.peak, probes.peak.known
     first = _first_probe(workload, pol, sch, step, limit, start, units_cap)
     second = _second_probe(workload, peak(first), first, step, limit, units_cap)
     peak(second)
-    if min(first, second) == 1 and peak(1) > limit and whole(1) > limit:
+    if min(first, second) == 1 and peak(1) > limit and probes.whole(1) > limit:
         return _no_fit(workload, pol, sch, step, limit, before, t0)
-    predicted = _line(known, first, second, limit, units_cap)
-    method = "bisection"
-    if predicted is not None:
-        b = max(1, min(predicted, units_cap))
-        if peak(b) <= limit and (b == units_cap or peak(b + 1) > limit):
-            method = "line" if b < units_cap else "cap"
-        else:
-            # The line missed: the peak is convex in the batch. Past a point the step peaks
-            # before any gradient exists (end of the forward pass, the loss), on a steeper
-            # line through what no batch changes; follow that one from the smallest batch
-            # known not to fit.
-            lo, hi = bracket(known, limit)
-            guess = None if hi is None else _forward_line(workload, known, hi, step, limit)
-            inside = guess is not None and hi is not None and lo < guess < hi
-            if inside and peak(guess) <= limit and peak(guess + 1) > limit:
-                method = "two lines"
+    predicted, method = _follow_lines(workload, peak, first, second, step, limit, units_cap)
     lo, hi = bracket(known, limit)
     if method == "bisection":
         lo, hi, _, _ = search(peak, known, limit, units_cap, CURVES["batch"])
         if hi is None:
             method = "cap"
-    verified = _verify_boundary(whole, known, exact, limit, lo, hi, units_cap)
+    verified = _verify_boundary(probes, limit, lo, hi, units_cap)
     if verified != (lo, hi):
         method, (lo, hi) = "bisection", verified
     if lo == 0:
@@ -198,6 +152,89 @@ def max_batch(
         method=method,
         attention=best.attention,
     )
+
+
+class _Batches:
+    """The compiled peaks of one workload's step by units of its batch multiple.
+
+    ``peak`` compiles a point as the workload does (off shallow copies of an unrolled
+    model where it has a ``verify_fn``); ``whole`` compiles it whole, as an answer must
+    rest on. The first figure from copies is checked against the whole step: where the
+    copies are far off (XLA orders a shallow step differently at this batch), a search on
+    them would go astray, and every later probe is compiled whole instead.
+
+    A batch XLA cannot build (a kernel grid or an index past what the GPU or int32 allows)
+    does not run either: ``peak`` keeps it as an upper bound (:class:`Peaks`).
+    """
+
+    def __init__(self, workload: Workload, pol: Policy, sch: Schedule, step: int) -> None:
+        self.workload, self.pol, self.sch, self.step = workload, pol, sch, step
+        self.exact: set[int] = set()  # units whose peak is the full step's (not copies')
+        self.copies: list[bool] = []  # [held]: whether the copies' peak held where checked
+        self.peak = Peaks(self._measure, (JaxRuntimeError,))
+
+    def whole(self, units: int) -> int:
+        """The full step's peak at ``units`` (compiled whole once; without a ``verify_fn``
+        every peak is)."""
+        w, known = self.workload, self.peak.known
+        if w.verify_fn is None:
+            self.exact.add(units)
+            return self.peak(units)
+        if units not in self.exact and known.get(units) != UNBUILDABLE:
+            b = units * self.step
+            if self.copies == [False]:
+                r = w.whole(self.pol, self.sch, b)
+            else:
+                r = w.verified(self.pol, self.sch, b)
+            known[units] = r.peak_bytes
+            self.exact.add(units)
+        return known[units]
+
+    def _measure(self, units: int) -> int:
+        if self.copies == [False]:
+            return self.whole(units)
+        w, b = self.workload, units * self.step
+        r = w.compiled(self.pol, self.sch, b)
+        self.peak.known[units] = r.peak_bytes
+        checks = not self.copies and w.verify_fn is not None
+        if checks and w.verified(self.pol, self.sch, b) is not r:
+            held = abs(r.peak_bytes / self.whole(units) - 1) <= COPIES_TOLERANCE
+            self.copies.append(held)
+        return self.peak.known[units]
+
+
+def _follow_lines(
+    workload: Workload,
+    peak: Peaks,
+    first: int,
+    second: int,
+    step: int,
+    limit: int,
+    cap: int,
+) -> tuple[int | None, str]:
+    """The line through the first two peaks, followed: ``(predicted, method)``.
+
+    ``predicted`` is where the line puts the boundary (units; None: the peak does not grow
+    with the batch); ``method`` is ``line`` (or ``cap``) where the batch it predicts fits
+    and the next does not, ``two lines`` where it missed and the line from the inputs
+    through the smallest batch known not to fit held, else ``bisection``.
+    """
+    known = peak.known
+    predicted = _line(known, first, second, limit, cap)
+    if predicted is None:
+        return None, "bisection"
+    b = max(1, min(predicted, cap))
+    if peak(b) <= limit and (b == cap or peak(b + 1) > limit):
+        return predicted, "line" if b < cap else "cap"
+    # The line missed: the peak is convex in the batch. Past a point the step peaks before
+    # any gradient exists (end of the forward pass, the loss), on a steeper line through
+    # what no batch changes; follow that one from the smallest batch known not to fit.
+    lo, hi = bracket(known, limit)
+    guess = None if hi is None else _forward_line(workload, known, hi, step, limit)
+    inside = guess is not None and hi is not None and lo < guess < hi
+    if inside and peak(guess) <= limit and peak(guess + 1) > limit:
+        return predicted, "two lines"
+    return predicted, "bisection"
 
 
 def _first_probe(
@@ -295,19 +332,14 @@ def _line(known: dict[int, int], a: int, b: int, limit: int, cap: int) -> int | 
 
 
 def _verify_boundary(
-    whole: Callable[[int], int],
-    known: dict[int, int],
-    exact: set[int],
-    limit: int,
-    lo: int,
-    hi: int | None,
-    cap: int,
+    probes: _Batches, limit: int, lo: int, hi: int | None, cap: int
 ) -> tuple[int, int | None]:
-    """``(lo, hi)`` resting on peaks of the full step (``whole``) where some were read off
-    shallow copies of an unrolled model (``Workload.verify_fn``): both sides are compiled
-    whole. Where that moves the boundary the copies were off here: their peaks are
+    """``(lo, hi)`` resting on peaks of the full step (``probes.whole``) where some were read
+    off shallow copies of an unrolled model (``Workload.verify_fn``): both sides are
+    compiled whole. Where that moves the boundary the copies were off here: their peaks are
     dropped, and the search goes on from the line through the last two whole peaks, then
     by the boundary search, compiling whole."""
+    known, exact, whole = probes.peak.known, probes.exact, probes.whole
     while True:
         for units in (lo, hi):
             if units:

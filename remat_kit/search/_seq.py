@@ -85,6 +85,25 @@ def _probes(build: Builder | _Probes) -> _Probes:
     return build if isinstance(build, _Probes) else _Probes(build)
 
 
+def _units(granularity: Any, batch: Any, start: Any, cap: Any) -> tuple[int, int, int]:
+    """The search's sizes, checked before anything is built: ``(granularity, first unit
+    probed, cap in units)``.
+
+    Raises:
+      BadType: a size that is not an int.
+      BadValue: a size below 1, or a cap below the granularity.
+    """
+    g = _check_int("granularity", granularity)
+    _check_int("batch", batch)
+    _check_int("cap", cap)
+    if start is not None:
+        _check_int("start", start)
+    if cap < g:
+        raise BadValue(f"cap={cap} is below granularity={g}: nothing to search", param="cap")
+    units_cap = cap // g
+    return g, 1 if start is None else min(max(1, start // g), units_cap), units_cap
+
+
 def _check_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadType(f"{name} must be an int, got {value!r}", param=name)
@@ -173,16 +192,8 @@ def max_seq(
     t0 = time.perf_counter()
     probes = _probes(build)
     before = probes.compiles
-    g = _check_int("granularity", granularity)
-    _check_int("batch", batch)
-    _check_int("cap", cap)
-    if start is not None:
-        _check_int("start", start)
-    if cap < g:
-        raise BadValue(f"cap={cap} is below granularity={g}: nothing to search", param="cap")
+    g, first, units_cap = _units(granularity, batch, start, cap)
     pol, sch = as_policy(policy), parse_schedule(schedule)
-    units_cap = cap // g
-    first = 1 if start is None else min(max(1, start // g), units_cap)
     w0 = probes(g)  # built, not compiled: its target and batch rules come before any compile
     if batch % w0.batch_multiple:
         raise BadValue(
