@@ -315,8 +315,7 @@ def build_train_step(
         out = module.apply(merged, tokens, **extra(tokens), rngs=rngs)
         return _cross_entropy(read(out), targets)
 
-    grad_fn = jax.value_and_grad(loss_fn)
-    accum, micro_b = config.accum, config.micro_batch
+    _step = _optimizer_step(jax.value_and_grad(loss_fn), optimizer, constrain, config)
 
     if streams:
 
@@ -331,32 +330,6 @@ def build_train_step(
         def step(tr: Any, fr: Any, opt_state: Any, batch: Any) -> Any:
             with context():
                 return _step(tr, fr, opt_state, batch, None)
-
-    def _step(tr: Any, fr: Any, opt_state: Any, batch: Any, key: jax.Array | None) -> Any:
-        tokens, targets = batch["tokens"], batch["targets"]
-        if accum == 1:
-            loss, grads = grad_fn(tr, fr, tokens, targets, key)
-            grads = constrain(grads)
-        else:
-            shaped = lambda x: x.reshape(accum, micro_b, *x.shape[1:])
-            dtype = config.accum_dtype
-
-            def one(carry: Any, mb: Any) -> Any:
-                acc, total = carry
-                toks, tgts, i = mb
-                # Each micro-batch its own masks, as a real accumulation loop draws them.
-                k = None if key is None else jax.random.fold_in(key, i)
-                loss, g = grad_fn(tr, fr, toks, tgts, k)
-                acc = constrain(jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g))
-                return (acc, total + loss), None
-
-            zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, dtype or p.dtype), tr))
-            micro_batches = (shaped(tokens), shaped(targets), jnp.arange(accum))
-            (grads, loss), _ = jax.lax.scan(one, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
-            grads = jax.tree.map(lambda g, p: (g / accum).astype(p.dtype), grads, tr)
-            loss = loss / accum
-        updates, opt_state = optimizer.update(grads, opt_state, tr)
-        return optax.apply_updates(tr, updates), opt_state, loss
 
     rng_in = (rng_abs,) if streams else ()
     breakdown = _breakdown((tr_nested, fr_nested, opt_abs, batch, *rng_in), in_sh, config)
@@ -385,6 +358,49 @@ def build_train_step(
         precision=_precision_record(prec, tr_nested, fr_nested, opt_abs),
         rng_streams=streams,
     )
+
+
+def _optimizer_step(
+    grad_fn: Callable[..., Any],
+    optimizer: optax.GradientTransformation,
+    constrain: Callable[[Any], Any],
+    config: TrainConfig,
+) -> Callable[..., Any]:
+    """One optimizer step over a batch: ``(tr, fr, opt_state, batch, key) -> (tr, opt_state,
+    loss)``.
+
+    The gradient of the whole batch, or with ``config.accum`` > 1 the mean over that many
+    micro-batches (a scan whose carry is the accumulator, in ``config.accum_dtype``; each
+    micro-batch draws its own masks from ``key``, as a real accumulation loop does), then
+    the optimizer's update. ``constrain`` places gradients where the parameters live.
+    """
+    accum, micro_b, dtype = config.accum, config.micro_batch, config.accum_dtype
+
+    def run(tr: Any, fr: Any, opt_state: Any, batch: Any, key: jax.Array | None) -> Any:
+        tokens, targets = batch["tokens"], batch["targets"]
+        if accum == 1:
+            loss, grads = grad_fn(tr, fr, tokens, targets, key)
+            grads = constrain(grads)
+        else:
+            shaped = lambda x: x.reshape(accum, micro_b, *x.shape[1:])
+
+            def one(carry: Any, mb: Any) -> Any:
+                acc, total = carry
+                toks, tgts, i = mb
+                k = None if key is None else jax.random.fold_in(key, i)
+                loss, g = grad_fn(tr, fr, toks, tgts, k)
+                acc = constrain(jax.tree.map(lambda a, b: a + b.astype(a.dtype), acc, g))
+                return (acc, total + loss), None
+
+            zeros = constrain(jax.tree.map(lambda p: jnp.zeros(p.shape, dtype or p.dtype), tr))
+            micro_batches = (shaped(tokens), shaped(targets), jnp.arange(accum))
+            (grads, loss), _ = jax.lax.scan(one, (zeros, jnp.zeros((), jnp.float32)), micro_batches)
+            grads = jax.tree.map(lambda g, p: (g / accum).astype(p.dtype), grads, tr)
+            loss = loss / accum
+        updates, opt_state = optimizer.update(grads, opt_state, tr)
+        return optax.apply_updates(tr, updates), opt_state, loss
+
+    return run
 
 
 def _trained_and_frozen(
