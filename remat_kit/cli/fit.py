@@ -8,6 +8,7 @@ import dataclasses
 import sys
 import time
 import warnings
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat_kit import sources
@@ -131,6 +132,33 @@ def run(args: argparse.Namespace) -> int:
     given = getattr(args, "given", ())
     if args.over == "seq":
         return _over_seq(args, given)
+    _batch_flags(args, given)
+    # The search sets the batch; the one the step is first built with only has to split into
+    # --accum micro-batches over the data-parallel GPUs (their count divides --gpus), which
+    # --batch's default of 4 need not (--accum 3).
+    args.batch = args.accum * args.gpus
+    # Every value, the output path included, is checked before the first trace or compile.
+    run = resolve(args)
+    target = run.target
+    policies, schedule = _policies(args, run)
+    w = sources.workload(run.source, target, run.config, depth=run.depth)
+    # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
+    # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
+    check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
+    if args.objective == "throughput":
+        return _throughput(args, run, w, policies, schedule)
+    start = time.perf_counter()
+    rows = _largest_batches(args, w, policies, schedule)
+    return _print_batches(args, run, w, rows, time.perf_counter() - start)
+
+
+def _batch_flags(args: argparse.Namespace, given: Sequence[str]) -> None:
+    """The batch search's flags, checked before anything is resolved.
+
+    Raises:
+      BadValue: a flag of the sequence search, ``--batch`` (the search sets it), or a
+        throughput flag without ``--objective throughput`` (or the reverse).
+    """
     if args.seq_step is not None:
         raise BadValue(
             f"--seq-step {args.seq_step} needs --over seq (it is the granularity of the "
@@ -155,21 +183,12 @@ def run(args: argparse.Namespace) -> int:
         )
     if args.global_batch is not None and args.global_batch < 1:
         raise BadValue(f"--global-batch {args.global_batch}: must be at least 1")
-    # The search sets the batch; the one the step is first built with only has to split into
-    # --accum micro-batches over the data-parallel GPUs (their count divides --gpus), which
-    # --batch's default of 4 need not (--accum 3).
-    args.batch = args.accum * args.gpus
-    # Every value, the output path included, is checked before the first trace or compile.
-    run = resolve(args)
-    opts, target = run, run.target
-    policies, schedule = _policies(args, run)
-    w = sources.workload(run.source, target, run.config, depth=run.depth)
-    # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
-    # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
-    check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
-    if throughput:
-        return _throughput(args, run, w, policies, schedule)
-    start = time.perf_counter()
+
+
+def _largest_batches(
+    args: argparse.Namespace, w: Workload, policies: Mapping[str, Any], schedule: Any
+) -> list[FitRow]:
+    """The largest batch of each policy (None: the planner's), one row each."""
     rows = []
     with warnings.catch_warnings(), progress("fit") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
@@ -185,16 +204,20 @@ def run(args: argparse.Namespace) -> int:
                 fit = max_batch(w, pol, schedule, headroom=args.headroom)
                 name = label(fit.policy, fit.schedule)
             rows.append(FitRow(name, fit))
-    seconds = time.perf_counter() - start
+    return rows
+
+
+def _print_batches(
+    args: argparse.Namespace, run: Any, w: Workload, rows: list[FitRow], seconds: float
+) -> int:
+    """Prints the table and the messages, writes ``--json``; the exit code: 1 when nothing
+    fits even the smallest batch, else 0."""
+    target = run.target
     out = console(args.wide)
-    out.print(
-        fitted(
-            fit_table(
-                rows, target, opts, headroom=args.headroom, compiles=w.compiles, seconds=seconds
-            ),
-            out.width,
-        )
+    table = fit_table(
+        rows, target, run, headroom=args.headroom, compiles=w.compiles, seconds=seconds
     )
+    out.print(fitted(table, out.width))
     fits = any(row.fit.fits for row in rows)
     for row in rows:
         # When nothing fits, the table's batch-1 peaks and the one line below say it once.
