@@ -19,11 +19,12 @@ from remat_kit.render import (
     fitted,
     opts_precision,
     plan_table,
+    plot_front,
     progress,
     run_words,
     write_json,
 )
-from remat_kit.search import FRONT_POLICIES, plan_front
+from remat_kit.search import FRONT_POLICIES, Plan, PlanFront, Workload, plan_front
 
 __all__ = ["add_parser", "run"]
 
@@ -97,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     """
     # Every value, output paths included, is checked before the first trace or compile.
     run = resolve(args)
-    opts, target = run, run.target
+    target = run.target
     budget = None if args.budget is None else budget_arg(args.budget, target.memory_bytes)
     specs = flag_items(args.policies, "--policies", example="full,minimal", allow_empty=True)
     catalogue = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         # on whether it is drawn.
         found = plan_front(
             w,
-            opts.batch,
+            run.batch,
             budget,
             catalogue=catalogue,
             host_budget=host_budget,
@@ -128,52 +129,39 @@ def run(args: argparse.Namespace) -> int:
             objective=args.objective,
             progress=step,
         )
-    p, points = found.plan, found.points
+    return _print_plan(args, run, w, found)
+
+
+def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFront) -> int:
+    """Prints the plan and front tables and how to use the plan, writes ``--plot`` and
+    ``--json``; the exit code: 0 when the plan fits the budget, else 1."""
+    p, points, target = found.plan, found.points, run.target
     out = console(args.wide)
-    out.print(
-        fitted(
-            plan_table(
-                p,
-                points,
-                target,
-                opts,
-                plan_seconds=found.plan_seconds,
-                seconds=found.seconds,
-                compiles=w.compiles,
-            ),
-            out.width,
-        )
+    table = plan_table(
+        p,
+        points,
+        target,
+        run,
+        plan_seconds=found.plan_seconds,
+        seconds=found.seconds,
+        compiles=w.compiles,
     )
+    out.print(fitted(table, out.width))
     out.print(fitted(decision_table(p), out.width))
     if not p.fits:
         sys.stderr.write(f"remat-kit: {p.message}\n")
     else:
         out.print(p.message)
-        flags = f"--policy '{p.policy.spec}'" + (
-            f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else ""
-        )
-        code = None
-        applies = run.source.applies_in_code
-        if applies == "config":  # a preset: the policy and schedule are its config's fields
-            code = "remat_kit_models.get_config(..., policy=plan.policy, schedule=plan.schedule)"
-        elif p.schedule.name == "none":  # the user's factory or step applies its policy
-            code = f"hand your model rk.policy({p.policy.spec!r}) as its policy"
-        elif applies == "arguments":
-            code = (
-                f"hand your model rk.policy({p.policy.spec!r}) as its policy and "
-                f"schedule=rk.parse_schedule({p.schedule.spec!r})"
-            )
-        # else a per-layer plan applied through --block: the flags are the way to give it
-        out.print(f"use it: {flags}" + (f", or in code: {code}" if code else ""))
+        out.print(_use_it(p, run.source.applies_in_code))
     if args.plot:
-        _plot_front()(
+        plot_front(
             points,
             args.plot,
-            title=f"{run_words(opts)} on {target.name}",
+            title=f"{run_words(run)} on {target.name}",
             budget_bytes=p.budget_bytes,
             device_bytes=target.memory_bytes,
             usable_bytes=target.usable_bytes,
-            precision=opts_precision(opts),
+            precision=opts_precision(run),
             objective=args.objective,
         )
     if args.json:
@@ -181,10 +169,21 @@ def run(args: argparse.Namespace) -> int:
     return 0 if p.fits else 1
 
 
-def _plot_front() -> Any:
-    # plot_front is moving from remat_kit.search to remat_kit.render; either serves.
-    try:
-        from remat_kit.render import plot_front
-    except ImportError:
-        from remat_kit.search import plot_front
-    return plot_front
+def _use_it(p: Plan, applies: str) -> str:
+    """How to apply the plan: its flags, and where the source applies policies in code
+    (``applies``: the StepSource's ``applies_in_code``), the call that does."""
+    flags = f"--policy '{p.policy.spec}'" + (
+        f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else ""
+    )
+    code = None
+    if applies == "config":  # a preset: the policy and schedule are its config's fields
+        code = "remat_kit_models.get_config(..., policy=plan.policy, schedule=plan.schedule)"
+    elif p.schedule.name == "none":  # the user's factory or step applies its policy
+        code = f"hand your model rk.policy({p.policy.spec!r}) as its policy"
+    elif applies == "arguments":
+        code = (
+            f"hand your model rk.policy({p.policy.spec!r}) as its policy and "
+            f"schedule=rk.parse_schedule({p.schedule.spec!r})"
+        )
+    # else a per-layer plan applied through --block: the flags are the way to give it
+    return f"use it: {flags}" + (f", or in code: {code}" if code else "")
