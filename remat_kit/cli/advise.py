@@ -17,7 +17,16 @@ from remat_kit.cli._model import Request, resolve
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import advise_table, console, fitted, progress, write_json
-from remat_kit.search import RANKINGS, Advice, ScaleOut, advise, cost_of, gpus_needed, rank_costs
+from remat_kit.search import (
+    RANKINGS,
+    Advice,
+    Cost,
+    ScaleOut,
+    advise,
+    cost_of,
+    gpus_needed,
+    rank_costs,
+)
 from remat_kit.targets import load_prices, parse_prices, target
 
 __all__ = ["add_parser", "run"]
@@ -97,23 +106,7 @@ def run(args: argparse.Namespace) -> int:
             f"{args.target}[,OTHER...] (default: every GPU of the catalogue)"
         )
     run = resolve(args)
-    if args.scale_out and "shard" not in run.kind.fields:
-        raise BadValue(
-            f"--scale-out shards the step with fsdp over more GPUs; a {run.kind.name} source "
-            "takes no mesh plan: drop --scale-out"
-        )
-    # Prices are read before any compile: a bad one is one line, not a search's end.
-    prices = {} if args.price_file is None else load_prices(args.price_file)
-    prices.update(parse_prices(args.price))
-    names = None
-    if args.targets is not None:
-        names = flag_items(args.targets, "--targets", example="h100,a100-80gb")
-        for name in names:
-            try:
-                t = target(name, devices=args.gpus, hosts=args.hosts)
-            except BadValue as err:  # its param is "target": name this flag, not --target
-                raise BadValue(f"--targets {name!r}: {err}") from None
-            run.source.check(run.config, t)  # the attention kernel and sizes for that GPU
+    prices, names = _checked(args, run)
     with warnings.catch_warnings(), progress("advise") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = advise(
@@ -137,6 +130,49 @@ def run(args: argparse.Namespace) -> int:
             scale = _scale_out(args, run.request, rows, step)
         scale_seconds = time.perf_counter() - before
     costs = rank_costs([cost_of(a, scale.get(a.target), prices) for a in rows], args.rank)
+    return _print_advice(args, run, rows, scale, scale_seconds, costs, start)
+
+
+def _checked(args: argparse.Namespace, run: Any) -> tuple[dict[str, Any], list[str] | None]:
+    """``--scale-out``, the prices and ``--targets``, checked before any compile:
+    ``(prices, target names or None for the catalogue)``.
+
+    Raises:
+      BadValue: ``--scale-out`` for a source without a mesh plan, a bad price or price file,
+        an unknown name in ``--targets`` or a GPU the step cannot run on (its attention
+        kernel, its sizes).
+    """
+    if args.scale_out and "shard" not in run.kind.fields:
+        raise BadValue(
+            f"--scale-out shards the step with fsdp over more GPUs; a {run.kind.name} source "
+            "takes no mesh plan: drop --scale-out"
+        )
+    # Prices are read before any compile: a bad one is one line, not a search's end.
+    prices = {} if args.price_file is None else load_prices(args.price_file)
+    prices.update(parse_prices(args.price))
+    names = None
+    if args.targets is not None:
+        names = flag_items(args.targets, "--targets", example="h100,a100-80gb")
+        for name in names:
+            try:
+                t = target(name, devices=args.gpus, hosts=args.hosts)
+            except BadValue as err:  # its param is "target": name this flag, not --target
+                raise BadValue(f"--targets {name!r}: {err}") from None
+            run.source.check(run.config, t)  # the attention kernel and sizes for that GPU
+    return prices, names
+
+
+def _print_advice(
+    args: argparse.Namespace,
+    run: Any,
+    rows: list[Advice],
+    scale: dict[str, ScaleOut],
+    scale_seconds: float | None,
+    costs: list[Cost],
+    start: float,
+) -> int:
+    """Prints the table (rows by cost), writes ``--json``; the exit code: 1 when no GPU
+    fits, nor any count of them with ``--scale-out``, else 0."""
     order = {c.target: i for i, c in enumerate(costs)}
     rows = sorted(rows, key=lambda a: order[a.target])
     out = console(args.wide)
