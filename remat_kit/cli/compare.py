@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from remat_kit import _workers, sources
+from remat_kit.analysis import MemoryReport
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_jobs_arg, add_model_args
 from remat_kit.cli._model import Request, resolve, run_notes
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
 
     # Every value, output paths included, is checked before the first trace or compile.
     run = resolve(args)
-    opts, target = run, run.target
+    target = run.target
     specs = flag_items(args.policies, "--policies", example="none,full,minimal")
     policies = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
     # Catalogue policies by default; one whose tags the model lacks is skipped, one the user
@@ -121,10 +122,22 @@ def run(args: argparse.Namespace) -> int:
         baseline = reports[plain[0]].flops
         if baseline:  # as measure() takes it: no FLOPs, no overhead
             reports = [sources.with_baseline(r, baseline) for r in reports]
-    seconds = time.perf_counter() - start
+    return _print_rows(args, run, reports, skipped, time.perf_counter() - start)
+
+
+def _print_rows(
+    args: argparse.Namespace,
+    run: Any,
+    reports: list[MemoryReport],
+    skipped: list[str],
+    seconds: float,
+) -> int:
+    """Prints the table and the notes the rows share (once, naming the rows), writes
+    ``--json`` and ``--csv``; the exit code (0)."""
+    target = run.target
     rows = compare_rows(reports)
     out = console(args.wide)
-    out.print(fitted(compare_table(rows, target, opts, seconds), out.width))
+    out.print(fitted(compare_table(rows, target, run, seconds), out.width))
     if skipped:
         out.print(f"not compared (the model tags none of their tensors): {', '.join(skipped)}")
     for line in run_notes(run):
