@@ -907,6 +907,36 @@ def test_plan_is_never_dominated_by_what_it_is_shown_beside():
     assert not next(pt for pt in pts if pt.kind == "plan").dominated
 
 
+def test_a_plan_on_a_front_is_known_by_its_budget_not_its_words(monkeypatch):
+    # The fakes' budgets are bytes: every plan's label reads "plan (budget 0.00 GiB)", so
+    # words cannot tell the recommended plan from the swept ones; its budget does. The swept
+    # plans on the front are weighed again beside the catalogue: a second plan() with them.
+    from remat_kit.search import _recommend
+
+    asked = []
+    real = _recommend.plan
+
+    def spy(*args, extra=(), **kwargs):
+        asked.append(list(extra))
+        return real(*args, extra=extra, **kwargs)
+
+    monkeypatch.setattr(_recommend, "plan", spy)
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags, quirk=("dots",))
+    budget = FIXED + 1300 - 300
+    pf = rk.search.plan_front(w, 1, budget, catalogue=["dots", "full"], offload=False, sweep=True,
+                       schedules=())  # fmt: skip
+    swept = {(p.policy.spec, p.schedule.spec) for p in pf.swept}
+    # the plan, one per swept budget, then the plan again with the swept plans beside it
+    assert len(asked) == 2 + len(pf.swept) and swept <= set(asked[-1]) - set(asked[0])
+    plans = [pt for pt in pf.points if pt.kind == "plan"]
+    assert len({pt.label for pt in plans}) == 1 < len(plans)
+    assert [pt.budget_bytes for pt in plans].count(pf.plan.budget_bytes) == 1
+    assert {pt.budget_bytes for pt in plans} <= {pf.plan.budget_bytes} | {
+        p.budget_bytes for p in pf.swept
+    }
+
+
 def test_a_swept_front_recommends_a_plan_nothing_on_it_dominates():
     # The solver alone picks what dots does more cheaply (above): the plan made again after
     # the sweep must still weigh the catalogue beside the swept plans.

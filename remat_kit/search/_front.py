@@ -88,6 +88,8 @@ class FrontPoint:
         one front entry per program; None for that point and every other).
       depth: how an unrolled model's figures were made (the report's ``meta["depth"]``:
         ``mode`` ``extrapolated`` for a peak read off shallow copies), or None.
+      budget_bytes: for a plan, the budget it was made for: which plan the point is (its
+        label words it to two decimals, which two budgets may share); None for the rest.
     """
 
     label: str
@@ -104,6 +106,7 @@ class FrontPoint:
     program: str | None = None
     same_as: str | None = None
     depth: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
+    budget_bytes: int | None = None
 
 
 def pareto_front(
@@ -268,6 +271,7 @@ def front(
                 ),
                 program=p.report.meta.get("program") if p.report is not None else None,
                 depth=p.report.meta.get("depth") if p.report is not None else None,
+                budget_bytes=p.budget_bytes,
             )
         )
     return pareto_front(pts)

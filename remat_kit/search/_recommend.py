@@ -26,7 +26,6 @@ from remat_kit.search._front import (
     FrontPoint,
     front,
     pareto_front,
-    plan_label,
 )
 from remat_kit.search._planner import Plan, plan
 from remat_kit.search._workload import DEFAULT_HIDE, Workload
@@ -143,7 +142,7 @@ def plan_front(
         better = [
             (pt.policy, pt.schedule)
             for pt in points
-            if pt.kind == "plan" and pt.policy is not None and pt.label != plan_label(p)
+            if pt.kind == "plan" and pt.policy is not None and pt.budget_bytes != p.budget_bytes
         ]
         if better:
             p = plan(
@@ -154,7 +153,7 @@ def plan_front(
                 extra=[*beside, *better],
                 **options,
             )
-            points = [pt for pt in points if pt.kind != "plan" or pt.label != plan_label(p)]
+            points = [pt for pt in points if pt.kind != "plan" or pt.budget_bytes != p.budget_bytes]
             mine = front(workload, batch, policies=(), schedules=(), plans=[p], **cost)
             points = pareto_front([*points, *mine])
     return PlanFront(
