@@ -11,7 +11,8 @@ One concern per module, the data flowing one way:
 
 - ``_types``: categories, Phase, PeakBuffer, PeakReport, PeakDiff;
 - ``_dump``: the compile with XLA's dump switched on, and the dump's files;
-- ``_parsers``: buffer assignment, live ranges and HLO text, read strictly;
+- ``_parsers``: buffer assignment, live ranges and HLO text (through
+  :func:`remat_kit.xla.read_hlo`), read strictly;
 - ``_tags``: checkpoint tags from the jaxpr, module paths, layer names;
 - ``_phases``: forward / backward / optimizer spans of the schedule;
 - ``_attribute``: live values, the timeline, and what each buffer at the peak is;

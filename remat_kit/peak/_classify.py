@@ -27,7 +27,6 @@ from remat_kit.peak._parsers import (
     Instr,
     LiveRanges,
     Value,
-    shape_of,
     xla_dtype,
 )
 from remat_kit.peak._phases import phase_at
@@ -51,6 +50,7 @@ from remat_kit.peak._types import (
     PeakBuffer,
     Phase,
 )
+from remat_kit.xla import shape_of
 
 __all__ = [
     "ArgLeaf",

@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -32,6 +33,7 @@ import jax
 import numpy as np
 
 from remat_kit.errors import InspectError
+from remat_kit.xla import HloInstruction, named_operands, read_hlo
 
 __all__ = [
     "Allocation",
@@ -42,7 +44,6 @@ __all__ = [
     "parse_buffer_assignment",
     "parse_hlo",
     "parse_live_range",
-    "shape_of",
     "xla_dtype",
 ]
 
@@ -297,14 +298,13 @@ class Hlo:
     callers: Mapping[str, str]  # fused/async computation -> the instruction calling it
 
 
-_INSTR = re.compile(r"^\s+(ROOT\s+)?%?([^\s=%]+)\s*=\s*(.*)$")
-_COMP = re.compile(r"^(?:ENTRY\s+)?%?([^\s(]+)\s.*\{\s*$")
 _OPNAME = re.compile(r'op_name="((?:[^"\\]|\\.)*)"')
 _SLICE = re.compile(r"\bslice=\{((?:\[[\d:]+\],?\s*)*)\}")
 
 
 def parse_hlo(path: str, lines: Sequence[str]) -> Hlo:
-    """Reads the instructions of an optimized HLO text dump.
+    """Reads the instructions of an optimized HLO text dump (through
+    :func:`remat_kit.xla.read_hlo`, strictly).
 
     Args:
       path: the file's path (named in errors).
@@ -323,101 +323,41 @@ def parse_hlo(path: str, lines: Sequence[str]) -> Hlo:
       >>> h.entry, h.instructions["p.1"].op_name
       ('main', 'w')
     """
+    module = read_hlo(lines, fail=functools.partial(_fail, path))
     instrs: dict[str, Instr] = {}
     roots: dict[str, str] = {}
-    comps: dict[str, list[str]] = {}
-    comp = None
-    entry = None
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip() or line.startswith(("HloModule", "//")):
-            continue
-        if not line.startswith(" "):
-            if line.strip() == "}":
-                comp = None
-                continue
-            m = _COMP.match(line)
-            if m:
-                comp = m.group(1)
-                comps.setdefault(comp, [])
-                if line.startswith("ENTRY"):
-                    entry = comp
-            # Other top-level lines (FileNames, StackFrames tables...) are not needed.
-            continue
-        if comp is None:
-            continue  # indented lines of a trailing table
-        m = _INSTR.match(line)
-        if not m:
-            raise _fail(path, lineno, line, "an HLO instruction")
-        root, name, rest = bool(m.group(1)), m.group(2), m.group(3)
-        parsed = _split_instruction(rest)
-        if parsed is None:
-            raise _fail(path, lineno, line, "an HLO instruction's shape and opcode")
-        opcode, operand_text, attrs = parsed
-        op_name = _OPNAME.search(attrs)
-        body = re.search(r"\bbody=%?([^\s,}]+)", attrs)
-        calls = re.search(r"\bcalls=%?([^\s,}]+)", attrs)
-        index = re.search(r"\bindex=(\d+)", attrs)
-        window = _SLICE.search(attrs) if opcode == "slice" else None
-        instrs[name] = Instr(
-            name,
-            comp,
-            opcode,
-            tuple(re.findall(r"%([^\s,()]+)", operand_text)),
-            op_name.group(1).replace("\\'", "'").replace('\\"', '"') if op_name else "",
-            body.group(1) if body else None,
-            calls.group(1) if calls else None,
-            int(operand_text)
-            if opcode == "parameter" and operand_text.strip().isdigit()
-            else int(index.group(1))
-            if index
-            else None,
-            tuple((int(a), int(b)) for a, b in re.findall(r"\[(\d+):(\d+)(?::\d+)?\]", window[1]))
-            if window
-            else None,
-        )
-        comps[comp].append(name)
-        if root:
-            roots[comp] = name
+    for comp, body in module.computations.items():
+        for i in body:
+            instrs[i.name] = _instr(i)
+            if i.is_root:
+                roots[comp] = i.name
     if not instrs:
         raise InspectError(f"{os.path.basename(path)}: no HLO instructions found")
     loops = {i.body: i.name for i in instrs.values() if i.opcode == "while" and i.body}
     callers = {i.calls: i.name for i in instrs.values() if i.calls}
-    return Hlo(instrs, roots, {c: tuple(v) for c, v in comps.items()}, entry, loops, callers)
+    comps = {c: tuple(i.name for i in body) for c, body in module.computations.items()}
+    return Hlo(instrs, roots, comps, module.entry, loops, callers)
 
 
-def _split_instruction(rest: str) -> tuple[str, str, str] | None:
-    # "<shape> <opcode>(<operands>), attr=..., metadata={...}"; a tuple shape is
-    # parenthesised and may hold /*index=N*/ comments.
-    i = _closing(rest, 0) + 1 if rest.startswith("(") else rest.find(" ")
-    if i <= 0:
-        return None
-    m = re.compile(r"\s*([A-Za-z][\w\-]*)\(").match(rest, i)
-    if not m:
-        return None
-    j = _closing(rest, m.end() - 1)
-    return m.group(1), rest[m.end() : j], rest[j + 1 :]
-
-
-def _closing(text: str, start: int) -> int:
-    """Index of the parenthesis closing the one at ``start`` (or the text's end)."""
-    depth = 0
-    for j in range(start, len(text)):
-        depth += text[j] == "("
-        depth -= text[j] == ")"
-        if depth == 0:
-            return j
-    return len(text)
-
-
-_SHAPE = re.compile(r"^([a-z]\w*)\[([\d,]*)\]")
-
-
-def shape_of(text: str) -> tuple[str, tuple[int, ...]]:
-    """``"bf16[4,512]{1,0}"`` -> ``("bf16", (4, 512))``; a tuple shape -> ``("tuple", ())``."""
-    if text.startswith("("):
-        return "tuple", ()
-    m = _SHAPE.match(text)
-    if not m:
-        return "?", ()
-    dims = tuple(int(d) for d in m.group(2).split(",") if d)
-    return m.group(1), dims
+def _instr(i: HloInstruction) -> Instr:
+    """What attribution reads of an instruction, from its attributes."""
+    op_name = _OPNAME.search(i.attrs)
+    body = re.search(r"\bbody=%?([^\s,}]+)", i.attrs)
+    calls = re.search(r"\bcalls=%?([^\s,}]+)", i.attrs)
+    index = re.search(r"\bindex=(\d+)", i.attrs)
+    window = _SLICE.search(i.attrs) if i.opcode == "slice" else None
+    return Instr(
+        i.name,
+        i.computation,
+        i.opcode,
+        # Optimized HLO names every operand with a %: a bare word is a literal.
+        named_operands(i.operand_text),
+        op_name.group(1).replace("\\'", "'").replace('\\"', '"') if op_name else "",
+        body.group(1) if body else None,
+        calls.group(1) if calls else None,
+        # A parameter's number, else (get-tuple-element) the element's.
+        i.index if i.index is not None else int(index.group(1)) if index else None,
+        tuple((int(a), int(b)) for a, b in re.findall(r"\[(\d+):(\d+)(?::\d+)?\]", window[1]))
+        if window
+        else None,
+    )

@@ -3,8 +3,9 @@
 :func:`compile_memory` compiles a lowered program and reads the memory analysis, the lines XLA's
 rematerialization pass logs and (from the optimized HLO) the kernels the step launches:
 :func:`kernels_of` turns that HLO into :class:`Kernel` records, which
-:mod:`remat_kit.timing` prices on a device's rates. Everything here reads XLA's output; nothing
-here decides.
+:mod:`remat_kit.timing` prices on a device's rates. :func:`read_hlo` is the one reader of HLO
+text (the kernels and the peak inspector's dump both go through it). Everything here reads
+XLA's output; nothing here decides.
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -22,16 +23,22 @@ from remat_kit.xla._compile import (
     parse_xla_log,
     xla_peak,
 )
+from remat_kit.xla._hlo import HloInstruction, HloModule, named_operands, read_hlo, shape_of
 from remat_kit.xla._kernels import KINDS, Kernel, kernels_of
 
 __all__ = [
     "KINDS",
     "CompiledMemory",
+    "HloInstruction",
+    "HloModule",
     "Kernel",
     "captured_stderr",
     "compile_memory",
     "compile_with",
     "kernels_of",
+    "named_operands",
     "parse_xla_log",
+    "read_hlo",
+    "shape_of",
     "xla_peak",
 ]

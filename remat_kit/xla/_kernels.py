@@ -3,7 +3,7 @@
 XLA's GPU compiler turns a step into a sequence of kernels: matrix products (cuBLAS custom calls
 or Triton GEMM fusions), cuDNN attention calls, fusions that read and write device memory,
 collectives and copies to and from pinned host memory. :func:`kernels_of` walks the entry
-computation of the optimized HLO text (parsed by :mod:`remat_kit.xla._hlo`), entering while
+computation of the optimized HLO text (read by :func:`remat_kit.xla._hlo.read_hlo`), entering while
 loops (their body times the trip count XLA recorded, ``known_trip_count``), calls and async
 wrappers, and returns one :class:`Kernel` per distinct launch with how many times a step runs
 it.
@@ -38,17 +38,17 @@ from typing import Any
 
 from remat_kit.xla._hlo import (
     _DTYPE_BYTES,
+    HloInstruction,
+    HloModule,
     _arrays,
     _attr,
     _backend_config,
     _dims_attr,
-    _Instr,
-    _Module,
     _nbytes,
     _output_shape,
-    _parse,
     _parts,
     _transposes,
+    read_hlo,
 )
 
 __all__ = [
@@ -212,7 +212,7 @@ def kernels_of(hlo_text: str) -> tuple[Kernel, ...]:
       >>> sum(k.bytes * k.count for k in kernels_of(text))  # read 4 KiB, write 4 KiB
       8192
     """
-    module = _parse(hlo_text)
+    module = read_hlo(hlo_text.splitlines())
     if module.entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
     out: dict[tuple[Any, ...], Kernel] = {}
@@ -224,12 +224,12 @@ def kernels_of(hlo_text: str) -> tuple[Kernel, ...]:
 # What costing reads from an instruction's attributes (the text is parsed in xla._hlo).
 
 
-def _trip_count(instr: _Instr) -> int:
+def _trip_count(instr: HloInstruction) -> int:
     n = _backend_config(instr.attrs).get("known_trip_count", {}).get("n")
     return int(n) if n is not None else 1
 
 
-def _recompute(instr: _Instr) -> bool:
+def _recompute(instr: HloInstruction) -> bool:
     return "rematted_computation" in instr.attrs or ".remat" in instr.name
 
 
@@ -254,7 +254,7 @@ def _group_size(attrs: str, default: int) -> int:
 
 
 def _walk(
-    module: _Module,
+    module: HloModule,
     comp: str,
     times: int,
     out: dict[tuple[Any, ...], Kernel],
@@ -297,7 +297,7 @@ def _walk(
             out[key] = kernel
 
 
-def _is_wrapper(module: _Module, instr: _Instr) -> bool:
+def _is_wrapper(module: HloModule, instr: HloInstruction) -> bool:
     # XLA's command buffers and a few custom fusions hold whole kernels: walk into those
     # whose body holds fusions or custom calls (a real fusion's body holds plain ops).
     called = _attr(instr.attrs, "calls")
@@ -305,7 +305,7 @@ def _is_wrapper(module: _Module, instr: _Instr) -> bool:
     return any(i.opcode in ("fusion", "custom-call", "while") for i in body)
 
 
-def _cost(module: _Module, instr: _Instr, times: int) -> Kernel | None:
+def _cost(module: HloModule, instr: HloInstruction, times: int) -> Kernel | None:
     op = instr.opcode
     base = {
         "count": times,
@@ -358,7 +358,7 @@ def _memory_or_host(
     return Kernel("memory", flops=0.0, bytes=dev, op=op, asynchronous=asynchronous, **base)
 
 
-def _custom_call(module: _Module, instr: _Instr, base: dict[str, Any]) -> Kernel | None:
+def _custom_call(module: HloModule, instr: HloInstruction, base: dict[str, Any]) -> Kernel | None:
     target = _attr(instr.attrs, "custom_call_target") or ""
     target = target.strip('"')
     if target in _NO_KERNEL:
@@ -394,7 +394,7 @@ def _custom_call(module: _Module, instr: _Instr, base: dict[str, Any]) -> Kernel
 
 
 def _attention(
-    module: _Module, instr: _Instr, base: dict[str, Any], *, backward: bool, dev: int
+    module: HloModule, instr: HloInstruction, base: dict[str, Any], *, backward: bool, dev: int
 ) -> Kernel:
     cfg = _backend_config(instr.attrs).get("cudnn_fmha_backend_config", {})
     inter = [int(d) for d in cfg.get("intermediate_tensor_shape", {}).get("dimensions", [])]
@@ -415,7 +415,9 @@ def _attention(
                   op="attention_bwd" if backward else "attention_fwd", **base)  # fmt: skip
 
 
-def _fusion(module: _Module, instr: _Instr, base: dict[str, Any], *, asynchronous: bool) -> Kernel:
+def _fusion(
+    module: HloModule, instr: HloInstruction, base: dict[str, Any], *, asynchronous: bool
+) -> Kernel:
     called = _attr(instr.attrs, "calls")
     body = module.computations.get(called or "", ())
     dev, host = _io_bytes(module, instr, body)
@@ -466,7 +468,7 @@ _NO_ARITHMETIC = frozenset(
 )
 
 
-def _elementwise_ops(body: Sequence[_Instr]) -> float:
+def _elementwise_ops(body: Sequence[HloInstruction]) -> float:
     total = 0
     for i in body:
         if i.opcode in _NO_ARITHMETIC or i.opcode == "fusion":
@@ -482,7 +484,9 @@ def _elementwise_ops(body: Sequence[_Instr]) -> float:
 _DOTS = ("dot", "convolution", "ragged-dot")
 
 
-def _dot_flops(shapes: Mapping[str, str], instr: _Instr) -> tuple[float, tuple[int, int, int, int]]:
+def _dot_flops(
+    shapes: Mapping[str, str], instr: HloInstruction
+) -> tuple[float, tuple[int, int, int, int]]:
     if instr.opcode == "ragged-dot":
         return _ragged_dot_flops(shapes, instr)
     out = _arrays(instr.shape)
@@ -501,7 +505,7 @@ def _dot_flops(shapes: Mapping[str, str], instr: _Instr) -> tuple[float, tuple[i
 
 
 def _ragged_dot_flops(
-    shapes: Mapping[str, str], instr: _Instr
+    shapes: Mapping[str, str], instr: HloInstruction
 ) -> tuple[float, tuple[int, int, int, int]]:
     """``2 * lhs_elems * rhs_free``: each row meets one group's weights (as remat_kit.flops)."""
     lhs = _arrays(shapes.get(instr.operands[0], "")) if instr.operands else []
@@ -521,7 +525,9 @@ def _ragged_dot_flops(
     return 2.0 * m * k * n, (m, n, k, 1)
 
 
-def _io_bytes(module: _Module, instr: _Instr, body: Iterable[_Instr] | None) -> tuple[int, int]:
+def _io_bytes(
+    module: HloModule, instr: HloInstruction, body: Iterable[HloInstruction] | None
+) -> tuple[int, int]:
     """(device, host) bytes a launch reads and writes, counted at its boundary."""
     body = tuple(body or ())
     out_shape = _output_shape(instr)
@@ -557,15 +563,15 @@ def _io_bytes(module: _Module, instr: _Instr, body: Iterable[_Instr] | None) -> 
     return dev + max(0, out_d - full_d), host + max(0, out_h - full_h)
 
 
-def _users(body: Sequence[_Instr]) -> dict[str, list[_Instr]]:
-    out: dict[str, list[_Instr]] = {}
+def _users(body: Sequence[HloInstruction]) -> dict[str, list[HloInstruction]]:
+    out: dict[str, list[HloInstruction]] = {}
     for i in body:
         for o in i.operands:
             out.setdefault(o, []).append(i)
     return out
 
 
-def _sliced_read(pname: str, users: Mapping[str, list[_Instr]]) -> int | None:
+def _sliced_read(pname: str, users: Mapping[str, list[HloInstruction]]) -> int | None:
     """Bytes read of a parameter every user of which (through bitcasts) only slices it."""
     frontier = [pname]
     total = 0
@@ -584,7 +590,7 @@ def _sliced_read(pname: str, users: Mapping[str, list[_Instr]]) -> int | None:
     return total if seen else None
 
 
-def _updated_in_place(body: Sequence[_Instr]) -> dict[str, tuple[int, bool]]:
+def _updated_in_place(body: Sequence[HloInstruction]) -> dict[str, tuple[int, bool]]:
     """Parameters the fusion's root updates in place -> (the update's bytes, buffer on host)."""
     if not body:
         return {}
