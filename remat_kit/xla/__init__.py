@@ -24,7 +24,8 @@ from remat_kit.xla._compile import (
     xla_peak,
 )
 from remat_kit.xla._hlo import HloInstruction, HloModule, named_operands, read_hlo, shape_of
-from remat_kit.xla._kernels import KINDS, Kernel, kernels_of
+from remat_kit.xla._kernel import KINDS, Kernel
+from remat_kit.xla._kernels import kernels_of
 
 __all__ = [
     "KINDS",

@@ -22,7 +22,8 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from remat_kit.xla._kernels import Kernel, kernels_of
+from remat_kit.xla._kernel import Kernel
+from remat_kit.xla._kernels import kernels_of
 
 __all__ = [
     "CompiledMemory",

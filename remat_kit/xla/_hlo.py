@@ -4,8 +4,9 @@ holds (its arrays, their bytes in device memory and in pinned host memory), and 
 threads XLA:CPU runs it on and whether an instruction of it transposes.
 
 :func:`read_hlo` is the one reader of the text (one instruction splitter, one bracket matcher,
-one shape reader); :mod:`remat_kit.xla._kernels` walks what it returns and costs each launch,
-and the peak inspector (:mod:`remat_kit.peak`) reads XLA's dump through it, strictly.
+one shape reader); :mod:`remat_kit.xla._kernels` walks what it returns (and
+:mod:`remat_kit.xla._cost` costs each launch), and the peak inspector (:mod:`remat_kit.peak`)
+reads XLA's dump through it, strictly.
 
 Example:
   >>> module = read_hlo(["ENTRY %main (p: f32[4]) -> f32[4] {",

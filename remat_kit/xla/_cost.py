@@ -1,0 +1,261 @@
+"""One launch of a compiled step, costed: what kind of kernel it is, its FLOPs (matrix
+products, attention), the bytes it moves, its elementwise work, the devices of a collective,
+and whether it recomputes forward work.
+
+Recomputation is what jax's ``checkpoint`` re-runs in the backward pass (its ops are named
+``.../rematted_computation/...``) and what XLA's own rematerialization pass cloned
+(``*.remat*`` instructions). XLA:CPU's loops say how many threads they run on
+(``outer_dimension_partitions``) and whether they transpose, which a CPU's rates tell apart
+(:attr:`remat_kit.timing.Speed.loop_rates`).
+
+Example:
+  >>> from remat_kit.xla import read_hlo
+  >>> m = read_hlo(["ENTRY %e (a: f32[4,8], b: f32[8,2]) -> f32[4,2] {",
+  ...     "  %a = f32[4,8]{1,0} parameter(0)", "  %b = f32[8,2]{1,0} parameter(1)",
+  ...     "  ROOT %d = f32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, "
+  ...     "rhs_contracting_dims={0}", "}"])
+  >>> k = _cost(m, m.computations["e"][2], 1)
+  >>> k.kind, k.flops, (k.m, k.n, k.k)
+  ('gemm', 128.0, (4, 2, 8))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from remat_kit.xla._hlo import (
+    _DTYPE_BYTES,
+    HloInstruction,
+    HloModule,
+    _arrays,
+    _attr,
+    _backend_config,
+    _dims_attr,
+    _nbytes,
+    _output_shape,
+    _parts,
+    _transposes,
+)
+from remat_kit.xla._kernel import Kernel
+from remat_kit.xla._opcodes import (
+    _ATTENTION_FWD,
+    _COLLECTIVES,
+    _DOTS,
+    _GEMM_TARGETS,
+    _NO_ARITHMETIC,
+    _NO_KERNEL,
+)
+from remat_kit.xla._traffic import _io_bytes
+
+
+def _cost(module: HloModule, instr: HloInstruction, times: int) -> Kernel | None:
+    op = instr.opcode
+    base = {
+        "count": times,
+        "dtype": (_arrays(_output_shape(instr)) or [("", (), False)])[0][0],
+        "recompute": _recompute(instr),
+        "name": instr.name,
+    }
+    if op in _COLLECTIVES:
+        # An async start's shape holds (inputs, outputs) except all-reduce-start's (the output).
+        shape = instr.shape if op == "all-reduce-start" else _output_shape(instr)
+        dev, host = _nbytes(shape)
+        operand_bytes = sum(_nbytes(module.shapes.get(o, ""))[0] for o in instr.operands)
+        return Kernel(
+            kind="collective",
+            flops=0.0,
+            # A ring moves the larger side: the gathered output, the scattered input.
+            bytes=max(dev, operand_bytes),
+            asynchronous=op.endswith("-start"),
+            group=_group_size(instr.attrs, 1),
+            op=_COLLECTIVES[op],
+            **base,
+        )
+    if op == "custom-call":
+        return _custom_call(module, instr, base)
+    if op in ("fusion", "fusion-start"):
+        return _fusion(module, instr, base, asynchronous=op == "fusion-start")
+    if op in _DOTS:
+        flops, (m, n, k, b) = _dot_flops(module.shapes, instr)
+        dev, host = _io_bytes(module, instr, None)
+        return Kernel("gemm", flops=flops, bytes=dev, host_bytes=host, m=m, n=n, k=k, batch=b,
+                      op=op, **base)  # fmt: skip
+    if op == "copy-start":
+        dev, host = _io_bytes(module, instr, None)
+        return _memory_or_host(dev, host, base, op, asynchronous=True)
+    dev, host = _io_bytes(module, instr, None)
+    if op == "dynamic-update-slice" and len(instr.operands) > 1:
+        # In place: reads and writes the update, not the buffer.
+        upd = _nbytes(module.shapes.get(instr.operands[1], ""))
+        dev, host = 2 * upd[0], 2 * upd[1]
+    kernel = _memory_or_host(dev, host, base, op, asynchronous=False)
+    return dataclasses.replace(kernel, strided=_transposes(module.shapes, instr))
+
+
+def _memory_or_host(
+    dev: int, host: int, base: dict[str, Any], op: str, *, asynchronous: bool
+) -> Kernel:
+    if host:
+        return Kernel("host_transfer", flops=0.0, bytes=dev, host_bytes=host, op=op,
+                      asynchronous=asynchronous, **base)  # fmt: skip
+    return Kernel("memory", flops=0.0, bytes=dev, op=op, asynchronous=asynchronous, **base)
+
+
+def _custom_call(module: HloModule, instr: HloInstruction, base: dict[str, Any]) -> Kernel | None:
+    target = _attr(instr.attrs, "custom_call_target") or ""
+    target = target.strip('"')
+    if target in _NO_KERNEL:
+        return None
+    dev, host = _io_bytes(module, instr, None)
+    if target in _GEMM_TARGETS:
+        cfg = _backend_config(instr.attrs).get("gemm_backend_config", {})
+        dims = cfg.get("dot_dimension_numbers", {})
+        out = _arrays(instr.shape)
+        lhs = _arrays(module.shapes.get(instr.operands[0], "")) if instr.operands else []
+        if not out or not lhs:
+            return None
+        contracting = [int(d) for d in dims.get("lhs_contracting_dimensions", [])]
+        batch_dims = [int(d) for d in dims.get("lhs_batch_dimensions", [])]
+        k = math.prod(lhs[0][1][d] for d in contracting) if contracting else 1
+        b = math.prod(lhs[0][1][d] for d in batch_dims) if batch_dims else 1
+        out_dims = out[0][1]
+        size = math.prod(out_dims)
+        n = out_dims[-1] if out_dims else 1
+        m = size // max(1, n * b)
+        base = {**base, "dtype": out[0][0]}
+        # The workspace output (s8[...]) is scratch, not traffic.
+        dev = sum(_nbytes(module.shapes.get(o, ""))[0] for o in instr.operands) + int(
+            size * _DTYPE_BYTES.get(out[0][0], 4)
+        )
+        return Kernel("gemm", flops=2.0 * size * k, bytes=dev, host_bytes=host, m=m, n=n, k=k,
+                      batch=b, op="cublas", **base)  # fmt: skip
+    if target.startswith(_ATTENTION_FWD):
+        return _attention(module, instr, base, backward="Backward" in target, dev=dev)
+    if host:
+        return Kernel("host_transfer", flops=0.0, bytes=dev, host_bytes=host, op=target, **base)
+    return Kernel("memory", flops=0.0, bytes=dev, op=target or "custom-call", **base)
+
+
+def _attention(
+    module: HloModule, instr: HloInstruction, base: dict[str, Any], *, backward: bool, dev: int
+) -> Kernel:
+    cfg = _backend_config(instr.attrs).get("cudnn_fmha_backend_config", {})
+    inter = [int(d) for d in cfg.get("intermediate_tensor_shape", {}).get("dimensions", [])]
+    q = _arrays(module.shapes.get(instr.operands[0], "")) if instr.operands else []
+    head_dim = q[0][1][-1] if q and q[0][1] else 0
+    if len(inter) == 4:
+        b, h, sq, skv = inter
+    else:  # no intermediate shape: read [b, s, h, d] from the query
+        dims = q[0][1] if q else (0, 0, 0, 0)
+        b, sq, h = (*dims, 0, 0, 0)[:3]
+        skv = sq
+    flops = 4.0 * b * h * sq * skv * head_dim
+    if cfg.get("mask_type") in ("CAUSAL", "PADDING_CAUSAL"):
+        flops /= 2
+    if backward:
+        flops *= 2.5  # five products against the forward's two
+    return Kernel("attention", flops=flops, bytes=dev, m=sq, n=skv, k=head_dim, batch=b * h,
+                  op="attention_bwd" if backward else "attention_fwd", **base)  # fmt: skip
+
+
+def _fusion(
+    module: HloModule, instr: HloInstruction, base: dict[str, Any], *, asynchronous: bool
+) -> Kernel:
+    called = _attr(instr.attrs, "calls")
+    body = module.computations.get(called or "", ())
+    dev, host = _io_bytes(module, instr, body)
+    dots = [i for i in body if i.opcode in _DOTS]
+    if not dots:
+        for inner in body:  # Triton GEMM fusions nest the dot one level down
+            if inner.opcode == "fusion":
+                nested = module.computations.get(_attr(inner.attrs, "calls") or "", ())
+                dots += [i for i in nested if i.opcode in _DOTS]
+    if dots:
+        flops = 0.0
+        m = n = k = b = 0
+        for d in dots:
+            f, (m, n, k, b) = _dot_flops(module.shapes, d)
+            flops += f
+        return Kernel("gemm", flops=flops, bytes=dev, host_bytes=host, m=m, n=n, k=k, batch=b,
+                      op="fusion", asynchronous=asynchronous, **base)  # fmt: skip
+    kernel = _memory_or_host(dev, host, base, "fusion", asynchronous=asynchronous)
+    return dataclasses.replace(
+        kernel,
+        ops=_elementwise_ops(body),
+        parts=_parts(instr.attrs),
+        strided=any(_transposes(module.shapes, i) for i in body),
+    )
+
+
+def _elementwise_ops(body: Sequence[HloInstruction]) -> float:
+    total = 0
+    for i in body:
+        if i.opcode in _NO_ARITHMETIC or i.opcode == "fusion":
+            continue
+        total += sum(math.prod(dims) for _, dims, _ in _arrays(i.shape))
+    return float(total)
+
+
+def _dot_flops(
+    shapes: Mapping[str, str], instr: HloInstruction
+) -> tuple[float, tuple[int, int, int, int]]:
+    if instr.opcode == "ragged-dot":
+        return _ragged_dot_flops(shapes, instr)
+    out = _arrays(instr.shape)
+    lhs = _arrays(shapes.get(instr.operands[0], "")) if instr.operands else []
+    if not out or not lhs:
+        return 0.0, (0, 0, 0, 0)
+    contracting = _dims_attr(instr.attrs, "lhs_contracting_dims")
+    batch_dims = _dims_attr(instr.attrs, "lhs_batch_dims")
+    lhs_dims = lhs[0][1]
+    k = math.prod(lhs_dims[d] for d in contracting if d < len(lhs_dims)) if contracting else 1
+    b = math.prod(lhs_dims[d] for d in batch_dims if d < len(lhs_dims)) if batch_dims else 1
+    size = math.prod(out[0][1])
+    n = out[0][1][-1] if out[0][1] else 1
+    m = size // max(1, n * b)
+    return 2.0 * size * k, (m, n, k, b)
+
+
+def _ragged_dot_flops(
+    shapes: Mapping[str, str], instr: HloInstruction
+) -> tuple[float, tuple[int, int, int, int]]:
+    """``2 * lhs_elems * rhs_free``: each row meets one group's weights (as remat_kit.flops)."""
+    lhs = _arrays(shapes.get(instr.operands[0], "")) if instr.operands else []
+    rhs = _arrays(shapes.get(instr.operands[1], "")) if len(instr.operands) > 1 else []
+    if not lhs or not rhs:
+        return 0.0, (0, 0, 0, 0)
+    lhs_dims, rhs_dims = lhs[0][1], rhs[0][1]
+    met = {
+        *_dims_attr(instr.attrs, "rhs_contracting_dims"),
+        *_dims_attr(instr.attrs, "rhs_batch_dims"),
+        *_dims_attr(instr.attrs, "rhs_group_dims"),
+    }
+    n = math.prod(s for d, s in enumerate(rhs_dims) if d not in met)
+    contracting = _dims_attr(instr.attrs, "lhs_contracting_dims")
+    k = math.prod(lhs_dims[d] for d in contracting if d < len(lhs_dims))
+    m = math.prod(lhs_dims) // max(1, k)
+    return 2.0 * m * k * n, (m, n, k, 1)
+
+
+def _recompute(instr: HloInstruction) -> bool:
+    return "rematted_computation" in instr.attrs or ".remat" in instr.name
+
+
+def _group_size(attrs: str, default: int) -> int:
+    m = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
+    if m:
+        return max(1, len([d for d in m.group(1).split(",") if d]))
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)  # iota form [groups,size]
+    if m:
+        return int(m.group(2))
+    # mesh form: mesh['axis_0'=8,'axis_1'=1] {'axis_0'}: the named axes' sizes multiplied
+    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+    if m:
+        sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
+        axes = re.findall(r"'([^']+)'", m.group(2))
+        return math.prod(int(sizes.get(a, 1)) for a in axes) if axes else default
+    return default
