@@ -34,8 +34,9 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
     from remat_kit.policies import Policy, as_policy, decide, policy, policy_names
     from remat_kit.residuals import saved_residuals
     from remat_kit.schedules import Schedule, apply_layers, parse_schedule, schedule
-    from remat_kit.search import Workload, advise, front, max_batch, plan
+    from remat_kit.search import advise, front, max_batch, plan
     from remat_kit.sharding import parse_shard, strip_boxes
+    from remat_kit.sources import Workload
     from remat_kit.targets import (
         Target,
         as_target,
@@ -75,7 +76,7 @@ _HOME: dict[str, str | None] = {
     "apply_layers": "schedules",
     "parse_schedule": "schedules",
     "schedule": "schedules",
-    "Workload": "search",
+    "Workload": "sources",
     "advise": "search",
     "front": "search",
     "max_batch": "search",

@@ -435,18 +435,20 @@ def _budget_workload(target, gib_fixed):
     fixed = int(gib_fixed * 2**30)
     # A scanned step: the compiled `full` holds every gradient, as the shapes say (check_budget
     # reads only its peak).
-    return rk.Workload(
-        lambda *a: types.SimpleNamespace(peak_bytes=fixed),
-        lambda *a: 0.0,
-        target=rk.target(target),
-        seq=8,
-        n_layers=1,
-        breakdown_fn=lambda b: {
-            "weights": fixed // 4,
-            "gradients": fixed // 4,
-            "optimizer": fixed // 2,
-        },
-        label="fake",
+    return rk.sources.workload(
+        rk.sources.Measured(
+            lambda *a: types.SimpleNamespace(peak_bytes=fixed),
+            lambda *a: 0.0,
+            n_layers=1,
+            breakdown_fn=lambda b: {
+                "weights": fixed // 4,
+                "gradients": fixed // 4,
+                "optimizer": fixed // 2,
+            },
+            label="fake",
+        ),
+        rk.target(target),
+        rk.TrainConfig(1, 8),
     )
 
 

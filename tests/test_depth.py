@@ -308,8 +308,10 @@ def _extrapolating_workload(error, *, calls=None, copies=None):
 
         return depth.verify_search(report, full, limit)
 
-    return rk.Workload(
-        measure_fn, lambda p, s, b: 1.0, target=rk.target("h100"), verify_fn=verify_fn
+    return rk.sources.workload(
+        rk.sources.Measured(measure_fn, lambda p, s, b: 1.0, verify_fn=verify_fn),
+        rk.target("h100"),
+        rk.TrainConfig(1, 1),
     )
 
 

@@ -267,8 +267,10 @@ def test_planner_prices_an_expert_tag_at_its_ragged_dot_flops():
         loss, params, tok = step(pol)
         return rk.saved_residuals(loss, params, tok, policy=pol)
 
-    w = rk.Workload(
-        lambda p, s, b: None, flops_fn, target=rk.target("h100"), seq=8, residuals_fn=residuals_fn
+    w = rk.sources.workload(
+        rk.sources.Measured(lambda p, s, b: None, flops_fn, residuals_fn=residuals_fn),
+        rk.target("h100"),
+        rk.TrainConfig(1, 8),
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

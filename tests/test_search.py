@@ -92,15 +92,17 @@ def _fake_residuals(policy, schedule, batch):
 
 
 def fake_workload():
-    return rk.Workload(
-        _fake_measure,
-        _fake_flops,
-        target=rk.target("h100"),
-        seq=10,
-        n_layers=LAYERS,
-        residuals_fn=_fake_residuals,
-        breakdown_fn=lambda b: {"weights": 400, "gradients": 400, "optimizer": 0},
-        label="fake",
+    return rk.sources.workload(
+        rk.sources.Measured(
+            _fake_measure,
+            _fake_flops,
+            n_layers=LAYERS,
+            residuals_fn=_fake_residuals,
+            breakdown_fn=lambda b: {"weights": 400, "gradients": 400, "optimizer": 0},
+            label="fake",
+        ),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
     )
 
 
@@ -609,16 +611,17 @@ def _sharded_fake(devices, fixed=80 * 2**30, per_sample=2**30):
         per_gpu = fixed // devices + batch * per_sample // devices
         return _fake_report(per_gpu, policy=policy.spec)
 
-    return rk.Workload(
-        measure,
-        _fake_flops,
-        target=t,
-        seq=10,
-        n_layers=LAYERS,
-        batch_multiple=devices,
-        residuals_fn=_fake_residuals,
-        breakdown_fn=lambda b: {},
-        label="fake",
+    return rk.sources.workload(
+        rk.sources.Measured(
+            measure,
+            _fake_flops,
+            n_layers=LAYERS,
+            residuals_fn=_fake_residuals,
+            breakdown_fn=lambda b: {},
+            label="fake",
+        ),
+        t,
+        rk.TrainConfig(devices, 10, accum=devices),
     )
 
 
@@ -760,15 +763,17 @@ def fake3(tags=TAGS3, layers=1, quirk=(), untagged_flops=0.0, parts=None):
             tag_count=dict.fromkeys(tags, layers),
         )
 
-    return rk.Workload(
-        measure,
-        lambda p, s, b: figures(p, s, b)[2],
-        target=t,
-        seq=10,
-        n_layers=layers,
-        residuals_fn=residuals,
-        breakdown_fn=lambda b: parts or {"weights": 400, "gradients": 400, "optimizer": 0},
-        label="fake3",
+    return rk.sources.workload(
+        rk.sources.Measured(
+            measure,
+            lambda p, s, b: figures(p, s, b)[2],
+            n_layers=layers,
+            residuals_fn=residuals,
+            breakdown_fn=lambda b: parts or {"weights": 400, "gradients": 400, "optimizer": 0},
+            label="fake3",
+        ),
+        t,
+        rk.TrainConfig(1, 10),
     )
 
 
@@ -976,8 +981,10 @@ def _batch_fake(peak_of):
     def measure(policy, schedule, batch):
         return _fake_report(peak_of(batch), float(batch), policy.spec, schedule.spec)
 
-    return rk.Workload(
-        measure, lambda p, s, b: float(b), target=rk.target("h100"), seq=10, label="fake"
+    return rk.sources.workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b), label="fake"),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
     )
 
 
@@ -1100,13 +1107,15 @@ def test_a_first_guess_xla_cannot_build_is_not_an_error():
             raise JaxRuntimeError("INTERNAL: launch needs more blocks")
         return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
 
-    w = rk.Workload(
-        measure,
-        lambda p, s, b: float(b),
-        target=rk.target("h100"),
-        seq=10,
-        breakdown_fn=lambda b: {"weights": W, "gradients": G},
-        residuals_fn=_traced(1),
+    w = rk.sources.workload(
+        rk.sources.Measured(
+            measure,
+            lambda p, s, b: float(b),
+            breakdown_fn=lambda b: {"weights": W, "gradients": G},
+            residuals_fn=_traced(1),
+        ),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
     )
     fit = rk.max_batch(w, "full", limit_bytes=10**9)
     assert fit.batch == 30 and "batch 31 cannot be built by XLA" in fit.message
@@ -1142,7 +1151,11 @@ def test_a_batch_xla_cannot_build_is_an_upper_bound_not_a_crash(refused_above):
             )
         return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
 
-    w = rk.Workload(measure, lambda p, s, b: float(b), target=rk.target("h100"), seq=10)
+    w = rk.sources.workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
     fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 10**6, start=4)
     assert fit.batch == refused_above
     assert fit.next_peak_bytes is None
@@ -1155,7 +1168,11 @@ def test_a_first_batch_xla_cannot_build_is_an_error():
     def measure(policy, schedule, batch):
         raise JaxRuntimeError("INTERNAL: cannot build")
 
-    w = rk.Workload(measure, lambda p, s, b: float(b), target=rk.target("h100"), seq=10)
+    w = rk.sources.workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
     with pytest.raises(JaxRuntimeError, match="cannot build"):
         rk.max_batch(w, "full", limit_bytes=10**9, start=4)
 
@@ -1179,7 +1196,9 @@ def test_flops_of_a_compiled_step_are_read_from_its_report(counted):
     def measure(policy, schedule, batch):
         return _fake_report(1000, 77.0 if counted else float("nan"), policy.spec, schedule.spec)
 
-    w = rk.Workload(measure, flops_fn, target=rk.target("h100"), seq=10)
+    w = rk.sources.workload(
+        rk.sources.Measured(measure, flops_fn), rk.target("h100"), rk.TrainConfig(1, 10)
+    )
     w.report("full", "none", 2)
     assert w.flops("full", "none", 2) == (77.0 if counted else 123.0)
     assert traced == ([] if counted else ["full"])
@@ -1325,7 +1344,11 @@ def test_traced_seconds_prices_each_kind_at_its_rate():
 
 
 def test_a_bare_flop_number_is_priced_as_products():
-    w = rk.Workload(lambda p, s, b: None, lambda p, s, b: 1e12, target=rk.target("h100"), seq=16)
+    w = rk.sources.workload(
+        rk.sources.Measured(lambda p, s, b: None, lambda p, s, b: 1e12),
+        rk.target("h100"),
+        rk.TrainConfig(1, 16),
+    )
     count = w.traced_count(rk.policy("full"), rk.schedules.parse_schedule("none"), 1)
     assert (count.total, count.matmul, count.other) == (1e12, 1e12, 0.0)
 

@@ -51,12 +51,10 @@ class Fake:
             peak = self.peak_of(seq, batch)
             return memory_report(peak_bytes=int(peak), policy=policy.spec, flops=float(seq))
 
-        return rk.Workload(
-            measure,
-            lambda p, s, b: float(seq * b),
-            target=rk.target("h100"),
-            seq=seq,
-            batch_multiple=self.multiple,
+        return rk.sources.workload(
+            rk.sources.Measured(measure, lambda p, s, b: float(seq * b)),
+            rk.target("h100"),
+            rk.TrainConfig(self.multiple, seq, accum=self.multiple),
         )
 
 

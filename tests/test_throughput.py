@@ -66,12 +66,10 @@ def fake(accum=1, penalty=None):
         peak = FIXED + (ACCUMULATOR if accum > 1 else 0) + per_sample * micro
         return _report(pol.spec, peak, seconds)
 
-    return rk.Workload(
-        measure,
-        lambda p, s, b: float(b) * (1.2 if p.spec == "full" else 1.0),
-        target=rk.target("h100"),
-        seq=SEQ,
-        batch_multiple=accum,
+    return rk.sources.workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b) * (1.2 if p.spec == "full" else 1.0)),
+        rk.target("h100"),
+        rk.TrainConfig(accum, SEQ, accum=accum),
     )
 
 

@@ -15,7 +15,7 @@ from remat_kit.cli import main
 
 def _compiles(x):
     """Stands for an item that compiled a program: the cache's counter grows."""
-    cache._compiled += 1
+    cache._entries._compiled += 1
     return x * x, os.getpid(), os.environ.get("JAX_PLATFORMS")
 
 
@@ -67,7 +67,7 @@ def test_compare_with_two_jobs_gives_the_same_rows(tmp_path, monkeypatch):
 
 def _fake_measure(policy, schedule, batch):
     """A compile stand-in: peak grows with the batch; counts as a compile for the cache."""
-    cache._compiled += 1
+    cache._entries._compiled += 1
     peak = 2**30 + batch * 2**28 + (0 if policy.is_remat else 2**29)
     t = rk.target("h100")
     return rk.MemoryReport(
@@ -100,12 +100,14 @@ def _fake_measure(policy, schedule, batch):
 
 
 def _fake_workload(scale, t):
-    return rk.Workload(
-        _fake_measure,
-        lambda p, s, b: scale * b * (1.2 if p.is_remat else 1.0),
-        target=t,
-        seq=8,
-        breakdown_fn=lambda b: {"weights": 2**29},
+    return rk.sources.workload(
+        rk.sources.Measured(
+            _fake_measure,
+            lambda p, s, b: scale * b * (1.2 if p.is_remat else 1.0),
+            breakdown_fn=lambda b: {"weights": 2**29},
+        ),
+        t,
+        rk.TrainConfig(1, 8),
     )
 
 

@@ -21,9 +21,8 @@ from remat_kit.cli._values import check_outputs, target_after_imports, target_fr
 from remat_kit.errors import BadValue
 from remat_kit.notes import words
 from remat_kit.render import flags_words
-from remat_kit.search import Workload
 from remat_kit.sharding import parse_shard
-from remat_kit.sources import SourceKind, StepSource, kind_named, kinds
+from remat_kit.sources import SourceKind, StepSource, Workload, kind_named, kinds
 from remat_kit.sources import resolve as resolve_spec
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, planned_precision, regime

@@ -35,7 +35,6 @@ from remat_kit.search import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,
     PLAN,
-    Workload,
     check_budget,
     fastest,
     limit_for,
@@ -45,6 +44,7 @@ from remat_kit.search import (
     max_seq_plan,
     seq_multiple,
 )
+from remat_kit.sources import Workload
 
 __all__ = ["add_parser", "run"]
 

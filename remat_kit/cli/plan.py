@@ -24,7 +24,8 @@ from remat_kit.render import (
     run_words,
     write_json,
 )
-from remat_kit.search import FRONT_POLICIES, Plan, PlanFront, Workload, plan_front
+from remat_kit.search import FRONT_POLICIES, Plan, PlanFront, plan_front
+from remat_kit.sources import Workload
 
 __all__ = ["add_parser", "run"]
 

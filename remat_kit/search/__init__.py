@@ -1,11 +1,11 @@
 """Search over compiled reports: largest batch, cheapest plan under a budget, Pareto front, advice.
 
 Everything here loops over :mod:`remat_kit.analysis`; nothing here knows about model presets,
-and nothing here draws (plots are :mod:`remat_kit.render`). A :class:`Workload` is the one thing
-the search needs: callbacks that compile (``measure_fn``) or trace (``flops_fn``,
-``residuals_fn``, ``breakdown_fn``) one training step for a policy, a layer schedule and a batch
-size, plus the target it is compiled for. It caches every answer, so a plan, a max-batch search
-and a Pareto front over the same workload share their compiles.
+and nothing here draws (plots are :mod:`remat_kit.render`). A :class:`remat_kit.sources.Workload`
+(``rk.sources.workload(source, target, config)``) is the one thing the search needs: the
+cached view of a model source's train step on a target, compiled (or traced) for any policy,
+layer schedule and batch size, so a plan, a max-batch search and a Pareto front over the same
+workload share their compiles.
 
 The questions, one module each:
 
@@ -66,7 +66,7 @@ from remat_kit.search._seq import (
     seq_multiple,
 )
 from remat_kit.search._throughput import PLAN, Fastest, Throughput, fastest
-from remat_kit.search._workload import DEFAULT_HIDE, OBJECTIVES, Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, OBJECTIVES
 
 __all__ = [
     "DEFAULT_GRANULARITY",
@@ -89,7 +89,6 @@ __all__ = [
     "ScaleOut",
     "SolverStatus",
     "Throughput",
-    "Workload",
     "advise",
     "check_budget",
     "cost_of",

@@ -22,11 +22,12 @@ from typing import Any
 from remat_kit import _workers
 from remat_kit.errors import BadType, DoesNotFit
 from remat_kit.notes import Note, words
-from remat_kit.policies import PolicyLike, as_policy
+from remat_kit.policies import FULL, NO_REMAT, PolicyLike, as_policy
+from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.search._batch import max_batch
 from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search._planner import plan
-from remat_kit.search._workload import DEFAULT_HIDE, FULL, NO_REMAT, NO_SCHEDULE, Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 from remat_kit.targets import Target, target_names
 from remat_kit.targets import target as _target
 

@@ -15,12 +15,12 @@ from typing import Any
 from jax.errors import JaxRuntimeError
 
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, PolicyLike, as_policy
+from remat_kit.policies import FULL, Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search._boundary import CURVES, UNBUILDABLE, Fit, Peaks, bracket, plan_at, search
 from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search._planner import Plan
-from remat_kit.search._workload import DEFAULT_HIDE, FIXED_PARTS, FULL, Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, FIXED_PARTS, Workload
 
 #: How far (a fraction) the first peak read off shallow copies may be from the full step's
 #: for the search to go on with copies. Measured on a 2048-wide Llama, 32 layers, under

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from remat_kit.notes import Note, words
 from remat_kit.search._planner import Plan, plan
-from remat_kit.search._workload import Workload
+from remat_kit.sources._workload import Workload
 
 __all__ = [
     "AXES",

@@ -15,7 +15,9 @@ from typing import Any
 
 from remat_kit.errors import BadType, BadValue, DoesNotFit, UnitlessBudget
 from remat_kit.notes import Note, hint_words, words
-from remat_kit.search._workload import FIXED_PARTS, FULL, NO_SCHEDULE, Workload
+from remat_kit.policies import FULL
+from remat_kit.schedules import NO_SCHEDULE
+from remat_kit.sources._workload import FIXED_PARTS, Workload
 from remat_kit.targets import Target, target_names
 from remat_kit.targets import target as _target
 

@@ -1,7 +1,7 @@
 """The planner's cost model (step 2 of :func:`remat_kit.search.plan`).
 
 Nothing here compiles: bytes come from traced residuals, costs from traced FLOPs, both cached in
-the :class:`~remat_kit.search._workload.Workload`.
+the :class:`~remat_kit.sources._workload.Workload`.
 
 **The cost model** (:class:`CostModel`, built by :func:`cost_model`) starts from "save every
 tagged tensor" and traces one step per tag with that tag recomputed. Every tag ``u`` then has
@@ -36,8 +36,9 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 
-from remat_kit.policies import Policy, policy
-from remat_kit.search._workload import NO_REMAT, NO_SCHEDULE, Workload
+from remat_kit.policies import NO_REMAT, Policy, policy
+from remat_kit.schedules import NO_SCHEDULE
+from remat_kit.sources._workload import Workload
 
 __all__ = [
     "CostModel",

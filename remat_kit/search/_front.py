@@ -27,10 +27,10 @@ from typing import Any
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
 from remat_kit.policies import Policy, as_policy
-from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.search._budget import GIB
 from remat_kit.search._planner import Plan
-from remat_kit.search._workload import DEFAULT_HIDE, NO_SCHEDULE, Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
     "FRONT_POLICIES",

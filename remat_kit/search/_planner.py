@@ -20,22 +20,13 @@ from typing import Any
 
 from remat_kit.errors import BadType, BadValue
 from remat_kit.notes import Note
-from remat_kit.policies import Policy, as_policy, decide
-from remat_kit.schedules import Schedule, parse_schedule
+from remat_kit.policies import FULL, NO_REMAT, Policy, as_policy, decide
+from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for
 from remat_kit.search._costs import CostModel, cost_model
 from remat_kit.search._plans import Plan, PlanCandidate
 from remat_kit.search._solver import Solution, SolverStatus, solve
-from remat_kit.search._workload import (
-    DEFAULT_HIDE,
-    FIXED_PARTS,
-    FULL,
-    NO_REMAT,
-    NO_SCHEDULE,
-    OBJECTIVES,
-    Workload,
-    host_bytes,
-)
+from remat_kit.sources._workload import DEFAULT_HIDE, FIXED_PARTS, OBJECTIVES, Workload, host_bytes
 
 __all__ = [
     "Plan",
@@ -105,7 +96,7 @@ def plan(
       extra: policies (names, specs, Policies, or ``(policy, schedule)`` pairs) to compare
         against, e.g. the catalogue.
       max_compiles: compiles allowed for step 4.
-      objective: what "overhead" is (:data:`~remat_kit.search._workload.OBJECTIVES`):
+      objective: what "overhead" is (:data:`~remat_kit.sources._workload.OBJECTIVES`):
         ``time``, the predicted step time each tag's recomputation adds at the target's rates
         (compiled plans: from their kernels, :mod:`remat_kit.timing`); ``flops``, extra
         FLOPs as if at peak. Host transfers beyond ``hide`` count in both.

@@ -28,7 +28,7 @@ from remat_kit.search._front import (
     pareto_front,
 )
 from remat_kit.search._planner import Plan, plan
-from remat_kit.search._workload import DEFAULT_HIDE, Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
     "SWEEP_PLANS",

@@ -23,12 +23,12 @@ from jax.errors import JaxRuntimeError
 
 from remat_kit.errors import BadType, BadValue
 from remat_kit.notes import Note
-from remat_kit.policies import PolicyLike, as_policy
+from remat_kit.policies import FULL, PolicyLike, as_policy
 from remat_kit.schedules import parse_schedule
 from remat_kit.search._boundary import CURVES, Fit, Peaks, plan_at, search
 from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search._planner import Plan
-from remat_kit.search._workload import DEFAULT_HIDE, FULL, Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
     "DEFAULT_GRANULARITY",

@@ -22,10 +22,9 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 
 from remat_kit.policies import Policy
-from remat_kit.schedules import Schedule
+from remat_kit.schedules import NO_SCHEDULE, Schedule
 from remat_kit.schedules import schedule as _make_schedule
 from remat_kit.search._costs import CostModel, Estimate, tag_policy
-from remat_kit.search._workload import NO_SCHEDULE
 
 __all__ = [
     "Solution",

@@ -24,12 +24,12 @@ from typing import Any
 
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note, label
-from remat_kit.policies import Policy, PolicyLike, as_policy
+from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search._batch import max_batch
 from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
 from remat_kit.search._planner import plan
-from remat_kit.search._workload import DEFAULT_HIDE, FULL, NO_REMAT, Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
     "PLAN",

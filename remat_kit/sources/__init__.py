@@ -64,6 +64,7 @@ from remat_kit.sources._steps import (
     workload,
 )
 from remat_kit.sources._tag_checks import check_policies, tags, usable_policies
+from remat_kit.sources._workload import Measured, Workload
 
 __all__ = [
     "ALLOCATOR_VARS",
@@ -75,6 +76,7 @@ __all__ = [
     "BuiltModel",
     "EnvSet",
     "FactorySpec",
+    "Measured",
     "ModelSource",
     "ModelSpec",
     "OwnStep",
@@ -83,6 +85,7 @@ __all__ = [
     "SourceStep",
     "StepSource",
     "StepSpec",
+    "Workload",
     "breakdown",
     "check_policies",
     "from_factory",

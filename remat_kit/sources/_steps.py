@@ -33,7 +33,6 @@ from remat_kit.notes import Note
 from remat_kit.policies import NO_REMAT, Policy, PolicyLike, as_policy, recompute_instead
 from remat_kit.residuals import ResidualReport, saved_residuals
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
-from remat_kit.search._workload import Workload
 from remat_kit.sources._depth import (
     DEPTHS,
     by_depth,
@@ -47,6 +46,7 @@ from remat_kit.sources._protocol import SourceStep, StepSource
 from remat_kit.sources._remember import _remembered
 from remat_kit.sources._source import from_factory
 from remat_kit.sources._tag_checks import check_policies
+from remat_kit.sources._workload import Measured, Workload
 from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
 
@@ -445,7 +445,7 @@ def breakdown(source: StepSource, config: TrainConfig, target: Target | str) -> 
 
 
 def workload(
-    source: StepSource | str | Callable[..., Any],
+    source: StepSource | Measured | str | Callable[..., Any],
     target: Target | str,
     config: TrainConfig,
     *,
@@ -454,7 +454,8 @@ def workload(
     depth: str = "auto",
 ) -> Workload:
     """The train step of a source as an ``rk.Workload`` for ``rk.plan``, ``rk.max_batch``,
-    ``rk.front`` and ``rk.advise``: one call from a model to the search.
+    ``rk.front`` and ``rk.advise``: one call from a model to the search, and the only way to
+    a Workload.
 
     ``config.batch`` is only a default: the search sets the batch. Under a mesh plan the
     batch is a multiple of the data-parallel ways, and the planner sizes the residuals of one
@@ -462,7 +463,9 @@ def workload(
     splits need a known layer count.
 
     Args:
-      source: a StepSource, or what :func:`from_factory` takes.
+      source: a StepSource, what :func:`from_factory` takes, or a :class:`Measured` step
+        (callbacks in place of a model: its figures are for ``target`` and ``config.seq``;
+        the batch is a multiple of ``config.accum``).
       target: where to compile.
       config: sequence, optimizer, precision, accumulation (``batch`` is overridden).
       strict: a policy matching no tag is an error (the CLI), not a warning.
@@ -482,8 +485,10 @@ def workload(
       >>> w.report("full", batch=2).policy, w.label
       ('full', 'tiny_model s16 adamw')
     """
-    src = source if isinstance(source, StepSource) else from_factory(source)
     t = as_target(target)
+    if isinstance(source, Measured):
+        return _measured(source, t, config, label)
+    src = source if isinstance(source, StepSource) else from_factory(source)
     src.check(config, t)
     probes = "estimate" if check_depth(depth) == "auto" else depth
     plan = src.mesh_plan(t)
@@ -516,4 +521,21 @@ def workload(
             lambda: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False, depth="full"),
             limit,
         ),
+    )
+
+
+def _measured(m: Measured, t: Target, config: TrainConfig, label: str | None) -> Workload:
+    """The Workload of a step measured by hand (its callbacks, on ``t`` at ``config.seq``)."""
+    return Workload(
+        m.measure_fn,
+        m.flops_fn,
+        target=t,
+        seq=config.seq,
+        n_layers=m.n_layers,
+        batch_multiple=config.accum,
+        residuals_fn=m.residuals_fn,
+        breakdown_fn=m.breakdown_fn,
+        label=m.label if label is None else label,
+        schedule_kinds=m.schedule_kinds,
+        verify_fn=m.verify_fn,
     )

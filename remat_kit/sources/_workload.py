@@ -1,15 +1,16 @@
 """The Workload: a training step the search may compile or trace for any policy and batch.
 
-A :class:`Workload` holds callbacks that compile (``measure_fn``) or trace (``flops_fn``,
-``residuals_fn``, ``breakdown_fn``) one training step for a policy, a layer schedule and a batch
-size, plus the target it is compiled for. It caches every answer, so a plan, a max-batch search
-and a Pareto front over the same workload share their compiles.
+A :class:`Workload` is the cached view of (source, target, train config): the step compiled
+(``measure_fn``) or traced (``flops_fn``, ``residuals_fn``, ``breakdown_fn``) for a policy, a
+layer schedule and a batch size, on the target. It caches every answer, so a plan, a max-batch
+search and a Pareto front over the same workload share their compiles. There is one door,
+``rk.sources.workload(source, target, config)``: a model source, or a :class:`Measured` step
+(hand-made callbacks, the adapter for figures remat_kit does not make).
 
 Its public methods take what users write (a policy name, a Policy, a jax callable) and
 normalise it once; the typed ones (:meth:`Workload.compiled`, :meth:`Workload.traced_flops`,
 :meth:`Workload.traced_residuals`) take the ``Policy`` and ``Schedule`` objects the rest of
-:mod:`remat_kit.search` already holds. ``rk.sources.workload`` builds one from any model
-source.
+:mod:`remat_kit.search` already holds.
 
 Example:
   >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
@@ -35,6 +36,7 @@ from remat_kit.targets import Target
 __all__ = [
     "DEFAULT_HIDE",
     "OBJECTIVES",
+    "Measured",
     "Workload",
 ]
 
@@ -65,13 +67,67 @@ BreakdownFn = Callable[[int], Mapping[str, int]]
 VerifyFn = Callable[[Policy, Schedule, int, MemoryReport, "int | None"], MemoryReport]
 
 
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """A step measured by hand: a source of its own, for :func:`~remat_kit.sources.workload`.
+
+    Where the figures come from somewhere other than a model remat_kit builds (a formula in a
+    test, a simulator, another tool's compiles), these callbacks stand in for the model
+    source: ``rk.sources.workload(Measured(...), target, config)`` makes the same Workload a
+    model source makes, the one way into the search. Each callback takes what the search
+    holds, ``(policy, schedule, batch)`` (a Policy, a Schedule, an int), for the workload's
+    target and sequence.
+
+    Attributes:
+      measure_fn: ``(policy, schedule, batch) -> MemoryReport``, as compiled for the target.
+      flops_fn: ``(policy, schedule, batch) -> FlopCount`` (or a bare number of FLOPs) of the
+        whole step. The split by kind prices each at its rate for the ``time`` objective; a
+        bare number is priced as matrix products.
+      residuals_fn: ``(policy, schedule, batch) -> ResidualReport`` of one micro-batch;
+        needed by ``rk.plan``.
+      breakdown_fn: ``batch -> {"weights", "gradients", "optimizer", "batch",
+        "grad_accumulator"}`` bytes; rejects budgets below what no policy can go under.
+      verify_fn: ``(policy, schedule, batch, report, limit) -> MemoryReport``: the final
+        figure where ``measure_fn``'s is an estimate (see :class:`Workload`); None: every
+        report is final.
+      n_layers: layers of the stack (the granularity of layer schedules a plan may use).
+      schedule_kinds: the schedule names ``measure_fn`` can build; None: all.
+      label: a name for tables.
+
+    Example:
+      >>> from remat_kit.sources import Measured, workload
+      >>> def measure_fn(policy, schedule, batch):
+      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
+      ...     return rk.memory_report(step.fn, *step.args, target="h100", policy=policy)
+      >>> def flops_fn(policy, schedule, batch):
+      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
+      ...     return rk.count_flops(step.fn, *step.args).total
+      >>> w = workload(Measured(measure_fn, flops_fn), "h100", rk.TrainConfig(batch=2, seq=16))
+      >>> w.report("full", batch=2).policy, w.compiles
+      ('full', 1)
+      >>> w.recompute_overhead("full", batch=2) > 0
+      True
+    """
+
+    measure_fn: MeasureFn
+    flops_fn: FlopsFn
+    residuals_fn: ResidualsFn | None = None
+    breakdown_fn: BreakdownFn | None = None
+    verify_fn: VerifyFn | None = None
+    n_layers: int = 1
+    schedule_kinds: frozenset[str] | None = None
+    label: str = ""
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Workload:
     """A training step the search may compile for any policy, schedule and batch size.
 
-    The callbacks hold the model; remat_kit only calls them (``rk.sources.workload`` builds one
-    from any model source). Every answer is cached in this object, keyed by (policy spec,
-    schedule, batch), so searches over the same workload share compiles and traces.
+    The cached view of (source, target, train config), made by
+    :func:`~remat_kit.sources.workload`, the one door: from a model source, or from a
+    :class:`Measured` step (callbacks). Every answer is cached in this object, keyed by
+    (policy spec, schedule, batch), so searches over the same workload share compiles and
+    traces.
 
     Attributes:
       measure_fn: ``(policy, schedule, batch) -> MemoryReport`` compiled for ``target``.
@@ -99,13 +155,7 @@ class Workload:
         None: every report is final as it is.
 
     Example:
-      >>> def measure_fn(policy, schedule, batch):
-      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
-      ...     return rk.memory_report(step.fn, *step.args, target="h100", policy=policy)
-      >>> def flops_fn(policy, schedule, batch):
-      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
-      ...     return rk.count_flops(step.fn, *step.args).total
-      >>> w = rk.Workload(measure_fn, flops_fn, target=rk.target("h100"), seq=16)
+      >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
       >>> w.report("full", batch=2).policy, w.compiles
       ('full', 1)
       >>> w.recompute_overhead("full", batch=2) > 0
