@@ -22,6 +22,8 @@ from typing import Any
 
 from jax.extend import core
 
+from remat_kit._shapes import array_bytes
+
 __all__ = [
     "is_checkpoint",
     "kind_of",
@@ -133,3 +135,31 @@ def sub_jaxprs(eqn: Any, keys: Iterable[str] | None = None) -> list[Any]:
 def open_jaxpr(j: Any) -> Any:
     """The open ``Jaxpr`` of a ClosedJaxpr (a Jaxpr is returned as is)."""
     return j.jaxpr if isinstance(j, core.ClosedJaxpr) else j
+
+
+def tags_in(closed: Any) -> dict[str, tuple[int, int]]:
+    """Tags of a (closed) jaxpr: name -> (bytes of one occurrence, occurrences).
+
+    Occurrences inside a scan count once per iteration. (Read here, at the ground, so that
+    the checks of a traced program need nothing of the residual analysis;
+    ``rk.residuals.tags_in`` is this function.)
+    """
+    out: dict[str, tuple[int, int]] = {}
+    _collect_tags(getattr(closed, "jaxpr", closed), 1, out)
+    return out
+
+
+def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> None:
+    for eqn in jaxpr.eqns:
+        name = tag_of(eqn)
+        if name is not None:
+            aval = eqn.outvars[0].aval
+            nbytes = array_bytes(aval.shape, aval.dtype)
+            prev = out.get(name, (nbytes, 0))
+            out[name] = (max(prev[0], nbytes), prev[1] + mult)
+            continue
+        inner_mult = (
+            mult * int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else mult
+        )
+        for sub in sub_jaxprs(eqn):
+            _collect_tags(open_jaxpr(sub), inner_mult, out)

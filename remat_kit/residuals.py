@@ -17,7 +17,15 @@ from typing import Any
 import jax
 from jax.extend import core
 
-from remat_kit._jaxpr import is_checkpoint, kind_of, open_jaxpr, params_of, sub_jaxprs, tag_of
+from remat_kit._jaxpr import (
+    is_checkpoint,
+    kind_of,
+    open_jaxpr,
+    params_of,
+    sub_jaxprs,
+    tag_of,
+    tags_in,
+)
 from remat_kit._shapes import array_bytes
 from remat_kit.flops import scan_operand_split
 from remat_kit.policies import Policy, as_policy, decide
@@ -246,32 +254,6 @@ def expected_decisions(p: Policy | str, tags: Mapping[str, Any]) -> dict[str, st
     pol = as_policy(p)
     word = {"save": "saved", "offload": "offloaded", "recompute": "recomputed"}
     return {t: word[decide(pol, t)] if pol.is_remat else "saved" for t in tags}
-
-
-def tags_in(closed: Any) -> dict[str, tuple[int, int]]:
-    """Tags of a (closed) jaxpr: name -> (bytes of one occurrence, occurrences).
-
-    Occurrences inside a scan count once per iteration.
-    """
-    out: dict[str, tuple[int, int]] = {}
-    _collect_tags(getattr(closed, "jaxpr", closed), 1, out)
-    return out
-
-
-def _collect_tags(jaxpr: Any, mult: int, out: dict[str, tuple[int, int]]) -> None:
-    for eqn in jaxpr.eqns:
-        name = tag_of(eqn)
-        if name is not None:
-            aval = eqn.outvars[0].aval
-            nbytes = array_bytes(aval.shape, aval.dtype)
-            prev = out.get(name, (nbytes, 0))
-            out[name] = (max(prev[0], nbytes), prev[1] + mult)
-            continue
-        inner_mult = (
-            mult * int(eqn.params.get("length", 1)) if eqn.primitive.name == "scan" else mult
-        )
-        for sub in sub_jaxprs(eqn):
-            _collect_tags(open_jaxpr(sub), inner_mult, out)
 
 
 def _aliases(jaxpr: Any) -> dict[str, set[str]]:

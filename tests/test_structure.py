@@ -118,6 +118,53 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+#: The floors of the house, ground first (../shared/design.md): a module imports from its own
+#: floor or below, never above. Each name is a top-level module or package of remat_kit.
+FLOORS = (
+    ("errors", "names", "_shapes", "_trips", "_jaxpr", "optimizers", "precision"),
+    ("notes", "policies", "checks"),  # what a policy keeps, its words, no silent no-ops
+    ("wrap", "schedules", "tagging"),  # applying a policy to a model
+    ("targets", "xla", "cache"),  # where memory is measured; the compile and its records
+    ("timing", "sharding", "flops", "residuals"),
+    ("train", "analysis", "peak", "breakdown", "validate", "comparison"),
+    ("sources", "_workers"),  # a model source, its Workload; compiles in worker processes
+    ("search",),
+    ("render",),
+    ("cli",),
+)
+
+
+def _floor_of(module: str) -> int:
+    top = module.split(".")[1]
+    return next(i for i, names in enumerate(FLOORS) if top in names)
+
+
+def _arrows_up(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Imports from a module to one on a higher floor (the package's face left out: it
+    re-exports every floor's public names)."""
+    return sorted(
+        (a, b)
+        for a, targets in graph.items()
+        for b in targets
+        if b != "remat_kit" and _floor_of(b) > _floor_of(a)
+    )
+
+
+def test_every_module_stands_on_a_floor():
+    tops = {m.split(".")[1] for m in _graph() if m.count(".")}
+    placed = {name for names in FLOORS for name in names}
+    assert tops <= placed, f"place {sorted(tops - placed)} on a floor of FLOORS"
+
+
+def test_no_import_runs_back_up_a_floor():
+    assert _arrows_up(_graph()) == []
+
+
+def test_an_arrow_up_is_found_where_there_is_one():
+    graph = {"remat_kit.wrap": {"remat_kit.analysis", "remat_kit.policies", "remat_kit"}}
+    assert _arrows_up(graph) == [("remat_kit.wrap", "remat_kit.analysis")]
+
+
 def test_no_import_circle():
     assert _circle(_graph()) is None, " -> ".join(_circle(_graph()) or [])
 

@@ -15,13 +15,12 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs
+from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs, tags_in
 from remat_kit._shapes import array_bytes
 from remat_kit.checks._policy import policy_of
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note
 from remat_kit.policies import Policy, PolicyLike, as_policy, decide_eqn
-from remat_kit.residuals import tags_in
 
 if TYPE_CHECKING:  # a report is read, never made, here: the policy layer stays below analysis
     from remat_kit.analysis import MemoryReport
