@@ -390,9 +390,9 @@ def searched(monkeypatch):
         return _scaled(name, *sizes[name])
 
     fake_time = types.SimpleNamespace(perf_counter=clock.perf_counter)
-    monkeypatch.setattr("remat_kit.cli.advise.time", fake_time)
-    monkeypatch.setattr("remat_kit.cli.advise.advise", plans)
-    monkeypatch.setattr("remat_kit.cli.advise.gpus_needed", counts)
+    monkeypatch.setattr("remat_kit.cli._advise.time", fake_time)
+    monkeypatch.setattr("remat_kit.cli._advise.advise", plans)
+    monkeypatch.setattr("remat_kit.cli._advise.gpus_needed", counts)
     monkeypatch.setenv("COLUMNS", "250")
 
 
@@ -477,8 +477,8 @@ def priced(monkeypatch):
         so = _scaled("rtx4090", 4, 8, 20.0)
         return dataclasses.replace(so, step_seconds=1.0, tokens_per_second=3000.0)
 
-    monkeypatch.setattr("remat_kit.cli.advise.advise", plans)
-    monkeypatch.setattr("remat_kit.cli.advise.gpus_needed", counts)
+    monkeypatch.setattr("remat_kit.cli._advise.advise", plans)
+    monkeypatch.setattr("remat_kit.cli._advise.gpus_needed", counts)
     monkeypatch.setenv("COLUMNS", "300")
     return calls
 

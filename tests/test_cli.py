@@ -295,7 +295,7 @@ def test_debug_shows_the_full_traceback():
 )
 def test_a_bug_propagates_out_of_main(bug, monkeypatch, capsys):
     """Only remat_kit's own errors (and jax/XLA refusing a program) are user errors."""
-    from remat_kit.cli import listings
+    from remat_kit.cli import _listings as listings
 
     def broken(args):
         raise bug

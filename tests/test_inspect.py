@@ -18,7 +18,7 @@ import remat_kit.render
 import remat_kit_models as models
 from conftest import SMALL, small_request
 from remat_kit._jaxpr import open_jaxpr, sub_jaxprs
-from remat_kit.cli import inspect as inspect_cli
+from remat_kit.cli import _inspect as inspect_cli
 from remat_kit.peak import CATEGORIES, InspectError, diff
 from remat_kit.peak import _dump as dump
 from remat_kit.peak._parsers import parse_buffer_assignment, parse_hlo, parse_live_range

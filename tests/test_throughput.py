@@ -240,7 +240,7 @@ def test_fit_throughput_prints_the_table_writes_the_json_and_accumulates(
         seen.update(specs=specs, global_batch=global_batch, accum2=accumulate(2).batch_multiple)
         return rk.search.fastest(fake(), ["none", "full", "minimal"], limit_bytes=LIMIT)
 
-    monkeypatch.setattr("remat_kit.cli.fit.fastest", searched)
+    monkeypatch.setattr("remat_kit.cli._fit.fastest", searched)
     monkeypatch.setenv("COLUMNS", "200")
     out_json = tmp_path / "fit.json"
     argv = ["fit", "--model", "tiny-llama", "--target", "h100", "--objective", "throughput"]

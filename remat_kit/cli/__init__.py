@@ -39,22 +39,22 @@ class Command(NamedTuple):
 COMMANDS: tuple[Command, ...] = (
     Command(
         "report",
-        "remat_kit.cli.report",
+        "remat_kit.cli._report",
         "peak HBM of one policy, with breakdown and residuals",
     ),
-    Command("compare", "remat_kit.cli.compare", "a table of policies for one model and target"),
-    Command("fit", "remat_kit.cli.fit", "the largest batch that fits, per policy"),
-    Command("plan", "remat_kit.cli.plan", "the cheapest plan whose compiled peak fits a budget"),
-    Command("advise", "remat_kit.cli.advise", "for every GPU: does it fit, with which plan"),
-    Command("inspect", "remat_kit.cli.inspect", "what is live at the peak, and when"),
+    Command("compare", "remat_kit.cli._compare", "a table of policies for one model and target"),
+    Command("fit", "remat_kit.cli._fit", "the largest batch that fits, per policy"),
+    Command("plan", "remat_kit.cli._plan", "the cheapest plan whose compiled peak fits a budget"),
+    Command("advise", "remat_kit.cli._advise", "for every GPU: does it fit, with which plan"),
+    Command("inspect", "remat_kit.cli._inspect", "what is live at the peak, and when"),
     Command(
         "validate",
-        "remat_kit.cli.validate",
+        "remat_kit.cli._validate",
         "run the step on the local GPU; compare the measured peak with ours",
     ),
-    Command("targets", "remat_kit.cli.listings", "list the GPU targets"),
-    Command("policies", "remat_kit.cli.listings", "list the policies"),
-    Command("models", "remat_kit.cli.listings", "list the model presets"),
+    Command("targets", "remat_kit.cli._listings", "list the GPU targets"),
+    Command("policies", "remat_kit.cli._listings", "list the policies"),
+    Command("models", "remat_kit.cli._listings", "list the model presets"),
 )
 
 #: The flag that sets each library parameter a ``BadValue`` names (``BadValue.param``): the

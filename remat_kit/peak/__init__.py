@@ -20,7 +20,7 @@ One concern per module, the data flowing one way:
 - ``_api``: ``inspect`` and ``inspect_step``.
 
 Tables and the timeline plot live in ``remat_kit.render`` (``peak_table``,
-``plot_timeline``); the ``remat-kit inspect`` command in ``remat_kit.cli.inspect``.
+``plot_timeline``); the ``remat-kit inspect`` command in ``remat_kit.cli._inspect``.
 
 Example:
   >>> import jax, jax.numpy as jnp, remat_kit as rk
