@@ -101,7 +101,7 @@ def run[T, R](
         max_workers=min(jobs, len(items) - i),
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_start_worker,
-        initargs=(cache._override,),
+        initargs=(cache._switch._override,),
     )
     try:
         futures = {pool.submit(fn, items[j]): j for j in range(i, len(items))}

@@ -143,7 +143,7 @@ def test_the_key_follows_what_determines_the_analysis(monkeypatch):
 def test_the_key_names_the_jax_versions(monkeypatch):
     text = _lowered().as_text()
     key = cache.entry_key(text, rk.target("cpu"))
-    monkeypatch.setattr(cache, "_versions", lambda: (("jax", "0.0.0"), ("jaxlib", "0.0.0")))
+    monkeypatch.setattr(cache._keys, "_versions", lambda: (("jax", "0.0.0"), ("jaxlib", "0.0.0")))
     assert cache.entry_key(text, rk.target("cpu")) != key
 
 
@@ -153,15 +153,15 @@ def test_the_key_follows_the_code_that_words_the_log_and_reads_the_kernels(tmp_p
     text = _lowered().as_text()
     key = cache.entry_key(text, rk.target("cpu"))
     fake = tmp_path / "remat_kit"
-    shutil.copytree(Path(cache.__file__).parent / "xla", fake / "xla")
+    shutil.copytree(Path(cache.__file__).parents[1] / "xla", fake / "xla")
     (fake / "xla" / "_hlo.py").write_text("# another parser\n")  # one file of the reader
-    monkeypatch.setattr(cache, "__file__", str(fake / "cache.py"))
-    cache._record_code.cache_clear()
+    monkeypatch.setattr(cache._keys, "__file__", str(fake / "cache" / "_keys.py"))
+    cache._keys._record_code.cache_clear()
     try:
         assert cache.entry_key(text, rk.target("cpu")) != key
     finally:
         monkeypatch.undo()
-        cache._record_code.cache_clear()
+        cache._keys._record_code.cache_clear()
     assert cache.entry_key(text, rk.target("cpu")) == key
 
 
@@ -489,10 +489,10 @@ def test_the_environment_keys_what_it_changes(request_keys, monkeypatch):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
     changed["platform allocator"] = _report_key(request_keys, {}, "full", "none", "h100")
     monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR")
-    versions = cache._versions
-    monkeypatch.setattr(cache, "_versions", lambda: (("jax", "0.0.0"), ("jaxlib", "0.0.0")))
+    versions = cache._keys._versions
+    monkeypatch.setattr(cache._keys, "_versions", lambda: (("jax", "0.0.0"), ("jaxlib", "0.0.0")))
     changed["jax version"] = _report_key(request_keys, {}, "full", "none", "h100")
-    monkeypatch.setattr(cache, "_versions", versions)
+    monkeypatch.setattr(cache._keys, "_versions", versions)
     previous = jax.config.jax_default_matmul_precision
     jax.config.update("jax_default_matmul_precision", "float32")
     try:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat_kit as rk
-from remat_kit.cache import _from_record
+from remat_kit.cache._entries import _from_record
 from remat_kit.timing import Kernel, kernels_of, speed_of, step_time
 from remat_kit.xla import compile_memory
 
