@@ -334,6 +334,49 @@ def test_stale_or_ignored_traces_fail_loudly(name, policies, match):
             checks.check_traced_with(_forward(src, last), last)
 
 
+#: The names MaxText's decoders save under remat_policy="minimal" (``minimal_policy()``).
+MAXTEXT_MINIMAL = ("query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj", "mlpwi_0")
+MAXTEXT_MINIMAL += ("mlpwi_1", "mlpwi", "mlpwo")
+
+
+def _mlp_block(x):
+    # A block in MaxText's words: its projections tagged with the names MaxText uses.
+    from jax.ad_checkpoint import checkpoint_name
+
+    h = checkpoint_name(x @ x, "mlpwi")
+    return checkpoint_name(jnp.tanh(h) @ x, "mlpwo").sum()
+
+
+@pytest.mark.parametrize(
+    ("asked", "own"),
+    [
+        ("full", None),  # MaxText's remat_policy="full": jax.checkpoint with no policy
+        ("full", jax.checkpoint_policies.nothing_saveable),
+        # MaxText's "minimal" (its decoders' minimal_policy()): the same names as ours
+        ("minimal", jax.checkpoint_policies.save_only_these_names(*MAXTEXT_MINIMAL)),
+    ],
+    ids=["full-no-policy", "full-nothing-saveable", "minimal-maxtext-names"],
+)
+def test_a_librarys_own_equivalent_remat_is_the_policy_asked_for(asked, own):
+    # A library applies its own remat in its own words; where its policy decides alike on
+    # every operation of the checkpoint, the program is the one the policy makes.
+    closed = jax.make_jaxpr(jax.checkpoint(_mlp_block, policy=own))(jnp.ones((4, 4)))
+    assert checks.check_traced_with(closed, asked).policy == asked
+
+
+def test_a_librarys_own_remat_that_decides_otherwise_is_named_with_the_difference():
+    own = jax.checkpoint_policies.save_only_these_names("mlpwi")
+    closed = jax.make_jaxpr(jax.checkpoint(_mlp_block, policy=own))(jnp.ones((4, 4)))
+    with pytest.raises(BadValue) as caught:
+        checks.check_traced_with(closed, "minimal")
+    message = str(caught.value)
+    assert "'minimal' holds no checkpoint with it" in message
+    assert "other policies (save_only_these_names), which decide otherwise" in message
+    # the first operation decided otherwise: the value tagged mlpwo, kept by minimal only
+    assert "the value tagged 'mlpwo' is recomputed there, saved under 'minimal'" in message
+    assert "jit" not in message  # no cache to blame: the model applied its own policy
+
+
 def test_a_checkpoint_handed_none_itself_is_no_remat():
     # A user's step that wraps its block with whatever policy it gets: under "none" its
     # checkpoint carries the none Policy, which saves everything (no remat at all).

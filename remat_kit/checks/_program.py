@@ -15,7 +15,7 @@ import hashlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs, tags_in
+from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs, tag_of, tags_in
 from remat_kit._shapes import array_bytes
 from remat_kit.checks._policy import policy_of
 from remat_kit.errors import BadValue
@@ -78,11 +78,89 @@ def same_policy(fn: Any, pol: Policy) -> bool:
     return owner is not None and owner == pol
 
 
+def _checkpoints(closed: Any) -> list[tuple[Any, Any]]:
+    """Every checkpoint of a jaxpr: (the policy callable, its body), in order."""
+    out: list[tuple[Any, Any]] = []
+
+    def walk(jaxpr: Any) -> None:
+        for eqn in jaxpr.eqns:
+            if is_checkpoint(eqn):
+                out.append((params_of(eqn).get("policy"), open_jaxpr(params_of(eqn)["jaxpr"])))
+            for sub in sub_jaxprs(eqn):
+                walk(open_jaxpr(sub))
+
+    walk(open_jaxpr(closed))
+    return out
+
+
+def _decision(fn: Any, eqn: Any) -> str:
+    # jax.checkpoint without a policy saves nothing.
+    return "recompute" if fn is None else decide_eqn(fn, eqn)
+
+
+def differs(fn: Any, pol: Policy, body: Any) -> Any | None:
+    """The first operation of a checkpoint's ``body`` on which its policy ``fn`` decides
+    otherwise than ``pol`` (None: they decide alike on all of them, so the checkpoint is
+    ``pol``'s, whoever made it: a library's own ``remat_policy`` names it in its own words).
+
+    Nested checkpoints are left out: their own policy decides inside them.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, remat_kit as rk
+      >>> f = jax.checkpoint(lambda x: jnp.sin(x @ x), policy=None)  # saves nothing
+      >>> body = _checkpoints(jax.make_jaxpr(f)(jnp.ones((2, 2))))[0][1]
+      >>> differs(None, rk.policy("full"), body) is None
+      True
+      >>> differs(None, rk.policy("dots"), body).primitive.name
+      'dot_general'
+    """
+    mine = pol.jax_policy
+    for eqn in _eqns(body):
+        if _decision(fn, eqn) != _decision(mine, eqn):
+            return eqn
+    return None
+
+
+def _eqns(jaxpr: Any) -> Iterable[Any]:
+    for eqn in jaxpr.eqns:
+        if is_checkpoint(eqn):
+            continue
+        yield eqn
+        for sub in sub_jaxprs(eqn):
+            yield from _eqns(open_jaxpr(sub))
+
+
+def _holds(bodies: list[tuple[Any, Any]], wanted: list[Policy]) -> bool:
+    """Whether some checkpoint is one of ``wanted``: handed that very policy, or one that
+    decides alike on every operation of its body."""
+    if any(same_policy(fn, p) for fn, _ in bodies for p in wanted):
+        return True
+    return any(differs(fn, p, body) is None for fn, body in bodies for p in wanted)
+
+
+def _first_difference(bodies: list[tuple[Any, Any]], pol: Policy) -> str:
+    for fn, body in bodies:
+        eqn = differs(fn, pol, body)
+        if eqn is not None:
+            tag = tag_of(eqn)
+            what = eqn.primitive.name if tag is None else f"the value tagged {tag!r}"
+            return (
+                f"{what} is {_decision(fn, eqn)}d there, "
+                f"{_decision(pol.jax_policy, eqn)}d under {pol.spec!r}"
+            )
+    return "on no operation"
+
+
 def _describe(fn: Any) -> str:
     owner = policy_of(fn)
     if owner is not None:
         return owner.spec
-    return getattr(fn, "__name__", type(fn).__name__) if fn is not None else "save nothing"
+    if fn is None:
+        return "save nothing"
+    # jax's policy factories return closures (save_only_these_names.<locals>.policy): the
+    # factory names them.
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", type(fn).__name__)
+    return name.split(".<locals>", 1)[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +190,10 @@ def check_traced_with(
     A report for policy P must come from a program traced with P. Two signs that it was not:
     no checkpoint in the program carries P (the model ignored the policy it was given, or a
     cached trace from another policy was reused), or the program is identical to the one
-    traced for the previous, different policy.
+    traced for the previous, different policy. A checkpoint carries P when it was handed P,
+    or a policy that decides alike on every operation it holds (a library's own equivalent
+    of P in its own words: MaxText's ``remat_policy="full"`` is a checkpoint without a
+    policy, which saves nothing, as ``full`` does).
 
     Args:
       closed: the traced program (``jax.make_jaxpr(...)``).
@@ -129,8 +210,14 @@ def check_traced_with(
       BadValue: either sign (one line saying what the program holds and what to do).
 
     Example:
-      >>> f = jax.checkpoint(jnp.sin, policy=jax.checkpoint_policies.nothing_saveable)
+      >>> from jax.ad_checkpoint import checkpoint_name
+      >>> def block(x):
+      ...     return checkpoint_name(jnp.sin(x), "mlpwo")
+      >>> f = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)
       >>> check_traced_with(jax.make_jaxpr(f)(1.0), "full").policy
+      'full'
+      >>> g = jax.checkpoint(block)  # a library's own "full": no policy, which saves nothing
+      >>> check_traced_with(jax.make_jaxpr(g)(1.0), "full").policy
       'full'
       >>> check_traced_with(jax.make_jaxpr(f)(1.0), "minimal")
       Traceback (most recent call last):
@@ -143,12 +230,13 @@ def check_traced_with(
     ids = [(id(fn), _describe(fn)) for fn, _ in found]
     digest = hashlib.sha256(f"{closed}\n{ids}".encode()).hexdigest()
     wanted = [pol, *(as_policy(p) for p in also)]
-    if pol.is_remat and not any(same_policy(fn, p) for fn, _ in found for p in wanted):
+    bodies = _checkpoints(closed)
+    if pol.is_remat and not _holds(bodies, wanted):
         held = sorted({_describe(fn) for fn, _ in found})
         detail = (
-            f"its checkpoints carry other policies ({', '.join(held)}): the model applied "
-            "another policy, or a trace made for one was reused (a module-level jax.jit or "
-            "nn.jit cache?)"
+            f"its checkpoints carry other policies ({', '.join(held)}), which decide "
+            f"otherwise than {pol.spec!r} ({_first_difference(bodies, pol)}): the model "
+            "applied its own policy, or a trace made for another was reused"
             if held
             else "it has no checkpoint at all: the policy was never applied"
         )
