@@ -99,7 +99,7 @@ MODULES: dict[str, Group] = {
             ("_seq.py", ("tests/test_seq_search.py", "tests/test_search.py")),
         ),
     ),
-    "cache": Group(("remat_kit/cache.py",), ("tests/test_cache.py",)),
+    "cache": Group(("remat_kit/cache",), ("tests/test_cache.py",)),
     "targets": Group(
         ("remat_kit/targets",),
         ("tests/test_targets.py",),
