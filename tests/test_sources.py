@@ -1049,3 +1049,25 @@ def test_a_source_made_by_hand_builds_only_what_its_factory_takes():
     assert src.schedule_kinds == frozenset({"none"})
     with pytest.raises(BadValue, match="every:2"):
         src.check_schedule("every:2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_a_model_that_trains_with_dropout_is_given_its_stream(policy):
+    # flax's lm1b habit: a linen model whose apply asks for a "dropout" stream (without one,
+    # flax's InvalidRngError). Its step is given one, as a training loop gives it, and
+    # draws its masks from it.
+    trained = sources.from_factory(f"{FACTORIES}:dropout_trained", tags=None)
+    off = sources.from_factory(f"{FACTORIES}:dropout_off", tags=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RematWarning)
+        on = sources.measure(trained, policy, "h100", SMALL, warn=False)
+        plain = sources.measure(off, policy, "h100", SMALL, warn=False)
+    assert on.meta["rng_streams"] == ["dropout"] and "rng_streams" not in plain.meta
+    drawn = {}
+    for name, src in (("on", trained), ("off", off)):
+        step = src.build_step(
+            rk.policy(policy), rk.schedules.NO_SCHEDULE, SMALL, rk.target("h100")
+        ).step
+        drawn[name] = "random_bits" in str(jax.make_jaxpr(step.loss_fn)(*step.loss_args))
+    assert drawn == {"on": True, "off": False}

@@ -16,9 +16,11 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -274,10 +276,12 @@ class ModelSource(StepSource):
         plan = self.mesh_plan(target) if sharded else None
         what = f"{self.spec} (b{config.batch} s{config.seq})"
         with model_errors(f"{what}: the model failed as its train step was traced"):
+            streams = self._rng_streams(built, config)
             if plan is None:
-                step = built.train_step(config)
+                step = built.train_step(config, rng_streams=streams)
             else:
-                step = built.train_step(config, sharding=plan, mesh=plan.mesh(target))
+                mesh = plan.mesh(target)
+                step = built.train_step(config, sharding=plan, mesh=mesh, rng_streams=streams)
         meta: dict[str, Any] = {
             "params": int(sum(math.prod(x.shape) for x in jax.tree.leaves(step.args[:2]))),
             # The regime casts weights and optimizer state; the compute dtype is the module's.
@@ -285,6 +289,8 @@ class ModelSource(StepSource):
         }
         if self.n_layers() is not None:
             meta["layers"] = self.n_layers()
+        if streams:
+            meta["rng_streams"] = list(streams)
         if self.env_at_import:
             # XLA reads XLA_FLAGS when it compiles: what the import set made these programs.
             meta["env_at_import"] = [
@@ -292,6 +298,20 @@ class ModelSource(StepSource):
                 for e in self.env_at_import
             ]
         return SourceStep(step, built.policy, built.schedule, "model's own", meta)
+
+    def _rng_streams(self, built: BuiltModel, config: TrainConfig) -> tuple[str, ...]:
+        """The RNG streams the model draws from in training (``("dropout",)``), found once.
+
+        A linen model that trains with dropout asks its ``apply`` for a ``dropout`` stream
+        (flax raises ``InvalidRngError`` without one): its train step is given every stream
+        it asks for, as a training loop gives them, so its masks are in the step. NNX models
+        carry their own ``Rngs``.
+        """
+        if built.kind != "linen":
+            return ()
+        if "rng_streams" not in self._cache:
+            self._cache["rng_streams"] = _streams_asked(built, config.seq)
+        return self._cache["rng_streams"]
 
     def check_step(self, built: SourceStep, what: str) -> None:
         """The traced program must hold a checkpoint with the policy and differ from the
@@ -529,3 +549,32 @@ def from_factory(
         env_at_import=env,
         shard=shard,
     )
+
+
+#: How flax names the stream a module asked for and did not get (``InvalidRngError``).
+_ASKED = re.compile(r'needs PRNG for "([^"]+)"')
+
+
+def _streams_asked(built: BuiltModel, seq: int) -> tuple[str, ...]:
+    """The streams ``built.module.apply`` asks for, traced (shapes only) at batch 1: each
+    ``InvalidRngError`` names one, given on the next try."""
+    tokens = jax.ShapeDtypeStruct((1, seq), jnp.int32)
+    extra = built.inputs or (lambda t: {})
+    module = built.module
+    params = jax.eval_shape(lambda k, t: module.init(k, t, **extra(t)), jax.random.key(0), tokens)
+    streams: list[str] = []
+    while True:
+        rngs = {name: jax.random.key(i) for i, name in enumerate(streams)}
+
+        def forward(p: Any, t: jax.Array, rngs: Mapping[str, Any] = rngs) -> Any:
+            return module.apply(p, t, **extra(t), rngs=rngs)
+
+        try:
+            jax.eval_shape(forward, params, tokens)
+        except flax.errors.InvalidRngError as err:
+            asked = _ASKED.search(str(err))
+            if asked is None or asked.group(1) in streams:
+                raise
+            streams.append(asked.group(1))
+            continue
+        return tuple(streams)

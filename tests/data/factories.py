@@ -310,3 +310,29 @@ def jitted_setup(policy):
 def jitted_native(policy):
     """The same model, unjitted, with its blocks rematerialized by the model itself."""
     return jit_blocks.Unjitted(block=rk.remat(jit_blocks.Block, policy))
+
+
+class _DropoutModel(nn.Module):
+    """flax's examples/lm1b habit: dropout in the blocks, on while training."""
+
+    policy: rk.Policy
+    train: bool = True
+
+    @nn.compact
+    def __call__(self, tokens):
+        block = rk.remat(_Block, self.policy)
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        for i in range(LAYERS):
+            x = block(name=f"layers_{i}")(x, deterministic=True)
+            x = nn.Dropout(rate=0.1, deterministic=not self.train)(x)
+        return nn.Dense(VOCAB, name="lm_head")(x)
+
+
+def dropout_trained(policy):
+    """A linen model that trains with dropout: its apply asks for a 'dropout' stream."""
+    return _DropoutModel(policy)
+
+
+def dropout_off(policy):
+    """The same model with its dropout off (deterministic)."""
+    return _DropoutModel(policy, train=False)
