@@ -148,7 +148,7 @@ def _facts(case: dict[str, Any], got: dict[str, Any]) -> dict[str, Any]:
     elif isinstance(data, dict) and "rows" in data:
         facts.update(
             compiles=data.get("compiles"),
-            max_batch={r["label"]: r["max_batch"] for r in data["rows"]},
+            max_batch={r["label"]: r["batch"] for r in data["rows"]},
             methods={r["label"]: r.get("method") for r in data["rows"]},
         )
     elif isinstance(data, list) and data and "fixed_bytes" in data[0]:

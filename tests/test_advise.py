@@ -559,7 +559,7 @@ class _Tiny(nn.Module):
 def test_advice_tokens_per_second_is_the_plans_predicted_step(monkeypatch):
     # The max-batch search is not what is checked here (it would compile up to 16k sequences).
     module = sys.modules["remat_kit.search._advise"]  # the name is also the function's
-    monkeypatch.setattr(module, "max_batch", lambda *a, **k: types.SimpleNamespace(max_batch=9))
+    monkeypatch.setattr(module, "max_batch", lambda *a, **k: types.SimpleNamespace(batch=9))
     cfg = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
     w = rk.sources.workload(_Tiny, "h100", cfg)
     (a,) = rk.advise(lambda t: w, 2, targets=["h100"])

@@ -25,6 +25,7 @@ from helpers import loss_and_grads, memory_report, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit
 from remat_kit.search._front import plan_label
+from remat_kit.sources import workload as _workload  # bound here: tests patch rk.sources
 
 GIB = 2**30
 
@@ -92,7 +93,7 @@ def _fake_residuals(policy, schedule, batch):
 
 
 def fake_workload():
-    return rk.sources.workload(
+    return _workload(
         rk.sources.Measured(
             _fake_measure,
             _fake_flops,
@@ -611,7 +612,7 @@ def _sharded_fake(devices, fixed=80 * 2**30, per_sample=2**30):
         per_gpu = fixed // devices + batch * per_sample // devices
         return _fake_report(per_gpu, policy=policy.spec)
 
-    return rk.sources.workload(
+    return _workload(
         rk.sources.Measured(
             measure,
             _fake_flops,
@@ -763,7 +764,7 @@ def fake3(tags=TAGS3, layers=1, quirk=(), untagged_flops=0.0, parts=None):
             tag_count=dict.fromkeys(tags, layers),
         )
 
-    return rk.sources.workload(
+    return _workload(
         rk.sources.Measured(
             measure,
             lambda p, s, b: figures(p, s, b)[2],
@@ -981,7 +982,7 @@ def _batch_fake(peak_of):
     def measure(policy, schedule, batch):
         return _fake_report(peak_of(batch), float(batch), policy.spec, schedule.spec)
 
-    return rk.sources.workload(
+    return _workload(
         rk.sources.Measured(measure, lambda p, s, b: float(b), label="fake"),
         rk.target("h100"),
         rk.TrainConfig(1, 10),
@@ -1107,7 +1108,7 @@ def test_a_first_guess_xla_cannot_build_is_not_an_error():
             raise JaxRuntimeError("INTERNAL: launch needs more blocks")
         return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
 
-    w = rk.sources.workload(
+    w = _workload(
         rk.sources.Measured(
             measure,
             lambda p, s, b: float(b),
@@ -1151,7 +1152,7 @@ def test_a_batch_xla_cannot_build_is_an_upper_bound_not_a_crash(refused_above):
             )
         return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
 
-    w = rk.sources.workload(
+    w = _workload(
         rk.sources.Measured(measure, lambda p, s, b: float(b)),
         rk.target("h100"),
         rk.TrainConfig(1, 10),
@@ -1168,7 +1169,7 @@ def test_a_first_batch_xla_cannot_build_is_an_error():
     def measure(policy, schedule, batch):
         raise JaxRuntimeError("INTERNAL: cannot build")
 
-    w = rk.sources.workload(
+    w = _workload(
         rk.sources.Measured(measure, lambda p, s, b: float(b)),
         rk.target("h100"),
         rk.TrainConfig(1, 10),
@@ -1196,9 +1197,7 @@ def test_flops_of_a_compiled_step_are_read_from_its_report(counted):
     def measure(policy, schedule, batch):
         return _fake_report(1000, 77.0 if counted else float("nan"), policy.spec, schedule.spec)
 
-    w = rk.sources.workload(
-        rk.sources.Measured(measure, flops_fn), rk.target("h100"), rk.TrainConfig(1, 10)
-    )
+    w = _workload(rk.sources.Measured(measure, flops_fn), rk.target("h100"), rk.TrainConfig(1, 10))
     w.report("full", "none", 2)
     assert w.flops("full", "none", 2) == (77.0 if counted else 123.0)
     assert traced == ([] if counted else ["full"])
@@ -1344,7 +1343,7 @@ def test_traced_seconds_prices_each_kind_at_its_rate():
 
 
 def test_a_bare_flop_number_is_priced_as_products():
-    w = rk.sources.workload(
+    w = _workload(
         rk.sources.Measured(lambda p, s, b: None, lambda p, s, b: 1e12),
         rk.target("h100"),
         rk.TrainConfig(1, 16),
