@@ -102,6 +102,17 @@ RULE_SETS: Mapping[str, tuple[Rule, ...]] = {
         Rule("mlp/c_fc", names.MLPWI),
         Rule("mlp/c_proj", names.MLPWO),
     ),
+    # flax's own modules, as its examples (lm1b, wmt) build a Transformer with them: linen's
+    # MultiHeadDotProductAttention / SelfAttention and NNX's MultiHeadAttention name their
+    # projections query, key, value and out; the examples' MlpBlock holds two unnamed Dense.
+    "flax": (
+        Rule("*ttention*/query", names.QUERY_PROJ),
+        Rule("*ttention*/key", names.KEY_PROJ),
+        Rule("*ttention*/value", names.VALUE_PROJ),
+        Rule("*ttention*/out", names.OUT_PROJ),
+        Rule("MlpBlock*/Dense_0", names.MLPWI),
+        Rule("MlpBlock*/Dense_1", names.MLPWO),
+    ),
     # google-deepmind/gemma (Einsum layers).
     "gemma": (
         Rule("q_einsum", names.QUERY_PROJ),
@@ -154,8 +165,8 @@ def rules(spec: str | Sequence[Rule | tuple[str, str]] = "auto") -> tuple[Rule, 
 
     Args:
       spec: ``"auto"`` (every rule set), ``"paths"`` (no rules: every projection is named by
-        its path), a rule set name (``"hf"``, ``"gpt2"``, ``"gemma"``, or several joined by
-        ``+``), or rules as ``Rule`` s or ``(pattern, tag)`` pairs.
+        its path), a rule set name (``"hf"``, ``"gpt2"``, ``"gemma"``, ``"flax"``, or several
+        joined by ``+``), or rules as ``Rule`` s or ``(pattern, tag)`` pairs.
 
     Returns:
       The rules, first match wins.

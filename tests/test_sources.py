@@ -1071,3 +1071,13 @@ def test_a_model_that_trains_with_dropout_is_given_its_stream(policy):
         ).step
         drawn[name] = "random_bits" in str(jax.make_jaxpr(step.loss_fn)(*step.loss_args))
     assert drawn == {"on": True, "off": False}
+
+
+def test_flax_own_module_names_are_our_tags():
+    # flax's examples build on MultiHeadDotProductAttention (query/key/value/out) and an
+    # MlpBlock of two unnamed Dense: the "flax" rule set names them, so "minimal" applies.
+    src = sources.from_factory(f"{FACTORIES}:flax_named")
+    names = {"query_proj", "key_proj", "value_proj", "out_proj", "mlpwi", "mlpwo"}
+    assert names <= set(sources.tags(src, SMALL, "cpu"))
+    plain = sources.from_factory(f"{FACTORIES}:flax_named", tags="hf")  # not flax's names
+    assert not names & set(sources.tags(plain, SMALL, "cpu"))

@@ -336,3 +336,36 @@ def dropout_trained(policy):
 def dropout_off(policy):
     """The same model with its dropout off (deterministic)."""
     return _DropoutModel(policy, train=False)
+
+
+class MlpBlock(nn.Module):
+    """flax's examples' MlpBlock (wmt, lm1b): two unnamed Dense, Dense_0 and Dense_1."""
+
+    @nn.compact
+    def __call__(self, x):
+        return nn.Dense(WIDTH)(nn.relu(nn.Dense(2 * WIDTH)(x)))
+
+
+class _FlaxBlock(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+        h = nn.LayerNorm()(x)
+        x = x + nn.MultiHeadDotProductAttention(num_heads=4, qkv_features=WIDTH)(h, h)
+        return x + MlpBlock()(nn.LayerNorm()(x))
+
+
+class _FlaxNamed(nn.Module):
+    policy: rk.Policy
+
+    @nn.compact
+    def __call__(self, tokens):
+        block = rk.remat(_FlaxBlock, self.policy)
+        x = nn.Embed(VOCAB, WIDTH)(tokens)
+        for i in range(LAYERS):
+            x = block(name=f"layers_{i}")(x)
+        return nn.Dense(VOCAB, name="lm_head")(x)
+
+
+def flax_named(policy):
+    """A linen model built from flax's own modules with their own names (its examples')."""
+    return _FlaxNamed(policy)
