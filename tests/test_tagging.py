@@ -107,7 +107,18 @@ PUBLISHED = [
     ("gemma", ("transformer", "layer_0", "attn", "attn_vec_einsum"), "out_proj"),
     ("gemma", ("transformer", "layer_0", "mlp", "gating_einsum"), "mlpwi_0"),
     ("gemma", ("transformer", "layer_0", "mlp", "linear"), "mlpwo"),
-]
+    # flax's examples/lm1b: decoder/encoderdecoderblock_N holds linen's attention and MlpBlock
+    ("flax", ("decoder", "encoderdecoderblock_0", "MultiHeadDotProductAttention_0", "query"),
+     "query_proj"),
+    ("flax", ("decoder", "encoderdecoderblock_0", "MultiHeadDotProductAttention_0", "key"),
+     "key_proj"),
+    ("flax", ("decoder", "encoderdecoderblock_0", "MultiHeadDotProductAttention_0", "value"),
+     "value_proj"),
+    ("flax", ("decoder", "encoderdecoderblock_0", "MultiHeadDotProductAttention_0", "out"),
+     "out_proj"),
+    ("flax", ("decoder", "encoderdecoderblock_0", "MlpBlock_0", "Dense_0"), "mlpwi"),
+    ("flax", ("decoder", "encoderdecoderblock_0", "MlpBlock_0", "Dense_1"), "mlpwo"),
+]  # fmt: skip
 
 
 def test_the_published_table_covers_every_rule_of_every_set():
