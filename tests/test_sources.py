@@ -1081,3 +1081,21 @@ def test_flax_own_module_names_are_our_tags():
     assert names <= set(sources.tags(src, SMALL, "cpu"))
     plain = sources.from_factory(f"{FACTORIES}:flax_named", tags="hf")  # not flax's names
     assert not names & set(sources.tags(plain, SMALL, "cpu"))
+
+
+@pytest.mark.slow
+def test_compare_runs_the_policies_it_can_and_names_the_one_that_matches_no_tag(capsys, tmp_path):
+    # flax's lm1b through compare with "minimal" named beside others: the model (tagged by
+    # path only here) has none of minimal's tensors; the rest are compared, minimal is named.
+    out = tmp_path / "rows.json"
+    argv = ["compare", "--model", f"{FACTORIES}:untagged", "--tags", "none", "--target", "h100"]
+    argv += ["--policies", "none,full,minimal", "--batch", "1", "--seq", "16", "--json", str(out)]
+    assert main(argv) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert (
+        "not compared (the model tags none of their tensors): minimal; the model's tags: none"
+        in (printed)
+    )
+    assert [row["policy"] for row in json.loads(out.read_text())] == ["none", "full"]
+    # named alone, it is still the one-line error
+    assert main([*argv[:-6], "--policies", "minimal", "--batch", "1", "--seq", "16"]) == 2

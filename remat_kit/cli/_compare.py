@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
     target = run.target
     specs = flag_items(args.policies, "--policies", example="none,full,minimal")
     policies = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
-    # Catalogue policies by default; one whose tags the model lacks is skipped, one the user
-    # named is an error (before any compile).
+    # One whose tags the model lacks is skipped and named under the table; where the user
+    # named them all, or one half-matches (a typo), it is an error (before any compile).
     policies, skipped = sources.usable_policies(
         run.source,
         run.config,
@@ -139,7 +139,11 @@ def _print_rows(
     out = console(args.wide)
     out.print(fitted(compare_table(rows, target, run, seconds), out.width))
     if skipped:
-        out.print(f"not compared (the model tags none of their tensors): {', '.join(skipped)}")
+        there = ", ".join(sources.tags(run.source, run.config, target)) or "none"
+        out.print(
+            f"not compared (the model tags none of their tensors): {', '.join(skipped)}; "
+            f"the model's tags: {there}"
+        )
     for line in run_notes(run):
         out.print(f"[yellow]note:[/yellow] {line}")
     # Not fitting and XLA's own remat are in the table's fits column already; a note that

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     specs = flag_items(args.policies, "--policies", example="full,minimal", allow_empty=True)
     catalogue = [policy_arg(s, "--policies", own_names=run.own_names) for s in specs]
     # The default catalogue drops policies whose tags the model lacks; named ones must match.
-    catalogue, _ = sources.usable_policies(
+    catalogue, skipped = sources.usable_policies(
         run.source,
         run.config,
         target,
@@ -129,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
             sweep=args.sweep,
             objective=args.objective,
             progress=step,
+        )
+    if skipped:
+        console(args.wide).print(
+            f"not on the front (the model tags none of their tensors): {', '.join(skipped)}"
         )
     return _print_plan(args, run, w, found)
 

@@ -123,18 +123,32 @@ def usable_policies(
       config: the train config.
       target: the target.
       policies: policy names, specs or Policies.
-      given: the user named them: a policy matching no tag is then an error, not skipped.
+      given: the user named them: those matching no tag are still skipped where others run
+        (the caller names them), but when none would run, or a policy names some tags the
+        model has and some it lacks (a typo), that is an error.
 
     Returns:
       (kept policies, skipped specs).
 
     Raises:
-      BadValue: ``given`` and a name-based policy that matches no tag of the model.
+      BadValue: ``given``, and no policy can act on the model, or one half-matches: one line
+        listing the model's tags.
     """
     pols = [as_policy(p) for p in policies]
-    if given or not any(p.tags for p in pols):
-        check_policies(source, config, target, pols)
+    if not any(p.tags for p in pols):
         return pols, []
+    if given:
+        try:
+            check_policies(source, config, target, pols)
+            return pols, []
+        except BadValue:
+            there = tags(source, config, target)
+            skipped = [p.spec for p in pols if checks.unmatched_policy(p, there)]
+            if not skipped or len(skipped) == len(pols):
+                raise
+            kept = [p for p in pols if p.spec not in skipped]
+            check_policies(source, config, target, kept)  # a typo among the rest still fails
+            return kept, skipped
     near = _copy_tags(source, config, as_target(target))
     if near is not None and not any(checks.unmatched_policy(p, near) for p in pols):
         return pols, []
