@@ -310,7 +310,7 @@ class ModelSource(StepSource):
         if built.kind != "linen":
             return ()
         if "rng_streams" not in self._cache:
-            self._cache["rng_streams"] = _streams_asked(built, config.seq)
+            self._cache["rng_streams"] = _streams_asked(built, config.micro_batch, config.seq)
         return self._cache["rng_streams"]
 
     def check_step(self, built: SourceStep, what: str) -> None:
@@ -555,13 +555,19 @@ def from_factory(
 _ASKED = re.compile(r'needs PRNG for "([^"]+)"')
 
 
-def _streams_asked(built: BuiltModel, seq: int) -> tuple[str, ...]:
-    """The streams ``built.module.apply`` asks for, traced (shapes only) at batch 1: each
-    ``InvalidRngError`` names one, given on the next try."""
-    tokens = jax.ShapeDtypeStruct((1, seq), jnp.int32)
+def _streams_asked(built: BuiltModel, batch: int, seq: int) -> tuple[str, ...]:
+    """The streams ``built.module.apply`` asks for, traced (shapes only) at the step's
+    micro-batch: each ``InvalidRngError`` names one, given on the next try. A model that
+    fails otherwise is left to fail where the step is traced, with that trace's message."""
+    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     extra = built.inputs or (lambda t: {})
     module = built.module
-    params = jax.eval_shape(lambda k, t: module.init(k, t, **extra(t)), jax.random.key(0), tokens)
+    try:
+        params = jax.eval_shape(
+            lambda k, t: module.init(k, t, **extra(t)), jax.random.key(0), tokens
+        )
+    except Exception:  # the step's own trace reports it
+        return ()
     streams: list[str] = []
     while True:
         rngs = {name: jax.random.key(i) for i, name in enumerate(streams)}
@@ -574,7 +580,9 @@ def _streams_asked(built: BuiltModel, seq: int) -> tuple[str, ...]:
         except flax.errors.InvalidRngError as err:
             asked = _ASKED.search(str(err))
             if asked is None or asked.group(1) in streams:
-                raise
+                return tuple(streams)
             streams.append(asked.group(1))
             continue
+        except Exception:  # the step's own trace reports it
+            return tuple(streams)
         return tuple(streams)
