@@ -1099,3 +1099,17 @@ def test_compare_runs_the_policies_it_can_and_names_the_one_that_matches_no_tag(
     assert [row["policy"] for row in json.loads(out.read_text())] == ["none", "full"]
     # named alone, it is still the one-line error
     assert main([*argv[:-6], "--policies", "minimal", "--batch", "1", "--seq", "16"]) == 2
+
+
+@pytest.mark.slow
+def test_a_deep_factory_without_layers_is_told_what_copies_would_save():
+    # 8 identical unrolled layers and no layers= parameter: every compile is at full depth.
+    fixed = sources.from_factory(f"{FACTORIES}:deep_fixed")
+    (note,) = fixed.notes(SMALL, rk.target("h100"))
+    assert (note.kind, dict(note.data)) == (
+        "whole_model_probes",
+        {"model": f"{FACTORIES}:deep_fixed", "layers": 8},
+    )
+    assert "takes no layers=: its 8 identical layers are compiled whole" in rk.notes.words(note)
+    # the same model from a factory that takes layers= builds copies: nothing to say
+    assert sources.from_factory(f"{FACTORIES}:deep").notes(SMALL, rk.target("h100")) == ()

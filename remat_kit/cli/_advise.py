@@ -13,7 +13,7 @@ from typing import Any
 from remat_kit import _workers
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args
-from remat_kit.cli._model import Request, resolve
+from remat_kit.cli._model import Request, print_notes, resolve
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import advise_table, console, fitted, progress, write_json
@@ -107,6 +107,7 @@ def run(args: argparse.Namespace) -> int:
         )
     run = resolve(args)
     prices, names = _checked(args, run)
+    print_notes(run, args.wide)
     with warnings.catch_warnings(), progress("advise") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = advise(

@@ -14,7 +14,7 @@ from typing import Any
 from remat_kit import sources
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, add_search_args, positive_int
-from remat_kit.cli._model import resolve
+from remat_kit.cli._model import print_notes, resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
@@ -145,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
     # Weights, gradients and optimizer state over the limit: no batch of any policy fits, and
     # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
     check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
+    print_notes(run, args.wide)
     if args.objective == "throughput":
         return _throughput(args, run, w, policies, schedule)
     start = time.perf_counter()
@@ -345,6 +346,7 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
             f"use a multiple of {multiple}"
         )
     policies, schedule = _policies(args, run)
+    print_notes(run, args.wide)
     workloads: dict[int, Workload] = {}
 
     def at(seq: int) -> Workload:

@@ -20,7 +20,7 @@ from remat_kit import sources
 from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
 from remat_kit.notes import words
-from remat_kit.render import flags_words
+from remat_kit.render import console, flags_words
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import SourceKind, StepSource, Workload, kind_named, kinds
 from remat_kit.sources import resolve as resolve_spec
@@ -32,6 +32,7 @@ __all__ = [
     "Request",
     "catalogue",
     "config_from_args",
+    "print_notes",
     "resolve",
     "run_notes",
     "spec_from_args",
@@ -356,6 +357,14 @@ def run_notes(run: ModelRun) -> list[str]:
     """
     env = [flags_words(e) for e in run.source.env_at_import if e.name == "XLA_FLAGS"]
     return [words(note) for note in run.source.notes(run.config, run.target)] + env
+
+
+def print_notes(run: ModelRun, wide: bool) -> None:
+    """Prints :func:`run_notes`, one ``note:`` line each: before a search, which may be long,
+    so that what would make it shorter comes first."""
+    out = console(wide)
+    for line in run_notes(run):
+        out.print(f"[yellow]note:[/yellow] {line}")
 
 
 def catalogue() -> list[tuple[str, Any]]:

@@ -11,7 +11,7 @@ from typing import Any
 from remat_kit import sources
 from remat_kit.cli import summary
 from remat_kit.cli._args import add_model_args, add_search_args
-from remat_kit.cli._model import resolve
+from remat_kit.cli._model import print_notes, resolve
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import (
     console,
@@ -113,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     )
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
     w = sources.workload(run.source, target, run.config, depth=run.depth)
+    print_notes(run, args.wide)
     with warnings.catch_warnings(), progress("plan") as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         # --sweep adds the whole curve; --plot only draws: what is dominated must not depend

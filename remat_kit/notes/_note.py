@@ -53,6 +53,8 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "xla_log": ("line",),  # a line of XLA's own log (remat_kit.xla.parse_xla_log)
     # StepSource.notes: a source that chose XLA's attention where cuDNN's would run
     "attention_chose_xla": ("problem",),
+    # StepSource.notes: an unrolled stack the source builds no shallow copy of
+    "whole_model_probes": ("model", "layers"),
     # MemoryReport.notes: remat_kit.breakdown, remat_kit.checks, remat_kit.sources
     "breakdown_upper_bound": ("peak_bytes", "known_bytes"),
     "offload_shortfall": ("moved_bytes", "marked_bytes"),

@@ -28,6 +28,7 @@ from flax import nnx
 
 from remat_kit import checks, tagging
 from remat_kit.errors import BadValue
+from remat_kit.notes import Note
 from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
@@ -217,6 +218,25 @@ class ModelSource(StepSource):
             factory=functools.partial(self.factory, layers=layers),
             _cache={},
         )
+
+    def notes(self, config: TrainConfig, target: Target) -> tuple[Note, ...]:
+        """``whole_model_probes`` where an unrolled stack of identical layers, deep enough
+        to be answered from shallow copies (:mod:`remat_kit.sources._depth`), has none
+        because the factory takes no ``layers=``: every compile is at full depth.
+
+        Example:
+          >>> from_factory(tiny_model).notes(rk.TrainConfig(2, 16), rk.target("h100"))
+          ()
+        """
+        from remat_kit.sources._depth import DEPTHS, MIN_LAYERS
+
+        del config
+        layers = self.n_layers()
+        if layers is None or layers < MIN_LAYERS or self.mesh_plan(target) is not None:
+            return ()
+        if self.at_depth(DEPTHS[0]) is not None or self.layer_kinds(target) != 1:
+            return ()
+        return (Note("whole_model_probes", {"model": self.spec, "layers": layers}),)
 
     def layer_kinds(self, target: Target) -> int | None:
         """How many different layers the model's stack holds: its step traced once at full

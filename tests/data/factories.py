@@ -369,3 +369,8 @@ class _FlaxNamed(nn.Module):
 def flax_named(policy):
     """A linen model built from flax's own modules with their own names (its examples')."""
     return _FlaxNamed(policy)
+
+
+def deep_fixed(policy):
+    """``deep``'s 8 layers from a factory that takes no ``layers=``: no shallow copies."""
+    return _Deep(policy, 8)
