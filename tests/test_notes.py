@@ -145,6 +145,13 @@ CASES = [
         "sequence length (got seq=63)",
     ),
     (
+        "whole_model_probes",
+        {"model": "f.py:deep", "layers": 32},
+        "f.py:deep takes no layers=: its 32 identical layers are compiled whole in every "
+        "program (a search compiles several); a factory that takes layers=N is answered from "
+        "compiles of 2 and 3 layers (README, 'Unrolled models')",
+    ),
+    (
         "breakdown_upper_bound",
         {"peak_bytes": 13 * GIB, "known_bytes": 16 * GIB},
         "the peak (13.00 GiB) is below weights + gradients + optimizer state + batch (16.00 GiB): "
