@@ -230,16 +230,22 @@ def _print_batches(
             args.json, {"seconds": seconds, "compiles": w.compiles, "rows": data}, flag="--json"
         )
     if not fits:
-        # Exit code 1: the search ran and found nothing that fits (README, "Exit codes").
-        least = min(rows, key=lambda row: row.fit.peak_bytes)
-        sys.stderr.write(
-            f"remat-kit: nothing fits: even at batch {w.batch_multiple} the smallest peak is "
-            f"{least.fit.peak_bytes / 2**30:.2f} GiB ({least.label}), over the "
-            f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.name}; remat-kit plan "
-            "--batch 1 for a per-tag plan, or remat-kit advise for a GPU\n"
-        )
-        return 1
+        advice = "remat-kit plan --batch 1 for a per-tag plan, or remat-kit advise for a GPU"
+        return _nothing_fits(rows, f"batch {w.batch_multiple}", target, advice)
     return 0
+
+
+def _nothing_fits(rows: list[FitRow], smallest: str, target: Any, advice: str) -> int:
+    """Says on stderr that no policy fits even the smallest point (``smallest``: ``batch 1``)
+    searched, with the smallest peak and what to try; exit code 1: the search ran and found
+    nothing that fits (README, "Exit codes")."""
+    least = min(rows, key=lambda row: row.fit.peak_bytes)
+    sys.stderr.write(
+        f"remat-kit: nothing fits: even at {smallest} the smallest peak is "
+        f"{least.fit.peak_bytes / 2**30:.2f} GiB ({least.label}), over the "
+        f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.name}; {advice}\n"
+    )
+    return 1
 
 
 def _throughput(
@@ -426,14 +432,8 @@ def _print_seq(
         }
         write_json(args.json, data, flag="--json")
     if not fits:
-        least = min(rows, key=lambda row: row.fit.peak_bytes)
-        sys.stderr.write(
-            f"remat-kit: nothing fits: even at seq {step} (batch {batch}) the smallest peak is "
-            f"{least.fit.peak_bytes / 2**30:.2f} GiB ({least.label}), over the "
-            f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.name}; try a shorter "
-            "--seq-step, a smaller --batch, or remat-kit advise for a GPU\n"
-        )
-        return 1
+        advice = "try a shorter --seq-step, a smaller --batch, or remat-kit advise for a GPU"
+        return _nothing_fits(rows, f"seq {step} (batch {batch})", target, advice)
     return 0
 
 
