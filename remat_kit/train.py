@@ -64,7 +64,7 @@ class TrainConfig:
     Attributes:
       batch: sequences per optimizer step (global batch).
       seq: tokens per sequence.
-      optimizer: a name in ``OPTIMIZERS``.
+      optimizer: a name in ``OPTIMIZERS`` (any case: ``"AdamW"`` is ``"adamw"``).
       learning_rate: the optimizer's learning rate.
       lora: train only parameters whose path contains ``lora`` (the model must have
         LoRA adapters, e.g. ``models.get_config(..., lora_rank=16)``); base weights
@@ -107,6 +107,9 @@ class TrainConfig:
                 f"batch={self.batch} does not split into accum={self.accum} equal micro-batches",
                 param="accum",
             )
+        if isinstance(self.optimizer, str):
+            # Names are lower case (as target names are read): "AdamW" is adamw.
+            object.__setattr__(self, "optimizer", self.optimizer.strip().lower())
         make_optimizer(self.optimizer, self.learning_rate)  # validate the name early
 
     @property

@@ -319,3 +319,9 @@ def test_a_built_step_carries_the_models_loss():
     assert step.loss_given is True
     out = jax.eval_shape(step.loss_fn, *step.loss_args)
     assert out.shape == () and out.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("given", ["AdamW", " adamw ", "ADAMW"])
+def test_an_optimizer_is_named_in_any_case(given):
+    # As target names are read ("H100" is h100): the name is coerced once, on construction.
+    assert rk.TrainConfig(2, 16, optimizer=given).optimizer == "adamw"
