@@ -697,3 +697,57 @@ def test_library_messages_never_name_a_cli_flag():
                 and re.search(r"--[a-z]|remat-kit [a-z]", sub.value)
             ]
     assert found == []
+
+
+def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch, capsys):
+    # The command module imports jax (seconds): an interrupt then is one line and 130 too.
+    import remat_kit.cli as cli
+
+    def loading(command):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_parser", loading)
+    assert main(["report", "--model", "tiny-llama"]) == 130
+    assert capsys.readouterr().err == "remat-kit: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    ("platforms", "devices", "refused"),
+    [
+        ("cuda", [], True),
+        ("cuda,cpu", [], True),
+        ("GPU", [], True),
+        ("cpu", [], False),
+        ("", [], False),
+        ("cuda", ["/dev/nvidia0"], False),  # a GPU box: jax starts its CUDA platform
+    ],
+)
+def test_jax_platforms_naming_a_gpu_the_machine_lacks_is_refused(
+    monkeypatch, platforms, devices, refused
+):
+    from remat_kit.errors import TargetError
+    from remat_kit.targets import _platform
+
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
+    monkeypatch.setattr(_platform.glob, "glob", lambda pattern: devices)
+    if refused:
+        with pytest.raises(TargetError, match=rf"^JAX_PLATFORMS={platforms} asks jax for a GPU"):
+            _platform.check_platforms()
+    else:
+        _platform.check_platforms()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(__import__("glob").glob("/dev/nvidia[0-9]*")), reason="a GPU is here")
+def test_jax_platforms_cuda_without_a_gpu_is_one_line_exit_2():
+    import subprocess
+    import sys
+
+    env = {**os.environ, "JAX_PLATFORMS": "cuda"}
+    argv = ["report", "--model", "tiny-llama", "--target", "h100", "--batch", "1", "--seq", "16"]
+    done = subprocess.run(
+        [sys.executable, "-m", "remat_kit.cli", *argv], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("remat-kit: JAX_PLATFORMS=cuda asks jax for a GPU")
+    assert len(done.stderr.splitlines()) == 1

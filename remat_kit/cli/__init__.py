@@ -220,15 +220,16 @@ def main(argv: Sequence[str] | None = None) -> int:
       SystemExit: 2
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser, runs = _parser(_command_in(argv))
-    args = parser.parse_args(argv)
-    # The flags the user typed (a default and a typed default read alike after parsing):
-    # a flag a command does not act on is refused only when it was given.
-    args.given = frozenset(a.split("=", 1)[0] for a in argv if a.startswith("--"))
     try:
+        # Ctrl-C at any moment, the command module's import (jax: seconds) included.
+        parser, runs = _parser(_command_in(argv))
+        args = parser.parse_args(argv)
+        # The flags the user typed (a default and a typed default read alike after
+        # parsing): a flag a command does not act on is refused only when it was given.
+        args.given = frozenset(a.split("=", 1)[0] for a in argv if a.startswith("--"))
         return _run(args, runs)
     except KeyboardInterrupt:
-        if args.debug:
+        if "--debug" in argv:
             raise
         # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), no traceback.
         sys.stderr.write("remat-kit: interrupted\n")
@@ -237,7 +238,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespace], int]]) -> int:
     try:
-        if getattr(args, "target", None) != "local":
+        if getattr(args, "target", None) == "local":
+            from remat_kit.targets import check_platforms
+
+            check_platforms()  # a JAX_PLATFORMS that names a GPU the machine lacks
+        else:
             from remat_kit.targets import configure_for_deviceless
 
             # Deviceless compiles need jax's CPU platform, chosen before its backends start.

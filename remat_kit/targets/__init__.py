@@ -28,7 +28,7 @@ from remat_kit.targets._core import (
     target_names,
 )
 from remat_kit.targets._custom import custom_target, target_from_config
-from remat_kit.targets._platform import configure_for_deviceless
+from remat_kit.targets._platform import check_platforms, configure_for_deviceless
 from remat_kit.targets._prices import (
     PRICE_CAVEAT,
     PRICE_TABLE_DATE,
@@ -56,6 +56,7 @@ __all__ = [
     "analysis_options",
     "as_target",
     "check_deviceless",
+    "check_platforms",
     "configure_for_deviceless",
     "cost_per_million_tokens",
     "cudnn_attention_available",

@@ -21,6 +21,7 @@ from remat_kit.errors import TargetError
 from remat_kit.targets._codegen import set_process_flags
 
 __all__ = [
+    "check_platforms",
     "configure_for_deviceless",
     "configure_if_no_gpu",
     "gpu_topology",
@@ -49,6 +50,7 @@ def configure_for_deviceless() -> None:
     """
     if _backends_initialized():
         return
+    check_platforms()
     set_process_flags()
     if os.environ.get("JAX_PLATFORMS") or os.environ.get("JAX_SKIP_CUDA_CONSTRAINTS_CHECK"):
         return
@@ -57,6 +59,36 @@ def configure_for_deviceless() -> None:
             return
         jax.config.update("jax_platforms", "cpu")
     os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+#: What ``JAX_PLATFORMS`` names for an NVIDIA GPU.
+_GPU_PLATFORMS = frozenset({"cuda", "gpu"})
+
+
+def check_platforms() -> None:
+    """Refuses a ``JAX_PLATFORMS`` that asks for a GPU on a machine without one (commonly
+    exported on GPU boxes, then carried to a laptop): jax would fail to start its backends,
+    with two tracebacks, before anything is compiled. A deviceless compile for a named GPU
+    needs no GPU, only jax's CPU platform.
+
+    Raises:
+      TargetError: ``JAX_PLATFORMS`` names ``cuda`` or ``gpu`` and the machine has no NVIDIA
+        device (no ``/dev/nvidia*``); the message says what to set.
+
+    Example:
+      >>> import os
+      >>> from unittest import mock
+      >>> with mock.patch.dict(os.environ, {"JAX_PLATFORMS": "cpu"}):
+      ...     check_platforms()  # nothing to refuse
+    """
+    asked = os.environ.get("JAX_PLATFORMS", "")
+    named = {p.strip().lower() for p in asked.split(",") if p.strip()}
+    if named & _GPU_PLATFORMS and not glob.glob("/dev/nvidia[0-9]*"):
+        raise TargetError(
+            f"JAX_PLATFORMS={asked} asks jax for a GPU this machine does not have (no "
+            "/dev/nvidia*): unset it or set JAX_PLATFORMS=cpu (remat-kit compiles for a named "
+            "GPU without one)"
+        )
 
 
 def configure_if_no_gpu() -> None:
