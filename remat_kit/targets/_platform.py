@@ -86,8 +86,8 @@ def check_platforms() -> None:
     if named & _GPU_PLATFORMS and not glob.glob("/dev/nvidia[0-9]*"):
         raise TargetError(
             f"JAX_PLATFORMS={asked} asks jax for a GPU this machine does not have (no "
-            "/dev/nvidia*): unset it or set JAX_PLATFORMS=cpu (remat-kit compiles for a named "
-            "GPU without one)"
+            "/dev/nvidia*): unset it or set JAX_PLATFORMS=cpu (a compile for a named GPU "
+            "needs none)"
         )
 
 
