@@ -639,3 +639,26 @@ def test_only_a_gpu_target_sets_up_a_deviceless_compile(monkeypatch, name, confi
     monkeypatch.setattr(core, "configure_if_no_gpu", lambda: calls.append(name))
     assert core.as_target(name).name == rk.target(name).name
     assert calls == ([name] if configures else [])
+
+
+@pytest.mark.parametrize(
+    ("cc", "refused"),
+    [
+        ("12.7", True),
+        ((9, 5), True),
+        ("4.0", True),
+        ("9.0", False),
+        ((8, 9), False),
+        ("12.1", False),
+    ],
+)
+def test_a_custom_gpu_has_a_compute_capability_nvidia_made(cc, refused):
+    # XLA picks kernels by it: a capability no GPU has would compile and say "fits" for a
+    # card that cannot exist.
+    facts = {**H100_FACTS, "compute_capability": cc}
+    if refused:
+        with pytest.raises(rk.errors.BadValue, match=r"is no NVIDIA GPU's; those there are: 5\.0"):
+            rkt.custom_target("x", facts)
+    else:
+        wanted = tuple(int(v) for v in cc.split(".")) if isinstance(cc, str) else cc
+        assert rkt.custom_target("x", facts).compute_capability == wanted

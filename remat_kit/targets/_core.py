@@ -509,6 +509,17 @@ def _mesh_shape(devices: int, names: tuple[str, ...], shape: Sequence[int] | Non
     return shape
 
 
+#: The compute capabilities NVIDIA's GPUs have (the CUDA C++ Programming Guide's table of
+#: compute capabilities, and developer.nvidia.com/cuda-gpus): Maxwell 5.x, Pascal 6.x, Volta
+#: 7.0/7.2, Turing 7.5, Ampere 8.0/8.6/8.7, Ada 8.9, Hopper 9.0, Blackwell 10.0 (B200), 10.1
+#: (Thor before CUDA 13, which calls it 11.0), 10.3 (B300), 12.0 (RTX 50, RTX PRO 6000) and
+#: 12.1 (GB10). A custom GPU names one of them: XLA picks its kernels by it.
+COMPUTE_CAPABILITIES = frozenset(
+    {(5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0), (7, 2), (7, 5), (8, 0), (8, 6)}
+    | {(8, 7), (8, 9), (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0), (12, 1)}
+)
+
+
 def _parse_cc(value: Any, name: str) -> tuple[int, int]:
     if isinstance(value, str):
         value = value.split(".")
@@ -518,6 +529,13 @@ def _parse_cc(value: Any, name: str) -> tuple[int, int]:
         raise BadValue(
             f"compute_capability of {name!r} must be (major, minor), got {value!r}"
         ) from None
+    if (major, minor) not in COMPUTE_CAPABILITIES:
+        known = ", ".join(f"{a}.{b}" for a, b in sorted(COMPUTE_CAPABILITIES))
+        raise BadValue(
+            f"compute_capability {major}.{minor} of {name!r} is no NVIDIA GPU's; those there "
+            f"are: {known}",
+            param="compute_capability",
+        )
     return major, minor
 
 
