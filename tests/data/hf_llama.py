@@ -1,4 +1,4 @@
-"""Hugging Face's Flax Llama 3 8B for remat-kit: --model hf_llama.py:llama (no weights)."""
+"""Hugging Face's Flax Llama 3 8B: remat-kit --model tests/data/hf_llama.py:llama (no weights)."""
 
 import jax.numpy as jnp
 from transformers import LlamaConfig
