@@ -42,6 +42,9 @@ def test_library_example_runs_as_written_without_a_gpu(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert "TAGS {'mlpwi': 'saved'}" in done.stdout
+    # it says what it found: the catalogue, the peak and the tags, without a line added
+    assert "'minimal'" in done.stdout and re.search(r"peak \d+\.\d\d GiB .*fits: True", done.stdout)
+    assert done.stdout.count("{'mlpwi': 'saved'}") == 2
 
 
 def _console_commands():
