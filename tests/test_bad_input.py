@@ -751,3 +751,20 @@ def test_jax_platforms_cuda_without_a_gpu_is_one_line_exit_2():
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("remat-kit: JAX_PLATFORMS=cuda asks jax for a GPU")
     assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(__import__("glob").glob("/dev/nvidia[0-9]*")), reason="a GPU is here")
+def test_target_local_without_a_gpu_is_this_cpu_quietly():
+    # No driver to probe: "local" is the CPU, chosen before jax starts (no CUDA plugin
+    # traceback on stderr), and the limit it does not report reads so, not as a blank.
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    argv = ["report", "--model", "tiny-llama", "--target", "local", "--batch", "1", "--seq", "16"]
+    done = subprocess.run(
+        [sys.executable, "-m", "remat_kit.cli", *argv], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-500:]
+    assert "target memory: not reported by this device (fits unknown)" in done.stdout

@@ -240,8 +240,12 @@ def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespa
     try:
         if getattr(args, "target", None) == "local":
             from remat_kit.targets import check_platforms
+            from remat_kit.targets._platform import configure_if_no_gpu
 
             check_platforms()  # a JAX_PLATFORMS that names a GPU the machine lacks
+            # No GPU here: "local" is this machine's CPU, chosen before jax probes for a
+            # driver (the CUDA plugin's traceback, otherwise, on stderr).
+            configure_if_no_gpu()
         else:
             from remat_kit.targets import configure_for_deviceless
 

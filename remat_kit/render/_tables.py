@@ -82,6 +82,17 @@ def _cut(nbytes: int) -> str:
     return f"{nbytes / 2**20:.0f} MiB"
 
 
+def _limit_lines(target: Target, usable: int | None) -> list[tuple[str, Any]]:
+    """The target's memory and the limit a process gets; where the device reports none (a
+    CPU), words say so instead of a blank cell."""
+    if target.memory_bytes is None and usable is None:
+        return [("target memory: not reported by this device (fits unknown)", "n/a")]
+    return [
+        ("target memory", target.memory_bytes),
+        (f"  usable by a JAX process ({runtime_words(target)})", usable),
+    ]
+
+
 def compare_table(
     rows: Sequence[Mapping[str, Any]], target: Target, opts: RunOptions, seconds: float
 ) -> Table:
@@ -225,8 +236,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
             else ("host (offloaded, pinned host memory)", r.host_bytes)
         ),
         ("XLA's own peak", r.xla_peak_bytes),
-        ("target memory", target.memory_bytes),
-        (f"  usable by a JAX process ({runtime_words(target)})", r.usable_bytes),
+        *_limit_lines(target, r.usable_bytes),
     ]
     for what, value in lines:
         cell = value if isinstance(value, str) else "" if value is None else gib(value)
