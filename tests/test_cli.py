@@ -587,3 +587,32 @@ def test_a_deviceless_tiling_refusal_says_which_seq_avoids_it(xla, hint, monkeyp
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and xla in err
     assert ("a --seq that is a multiple of 8 avoids it" in err) is hint
+
+
+def test_plan_names_a_shorter_catalogue_policy_that_compiles_to_its_program():
+    # The front marks catalogue points that are the plan's very program (same_as): the
+    # shortest of them is what "use it" names, with the plan's own spec beside it.
+    from types import SimpleNamespace as NS
+
+    from remat_kit.cli._plan import _alike, _use_it
+    from remat_kit.search import FrontPoint
+
+    spec = "names:save=query_proj+key_proj+value_proj+out_proj+mlpwi_0+mlpwi_1+mlpwo"
+    p = NS(policy=NS(spec=spec), schedule=NS(name="none", spec="none"), budget_bytes=12)
+
+    def point(label, kind, same_as=None, budget=None, policy=None):
+        return FrontPoint(label, kind, 1, 0.0, 0.0, same_as=same_as, budget_bytes=budget,
+                          policy=policy or label)  # fmt: skip
+
+    points = [
+        point("plan (budget 0.00 GiB)", "plan", budget=12, policy=spec),
+        point("minimal", "catalogue", same_as="plan (budget 0.00 GiB)"),
+        point("dots", "catalogue", same_as="plan (budget 0.00 GiB)"),
+        point("full", "catalogue"),
+        point("plan (budget 0.00 GiB)", "plan", budget=11, policy="full"),  # a swept one
+    ]
+    assert _alike(p, points) == "dots"
+    line = _use_it(p, "config", "dots")
+    assert line.startswith(f"use it: --policy 'dots' (the same program as {spec}), or in code")
+    assert _alike(p, points[:1] + points[3:]) is None  # nothing compiles to it
+    assert _use_it(p, "arguments").startswith(f"use it: --policy '{spec}', or in code")

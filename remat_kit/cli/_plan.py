@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from remat_kit.render import (
     run_words,
     write_json,
 )
-from remat_kit.search import FRONT_POLICIES, Plan, PlanFront, plan_front
+from remat_kit.search import FRONT_POLICIES, FrontPoint, Plan, PlanFront, plan_front
 from remat_kit.sources import Workload
 
 __all__ = ["add_parser", "run"]
@@ -158,7 +159,7 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
         sys.stderr.write(f"remat-kit: {p.message}\n")
     else:
         out.print(p.message)
-        out.print(_use_it(p, run.source.applies_in_code))
+        out.print(_use_it(p, run.source.applies_in_code, _alike(p, points)))
     if args.plot:
         plot_front(
             points,
@@ -175,21 +176,43 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
     return 0 if p.fits else 1
 
 
-def _use_it(p: Plan, applies: str) -> str:
+def _alike(p: Plan, points: Sequence[FrontPoint]) -> str | None:
+    """The shortest catalogue policy that compiles to the plan's very program (the front
+    marks it ``same_as`` the plan), or None: a name to use in place of a long spec."""
+    mine = next(
+        (pt for pt in points if pt.kind == "plan" and pt.budget_bytes == p.budget_bytes), None
+    )
+    if mine is None or p.schedule.name != "none":
+        return None
+    alike = [
+        pt.policy
+        for pt in points
+        if pt.kind == "catalogue" and pt.same_as == mine.label and pt.policy is not None
+    ]
+    shorter = [spec for spec in alike if len(spec) < len(p.policy.spec)]
+    return min(shorter, key=len) if shorter else None
+
+
+def _use_it(p: Plan, applies: str, alike: str | None = None) -> str:
     """How to apply the plan: its flags, and where the source applies policies in code
-    (``applies``: the StepSource's ``applies_in_code``), the call that does."""
-    flags = f"--policy '{p.policy.spec}'" + (
+    (``applies``: the StepSource's ``applies_in_code``), the call that does. Where a shorter
+    catalogue policy compiles to the same program (``alike``), that is the name given."""
+    spec = alike or p.policy.spec
+    flags = f"--policy '{spec}'" + (
         f" --schedule '{p.schedule.spec}'" if p.schedule.name != "none" else ""
     )
+    same = f" (the same program as {p.policy.spec})" if alike else ""
     code = None
     if applies == "config":  # a preset: the policy and schedule are its config's fields
         code = "remat_kit_models.get_config(..., policy=plan.policy, schedule=plan.schedule)"
+        if alike:
+            code = f"remat_kit_models.get_config(..., policy={alike!r})"
     elif p.schedule.name == "none":  # the user's factory or step applies its policy
-        code = f"hand your model rk.policy({p.policy.spec!r}) as its policy"
+        code = f"hand your model rk.policy({spec!r}) as its policy"
     elif applies == "arguments":
         code = (
-            f"hand your model rk.policy({p.policy.spec!r}) as its policy and "
+            f"hand your model rk.policy({spec!r}) as its policy and "
             f"schedule=rk.parse_schedule({p.schedule.spec!r})"
         )
     # else a per-layer plan applied through --block: the flags are the way to give it
-    return f"use it: {flags}" + (f", or in code: {code}" if code else "")
+    return f"use it: {flags}{same}" + (f", or in code: {code}" if code else "")
