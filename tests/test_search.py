@@ -134,6 +134,27 @@ def test_fake_plan_is_none_when_none_fits():
     assert set(p.decisions.values()) == {"save"}
 
 
+def test_a_policy_beside_none_that_is_faster_and_smaller_is_the_plan(monkeypatch):
+    # none fits, yet a policy given beside it may cost less in time (recomputing can be
+    # cheaper than reading a residual back): the plan is never one its own front dominates.
+    from remat_kit.search import _planner
+
+    w = fake_workload()
+    weighed = []
+    real = _planner._best_of
+
+    def best_of(ctx, best, extras):
+        weighed.append((best.policy, [p.spec for p, _ in extras]))
+        return ctx.compile(rk.policy("full"), rk.schedules.NO_SCHEDULE, "catalogue")
+
+    monkeypatch.setattr(_planner, "_best_of", best_of)
+    p = rk.plan(w, 1, 10**9, extra=["full", "minimal"])
+    assert weighed == [("none", ["full", "minimal"])]
+    assert p.policy.name == "full" and p.source == "catalogue"
+    monkeypatch.setattr(_planner, "_best_of", real)
+    assert rk.plan(w, 1, 10**9).source == "none"  # nothing beside it: none, as before
+
+
 @pytest.mark.parametrize("need", [100, 300, 500, 900, 1100])
 def test_fake_plan_fits_and_is_cheapest(need):
     """The plan sheds at least ``need`` bytes at the lowest cost any per-layer mix allows."""

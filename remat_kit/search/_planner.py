@@ -136,7 +136,12 @@ def plan(
     if _none_lower_bound(workload, batch) <= budget:
         none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
         if none.fits:
-            return ctx.result(none, before, t0, source="none")
+            # No remat is needed, but a policy beside it may still be faster and smaller
+            # (in time, recomputing can cost less than reading a residual back): the plan
+            # is never one its own front shows dominated.
+            chosen = _best_of(ctx, none, extras)
+            source = "none" if chosen is none else "catalogue"
+            return ctx.result(chosen, before, t0, source=source)
 
     use_offload = offload and host_budget != 0
     model = cost_model(workload, batch, offload=use_offload, hide=hide, objective=objective)
