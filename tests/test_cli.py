@@ -616,3 +616,29 @@ def test_plan_names_a_shorter_catalogue_policy_that_compiles_to_its_program():
     assert line.startswith(f"use it: --policy 'dots' (the same program as {spec}), or in code")
     assert _alike(p, points[:1] + points[3:]) is None  # nothing compiles to it
     assert _use_it(p, "arguments").startswith(f"use it: --policy '{spec}', or in code")
+
+
+@pytest.mark.parametrize("command", ["report", "compare", "fit", "plan", "advise", "inspect"])
+def test_a_commands_help_states_defaults_and_ends_with_examples(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "tokens per sequence (default: 2048)" in " ".join(out.split())
+    examples = out[out.index("examples:\n") :].splitlines()[1:]
+    assert len(examples) == 2 and all(e.startswith(f"  remat-kit {command} ") for e in examples)
+    assert "(default: None)" not in out and "(default: False)" not in out
+
+
+def test_every_help_example_parses():
+    # An example a flag was renamed under would be refused: each is parsed as written.
+    import shlex
+
+    from remat_kit.cli import COMMANDS, _parser
+
+    examples = [(c.name, e) for c in COMMANDS for e in c.examples]
+    assert len(examples) >= 13
+    for name, example in examples:
+        parser, _ = _parser(name)
+        args = parser.parse_args(shlex.split(example)[1:])
+        assert args.command == name, example

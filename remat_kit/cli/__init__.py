@@ -28,11 +28,13 @@ __all__ = ["COMMANDS", "FLAGS", "MAIN_POLICIES", "Command", "main", "summary"]
 
 
 class Command(NamedTuple):
-    """One ``remat-kit`` subcommand: its name, the module that runs it and its help line."""
+    """One ``remat-kit`` subcommand: its name, the module that runs it, its help line and the
+    examples its ``--help`` ends with."""
 
     name: str
     module: str
     help: str
+    examples: tuple[str, ...] = ()
 
 
 #: The commands, in the order ``remat-kit --help`` lists them.
@@ -41,16 +43,61 @@ COMMANDS: tuple[Command, ...] = (
         "report",
         "remat_kit.cli._report",
         "peak HBM of one policy, with breakdown and residuals",
+        (
+            "remat-kit report --model llama3-8b --target h100 --batch 4 --policy minimal",
+            "remat-kit report --model llama3-8b --target a100-40gb --lora 16 --json out.json",
+        ),
     ),
-    Command("compare", "remat_kit.cli._compare", "a table of policies for one model and target"),
-    Command("fit", "remat_kit.cli._fit", "the largest batch that fits, per policy"),
-    Command("plan", "remat_kit.cli._plan", "the cheapest plan whose compiled peak fits a budget"),
-    Command("advise", "remat_kit.cli._advise", "for every GPU: does it fit, with which plan"),
-    Command("inspect", "remat_kit.cli._inspect", "what is live at the peak, and when"),
+    Command(
+        "compare",
+        "remat_kit.cli._compare",
+        "a table of policies for one model and target",
+        (
+            "remat-kit compare --model llama3-8b --target h100 --batch 4 --seq 2048",
+            "remat-kit compare --model gpt2-medium --target rtx4090 --policies none,full,minimal",
+        ),
+    ),
+    Command(
+        "fit",
+        "remat_kit.cli._fit",
+        "the largest batch that fits, per policy",
+        (
+            "remat-kit fit --model gpt2-medium --target rtx4090 --seq 512",
+            "remat-kit fit --model llama3-8b --target h100 --optimizer sgd --over seq",
+        ),
+    ),
+    Command(
+        "plan",
+        "remat_kit.cli._plan",
+        "the cheapest plan whose compiled peak fits a budget",
+        (
+            "remat-kit plan --model llama3-8b --target h100 --batch 4 --seq 2048 --budget 52GiB",
+            "remat-kit plan --model gpt2-medium --target rtx4090 --batch 16 --sweep --plot f.png",
+        ),
+    ),
+    Command(
+        "advise",
+        "remat_kit.cli._advise",
+        "for every GPU: does it fit, with which plan",
+        (
+            "remat-kit advise --model llama3-8b --batch 8 --seq 2048",
+            "remat-kit advise --model llama3-70b --batch 16 --seq 4096 --scale-out",
+        ),
+    ),
+    Command(
+        "inspect",
+        "remat_kit.cli._inspect",
+        "what is live at the peak, and when",
+        (
+            "remat-kit inspect --model llama3-8b --target h100 --batch 4 --policy minimal",
+            "remat-kit inspect --model llama3-8b --target h100 --batch 4 --diff full minimal",
+        ),
+    ),
     Command(
         "validate",
         "remat_kit.cli._validate",
         "run the step on the local GPU; compare the measured peak with ours",
+        ("remat-kit validate --model llama3.2-1b --batch 4 --seq 2048 --policy full",),
     ),
     Command("targets", "remat_kit.cli._listings", "list the GPU targets"),
     Command("policies", "remat_kit.cli._listings", "list the policies"),
@@ -179,6 +226,9 @@ def _parser(
         module.add_parser(sub)
         for name in set(sub.choices) - before:
             runs[name] = module.run
+            examples = next((e.examples for e in COMMANDS if e.name == name), ())
+            if examples:
+                sub.choices[name].epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
             # --debug after the command as well; SUPPRESS keeps a top-level --debug.
             sub.choices[name].add_argument(
                 "--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP

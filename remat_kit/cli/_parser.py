@@ -10,6 +10,20 @@ from typing import Any
 __all__ = ["Parser"]
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help that states each flag's default (where it has one worth stating) and keeps the
+    examples' lines as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS, ()):
+            return text  # a help that words its default itself says it best
+        if action.option_strings and action.nargs != 0:
+            return f"{text} (default: %(default)s)"
+        return text
+
+
 class Parser(argparse.ArgumentParser):
     """argparse that reports errors as one line, ``remat-kit: ...``, exit code 2.
 
@@ -19,6 +33,7 @@ class Parser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         # argparse's own pattern accepts only plain negative numbers (-3, -0.5).
         self._negative_number_matcher = re.compile(r"^-\.?\d")
