@@ -62,8 +62,10 @@ class PresetSource(rk.sources.StepSource):
 
     @property
     def spec(self) -> str:
-        """The preset's name (or the Hugging Face config's label)."""
-        return self.request.name
+        """The preset's name (or the Hugging Face config's label), with the overrides that
+        change its figures: ``llama3-8b (layers=64)``; titles and reports name it so."""
+        overrides = " ".join(f"{k}={v}" for k, v in self.request.overrides)
+        return self.request.name + (f" ({overrides})" if overrides else "")
 
     @property
     def schedule_kinds(self) -> frozenset[str]:

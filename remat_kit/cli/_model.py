@@ -118,8 +118,9 @@ class ModelRun:
 
     @property
     def model(self) -> str:
-        """The model's name in titles."""
-        return self.spec.name
+        """The model's name in titles: the source's, which names what changes its figures
+        (a preset's overrides)."""
+        return self.source.spec
 
     @property
     def batch(self) -> int:
