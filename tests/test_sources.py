@@ -1031,8 +1031,11 @@ def test_cli_report_from_an_hf_config(capsys, tmp_path):
     argv = ["report", "--hf-config", str(DATA / "hf" / "qwen2-7b.json"), *small, "--vocab", "256"]
     argv += ["--seq", "32", "--batch", "1", "--target", "h100", "--no-residuals"]
     assert main([*argv, "--json", str(out)]) == 0
-    assert "qwen2-7b b1 s32" in capsys.readouterr().out
+    # the title names the sizes the flags changed, as the JSON's model does
+    named = "qwen2-7b (layers=1 width=64 heads=4 kv_heads=2 ff=128 vocab=256)"
+    assert f"{named} b1 s32" in capsys.readouterr().out
     meta = json.loads(out.read_text())["meta"]
+    assert meta["model"] == named
     # embed + head (2 x 256 x 64) + one layer with q/k/v biases + final norm, by hand:
     layer = 64 * 64 * 2 + 2 * 64 * 32 + (64 + 2 * 32) + 3 * 64 * 128 + 2 * 64
     assert meta["params"] == 2 * 256 * 64 + layer + 64
