@@ -16,11 +16,9 @@ import dataclasses
 import functools
 import inspect
 import math
-import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -44,6 +42,7 @@ from remat_kit.sources._loading import (
     patched_block,
 )
 from remat_kit.sources._protocol import SourceStep, StepSource
+from remat_kit.sources._streams import streams_asked
 from remat_kit.targets import Target
 from remat_kit.train import TrainConfig, TrainStep, build_train_step
 
@@ -330,7 +329,9 @@ class ModelSource(StepSource):
         if built.kind != "linen":
             return ()
         if "rng_streams" not in self._cache:
-            self._cache["rng_streams"] = _streams_asked(built, config.micro_batch, config.seq)
+            self._cache["rng_streams"] = streams_asked(
+                built.module, built.inputs, config.micro_batch, config.seq
+            )
         return self._cache["rng_streams"]
 
     def check_step(self, built: SourceStep, what: str) -> None:
@@ -569,40 +570,3 @@ def from_factory(
         env_at_import=env,
         shard=shard,
     )
-
-
-#: How flax names the stream a module asked for and did not get (``InvalidRngError``).
-_ASKED = re.compile(r'needs PRNG for "([^"]+)"')
-
-
-def _streams_asked(built: BuiltModel, batch: int, seq: int) -> tuple[str, ...]:
-    """The streams ``built.module.apply`` asks for, traced (shapes only) at the step's
-    micro-batch: each ``InvalidRngError`` names one, given on the next try. A model that
-    fails otherwise is left to fail where the step is traced, with that trace's message."""
-    tokens = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
-    extra = built.inputs or (lambda t: {})
-    module = built.module
-    try:
-        params = jax.eval_shape(
-            lambda k, t: module.init(k, t, **extra(t)), jax.random.key(0), tokens
-        )
-    except Exception:  # the step's own trace reports it
-        return ()
-    streams: list[str] = []
-    while True:
-        rngs = {name: jax.random.key(i) for i, name in enumerate(streams)}
-
-        def forward(p: Any, t: jax.Array, rngs: Mapping[str, Any] = rngs) -> Any:
-            return module.apply(p, t, **extra(t), rngs=rngs)
-
-        try:
-            jax.eval_shape(forward, params, tokens)
-        except flax.errors.InvalidRngError as err:
-            asked = _ASKED.search(str(err))
-            if asked is None or asked.group(1) in streams:
-                return tuple(streams)
-            streams.append(asked.group(1))
-            continue
-        except Exception:  # the step's own trace reports it
-            return tuple(streams)
-        return tuple(streams)
