@@ -85,6 +85,13 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
     p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
 
 
+class _Words(argparse.Action):
+    """Keeps the words of a flag that takes several (``--maxtext a=1 b=2``) as one string."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, " ".join(values))
+
+
 def _add_source_args(p: argparse.ArgumentParser) -> None:
     # The model: a preset, a factory or a Hugging Face config, or a step of the user's; how
     # a factory's model is rematerialized and tagged.
@@ -106,6 +113,16 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE.py:NAME",
         help="a train step of your own instead of ours: NAME(policy, config) -> (fn, args[, "
         "donate_argnums]) or rk.sources.OwnStep (README: Your own model)",
+    )
+    p.add_argument(
+        "--maxtext",
+        default=None,
+        nargs="+",
+        action=_Words,
+        metavar="WORD",
+        help="a MaxText config as its own command line takes it: an optional YAML path, then "
+        "key=value words, e.g. --maxtext model_name=llama2-7b ici_fsdp_parallelism=8 "
+        "(pip install 'remat-kit[maxtext]')",
     )
     p.add_argument(
         "--block",

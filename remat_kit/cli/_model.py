@@ -57,7 +57,12 @@ _SHAPE_FLAGS = (
 )
 
 #: The flags that name the model: the spec field each fills (a kind's ``names_by``).
-_NAMES = (("model", "--model"), ("hf_config", "--hf-config"), ("step", "--step"))
+_NAMES = (
+    ("model", "--model"),
+    ("hf_config", "--hf-config"),
+    ("step", "--step"),
+    ("maxtext", "--maxtext"),
+)
 
 
 class _Flag(NamedTuple):
@@ -199,7 +204,8 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
             "give the model once"
             + (f" ({' and '.join(flag for _, flag in named)} given)" if named else "")
             + ": a preset, path/file.py:NAME or package.module:NAME (--model), a Hugging Face "
-            "config.json (--hf-config), or a train step of your own, file.py:NAME (--step)",
+            "config.json (--hf-config), a train step of your own, file.py:NAME (--step), or a "
+            "MaxText config (--maxtext)",
             param=None if len(named) > 1 else "model",
         )
     (dest, flag) = named[0]
@@ -291,7 +297,8 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     kind, spec = spec_from_args(args)
     tgt = target_from_args(args)
     shard = getattr(args, "shard", None)
-    if tgt.devices > 1 and not shard:
+    # A kind that lays out its own mesh (MaxText's parallelism keys) takes no --shard.
+    if tgt.devices > 1 and not shard and "shard" in kind.fields:
         raise BadValue(
             f"--gpus {tgt.devices} without --shard: the step would be compiled for one GPU and "
             f"reported as such; give a mesh, e.g. --shard fsdp:{tgt.devices}, or drop --gpus"

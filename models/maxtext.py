@@ -1,0 +1,609 @@
+"""MaxText configs as a model source: MaxText's own model, train step, optimizer and mesh.
+
+``--maxtext "model_name=llama2-7b ici_fsdp_parallelism=8"`` (or a YAML path first, as
+MaxText's own command line takes it: ``"my.yml base_num_decoder_layers=4"``) is read by
+MaxText's own ``pyconfig`` and built into MaxText's own ``train_step`` exactly as its AOT
+compiler (``maxtext.trainers.pre_train.train_compile``) builds it: the abstract train state
+of its NNX model and optimizer, the batch, the shardings of its logical axis rules, over a
+mesh of the target's compile-only GPUs laid out by its ``ici_*``/``dcn_*`` parallelism keys.
+The programs are the ones MaxText compiles (``tests/test_maxtext.py`` checks it to the byte).
+
+What the command line owns is not taken from the config: the batch (``--batch`` is the global
+batch: ``per_device_batch_size`` = batch / GPUs), the sequence (``--seq`` is
+``max_target_length``) and the policy (``--policy``): a config that sets them is refused,
+naming the flag. A policy reaches MaxText the way a MaxText user sets it (:func:`config_lines`):
+MaxText's own ``remat_policy`` values (``maxtext:remat_policy=save_qkv_proj``), ``full``, and
+any save/offload-by-name policy whose names are MaxText's per-tensor ``custom`` keys (the
+lines ``plan`` prints); anything else (a dot policy) is handed to the decoder's
+``get_remat_policy`` while the step is traced, and said so. MaxText wraps every layer in
+``jax.checkpoint`` and has no setting without one: ``none`` (the baseline) is its step traced
+with that checkpoint left out.
+
+MaxText is an optional dependency (``pip install 'remat-kit[maxtext]'``): this module imports
+it only when a MaxText source is built.
+
+Example:
+  >>> MaxTextSpec("model_name=llama2-7b base_num_decoder_layers=2").name
+  'maxtext model_name=llama2-7b base_num_decoder_layers=2'
+  >>> config_lines(rk.policy("offload", offload=["decoder_layer_input"], save=["context"]))
+  ('remat_policy: custom', 'decoder_layer_input: offload', 'context: device')
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import io
+import math
+import shlex
+import tempfile
+import unittest.mock
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+import remat_kit as rk
+from remat_kit.errors import BadValue
+
+__all__ = [
+    "CUSTOM_TENSORS",
+    "MAXTEXT",
+    "OWNED",
+    "MaxTextSource",
+    "MaxTextSpec",
+    "config_lines",
+]
+
+#: The tensors MaxText's ``remat_policy: custom`` takes a ``remat|device|offload`` line for
+#: (maxtext 0.2.5, ``configs/base.yml``; ``decoder_layer_input`` defaults to ``device``).
+CUSTOM_TENSORS = (
+    "decoder_layer_input",
+    "context",
+    "mlpwi",
+    "mlpwi_0",
+    "mlpwi_1",
+    "mlpwo",
+    "moe_mlpwi_0",
+    "moe_mlpwi_1",
+    "moe_mlpwo",
+    "moe_x_sorted",
+    "moe_routing_maps",
+    "query_proj",
+    "key_proj",
+    "value_proj",
+    "kv_proj",
+    "qkv_proj",
+    "out_proj",
+    "query_wa_proj",
+    "kv_wa_proj",
+    "mla_q",
+    "mla_kv",
+    "attention_out",
+    "engram",
+    "indexer_cutoff_threshold",
+)
+
+#: Config keys the command line owns, and the flag that sets each.
+OWNED: Mapping[str, str] = {
+    "per_device_batch_size": "--batch (the global batch; per device = batch / GPUs)",
+    "max_target_length": "--seq",
+    "remat_policy": "--policy (maxtext:remat_policy=NAME for MaxText's own)",
+    **{name: "--policy (a save/offload policy: plan prints the lines)" for name in CUSTOM_TENSORS},
+    "hardware": "--target",
+    "compile_topology": "--target and --gpus",
+    "internal_compile": "--target and --gpus",
+    "internal_compile_num_devices": "--gpus",
+}
+
+#: The default config MaxText's own command line starts from.
+_BASE = "base.yml"
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxTextSpec:
+    """A MaxText model: its config words as MaxText's command line takes them.
+
+    Attributes:
+      maxtext: an optional YAML path first (default MaxText's ``base.yml``), then
+        ``key=value`` overrides (``model_name=llama2-7b ici_fsdp_parallelism=8``).
+
+    Example:
+      >>> MaxTextSpec("model_name=mixtral-8x7b").overrides
+      (('model_name', 'mixtral-8x7b'),)
+    """
+
+    maxtext: str
+
+    def __post_init__(self) -> None:
+        words = self.maxtext if isinstance(self.maxtext, str) else " ".join(self.maxtext)
+        object.__setattr__(self, "maxtext", " ".join(shlex.split(words)))
+        self.yaml  # noqa: B018 (bad words fail here, before anything is built)
+
+    @property
+    def name(self) -> str:
+        """``maxtext`` and the words."""
+        return f"maxtext {self.maxtext}"
+
+    @property
+    def yaml(self) -> str:
+        """The YAML config (a path, or MaxText's ``base.yml``)."""
+        words = self.maxtext.split()
+        return words[0] if words and "=" not in words[0] else _BASE
+
+    @property
+    def overrides(self) -> tuple[tuple[str, str], ...]:
+        """The ``key=value`` words as pairs, in the order given.
+
+        Raises:
+          BadValue: a word that is not ``key=value``, a key given twice or one the command
+            line owns (:data:`OWNED`).
+        """
+        words = self.maxtext.split()
+        if words and "=" not in words[0]:
+            words = words[1:]
+        pairs: list[tuple[str, str]] = []
+        for word in words:
+            key, eq, value = word.partition("=")
+            if not eq or not key:
+                raise BadValue(
+                    f"--maxtext word {word!r}: after the optional YAML path every word is "
+                    "key=value, as MaxText's command line takes them (model_name=llama2-7b)",
+                    param="maxtext",
+                )
+            if key in OWNED:
+                raise BadValue(
+                    f"--maxtext {key}={value}: {key} is set by {OWNED[key]}; drop it from the "
+                    "config words",
+                    param="maxtext",
+                )
+            if key in dict(pairs):
+                raise BadValue(f"--maxtext gives {key} twice", param="maxtext")
+            pairs.append((key, value))
+        return tuple(pairs)
+
+
+def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
+    """The MaxText config lines that set ``policy``, None where no config line can.
+
+    MaxText's own ``remat_policy`` values and ``full`` are one line; a policy that saves
+    and offloads tensors by name is ``remat_policy: custom`` with a line per tensor, where
+    every name is one of :data:`CUSTOM_TENSORS` (``decoder_layer_input`` is ``device``
+    unless offloaded, as MaxText's default has it: the layer's input is kept either way).
+
+    Args:
+      policy: a policy (name, spec or ``rk.Policy``).
+
+    Returns:
+      The lines (``key: value``), or None.
+
+    Example:
+      >>> config_lines("maxtext:remat_policy=save_qkv_proj")
+      ('remat_policy: save_qkv_proj',)
+      >>> config_lines("dots") is None
+      True
+    """
+    pol = rk.as_policy(policy)
+    if pol.name == "maxtext":
+        return (f"remat_policy: {pol.params['remat_policy']}",)
+    if pol.name == "full":
+        return ("remat_policy: full",)
+    if pol.name not in ("names", "offload"):
+        return None
+    saved = tuple(pol.params.get("save", ()))
+    offloaded = tuple(pol.params.get("offload", ()))
+    if pol.params.get("dst", "pinned_host") != "pinned_host":
+        return None  # MaxText offloads to pinned host memory only
+    if not set(saved + offloaded) <= set(CUSTOM_TENSORS):
+        return None
+    lines = ["remat_policy: custom"]
+    if "decoder_layer_input" not in offloaded + saved:
+        lines.append("decoder_layer_input: device")
+    lines += [f"{n}: offload" for n in offloaded] + [f"{n}: device" for n in saved]
+    return tuple(lines)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # MaxText prints on import and logs through absl while it reads a config (stub notices,
+    # tokenizer defaults): none of it is about the measured step.
+    import absl.logging
+
+    level = absl.logging.get_verbosity()
+    absl.logging.set_verbosity(absl.logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        absl.logging.set_verbosity(level)
+
+
+@functools.cache
+def _maxtext() -> Any:
+    """MaxText's modules this source uses, imported once (a namespace)."""
+    try:
+        with _quiet():
+            from maxtext.configs import pyconfig
+            from maxtext.layers import nnx_decoders
+            from maxtext.trainers.pre_train import train, train_compile
+            from maxtext.utils import maxtext_utils, sharding
+    except ImportError as err:
+        raise BadValue(
+            f"MaxText is not installed ({err.name or err}): pip install 'remat-kit[maxtext]'",
+            param="maxtext",
+        ) from None
+    return _Modules(pyconfig, nnx_decoders, train, train_compile, maxtext_utils, sharding)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Modules:
+    pyconfig: Any
+    nnx_decoders: Any
+    train: Any
+    train_compile: Any
+    maxtext_utils: Any
+    sharding: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Built:
+    """One MaxText step as its AOT compiler builds it, with what the tables read."""
+
+    cfg: Any
+    mesh: jax.sharding.Mesh
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    in_shardings: tuple[Any, ...]
+    out_shardings: Any
+    donate_argnums: tuple[int, ...]
+    loss_fn: Callable[..., Any]
+    loss_args: tuple[Any, ...]
+
+
+def _settings(spec: MaxTextSpec, config: rk.TrainConfig, devices: int, lines: tuple[str, ...]):
+    """The ``key=value`` words MaxText's ``pyconfig`` reads: the user's, the policy's lines,
+    and what the command line owns."""
+    words = dict(spec.overrides)
+    # A user who names a model's sizes means them; MaxText refuses the pair without this.
+    words.setdefault("override_model_config", "True")
+    words.update(line.split(": ", 1) for line in lines)
+    per_device = config.batch / devices
+    words.update(
+        per_device_batch_size=str(int(per_device) if per_device.is_integer() else per_device),
+        max_target_length=str(config.seq),
+        hardware="gpu",
+        # The device count of the compile-only mesh (MaxText's own AOT path reads it from a
+        # TPU topology name; for a GPU it needs the GPUs present).
+        internal_compile="True",
+        internal_compile_num_devices=str(devices),
+        enable_checkpointing="False",
+        skip_jax_distributed_system="True",
+        dataset_type="synthetic",
+        base_output_directory=str(Path(tempfile.gettempdir()) / "remat_kit_maxtext"),
+    )
+    return tuple(f"{k}={v}" for k, v in words.items())
+
+
+@functools.cache
+def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
+    """MaxText's config for ``words`` (its ``pyconfig.initialize``), or BadValue."""
+    mt = _maxtext()
+    yaml = Path(mt.pyconfig.__file__).parent / _BASE if spec.yaml == _BASE else Path(spec.yaml)
+    if not yaml.is_file():
+        raise BadValue(
+            f"--maxtext {spec.yaml}: no such config file; give a MaxText YAML, or only "
+            "key=value words (MaxText's base.yml)",
+            param="maxtext",
+        )
+    try:
+        with _quiet():
+            return mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
+    except Exception as err:  # MaxText's ValueError, pydantic's ValidationError, asserts
+        raise BadValue(f"MaxText refused --maxtext {spec.maxtext!r}: {_first(err)}") from None
+
+
+def _first(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _mesh(cfg: Any, target: rk.Target) -> jax.sharding.Mesh:
+    """MaxText's mesh of ``cfg``'s parallelism keys over ``target``'s compile-only GPUs."""
+    mt = _maxtext()
+    devices = list(target.mesh().devices.reshape(-1))
+    try:
+        with _quiet():
+            grid = mt.maxtext_utils.create_device_mesh(cfg, devices)
+    except Exception as err:
+        raise BadValue(
+            f"MaxText's mesh for {target.devices} GPU(s): {_first(err)}; set the ici_*/dcn_* "
+            "parallelism keys to multiply to --gpus",
+            param="maxtext",
+        ) from None
+    explicit = str(cfg.shard_mode).lower().endswith("explicit")
+    kind = jax.sharding.AxisType.Explicit if explicit else jax.sharding.AxisType.Auto
+    return jax.sharding.Mesh(grid, cfg.mesh_axes, axis_types=(kind,) * len(cfg.mesh_axes))
+
+
+class _WithoutCheckpoint:
+    """``jax`` as MaxText's decoder sees it while a step without remat is traced: its
+    ``jax.checkpoint`` hands the layer back (MaxText has no setting without a checkpoint)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(jax, name)
+
+    @staticmethod
+    def checkpoint(fn: Callable[..., Any], **kwargs: Any) -> Callable[..., Any]:
+        del kwargs
+        return fn
+
+
+def _in_context(
+    fn: Callable[..., Any], spec: MaxTextSpec, cfg: Any, mesh: Any, patch: rk.Policy | None
+) -> Callable[..., Any]:
+    """``fn`` traced as MaxText traces it: under its mesh and logical axis rules; with
+    ``patch`` (a policy no config line sets) handed to the decoder's ``get_remat_policy``,
+    or for ``none`` its ``jax.checkpoint`` left out. An error in MaxText's code is a
+    BadValue naming the config (its first line)."""
+    from flax.core.spmd import logical_axis_rules
+
+    decoders = _maxtext().nnx_decoders
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        with contextlib.ExitStack() as stack:
+            # The abstract mesh (MaxText enters jax.set_mesh, which a trace may not).
+            stack.enter_context(jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
+            stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
+            if patch is not None and not patch.is_remat:
+                stack.enter_context(
+                    unittest.mock.patch.object(decoders, "jax", _WithoutCheckpoint())
+                )
+            elif patch is not None:
+                policy = patch.jax_policy
+                stack.enter_context(
+                    unittest.mock.patch.object(
+                        decoders.NNXDecoder, "get_remat_policy", lambda self: policy
+                    )
+                )
+            try:
+                return fn(*args)
+            except BadValue:
+                raise
+            except Exception as err:
+                raise BadValue(
+                    f"MaxText's step for --maxtext {spec.maxtext!r} failed: {_first(err)}"
+                ) from err
+
+    return traced
+
+
+@functools.cache
+def _built(spec: MaxTextSpec, words: tuple[str, ...], target: rk.Target, patch: Any) -> _Built:
+    """The step ``train_compile`` compiles for ``words`` on ``target``'s GPUs."""
+    from flax import nnx
+
+    mt = _maxtext()
+    cfg = _config(spec, words)
+    mesh = _mesh(cfg, target)
+    with _quiet():
+        args, kwargs, state_sh, _, graphdef = mt.train_compile.get_shaped_inputs(mesh, cfg)
+        params_sh, state_sh = mt.sharding.maybe_update_params_sharding_with_opt(cfg, state_sh)
+        in_state = mt.sharding.build_zero1_input_state_mesh_shardings(cfg, state_sh, params_sh)
+        data_sh = mt.sharding.get_input_data_sharding(cfg, mesh)
+        fn, in_sh, out_sh, static, donate = mt.maxtext_utils.get_functional_train_with_signature(
+            mt.train.train_step, data_sh, in_state, graphdef, cfg, params_sh
+        )
+    if static or kwargs:
+        raise BadValue(
+            f"--maxtext {spec.maxtext!r}: MaxText's step takes static or keyword arguments here "
+            "(DiLoCo, pipeline stages ...), which this source does not build",
+            param="maxtext",
+        )
+    # One micro-batch's loss of the model's parameters: what the residual tables read.
+    model = nnx.merge(graphdef, args[0]).model
+    model_def, params, rest = nnx.split(model, nnx.Param, ...)
+
+    def loss(params: Any, rest: Any, batch: Any) -> Any:
+        merged = nnx.merge(model_def, params, rest)
+        return mt.train.loss_fn(merged, cfg, batch, None, None, is_train=True)[0]
+
+    return _Built(
+        cfg=cfg,
+        mesh=mesh,
+        fn=_in_context(fn, spec, cfg, mesh, patch),
+        args=tuple(args),
+        in_shardings=tuple(in_sh),
+        out_shardings=out_sh,
+        donate_argnums=(donate,) if isinstance(donate, int) else tuple(donate),
+        loss_fn=_in_context(loss, spec, cfg, mesh, patch),
+        loss_args=(params, rest, args[1]),
+    )
+
+
+def _per_device(tree: Any) -> int:
+    """Bytes one device holds of ``tree``'s abstract, sharded leaves."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        total += int(leaf.dtype.itemsize) * math.prod(shape)  # a key's dtype has one too
+    return total
+
+
+def _dtypes(tree: Any) -> str:
+    leaves = jax.tree.leaves(tree)
+    found = {jnp.dtype(x.dtype).name for x in leaves if jnp.issubdtype(x.dtype, jnp.floating)}
+    return "+".join(sorted(found)) or "-"
+
+
+@dataclasses.dataclass(frozen=True)
+class MaxTextSource(rk.sources.StepSource):
+    """A MaxText config as an ``rk.sources.StepSource`` (see the module docstring).
+
+    Attributes:
+      request: the config words.
+    """
+
+    request: MaxTextSpec
+
+    #: MaxText's model: its own tensor names (ours follow them) and dtypes.
+    own_model = True
+
+    @property
+    def spec(self) -> str:
+        """``maxtext`` and the config words."""
+        return self.request.name
+
+    @property
+    def schedule_kinds(self) -> frozenset[str]:
+        """``none``: MaxText places its checkpoints itself (one per layer)."""
+        return frozenset({"none"})
+
+    def _cfg(self, config: rk.TrainConfig, target: rk.Target, lines: tuple[str, ...]) -> Any:
+        return _config(self.request, _settings(self.request, config, target.devices, lines))
+
+    def n_layers(self) -> int:
+        """The decoder's layers (``num_decoder_layers``, overrides included)."""
+        cfg = self._cfg(rk.TrainConfig(batch=1, seq=128), rk.target("cpu"), ())
+        return int(cfg.num_decoder_layers)
+
+    def at_depth(self, layers: int) -> None:
+        """None: every compile is of MaxText's whole step."""
+        del layers
+
+    def check(self, config: rk.TrainConfig, target: rk.Target) -> None:
+        """MaxText's config and mesh for ``config`` on ``target``, and the train config's
+        fields the command line would set in vain (MaxText's config sets the optimizer,
+        accumulation and precision).
+
+        Raises:
+          BadValue: the first bad value, MaxText's own message for its config.
+        """
+        default = rk.TrainConfig(config.batch, config.seq)
+        for field in ("optimizer", "accum", "precision", "lora"):
+            if getattr(config, field) != getattr(default, field):
+                raise BadValue(
+                    f"{field}={getattr(config, field)!r} with {self.spec}: a MaxText config "
+                    f"sets its own {field} (opt_type, gradient_accumulation_steps, dtype, "
+                    "weight_dtype, lora ...); set it in the config words",
+                    param=field,
+                )
+        _mesh(self._cfg(config, target, ()), target)
+
+    def build_step(
+        self,
+        policy: rk.Policy,
+        schedule: rk.Schedule,
+        config: rk.TrainConfig,
+        target: rk.Target,
+        *,
+        sharded: bool = True,
+    ) -> rk.sources.SourceStep:
+        """MaxText's step under ``policy`` (its config lines, else handed to its decoder).
+
+        ``sharded`` is not read: MaxText's step is built on its mesh whatever the caller
+        traces it for (the traced program is the same).
+        """
+        del sharded
+        pol = rk.as_policy(policy)
+        if schedule.name != "none":
+            raise BadValue(
+                f"{self.spec} cannot build schedule {schedule.spec!r}: MaxText checkpoints "
+                "every layer itself; schedules it takes: none",
+                param="schedule",
+            )
+        lines = config_lines(pol)
+        patch = None if lines is not None else pol
+        words = _settings(self.request, config, target.devices, lines or ())
+        b = _built(self.request, words, target, patch)
+        model_state, batch = b.args[0]["model"], b.args[1]
+        weights = _per_device(model_state)
+        opt = _per_device(b.args[0]["optimizer"])
+        mesh = {k: int(v) for k, v in b.mesh.shape.items() if v > 1}
+        meta = {
+            "optimizer": str(b.cfg.opt_type),
+            "layers": int(b.cfg.num_decoder_layers),
+            "params": int(sum(x.size for x in jax.tree.leaves(b.loss_args[0]))),
+            "maxtext": {
+                "config": self.request.maxtext,
+                "policy_lines": list(lines) if lines is not None else None,
+                "policy_applied": "config"
+                if lines is not None
+                else ("decoder's get_remat_policy" if pol.is_remat else "no jax.checkpoint"),
+                "mesh": mesh or {"none": 1},
+                "per_device_batch_size": float(b.cfg.per_device_batch_size),
+            },
+        }
+        step = rk.train.TrainStep(
+            fn=b.fn,
+            args=b.args,
+            donate_argnums=b.donate_argnums,
+            loss_fn=b.loss_fn,
+            loss_args=b.loss_args,
+            breakdown={
+                "weights": weights,
+                "trainable": weights,
+                "gradients": weights,
+                "optimizer": opt,
+                "batch": _per_device(batch),
+            },
+            in_shardings=b.in_shardings,
+            out_shardings=b.out_shardings,
+            mesh=b.mesh,
+            precision={
+                "name": "MaxText's own",
+                "params": _dtypes(b.loss_args[0]),
+                "frozen": "-",
+                "grads": _dtypes(b.loss_args[0]),
+                "optimizer_state": _dtypes(b.args[0]["optimizer"]),
+                "compute": jnp.dtype(b.cfg.dtype).name,
+            },
+            categories={1: "input"},
+        )
+        return rk.sources.SourceStep(step, pol, schedule, str(b.cfg.attention), meta)
+
+    def check_step(self, built: rk.sources.SourceStep, what: str) -> None:
+        """The traced loss must checkpoint as the policy says (an equivalent program is
+        accepted: MaxText's own policy for ours).
+
+        Raises:
+          BadValue: the program checkpoints otherwise.
+        """
+        step = built.step
+        closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
+        rk.checks.check_traced_with(closed, built.policy, previous=None, what=what)
+
+    def mesh_plan(self, target: rk.Target) -> None:
+        """None: MaxText lays out its own mesh (``meta["maxtext"]["mesh"]``)."""
+        del target
+
+    def cache_parts(self) -> Mapping[str, Any]:
+        """The words, a YAML of the user's by its contents, MaxText's version and ours."""
+        parts: dict[str, Any] = {
+            "request": self.request.maxtext,
+            "maxtext": importlib.metadata.version("maxtext"),
+            "code_models": rk.cache.code_fingerprint("remat_kit_models"),
+        }
+        if self.request.yaml != _BASE:
+            parts["yaml"] = hashlib.sha256(Path(self.request.yaml).read_bytes()).hexdigest()
+        return parts
+
+    def label(self, config: rk.TrainConfig, target: rk.Target) -> str:
+        """``maxtext <words> s<seq>``."""
+        del target
+        return f"{self.spec} s{config.seq}"
+
+
+def _resolve(spec: MaxTextSpec) -> MaxTextSource:
+    _maxtext()  # not installed: one line naming the extra, before anything else
+    spec.overrides  # noqa: B018 (bad words are named before anything is built)
+    return MaxTextSource(spec)
+
+
+#: MaxText configs (``--maxtext "model_name=llama2-7b ..."``).
+MAXTEXT = rk.sources.SourceKind("maxtext", MaxTextSpec, _resolve, "maxtext", trains=frozenset())
