@@ -28,6 +28,12 @@ MOE_MLPWI_0 = "moe_mlpwi_0"
 MOE_MLPWI_1 = "moe_mlpwi_1"
 MOE_MLPWO = "moe_mlpwo"
 BLOCK_OUT = "block_out"
+# MaxText tags these too, and its remat_policy values name them (maxtext 0.2.5,
+# layers/nnx_decoders.py get_remat_policy); no model of this project does, so they stay out of
+# VOCABULARY (which the models' tags must equal).
+KV_PROJ = "kv_proj"  # a fused or shared key-value projection (attention_compressed.py)
+QKV_PROJ = "qkv_proj"  # the fused query-key-value projection (fused_qkv, GPT-3)
+QUANTIZATION = "quantization"  # TransformerEngine's quantizer state (quantizations.py)
 
 #: Every name a model in this project may tag, in the order they occur in a block.
 VOCABULARY: tuple[str, ...] = (
@@ -50,6 +56,12 @@ VOCABULARY: tuple[str, ...] = (
     MOE_MLPWO,
     BLOCK_OUT,
 )
+
+#: Names MaxText tags that no model here does: real tensor names, never a typo of one. A policy
+#: that names them (``maxtext:remat_policy=minimal``) is not refused for a model without them.
+MAXTEXT_ONLY: tuple[str, ...] = (KV_PROJ, QKV_PROJ, QUANTIZATION)
+#: Every name remat_kit knows: a policy that names one is never taken for a typo.
+KNOWN: tuple[str, ...] = VOCABULARY + MAXTEXT_ONLY
 
 #: What each name means, for `remat-kit policies` and the docs.
 DESCRIPTIONS: dict[str, str] = {

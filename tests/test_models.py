@@ -16,7 +16,7 @@ from helpers import loss_and_grads, on_both_layouts, tokens
 SIMPLE = [
     n
     for n in rk.policy_names()
-    if n not in ("names", "except", "offload", "either") and "ragged" not in n
+    if n not in ("names", "except", "offload", "either", "maxtext") and "ragged" not in n
 ]
 PARAMETERIZED = [
     "names:save=context+mlpwo",

@@ -5,6 +5,7 @@ import pytest
 
 import remat_kit as rk
 from remat_kit import names
+from remat_kit.errors import BadValue
 
 REQUIRED = [
     "none",
@@ -22,6 +23,7 @@ REQUIRED = [
     "except",
     "offload",
     "either",
+    "maxtext",
 ]
 
 
@@ -32,7 +34,8 @@ def test_catalogue_has_the_contract_names():
 
 
 @pytest.mark.parametrize(
-    "name", [n for n in rk.policy_names() if n not in ("names", "except", "offload", "either")]
+    "name",
+    [n for n in rk.policy_names() if n not in ("names", "except", "offload", "either", "maxtext")],
 )
 def test_every_simple_policy_has_description_and_callable(name):
     p = rk.policy(name)
@@ -189,12 +192,15 @@ def test_offload_rejects_bad_destination_and_overlap():
         "names:save=query_proj+mlpwo",
         "offload:offload=context,save=query_proj",
         "except:names=attn_probs+attn_scores",
+        "maxtext:remat_policy=save_qkv_proj",
+        "maxtext:remat_policy=minimal_offloaded",
+        "maxtext:remat_policy=full",
     ],
 )
 def test_spec_round_trip(spec):
     p = rk.policies.parse_policy(spec)
     again = rk.policies.parse_policy(p.spec)
-    assert again.spec == p.spec
+    assert again.spec == p.spec and again == p
     assert [rk.decide(again, n) for n in names.VOCABULARY] == [
         rk.decide(p, n) for n in names.VOCABULARY
     ]
@@ -206,3 +212,128 @@ def test_raw_callable_becomes_custom_policy_and_policy_is_callable():
     # A Policy is itself a jax policy callable.
     assert rk.decide(rk.policy("context"), "context") == "save"
     assert hash(rk.policy("minimal")) == hash(rk.policy("minimal"))
+
+
+# MaxText's remat_policy values (maxtext 0.2.5, configs/base.yml and
+# layers/nnx_decoders.py NNXDecoder.get_remat_policy), spelled out: "custom" and "none" are refused.
+MAXTEXT_VALUES = [
+    "minimal_with_context",
+    "minimal_flash",
+    "minimal",
+    "minimal_with_quantization",
+    "minimal_with_context_and_quantization",
+    "save_dot_with_context_except_mlp",
+    "save_dot_except_mlpwi",
+    "save_dot_except_mlp",
+    "save_qkv_proj",
+    "qkv_proj_offloaded",
+    "minimal_offloaded",
+    "save_out_proj",
+    "full",
+]
+# Every name MaxText's policies or its "custom" keys name, and ours.
+MAXTEXT_TAGS = sorted(
+    {*names.VOCABULARY, "kv_proj", "qkv_proj", "quantization", "query_wa_proj", "kv_wa_proj"}
+    | {"mla_q", "mla_kv", "attention_out", "engram", "moe_x_sorted", "moe_routing_maps"}
+)
+
+
+def _maxtext_decisions(p):
+    """Each tag's decision (and where an offload goes) under a jax policy; None: save nothing."""
+    from jax.ad_checkpoint import name_p
+
+    out = {}
+    for n in MAXTEXT_TAGS:
+        got = False if p is None else p(name_p, name=n)
+        kind = rk.policies._policy.decision_kind(got)
+        out[n] = (kind, (got.src, got.dst)) if kind == "offload" else kind
+    return out
+
+
+@pytest.mark.parametrize("value", MAXTEXT_VALUES)
+def test_maxtext_family_decides_as_maxtext(value):
+    """rk.policy("maxtext", remat_policy=v) against MaxText's own get_remat_policy for v."""
+    import functools
+    import types
+
+    nnx_decoders = pytest.importorskip("maxtext.layers.nnx_decoders")
+    decoder = nnx_decoders.NNXDecoder
+    config = types.SimpleNamespace(
+        remat_policy=value, scan_layers=False, tensors_on_device=[], tensors_to_offload=[]
+    )
+    stand_in = types.SimpleNamespace(config=config)
+    stand_in.minimal_policy = functools.partial(decoder.minimal_policy, stand_in)
+    expected = _maxtext_decisions(decoder.get_remat_policy(stand_in))
+
+    p = rk.policy("maxtext", remat_policy=value)
+    assert _maxtext_decisions(p) == expected
+    assert p.is_remat and p.name == "maxtext" and p.params == {"remat_policy": value}
+    assert set(p.tags) == {n for n, d in expected.items() if d != "recompute"}
+    assert p.offloads == any(d != "recompute" and d != "save" for d in expected.values())
+
+
+_MT_QKV = {"query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj"}
+_MT_MINIMAL = _MT_QKV | {"out_proj", "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo"}
+
+
+# Spelled out from maxtext 0.2.5's nnx_decoders.py, for CI without maxtext installed.
+@pytest.mark.parametrize(
+    ("value", "saved", "offloaded"),
+    [
+        ("minimal_with_context", _MT_MINIMAL | {"context"}, set()),
+        ("minimal_flash", _MT_MINIMAL | {"context"}, set()),
+        ("minimal", _MT_MINIMAL, set()),
+        ("minimal_with_quantization", _MT_MINIMAL | {"quantization"}, set()),
+        ("minimal_with_context_and_quantization", _MT_MINIMAL | {"context", "quantization"}, set()),
+        ("save_dot_with_context_except_mlp", _MT_QKV | {"context", "out_proj"}, set()),
+        ("save_dot_except_mlpwi", _MT_QKV | {"out_proj", "mlpwo"}, set()),
+        ("save_dot_except_mlp", _MT_QKV | {"out_proj"}, set()),
+        ("save_qkv_proj", _MT_QKV, set()),
+        # Not qkv_proj: MaxText leaves the fused projection out of this one.
+        ("qkv_proj_offloaded", set(), {"query_proj", "value_proj", "key_proj", "kv_proj"}),
+        ("minimal_offloaded", set(), _MT_MINIMAL),
+        ("save_out_proj", {"out_proj"}, set()),
+        ("full", set(), set()),
+    ],
+)
+def test_maxtext_family_without_maxtext(value, saved, offloaded):
+    assert value in MAXTEXT_VALUES
+    got = _maxtext_decisions(rk.policy("maxtext", remat_policy=value))
+    assert {n for n, d in got.items() if d == "save"} == saved
+    assert {n for n, d in got.items() if d == ("offload", ("device", "pinned_host"))} == offloaded
+    assert {n for n, d in got.items() if d == "recompute"} == set(MAXTEXT_TAGS) - saved - offloaded
+
+
+def test_maxtext_family_reads_from_a_spec_as_one_string():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # kv_proj, qkv_proj, quantization: no vocabulary warning
+        p = rk.policies.parse_policy("maxtext:remat_policy=minimal_with_quantization")
+        rk.policy("names", save=["kv_proj", "qkv_proj", "quantization"])
+    assert p.params == {"remat_policy": "minimal_with_quantization"}
+    assert p == rk.policy("maxtext", remat_policy="minimal_with_quantization")
+    assert p.spec == "maxtext:remat_policy=minimal_with_quantization"
+    # The names MaxText adds to ours are no typo of a model's own: a preset without them passes.
+    assert rk.checks.check_policy_matches(p, ["query_proj", "mlpwo"], strict=True) is None
+    # "full" is the catalogue's full (jax.checkpoint(policy=None) under MaxText), never no remat.
+    full = rk.policy("maxtext", remat_policy="full")
+    assert full.jax_policy is rk.policy("full").jax_policy and not full.tags
+
+
+def test_maxtext_family_refuses_unknown_custom_and_none():
+    with pytest.raises(BadValue, match=r"unknown MaxText remat_policy 'save_qkv'.*save_qkv_proj"):
+        rk.policy("maxtext", remat_policy="save_qkv")
+    with pytest.raises(BadValue, match=r"Valid: full, minimal, minimal_flash,.*save_qkv_proj$"):
+        rk.policies.parse_policy("maxtext:remat_policy=bogus")
+    with pytest.raises(BadValue, match=r"'custom'.*per tensor.*'offload' family.*offload:offload="):
+        rk.policy("maxtext", remat_policy="custom")
+    with pytest.raises(BadValue, match=r"'none'.*policy=None.*same as remat_policy=full"):
+        rk.policies.parse_policy("maxtext:remat_policy=none")
+    with pytest.raises(BadValue, match="needs parameter"):
+        rk.policy("maxtext")
+    with pytest.raises(TypeError, match=r"remat_policy=\['minimal'\] must be one of MaxText's"):
+        rk.policy("maxtext", remat_policy=["minimal"])
+    with pytest.raises(BadValue) as err:
+        rk.policy("maxtext", remat_policy="bogus")
+    assert sorted(err.value.known) == sorted(MAXTEXT_VALUES)

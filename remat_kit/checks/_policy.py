@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from remat_kit.errors import BadValue, RematWarning
-from remat_kit.names import VOCABULARY
+from remat_kit.names import KNOWN
 from remat_kit.notes import Note, words
 from remat_kit.policies import Policy, PolicyLike, as_policy, decide, is_path_pattern
 
@@ -79,9 +79,10 @@ def check_policy_matches(
     """Says so when a name-based policy matches no tag of a program.
 
     With ``strict``, a name the policy was given that is neither ours
-    (:data:`remat_kit.names.VOCABULARY`, which a model may use in part) nor a tag of the
-    program is an error too: it is a typo of a model's own name (``mlp_gat``), which would
-    otherwise pass as long as another name matched.
+    (:data:`remat_kit.names.KNOWN`: our vocabulary, which a model may use in part, and
+    MaxText's names beyond it) nor a tag of the program is an error too: it is a typo of a
+    model's own name (``mlp_gat``), which would otherwise pass as long as another name
+    matched.
 
     Args:
       policy: a policy name, spec or Policy.
@@ -123,10 +124,8 @@ def check_policy_matches(
 
 
 def _check_own_names(pol: Policy, present: list[str], where: str) -> None:
-    # Names outside our vocabulary are a model's own: each must be a tag of the program.
-    stray = [
-        n for n in pol.tags if n not in VOCABULARY and n not in present and not is_path_pattern(n)
-    ]
+    # Names we do not know are a model's own: each must be a tag of the program.
+    stray = [n for n in pol.tags if n not in KNOWN and n not in present and not is_path_pattern(n)]
     if not stray:
         return
     close = {n: (difflib.get_close_matches(n, present, n=1) or [None])[0] for n in stray}

@@ -19,6 +19,7 @@ _EXAMPLES = {
     "except": "except:names=attn_scores+attn_probs",
     "offload": "offload:offload=context,save=query_proj",
     "either": "either:a=qkv_proj,b=context",
+    "maxtext": "maxtext:remat_policy=save_qkv_proj",
 }
 
 

@@ -1,8 +1,8 @@
 """The policy catalogue: name -> Policy, what a checkpointed block keeps in memory.
 
 Named policies (``minimal``, ``dots``, ``offload_inputs`` ...), the parameterized ones
-(``names``, ``except``, ``offload``, ``either``), and the one coercion every public edge
-uses (:func:`as_policy`: a name, spec, Policy or raw jax callable -> Policy).
+(``names``, ``except``, ``offload``, ``either``, ``maxtext``), and the one coercion every
+public edge uses (:func:`as_policy`: a name, spec, Policy or raw jax callable -> Policy).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _names_param(key: str, value: Any) -> tuple[str, ...]:
                 f"policy parameter {key} holds {item!r}; tag names are strings", param="policy"
             )
     # Module paths and globs name tags remat_kit.tagging gives untagged models: not typos.
-    unknown = [n for n in out if n not in _names.VOCABULARY and not is_path_pattern(n)]
+    unknown = [n for n in out if n not in _names.KNOWN and not is_path_pattern(n)]
     if unknown:
         # Users tag their own tensors with their own names: a warning, never an error.
         hints = {n: difflib.get_close_matches(n, _names.VOCABULARY, n=1) for n in unknown}
@@ -200,6 +200,108 @@ def _either_policy(a: Any, b: Any) -> Policy:
     )
 
 
+_MT_QKV = (_names.QUERY_PROJ, _names.VALUE_PROJ, _names.KEY_PROJ, _names.KV_PROJ, _names.QKV_PROJ)
+_MT_MINIMAL = (
+    *_MT_QKV,
+    _names.OUT_PROJ,
+    _names.MLPWI_0,
+    _names.MLPWI_1,
+    _names.MLPWI,
+    _names.MLPWO,
+)
+
+#: MaxText's ``remat_policy`` values -> (names saved on device, names offloaded to pinned_host),
+#: as maxtext 0.2.5 builds them (layers/nnx_decoders.py, NNXDecoder.get_remat_policy and
+#: minimal_policy), in its order. ``qkv_proj_offloaded`` leaves out ``qkv_proj`` there, unlike
+#: ``save_qkv_proj``; ``full`` (and MaxText's ``none``) is ``jax.checkpoint(policy=None)``.
+_MAXTEXT_REMAT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "minimal_with_context": ((*_MT_MINIMAL, _names.CONTEXT), ()),
+    "minimal_flash": ((*_MT_MINIMAL, _names.CONTEXT), ()),  # deprecated alias of the above
+    "minimal": (_MT_MINIMAL, ()),
+    "minimal_with_quantization": ((*_MT_MINIMAL, _names.QUANTIZATION), ()),
+    "minimal_with_context_and_quantization": (
+        (*_MT_MINIMAL, _names.CONTEXT, _names.QUANTIZATION),
+        (),
+    ),
+    "save_dot_with_context_except_mlp": ((*_MT_QKV, _names.CONTEXT, _names.OUT_PROJ), ()),
+    "save_dot_except_mlpwi": ((*_MT_QKV, _names.OUT_PROJ, _names.MLPWO), ()),
+    "save_dot_except_mlp": ((*_MT_QKV, _names.OUT_PROJ), ()),
+    "save_qkv_proj": (_MT_QKV, ()),
+    "qkv_proj_offloaded": (
+        (),
+        (_names.QUERY_PROJ, _names.VALUE_PROJ, _names.KEY_PROJ, _names.KV_PROJ),  # no qkv_proj
+    ),
+    "minimal_offloaded": ((), _MT_MINIMAL),
+    "save_out_proj": ((_names.OUT_PROJ,), ()),
+    "full": ((), ()),
+}
+
+#: MaxText values this family refuses, and what to use instead.
+_MAXTEXT_REFUSED = {
+    "custom": "it saves and offloads per tensor (tensors_on_device, tensors_to_offload): "
+    "write it as the 'offload' family, e.g. offload:offload=context+mlpwo,save=query_proj "
+    "(or names:save=... when nothing is offloaded)",
+    "none": "MaxText passes policy=None to jax.checkpoint, which recomputes everything: the "
+    "same as remat_policy=full (remat_kit's own 'none' means no rematerialization)",
+}
+
+
+def _maxtext_policy(remat_policy: str) -> Policy:
+    if not isinstance(remat_policy, str):
+        raise BadType(
+            f"remat_policy={remat_policy!r} must be one of MaxText's remat_policy strings, "
+            f"e.g. remat_policy='save_qkv_proj'",
+            param="policy",
+        )
+    if remat_policy in _MAXTEXT_REFUSED:
+        raise BadValue(
+            f"policy 'maxtext' takes no remat_policy={remat_policy!r}: "
+            f"{_MAXTEXT_REFUSED[remat_policy]}",
+            param="policy",
+        )
+    try:
+        saved, moved = _MAXTEXT_REMAT[remat_policy]
+    except KeyError:
+        raise unknown(
+            "MaxText remat_policy", remat_policy, _MAXTEXT_REMAT, heading="Valid", param="policy"
+        ) from None
+    params = {"remat_policy": remat_policy}
+    alias = (
+        " (MaxText's deprecated alias of minimal_with_context)"
+        if remat_policy == "minimal_flash"
+        else ""
+    )
+    if moved:
+        return Policy(
+            "maxtext",
+            f"MaxText's remat_policy={remat_policy}: offload {', '.join(moved)} to pinned_host"
+            + (f", save {', '.join(saved)}" if saved else ""),
+            jax.checkpoint_policies.save_and_offload_only_these_names(
+                names_which_can_be_saved=list(saved),
+                names_which_can_be_offloaded=list(moved),
+                offload_src="device",
+                offload_dst="pinned_host",
+            ),
+            params,
+            tags=saved + moved,
+            offloads=True,
+        )
+    if not saved:
+        return Policy(
+            "maxtext",
+            f"MaxText's remat_policy={remat_policy}: save nothing inside a block (as 'full')",
+            jax.checkpoint_policies.nothing_saveable,
+            params,
+        )
+    return Policy(
+        "maxtext",
+        f"MaxText's remat_policy={remat_policy}{alias}: save {', '.join(saved)}",
+        jax.checkpoint_policies.save_only_these_names(*saved),
+        params,
+        tags=saved,
+    )
+
+
 #: The grouped GEMM of mixture-of-experts layers (``jax.lax.ragged_dot``): jax's dot policies
 
 
@@ -334,9 +436,16 @@ _CATALOGUE: dict[str, Callable[..., Policy]] = {
     "except": _except_policy,
     "offload": _offload_policy,
     "either": _either_policy,
+    "maxtext": _maxtext_policy,
 }
 
-_PARAMETERIZED = ("names", "except", "offload", "either")
+_PARAMETERIZED = ("names", "except", "offload", "either", "maxtext")
+#: The parameters a spec gives as one string, not as a ``+``-joined list of tag names.
+_STR_PARAMS: dict[str, tuple[str, ...]] = {
+    "either": ("a", "b"),
+    "offload": ("dst",),
+    "maxtext": ("remat_policy",),
+}
 
 
 def policy_names() -> list[str]:
@@ -357,7 +466,8 @@ def policy(name: str, **params: Any) -> Policy:
       name: a catalogue name (see :func:`policy_names`).
       **params: parameters of the parameterized families: ``names(save=[...])``,
         ``except(names=[...])``, ``offload(offload=[...], save=[...], dst="pinned_host")``,
-        ``either(a=..., b=...)``.
+        ``either(a=..., b=...)``, ``maxtext(remat_policy="save_qkv_proj")`` (what MaxText
+        builds for that value of its ``remat_policy``).
 
     Returns:
       The Policy.
@@ -444,7 +554,8 @@ def parse_policy(spec: str) -> Policy:
     """Reads a policy from a command-line string.
 
     Grammar: ``NAME`` or ``NAME:key=v1+v2,key2=v``; ``either`` takes ``a=`` and ``b=``
-    catalogue names. ``Policy.spec`` writes the same form.
+    catalogue names, ``maxtext`` one ``remat_policy=`` value, ``offload`` one ``dst=``.
+    ``Policy.spec`` writes the same form.
 
     Raises:
       ValueError: unknown name or malformed spec.
@@ -452,6 +563,8 @@ def parse_policy(spec: str) -> Policy:
     Example:
       >>> parse_policy("names:save=query_proj+mlpwo").params["save"]
       ('query_proj', 'mlpwo')
+      >>> parse_policy("maxtext:remat_policy=save_qkv_proj").tags
+      ('query_proj', 'value_proj', 'key_proj', 'kv_proj', 'qkv_proj')
     """
     name, _, rest = spec.strip().partition(":")
     if not rest:
@@ -464,7 +577,7 @@ def parse_policy(spec: str) -> Policy:
                 f"cannot read {item!r} in policy spec {spec!r}; expected key=value", param="policy"
             )
         key = key.strip()
-        if name == "either" or key == "dst":
+        if key in _STR_PARAMS.get(name, ()):
             params[key] = value.strip()
         else:
             params[key] = [v.strip() for v in value.split("+") if v.strip()]
