@@ -36,8 +36,10 @@ import dataclasses
 import functools
 import hashlib
 import importlib.metadata
+import importlib.util
 import io
 import math
+import os
 import shlex
 import tempfile
 import unittest.mock
@@ -50,6 +52,7 @@ import jax.numpy as jnp
 
 import remat_kit as rk
 from remat_kit.errors import BadValue
+from remat_kit.notes import Note
 
 __all__ = [
     "CUSTOM_TENSORS",
@@ -60,8 +63,9 @@ __all__ = [
     "config_lines",
 ]
 
-#: The tensors MaxText's ``remat_policy: custom`` takes a ``remat|device|offload`` line for
-#: (maxtext 0.2.5, ``configs/base.yml``; ``decoder_layer_input`` defaults to ``device``).
+#: The tensors MaxText's ``remat_policy: custom`` reads a ``remat|device|offload`` line for
+#: (maxtext 0.2.5, ``configs/types.py``, where ``custom`` lists them; ``decoder_layer_input``
+#: defaults to ``device``, the others to ``remat``; base.yml's ``engram`` line is not read).
 CUSTOM_TENSORS = (
     "decoder_layer_input",
     "context",
@@ -85,7 +89,6 @@ CUSTOM_TENSORS = (
     "mla_q",
     "mla_kv",
     "attention_out",
-    "engram",
     "indexer_cutoff_threshold",
 )
 
@@ -99,6 +102,15 @@ OWNED: Mapping[str, str] = {
     "compile_topology": "--target and --gpus",
     "internal_compile": "--target and --gpus",
     "internal_compile_num_devices": "--gpus",
+}
+
+#: Attention kernels of MaxText that compile only on a GPU present (tokamax's Pallas Triton
+#: kernel asks the process's backend, which is the CPU here), and why.
+_GPU_ONLY = {
+    "autoselected": "MaxText's autoselected kernel on a GPU is tokamax's Pallas Triton flash "
+    "attention, which compiles only on a GPU present",
+    "flash": "MaxText's flash kernel on a GPU is tokamax's Pallas Triton flash attention, "
+    "which compiles only on a GPU present",
 }
 
 #: The default config MaxText's own command line starts from.
@@ -173,8 +185,8 @@ def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
 
     MaxText's own ``remat_policy`` values and ``full`` are one line; a policy that saves
     and offloads tensors by name is ``remat_policy: custom`` with a line per tensor, where
-    every name is one of :data:`CUSTOM_TENSORS` (``decoder_layer_input`` is ``device``
-    unless offloaded, as MaxText's default has it: the layer's input is kept either way).
+    every name is one of :data:`CUSTOM_TENSORS` (``decoder_layer_input`` is written out
+    always: MaxText's default keeps it on the device).
 
     Args:
       policy: a policy (name, spec or ``rk.Policy``).
@@ -203,7 +215,8 @@ def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
         return None
     lines = ["remat_policy: custom"]
     if "decoder_layer_input" not in offloaded + saved:
-        lines.append("decoder_layer_input: device")
+        # MaxText's default keeps it on the device; the policy recomputes it.
+        lines.append("decoder_layer_input: remat")
     lines += [f"{n}: offload" for n in offloaded] + [f"{n}: device" for n in saved]
     return tuple(lines)
 
@@ -269,6 +282,9 @@ def _settings(spec: MaxTextSpec, config: rk.TrainConfig, devices: int, lines: tu
     """The ``key=value`` words MaxText's ``pyconfig`` reads: the user's, the policy's lines,
     and what the command line owns."""
     words = dict(spec.overrides)
+    # MaxText's default kernel on a GPU (tokamax's Pallas Triton flash attention) compiles
+    # only on a GPU; cuDNN's flash attention through jax compiles for one here (a note).
+    words.setdefault("attention", "cudnn_flash_jax")
     # A user who names a model's sizes means them; MaxText refuses the pair without this.
     words.setdefault("override_model_config", "True")
     words.update(line.split(": ", 1) for line in lines)
@@ -453,6 +469,8 @@ class MaxTextSource(rk.sources.StepSource):
 
     #: MaxText's model: its own tensor names (ours follow them) and dtypes.
     own_model = True
+    #: A MaxText user sets the policy in the config (``policy_lines``).
+    applies_in_code = "lines"
 
     @property
     def spec(self) -> str:
@@ -493,7 +511,33 @@ class MaxTextSource(rk.sources.StepSource):
                     "weight_dtype, lora ...); set it in the config words",
                     param=field,
                 )
+        attention = dict(self.request.overrides).get("attention")
+        if attention in _GPU_ONLY:
+            raise BadValue(
+                f"--maxtext attention={attention}: {_GPU_ONLY[attention]}; give "
+                "attention=cudnn_flash_jax (cuDNN's flash attention, the default here) or "
+                "dot_product",
+                param="maxtext",
+            )
+        if attention == "cudnn_flash_te" and importlib.util.find_spec("transformer_engine") is None:
+            raise BadValue(
+                "--maxtext attention=cudnn_flash_te needs NVIDIA's TransformerEngine "
+                "(pip install transformer_engine[jax]); attention=cudnn_flash_jax is cuDNN's "
+                "flash attention without it",
+                param="maxtext",
+            )
         _mesh(self._cfg(config, target, ()), target)
+
+    def notes(self, config: rk.TrainConfig, target: rk.Target) -> tuple[Note, ...]:
+        """The attention kernel chosen where the config names none, and whether XLA's own
+        rematerialization pass runs (MaxText's GPU configs switch it off in ``XLA_FLAGS``)."""
+        del config, target
+        found = []
+        if "attention" not in dict(self.request.overrides):
+            found.append(Note("maxtext_attention", {"chosen": "cudnn_flash_jax"}))
+        off = "--xla_disable_hlo_passes=rematerialization" in os.environ.get("XLA_FLAGS", "")
+        found.append(Note("maxtext_xla_remat", {"disabled": off}))
+        return tuple(found)
 
     def build_step(
         self,
@@ -566,6 +610,10 @@ class MaxTextSource(rk.sources.StepSource):
             categories={1: "input"},
         )
         return rk.sources.SourceStep(step, pol, schedule, str(b.cfg.attention), meta)
+
+    def policy_lines(self, policy: rk.Policy) -> tuple[str, ...] | None:
+        """The MaxText config lines that set ``policy`` (:func:`config_lines`)."""
+        return config_lines(policy)
 
     def check_step(self, built: rk.sources.SourceStep, what: str) -> None:
         """The traced loss must checkpoint as the policy says (an equivalent program is

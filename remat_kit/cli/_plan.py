@@ -160,6 +160,9 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
     else:
         out.print(p.message)
         out.print(_use_it(p, run.source.applies_in_code, _alike(p, points)))
+        lines = run.source.policy_lines(p.policy) if p.schedule.name == "none" else None
+        if lines is not None:
+            out.print("in the model's config:\n" + "\n".join(f"  {line}" for line in lines))
     if args.plot:
         plot_front(
             points,
@@ -172,7 +175,9 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
             objective=args.objective,
         )
     if args.json:
-        write_json(args.json, found.to_dict(), flag="--json")
+        lines = run.source.policy_lines(p.policy) if p.schedule.name == "none" else None
+        record = found.to_dict() | ({"config_lines": list(lines)} if lines is not None else {})
+        write_json(args.json, record, flag="--json")
     return 0 if p.fits else 1
 
 
@@ -207,6 +212,8 @@ def _use_it(p: Plan, applies: str, alike: str | None = None) -> str:
         code = "remat_kit_models.get_config(..., policy=plan.policy, schedule=plan.schedule)"
         if alike:
             code = f"remat_kit_models.get_config(..., policy={alike!r})"
+    elif applies == "lines":  # lines of the model's own config file, printed next
+        code = None
     elif p.schedule.name == "none":  # the user's factory or step applies its policy
         code = f"hand your model rk.policy({spec!r}) as its policy"
     elif applies == "arguments":

@@ -55,6 +55,9 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "attention_chose_xla": ("problem",),
     # StepSource.notes: an unrolled stack the source builds no shallow copy of
     "whole_model_probes": ("model", "layers"),
+    # StepSource.notes: a MaxText config (remat_kit_models.maxtext)
+    "maxtext_attention": ("chosen",),
+    "maxtext_xla_remat": ("disabled",),
     # MemoryReport.notes: remat_kit.breakdown, remat_kit.checks, remat_kit.sources
     "breakdown_upper_bound": ("peak_bytes", "known_bytes"),
     "offload_shortfall": ("moved_bytes", "marked_bytes"),

@@ -432,6 +432,18 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "attention_chose_xla": lambda d: (
         f"attention=auto measured xla: cuDNN flash attention {d['problem']}"
     ),
+    "maxtext_attention": lambda d: (
+        f"attention={d['chosen']}: the config names no kernel, and MaxText's default on a GPU "
+        "(tokamax's Pallas Triton flash attention) compiles only on a GPU present; set "
+        "attention= in --maxtext to choose"
+    ),
+    "maxtext_xla_remat": lambda d: (
+        "XLA's own rematerialization pass is off (XLA_FLAGS "
+        "--xla_disable_hlo_passes=rematerialization, as MaxText's GPU configs set it)"
+        if d["disabled"]
+        else "XLA's own rematerialization pass is on; MaxText's GPU configs switch it off: "
+        "XLA_FLAGS=--xla_disable_hlo_passes=rematerialization"
+    ),
     "whole_model_probes": lambda d: (
         f"{d['model']} takes no layers=: its {d['layers']} identical layers are compiled whole "
         "in every program (a search compiles several); a factory that takes layers=N is "

@@ -73,7 +73,8 @@ class StepSource(Protocol):
       applies_in_code: how the user hands a plan's policy and schedule to this model in
         code: ``"config"`` (fields of the model's config), ``"arguments"`` (``policy`` and
         ``schedule=`` arguments of the user's function), ``"policy"`` (a ``policy``
-        argument only: schedules go through a patched block). Default ``"policy"``.
+        argument only: schedules go through a patched block), ``"lines"`` (lines of the model's
+        own config file, :meth:`policy_lines`). Default ``"policy"``.
     """
 
     spec: str
@@ -141,6 +142,14 @@ class StepSource(Protocol):
         leaves open (a preset trains in the default precision regime where none is named):
         equal configs key the same answers on disk. Default: as given."""
         return config
+
+    def policy_lines(self, policy: Policy) -> tuple[str, ...] | None:
+        """The lines of the model's own config that set ``policy``, for a model whose own
+        trainer reads its remat from a config file (MaxText's ``remat_policy: custom`` and a
+        line per tensor); None where no config line sets it (the default: a model takes its
+        policy in code, ``applies_in_code``)."""
+        del policy
+        return None
 
     def notes(self, config: TrainConfig, target: Target) -> tuple[Note, ...]:
         """What a user should know about how this source's programs are made for ``target``

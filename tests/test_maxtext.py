@@ -1,0 +1,285 @@
+"""MaxText configs as a model source (``remat_kit_models.maxtext``, ``--maxtext``).
+
+The figures are checked against MaxText's own AOT compile of the same config on the same
+compile-only mesh: its ``train_compile`` functions and its ``jit_and_compile`` (which enters
+``jax.set_mesh`` and its logical axis rules and compiles), with its remat set by its own
+config keys. The words are written out here, not taken from the source under test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+import remat_kit as rk
+from remat_kit.errors import BadValue
+from remat_kit_models.maxtext import CUSTOM_TENSORS, MaxTextSpec, config_lines
+
+#: Three small configs of the three families the issue names: a Llama, a Mixtral and a
+#: DeepSeek-style model (MLA attention, a dense layer then MoE layers).
+CONFIGS = {
+    "llama": "model_name=llama2-7b base_num_decoder_layers=2 base_emb_dim=256 "
+    "base_mlp_dim=512 base_num_query_heads=4 base_num_kv_heads=4 head_dim=64 vocab_size=1024 "
+    "attention=dot_product",
+    "mixtral": "model_name=mixtral-8x7b base_emb_dim=256 base_num_query_heads=4 "
+    "base_num_kv_heads=4 base_mlp_dim=512 base_moe_mlp_dim=512 base_num_decoder_layers=1 "
+    "head_dim=64 vocab_size=1024 attention=dot_product",
+    "deepseek": "model_name=deepseek3-tiny base_num_decoder_layers=2 first_num_dense_layers=1 "
+    "vocab_size=1024 attention=dot_product",
+}
+
+GPUS, BATCH, SEQ = 4, 8, 256
+
+
+def _maxtext_aot(words: str, remat: dict[str, str], devices: int) -> dict[str, int]:
+    """MaxText's own AOT compile of ``words`` with its remat keys ``remat``, on ``devices``
+    compile-only H100s: argument, output, temp and alias bytes."""
+    from flax.core.spmd import logical_axis_rules
+    from maxtext.configs import pyconfig
+    from maxtext.trainers.pre_train import train, train_compile
+    from maxtext.utils import maxtext_utils, sharding
+
+    base = Path(pyconfig.__file__).parent / "base.yml"
+    argv = [
+        "test",
+        str(base),
+        *words.split(),
+        *(f"{k}={v}" for k, v in remat.items()),
+        "override_model_config=True",
+        f"per_device_batch_size={BATCH // devices}",
+        f"max_target_length={SEQ}",
+        "hardware=gpu",
+        "internal_compile=True",
+        f"internal_compile_num_devices={devices}",
+        "enable_checkpointing=False",
+        "skip_jax_distributed_system=True",
+        "dataset_type=synthetic",
+    ]
+    config = pyconfig.initialize(argv)
+    import jax
+
+    grid = maxtext_utils.create_device_mesh(
+        config, list(rk.target("h100", devices=devices).mesh().devices.reshape(-1))
+    )
+    mesh = jax.sharding.Mesh(
+        grid, config.mesh_axes, axis_types=(jax.sharding.AxisType.Auto,) * len(config.mesh_axes)
+    )
+    args, kwargs, state_sh, _, model = train_compile.get_shaped_inputs(mesh, config)
+    params_sh, state_sh = sharding.maybe_update_params_sharding_with_opt(config, state_sh)
+    in_state = sharding.build_zero1_input_state_mesh_shardings(config, state_sh, params_sh)
+    data_sh = sharding.get_input_data_sharding(config, mesh)
+    fn, in_sh, out_sh, static, donate = maxtext_utils.get_functional_train_with_signature(
+        train.train_step, data_sh, in_state, model, config, params_sh
+    )
+    compiled = train_compile.jit_and_compile(
+        fn,
+        args,
+        kwargs,
+        mesh,
+        in_sh,
+        out_sh,
+        static,
+        donate,
+        config,
+        logical_axis_rules(config.logical_axis_rules),
+    )
+    m = compiled.memory_analysis()
+    return {
+        "argument": m.argument_size_in_bytes,
+        "output": m.output_size_in_bytes,
+        "temp": m.temp_size_in_bytes,
+        "alias": m.alias_size_in_bytes,
+    }
+
+
+def _ours(words: str, policy: str) -> rk.MemoryReport:
+    src = rk.sources.resolve(MaxTextSpec(words))
+    target = rk.target("h100", devices=GPUS)
+    return rk.sources.measure(src, policy, target, rk.TrainConfig(BATCH, SEQ), warn=False)
+
+
+# (config, our policy, MaxText's remat keys): MaxText's own policy by name (a config line),
+# our catalogue's `minimal` (handed to the decoder: MaxText's `minimal` saves the same names
+# this model tags) and a custom offload written as MaxText's per-tensor lines.
+CASES = [
+    ("llama", "maxtext:remat_policy=save_qkv_proj", {"remat_policy": "save_qkv_proj"}),
+    ("mixtral", "minimal", {"remat_policy": "minimal"}),
+    (
+        "deepseek",
+        "offload:offload=decoder_layer_input,save=out_proj",
+        {"remat_policy": "custom", "decoder_layer_input": "offload", "out_proj": "device"},
+    ),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("family", "policy", "remat"), CASES)
+def test_figures_equal_maxtexts_own_aot_compile(family, policy, remat):
+    pytest.importorskip("maxtext")
+    words = CONFIGS[family]
+    ours = _ours(words, policy)
+    theirs = _maxtext_aot(words, remat, GPUS)
+    got = {
+        "argument": ours.argument_bytes,
+        "output": ours.output_bytes,
+        "temp": ours.temp_bytes,
+        "alias": ours.alias_bytes,
+    }
+    assert got == theirs
+    assert (
+        ours.peak_bytes
+        == theirs["argument"] + theirs["output"] + theirs["temp"] - (theirs["alias"])
+    )
+
+
+@pytest.mark.slow
+def test_none_is_the_step_without_a_checkpoint_and_keeps_more_than_full():
+    pytest.importorskip("maxtext")
+    none, full = _ours(CONFIGS["llama"], "none"), _ours(CONFIGS["llama"], "full")
+    assert none.meta["maxtext"]["policy_applied"] == "no jax.checkpoint"
+    assert full.meta["maxtext"]["policy_lines"] == ["remat_policy: full"]
+    assert none.temp_bytes > full.temp_bytes
+
+
+@pytest.mark.parametrize(
+    ("policy", "lines"),
+    [
+        ("full", ("remat_policy: full",)),
+        ("maxtext:remat_policy=minimal_offloaded", ("remat_policy: minimal_offloaded",)),
+        (
+            "names:save=query_proj+mlpwo",
+            (
+                "remat_policy: custom",
+                "decoder_layer_input: remat",
+                "query_proj: device",
+                "mlpwo: device",
+            ),
+        ),
+        (
+            "offload:offload=decoder_layer_input+context,save=mlpwi_0",
+            (
+                "remat_policy: custom",
+                "decoder_layer_input: offload",
+                "context: offload",
+                "mlpwi_0: device",
+            ),
+        ),
+        ("dots", None),  # a dot policy: no config line sets it
+        ("none", None),
+        ("names:save=attn_norm", None),  # a name MaxText's custom keys do not take
+        ("offload:offload=context,dst=unpinned_host", None),  # MaxText offloads to pinned host
+    ],
+)
+def test_config_lines(policy, lines):
+    assert config_lines(policy) == lines
+
+
+def test_custom_tensors_are_those_maxtexts_custom_policy_reads():
+    pytest.importorskip("maxtext")
+    from maxtext.configs import pyconfig
+
+    # Every tensor MaxText's config takes a line for, set to `device`: MaxText's own
+    # `tensors_on_device` lists those `custom` reads.
+    base = Path(pyconfig.__file__).parent / "base.yml"
+    keys = [
+        line.split(":")[0]
+        for line in base.read_text().splitlines()
+        if line.split("#")[0].strip().endswith(("'remat'", "'device'", "'offload'"))
+    ]
+    # The sparse-attention indexer's line is valid only with the indexer on (MaxText says so).
+    keys = [k for k in keys if k != "indexer_cutoff_threshold"]
+    config = pyconfig.initialize(
+        ["test", str(base), "remat_policy=custom", *(f"{k}=device" for k in keys)]
+    )
+    assert {*config.tensors_on_device, "indexer_cutoff_threshold"} == set(CUSTOM_TENSORS)
+
+
+@pytest.mark.parametrize(
+    ("words", "match"),
+    [
+        (
+            "model_name=llama2-7b per_device_batch_size=4",
+            r"per_device_batch_size is set by --batch",
+        ),
+        ("model_name=llama2-7b max_target_length=4096", r"max_target_length is set by --seq"),
+        ("model_name=llama2-7b remat_policy=full", r"remat_policy is set by --policy"),
+        ("model_name=llama2-7b context=offload", r"context is set by --policy"),
+        ("model_name=llama2-7b oops", r"word 'oops'.*key=value"),
+        ("model_name=a model_name=b", r"gives model_name twice"),
+    ],
+)
+def test_words_the_command_line_owns_are_refused(words, match):
+    with pytest.raises(BadValue, match=match):
+        MaxTextSpec(words).overrides  # noqa: B018
+
+
+def test_yaml_path_first_then_words():
+    spec = MaxTextSpec("my.yml base_num_decoder_layers=2")
+    assert (spec.yaml, spec.overrides) == ("my.yml", (("base_num_decoder_layers", "2"),))
+    assert MaxTextSpec("model_name=llama2-7b").yaml == "base.yml"
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Fails the test if anything reaches XLA's compile."""
+    import jax
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("compiled: this input must be refused before any compile")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (("--maxtext", "model_name=no-such-model"), r"^remat-kit: MaxText refused"),
+        (
+            ("--maxtext", "model_name=llama2-7b", "ici_fsdp_parallelism=3", "--gpus", "4"),
+            r"^remat-kit: MaxText's mesh for 4 GPU\(s\)",
+        ),
+        (("--maxtext", "model_name=llama2-7b", "--optimizer", "sgd"), r"--optimizer"),
+        (("--maxtext", "missing.yml", "a=1"), r"missing.yml: no such config file"),
+        (("--maxtext", "model_name=llama2-7b", "attention=flash"), r"Pallas Triton"),
+        (("--maxtext", "model_name=llama2-7b", "--shard", "fsdp:4"), r"--shard"),
+    ],
+)
+def test_cli_bad_maxtext_input_is_one_line_exit_2(argv, match, capsys, no_compile):
+    pytest.importorskip("maxtext")
+    from remat_kit.cli import main
+
+    assert main(["report", *argv]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and "Traceback" not in err + out, err
+    assert re.search(match, err), err
+
+
+@pytest.mark.slow
+def test_plan_prints_maxtext_config_lines(tmp_path, capsys):
+    pytest.importorskip("maxtext")
+    from remat_kit.cli import main
+
+    words = CONFIGS["llama"].split()
+    common = ["--maxtext", *words, "--gpus", str(GPUS), "--batch", str(BATCH), "--seq", str(SEQ)]
+    # A budget between full's peak and minimal's: the plan saves some tensors, not all.
+    full, minimal = _ours(CONFIGS["llama"], "full"), _ours(CONFIGS["llama"], "minimal")
+    budget = (full.peak_bytes + minimal.peak_bytes) // 2
+    code = main(
+        [
+            "plan",
+            *common,
+            "--budget",
+            f"{budget / 2**30:.4f}GiB",
+            "--json",
+            str(tmp_path / "p.json"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0, out
+    record = json.loads((tmp_path / "p.json").read_text())
+    lines = record["config_lines"]
+    assert lines[0] == "remat_policy: custom" and len(lines) > 1
+    assert "in the model's config:\n" + "\n".join(f"  {x}" for x in lines) in out
