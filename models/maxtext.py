@@ -301,6 +301,9 @@ def _settings(spec: MaxTextSpec, config: rk.TrainConfig, devices: int, lines: tu
         skip_jax_distributed_system="True",
         dataset_type="synthetic",
         base_output_directory=str(Path(tempfile.gettempdir()) / "remat_kit_maxtext"),
+        # MaxText's config would point jax's persistent compilation cache at ~/jax_cache for
+        # the whole process: ours keeps what we compile.
+        jax_cache_dir="",
     )
     return tuple(f"{k}={v}" for k, v in words.items())
 
@@ -610,6 +613,10 @@ class MaxTextSource(rk.sources.StepSource):
             categories={1: "input"},
         )
         return rk.sources.SourceStep(step, pol, schedule, str(b.cfg.attention), meta)
+
+    def batch_ways(self, target: rk.Target) -> int:
+        """Every GPU: a search steps the global batch by whole ``per_device_batch_size``s."""
+        return target.devices
 
     def policy_lines(self, policy: rk.Policy) -> tuple[str, ...] | None:
         """The MaxText config lines that set ``policy`` (:func:`config_lines`)."""

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import remat_kit as rk
+from helpers import maxtext_aot
 from remat_kit.errors import BadValue
 from remat_kit_models.maxtext import CUSTOM_TENSORS, MaxTextSpec, config_lines
 
@@ -32,67 +33,6 @@ CONFIGS = {
 }
 
 GPUS, BATCH, SEQ = 4, 8, 256
-
-
-def _maxtext_aot(words: str, remat: dict[str, str], devices: int) -> dict[str, int]:
-    """MaxText's own AOT compile of ``words`` with its remat keys ``remat``, on ``devices``
-    compile-only H100s: argument, output, temp and alias bytes."""
-    from flax.core.spmd import logical_axis_rules
-    from maxtext.configs import pyconfig
-    from maxtext.trainers.pre_train import train, train_compile
-    from maxtext.utils import maxtext_utils, sharding
-
-    base = Path(pyconfig.__file__).parent / "base.yml"
-    argv = [
-        "test",
-        str(base),
-        *words.split(),
-        *(f"{k}={v}" for k, v in remat.items()),
-        "override_model_config=True",
-        f"per_device_batch_size={BATCH // devices}",
-        f"max_target_length={SEQ}",
-        "hardware=gpu",
-        "internal_compile=True",
-        f"internal_compile_num_devices={devices}",
-        "enable_checkpointing=False",
-        "skip_jax_distributed_system=True",
-        "dataset_type=synthetic",
-    ]
-    config = pyconfig.initialize(argv)
-    import jax
-
-    grid = maxtext_utils.create_device_mesh(
-        config, list(rk.target("h100", devices=devices).mesh().devices.reshape(-1))
-    )
-    mesh = jax.sharding.Mesh(
-        grid, config.mesh_axes, axis_types=(jax.sharding.AxisType.Auto,) * len(config.mesh_axes)
-    )
-    args, kwargs, state_sh, _, model = train_compile.get_shaped_inputs(mesh, config)
-    params_sh, state_sh = sharding.maybe_update_params_sharding_with_opt(config, state_sh)
-    in_state = sharding.build_zero1_input_state_mesh_shardings(config, state_sh, params_sh)
-    data_sh = sharding.get_input_data_sharding(config, mesh)
-    fn, in_sh, out_sh, static, donate = maxtext_utils.get_functional_train_with_signature(
-        train.train_step, data_sh, in_state, model, config, params_sh
-    )
-    compiled = train_compile.jit_and_compile(
-        fn,
-        args,
-        kwargs,
-        mesh,
-        in_sh,
-        out_sh,
-        static,
-        donate,
-        config,
-        logical_axis_rules(config.logical_axis_rules),
-    )
-    m = compiled.memory_analysis()
-    return {
-        "argument": m.argument_size_in_bytes,
-        "output": m.output_size_in_bytes,
-        "temp": m.temp_size_in_bytes,
-        "alias": m.alias_size_in_bytes,
-    }
 
 
 def _ours(words: str, policy: str) -> rk.MemoryReport:
@@ -121,7 +61,7 @@ def test_figures_equal_maxtexts_own_aot_compile(family, policy, remat):
     pytest.importorskip("maxtext")
     words = CONFIGS[family]
     ours = _ours(words, policy)
-    theirs = _maxtext_aot(words, remat, GPUS)
+    theirs = maxtext_aot(words, remat, GPUS, BATCH, SEQ)
     got = {
         "argument": ours.argument_bytes,
         "output": ours.output_bytes,

@@ -143,6 +143,12 @@ class StepSource(Protocol):
         equal configs key the same answers on disk. Default: as given."""
         return config
 
+    def batch_ways(self, target: Target) -> int:
+        """The batch sizes its steps take on ``target`` are multiples of this: the devices
+        that hold different samples (a mesh plan's data-parallel size; default one)."""
+        plan = self.mesh_plan(target)
+        return plan.data_size if plan is not None else 1
+
     def policy_lines(self, policy: Policy) -> tuple[str, ...] | None:
         """The lines of the model's own config that set ``policy``, for a model whose own
         trainer reads its remat from a config file (MaxText's ``remat_policy: custom`` and a

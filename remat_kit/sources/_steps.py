@@ -230,7 +230,7 @@ def _measure(
         report = with_baseline(report, baseline)
     if pol.offloads and report.host_bytes:
         report = _with_offload_estimate(report, source, pol, sch, config, t)
-    if pol.offloads and step.plan is None and step.loss_given:
+    if pol.offloads and step.plan is None and t.devices == 1 and step.loss_given:
         # XLA may carry out only part of the copies jax marks (unrolled layers): say so. Both
         # figures are one micro-batch's on one device (sharded steps are not compared).
         marked = residuals(source, pol, t, config, sch).marked_bytes
@@ -240,7 +240,7 @@ def _measure(
     if pol.jax_policy is not None and checks.keeps_dots(pol.jax_policy):
         # A dot policy on a mixture of experts recomputes the grouped expert GEMMs (jax's
         # dot policies see dot_general only): say so, with the bytes.
-        ways = step.plan.data_size if step.plan is not None else 1
+        ways = source.batch_ways(t)
         notes = _expert_notes(source, pol, sch, config, t, ways, bool(jax.config.jax_remat3))
         report = report.replace(notes=(*report.notes, *notes))
     return report
@@ -491,8 +491,7 @@ def workload(
     src = source if isinstance(source, StepSource) else from_factory(source)
     src.check(config, t)
     probes = "estimate" if check_depth(depth) == "auto" else depth
-    plan = src.mesh_plan(t)
-    ways = plan.data_size if plan is not None else 1
+    ways = src.batch_ways(t)
 
     def at(batch: int) -> TrainConfig:
         return dataclasses.replace(config, batch=batch)
