@@ -18,8 +18,8 @@ from common import ROOT, parse, table, write_json
 
 sys.path.insert(0, str(ROOT / "tests"))
 
-#: (our policy, MaxText's remat keys): its own values by name, our catalogue's names handed to
-#: its decoder, and a custom offload as MaxText's per-tensor lines.
+#: (our policy, MaxText's remat keys): its own values by name, our catalogue's `minimal` (as
+#: MaxText's custom lines), and a custom offload as MaxText's per-tensor lines.
 POLICIES = (
     ("full", {"remat_policy": "full"}),
     ("maxtext:remat_policy=save_qkv_proj", {"remat_policy": "save_qkv_proj"}),

@@ -184,9 +184,10 @@ def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
     """The MaxText config lines that set ``policy``, None where no config line can.
 
     MaxText's own ``remat_policy`` values and ``full`` are one line; a policy that saves
-    and offloads tensors by name is ``remat_policy: custom`` with a line per tensor, where
-    every name is one of :data:`CUSTOM_TENSORS` (``decoder_layer_input`` is written out
-    always: MaxText's default keeps it on the device).
+    and offloads tensors by name (none of jax's dot policies) is ``remat_policy: custom``
+    with a line per tensor it saves or offloads, where every name is one of
+    :data:`CUSTOM_TENSORS` (and ``decoder_layer_input: remat`` where it recomputes that one:
+    MaxText's default keeps it on the device).
 
     Args:
       policy: a policy (name, spec or ``rk.Policy``).
@@ -205,19 +206,21 @@ def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
         return (f"remat_policy: {pol.params['remat_policy']}",)
     if pol.name == "full":
         return ("remat_policy: full",)
-    if pol.name not in ("names", "offload"):
-        return None
-    saved = tuple(pol.params.get("save", ()))
-    offloaded = tuple(pol.params.get("offload", ()))
     if pol.params.get("dst", "pinned_host") != "pinned_host":
         return None  # MaxText offloads to pinned host memory only
-    if not set(saved + offloaded) <= set(CUSTOM_TENSORS):
+    if not pol.tags or not set(pol.tags) <= set(CUSTOM_TENSORS):
+        return None  # a dot policy, or a name MaxText has no line for
+    if rk.checks.keeps_dots(pol.jax_policy):
         return None
+    # The policy's own names first, in its order; then any other it decides on.
+    order = dict.fromkeys((*pol.tags, *CUSTOM_TENSORS))
+    decided = {n: rk.decide(pol, n) for n in order}
     lines = ["remat_policy: custom"]
-    if "decoder_layer_input" not in offloaded + saved:
+    if decided["decoder_layer_input"] == "recompute":
         # MaxText's default keeps it on the device; the policy recomputes it.
         lines.append("decoder_layer_input: remat")
-    lines += [f"{n}: offload" for n in offloaded] + [f"{n}: device" for n in saved]
+    lines += [f"{n}: offload" for n, d in decided.items() if d == "offload"]
+    lines += [f"{n}: device" for n, d in decided.items() if d == "save"]
     return tuple(lines)
 
 

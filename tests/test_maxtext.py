@@ -12,6 +12,7 @@ import json
 import re
 from pathlib import Path
 
+import jax
 import pytest
 
 import remat_kit as rk
@@ -41,12 +42,21 @@ def _ours(words: str, policy: str) -> rk.MemoryReport:
     return rk.sources.measure(src, policy, target, rk.TrainConfig(BATCH, SEQ), warn=False)
 
 
+#: MaxText's `minimal` as a raw jax policy: no config line names a callable, so the source
+#: hands it to MaxText's decoder as its step is traced.
+RAW_MINIMAL = rk.as_policy(
+    jax.checkpoint_policies.save_only_these_names(
+        "query_proj", "value_proj", "key_proj", "kv_proj", "qkv_proj", "out_proj",
+        "mlpwi_0", "mlpwi_1", "mlpwi", "mlpwo",
+    )
+)  # fmt: skip
+
 # (config, our policy, MaxText's remat keys): MaxText's own policy by name (a config line),
-# our catalogue's `minimal` (handed to the decoder: MaxText's `minimal` saves the same names
-# this model tags) and a custom offload written as MaxText's per-tensor lines.
+# a raw jax policy (handed to the decoder) and a custom offload written as MaxText's
+# per-tensor lines.
 CASES = [
     ("llama", "maxtext:remat_policy=save_qkv_proj", {"remat_policy": "save_qkv_proj"}),
-    ("mixtral", "minimal", {"remat_policy": "minimal"}),
+    ("mixtral", RAW_MINIMAL, {"remat_policy": "minimal"}),
     (
         "deepseek",
         "offload:offload=decoder_layer_input,save=out_proj",
@@ -56,11 +66,15 @@ CASES = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("family", "policy", "remat"), CASES)
+@pytest.mark.parametrize(
+    ("family", "policy", "remat"), CASES, ids=["by-name", "raw-callable", "custom-offload"]
+)
 def test_figures_equal_maxtexts_own_aot_compile(family, policy, remat):
     pytest.importorskip("maxtext")
     words = CONFIGS[family]
     ours = _ours(words, policy)
+    applied = "decoder's get_remat_policy" if policy is RAW_MINIMAL else "config"
+    assert ours.meta["maxtext"]["policy_applied"] == applied
     theirs = maxtext_aot(words, remat, GPUS, BATCH, SEQ)
     got = {
         "argument": ours.argument_bytes,
@@ -107,7 +121,18 @@ def test_none_is_the_step_without_a_checkpoint_and_keeps_more_than_full():
                 "mlpwi_0: device",
             ),
         ),
+        (
+            "qkv_proj",  # a catalogue policy by name: its names as lines
+            (
+                "remat_policy: custom",
+                "decoder_layer_input: remat",
+                "query_proj: device",
+                "key_proj: device",
+                "value_proj: device",
+            ),
+        ),
         ("dots", None),  # a dot policy: no config line sets it
+        ("megatron", None),  # block_out, router_logits ...: names MaxText has no line for
         ("none", None),
         ("names:save=attn_norm", None),  # a name MaxText's custom keys do not take
         ("offload:offload=context,dst=unpinned_host", None),  # MaxText offloads to pinned host

@@ -347,13 +347,18 @@ def fit_table(
         + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
-    for col in ("policy", "max batch", "peak GiB", "next batch GiB", "recompute", "tokens/step"):
+    # Over several GPUs the batch is global; what each GPU holds is what a trainer's config
+    # names (MaxText's per_device_batch_size).
+    per_gpu = ("per GPU",) if target.devices > 1 else ()
+    columns = ("policy", "max batch", *per_gpu, "peak GiB", "next batch GiB", "recompute")
+    for col in (*columns, "tokens/step"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for row in rows:
         fit = row.fit
         table.add_row(
             short(row.label),
             str(fit.batch),
+            *(f"{fit.batch / target.devices:g}" for _ in per_gpu),
             gib(fit.peak_bytes),
             gib(fit.next_peak_bytes),
             pct(fit.recompute_overhead),
