@@ -94,14 +94,16 @@ CUSTOM_TENSORS = (
 
 #: Config keys the command line owns, and the flag that sets each.
 OWNED: Mapping[str, str] = {
-    "per_device_batch_size": "--batch (the global batch; per device = batch / GPUs)",
-    "max_target_length": "--seq",
-    "remat_policy": "--policy (maxtext:remat_policy=NAME for MaxText's own)",
-    **{name: "--policy (a save/offload policy: plan prints the lines)" for name in CUSTOM_TENSORS},
-    "hardware": "--target",
-    "compile_topology": "--target and --gpus",
-    "internal_compile": "--target and --gpus",
-    "internal_compile_num_devices": "--gpus",
+    "per_device_batch_size": "the batch (the global batch; per device = batch / GPUs)",
+    "max_target_length": "the sequence length",
+    "remat_policy": "the policy (maxtext:remat_policy=NAME for MaxText's own)",
+    **{
+        name: "the policy (a save/offload policy; plan prints its lines)" for name in CUSTOM_TENSORS
+    },
+    "hardware": "the target",
+    "compile_topology": "the target and its GPUs",
+    "internal_compile": "the target and its GPUs",
+    "internal_compile_num_devices": "the target's GPUs",
 }
 
 #: Attention kernels of MaxText that compile only on a GPU present (tokamax's Pallas Triton
@@ -164,18 +166,18 @@ class MaxTextSpec:
             key, eq, value = word.partition("=")
             if not eq or not key:
                 raise BadValue(
-                    f"--maxtext word {word!r}: after the optional YAML path every word is "
+                    f"MaxText config word {word!r}: after the optional YAML path every word is "
                     "key=value, as MaxText's command line takes them (model_name=llama2-7b)",
                     param="maxtext",
                 )
             if key in OWNED:
                 raise BadValue(
-                    f"--maxtext {key}={value}: {key} is set by {OWNED[key]}; drop it from the "
-                    "config words",
+                    f"MaxText config word {key}={value}: {key} is set by {OWNED[key]}; drop "
+                    "it from the config words",
                     param="maxtext",
                 )
             if key in dict(pairs):
-                raise BadValue(f"--maxtext gives {key} twice", param="maxtext")
+                raise BadValue(f"the MaxText config words give {key} twice", param="maxtext")
             pairs.append((key, value))
         return tuple(pairs)
 
@@ -318,7 +320,7 @@ def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
     yaml = Path(mt.pyconfig.__file__).parent / _BASE if spec.yaml == _BASE else Path(spec.yaml)
     if not yaml.is_file():
         raise BadValue(
-            f"--maxtext {spec.yaml}: no such config file; give a MaxText YAML, or only "
+            f"MaxText config {spec.yaml}: no such file; give a MaxText YAML, or only "
             "key=value words (MaxText's base.yml)",
             param="maxtext",
         )
@@ -326,7 +328,7 @@ def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
         with _quiet():
             return mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
     except Exception as err:  # MaxText's ValueError, pydantic's ValidationError, asserts
-        raise BadValue(f"MaxText refused --maxtext {spec.maxtext!r}: {_first(err)}") from None
+        raise BadValue(f"MaxText refused the config: {_first(err)}", param="maxtext") from None
 
 
 def _first(err: BaseException) -> str:
@@ -344,7 +346,7 @@ def _mesh(cfg: Any, target: rk.Target) -> jax.sharding.Mesh:
     except Exception as err:
         raise BadValue(
             f"MaxText's mesh for {target.devices} GPU(s): {_first(err)}; set the ici_*/dcn_* "
-            "parallelism keys to multiply to --gpus",
+            f"parallelism keys to multiply to {target.devices}",
             param="maxtext",
         ) from None
     explicit = str(cfg.shard_mode).lower().endswith("explicit")
@@ -399,7 +401,7 @@ def _in_context(
                 raise
             except Exception as err:
                 raise BadValue(
-                    f"MaxText's step for --maxtext {spec.maxtext!r} failed: {_first(err)}"
+                    f"MaxText's step for {spec.maxtext!r} failed: {_first(err)}"
                 ) from err
 
     return traced
@@ -423,7 +425,7 @@ def _built(spec: MaxTextSpec, words: tuple[str, ...], target: rk.Target, patch: 
         )
     if static or kwargs:
         raise BadValue(
-            f"--maxtext {spec.maxtext!r}: MaxText's step takes static or keyword arguments here "
+            f"{spec.maxtext!r}: MaxText's step takes static or keyword arguments here "
             "(DiLoCo, pipeline stages ...), which this source does not build",
             param="maxtext",
         )
@@ -477,6 +479,8 @@ class MaxTextSource(rk.sources.StepSource):
     own_model = True
     #: A MaxText user sets the policy in the config (``policy_lines``).
     applies_in_code = "lines"
+    #: MaxText checkpoints every layer: ``none`` is the baseline, never a plan.
+    remat_always = True
 
     @property
     def spec(self) -> str:
@@ -520,14 +524,14 @@ class MaxTextSource(rk.sources.StepSource):
         attention = dict(self.request.overrides).get("attention")
         if attention in _GPU_ONLY:
             raise BadValue(
-                f"--maxtext attention={attention}: {_GPU_ONLY[attention]}; give "
+                f"attention={attention}: {_GPU_ONLY[attention]}; give "
                 "attention=cudnn_flash_jax (cuDNN's flash attention, the default here) or "
                 "dot_product",
                 param="maxtext",
             )
         if attention == "cudnn_flash_te" and importlib.util.find_spec("transformer_engine") is None:
             raise BadValue(
-                "--maxtext attention=cudnn_flash_te needs NVIDIA's TransformerEngine "
+                "attention=cudnn_flash_te needs NVIDIA's TransformerEngine "
                 "(pip install transformer_engine[jax]); attention=cudnn_flash_jax is cuDNN's "
                 "flash attention without it",
                 param="maxtext",

@@ -37,7 +37,7 @@ def _entry_points(tmp_path, line: str):
 
 
 def test_the_installed_kinds_are_ours_and_the_presets_plugins():
-    assert sorted(kinds()) == ["factory", "hf", "preset", "step"]
+    assert sorted(kinds()) == ["factory", "hf", "maxtext", "preset", "step"]
     assert kinds()["preset"].spec is PresetSpec and kinds()["hf"].spec is HFSpec
 
 

@@ -167,13 +167,16 @@ def test_custom_tensors_are_those_maxtexts_custom_policy_reads():
     [
         (
             "model_name=llama2-7b per_device_batch_size=4",
-            r"per_device_batch_size is set by --batch",
+            r"per_device_batch_size is set by the batch",
         ),
-        ("model_name=llama2-7b max_target_length=4096", r"max_target_length is set by --seq"),
-        ("model_name=llama2-7b remat_policy=full", r"remat_policy is set by --policy"),
-        ("model_name=llama2-7b context=offload", r"context is set by --policy"),
+        (
+            "model_name=llama2-7b max_target_length=4096",
+            r"max_target_length is set by the sequence length",
+        ),
+        ("model_name=llama2-7b remat_policy=full", r"remat_policy is set by the policy"),
+        ("model_name=llama2-7b context=offload", r"context is set by the policy"),
         ("model_name=llama2-7b oops", r"word 'oops'.*key=value"),
-        ("model_name=a model_name=b", r"gives model_name twice"),
+        ("model_name=a model_name=b", r"give model_name twice"),
     ],
 )
 def test_words_the_command_line_owns_are_refused(words, match):
@@ -201,13 +204,16 @@ def no_compile(monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        (("--maxtext", "model_name=no-such-model"), r"^remat-kit: MaxText refused"),
+        (
+            ("--maxtext", "model_name=no-such-model"),
+            r"^remat-kit: --maxtext model_name=no-such-model: MaxText refused",
+        ),
         (
             ("--maxtext", "model_name=llama2-7b", "ici_fsdp_parallelism=3", "--gpus", "4"),
-            r"^remat-kit: MaxText's mesh for 4 GPU\(s\)",
+            r"^remat-kit: --maxtext .*: MaxText's mesh for 4 GPU\(s\)",
         ),
         (("--maxtext", "model_name=llama2-7b", "--optimizer", "sgd"), r"--optimizer"),
-        (("--maxtext", "missing.yml", "a=1"), r"missing.yml: no such config file"),
+        (("--maxtext", "missing.yml", "a=1"), r"missing.yml: no such file"),
         (("--maxtext", "model_name=llama2-7b", "attention=flash"), r"Pallas Triton"),
         (("--maxtext", "model_name=llama2-7b", "--shard", "fsdp:4"), r"--shard"),
     ],

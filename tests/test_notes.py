@@ -145,6 +145,19 @@ CASES = [
         "sequence length (got seq=63)",
     ),
     (
+        "maxtext_attention",
+        {"chosen": "cudnn_flash_jax"},
+        "attention=cudnn_flash_jax: the config names no kernel, and MaxText's default on a GPU "
+        "(tokamax's Pallas Triton flash attention) compiles only on a GPU present; set "
+        "attention= in --maxtext to choose",
+    ),
+    (
+        "maxtext_xla_remat",
+        {"disabled": True},
+        "XLA's own rematerialization pass is off (XLA_FLAGS "
+        "--xla_disable_hlo_passes=rematerialization, as MaxText's GPU configs set it)",
+    ),
+    (
         "whole_model_probes",
         {"model": "f.py:deep", "layers": 32},
         "f.py:deep takes no layers=: its 32 identical layers are compiled whole in every "

@@ -111,6 +111,7 @@ FLAGS: dict[str, str] = {
     "model": "--model",
     "hf_config": "--hf-config",
     "step": "--step",
+    "maxtext": "--maxtext",
     "block": "--block",
     "tags": "--tags",
     "target": "--target",

@@ -100,18 +100,27 @@ def argument_leaves(
     for argnum, leaves in enumerate(leaves_per_arg):
         paths = paths_per_arg[argnum] if paths_per_arg is not None else [()] * len(leaves)
         for leaf, path in zip(leaves, paths, strict=True):
-            shape = tuple(int(d) for d in leaf.shape)
+            physical = _physical(leaf)
+            shape = tuple(int(d) for d in physical.shape)
             flat.append(
                 ArgLeaf(
                     argnum,
                     cats[argnum],
                     shape,
-                    xla_dtype(np.dtype(leaf.dtype)),
+                    xla_dtype(np.dtype(physical.dtype)),
                     int(np.prod(shape, dtype=np.int64)),
                     tuple(path),
                 )
             )
     return [flat[i] for i in kept]
+
+
+def _physical(leaf: Any) -> Any:
+    """``leaf`` as the program holds it: a typed PRNG key (MaxText's train state keeps one)
+    is its raw key data there, ``u32[..., 2]`` for threefry."""
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        return jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(leaf.shape, leaf.dtype))
+    return leaf
 
 
 def key_paths(tree: Any) -> list[tuple[str, ...]]:

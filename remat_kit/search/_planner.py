@@ -133,7 +133,8 @@ def plan(
     extras = [_as_extra(p) for p in extra]
     ctx = _PlanContext(workload, batch, budget, hide, host_budget, objective)
 
-    if _none_lower_bound(workload, batch) <= budget:
+    # A model whose trainer always checkpoints (MaxText) has no setting for `none`.
+    if not workload.remat_always and _none_lower_bound(workload, batch) <= budget:
         none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
         if none.fits:
             # No remat is needed, but a policy beside it may still be faster and smaller

@@ -75,12 +75,16 @@ class StepSource(Protocol):
         ``schedule=`` arguments of the user's function), ``"policy"`` (a ``policy``
         argument only: schedules go through a patched block), ``"lines"`` (lines of the model's
         own config file, :meth:`policy_lines`). Default ``"policy"``.
+      remat_always: the model's own trainer checkpoints every layer and has no setting
+        without (MaxText): ``none`` is measured as the baseline, never planned. Default
+        False.
     """
 
     spec: str
     own_model: bool = False
     env_at_import: tuple[EnvSet, ...] = ()
     applies_in_code: str = "policy"
+    remat_always: bool = False
 
     @property
     def schedule_kinds(self) -> frozenset[str]: ...

@@ -515,6 +515,7 @@ def workload(
         breakdown_fn=lambda b: breakdown(src, at(b), t),
         label=label or src.label(config, t),
         schedule_kinds=src.schedule_kinds,
+        remat_always=src.remat_always,
         verify_fn=lambda p, s, b, r, limit: verify_search(
             r,
             lambda: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False, depth="full"),

@@ -153,6 +153,8 @@ class Workload:
         verdict against ``limit`` bytes is not a clear "fits", or, with ``limit`` None,
         whatever it is (a final answer); with ``report`` None, the step compiled whole.
         None: every report is final as it is.
+      remat_always: the model's own trainer checkpoints every layer (MaxText): ``none`` is
+        compiled as the baseline figures are read against, never given as a plan.
 
     Example:
       >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
@@ -173,6 +175,7 @@ class Workload:
     label: str = ""
     schedule_kinds: frozenset[str] | None = None
     verify_fn: VerifyFn | None = None
+    remat_always: bool = False
     _reports: dict[Hashable, MemoryReport] = dataclasses.field(
         default_factory=dict, init=False, repr=False
     )
