@@ -1539,3 +1539,27 @@ def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
     from remat_kit.search._boundary import _closed
 
     assert _closed(lo, hi, 100) is closed
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_compact_names_save_exactly_the_tags_listed(seed):
+    """Oracle: the tags the compacted names match (fnmatch, as the policy matches them) are
+    exactly those listed, whatever the decisions; and a tag saved in every layer is one glob."""
+    import fnmatch
+    import random
+
+    from remat_kit.search._solver import compact
+
+    rng = random.Random(seed)
+    tags = [f"Dec_0/Block_{i}/Mlp_0/Dense_{j}" for i in range(4) for j in range(2)]
+    tags += [f"model/layers/{i}/attn/wx" for i in range(3)] + ["query_proj", "lm/Dense_0"]
+    decisions = {t: rng.choice(["save", "recompute", "save"]) for t in tags}
+    for j in range(2):  # one projection saved in every layer: its glob
+        if seed % 2 == j:
+            decisions.update({f"Dec_0/Block_{i}/Mlp_0/Dense_{j}": "save" for i in range(4)})
+    names = [t for t, d in decisions.items() if d == "save"]
+    out = compact(names, decisions)
+    matched = {t for t in decisions if any(fnmatch.fnmatchcase(t, n) for n in out)}
+    assert matched == set(names)
+    assert f"Dec_*/Block_*/Mlp_*/Dense_{seed % 2}" in out or "Dec_*/Block_*/Mlp_*/Dense_*" in out
+    assert len(out) <= len(names)

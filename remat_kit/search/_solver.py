@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fnmatch
 import math
 import os
+import re
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -100,7 +102,49 @@ class Solution:
 def _policy_of(decisions: Mapping[str, str]) -> Policy:
     save = [t for t, d in decisions.items() if d == "save"]
     off = [t for t, d in decisions.items() if d == "offload"]
-    return tag_policy(save, off)
+    return tag_policy(compact(save, decisions), off)
+
+
+def compact(names: Sequence[str], decisions: Mapping[str, str]) -> list[str]:
+    """``names`` with the module-path tags of every layer written once, as a glob.
+
+    A model nobody tagged is tagged by module path, one tag per layer
+    (``layers_3/mixer``): where the same tensor is saved in every layer, the glob
+    (``layers_*/mixer``) says so in one name. A glob is used only where every tag of the
+    model it matches (``decisions``' keys) is among ``names``, so the policy is the same.
+
+    Example:
+      >>> tags = {"layers_0/mixer": "save", "layers_1/mixer": "save", "query_proj": "save"}
+      >>> compact(list(tags), tags)
+      ['layers_*/mixer', 'query_proj']
+      >>> compact(["layers_0/mixer"], {**tags, "layers_1/mixer": "recompute"})
+      ['layers_0/mixer']
+    """
+    chosen, out, covered = set(names), [], set()
+    for name in names:
+        if name in covered:
+            continue
+        for glob in _layer_globs(name):
+            members = [t for t in decisions if fnmatch.fnmatchcase(t, glob)]
+            if len(members) > 1 and set(members) <= chosen:
+                out.append(glob)
+                covered.update(members)
+                break
+        else:
+            out.append(name)
+    return out
+
+
+def _layer_globs(name: str) -> list[str]:
+    """Globs of a module-path tag over its index parts (``3``, ``layers_3`` -> ``*``): the
+    one that keeps the last part (the projection: ``Dense_1``) first, then all; none for a
+    tag that is no module path or has no index."""
+    if "/" not in name:
+        return []
+    parts = name.split("/")
+    starred = [re.sub(r"^(\d+)$|^(.+_)(\d+)$", lambda m: (m[2] or "") + "*", p) for p in parts]
+    found = ["/".join([*starred[:-1], parts[-1]]), "/".join(starred)]
+    return [g for g in dict.fromkeys(found) if g != name]
 
 
 def solve(
