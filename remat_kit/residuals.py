@@ -109,6 +109,9 @@ class ResidualReport:
       same: tag name -> the other tags of the same value (``checkpoint_name`` of a
         ``checkpoint_name``: a model's own name and ours beside it, MaxText's MoE names): a
         residual carries one of them.
+      checkpointed: the tags inside a checkpoint of the forward pass (none where nothing is
+        checkpointed: ``none``). A policy decides nothing for a tag outside every
+        checkpoint (a model's head after its stack): the plan never names one.
     """
 
     residuals: tuple[Residual, ...]
@@ -117,6 +120,7 @@ class ResidualReport:
     tag_count: Mapping[str, int]
     segment_offloaded_bytes: int = 0
     same: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    checkpointed: frozenset[str] = frozenset()
 
     def kept_bytes(self, tag: str) -> int:
         """Bytes of the residuals that carry ``tag`` or another name of the same value.
@@ -246,7 +250,19 @@ def saved_residuals(
         tag_count={t: c for t, (_, c) in present.items()},
         segment_offloaded_bytes=_segment_offloaded(forward.jaxpr),
         same={t: tuple(sorted(group - {t})) for t, group in aliases.items() if t in present},
+        checkpointed=_checkpointed(forward.jaxpr),
     )
+
+
+def _checkpointed(jaxpr: Any) -> frozenset[str]:
+    """The tags inside any checkpoint of ``jaxpr`` (scans, conds and calls descended)."""
+    found: set[str] = set()
+    for eqn in jaxpr.eqns:
+        if is_checkpoint(eqn):
+            found.update(tags_in(params_of(eqn)["jaxpr"]))
+        for sub in sub_jaxprs(eqn):
+            found |= _checkpointed(open_jaxpr(sub))
+    return frozenset(found)
 
 
 def expected_decisions(p: Policy | str, tags: Mapping[str, Any]) -> dict[str, str]:

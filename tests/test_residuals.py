@@ -261,3 +261,19 @@ def test_report_table_says_host_memory_is_not_measured_on_cpu():
     assert "host (offloaded): not measured on cpu n/a" in cpu
     gpu = _render(report_table(_bare_report("h100"), rk.target("h100")))
     assert "host (offloaded, pinned host memory) 0.00" in gpu and "n/a" not in gpu
+
+
+def test_checkpointed_names_the_tags_inside_a_checkpoint_only():
+    from jax.ad_checkpoint import checkpoint_name
+
+    def block(x):
+        return jnp.sin(checkpoint_name(x * 2.0, "inside"))
+
+    def f(x):
+        y = jax.checkpoint(block, policy=jax.checkpoint_policies.nothing_saveable)(x)
+        return jnp.sum(jnp.cos(checkpoint_name(y * 3.0, "outside")))
+
+    x = jnp.ones((4,))
+    assert rk.saved_residuals(f, x).checkpointed == {"inside"}
+    # Without a checkpoint nothing is inside one.
+    assert rk.saved_residuals(lambda x: block(x).sum(), x).checkpointed == set()

@@ -1563,3 +1563,15 @@ def test_compact_names_save_exactly_the_tags_listed(seed):
     assert matched == set(names)
     assert f"Dec_*/Block_*/Mlp_*/Dense_{seed % 2}" in out or "Dec_*/Block_*/Mlp_*/Dense_*" in out
     assert len(out) <= len(names)
+
+
+@pytest.mark.slow
+def test_a_plan_never_names_a_tag_outside_every_checkpoint():
+    # The factory's head (lm_head) is tagged but lies after the checkpointed stack: keeping
+    # it or not is no policy's choice, so the plan neither saves nor decides it.
+    src = rk.sources.from_factory("tests/data/factories.py:untagged")
+    w = _workload(src, "h100", rk.TrainConfig(8, 256))
+    full, none = w.report("full", batch=8).peak_bytes, w.report("none", batch=8).peak_bytes
+    assert "lm_head" in w.report("full", batch=8).tags
+    p = rk.plan(w, 8, (full + none) // 2)
+    assert p.fits and "lm_head" not in p.policy.spec and "lm_head" not in p.decisions

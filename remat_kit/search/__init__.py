@@ -39,7 +39,7 @@ Example (``tiny_model`` is a factory ``tiny_model(policy)`` of a small Flax mode
   >>> no_remat = w.report("none", batch=2).peak_bytes
   >>> p = rk.plan(w, batch=2, budget=no_remat - 1)
   >>> p.fits, p.peak_bytes < no_remat, p.policy.spec, p.schedule.spec
-  (True, True, 'names:save=mlpwo+lm_head', 'none')
+  (True, True, 'names:save=mlpwo', 'none')
 """
 
 from remat_kit.search._advise import Advice, ScaleOut, advise, gpus_needed

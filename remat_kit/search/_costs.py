@@ -36,7 +36,7 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 
-from remat_kit.policies import NO_REMAT, Policy, policy
+from remat_kit.policies import FULL, NO_REMAT, Policy, policy
 from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.sources._workload import Workload
 
@@ -220,7 +220,7 @@ def cost_model(
     Example:
       >>> m = cost_model(w, 2, offload=False, hide=0.5)
       >>> m.tags, m.size["mlpwi_1"]
-      (('mlpwi_1', 'mlpwo', 'lm_head'), 4096)
+      (('mlpwi_1', 'mlpwo'), 4096)
       >>> round(m.evaluate({"mlpwi_1": "recompute"}).recompute_overhead, 3)
       0.082
     """
@@ -230,8 +230,14 @@ def cost_model(
     # One decision per value: a value a model names twice (its own name and ours beside it,
     # MaxText's MoE names) is saved or recomputed under its first name.
     traced = workload.traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
+    # A tag outside every checkpoint (the head after the stack) is kept whatever the policy
+    # says: no decision is made for it, so no plan names it. Where the model checkpoints
+    # nothing even under `full` (it ignores its policy), every tag stays.
+    inside = workload.traced_residuals(FULL, NO_SCHEDULE, batch).checkpointed
     present: tuple[str, ...] = ()
     for t in traced.tags:
+        if inside and t not in inside and not set(traced.same.get(t, ())) & inside:
+            continue
         if not set(traced.same.get(t, ())) & set(present):
             present += (t,)
 

@@ -8,7 +8,7 @@ corrects the model by what the compiler says; the algorithm is in its docstring.
 Example:
   >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
   >>> p.fits, p.policy.spec, p.source, p.solver.optimal
-  (True, 'names:save=mlpwo+lm_head', 'solver', True)
+  (True, 'names:save=mlpwo', 'solver', True)
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def plan(
       >>> budget = w.report("none", batch=2).peak_bytes - 1  # just under no remat
       >>> p = rk.plan(w, batch=2, budget=budget, host_budget=0)
       >>> p.fits, p.host_bytes, p.decisions
-      (True, 0, {'lm_head': 'save', 'mlpwi_1': 'recompute', 'mlpwo': 'save'})
+      (True, 0, {'mlpwi_1': 'recompute', 'mlpwo': 'save'})
       >>> model = tiny_model(p.policy)  # the model, built with the plan's policy
     """
     t0 = time.perf_counter()
@@ -297,7 +297,9 @@ class _PlanContext:
             )
             cand = dataclasses.replace(cand, peak_bytes=r.peak_bytes, host_bytes=host, fits=ok)
             fits = ok
-        decisions, layer_dec, layers = _decisions(w, self.batch, pol, sch, r.tags)
+        decisions, layer_dec, layers = _decisions(
+            w, self.batch, pol, sch, _decided(w, r, self.batch)
+        )
         if fits:
             note = Note(
                 "plan_fits",
@@ -347,6 +349,15 @@ class _PlanContext:
             objective=self.objective,
             report=r,
         )
+
+
+def _decided(w: Workload, r: Any, batch: int) -> tuple[str, ...]:
+    """The report's tags a policy decides on: those inside a checkpoint (a tag outside every
+    checkpoint, the head after the stack, is kept whatever the policy says)."""
+    if w.residuals_fn is None:
+        return tuple(r.tags)
+    inside = w.traced_residuals(FULL, NO_SCHEDULE, batch).checkpointed
+    return tuple(t for t in r.tags if not inside or t in inside)
 
 
 def _decisions(

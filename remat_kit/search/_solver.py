@@ -177,7 +177,7 @@ def solve(
       >>> m = cost_model(w, 2, offload=False, hide=0.5)
       >>> sol, status = solve(m, m.untagged_bytes + 2_000)  # no room for mlpwi_1's 4096 B
       >>> sol.decisions, status.optimal
-      ({'mlpwi_1': 'recompute', 'mlpwo': 'save', 'lm_head': 'save'}, True)
+      ({'mlpwi_1': 'recompute', 'mlpwo': 'save'}, True)
     """
     t0 = time.perf_counter()
     split_cap = device_cap if split_cap is None else split_cap
