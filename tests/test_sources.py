@@ -1116,3 +1116,82 @@ def test_a_deep_factory_without_layers_is_told_what_copies_would_save():
     assert "takes no layers=: its 8 identical layers are compiled whole" in rk.notes.words(note)
     # the same model from a factory that takes layers= builds copies: nothing to say
     assert sources.from_factory(f"{FACTORIES}:deep").notes(SMALL, rk.target("h100")) == ()
+
+
+@pytest.mark.parametrize(
+    ("signature", "made"),
+    [
+        # gemma's NNX Transformer: positions, a cache and a [B, L, L'] mask, none defaulted.
+        ("last_tokens, positions, cache, attention_mask", {"positions", "cache", "attention_mask"}),
+        # MaxText's decoder call.
+        (
+            "tokens, decoder_positions, decoder_segment_ids",
+            {"decoder_positions", "decoder_segment_ids"},
+        ),
+        # Hugging Face's keywords, defaulted: both made.
+        ("input_ids, attention_mask=None, position_ids=None", {"attention_mask", "position_ids"}),
+        # Defaults for everything else: the tokens alone.
+        ("tokens, deterministic=True", None),
+    ],
+)
+def test_auto_inputs_make_what_the_call_requires(signature, made):
+    from remat_kit.sources._adapters import auto_inputs
+
+    namespace = {}
+    exec(f"def call(self, {signature}): ...", namespace)
+    inputs = auto_inputs(namespace["call"])
+    if made is None:
+        assert inputs is None
+        return
+    tokens = jnp.zeros((2, 5), jnp.int32)
+    got = inputs(tokens)
+    assert set(got) == made
+    for name, value in got.items():
+        if "position" in name:
+            assert value.tolist() == [[0, 1, 2, 3, 4]] * 2
+        elif name == "cache":
+            assert value is None
+        elif "segment" in name:
+            assert value.tolist() == [[1] * 5] * 2
+        elif signature.startswith("last_tokens"):  # gemma's mask: causal, [B, L, L']
+            assert (
+                value.shape == (2, 5, 5)
+                and value[0].tolist() == jnp.tril(jnp.ones((5, 5), bool)).tolist()
+            )
+        else:  # Hugging Face's: [B, L] ones
+            assert value.tolist() == [[1] * 5] * 2
+
+
+def test_a_required_input_that_cannot_be_made_is_named():
+    from remat_kit.sources._adapters import auto_inputs
+
+    def call(self, tokens, positions, temperature): ...
+
+    with pytest.raises(BadValue, match=r"m requires temperature beside the tokens"):
+        auto_inputs(call, "m")
+
+
+@pytest.mark.slow
+def test_a_model_called_as_gemmas_is_measured_without_a_wrapper():
+    # Equal to the same model behind a wrapper that makes its inputs itself (a bare step).
+    from flax import nnx
+
+    src = sources.from_factory("tests/data/factories.py:gemma_like")
+    config = rk.TrainConfig(2, 64)
+    ours = sources.measure(src, "minimal", "h100", config, warn=False)
+    factories = importlib.import_module("tests.data.factories")
+
+    class Wrapped(nnx.Module):
+        def __init__(self):
+            self.inner = factories.gemma_like(rk.policy("minimal"))
+
+        def __call__(self, tokens):
+            b, s = tokens.shape
+            pos = jnp.broadcast_to(jnp.arange(s), (b, s))
+            mask = jnp.broadcast_to(jnp.tril(jnp.ones((s, s), bool)), (b, s, s))
+            return self.inner(tokens, pos, None, mask)[0]
+
+    bare = sources.measure(
+        sources.from_factory(lambda policy: Wrapped()), "minimal", "h100", config, warn=False
+    )
+    assert ours.peak_bytes == bare.peak_bytes and ours.temp_bytes == bare.temp_bytes

@@ -29,6 +29,7 @@ Example:
   True
 """
 
+from remat_kit.sources._adapters import MADE_INPUTS
 from remat_kit.sources._depth import DEPTH_MODES
 from remat_kit.sources._environ import ALLOCATOR_VARS, EnvSet
 from remat_kit.sources._kinds import (
@@ -71,6 +72,7 @@ __all__ = [
     "ALL_SCHEDULES",
     "DEPTH_MODES",
     "ENTRY_POINTS",
+    "MADE_INPUTS",
     "ROLES",
     "TRAIN_FIELDS",
     "BuiltModel",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -25,8 +27,10 @@ from remat_kit.train import logits_of
 
 __all__ = [
     "HF_INPUTS",
+    "MADE_INPUTS",
     "Applied",
     "NNXModel",
+    "auto_inputs",
     "check_logits",
     "hf_inputs",
     "retyped",
@@ -35,6 +39,84 @@ __all__ = [
 # Keyword inputs a Hugging Face Flax model needs beside the tokens (its rotary embedding
 # indexes by position_ids; None is not accepted).
 HF_INPUTS = ("attention_mask", "position_ids")
+
+
+#: What a model's forward pass may require beside the tokens, by its parameter's name, and
+#: what each is made of: unpadded sequences, so positions count from 0 and every token is in
+#: segment 1; a cache is None (training); a required mask is the causal ``[batch, seq, seq]``
+#: attention mask (gemma's ``attention_mask``, flax's examples), an ``input_mask`` the tokens'
+#: ``[batch, seq]`` padding mask.
+_POSITIONS = ("positions", "position_ids", "decoder_positions", "inputs_positions", "segment_pos")
+_SEGMENTS = ("segment_ids", "decoder_segment_ids", "inputs_segmentation")
+_CACHES = ("cache", "kv_cache", "past_key_values", "decode_cache")
+_MASKS = ("attention_mask", "attn_mask", "mask")
+_PADDING = ("input_mask", "padding_mask")
+MADE_INPUTS = (*_POSITIONS, *_SEGMENTS, *_CACHES, *_MASKS, *_PADDING)
+
+
+def auto_inputs(call: Callable[..., Any], spec: str = "the model") -> Any:
+    """The inputs a module's ``__call__`` takes beside the tokens, made from the tokens.
+
+    Hugging Face's keywords where it takes both (``attention_mask``, ``position_ids``) and
+    requires nothing else; else every parameter it requires after the tokens, by name
+    (:data:`MADE_INPUTS`: gemma's ``positions, cache, attention_mask``, MaxText's
+    ``decoder_positions, decoder_segment_ids``); None where it requires none.
+
+    Args:
+      call: the module class's ``__call__`` (``self`` first, then the tokens).
+      spec: the model's name for the message.
+
+    Returns:
+      ``tokens -> {name: value}``, or None.
+
+    Raises:
+      BadValue: a required parameter none of those names says how to make.
+
+    Example:
+      >>> def call(self, last_tokens, positions, cache, attention_mask): ...
+      >>> made = auto_inputs(call)(jnp.zeros((2, 3), jnp.int32))
+      >>> made["positions"].tolist()[0], made["cache"], made["attention_mask"].shape
+      ([0, 1, 2], None, (2, 3, 3))
+    """
+    try:
+        params = list(inspect.signature(call).parameters.values())[2:]  # self, tokens
+    except (TypeError, ValueError):
+        return None
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    required = [p.name for p in params if p.kind in kinds and p.default is p.empty]
+    names = {p.name for p in params}
+    var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    if not required:
+        return hf_inputs if var_kw or set(HF_INPUTS) <= names else None
+    unknown = [n for n in required if n not in MADE_INPUTS]
+    if unknown:
+        raise BadValue(
+            f"{spec} requires {', '.join(unknown)} beside the tokens, which remat_kit cannot "
+            "make from them (it makes positions, segment ids, caches and masks by their usual "
+            "names: rk.sources.MADE_INPUTS); give them defaults, or wrap the model in a "
+            "module that takes the tokens only",
+            param="model",
+        )
+    return functools.partial(_made, tuple(required)) if required else None
+
+
+def _made(names: tuple[str, ...], tokens: jax.Array) -> dict[str, Any]:
+    b, s = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+    causal = jnp.broadcast_to(jnp.tril(jnp.ones((s, s), jnp.bool_)), (b, s, s))
+    out: dict[str, Any] = {}
+    for name in names:
+        if name in _POSITIONS:
+            out[name] = positions
+        elif name in _SEGMENTS:
+            out[name] = jnp.ones((b, s), jnp.int32)
+        elif name in _CACHES:
+            out[name] = None
+        elif name in _MASKS:
+            out[name] = causal
+        else:
+            out[name] = jnp.ones((b, s), jnp.bool_)
+    return out
 
 
 def hf_inputs(tokens: jax.Array) -> dict[str, jax.Array]:

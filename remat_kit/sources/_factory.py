@@ -23,8 +23,8 @@ from flax import nnx
 
 from remat_kit.errors import BadValue, RematKitError
 from remat_kit.policies import NO_REMAT, Policy
-from remat_kit.sources._adapters import HF_INPUTS, hf_inputs
-from remat_kit.sources._loading import _takes, patched_block
+from remat_kit.sources._adapters import auto_inputs
+from remat_kit.sources._loading import patched_block
 from remat_kit.targets import Target
 from remat_kit.targets import target as named_target
 
@@ -136,10 +136,8 @@ def _count_blocks(src: _Made) -> int | None:
     if counter[0] or isinstance(made, nnx.Module):
         return counter[0] or None
     tokens = jax.ShapeDtypeStruct((1, 8), jnp.int32)
-    extra = hf_inputs if src.inputs == "auto" else src.inputs
     call = type(made).__call__
-    if src.inputs == "auto" and not all(_takes(call, k) for k in HF_INPUTS):
-        extra = None
+    extra = auto_inputs(call, src.spec) if src.inputs == "auto" else src.inputs
     with patched_block(src.block or "", NO_REMAT, counter=counter):
         jax.eval_shape(
             lambda k, t: made.init(k, t, **(extra(t) if callable(extra) else {})),

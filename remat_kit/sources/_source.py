@@ -31,7 +31,7 @@ from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.sharding import MeshPlan, check_data_parallel, parse_shard
-from remat_kit.sources._adapters import HF_INPUTS, Applied, NNXModel, hf_inputs, retyped
+from remat_kit.sources._adapters import Applied, NNXModel, auto_inputs, hf_inputs, retyped
 from remat_kit.sources._environ import EnvSet
 from remat_kit.sources._factory import call_factory, count_layers, model_errors, target_kwargs
 from remat_kit.sources._loading import (
@@ -451,7 +451,7 @@ class ModelSource(StepSource):
 
         inputs = self.inputs
         if inputs == "auto":
-            inputs = hf_inputs if all(_takes(call, k) for k in HF_INPUTS) else None
+            inputs = auto_inputs(call, self.spec)
         return BuiltModel(
             module=Applied(module, contexts, self.spec, self.output),
             policy=pol,

@@ -374,3 +374,53 @@ def flax_named(policy):
 def deep_fixed(policy):
     """``deep``'s 8 layers from a factory that takes no ``layers=``: no shallow copies."""
     return _Deep(policy, 8)
+
+
+class _GemmaLikeBlock(nnx.Module):
+    """gemma's NNX block signature: the hidden states, positions, a cache and a mask."""
+
+    def __init__(self, rngs: nnx.Rngs):
+        self.q_proj = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+        self.k_proj = nnx.Linear(WIDTH, WIDTH, rngs=rngs)
+        self.up_proj = nnx.Linear(WIDTH, 2 * WIDTH, rngs=rngs)
+        self.down_proj = nnx.Linear(2 * WIDTH, WIDTH, rngs=rngs)
+
+    def __call__(self, x, positions, cache, attention_mask):
+        x = x + jnp.sin(positions[..., None].astype(x.dtype))
+        scores = jnp.einsum("bsd,btd->bst", self.q_proj(x), self.k_proj(x))
+        probs = jax.nn.softmax(jnp.where(attention_mask, scores, -1e9), axis=-1)
+        x = x + jnp.einsum("bst,btd->bsd", probs, x)
+        return cache, x + self.down_proj(nnx.silu(self.up_proj(x)))
+
+
+class _GemmaLike(nnx.Module):
+    """gemma's NNX Transformer call: ``(last_tokens, positions, cache, attention_mask [B, L,
+    L'])`` -> ``(logits, cache)``, with no default for any of them (flax's examples/gemma)."""
+
+    def __init__(self, policy, rngs: nnx.Rngs):
+        self.embed = nnx.Embed(VOCAB, WIDTH, rngs=rngs)
+        block = rk.remat(_GemmaLikeBlock, policy)
+        self.layers = nnx.List([block(rngs) for _ in range(2)])
+        self.head = nnx.Linear(WIDTH, VOCAB, rngs=rngs)
+
+    def __call__(self, last_tokens, positions, cache, attention_mask):
+        x = self.embed(last_tokens)
+        for layer in self.layers:
+            cache, x = layer(x, positions, cache, attention_mask)
+        return self.head(x), cache
+
+
+def gemma_like(policy):
+    """An NNX model called as gemma's is: remat-kit makes its positions, cache and mask."""
+    return _GemmaLike(policy, nnx.Rngs(0))
+
+
+class _NeedsMore(nn.Module):
+    @nn.compact
+    def __call__(self, tokens, temperature):
+        return nn.Dense(VOCAB)(nn.Embed(VOCAB, WIDTH)(tokens)) / temperature
+
+
+def needs_more(policy):
+    """A model that requires an input remat-kit cannot make from the tokens."""
+    return _NeedsMore()
