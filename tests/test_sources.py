@@ -1130,6 +1130,8 @@ def test_a_deep_factory_without_layers_is_told_what_copies_would_save():
         ),
         # Hugging Face's keywords, defaulted: both made.
         ("input_ids, attention_mask=None, position_ids=None", {"attention_mask", "position_ids"}),
+        # Hugging Face's pair required, as some of its modules have it: still its [B, L] mask.
+        ("input_ids, attention_mask, position_ids", {"attention_mask", "position_ids"}),
         # Defaults for everything else: the tokens alone.
         ("tokens, deterministic=True", None),
     ],

@@ -57,8 +57,8 @@ MADE_INPUTS = (*_POSITIONS, *_SEGMENTS, *_CACHES, *_MASKS, *_PADDING)
 def auto_inputs(call: Callable[..., Any], spec: str = "the model") -> Any:
     """The inputs a module's ``__call__`` takes beside the tokens, made from the tokens.
 
-    Hugging Face's keywords where it takes both (``attention_mask``, ``position_ids``) and
-    requires nothing else; else every parameter it requires after the tokens, by name
+    Hugging Face's keywords where it takes both (``attention_mask``, ``position_ids``: its
+    mask is ``[batch, seq]``), and every other parameter it requires after the tokens, by name
     (:data:`MADE_INPUTS`: gemma's ``positions, cache, attention_mask``, MaxText's
     ``decoder_positions, decoder_segment_ids``); None where it requires none.
 
@@ -86,8 +86,13 @@ def auto_inputs(call: Callable[..., Any], spec: str = "the model") -> Any:
     required = [p.name for p in params if p.kind in kinds and p.default is p.empty]
     names = {p.name for p in params}
     var_kw = any(p.kind is p.VAR_KEYWORD for p in params)
+    hf = var_kw or set(HF_INPUTS) <= names
+    if hf:
+        # Hugging Face's pair (its attention_mask is the [batch, seq] padding mask), and
+        # anything else it requires.
+        required = [n for n in required if n not in HF_INPUTS]
     if not required:
-        return hf_inputs if var_kw or set(HF_INPUTS) <= names else None
+        return hf_inputs if hf else None
     unknown = [n for n in required if n not in MADE_INPUTS]
     if unknown:
         raise BadValue(
@@ -97,7 +102,8 @@ def auto_inputs(call: Callable[..., Any], spec: str = "the model") -> Any:
             "module that takes the tokens only",
             param="model",
         )
-    return functools.partial(_made, tuple(required)) if required else None
+    made = functools.partial(_made, tuple(required))
+    return (lambda tokens: {**hf_inputs(tokens), **made(tokens)}) if hf else made
 
 
 def _made(names: tuple[str, ...], tokens: jax.Array) -> dict[str, Any]:
