@@ -187,3 +187,14 @@ def sharded_run():
     """``sharded_run(group)``: the finished run of ``tests/sharded_step.py group``, which the
     session started when it began (this module's state: the test files must not import it)."""
     return _sharded_run
+
+
+@pytest.fixture
+def no_compile(monkeypatch):
+    """Fails the test if anything reaches XLA's compile: an input refused before any."""
+    import jax
+
+    def refuse(self, *args, **kwargs):
+        raise AssertionError("compiled: this input must be refused before any compile")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)

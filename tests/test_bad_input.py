@@ -209,16 +209,6 @@ CLI_CASES = [
 
 
 @pytest.fixture
-def no_compile(monkeypatch):
-    """Fails the test if anything reaches XLA's compile."""
-
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("compiled: this input must be refused before any compile")
-
-    monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
-
-
-@pytest.fixture
 def places(tmp_path):
     """The paths the placeholders name, made fresh in the test's directory."""
     return _places(tmp_path)

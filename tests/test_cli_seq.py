@@ -14,7 +14,6 @@ import io
 import json
 import sys
 
-import jax
 import pytest
 
 import remat_kit as rk
@@ -170,14 +169,6 @@ def test_the_flags_reach_the_search(monkeypatch, extra, expected):
         main([*TINY, "--over", "seq", "--policy", "full", *extra])
     assert {k: seen[k] for k in expected} == expected
     assert seen["policy"] == "full" and seen["first"].seq == seen["granularity"]
-
-
-@pytest.fixture
-def no_compile(monkeypatch):
-    def refuse(self, *args, **kwargs):
-        raise AssertionError("compiled: this input must be refused before any compile")
-
-    monkeypatch.setattr(jax.stages.Lowered, "compile", refuse)
 
 
 @pytest.mark.parametrize(

@@ -160,9 +160,9 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
     else:
         out.print(p.message)
         out.print(_use_it(p, run.source.applies_in_code, _alike(p, points)))
-        lines = run.source.policy_lines(p.policy) if p.schedule.name == "none" else None
+        lines = _config_lines(run.source, p)
         if lines is not None:
-            out.print("in the model's config:\n" + "\n".join(f"  {line}" for line in lines))
+            out.print(config_words(lines))
     if args.plot:
         plot_front(
             points,
@@ -175,10 +175,27 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
             objective=args.objective,
         )
     if args.json:
-        lines = run.source.policy_lines(p.policy) if p.schedule.name == "none" else None
+        lines = _config_lines(run.source, p)
         record = found.to_dict() | ({"config_lines": list(lines)} if lines is not None else {})
         write_json(args.json, record, flag="--json")
     return 0 if p.fits else 1
+
+
+def _config_lines(source: Any, p: Plan) -> tuple[str, ...] | None:
+    """The lines of the model's own config that set the plan (MaxText's), or None."""
+    return source.policy_lines(p.policy) if p.schedule.name == "none" else None
+
+
+def config_words(lines: Sequence[str]) -> str:
+    """How ``plan`` prints the config lines of its answer.
+
+    Example:
+      >>> print(config_words(["remat_policy: custom", "query_proj: device"]))
+      in the model's config:
+        remat_policy: custom
+        query_proj: device
+    """
+    return "in the model's config:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 def _alike(p: Plan, points: Sequence[FrontPoint]) -> str | None:

@@ -492,7 +492,7 @@ def decision_table(p: Plan) -> Table:
       >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
       >>> t = decision_table(p)
       >>> t.title, list(zip(t.columns[0].cells, t.columns[1].cells))[0]
-      ('the plan, per tag: what names:save=mlpwo+lm_head does', ('lm_head', 'save'))
+      ('the plan, per tag: what names:save=mlpwo does', ('mlpwi_1', 'recompute'))
     """
     table = Table(title=f"the plan, per tag: what {short(p.policy.spec, 40)} does")
     table.add_column("tag")
