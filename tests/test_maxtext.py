@@ -91,13 +91,20 @@ def test_figures_equal_maxtexts_own_aot_compile(family, policy, remat, gpus):
     )
 
 
-@pytest.mark.slow
-def test_none_is_the_step_without_a_checkpoint_and_keeps_more_than_full():
+def test_none_is_the_step_without_a_checkpoint_and_full_a_config_line():
+    # Traced, not compiled: under `none` MaxText's step holds no checkpoint at all (its
+    # decoder's jax.checkpoint left out); under `full` the config line sets it.
     pytest.importorskip("maxtext")
-    none, full = _ours(CONFIGS["llama"], "none"), _ours(CONFIGS["llama"], "full")
+    src = rk.sources.resolve(MaxTextSpec(CONFIGS["llama"]))
+    target, config = rk.target("h100"), rk.TrainConfig(BATCH, SEQ)
+    none = src.build_step(rk.policies.NO_REMAT, rk.parse_schedule("none"), config, target)
     assert none.meta["maxtext"]["policy_applied"] == "no jax.checkpoint"
+    closed = jax.make_jaxpr(none.step.loss_fn)(*none.step.loss_args)
+    assert rk.checks.checkpoint_policies(closed) == []
+    full = src.build_step(rk.policies.FULL, rk.parse_schedule("none"), config, target)
     assert full.meta["maxtext"]["policy_lines"] == ["remat_policy: full"]
-    assert none.temp_bytes > full.temp_bytes
+    closed = jax.make_jaxpr(full.step.loss_fn)(*full.step.loss_args)
+    assert rk.checks.checkpoint_policies(closed)
 
 
 @pytest.mark.parametrize(

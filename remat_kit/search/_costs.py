@@ -36,7 +36,7 @@ import math
 import warnings
 from collections.abc import Mapping, Sequence
 
-from remat_kit.policies import FULL, NO_REMAT, Policy, policy
+from remat_kit.policies import NO_REMAT, Policy, policy
 from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.sources._workload import Workload
 
@@ -230,16 +230,18 @@ def cost_model(
     # One decision per value: a value a model names twice (its own name and ours beside it,
     # MaxText's MoE names) is saved or recomputed under its first name.
     traced = workload.traced_residuals(NO_REMAT, NO_SCHEDULE, batch)
-    # A tag outside every checkpoint (the head after the stack) is kept whatever the policy
-    # says: no decision is made for it, so no plan names it. Where the model checkpoints
-    # nothing even under `full` (it ignores its policy), every tag stays.
-    inside = workload.traced_residuals(FULL, NO_SCHEDULE, batch).checkpointed
-    present: tuple[str, ...] = ()
+    every: tuple[str, ...] = ()
     for t in traced.tags:
-        if inside and t not in inside and not set(traced.same.get(t, ())) & inside:
-            continue
-        if not set(traced.same.get(t, ())) & set(present):
-            present += (t,)
+        if not set(traced.same.get(t, ())) & set(every):
+            every += (t,)
+    # A tag outside every checkpoint (the head after the stack) is kept whatever the policy
+    # says: no decision is made for it, so no plan names it (the traces below save it, which
+    # changes nothing). The first of them says which tags a checkpoint holds; where none
+    # does (a model that ignores its policy), every tag stays.
+    inside = workload.traced_residuals(tag_policy(every, ()), NO_SCHEDULE, batch).checkpointed
+    present = tuple(
+        t for t in every if not inside or t in inside or set(traced.same.get(t, ())) & inside
+    )
 
     timed = objective == "time" and workload.traced_seconds(NO_REMAT, NO_SCHEDULE, batch)
     base_cost = (
@@ -247,7 +249,7 @@ def cost_model(
     )
 
     def trace(recomputed: Sequence[str]) -> tuple[int, float, dict[str, int], float]:
-        pol = tag_policy([t for t in present if t not in recomputed], ())
+        pol = tag_policy([t for t in every if t not in recomputed], ())
         res = workload.traced_residuals(pol, NO_SCHEDULE, batch)
         kept = {
             name: sum(
