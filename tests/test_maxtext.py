@@ -166,7 +166,9 @@ def test_custom_tensors_are_those_maxtexts_custom_policy_reads():
     # The sparse-attention indexer's line is valid only with the indexer on (MaxText says so).
     keys = [k for k in keys if k != "indexer_cutoff_threshold"]
     config = pyconfig.initialize(
-        ["test", str(base), "remat_policy=custom", *(f"{k}=device" for k in keys)]
+        # jax_cache_dir=: else MaxText points jax's persistent cache at ~/jax_cache for the
+        # rest of this worker's tests.
+        ["test", str(base), "jax_cache_dir=", "remat_policy=custom", *(f"{k}=device" for k in keys)]
     )
     assert {*config.tensors_on_device, "indexer_cutoff_threshold"} == set(CUSTOM_TENSORS)
 
