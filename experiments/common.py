@@ -97,3 +97,25 @@ def run_parts(
     data["readme_rows"] = readme_rows(data)
     write_json(path, data)
     plot(data, args.out / f"{name}.png")
+
+
+def plot_pairs(
+    rows: Sequence[dict[str, Any]], ours: str, theirs: str, path: Path, title: str
+) -> None:
+    """Side-by-side bars of two peak figures per row (ours vs an independent compile), GiB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\n{str(r['policy'])[:28]}" for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows)), 4))
+    ax.bar([x - 0.2 for x in xs], [r[ours] / 2**30 for r in rows], 0.4, label="remat-kit")
+    ax.bar([x + 0.2 for x in xs], [r[theirs] / 2**30 for r in rows], 0.4, label=theirs)
+    ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("peak GiB")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    save_png(fig, path)

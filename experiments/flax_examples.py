@@ -8,7 +8,7 @@ its positions, cache and causal mask). For every policy, and for ``plan``'s answ
 between ``full`` and ``minimal``, the report's peak against a bare step written here: jax.jit
 of value_and_grad and optax's adamw, the block class rematerialized with ``rk.remat`` (tagged by
 ``rk.tagging`` for name policies), compiled for the H100 with XLA's defaults.
-Writes results/flax_examples.json.
+Writes results/flax_examples.json and a PNG.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from common import ROOT, table, write_json
+from common import ROOT, plot_pairs, table, write_json
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 POLICIES = ("none", "full", "minimal", "dots_no_batch")
@@ -145,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         row["equal"] = row["ours"] == row["bare"]
     print(table(rows, ("model", "policy", "ours", "bare", "equal"), title="flax's examples"))
     write_json(ROOT / "results" / "flax_examples.json", rows)
+    plot_pairs(rows, "ours", "bare", ROOT / "results" / "flax_examples.png", "flax's examples")
 
 
 if __name__ == "__main__":

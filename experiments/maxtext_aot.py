@@ -5,7 +5,8 @@ and for each policy: remat_kit's report (``--maxtext``, ``rk.sources.measure``) 
 own AOT compile of the same config with its remat set by its own keys (``train_compile``'s
 functions and ``jit_and_compile``; ``tests/helpers.py:maxtext_aot``), argument, output, temp and
 alias bytes, and whether they are equal. ``--quick`` runs the small configs the tests use; the
-default runs them at their published widths with 2 layers. Writes results/maxtext_aot.json.
+default runs them at their published widths with 2 layers. Writes results/maxtext_aot.json
+and a PNG.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
-from common import ROOT, parse, table, write_json
+from common import ROOT, parse, plot_pairs, table, write_json
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -86,9 +88,22 @@ def main(argv: Sequence[str] | None = None) -> None:
             title=f"remat_kit vs MaxText's AOT compile: {gpus}x {args.target}, b{batch} s{seq}",
         )
     )
+    name = "maxtext_aot_quick" if args.quick else "maxtext_aot"
     write_json(
-        args.out / ("maxtext_aot_quick.json" if args.quick else "maxtext_aot.json"),
+        args.out / f"{name}.json",
         {"gpus": gpus, "batch": batch, "seq": seq, "target": args.target, "rows": rows},
+    )
+    plot(rows, args.out / f"{name}.png", f"{gpus}x {args.target}, b{batch} s{seq}")
+
+
+def plot(rows: Sequence[dict], path: Path, setting: str) -> None:
+    """Our peak beside MaxText's own AOT compile's (argument + output + temp - alias)."""
+    for r in rows:
+        r.setdefault(
+            "maxtext_peak", sum(r[f"maxtext_{f}"] for f in FIELDS[:3]) - r["maxtext_alias"]
+        )
+    plot_pairs(
+        rows, "peak_bytes", "maxtext_peak", path, f"remat-kit vs MaxText's AOT compile: {setting}"
     )
 
 
