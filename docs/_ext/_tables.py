@@ -1,0 +1,40 @@
+"""A docutils table from rows of text: the one table builder of the docs' extensions.
+
+Cells may hold inline code in backticks (the claims table's commands); everything else is
+plain text, so a generated table needs no second Markdown parse.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from docutils import nodes
+
+
+def _cell(text: str) -> nodes.entry:
+    paragraph = nodes.paragraph()
+    for i, part in enumerate(re.split(r"`([^`]*)`", text)):
+        if part:
+            paragraph += nodes.literal(part, part) if i % 2 else nodes.Text(part)
+    return nodes.entry("", paragraph)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> nodes.table:
+    """A table node with one header row.
+
+    Args:
+      header: the column titles.
+      rows: the body, each row as long as ``header``.
+
+    Returns:
+      The docutils table.
+    """
+    group = nodes.tgroup(cols=len(header))
+    group += [nodes.colspec(colwidth=1) for _ in header]
+    head, body = nodes.thead(), nodes.tbody()
+    head += nodes.row("", *(_cell(h) for h in header))
+    for row in rows:
+        body += nodes.row("", *(_cell(str(c)) for c in row))
+    group += [head, body]
+    return nodes.table("", group)
