@@ -443,7 +443,8 @@ def test_advise_words_check_budgets_real_hints(monkeypatch, capsys, tmp_path):
     assert limit == int(rk.target("l4", mem_fraction=0.00001).usable_bytes)
     # check_budget shards over ceil(fixed / (2/3 of the limit)) GPUs; a bigger GPU holds it.
     gpus = math.ceil(fixed / (0.66 * limit))
-    assert f"fixed > {limit / GIB:.2f} GiB" in out
+    # The limit (~230 KiB) in the unit that suits it, not 0.00 GiB (issue 45).
+    assert 2**10 <= limit < 2**20 and f"fixed > {limit / 2**10:.2f} KiB" in out
     assert f"bigger GPU, ~{gpus}+ GPUs" in out
     assert "whatever the policy:" not in out  # the old paragraph
     assert "a GPU with more memory: " in out  # its legend: which GPUs

@@ -219,7 +219,8 @@ def test_residual_table_parts_are_parts_of_their_whole():
         "kept on device 4.00 GiB (of which untagged values and weights: 1.00 GiB), "
         "offloaded 6.00 GiB" in text
     )
-    assert "context offloaded 1024.00 4096.00" in text  # MiB per layer, all 4 layers
+    # GiB per layer, all 4 layers: each column in the unit of its largest figure (issue 45).
+    assert "GiB per layer" in text and "context offloaded 1.00 4.00" in text
     assert "mlpwo recomputed 0.00 0.00" in text
     assert "cpu" not in text
     on_cpu = _render(residual_table(res, _bare_report("cpu")))

@@ -14,9 +14,10 @@ from rich.table import Table
 
 from remat_kit.notes import hint_words
 from remat_kit.render._captions import runtime_words
-from remat_kit.render._format import gib, pct, short
-from remat_kit.render._tables import _YES_NO
+from remat_kit.render._format import byte_unit, gib, pct, size
+from remat_kit.render._tables import _NAME_WIDTH, _YES_NO
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
+from remat_kit.render._wrap import cell
 from remat_kit.targets import PRICE_CAVEAT
 
 if TYPE_CHECKING:
@@ -75,9 +76,12 @@ def advise_table(
         ),
     )
     why = "plan" if not misses else "plan / why not" if planned else "why not"
-    columns = ["target", "GiB", "fixed GiB", "fits", why]
+    # One unit for the step's figures (fixed part, peak), chosen by the largest of them.
+    mem = byte_unit(b for a in rows for b in (a.fixed_bytes, a.peak_bytes))
+    fixed, peak = f"fixed {mem.name}", f"peak {mem.name}"
+    columns = ["target", "GiB", fixed, "fits", why]
     if planned:
-        columns += ["peak GiB", "recompute"]
+        columns += [peak, "recompute"]
     if any(a.max_batch for a in rows):
         columns.append("max batch")
     if misses:
@@ -86,20 +90,21 @@ def advise_table(
     if any(c.tokens_per_second for c in priced.values()):
         columns += ["tok/s (est.)", "$/GPU-h", "$/Mtok"]
     for col in columns:
-        # The answer of a row that does not fit stays on one line; a long plan label gives way.
+        # The GPU, its plan and what would do instead are the answer: never cut, a long plan
+        # broken between its tokens (remat_kit.render._wrap.cell).
         table.add_column(
             col,
             justify="left" if col in ("target", why, "instead") else "right",
-            no_wrap=col == "instead",
+            no_wrap=col in ("target", why, "instead"),
         )
     for a in rows:
         cells = {
             "target": a.target,
             "GiB": gib(a.memory_bytes, 0),
-            "fixed GiB": gib(a.fixed_bytes),
+            fixed: mem.cell(a.fixed_bytes),
             "fits": _YES_NO[bool(a.fits)],
-            why: short(a.plan or "-") if a.fits else _advise_why(a),
-            "peak GiB": gib(a.peak_bytes),
+            why: cell(a.plan or "-", _NAME_WIDTH) if a.fits else _advise_why(a),
+            peak: mem.cell(a.peak_bytes),
             "recompute": pct(a.recompute_overhead),
             "max batch": str(a.max_batch),
             "instead": "" if a.fits else _advise_instead(a, scale.get(a.target), opts),
@@ -148,10 +153,10 @@ def _advise_why(a: Advice) -> str:
     """Why ``a`` does not fit, in a table cell."""
     d = a.note.data
     if a.note.kind == "fixed_over_budget":
-        return f"fixed > {gib(d['limit_bytes'])} GiB"
+        return f"fixed > {size(d['limit_bytes'])}"
     if a.note.kind == "plan_nothing_fits":
-        return f"every plan > {gib(d['budget_bytes'])} GiB"
-    return short(a.plan or "-")
+        return f"every plan > {size(d['budget_bytes'])}"
+    return cell(a.plan or "-", _NAME_WIDTH)
 
 
 def _advise_instead(a: Advice, so: ScaleOut | None, opts: RunOptions) -> str:
@@ -162,7 +167,7 @@ def _advise_instead(a: Advice, so: ScaleOut | None, opts: RunOptions) -> str:
         batch = f"b{so.batch}"  # as the title writes the batch
         if so.batch != opts.batch:  # fsdp gives each GPU whole samples: the batch grew
             batch = f"[yellow]{batch}*[/yellow]"
-        return f"{so.devices} x {gib(so.peak_bytes, 1)} GiB, {batch} ({so.batch // so.devices}/GPU)"
+        return f"{so.devices} x {size(so.peak_bytes, 1)}, {batch} ({so.batch // so.devices}/GPU)"
     if a.note.kind == "fixed_over_budget" and a.note.data["hints"]:
         return ", ".join(_advise_hint(h) for h in a.note.data["hints"])
     if a.max_batch:
@@ -223,9 +228,12 @@ def _advise_caption(
         by_parts.setdefault(key, []).append(a.target)
     for key, names in by_parts.items():
         parts = dict(key)
-        shown = " + ".join(f"{name} {gib(parts[k])}" for k, name in _ADVISE_PARTS if parts.get(k))
+        unit = byte_unit(parts.values())  # the parts of one sum, in one unit
+        shown = " + ".join(
+            f"{name} {unit.cell(parts[k])}" for k, name in _ADVISE_PARTS if parts.get(k)
+        )
         where = f"on {', '.join(names)}: " if len(by_parts) > 1 else ""
-        lines.append(f"{where}fixed = {shown} GiB, whatever the policy")
+        lines.append(f"{where}fixed = {shown} {unit.name}, whatever the policy")
     lines += _advise_legend(over, scale_out)
     if scale_out:
         grown = any(s.devices and s.batch != opts.batch for s in scale_out.values())
@@ -257,11 +265,11 @@ def _advise_legend(over: Sequence[Advice], scale_out: Mapping[str, ScaleOut] | N
         on = f" ({', '.join(a.target for a in rows)})" if scale_out is not None else ""
         if word == "SGD":
             fixed = data["fixed_bytes"] - data["parts"].get("optimizer", 0)
-            said.append(f"SGD{on} = --optimizer sgd: no optimizer state, {gib(fixed)} GiB fixed")
+            said.append(f"SGD{on} = --optimizer sgd: no optimizer state, {size(fixed)} fixed")
         elif word == "LoRA":
             said.append(
-                f"LoRA{on} = --lora 16: the frozen weights ({gib(data['parts'].get('weights'))} "
-                "GiB) carry no gradients or optimizer state"
+                f"LoRA{on} = --lora 16: the frozen weights ({size(data['parts'].get('weights'))}) "
+                "carry no gradients or optimizer state"
             )
         elif word.startswith("~"):
             if scale_out is None:

@@ -4,12 +4,13 @@ rich shrinks a table that is wider than the console by wrapping its cells, so a 
 becomes three lines of fragments, and it wraps a title or caption at the *table's* width, so a
 narrow table breaks its title mid-phrase. :func:`fitted` does what a reader wants instead: the
 least important columns go first (named under the table, ``--wide`` shows them), and the title
-and caption are wrapped at the terminal's width, on word boundaries.
+and caption are wrapped at the terminal's width, between tokens (:mod:`remat_kit.render._wrap`).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Sequence
 
 from rich.console import Console, Group, RenderableType
@@ -17,10 +18,15 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from remat_kit.render._wrap import wrap
+
 __all__ = [
     "DROP_FIRST",
     "fitted",
 ]
+
+_BYTE_UNIT = re.compile(r"\b[GMK]iB\b")
+_SECOND_UNIT = re.compile(r" (?:ms|us)\b")
 
 # The columns a narrow terminal loses, first to last, across every table remat-kit prints
 # (headers as written, a line break read as a space). A column not named here is never
@@ -80,21 +86,24 @@ def fitted(table: Table, width: int, drop: Sequence[str] = DROP_FIRST) -> Render
     for header in drop:
         if _natural_width(measure, shown) <= width:
             break
-        column = next((c for c in shown.columns if _header(c.header) == header), None)
+        column = next((c for c in shown.columns if _header(c.header) == _header(header)), None)
         if column is not None and len(shown.columns) > 1:
             shown.columns.remove(column)
             left_out.append(header)
     parts: list[RenderableType] = []
     if table.title:
-        parts.append(_text(table.title, "table.title"))
+        parts.append(_text(table.title, "table.title", width))
     parts.append(shown)
     if table.caption:
-        parts.append(_text(table.caption, "table.caption"))
+        parts.append(_text(table.caption, "table.caption", width))
     if left_out:
         parts.append(
-            Text(
-                f"not shown at {width} columns: {', '.join(left_out)} (--wide shows all)",
-                style="table.caption",
+            wrap(
+                Text(
+                    f"not shown at {width} columns: {', '.join(left_out)} (--wide shows all)",
+                    style="table.caption",
+                ),
+                width,
             )
         )
     return Group(*parts)
@@ -106,10 +115,13 @@ def _natural_width(console: Console, table: Table) -> int:
 
 
 def _header(header: object) -> str:
-    return " ".join(str(header).split())
+    """A header as :data:`DROP_FIRST` names it: one line, its unit read as GiB or s (a
+    column's unit follows its figures: ``activations MiB`` is ``activations GiB``)."""
+    words = " ".join(str(header).split())
+    return _SECOND_UNIT.sub(" s", _BYTE_UNIT.sub("GiB", words))
 
 
-def _text(value: object, style: str) -> RenderableType:
+def _text(value: object, style: str, width: int) -> RenderableType:
     if isinstance(value, str):
-        return Text.from_markup(value, style=style)
+        return wrap(Text.from_markup(value, style=style), width)
     return value  # type: ignore[return-value]  # already a renderable

@@ -24,7 +24,16 @@ from remat_kit.render._captions import (
     limit_words,
     runtime_words,
 )
-from remat_kit.render._format import GIB, fmt, gib, pct, short
+from remat_kit.render._format import (
+    Unit,
+    byte_unit,
+    flops_words,
+    pct,
+    second_unit,
+    short,
+    size,
+)
+from remat_kit.render._format import seconds as duration
 from remat_kit.render._timing import step_time_words
 from remat_kit.render._titles import (
     RunOptions,
@@ -32,6 +41,7 @@ from remat_kit.render._titles import (
     run_words,
     training_line,
 )
+from remat_kit.render._wrap import cell
 
 if TYPE_CHECKING:
     from remat_kit.analysis import MemoryReport
@@ -49,7 +59,9 @@ __all__ = [
     "residual_table",
 ]
 
-_MIB = 2**20
+# How wide a name may run in a column that is the answer before it breaks (between tokens).
+_NAME_WIDTH = 36
+_FRONT_WIDTH = 24
 _YES_NO = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}
 
 
@@ -71,15 +83,18 @@ class FitRow:
 
 
 def _cut(nbytes: int) -> str:
-    """What XLA's remat pass took off, never "0.0": GiB to one decimal, or MiB below 0.1 GiB.
+    """What XLA's remat pass took off, never "0.0": in the unit that suits it, one decimal.
 
     Example:
       >>> _cut(int(1.25 * 2**30)), _cut(40 * 2**20)
-      ('1.2', '40 MiB')
+      ('1.2 GiB', '40.0 MiB')
     """
-    if nbytes >= 0.1 * GIB:
-        return gib(nbytes, 1)
-    return f"{nbytes / 2**20:.0f} MiB"
+    return size(nbytes, 1)
+
+
+def _unit_header(name: str, unit: Unit) -> str:
+    """A figure column's header with its unit on the line below: ``peak\nMiB``."""
+    return f"{name}\n{unit.name}"
 
 
 def _limit_lines(target: Target, usable: int | None) -> list[tuple[str, Any]]:
@@ -110,7 +125,7 @@ def compare_table(
     title = (
         run_words(opts)
         + (f" {opts.shard} over {target.devices} GPUs, per GPU" if opts.shard else "")
-        + f" on {target.name} ({gib(target.memory_bytes)} GiB), attention={rows[0]['attention']}"
+        + f" on {target.name} ({size(target.memory_bytes)}), attention={rows[0]['attention']}"
         + training_line(
             rows[0].get("meta_precision"),
             rows[0].get("meta_dropout"),
@@ -127,27 +142,32 @@ def compare_table(
         caption += "; no (0.92): fits with XLA_PYTHON_CLIENT_MEM_FRACTION=0.92"
     if any(row["xla_remat"] for row in rows):
         caption += (
-            "; XLA -1.2: XLA's own rematerialization pass took that many GiB (MiB where it says "
-            "so) off the peak, so "
+            "; XLA -1.2 GiB: XLA's own rematerialization pass took that much off the peak, so "
             "the figure includes XLA's choices"
         )
     table = Table(title=title, caption=caption)
     offload = any(row["offload_transfer_seconds_est"] for row in rows)
     timed = any(row["step_seconds"] is not None for row in rows)
-    # Two-line headers: a figure column is as narrow as its figures.
+    # One unit for the memory columns (a row's activations read against its peak), and one for
+    # the step times, each chosen by its largest figure. Two-line headers: a figure column is
+    # as narrow as its figures.
+    mem = byte_unit(
+        row[k] for row in rows for k in ("peak_bytes", "activation_bytes", "host_bytes")
+    )
+    step = second_unit(row["step_seconds"] for row in rows)
     columns = [
         "policy",
-        "peak\nGiB",
-        "activations\nGiB",
-        "host\nGiB",
+        _unit_header("peak", mem),
+        _unit_header("activations", mem),
+        _unit_header("host", mem),
         "saved vs\nnone",
         "recompute",
     ]
     if timed:
-        columns += ["step s\n(est.)", "time vs\nnone", "tok/s"]
+        columns += [f"step {step.name}\n(est.)", "time vs\nnone", "tok/s"]
         caption += (
-            "\nrecompute: extra FLOPs; step s: predicted from the compiled kernels at the "
-            "target's rates (remat_kit.timing)"
+            f"\nrecompute: extra FLOPs; step {step.name}: predicted from the compiled kernels at "
+            "the target's rates (remat_kit.timing)"
         )
     if offload:
         columns.append("offload /\nrecompute\nms (est.)")
@@ -173,16 +193,16 @@ def compare_table(
         mark = "~" if (row.get("meta_depth") or {}).get("mode") == "extrapolated" else ""
         cells = [
             label(row["policy"], row["schedule"]),
-            mark + gib(row["peak_bytes"]),
-            gib(row["activation_bytes"]),
+            mark + mem.cell(row["peak_bytes"]),
+            mem.cell(row["activation_bytes"]),
             # XLA's CPU backend has no host memory space: its 0 would read "nothing moved".
-            "n/a" if target.kind == "cpu" else gib(row["host_bytes"]),
+            "n/a" if target.kind == "cpu" else mem.cell(row["host_bytes"]),
             pct(row["saved_vs_none"]),
             pct(row["recompute_overhead"]),
         ]
         if timed:
             cells += [
-                "-" if row["step_seconds"] is None else f"{row['step_seconds']:.3f}",
+                step.cell(row["step_seconds"], 3 if step.name == "s" else 2),
                 pct(row["time_vs_none"]),
                 "-" if row["tokens_per_second"] is None else f"{row['tokens_per_second']:,.0f}",
             ]
@@ -220,7 +240,8 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     )
     table = Table(title=title, show_header=True)
     table.add_column("what")
-    table.add_column("GiB", justify="right")
+    # Each figure in the unit that suits it: the rows run from a few bytes to the GPU's memory.
+    table.add_column("size", justify="right")
     lines = [
         ("peak (argument + output + temp - alias)", r.peak_bytes),
         *_breakdown_lines(r.breakdown, m),
@@ -239,13 +260,13 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         *_limit_lines(target, r.usable_bytes),
     ]
     for what, value in lines:
-        cell = value if isinstance(value, str) else "" if value is None else gib(value)
+        cell = value if isinstance(value, str) else "" if value is None else size(value)
         table.add_row(what, cell)
     fits = {True: "yes", False: "NO", None: "-"}[r.fits]
     if r.fits_with_fraction is not None:
         fits += f" (fits with XLA_PYTHON_CLIENT_MEM_FRACTION={r.fits_with_fraction:g})"
     table.caption = (
-        f"fits: {fits} | {r.flops / 1e12:.1f} TFLOP/step, recompute overhead "
+        f"fits: {fits} | {flops_words(r.flops)}/step, recompute overhead "
         f"{pct(r.meta.get('recompute_overhead'))} | "
         + (
             f"compiled in {r.compile_seconds:.1f} s"
@@ -253,7 +274,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
             else "remembered from an earlier run"
         )
         + (
-            f" | XLA's own remat pass took {gib(r.xla_remat_saved_bytes)} GiB off the peak"
+            f" | XLA's own remat pass took {size(r.xla_remat_saved_bytes)} off the peak"
             if r.xla_remat
             else ""
         )
@@ -270,9 +291,9 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     if est:
         table.caption += (
             f"\noffload (estimates at the host link / bf16 peak): transfer "
-            f"{est['transfer_seconds'] * 1e3:.0f} ms per step vs recomputing the same tensors "
-            f"{est['recompute_seconds'] * 1e3:.0f} ms; step compute "
-            f"{est['step_compute_seconds'] * 1e3:.0f} ms"
+            f"{duration(est['transfer_seconds'])} per step vs recomputing the same tensors "
+            f"{duration(est['recompute_seconds'])}; step compute "
+            f"{duration(est['step_compute_seconds'])}"
         )
     return table
 
@@ -296,20 +317,21 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
     counts = sorted(res.tag_count.values())
     layers = r.meta.get("layers") or max(counts, key=lambda c: (counts.count(c), c), default=1)
     table = Table(title="what the policy keeps, per tag (one micro-batch)")
-    for col in ("tag", "decision", "MiB per layer", "MiB all layers"):
+    kept = {tag: res.kept_bytes(tag) for tag in res.tags}  # under each name of a value
+    per_layer = {tag: k / max(layers, 1) for tag, k in kept.items()}
+    one, all_ = byte_unit(per_layer.values()), byte_unit(kept.values())
+    for col in ("tag", "decision", f"{one.name} per layer", f"{all_.name} all layers"):
         table.add_column(col, justify="left" if col in ("tag", "decision") else "right")
     for tag, decision in res.tags.items():
-        kept = res.kept_bytes(tag)  # under each name of a value (its own and ours)
-        per_layer = kept / max(layers, 1)
-        table.add_row(tag, decision, fmt(per_layer, _MIB), fmt(kept, _MIB))
+        table.add_row(tag, decision, one.cell(per_layer[tag]), all_.cell(kept[tag]))
     # The part must be of the same kind as the whole: untagged residuals kept on device (an
     # offloaded untagged value is in the offloaded figure, not in what the device keeps).
     untagged = sum(x.nbytes for x in res.residuals if not x.tagged and x.kind == "saved")
     offloaded = res.bytes_by("offloaded")
     table.caption = (
-        f"residuals kept on device {res.bytes_by('saved') / GIB:.2f} GiB "
-        f"(of which untagged values and weights: {untagged / GIB:.2f} GiB), "
-        f"offloaded {offloaded / GIB:.2f} GiB"
+        f"residuals kept on device {size(res.bytes_by('saved'))} "
+        f"(of which untagged values and weights: {size(untagged)}), "
+        f"offloaded {size(offloaded)}"
         + (
             " (from the trace: a cpu compile does not measure host memory)"
             if offloaded and r.target == "cpu"
@@ -343,14 +365,22 @@ def fit_table(
     """
     title = (
         f"largest batch: {run_words(opts, batch=False)} on {target.name} "
-        f"(limit {gib(rows[0].fit.limit_bytes)} GiB = {limit_words(target, headroom)})"
+        f"(limit {size(rows[0].fit.limit_bytes)} = {limit_words(target, headroom)})"
         + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
     # Over several GPUs the batch is global; what each GPU holds is what a trainer's config
     # names (MaxText's per_device_batch_size).
     per_gpu = ("per GPU",) if target.devices > 1 else ()
-    columns = ("policy", "max batch", *per_gpu, "peak GiB", "next batch GiB", "recompute")
+    mem = byte_unit(b for row in rows for b in (row.fit.peak_bytes, row.fit.next_peak_bytes))
+    columns = (
+        "policy",
+        "max batch",
+        *per_gpu,
+        f"peak {mem.name}",
+        f"next batch {mem.name}",
+        "recompute",
+    )
     for col in (*columns, "tokens/step"):
         table.add_column(col, justify="left" if col == "policy" else "right")
     for row in rows:
@@ -359,8 +389,8 @@ def fit_table(
             short(row.label),
             str(fit.batch),
             *(f"{fit.batch / target.devices:g}" for _ in per_gpu),
-            gib(fit.peak_bytes),
-            gib(fit.next_peak_bytes),
+            mem.cell(fit.peak_bytes),
+            mem.cell(fit.next_peak_bytes),
             pct(fit.recompute_overhead),
             str(fit.tokens_per_step),
         )
@@ -393,7 +423,7 @@ def plan_table(
     """
     title = (
         f"plan for {run_words(opts)} on {target.name}: "
-        f"budget {gib(p.budget_bytes)} GiB, attention="
+        f"budget {size(p.budget_bytes)}, attention="
         f"{p.report.attention if p.report is not None else '-'}"
         + training_line(
             opts_precision(opts),
@@ -403,7 +433,7 @@ def plan_table(
     from remat_kit.search import plan_label
 
     if p.host_budget_bytes is not None:
-        title += f", host budget {gib(p.host_budget_bytes)} GiB"
+        title += f", host budget {size(p.host_budget_bytes)}"
     caption = (
         f"plan found in {plan_seconds:.1f} s ({p.compiles} compiles); {compiles} compiles in "
         f"{seconds:.1f} s in all. {_solver_words(p)}. overhead = "
@@ -417,8 +447,12 @@ def plan_table(
     )
     points = list(points)
     timed = any(pt.step_seconds is not None for pt in points)
+    mem = byte_unit(
+        [pt.peak_bytes for pt in points] + [p.host_bytes, p.budget_bytes if not points else None]
+    )
+    step = second_unit(pt.step_seconds for pt in points)
     if timed:
-        caption += "; step s: predicted from the compiled kernels (remat_kit.timing)"
+        caption += f"; step {step.name}: predicted from the compiled kernels (remat_kit.timing)"
     copies = [pt.depth for pt in points if _extrapolated(pt.depth)]
     if copies:
         # The planner compiles whole what is near its budget; the rest (clear fits and
@@ -427,11 +461,24 @@ def plan_table(
     if p.report is not None and p.report.step_time is not None:
         caption += "\nPLAN " + step_time_words(p.report.step_time, p.report.tokens_per_step)
     table = Table(title=title, caption=caption)
-    columns = ["what", "peak GiB", "recompute", "overhead", "host GiB", "fits budget", "front"]
+    columns = [
+        "what",
+        f"peak {mem.name}",
+        "recompute",
+        "overhead",
+        f"host {mem.name}",
+        "fits budget",
+        "front",
+    ]
     if timed:
-        columns.insert(4, "step s (est.)")
+        columns.insert(4, f"step {step.name} (est.)")
     for col in columns:
-        table.add_column(col, justify="left" if col == "what" else "right")
+        # The policy and where it stands are the answer: kept whole, broken between tokens.
+        table.add_column(
+            col,
+            justify="left" if col in ("what", "front") else "right",
+            no_wrap=col in ("what", "front"),
+        )
     main = plan_label(p)
     for pt in sorted(points, key=lambda q: (q.label != main, q.kind, q.peak_bytes)):
         if pt.label == main:
@@ -440,20 +487,23 @@ def plan_table(
             what = f"{pt.label}: {label(pt.policy, pt.schedule)}"
         else:
             what = pt.label
-        step = [] if not timed else ["-" if pt.step_seconds is None else f"{pt.step_seconds:.3f}"]
+        steps = [] if not timed else [step.cell(pt.step_seconds, 3 if step.name == "s" else 2)]
         table.add_row(
-            short(what),
-            ("~" if _extrapolated(pt.depth) else "") + gib(pt.peak_bytes),
+            cell(what, _NAME_WIDTH),
+            ("~" if _extrapolated(pt.depth) else "") + mem.cell(pt.peak_bytes),
             pct(pt.recompute_overhead),
             pct(pt.overhead),
-            *step,
-            gib(p.host_bytes if pt.label == main else None),
+            *steps,
+            mem.cell(p.host_bytes if pt.label == main else None),
             _YES_NO[pt.peak_bytes <= p.budget_bytes],
-            f"= {short(pt.same_as, 30)}"
-            if pt.same_as is not None
-            else "*"
-            if not pt.dominated
-            else f"dominated by {short(pt.dominated_by or '', 30)}",
+            cell(
+                f"= {pt.same_as}"
+                if pt.same_as is not None
+                else "*"
+                if not pt.dominated
+                else f"dominated by {pt.dominated_by or ''}",
+                _FRONT_WIDTH,
+            ),
         )
     return table
 

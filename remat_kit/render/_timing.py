@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from remat_kit.render._format import seconds as _seconds_words
+
 if TYPE_CHECKING:
     from remat_kit.timing import StepTime
 
@@ -31,7 +33,3 @@ def step_time_words(t: StepTime, tokens: int | None) -> str:
     if t.recompute_seconds > 0:
         line += f"; recomputation {_seconds_words(t.recompute_seconds)}"
     return line
-
-
-def _seconds_words(seconds: float) -> str:
-    return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
