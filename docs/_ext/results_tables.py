@@ -113,6 +113,8 @@ def _external_models() -> Rows:
             f"{r['hf_peak_gib']:.2f}",
             _pct(r["peak_diff_pct"] / 100),
         )
+        if "hf_peak_gib" in r
+        else (r["policy"], f"{r['ours_peak_gib']:.2f}", "-", "not compared: no such tensor there")
         for r in data["rows"]
     ]
     step = data["step"]
