@@ -9,13 +9,9 @@ memory timeline. The preset is looked up here (``models``): the inspector itself
 from __future__ import annotations
 
 import argparse
-import contextlib
-from pathlib import Path
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import ModelRun, resolve
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.errors import BadValue
@@ -37,42 +33,8 @@ from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target
 
 __all__ = [
-    "add_parser",
     "run",
 ]
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``inspect`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The ``inspect`` parser.
-
-    Example:
-      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
-      >>> p.parse_args(["--model", "tiny-llama", "--diff", "full", "none"]).diff
-      ['full', 'none']
-    """
-    p = subparsers.add_parser("inspect", help=summary("inspect"))
-    add_model_args(p)
-    p.add_argument("--policy", default="full", help="policy name or spec")
-    p.add_argument("--schedule", default="none", help="layer schedule (none, every:K, ...)")
-    p.add_argument("--top", type=int, default=10, help="buffers shown at the peak")
-    p.add_argument("--plot", type=Path, default=None, help="write the memory timeline PNG")
-    p.add_argument(
-        "--diff",
-        nargs=2,
-        metavar=("P1", "P2"),
-        default=None,
-        help="what policy P2 keeps at its peak that P1 does not",
-    )
-    # add_model_args gives every measuring command --json; this keeps inspect's if it stops.
-    with contextlib.suppress(argparse.ArgumentError):
-        p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
-    return p
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,6 +106,10 @@ def _inspect(run: ModelRun, tgt: Target, pol: Policy, schedule: Schedule) -> Pea
         "batch": run.batch,
         "seq": run.seq,
         "attention": built.attention,
-        "optimizer": run.config.optimizer,
+        "optimizer": run.optimizer,
+        "lora": run.lora,
+        "accum": run.accum,
+        "precision": run.precision_record(),
+        "usable_bytes": tgt.usable_bytes,  # the title's fits (remat_kit.render.peak_table)
     }
     return inspect_step(built.step, tgt, meta=meta)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
-from remat_kit.render._format import fmt, gib
+from remat_kit.render._format import count_words, fmt, gib
 
 if TYPE_CHECKING:
     from remat_kit.policies import Policy
@@ -99,7 +99,7 @@ def models_table(configs: Iterable[tuple[str, Any]]) -> Table:
         table.add_row(
             name,
             c.family,
-            f"{c.param_count() / 1e9:.2f} B",
+            count_words(c.param_count()),  # a tiny preset's 0.53 M, not 0.00 B
             str(c.n_layers),
             str(c.d_model),
             f"{c.n_heads}/{c.n_kv_heads}",

@@ -6,7 +6,7 @@ Example:
   >>> from remat_kit.render import peak_table
   >>> r = rk.inspect(lambda a: (a @ a) @ a, jnp.ones((64, 64)), target="cpu")
   >>> list(peak_table(r).columns[0].cells)[:3]
-  ['peak GiB (argument + output + temp - alias)', 'live at the peak GiB', 'fragmentation GiB']
+  ['peak (argument + output + temp - alias)', 'live at the peak', 'fragmentation']
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from remat_kit.peak import PeakDiff, PeakReport
-from remat_kit.render._format import gib
+from remat_kit.render._format import byte_unit, size
+from remat_kit.render._titles import training_line
+from remat_kit.render._wrap import cell
 
 __all__ = [
     "buffer_table",
@@ -25,7 +27,9 @@ __all__ = [
     "split_table",
 ]
 
-_MIB = 2**20
+# The widest a shape or an op's path runs before it breaks (between tokens, never cut).
+_SHAPE_WIDTH = 24
+_PATH_WIDTH = 28
 
 
 def peak_table(r: PeakReport) -> Table:
@@ -33,6 +37,11 @@ def peak_table(r: PeakReport) -> Table:
 
     Args:
       r: the report.
+
+    The title names the run as the other commands' titles do (model, batch, sequence,
+    optimizer, LoRA rank, accumulation, where ``meta`` has them), and a ``fits`` row says
+    whether the peak fits what a process may use (``meta["usable_bytes"]``) and by how much
+    it is over when it does not.
 
     Returns:
       A two-column table (figure, value).
@@ -43,14 +52,33 @@ def peak_table(r: PeakReport) -> Table:
       >>> peak_table(r).title
       'peak of two matmuls / none on cpu'
     """
+    m = r.meta
+    run = str(m.get("model", r.module))
+    for key, word in (("batch", "b"), ("seq", "s")):
+        if m.get(key) is not None:
+            run += f" {word}{m[key]}"
+    if m.get("optimizer"):
+        run += f" {m['optimizer']}"
+    run += f" lora{m['lora']}" if m.get("lora") else ""
+    run += f" accum{m['accum']}" if (m.get("accum") or 1) > 1 else ""
     t = Table(
-        title=f"peak of {r.meta.get('model', r.module)} / {r.meta.get('policy', '')} on {r.target}"
+        title=f"peak of {run} / {m.get('policy', '')} on {r.target}"
+        + training_line(m.get("precision"), m.get("dropout"))
     )
     t.add_column("figure")
     t.add_column("value", justify="right")
-    t.add_row("peak GiB (argument + output + temp - alias)", gib(r.peak_bytes))
-    t.add_row("live at the peak GiB", gib(r.live_peak_bytes))
-    t.add_row("fragmentation GiB", gib(r.fragmentation_bytes))
+    t.add_row("peak (argument + output + temp - alias)", size(r.peak_bytes))
+    usable = m.get("usable_bytes")
+    if usable is not None:
+        over = r.peak_bytes - usable
+        t.add_row(
+            "fits",
+            f"yes: {size(usable - r.peak_bytes)} to spare of {size(usable)} usable"
+            if over <= 0
+            else f"NO: {size(over)} over the {size(usable)} usable",
+        )
+    t.add_row("live at the peak", size(r.live_peak_bytes))
+    t.add_row("fragmentation", size(r.fragmentation_bytes))
     t.add_row("peak position", f"{r.peak_position} / {r.schedule_length} ({r.peak_phase})")
     t.add_row("op at the peak", r.peak_op_name or r.peak_instruction)
     t.add_row("phases", ", ".join(f"{p.name} {p.start}-{p.end}" for p in r.phases) or "-")
@@ -65,7 +93,8 @@ def buffer_table(r: PeakReport, n: int) -> Table:
       n: how many buffers.
 
     Returns:
-      The table (MiB, category, checkpoint name, shape, layer, module path, live span).
+      The table (size in one unit, category, checkpoint name, shape, layer, module path, live
+      span); a long shape or path breaks between its tokens rather than being cut.
 
     Example:
       >>> r = rk.inspect(lambda a: (a @ a) @ a, jnp.ones((64, 64)), target="cpu")
@@ -74,16 +103,20 @@ def buffer_table(r: PeakReport, n: int) -> Table:
       ('top 3 buffers live at the peak', ['input', 'other temporaries', 'other temporaries'])
     """
     t = Table(title=f"top {n} buffers live at the peak")
-    for col in ("MiB", "category", "checkpoint name", "shape", "layer", "module path / op", "live"):
-        t.add_column(col, justify="right" if col == "MiB" else "left")
-    for b in r.top(n):
+    top = r.top(n)
+    unit = byte_unit(b.size_bytes for b in top)
+    columns = (unit.name, "category", "checkpoint name", "shape", "layer", "module path / op")
+    for col in (*columns, "live"):
+        # A shape is read whole: it keeps its line, broken only between dimensions.
+        t.add_column(col, justify="right" if col == unit.name else "left", no_wrap=col == "shape")
+    for b in top:
         t.add_row(
-            f"{b.size_bytes / _MIB:.1f}",
+            unit.cell(b.size_bytes, 1),
             b.category,
             b.checkpoint_name or "-",
-            f"{b.dtype}[{','.join(map(str, b.shape))}]",
+            cell(f"{b.dtype}[{','.join(map(str, b.shape))}]", _SHAPE_WIDTH),
             b.layer,
-            b.module_path or b.name,
+            cell(b.module_path or b.name, _PATH_WIDTH),
             f"{b.live[0]}-{b.live[1]}",
         )
     return t
@@ -96,7 +129,8 @@ def split_table(r: PeakReport) -> Table:
       r: the report.
 
     Returns:
-      The table (category, GiB, layer, GiB); empty categories are left out.
+      The table (category, bytes, layer, bytes, the two byte columns in one unit); empty
+      categories are left out.
 
     Example:
       >>> r = rk.inspect(lambda a: (a @ a) @ a, jnp.ones((64, 64)), target="cpu")
@@ -105,20 +139,21 @@ def split_table(r: PeakReport) -> Table:
       ('bytes at the peak', ['input', 'other temporaries'])
     """
     t = Table(title="bytes at the peak")
-    t.add_column("category")
-    t.add_column("GiB", justify="right")
-    t.add_column("layer")
-    t.add_column("GiB ", justify="right")
     cats = [(k, v) for k, v in r.by_category.items() if v]
     layers = list(r.by_layer.items())
+    unit = byte_unit([v for _, v in cats] + [v for _, v in layers])  # both split one peak
+    t.add_column("category")
+    t.add_column(unit.name, justify="right")
+    t.add_column("layer")
+    t.add_column(f"{unit.name} ", justify="right")
     for i in range(max(len(cats), len(layers))):
         c = cats[i] if i < len(cats) else ("", None)
         lay = layers[i] if i < len(layers) else ("", None)
         t.add_row(
             c[0],
-            gib(c[1]) if c[1] is not None else "",
+            unit.cell(c[1]) if c[1] is not None else "",
             lay[0],
-            gib(lay[1]) if lay[1] is not None else "",
+            unit.cell(lay[1]) if lay[1] is not None else "",
         )
     return t
 
@@ -131,21 +166,24 @@ def diff_table(d: PeakDiff, policies: Sequence[str]) -> Table:
       policies: the two labels, ``a``'s then ``b``'s.
 
     Returns:
-      The table (category, label, MiB in each, delta).
+      The table (category, label, the bytes in each and the delta, in one unit).
 
     Example:
       >>> x = jnp.ones((64, 64))
       >>> a = rk.inspect(lambda a: a @ a, x, target="cpu")
       >>> b = rk.inspect(lambda a: (a @ a) @ a, x, target="cpu")
       >>> diff_table(rk.peak.diff(a, b), ["one", "two"]).title
-      'what two keeps at its peak that one does not (peak +0.00 GiB)'
+      'what two keeps at its peak that one does not (peak +16.00 KiB)'
     """
     a, b = policies
+    sign = "+" if d.peak_delta >= 0 else "-"
     t = Table(
-        title=f"what {b} keeps at its peak that {a} does not (peak {d.peak_delta / 2**30:+.2f} GiB)"
+        title=f"what {b} keeps at its peak that {a} does not (peak {sign}{size(abs(d.peak_delta))})"
     )
-    for col in ("category", "label", f"{a} MiB", f"{b} MiB", "delta MiB"):
+    kept = d.kept[:15]
+    unit = byte_unit(v for _, _, x, y in kept for v in (x, y))
+    for col in ("category", "label", f"{a} {unit.name}", f"{b} {unit.name}", f"delta {unit.name}"):
         t.add_column(col, justify="left" if col in ("category", "label") else "right")
-    for c, lab, x, y in d.kept[:15]:
-        t.add_row(c, lab, f"{x / _MIB:.1f}", f"{y / _MIB:.1f}", f"{(y - x) / _MIB:+.1f}")
+    for c, lab, x, y in kept:
+        t.add_row(c, lab, unit.cell(x, 1), unit.cell(y, 1), f"{(y - x) / unit.size:+.1f}")
     return t

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from remat_kit.render._format import gib, short
+from remat_kit.render._format import Unit, byte_unit, short, size
 from remat_kit.render._tables import FitRow
-from remat_kit.render._titles import RunOptions, opts_precision, training_line
+from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 
 if TYPE_CHECKING:
     from remat_kit.search import Fit
@@ -74,12 +74,9 @@ def seq_table(
       (limit 1.50 GiB)
     """
     first = rows[0].fit
-    run = (
-        f"{opts.model} b{first.batch} {opts.optimizer}"
-        + (f" lora{opts.lora}" if opts.lora else "")
-        + (f" accum{opts.accum}" if opts.accum > 1 else "")
-    )
-    limit = f"limit {gib(first.limit_bytes)} GiB" + (f" = {limit_words}" if limit_words else "")
+    # The run as run_words names it, the sequence (what the search sets) left out.
+    run = run_words(opts, batch=first.batch, seq=False)
+    limit = f"limit {size(first.limit_bytes)}" + (f" = {limit_words}" if limit_words else "")
     kernels = sorted({row.fit.attention for row in rows if row.fit.attention})
     attention = f", attention {'/'.join(kernels)}" if kernels else ""
     title = (
@@ -87,12 +84,13 @@ def seq_table(
         f"tokens ({limit})" + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
+    mem = byte_unit(b for row in rows for b in (row.fit.peak_bytes, row.fit.next_peak_bytes))
     columns = (
         "policy",
         "longest seq",
         "tokens/step",
-        "peak GiB",
-        "next step GiB",
+        f"peak {mem.name}",
+        f"next step {mem.name}",
         "compiles",
         "method",
     )
@@ -108,17 +106,17 @@ def seq_table(
             name,
             str(fit.seq) if fit.fits else "none fits",
             str(fit.tokens_per_step),
-            gib(fit.peak_bytes),
-            _next_cell(fit),
+            mem.cell(fit.peak_bytes),
+            _next_cell(fit, mem),
             str(fit.compiles),
             fit.method or "-",
         )
     return table
 
 
-def _next_cell(fit: Fit) -> str:
+def _next_cell(fit: Fit, mem: Unit) -> str:
     if fit.next_peak_bytes is not None:
-        return gib(fit.next_peak_bytes)
+        return mem.cell(fit.next_peak_bytes)
     data = fit.note.data if fit.note is not None else {}
     if data.get("refused"):
         return "not built"

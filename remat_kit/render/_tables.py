@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
@@ -124,7 +125,7 @@ def compare_table(
     """
     title = (
         run_words(opts)
-        + (f" {opts.shard} over {target.devices} GPUs, per GPU" if opts.shard else "")
+        + (f" over {target.devices} GPUs, per GPU" if opts.shard else "")
         + f" on {target.name} ({size(target.memory_bytes)}), attention={rows[0]['attention']}"
         + training_line(
             rows[0].get("meta_precision"),
@@ -233,8 +234,19 @@ def report_table(r: MemoryReport, target: Target) -> Table:
       'peak (argument + output + temp - alias)'
     """
     m = r.meta
+    # Every setting that changed the figures, as the other commands' titles name them.
+    run = SimpleNamespace(
+        model=m.get("model"),
+        batch=m.get("batch"),
+        seq=m.get("seq"),
+        optimizer=m.get("optimizer"),
+        lora=m.get("lora") or 0,
+        accum=m.get("accum") or 1,
+        shard=m.get("mesh"),
+    )
+    over = f" over {m['devices']} GPUs, per GPU" if m.get("mesh") and m.get("devices") else ""
     title = (
-        f"{m.get('model')} b{m.get('batch')} s{m.get('seq')} {m.get('optimizer')} "
+        f"{run_words(run)}{over} "
         f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.name}"
         + training_line(m.get("precision"), m.get("dropout"), m.get("remat_impl"))
     )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from remat_kit.render._format import gib, pct, short
+from remat_kit.render._format import byte_unit, pct, second_unit, short, size
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 
 if TYPE_CHECKING:
@@ -35,28 +35,30 @@ def throughput_table(f: Fastest, opts: RunOptions, *, limit_words: str = "") -> 
       ...                  0.41, 0.25)
       >>> f = Fastest((row,), None, 2048, None, "h100-80gb", 1, 3, 1.0)
       >>> [c.header for c in throughput_table(f, None).columns][:4]
-      ['policy', 'micro-batch', 'step s (est.)', 'tok/s (est.)']
+      ['policy', 'micro-batch', 'step ms (est.)', 'tok/s (est.)']
     """
     head = run_words(opts, batch=False) if opts is not None else "the step"
     title = f"fastest way to train {head} on {f.target}"
     if f.devices > 1:
         title += f" ({f.devices} GPUs)"
     if f.rows:
-        title += f" (limit {gib(f.rows[0].limit_bytes)} GiB"
+        title += f" (limit {size(f.rows[0].limit_bytes)}"
         title += f" = {limit_words})" if limit_words else ")"
     if f.global_batch is not None:
         title += f", global batch {f.global_batch}"
     if opts is not None:
         title += training_line(opts_precision(opts), None)
     table = Table(title=title, caption=f"{f.compiles} compiles in {f.seconds:.1f} s")
+    mem = byte_unit(row.peak_bytes for row in f.rows)
+    step = second_unit(row.step_seconds for row in f.rows)
     columns = (
         "policy",
         "micro-batch",
-        "step s (est.)",
+        f"step {step.name} (est.)",
         "tok/s (est.)",
         "MFU",
         "vs none",
-        "peak GiB",
+        f"peak {mem.name}",
         "recompute",
         "max batch",
     )
@@ -72,11 +74,11 @@ def throughput_table(f: Fastest, opts: RunOptions, *, limit_words: str = "") -> 
         table.add_row(
             name,
             _batch_cell(row),
-            "-" if row.step_seconds is None else f"{row.step_seconds:.3f}",
+            step.cell(row.step_seconds, 3 if step.name == "s" else 2),
             "-" if row.tokens_per_second is None else f"{row.tokens_per_second:,.0f}",
             "-" if row.mfu is None else f"{row.mfu:.0%}",
             _versus(row, base),
-            gib(row.peak_bytes),
+            mem.cell(row.peak_bytes),
             pct(row.recompute_overhead),
             str(row.max_batch),
         )

@@ -71,19 +71,28 @@ def precision_words(precision: Mapping[str, str] | None) -> str:
     )
 
 
-def run_words(opts: RunOptions, *, batch: bool = True) -> str:
+def run_words(opts: RunOptions, *, batch: bool | int = True, seq: bool = True) -> str:
     """The run as every title names it: ``model b<batch> s<seq> optimizer`` (with the LoRA
-    rank and the accumulation steps when set; without the batch where a search sets it).
+    rank, the accumulation steps and the mesh when set; without the batch where a search sets
+    it, or with the batch it found; without the sequence where a search sets that). The
+    model's name carries its overrides (``llama3-8b (layers=64)``).
 
     Example:
       >>> from types import SimpleNamespace as NS
       >>> run_words(NS(model="llama3-8b", batch=4, seq=2048, optimizer="sgd", lora=16, accum=1))
       'llama3-8b b4 s2048 sgd lora16'
+      >>> run_words(NS(model="m", batch=8, seq=512, optimizer="adamw", lora=0, accum=2,
+      ...              shard="fsdp:4,tp:2"))
+      'm b8 s512 adamw accum2 fsdp:4,tp:2'
     """
+    shard = getattr(opts, "shard", None)
+    b = opts.batch if batch is True else None if batch is False else batch
     return (
-        f"{opts.model}{f' b{opts.batch}' if batch else ''} s{opts.seq} {opts.optimizer}"
+        f"{opts.model}{f' b{b}' if b is not None else ''}{f' s{opts.seq}' if seq else ''} "
+        f"{opts.optimizer}"
         + (f" lora{opts.lora}" if opts.lora else "")
         + (f" accum{opts.accum}" if opts.accum > 1 else "")
+        + (f" {shard}" if shard else "")
     )
 
 
