@@ -647,11 +647,11 @@ def test_every_help_example_parses():
 def test_a_titles_model_names_the_presets_overrides(capsys):
     # --layers 6 changes every figure: the title names it, as the JSON's meta["model"] does.
     from remat_kit.cli._model import resolve
+    from remat_kit.cli._flags import declare
     from remat_kit.cli._parser import Parser
-    from remat_kit.cli._report import add_parser
 
-    parser = Parser(prog="remat-kit")
-    p = add_parser(parser.add_subparsers(dest="command"))
+    p = Parser(prog="remat-kit report")
+    declare("report", p)
     args = p.parse_args(["--model", "tiny-llama", "--layers", "6", "--batch", "2", "--seq", "64"])
     args.given, args.command = frozenset({"--model", "--layers"}), "report"
     assert resolve(args).model == "tiny-llama (layers=6)"

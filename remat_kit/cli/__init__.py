@@ -6,19 +6,20 @@ a budget, Pareto front), ``advise`` (which GPU), ``inspect`` (what is live at th
 ``targets``, ``policies``, ``models``. Every figure comes from a compiled program (see
 remat_kit.analysis); this package only parses arguments and hands data to remat_kit.render.
 
-Each command is a module with ``add_parser(subparsers)`` and ``run(args) -> int``, listed in
-``COMMANDS`` with its one-line help: ``remat-kit --help`` lists the commands from there
-without importing any (so it starts no jax), and a run imports only the command it names.
-A new command is one module and one line in ``COMMANDS``.
+Each command is a module with ``run(args) -> int``, listed in ``COMMANDS`` with its one-line
+help and examples; its flags are declared in :mod:`remat_kit.cli._flags` (those several
+commands share, in :mod:`remat_kit.cli._args`). ``remat-kit --help`` and ``remat-kit CMD
+--help`` import no command module (so they start no jax); a run imports only the command it
+names. A new command is one module, one line in ``COMMANDS`` and one declaration.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from types import ModuleType
 from typing import Any, NamedTuple
 
 from remat_kit.cli._parser import Parser
@@ -97,11 +98,29 @@ COMMANDS: tuple[Command, ...] = (
         "validate",
         "remat_kit.cli._validate",
         "run the step on the local GPU; compare the measured peak with ours",
-        ("remat-kit validate --model llama3.2-1b --batch 4 --seq 2048 --policy full",),
+        (
+            "remat-kit validate --model llama3.2-1b --batch 4 --seq 2048 --policy full",
+            "remat-kit validate --model gpt2-medium --batch 8 --seq 1024 --compare-with a100-80gb",
+        ),
     ),
-    Command("targets", "remat_kit.cli._listings", "list the GPU targets"),
-    Command("policies", "remat_kit.cli._listings", "list the policies"),
-    Command("models", "remat_kit.cli._listings", "list the model presets"),
+    Command(
+        "targets",
+        "remat_kit.cli._listings",
+        "list the GPU targets",
+        ("remat-kit targets", "remat-kit targets --wide"),
+    ),
+    Command(
+        "policies",
+        "remat_kit.cli._listings",
+        "list the policies",
+        ("remat-kit policies", "remat-kit policies --wide"),
+    ),
+    Command(
+        "models",
+        "remat_kit.cli._listings",
+        "list the model presets",
+        ("remat-kit models", "remat-kit models --wide"),
+    ),
 )
 
 #: The flag that sets each library parameter a ``BadValue`` names (``BadValue.param``): the
@@ -156,12 +175,6 @@ FLAGS: dict[str, str] = {
     "global_batch": "--global-batch",
 }
 
-_DEBUG_HELP = "on an error, show the full traceback instead of one line"
-_WIDE_HELP = (
-    "print tables whole, however wide (by default they fit the terminal: $COLUMNS or its "
-    "width, 150 columns into a file or pipe; the least important columns go first)"
-)
-
 
 def summary(name: str) -> str:
     """The one-line help of the command ``name`` (as ``remat-kit --help`` lists it).
@@ -207,35 +220,35 @@ def _parser(
     command: str | None = None,
 ) -> tuple[argparse.ArgumentParser, dict[str, Callable[[argparse.Namespace], int]]]:
     """The ``remat-kit`` parser, with ``command``'s own subparser; every other command is a
-    stub that carries only its name and help line (its module is not imported)."""
+    stub that carries only its name and help line. No command module is imported: a
+    command's flags are declared in :mod:`remat_kit.cli._flags` (so ``--help`` starts no
+    jax), and its module is imported when it runs."""
+    from remat_kit.cli._args import add_common_args
+    from remat_kit.cli._flags import declare
+
     parser = Parser(prog="remat-kit", description=__doc__.splitlines()[0])
-    parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
+    add_common_args(parser, top=True)
     parser.add_argument(
         "--version", action="version", version=_version(), help="print the version and exit"
     )
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    chosen = next((c.module for c in COMMANDS if c.name == command), None)
     runs: dict[str, Callable[[argparse.Namespace], int]] = {}
     for c in COMMANDS:
-        if c.name in sub.choices:
-            continue  # added with another command of its module (listings adds three)
-        if c.module != chosen:
+        if c.name != command:
             sub.add_parser(c.name, help=c.help, add_help=False)
             continue
-        module: ModuleType = importlib.import_module(c.module)
-        before = set(sub.choices)
-        module.add_parser(sub)
-        for name in set(sub.choices) - before:
-            runs[name] = module.run
-            examples = next((e.examples for e in COMMANDS if e.name == name), ())
-            if examples:
-                sub.choices[name].epilog = "examples:\n" + "\n".join(f"  {e}" for e in examples)
-            # --debug after the command as well; SUPPRESS keeps a top-level --debug.
-            sub.choices[name].add_argument(
-                "--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP
-            )
-            sub.choices[name].add_argument("--wide", action="store_true", help=_WIDE_HELP)
+        epilog = "examples:\n" + "\n".join(f"  {e}" for e in c.examples) if c.examples else None
+        p = sub.add_parser(c.name, help=c.help, description=c.help, epilog=epilog)
+        declare(c.name, p)
+        add_common_args(p)
+        runs[c.name] = functools.partial(_run_module, c.module)
     return parser, runs
+
+
+def _run_module(module: str, args: argparse.Namespace) -> int:
+    # The command's module (and jax, which it imports) is loaded here, to run, not for --help.
+    run: Callable[[argparse.Namespace], int] = importlib.import_module(module).run
+    return run(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -11,14 +11,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_kit import _workers
-from remat_kit.cli import summary
-from remat_kit.cli._args import add_jobs_arg, add_model_args, add_search_args
 from remat_kit.cli._model import Request, print_notes, resolve
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import advise_table, console, fitted, progress, write_json
 from remat_kit.search import (
-    RANKINGS,
     Advice,
     Cost,
     ScaleOut,
@@ -29,55 +26,7 @@ from remat_kit.search import (
 )
 from remat_kit.targets import load_prices, parse_prices, target
 
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``advise`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The ``advise`` parser.
-
-    Example:
-      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
-      >>> p.parse_args(["--model", "tiny-llama", "--targets", "h100,l4"]).targets
-      'h100,l4'
-    """
-    p = subparsers.add_parser("advise", help=summary("advise"))
-    add_model_args(p)
-    p.add_argument("--targets", default=None, help="comma-separated targets (default: all GPUs)")
-    p.add_argument(
-        "--scale-out",
-        action="store_true",
-        help="where one GPU cannot fit, find how many GPUs of that kind fit with fsdp + full",
-    )
-    p.add_argument(
-        "--price",
-        action="append",
-        default=[],
-        metavar="GPU=USD",
-        help="your price of one GPU-hour, e.g. h100=2.10 (repeat for more GPUs); wins over "
-        "--price-file and the shipped table",
-    )
-    p.add_argument(
-        "--price-file",
-        default=None,
-        metavar="FILE",
-        help='JSON prices: {"h100": 2.1, "a100-80gb": {"usd_per_gpu_hour": 1.3, ...}}',
-    )
-    p.add_argument(
-        "--rank",
-        choices=RANKINGS,
-        default="cost",
-        help="order of the GPUs: cost (dollars per million tokens, cheapest first), speed "
-        "(predicted tokens/s), name",
-    )
-    add_search_args(p)
-    add_jobs_arg(p)
-    return p
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,10 +1,16 @@
 """Argument declarations shared by the ``remat-kit`` commands: value types and flag groups.
 
-What the parsed strings become (a target, policies, schedules, budgets, output paths) is
+Every flag two commands share is declared here, once, in its help group (:data:`GROUPS`);
+a command's own flags are declared in :mod:`remat_kit.cli._flags`. What the parsed strings
+become (a target, policies, schedules, budgets, output paths) is
 :mod:`remat_kit.cli._values`, the CLI's edge to the typed library.
 
 Every value type raises ``argparse.ArgumentTypeError`` with the bad value and what is valid, so
 argparse prints one ``remat-kit: argument --flag: ...`` line and exits 2 before any compile.
+
+This module starts no jax (``remat-kit CMD --help`` imports it and nothing heavier): a value
+type that needs the library imports it when it is called, and the few library constants a
+help text shows are copied here, each checked against the library by tests/test_help.py.
 """
 
 from __future__ import annotations
@@ -16,19 +22,28 @@ from pathlib import Path
 
 from remat_kit.cli._parser import Parser
 from remat_kit.errors import BadValue, OpenShardAxis
-from remat_kit.sharding import _EXAMPLES, parse_shard
-from remat_kit.sources import DEPTH_MODES
-from remat_kit.train import PRECISIONS
 
 __all__ = [
+    "DEPTH_MODES",
+    "FRONT_POLICIES",
+    "GROUPS",
+    "PRECISION_NAMES",
+    "SHARD_EXAMPLES",
     "Parser",
+    "add_common_args",
     "add_jobs_arg",
     "add_model_args",
+    "add_output_arg",
+    "add_policies_arg",
+    "add_policy_arg",
+    "add_schedule_arg",
     "add_search_args",
     "add_shard_args",
     "comma_list",
     "fraction",
+    "group",
     "int_at_least",
+    "name_arg",
     "non_negative_int",
     "positive_int",
     "precision_name",
@@ -66,8 +81,58 @@ positive_int = int_at_least(1, "positive")
 non_negative_int = int_at_least(0, ">= 0")
 
 
+#: The help groups, in the order ``--help`` shows them (a group no flag of the command
+#: falls in is not shown).
+GROUPS = ("model", "training", "remat", "target and mesh", "search", "compile", "output")
+
+#: Copies of library constants the help shows, so that ``--help`` starts no jax; each is
+#: checked against the library's own by tests/test_help.py.
+DEPTH_MODES = ("auto", "full", "check", "estimate")  # remat_kit.sources.DEPTH_MODES
+SHARD_EXAMPLES = "e.g. dp:8, fsdp:8, tp:8, cp:8, ep:8, fsdp:4,tp:2, fsdp:2,cp:4, fsdp:2,ep:4"
+PRECISION_NAMES = ("mixed", "bf16", "bf16-f32-moments", "f32")  # remat_kit.train.PRECISIONS
+FRONT_POLICIES = (  # remat_kit.search.FRONT_POLICIES: compare's and plan's default policies
+    "none",
+    "full",
+    "block",
+    "dots",
+    "dots_no_batch",
+    "minimal",
+    "qkv_proj",
+    "context",
+    "megatron",
+    "offload_dots_no_batch",
+    "minimal_offloaded",
+)
+
+
+def group(p: argparse.ArgumentParser, title: str) -> argparse._ArgumentGroup:
+    """The help group ``title`` of ``p`` (one of :data:`GROUPS`), made in :data:`GROUPS`'
+    order the first time a flag of ``p`` asks for a group.
+
+    Args:
+      p: an argparse parser (or subparser).
+      title: the group's title.
+
+    Returns:
+      The argument group; ``add_argument`` on it adds the flag to ``p``.
+
+    Example:
+      >>> p = Parser(); group(p, "output").title
+      'output'
+    """
+    if title not in GROUPS:
+        raise ValueError(f"unknown help group {title!r}; groups: {', '.join(GROUPS)}")
+    made = {g.title: g for g in p._action_groups}
+    if not all(t in made for t in GROUPS):
+        for t in GROUPS:  # empty groups are left out of the help
+            if t not in made:
+                made[t] = p.add_argument_group(t)
+    return made[title]
+
+
 def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per step") -> None:
-    """Adds what every measuring command reads: the model, target, step options and ``--json``.
+    """Adds what every measuring command reads: the model, the training, the target and mesh,
+    how the step is compiled and ``--json``, each in its help group.
 
     Args:
       p: an argparse parser (or subparser).
@@ -78,11 +143,12 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
       >>> p.parse_args(["--model", "tiny-llama", "--batch", "2"]).batch
       2
     """
-    _add_source_args(p)
-    _add_training_args(p, batch_help)
-    _add_measuring_args(p)
-    _add_shape_args(p)
-    p.add_argument("--json", type=Path, default=None, help="write the result as JSON")
+    _add_source_args(group(p, "model"))
+    _add_shape_args(group(p, "model"))
+    _add_training_args(group(p, "training"), batch_help)
+    _add_target_args(group(p, "target and mesh"))
+    _add_compile_args(group(p, "compile"))
+    add_output_arg(p, "--json", "write the result as JSON")
 
 
 class _Words(argparse.Action):
@@ -92,7 +158,7 @@ class _Words(argparse.Action):
         setattr(namespace, self.dest, " ".join(values))
 
 
-def _add_source_args(p: argparse.ArgumentParser) -> None:
+def _add_source_args(p: argparse._ArgumentGroup) -> None:
     # The model: a preset, a factory or a Hugging Face config, or a step of the user's; how
     # a factory's model is rematerialized and tagged.
     p.add_argument(
@@ -133,6 +199,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--tags",
+        type=name_arg,
         default=None,
         metavar="RULES",
         help="with a factory: how its tensors are named: auto (default: a model that tags "
@@ -140,15 +207,22 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
         "hf+gpt2+gemma names, else module paths) | hf | gpt2 | gemma | easydel | maxtext | "
         "paths (module paths only) | none (the model's own tags only); join sets with +",
     )
+    p.add_argument(
+        "--attention",
+        type=name_arg,
+        default="auto",
+        help="xla | cudnn | auto (cudnn on NVIDIA targets)",
+    )
+    p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
 
 
-def _add_training_args(p: argparse.ArgumentParser, batch_help: str) -> None:
-    # The target and the train config: batch, sequence, optimizer, LoRA, accumulation,
-    # precision, dropout, the attention kernel and the layer loop.
-    p.add_argument("--target", default="h100-80gb", help="GPU target (remat-kit targets)")
+def _add_training_args(p: argparse._ArgumentGroup, batch_help: str) -> None:
+    # The train config: batch, sequence, optimizer, LoRA, accumulation, precision, dropout.
     p.add_argument("--batch", type=positive_int, default=4, help=batch_help)
     p.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence")
-    p.add_argument("--optimizer", default="adamw", help="adamw, adam, sgd, sgd_momentum, ...")
+    p.add_argument(
+        "--optimizer", type=name_arg, default="adamw", help="adamw, adam, sgd, sgd_momentum, ..."
+    )
     p.add_argument("--lora", type=non_negative_int, default=0, help="LoRA rank (0: off)")
     p.add_argument("--accum", type=positive_int, default=1, help="gradient accumulation")
     p.add_argument(
@@ -161,25 +235,31 @@ def _add_training_args(p: argparse.ArgumentParser, batch_help: str) -> None:
     )
     p.add_argument(
         "--param-dtype",
+        type=name_arg,
         default=None,
         help="weights' dtype, the older form of --precision: f32 = mixed, bf16 = bf16",
     )
-    p.add_argument("--dtype", default=None, help="compute dtype (bf16, f32), over --precision's")
+    p.add_argument(
+        "--dtype", type=name_arg, default=None, help="compute dtype (bf16, f32), over --precision's"
+    )
     p.add_argument(
         "--dropout",
         type=fraction,
         default=None,
         help="dropout rate (default: the preset's, 0.1 for GPT-2/BERT); applied in the step",
     )
+
+
+def _add_target_args(p: argparse._ArgumentGroup) -> None:
+    # The target, how its devices are counted and shared, and the mesh plan.
     p.add_argument(
-        "--attention", default="auto", help="xla | cudnn | auto (cudnn on NVIDIA targets)"
+        "--target",
+        default="h100-80gb",
+        help="GPU target (remat-kit targets), a GPU file (.json facts or a GpuTargetConfigProto), "
+        "cpu, or local (this machine's GPU)",
     )
-    p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
-
-
-def _add_measuring_args(p: argparse.ArgumentParser) -> None:
-    # How the target's devices are counted and shared, and how the step is compiled.
     p.add_argument("--gpus", type=positive_int, default=1, help="devices of the target")
+    add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
     p.add_argument(
         "--mem-fraction",
         type=mem_fraction,
@@ -187,8 +267,13 @@ def _add_measuring_args(p: argparse.ArgumentParser) -> None:
         help="share of each GPU JAX's allocator takes (default: XLA_PYTHON_CLIENT_MEM_FRACTION "
         "from the environment, else JAX's 0.75); every 'fits' is judged against it",
     )
+
+
+def _add_compile_args(p: argparse._ArgumentGroup) -> None:
+    # How the step is compiled: the depth of an unrolled model, the cache.
     p.add_argument(
         "--depth",
+        type=name_arg,
         choices=DEPTH_MODES,
         default="auto",
         help="unrolled layers (--no-scan, a factory taking layers=): auto answers from "
@@ -206,9 +291,8 @@ def _add_measuring_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_shape_args(p: argparse.ArgumentParser) -> None:
-    # The mesh plan, and the overrides of a preset's sizes (a factory takes --layers).
-    add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
+def _add_shape_args(p: argparse._ArgumentGroup) -> None:
+    # The overrides of a preset's sizes (a factory takes --layers).
     for flag, help_text in (
         ("--layers", "number of layers"),
         ("--width", "model width d_model"),
@@ -227,6 +311,7 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
         p.add_argument(flag, type=positive_int, default=None, help=f"override: {help_text}")
     p.add_argument(
         "--moe-impl",
+        type=name_arg,
         choices=("ragged", "capacity"),
         default=None,
         help="how an MoE model runs its experts: ragged (grouped GEMMs, dropless; the default "
@@ -239,6 +324,97 @@ def _add_shape_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="expert slots per token share under --moe-impl capacity (default 1.25)",
     )
+
+
+def add_policy_arg(p: argparse.ArgumentParser, default: str | None, help_text: str) -> None:
+    """Adds ``--policy``, one policy by name or spec, to the ``remat`` group.
+
+    Args:
+      p: an argparse parser (or subparser).
+      default: the policy measured when the flag is not given (None: the command's choice).
+      help_text: what the policy is to the command.
+
+    Example:
+      >>> p = Parser(); add_policy_arg(p, "full", "policy name or spec")
+      >>> p.parse_args([]).policy
+      'full'
+    """
+    group(p, "remat").add_argument("--policy", default=default, help=help_text)
+
+
+def add_policies_arg(p: argparse.ArgumentParser, default: str, help_text: str) -> None:
+    """Adds ``--policies``, a comma-separated list of policies, to the ``remat`` group.
+
+    Example:
+      >>> p = Parser(); add_policies_arg(p, "none,full", "comma-separated")
+      >>> p.parse_args([]).policies
+      'none,full'
+    """
+    group(p, "remat").add_argument("--policies", default=default, help=help_text)
+
+
+def add_schedule_arg(p: argparse.ArgumentParser, help_text: str, *, several: bool = False) -> None:
+    """Adds ``--schedule`` (the layer schedule; with ``several``, ``--schedules``, a list of
+    them, which ``--schedule`` also names) to the ``remat`` group.
+
+    Example:
+      >>> p = Parser(); add_schedule_arg(p, "layer schedule")
+      >>> p.parse_args(["--schedule", "sqrt"]).schedule
+      'sqrt'
+    """
+    flags = ("--schedules", "--schedule") if several else ("--schedule",)
+    group(p, "remat").add_argument(*flags, default="none", help=help_text)
+
+
+def add_output_arg(p: argparse.ArgumentParser, flag: str, help_text: str) -> None:
+    """Adds a file the command writes (``--json``, ``--csv``, ``--plot``) to the ``output``
+    group.
+
+    Example:
+      >>> p = Parser(); add_output_arg(p, "--csv", "write the rows as CSV")
+      >>> str(p.parse_args(["--csv", "r.csv"]).csv)
+      'r.csv'
+    """
+    group(p, "output").add_argument(flag, type=Path, default=None, help=help_text)
+
+
+def add_common_args(p: argparse.ArgumentParser, *, top: bool = False) -> None:
+    """Adds ``--debug`` and, to a command's parser, ``--wide``.
+
+    Args:
+      p: the top-level parser (``top``) or a command's.
+      top: ``p`` is ``remat-kit``'s own parser; a command's ``--debug`` does not reset it.
+
+    Example:
+      >>> p = Parser(); add_common_args(p)
+      >>> p.parse_args(["--wide"]).wide
+      True
+    """
+    debug = "on an error, show the full traceback instead of one line"
+    if top:
+        p.add_argument("--debug", action="store_true", help=debug)
+        return
+    out = group(p, "output")
+    out.add_argument("--wide", action="store_true", help=_WIDE_HELP)
+    # --debug after the command as well; SUPPRESS keeps a top-level --debug.
+    out.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug)
+
+
+_WIDE_HELP = (
+    "print tables whole, however wide (by default they fit the terminal: $COLUMNS or its "
+    "width, 150 columns into a file or pipe; the least important columns go first)"
+)
+
+
+def name_arg(text: str) -> str:
+    """An argparse ``type=`` for a flag whose values are names (an optimizer, a target, a
+    precision ...): names are matched without regard to case, as ``--target H100`` is.
+
+    Example:
+      >>> name_arg(" AdamW ")
+      'adamw'
+    """
+    return text.strip().lower()
 
 
 def add_shard_args(parser: argparse.ArgumentParser) -> None:
@@ -256,7 +432,7 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
         "--shard",
         type=_shard_arg,
         default=None,
-        help=f"sharding over --gpus devices: {_EXAMPLES} (dp/fsdp split the batch, cp the "
+        help=f"sharding over --gpus devices: {SHARD_EXAMPLES} (dp/fsdp split the batch, cp the "
         "sequence, tp the heads and MLP, ep the experts of an MoE model and the batch); "
         "figures are per GPU",
     )
@@ -266,6 +442,8 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _shard_arg(text: str) -> str:
+    from remat_kit.sharding import parse_shard
+
     try:
         parse_shard(text)
     except OpenShardAxis:
@@ -313,7 +491,7 @@ def add_jobs_arg(p: argparse.ArgumentParser) -> None:
     """
     from remat_kit._workers import default_jobs
 
-    p.add_argument(
+    group(p, "compile").add_argument(
         "--jobs",
         type=positive_int,
         default=default_jobs(),
@@ -333,6 +511,7 @@ def add_search_args(p: argparse.ArgumentParser) -> None:
       >>> p.parse_args(["--headroom", "0.1"]).headroom
       0.1
     """
+    p = group(p, "search")
     p.add_argument(
         "--headroom",
         type=fraction,
@@ -356,6 +535,9 @@ def precision_name(text: str) -> str:
       >>> precision_name("mixed")
       'mixed'
     """
+    from remat_kit.train import PRECISIONS
+
+    text = name_arg(text)
     if text not in PRECISIONS:
         close = difflib.get_close_matches(text, PRECISIONS, n=2)
         hint = f" Did you mean {', '.join(close)}?" if close else ""

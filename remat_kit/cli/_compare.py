@@ -6,13 +6,10 @@ import argparse
 import functools
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 from remat_kit import _workers, sources
 from remat_kit.analysis import MemoryReport
-from remat_kit.cli import summary
-from remat_kit.cli._args import add_jobs_arg, add_model_args
 from remat_kit.cli._model import Request, resolve, run_notes
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.comparison import compare_rows
@@ -22,37 +19,7 @@ from remat_kit.policies import NO_REMAT
 from remat_kit.render import compare_table, console, fitted, write_csv, write_json
 from remat_kit.search import FRONT_POLICIES
 
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``compare`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The ``compare`` parser.
-
-    Example:
-      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
-      >>> p.parse_args(["--model", "tiny-llama", "--schedules", "none;sqrt"]).schedules
-      'none;sqrt'
-    """
-    p = subparsers.add_parser("compare", help=summary("compare"))
-    add_model_args(p)
-    p.add_argument(
-        "--policies", default=",".join(FRONT_POLICIES), help="comma-separated names or specs"
-    )
-    p.add_argument(
-        "--schedules",
-        "--schedule",
-        default="none",
-        help="comma-free list separated by ';' or spaces, e.g. 'none;every:2;sqrt'",
-    )
-    p.add_argument("--csv", type=Path, default=None, help="write the rows as CSV")
-    add_jobs_arg(p)
-    return p
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,8 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args, add_search_args, positive_int
 from remat_kit.cli._model import print_notes, resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
@@ -46,71 +44,7 @@ from remat_kit.search import (
 )
 from remat_kit.sources import Workload
 
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``fit`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The ``fit`` parser.
-
-    Example:
-      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
-      >>> p.parse_args(["--model", "tiny-llama"]).policies
-      'none,full,minimal,plan'
-    """
-    p = subparsers.add_parser("fit", help=summary("fit"))
-    add_model_args(
-        p,
-        batch_help="with --over seq: sequences per step (default: 1, or the --accum x "
-        "data-parallel GPUs); refused with --over batch, which finds the batch (report "
-        "measures one)",
-    )
-    p.add_argument(
-        "--over",
-        choices=("batch", "seq"),
-        default="batch",
-        help="what the search grows: batch, the largest batch at --seq; seq, the longest "
-        "sequence at --batch (up to --max-seq, else the model's learned positions, else "
-        f"{DEFAULT_SEQ_CAP} tokens)",
-    )
-    p.add_argument(
-        "--seq-step",
-        type=positive_int,
-        default=None,
-        metavar="N",
-        help=f"with --over seq: tokens between the sequences searched (default "
-        f"{DEFAULT_GRANULARITY}); a multiple of what the mesh splits the sequence into",
-    )
-    p.add_argument("--policy", default=None, help="one policy (name or spec)")
-    p.add_argument(
-        "--policies",
-        default="none,full,minimal,plan",
-        help="comma-separated policies; 'plan' is the planner at the largest batch (the "
-        "longest sequence with --over seq)",
-    )
-    p.add_argument("--schedule", default="none", help="layer schedule for every policy")
-    p.add_argument(
-        "--objective",
-        choices=("batch", "throughput"),
-        default="batch",
-        help="batch: the largest batch per policy; throughput: the micro-batch that trains "
-        "fastest per policy (predicted tokens/s), the winner against none at its largest batch",
-    )
-    p.add_argument(
-        "--global-batch",
-        type=int,
-        default=None,
-        metavar="N",
-        help="with --objective throughput: sequences per optimizer step; the search picks the "
-        "micro-batch x accumulation that reaches it fastest",
-    )
-    add_search_args(p)
-    return p
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:

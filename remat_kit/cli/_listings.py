@@ -6,12 +6,11 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from remat_kit.cli import summary
 from remat_kit.policies import parse_policy, policy, policy_names
 from remat_kit.render import console, fitted, models_table, policies_table, targets_table
 from remat_kit.targets import target, target_names
 
-__all__ = ["add_parser", "run"]
+__all__ = ["run"]
 
 #: A spec shown beside each parameterized family (they have no meaning without parameters).
 _EXAMPLES = {
@@ -49,24 +48,6 @@ _LISTINGS: dict[str, Callable[[], Any]] = {
     "policies": _policies,
     "models": _models,
 }
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``targets``, ``policies`` and ``models`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The last parser added (``models``); each takes no arguments.
-
-    Example:
-      >>> sub = argparse.ArgumentParser().add_subparsers()
-      >>> add_parser(sub).prog.split()[-1], sorted(sub.choices)
-      ('models', ['models', 'policies', 'targets'])
-    """
-    parsers = [subparsers.add_parser(name, help=summary(name)) for name in _LISTINGS]
-    return parsers[-1]
 
 
 def run(args: argparse.Namespace) -> int:

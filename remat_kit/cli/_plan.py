@@ -6,12 +6,9 @@ import argparse
 import sys
 import warnings
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args, add_search_args
 from remat_kit.cli._model import print_notes, resolve
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import (
@@ -28,56 +25,7 @@ from remat_kit.render import (
 from remat_kit.search import FRONT_POLICIES, FrontPoint, Plan, PlanFront, plan_front
 from remat_kit.sources import Workload
 
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``plan`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The ``plan`` parser.
-
-    Example:
-      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
-      >>> p.parse_args(["--model", "tiny-llama", "--budget", "52GiB"]).budget
-      '52GiB'
-    """
-    p = subparsers.add_parser("plan", help=summary("plan"))
-    add_model_args(p)
-    p.add_argument(
-        "--budget", default=None, help="52GiB, 40GB or 0.8 (of the device); default: device"
-    )
-    p.add_argument(
-        "--policies",
-        default=",".join(FRONT_POLICIES),
-        help="catalogue policies compiled beside the plan ('' for none)",
-    )
-    p.add_argument(
-        "--host-budget",
-        default=None,
-        help="pinned host memory the plan may offload to, e.g. 64GiB (0: no offload); "
-        "default: no limit",
-    )
-    p.add_argument("--plot", type=Path, default=None, help="write the Pareto front as PNG")
-    p.add_argument(
-        "--sweep",
-        action="store_true",
-        help="the whole curve: also plan for the catalogue's peaks and compile the segment "
-        "schedules (more compiles); the table, the JSON and the plot show the same front",
-    )
-    p.add_argument(
-        "--objective",
-        choices=("time", "flops"),
-        default="time",
-        help="what the plan minimises and the front's overhead axis: time, the predicted step "
-        "time (each recomputed product, attention and elementwise op at the GPU's rates; "
-        "compiled plans from their kernels), or flops, extra FLOPs as if all ran at peak",
-    )
-    add_search_args(p)
-    return p
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,49 +4,15 @@ from __future__ import annotations
 
 import argparse
 import warnings
-from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args
 from remat_kit.cli._model import resolve, run_notes
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.notes import words
 from remat_kit.policies import NO_REMAT
 from remat_kit.render import console, fitted, report_table, residual_table, write_json
 
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``report`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The ``report`` parser.
-
-    Example:
-      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
-      >>> p.parse_args(["--model", "tiny-llama"]).schedule
-      'none'
-    """
-    p = subparsers.add_parser("report", help=summary("report"))
-    add_model_args(p)
-    p.add_argument("--policy", default="full", help="policy name or spec")
-    p.add_argument(
-        "--schedule", default="none", help="none | every:K | sqrt | nested:M | layers:0-7=full,..."
-    )
-    p.add_argument("--no-residuals", action="store_true", help="skip the residual table")
-    p.add_argument(
-        "--measured-breakdown",
-        action="store_true",
-        help="read weights, gradients, optimizer state, saved activations and temporaries at "
-        "the peak from XLA's buffer assignment (a second compile; unsharded) instead of the "
-        "estimate from shapes",
-    )
-    return p
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:

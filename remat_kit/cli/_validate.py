@@ -10,45 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import warnings
-from typing import Any
 
-from remat_kit.cli import summary
-from remat_kit.cli._args import add_model_args
 from remat_kit.errors import BadValue, TargetError
 from remat_kit.render import console, fitted, validation_table, write_json
 from remat_kit.schedules import NO_SCHEDULE
 
-__all__ = ["add_parser", "run"]
-
-
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
-    """Adds ``validate`` to the ``remat-kit`` subparsers.
-
-    Args:
-      subparsers: what ``ArgumentParser.add_subparsers`` returned.
-
-    Returns:
-      The ``validate`` parser.
-
-    Example:
-      >>> p = add_parser(argparse.ArgumentParser().add_subparsers())
-      >>> p.parse_args(["--model", "llama3.2-1b"]).target  # the step runs on this machine
-      'local'
-    """
-    p = subparsers.add_parser("validate", help=summary("validate"))
-    add_model_args(p)
-    # The step runs here: the CLI must not switch jax to its CPU platform (it does so for
-    # every target but "local"), so the target is the local GPU.
-    p.set_defaults(target="local")
-    p.add_argument("--policy", default="full", help="policy name or spec")
-    p.add_argument(
-        "--compare-with",
-        default=None,
-        metavar="TARGET",
-        help="catalogue GPU to compile the prediction for (default: the local GPU's kind)",
-    )
-    p.add_argument("--steps", type=_steps, default=3, help="train steps to run (default 3)")
-    return p
+__all__ = ["run"]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,16 +81,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         write_json(args.json, result.to_dict(), flag="--json")
     return 0 if result.measured_peak_bytes else 1
-
-
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
-    return value
 
 
 def _check_flags(args: argparse.Namespace) -> None:
