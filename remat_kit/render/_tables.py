@@ -61,7 +61,7 @@ __all__ = [
 ]
 
 # How wide a name may run in a column that is the answer before it breaks (between tokens).
-_NAME_WIDTH = 36
+_NAME_WIDTH = 28
 _FRONT_WIDTH = 24
 _YES_NO = {True: "[green]yes[/green]", False: "[red]no[/red]", None: "-"}
 
@@ -479,7 +479,7 @@ def plan_table(
         "recompute",
         "overhead",
         f"host {mem.name}",
-        "fits budget",
+        "fits\nbudget",
         "front",
     ]
     if timed:

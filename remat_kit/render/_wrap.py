@@ -24,6 +24,7 @@ __all__ = [
 #: joints between whole names first (``+``, ``,`` ...), inside a name (``_``) only if none is near.
 BREAK_AFTER = ("+,/:=", "_")
 
+_SIGNS = ("=", "~", "<", ">", "<=")
 _FIGURE = re.compile(r"^[~(]?[-+]?[\d.,]+%?$")
 _UNIT = re.compile(r"^(GiB|MiB|KiB|GB|MB|B|s|ms|us|TFLOP|GFLOP|MFLOP|tok/s)\b")
 
@@ -53,15 +54,16 @@ def wrap_lines(text: str, width: int) -> list[tuple[int, int]]:
 
 
 def _words(para: str) -> list[tuple[int, int]]:
-    """The spans of ``para``'s words, a figure and its unit taken as one word."""
+    """The spans of ``para``'s words, a figure and its unit taken as one word, and a lone
+    sign (``= X``, ``~ X``) with the word it marks."""
     spans = [(m.start(), m.end()) for m in re.finditer(r"\S+", para)]
     glued: list[tuple[int, int]] = []
     for start, end in spans:
+        last = para[glued[-1][0] : glued[-1][1]] if glued else ""
         if (
             glued
             and para[glued[-1][1] : start] == " "
-            and _FIGURE.match(para[glued[-1][0] : glued[-1][1]])
-            and _UNIT.match(para[start:end])
+            and ((_FIGURE.match(last) and _UNIT.match(para[start:end])) or last in _SIGNS)
         ):
             glued[-1] = (glued[-1][0], end)
         else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import re
 import sys
@@ -34,6 +35,9 @@ __all__ = [
     "xla_peak",
 ]
 
+_LOG = logging.getLogger(__name__)
+# How Python's warnings module prints a warning: path:line: Category: message.
+_PY_WARNING = re.compile(r"^\S.*:\d+: \w+: ")
 # glog's prefix: severity, date, time, thread, file:line]
 _GLOG = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ ([\w.]+:\d+)\] (.*)$")
 _CANT_REDUCE = re.compile(
@@ -298,6 +302,36 @@ def _peak(stats: Any) -> int:
     )
 
 
+def _not_xla(lines: list[str]) -> list[str]:
+    """The lines of a captured stderr that XLA did not write: a Python warning (its line and
+    the source line under it) and anything before XLA's first line. A line after an XLA line
+    that is not a Python warning continues XLA's message (XLA logs multi-line messages, whose
+    later lines carry no glog prefix): it stays captured, never reaching the user raw.
+
+    Example:
+      >>> _not_xla(["W1124 02:20:01.1 7 gpu_hlo_schedule.cc:968] first", "  second line",
+      ...           "/x.py:3: UserWarning: careful", "  warnings.warn('careful')"])
+      ['/x.py:3: UserWarning: careful', "  warnings.warn('careful')"]
+    """
+    out: list[str] = []
+    in_xla = in_warning = False
+    for line in lines:
+        if not line.strip():
+            continue
+        if _GLOG.match(line.strip()):
+            in_xla, in_warning = True, False
+        elif _PY_WARNING.match(line):
+            in_xla, in_warning = False, True
+            out.append(line)
+        elif in_warning and line.startswith(" "):
+            out.append(line)  # the source line Python prints under its warning
+        elif in_xla:
+            _LOG.debug("XLA: %s", line)  # shown by a logging handler at DEBUG, never raw
+        else:
+            out.append(line)
+    return out
+
+
 class _Log:
     lines: list[str]
 
@@ -335,6 +369,6 @@ def captured_stderr() -> Iterator[_Log]:
             tmp.seek(0)
             text = tmp.read().decode(errors="replace")
             log.lines = text.splitlines()
-            other = [ln for ln in log.lines if ln.strip() and not _GLOG.match(ln.strip())]
+            other = _not_xla(log.lines)
             if other:
                 sys.stderr.write("\n".join(other) + "\n")
