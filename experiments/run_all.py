@@ -1,8 +1,8 @@
-"""Run every experiment, then regenerate README's results table from results/*.json.
+"""Run every experiment, then print the claims table drawn from results/*.json.
 
-The table sits between the markers ``<!-- results:begin -->`` and ``<!-- results:end -->`` in
-README.md and is rebuilt only from the JSON files, so it can never drift from the data.
-``--table-only`` skips the runs and just rebuilds the table.
+The documentation's claims page (docs/claims.md) draws the same table with
+:func:`table_markdown` when the site is built, only from the JSON files, so it can never drift
+from the data. ``--table-only`` skips the runs and just prints the table.
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from common import RESULTS, ROOT, progress
+from common import RESULTS, progress
 
-from remat_kit.render import write_text
-
-#: Script name -> the claim rows it feeds. Order is the README's.
+#: Script name -> the claim rows it feeds, in the claims page's order.
 SCRIPTS = (
     "finetune_memory",
     "recompute_cost",
@@ -33,7 +31,6 @@ SCRIPTS = (
     "report_latency",
     "unrolled_speed",
 )
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 
 
 def _load(name: str) -> dict | None:
@@ -253,15 +250,6 @@ def table_markdown() -> str:
     return "\n".join(lines)
 
 
-def update_readme(readme: Path = ROOT / "README.md") -> None:
-    text = readme.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{readme} has no {BEGIN} ... {END} markers")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    write_text(readme, f"{head}{BEGIN}\n{table_markdown()}\n{END}{tail}", flag="README")
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--table-only", action="store_true")
@@ -271,7 +259,6 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in progress(SCRIPTS, "experiments"):
             module = importlib.import_module(name)
             module.main(["--quick"] if args.quick else [])
-    update_readme()
     print(table_markdown())
 
 

@@ -8,7 +8,6 @@ Hugging Face's keyword inputs and ``.logits`` output) and the CLI. Needs the ``[
 
 from __future__ import annotations
 
-import re
 import warnings
 from pathlib import Path
 
@@ -197,9 +196,8 @@ def test_cli_compare_on_an_hf_model(capsys, tmp_path):
     assert rows[1]["peak_bytes"] < rows[0]["peak_bytes"]
 
 
-def test_readme_factory_is_the_tested_file_and_short():
-    readme = (ROOT / "README.md").read_text()
-    section = readme[readme.index("## Your own model") :]
-    block = re.search(r"```python\n(.*?)```", section, re.S).group(1)
-    assert block == (Path(__file__).parent / "data" / "hf_llama.py").read_text()
-    assert len(block.strip().splitlines()) <= 15
+def test_docs_factory_is_the_tested_file_and_short():
+    page = (ROOT / "docs" / "your-model.md").read_text()
+    assert "```{literalinclude} ../tests/data/hf_llama.py" in page  # the page shows the file
+    text = (Path(__file__).parent / "data" / "hf_llama.py").read_text()
+    assert len(text.strip().splitlines()) <= 15
