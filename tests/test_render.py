@@ -118,6 +118,18 @@ def test_the_console_breaks_a_note_between_tokens(monkeypatch):
     assert not any(line.endswith("qu") for line in lines)
 
 
+def test_a_tables_title_and_caption_break_between_tokens():
+    from rich.table import Table
+
+    table = Table(title=f"plan: {LONG_POLICY}", caption=NOTE)
+    table.add_column("policy")
+    table.add_row("full")
+    lines = _table_lines(table, 60)
+    assert max(map(len, lines)) <= 60
+    for name in LONG_POLICY.split("=")[1].split("+"):  # the title's and the caption's, whole
+        assert sum(bool(re.search(rf"\b{name}\b", line)) for line in lines) == 2, name
+
+
 # --- units --------------------------------------------------------------------------------------
 
 
