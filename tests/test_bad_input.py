@@ -452,21 +452,27 @@ def test_a_tiny_budget_suggests_a_larger_budget_not_a_smaller_gpu():
     assert "+ GPUs" not in text  # not "sharding ... over 1626524+ GPUs"
 
 
-def test_a_gpu_is_suggested_only_when_it_gives_more_than_this_whole_device():
-    """The a100-80gb is 0.2% larger than an h100 on paper and smaller once usable: never named."""
+def test_a_gpu_is_suggested_only_when_its_usable_memory_holds_the_parts():
+    """The hint is the breakdown's arithmetic against each GPU's usable memory (issue 45): the
+    a100-80gb gives a process 0.06 GiB more than an h100, so fixed parts between the two fit
+    it and are named, smallest first; a GPU whose usable memory is below them never is."""
     h100, a100 = rk.target("h100"), rk.target("a100-80gb")
     assert h100.usable_bytes < a100.usable_bytes < h100.memory_bytes
-    # Fixed parts (+15% for activations) between what the two give: the a100 holds them, on
-    # paper, by 0.1 GiB; only the b200 and the h200 are real steps up from an h100 (the h20's
-    # 95 GiB give a JAX process 71 GiB, less than the h100's card).
-    gib = (h100.usable_bytes + a100.usable_bytes) / 2 / 1.15 / 2**30
+    gib = (h100.usable_bytes + a100.usable_bytes) / 2 / 2**30
     with pytest.raises(DoesNotFit) as err:
-        rk.search.check_budget(_budget_workload("h100", gib), 1, int((gib - 1) * 2**30))
+        rk.search.check_budget(_budget_workload("h100", gib), 1, h100.usable_bytes)
     text = str(err.value)
-    assert "a GPU with more memory: b200 (178 GiB), h200 (140 GiB);" in text
-    assert "a100-80gb" not in text and "a larger budget" not in text
-    # Sharding is an honest hint at this size: two GPUs.
-    assert "sharding weights, gradients and optimizer state over 2+ GPUs" in text
+    usable = sorted(
+        (t.usable_bytes, n)
+        for n in rk.target_names()
+        if n not in ("cpu", "local") and (t := rk.target(n)).usable_bytes >= gib * 2**30
+    )
+    named = ", ".join(f"{n} ({u / 2**30:.2f} GiB usable)" for u, n in usable[:3])
+    assert f"a GPU whose usable memory holds these {gib:.2f} GiB: {named};" in text
+    assert named.startswith("a100-80gb") and "a larger budget" not in text
+    assert "h100-pcie" not in text  # 59.33 GiB usable: below the parts
+    # Sharding: the parts split evenly over two GPUs, under the limit.
+    assert "FSDP over 2 GPUs in all (now 1)" in text
 
 
 # --- exit codes: 1 when a search finds nothing that fits, 2 when XLA refuses the program -------

@@ -451,12 +451,65 @@ CASES = [
             "parts": {"weights": 2 * GIB, "batch": 0},
             "fixed_bytes": 2 * GIB,
             "compiled_bytes": 3 * 2**29,
-            "hints": [{"kind": "shard", "gpus": 3, "each_bytes": 2 * GIB / 3}],
+            "hints": [
+                {
+                    "kind": "shard",
+                    "gpus": 3,
+                    "each_bytes": 2 * GIB / 3,
+                    "devices": 1,
+                    "limit_bytes": GIB,
+                }
+            ],
         },
         "tiny-llama b2 s16 does not fit 1.00 GiB on l4 whatever the policy: weights 2.00 GiB = "
         "2.00 GiB before any activation (compiled with every layer recomputed, `full`, the step "
-        "needs 1.50 GiB). What would fit: sharding weights, gradients and optimizer state over "
-        "3+ GPUs (FSDP/ZeRO-3: about 0.7 GiB each, an estimate).",
+        "needs 1.50 GiB). Where these parts alone would fit (a compile decides the rest): FSDP "
+        "over 3 GPUs in all (now 1): these parts split evenly are 682.67 MiB per GPU, under the "
+        "1.00 GiB limit.",
+    ),
+    (
+        "rows_none_fit",
+        {
+            "policy": "full",
+            "batch": 4,
+            "peak_bytes": 3 * 2**29,
+            "limit_bytes": GIB,
+            "target": "l4",
+        },
+        "at batch 4 the smallest peak is 1.50 GiB (full), over the 1.00 GiB a JAX process may "
+        "use on l4, though weights, gradients and optimizer state fit",
+    ),
+    (
+        "next_step_fits",
+        {
+            "change": {"kind": "bigger_gpu", "target": "b200"},
+            "target": "b200",
+            "policy": "full",
+            "peak_bytes": 3 * 2**29,
+            "limit_bytes": GIB * 2,
+            "compiles": 1,
+        },
+        "one b200: compiled with full, the peak is 1.50 GiB, under the 2.00 GiB a JAX process "
+        "may use on b200 (1 extra compile)",
+    ),
+    (
+        "next_step_none",
+        {
+            "tried": [
+                {
+                    "kind": "shard",
+                    "target": "l4",
+                    "devices": 4,
+                    "batch": 8,
+                    "peak_bytes": 3 * 2**29,
+                },
+                {"kind": "lora", "rank": 16, "peak_bytes": None},
+            ],
+            "compiles": 1,
+        },
+        "none of the changes tried fits: fsdp over 4 x l4 at global batch 8 (full peaks at 1.50 "
+        "GiB); LoRA rank 16 (adapters trained, base weights frozen) (inputs over its limit) (1 "
+        "extra compile)",
     ),
     (
         "scale_out_fits",
@@ -642,3 +695,102 @@ def test_search_records_hold_notes_and_word_them():
     assert d["message"] == fit.message and Note.from_dict(d["note"]) == fit.note
     assert d["fits"] is False
     assert dataclasses.replace(fit, note=None).message == ""
+
+
+# --- hints name the limit they are judged against (issue 45) ---------------------------------
+
+_LIMIT = {"limit_bytes": 59 * GIB}
+
+
+@pytest.mark.parametrize(
+    ("hint", "said"),
+    [
+        (
+            {"kind": "sgd", "fixed_bytes": 40 * GIB, "from_bytes": 80 * GIB, **_LIMIT},
+            "SGD (--optimizer sgd): no optimizer state, so these parts are 40.00 GiB (from "
+            "80.00 GiB), under the 59.00 GiB limit",
+        ),
+        (
+            {"kind": "lora", "fixed_bytes": 15 * GIB, **_LIMIT},
+            "LoRA (--lora 16): frozen base weights, adapters and their gradients and optimizer "
+            "state are 15.00 GiB, under the 59.00 GiB limit",
+        ),
+        (
+            {"kind": "bigger_gpu", "gpus": [["b200", 133 * GIB]], "fixed_bytes": 120 * GIB},
+            "a GPU whose usable memory holds these 120.00 GiB: b200 (133.00 GiB usable)",
+        ),
+        (
+            {"kind": "shard", "gpus": 33, "each_bytes": 32 * GIB, "devices": 16, **_LIMIT},
+            "FSDP over 33 GPUs in all (now 16): these parts split evenly are 32.00 GiB per GPU, "
+            "under the 59.00 GiB limit",
+        ),
+    ],
+    ids=["sgd", "lora", "bigger_gpu", "shard"],
+)
+def test_a_hint_names_its_figure_and_the_limit(hint, said):
+    from remat_kit.notes import hint_words
+
+    assert hint_words(hint) == said
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (
+            {"kind": "accum", "accum": 2, "micro_batch": 2},
+            "gradient accumulation over 2 (micro-batch 2, the same global batch)",
+        ),
+        ({"kind": "smaller_batch", "batch": 2}, "batch 2"),
+        ({"kind": "bigger_gpu", "target": "b200"}, "one b200"),
+        (
+            {"kind": "shard", "target": "h100-80gb", "devices": 32, "batch": 32},
+            "fsdp over 32 x h100-80gb at global batch 32",
+        ),
+        ({"kind": "lora", "rank": 16}, "LoRA rank 16 (adapters trained, base weights frozen)"),
+    ],
+)
+def test_each_change_has_its_words(change, said):
+    from remat_kit.notes import change_words
+
+    assert change_words(change) == said
+
+
+def test_a_change_without_words_is_refused():
+    from remat_kit.notes import change_words
+
+    with pytest.raises(BadValue, match="no words for change"):
+        change_words({"kind": "pray"})
+
+
+@pytest.mark.parametrize(
+    ("limits", "scheduler", "said"),
+    [
+        ([], False, None),
+        (
+            [int(57.91 * GIB)] * 3,
+            False,
+            "only 59.38 GiB decides fits; XLA's own limits in the lines below (57.91 GiB: its "
+            "rematerialization pass's goal) steer what XLA does while it compiles, not whether "
+            "the step fits",
+        ),
+        (
+            [int(89.75 * GIB), int(57.91 * GIB)],
+            True,
+            "only 59.38 GiB decides fits; XLA's own limits in the lines below (57.91 GiB, 89.75 "
+            "GiB: its rematerialization pass's goals, one per program; the memory its scheduler "
+            "plans for) steer what XLA does while it compiles, not whether the step fits",
+        ),
+    ],
+)
+def test_the_caption_says_which_limit_decides_fits(limits, scheduler, said):
+    from remat_kit.render import xla_limits_words
+
+    assert xla_limits_words(rk.target("h100"), limits, scheduler) == said
+
+
+def test_the_fits_rule_says_it_decides():
+    from remat_kit.render._captions import fits_rule
+
+    line = fits_rule(rk.target("h100"))
+    assert line.startswith("fits = peak <= 59.38 GiB, ")
+    assert line.endswith("the one limit that decides fits")

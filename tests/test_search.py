@@ -322,7 +322,8 @@ def test_budget_below_weights_names_the_bytes_and_what_fits():
         rk.plan(fake_workload(), 1, 799)
     text = str(err.value)
     assert "whatever the policy" in text and "weights" in text and "gradients" in text
-    assert "LoRA" in text and "sharding" in text
+    # No LoRA step to size it from: no LoRA hint (issue 45: computed, not guessed).
+    assert "FSDP over 2 GPUs in all (now 1)" in text and "LoRA" not in text
 
 
 def test_check_budget_raises_does_not_fit_with_the_parts():
@@ -378,7 +379,7 @@ def test_check_budget_asks_the_compiled_step_only_when_gradients_decide(
         with pytest.raises(DoesNotFit, match="whatever the policy") as err:
             rk.search.check_budget(w, 1, budget)
         if compiles:
-            assert f"needs {peak_of_full / GIB:.2f} GiB" in str(err.value)
+            assert f"needs {peak_of_full} B)" in str(err.value)
     else:
         rk.search.check_budget(w, 1, budget)
     assert calls == ["full"] * compiles
@@ -1577,3 +1578,167 @@ def test_a_plan_never_names_a_tag_outside_every_checkpoint():
     inside = w.traced_residuals(FULL, NO_SCHEDULE, 2).checkpointed
     assert "lm_head" not in inside and "mlpwo" in inside
     # The cost model leaves it out: remat_kit.search._costs's doctest (tiny_model's tags).
+
+
+# --- hints from the breakdown's arithmetic, a next step from a compile (issue 45) --------------
+
+
+def _parts_workload(parts, target=None, measure_fn=None):
+    """The fake step with the breakdown ``parts`` on ``target`` (default one H100)."""
+    w = dataclasses.replace(fake_workload(), breakdown_fn=lambda b: dict(parts))
+    if target is not None:
+        w = dataclasses.replace(w, target=target)
+    if measure_fn is not None:
+        w = dataclasses.replace(w, measure_fn=measure_fn)
+    return w
+
+
+def _hints(w, budget, lora=None):
+    with pytest.raises(DoesNotFit) as err:
+        rk.search.check_budget(w, 1, budget, lora=lora)
+    return {h["kind"]: h for h in err.value.note["hints"]}
+
+
+@pytest.mark.parametrize("devices", [1, 2, 16])
+def test_the_shard_hint_counts_from_the_gpus_the_step_has_now(devices):
+    # 70 GiB of fixed parts per GPU on `devices` H100s: the total splits over more of them.
+    limit = rk.target("h100").usable_bytes
+    per_gpu = 70 * GIB
+    w = _parts_workload({"weights": per_gpu}, rk.target("h100", devices=devices))
+    shard = _hints(w, limit)["shard"]
+    expect = max(devices + 1, -(-per_gpu * devices // limit))
+    assert shard["gpus"] == expect and shard["devices"] == devices
+    assert shard["each_bytes"] == pytest.approx(per_gpu * devices / expect)
+    assert shard["each_bytes"] <= limit == shard["limit_bytes"]
+
+
+@pytest.mark.parametrize(
+    ("state", "batch", "offered"),
+    # 70 GiB in all; without gradients still 60 GiB, over the 59.38 GiB limit (no compile)
+    [(20 * GIB, 0, True), (5 * GIB, 15 * GIB, False)],
+)
+def test_sgd_is_offered_only_where_the_parts_without_state_are_under_the_limit(
+    state, batch, offered
+):
+    limit = rk.target("h100").usable_bytes
+    parts = {"weights": 40 * GIB, "gradients": 10 * GIB, "optimizer": state, "batch": batch}
+    hints = _hints(_parts_workload(parts), limit)
+    assert ("sgd" in hints) is offered
+    if offered:
+        assert hints["sgd"]["fixed_bytes"] == 50 * GIB
+        assert hints["sgd"]["fixed_bytes"] <= hints["sgd"]["limit_bytes"] == limit
+
+
+def test_a_bigger_gpu_is_one_whose_usable_memory_holds_the_parts():
+    fixed = 120 * GIB  # over an H100 (59.38 usable) and an H200 (104.85), under a B200 (133.76)
+    hints = _hints(_parts_workload({"weights": fixed}), rk.target("h100").usable_bytes)
+    usable = {n: rk.target(n).usable_bytes for n in rk.target_names() if n not in ("cpu", "local")}
+    expect = sorted((u, n) for n, u in usable.items() if u >= fixed)[:3]
+    assert hints["bigger_gpu"]["gpus"] == [[n, u] for u, n in expect]
+    assert hints["bigger_gpu"]["gpus"][0][0] == "b200"
+    assert hints["bigger_gpu"]["fixed_bytes"] == fixed
+
+
+def test_no_bigger_gpu_where_none_holds_the_parts():
+    hints = _hints(_parts_workload({"weights": 400 * GIB}), rk.target("h100").usable_bytes)
+    assert "bigger_gpu" not in hints
+
+
+@pytest.mark.parametrize(("lora_fixed", "offered"), [(15 * GIB, True), (70 * GIB, False)])
+def test_the_lora_hint_is_the_lora_steps_own_breakdown(lora_fixed, offered):
+    limit = rk.target("h100").usable_bytes
+    w = _parts_workload({"weights": 30 * GIB, "gradients": 30 * GIB, "optimizer": 60 * GIB})
+    lora = _parts_workload({"weights": lora_fixed})
+    hints = _hints(w, limit, lora=lora)
+    assert ("lora" in hints) is offered
+    if offered:
+        assert hints["lora"] == {"kind": "lora", "fixed_bytes": lora_fixed, "limit_bytes": limit}
+    assert "lora" not in _hints(w, limit)  # no LoRA step: nothing to size it from
+
+
+def _change(kind, data, peak, fixed=0, batch=1, target="h100"):
+    """A change whose step (the fake) has ``fixed`` bytes of parts and compiles to ``peak``;
+    its compiles land in the list returned beside it."""
+    calls = []
+
+    def measure_fn(policy, schedule, b):
+        calls.append(policy.spec)
+        return _fake_report(peak, 0.0, policy.spec, schedule.spec)
+
+    def make():
+        return _parts_workload({"weights": fixed}, rk.target(target), measure_fn)
+
+    return rk.search.Change(kind, data, make, batch), calls
+
+
+def test_the_next_step_is_the_first_change_that_compiles_under_its_limit():
+    limit = rk.target("h100").usable_bytes
+    skipped, c0 = _change("bigger_gpu", {"target": "h200"}, 0, fixed=limit + 1)  # arithmetic: no
+    over, c1 = _change("shard", {"target": "h100-80gb", "devices": 2, "batch": 2}, limit + 1)
+    fits, c2 = _change("lora", {"rank": 16}, limit)
+    after, c3 = _change("smaller_batch", {"batch": 1}, 1)
+    step = rk.search.next_step([skipped, over, fits, after])
+    assert step.fits and step.change is fits and step.peak_bytes == limit
+    assert step.limit_bytes == limit and step.compiles == 2
+    assert (c0, c1, c2, c3) == ([], ["full"], ["full"], [])
+    assert [peak for _, peak in step.tried] == [None, limit + 1, limit]
+    assert step.note.data["change"] == {"kind": "lora", "rank": 16}
+    assert "LoRA rank 16" in step.message and "2 extra compiles" in step.message
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_the_next_step_stops_after_its_compiles(budget):
+    limit = rk.target("h100").usable_bytes
+    changes = [_change("accum", {"accum": 2 * i, "micro_batch": 1}, limit + 1) for i in (1, 2)]
+    late, late_calls = _change("smaller_batch", {"batch": 1}, 1)
+    step = rk.search.next_step([c for c, _ in changes] + [late], max_compiles=budget)
+    assert not step.fits and step.change is None and step.compiles == budget
+    assert sum(len(calls) for _, calls in changes) == budget and late_calls == []
+    assert step.note.kind == "next_step_none"
+
+
+@pytest.mark.parametrize(
+    ("kind", "data"), [("bigger", {"target": "b200"}), ("shard", {"target": "h100-80gb"})]
+)
+def test_a_change_is_refused_when_made_wrong(kind, data):
+    with pytest.raises(rk.errors.BadValue, match="a change is one of"):
+        rk.search.Change(kind, data, lambda: None)
+
+
+def test_a_plan_equal_to_a_catalogue_policy_takes_its_name():
+    """The solver's names:save=... list and ``dots`` decide alike (no quirk: the same peak and
+    overhead): the plan reads ``dots``, not the list (issue 45)."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags)
+    budget = FIXED + 1300 - 300  # the optimum recomputes context: what dots does
+    alone = rk.plan(w, 1, budget, offload=False)
+    assert alone.policy.name == "names" and alone.source == "solver"
+    p = rk.plan(w, 1, budget, offload=False, extra=["dots", "full"])
+    assert p.policy.name == "dots" and p.source == "catalogue"
+    assert p.peak_bytes == alone.peak_bytes
+    assert p.overhead == pytest.approx(alone.overhead, abs=1e-12)
+
+
+def test_a_plan_compiled_to_a_catalogue_policys_program_takes_its_name():
+    """The same compiled program (XLA's fingerprint), though the overheads differ by float
+    noise: the catalogue's name, not the solver's list."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags)
+    real = w.measure_fn
+
+    def measure(policy, schedule, batch):
+        r = real(policy, schedule, batch)
+        kept = tuple(sorted(_kept_by(policy, tags)))
+        noise = 1.0 + 1e-3 * (policy.name == "dots")
+        return r.replace(meta={**r.meta, "program": repr(kept)}, flops=r.flops * noise)
+
+    w = dataclasses.replace(w, measure_fn=measure)
+    budget = FIXED + 1300 - 300
+    p = rk.plan(w, 1, budget, offload=False, extra=["dots", "full"], objective="flops")
+    assert p.policy.name == "dots" and p.source == "catalogue"
+
+
+def _kept_by(policy, tags):
+    """The tags a policy saves in the fake (what decides its program)."""
+    (dec,) = _layer_decisions(tags, policy, rk.parse_schedule("none"), 1)
+    return [t for t, d in dec.items() if d == "save"]

@@ -14,12 +14,13 @@ Example:
 """
 
 from remat_kit.notes._note import HINT_KINDS, KINDS, Note
-from remat_kit.notes._words import hint_words, label, shared_words, words
+from remat_kit.notes._words import change_words, hint_words, label, shared_words, words
 
 __all__ = [
     "HINT_KINDS",
     "KINDS",
     "Note",
+    "change_words",
     "hint_words",
     "label",
     "shared_words",

@@ -122,16 +122,25 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     ),
     "scale_out_fits": ("target", "devices", "peak_bytes", "policy", "batch"),
     "scale_out_none": ("target", "devices", "peak_bytes", "policy"),
+    # no row of a comparison fits, though the fixed parts do (remat-kit compare)
+    "rows_none_fit": ("policy", "batch", "peak_bytes", "limit_bytes", "target"),
+    # NextStep.note: remat_kit.search._next (change: {"kind": ..., its figures})
+    "next_step_fits": ("change", "target", "policy", "peak_bytes", "limit_bytes", "compiles"),
+    "next_step_none": ("tried", "compiles"),  # tried: [{kind, figures, peak_bytes}, ...]
 }
 
 #: What would fit where the fixed parts are over a budget (a ``fixed_over_budget`` note's
 #: ``hints``): each kind and the keys of its figures.
 HINT_KINDS: Mapping[str, tuple[str, ...]] = {
-    "sgd": ("fixed_bytes", "from_bytes"),  # no optimizer state: fixed_bytes instead of from
-    "lora": ("weights_bytes",),  # frozen base weights: no gradients or optimizer state
+    # no optimizer state: fixed_bytes instead of from_bytes, under limit_bytes
+    "sgd": ("fixed_bytes", "from_bytes", "limit_bytes"),
+    # the LoRA step's own fixed parts (frozen base weights, adapters and their state)
+    "lora": ("fixed_bytes", "limit_bytes"),
     "larger_budget": ("target", "usable_bytes", "fixed_bytes", "budget_gib"),
-    "bigger_gpu": ("gpus",),  # [[name, memory bytes], ...]
-    "shard": ("gpus", "each_bytes"),  # FSDP/ZeRO-3 over this many GPUs, an estimate
+    # [[name, usable bytes], ...]: GPUs whose usable memory holds fixed_bytes
+    "bigger_gpu": ("gpus", "fixed_bytes"),
+    # FSDP/ZeRO-3 over gpus in all (devices now): each_bytes per GPU, under limit_bytes
+    "shard": ("gpus", "each_bytes", "devices", "limit_bytes"),
     "no_realistic": ("budget_bytes", "fixed_bytes", "gpus"),  # the budget is a typo
 }
 

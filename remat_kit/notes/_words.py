@@ -20,6 +20,7 @@ from remat_kit.errors import BadValue
 from remat_kit.notes._note import HINT_KINDS, KINDS, Note
 
 __all__ = [
+    "change_words",
     "hint_words",
     "label",
     "shared_words",
@@ -326,6 +327,66 @@ def _scale_out_none(d: Mapping[str, Any]) -> str:
     )
 
 
+def change_words(change: Mapping[str, Any]) -> str:
+    """A change to the step (``remat_kit.search.Change.to_dict()``) in a few words.
+
+    Example:
+      >>> change_words({"kind": "shard", "target": "h100-80gb", "devices": 4, "batch": 8})
+      'fsdp over 4 x h100-80gb at global batch 8'
+    """
+    kind = change["kind"]
+    if kind == "accum":
+        return (
+            f"gradient accumulation over {change['accum']} (micro-batch "
+            f"{change['micro_batch']}, the same global batch)"
+        )
+    if kind == "smaller_batch":
+        return f"batch {change['batch']}"
+    if kind == "bigger_gpu":
+        return f"one {change['target']}"
+    if kind == "shard":
+        return (
+            f"fsdp over {change['devices']} x {change['target']} at global batch {change['batch']}"
+        )
+    if kind == "lora":
+        return f"LoRA rank {change['rank']} (adapters trained, base weights frozen)"
+    raise BadValue(f"no words for change {dict(change)!r}", param="change")
+
+
+def _rows_none_fit(d: Mapping[str, Any]) -> str:
+    return (
+        f"at batch {d['batch']} the smallest peak is {_size(d['peak_bytes'])} "
+        f"({d['policy']}), over the {_size(d['limit_bytes'])} a JAX process may use on "
+        f"{d['target']}, though weights, gradients and optimizer state fit"
+    )
+
+
+def _compiles(n: int) -> str:
+    return f"{n} extra compile{'s' * (n != 1)}"
+
+
+def _next_step_fits(d: Mapping[str, Any]) -> str:
+    return (
+        f"{change_words(d['change'])}: compiled with {d['policy']}, the peak is "
+        f"{_size(d['peak_bytes'])}, under the {_size(d['limit_bytes'])} a JAX process may "
+        f"use on {d['target']} ({_compiles(d['compiles'])})"
+    )
+
+
+def _next_step_none(d: Mapping[str, Any]) -> str:
+    said = []
+    for t in d["tried"]:
+        c = {k: v for k, v in t.items() if k != "peak_bytes"}
+        peak = t["peak_bytes"]
+        why = "inputs over its limit" if peak is None else f"full peaks at {_size(peak)}"
+        said.append(f"{change_words(c)} ({why})")
+    return (
+        "none of the changes tried fits: "
+        + ("; ".join(said) or "none could be tried")
+        + f" ({_compiles(d['compiles'])})"
+    )
+
+
 #: The fixed parts of a step in the order a sentence names them.
 _SHOWN_PARTS = (
     ("weights", "weights"),
@@ -347,24 +408,27 @@ def _size(nbytes: float) -> str:
 def _fixed_over_budget(d: Mapping[str, Any]) -> str:
     parts = d["parts"]
     shown = " + ".join(
-        f"{name} {_gib(parts[key])} GiB" for key, name in _SHOWN_PARTS if parts.get(key)
+        f"{name} {_size(parts[key])}" for key, name in _SHOWN_PARTS if parts.get(key)
     )
     where = f"{d['label']} " if d["label"] else ""
     compiled = (
         ""
         if d["compiled_bytes"] is None
         else " (compiled with every layer recomputed, `full`, the step needs "
-        f"{_gib(d['compiled_bytes'])} GiB)"
+        f"{_size(d['compiled_bytes'])})"
     )
     return (
-        f"{where}does not fit {_gib(d['limit_bytes'])} GiB on {d['target']} whatever the "
-        f"policy: {shown} = {_gib(d['fixed_bytes'])} GiB before any activation{compiled}. "
-        "What would fit: " + "; ".join(hint_words(h) for h in d["hints"]) + "."
+        f"{where}does not fit {_size(d['limit_bytes'])} on {d['target']} whatever the "
+        f"policy: {shown} = {_size(d['fixed_bytes'])} before any activation{compiled}. "
+        "Where these parts alone would fit (a compile decides the rest): "
+        + "; ".join(hint_words(h) for h in d["hints"])
+        + "."
     )
 
 
 def hint_words(hint: Mapping[str, Any]) -> str:
-    """What would fit instead, as a ``fixed_over_budget`` note's hint reads.
+    """What would fit instead, as a ``fixed_over_budget`` note's hint reads: the figure the
+    breakdown's arithmetic gives and the limit it is judged against.
 
     Args:
       hint: ``{"kind": ..., its figures}`` (see :data:`remat_kit.notes.HINT_KINDS`).
@@ -376,9 +440,10 @@ def hint_words(hint: Mapping[str, Any]) -> str:
       BadValue: a kind of hint there are no words for, or its figures missing.
 
     Example:
-      >>> print(hint_words({"kind": "shard", "gpus": 4, "each_bytes": 30 * 2**30}))
-      sharding weights, gradients and optimizer state over 4+ GPUs (FSDP/ZeRO-3: about 30.0 GiB
-      each, an estimate)
+      >>> print(hint_words({"kind": "shard", "gpus": 4, "each_bytes": 30 * 2**30,
+      ...                   "devices": 2, "limit_bytes": 40 * 2**30}))
+      FSDP over 4 GPUs in all (now 2): these parts split evenly are 30.00 GiB per GPU, under
+      the 40.00 GiB limit
     """
     kind = hint.get("kind")
     if kind not in HINT_KINDS or not set(HINT_KINDS[kind]) <= set(hint):
@@ -386,16 +451,16 @@ def hint_words(hint: Mapping[str, Any]) -> str:
             f"no words for hint {dict(hint)!r}: a kind of {', '.join(HINT_KINDS)} with its figures",
             param="hint",
         )
-    g = lambda key, digits=1: f"{hint[key] / GIB:.{digits}f}"
+    limit = f"the {_size(hint['limit_bytes'])} limit" if "limit_bytes" in hint else ""
     if kind == "sgd":
         return (
-            f"SGD (--optimizer sgd: no optimizer state, about {g('fixed_bytes')} GiB instead "
-            f"of {g('from_bytes')})"
+            f"SGD (--optimizer sgd): no optimizer state, so these parts are "
+            f"{_size(hint['fixed_bytes'])} (from {_size(hint['from_bytes'])}), under {limit}"
         )
     if kind == "lora":
         return (
-            "LoRA (a rank such as 16: frozen base weights carry no gradients or optimizer "
-            f"state, about {g('weights_bytes')} GiB plus adapters)"
+            f"LoRA (--lora 16): frozen base weights, adapters and their gradients and optimizer "
+            f"state are {_size(hint['fixed_bytes'])}, under {limit}"
         )
     if kind == "larger_budget":
         return (
@@ -404,12 +469,12 @@ def hint_words(hint: Mapping[str, Any]) -> str:
             f"of {hint['budget_gib']}GiB or more)"
         )
     if kind == "bigger_gpu":
-        gpus = ", ".join(f"{name} ({memory / GIB:.0f} GiB)" for name, memory in hint["gpus"])
-        return f"a GPU with more memory: {gpus}"
+        gpus = ", ".join(f"{name} ({_size(usable)} usable)" for name, usable in hint["gpus"])
+        return f"a GPU whose usable memory holds these {_size(hint['fixed_bytes'])}: {gpus}"
     if kind == "shard":
         return (
-            f"sharding weights, gradients and optimizer state over {hint['gpus']}+ GPUs "
-            f"(FSDP/ZeRO-3: about {g('each_bytes')} GiB each, an estimate)"
+            f"FSDP over {hint['gpus']} GPUs in all (now {hint['devices']}): these parts split "
+            f"evenly are {_size(hint['each_bytes'])} per GPU, under {limit}"
         )
     return (
         f"nothing realistic at this budget: {_size(hint['budget_bytes'])} is absurdly small "
@@ -465,5 +530,8 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "fixed_over_budget": _fixed_over_budget,
     "scale_out_fits": _scale_out_fits,
     "scale_out_none": _scale_out_none,
+    "rows_none_fit": _rows_none_fit,
+    "next_step_fits": _next_step_fits,
+    "next_step_none": _next_step_none,
 }
 assert set(_WORDS) == set(KINDS), "every kind of note needs words"

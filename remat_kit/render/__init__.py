@@ -5,14 +5,14 @@ scripts hand it here to be shown or written. Nothing else formats a number or wr
 """
 
 from remat_kit.render._advice import advise_table
-from remat_kit.render._captions import depth_words, flags_words, limit_words
+from remat_kit.render._captions import depth_words, flags_words, limit_words, xla_limits_words
 from remat_kit.render._files import check_output, save_figure, write_csv, write_json, write_text
 from remat_kit.render._format import GIB, console, fmt, gib, pct, short, text_table
 from remat_kit.render._front import front_figure, plot_front
 from remat_kit.render._layout import DROP_FIRST, fitted
 from remat_kit.render._listings import models_table, policies_table, targets_table
 from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
-from remat_kit.render._progress import progress
+from remat_kit.render._progress import length_words, progress
 from remat_kit.render._seq import longest_words, seq_table
 from remat_kit.render._tables import (
     FitRow,
@@ -48,6 +48,7 @@ __all__ = [
     "fmt",
     "front_figure",
     "gib",
+    "length_words",
     "limit_words",
     "longest_words",
     "models_table",
@@ -75,4 +76,5 @@ __all__ = [
     "write_csv",
     "write_json",
     "write_text",
+    "xla_limits_words",
 ]

@@ -266,11 +266,6 @@ def _advise_legend(over: Sequence[Advice], scale_out: Mapping[str, ScaleOut] | N
         if word == "SGD":
             fixed = data["fixed_bytes"] - data["parts"].get("optimizer", 0)
             said.append(f"SGD{on} = --optimizer sgd: no optimizer state, {size(fixed)} fixed")
-        elif word == "LoRA":
-            said.append(
-                f"LoRA{on} = --lora 16: the frozen weights ({size(data['parts'].get('weights'))}) "
-                "carry no gradients or optimizer state"
-            )
         elif word.startswith("~"):
             if scale_out is None:
                 said.append(

@@ -7,10 +7,10 @@ CLI in the notes under a run (``remat_kit.cli._model.run_notes``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from remat_kit.render._format import GIB, gib
+from remat_kit.render._format import GIB, gib, size
 
 if TYPE_CHECKING:
     from remat_kit.sources import EnvSet
@@ -24,6 +24,7 @@ __all__ = [
     "flags_words",
     "limit_words",
     "runtime_words",
+    "xla_limits_words",
 ]
 
 _MIB = 2**20
@@ -108,7 +109,8 @@ def collective_words(summary: Mapping[str, Any]) -> str:
 
 
 def fits_rule(target: Target) -> str:
-    """One line saying what "fits" means for ``target``, e.g. for a table's caption.
+    """One line saying what "fits" means for ``target``, e.g. for a table's caption: the one
+    limit that decides it.
 
     Example:
       >>> print(fits_rule(rk.target("h100")))
@@ -119,8 +121,50 @@ def fits_rule(target: Target) -> str:
     if target.usable_bytes is None:
         return "fits: not judged (the target has no memory size)"
     return (
-        f"fits = peak <= {gib(target.usable_bytes)} GiB, what a JAX process may allocate of the "
-        f"{gib(target.memory_bytes)} GiB of {target.name} ({runtime_words(target)})"
+        f"fits = peak <= {size(target.usable_bytes)}, what a JAX process may allocate of the "
+        f"{size(target.memory_bytes)} of {target.name} ({runtime_words(target)}): the one "
+        "limit that decides fits"
+    )
+
+
+def xla_limits_words(target: Target, remat_limits: Iterable[int], scheduler: bool) -> str | None:
+    """What the other limits a run's notes show are, beside the one that decides ``fits``.
+
+    XLA works to limits of its own while it compiles: its rematerialization pass to a goal
+    (``MemoryReport.xla_remat_limit_bytes``), its scheduler to the memory it plans for. They
+    change what XLA does, never the verdict, which is :func:`fits_rule`'s.
+
+    Args:
+      target: the target ``fits`` is judged on.
+      remat_limits: the limits XLA's remat pass worked to (bytes; repeats and order ignored).
+      scheduler: a note names the limit XLA's scheduler plans for.
+
+    Returns:
+      One line, or None when the notes name no limit of XLA's.
+
+    Example:
+      >>> print(xla_limits_words(rk.target("h100"), [int(57.91 * 2**30)], True))
+      only 59.38 GiB decides fits; XLA's own limits in the lines below (57.91 GiB: its
+      rematerialization pass's goal; the memory its scheduler plans for) steer what XLA does
+      while it compiles, not whether the step fits
+    """
+    limits = sorted(set(remat_limits))
+    if not limits and not scheduler:
+        return None
+    own = []
+    if limits:
+        goal = "goal" if len(limits) == 1 else "goals, one per program"
+        own.append(f"{', '.join(size(b) for b in limits)}: its rematerialization pass's {goal}")
+    if scheduler:
+        own.append("the memory its scheduler plans for")
+    decides = (
+        f"only {size(target.usable_bytes)} decides fits"
+        if target.usable_bytes is not None
+        else "fits is not judged here"
+    )
+    return (
+        f"{decides}; XLA's own limits in the lines below ({'; '.join(own)}) steer what XLA "
+        "does while it compiles, not whether the step fits"
     )
 
 

@@ -56,6 +56,7 @@ from remat_kit.search._front import (
     pareto_front,
     plan_label,
 )
+from remat_kit.search._next import CHANGE_KINDS, Change, NextStep, next_step
 from remat_kit.search._planner import Plan, PlanCandidate, SolverStatus, plan
 from remat_kit.search._recommend import PlanFront, plan_front
 from remat_kit.search._seq import (
@@ -69,6 +70,7 @@ from remat_kit.search._throughput import PLAN, Fastest, Throughput, fastest
 from remat_kit.sources._workload import DEFAULT_HIDE, OBJECTIVES
 
 __all__ = [
+    "CHANGE_KINDS",
     "DEFAULT_GRANULARITY",
     "DEFAULT_HEADROOM",
     "DEFAULT_HIDE",
@@ -79,10 +81,12 @@ __all__ = [
     "PLAN",
     "RANKINGS",
     "Advice",
+    "Change",
     "Cost",
     "Fastest",
     "Fit",
     "FrontPoint",
+    "NextStep",
     "Plan",
     "PlanCandidate",
     "PlanFront",
@@ -101,6 +105,7 @@ __all__ = [
     "max_seq",
     "max_seq_plan",
     "merged",
+    "next_step",
     "pareto_front",
     "parse_budget",
     "plan",

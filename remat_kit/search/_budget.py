@@ -167,7 +167,9 @@ def limit_for(target: Target, budget: int | None, headroom: float) -> int:
     return budget
 
 
-def check_budget(workload: Workload, batch: int, budget: int) -> None:
+def check_budget(
+    workload: Workload, batch: int, budget: int, *, lora: Workload | None = None
+) -> None:
     """Raises if ``budget`` is below what no rematerialization can remove.
 
     Weights, gradients, optimizer state, the batch and a gradient accumulator stay whatever
@@ -180,11 +182,16 @@ def check_budget(workload: Workload, batch: int, budget: int) -> None:
       workload: the step (its breakdown gives the fixed parts).
       batch: the batch to check.
       budget: bytes.
+      lora: the same step with LoRA adapters trained alone, where there is one: its
+        breakdown (traced, as ``report --lora`` shows it) sizes the LoRA hint; None: no
+        LoRA hint, since nothing computes it.
 
     Raises:
       DoesNotFit: with the byte breakdown (``parts``, ``fixed_bytes``) and what would fit
-        instead (``hints``: LoRA, a GPU with more memory, sharding over several GPUs); a
-        ``ValueError``, with all of that in its message.
+        instead (``hints``: SGD, LoRA, a GPU with more memory, more GPUs sharded), each from
+        the breakdown's arithmetic, judged against the limit it names, and offered only where
+        that arithmetic puts the fixed parts under it; a ``ValueError``, with all of that in
+        its message.
 
     Example:
       >>> check_budget(w, 2, 2**20)  # 1 MiB: enough
@@ -205,7 +212,10 @@ def check_budget(workload: Workload, batch: int, budget: int) -> None:
         measured = workload.compiled(FULL, NO_SCHEDULE, batch).peak_bytes
         if measured <= budget:
             return
-    hints = _what_would_fit(workload, parts, fixed, budget)
+    lora_fixed = None if lora is None else lora.fixed_bytes(batch)
+    # The compiled `full` step, where one was made, is what the step needs; else the parts.
+    need = fixed if measured is None else measured
+    hints = _what_would_fit(workload, parts, need, budget, lora_fixed)
     fixed_parts = {k: parts[k] for k in FIXED_PARTS if k in parts}
     note = Note(
         "fixed_over_budget",
@@ -234,21 +244,49 @@ MAX_GPUS_HINT = 1024
 
 
 def _what_would_fit(
-    workload: Workload, parts: Mapping[str, int], fixed: int, budget: int
+    workload: Workload,
+    parts: Mapping[str, int],
+    fixed: int,
+    budget: int,
+    lora_fixed: int | None = None,
 ) -> list[dict[str, Any]]:
-    """What would fit instead, as data (:data:`remat_kit.notes.HINT_KINDS`)."""
+    """What would fit instead, as data (:data:`remat_kit.notes.HINT_KINDS`).
+
+    Each hint is the breakdown's own arithmetic (no margin guessed for activations) and is
+    offered only where it puts what no policy removes under the limit it names: a necessary
+    condition, which a compile (``remat_kit.search.next_step``) turns into an answer.
+
+    Args:
+      workload: the step.
+      parts: its breakdown at the batch (per GPU when sharded).
+      fixed: what no policy removes (at least the fixed parts; the compiled ``full`` where
+        one was made).
+      budget: the limit, bytes.
+      lora_fixed: the fixed parts of the same step trained with LoRA, or None.
+    """
     hints: list[dict[str, Any]] = []
-    weights = parts.get("weights", 0)
     state = parts.get("optimizer", 0)
-    if state and fixed - state <= 0.8 * budget:
-        # The cheapest change, where it is enough: no optimizer state to keep.
-        hints.append({"kind": "sgd", "fixed_bytes": fixed - state, "from_bytes": fixed})
-    if parts.get("gradients", 0) and weights < 0.8 * budget:
-        hints.append({"kind": "lora", "weights_bytes": weights})
-    # The fixed parts and a little room for activations.
-    need = fixed * 1.15
+    if state and fixed - state <= budget:
+        # No optimizer state to keep: the rest is under the limit.
+        hints.append(
+            {
+                "kind": "sgd",
+                "fixed_bytes": fixed - state,
+                "from_bytes": fixed,
+                "limit_bytes": budget,
+            }
+        )
+    if lora_fixed is not None and parts.get("gradients", 0) and lora_fixed <= budget:
+        hints.append(
+            {
+                "kind": "lora",
+                "fixed_bytes": lora_fixed,
+                "limit_bytes": budget,
+            }
+        )
     here = _usable(workload.target)
-    if here is not None and need <= here:
+    devices = workload.target.devices
+    if here is not None and fixed <= here:
         # The device holds them; the budget asked for less than it gives.
         hints.append(
             {
@@ -256,32 +294,63 @@ def _what_would_fit(
                 "target": workload.target.name,
                 "usable_bytes": here,
                 "fixed_bytes": fixed,
-                "budget_gib": max(1, math.ceil(need / GIB)),
+                "budget_gib": max(1, math.ceil(fixed / GIB)),
             }
         )
     else:
-        # Only GPUs whose *usable* memory beats this whole device are bigger in practice (an
-        # a100-80gb is 0.2% larger than an h100 on paper, and smaller after headroom).
-        bigger = []
-        for name in target_names():
-            if name in ("cpu", "local"):
-                continue
-            t = _target(name)
-            usable = _usable(t) or 0
-            if usable > need and usable > (workload.target.memory_bytes or 0):
-                bigger.append([name, t.memory_bytes or 0])
+        # A GPU whose usable memory (the same limit every report's fits uses) holds the fixed
+        # parts as this step's mesh splits them.
+        bigger = [
+            [t.name, usable]
+            for t, usable in _gpus(workload.target.mem_fraction)
+            if usable >= fixed and usable > (here or 0)
+        ]
         if bigger:
-            hints.append({"kind": "bigger_gpu", "gpus": bigger})
-    # Sharding weights, gradients and optimizer state (FSDP/ZeRO-3) divides them by the GPU
-    # count; leave about a third of the budget for activations.
-    n = max(2, math.ceil(fixed / (0.66 * budget)))
+            # The smallest that hold them: the cheapest change of GPU.
+            bigger.sort(key=lambda g: (g[1], g[0]))
+            hints.append(
+                {"kind": "bigger_gpu", "gpus": bigger[:BIGGER_SHOWN], "fixed_bytes": fixed}
+            )
+    # Sharded over all GPUs (FSDP/ZeRO-3) the fixed parts of all of them split evenly: the
+    # fewest GPUs in all, more than now, that puts each GPU's share under the limit.
+    total = fixed * devices
+    n = max(devices + 1, math.ceil(total / budget))
     if n <= MAX_GPUS_HINT:
-        hints.append({"kind": "shard", "gpus": n, "each_bytes": fixed / n})
+        hints.append(
+            {
+                "kind": "shard",
+                "gpus": n,
+                "each_bytes": total / n,
+                "devices": devices,
+                "limit_bytes": budget,
+            }
+        )
     else:
         hints.append(
             {"kind": "no_realistic", "budget_bytes": budget, "fixed_bytes": fixed, "gpus": n}
         )
     return hints
+
+
+#: GPUs a ``bigger_gpu`` hint names at most (the smallest that hold the fixed parts).
+BIGGER_SHOWN = 3
+
+
+def _gpus(mem_fraction: float | None) -> list[tuple[Target, int]]:
+    """Every GPU of the catalogue with what a process may use on it at ``mem_fraction`` (the
+    step's own allocator fraction; None: each GPU's default)."""
+    out = []
+    for name in target_names():
+        if name in ("cpu", "local"):
+            continue
+        t = _target(name)
+        if mem_fraction is not None and t.memory_bytes:
+            try:
+                t = t.with_mem_fraction(mem_fraction)
+            except BadValue:  # more than that card's allocator may take
+                continue
+        out.append((t, _usable(t) or 0))
+    return out
 
 
 def _usable(t: Target) -> int | None:
