@@ -31,10 +31,13 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> nodes.table:
       The docutils table.
     """
     group = nodes.tgroup(cols=len(header))
-    group += [nodes.colspec(colwidth=1) for _ in header]
+    # widths by content (the text builder draws them; HTML sizes columns itself: colwidths-auto)
+    for i, title in enumerate(header):
+        longest = max([len(title), *(len(str(row[i])) for row in rows)])
+        group += nodes.colspec(colwidth=min(max(longest, 4), 60))
     head, body = nodes.thead(), nodes.tbody()
     head += nodes.row("", *(_cell(h) for h in header))
     for row in rows:
         body += nodes.row("", *(_cell(str(c)) for c in row))
     group += [head, body]
-    return nodes.table("", group)
+    return nodes.table("", group, classes=["colwidths-auto"])
