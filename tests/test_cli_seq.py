@@ -51,7 +51,8 @@ def test_the_table_stars_the_longest_and_says_it_under_the_table(searched):
     assert 0 < none["seq"] < full["seq"]
     title = "longest sequence: tiny-llama b1 sgd on h100-80gb, attention cudnn, step 128 tokens"
     assert title in " ".join(out.split())
-    for col in ("longest seq", "tokens/step", "peak GiB", "next step GiB", "compiles", "method"):
+    # The peaks are under the ~24 MiB limit, near it: the byte columns read in MiB (issue 45).
+    for col in ("longest seq", "tokens/step", "peak MiB", "next step MiB", "compiles", "method"):
         assert col in out
     starred = [line for line in out.splitlines() if " * " in line or "* │" in line]
     assert starred and all("none" not in line.split("│")[1] for line in starred)

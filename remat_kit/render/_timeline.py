@@ -21,7 +21,7 @@ import numpy as np
 from remat_kit.errors import BadValue
 from remat_kit.peak import PeakReport
 from remat_kit.render._files import save_figure
-from remat_kit.render._format import GIB, gib
+from remat_kit.render._format import byte_unit, size
 from remat_kit.render._front import place_labels
 from remat_kit.render._titles import precision_words
 
@@ -149,25 +149,37 @@ def timeline_figure(
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     fig.subplots_adjust(left=0.07, right=0.72, bottom=0.12, top=0.8)
+    top = max(max(r.peak_bytes, r.live_peak_bytes, *r.timeline) for r in reports)
+    limits = [
+        (name, value, color)
+        for name, value, color in (
+            ("device memory", memory_bytes, "red"),
+            ("usable by JAX", usable_bytes, "darkred"),
+        )
+        if value
+    ]
+    drawn = [lim for lim in limits if lim[1] <= _OFF_SCALE * top]
+    # The axis in the unit of the highest line drawn (a tiny step reads in MiB, not 0.00 GiB).
+    unit = byte_unit([top, *(v for _, v, _ in drawn)])
     curves, peaks, peak_texts, colors = [], [], [], []
     for r, name in zip(reports, names, strict=True):
         n = max(len(r.timeline), 1)
         xs = np.arange(len(r.timeline)) / (n - 1 if scale and n > 1 else 1)
-        ys = np.asarray(r.timeline, dtype=float) / GIB
+        ys = np.asarray(r.timeline, dtype=float) / unit.size
         (line,) = ax.plot(xs, ys, lw=1.2, label=f"{name} (live)")
         px = r.peak_position / (n - 1 if scale and n > 1 else 1)
-        ax.plot([px], [r.live_peak_bytes / GIB], "o", color=line.get_color())
+        ax.plot([px], [r.live_peak_bytes / unit.size], "o", color=line.get_color())
         ax.axhline(
-            r.peak_bytes / GIB,
+            r.peak_bytes / unit.size,
             ls="--",
             lw=0.8,
             color=line.get_color(),
-            label=f"{name} compiled peak {gib(r.peak_bytes)} GiB",
+            label=f"{name} compiled peak {size(r.peak_bytes)}",
         )
         curves.append((xs, ys))
         colors.append(line.get_color())
-        peaks.append((px, r.live_peak_bytes / GIB))
-        peak_texts.append(f"peak {gib(r.peak_bytes)} GiB ({r.peak_phase})")
+        peaks.append((px, r.live_peak_bytes / unit.size))
+        peak_texts.append(f"peak {size(r.peak_bytes)} ({r.peak_phase})")
     if not scale:
         for p in reports[0].phases:
             ax.axvspan(p.start, p.end + 1, color=_PHASE_COLORS.get(p.name, "#999"), alpha=0.12)
@@ -179,24 +191,14 @@ def timeline_figure(
                 ha="center",
                 fontsize=8,
             )
-    top = max(max(r.peak_bytes, r.live_peak_bytes, *r.timeline) for r in reports)
-    limits = [
-        (name, value, color)
-        for name, value, color in (
-            ("device memory", memory_bytes, "red"),
-            ("usable by JAX", usable_bytes, "darkred"),
-        )
-        if value
-    ]
-    drawn = [lim for lim in limits if lim[1] <= _OFF_SCALE * top]
     for name, value, color in drawn:
         style = "-" if name == "device memory" else "-."
-        ax.axhline(value / GIB, color=color, ls=style, lw=0.9, label=f"{name} {gib(value)} GiB")
+        ax.axhline(value / unit.size, color=color, ls=style, lw=0.9, label=f"{name} {size(value)}")
     # Room above the highest line: the peak's label goes there when its sides are taken.
     highest = max([top, *(v for _, v, _ in drawn)])
-    ax.set_ylim(0, max(highest / GIB, 1e-9) * 1.22)
+    ax.set_ylim(0, max(highest / unit.size, 1e-9) * 1.22)
     ax.set_xlabel("schedule position" + (" (fraction)" if scale else ""))
-    ax.set_ylabel("live GiB")
+    ax.set_ylabel(f"live {unit.name}")
     ax.set_title(_title(title, reports, names, labels, precision), fontsize=10)
     legend = ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
     fig.canvas.draw()
@@ -207,7 +209,7 @@ def timeline_figure(
         fig.text(
             box.x0,
             box.y0 - 0.02,
-            "\n".join(f"off scale: {n} {gib(v)} GiB" for n, v, _ in off_scale),
+            "\n".join(f"off scale: {n} {size(v)}" for n, v, _ in off_scale),
             fontsize=8,
             va="top",
         )
