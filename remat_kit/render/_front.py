@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from remat_kit.render._files import save_figure
-from remat_kit.render._format import GIB, gib, pct, short
+from remat_kit.render._format import Unit, byte_unit, pct, short, size
 from remat_kit.render._titles import precision_words
 
 if TYPE_CHECKING:
@@ -158,13 +158,17 @@ def front_figure(
     ax = fig.add_subplot(1, 1, 1)
     fig.subplots_adjust(left=0.07, right=0.6, bottom=0.5 / height, top=1 - 0.85 / height)
 
+    top = max((p.peak_bytes for _, p in shown), default=0)
+    drawn, off_scale = _limits(budget_bytes, usable_bytes, device_bytes, top)
+    # The axis in the unit of the largest figure drawn (a tiny model's front reads in MiB).
+    unit = byte_unit([top, *(v for _, v, _ in drawn)])
     for kind, color in _COLORS.items():
         for dominated in (False, True):
             sel = [p for _, p in shown if p.kind == kind and p.dominated == dominated]
             if not sel:
                 continue
             ax.scatter(
-                [p.peak_bytes / GIB for p in sel],
+                [p.peak_bytes / unit.size for p in sel],
                 [100 * p.overhead for p in sel],
                 facecolors="none" if dominated else color,
                 edgecolors=color,
@@ -175,7 +179,7 @@ def front_figure(
     on = sorted((p for _, p in shown if not p.dominated), key=lambda p: p.peak_bytes)
     if on:
         ax.step(
-            [p.peak_bytes / GIB for p in on],
+            [p.peak_bytes / unit.size for p in on],
             [100 * p.overhead for p in on],
             where="post",
             color="gray",
@@ -184,9 +188,7 @@ def front_figure(
             label="Pareto front",
         )
 
-    top = max((p.peak_bytes for _, p in shown), default=0)
-    drawn, off_scale = _limits(budget_bytes, usable_bytes, device_bytes, top)
-    xs = [p.peak_bytes / GIB for _, p in shown] + [v / GIB for _, v, _ in drawn]
+    xs = [p.peak_bytes / unit.size for _, p in shown] + [v / unit.size for _, v, _ in drawn]
     if xs:
         lo, hi = min(xs), max(xs)
         pad = 0.06 * (hi - lo) if hi > lo else max(0.05 * hi, 0.5)
@@ -195,15 +197,17 @@ def front_figure(
     if finite:
         # Headroom above the highest point: its number goes there when its sides are taken.
         ax.set_ylim(min(-2.0, min(finite) - 2), min(max(finite) * 1.15 + 4, 150))
-    markers = [(p.peak_bytes / GIB, 100 * p.overhead) for _, p in shown]
+    markers = [(p.peak_bytes / unit.size, 100 * p.overhead) for _, p in shown]
     walls = []
     for name, value, style in drawn:
         walls.append(
-            ax.axvline(value / GIB, color="black", ls=style, lw=1, label=f"{name} {gib(value)} GiB")
+            ax.axvline(
+                value / unit.size, color="black", ls=style, lw=1, label=f"{name} {size(value)}"
+            )
         )
-        _name_line(ax, value / GIB, f"{name} {gib(value)} GiB", markers)
+        _name_line(ax, value / unit.size, f"{name} {size(value)}", markers)
 
-    ax.set_xlabel("compiled peak (GiB)")
+    ax.set_xlabel(f"compiled peak ({unit.name})")
     ax.set_ylabel(f"estimated overhead (% of {_OBJECTIVES.get(objective or '', 'the step')})")
     ax.set_title(_title(title, points, precision), loc="left", fontsize=9)
     corner = ax.get_position()
@@ -221,7 +225,7 @@ def front_figure(
     fig.text(
         key_x,
         key_y,
-        _key(ordered, off_scale),
+        _key(ordered, off_scale, unit),
         family="monospace",
         fontsize=7,
         va="top",
@@ -574,18 +578,20 @@ def _title(run: str, points: Sequence[FrontPoint], precision: Mapping[str, str] 
     return "\n".join(lines)
 
 
-def _key(points: Sequence[FrontPoint], off_scale: Sequence[tuple[str, int, str]]) -> str:
+def _key(
+    points: Sequence[FrontPoint], off_scale: Sequence[tuple[str, int, str]], unit: Unit
+) -> str:
     width = len(str(len(points)))
-    lines = [f"off scale: {n} {gib(v)} GiB" for n, v, _ in off_scale]
+    lines = [f"off scale: {n} {size(v)}" for n, v, _ in off_scale]
     lines += [
-        f"{'#':>{width}}   {'point':<{_KEY_LABEL}} {'GiB':>7} {'overhead':>9}",
+        f"{'#':>{width}}   {'point':<{_KEY_LABEL}} {unit.name:>7} {'overhead':>9}",
     ]
     for i, p in enumerate(points, 1):
         mark = " " if p.dominated else "*"
         over = pct(p.overhead) if math.isfinite(p.overhead) else "-"
         lines.append(
             f"{i:>{width}} {mark} {short(p.label, _KEY_LABEL):<{_KEY_LABEL}} "
-            f"{gib(p.peak_bytes):>7} {over:>9}"
+            f"{unit.cell(p.peak_bytes):>7} {over:>9}"
         )
     lines.append("* on the Pareto front")
     return "\n".join(lines)
