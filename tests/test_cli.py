@@ -454,11 +454,8 @@ def test_a_gpu_from_a_file_is_a_target_on_the_command_line(kind, tmp_path):
 )
 def test_compare_ends_with_the_next_step_that_compiles_under_the_limit(argv, says, capsys):
     assert main(["compare", "--target", "l4", *argv]) == 0
-    captured = capsys.readouterr()
-    out = " ".join(captured.out.split())
+    out = " ".join(capsys.readouterr().out.split())
     assert "nothing fits:" in out and all(s in out for s in says), out
-    # Said up front, on stderr: what the search and the next step cost in compiles.
-    assert "next step: at most 2 compiles" in captured.err
 
 
 # --- --mem-fraction and the allocator, end to end (issue 27) ------------------------------------

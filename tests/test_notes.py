@@ -794,3 +794,17 @@ def test_the_fits_rule_says_it_decides():
     line = fits_rule(rk.target("h100"))
     assert line.startswith("fits = peak <= 59.38 GiB, ")
     assert line.endswith("the one limit that decides fits")
+
+
+def test_the_scheduler_words_the_caption_looks_for_are_xlas_line():
+    from remat_kit.render import SCHEDULER_WORDS
+    from remat_kit.xla import parse_xla_log
+
+    (line,) = parse_xla_log(
+        [
+            "W1124 02:20:01.1 7 gpu_hlo_schedule.cc:968] The byte size of input/output arguments "
+            "(96363200824) exceeds the base limit (63707234304). This indicates an error in the "
+            "calculation!"
+        ]
+    )
+    assert SCHEDULER_WORDS in line

@@ -14,7 +14,7 @@ from remat_kit import _workers
 from remat_kit.cli._model import Request, print_notes, resolve
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
-from remat_kit.render import advise_table, console, fitted, progress, write_json
+from remat_kit.render import advise_table, console, fitted, length_words, progress, write_json
 from remat_kit.search import (
     Advice,
     Cost,
@@ -24,7 +24,7 @@ from remat_kit.search import (
     gpus_needed,
     rank_costs,
 )
-from remat_kit.targets import load_prices, parse_prices, target
+from remat_kit.targets import load_prices, parse_prices, target, target_names
 
 __all__ = ["run"]
 
@@ -57,7 +57,24 @@ def run(args: argparse.Namespace) -> int:
     run = resolve(args)
     prices, names = _checked(args, run)
     print_notes(run, args.wide)
-    with warnings.catch_warnings(), progress("advise") as step:
+    gpus = len(names) if names is not None else len(_catalogue_gpus())
+    planned: list[str] = []
+    length = length_words(
+        "advise",
+        gpus,
+        unit="GPUs",
+        how="each planned by compiling, adaptively: its plan, then its largest batch",
+    )
+
+    def step_done(words: str) -> None:
+        planned.append(words)
+        step(words)
+
+    done = functools.partial(len, planned)
+    with (
+        warnings.catch_warnings(),
+        progress("advise", total=gpus, done=done, unit="GPUs", length=length) as step,
+    ):
         warnings.simplefilter("ignore")  # the tables show what matters
         rows = advise(
             # A partial of a module-level function: it pickles, so --jobs can use workers.
@@ -70,14 +87,29 @@ def run(args: argparse.Namespace) -> int:
             offload=not args.no_offload,
             hide=args.hide,
             jobs=args.jobs,
-            progress=step,
+            progress=step_done,
         )
     scale: dict[str, ScaleOut] = {}
     scale_seconds = None
     if args.scale_out:
         before = time.perf_counter()
-        with progress("advise --scale-out") as step:
-            scale = _scale_out(args, run.request, rows, step)
+        over = sum(not a.fits for a in rows)
+        length = length_words(
+            "advise --scale-out",
+            over * len(SCALE_COUNTS),
+            bound=True,
+            how=f"fsdp over {', '.join(map(str, SCALE_COUNTS))} GPUs for each of the {over} "
+            "GPUs one cannot serve, stopping at the first count that fits",
+        )
+        scaled: list[int] = []
+        with progress(
+            "advise --scale-out",
+            total=over,
+            done=functools.partial(len, scaled),
+            unit="GPUs",
+            length=length,
+        ) as step:
+            scale = _scale_out(args, run.request, rows, step, scaled)
         scale_seconds = time.perf_counter() - before
     costs = rank_costs([cost_of(a, scale.get(a.target), prices) for a in rows], args.rank)
     return _print_advice(args, run, rows, scale, scale_seconds, costs, start)
@@ -160,6 +192,15 @@ def _print_advice(
     return 0
 
 
+#: The GPU counts ``--scale-out`` compiles, in order, until one fits.
+SCALE_COUNTS = (2, 4, 8, 16, 32, 64)
+
+
+def _catalogue_gpus() -> list[str]:
+    """The GPUs ``advise`` plans when no ``--targets`` are named (``rk.advise``'s default)."""
+    return [n for n in target_names() if n not in ("cpu", "local")]
+
+
 def _target_workload(request: Request, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
     """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``."""
     return request.workload(target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction))
@@ -180,21 +221,28 @@ def _gpus_needed(request: Request, mem_fraction: Any, headroom: float, name: str
         return gpus_needed(
             functools.partial(_sharded_workload, request, name, mem_fraction),
             request.config.batch,
-            counts=(2, 4, 8, 16, 32, 64),
+            counts=SCALE_COUNTS,
             headroom=headroom,
         )
 
 
 def _scale_out(
-    args: argparse.Namespace, request: Request, rows: Sequence[Advice], step: Any
+    args: argparse.Namespace,
+    request: Request,
+    rows: Sequence[Advice],
+    step: Any,
+    done: list[int] | None = None,
 ) -> dict[str, ScaleOut]:
     """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full; the
-    targets side by side in ``--jobs`` worker processes once one needs a compile."""
+    targets side by side in ``--jobs`` worker processes once one needs a compile (``done``
+    gets the index of each as it ends)."""
     names = [a.target for a in rows if not a.fits]
     one = functools.partial(_gpus_needed, request, args.mem_fraction, args.headroom)
 
     def on_done(i: int, so: ScaleOut) -> None:
-        step(f"{so.target}: {so.devices or 'no'} GPUs ({i + 1} of {len(names)})")
+        if done is not None:
+            done.append(i)
+        step(f"{so.target}: {so.devices or 'no'} GPUs")
 
     found = _workers.run(one, names, args.jobs, on_done=on_done)
     return dict(zip(names, found, strict=True))

@@ -18,6 +18,7 @@ from remat_kit.errors import BadValue
 from remat_kit.notes import Note, label, shared_words, words
 from remat_kit.policies import NO_REMAT
 from remat_kit.render import (
+    SCHEDULER_WORDS,
     compare_table,
     console,
     fitted,
@@ -139,7 +140,7 @@ def _print_rows(
     limits = xla_limits_words(
         target,
         [r.xla_remat_limit_bytes for r in reports if r.xla_remat_limit_bytes],
-        any(_SCHEDULER in line for line in shared),
+        any(SCHEDULER_WORDS in line for line in shared),
     )
     if limits and shared:
         out.print(limits)
@@ -229,9 +230,6 @@ def _next_steps(args: argparse.Namespace, run: Any, reports: Any) -> list[str]:
         )
     return why
 
-
-#: How XLA's scheduler line names its limit (remat_kit.xla.parse_xla_log).
-_SCHEDULER = "its scheduler plans for"
 
 #: Compiles ``compare`` spends on the next step when nothing fits.
 MAX_NEXT_COMPILES = 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import sys
 import time
 import warnings
@@ -22,6 +23,7 @@ from remat_kit.render import (
     fastest_words,
     fit_table,
     fitted,
+    length_words,
     limit_words,
     longest_words,
     progress,
@@ -125,7 +127,12 @@ def _largest_batches(
 ) -> list[FitRow]:
     """The largest batch of each policy (None: the planner's), one row each."""
     rows = []
-    with warnings.catch_warnings(), progress("fit") as step:
+    length = length_words(
+        f"fit over {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}",
+        how="each policy's largest batch is found by compiling on both sides of it",
+    )
+    done = functools.partial(getattr, w, "compiles")
+    with warnings.catch_warnings(), progress("fit", done=done, length=length) as step:
         warnings.simplefilter("ignore")  # the tables show what matters
         for i, (spec, pol) in enumerate(policies.items()):
             step(f"{spec} ({i + 1}/{len(policies)})")
@@ -193,14 +200,27 @@ def _throughput(
             f"GPUs; use a multiple of {ways}"
         )
 
+    made: list[Any] = []
+
     def accumulate(accum: int) -> Any:
         # The step is first built at one micro-batch per data-parallel GPU per pass (the
         # search sets the batch); it has to split into ``accum`` passes.
         config = dataclasses.replace(run.config, accum=accum, batch=accum * ways)
-        return sources.workload(run.source, run.target, config, depth=run.depth)
+        made.append(sources.workload(run.source, run.target, config, depth=run.depth))
+        return made[-1]
 
     specs = [PLAN if pol is None else pol for pol in policies.values()]
-    with warnings.catch_warnings(), progress("fit --objective throughput") as step:
+    what = "fit --objective throughput"
+    length = length_words(
+        f"{what} over {len(specs)} polic{'y' if len(specs) == 1 else 'ies'}",
+        how="each policy's largest batch is found by compiling on both sides of it, then its "
+        "candidate micro-batches are compiled and timed",
+    )
+
+    def done() -> int:
+        return w.compiles + sum(a.compiles for a in made)
+
+    with warnings.catch_warnings(), progress(what, done=done, length=length) as step:
         warnings.simplefilter("ignore")  # the table shows what matters
         found = fastest(
             w,
@@ -313,7 +333,11 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
     search = dict(batch=batch, granularity=step, headroom=args.headroom, cap=cap)
     start = time.perf_counter()
     rows = []
-    with warnings.catch_warnings(), progress("fit --over seq") as tick:
+    length = length_words(
+        f"fit --over seq over {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}",
+        how="each policy's longest sequence is found by compiling on both sides of it",
+    )
+    with warnings.catch_warnings(), progress("fit --over seq", length=length) as tick:
         warnings.simplefilter("ignore")  # the table shows what matters
         for i, (spec, pol) in enumerate(policies.items()):
             tick(f"{spec} ({i + 1}/{len(policies)})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import warnings
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ from remat_kit.render import (
     console,
     decision_table,
     fitted,
+    length_words,
     opts_precision,
     plan_table,
     plot_front,
@@ -22,7 +24,16 @@ from remat_kit.render import (
     run_words,
     write_json,
 )
-from remat_kit.search import FRONT_POLICIES, FrontPoint, Plan, PlanFront, plan_front
+from remat_kit.search import (
+    FRONT_POLICIES,
+    FrontPoint,
+    Plan,
+    PlanFront,
+    check_budget,
+    compile_bound,
+    limit_for,
+    plan_front,
+)
 from remat_kit.sources import Workload
 
 __all__ = ["run"]
@@ -63,7 +74,23 @@ def run(args: argparse.Namespace) -> int:
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
     w = sources.workload(run.source, target, run.config, depth=run.depth)
     print_notes(run, args.wide)
-    with warnings.catch_warnings(), progress("plan") as step:
+    # A budget below what no policy removes is one line (exit 1), before the search's length.
+    check_budget(w, run.batch, limit_for(target, budget, args.headroom))
+    bound = compile_bound(w, catalogue, sweep=args.sweep)
+    length = length_words(
+        "plan",
+        bound,
+        bound=True,
+        how="none, the solver's plans, full's schedules if none of them fits, and the "
+        f"{len(catalogue)} policies beside it; fewer once one fits"
+        if bound is not None
+        else "--sweep plans at the budgets the front finds",
+    )
+    done = functools.partial(getattr, w, "compiles")
+    with (
+        warnings.catch_warnings(),
+        progress("plan", total=bound, done=done, length=length) as step,
+    ):
         warnings.simplefilter("ignore")  # the tables show what matters
         # --sweep adds the whole curve; --plot only draws: what is dominated must not depend
         # on whether it is drawn.

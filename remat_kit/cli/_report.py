@@ -10,7 +10,15 @@ from remat_kit.cli._model import resolve, run_notes
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.notes import words
 from remat_kit.policies import NO_REMAT
-from remat_kit.render import console, fitted, report_table, residual_table, write_json
+from remat_kit.render import (
+    SCHEDULER_WORDS,
+    console,
+    fitted,
+    report_table,
+    residual_table,
+    write_json,
+    xla_limits_words,
+)
 
 __all__ = ["run"]
 
@@ -58,8 +66,17 @@ def run(args: argparse.Namespace) -> int:
     out.print(fitted(report_table(report, target), out.width))
     if res is not None:
         out.print(fitted(residual_table(res, report), out.width))
-    for note in report.notes:
-        out.print(f"[yellow]warning:[/yellow] {words(note)}")
+    said = [words(note) for note in report.notes]
+    # Which limit decides fits, where XLA's lines name limits of their own (issue 45).
+    limits = xla_limits_words(
+        target,
+        [report.xla_remat_limit_bytes] if report.xla_remat_limit_bytes else [],
+        any(SCHEDULER_WORDS in line for line in said),
+    )
+    if limits and any(n.kind == "xla_log" for n in report.notes):
+        out.print(limits)
+    for line in said:
+        out.print(f"[yellow]warning:[/yellow] {line}")
     if not args.no_residuals and not loss_given:
         out.print(
             "note: no residual table: the step was given without its loss (return "

@@ -5,7 +5,13 @@ scripts hand it here to be shown or written. Nothing else formats a number or wr
 """
 
 from remat_kit.render._advice import advise_table
-from remat_kit.render._captions import depth_words, flags_words, limit_words, xla_limits_words
+from remat_kit.render._captions import (
+    SCHEDULER_WORDS,
+    depth_words,
+    flags_words,
+    limit_words,
+    xla_limits_words,
+)
 from remat_kit.render._files import check_output, save_figure, write_csv, write_json, write_text
 from remat_kit.render._format import GIB, console, fmt, gib, pct, short, text_table
 from remat_kit.render._front import front_figure, plot_front
@@ -31,6 +37,7 @@ from remat_kit.render._validation import validation_table
 __all__ = [
     "DROP_FIRST",
     "GIB",
+    "SCHEDULER_WORDS",
     "FitRow",
     "RunOptions",
     "advise_table",

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from remat_kit.targets import Target
 
 __all__ = [
+    "SCHEDULER_WORDS",
     "collective_words",
     "depth_words",
     "expert_words",
@@ -28,6 +29,10 @@ __all__ = [
 ]
 
 _MIB = 2**20
+
+#: How XLA's scheduler line names its limit (remat_kit.xla.parse_xla_log): a note that says it
+#: shows a limit of XLA's own.
+SCHEDULER_WORDS = "its scheduler plans for"
 
 
 #: Why a model was compiled at full depth (remat_kit.sources._depth.FULL_DEPTH_REASONS), in words.

@@ -1,10 +1,9 @@
-"""A search's length, said up front, and its progress per step, on stderr.
+"""A search's length, said up front, and its progress per step, on stderr's terminal.
 
 A long search (``compare``, ``fit``, ``plan``, ``advise``) first says on one line how many
 compiles it will make: the number, a bound, or that it is adaptive and counted as it goes.
-Then, on a terminal, one live line names the step it is at, how many of how many are done and
-the time since it began; on a pipe, a file or CI the live line is left out, so the output stays
-clean, and only the line up front is written.
+Then one live line names the step it is at, how many of how many are done and the time since
+it began. On a pipe, a file or CI neither is written, so stderr holds only what went wrong.
 """
 
 from __future__ import annotations
@@ -76,19 +75,19 @@ def progress(
       total: the number of ``unit`` the search makes, or its bound (None: not known).
       done: how many are done so far (default: the callback's calls less one).
       unit: what ``total`` and ``done`` count.
-      length: a line to print up front, whatever the console (:func:`length_words`); None:
-        none.
+      length: a line to print up front (:func:`length_words`); None: none.
 
     Example:
       >>> with progress("fit") as step:
       ...     step("full (1/3)")
     """
     out = console or Console(stderr=True)
-    if length is not None:
-        out.print(length, highlight=False, markup=False, soft_wrap=True)
     if not out.is_terminal:
+        # A pipe, a file, CI: stderr keeps only what went wrong (one line, README's errors).
         yield lambda words: None
         return
+    if length is not None:
+        out.print(length, highlight=False, markup=False, soft_wrap=True)
     start = time.perf_counter()
     calls = [0]
     said = [""]
@@ -96,9 +95,10 @@ def progress(
     def line() -> str:
         n = done() if done is not None else max(0, calls[0] - 1)
         of = f"{n} of {total}" if total is not None else f"{n}"
+        one = total is None and n == 1 and unit.endswith("s")
         elapsed = int(time.perf_counter() - start)
         clock = f"{elapsed // 60}:{elapsed % 60:02d}"
-        return f"{what}: {said[0] or 'starting'} ({of} {unit}, {clock})"
+        return f"{what}: {said[0] or 'starting'} ({of} {unit[:-1] if one else unit}, {clock})"
 
     def step(words: str) -> None:
         calls[0] += 1

@@ -58,7 +58,7 @@ from remat_kit.search._front import (
 )
 from remat_kit.search._next import CHANGE_KINDS, Change, NextStep, next_step
 from remat_kit.search._planner import Plan, PlanCandidate, SolverStatus, plan
-from remat_kit.search._recommend import PlanFront, plan_front
+from remat_kit.search._recommend import PlanFront, compile_bound, plan_front
 from remat_kit.search._seq import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,
@@ -95,6 +95,7 @@ __all__ = [
     "Throughput",
     "advise",
     "check_budget",
+    "compile_bound",
     "cost_of",
     "fastest",
     "front",

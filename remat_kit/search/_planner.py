@@ -36,6 +36,12 @@ __all__ = [
 ]
 
 #: Overheads this close (relative to max(1, overhead)) count as equal, as on the Pareto front.
+#: Compiles the solver's plans may take (step 4 of :func:`plan`) by default.
+MAX_PLAN_COMPILES = 6
+
+#: The schedules of ``full`` tried when no plan of the solver fits, before their FLOPs order.
+FALLBACK_SCHEDULES = ("none", "sqrt", "every:2", "nested:2", "nested:3")
+
 _RTOL = 1e-6
 
 
@@ -49,7 +55,7 @@ def plan(
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
     extra: Iterable[Any] = (),
-    max_compiles: int = 6,
+    max_compiles: int = MAX_PLAN_COMPILES,
     objective: str = "time",
 ) -> Plan:
     """The plan with the lowest estimated overhead whose compiled peak fits ``budget``.
@@ -487,7 +493,7 @@ def _segment_fallback(ctx: _PlanContext) -> PlanCandidate | None:
     ``full`` comes first: it is the smallest per-layer policy.
     """
     w, full = ctx.workload, FULL
-    options = [parse_schedule(s) for s in ("none", "sqrt", "every:2", "nested:2", "nested:3")]
+    options = [parse_schedule(s) for s in FALLBACK_SCHEDULES]
     # Only schedules the model's depth can take (every:2 needs two layers, nested:3 four) and
     # its source can build (a factory's model may take none).
     options = [s for s in options if _fits_depth(s, w.n_layers) and w.supports(s)]

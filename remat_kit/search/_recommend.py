@@ -27,12 +27,13 @@ from remat_kit.search._front import (
     front,
     pareto_front,
 )
-from remat_kit.search._planner import Plan, plan
+from remat_kit.search._planner import FALLBACK_SCHEDULES, MAX_PLAN_COMPILES, Plan, plan
 from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
     "SWEEP_PLANS",
     "PlanFront",
+    "compile_bound",
     "plan_front",
 ]
 
@@ -67,6 +68,27 @@ class PlanFront:
             "plan_seconds": self.plan_seconds,
             "seconds": self.seconds,
         }
+
+
+def compile_bound(
+    workload: Workload, catalogue: Iterable[Any], *, sweep: bool = False
+) -> int | None:
+    """At most how many programs :func:`plan_front` compiles for ``workload``, said before it
+    starts; None where the count is adaptive (``sweep``: plans at budgets the front finds).
+
+    ``none`` once, the solver's plans (``MAX_PLAN_COMPILES``), ``full`` and its segment
+    schedules (``FALLBACK_SCHEDULES``) and the catalogue (compiled beside the plan and shown on
+    the front: the same programs); twice as many where a peak read off shallow copies of an
+    unrolled model may be compiled whole to confirm it (``Workload.verify_fn``).
+
+    Example:
+      >>> compile_bound(w, ["full", "minimal"]), w.verify_fn is not None  # 1 + 6 + 5 + 2, x 2
+      (28, True)
+    """
+    if sweep:
+        return None
+    programs = 1 + MAX_PLAN_COMPILES + len(FALLBACK_SCHEDULES) + len(list(catalogue))
+    return programs * (2 if workload.verify_fn is not None else 1)
 
 
 def plan_front(
