@@ -140,7 +140,7 @@ def test_a_tables_title_and_caption_break_between_tokens():
         (12 * KIB, "12.00 KiB"),
         (80 * GIB, "80.00 GiB"),
         (3 * 2**40, "3072.00 GiB"),  # GPU memory reads in GiB, however large
-        (0, "0.00 GiB"),
+        (0, "0 B"),
     ],
 )
 def test_size_is_in_the_unit_of_the_figure(value, words):

@@ -261,7 +261,7 @@ def test_report_table_says_host_memory_is_not_measured_on_cpu():
     cpu = _render(report_table(_bare_report("cpu"), rk.target("cpu")))
     assert "host (offloaded): not measured on cpu n/a" in cpu
     gpu = _render(report_table(_bare_report("h100"), rk.target("h100")))
-    assert "host (offloaded, pinned host memory) 0.00" in gpu and "n/a" not in gpu
+    assert "host (offloaded, pinned host memory) 0 B" in gpu and "n/a" not in gpu
 
 
 def test_checkpointed_names_the_tags_inside_a_checkpoint_only():

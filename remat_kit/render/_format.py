@@ -90,11 +90,13 @@ def size(nbytes: float | None, digits: int = 2) -> str:
     """Bytes in words, in the unit that suits the figure: ``'1.50 GiB'``, ``'12.00 MiB'``.
 
     Example:
-      >>> size(3 * 2**29), size(40 * 2**20), size(300), size(None)
-      ('1.50 GiB', '40.00 MiB', '0.29 KiB', '-')
+      >>> size(3 * 2**29), size(40 * 2**20), size(300), size(0), size(None)
+      ('1.50 GiB', '40.00 MiB', '0.29 KiB', '0 B', '-')
     """
     if nbytes is None:
         return "-"
+    if nbytes == 0:
+        return "0 B"  # nothing, in no unit in particular
     unit = byte_unit([nbytes])
     return f"{unit.cell(nbytes, digits)} {unit.name}"
 

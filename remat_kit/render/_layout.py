@@ -89,7 +89,7 @@ def fitted(table: Table, width: int, drop: Sequence[str] = DROP_FIRST) -> Render
         column = next((c for c in shown.columns if _header(c.header) == _header(header)), None)
         if column is not None and len(shown.columns) > 1:
             shown.columns.remove(column)
-            left_out.append(header)
+            left_out.append(" ".join(str(column.header).split()))  # with its unit
     parts: list[RenderableType] = []
     if table.title:
         parts.append(_text(table.title, "table.title", width))
