@@ -1742,3 +1742,23 @@ def _kept_by(policy, tags):
     """The tags a policy saves in the fake (what decides its program)."""
     (dec,) = _layer_decisions(tags, policy, rk.parse_schedule("none"), 1)
     return [t for t, d in dec.items() if d == "save"]
+
+
+def test_a_next_step_over_the_limit_only_through_its_gradients_is_compiled():
+    # An unrolled stack need not hold every gradient at once (check_budget's band): only the
+    # inputs (weights, optimizer state, batch) over the limit rule a change out unseen.
+    limit = rk.target("h100").usable_bytes
+    calls = []
+
+    def measure_fn(policy, schedule, b):
+        calls.append(policy.spec)
+        return _fake_report(limit, 0.0, policy.spec, schedule.spec)
+
+    parts = {"weights": limit - GIB // 2, "gradients": GIB}  # over the limit, with gradients
+    change = rk.search.Change(
+        "bigger_gpu",
+        {"target": "h100"},
+        lambda: _parts_workload(parts, measure_fn=measure_fn),
+    )
+    step = rk.search.next_step([change])
+    assert step.fits and calls == ["full"]

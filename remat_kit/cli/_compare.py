@@ -231,6 +231,9 @@ def _next_steps(args: argparse.Namespace, run: Any, reports: Any) -> list[str]:
     return why
 
 
+#: Targets that are no GPU of the catalogue.
+SPECIAL = ("cpu", "local")
+
 #: Compiles ``compare`` spends on the next step when nothing fits.
 MAX_NEXT_COMPILES = 2
 
@@ -292,7 +295,8 @@ def _changes(
         gpus.append(
             Change("bigger_gpu", {"target": bigger}, functools.partial(req.workload, on), batch)
         )
-    if "shard" in run.kind.fields and t.name not in ("cpu", "local"):
+    # A GPU from a file is not in the catalogue: more of it cannot be named again here.
+    if "shard" in run.kind.fields and t.name in target_names() and t.name not in SPECIAL:
         # The fewest GPUs, a power of two above today's count, that put each GPU's even share
         # of the fixed parts under the limit (check_budget's arithmetic).
         share = -(-w.fixed_bytes(batch) * t.devices // limit)
@@ -321,7 +325,7 @@ def _bigger_gpu(t: Any, need: int, fraction: Any) -> str | None:
     over this one's (the limit every report's fits uses), or None."""
     best = None
     for name in target_names():
-        if name in ("cpu", "local"):
+        if name in SPECIAL:
             continue
         usable = target(name, mem_fraction=fraction).usable_bytes or 0
         bigger = usable >= need and usable > (t.usable_bytes or 0)
