@@ -244,6 +244,34 @@ def _over(name: str) -> Advice:
     )
 
 
+def _fits(name: str) -> Advice:
+    """b200, where llama3-8b fits with a plan whose name is long."""
+    return Advice(
+        target=name,
+        memory_bytes=rk.target(name).memory_bytes,
+        fits=True,
+        plan=LONG_POLICY,
+        peak_bytes=int(125.7 * GIB),
+        recompute_overhead=0.21,
+        overhead=0.05,
+        max_batch=6,
+        fixed_bytes=120 * GIB,
+        note=rk.notes.Note(
+            "plan_fits",
+            {
+                "policy": LONG_POLICY,
+                "schedule": "none",
+                "budget_bytes": int(133.76 * GIB),
+                "peak_bytes": int(125.7 * GIB),
+                "recompute_overhead": 0.21,
+                "source": "solver",
+                "solver": None,
+            },
+        ),
+        seconds=0.0,
+    )
+
+
 @pytest.mark.parametrize("width", [WIDTH, 72])
 @pytest.mark.parametrize("scale", [False, True])
 def test_advise_keeps_every_gpu_name_whole_and_each_row_on_one_line(scale, width):
@@ -368,3 +396,15 @@ def test_an_xla_message_continued_over_lines_stays_captured(capfd):
         os.write(2, (xla + warning).encode())
     assert capfd.readouterr().err == warning  # a Python warning is not XLA's: it is shown
     assert len(log.lines) == 4  # XLA's two lines kept for the report's notes
+
+
+def test_advise_keeps_a_fitting_gpus_long_plan_whole_between_tokens():
+    rows = [_over("h100-80gb"), _fits("b200")]
+    lines = _table_lines(advise_table(rows, OPTS, headroom=0.0, seconds=9.0))
+    assert max(map(len, lines)) <= WIDTH and all("…" not in line for line in _body(lines))
+    assert _cells(_body(lines)[0])[0] == "h100-80gb"
+    b200 = next(_cells(line) for line in _body(lines) if _cells(line)[0] == "b200")
+    plan = next(i for i, c in enumerate(b200) if c.startswith("names:save="))
+    assert _column(lines, plan).endswith(LONG_POLICY)  # the b200 plan, whole, in order
+    rest = _body(lines)[2:]  # b200's further lines: the plan's, no other cell in fragments
+    assert rest and all(c == "" for line in rest for i, c in enumerate(_cells(line)) if i != plan)
