@@ -1762,3 +1762,15 @@ def test_a_next_step_over_the_limit_only_through_its_gradients_is_compiled():
     )
     step = rk.search.next_step([change])
     assert step.fits and calls == ["full"]
+
+
+def test_in_the_gradient_band_a_gpu_holds_the_compiled_step_and_fsdp_splits_the_parts():
+    # Weights + gradients 800 B over a 750 B budget, weights alone under it: the compiled
+    # `full` (760 B) is what another GPU must hold; fsdp splits the 800 B of parts.
+    w, calls = _counted(760)
+    with pytest.raises(DoesNotFit) as err:
+        rk.search.check_budget(w, 1, 750)
+    hints = {h["kind"]: h for h in err.value.note["hints"]}
+    assert calls == ["full"]
+    assert hints["larger_budget"]["fixed_bytes"] == 760
+    assert hints["shard"]["gpus"] == 2 and hints["shard"]["each_bytes"] == 400

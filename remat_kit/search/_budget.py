@@ -213,9 +213,7 @@ def check_budget(
         if measured <= budget:
             return
     lora_fixed = None if lora is None else lora.fixed_bytes(batch)
-    # The compiled `full` step, where one was made, is what the step needs; else the parts.
-    need = fixed if measured is None else measured
-    hints = _what_would_fit(workload, parts, need, budget, lora_fixed)
+    hints = _what_would_fit(workload, parts, fixed, budget, lora_fixed, measured)
     fixed_parts = {k: parts[k] for k in FIXED_PARTS if k in parts}
     note = Note(
         "fixed_over_budget",
@@ -249,6 +247,7 @@ def _what_would_fit(
     fixed: int,
     budget: int,
     lora_fixed: int | None = None,
+    measured: int | None = None,
 ) -> list[dict[str, Any]]:
     """What would fit instead, as data (:data:`remat_kit.notes.HINT_KINDS`).
 
@@ -259,11 +258,14 @@ def _what_would_fit(
     Args:
       workload: the step.
       parts: its breakdown at the batch (per GPU when sharded).
-      fixed: what no policy removes (at least the fixed parts; the compiled ``full`` where
-        one was made).
+      fixed: the fixed parts (weights, gradients, optimizer state, batch, accumulator).
       budget: the limit, bytes.
       lora_fixed: the fixed parts of the same step trained with LoRA, or None.
+      measured: the compiled ``full`` step's peak where one was made: what another GPU
+        must hold of this step (it may hold fewer gradients at once than the parts say).
     """
+    # What a GPU must hold to run this very step: the compiled `full`, else the parts.
+    need = fixed if measured is None else measured
     hints: list[dict[str, Any]] = []
     state = parts.get("optimizer", 0)
     if state and fixed - state <= budget:
@@ -286,15 +288,15 @@ def _what_would_fit(
         )
     here = _usable(workload.target)
     devices = workload.target.devices
-    if here is not None and fixed <= here:
+    if here is not None and need <= here:
         # The device holds them; the budget asked for less than it gives.
         hints.append(
             {
                 "kind": "larger_budget",
                 "target": workload.target.name,
                 "usable_bytes": here,
-                "fixed_bytes": fixed,
-                "budget_gib": max(1, math.ceil(fixed / GIB)),
+                "fixed_bytes": need,
+                "budget_gib": max(1, math.ceil(need / GIB)),
             }
         )
     else:
@@ -303,14 +305,12 @@ def _what_would_fit(
         bigger = [
             [t.name, usable]
             for t, usable in _gpus(workload.target.mem_fraction)
-            if usable >= fixed and usable > (here or 0)
+            if usable >= need and usable > (here or 0)
         ]
         if bigger:
             # The smallest that hold them: the cheapest change of GPU.
             bigger.sort(key=lambda g: (g[1], g[0]))
-            hints.append(
-                {"kind": "bigger_gpu", "gpus": bigger[:BIGGER_SHOWN], "fixed_bytes": fixed}
-            )
+            hints.append({"kind": "bigger_gpu", "gpus": bigger[:BIGGER_SHOWN], "fixed_bytes": need})
     # Sharded over all GPUs (FSDP/ZeRO-3) the fixed parts of all of them split evenly: the
     # fewest GPUs in all, more than now, that puts each GPU's share under the limit.
     total = fixed * devices
