@@ -205,6 +205,15 @@ def test_compare_columns_are_in_the_unit_of_their_figures(peak, step, mem, time,
     assert first[0] == "none" and first[1] == cell
 
 
+def test_compare_offload_estimates_read_in_their_unit_and_still_give_way_first():
+    row = _compare_row("offload_dots_no_batch", int(3.89 * MIB), 0.0012)
+    row |= {"offload_transfer_seconds_est": 4e-5, "offload_recompute_seconds_est": 1.2e-4}
+    table = compare_table([row], rk.target("h100"), OPTS, 1.0)
+    wide = _table_lines(table, 300)
+    assert "┃ us (est.) ┃" in _header(wide) and "40 / 120" in _cells(_body(wide)[0])
+    assert "offload / recompute us (est.)" in " ".join(_lines(fitted(table, WIDTH), WIDTH))
+
+
 # --- the answer column ----------------------------------------------------------------------------
 
 

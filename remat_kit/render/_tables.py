@@ -170,8 +170,13 @@ def compare_table(
             f"\nrecompute: extra FLOPs; step {step.name}: predicted from the compiled kernels at "
             "the target's rates (remat_kit.timing)"
         )
+    moved = second_unit(
+        row[k]
+        for row in rows
+        for k in ("offload_transfer_seconds_est", "offload_recompute_seconds_est")
+    )
     if offload:
-        columns.append("offload /\nrecompute\nms (est.)")
+        columns.append(f"offload /\nrecompute\n{moved.name} (est.)")
     columns += ["fits", "compile\ns"]
     for col in columns:
         table.add_column(
@@ -210,7 +215,7 @@ def compare_table(
         if offload:
             t_s = row["offload_transfer_seconds_est"]
             r_s = row["offload_recompute_seconds_est"]
-            cells.append("-" if t_s is None else f"{t_s * 1e3:.0f} / {r_s * 1e3:.0f}")
+            cells.append("-" if t_s is None else f"{moved.cell(t_s, 0)} / {moved.cell(r_s, 0)}")
         table.add_row(*cells, fits, f"{row['compile_seconds']:.1f}")
     table.caption = caption  # the lines added since the table was made
     return table
