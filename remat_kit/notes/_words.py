@@ -267,6 +267,8 @@ def _plan_at_max_seq(d: Mapping[str, Any]) -> str:
 
 _WHY = {
     "none": "no remat needed",
+    "beside_none": "none fits too, but this policy given beside it is as fast and smaller, or "
+    "faster",
     "catalogue": "a policy given to compare is at least as good as the solver's plan",
     "schedule": "segment checkpointing",
 }

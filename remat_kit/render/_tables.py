@@ -533,6 +533,8 @@ def _solver_words(p: Plan) -> str:
     """How sure the planner is, in words: the solver's status and gap."""
     st = p.solver
     if st is None:
+        if p.source == "beside_none":  # none fits; a policy beside it is faster (issue 45)
+            return "no program solved (none fits; a policy beside it is faster)"
         return "no program solved (no remat needed)"
     if st.optimal:
         proof = "optimal on its cost model"

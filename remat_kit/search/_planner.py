@@ -147,7 +147,7 @@ def plan(
             # (in time, recomputing can cost less than reading a residual back): the plan
             # is never one its own front shows dominated.
             chosen = _best_of(ctx, none, extras)
-            source = "none" if chosen is none else "catalogue"
+            source = "none" if chosen is none else "beside_none"
             return ctx.result(chosen, before, t0, source=source)
 
     use_offload = offload and host_budget != 0

@@ -88,9 +88,11 @@ class Plan:
         plan's assignment; ``optimal`` when it shows that no assignment cheaper on the cost
         model meets the caps as the compiles corrected them. None when no program was solved
         (``none`` fits).
-      source: where the plan comes from: ``none`` (no remat needed), ``solver``,
-        ``catalogue`` (a policy given in ``extra`` that is at least as good), ``schedule``
-        (segment checkpointing), or ``nothing`` (nothing fits; the smallest peak reached).
+      source: where the plan comes from: ``none`` (no remat needed), ``beside_none`` (none
+        fits, but a policy given in ``extra`` is as fast and smaller, or faster: no program
+        solved), ``solver``, ``catalogue`` (a policy given in ``extra`` that is at least as
+        good as the solver's plan), ``schedule`` (segment checkpointing), or ``nothing``
+        (nothing fits; the smallest peak reached).
       objective: what ``overhead`` measures: ``time`` (predicted step time) or ``flops``.
       report: the compiled report of the plan.
     """
