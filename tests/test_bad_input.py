@@ -749,18 +749,85 @@ def test_jax_platforms_cuda_without_a_gpu_is_one_line_exit_2():
     assert len(done.stderr.splitlines()) == 1
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(bool(__import__("glob").glob("/dev/nvidia[0-9]*")), reason="a GPU is here")
-def test_target_local_without_a_gpu_is_this_cpu_quietly():
-    # No driver to probe: "local" is the CPU, chosen before jax starts (no CUDA plugin
-    # traceback on stderr), and the limit it does not report reads so, not as a blank.
+NO_GPU = pytest.mark.skipif(
+    bool(__import__("glob").glob("/dev/nvidia[0-9]*")), reason="a GPU is here"
+)
+
+
+def _cli(argv, **env):
+    # A fresh process: JAX_PLATFORMS and the CUDA plugin's probe act when jax starts.
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    argv = ["report", "--model", "tiny-llama", "--target", "local", "--batch", "1", "--seq", "16"]
-    done = subprocess.run(
-        [sys.executable, "-m", "remat_kit.cli", *argv], env=env, capture_output=True, text=True
+    base = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    return subprocess.run(
+        [sys.executable, "-m", "remat_kit.cli", *argv],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-    assert done.returncode == 0 and done.stderr == "", done.stderr[-500:]
-    assert "target memory: not reported by this device (fits unknown)" in done.stdout
+
+
+@NO_GPU
+@pytest.mark.parametrize("command", ["report", "validate", "compare"])
+def test_target_local_without_a_gpu_is_one_line_exit_2(command):
+    # No CUDA plugin traceback, no report with a blank limit: the run stops before jax starts.
+    done = _cli([command, "--model", "tiny-llama", "--target", "local", "--batch", "1"])
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith("remat-kit: target 'local' measures this machine's GPU, and ")
+    assert "e.g. h100" in done.stderr and done.stderr.count("\n") == 1
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("platforms", "argv", "says"),
+    [
+        pytest.param("gpu", ["targets"], "asks jax for a GPU this machine", marks=NO_GPU),
+        pytest.param("cuda,cpu", ["policies"], "asks jax for a GPU this machine", marks=NO_GPU),
+        ("tpu", ["targets"], "could not start (backend 'tpu': "),
+        ("rocm", ["targets"], "could not start (backend 'rocm': "),
+        ("metal", ["targets"], "could not start (backend 'metal': "),
+        ("tpu", ["report", *TINY, "--no-residuals"], "could not start (backend 'tpu': "),
+    ],
+)
+def test_jax_platforms_that_is_not_here_is_one_line_exit_2(platforms, argv, says):
+    done = _cli(argv, JAX_PLATFORMS=platforms)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.startswith(f"remat-kit: JAX_PLATFORMS={platforms} "), done.stderr
+    assert says in done.stderr and "set JAX_PLATFORMS=cpu" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("error", "refused"),
+    [
+        (
+            RuntimeError("Unable to initialize backend 'tpu': no libtpu (set JAX_PLATFORMS='')"),
+            True,
+        ),
+        (RuntimeError("Unable to initialize backend 'cuda': no driver"), True),
+        (RuntimeError("something else entirely"), False),
+        (ValueError("Unable to initialize backend 'tpu': a ValueError is not jax's"), False),
+    ],
+)
+def test_platform_error_knows_jaxs_backend_failure(error, refused, monkeypatch):
+    from remat_kit.targets._platform import platform_error
+
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    got = platform_error(error)
+    assert (got is not None) == refused
+    if refused:
+        assert str(got).startswith("JAX_PLATFORMS=tpu asks jax for a platform it could not ")
+        assert "JAX_PLATFORMS=''" not in str(got)  # jax's own hint gives way to ours
+
+
+def test_target_local_is_refused_only_without_a_gpu(monkeypatch):
+    from remat_kit.errors import TargetError
+    from remat_kit.targets import _platform
+
+    monkeypatch.setattr(_platform, "_has_nvidia_device", lambda: True)
+    _platform.check_local_gpu()
+    monkeypatch.setattr(_platform, "_has_nvidia_device", lambda: False)
+    with pytest.raises(TargetError, match=r"has none \(no /dev/nvidia"):
+        _platform.check_local_gpu()

@@ -656,8 +656,8 @@ def test_every_help_example_parses():
 
 def test_a_titles_model_names_the_presets_overrides(capsys):
     # --layers 6 changes every figure: the title names it, as the JSON's meta["model"] does.
-    from remat_kit.cli._model import resolve
     from remat_kit.cli._flags import declare
+    from remat_kit.cli._model import resolve
     from remat_kit.cli._parser import Parser
 
     p = Parser(prog="remat-kit report")

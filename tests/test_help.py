@@ -117,7 +117,7 @@ def test_the_helps_copies_equal_the_library():
     from remat_kit.cli import _args, _flags
 
     assert _args.DEPTH_MODES == sources.DEPTH_MODES
-    assert _args.PRECISION_NAMES == tuple(train.PRECISIONS)
+    assert tuple(train.PRECISIONS) == _args.PRECISION_NAMES
     assert _args.SHARD_EXAMPLES == sharding._plan._EXAMPLES
     assert _args.FRONT_POLICIES == search.FRONT_POLICIES
     assert _flags.SEQ_STEP == search.DEFAULT_GRANULARITY

@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+from remat_kit.cli import _interrupt  # first: Ctrl-C during the imports below is one line
 from remat_kit.cli._parser import Parser
 from remat_kit.errors import BadType, BadValue, DoesNotFit, RematKitError
 
@@ -248,6 +249,7 @@ def _parser(
 def _run_module(module: str, args: argparse.Namespace) -> int:
     # The command's module (and jax, which it imports) is loaded here, to run, not for --help.
     run: Callable[[argparse.Namespace], int] = importlib.import_module(module).run
+    _interrupt.running()  # imports done: Ctrl-C now raises, so the run can clean up
     return run(args)
 
 
@@ -284,6 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
       SystemExit: 2
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    _interrupt.reset()
+    _interrupt.catch()
     try:
         # Ctrl-C at any moment, the command module's import (jax: seconds) included.
         parser, runs = _parser(_command_in(argv))
@@ -291,30 +295,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The flags the user typed (a default and a typed default read alike after
         # parsing): a flag a command does not act on is refused only when it was given.
         args.given = frozenset(a.split("=", 1)[0] for a in argv if a.startswith("--"))
-        return _run(args, runs)
-    except KeyboardInterrupt:
-        if "--debug" in argv:
+        code = _run(args, runs)
+    except BaseException as err:
+        # A Ctrl-C reaches us as KeyboardInterrupt, or as whatever the code it cut short made
+        # of it (an extension module's import turns it into an ImportError, jax's backend
+        # start into a RuntimeError): the flag the handler set tells them apart.
+        if "--debug" in argv or not (_interrupt.came() or isinstance(err, KeyboardInterrupt)):
             raise
-        # Ctrl-C: one line and the shell's code for SIGINT (128 + 2), no traceback.
-        sys.stderr.write("remat-kit: interrupted\n")
-        return 130
+        return _interrupt.stop()
+    finally:
+        _interrupt.running()  # a caller's own code after main keeps Python's Ctrl-C
+    return _interrupt.stop() if _interrupt.came() else code
 
 
 def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespace], int]]) -> int:
     try:
-        if getattr(args, "target", None) == "local":
-            from remat_kit.targets import check_platforms
-            from remat_kit.targets._platform import configure_if_no_gpu
-
-            check_platforms()  # a JAX_PLATFORMS that names a GPU the machine lacks
-            # No GPU here: "local" is this machine's CPU, chosen before jax probes for a
-            # driver (the CUDA plugin's traceback, otherwise, on stderr).
-            configure_if_no_gpu()
-        else:
-            from remat_kit.targets import configure_for_deviceless
-
-            # Deviceless compiles need jax's CPU platform, chosen before its backends start.
-            configure_for_deviceless()
+        _prepare_platform(args)
         if getattr(args, "no_cache", False):
             from remat_kit import cache
 
@@ -322,19 +318,29 @@ def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespa
                 return runs[args.command](args)
         return runs[args.command](args)
     except DoesNotFit as err:
-        if args.debug:
+        if args.debug or _interrupt.came():
             raise
         # Nothing fits whatever the policy: an answer about the model, not a typo (exit 1,
         # as when a search finds nothing; README, "Exit codes").
         sys.stderr.write(f"remat-kit: {_flag_of(err, args)}{_one_line(err)}\n")
         return 1
     except RematKitError as err:
-        if args.debug:
+        if args.debug or _interrupt.came():
             raise
         sys.stderr.write(f"remat-kit: {_flag_of(err, args)}{_one_line(err)}\n")
         return 2
     except Exception as err:
-        if args.debug or not _is_build_error(err):
+        if args.debug or _interrupt.came():
+            raise
+        if "jax" in sys.modules:
+            from remat_kit.targets._platform import platform_error
+
+            # JAX_PLATFORMS names a platform jax could not start (wherever it first started).
+            refused = platform_error(err)
+            if refused is not None:
+                sys.stderr.write(f"remat-kit: {_one_line(refused)}\n")
+                return 2
+        if not _is_build_error(err):
             raise
         # jax or XLA refused the program after the checks passed (a kernel's shape rule, an
         # XLA INTERNAL error): its first line, not a 100-line traceback.
@@ -343,6 +349,32 @@ def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespa
             text += _TILING_HINT
         sys.stderr.write(f"remat-kit: jax/XLA could not build this step: {text}\n")
         return 2
+
+
+def _prepare_platform(args: argparse.Namespace) -> None:
+    """Checks and sets jax's platform before its backends start (they start in the run).
+
+    Raises:
+      TargetError: ``JAX_PLATFORMS`` names a GPU this machine lacks, or ``--target local``
+        on a machine with no GPU.
+    """
+    from remat_kit.targets._platform import (
+        check_local_gpu,
+        check_platforms,
+        configure_for_deviceless,
+        configure_if_no_gpu,
+    )
+
+    check_platforms()  # a JAX_PLATFORMS that names a GPU the machine lacks, every command
+    if getattr(args, "target", None) != "local":
+        # Deviceless compiles need jax's CPU platform, chosen before its backends start.
+        configure_for_deviceless()
+        return
+    if "--target" in getattr(args, "given", ()):
+        check_local_gpu()  # validate, whose target is the local GPU, says so in its words
+    # No GPU here: choose jax's CPU before it probes for a driver (the CUDA plugin's
+    # traceback, otherwise, on stderr).
+    configure_if_no_gpu()
 
 
 #: XLA's refusal of a Triton GEMM tiling, and what it means in a deviceless compile.

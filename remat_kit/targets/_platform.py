@@ -21,10 +21,12 @@ from remat_kit.errors import TargetError
 from remat_kit.targets._codegen import set_process_flags
 
 __all__ = [
+    "check_local_gpu",
     "check_platforms",
     "configure_for_deviceless",
     "configure_if_no_gpu",
     "gpu_topology",
+    "platform_error",
 ]
 
 _PLUGIN_MESSAGE = "compiling for {name} needs the CUDA 12 compile plugin: pip install 'jax[cuda12]'"
@@ -89,6 +91,63 @@ def check_platforms() -> None:
             "/dev/nvidia*): unset it or set JAX_PLATFORMS=cpu (a compile for a named GPU "
             "needs none)"
         )
+
+
+def check_local_gpu() -> None:
+    """Refuses the ``local`` target on a machine with no NVIDIA GPU: there the CUDA plugin's
+    driver probe can only fail, and the CPU jax would fall back to reports no memory limit,
+    so no ``fits`` could be judged. (``rk.target("local")`` itself still takes the CPU: the
+    library's tests build meshes of host devices with it.)
+
+    Raises:
+      TargetError: no ``/dev/nvidia*`` device; the message names the targets to use instead.
+
+    Example:
+      >>> import glob
+      >>> if glob.glob("/dev/nvidia[0-9]*"):
+      ...     check_local_gpu()  # a GPU is here: nothing to refuse
+    """
+    if not _has_nvidia_device():
+        raise TargetError(
+            "target 'local' measures this machine's GPU, and it has none (no /dev/nvidia*): "
+            "name the GPU to compile for (a catalogue name, e.g. h100, or a GPU file), or cpu "
+            "for this machine's CPU"
+        )
+
+
+def platform_error(err: BaseException) -> TargetError | None:
+    """The one-line error for jax failing to start a platform ``JAX_PLATFORMS`` names (a TPU,
+    ROCm or a name jax does not know, on a machine without it), or None for any other error.
+
+    jax raises it (a ``RuntimeError``, after a first traceback) wherever its backends first
+    start, which is no fixed place in a run: callers turn it into this at their boundary.
+
+    Args:
+      err: an exception a run raised.
+
+    Returns:
+      A :class:`TargetError` that names the setting and what to set instead, or None.
+
+    Example:
+      >>> print(platform_error(RuntimeError("Unable to initialize backend 'tpu': no libtpu")))
+      JAX_PLATFORMS=... asks jax for a platform it could not start (backend 'tpu': no libtpu); ...
+      >>> platform_error(ValueError("something else")) is None
+      True
+    """
+    text = str(err).strip()
+    if not isinstance(err, RuntimeError) or not text.startswith("Unable to initialize backend"):
+        return None
+    first = text.splitlines()[0].removeprefix("Unable to initialize ")
+    first = first.split(" (set JAX_PLATFORMS=")[0]  # jax's own hint; ours follows
+    asked = os.environ.get("JAX_PLATFORMS", "")
+    return TargetError(
+        f"JAX_PLATFORMS={asked or '...'} asks jax for a platform it could not start ({first}); "
+        "unset it or set JAX_PLATFORMS=cpu (a compile for a named GPU needs none)"
+    )
+
+
+def _has_nvidia_device() -> bool:
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def configure_if_no_gpu() -> None:
