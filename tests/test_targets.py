@@ -650,6 +650,9 @@ def test_only_a_gpu_target_sets_up_a_deviceless_compile(monkeypatch, name, confi
         ("9.0", False),
         ((8, 9), False),
         ("12.1", False),
+        (12.7, True),  # a number, as a JSON file gives it
+        (8.9, False),
+        (10.0, False),
     ],
 )
 def test_a_custom_gpu_has_a_compute_capability_nvidia_made(cc, refused):
@@ -660,5 +663,23 @@ def test_a_custom_gpu_has_a_compute_capability_nvidia_made(cc, refused):
         with pytest.raises(rk.errors.BadValue, match=r"is no NVIDIA GPU's; those there are: 5\.0"):
             rkt.custom_target("x", facts)
     else:
-        wanted = tuple(int(v) for v in cc.split(".")) if isinstance(cc, str) else cc
+        text = cc if isinstance(cc, str) else repr(cc)
+        wanted = tuple(int(v) for v in text.split(".")) if not isinstance(cc, tuple) else cc
         assert rkt.custom_target("x", facts).compute_capability == wanted
+
+
+@pytest.mark.parametrize(
+    ("major", "minor", "refused"), [(12, 7, True), (9, 5, True), (8, 9, False), (10, 3, False)]
+)
+def test_a_target_config_file_has_a_compute_capability_nvidia_made(major, minor, refused):
+    # The GpuTargetConfigProto door of a custom GPU is checked as the facts' door is.
+    text = rk.target("l4").target_config.replace(
+        "cuda_compute_capability { major: 8 minor: 9 }",
+        f"cuda_compute_capability {{ major: {major} minor: {minor} }}",
+    )
+    assert f"major: {major} minor: {minor} }}" in text
+    if refused:
+        with pytest.raises(rk.errors.BadValue, match=rf"{major}\.{minor} of 'my-gpu' is no NVIDIA"):
+            rkt.target_from_config(text, name="my-gpu")
+    else:
+        assert rkt.target_from_config(text, name="my-gpu").compute_capability == (major, minor)

@@ -521,8 +521,10 @@ COMPUTE_CAPABILITIES = frozenset(
 
 
 def _parse_cc(value: Any, name: str) -> tuple[int, int]:
+    if isinstance(value, float):
+        value = repr(value)  # 8.9 as JSON gives it: "8.9"
     if isinstance(value, str):
-        value = value.split(".")
+        value = value.strip().split(".")
     try:
         major, minor = (int(v) for v in value)
     except (TypeError, ValueError):

@@ -101,7 +101,8 @@ def target_from_config(
       A :class:`Target` of kind ``"gpu"`` whose ``target_config`` is the text as given.
 
     Raises:
-      ValueError: If the file does not exist or ``device_memory_size`` is missing.
+      ValueError: If the file does not exist, ``device_memory_size`` is missing, or its
+        ``cuda_compute_capability`` is no NVIDIA GPU's (``COMPUTE_CAPABILITIES``).
 
     Example:
       >>> t = target_from_config(rk.target("l4").target_config)
@@ -113,11 +114,13 @@ def target_from_config(
     if memory is None:
         raise BadValue(f"{source} has no device_memory_size: not a GpuTargetConfigProto?")
     bandwidth = proto_number(text, "memory_bandwidth")
-    cc = proto_cc(text)
     desc_match = re.search(r'\bdevice_description_str\s*:\s*"((?:[^"\\]|\\.)*)"', text)
     description = unescape(desc_match.group(1)) if desc_match else None
     if name is None:
         name = stem or slug(description or "") or "custom-gpu"
+    cc = proto_cc(text)
+    if cc is not None:  # XLA would compile for any pair it is given, a card that is not
+        cc = _parse_cc(cc, name)
     return Target(
         name=name,
         kind="gpu",
