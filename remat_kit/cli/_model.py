@@ -211,6 +211,9 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
     (dest, flag) = named[0]
     name = getattr(args, dest)
     kind = kind_named(dest, name)
+    if kind.catalogue is not None:  # a name it knows, typed in other case (TINY-LLAMA)
+        known = {n.lower(): n for n, _ in kind.catalogue()}
+        name = known.get(name.strip().lower(), name)
     _refuse_foreign_flags(args, kind, f"{flag} {name}")
     values: dict[str, Any] = {dest: name}
     overrides = []

@@ -240,9 +240,12 @@ def policy_arg(spec: str, flag: str, *, own_names: bool = False) -> Policy:
     Example:
       >>> policy_arg("names:save=context", "--policy").params["save"]
       ('context',)
+      >>> policy_arg("Minimal", "--policy").name
+      'minimal'
       >>> policy_arg("names:save=mlp_gate", "--policy", own_names=True).tags
       ('mlp_gate',)
     """
+    spec = _family_lower(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # unknown tags are reported below, naming the flag
         try:
@@ -263,6 +266,14 @@ def policy_arg(spec: str, flag: str, *, own_names: bool = False) -> Policy:
             f"{flag} {spec!r}: {detail} is not a tag the models use; tags: {', '.join(VOCABULARY)}"
         )
     return pol
+
+
+def _family_lower(spec: str) -> str:
+    # Names are read without regard to case on the command line (--target H100, --optimizer
+    # AdamW): a policy's or schedule's family (FULL, Names:save=...) too. What follows the
+    # family is left as typed: tag names are the model's, and a factory's may have capitals.
+    family, colon, rest = spec.strip().partition(":")
+    return family.lower() + colon + rest
 
 
 def _tag_names(pol: Policy) -> list[str]:
@@ -295,6 +306,7 @@ def schedule_arg(spec: str, flag: str, n_layers: int, policy: PolicyLike = "full
       >>> schedule_arg("every:2", "--schedule", 4).n
       2
     """
+    spec = _family_lower(spec)
     try:
         sch = parse_schedule(spec)
         sch.runs(n_layers, policy)  # pure: the segments the model would be cut into
