@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 import types
 import warnings
 
@@ -1777,3 +1778,27 @@ def test_in_the_gradient_band_a_gpu_holds_the_compiled_step_and_fsdp_splits_the_
     assert calls == ["full"]
     assert hints["larger_budget"]["fixed_bytes"] == 760
     assert hints["shard"]["gpus"] == 2 and hints["shard"]["each_bytes"] == 400
+
+
+@pytest.mark.parametrize(("budget", "offered"), [("1.5MiB", True), ("1MiB", False)])
+def test_plan_sizes_its_lora_hint_from_the_lora_step_before_any_compile(
+    monkeypatch, capsys, budget, offered
+):
+    def no_compile(self, *args, **kwargs):
+        raise AssertionError("compiled")
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", no_compile)
+    argv = ["plan", "--model", "tiny-llama", "--target", "h100", "--batch", "2", "--seq", "64"]
+    assert main([*argv, "--budget", budget]) == 1
+    err = capsys.readouterr().err
+    m = re.search(r"= ([0-9.]+) MiB before any activation", err)
+    lora = re.search(
+        r"LoRA \(--lora 16\): .* are ([0-9.]+) MiB, under the ([0-9.]+) MiB limit", err
+    )
+    assert m, err
+    assert (lora is not None) is offered, err
+    if offered:
+        # The LoRA step's own parts (tiny-llama's rank-16 adapters are large beside its
+        # 64-wide layers): under the limit, and under the full step's 2.76 MiB.
+        assert float(lora.group(1)) <= float(lora.group(2)) == 1.5
+        assert float(lora.group(1)) < float(m.group(1)) == 2.76

@@ -11,6 +11,7 @@ from typing import Any
 
 from remat_kit import sources
 from remat_kit.cli._model import print_notes, resolve
+from remat_kit.cli._next import lora_request
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import (
     console,
@@ -75,7 +76,13 @@ def run(args: argparse.Namespace) -> int:
     w = sources.workload(run.source, target, run.config, depth=run.depth)
     print_notes(run, args.wide)
     # A budget below what no policy removes is one line (exit 1), before the search's length.
-    check_budget(w, run.batch, limit_for(target, budget, args.headroom))
+    lora = lora_request(run)  # sizes the LoRA hint, as compare's (traced, no compile)
+    check_budget(
+        w,
+        run.batch,
+        limit_for(target, budget, args.headroom),
+        lora=None if lora is None else lora.workload(target),
+    )
     bound = compile_bound(w, catalogue, sweep=args.sweep)
     length = length_words(
         "plan",
