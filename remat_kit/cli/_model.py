@@ -234,15 +234,19 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
 
 def _refuse_foreign_flags(args: argparse.Namespace, kind: SourceKind, named: str) -> None:
     """The one place a flag the chosen kind does not take is refused (naming every such
-    flag, and those the kind takes)."""
-    bad = [f.flag for f in _FLAGS if _given(args, f) and not _takes(kind, f)]
+    flag, those the kind takes, and the kinds each refused flag is for)."""
+    bad = [f for f in _FLAGS if _given(args, f) and not _takes(kind, f)]
+    words = [f.flag for f in bad]
     if getattr(args, "objective", None) == "throughput" and "accum" not in kind.trains:
-        bad.append("--objective throughput")  # it varies --accum, which the kind does not take
-    if not bad:
+        words.append("--objective throughput")  # it varies --accum, which the kind does not take
+    if _given(args, _DEPTH) and not _unrolls(kind):
+        words.append("--depth")  # a step of its own or a MaxText config builds one depth
+        bad.append(_DEPTH)
+    if not words:
         return
     takes = [f.flag for f in _FLAGS if _takes(kind, f)]
     raise BadValue(
-        f"{', '.join(bad)} with {named}: "
+        f"{', '.join(words)} with {named}: "
         + (
             f"a {kind.name} source takes {', '.join(dict.fromkeys(takes))}"
             if takes
@@ -250,8 +254,34 @@ def _refuse_foreign_flags(args: argparse.Namespace, kind: SourceKind, named: str
             "accumulation and sharding, and takes no flag that shapes them"
         )
         + "; drop "
-        + ("it" if len(bad) == 1 else "them")
+        + ("it" if len(words) == 1 else "them")
+        + _kinds_for(bad)
     )
+
+
+#: ``--depth``: how an unrolled model's depth is compiled; a kind that can build a
+#: shallower copy of its model (a preset, a Hugging Face config, a factory taking layers=).
+_DEPTH = _Flag("depth", "--depth", "auto", "depth")
+
+
+def _unrolls(kind: SourceKind) -> bool:
+    return bool({"layers", "overrides"} & set(kind.fields))
+
+
+def _kinds_for(bad: list[_Flag]) -> str:
+    # "(--tags is for factory (--model) sources)": where each refused flag does apply.
+    names = {dest: flag for dest, flag in _NAMES}
+    parts = []
+    for f in bad:
+        takers = [
+            f"{k.name} ({names.get(k.names_by, k.names_by)})"
+            for k in kinds().values()
+            if (_unrolls(k) if f is _DEPTH else _takes(k, f))
+        ]
+        if takers:
+            listed = ", ".join(takers[:-1]) + " and " * (len(takers) > 1) + takers[-1]
+            parts.append(f"{f.flag} is for {listed} sources")
+    return f" ({'; '.join(parts)})" if parts else ""
 
 
 def config_from_args(args: argparse.Namespace, kind: SourceKind) -> TrainConfig:
