@@ -1802,3 +1802,26 @@ def test_plan_sizes_its_lora_hint_from_the_lora_step_before_any_compile(
         # 64-wide layers): under the limit, and under the full step's 2.76 MiB.
         assert float(lora.group(1)) <= float(lora.group(2)) == 1.5
         assert float(lora.group(1)) < float(m.group(1)) == 2.76
+
+
+def test_advise_sizes_each_gpus_lora_hint_from_the_lora_step():
+    fixed = {"weights": 30 * GIB, "gradients": 30 * GIB, "optimizer": 60 * GIB}
+
+    def workload_for(t):
+        return _parts_workload(fixed, t)
+
+    def lora_for(t):
+        return _parts_workload({"weights": 15 * GIB}, t)
+
+    rows = rk.advise(workload_for, 1, targets=["h100", "l4"], lora_for=lora_for)
+    hints = [{h["kind"]: h for h in a.note.data["hints"]} for a in rows]
+    # 15 GiB is under both GPUs' usable memory (59.38 and 16.87 GiB): each names its own.
+    assert hints[0]["lora"] == {
+        "kind": "lora",
+        "fixed_bytes": 15 * GIB,
+        "limit_bytes": rk.target("h100").usable_bytes,
+    }
+    assert hints[1]["lora"]["limit_bytes"] == rk.target("l4").usable_bytes
+    assert "lora" not in {
+        h["kind"] for h in rk.advise(workload_for, 1, targets=["h100"])[0].note.data["hints"]
+    }

@@ -12,6 +12,7 @@ from typing import Any
 
 from remat_kit import _workers
 from remat_kit.cli._model import Request, print_notes, resolve
+from remat_kit.cli._next import lora_request
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import advise_table, console, fitted, length_words, progress, write_json
@@ -57,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
     run = resolve(args)
     prices, names = _checked(args, run)
     print_notes(run, args.wide)
+    lora = lora_request(run)
     gpus = len(names) if names is not None else len(_catalogue_gpus())
     planned: list[str] = []
     length = length_words(
@@ -88,6 +90,12 @@ def run(args: argparse.Namespace) -> int:
             hide=args.hide,
             jobs=args.jobs,
             progress=step_done,
+            # The LoRA hint from the LoRA step's own breakdown, as compare's and plan's.
+            lora_for=None
+            if lora is None
+            else functools.partial(
+                _target_workload, lora, args.gpus, args.hosts, args.mem_fraction
+            ),
         )
     scale: dict[str, ScaleOut] = {}
     scale_seconds = None

@@ -98,6 +98,7 @@ def advise(
     hide: float = DEFAULT_HIDE,
     jobs: int = 1,
     progress: Callable[[str], None] | None = None,
+    lora_for: Callable[[Target], Workload] | None = None,
 ) -> tuple[Advice, ...]:
     """For every GPU target: does the step fit, with which plan, overhead and max batch.
 
@@ -112,6 +113,9 @@ def advise(
         1, ``workload_for`` must pickle (a module-level function or a ``functools.partial``
         of one).
       progress: called with a few words as each target is done (for a progress bar).
+      lora_for: builds the Workload of the same step with LoRA adapters trained alone, for
+        one Target: it sizes the LoRA hint where a GPU cannot hold the fixed parts (None: no
+        LoRA hint); it must pickle as ``workload_for`` does.
 
     Returns:
       One Advice per target, in the order given (default: by name). A target whose memory
@@ -142,7 +146,9 @@ def advise(
                 f"pickle (a module-level function or functools.partial of one): {err}"
             ) from None
     traces: dict[Any, tuple[dict, dict]] = {}  # shared by the targets planned in this process
-    one = functools.partial(_advise_one, workload_for, batch, headroom, offload, hide, traces)
+    one = functools.partial(
+        _advise_one, workload_for, batch, headroom, offload, hide, traces, lora_for
+    )
     done: list[str] = []
 
     def on_done(i: int, advice: Advice) -> None:
@@ -160,6 +166,7 @@ def _advise_one(
     offload: bool,
     hide: float,
     traces: dict[Any, tuple[dict, dict]],
+    lora_for: Callable[[Target], Workload] | None,
     t: Target,
 ) -> Advice:
     """The Advice for one target (module-level, so a worker process can run it)."""
@@ -168,7 +175,8 @@ def _advise_one(
     _share_traces(w, batch, traces)
     fixed = w.fixed_bytes(batch)
     try:
-        p = plan(w, batch, None, headroom=headroom, offload=offload, hide=hide)
+        lora = None if lora_for is None else lora_for(t)
+        p = plan(w, batch, None, headroom=headroom, offload=offload, hide=hide, lora=lora)
     except DoesNotFit as err:
         return Advice(
             target=t.name,

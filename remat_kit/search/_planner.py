@@ -57,6 +57,7 @@ def plan(
     extra: Iterable[Any] = (),
     max_compiles: int = MAX_PLAN_COMPILES,
     objective: str = "time",
+    lora: Workload | None = None,
 ) -> Plan:
     """The plan with the lowest estimated overhead whose compiled peak fits ``budget``.
 
@@ -106,6 +107,8 @@ def plan(
         ``time``, the predicted step time each tag's recomputation adds at the target's rates
         (compiled plans: from their kernels, :mod:`remat_kit.timing`); ``flops``, extra
         FLOPs as if at peak. Host transfers beyond ``hide`` count in both.
+      lora: the same step with LoRA adapters trained alone, which sizes the LoRA hint of a
+        budget below what no policy removes (see :func:`check_budget`); None: no LoRA hint.
 
     Returns:
       The Plan. ``fits`` is False when nothing reaches the budget; its ``note`` then holds the
@@ -135,7 +138,7 @@ def plan(
     if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1:
         raise BadValue(f"max_compiles={max_compiles!r} must be a positive int")
     budget = limit_for(workload.target, budget, headroom)
-    check_budget(workload, batch, budget)
+    check_budget(workload, batch, budget, lora=lora)
     extras = [_as_extra(p) for p in extra]
     ctx = _PlanContext(workload, batch, budget, hide, host_budget, objective)
 
