@@ -149,7 +149,7 @@ def next_step(
             tried.append((change, None))
             continue
         if progress is not None:
-            progress(f"compiling full for {_short(change)} ({compiles + 1} of {max_compiles})")
+            progress(f"compiling full for {_short(change)}")
         before = w.compiles
         report = w.verified(FULL, NO_SCHEDULE, change.batch, limit)
         compiles += max(1, w.compiles - before)
