@@ -770,7 +770,7 @@ def _cli(argv, **env):
 
 
 @NO_GPU
-@pytest.mark.parametrize("command", ["report", "validate", "compare"])
+@pytest.mark.parametrize("command", ["report", "compare"])
 def test_target_local_without_a_gpu_is_one_line_exit_2(command):
     # No CUDA plugin traceback, no report with a blank limit: the run stops before jax starts.
     done = _cli([command, "--model", "tiny-llama", "--target", "local", "--batch", "1"])

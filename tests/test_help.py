@@ -48,7 +48,7 @@ def test_help_imports_no_jax(name):
 
 @pytest.mark.parametrize("name", MEASURING)
 def test_help_groups_the_flags(name):
-    _, text, _ = _help(name)
+    text = dict(_parsers())[name].format_help()
     heads = [line[:-1] for line in text.splitlines() if line and line.endswith(":")]
     for title in ("model", "training", "target and mesh", "output"):
         assert title in heads, (title, heads)
