@@ -249,7 +249,11 @@ def _parser(
 def _run_module(module: str, args: argparse.Namespace) -> int:
     # The command's module (and jax, which it imports) is loaded here, to run, not for --help.
     run: Callable[[argparse.Namespace], int] = importlib.import_module(module).run
-    _interrupt.running()  # imports done: Ctrl-C now raises, so the run can clean up
+    if getattr(args, "target", "local") != "local":  # local: validate sets its fraction first
+        from remat_kit.targets._platform import start_backends
+
+        start_backends()  # still at once: jax's plugin discovery logs a Ctrl-C as a traceback
+    _interrupt.running()  # Ctrl-C now raises, so that the run can clean up
     return run(args)
 
 
