@@ -135,6 +135,7 @@ def test_an_unknown_depth_mode_is_refused_before_any_compile():
         sources.measure(src, "full", "h100", CONFIG, depth="deep")
 
 
+@functools.cache  # three tests read the full model's bare compile under `full`
 def _bare(src, policy, target="h100"):
     none = rk.schedules.parse_schedule("none")
     step = src.build_step(rk.policy(policy), none, CONFIG, rk.target("h100")).step
