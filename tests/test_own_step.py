@@ -126,10 +126,11 @@ def test_a_part_whose_role_is_not_given_is_unknown_not_zero():
     r = sources.measure(sources.from_step(params_only), "full", "h100", SMALL, warn=False)
     n = nbytes(_src("linen_step").step(rk.policy("full"), SMALL).args[0])
     assert r.breakdown == {"trainable": n, "gradients": n}
-    what, gib = (list(c.cells) for c in report_table(r, rk.target("h100")).columns)
-    cells = dict(zip(what, gib, strict=True))
+    what, size = (list(c.cells) for c in report_table(r, rk.target("h100")).columns)
+    cells = dict(zip(what, size, strict=True))
     assert cells["  weights"] == cells["  activations and temporaries"] == "unknown"
-    assert cells["  gradients"] == f"{n / 2**30:.2f}"
+    assert 2**10 <= n < 2**20  # a small model's gradients: in KiB, each figure in its unit
+    assert cells["  gradients"] == f"{n / 2**10:.2f} KiB"
 
 
 @pytest.mark.slow
