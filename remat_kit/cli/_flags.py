@@ -215,6 +215,12 @@ def _inspect(p: argparse.ArgumentParser) -> None:
     )
     group(p, "output").add_argument("--top", type=int, default=10, help="buffers shown at the peak")
     add_output_arg(p, "--plot", "write the memory timeline PNG")
+    add_output_arg(
+        p,
+        "--trace",
+        "write FILE.json, a Chrome trace (Perfetto, chrome://tracing): each kernel on the "
+        "predicted timeline beside live bytes by category",
+    )
 
 
 def _validate(p: argparse.ArgumentParser) -> None:

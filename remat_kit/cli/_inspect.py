@@ -2,7 +2,8 @@
 
 Prints the peak, its largest buffers and its bytes by category and layer; with ``--diff P1 P2``
 also what P2 keeps at its peak that P1 does not. ``--json`` writes the report(s), ``--plot`` the
-memory timeline. The preset is looked up here (``models``): the inspector itself
+memory timeline, ``--trace`` a Chrome trace of the predicted kernels beside the live bytes (both
+policies' with ``--diff``). The preset is looked up here (``models``): the inspector itself
 (:mod:`remat_kit.peak`) takes any train step and never imports ``models``.
 """
 
@@ -15,10 +16,11 @@ from remat_kit import sources
 from remat_kit.cli._model import ModelRun, resolve
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.errors import BadValue
-from remat_kit.peak import PeakReport, diff, inspect_step
+from remat_kit.peak import PeakReport, diff, inspect_step, step_trace
 from remat_kit.policies import Policy, as_policy
 from remat_kit.render import (
     buffer_table,
+    check_trace,
     console,
     diff_table,
     fitted,
@@ -27,10 +29,13 @@ from remat_kit.render import (
     plot_timeline,
     run_words,
     split_table,
+    trace_events,
     write_json,
+    write_trace,
 )
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target
+from remat_kit.timing import speed_of
 
 __all__ = [
     "run",
@@ -57,7 +62,15 @@ def run(args: argparse.Namespace) -> int:
     # Every value, output paths included, is checked before the first trace or compile.
     if getattr(args, "shard", None):
         raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
+    trace = getattr(args, "trace", None)
+    if trace is not None:
+        check_trace(trace, flag="--trace")
     run = resolve(args)
+    if trace is not None and speed_of(run.target) is None:
+        raise BadValue(
+            f"--trace needs a step-time model, which target {run.target.name!r} has none of: "
+            "name a catalogue GPU (remat-kit targets)"
+        )
     policies = list(args.diff) if getattr(args, "diff", None) else [args.policy]
     flag = "--diff" if getattr(args, "diff", None) else "--policy"
     for spec in policies:
@@ -69,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
         raise BadValue(f"--top {args.top} must be positive: the number of buffers shown")
     tgt = run.target  # the one report compiles for (its allocator fraction included)
     schedule = parse_schedule(getattr(args, "schedule", "none"))
-    reports = [_inspect(run, tgt, as_policy(p), schedule) for p in policies]
+    reports = [_inspect(run, tgt, as_policy(p), schedule, trace is not None) for p in policies]
     out = console(args.wide)
     for r in reports:
         out.print(fitted(peak_table(r), out.width))
@@ -91,12 +104,18 @@ def run(args: argparse.Namespace) -> int:
             precision=opts_precision(run),
         )
         out.print(f"timeline written to {args.plot}")
+    if trace is not None:
+        doc = trace_events([step_trace(r, tgt) for r in reports], policies)
+        write_trace(trace, doc, flag="--trace")
+        out.print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
     if getattr(args, "json", None):
         write_json(args.json, result if len(reports) > 1 else result["reports"][0], flag="--json")
     return 0
 
 
-def _inspect(run: ModelRun, tgt: Target, pol: Policy, schedule: Schedule) -> PeakReport:
+def _inspect(
+    run: ModelRun, tgt: Target, pol: Policy, schedule: Schedule, series: bool = False
+) -> PeakReport:
     # The unsharded step, as report runs it (dropout), its trace checked as report's is.
     built = run.source.build_step(pol, schedule, run.config, tgt, sharded=False)
     run.source.check_step(built, run.source.spec)
@@ -112,4 +131,4 @@ def _inspect(run: ModelRun, tgt: Target, pol: Policy, schedule: Schedule) -> Pea
         "precision": run.precision_record(),
         "usable_bytes": tgt.usable_bytes,  # the title's fits (remat_kit.render.peak_table)
     }
-    return inspect_step(built.step, tgt, meta=meta)
+    return inspect_step(built.step, tgt, meta=meta, series=series)

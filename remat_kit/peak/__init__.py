@@ -17,6 +17,8 @@ One concern per module, the data flowing one way:
 - ``_phases``: forward / backward / optimizer spans of the schedule;
 - ``_attribute``: live values, the timeline, and what each buffer at the peak is;
 - ``_compare``: the difference of two reports;
+- ``_series``: live bytes at every position, by category;
+- ``_trace``: those bytes beside the predicted kernel timeline (``inspect --trace``);
 - ``_api``: ``inspect`` and ``inspect_step``.
 
 Tables and the timeline plot live in ``remat_kit.render`` (``peak_table``,
@@ -34,6 +36,8 @@ from remat_kit.errors import InspectError
 from remat_kit.peak._api import inspect, inspect_step
 from remat_kit.peak._compare import diff
 from remat_kit.peak._profile import Section, live_sections
+from remat_kit.peak._series import HOST, LiveSeries
+from remat_kit.peak._trace import StepTrace, step_trace
 from remat_kit.peak._types import (
     CATEGORIES,
     FRAGMENTATION,
@@ -55,6 +59,7 @@ __all__ = [
     "CATEGORIES",
     "FRAGMENTATION",
     "GRADIENT",
+    "HOST",
     "INPUT",
     "OPTIMIZER_STATE",
     "PARAMETER",
@@ -63,13 +68,16 @@ __all__ = [
     "TEMPORARY",
     "TRAIN_STEP_CATEGORIES",
     "InspectError",
+    "LiveSeries",
     "PeakBuffer",
     "PeakDiff",
     "PeakReport",
     "Phase",
     "Section",
+    "StepTrace",
     "diff",
     "inspect",
     "inspect_step",
     "live_sections",
+    "step_trace",
 ]

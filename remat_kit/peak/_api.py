@@ -46,6 +46,7 @@ def inspect(
     categories: Mapping[int, str] | None = None,
     meta: Mapping[str, Any] | None = None,
     keep_dump: str | os.PathLike[str] | None = None,
+    series: bool = False,
 ) -> PeakReport:
     """Compiles ``fn(*args)`` for ``target`` and reports what is live at its peak.
 
@@ -62,6 +63,8 @@ def inspect(
       meta: labels kept in the report (model, policy, ...).
       keep_dump: a directory to dump into and keep (for debugging); default a
         temporary directory, removed before returning.
+      series: also keep every category's live bytes at each position and the program's
+        HLO (``PeakReport.series``: the data of a trace, :func:`remat_kit.peak.step_trace`).
 
     Returns:
       The PeakReport.
@@ -98,7 +101,7 @@ def inspect(
     start = time.perf_counter()
     tags = tag_index(jax.make_jaxpr(fn)(*abstract_args))
     arg_leaves = argument_leaves(leaves_per_arg, kept, cats, [key_paths(a) for a in abstract_args])
-    report = analyse(texts, dump, stats, arg_leaves, tags, t.name)
+    report = analyse(texts, dump, stats, arg_leaves, tags, t.name, series=series)
     return report.replace(
         compile_seconds=compile_seconds,
         parse_seconds=time.perf_counter() - start,
@@ -111,6 +114,7 @@ def inspect_step(
     target: Target | str = "h100-80gb",
     *,
     meta: Mapping[str, Any] | None = None,
+    series: bool = False,
 ) -> PeakReport:
     """``inspect`` for a ``rk.build_train_step`` step (its donation and categories).
 
@@ -118,6 +122,7 @@ def inspect_step(
       step: a ``rk.TrainStep``.
       target: a Target or target name.
       meta: labels kept in the report.
+      series: as for :func:`inspect`.
 
     Returns:
       The PeakReport.
@@ -142,6 +147,7 @@ def inspect_step(
         donate_argnums=step.donate_argnums,
         categories=TRAIN_STEP_CATEGORIES if categories is None else categories,
         meta=meta,
+        series=series,
     )
 
 

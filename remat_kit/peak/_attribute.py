@@ -42,6 +42,7 @@ from remat_kit.peak._parsers import (
     parse_live_range,
 )
 from remat_kit.peak._phases import phase_at, phases_of
+from remat_kit.peak._series import LiveSeries, live_series
 from remat_kit.peak._tags import (
     Tag,
 )
@@ -167,6 +168,8 @@ def analyse(
     arg_leaves: Sequence[ArgLeaf],
     tags: Mapping[tuple[str, ...], list[Tag]],
     target_name: str,
+    *,
+    series: bool = False,
 ) -> PeakReport:
     """Reads a dump and attributes every byte of the peak.
 
@@ -177,6 +180,8 @@ def analyse(
       arg_leaves: the argument leaves that reach the program (``argument_leaves``).
       tags: the jaxpr's checkpoint tags (``tag_index``).
       target_name: the target's name, kept in the report.
+      series: also count every category's live bytes at each position (the report's
+        ``series``, what ``inspect --trace`` draws).
 
     Returns:
       The PeakReport (``compile_seconds``, ``parse_seconds`` and ``meta`` left empty
@@ -296,6 +301,7 @@ def analyse(
 
     at = live.sequence[pos]
     instr = hlo.instructions.get(at)
+    kept_series = _series(values, allocs, live, lv, ctx, texts[dump.hlo]) if series else None
     parts = os.path.basename(dump.hlo).split(".")
     return PeakReport(
         target=target_name,
@@ -323,4 +329,35 @@ def analyse(
         compile_seconds=0.0,
         parse_seconds=0.0,
         host_temp_bytes=host_blocks,
+        series=kept_series,
     )
+
+
+def _series(
+    values: Sequence[Value],
+    allocs: Mapping[int, Allocation],
+    live: LiveRanges,
+    lv: _Live,
+    ctx: _Context,
+    hlo_lines: Sequence[str],
+) -> LiveSeries:
+    # Every buffer in its category by the rules the peak's buffers follow; the host-memory
+    # ones (left out of ``lv``) as well, counted apart.
+    category_of = {
+        v.name: _describe(v, v.size, (int(s), int(e)), ctx).category
+        for v, s, e in zip(lv.values, lv.start, lv.end, strict=True)
+    }
+    n = len(live.sequence)
+    for v in values:
+        a = allocs[v.allocation]
+        if a.color == DEVICE or a.parameter is not None or v.size == 0:
+            continue
+        if v.name in live.ranges and a.kinds.isdisjoint({"thread-local", "constant"}):
+            s, e = live.ranges[v.name]
+            category_of[v.name] = _describe(v, v.size, (max(s, 0), min(e, n - 1)), ctx).category
+    arguments: dict[str, int] = {}
+    for a in allocs.values():
+        if a.parameter is not None and a.color == DEVICE:
+            cat = _parameter_buffer(a, ctx).category
+            arguments[cat] = arguments.get(cat, 0) + a.size
+    return live_series(values, allocs, live, category_of, arguments, "\n".join(hlo_lines))

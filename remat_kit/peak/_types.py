@@ -15,6 +15,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from remat_kit.peak._series import LiveSeries
+
 __all__ = [
     "ARGUMENT_CATEGORIES",
     "CATEGORIES",
@@ -157,6 +159,8 @@ class PeakReport:
       meta: labels set by the caller (model, policy, batch, ...).
       host_temp_bytes: bytes an offload policy's residuals take in host memory (XLA's
         host temp block); not device memory, so not in ``peak_bytes`` or any category.
+      series: live bytes at every position by category, and the program's HLO, when
+        ``inspect(..., series=True)`` asked for them (a trace's data; not in ``to_dict``).
     """
 
     target: str
@@ -185,6 +189,7 @@ class PeakReport:
     parse_seconds: float
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     host_temp_bytes: int = 0
+    series: LiveSeries | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def top(self, n: int = 10) -> tuple[PeakBuffer, ...]:
         """The ``n`` largest buffers live at the peak."""
@@ -204,7 +209,8 @@ class PeakReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
-        out = dataclasses.asdict(self)
+        out = dataclasses.asdict(dataclasses.replace(self, series=None))
+        del out["series"]
         out["buffers"] = [
             {**dataclasses.asdict(b), "shape": list(b.shape), "live": list(b.live)}
             for b in self.buffers

@@ -12,7 +12,15 @@ from remat_kit.render._captions import (
     limit_words,
     xla_limits_words,
 )
-from remat_kit.render._files import check_output, save_figure, write_csv, write_json, write_text
+from remat_kit.render._files import (
+    check_output,
+    check_trace,
+    save_figure,
+    write_csv,
+    write_json,
+    write_text,
+    write_trace,
+)
 from remat_kit.render._format import GIB, console, fmt, gib, pct, short, text_table
 from remat_kit.render._front import front_figure, plot_front
 from remat_kit.render._layout import DROP_FIRST, fitted
@@ -32,6 +40,7 @@ from remat_kit.render._tables import (
 from remat_kit.render._throughput import fastest_words, throughput_table
 from remat_kit.render._timeline import plot_timeline, timeline_figure
 from remat_kit.render._titles import RunOptions, opts_precision, precision_words, run_words
+from remat_kit.render._trace import trace_events
 from remat_kit.render._validation import validation_table
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "advise_table",
     "buffer_table",
     "check_output",
+    "check_trace",
     "compare_table",
     "console",
     "decision_table",
@@ -79,9 +89,11 @@ __all__ = [
     "text_table",
     "throughput_table",
     "timeline_figure",
+    "trace_events",
     "validation_table",
     "write_csv",
     "write_json",
     "write_text",
+    "write_trace",
     "xla_limits_words",
 ]

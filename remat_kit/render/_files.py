@@ -24,10 +24,12 @@ from remat_kit.errors import BadValue
 
 __all__ = [
     "check_output",
+    "check_trace",
     "save_figure",
     "write_csv",
     "write_json",
     "write_text",
+    "write_trace",
 ]
 
 
@@ -235,3 +237,37 @@ def save_figure(
         )
     finally:
         plt.close(fig)
+
+
+def check_trace(path: str | os.PathLike[str], *, flag: str = "output") -> Path:
+    """:func:`check_output` for a Chrome trace: also a name ending in ``.json``.
+
+    Perfetto and chrome://tracing tell a JSON trace from a protobuf one by its name, so a
+    trace without the suffix would open as neither.
+
+    Example:
+      >>> check_trace("/tmp/step.trace", flag="--trace")
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: --trace '/tmp/step.trace' must end in .json (a JSON trace)
+    """
+    if Path(path).suffix.lower() != ".json":
+        raise BadValue(f"{flag} {str(path)!r} must end in .json (a JSON trace)")
+    return check_output(path, flag=flag)
+
+
+def write_trace(
+    path: str | os.PathLike[str], trace: Mapping[str, Any], *, flag: str = "output"
+) -> Path:
+    """Writes a Chrome trace (``render.trace_events``) as compact JSON, atomically.
+
+    Compact: a step's trace holds one event per kernel launch and counter change, tens of
+    thousands for a large model; indentation would double the file.
+
+    Example:
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     write_trace(Path(d) / "t.json", {"traceEvents": []}).read_text()
+      '{"traceEvents":[]}'
+    """
+    check_trace(path, flag=flag)
+    text = json.dumps(trace, separators=(",", ":"), default=_json_default)
+    return write_text(path, text, flag=flag)

@@ -15,6 +15,7 @@ Example:
 """
 
 from remat_kit.timing._model import StepTime, fresh_bytes_of, measure_cpu_speed, step_time
+from remat_kit.timing._program import Launch, ProgramTimeline, program_timeline
 from remat_kit.timing._speed import Speed, speed_of
 from remat_kit.timing._traced import BYTES_PER_ELEMENTWISE_FLOP, traced_seconds
 from remat_kit.timing._xla_schedule import (
@@ -29,6 +30,8 @@ __all__ = [
     "BYTES_PER_ELEMENTWISE_FLOP",
     "KINDS",
     "Kernel",
+    "Launch",
+    "ProgramTimeline",
     "Speed",
     "StepTime",
     "XlaEstimate",
@@ -36,6 +39,7 @@ __all__ = [
     "fresh_bytes_of",
     "kernels_of",
     "measure_cpu_speed",
+    "program_timeline",
     "read_schedule",
     "speed_of",
     "step_time",

@@ -1,0 +1,242 @@
+"""``inspect --trace``: the predicted kernel timeline beside live bytes, as a Chrome trace.
+
+The format's fields (trace event format, JSON object form): ``traceEvents``; ``ph`` "X"
+complete events with ``ts``/``dur`` in microseconds, "C" counters, "M" metadata naming
+processes and threads. The figures are checked against independent ones: the length
+against ``step_time`` of the merged kernels of the same program, the counters against the
+report's timeline and its categories at the peak.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import remat_kit as rk
+from remat_kit.cli import main
+from remat_kit.peak import StepTrace, step_trace
+from remat_kit.peak._parsers import Allocation, LiveRanges, Value
+from remat_kit.peak._series import live_series
+from remat_kit.render import trace_events, write_trace
+from remat_kit.render._trace import TOTAL as TOTAL_TRACE_COUNTER
+from remat_kit.timing import Kernel, Launch, kernels_of, program_timeline, speed_of, step_time
+
+TINY = ["inspect", "--model", "tiny-llama", "--batch", "2", "--seq", "64"]
+
+
+def _grad_of_layers(scan: bool):
+    def f(w, x):
+        def body(c, wi):
+            return jnp.tanh(c @ wi), None
+
+        if scan:
+            y, _ = jax.lax.scan(jax.checkpoint(body), x, w)
+        else:
+            y = x
+            for i in range(w.shape[0]):
+                y, _ = jax.checkpoint(body)(y, w[i])
+        return y.sum()
+
+    return jax.grad(f)
+
+
+_W = jax.ShapeDtypeStruct((4, 256, 256), jnp.bfloat16)
+_X = jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+
+
+@pytest.fixture(scope="module", params=[True, False], ids=["scanned", "unrolled"])
+def layers(request):
+    target = rk.target("h100")
+    r = rk.inspect(
+        _grad_of_layers(request.param),
+        _W,
+        _X,
+        target=target,
+        series=True,
+        categories={0: "parameter"},
+    )
+    return r, target
+
+
+@pytest.mark.slow
+def test_timeline_is_the_step_time_of_the_same_kernels(layers):
+    r, target = layers
+    speed = speed_of(target)
+    merged = kernels_of(r.series.hlo_text)
+    tl = program_timeline(r.series.hlo_text, r.series.sequence, speed)
+    assert tl.seconds == pytest.approx(step_time(merged, speed).seconds, rel=1e-12)
+    # Every launch once: a loop's body once per trip, as kernels_of counts them.
+    assert len(tl.launches) == sum(k.count for k in merged)
+    got: dict[str, int] = {}
+    for launch in tl.launches:
+        got[launch.kernel.kind] = got.get(launch.kernel.kind, 0) + 1
+    want: dict[str, int] = {}
+    for k in merged:
+        want[k.kind] = want.get(k.kind, 0) + k.count
+    assert got == want
+    starts = [launch.start for launch in tl.launches]
+    assert starts == sorted(starts) and tl.launches[-1].start < tl.seconds
+
+
+@pytest.mark.slow
+def test_categories_add_up_to_the_timeline_and_are_the_peak_s(layers):
+    r, _ = layers
+    cats = r.series.by_category
+    total = np.sum([np.array(v) for v in cats.values()], axis=0)
+    assert total.tolist() == list(r.timeline)
+    at_peak = {c: v[r.peak_position] for c, v in cats.items() if v[r.peak_position]}
+    want = {c: b for c, b in r.by_category.items() if b and c != "fragmentation"}
+    assert at_peak == want
+
+
+@pytest.mark.slow
+def test_step_trace_counts_the_report_s_live_bytes(layers):
+    r, target = layers
+    t = step_trace(r, target)
+    assert max(t.total) == r.live_peak_bytes == r.peak_bytes - r.fragmentation_bytes
+    assert sorted(set(t.positions)) == list(range(r.schedule_length))
+    assert list(t.times) == sorted(t.times) and t.times[-1] <= t.seconds
+    # A scanned layer's positions run once per trip.
+    assert len(t.positions) > r.schedule_length or not any("while" in s for s in r.series.sequence)
+
+
+def test_live_series_gives_shared_addresses_to_the_newer_buffer():
+    allocs = {0: Allocation(0, 16, None, frozenset()), 1: Allocation(1, 4, None, frozenset(), 5)}
+    vals = [
+        Value("a{}", "a", 0, 8, 0, "f32[2]"),
+        Value("b{}", "b", 0, 8, 4, "f32[2]"),  # shares [4, 8) with a from position 1
+        Value("h{}", "h", 1, 4, 0, "f32[1]"),  # in host memory (color 5)
+    ]
+    live = LiveRanges(("a", "b", "c"), {"a{}": (0, 1), "b{}": (1, 2), "h{}": (2, 2)}, None)
+    cats = {"a{}": "saved activation", "b{}": "gradient", "h{}": "saved activation"}
+    s = live_series(vals, allocs, live, cats, {"parameter": 3}, "")
+    assert s.by_category == {
+        "parameter": (3, 3, 3),
+        "saved activation": (8, 4, 0),
+        "gradient": (0, 8, 8),
+    }
+    assert s.host == (0, 0, 4)
+
+
+def _synthetic() -> StepTrace:
+    gemm = Kernel("gemm", 1, 2e9, 1000, name="dot.1")
+    redo = Kernel("memory", 1, 0.0, 500, name="fusion.2", recompute=True)
+    gather = Kernel(
+        "collective", 1, 0.0, 800, name="ag.3", asynchronous=True, group=8, op="all-gather"
+    )
+    return StepTrace(
+        seconds=4e-6,
+        launches=(
+            Launch(gemm, 0.0, 2e-6, 0),
+            Launch(gather, 2e-6, 3e-6, 1, beside=True),
+            Launch(redo, 2.5e-6, 0.5e-6, 1),
+        ),
+        exposed_seconds=1e-6,
+        times=(0.0, 2e-6, 2.5e-6),
+        positions=(0, 1, 2),
+        total=(10, 30, 30),
+        by_category={"parameter": (10, 10, 10), "saved activation": (0, 20, 20)},
+        host=(0, 0, 0),
+        peak_bytes=40,
+        live_peak_bytes=30,
+    )
+
+
+def test_trace_events_follow_the_format():
+    doc = trace_events([_synthetic(), _synthetic()], ["full", "none"])
+    events = doc["traceEvents"]
+    assert {e["ph"] for e in events} == {"M", "X", "C"}
+    for e in events:
+        assert isinstance(e["name"], str) and isinstance(e["pid"], int)
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and e["ts"] >= 0 and isinstance(e["tid"], int)
+        if e["ph"] == "C":
+            assert all(isinstance(v, int) for v in e["args"].values())
+    names = {(e["pid"], e["args"]["name"]) for e in events if e["name"] == "process_name"}
+    assert names == {(1, "full"), (2, "none")}
+    x = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    assert [e["ts"] for e in x] == pytest.approx([0.0, 2.0, 2.5, 3.0])  # microseconds
+    assert max(e["ts"] + e["dur"] for e in x) == pytest.approx(4.0)
+    redo = next(e for e in x if e["name"].startswith("fusion.2"))
+    assert "recompute" in redo["cat"] and redo["args"]["recompute"] is True
+    beside = next(e for e in x if e["name"] == "ag.3")
+    assert beside["tid"] != redo["tid"]
+    assert beside["dur"] == pytest.approx(2.0) and beside["args"]["priced_us"] == pytest.approx(3.0)
+    total = [e for e in events if e["name"] == TOTAL_TRACE_COUNTER and e["pid"] == 1]
+    # One sample where the bytes change, and the last again at the step's end.
+    assert [(e["ts"], e["args"]["bytes"]) for e in total] == [(0.0, 10), (2.0, 30), (4.0, 30)]
+
+
+def test_write_trace_writes_compact_json(tmp_path):
+    doc = trace_events([_synthetic()], ["full"])
+    path = write_trace(tmp_path / "t.json", doc, flag="--trace")
+    assert json.loads(path.read_text()) == json.loads(json.dumps(doc))
+    assert "\n" not in path.read_text()
+
+
+@pytest.fixture(scope="module")
+def tiny_diff(tmp_path_factory):
+    d = tmp_path_factory.mktemp("trace")
+    code = main(
+        [*TINY, "--diff", "full", "none", "--trace", str(d / "t.json"), "--json", str(d / "r.json")]
+    )
+    assert code == 0
+    return json.loads((d / "t.json").read_text()), json.loads((d / "r.json").read_text())
+
+
+@pytest.mark.slow
+def test_cli_trace_peak_and_length_are_the_report_s(tiny_diff):
+    doc, report = tiny_diff
+    events = doc["traceEvents"]
+    for pid, (r, step) in enumerate(
+        zip(report["reports"], doc["otherData"]["steps"], strict=True), 1
+    ):
+        total = [
+            e["args"]["bytes"]
+            for e in events
+            if e["pid"] == pid and e["name"] == TOTAL_TRACE_COUNTER
+        ]
+        assert max(total) == r["live_peak_bytes"] == r["peak_bytes"] - r["fragmentation_bytes"]
+        assert step["peak_bytes"] == r["peak_bytes"]
+        mine = [e for e in events if e["pid"] == pid and e["ph"] in "XC"]
+        extent = max(e["ts"] + e.get("dur", 0) for e in mine) - min(e["ts"] for e in mine)
+        assert extent == pytest.approx(step["predicted_step_seconds"] * 1e6, rel=1e-9)
+        stream = [e for e in mine if e["ph"] == "X" and e["tid"] == 1]
+        assert sum(e["dur"] for e in stream) == pytest.approx(extent, rel=1e-9)
+    # full recomputes and none does not: the trace marks it.
+    recomputed = [{e["pid"] for e in events if e["ph"] == "X" and "recompute" in e["cat"]}]
+    assert recomputed == [{1}]
+
+
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("{d}", "--trace '{d}' must end in .json"),
+        ("{d}/t.trace", "--trace '{d}/t.trace' must end in .json"),
+        ("{d}/dir.json", "--trace '{d}/dir.json' is a directory, not a regular file"),
+        (
+            "{d}/missing/t.json",
+            "--trace '{d}/missing/t.json': directory '{d}/missing' does not exist",
+        ),
+        ("{d}/file/t.json", "--trace '{d}/file/t.json': Not a directory"),
+        ("/proc/t.json", "--trace '/proc/t.json': cannot create a file in '/proc'"),
+    ],
+)
+def test_bad_trace_paths_are_one_line_before_any_compile(
+    path, message, tmp_path, capsys, no_compile
+):
+    (tmp_path / "dir.json").mkdir()
+    (tmp_path / "file").write_text("")
+    code = main([*TINY, "--trace", path.format(d=tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert err.startswith(f"remat-kit: {message.format(d=tmp_path)}") and err.count("\n") == 1, err
+    assert "Traceback" not in out + err
+
+
+def test_trace_for_a_target_without_a_step_time_model_is_refused(tmp_path, capsys, no_compile):
+    code = main([*TINY, "--target", "cpu", "--trace", str(tmp_path / "t.json")])
+    assert code == 2
+    assert "remat-kit: --trace needs a step-time model" in capsys.readouterr().err
