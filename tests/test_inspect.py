@@ -589,3 +589,89 @@ def test_a_hugging_face_stack_names_its_layers_by_index():
     assert {"h_0", "h_1", "h_2", "h_3"} <= layers
     assert "scanned layers" not in r.by_layer
     assert set(r.by_layer) <= {"h_0", "h_1", "h_2", "h_3", "non-layer", "fragmentation"}
+
+
+# --- inspect --xprof (issue 46): XProf's own converter reads what we wrote ---------------------
+
+_TINY_CLI = ["inspect", "--model", "tiny-llama", "--batch", "2", "--seq", "64"]
+
+
+def _memory_viewer(directory, module):
+    from pathlib import Path
+
+    raw = pytest.importorskip("xprof.convert.raw_to_tool_data")
+    planes = [str(p) for p in Path(directory).glob("plugins/profile/*/*.xplane.pb")]
+    assert len(planes) == 1, planes
+    assert "memory_viewer" in raw.xspace_to_tool_names(planes)
+    data, _ = raw.xspace_to_tool_data(planes, "memory_viewer", {"module_name": module})
+    assert data, f"xprof read no module {module}"
+    return json.loads(data)
+
+
+@pytest.mark.slow
+def test_xprof_memory_viewer_reads_the_program_and_its_peak(tmp_path):
+    from remat_kit.cli import main
+
+    where, report = tmp_path / "prof", tmp_path / "r.json"
+    args = [*_TINY_CLI, "--diff", "full", "none", "--xprof", str(where), "--json", str(report)]
+    assert main(args) == 0
+    reports = json.loads(report.read_text())["reports"]
+    for i, r in enumerate(reports, 1):
+        view = _memory_viewer(where, f"{r['module']}({i})")
+        assert view["moduleName"] == r["module"]
+        peak = view["peakHeapMib"] * 2**20
+        # The Memory Viewer's peak is XLA's heap simulation of the program: XLA's own
+        # peak_memory_in_bytes, which the report keeps as xla_peak_bytes. Our live-range
+        # peak counts the same buffers by their live ranges: a few hundred bytes apart
+        # (constants, scratch, where a value dies), either way.
+        assert r["xla_peak_bytes"] is not None and peak == r["xla_peak_bytes"]
+        assert abs(peak - r["live_peak_bytes"]) <= 1024
+        # Its allocations are the report's peak (argument + output + temp - alias) plus
+        # constants: a few bytes.
+        total = view["totalBufferAllocationMib"] * 2**20
+        assert 0 <= total - r["peak_bytes"] <= 1024
+    assert reports[0]["peak_bytes"] != reports[1]["peak_bytes"]  # two programs, both read
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        ("file", "--xprof '{p}' is not a directory: give a new or empty directory"),
+        ("full", "--xprof '{p}' is not empty: give a new or empty directory"),
+        ("orphan", "--xprof '{p}': directory '{d}/missing' does not exist"),
+    ],
+)
+def test_bad_xprof_dirs_are_one_line_before_any_compile(
+    make, message, tmp_path, capsys, no_compile
+):
+    from remat_kit.cli import main
+
+    p = tmp_path / "prof"
+    if make == "file":
+        p.write_text("")
+    elif make == "full":
+        p.mkdir()
+        (p / "other_run").mkdir()
+    else:
+        p = tmp_path / "missing" / "prof"
+    assert main([*_TINY_CLI, "--xprof", str(p)]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith(f"remat-kit: {message.format(p=p, d=tmp_path)}") and err.count("\n") == 1
+    assert "Traceback" not in out + err
+
+
+def test_an_unwritable_place_for_xprof_is_refused(capsys, no_compile):
+    from remat_kit.cli import main
+
+    assert main([*_TINY_CLI, "--xprof", "/proc/remat_kit_prof"]) == 2
+    assert "cannot create a directory in '/proc'" in capsys.readouterr().err
+
+
+def test_write_profile_replaces_only_an_empty_directory(tmp_path):
+    p = tmp_path / "prof"
+    p.mkdir()
+    remat_kit.render.write_profile(p, {"plugins/profile/r/h.xplane.pb": b"x"}, flag="--xprof")
+    assert (p / "plugins/profile/r/h.xplane.pb").read_bytes() == b"x"
+    with pytest.raises(rk.BadValue, match="is not empty"):
+        remat_kit.render.write_profile(p, {"a": b"y"}, flag="--xprof")
+    assert sorted(os.listdir(tmp_path)) == ["prof"]  # nothing half-written beside it

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from remat_kit.cli._args import (
     FRONT_POLICIES,
@@ -220,6 +221,14 @@ def _inspect(p: argparse.ArgumentParser) -> None:
         "--trace",
         "write FILE.json, a Chrome trace (Perfetto, chrome://tracing): each kernel on the "
         "predicted timeline beside live bytes by category",
+    )
+    group(p, "output").add_argument(
+        "--xprof",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="write a new profile directory that `xprof --logdir DIR` opens in its Memory "
+        "Viewer on the compiled program (no GPU needed)",
     )
 
 

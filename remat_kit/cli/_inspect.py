@@ -3,8 +3,9 @@
 Prints the peak, its largest buffers and its bytes by category and layer; with ``--diff P1 P2``
 also what P2 keeps at its peak that P1 does not. ``--json`` writes the report(s), ``--plot`` the
 memory timeline, ``--trace`` a Chrome trace of the predicted kernels beside the live bytes (both
-policies' with ``--diff``). The preset is looked up here (``models``): the inspector itself
-(:mod:`remat_kit.peak`) takes any train step and never imports ``models``.
+policies' with ``--diff``), ``--xprof`` a profile directory XProf's Memory Viewer opens. The
+preset is looked up here (``models``): the inspector itself (:mod:`remat_kit.peak`) takes any
+train step and never imports ``models``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from remat_kit.peak import PeakReport, diff, inspect_step, step_trace
 from remat_kit.policies import Policy, as_policy
 from remat_kit.render import (
     buffer_table,
+    check_profile_dir,
     check_trace,
     console,
     diff_table,
@@ -31,7 +33,9 @@ from remat_kit.render import (
     split_table,
     trace_events,
     write_json,
+    write_profile,
     write_trace,
+    xspace,
 )
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target
@@ -40,6 +44,10 @@ from remat_kit.timing import speed_of
 __all__ = [
     "run",
 ]
+
+#: The host XProf names, and where its one run's XSpace goes under ``--xprof DIR``.
+_HOST = "remat-kit"
+_XPLANE = f"plugins/profile/{_HOST}/{_HOST}.xplane.pb"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -65,6 +73,9 @@ def run(args: argparse.Namespace) -> int:
     trace = getattr(args, "trace", None)
     if trace is not None:
         check_trace(trace, flag="--trace")
+    xprof = getattr(args, "xprof", None)
+    if xprof is not None:
+        check_profile_dir(xprof, flag="--xprof")
     run = resolve(args)
     if trace is not None and speed_of(run.target) is None:
         raise BadValue(
@@ -82,7 +93,10 @@ def run(args: argparse.Namespace) -> int:
         raise BadValue(f"--top {args.top} must be positive: the number of buffers shown")
     tgt = run.target  # the one report compiles for (its allocator fraction included)
     schedule = parse_schedule(getattr(args, "schedule", "none"))
-    reports = [_inspect(run, tgt, as_policy(p), schedule, trace is not None) for p in policies]
+    reports = [
+        _inspect(run, tgt, as_policy(p), schedule, trace is not None, xprof is not None)
+        for p in policies
+    ]
     out = console(args.wide)
     for r in reports:
         out.print(fitted(peak_table(r), out.width))
@@ -108,13 +122,22 @@ def run(args: argparse.Namespace) -> int:
         doc = trace_events([step_trace(r, tgt) for r in reports], policies)
         write_trace(trace, doc, flag="--trace")
         out.print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
+    if xprof is not None:
+        programs = [(r.module or "module", r.hlo_proto or b"") for r in reports]
+        write_profile(xprof, {_XPLANE: xspace(programs, host=_HOST)}, flag="--xprof")
+        out.print(f"profile written to {xprof}: `xprof --logdir {xprof}`, then Memory Viewer")
     if getattr(args, "json", None):
         write_json(args.json, result if len(reports) > 1 else result["reports"][0], flag="--json")
     return 0
 
 
 def _inspect(
-    run: ModelRun, tgt: Target, pol: Policy, schedule: Schedule, series: bool = False
+    run: ModelRun,
+    tgt: Target,
+    pol: Policy,
+    schedule: Schedule,
+    series: bool = False,
+    hlo_proto: bool = False,
 ) -> PeakReport:
     # The unsharded step, as report runs it (dropout), its trace checked as report's is.
     built = run.source.build_step(pol, schedule, run.config, tgt, sharded=False)
@@ -131,4 +154,4 @@ def _inspect(
         "precision": run.precision_record(),
         "usable_bytes": tgt.usable_bytes,  # the title's fits (remat_kit.render.peak_table)
     }
-    return inspect_step(built.step, tgt, meta=meta, series=series)
+    return inspect_step(built.step, tgt, meta=meta, series=series, hlo_proto=hlo_proto)

@@ -10,7 +10,9 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +24,7 @@ from remat_kit.analysis import abstract
 from remat_kit.errors import BadValue
 from remat_kit.peak._attribute import analyse
 from remat_kit.peak._classify import argument_leaves, key_paths
-from remat_kit.peak._dump import compile_with_dump, kept_leaves
+from remat_kit.peak._dump import compile_with_dump, kept_leaves, read_hlo_proto
 from remat_kit.peak._tags import tag_index
 from remat_kit.peak._types import (
     ARGUMENT_CATEGORIES,
@@ -47,6 +49,7 @@ def inspect(
     meta: Mapping[str, Any] | None = None,
     keep_dump: str | os.PathLike[str] | None = None,
     series: bool = False,
+    hlo_proto: bool = False,
 ) -> PeakReport:
     """Compiles ``fn(*args)`` for ``target`` and reports what is live at its peak.
 
@@ -65,6 +68,8 @@ def inspect(
         temporary directory, removed before returning.
       series: also keep every category's live bytes at each position and the program's
         HLO (``PeakReport.series``: the data of a trace, :func:`remat_kit.peak.step_trace`).
+      hlo_proto: also keep XLA's ``HloProto`` of the program, its buffer assignment in it
+        (``PeakReport.hlo_proto``: what XProf's Memory Viewer reads).
 
     Returns:
       The PeakReport.
@@ -94,7 +99,15 @@ def inspect(
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         lowered = jitted.lower(*abstract_args)
         kept = kept_leaves(lowered, sum(len(x) for x in leaves_per_arg))
-        compiled, dump, texts = compile_with_dump(lowered, keep_dump, analysis_options(t))
+        with contextlib.ExitStack() as stack:
+            # The proto is read from the dump: a temporary one lives until it is read.
+            where = keep_dump
+            if hlo_proto and where is None:
+                where = stack.enter_context(tempfile.TemporaryDirectory(prefix="remat_kit_"))
+            compiled, dump, texts = compile_with_dump(
+                lowered, where, analysis_options(t), protos=hlo_proto
+            )
+            proto = read_hlo_proto(dump) if hlo_proto else None
     compile_seconds = time.perf_counter() - start
     stats = compiled.memory_analysis()
 
@@ -106,6 +119,7 @@ def inspect(
         compile_seconds=compile_seconds,
         parse_seconds=time.perf_counter() - start,
         meta=dict(meta or {}),
+        hlo_proto=proto,
     )
 
 
@@ -115,6 +129,7 @@ def inspect_step(
     *,
     meta: Mapping[str, Any] | None = None,
     series: bool = False,
+    hlo_proto: bool = False,
 ) -> PeakReport:
     """``inspect`` for a ``rk.build_train_step`` step (its donation and categories).
 
@@ -122,7 +137,7 @@ def inspect_step(
       step: a ``rk.TrainStep``.
       target: a Target or target name.
       meta: labels kept in the report.
-      series: as for :func:`inspect`.
+      series, hlo_proto: as for :func:`inspect`.
 
     Returns:
       The PeakReport.
@@ -148,6 +163,7 @@ def inspect_step(
         categories=TRAIN_STEP_CATEGORIES if categories is None else categories,
         meta=meta,
         series=series,
+        hlo_proto=hlo_proto,
     )
 
 

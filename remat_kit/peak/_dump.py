@@ -34,6 +34,7 @@ __all__ = [
     "DumpFiles",
     "compile_with_dump",
     "kept_leaves",
+    "read_hlo_proto",
 ]
 
 
@@ -41,6 +42,8 @@ def compile_with_dump(
     lowered: Any,
     keep_dump: str | os.PathLike[str] | None = None,
     options: Mapping[str, Any] | None = None,
+    *,
+    protos: bool = False,
 ) -> tuple[Any, DumpFiles, dict[str, list[str]]]:
     """Compiles ``lowered`` with XLA's dump switched on and reads the dump's text.
 
@@ -48,6 +51,8 @@ def compile_with_dump(
       lowered: what ``jax.jit(fn).lower(*args)`` returned.
       keep_dump: a directory to dump into and keep; default a temporary directory,
         removed before returning.
+      protos: also dump each module as an ``xla.HloProto`` (the optimized one with its
+        buffer assignment: :func:`read_hlo_proto`); keep the directory to read it.
 
     Returns:
       The compiled program, the dump's files, and each file's lines by path.
@@ -69,21 +74,42 @@ def compile_with_dump(
         # XLA's own log lines (its remat pass, its scheduler) are the memory report's to
         # word; here they would reach the terminal raw.
         with captured_stderr():
-            compiled = compile_with(lowered, options, _dump_options(str(keep_dump)))
+            compiled = compile_with(lowered, options, _dump_options(str(keep_dump), protos))
         dump = DumpFiles.find(str(keep_dump), _module_name(compiled))
         return compiled, dump, dump.read()
     with tempfile.TemporaryDirectory(prefix="remat_kit_inspect_") as tmp:
         with captured_stderr():
-            compiled = compile_with(lowered, options, _dump_options(tmp))
+            compiled = compile_with(lowered, options, _dump_options(tmp, protos))
         dump = DumpFiles.find(tmp, _module_name(compiled))
         # Read before the directory goes: the files do not outlive the ``with``.
         return compiled, dump, dump.read()
 
 
-def _dump_options(directory: str) -> dict[str, Any]:
+def _dump_options(directory: str, protos: bool = False) -> dict[str, Any]:
     # Only the dump location is needed: text HLO (with metadata), the buffer assignment
     # and the live ranges are dumped by default on both jax 0.10 and 0.12.
-    return {"xla_dump_to": directory, "xla_dump_hlo_as_text": True}
+    out = {"xla_dump_to": directory, "xla_dump_hlo_as_text": True}
+    if protos:
+        out["xla_dump_hlo_as_proto"] = True
+    return out
+
+
+def read_hlo_proto(dump: DumpFiles) -> bytes:
+    """The serialized ``xla.HloProto`` (module and buffer assignment) of the optimized
+    module whose text is ``dump.hlo``, dumped by ``compile_with_dump(..., protos=True)``.
+
+    Raises:
+      InspectError: the dump holds no such file.
+    """
+    path = re.sub(r"\.txt$", ".hlo.pb", dump.hlo)
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise InspectError(
+            f"{os.path.basename(path)}: XLA dumped no HloProto beside the optimized HLO "
+            f"({err.strerror})"
+        ) from None
 
 
 def _module_name(compiled: Any) -> str | None:

@@ -161,6 +161,8 @@ class PeakReport:
         host temp block); not device memory, so not in ``peak_bytes`` or any category.
       series: live bytes at every position by category, and the program's HLO, when
         ``inspect(..., series=True)`` asked for them (a trace's data; not in ``to_dict``).
+      hlo_proto: XLA's serialized ``xla.HloProto`` of the program (its buffer assignment
+        in it), when ``inspect(..., hlo_proto=True)`` asked for it (not in ``to_dict``).
     """
 
     target: str
@@ -190,6 +192,7 @@ class PeakReport:
     meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     host_temp_bytes: int = 0
     series: LiveSeries | None = dataclasses.field(default=None, compare=False, repr=False)
+    hlo_proto: bytes | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def top(self, n: int = 10) -> tuple[PeakBuffer, ...]:
         """The ``n`` largest buffers live at the peak."""
@@ -209,8 +212,8 @@ class PeakReport:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of every field."""
-        out = dataclasses.asdict(dataclasses.replace(self, series=None))
-        del out["series"]
+        out = dataclasses.asdict(dataclasses.replace(self, series=None, hlo_proto=None))
+        del out["series"], out["hlo_proto"]
         out["buffers"] = [
             {**dataclasses.asdict(b), "shape": list(b.shape), "live": list(b.live)}
             for b in self.buffers

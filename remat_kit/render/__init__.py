@@ -14,10 +14,12 @@ from remat_kit.render._captions import (
 )
 from remat_kit.render._files import (
     check_output,
+    check_profile_dir,
     check_trace,
     save_figure,
     write_csv,
     write_json,
+    write_profile,
     write_text,
     write_trace,
 )
@@ -42,6 +44,7 @@ from remat_kit.render._timeline import plot_timeline, timeline_figure
 from remat_kit.render._titles import RunOptions, opts_precision, precision_words, run_words
 from remat_kit.render._trace import trace_events
 from remat_kit.render._validation import validation_table
+from remat_kit.render._xprof import module_names, xspace
 
 __all__ = [
     "DROP_FIRST",
@@ -52,6 +55,7 @@ __all__ = [
     "advise_table",
     "buffer_table",
     "check_output",
+    "check_profile_dir",
     "check_trace",
     "compare_table",
     "console",
@@ -69,6 +73,7 @@ __all__ = [
     "limit_words",
     "longest_words",
     "models_table",
+    "module_names",
     "opts_precision",
     "pct",
     "peak_table",
@@ -93,7 +98,9 @@ __all__ = [
     "validation_table",
     "write_csv",
     "write_json",
+    "write_profile",
     "write_text",
     "write_trace",
     "xla_limits_words",
+    "xspace",
 ]

@@ -14,6 +14,7 @@ import csv
 import io
 import json
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
@@ -24,10 +25,12 @@ from remat_kit.errors import BadValue
 
 __all__ = [
     "check_output",
+    "check_profile_dir",
     "check_trace",
     "save_figure",
     "write_csv",
     "write_json",
+    "write_profile",
     "write_text",
     "write_trace",
 ]
@@ -271,3 +274,94 @@ def write_trace(
     check_trace(path, flag=flag)
     text = json.dumps(trace, separators=(",", ":"), default=_json_default)
     return write_text(path, text, flag=flag)
+
+
+def check_profile_dir(path: str | os.PathLike[str], *, flag: str = "output") -> Path:
+    """Checks that ``path`` can become a new profile directory (XProf's ``--logdir``).
+
+    A new or empty directory only: XProf lists every run under its logdir, so writing into a
+    directory that holds others would mix our program with what is there.
+
+    Args:
+      path: the directory to write.
+      flag: how the user named it (e.g. ``"--xprof"``), for the message.
+
+    Returns:
+      The path as a ``Path``.
+
+    Raises:
+      BadValue: the path is a file or another non-directory, a directory that is not empty,
+        or in a parent that does not exist or is not writable.
+
+    Example:
+      >>> check_profile_dir("/etc/hosts", flag="-x")
+      Traceback (most recent call last):
+      remat_kit.errors.BadValue: -x '/etc/hosts' is not a directory: give a new or empty directory
+    """
+    p = Path(path)
+    if str(path) == "" or p.name in ("", ".", ".."):
+        raise BadValue(f"{flag} {str(path)!r} is not a directory name")
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise BadValue(f"{flag} {str(p)!r}: {err.strerror}") from None
+    if st is not None:
+        if not stat.S_ISDIR(st.st_mode):
+            raise BadValue(f"{flag} {str(p)!r} is not a directory: give a new or empty directory")
+        if any(p.iterdir()):
+            raise BadValue(
+                f"{flag} {str(p)!r} is not empty: give a new or empty directory (XProf "
+                "would list what is there beside the program)"
+            )
+    parent = p.parent
+    if not parent.is_dir():
+        raise BadValue(f"{flag} {str(p)!r}: directory {str(parent)!r} does not exist")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=f".{p.name}.", dir=parent))
+    except OSError as err:
+        raise BadValue(
+            f"{flag} {str(p)!r}: cannot create a directory in {str(parent)!r} "
+            f"({err.strerror or err})"
+        ) from None
+    return p
+
+
+def write_profile(
+    path: str | os.PathLike[str], files: Mapping[str, bytes], *, flag: str = "output"
+) -> Path:
+    """Writes a directory of ``files`` (relative path -> bytes) at once: built beside it, then
+    renamed into place, so a reader never sees half of it; see :func:`check_profile_dir`.
+
+    Example:
+      >>> with tempfile.TemporaryDirectory() as d:
+      ...     out = write_profile(Path(d) / "prof", {"plugins/profile/run/x.pb": b"1"})
+      ...     (out / "plugins/profile/run/x.pb").read_bytes()
+      b'1'
+    """
+    p = check_profile_dir(path, flag=flag)
+    tmp = tempfile.mkdtemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        for rel, data in files.items():
+            dest = Path(tmp) / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            with open(dest, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        os.chmod(tmp, 0o777 & ~_umask())
+        check_profile_dir(p, flag=flag)  # the path may have changed during a long compile
+        os.rename(tmp, p)  # onto a missing or empty directory
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, OSError):
+            raise BadValue(f"{flag} {str(p)!r}: {err.strerror or err}") from None
+        raise
+    return p
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
