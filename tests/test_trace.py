@@ -56,6 +56,7 @@ def layers(request):
         target=target,
         series=True,
         categories={0: "parameter"},
+        meta={"scan": request.param},
     )
     return r, target
 
@@ -78,6 +79,15 @@ def test_timeline_is_the_step_time_of_the_same_kernels(layers):
     assert got == want
     starts = [launch.start for launch in tl.launches]
     assert starts == sorted(starts) and tl.launches[-1].start < tl.seconds
+
+
+@pytest.mark.slow
+def test_trace_length_is_the_report_s_predicted_step_time(layers):
+    r, target = layers
+    fn = _grad_of_layers(r.meta["scan"])
+    plain = rk.memory_report(fn, _W, _X, target=target, warn=False)
+    assert plain.peak_bytes == r.peak_bytes  # the same program
+    assert step_trace(r, target).seconds == pytest.approx(plain.step_time.seconds, rel=1e-12)
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import tempfile
 import time
@@ -115,6 +116,11 @@ def inspect(
     tags = tag_index(jax.make_jaxpr(fn)(*abstract_args))
     arg_leaves = argument_leaves(leaves_per_arg, kept, cats, [key_paths(a) for a in abstract_args])
     report = analyse(texts, dump, stats, arg_leaves, tags, t.name, series=series)
+    text = _text(compiled) if report.series is not None else ""
+    if report.series is not None and text:
+        # The kernels are priced from the text rk.memory_report prices: the dump's text of
+        # the same module leaves out some of what the cost model reads.
+        report = report.replace(series=dataclasses.replace(report.series, hlo_text=text))
     return report.replace(
         compile_seconds=compile_seconds,
         parse_seconds=time.perf_counter() - start,
@@ -165,6 +171,13 @@ def inspect_step(
         series=series,
         hlo_proto=hlo_proto,
     )
+
+
+def _text(compiled: Any) -> str:
+    try:
+        return compiled.as_text() or ""
+    except Exception:  # a debugging API: the dump's text stays
+        return ""
 
 
 def _check_categories(categories: Mapping[int, str] | None, n_args: int) -> dict[int, str]:
