@@ -250,3 +250,16 @@ def test_trace_for_a_target_without_a_step_time_model_is_refused(tmp_path, capsy
     code = main([*TINY, "--target", "cpu", "--trace", str(tmp_path / "t.json")])
     assert code == 2
     assert "remat-kit: --trace needs a step-time model" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_offloaded_residuals_are_a_host_counter_and_their_copies_slices(tmp_path):
+    trace, report = tmp_path / "t.json", tmp_path / "r.json"
+    args = ["--policy", "minimal_offloaded", "--trace", str(trace), "--json", str(report)]
+    assert main([*TINY, *args]) == 0
+    events, r = json.loads(trace.read_text())["traceEvents"], json.loads(report.read_text())
+    host = [e["args"]["bytes"] for e in events if e["name"] == "live host bytes"]
+    assert r["host_temp_bytes"] > 0 and max(host) == r["host_temp_bytes"]
+    assert any(e["ph"] == "X" and e["cat"] == "host_transfer" for e in events)
+    device = [e["args"]["bytes"] for e in events if e["name"] == TOTAL_TRACE_COUNTER]
+    assert max(device) == r["live_peak_bytes"]  # host bytes are not device memory
