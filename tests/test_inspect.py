@@ -609,12 +609,15 @@ def _memory_viewer(directory, module):
 
 
 @pytest.mark.slow
-def test_xprof_memory_viewer_reads_the_program_and_its_peak(tmp_path):
+def test_xprof_memory_viewer_reads_the_program_and_its_peak(tmp_path, capsys):
     from remat_kit.cli import main
 
     where, report = tmp_path / "prof", tmp_path / "r.json"
     args = [*_TINY_CLI, "--diff", "full", "none", "--xprof", str(where), "--json", str(report)]
     assert main(args) == 0
+    assert "module jit_step(1) (full), jit_step(2) (none)" in " ".join(
+        capsys.readouterr().out.split()
+    )
     reports = json.loads(report.read_text())["reports"]
     for i, r in enumerate(reports, 1):
         view = _memory_viewer(where, f"{r['module']}({i})")

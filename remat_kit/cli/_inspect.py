@@ -26,6 +26,7 @@ from remat_kit.render import (
     console,
     diff_table,
     fitted,
+    module_names,
     opts_precision,
     peak_table,
     plot_timeline,
@@ -125,7 +126,14 @@ def run(args: argparse.Namespace) -> int:
     if xprof is not None:
         programs = [(r.module or "module", r.hlo_proto or b"") for r in reports]
         write_profile(xprof, {_XPLANE: xspace(programs, host=_HOST)}, flag="--xprof")
-        out.print(f"profile written to {xprof}: `xprof --logdir {xprof}`, then Memory Viewer")
+        shown = ", ".join(
+            f"{name} ({spec})"
+            for name, spec in zip(module_names([m for m, _ in programs]), policies, strict=True)
+        )
+        out.print(
+            f"profile written to {xprof}: `xprof --logdir {xprof}`, then Memory Viewer, "
+            f"module {shown}"
+        )
     if getattr(args, "json", None):
         write_json(args.json, result if len(reports) > 1 else result["reports"][0], flag="--json")
     return 0
