@@ -162,7 +162,7 @@ CASES = [
         {"model": "f.py:deep", "layers": 32},
         "f.py:deep takes no layers=: its 32 identical layers are compiled whole in every "
         "program (a search compiles several); a factory that takes layers=N is answered from "
-        "compiles of 2 and 3 layers (README, 'Unrolled models')",
+        "compiles of 2 and 3 layers (docs/unrolled.md)",
     ),
     (
         "breakdown_upper_bound",

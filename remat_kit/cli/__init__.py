@@ -274,8 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
       The exit code: 0 done; 1 nothing fits (``plan``, ``fit``, ``advise`` found no
       configuration within the limit, or none can exist); 2 bad input or a program that
-      cannot be built; 130 interrupted (Ctrl-C: one line, worker processes stopped) (README,
-      "Exit codes").
+      cannot be built; 130 interrupted (Ctrl-C: one line, worker processes stopped)
+      (docs/commands/index.md, "Exit codes").
 
     Raises:
       SystemExit: argparse's own exits (``--help``, a malformed flag: one line, code 2).
@@ -324,7 +324,7 @@ def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespa
         if args.debug or _interrupt.came():
             raise
         # Nothing fits whatever the policy: an answer about the model, not a typo (exit 1,
-        # as when a search finds nothing; README, "Exit codes").
+        # as when a search finds nothing; docs/commands/index.md, "Exit codes").
         sys.stderr.write(f"remat-kit: {_flag_of(err, args)}{_one_line(err)}\n")
         return 1
     except RematKitError as err:

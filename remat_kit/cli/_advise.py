@@ -189,7 +189,8 @@ def _print_advice(
         ]
         write_json(args.json, data, flag="--json")
     if not any(a.fits for a in rows) and not any(s.devices for s in scale.values()):
-        # Exit code 1: the search ran and found nothing that fits (README, "Exit codes").
+        # Exit code 1: the search ran and found nothing that fits (docs/commands/index.md,
+        # "Exit codes").
         sys.stderr.write(
             f"remat-kit: nothing fits: no GPU of {', '.join(a.target for a in rows)} fits "
             f"{run.model} batch {run.batch}"

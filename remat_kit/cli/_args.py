@@ -165,7 +165,7 @@ def _add_source_args(p: argparse._ArgumentGroup) -> None:
         "--model",
         default=None,
         help="preset name (remat-kit models), or a factory path/file.py:NAME or "
-        "package.module:NAME called as NAME(policy) -> Flax module (README: Your own model)",
+        "package.module:NAME called as NAME(policy) -> Flax module (docs/your-model.md)",
     )
     p.add_argument(
         "--hf-config",
@@ -178,7 +178,7 @@ def _add_source_args(p: argparse._ArgumentGroup) -> None:
         default=None,
         metavar="FILE.py:NAME",
         help="a train step of your own instead of ours: NAME(policy, config) -> (fn, args[, "
-        "donate_argnums]) or rk.sources.OwnStep (README: Your own model)",
+        "donate_argnums]) or rk.sources.OwnStep (docs/your-model.md, 'Your own train step')",
     )
     p.add_argument(
         "--maxtext",
@@ -280,8 +280,8 @@ def _add_compile_args(p: argparse._ArgumentGroup) -> None:
         "compiles of 2 and 3 layers where the step fits with 2%% to spare, and compiles the "
         "whole model for any other verdict, for copies that do not line up and for the final "
         "answers of fit and plan; estimate gives the copies' figures whatever the verdict; "
-        "full compiles the whole model; check does both and reports the error (README: "
-        "Unrolled models)",
+        "full compiles the whole model; check does both and reports the error "
+        "(docs/unrolled.md)",
     )
     p.add_argument(
         "--no-cache",

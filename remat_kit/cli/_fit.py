@@ -179,7 +179,7 @@ def _print_batches(
 def _nothing_fits(rows: list[FitRow], smallest: str, target: Any, advice: str) -> int:
     """Says on stderr that no policy fits even the smallest point (``smallest``: ``batch 1``)
     searched, with the smallest peak and what to try; exit code 1: the search ran and found
-    nothing that fits (README, "Exit codes")."""
+    nothing that fits (docs/commands/index.md, "Exit codes")."""
     least = min(rows, key=lambda row: row.fit.peak_bytes)
     sys.stderr.write(
         f"remat-kit: nothing fits: even at {smallest} the smallest peak is "

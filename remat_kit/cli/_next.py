@@ -84,7 +84,7 @@ SPECIAL = ("cpu", "local")
 #: Compiles ``compare`` spends on the next step when nothing fits.
 MAX_NEXT_COMPILES = 2
 
-#: The LoRA rank a next step tries (a common one; README's examples use it).
+#: The LoRA rank a next step tries (a common one; the docs' examples use it).
 LORA_RANK = 16
 
 

@@ -514,7 +514,7 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "whole_model_probes": lambda d: (
         f"{d['model']} takes no layers=: its {d['layers']} identical layers are compiled whole "
         "in every program (a search compiles several); a factory that takes layers=N is "
-        "answered from compiles of 2 and 3 layers (README, 'Unrolled models')"
+        "answered from compiles of 2 and 3 layers (docs/unrolled.md)"
     ),
     "breakdown_upper_bound": _breakdown_upper_bound,
     "offload_shortfall": _offload_shortfall,

@@ -83,7 +83,8 @@ def progress(
     """
     out = console or Console(stderr=True)
     if not out.is_terminal:
-        # A pipe, a file, CI: stderr keeps only what went wrong (one line, README's errors).
+        # A pipe, a file, CI: stderr keeps only what went wrong (one line; docs/commands/index.md,
+        # "Exit codes").
         yield lambda words: None
         return
     if length is not None:
