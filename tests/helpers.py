@@ -30,6 +30,16 @@ def loss_and_grads(cfg: models.ModelConfig, params, toks, *, dropout_key=None):
     return jax.jit(jax.value_and_grad(loss))(params)
 
 
+def size_words(nbytes: int) -> str:
+    """Bytes as the notes word them, written out here: in the largest binary unit that keeps
+    the figure at 1 or more, two decimals (``102.40 MiB``, ``1.00 GiB``); below 1 KiB, whole
+    bytes (``0 B``)."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:.2f} {unit}"
+    return f"{int(nbytes)} B"
+
+
 def memory_report(target: str | None = "h100", **fields):
     """A ``MemoryReport`` made by hand, no compile: ``target``'s memory figures (None: none),
     a 1 GiB peak that is all arguments, nothing else; any field may be given."""

@@ -120,7 +120,7 @@ CASES = [
             "fits_with_fraction": 0.85,
         },
         "does not fit rtx4090 at XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 (18.00 GiB usable of "
-        "24.00): peak 20.00 GiB is 2.00 GiB over; it fits with "
+        "24.00 GiB): peak 20.00 GiB is 2.00 GiB over; it fits with "
         "XLA_PYTHON_CLIENT_MEM_FRACTION=0.85",
     ),
     (
@@ -134,8 +134,8 @@ CASES = [
             "over_bytes": 24 * GIB,
             "fits_with_fraction": None,
         },
-        "does not fit l4 at the runtime (16.00 GiB usable of 24.00): peak 40.00 GiB is 24.00 GiB "
-        "over; no allocator fraction makes it fit",
+        "does not fit l4 at the runtime (16.00 GiB usable of 24.00 GiB): peak 40.00 GiB is "
+        "24.00 GiB over; no allocator fraction makes it fit",
     ),
     ("xla_log", {"line": "XLA (foo.cc:12): a line"}, "XLA (foo.cc:12): a line"),
     (
@@ -174,7 +174,7 @@ CASES = [
     (
         "offload_shortfall",
         {"moved_bytes": GIB // 10, "marked_bytes": GIB},
-        "offload moved 0.10 GiB to host of the 1.00 GiB jax marked for offload (10%): XLA kept "
+        "offload moved 102.40 MiB to host of the 1.00 GiB jax marked for offload (10%): XLA kept "
         "the rest on the device, so the peak is not what the policy promises; offload needs "
         "scanned layers",
     ),
@@ -186,7 +186,7 @@ CASES = [
             "transfer_seconds": 0.25,
             "step_compute_seconds": 0.1,
         },
-        "offloading 3.0 GiB per step needs an estimated 250 ms on h100-80gb's host link, more "
+        "offloading 3.00 GiB per step needs an estimated 250 ms on h100-80gb's host link, more "
         "than the step's 100 ms of compute: it cannot hide behind compute",
     ),
     (
@@ -439,7 +439,7 @@ CASES = [
             "schedule": "sqrt",
         },
         "nothing fits 1.00 GiB on h100-80gb at batch 4: the smallest peak reached is 1.50 GiB, "
-        "with full @ sqrt (0.50 GiB over); try a smaller batch (remat-kit fit), gradient "
+        "with full @ sqrt (512.00 MiB over); try a smaller batch (remat-kit fit), gradient "
         "accumulation or a larger budget",
     ),
     (
@@ -514,12 +514,12 @@ CASES = [
     (
         "scale_out_fits",
         {"target": "h100-80gb", "devices": 4, "peak_bytes": 30 * GIB, "policy": "full", "batch": 8},
-        "4 x h100-80gb: 30.0 GiB per GPU with full at global batch 8",
+        "4 x h100-80gb: 30.00 GiB per GPU with full at global batch 8",
     ),
     (
         "scale_out_none",
         {"target": "l4", "devices": 64, "peak_bytes": 25 * GIB, "policy": "full"},
-        "does not fit 64 x l4 with full: 25.0 GiB per GPU",
+        "does not fit 64 x l4 with full: 25.00 GiB per GPU",
     ),
 ]
 
@@ -619,7 +619,7 @@ def test_shortfall_note_and_its_words():
     r = _report().replace(host_temp_bytes=GIB // 10)
     note = rk.checks.offload_shortfall(r, GIB)
     assert note == Note("offload_shortfall", {"moved_bytes": GIB // 10, "marked_bytes": GIB})
-    assert words(note).startswith("offload moved 0.10 GiB to host of the 1.00 GiB")
+    assert words(note).startswith("offload moved 102.40 MiB to host of the 1.00 GiB")
     assert rk.checks.offload_shortfall(r, GIB // 10) is None  # all moved: carried out
 
 
@@ -636,9 +636,9 @@ def test_shortfall_note_and_its_words():
         (
             GIB // 2,
             GIB,
-            "offload moved 0.50 GiB to host of the 1.00 GiB jax marked for offload (50%)",
+            "offload moved 512.00 MiB to host of the 1.00 GiB jax marked for offload (50%)",
         ),
-        (98 * GIB // 100, GIB, "offload moved 0.98 GiB to host of the 1.00 GiB"),
+        (98 * GIB // 100, GIB, "offload moved 1003.52 MiB to host of the 1.00 GiB"),
         (GIB, GIB, None),  # a scanned stack moves exactly what jax marked
         (GIB - 2**20, GIB, None),  # within 1%: rounding, not a shortfall
         (2 * GIB, GIB, None),  # more than marked

@@ -12,6 +12,7 @@ from jax.ad_checkpoint import checkpoint_name
 
 import remat_kit as rk
 from conftest import SMALL
+from helpers import size_words
 from remat_kit.notes import words
 
 
@@ -38,7 +39,7 @@ def test_a_partial_offload_is_said_with_both_figures(small, scan):
     else:
         assert 0 < moved < marked
         assert [n.data for n in notes] == [{"moved_bytes": moved, "marked_bytes": marked}]
-        said = f"offload moved {moved / 2**30:.2f} GiB to host of the {marked / 2**30:.2f} GiB"
+        said = f"offload moved {size_words(moved)} to host of the {size_words(marked)}"
         assert words(notes[0]).startswith(said)
         assert words(notes[0]) in r.warnings
 

@@ -18,7 +18,7 @@ import pytest
 from jax.errors import JaxRuntimeError
 
 import remat_kit as rk
-from helpers import memory_report
+from helpers import memory_report, size_words
 from remat_kit.errors import BadType, BadValue
 from remat_kit.search._boundary import UNBUILDABLE
 
@@ -178,8 +178,8 @@ def test_nothing_fits_says_the_shortest_sequence_and_its_peak():
     assert not fit.fits and fit.seq == 0 and fit.tokens_per_step == 0
     assert fit.peak_bytes == affine(512, 1) and fake.measured == [512]
     assert fit.message == (
-        f"minimal: even seq 512 at batch 1 does not fit: {affine(512, 1) / 2**30:.2f} GiB > "
-        f"{FIXED / 2**30:.2f} GiB on h100-80gb"
+        f"minimal: even seq 512 at batch 1 does not fit: {size_words(affine(512, 1))} > "
+        f"{size_words(FIXED)} on h100-80gb"
     )
 
 

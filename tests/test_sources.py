@@ -26,6 +26,7 @@ import remat_kit as rk
 import remat_kit.sources._kinds
 import remat_kit_models as models
 import remat_kit_models.hf
+from helpers import size_words
 from remat_kit import checks, sources
 from remat_kit.analysis import RematWarning
 from remat_kit.breakdown import add_breakdown
@@ -988,7 +989,8 @@ def test_offload_shortfall_reports_both_figures(moved_gib, marked_gib, warned):
     if warned:
         note = words(note)
         pct = round(100 * moved_gib / marked_gib)
-        assert f"moved {moved_gib:.2f} GiB to host of the {marked_gib:.2f} GiB" in note
+        moved, marked = int(moved_gib * 2**30), int(marked_gib * 2**30)
+        assert f"moved {size_words(moved)} to host of the {size_words(marked)}" in note
         assert f"({pct}%)" in note and "offload needs scanned layers" in note
 
 

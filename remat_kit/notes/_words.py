@@ -27,8 +27,6 @@ __all__ = [
     "words",
 ]
 
-GIB = 2**30
-
 
 def label(policy: str, schedule: str | None) -> str:
     """How a (policy, schedule) pair is shown: ``minimal`` or ``minimal @ every:2``.
@@ -87,10 +85,6 @@ def shared_words(note: Note | Mapping[str, Any]) -> str:
 
 # How remat_kit.xla.parse_xla_log words the remat pass's "Can't reduce memory use" line.
 _REMAT_PASS_FAILED = "XLA's rematerialization pass could not bring the program under"
-
-
-def _gib(n: float | None) -> str:
-    return f"{(n or 0) / GIB:.2f}"
 
 
 def _no_tag_matched(d: Mapping[str, Any]) -> str:
@@ -171,30 +165,29 @@ def _offload_moved_nothing(d: Mapping[str, Any]) -> str:
 
 def _xla_remat(d: Mapping[str, Any]) -> str:
     return (
-        f"XLA's own rematerialization pass took {_gib(d['saved_bytes'])} GiB off "
+        f"XLA's own rematerialization pass took {_size(d['saved_bytes'])} off "
         f"the peak to fit {d['target']}: these figures include XLA's choices on top of the policy"
     )
 
 
 def _does_not_fit(d: Mapping[str, Any]) -> str:
     runtime = d["runtime"] or "the runtime"
-    where = f"{d['target']} at {runtime} ({_gib(d['usable_bytes'])} GiB usable of "
-    where += f"{_gib(d['memory_bytes'])})"
+    where = f"{d['target']} at {runtime} ({_size(d['usable_bytes'])} usable of "
+    where += f"{_size(d['memory_bytes'])})"
     fix = (
         f"; it fits with XLA_PYTHON_CLIENT_MEM_FRACTION={d['fits_with_fraction']:g}"
         if d["fits_with_fraction"] is not None
         else "; no allocator fraction makes it fit"
     )
     return (
-        f"does not fit {where}: peak {_gib(d['peak_bytes'])} GiB is "
-        f"{_gib(d['over_bytes'])} GiB over{fix}"
+        f"does not fit {where}: peak {_size(d['peak_bytes'])} is {_size(d['over_bytes'])} over{fix}"
     )
 
 
 def _breakdown_upper_bound(d: Mapping[str, Any]) -> str:
     return (
-        f"the peak ({_gib(d['peak_bytes'])} GiB) is below weights + gradients + "
-        f"optimizer state + batch ({_gib(d['known_bytes'])} GiB): XLA never holds every gradient "
+        f"the peak ({_size(d['peak_bytes'])}) is below weights + gradients + "
+        f"optimizer state + batch ({_size(d['known_bytes'])}): XLA never holds every gradient "
         "at once here, so this split is only an upper bound per part (activations shown as "
         "0); a measured breakdown reads what is live at the peak"
     )
@@ -203,7 +196,7 @@ def _breakdown_upper_bound(d: Mapping[str, Any]) -> str:
 def _offload_shortfall(d: Mapping[str, Any]) -> str:
     moved, marked = d["moved_bytes"], d["marked_bytes"]
     return (
-        f"offload moved {_gib(moved)} GiB to host of the {_gib(marked)} GiB "
+        f"offload moved {_size(moved)} to host of the {_size(marked)} "
         f"jax marked for offload ({100 * moved / marked:.0f}%): XLA kept the rest on the "
         "device, so the peak is not what the policy promises; offload needs scanned layers"
     )
@@ -211,9 +204,9 @@ def _offload_shortfall(d: Mapping[str, Any]) -> str:
 
 def _offload_link_bound(d: Mapping[str, Any]) -> str:
     return (
-        f"offloading {d['host_bytes'] / GIB:.1f} GiB per step needs an estimated "
-        f"{d['transfer_seconds'] * 1e3:.0f} ms on {d['target']}'s host link, more than the "
-        f"step's {d['step_compute_seconds'] * 1e3:.0f} ms of compute: it cannot hide "
+        f"offloading {_size(d['host_bytes'])} per step needs an estimated "
+        f"{_seconds(d['transfer_seconds'])} on {d['target']}'s host link, more than the "
+        f"step's {_seconds(d['step_compute_seconds'])} of compute: it cannot hide "
         "behind compute"
     )
 
@@ -226,10 +219,10 @@ def _boundary(d: Mapping[str, Any], what: str, here: str, refused: str, by: str)
     elif d[refused] is not None:
         after = f", {what} {nxt} cannot be built{by} ({d[refused]})"
     else:
-        after = f", {what} {nxt} does not ({_gib(d['next_peak_bytes'])} GiB)"
+        after = f", {what} {nxt} does not ({_size(d['next_peak_bytes'])})"
     return (
         label(d["policy"], d["schedule"])
-        + f": {here} ({_gib(d['peak_bytes'])} GiB of {_gib(d['limit_bytes'])} GiB)"
+        + f": {here} ({_size(d['peak_bytes'])} of {_size(d['limit_bytes'])})"
         + after
     )
 
@@ -240,8 +233,8 @@ def _batch_fits(d: Mapping[str, Any]) -> str:
 
 def _batch_none_fits(d: Mapping[str, Any]) -> str:
     return (
-        f"{d['policy']}: even batch {d['batch']} does not fit: {_gib(d['peak_bytes'])} GiB > "
-        f"{_gib(d['limit_bytes'])} GiB on {d['target']}"
+        f"{d['policy']}: even batch {d['batch']} does not fit: {_size(d['peak_bytes'])} > "
+        f"{_size(d['limit_bytes'])} on {d['target']}"
     )
 
 
@@ -257,7 +250,7 @@ def _seq_fits(d: Mapping[str, Any]) -> str:
 def _seq_none_fits(d: Mapping[str, Any]) -> str:
     return (
         f"{d['policy']}: even seq {d['seq']} at batch {d['batch']} does not fit: "
-        f"{_gib(d['peak_bytes'])} GiB > {_gib(d['limit_bytes'])} GiB on {d['target']}"
+        f"{_size(d['peak_bytes'])} > {_size(d['limit_bytes'])} on {d['target']}"
     )
 
 
@@ -299,25 +292,25 @@ def _solver_words(s: Mapping[str, Any]) -> str:
 def _plan_fits(d: Mapping[str, Any]) -> str:
     why = _solver_words(d["solver"]) if d["source"] == "solver" else _WHY[d["source"]]
     return (
-        f"{label(d['policy'], d['schedule'])} fits {_gib(d['budget_bytes'])} GiB: peak "
-        f"{_gib(d['peak_bytes'])} GiB, recompute "
+        f"{label(d['policy'], d['schedule'])} fits {_size(d['budget_bytes'])}: peak "
+        f"{_size(d['peak_bytes'])}, recompute "
         f"{100 * d['recompute_overhead']:.1f}% ({why})"
     )
 
 
 def _plan_nothing_fits(d: Mapping[str, Any]) -> str:
     return (
-        f"nothing fits {_gib(d['budget_bytes'])} GiB on {d['target']} at batch {d['batch']}: "
-        f"the smallest peak reached is {_gib(d['peak_bytes'])} GiB, with "
+        f"nothing fits {_size(d['budget_bytes'])} on {d['target']} at batch {d['batch']}: "
+        f"the smallest peak reached is {_size(d['peak_bytes'])}, with "
         f"{label(d['policy'], d['schedule'])} "
-        f"({_gib(d['peak_bytes'] - d['budget_bytes'])} GiB over); try a smaller batch "
+        f"({_size(d['peak_bytes'] - d['budget_bytes'])} over); try a smaller batch "
         "(remat-kit fit), gradient accumulation or a larger budget"
     )
 
 
 def _scale_out_fits(d: Mapping[str, Any]) -> str:
     return (
-        f"{d['devices']} x {d['target']}: {d['peak_bytes'] / GIB:.1f} GiB per GPU with "
+        f"{d['devices']} x {d['target']}: {_size(d['peak_bytes'])} per GPU with "
         f"{d['policy']} at global batch {d['batch']}"
     )
 
@@ -325,7 +318,7 @@ def _scale_out_fits(d: Mapping[str, Any]) -> str:
 def _scale_out_none(d: Mapping[str, Any]) -> str:
     return (
         f"does not fit {d['devices']} x {d['target']} with {d['policy']}: "
-        f"{d['peak_bytes'] / GIB:.1f} GiB per GPU"
+        f"{_size(d['peak_bytes'])} per GPU"
     )
 
 
@@ -399,12 +392,21 @@ _SHOWN_PARTS = (
 )
 
 
-def _size(nbytes: float) -> str:
+def _size(nbytes: float | None) -> str:
     """Bytes in the largest binary unit that keeps the figure >= 1 (1.00 KiB, 14.96 GiB)."""
+    nbytes = nbytes or 0
     for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= size:
             return f"{nbytes / size:.2f} {unit}"
     return f"{int(nbytes)} B"
+
+
+def _seconds(t: float) -> str:
+    """Seconds in the unit that keeps the figure >= 1 (1.20 s, 35 ms, 269 us)."""
+    for unit, size in (("s", 1.0), ("ms", 1e-3)):
+        if t >= size:
+            return f"{t / size:.2f} {unit}" if unit == "s" else f"{t / size:.0f} {unit}"
+    return f"{t * 1e6:.0f} us"
 
 
 def _fixed_over_budget(d: Mapping[str, Any]) -> str:
