@@ -61,15 +61,7 @@ def check_output(
       Traceback (most recent call last):
       remat_kit.errors.BadValue: --json '/tmp' is a directory, not a regular file: give a file path
     """
-    p = Path(path)
-    if str(path) == "" or p.name in ("", ".", ".."):
-        raise BadValue(f"{flag} {str(path)!r} is not a file name")
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as err:
-        raise BadValue(f"{flag} {str(p)!r}: {err.strerror}") from None
+    p, st = _named(path, flag, "file")
     if st is not None and not stat.S_ISREG(st.st_mode):
         what = _kind(st.st_mode)
         raise BadValue(f"{flag} {str(p)!r} is {what}, not a regular file: give a file path")
@@ -93,6 +85,21 @@ def check_output(
     os.close(fd)
     os.unlink(probe)
     return p
+
+
+def _named(
+    path: str | os.PathLike[str], flag: str, what: str
+) -> tuple[Path, os.stat_result | None]:
+    """The path and what is there now (``None``: nothing), once it names a ``what``."""
+    p = Path(path)
+    if str(path) == "" or p.name in ("", ".", ".."):
+        raise BadValue(f"{flag} {str(path)!r} is not a {what} name")
+    try:
+        return p, os.lstat(p)
+    except FileNotFoundError:
+        return p, None
+    except OSError as err:
+        raise BadValue(f"{flag} {str(p)!r}: {err.strerror}") from None
 
 
 def _kind(mode: int) -> str:
@@ -298,15 +305,7 @@ def check_profile_dir(path: str | os.PathLike[str], *, flag: str = "output") -> 
       Traceback (most recent call last):
       remat_kit.errors.BadValue: -x '/etc/hosts' is not a directory: give a new or empty directory
     """
-    p = Path(path)
-    if str(path) == "" or p.name in ("", ".", ".."):
-        raise BadValue(f"{flag} {str(path)!r} is not a directory name")
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as err:
-        raise BadValue(f"{flag} {str(p)!r}: {err.strerror}") from None
+    p, st = _named(path, flag, "directory")
     if st is not None:
         if not stat.S_ISDIR(st.st_mode):
             raise BadValue(f"{flag} {str(p)!r} is not a directory: give a new or empty directory")
