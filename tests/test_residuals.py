@@ -229,6 +229,37 @@ def test_residual_table_parts_are_parts_of_their_whole():
     )
 
 
+@pytest.mark.parametrize(
+    "meta, whole",
+    [
+        ({"layers": 4}, False),
+        ({"layers": 4, "mesh": "fsdp:2", "devices": 2}, True),
+        ({"layers": 4, "maxtext": {"mesh": {"fsdp": 8}}}, True),
+        ({"layers": 4, "maxtext": {"mesh": {"none": 1}}}, False),
+    ],
+)
+def test_residual_table_over_several_gpus_says_its_figures_are_the_unsharded_step(meta, whole):
+    # The residuals are traced from the unsharded step beside a report per GPU.
+    from remat_kit.render import residual_table
+
+    res = rk.residuals.ResidualReport(
+        residuals=(rk.residuals.Residual("argument", (), "float32", 2**30, "saved", 1, ""),),
+        tags={"mlpwo": "recomputed"},
+        tag_bytes={},
+        tag_count={},
+    )
+    bare = dataclasses.replace(_bare_report("h100"), meta=meta)
+    table = residual_table(res, bare)
+    text = _render(table)
+    assert ("not per GPU" in table.title) is whole
+    kept = (
+        "kept on device (the unsharded step, not per GPU) 1.00 GiB"
+        if whole
+        else ("kept on device 1.00 GiB")
+    )
+    assert kept in text
+
+
 @pytest.mark.parametrize("layers_known", [True, False])
 def test_a_value_with_two_names_counts_under_both_per_layer(layers_known):
     # A model's own name with ours beside it (tagging.aliasing): the residual carries one of

@@ -10,6 +10,7 @@ to print; nothing here compiles or measures. ``opts`` is the run's options as th
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -315,6 +316,14 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     return table
 
 
+def _gpus(meta: Mapping[str, Any]) -> int:
+    # Our sources label a sharded step's devices; a MaxText step lays out its own mesh.
+    n = meta.get("devices")
+    if n:
+        return int(n)
+    return math.prod((meta.get("maxtext") or {}).get("mesh", {}).values())
+
+
 def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
     """What the policy keeps for the backward pass, per tag, per layer and in all layers.
 
@@ -333,7 +342,13 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
     # A model whose layers cannot be counted (an NNX factory): most tags occur once a layer.
     counts = sorted(res.tag_count.values())
     layers = r.meta.get("layers") or max(counts, key=lambda c: (counts.count(c), c), default=1)
-    table = Table(title="what the policy keeps, per tag (one micro-batch)")
+    # The residuals are traced from the unsharded step (the global micro-batch, whole weights)
+    # beside a report of figures per GPU: over several GPUs the title and caption say so.
+    whole = _gpus(r.meta) > 1
+    table = Table(
+        title="what the policy keeps, per tag (one micro-batch"
+        + (" of the global batch, the step unsharded: not per GPU)" if whole else ")")
+    )
     kept = {tag: res.kept_bytes(tag) for tag in res.tags}  # under each name of a value
     per_layer = {tag: k / max(layers, 1) for tag, k in kept.items()}
     one, all_ = byte_unit(per_layer.values()), byte_unit(kept.values())
@@ -346,7 +361,9 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
     untagged = sum(x.nbytes for x in res.residuals if not x.tagged and x.kind == "saved")
     offloaded = res.bytes_by("offloaded")
     table.caption = (
-        f"residuals kept on device {size(res.bytes_by('saved'))} "
+        "residuals kept on device"
+        + (" (the unsharded step, not per GPU)" if whole else "")
+        + f" {size(res.bytes_by('saved'))} "
         f"(of which untagged values and weights: {size(untagged)}), "
         f"offloaded {size(offloaded)}"
         + (
