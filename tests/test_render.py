@@ -7,6 +7,7 @@ titles name every setting that changed the figures.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import re
@@ -18,6 +19,7 @@ from rich.console import Console
 import remat_kit as rk
 from remat_kit.peak import PeakBuffer, PeakReport, Phase
 from remat_kit.render import (
+    ADVISE_DROP,
     advise_table,
     buffer_table,
     compare_table,
@@ -313,6 +315,36 @@ def test_advise_keeps_every_gpu_name_whole_and_each_row_on_one_line(scale, width
         instead = [_cells(line)[-1] for line in body]
         assert len(set(instead)) == 1 and "…" not in instead[0] and len(instead[0]) > 10
     assert all("…" not in line for line in body) or width < WIDTH  # narrower: figures give way
+
+
+def test_advise_with_prices_keeps_its_answer_columns_whole_at_100_columns():
+    # As docs/_output/advise.txt: llama3-8b on every GPU, b200 the one that fits, priced;
+    # the others' 'instead' is its longest (a bigger GPU among the hints).
+    from remat_kit.search import Cost
+    from remat_kit.targets import Price
+
+    bigger = {"kind": "bigger_gpu", "gpus": [("b200", int(133.76 * GIB))], "fixed_bytes": 120 * GIB}
+    over = []
+    for name in GPUS:
+        if name != "b200":
+            a = _over(name)
+            hints = [*a.note.data["hints"][:2], bigger, a.note.data["hints"][2]]
+            over.append(dataclasses.replace(
+                a, note=rk.notes.Note(a.note.kind, {**a.note.data, "hints": hints})
+            ))  # fmt: skip
+    rows = [_fits("b200"), *over]
+    price = Price(6.79, "RunPod (Secure Cloud)", "https://www.runpod.io/pricing", "2026-10-07")
+    costs = {a.target: Cost(a.target, 1, None, None, None) for a in over}
+    costs["b200"] = Cost("b200", 1, 60080.0, price, 0.0314)
+    table = advise_table(rows, OPTS, headroom=0.0, seconds=9.0, costs=costs)
+    lines = _lines(fitted(table, WIDTH, ADVISE_DROP))  # as advise prints it
+    assert max(map(len, lines)) <= WIDTH and all("…" not in line for line in _body(lines))
+    head = _header(lines)
+    for col in ("target", "fits", "plan / why not", "instead", "$/Mtok"):
+        assert f" {col} " in head, col  # the answer: shown, and whole
+    b200 = _cells(_body(lines)[0])
+    assert b200[0] == "b200" and "yes" in b200 and b200[-1] == "0.031"
+    assert "SGD, LoRA, bigger GPU, ~3+ GPUs" in _cells(_body(lines)[-1])
 
 
 def _point(label, peak, same_as=None, dominated_by=None):

@@ -15,7 +15,15 @@ from remat_kit.cli._model import Request, print_notes, resolve
 from remat_kit.cli._next import lora_request
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
-from remat_kit.render import advise_table, console, fitted, length_words, progress, write_json
+from remat_kit.render import (
+    ADVISE_DROP,
+    advise_table,
+    console,
+    fitted,
+    length_words,
+    progress,
+    write_json,
+)
 from remat_kit.search import (
     Advice,
     Cost,
@@ -177,7 +185,7 @@ def _print_advice(
         scale_seconds=scale_seconds,
         costs={c.target: c for c in costs},
     )
-    out.print(fitted(table, out.width))
+    out.print(fitted(table, out.width, ADVISE_DROP))
     if args.json:
         data = [
             {

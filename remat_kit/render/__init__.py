@@ -4,7 +4,7 @@ Library code returns data (frozen dataclasses with ``to_dict``); the CLI and the
 scripts hand it here to be shown or written. Nothing else formats a number or writes a file.
 """
 
-from remat_kit.render._advice import advise_table
+from remat_kit.render._advice import ADVISE_DROP, advise_table
 from remat_kit.render._captions import (
     SCHEDULER_WORDS,
     depth_words,
@@ -47,6 +47,7 @@ from remat_kit.render._validation import validation_table
 from remat_kit.render._xprof import module_names, xspace
 
 __all__ = [
+    "ADVISE_DROP",
     "DROP_FIRST",
     "GIB",
     "SCHEDULER_WORDS",

@@ -15,7 +15,8 @@ from rich.table import Table
 from remat_kit.notes import hint_words
 from remat_kit.render._captions import runtime_words
 from remat_kit.render._format import byte_unit, gib, pct, size
-from remat_kit.render._tables import _NAME_WIDTH, _YES_NO
+from remat_kit.render._layout import DROP_FIRST
+from remat_kit.render._tables import _YES_NO
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 from remat_kit.render._wrap import cell
 from remat_kit.targets import PRICE_CAVEAT
@@ -24,8 +25,20 @@ if TYPE_CHECKING:
     from remat_kit.search import Advice, Cost, ScaleOut
 
 __all__ = [
+    "ADVISE_DROP",
     "advise_table",
 ]
+
+#: The columns advise's table loses on a narrow terminal, first to last: every table's
+#: (``DROP_FIRST``), then the batch with 'full' and the GPU's memory, before its answer (the
+#: GPU, whether and how it fits, what would instead, the price per token). Only here: other
+#: tables' ``max batch`` (fit's) and ``GiB`` / ``MiB`` columns are their answer.
+ADVISE_DROP: tuple[str, ...] = (*DROP_FIRST, "max batch", "GiB")
+
+#: Where a plan's name breaks between tokens in advise's table: narrower than the other tables'
+#: (28), so that with prices its answer columns are whole at 100 columns (the longest tag,
+#: ``decoder_layer_input+``, is 20).
+_PLAN_WIDTH = 24
 
 
 def advise_table(
@@ -103,7 +116,7 @@ def advise_table(
             "GiB": gib(a.memory_bytes, 0),
             fixed: mem.cell(a.fixed_bytes),
             "fits": _YES_NO[bool(a.fits)],
-            why: cell(a.plan or "-", _NAME_WIDTH) if a.fits else _advise_why(a),
+            why: cell(a.plan or "-", _PLAN_WIDTH) if a.fits else _advise_why(a),
             peak: mem.cell(a.peak_bytes),
             "recompute": pct(a.recompute_overhead),
             "max batch": str(a.max_batch),
@@ -156,7 +169,7 @@ def _advise_why(a: Advice) -> str:
         return f"fixed > {size(d['limit_bytes'])}"
     if a.note.kind == "plan_nothing_fits":
         return f"every plan > {size(d['budget_bytes'])}"
-    return cell(a.plan or "-", _NAME_WIDTH)
+    return cell(a.plan or "-", _PLAN_WIDTH)
 
 
 def _advise_instead(a: Advice, so: ScaleOut | None, opts: RunOptions) -> str:

@@ -40,6 +40,7 @@ DROP_FIRST: tuple[str, ...] = (
     "activations GiB",
     "fixed GiB",
     "tok/s",
+    "tok/s (est.)",
     "host GiB",
     "recompute",
     "saved vs none",
