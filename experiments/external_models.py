@@ -1,7 +1,8 @@
 """A model nobody here wrote beside our preset: Hugging Face's Flax Llama 3 8B vs llama3-8b.
 
 The external model is transformers' ``FlaxLlamaForCausalLMModule`` at Llama 3 8B's shapes
-(``tests/data/hf_llama.py``, the README's factory), measured through ``--model file.py:NAME``
+(``tests/data/hf_llama.py``, the factory docs/your-model.md shows), measured through
+``--model file.py:NAME``
 with its decoder layer patched by ``--block`` and its projections tagged by the Hugging Face
 rule set; ours is the ``llama3-8b`` preset. Both run the same step (batch, sequence, optimizer,
 precision) with the same attention and layer loop: einsum attention (``xla``: Hugging Face's

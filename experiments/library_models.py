@@ -55,7 +55,7 @@ LIBRARIES = {
         layers=4,
         batch=1,
         seq=2048,
-        # bf16 weights as built; EasyDeL sets the fraction 1.0 at import (README)
+        # bf16 weights as built; EasyDeL sets the fraction 1.0 at import (docs/your-model.md)
         flags=["--precision", "bf16", "--mem-fraction", "0.75"],
         policies=(*POLICIES, "minimal"),
     ),
