@@ -125,3 +125,24 @@ def test_ctrl_c_while_the_cli_starts_ends_the_process_at_once():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", ONE_LINE)
+
+
+def test_ctrl_c_while_jax_starts_its_backends_ends_the_process_at_once():
+    # jax's plugin discovery logs a KeyboardInterrupt that lands in it as a traceback and
+    # goes on: the CLI starts the backends where Ctrl-C still ends the process there.
+    code = (
+        "import sys, signal\n"
+        "sys.argv = ['remat-kit']\n"
+        "from remat_kit.cli import _model, main\n"
+        "def start():  # as jax's plugin discovery: the KeyboardInterrupt swallowed\n"
+        "    try:\n"
+        "        signal.raise_signal(signal.SIGINT)\n"
+        "    except KeyboardInterrupt:\n"
+        "        print('swallowed', file=sys.stderr)\n"
+        "    sys.exit(5)  # and the run went on\n"
+        "_model.start_backends = start\n"
+        "main(['report', '--model', 'tiny-llama'])\n"
+        "print('main returned')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", ONE_LINE)

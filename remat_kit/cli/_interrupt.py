@@ -13,13 +13,15 @@ imports it first, so the CLI's own imports are covered).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["came", "catch", "reset", "running", "stop"]
+__all__ = ["at_once", "came", "catch", "reset", "running", "stop"]
 
 _CAME: list[bool] = []  # non-empty once a Ctrl-C came during this run
 _AT_ONCE: list[bool] = []  # non-empty while the CLI starts: Ctrl-C ends the process at once
@@ -97,6 +99,25 @@ def running() -> None:
       >>> running()
     """
     _AT_ONCE.clear()
+
+
+@contextlib.contextmanager
+def at_once() -> Iterator[None]:
+    """Inside, Ctrl-C ends the process at once again, as while the CLI starts: for code that
+    swallows a ``KeyboardInterrupt`` (jax's plugin discovery, as its backends start, logs one
+    as a traceback and goes on).
+
+    Example:
+      >>> with at_once():
+      ...     pass
+    """
+    was = bool(_AT_ONCE)
+    _AT_ONCE.append(True)
+    try:
+        yield
+    finally:
+        if not was:
+            _AT_ONCE.clear()
 
 
 def stop() -> int:

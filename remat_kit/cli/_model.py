@@ -17,6 +17,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from remat_kit import sources
+from remat_kit.cli import _interrupt
 from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
 from remat_kit.notes import words
@@ -25,6 +26,7 @@ from remat_kit.sharding import parse_shard
 from remat_kit.sources import SourceKind, StepSource, Workload, kind_named, kinds
 from remat_kit.sources import resolve as resolve_spec
 from remat_kit.targets import Target
+from remat_kit.targets._platform import start_backends
 from remat_kit.train import TrainConfig, planned_precision, regime
 
 __all__ = [
@@ -338,6 +340,11 @@ def resolve(args: argparse.Namespace) -> ModelRun:
         )
     source = resolve_spec(spec)
     tgt = target_after_imports(tgt, source.env_at_import, args)
+    if tgt.kind != "local":  # local: the allocator fraction is set first (validate)
+        # Now, after the model's import (XLA reads XLA_FLAGS as its first backend starts, and
+        # an import may set them), and where a Ctrl-C cannot be swallowed.
+        with _interrupt.at_once():
+            start_backends()
     config = config_from_args(args, kind)  # the optimizer's name, batch against accum
     # The model's own check names its field (vocab_size=1, BadValue.param): the CLI's error
     # boundary (remat_kit.cli.main, FLAGS) names the flag that set it.

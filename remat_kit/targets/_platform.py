@@ -27,6 +27,7 @@ __all__ = [
     "configure_if_no_gpu",
     "gpu_topology",
     "platform_error",
+    "start_backends",
 ]
 
 _PLUGIN_MESSAGE = "compiling for {name} needs the CUDA 12 compile plugin: pip install 'jax[cuda12]'"
@@ -144,6 +145,22 @@ def platform_error(err: BaseException) -> TargetError | None:
         f"JAX_PLATFORMS={asked or '...'} asks jax for a platform it could not start ({first}); "
         "unset it or set JAX_PLATFORMS=cpu (a compile for a named GPU needs none)"
     )
+
+
+def start_backends() -> None:
+    """Starts jax's backends now, which a run does anyway at its first jax operation: the
+    CLI does it where a Ctrl-C ends the process at once (jax's plugin discovery logs a
+    ``KeyboardInterrupt`` that lands in it as a traceback, and goes on), once the model is
+    imported (XLA reads ``XLA_FLAGS`` as its first backend starts).
+
+    Raises:
+      RuntimeError: jax could not start a platform ``JAX_PLATFORMS`` names (see
+        :func:`platform_error`).
+
+    Example:
+      >>> start_backends()
+    """
+    jax.devices()
 
 
 def _has_nvidia_device() -> bool:
