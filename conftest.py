@@ -83,7 +83,7 @@ SLOW_EXAMPLES = frozenset(
         "remat_kit.peak._api.inspect_step",
         "remat_kit.peak._compare.diff",
         "remat_kit.render._tables.compare_rows",
-        "remat_kit.render._tables.decision_table",
+        "remat_kit.render._plan_tables.decision_table",
         "remat_kit.render._tables.report_table",
         "remat_kit.render._tables.residual_table",
         "remat_kit.search",

@@ -28,14 +28,13 @@ from remat_kit.render._front import front_figure, plot_front
 from remat_kit.render._layout import DROP_FIRST, fitted
 from remat_kit.render._listings import models_table, policies_table, targets_table
 from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
+from remat_kit.render._plan_tables import decision_table, plan_table
 from remat_kit.render._progress import length_words, progress
 from remat_kit.render._seq import longest_words, seq_table
 from remat_kit.render._tables import (
     FitRow,
     compare_table,
-    decision_table,
     fit_table,
-    plan_table,
     report_table,
     residual_table,
 )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
@@ -43,20 +43,17 @@ from remat_kit.render._titles import (
     run_words,
     training_line,
 )
-from remat_kit.render._wrap import cell
 
 if TYPE_CHECKING:
     from remat_kit.analysis import MemoryReport
     from remat_kit.residuals import ResidualReport
-    from remat_kit.search import Fit, FrontPoint, Plan
+    from remat_kit.search import Fit
     from remat_kit.targets import Target
 
 __all__ = [
     "FitRow",
     "compare_table",
-    "decision_table",
     "fit_table",
-    "plan_table",
     "report_table",
     "residual_table",
 ]
@@ -428,168 +425,6 @@ def fit_table(
             pct(fit.recompute_overhead),
             str(fit.tokens_per_step),
         )
-    return table
-
-
-def plan_table(
-    p: Plan,
-    points: Iterable[FrontPoint],
-    target: Target,
-    opts: RunOptions,
-    *,
-    plan_seconds: float,
-    seconds: float,
-    compiles: int,
-) -> Table:
-    """The ``plan`` table: the plan beside the catalogue points, with the Pareto front marked.
-
-    Args:
-      p: the plan.
-      points: the front points compiled beside it (the plan's own point included).
-      target: the target compiled for.
-      opts: the run's options (for the title).
-      plan_seconds: wall time of the planner.
-      seconds: wall time of everything.
-      compiles: how many programs were compiled in all.
-
-    Returns:
-      The table.
-    """
-    title = (
-        f"plan for {run_words(opts)} on {target.name}: "
-        f"budget {size(p.budget_bytes)}, attention="
-        f"{p.report.attention if p.report is not None else '-'}"
-        + training_line(
-            opts_precision(opts),
-            p.report.meta.get("dropout") if p.report is not None else None,
-        )
-    )
-    from remat_kit.search import plan_label
-
-    if p.host_budget_bytes is not None:
-        title += f", host budget {size(p.host_budget_bytes)}"
-    caption = (
-        f"plan found in {plan_seconds:.1f} s ({p.compiles} compiles); {compiles} compiles in "
-        f"{seconds:.1f} s in all. {_solver_words(p)}. overhead = "
-        + (
-            "predicted time of recomputation + host transfer not hidden"
-            if p.objective == "time"
-            else "recompute FLOPs + host transfer not hidden (--objective flops)"
-        )
-        + " (estimate); recompute = extra FLOPs; * = on the Pareto front; = X: the same "
-        "program as X"
-    )
-    points = list(points)
-    timed = any(pt.step_seconds is not None for pt in points)
-    mem = byte_unit(
-        [pt.peak_bytes for pt in points] + [p.host_bytes, p.budget_bytes if not points else None]
-    )
-    step = second_unit(pt.step_seconds for pt in points)
-    if timed:
-        caption += f"; step {step.name}: predicted from the compiled kernels (remat_kit.timing)"
-    copies = [pt.depth for pt in points if _extrapolated(pt.depth)]
-    if copies:
-        # The planner compiles whole what is near its budget; the rest (clear fits and
-        # clear misses) stays read off the copies.
-        caption += "\n~ " + depth_words(copies[0])
-    if p.report is not None and p.report.step_time is not None:
-        caption += "\nPLAN " + step_time_words(p.report.step_time, p.report.tokens_per_step)
-    table = Table(title=title, caption=caption)
-    columns = [
-        "what",
-        f"peak {mem.name}",
-        "recompute",
-        "overhead",
-        f"host {mem.name}",
-        "fits\nbudget",
-        "front",
-    ]
-    if timed:
-        columns.insert(4, f"step {step.name} (est.)")
-    for col in columns:
-        # The policy and where it stands are the answer: kept whole, broken between tokens.
-        table.add_column(
-            col,
-            justify="left" if col in ("what", "front") else "right",
-            no_wrap=col in ("what", "front"),
-        )
-    main = plan_label(p)
-    for pt in sorted(points, key=lambda q: (q.label != main, q.kind, q.peak_bytes)):
-        if pt.label == main:
-            what = f"PLAN: {p.label}"
-        elif pt.kind == "plan" and pt.policy is not None:
-            what = f"{pt.label}: {label(pt.policy, pt.schedule)}"
-        else:
-            what = pt.label
-        steps = [] if not timed else [step.cell(pt.step_seconds, 3 if step.name == "s" else 2)]
-        table.add_row(
-            cell(what, _NAME_WIDTH),
-            ("~" if _extrapolated(pt.depth) else "") + mem.cell(pt.peak_bytes),
-            pct(pt.recompute_overhead),
-            pct(pt.overhead),
-            *steps,
-            mem.cell(p.host_bytes if pt.label == main else None),
-            _YES_NO[pt.peak_bytes <= p.budget_bytes],
-            cell(
-                f"= {pt.same_as}"
-                if pt.same_as is not None
-                else "*"
-                if not pt.dominated
-                else f"dominated by {pt.dominated_by or ''}",
-                _FRONT_WIDTH,
-            ),
-        )
-    return table
-
-
-def _extrapolated(depth: Mapping[str, Any] | None) -> bool:
-    return (depth or {}).get("mode") == "extrapolated"
-
-
-def _solver_words(p: Plan) -> str:
-    """How sure the planner is, in words: the solver's status and gap."""
-    st = p.solver
-    if st is None:
-        if p.source == "beside_none":  # none fits; a policy beside it is faster (issue 45)
-            return "no program solved (none fits; a policy beside it is faster)"
-        return "no program solved (no remat needed)"
-    if st.optimal:
-        proof = "optimal on its cost model"
-    elif st.gap is not None:
-        proof = f"{st.status}, within {100 * st.gap:.2f}% of optimal on its cost model"
-    else:
-        proof = st.status
-    where = {"catalogue": "; a catalogue policy was at least as good", "schedule": ""}
-    return f"solver ({st.solver}, {st.programs} programs, {st.seconds:.2f} s): {proof}" + where.get(
-        p.source, ""
-    )
-
-
-def decision_table(p: Plan) -> Table:
-    """The plan, per tag: saved, offloaded or recomputed (and per layer range when it varies).
-
-    Args:
-      p: the plan.
-
-    Returns:
-      The table.
-
-    Example:
-      >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
-      >>> t = decision_table(p)
-      >>> t.title, list(zip(t.columns[0].cells, t.columns[1].cells))[0]
-      ('the plan, per tag: what names:save=mlpwo does', ('mlpwi_1', 'recompute'))
-    """
-    table = Table(title=f"the plan, per tag: what {short(p.policy.spec, 40)} does")
-    table.add_column("tag")
-    table.add_column("decision")
-    if p.layers:
-        table.add_column(f"layers 0-{p.layers - 1}")
-    for tag, decision in p.decisions.items():
-        cells = [tag, decision]
-        if p.layers:
-            cells.append(p.layer_decisions.get(tag, decision))
-        table.add_row(*cells)
     return table
 
 
