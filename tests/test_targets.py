@@ -319,6 +319,50 @@ def test_bad_device_counts_raise(kwargs, error, match):
         rkt.target("h100", **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("name", "gpu", "devices", "hosts", "domain"),
+    [
+        ("dgx-h100", "h100", 64, 8, 8),  # the GPUs fill whole 8-GPU nodes
+        ("a3-ultra", "h200", 8, 1, 8),
+        ("gb200-nvl72", "b200", 16, 4, 72),  # 4-GPU trays, one 72-GPU NVLink domain
+        ("DGX-B200", "b200", 16, 2, 8),  # names without regard to case
+    ],
+)
+def test_a_node_places_the_gpus_and_names_its_nvlink_domain(name, gpu, devices, hosts, domain):
+    t = rkt.target(gpu, devices=devices, node=name)
+    assert (t.hosts, t.nvlink_domain, t.node) == (hosts, domain, name.lower())
+    assert t.to_dict()["node"] == name.lower()
+
+
+@pytest.mark.parametrize(
+    ("gpu", "kwargs", "error", "match"),
+    [
+        ("h100", {"node": "dgx-b200"}, ValueError,
+         r"node dgx-b200 holds b200 GPUs, not h100-80gb.*a3-high, a3-mega, dgx-h100"),
+        ("h100", {"node": "dgx-h1000"}, ValueError, "Did you mean dgx-h100"),
+        ("h100", {"node": 8}, TypeError, "node must be a str, got int"),
+        ("h100", {"node": "dgx-h100", "devices": 16, "hosts": 1, "mem_fraction": None}, None, ""),
+        ("gb200", {"node": "gb200-nvl72", "devices": 8, "hosts": 1}, ValueError, "unknown target"),
+        ("cpu", {"node": "dgx-h100"}, ValueError, "node='dgx-h100' is for GPU targets"),
+    ],
+)  # fmt: skip
+def test_a_node_that_does_not_hold_the_gpu_is_refused(gpu, kwargs, error, match):
+    if error is None:  # hosts=1 with 16 GPUs: filled into two nodes, not refused
+        assert rkt.target(gpu, **kwargs).hosts == 2
+        return
+    with pytest.raises(error, match=match):
+        rkt.target(gpu, **kwargs)
+
+
+def test_more_gpus_per_host_than_the_node_holds_are_refused():
+    with pytest.raises(ValueError, match="16 GPUs per host, but a dgx-h100 node holds 8"):
+        rkt.Target(**{**_fields(rkt.target("h100", devices=16)), "node": "dgx-h100"})
+
+
+def _fields(t):
+    return {f.name: getattr(t, f.name) for f in dataclasses.fields(t)}
+
+
 def test_cpu_and_local_reject_hosts():
     with pytest.raises(ValueError, match="hosts=2"):
         rkt.target("cpu", devices=2, hosts=2)

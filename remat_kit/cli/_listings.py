@@ -7,8 +7,15 @@ from collections.abc import Callable
 from typing import Any
 
 from remat_kit.policies import parse_policy, policy, policy_names
-from remat_kit.render import console, fitted, models_table, policies_table, targets_table
-from remat_kit.targets import target, target_names
+from remat_kit.render import (
+    console,
+    fitted,
+    models_table,
+    nodes_table,
+    policies_table,
+    targets_table,
+)
+from remat_kit.targets import NODES, node_names, target, target_names
 
 __all__ = ["run"]
 
@@ -22,28 +29,33 @@ _EXAMPLES = {
 }
 
 
-def _targets() -> Any:
-    return targets_table((name, target(name)) for name in target_names())
-
-
-def _policies() -> Any:
-    return policies_table(
-        (
-            (name, parse_policy(_EXAMPLES[name]) if name in _EXAMPLES else policy(name))
-            for name in policy_names()
-        ),
-        _EXAMPLES,
+def _targets() -> tuple[Any, ...]:
+    return (
+        targets_table((name, target(name)) for name in target_names()),
+        nodes_table(NODES[name] for name in node_names()),
     )
 
 
-def _models() -> Any:
+def _policies() -> tuple[Any, ...]:
+    return (
+        policies_table(
+            (
+                (name, parse_policy(_EXAMPLES[name]) if name in _EXAMPLES else policy(name))
+                for name in policy_names()
+            ),
+            _EXAMPLES,
+        ),
+    )
+
+
+def _models() -> tuple[Any, ...]:
     from remat_kit.cli._model import catalogue
 
-    return models_table(catalogue())
+    return (models_table(catalogue()),)
 
 
-#: Each listing: its subcommand and the function that builds its table.
-_LISTINGS: dict[str, Callable[[], Any]] = {
+#: Each listing: its subcommand and the function that builds its tables.
+_LISTINGS: dict[str, Callable[[], tuple[Any, ...]]] = {
     "targets": _targets,
     "policies": _policies,
     "models": _models,
@@ -66,5 +78,6 @@ def run(args: argparse.Namespace) -> int:
       0
     """
     out = console(args.wide)
-    out.print(fitted(_LISTINGS[args.command](), out.width))
+    for table in _LISTINGS[args.command]():
+        out.print(fitted(table, out.width))
     return 0

@@ -65,10 +65,17 @@ def target_from_args(args: argparse.Namespace) -> Target:
     name = args.target.strip().lower()
     fraction = getattr(args, "mem_fraction", None) if name not in ("cpu", "local") else None
     gpus, hosts = getattr(args, "gpus", 1) or 1, getattr(args, "hosts", 1) or 1
+    machine = getattr(args, "node", None)
     if _is_file_target(args.target):
+        if machine:
+            raise BadValue(
+                f"--node {machine} names a catalogue machine; a GPU described by a file has "
+                "none: drop --node or use a catalogue --target",
+                param="node",
+            )
         t = _file_target(args.target, gpus, hosts, fraction)
     else:
-        t = target(args.target, devices=gpus, hosts=hosts, mem_fraction=fraction)
+        t = target(args.target, devices=gpus, hosts=hosts, mem_fraction=fraction, node=machine)
     return t if fraction is None else t.with_mem_fraction(fraction, "--mem-fraction")
 
 

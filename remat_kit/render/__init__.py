@@ -26,7 +26,7 @@ from remat_kit.render._files import (
 from remat_kit.render._format import GIB, console, fmt, gib, pct, short, text_table
 from remat_kit.render._front import front_figure, plot_front
 from remat_kit.render._layout import DROP_FIRST, fitted
-from remat_kit.render._listings import models_table, policies_table, targets_table
+from remat_kit.render._listings import models_table, nodes_table, policies_table, targets_table
 from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render._plan_tables import decision_table, plan_table
 from remat_kit.render._progress import length_words, progress
@@ -74,6 +74,7 @@ __all__ = [
     "longest_words",
     "models_table",
     "module_names",
+    "nodes_table",
     "opts_precision",
     "pct",
     "peak_table",

@@ -15,10 +15,11 @@ from remat_kit.render._format import count_words, fmt, gib
 
 if TYPE_CHECKING:
     from remat_kit.policies import Policy
-    from remat_kit.targets import Target
+    from remat_kit.targets import Node, Target
 
 __all__ = [
     "models_table",
+    "nodes_table",
     "policies_table",
     "targets_table",
 ]
@@ -49,6 +50,38 @@ def targets_table(targets: Iterable[tuple[str, Target]]) -> Table:
             fmt(t.hbm_bandwidth, 1e12),
             fmt(t.host_link_bandwidth, 1e9, 0),
             fmt(t.peak_bf16_flops, 1e12, 0),
+        )
+    return table
+
+
+def nodes_table(nodes: Iterable[Node]) -> Table:
+    """The machines GPUs come in (``--node``): NVLink domain and GPU network per node.
+
+    Args:
+      nodes: the nodes, in the order to show.
+
+    Returns:
+      The table.
+
+    Example:
+      >>> t = nodes_table([rk.targets.node("a3-mega")])
+      >>> list(t.columns[5].cells), list(t.columns[6].cells)
+      (['8 x 200'], ['25.0'])
+    """
+    table = Table(title="nodes (--node)")
+    for col in ("name", "target", "GPUs", "NVLink domain", "NVLink GB/s", "GPU NICs x Gb/s",
+                "network GB/s per GPU", "transport"):  # fmt: skip
+        table.add_column(col)
+    for n in nodes:
+        table.add_row(
+            n.name,
+            n.gpu,
+            str(n.gpus),
+            str(n.nvlink_domain),
+            fmt(n.nvlink, 1e9, 0),
+            f"{n.nics} x {n.nic_gbps:g}",
+            fmt(n.network_per_gpu, 1e9, 1),
+            n.transport,
         )
     return table
 

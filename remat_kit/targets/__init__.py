@@ -28,6 +28,7 @@ from remat_kit.targets._core import (
     target_names,
 )
 from remat_kit.targets._custom import custom_target, target_from_config
+from remat_kit.targets._nodes import NODES, Node, node, node_names
 from remat_kit.targets._platform import check_platforms, configure_for_deviceless
 from remat_kit.targets._prices import (
     PRICE_CAVEAT,
@@ -45,10 +46,12 @@ __all__ = [
     "ALIASES",
     "DEFAULT_MEM_FRACTION",
     "GPU_FACTS",
+    "NODES",
     "PRICES",
     "PRICE_CAVEAT",
     "PRICE_TABLE_DATE",
     "PROCESS_FLAGS",
+    "Node",
     "Price",
     "Runtime",
     "Target",
@@ -62,6 +65,8 @@ __all__ = [
     "cudnn_attention_available",
     "custom_target",
     "load_prices",
+    "node",
+    "node_names",
     "parse_prices",
     "price_for",
     "runtime_from_env",

@@ -22,6 +22,7 @@ from remat_kit.targets._catalogue import (
     GPU_FACTS,
     SPECIAL,
 )
+from remat_kit.targets._nodes import NODES, node, node_names
 from remat_kit.targets._platform import configure_if_no_gpu, gpu_topology
 from remat_kit.targets._proto import escape
 from remat_kit.targets.runtime import (
@@ -65,6 +66,9 @@ class Target:
       target_config: ``GpuTargetConfigProto`` text for kind ``"gpu"``, else None.
       runtime: how a JAX process on the card allocates (the allocator's share of it); GPU
         targets only. ``usable_bytes`` and every "fits" follow from it.
+      node: the machine the GPUs come in (:func:`remat_kit.targets.node_names`): its NVLink
+        domain and GPU network price the collectives; None: NVLink within a host and one
+        400 Gb/s NIC per GPU between hosts.
 
     Example:
       >>> t = target("a100-40gb", devices=8, hosts=2)
@@ -84,6 +88,7 @@ class Target:
     compute_capability: tuple[int, int] | None = None
     target_config: str | None = dataclasses.field(default=None, repr=False)
     runtime: Runtime | None = None
+    node: str | None = None
 
     def __post_init__(self) -> None:
         _check_count("devices", self.devices)
@@ -123,6 +128,31 @@ class Target:
             raise BadValue(
                 f"hosts={self.hosts} is only meaningful for GPU targets; {self.kind!r} uses hosts=1"
             )
+        if self.node is not None:
+            self._check_node()
+
+    def _check_node(self) -> None:
+        n = node(self.node)  # a catalogue name, or UnknownName listing them
+        object.__setattr__(self, "node", n.name)
+        if n.gpu != self.name:
+            raise BadValue(
+                f"node {n.name} holds {n.gpu} GPUs, not {self.name}: use --target {n.gpu}, or "
+                f"a node of {self.name} ("
+                + ", ".join(x for x in node_names() if NODES[x].gpu == self.name)
+                + ")",
+                param="node",
+            )
+        if self.devices_per_host > n.gpus:
+            raise BadValue(
+                f"{self.devices_per_host} GPUs per host, but a {n.name} node holds {n.gpus}: "
+                f"spread {self.devices} GPUs over {-(-self.devices // n.gpus)} hosts",
+                param="hosts",
+            )
+
+    @property
+    def nvlink_domain(self) -> int:
+        """Devices one NVLink domain joins: the node's (a GB200 NVL72 rack: 72), else a host's."""
+        return node(self.node).nvlink_domain if self.node else self.devices_per_host
 
     @property
     def devices_per_host(self) -> int:
@@ -343,7 +373,11 @@ def as_target(t: str | Target) -> Target:
 
 
 def target(
-    name: str, devices: int = 1, hosts: int = 1, mem_fraction: float | None = None
+    name: str,
+    devices: int = 1,
+    hosts: int = 1,
+    mem_fraction: float | None = None,
+    node: str | None = None,
 ) -> Target:
     """Returns a built-in target by name.
 
@@ -355,6 +389,8 @@ def target(
       hosts: Number of hosts the devices are spread over (GPU targets only).
       mem_fraction: the share of each GPU a JAX process's allocator takes; default: what the
         environment says (``XLA_PYTHON_CLIENT_MEM_FRACTION``...), else JAX's 0.75.
+      node: the machine the GPUs come in (:func:`remat_kit.targets.node_names`); with
+        ``hosts=1`` and more devices than one node holds, the devices fill whole nodes.
 
     Returns:
       A :class:`Target`.
@@ -367,9 +403,14 @@ def target(
     Example:
       >>> target("h100", devices=16, hosts=2).topology
       '1x2x8'
+      >>> target("h100", devices=64, node="a3-mega").hosts
+      8
     """
     _check_count("devices", devices)
     _check_count("hosts", hosts)
+    if node is not None and hosts == 1:
+        per = _node_of(node).gpus
+        hosts = -(-devices // per) if devices > per else 1
     if not isinstance(name, str):
         raise BadType(
             f"target name must be a str, got {type(name).__name__}: {name!r}", param="target"
@@ -377,7 +418,10 @@ def target(
     key = name.strip().lower()
     key = ALIASES.get(key, key)
     if key in GPU_FACTS:
-        return _gpu_target(key, GPU_FACTS[key], devices, hosts, _runtime(mem_fraction))
+        t = _gpu_target(key, GPU_FACTS[key], devices, hosts, _runtime(mem_fraction))
+        return dataclasses.replace(t, node=node) if node is not None else t
+    if node is not None and key in SPECIAL:
+        raise BadValue(f"node={node!r} is for GPU targets, not {key!r}", param="node")
     if key == "cpu":
         return Target(
             "cpu", "cpu", "CPU (XLA host backend)", None, None, None, None, devices, hosts
@@ -408,6 +452,10 @@ def cudnn_attention_available(target: Target) -> bool:
     return importlib.util.find_spec("nvidia") is not None and (
         importlib.util.find_spec("nvidia.cudnn") is not None
     )
+
+
+def _node_of(name: str) -> Any:
+    return node(name)
 
 
 def _check_count(what: str, value: Any) -> None:

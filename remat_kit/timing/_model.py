@@ -60,6 +60,9 @@ class StepTime:
       memory_seconds: memory-bound kernels (norms, activations, optimizer updates, copies).
       collective_seconds: collectives that the step waits for (exposed).
       collective_hidden_seconds: asynchronous collectives' time hidden behind compute.
+      contention_seconds: what the compute loses while collectives run beside it (NCCL's
+        kernels hold SMs and memory bandwidth): the hidden time times
+        :attr:`~remat_kit.timing.Speed.contention`.
       transfer_seconds: host-link transfers (offload), exposed.
       launch_seconds: the fixed per-kernel costs.
       recompute_seconds: the part of all the above that re-runs forward work.
@@ -85,6 +88,7 @@ class StepTime:
     device: str
     peak_flops: float
     assumptions: tuple[str, ...] = ()
+    contention_seconds: float = 0.0
 
     def tokens_per_second(self, tokens: int) -> float:
         """``tokens`` (per step) over the step time."""
@@ -104,6 +108,7 @@ class StepTime:
             "attention": self.attention_seconds,
             "memory": self.memory_seconds,
             "collective": self.collective_seconds,
+            "contention": self.contention_seconds,
             "transfer": self.transfer_seconds,
             "launch": self.launch_seconds,
         }
@@ -153,16 +158,23 @@ def step_time(
       0.01
     """
     parts = dict.fromkeys(("gemm", "attention", "memory", "collective", "host_transfer"), 0.0)
-    hidden_candidates = 0.0
+    pooled = 0.0  # asynchronous collectives whose window was not read
+    beside: dict[int, float] = {}  # window -> its collectives' seconds
+    under: dict[int, float] = {}  # window -> the compute scheduled under them
     launch = recompute = model_flops = flops = 0.0
     launches = 0
     for k in kernels:
         seconds = _seconds(k, speed, devices_per_host)
         each = speed.kernel_seconds
         if k.kind == "collective" and k.asynchronous:
-            hidden_candidates += seconds * k.count
+            if k.window:
+                beside[k.window] = beside.get(k.window, 0.0) + seconds * k.count
+            else:
+                pooled += seconds * k.count
         else:
             parts[k.kind] += seconds * k.count
+            if k.window and k.kind in ("gemm", "attention", "memory"):
+                under[k.window] = under.get(k.window, 0.0) + (seconds + each) * k.count
         launch += each * k.count
         launches += k.count
         if k.recompute:
@@ -176,9 +188,17 @@ def step_time(
         # large ones come back as untouched pages: their first write faults every page in.
         parts["memory"] += fresh_bytes / speed.fresh_bytes_per_s
     compute = parts["gemm"] + parts["attention"] + parts["memory"]
-    hidden = min(hidden_candidates, compute)
-    exposed = parts["collective"] + hidden_candidates - hidden
-    total = compute + exposed + parts["host_transfer"] + launch
+    # A collective hides behind what XLA scheduled between its start and its done; past
+    # that, the step waits at the done.
+    hidden = sum(min(c, under.get(w, 0.0)) for w, c in beside.items())
+    exposed = sum(max(0.0, c - under.get(w, 0.0)) for w, c in beside.items())
+    # Collectives without a window (a program read before windows were): behind the compute
+    # no window holds.
+    pooled_hidden = min(pooled, max(0.0, compute - sum(under.values())))
+    hidden += pooled_hidden
+    exposed += parts["collective"] + pooled - pooled_hidden
+    contention = hidden * speed.contention
+    total = compute + exposed + contention + parts["host_transfer"] + launch
     return StepTime(
         seconds=total,
         matmul_seconds=parts["gemm"],
@@ -186,6 +206,7 @@ def step_time(
         memory_seconds=parts["memory"],
         collective_seconds=exposed,
         collective_hidden_seconds=hidden,
+        contention_seconds=contention,
         transfer_seconds=parts["host_transfer"],
         launch_seconds=launch,
         recompute_seconds=recompute,
@@ -232,16 +253,42 @@ def _collective_seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -
     n = max(1, k.group)
     if n == 1:
         return 0.0
-    link = speed.device_link if devices_per_host is None or n <= devices_per_host else speed.network
-    # NCCL's ring reaches about 0.8 of the link (nccl-tests bus bandwidth on 8x H100 NVLink:
-    # ~360 of 450 GB/s): a stated assumption, not measured here.
-    link *= 0.8
     share = k.bytes * (n - 1) / n
     if k.op == "all-reduce":
         share *= 2
     elif k.op == "collective-permute":
         share = k.bytes
-    return share / link
+    return share / _ring_bytes_per_s(k, speed, devices_per_host)
+
+
+def _ring_bytes_per_s(k: Kernel, speed: Speed, devices_per_host: int | None) -> float:
+    """What one device of ``k``'s ring moves per second (NCCL's bus bandwidth).
+
+    Inside one NVLink domain the ring runs over NVLink. A group that spans domains is as fast
+    as its slowest hop: NCCL builds one ring per NIC and each ring leaves a domain once, so a
+    domain's share of a ring is ``g`` devices (the group's members in one domain) sending
+    through ``g`` devices' worth of NICs: ``min(NVLink, g x network per device)`` (a data
+    axis across nodes, one member per node, gets one device's NICs; an FSDP axis with every
+    GPU of each node, all of them)."""
+    n = max(1, k.group)
+    domain = speed.domain or devices_per_host or n
+    nvlink = speed.device_link * speed.link_efficiency
+    together = _in_one_domain(k, domain)
+    if together >= n:
+        return nvlink
+    return min(nvlink, together * speed.network * speed.network_efficiency)
+
+
+def _in_one_domain(k: Kernel, domain: int) -> int:
+    """How many members of ``k``'s group share an NVLink domain of ``domain`` devices (ids
+    ``0..domain-1`` the first), from the group's runs of consecutive ids."""
+    n = max(1, k.group)
+    run = k.run or n  # not read: one block of ids
+    if run >= domain:
+        return domain
+    if not k.stride or k.stride >= domain:
+        return min(run, n)
+    return min(n, run * (domain // k.stride))
 
 
 def fresh_bytes_of(memory: Any) -> int:

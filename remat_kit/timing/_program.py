@@ -29,9 +29,9 @@ import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 
-from remat_kit.timing._model import _seconds
+from remat_kit.timing._model import _seconds, step_time
 from remat_kit.timing._speed import Speed
-from remat_kit.xla import HloInstruction, HloModule, Kernel, read_hlo
+from remat_kit.xla import HloInstruction, HloModule, Kernel, kernels_of, read_hlo
 from remat_kit.xla._cost import _cost
 from remat_kit.xla._kernels import _is_wrapper, _trip_count, _walk
 from remat_kit.xla._opcodes import _FREE
@@ -74,8 +74,9 @@ class ProgramTimeline:
       steps: ``(schedule position, start seconds)`` in execution order: a position inside a
         loop appears once per iteration.
       launches: every launch, in execution order.
-      exposed_seconds: asynchronous collectives' time the compute could not hide (the
-        step waits for it at its end, as :func:`~remat_kit.timing.step_time` counts it).
+      exposed_seconds: asynchronous collectives' time their windows could not hide, and the
+        compute's loss to contention while they ran (the step waits for both at its end,
+        as :func:`~remat_kit.timing.step_time` counts them).
       seconds: the step's length: ``step_time(kernels_of(text), speed).seconds``.
     """
 
@@ -116,7 +117,7 @@ def program_timeline(
     sequenced = {comp_of.get(n) for n in sequence}
 
     launch_cost = speed.kernel_seconds
-    clock = compute = beside_total = 0.0
+    clock = inline = 0.0
     steps: list[tuple[int, float]] = []
     launches: list[Launch] = []
     for pos in order:
@@ -126,14 +127,16 @@ def program_timeline(
             priced = _seconds(k, speed, devices_per_host)
             if k.kind == "collective" and k.asynchronous:
                 launches.append(Launch(k, clock, priced, len(steps) - 1, beside=True))
-                beside_total += priced
                 clock += launch_cost
                 continue
-            if k.kind in ("gemm", "attention", "memory"):
-                compute += priced
+            if k.kind == "collective":
+                inline += priced
             launches.append(Launch(k, clock, priced + launch_cost, len(steps) - 1))
             clock += priced + launch_cost
-    exposed = beside_total - min(beside_total, compute)
+    # What the step waits for at its end: the asynchronous collectives their windows could
+    # not hide and the compute's loss to contention, as step_time counts them.
+    whole = step_time(kernels_of(hlo_text), speed, devices_per_host=devices_per_host)
+    exposed = whole.collective_seconds - inline + whole.contention_seconds
     return ProgramTimeline(tuple(steps), tuple(launches), exposed, clock + exposed)
 
 

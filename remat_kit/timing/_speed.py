@@ -43,6 +43,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from remat_kit.targets import node
+
 __all__ = [
     "Speed",
     "speed_of",
@@ -58,6 +60,16 @@ _NVLINK = {
     "NVIDIA H20": 450e9,  # NVLink 900 GB/s bidirectional (H20 spec sheet)
 }
 _NETWORK = 50e9  # one 400 Gb/s NIC per GPU
+# NCCL's share of an RDMA NIC's line rate across nodes (the catalogue's, remat_kit.targets).
+_RDMA = 0.92
+# NCCL's ring over NVLink: 370 of the H100's 450 GB/s line rate ("With the protocol overhead
+# (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s", NVIDIA/nccl-tests#212).
+_RING = 370 / 450
+# SMs NCCL's blocks hold while a collective runs, one per channel and never shared with compute:
+# "If you are on DGX with 8 NICs ... it would use 16 SMs"; "a PCI system with a single NIC ...
+# should just launch 2 SMs" (NVIDIA/nccl#689).
+_NCCL_SMS = 16
+_NCCL_SMS_PCIE = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,8 +88,14 @@ class Speed:
       units: parallel units (SMs; cores on a CPU) for wave quantization of small products.
       host_link: host link bytes/s per direction (None: unknown).
       host_link_efficiency: the fraction of ``host_link`` transfers reach.
-      device_link: bytes/s per direction between devices of one host.
-      network: bytes/s per device between hosts.
+      device_link: bytes/s per direction between devices of one NVLink domain (a host, or a
+        rack of GB200 NVL72).
+      network: bytes/s per device between NVLink domains (the node's GPU NICs over its GPUs).
+      domain: devices one NVLink domain joins (0: a host's devices).
+      link_efficiency: the share of ``device_link`` a collective's ring reaches.
+      network_efficiency: the share of ``network`` it reaches across domains.
+      contention: how much slower the compute is while a collective runs beside it (NCCL's
+        kernels hold SMs and memory bandwidth): the overlapped time grows by this fraction.
       alu_ops: elementwise operations per second of the vector units (SMs x FP32 lanes x
         clock), for arithmetic-heavy fusions (random bits for dropout).
       f32_matmul_ratio: f32 products' rate against bf16 (0.5: TF32 tensor cores).
@@ -103,6 +121,10 @@ class Speed:
     host_link_efficiency: float
     device_link: float
     network: float
+    domain: int = 0
+    link_efficiency: float = 0.8
+    network_efficiency: float = 0.8
+    contention: float = 0.0
     alu_ops: float = 0.0
     f32_matmul_ratio: float = 0.5
     fresh_bytes_per_s: float = 0.0
@@ -160,6 +182,7 @@ def speed_of(target: Any) -> Speed | None:
     ghz = _field(target.target_config or "", "clock_rate_ghz")
     nvlink = _NVLINK.get(target.description)
     host = target.host_link_bandwidth
+    machine = node(target.node) if getattr(target, "node", None) else None
     return Speed(
         name=target.name,
         peak_flops=float(target.peak_bf16_flops),
@@ -171,8 +194,14 @@ def speed_of(target: Any) -> Speed | None:
         units=int(sms) or 100,
         host_link=host,
         host_link_efficiency=0.86,
-        device_link=nvlink if nvlink else (host or 32e9),
-        network=_NETWORK,
+        device_link=machine.nvlink if machine else nvlink if nvlink else (host or 32e9),
+        network=machine.network_per_gpu if machine else _NETWORK,
+        domain=machine.nvlink_domain if machine else 0,
+        network_efficiency=machine.network_efficiency if machine else _RDMA,
+        link_efficiency=_RING,
+        # A collective's NCCL blocks own whole SMs while it runs: the compute beside it has
+        # the rest (units / (units - nccl) as long).
+        contention=_contention(int(sms) or 100, _NCCL_SMS if nvlink else _NCCL_SMS_PCIE),
         # half the lanes' rate: integer multiplies and shifts of random-bit generation run at
         # half or quarter rate
         alu_ops=0.5 * sms * lanes * ghz * 1e9,
@@ -187,6 +216,10 @@ def speed_of(target: Any) -> Speed | None:
             "host link: 0.86 of PCIe, not overlapped (measured on an H100)",
         ),
     )
+
+
+def _contention(units: int, nccl: int) -> float:
+    return units / (units - nccl) - 1 if units > nccl else 0.0
 
 
 def _field(config: str, name: str) -> float:

@@ -65,6 +65,7 @@ def _cost(module: HloModule, instr: HloInstruction, times: int) -> Kernel | None
         shape = instr.shape if op == "all-reduce-start" else _output_shape(instr)
         dev, host = _nbytes(shape)
         operand_bytes = sum(_nbytes(module.shapes.get(o, ""))[0] for o in instr.operands)
+        run, stride = _layout(instr.attrs)
         return Kernel(
             kind="collective",
             flops=0.0,
@@ -72,6 +73,8 @@ def _cost(module: HloModule, instr: HloInstruction, times: int) -> Kernel | None
             bytes=max(dev, operand_bytes),
             asynchronous=op.endswith("-start"),
             group=_group_size(instr.attrs, 1),
+            run=run,
+            stride=stride,
             op=_COLLECTIVES[op],
             **base,
         )
@@ -246,16 +249,58 @@ def _recompute(instr: HloInstruction) -> bool:
 
 
 def _group_size(attrs: str, default: int) -> int:
+    ids = _first_group(attrs)
+    return len(ids) if ids else default
+
+
+def _layout(attrs: str) -> tuple[int, int]:
+    """``(run, stride)`` of the first replica group: how many of its devices have consecutive
+    ids from its first, and how far apart the starts of such runs are (0: one run)."""
+    ids = sorted(_first_group(attrs))
+    n = 1 if ids else 0
+    while n < len(ids) and ids[n] == ids[0] + n:
+        n += 1
+    return n, (ids[n] - ids[0] if n < len(ids) else 0)
+
+
+def _first_group(attrs: str) -> tuple[int, ...]:
+    """The device ids of a collective's first replica group, in any of XLA's three spellings:
+    a list (``{{0,1},{2,3}}``), the iota form (``[2,2]<=[2,2]T(1,0)``: ids 0..N-1 laid out in
+    ``dims``, transposed by the permutation, read as groups x size) and the mesh form
+    (``mesh['fsdp'=8,'tp'=2] {'fsdp'}``: the group varies the named axes of a mesh of ids laid
+    out in order, the other axes at their first index). () where the text names none."""
     m = re.search(r"replica_groups=\{\{([\d,]*)\}", attrs)
     if m:
-        return max(1, len([d for d in m.group(1).split(",") if d]))
-    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)  # iota form [groups,size]
+        return tuple(int(d) for d in m.group(1).split(",") if d)
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", attrs)
     if m:
-        return int(m.group(2))
-    # mesh form: mesh['axis_0'=8,'axis_1'=1] {'axis_0'}: the named axes' sizes multiplied
-    m = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", attrs)
+        ids = _iota(m.group(3), m.group(4))
+        return tuple(int(d) for d in ids.reshape(int(m.group(1)), int(m.group(2)))[0])
+    m = re.search(r"replica_groups=\[(\d+),(\d+)\]", attrs)
+    if m:  # iota form without a layout: ids in order
+        return tuple(range(int(m.group(2))))
+    m = re.search(
+        r"replica_groups=mesh\[([^\]]*)\](?:<=\[([\d,]+)\](?:T\(([\d,]+)\))?)?\s*\{([^}]*)\}",
+        attrs,
+    )
     if m:
-        sizes = dict(re.findall(r"'([^']+)'=(\d+)", m.group(1)))
-        axes = re.findall(r"'([^']+)'", m.group(2))
-        return math.prod(int(sizes.get(a, 1)) for a in axes) if axes else default
-    return default
+        sizes = [(a, int(n)) for a, n in re.findall(r"'([^']+)'=(\d+)", m.group(1))]
+        grouped = set(re.findall(r"'([^']+)'", m.group(4)))
+        if not sizes or not grouped:
+            return ()
+        total = math.prod(n for _, n in sizes)
+        ids = _iota(m.group(2), m.group(3)) if m.group(2) else _iota(str(total), None)
+        ids = ids.reshape([n for _, n in sizes])
+        index = tuple(slice(None) if a in grouped else 0 for a, _ in sizes)
+        return tuple(int(d) for d in ids[index].reshape(-1))
+    return ()
+
+
+def _iota(dims: str, perm: str | None) -> Any:
+    import numpy as np
+
+    shape = [int(d) for d in dims.split(",")]
+    ids = np.arange(math.prod(shape)).reshape(shape)
+    if perm:
+        ids = ids.transpose([int(p) for p in perm.split(",")])
+    return ids.reshape(-1)

@@ -48,6 +48,16 @@ class Kernel:
       recompute: the launch recomputes forward work (a checkpoint's or XLA's remat).
       asynchronous: XLA issued it as an async pair (it may overlap other kernels).
       group: devices taking part (collectives; 1 otherwise).
+      run: a collective's devices with consecutive ids, counted from the group's first device
+        (``group`` when the whole group is one block of ids, as an FSDP axis inside a node;
+        1 when its members stand a node apart, as a data axis across nodes). 0 where not read.
+      stride: how far apart (in device ids) the starts of those runs are; 0 for one run.
+        With ``run``, how many of one group share a node once the node's size is known.
+      window: the asynchronous collective this kernel runs beside (an id within the program,
+        0 for none): an async collective carries its own id, and each kernel XLA scheduled
+        between that collective's start and its done carries the id of the earliest
+        collective then in flight. What a window's kernels take is what can hide its
+        collective.
       op: what it is (a collective's kind, an attention's direction, the HLO opcode).
       name: one HLO instruction that launches it (for reading the program).
       ops: elementwise operations of one launch of a fusion (each computing instruction's
@@ -72,6 +82,9 @@ class Kernel:
     recompute: bool = False
     asynchronous: bool = False
     group: int = 1
+    run: int = 0
+    stride: int = 0
+    window: int = 0
     op: str = ""
     name: str = ""
     ops: float = 0.0

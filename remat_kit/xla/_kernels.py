@@ -29,7 +29,7 @@ from typing import Any
 from remat_kit.xla._cost import _cost
 from remat_kit.xla._hlo import HloInstruction, HloModule, _attr, _backend_config, read_hlo
 from remat_kit.xla._kernel import Kernel
-from remat_kit.xla._opcodes import _FREE
+from remat_kit.xla._opcodes import _COLLECTIVES, _FREE
 
 __all__ = [
     "kernels_of",
@@ -71,12 +71,30 @@ def _walk(
     times: int,
     out: dict[tuple[Any, ...], Kernel],
     stack: set[str],
+    window: int = 0,
+    ids: list[int] | None = None,
+    wrapped: int = 0,
 ) -> None:
+    """Adds the kernels of ``comp`` (run ``times`` times) to ``out``.
+
+    The optimized text lists each computation in the order XLA scheduled it, so an async
+    collective's start and done bound what runs beside it: ``window`` is the collective in
+    flight where ``comp`` was called (0: none), ``ids`` the last window id given out in this
+    program, ``wrapped`` the id of the async pair whose wrapped computation ``comp`` is (its
+    collectives run asynchronously, under that id).
+    """
     if comp in stack or comp not in module.computations:
         return
     stack = stack | {comp}
+    ids = [0] if ids is None else ids
+    in_flight: dict[str, int] = {}  # start's name -> window id, in the order started
     for instr in module.computations[comp]:
         op = instr.opcode
+        here = next(iter(in_flight.values()), window)
+        if op.endswith("-done"):
+            for name in instr.operands:
+                in_flight.pop(name, None)
+            continue
         if op in _FREE:
             continue
         if op == "while":
@@ -84,12 +102,18 @@ def _walk(
             for key in ("body", "condition"):
                 called = _attr(instr.attrs, key)
                 if called:
-                    _walk(module, called, times * n, out, stack)
+                    _walk(module, called, times * n, out, stack, here, ids)
             continue
         if op in ("call", "async-start") or (op == "fusion" and _is_wrapper(module, instr)):
             called = _attr(instr.attrs, "to_apply") or _attr(instr.attrs, "calls")
-            if called:
-                _walk(module, called, times, out, stack)
+            if not called:
+                continue
+            if op == "async-start" and _holds_collective(module, called):
+                ids[0] += 1
+                in_flight[instr.name] = ids[0]
+                _walk(module, called, times, out, stack, ids[0], ids, wrapped=ids[0])
+            else:
+                _walk(module, called, times, out, stack, here, ids, wrapped)
             continue
         if op == "conditional":
             # One branch runs; which is not known statically: cost the first (they are
@@ -97,16 +121,28 @@ def _walk(
             m = re.search(r"branch_computations=\{%?([^\s,}]+)", instr.attrs)
             called = m.group(1) if m else _attr(instr.attrs, "true_computation")
             if called:
-                _walk(module, called, times, out, stack)
+                _walk(module, called, times, out, stack, here, ids)
             continue
         kernel = _cost(module, instr, times)
         if kernel is None:
             continue
+        if kernel.kind == "collective" and wrapped:
+            kernel = dataclasses.replace(kernel, asynchronous=True, window=wrapped)
+        elif kernel.kind == "collective" and kernel.asynchronous:
+            ids[0] += 1
+            in_flight[instr.name] = ids[0]
+            kernel = dataclasses.replace(kernel, window=ids[0])
+        elif kernel.kind in ("gemm", "attention", "memory"):
+            kernel = dataclasses.replace(kernel, window=here)
         key = dataclasses.astuple(dataclasses.replace(kernel, count=0, name=""))
         if key in out:
             out[key] = dataclasses.replace(out[key], count=out[key].count + kernel.count)
         else:
             out[key] = kernel
+
+
+def _holds_collective(module: HloModule, comp: str) -> bool:
+    return any(i.opcode in _COLLECTIVES for i in module.computations.get(comp, ()))
 
 
 def _is_wrapper(module: HloModule, instr: HloInstruction) -> bool:
