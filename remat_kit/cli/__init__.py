@@ -137,6 +137,7 @@ FLAGS: dict[str, str] = {
     "target": "--target",
     "devices": "--gpus",
     "hosts": "--hosts",
+    "node": "--node",
     "batch": "--batch",
     "seq": "--seq",
     "optimizer": "--optimizer",

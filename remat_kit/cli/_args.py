@@ -439,6 +439,15 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hosts", type=positive_int, default=1, help="hosts the --gpus devices are spread over"
     )
+    parser.add_argument(
+        "--node",
+        type=name_arg,
+        default=None,
+        metavar="NAME",
+        help="the machine the GPUs come in (remat-kit targets lists them: dgx-h100, a3-mega, "
+        "gb200-nvl72, ...): its NVLink domain and GPU network price the collectives of the "
+        "step time; --gpus fill whole nodes unless --hosts says otherwise",
+    )
 
 
 def _shard_arg(text: str) -> str:
