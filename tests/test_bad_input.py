@@ -195,6 +195,24 @@ CLI_CASES = [
     # meshes
     (_r("--gpus", "4", "--shard", "fsdp:8"), "holds 8 devices", 2),
     (_r("--gpus", "8", "--hosts", "3"), "not divisible by hosts=3", 2),
+    (_r("--gpus", "16", "--node", "dgx-h1000"), "unknown node 'dgx-h1000'. Did you mean", 2),
+    (_r("--gpus", "16", "--node", "dgx-b200"), "node dgx-b200 holds b200 GPUs, not h100", 2),
+    (
+        _r(
+            "--target",
+            "b200",
+            "--gpus",
+            "16",
+            "--hosts",
+            "2",
+            "--node",
+            "gb200-nvl72",
+            "--shard",
+            "fsdp:16",
+        ),
+        "8 GPUs per host, but a gb200-nvl72 node holds 4: spread 16 GPUs over 4 hosts",
+        2,
+    ),
     (_r("--gpus", "2", "--shard", "dp:2", "--batch", "3"), "multiple of 2", 2),
     (
         ["report", "--model", "llama3-8b", "--seq", "511", "--gpus", "7", "--shard", "tp:7"],
