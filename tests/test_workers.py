@@ -143,7 +143,7 @@ def test_stopping_the_pool_ends_a_worker_mid_job_at_once():
         time.sleep(0.05)
     workers = list(pool._processes.values())
     start = time.perf_counter()
-    _workers._stop(pool)
+    _workers._local._stop(pool)
     assert time.perf_counter() - start < 5
     # By pid: the executor's own thread may reap a worker first, and then the Process object
     # cannot tell (is_alive stays True); gone or a zombie is dead.

@@ -15,8 +15,9 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ __all__ = [
     "ENV_DIR",
     "FORMAT",
     "cache_dir",
+    "journal",
     "load",
     "store",
 ]
@@ -48,6 +50,30 @@ def cache_dir() -> Path:
         return Path(os.environ[ENV_DIR]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "remat_kit"
+
+
+# The entries written while a journal is open (a cluster worker sends them to the client,
+# whose disk is not the worker's); one per thread.
+_journals = threading.local()
+
+
+@contextlib.contextmanager
+def journal() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """Within the block, every entry this thread stores is also listed, ``(key, record)``.
+
+    Example:
+      >>> with journal() as written:
+      ...     _ = store("89abcdef" * 8, {"c": 3})
+      >>> written
+      [('89abcdef89abcdef89abcdef89abcdef89abcdef89abcdef89abcdef89abcdef', {'c': 3})]
+    """
+    written: list[tuple[str, dict[str, Any]]] = []
+    outer = getattr(_journals, "open", None)
+    _journals.open = written
+    try:
+        yield written
+    finally:
+        _journals.open = outer
 
 
 def _path(key: str) -> Path:
@@ -91,6 +117,9 @@ def store(key: str, record: Mapping[str, Any]) -> bool:
       (True, {'b': 2})
     """
     path = _path(key)
+    written = getattr(_journals, "open", None)
+    if written is not None:
+        written.append((key, dict(record)))
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -171,6 +171,7 @@ FLAGS: dict[str, str] = {
     "hide": "--hide",
     "objective": "--objective",
     "jobs": "--jobs",
+    "cluster": "--cluster",
     "price": "--price",
     "price_file": "--price-file",
     "rank": "--rank",

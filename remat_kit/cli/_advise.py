@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_kit import _workers
+from remat_kit.cli._args import check_cluster, cluster_executor
 from remat_kit.cli._model import Request, print_notes, resolve
 from remat_kit.cli._next import lora_request
 from remat_kit.cli._values import flag_items
@@ -63,9 +64,24 @@ def run(args: argparse.Namespace) -> int:
             f"--target {args.target}: advise compares GPUs; name them with --targets "
             f"{args.target}[,OTHER...] (default: every GPU of the catalogue)"
         )
+    check_cluster(args)
     run = resolve(args)
     prices, names = _checked(args, run)
     print_notes(run, args.wide)
+    with cluster_executor(args) as executor:  # connected before any compile
+        return _advise(args, run, prices, names, executor, start)
+
+
+def _advise(
+    args: argparse.Namespace,
+    run: Any,
+    prices: dict[str, Any],
+    names: list[str] | None,
+    executor: Any,
+    start: float,
+) -> int:
+    """Plans every target (here, in ``--jobs`` processes or on the ``--cluster``), then
+    ``--scale-out``; prints."""
     lora = lora_request(run)
     gpus = len(names) if names is not None else len(_catalogue_gpus())
     planned: list[str] = []
@@ -104,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
             else functools.partial(
                 _target_workload, lora, args.gpus, args.hosts, args.mem_fraction
             ),
+            executor=executor,
         )
     scale: dict[str, ScaleOut] = {}
     scale_seconds = None
@@ -125,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
             unit="GPUs",
             length=length,
         ) as step:
-            scale = _scale_out(args, run.request, rows, step, scaled)
+            scale = _scale_out(args, run.request, rows, step, scaled, executor)
         scale_seconds = time.perf_counter() - before
     costs = rank_costs([cost_of(a, scale.get(a.target), prices) for a in rows], args.rank)
     return _print_advice(args, run, rows, scale, scale_seconds, costs, start)
@@ -249,10 +266,11 @@ def _scale_out(
     rows: Sequence[Advice],
     step: Any,
     done: list[int] | None = None,
+    executor: Any = None,
 ) -> dict[str, ScaleOut]:
     """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full; the
     targets side by side in ``--jobs`` worker processes once one needs a compile (``done``
-    gets the index of each as it ends)."""
+    gets the index of each as it ends), or on the ``--cluster``'s ``executor``."""
     names = [a.target for a in rows if not a.fits]
     one = functools.partial(_gpus_needed, request, args.mem_fraction, args.headroom)
 
@@ -261,5 +279,5 @@ def _scale_out(
             done.append(i)
         step(f"{so.target}: {so.devices or 'no'} GPUs")
 
-    found = _workers.run(one, names, args.jobs, on_done=on_done)
+    found = _workers.run(one, names, args.jobs, on_done=on_done, executor=executor)
     return dict(zip(names, found, strict=True))

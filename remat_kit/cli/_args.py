@@ -16,8 +16,10 @@ help text shows are copied here, each checked against the library by tests/test_
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor
 from pathlib import Path
 
 from remat_kit.cli._parser import Parser
@@ -39,6 +41,8 @@ __all__ = [
     "add_schedule_arg",
     "add_search_args",
     "add_shard_args",
+    "check_cluster",
+    "cluster_executor",
     "comma_list",
     "fraction",
     "group",
@@ -488,7 +492,8 @@ def fraction(text: str) -> float:
 
 
 def add_jobs_arg(p: argparse.ArgumentParser) -> None:
-    """Adds ``--jobs N``: independent compiles in up to N worker processes.
+    """Adds ``--jobs N``: independent compiles in up to N worker processes; and
+    ``--cluster ADDRESS``: on the workers of a Dask scheduler instead.
 
     Args:
       p: an argparse parser (or subparser).
@@ -507,6 +512,57 @@ def add_jobs_arg(p: argparse.ArgumentParser) -> None:
         help="compile independent programs in up to N worker processes (default: "
         f"{default_jobs()}, min(2, cores); 1: all in this process)",
     )
+    group(p, "compile").add_argument(
+        "--cluster",
+        metavar="ADDRESS",
+        default=None,
+        help="compile independent programs on the workers of the Dask scheduler at ADDRESS "
+        "(tcp://host:8786; start workers with JAX_PLATFORMS=cpu dask worker ADDRESS; needs "
+        "pip install 'remat-kit[cluster]'); results land in this machine's cache",
+    )
+
+
+def check_cluster(args: argparse.Namespace) -> None:
+    """``--cluster`` needs Dask distributed: checked first, before the model is read.
+
+    Raises:
+      BadValue: ``--cluster`` given and ``distributed`` not installed (naming the extra).
+
+    Example:
+      >>> check_cluster(argparse.Namespace(cluster=None))
+    """
+    if getattr(args, "cluster", None) is not None:
+        from remat_kit._workers import require_engine
+
+        require_engine()
+
+
+@contextlib.contextmanager
+def cluster_executor(args: argparse.Namespace) -> Iterator[Executor | None]:
+    """The executor of ``--cluster`` (connected, its workers' versions checked), closed after
+    the block; None without the flag.
+
+    Raises:
+      BadValue: no ``distributed``, no scheduler or worker at the address, other versions.
+
+    Example:
+      >>> with cluster_executor(argparse.Namespace(cluster=None)) as ex:
+      ...     ex is None
+      True
+    """
+    address = getattr(args, "cluster", None)
+    if address is None:
+        yield None
+        return
+    from remat_kit._workers import connect, require_engine
+
+    require_engine()
+
+    cluster = connect(address)
+    try:
+        yield cluster.executor
+    finally:
+        cluster.close()
 
 
 def add_search_args(p: argparse.ArgumentParser) -> None:

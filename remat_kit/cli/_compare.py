@@ -10,6 +10,7 @@ from typing import Any
 
 from remat_kit import _workers, sources
 from remat_kit.analysis import MemoryReport
+from remat_kit.cli._args import check_cluster, cluster_executor
 from remat_kit.cli._model import Request, resolve, run_notes
 from remat_kit.cli._next import next_step_lines
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
@@ -50,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
       ``remat-kit compare --model tiny-llama --policies none,full`` parses its flags and calls this.
     """
     # Every value, output paths included, is checked before the first trace or compile.
+    check_cluster(args)
     run = resolve(args)
     target = run.target
     specs = flag_items(args.policies, "--policies", example="none,full,minimal")
@@ -68,6 +70,20 @@ def run(args: argparse.Namespace) -> int:
     if not schedules:
         raise BadValue("--schedules is empty; give e.g. 'none;every:2;sqrt'")
     cases = [(p, s) for s in schedules for p in policies]
+    if args.cluster is not None and target.kind == "local":
+        raise BadValue(
+            f"--cluster {args.cluster}: the workers compile for jax's CPU platform, not for "
+            "this machine's own GPU (--target local): name the GPU with --target instead"
+        )
+    with cluster_executor(args) as executor:  # connected before any compile
+        return _compare_cases(args, run, cases, skipped, executor)
+
+
+def _compare_cases(
+    args: argparse.Namespace, run: Any, cases: list[Any], skipped: list[str], executor: Any
+) -> int:
+    """Compiles the cases (here, in ``--jobs`` processes or on the ``--cluster``), prints."""
+    target = run.target
     start = time.perf_counter()
     # The recompute overhead is against the FLOPs of "none". A "none" row counts them from
     # its own trace, so a separate trace of them (two shallow copies of an unrolled model:
@@ -82,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
     jobs = 1 if target.kind == "local" else args.jobs
     done: list[int] = []
     what = f"compare on {target.name}" + (
-        f" in {min(jobs, len(cases))} processes" if jobs > 1 else ""
+        f" on the cluster at {args.cluster}"
+        if executor is not None
+        else f" in {min(jobs, len(cases))} processes"
+        if jobs > 1
+        else ""
     )
     length = length_words(what, len(cases), how="one per policy and schedule")
     with progress(what, total=len(cases), done=lambda: len(done), length=length) as step:
@@ -100,6 +120,7 @@ def run(args: argparse.Namespace) -> int:
                 [(p.spec, sch.spec) for p, sch in cases],
                 jobs,
                 on_done=on_done,
+                executor=executor,
             )
     if baseline is None:
         baseline = reports[plain[0]].flops

@@ -17,6 +17,7 @@ import functools
 import pickle
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 from remat_kit import _workers
@@ -99,6 +100,7 @@ def advise(
     jobs: int = 1,
     progress: Callable[[str], None] | None = None,
     lora_for: Callable[[Target], Workload] | None = None,
+    executor: Executor | None = None,
 ) -> tuple[Advice, ...]:
     """For every GPU target: does the step fit, with which plan, overhead and max batch.
 
@@ -116,6 +118,10 @@ def advise(
       lora_for: builds the Workload of the same step with LoRA adapters trained alone, for
         one Target: it sizes the LoRA hint where a GPU cannot hold the fixed parts (None: no
         LoRA hint); it must pickle as ``workload_for`` does.
+      executor: where the targets that compile are planned instead of local processes, a
+        ``concurrent.futures.Executor`` (a Dask cluster's:
+        ``distributed.Client(address).get_executor()``); ``workload_for`` must then pickle,
+        and the cache entries its workers write are stored in this machine's cache.
 
     Returns:
       One Advice per target, in the order given (default: by name). A target whose memory
@@ -137,12 +143,13 @@ def advise(
         else list(targets)
     )
     resolved = [_target(n) for n in names]  # unknown names fail before any compile
-    if jobs > 1 and len(resolved) > 1:
+    if (jobs > 1 or executor is not None) and len(resolved) > 1:
         try:
             pickle.dumps(workload_for)
         except (pickle.PicklingError, AttributeError, TypeError) as err:
+            where = f"jobs={jobs}" if executor is None else "executor=..."
             raise BadType(
-                f"advise(jobs={jobs}) plans targets in worker processes, so workload_for must "
+                f"advise({where}) plans targets in worker processes, so workload_for must "
                 f"pickle (a module-level function or functools.partial of one): {err}"
             ) from None
     traces: dict[Any, tuple[dict, dict]] = {}  # shared by the targets planned in this process
@@ -156,7 +163,7 @@ def advise(
         if progress is not None:
             progress(f"{advice.target} done ({len(done)}/{len(resolved)})")
 
-    return tuple(_workers.run(one, resolved, jobs, on_done=on_done))
+    return tuple(_workers.run(one, resolved, jobs, on_done=on_done, executor=executor))
 
 
 def _advise_one(

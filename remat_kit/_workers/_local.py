@@ -1,4 +1,5 @@
-"""Independent compiles in worker processes (``--jobs N`` of ``compare`` and ``advise``).
+"""Independent compiles in worker processes (``--jobs N`` of ``compare`` and ``advise``), or
+on any ``concurrent.futures.Executor`` handed in (a Dask cluster's, ``--cluster``).
 
 XLA compiles for a GPU target hold the GIL-free C++ compiler for seconds each, but one process
 compiles one program at a time: programs that do not depend on each other (the policies of a
@@ -19,16 +20,21 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import os
 import warnings
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
+from remat_kit._workers._tasks import Done, call, factory_files, payload
 from remat_kit.errors import BadType
 
-__all__ = ["default_jobs", "run"]
+__all__ = ["default_jobs", "remote_stats", "run"]
+
+# What each item sent to an executor reported (the experiments read it; see remote_stats).
+_REMOTE: list[Done] = []
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,12 +50,19 @@ def default_jobs() -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+def remote_stats() -> list[Done]:
+    """Every item this process sent to an executor so far (its time, compiles, memory),
+    without the results; for measuring a cluster (``experiments/cluster_speed.py``)."""
+    return [dataclasses.replace(d, result=None, entries=()) for d in _REMOTE]
+
+
 def run[T, R](
     fn: Callable[[T], R],
     items: Iterable[T],
     jobs: int,
     *,
     on_done: Callable[[int, R], None] | None = None,
+    executor: Executor | None = None,
 ) -> list[R]:
     """``[fn(x) for x in items]``, the costly ones in up to ``jobs`` spawned worker processes.
 
@@ -59,20 +72,29 @@ def run[T, R](
     go to a pool of ``min(jobs, left)`` workers. A run whose programs are all cached starts
     no worker. With ``jobs == 1`` everything runs here.
 
+    With an ``executor`` (a Dask cluster's, :func:`remat_kit._workers.connect`), the items
+    left after the first compile go to it instead, whatever ``jobs`` is, each as
+    :func:`remat_kit._workers.call`: the factory files the request names travel with
+    it, and the cache entries the worker wrote come back and are stored here, so a rerun is
+    warm on this machine. An item that raises there (or whose worker died too often) does not
+    stop the others; once all are done, they are named in one :class:`ClusterError`.
+
     ``fn`` and the items must pickle (``fn`` a module-level function or a
-    ``functools.partial`` of one); an exception in a worker is raised here.
+    ``functools.partial`` of one); an exception in a local worker is raised here.
 
     Args:
       fn: the work for one item.
       items: the items.
       jobs: worker processes at most.
       on_done: called as ``on_done(index, result)`` when an item finishes (progress bars).
+      executor: where the items that compile run (None: a local pool of ``jobs``).
 
     Returns:
       The results, in the order of ``items``.
 
     Raises:
       TypeError: ``jobs`` is not a positive int.
+      ClusterError: items that failed on the ``executor`` (the others' results are cached).
 
     Example:
       >>> run(abs, [-3, 4], jobs=1)
@@ -91,9 +113,13 @@ def run[T, R](
         if on_done is not None:
             on_done(i, results[i])
         i += 1
-        if jobs > 1 and len(items) - i >= 2 and cache.compiles() > before:
+        spread = executor is not None or (jobs > 1 and len(items) - i >= 2)
+        if spread and cache.compiles() > before:
             break
     if i == len(items):
+        return results
+    if executor is not None:
+        _on_executor(executor, fn, items, i, results, on_done)
         return results
     # Inherited by the spawned workers, read by their jax at import.
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -116,6 +142,63 @@ def run[T, R](
         raise
     pool.shutdown(wait=True)
     return results
+
+
+def _on_executor(
+    executor: Executor,
+    fn: Callable[[Any], Any],
+    items: list[Any],
+    start: int,
+    results: list[Any],
+    on_done: Callable[[int, Any], None] | None,
+) -> None:
+    """Items ``start:`` on ``executor``; their cache entries stored here (see :func:`run`)."""
+    from remat_kit import cache
+    from remat_kit._workers._cluster import ClusterError
+
+    files = factory_files(fn)
+    flag = cache._switch._override if cache.enabled() else False
+    futures = {
+        executor.submit(call, payload(fn, items[j]), files, flag): j
+        for j in range(start, len(items))
+    }
+    failed: list[tuple[str, str]] = []
+    try:
+        for fut in as_completed(futures):
+            j = futures[fut]
+            try:
+                done = fut.result()
+            except Exception as err:  # the item's own error, or the cluster's KilledWorker
+                first = (str(err).strip().splitlines() or [""])[0]
+                failed.append((_item_words(items[j]), f"{type(err).__name__}: {first}"))
+                continue
+            if cache.enabled():
+                for key, record in done.entries:
+                    cache.store(key, record)
+            _REMOTE.append(done)
+            results[j] = done.result
+            if on_done is not None:
+                on_done(j, results[j])
+    except BaseException:
+        for fut in futures:  # Ctrl-C: what has not started does not start
+            fut.cancel()
+        raise
+    if failed:
+        raise ClusterError(
+            f"{len(failed)} of {len(items)} items failed on the cluster (the others' compiles "
+            "are cached): " + "; ".join(f"{what}: {why}" for what, why in failed),
+            tuple(failed),
+        )
+
+
+def _item_words(item: Any) -> str:
+    """An item as the error names it: a target by its name, a (policy, schedule) as is."""
+    name = getattr(item, "name", None)
+    if isinstance(name, str):
+        return name
+    if isinstance(item, tuple):
+        return " @ ".join(map(str, item))
+    return str(item)
 
 
 def _stop(pool: ProcessPoolExecutor) -> None:

@@ -1,0 +1,177 @@
+"""A Dask cluster as the executor of independent compiles (``--cluster ADDRESS``).
+
+:func:`connect` opens a ``distributed.Client`` on the scheduler's address, checks that every
+worker runs the same Python, jax, jaxlib, GPU plugin and remat-kit as this process (a compile's
+figures depend on them), and returns a :class:`Cluster` whose ``executor`` is the client's
+``concurrent.futures.Executor``: :func:`remat_kit._workers.run` hands it the items that
+compile. Dask is an optional extra (``pip install 'remat-kit[cluster]'``), imported here only.
+
+Example:
+  >>> missing_extra().param
+  'cluster'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from concurrent.futures import Executor
+from typing import Any
+
+from remat_kit._workers._tasks import versions
+from remat_kit.errors import BadValue, RematKitError
+
+__all__ = [
+    "EXTRA",
+    "Cluster",
+    "ClusterError",
+    "connect",
+    "missing_extra",
+    "require_engine",
+    "version_mismatch",
+]
+
+#: How to install the engine.
+EXTRA = "pip install 'remat-kit[cluster]'"
+#: Seconds to wait for the scheduler, and for its first worker.
+CONNECT_TIMEOUT = 10.0
+#: Times a task is run again after an exception (not a worker's death: Dask reschedules
+#: those itself, up to ``distributed.scheduler.allowed-failures`` times).
+RETRIES = 0
+
+
+class ClusterError(RematKitError, RuntimeError):
+    """Items a cluster could not run (a compile that raised, a worker killed too often).
+
+    Attributes:
+      failures: ``(item, error's first line)`` for each.
+    """
+
+    def __init__(self, message: str, failures: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(message)
+        self.failures = failures
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """A connected Dask cluster.
+
+    Attributes:
+      address: the scheduler's address.
+      client: the ``distributed.Client``.
+      executor: ``client.get_executor()``, a ``concurrent.futures.Executor``.
+      workers: worker processes connected.
+      versions: what each worker runs (:func:`remat_kit._workers._tasks.versions`).
+    """
+
+    address: str
+    client: Any
+    executor: Executor
+    workers: int
+    versions: dict[str, dict[str, str | None]]
+
+    def close(self) -> None:
+        """Closes the client (the cluster itself runs on)."""
+        self.client.close()
+
+
+def missing_extra() -> BadValue:
+    """The error for a missing ``distributed``: one line naming the extra."""
+    return BadValue(
+        f"compiles on a cluster need Dask distributed, which is not installed: {EXTRA}",
+        param="cluster",
+    )
+
+
+def _first(err: BaseException) -> str:
+    """An error's first line (its type where it says nothing)."""
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+
+
+def require_engine() -> None:
+    """Raises :func:`missing_extra` where ``distributed`` cannot be imported (nothing else is
+    started).
+
+    Raises:
+      BadValue: ``distributed`` is not installed.
+    """
+    if importlib.util.find_spec("distributed") is None:
+        raise missing_extra()
+
+
+def version_mismatch(
+    here: dict[str, str | None], workers: dict[str, dict[str, str | None]]
+) -> BadValue | None:
+    """The error for the first worker whose versions differ from ``here``, or None.
+
+    Example:
+      >>> here = {"python": "3.12.1", "jax": "0.12.0"}
+      >>> err = version_mismatch(here, {"w1": {"python": "3.12.1", "jax": "0.11.0"}})
+      >>> str(err).split(":")[0]
+      'worker w1 runs jax 0.11.0, this process jax 0.12.0'
+    """
+    for address, theirs in sorted(workers.items()):
+        for name in sorted(here.keys() | theirs.keys()):
+            if here.get(name) != theirs.get(name):
+                return BadValue(
+                    f"worker {address} runs {name} {theirs.get(name) or '(none)'}, this process "
+                    f"{name} {here.get(name) or '(none)'}: a compile's figures depend on it; "
+                    "install the same versions on both",
+                    param="cluster",
+                )
+    return None
+
+
+def connect(address: str, *, timeout: float = CONNECT_TIMEOUT) -> Cluster:
+    """Connects to the Dask scheduler at ``address`` and checks its workers' versions.
+
+    Args:
+      address: ``tcp://host:port`` (or ``host:port``) of a running ``dask scheduler``.
+      timeout: seconds to wait for the scheduler and for at least one worker.
+
+    Returns:
+      A :class:`Cluster`.
+
+    Raises:
+      BadValue: ``distributed`` is not installed; the scheduler cannot be reached or has
+        no worker within ``timeout``; a worker runs other versions than this process.
+    """
+    try:
+        import distributed
+    except ImportError:
+        raise missing_extra() from None
+    try:
+        client = distributed.Client(address, timeout=timeout, set_as_default=False)
+    except (ValueError, TypeError) as err:
+        raise BadValue(
+            f"{address!r} is not a Dask scheduler's address (tcp://HOST:PORT): {_first(err)}",
+            param="cluster",
+        ) from None
+    except (OSError, TimeoutError) as err:
+        raise BadValue(
+            f"no Dask scheduler answered at {address!r} within {timeout:g} s ({_first(err)})",
+            param="cluster",
+        ) from None
+    try:
+        try:
+            client.wait_for_workers(1, timeout=timeout)
+        except TimeoutError:
+            raise BadValue(
+                f"the Dask scheduler at {address!r} has no worker after {timeout:g} s: start "
+                "some with 'JAX_PLATFORMS=cpu dask worker ADDRESS'",
+                param="cluster",
+            ) from None
+        seen = client.run(versions)
+        wrong = version_mismatch(versions(), seen)
+        if wrong is not None:
+            raise wrong
+    except BaseException:
+        client.close()
+        raise
+    return Cluster(
+        address=address,
+        client=client,
+        executor=client.get_executor(retries=RETRIES, pure=False),
+        workers=len(seen),
+        versions=seen,
+    )

@@ -1,0 +1,221 @@
+"""Compiles on a Dask cluster (``--cluster``): the same figures as here, a rerun warm here, a
+dead worker survived, failures named, and the errors that come before any compile.
+
+The cluster is real: a scheduler and two worker processes on 127.0.0.1, started once for the
+module (``distributed.LocalCluster``) and stopped after it. The workers keep their own cache
+folder, so what reaches this process's cache came back with the results.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
+
+import pytest
+
+from remat_kit import _workers, cache
+from remat_kit._workers import _tasks
+from remat_kit.cli import main
+from remat_kit.errors import BadValue
+
+distributed = pytest.importorskip("distributed")
+
+_TIMING = ("compile_seconds", "seconds")  # wall times: not figures of the program
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    workers_cache = tmp_path_factory.mktemp("workers_cache")
+    lc = distributed.LocalCluster(
+        n_workers=2,
+        processes=True,
+        threads_per_worker=1,
+        host="127.0.0.1",
+        dashboard_address=None,
+        worker_dashboard_address=None,
+        env={"JAX_PLATFORMS": "cpu", cache.ENV_DIR: str(workers_cache)},
+    )
+    client = distributed.Client(lc, set_as_default=False)
+    try:
+        yield lc.scheduler_address, client
+    finally:
+        client.close()
+        lc.close()
+
+
+def _figures(path):
+    rows = json.loads(path.read_text())
+    return [{k: v for k, v in r.items() if k not in _TIMING} for r in rows]
+
+
+@pytest.mark.slow
+def test_compare_on_the_cluster_gives_the_local_figures_and_a_warm_rerun(
+    cluster, tmp_path, monkeypatch
+):
+    address, _ = cluster
+    argv = ["compare", "--model", "tiny-llama", "--batch", "2", "--seq", "32"]
+    argv += ["--policies", "none,full"]
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "client_cache"))  # empty: all compile
+    sent = len(_workers.remote_stats())
+    assert main([*argv, "--cluster", address, "--json", str(tmp_path / "there.json")]) == 0
+    remote = _workers.remote_stats()[sent:]
+    # The first compiles here (that is how a cold sweep is told from a warm one), the
+    # other in a worker process.
+    assert len(remote) == 1 and remote[0].compiles >= 1
+    assert remote[0].worker.rsplit(":", 1)[1] != str(os.getpid())
+    assert main([*argv, "--jobs", "1", "--no-cache", "--json", str(tmp_path / "here.json")]) == 0
+    assert _figures(tmp_path / "there.json") == _figures(tmp_path / "here.json")
+    # The worker's cache entries came back to this machine's cache: the rerun compiles
+    # nothing, here or there.
+    before = cache.compiles()
+    assert main([*argv, "--cluster", address, "--json", str(tmp_path / "again.json")]) == 0
+    assert len(_workers.remote_stats()) == sent + 1 and cache.compiles() == before
+    assert _figures(tmp_path / "again.json") == _figures(tmp_path / "here.json")
+
+
+@pytest.mark.slow
+def test_advise_on_the_cluster_gives_the_local_figures(cluster, tmp_path):
+    """One GPU under two names: the first is planned here, the second in a worker process
+    (its own cache: it compiles too); the two rows must agree to the byte."""
+    address, _ = cluster
+    argv = ["advise", "--model", "tiny-llama", "--batch", "2", "--seq", "32", "--no-cache"]
+    argv += ["--targets", "h100,h100-80gb", "--cluster", address]
+    sent = len(_workers.remote_stats())
+    assert main([*argv, "--json", str(tmp_path / "advice.json")]) == 0
+    remote = _workers.remote_stats()[sent:]
+    assert len(remote) == 1 and remote[0].compiles >= 1
+    here, there = _figures(tmp_path / "advice.json")
+    assert here["target"] == there["target"] == "h100-80gb" and here["fits"]
+    assert here == there
+
+
+def _compiles(marker_dir, x):
+    """An item that counts as a compile; the item 3 kills its worker the first time."""
+    cache._entries._compiled += 1
+    marker = os.path.join(marker_dir, f"died-{x}")
+    if x == 3 and not os.path.exists(marker):
+        open(marker, "w").close()
+        os._exit(1)  # the worker process dies mid-sweep; its nanny starts another
+    return x * x, os.getpid()
+
+
+def _fails(x):
+    cache._entries._compiled += 1
+    if x == 2:
+        raise RuntimeError("out of host memory\nsecond line")
+    return x
+
+
+@pytest.mark.slow
+def test_a_worker_that_dies_mid_sweep_is_replaced_and_the_sweep_completes(cluster, tmp_path):
+    _, client = cluster
+    fn = functools.partial(_compiles, str(tmp_path))
+    got = _workers.run(fn, [1, 2, 3, 4, 5], jobs=1, executor=client.get_executor())
+    assert [r[0] for r in got] == [1, 4, 9, 16, 25]
+    assert (tmp_path / "died-3").exists()  # it did die once, and was run again
+
+
+@pytest.mark.slow
+def test_an_item_that_raises_is_named_and_the_others_complete(cluster, tmp_path):
+    _, client = cluster
+    seen = []
+    with pytest.raises(_workers.ClusterError, match=r"1 of 4 items .*2: RuntimeError: out of") as e:
+        _workers.run(
+            _fails,
+            [1, 2, 3, 4],
+            jobs=1,
+            executor=client.get_executor(),
+            on_done=lambda i, r: seen.append(r),
+        )
+    assert "\n" not in str(e.value) and e.value.failures == (("2", e.value.failures[0][1]),)
+    assert sorted(seen) == [1, 3, 4]
+
+
+@pytest.mark.slow
+def test_connect_checks_the_workers_versions(cluster):
+    address, client = cluster
+    client.wait_for_workers(2, timeout=30)  # one may be restarting after the test above
+    got = _workers.connect(address)
+    try:
+        assert got.workers == 2
+        assert all(v == _tasks.versions() for v in got.versions.values())
+    finally:
+        got.close()
+
+
+def test_a_worker_with_other_versions_is_refused_in_one_line(monkeypatch):
+    here = _tasks.versions()
+    theirs = {**here, "jax": "0.0.1"}
+
+    class Client:
+        closed = False
+
+        def __init__(self, address, **kw):
+            pass
+
+        def wait_for_workers(self, n, timeout):
+            pass
+
+        def run(self, fn):
+            return {"tcp://10.0.0.2:4000": theirs}
+
+        def close(self):
+            Client.closed = True
+
+    monkeypatch.setitem(sys.modules, "distributed", types.SimpleNamespace(Client=Client))
+    with pytest.raises(BadValue, match=f"runs jax 0.0.1, this process jax {here['jax']}"):
+        _workers.connect("tcp://10.0.0.2:8786")
+    assert Client.closed
+
+
+def test_without_distributed_the_cli_names_the_extra_before_any_compile(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import fails, as when absent
+    before = cache.compiles()
+    # A model that is not there: the missing extra is said first, before the model is read.
+    argv = ["--model", "no/such/model.py:f", "--cluster", "tcp://127.0.0.1:8786"]
+    for command in ("compare", "advise"):
+        assert main([command, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "pip install 'remat-kit[cluster]'" in err, err
+    assert cache.compiles() == before
+    with pytest.raises(BadValue, match=r"remat-kit\[cluster\]"):
+        _workers.connect("tcp://127.0.0.1:8786")
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [("nonsense", "not a Dask scheduler's address"), ("tcp://127.0.0.1:9", "no Dask scheduler")],
+)
+def test_a_bad_address_is_one_line(address, says):
+    with pytest.raises(BadValue, match=says):
+        _workers.connect(address, timeout=0.5)
+
+
+@pytest.mark.slow
+def test_a_task_starts_jax_on_the_cpu_platform_where_the_worker_was_not_told():
+    code = (
+        "import os; from remat_kit._workers._tasks import call, payload; "
+        "print(call(payload(os.getenv, 'JAX_PLATFORMS'), (), None).result)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["cpu"], out.stderr[-500:]
+
+
+def test_a_factory_file_travels_with_its_request(tmp_path):
+    text = pathlib.Path("tests/data/factories.py").read_text(encoding="utf-8")
+    request = functools.partial(print, {"model": "tests/data/factories.py:deep"})
+    assert _tasks.factory_files(request) == (("tests/data/factories.py", text),)
+    # On a worker the client's path need not exist: the shipped copy is what loads.
+    from remat_kit.sources import load_factory
+
+    blob = _tasks.payload(load_factory, "no/such/folder/model.py:deep")
+    done = _tasks.call(blob, (("no/such/folder/model.py", text),), None)
+    assert done.result.__name__ == "deep" and done.entries == ()
+    with pytest.raises(BadValue, match="no such file"):
+        _tasks.call(blob, (), None)
