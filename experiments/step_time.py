@@ -5,10 +5,11 @@ Three checks, each printed and saved to results/step_time.json (+ step_time.png)
 1. **H100, measured here**: the steps results/gpu_calibration_h100.json timed on a lent H100 80GB
    (gpt2-medium b8 s1024, llama3.2-1b b4 s2048 mixed/AdamW; llama3-8b b4 s2048 bf16/SGD; five
    policies each), predicted from this machine's deviceless compile for ``h100``.
-2. **Published MaxText runs** (Llama2-7B, 8x H100 SXM, FSDP 8, seq 4096, cuDNN flash attention,
-   layers unrolled): NVIDIA JAX-Toolbox's 0.721 s/step at batch 2 per GPU with ``minimal_flash``
-   (dots without batch dims + attention context), and MaxText's a3 README's 492 TFLOP/s per chip
-   at batch 4 per GPU with ``minimal_with_context``.
+2. **Published MaxText runs** from 8 to 2,048 H100s (experiments/published_runs.py says which,
+   with their sources): JAX-Toolbox's Llama2-7B on one DGX H100, MaxText's Llama2-7B on 1-16
+   A3 VMs, dgxc-benchmarking's Llama2-70B on 64-2,048 GPUs of DGX H100s; each compiled
+   deviceless in a process of its own with its script's XLA flags, for its node and mesh
+   (results/step_time_published.png: the scaling curves).
 3. **This CPU, measured now** (``--cpu``): small presets under none / full / minimal run for real
    on jax's CPU backend; the same walker prices the CPU compile with this CPU's measured rates
    (remat_kit.timing.measure_cpu_speed: products, loops by kind, fresh pages), and the step's
@@ -30,6 +31,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import published_runs
 from common import ROOT, parse, save_png, table, write_json
 
 import remat_kit as rk
@@ -40,35 +42,6 @@ from remat_kit.timing import fresh_bytes_of, kernels_of, measure_cpu_speed, step
 from remat_kit_models.spec import PresetSpec
 
 MEASURED = ROOT / "results" / "gpu_calibration_h100.json"
-
-#: (label, model request on 8 GPUs (fsdp:8), train config, policy, published seconds,
-#: published TFLOP/s per chip)
-_LLAMA2_7B = (
-    ("layers", 32),
-    ("width", 4096),
-    ("heads", 32),
-    ("kv_heads", 32),
-    ("ff", 11008),
-    ("vocab", 32000),
-)
-PUBLISHED = (
-    (
-        "JAX-Toolbox MaxText Llama2-7B, b2/GPU, minimal_flash",
-        PresetSpec("llama2-13b", overrides=_LLAMA2_7B, scan_layers=False, shard="fsdp:8"),
-        rk.TrainConfig(16, 4096),
-        "either:a=dots_no_batch,b=context",
-        0.721,
-        None,
-    ),
-    (
-        "MaxText a3 Llama2-7B, b4/GPU, minimal_with_context",
-        PresetSpec("llama2-13b", overrides=_LLAMA2_7B, scan_layers=False, shard="fsdp:8"),
-        rk.TrainConfig(32, 4096),
-        "either:a=minimal,b=context",
-        None,
-        492.0,
-    ),
-)
 
 #: (model, batch, seq, rounds of steps timed, overrides) run for real on this CPU. In the first
 #: two the vocabulary's products, updates and first touches outweigh the layers, which are
@@ -97,9 +70,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table(out["h100"], _H100_COLUMNS, "H100 80GB: predicted vs measured step time"))
         write_json(args.out / "step_time.json", out)
     if "published" in parts and not args.quick:
-        out["published"] = _published_rows()
-        print(table(out["published"], _PUB_COLUMNS, "published MaxText runs (8x H100)"))
+        out["published"] = published_runs.run_all()
+        print(
+            table(
+                _published_table(out["published"]),
+                _PUB_COLUMNS,
+                "published MaxText runs, 8 to 2,048 GPUs",
+            )
+        )
         write_json(args.out / "step_time.json", out)
+        _plot_published(out["published"], args.out / "step_time_published.png")
     if "cpu" in parts:
         out["cpu"] = _cpu_rows(quick=args.quick)
         print(table(out["cpu"], _CPU_COLUMNS, "this CPU: predicted vs measured step time"))
@@ -193,36 +173,19 @@ def _h100_rows(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-_PUB_COLUMNS = ("run", "published", "predicted", "error")
+_PUB_COLUMNS = ("run", "gpus", "published s", "predicted s", "error", "exposed", "split")
 
 
-def _published_rows() -> list[dict[str, Any]]:
-    t = rk.target("h100", devices=8)
-    rows = []
-    for name, spec, config, policy, seconds, tflops in PUBLISHED:
-        _, st = _predict(spec, config, policy, t)
-        chip_tflops = st.model_flops / st.seconds / 1e12
-        if seconds is not None:
-            published, predicted, err = f"{seconds} s/step", f"{st.seconds:.3f} s/step", None
-            err = st.seconds / seconds - 1
-        else:
-            published, predicted = f"{tflops:.0f} TFLOP/s/chip", f"{chip_tflops:.0f} TFLOP/s/chip"
-            err = chip_tflops / tflops - 1
-        rows.append(
-            {
-                "run": name,
-                "policy": policy,
-                "published": published,
-                "predicted": predicted,
-                "predicted_seconds": st.seconds,
-                "predicted_tokens_per_s_per_gpu": config.batch * config.seq / 8 / st.seconds,
-                "predicted_tflops_per_chip": chip_tflops,
-                "error": err,
-                "split": {k: round(v, 4) for k, v in st.split().items()},
-                "collective_hidden_seconds": st.collective_hidden_seconds,
-            }
-        )
-    return rows
+def _published_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows as the table prints them: the exposed share and the split in words."""
+    return [
+        {
+            **r,
+            "exposed": f"{r['exposed share']:.1%}",
+            "split": " ".join(f"{k} {v:.3f}" for k, v in r["split"].items() if v),
+        }
+        for r in rows
+    ]
 
 
 _CPU_COLUMNS = (
@@ -369,6 +332,48 @@ def _median_speed(speeds: Sequence[Any]) -> Any:
         f"{fields['fresh_bytes_per_s'] / 1e9:.1f} GB/s"
     )
     return dataclasses.replace(first, **fields, loop_rates=tuple(loops), sources=(summary,))
+
+
+def _plot_published(rows: list[dict[str, Any]], path: Any) -> None:
+    """The scaling curves: step seconds, published and predicted, against the GPU count, one
+    panel per family, with the predicted split as stacked bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = ("7b-a3", "70b-dgx", "7b-dgx")
+    titles = {
+        "7b-a3": "Llama2-7B on A3 (MaxText a3 README)",
+        "70b-dgx": "Llama2-70B on DGX H100 (dgxc-benchmarking)",
+        "7b-dgx": "Llama2-7B on one DGX H100 (JAX-Toolbox)",
+    }
+    parts = ("matmul", "attention", "memory", "collective", "contention", "launch")
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5), gridspec_kw={"width_ratios": [5, 6, 1.4]})
+    for ax, family in zip(axes, families, strict=True):
+        these = rows_of(rows, family)
+        xs = list(range(len(these)))
+        bottom = [0.0] * len(these)
+        for part in parts:
+            h = [r["split"].get(part, 0.0) for r in these]
+            ax.bar(xs, h, bottom=bottom, width=0.6, label=part)
+            bottom = [b + v for b, v in zip(bottom, h, strict=True)]
+        ax.plot(xs, [r["published s"] for r in these], "k^-", label="published")
+        ax.plot(xs, [r["predicted s"] for r in these], "rx--", label="predicted")
+        for x, r in zip(xs, these, strict=True):
+            ax.annotate(f"{r['error']:+.0%}", (x, r["published s"]), xytext=(0, 6),
+                        textcoords="offset points", ha="center", fontsize=8)  # fmt: skip
+        ax.set_xticks(xs, [str(r["gpus"]) for r in these])
+        ax.set_xlabel("GPUs")
+        ax.set_ylabel("seconds per step")
+        ax.set_title(titles[family], fontsize=9)
+    axes[0].legend(fontsize=7, loc="lower right")
+    save_png(fig, path)
+
+
+def rows_of(rows: list[dict[str, Any]], family: str) -> list[dict[str, Any]]:
+    """The rows of one family, by GPU count."""
+    return sorted((r for r in rows if r["family"] == family), key=lambda r: r["gpus"])
 
 
 def _plot(out: dict[str, Any], path: Any) -> None:

@@ -71,11 +71,29 @@ def _step_time() -> Rows:
 
 
 def _published() -> Rows:
-    rows = [
-        (r["run"], r["published"], r["predicted"], _pct(r["error"], 0))
-        for r in _load("step_time")["published"]
-    ]
-    return ("published run", "published", "predicted", "error"), rows, "published MaxText runs"
+    rows = []
+    for r in _load("step_time")["published"]:
+        published = f"{r['published s']:.3f}"
+        if r.get("published TFLOP/s"):
+            published += f" ({r['published TFLOP/s']:.0f} TFLOP/s)"
+        split = r["split"]
+        compute = split["matmul"] + split["attention"] + split["memory"]
+        rows.append(
+            (
+                r["run"],
+                r["node"],
+                r["shard"],
+                published,
+                f"{r['predicted s']:.3f}",
+                _pct(r["error"]),
+                f"{compute:.3f}",
+                f"{split['collective']:.3f}",
+                f"{split['contention']:.3f}",
+            )
+        )
+    header = ("run", "node", "mesh", "published s", "predicted s", "error", "compute s",
+              "exposed collectives s", "contention s")  # fmt: skip
+    return header, rows, "published MaxText runs (results/step_time.json, 'published')"
 
 
 def _maxtext_aot() -> Rows:

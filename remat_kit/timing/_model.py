@@ -9,9 +9,13 @@ Each :class:`~remat_kit.xla.Kernel` costs:
   the forward's flops), at least its bytes over the memory rate;
 - **memory**: bytes over the memory rate;
 - **collective**: a ring over ``group`` devices: all-gather and reduce-scatter move
-  ``bytes x (n - 1) / n`` per device, all-reduce twice that, over NVLink within a host and the
-  network across hosts; an asynchronous one hides behind the compute of the same step up to
-  that compute's length;
+  ``bytes x (n - 1) / n`` per device, all-reduce twice that. Inside one NVLink domain the ring
+  runs at NCCL's share of NVLink; a group that spans domains runs at
+  ``min(NVLink ring, g x network per GPU)``, ``g`` the group's members in one domain (read
+  from its replica groups: an FSDP axis over whole nodes has all 8, a data axis across nodes
+  one). An asynchronous one hides behind the kernels XLA scheduled between its start and its
+  done (its window: :attr:`~remat_kit.xla.Kernel.window`), the rest of it is exposed; while it
+  runs, the compute beside it loses NCCL's SMs (:attr:`~remat_kit.timing.Speed.contention`);
 - **host_transfer**: its host bytes over the host link at the link's efficiency, added in full
   (measured: XLA did not overlap offload copies with compute on an H100);
 

@@ -28,8 +28,16 @@ a fraction of them. The fractions here, and where each comes from:
 - **Links between GPUs** (collectives, ring model): NVLink per direction from the datasheets
   (B200 900 GB/s, NVLink 5 at 1.8 TB/s both ways; H100/H200 SXM and H20 450 GB/s; A100 SXM
   300 GB/s), PCIe for cards without NVLink (the L40S, L4, RTX 4090; the RTX A6000's bridge
-  joins two cards only); across hosts one 400 Gb/s NIC per GPU (50 GB/s), as in DGX H100 / A3
-  nodes.
+  joins two cards only). NCCL's ring reaches 370 of the H100's 450 GB/s ("With the protocol
+  overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s", NVIDIA/nccl-tests#212),
+  a share given to every NVLink. Across nodes: the target's node
+  (:func:`remat_kit.targets.node`: its GPU NICs and their transport's share of the line rate),
+  else one 400 Gb/s NIC per GPU (50 GB/s) at RDMA's 0.92 ("For NDR @ 400Gbps you should see
+  46-48GB/s per NIC", NVIDIA/nccl-tests#290).
+- **Contention: a collective's NCCL blocks hold 16 SMs** on NVLink machines, 2 over PCIe, whole
+  SMs never shared with compute ("If you are on DGX with 8 NICs ... it would use 16 SMs";
+  "NCCL CTAs won't share an SM with compute kernels", NVIDIA/nccl#689): the compute beside a
+  collective runs ``SMs / (SMs - 16)`` as long (+13.8% on an H100's 132).
 
 Example:
   >>> import remat_kit as rk
