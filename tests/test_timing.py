@@ -314,8 +314,13 @@ def test_ring_collectives_and_hiding_behind_compute(op, factor):
     s = _speed()
     coll = Kernel("collective", count=1, flops=0.0, bytes=8 * 10**9, group=8, op=op)
     alone = step_time([coll], s)
-    # NCCL's ring over NVLink: 370 of the H100's 450 GB/s (NVIDIA/nccl-tests#212)
-    assert alone.collective_seconds == pytest.approx(8e9 * factor / 370e9)
+    # NCCL's ring over NVLink: 370 of the H100's 450 GB/s; an all-reduce, NVLink SHARP's 480
+    # (NVIDIA/nccl-tests#212)
+    bus = 480e9 if op == "all-reduce" else 370e9
+    assert alone.collective_seconds == pytest.approx(8e9 * factor / bus)
+    # the A100's NVSwitch does not reduce: its ring at the same share of 300 GB/s
+    a100 = step_time([coll], speed_of(rk.target("a100-80gb"))).collective_seconds
+    assert a100 == pytest.approx(8e9 * factor / (300e9 * 370 / 450))
     # an async one with no window read hides behind compute, up to the compute's length
     compute = Kernel("memory", count=1, flops=0.0, bytes=int(3.35232e12 * 0.9 * 0.01))
     hidden = step_time([dataclasses.replace(coll, asynchronous=True), compute], s)

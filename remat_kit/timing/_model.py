@@ -279,6 +279,8 @@ def _ring_bytes_per_s(k: Kernel, speed: Speed, devices_per_host: int | None) -> 
     nvlink = speed.device_link * speed.link_efficiency
     together = _in_one_domain(k, domain)
     if together >= n:
+        if k.op == "all-reduce":  # NVLink SHARP reduces in the switch
+            return speed.device_link * speed.all_reduce_efficiency
         return nvlink
     return min(nvlink, together * speed.network * speed.network_efficiency)
 

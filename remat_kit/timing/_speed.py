@@ -30,7 +30,8 @@ a fraction of them. The fractions here, and where each comes from:
   300 GB/s), PCIe for cards without NVLink (the L40S, L4, RTX 4090; the RTX A6000's bridge
   joins two cards only). NCCL's ring reaches 370 of the H100's 450 GB/s ("With the protocol
   overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s", NVIDIA/nccl-tests#212),
-  a share given to every NVLink. Across nodes: the target's node
+  a share given to every NVLink; an all-reduce inside an NVSwitch domain of Hopper or later
+  reaches 480 GB/s of bus bandwidth (NVLink SHARP, the same thread). Across nodes: the target's node
   (:func:`remat_kit.targets.node`: its GPU NICs and their transport's share of the line rate),
   else one 400 Gb/s NIC per GPU (50 GB/s) at RDMA's 0.92 ("For NDR @ 400Gbps you should see
   46-48GB/s per NIC", NVIDIA/nccl-tests#290).
@@ -73,6 +74,10 @@ _RDMA = 0.92
 # NCCL's ring over NVLink: 370 of the H100's 450 GB/s line rate ("With the protocol overhead
 # (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s", NVIDIA/nccl-tests#212).
 _RING = 370 / 450
+# An all-reduce inside an NVSwitch domain of Hopper or later reduces in the switch (NVLink
+# SHARP): "allreduce uses NVLink SHARP by default ... On 8 GPUs, you should reach a peak busBw of
+# ~480GB/s" (NVIDIA/nccl-tests#212).
+_NVLS = 480 / 450
 # SMs NCCL's blocks hold while a collective runs, one per channel and never shared with compute:
 # "If you are on DGX with 8 NICs ... it would use 16 SMs"; "a PCI system with a single NIC ...
 # should just launch 2 SMs" (NVIDIA/nccl#689).
@@ -101,6 +106,8 @@ class Speed:
       network: bytes/s per device between NVLink domains (the node's GPU NICs over its GPUs).
       domain: devices one NVLink domain joins (0: a host's devices).
       link_efficiency: the share of ``device_link`` a collective's ring reaches.
+      all_reduce_efficiency: the share an all-reduce inside one NVLink domain reaches (above
+        1 where NVSwitch reduces in the switch: NVLink SHARP on Hopper and later).
       network_efficiency: the share of ``network`` it reaches across domains.
       contention: how much slower the compute is while a collective runs beside it (NCCL's
         kernels hold SMs and memory bandwidth): the overlapped time grows by this fraction.
@@ -131,6 +138,7 @@ class Speed:
     network: float
     domain: int = 0
     link_efficiency: float = 0.8
+    all_reduce_efficiency: float = 0.8
     network_efficiency: float = 0.8
     contention: float = 0.0
     alu_ops: float = 0.0
@@ -207,6 +215,7 @@ def speed_of(target: Any) -> Speed | None:
         domain=machine.nvlink_domain if machine else 0,
         network_efficiency=machine.network_efficiency if machine else _RDMA,
         link_efficiency=_RING,
+        all_reduce_efficiency=_NVLS if hopper and nvlink else _RING,
         # A collective's NCCL blocks own whole SMs while it runs: the compute beside it has
         # the rest (units / (units - nccl) as long).
         contention=_contention(int(sms) or 100, _NCCL_SMS if nvlink else _NCCL_SMS_PCIE),
