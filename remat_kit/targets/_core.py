@@ -136,7 +136,7 @@ class Target:
         object.__setattr__(self, "node", n.name)
         if n.gpu != self.name:
             raise BadValue(
-                f"node {n.name} holds {n.gpu} GPUs, not {self.name}: use --target {n.gpu}, or "
+                f"node {n.name} holds {n.gpu} GPUs, not {self.name}: target {n.gpu}, or "
                 f"a node of {self.name} ("
                 + ", ".join(x for x in node_names() if NODES[x].gpu == self.name)
                 + ")",
