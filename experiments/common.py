@@ -29,6 +29,29 @@ def parse(doc: str, argv: Sequence[str] | None, **defaults: Any) -> argparse.Nam
     return p.parse_args(argv)
 
 
+def preset_report(spec: Any, config: Any, policy: str, target: Any) -> Any:
+    """The deviceless report of a preset's train step (``PresetSpec``) under ``policy`` on
+    ``target``, sharded when the spec names a mesh: its ``step_time`` is the prediction."""
+    import remat_kit as rk
+    from remat_kit.policies import parse_policy
+    from remat_kit.schedules import parse_schedule
+
+    built = rk.sources.resolve(spec).build_step(
+        parse_policy(policy), parse_schedule("none"), config, target, sharded=spec.shard is not None
+    )
+    step = built.step
+    return rk.memory_report(
+        step.fn,
+        *step.args,
+        target=target,
+        donate_argnums=step.donate_argnums,
+        in_shardings=getattr(step, "in_shardings", None),
+        policy=None,
+        warn=False,
+        meta={"batch": config.batch, "seq": config.seq},
+    )
+
+
 def write_json(path: Path, data: Any) -> None:
     """Writes ``data`` atomically (remat_kit's one writer), creating results/ if needed."""
     from remat_kit.render import write_json as _write

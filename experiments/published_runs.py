@@ -43,7 +43,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from common import ROOT
+from common import ROOT, preset_report
 
 _JT_FLAGS = (
     "--xla_gpu_enable_latency_hiding_scheduler=true --xla_gpu_enable_command_buffer= "
@@ -239,28 +239,13 @@ def predict(run: Run) -> dict[str, Any]:
     import resource
 
     import remat_kit as rk
-    from remat_kit.policies import parse_policy
-    from remat_kit.schedules import parse_schedule
     from remat_kit_models.spec import PresetSpec
 
     spec = PresetSpec(run.preset, overrides=run.overrides, scan_layers=run.scan, shard=run.shard)
     t = rk.target(rk.targets.node(run.node).gpu, devices=run.gpus, node=run.node)
     config = rk.TrainConfig(run.per_gpu_batch * run.gpus, run.seq)
-    built = rk.sources.resolve(spec).build_step(
-        parse_policy(run.policy), parse_schedule("none"), config, t, sharded=True
-    )
-    step = built.step
     start = time.perf_counter()
-    report = rk.memory_report(
-        step.fn,
-        *step.args,
-        target=t,
-        donate_argnums=step.donate_argnums,
-        in_shardings=getattr(step, "in_shardings", None),
-        policy=None,
-        warn=False,
-        meta={"batch": config.batch, "seq": config.seq},
-    )
+    report = preset_report(spec, config, run.policy, t)
     st = report.step_time
     published = run.published_step
     out = {

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import published_runs
-from common import ROOT, parse, save_png, table, write_json
+from common import ROOT, parse, preset_report, save_png, table, write_json
 
 import remat_kit as rk
 from remat_kit.analysis import abstract
@@ -103,22 +103,7 @@ _H100_COLUMNS = (
 def _predict(
     spec: PresetSpec, config: rk.TrainConfig, policy: str, t: rk.Target
 ) -> tuple[Any, Any]:
-    source = rk.sources.resolve(spec)
-    sharded = spec.shard is not None
-    built = source.build_step(
-        parse_policy(policy), parse_schedule("none"), config, t, sharded=sharded
-    )
-    step = built.step
-    report = rk.memory_report(
-        step.fn,
-        *step.args,
-        target=t,
-        donate_argnums=step.donate_argnums,
-        in_shardings=getattr(step, "in_shardings", None),
-        policy=None,
-        warn=False,
-        meta={"batch": config.batch, "seq": config.seq},
-    )
+    report = preset_report(spec, config, policy, t)
     return report, report.step_time
 
 
