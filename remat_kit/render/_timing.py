@@ -14,6 +14,13 @@ __all__ = [
 ]
 
 
+#: The split's parts as the line says them: what the step waits for, and why.
+_WORDS = {
+    "collective": "exposed collectives",
+    "contention": "compute beside collectives",
+}
+
+
 def step_time_words(t: StepTime, tokens: int | None) -> str:
     """One line on a predicted step time: seconds, tokens/s, MFU and where the time goes.
 
@@ -22,8 +29,13 @@ def step_time_words(t: StepTime, tokens: int | None) -> str:
       >>> k = Kernel("gemm", count=1, flops=8e11, bytes=0, dtype="bf16")
       >>> step_time_words(step_time([k], speed_of(rk.target("h100"))), 2048)
       'step time (est.): 1.0 ms, 2,044,648 tok/s, MFU 81%: matmul 100%'
+      >>> ag = Kernel("collective", count=1, flops=0.0, bytes=10**9, group=8, op="all-gather")
+      >>> step_time_words(step_time([k, ag], speed_of(rk.target("h100"))), None)
+      'step time (est.): 3.4 ms, MFU 24%: matmul 30%, exposed collectives 70%'
     """
-    parts = [(name, seconds) for name, seconds in t.split().items() if seconds > 0]
+    parts = [
+        (_WORDS.get(name, name), seconds) for name, seconds in t.split().items() if seconds > 0
+    ]
     where = ", ".join(f"{name} {seconds / t.seconds:.0%}" for name, seconds in parts if
                       seconds / t.seconds >= 0.005)  # fmt: skip
     line = f"step time (est.): {_seconds_words(t.seconds)}"
