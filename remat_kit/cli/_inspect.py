@@ -71,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
     # Every value, output paths included, is checked before the first trace or compile.
     if getattr(args, "shard", None):
         raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
+    if getattr(args, "node", None):
+        raise BadValue("inspect reads one device's buffers: drop --node (report/compare take it)")
     trace = getattr(args, "trace", None)
     if trace is not None:
         check_trace(trace, flag="--trace")

@@ -89,8 +89,10 @@ def _check_flags(args: argparse.Namespace) -> None:
             f"--target {args.target}: validate runs the step on this machine's GPU; name the "
             "catalogue GPU to compile the prediction for with --compare-with"
         )
-    if args.shard or args.gpus != 1 or args.hosts != 1:
-        raise BadValue("validate runs the step on one local GPU: drop --shard, --gpus and --hosts")
+    if args.shard or args.gpus != 1 or args.hosts != 1 or getattr(args, "node", None):
+        raise BadValue(
+            "validate runs the step on one local GPU: drop --shard, --gpus, --hosts and --node"
+        )
     from remat_kit.cli._values import check_outputs
 
     check_outputs(args)  # before any compile, as every command does
