@@ -8,6 +8,7 @@ folder, so what reaches this process's cache came back with the results.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -219,3 +220,42 @@ def test_a_factory_file_travels_with_its_request(tmp_path):
     assert done.result.__name__ == "deep" and done.entries == ()
     with pytest.raises(BadValue, match="no such file"):
         _tasks.call(blob, (), None)
+
+
+def _fake_row(self, pol):
+    """A policy's throughput row without its search: the batch tells the policies apart; a
+    compile counted as the search would."""
+    cache._entries._compiled += 1
+    self.workload._reports[("fake", pol.spec)] = None  # counts as one compile
+    batch = {"none": 2, "full": 8, "minimal": 4}[pol.spec]
+    row = self._none_fits(pol.spec, pol.spec, 2**20, None, largest=batch)
+    return dataclasses.replace(row, batch=batch, micro_batch=batch, accum=1)
+
+
+def test_fit_throughput_hands_its_policies_to_any_executor(monkeypatch):
+    """``fastest(executor=...)``: the catalogue policies and the ``none`` baseline are the
+    executor's items (a thread pool here: any ``concurrent.futures.Executor``); each row lands
+    in its policy's place, the compiles of all are counted."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import remat_kit as rk
+    from remat_kit.cli._fit import _accumulating
+    from remat_kit.cli._model import Request
+    from remat_kit.search import _throughput
+    from remat_kit_models.spec import PresetSpec
+
+    monkeypatch.setattr(_throughput._Search, "policy", _fake_row)
+    request = Request(PresetSpec("tiny-llama"), rk.TrainConfig(2, 32, optimizer="sgd"))
+    build = functools.partial(_accumulating, request, rk.target("h100"), None, 1)
+    kw = {"limit_bytes": 2**24}
+    here = rk.search.fastest(build(), ["minimal", "full"], **kw)
+    with ThreadPoolExecutor(2) as pool:
+        there = rk.search.fastest(
+            build(), ["minimal", "full"], executor=pool, workload_for=build, **kw
+        )
+        with pytest.raises(BadValue, match="workload_for"):
+            rk.search.fastest(build(), ["full"], executor=pool, **kw)
+    assert [(r.policy, r.batch) for r in there.rows] == [("minimal", 4), ("full", 8)]
+    assert there.rows == here.rows
+    assert there.baseline.policy == "none" and there.baseline == here.baseline
+    assert there.compiles == here.compiles == 3

@@ -32,6 +32,7 @@ __all__ = [
     "PRECISION_NAMES",
     "SHARD_EXAMPLES",
     "Parser",
+    "add_cluster_arg",
     "add_common_args",
     "add_jobs_arg",
     "add_model_args",
@@ -512,13 +513,28 @@ def add_jobs_arg(p: argparse.ArgumentParser) -> None:
         help="compile independent programs in up to N worker processes (default: "
         f"{default_jobs()}, min(2, cores); 1: all in this process)",
     )
+    add_cluster_arg(p)
+
+
+def add_cluster_arg(p: argparse.ArgumentParser, what: str = "") -> None:
+    """Adds ``--cluster ADDRESS``: independent compiles on the workers of a Dask scheduler.
+
+    Args:
+      p: an argparse parser (or subparser).
+      what: when the command hands compiles to it, if not always (words for the help).
+
+    Example:
+      >>> p = Parser(); add_cluster_arg(p)
+      >>> p.parse_args(["--cluster", "tcp://10.0.0.1:8786"]).cluster
+      'tcp://10.0.0.1:8786'
+    """
     group(p, "compile").add_argument(
         "--cluster",
         metavar="ADDRESS",
         default=None,
-        help="compile independent programs on the workers of the Dask scheduler at ADDRESS "
-        "(tcp://host:8786; start workers with JAX_PLATFORMS=cpu dask worker ADDRESS; needs "
-        "pip install 'remat-kit[cluster]'); results land in this machine's cache",
+        help=f"compile independent programs{what} on the workers of the Dask scheduler at "
+        "ADDRESS (tcp://host:8786; start workers with JAX_PLATFORMS=cpu dask worker ADDRESS; "
+        "needs pip install 'remat-kit[cluster]'); results land in this machine's cache",
     )
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat_kit import sources
+from remat_kit.cli._args import check_cluster, cluster_executor
 from remat_kit.cli._model import print_notes, resolve
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
@@ -66,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
       ``remat-kit fit --model tiny-llama --target h100`` parses its flags and calls this.
     """
     given = getattr(args, "given", ())
+    check_cluster(args)
+    if args.cluster is not None and args.objective != "throughput":
+        raise BadValue(
+            f"--cluster {args.cluster}: fit sends compiles to a cluster with --objective "
+            "throughput (its policies' searches do not depend on each other); the largest "
+            "batch is one search per policy here"
+        )
     if args.over == "seq":
         return _over_seq(args, given)
     _batch_flags(args, given)
@@ -87,6 +95,16 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     rows = _largest_batches(args, w, policies, schedule)
     return _print_batches(args, run, w, rows, time.perf_counter() - start)
+
+
+def _accumulating(request: Any, target: Any, ways: int | None, accum: int) -> Any:
+    """The step of ``request`` on ``target`` accumulating over ``accum`` micro-batches of one
+    sequence per data-parallel GPU (``ways`` None: as the request builds it), as
+    ``--objective throughput`` builds it here (module-level, for a worker process)."""
+    config = request.config
+    if ways is not None:
+        config = dataclasses.replace(config, accum=accum, batch=accum * ways)
+    return sources.workload(request.source(), target, config, depth=request.depth)
 
 
 def _batch_flags(args: argparse.Namespace, given: Sequence[str]) -> None:
@@ -220,18 +238,29 @@ def _throughput(
     def done() -> int:
         return w.compiles + sum(a.compiles for a in made)
 
-    with warnings.catch_warnings(), progress(what, done=done, length=length) as step:
+    with (
+        cluster_executor(args) as executor,  # connected before any compile
+        warnings.catch_warnings(),
+        progress(what, done=done, length=length) as step,
+    ):
         warnings.simplefilter("ignore")  # the table shows what matters
         found = fastest(
             w,
             specs,
             schedule,
             global_batch=args.global_batch,
-            accumulate=accumulate,
+            # On a cluster the step is rebuilt in each worker: builders that pickle.
+            accumulate=accumulate
+            if executor is None
+            else functools.partial(_accumulating, run.request, run.target, ways),
             headroom=args.headroom,
             offload=not args.no_offload,
             hide=args.hide,
             progress=step,
+            executor=executor,
+            workload_for=None
+            if executor is None
+            else functools.partial(_accumulating, run.request, run.target, None, 1),
         )
     out = console(args.wide)
     limit = limit_words(run.target, args.headroom)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from remat_kit.cli._args import (
     FRONT_POLICIES,
+    add_cluster_arg,
     add_jobs_arg,
     add_model_args,
     add_output_arg,
@@ -128,6 +129,7 @@ def _fit(p: argparse.ArgumentParser) -> None:
         "micro-batch x accumulation that reaches it fastest",
     )
     add_search_args(p)
+    add_cluster_arg(p, " (with --objective throughput: the policies' searches)")
 
 
 def _plan(p: argparse.ArgumentParser) -> None:

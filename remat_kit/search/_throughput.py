@@ -18,10 +18,13 @@ Example (``w`` is the workload of a small model, as ``rk.sources.workload`` buil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from typing import Any
 
+from remat_kit import _workers
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note, label
 from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
@@ -167,6 +170,8 @@ def fastest(
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
     progress: Callable[[str], None] | None = None,
+    executor: Executor | None = None,
+    workload_for: Callable[[], Workload] | None = None,
 ) -> Fastest:
     """Which policy and micro-batch train the step fastest on the workload's GPU.
 
@@ -196,13 +201,21 @@ def fastest(
       headroom: fraction of device memory left free; ``limit_bytes`` an explicit limit.
       offload, hide: as for :func:`plan`.
       progress: called with a few words before each policy's search (for a progress bar).
+      executor: where the catalogue policies (and the ``none`` baseline) are searched side by
+        side, a ``concurrent.futures.Executor`` (a Dask cluster's); they do not depend on
+        each other, the planner's row (which plans at their micro-batches) follows here.
+        The first runs here (see ``remat_kit._workers.run``); each rebuilds the step with
+        ``workload_for``, and the cache entries the workers write are stored here.
+      workload_for: ``() -> Workload``, the same step as ``workload``; needed with
+        ``executor``, and it (and ``accumulate``) must pickle.
 
     Returns:
       A :class:`Fastest`.
 
     Raises:
       BadValue: no policies; ``global_batch`` without ``accumulate``, below 1 or not a
-        multiple of the data-parallel GPUs; a workload that already accumulates.
+        multiple of the data-parallel GPUs; a workload that already accumulates;
+        ``executor`` without ``workload_for``.
 
     Example:
       >>> f = rk.search.fastest(w, ["full"], limit_bytes=2**20)
@@ -226,6 +239,39 @@ def fastest(
     # The catalogue first: the planner then also plans at the micro-batches they chose.
     order = sorted(range(len(specs)), key=lambda i: specs[i] == PLAN)
     found: dict[int, Throughput] = {}
+    remote = 0  # programs compiled for rows searched by the executor's items
+    base = None
+    if executor is not None:
+        if workload_for is None:
+            raise BadValue(
+                "fastest(executor=...) rebuilds the step in each worker: give workload_for",
+                param="workload_for",
+            )
+        catalogue = [i for i in order if specs[i] != PLAN]
+        asked = [specs[i].spec for i in catalogue]
+        with_base = "none" not in asked
+        one = functools.partial(
+            _policy_row,
+            workload_for,
+            accumulate,
+            sch.spec,
+            limit,
+            (headroom, offload, hide, global_batch),
+        )
+
+        def done(j: int, out: tuple[Throughput, int]) -> None:
+            if progress is not None:
+                progress(f"{out[0].policy} done")
+
+        rows_out = _workers.run(
+            one, [*asked, "none"] if with_base else asked, 1, on_done=done, executor=executor
+        )
+        remote = sum(c for _, c in rows_out)
+        for i, (row, _) in zip(catalogue, rows_out, strict=False):
+            found[i] = row
+        if with_base:
+            base = rows_out[-1][0]
+        order = [i for i in order if specs[i] == PLAN]
     for n, i in enumerate(order):
         p = specs[i]
         if progress is not None:
@@ -248,7 +294,7 @@ def fastest(
         else:
             found[i] = search.policy(p)
     rows = [found[i] for i in range(len(specs))]
-    base = next(
+    base = base or next(
         (r for r, p in zip(rows, specs, strict=True) if p != PLAN and p.spec == "none"), None
     )
     if base is None:
@@ -262,9 +308,28 @@ def fastest(
         global_batch=global_batch,
         target=workload.target.name,
         devices=int(getattr(workload.target, "devices", 1) or 1),
-        compiles=workload.compiles - before + search.extra_compiles(),
+        compiles=workload.compiles - before + search.extra_compiles() + remote,
         seconds=time.perf_counter() - t0,
     )
+
+
+def _policy_row(
+    workload_for: Callable[[], Workload],
+    accumulate: Callable[[int], Workload] | None,
+    schedule: str,
+    limit: int,
+    options: tuple[float, bool, float, int | None],
+    policy: str,
+) -> tuple[Throughput, int]:
+    """One catalogue policy's row and the programs it compiled, in a fresh search of the
+    step ``workload_for`` builds (module-level, so a worker process can run it)."""
+    headroom, offload, hide, global_batch = options
+    w = workload_for()
+    search = _Search(
+        w, parse_schedule(schedule), limit, headroom, offload, hide, global_batch, accumulate
+    )
+    row = search.policy(as_policy(policy))
+    return row, w.compiles + search.extra_compiles()
 
 
 def _check_global(global_batch: int, ways: int, accumulate: Any) -> None:
