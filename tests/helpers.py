@@ -155,14 +155,21 @@ def on_both_layouts(items, models=("tiny-llama", "tiny-gpt2")):
 
 
 def maxtext_aot(
-    words: str, remat: dict[str, str], devices: int, batch: int, seq: int
+    words: str,
+    remat: dict[str, str],
+    devices: int,
+    batch: int,
+    seq: int,
+    compiler_options: dict | None = None,
 ) -> dict[str, int]:
     """MaxText's own AOT compile of ``words`` with its remat keys ``remat``, on ``devices``
     compile-only H100s: argument, output, temp and alias bytes.
 
     Its ``train_compile`` functions and its ``jit_and_compile`` (which enters
     ``jax.set_mesh`` and its logical axis rules, then compiles), the words written out here:
-    the independent side of ``remat_kit_models.maxtext``'s figures (tests, experiments)."""
+    the independent side of ``remat_kit_models.maxtext``'s figures (tests, experiments).
+    ``compiler_options`` reach XLA through MaxText's own ``compile_xla_flags`` (the tests hand
+    it remat_kit's analysis-only codegen: the same memory analysis, without the machine code)."""
     from flax.core.spmd import logical_axis_rules
     from maxtext.configs import pyconfig
     from maxtext.trainers.pre_train import train, train_compile
@@ -185,6 +192,12 @@ def maxtext_aot(
         "dataset_type=synthetic",
         "jax_cache_dir=",  # else jax's persistent cache goes to ~/jax_cache for the process
     ]
+    if compiler_options:
+        # A flag string carries no bool XLA takes ('true' is refused): those stay out.
+        flags = " ".join(
+            f"--{k}={v}" for k, v in compiler_options.items() if not isinstance(v, bool)
+        )
+        argv.append(f"compile_xla_flags={flags}")
     config = pyconfig.initialize(argv)
     grid = maxtext_utils.create_device_mesh(
         config, list(remat_kit.target("h100", devices=devices).mesh().devices.reshape(-1))
