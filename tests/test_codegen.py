@@ -42,9 +42,12 @@ def _lowered(policy, target):
 
 @pytest.mark.slow
 @needs_ptxas
+# One case per thing the options meet: an H100 program with host memory (its device side
+# is what a plain policy's is) and another GPU's architecture. A plain H100 case (minimal)
+# compiled the same kernels through the same options and was dropped.
 @pytest.mark.parametrize(
     "target,policy",
-    [("h100", "minimal"), ("h100", "offload_dots_no_batch"), ("rtx4090", "full")],
+    [("h100", "offload_dots_no_batch"), ("rtx4090", "full")],
 )
 def test_analysis_only_compile_reads_the_same_analysis(target, policy):
     t = rk.target(target)
