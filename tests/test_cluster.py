@@ -29,6 +29,82 @@ distributed = pytest.importorskip("distributed")
 _TIMING = ("compile_seconds", "seconds")  # wall times: not figures of the program
 
 
+# The tests that need no cluster first: they run before the module's cluster starts.
+
+
+def test_a_worker_with_other_versions_is_refused_in_one_line(monkeypatch):
+    here = _tasks.versions()
+    theirs = {**here, "jax": "0.0.1"}
+
+    class Client:
+        closed = False
+
+        def __init__(self, address, **kw):
+            pass
+
+        def wait_for_workers(self, n, timeout):
+            pass
+
+        def run(self, fn):
+            return {"tcp://10.0.0.2:4000": theirs}
+
+        def close(self):
+            Client.closed = True
+
+    monkeypatch.setitem(sys.modules, "distributed", types.SimpleNamespace(Client=Client))
+    with pytest.raises(BadValue, match=f"runs jax 0.0.1, this process jax {here['jax']}"):
+        _workers.connect("tcp://10.0.0.2:8786")
+    assert Client.closed
+
+
+def test_without_distributed_the_cli_names_the_extra_before_any_compile(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "distributed", None)  # import fails, as when absent
+    before = cache.compiles()
+    # A model that is not there: the missing extra is said first, before the model is read.
+    argv = ["--model", "no/such/model.py:f", "--cluster", "tcp://127.0.0.1:8786"]
+    for command in ("compare", "advise"):
+        assert main([command, *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "pip install 'remat-kit[cluster]'" in err, err
+    assert cache.compiles() == before
+    with pytest.raises(BadValue, match=r"remat-kit\[cluster\]"):
+        _workers.connect("tcp://127.0.0.1:8786")
+
+
+@pytest.mark.parametrize(
+    ("address", "says"),
+    [("nonsense", "not a Dask scheduler's address"), ("tcp://127.0.0.1:9", "no Dask scheduler")],
+)
+def test_a_bad_address_is_one_line(address, says):
+    with pytest.raises(BadValue, match=says):
+        _workers.connect(address, timeout=0.5)
+
+
+@pytest.mark.slow
+def test_a_task_starts_jax_on_the_cpu_platform_where_the_worker_was_not_told():
+    code = (
+        "import os; from remat_kit._workers._tasks import call, payload; "
+        "print(call(payload(os.getenv, 'JAX_PLATFORMS'), (), None).result)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.split() == ["cpu"], out.stderr[-500:]
+
+
+def test_a_factory_file_travels_with_its_request(tmp_path):
+    text = pathlib.Path("tests/data/factories.py").read_text(encoding="utf-8")
+    request = functools.partial(print, {"model": "tests/data/factories.py:deep"})
+    assert _tasks.factory_files(request) == (("tests/data/factories.py", text),)
+    # On a worker the client's path need not exist: the shipped copy is what loads.
+    from remat_kit.sources import load_factory
+
+    blob = _tasks.payload(load_factory, "no/such/folder/model.py:deep")
+    done = _tasks.call(blob, (("no/such/folder/model.py", text),), None)
+    assert done.result.__name__ == "deep" and done.entries == ()
+    with pytest.raises(BadValue, match="no such file"):
+        _tasks.call(blob, (), None)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     workers_cache = tmp_path_factory.mktemp("workers_cache")
@@ -147,79 +223,6 @@ def test_connect_checks_the_workers_versions(cluster):
         assert all(v == _tasks.versions() for v in got.versions.values())
     finally:
         got.close()
-
-
-def test_a_worker_with_other_versions_is_refused_in_one_line(monkeypatch):
-    here = _tasks.versions()
-    theirs = {**here, "jax": "0.0.1"}
-
-    class Client:
-        closed = False
-
-        def __init__(self, address, **kw):
-            pass
-
-        def wait_for_workers(self, n, timeout):
-            pass
-
-        def run(self, fn):
-            return {"tcp://10.0.0.2:4000": theirs}
-
-        def close(self):
-            Client.closed = True
-
-    monkeypatch.setitem(sys.modules, "distributed", types.SimpleNamespace(Client=Client))
-    with pytest.raises(BadValue, match=f"runs jax 0.0.1, this process jax {here['jax']}"):
-        _workers.connect("tcp://10.0.0.2:8786")
-    assert Client.closed
-
-
-def test_without_distributed_the_cli_names_the_extra_before_any_compile(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "distributed", None)  # import fails, as when absent
-    before = cache.compiles()
-    # A model that is not there: the missing extra is said first, before the model is read.
-    argv = ["--model", "no/such/model.py:f", "--cluster", "tcp://127.0.0.1:8786"]
-    for command in ("compare", "advise"):
-        assert main([command, *argv]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and "pip install 'remat-kit[cluster]'" in err, err
-    assert cache.compiles() == before
-    with pytest.raises(BadValue, match=r"remat-kit\[cluster\]"):
-        _workers.connect("tcp://127.0.0.1:8786")
-
-
-@pytest.mark.parametrize(
-    ("address", "says"),
-    [("nonsense", "not a Dask scheduler's address"), ("tcp://127.0.0.1:9", "no Dask scheduler")],
-)
-def test_a_bad_address_is_one_line(address, says):
-    with pytest.raises(BadValue, match=says):
-        _workers.connect(address, timeout=0.5)
-
-
-@pytest.mark.slow
-def test_a_task_starts_jax_on_the_cpu_platform_where_the_worker_was_not_told():
-    code = (
-        "import os; from remat_kit._workers._tasks import call, payload; "
-        "print(call(payload(os.getenv, 'JAX_PLATFORMS'), (), None).result)"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.split() == ["cpu"], out.stderr[-500:]
-
-
-def test_a_factory_file_travels_with_its_request(tmp_path):
-    text = pathlib.Path("tests/data/factories.py").read_text(encoding="utf-8")
-    request = functools.partial(print, {"model": "tests/data/factories.py:deep"})
-    assert _tasks.factory_files(request) == (("tests/data/factories.py", text),)
-    # On a worker the client's path need not exist: the shipped copy is what loads.
-    from remat_kit.sources import load_factory
-
-    blob = _tasks.payload(load_factory, "no/such/folder/model.py:deep")
-    done = _tasks.call(blob, (("no/such/folder/model.py", text),), None)
-    assert done.result.__name__ == "deep" and done.entries == ()
-    with pytest.raises(BadValue, match="no such file"):
-        _tasks.call(blob, (), None)
 
 
 def _fake_row(self, pol):

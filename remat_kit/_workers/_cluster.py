@@ -152,6 +152,11 @@ def connect(address: str, *, timeout: float = CONNECT_TIMEOUT) -> Cluster:
             f"no Dask scheduler answered at {address!r} within {timeout:g} s ({_first(err)})",
             param="cluster",
         ) from None
+    except Exception as err:  # the client's own start failed: still one line, not a trace
+        raise BadValue(
+            f"could not open a Dask client to {address!r}: {type(err).__name__}: {_first(err)}",
+            param="cluster",
+        ) from err
     try:
         try:
             client.wait_for_workers(1, timeout=timeout)
