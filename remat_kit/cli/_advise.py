@@ -64,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
             f"--target {args.target}: advise compares GPUs; name them with --targets "
             f"{args.target}[,OTHER...] (default: every GPU of the catalogue)"
         )
+    if getattr(args, "node", None):
+        raise BadValue(
+            f"--node {args.node}: advise compares GPUs of every kind, and a node holds one; "
+            "give --node to report, compare, plan or fit with its --target"
+        )
     check_cluster(args)
     run = resolve(args)
     prices, names = _checked(args, run)
