@@ -80,6 +80,19 @@ def test_a_bad_address_is_one_line(address, says):
         _workers.connect(address, timeout=0.5)
 
 
+def test_a_port_that_does_not_answer_is_refused_before_a_client_starts(monkeypatch):
+    # distributed's client has hung in its own start when it could not connect (a CI run
+    # waited 19 minutes): the socket probe answers first, and no client is made.
+    import distributed
+
+    def no_client(*args, **kwargs):
+        raise AssertionError("a Dask client was started for an address that does not answer")
+
+    monkeypatch.setattr(distributed, "Client", no_client)
+    with pytest.raises(BadValue, match="no Dask scheduler answered at 'tcp://127.0.0.1:9'"):
+        _workers.connect("tcp://127.0.0.1:9", timeout=0.5)
+
+
 @pytest.mark.slow
 def test_a_task_starts_jax_on_the_cpu_platform_where_the_worker_was_not_told():
     code = (

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import re
+import socket
 from concurrent.futures import Executor
 from typing import Any
 
@@ -122,6 +124,28 @@ def version_mismatch(
     return None
 
 
+def _probe(address: str, timeout: float) -> None:
+    """A TCP address whose port does not answer is refused here, before distributed's client
+    starts its event loop: a client that cannot connect has been seen to hang in its own
+    start under load, where a socket's connect ends at ``timeout``. Other protocols (tls://,
+    ucx://) are left to distributed."""
+    m = re.fullmatch(r"(?:tcp://)?(\[[^\]]+\]|[^:/\s\[\]]+):(\d+)", address.strip())
+    if m is None:
+        if "://" in address and not address.strip().startswith("tcp://"):
+            return
+        raise BadValue(
+            f"{address!r} is not a Dask scheduler's address (tcp://HOST:PORT)", param="cluster"
+        )
+    host, port = m.group(1).strip("[]"), int(m.group(2))
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        raise BadValue(
+            f"no Dask scheduler answered at {address!r} within {timeout:g} s ({_first(err)})",
+            param="cluster",
+        ) from None
+
+
 def connect(address: str, *, timeout: float = CONNECT_TIMEOUT) -> Cluster:
     """Connects to the Dask scheduler at ``address`` and checks its workers' versions.
 
@@ -140,6 +164,7 @@ def connect(address: str, *, timeout: float = CONNECT_TIMEOUT) -> Cluster:
         import distributed
     except ImportError:
         raise missing_extra() from None
+    _probe(address, timeout)
     try:
         client = distributed.Client(address, timeout=timeout, set_as_default=False)
     except (ValueError, TypeError) as err:
