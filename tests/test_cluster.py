@@ -89,7 +89,7 @@ def test_a_port_that_does_not_answer_is_refused_before_a_client_starts(monkeypat
         raise AssertionError("a Dask client was started for an address that does not answer")
 
     monkeypatch.setattr(distributed, "Client", no_client)
-    with pytest.raises(BadValue, match="no Dask scheduler answered at 'tcp://127.0.0.1:9'"):
+    with pytest.raises(BadValue, match=r"no Dask scheduler answered at 'tcp://127\.0\.0\.1:9'"):
         _workers.connect("tcp://127.0.0.1:9", timeout=0.5)
 
 
