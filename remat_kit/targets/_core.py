@@ -22,7 +22,7 @@ from remat_kit.targets._catalogue import (
     GPU_FACTS,
     SPECIAL,
 )
-from remat_kit.targets._nodes import NODES, node, node_names
+from remat_kit.targets._nodes import check_node, node
 from remat_kit.targets._platform import configure_if_no_gpu, gpu_topology
 from remat_kit.targets._proto import escape
 from remat_kit.targets.runtime import (
@@ -129,24 +129,9 @@ class Target:
                 f"hosts={self.hosts} is only meaningful for GPU targets; {self.kind!r} uses hosts=1"
             )
         if self.node is not None:
-            self._check_node()
-
-    def _check_node(self) -> None:
-        n = node(self.node)  # a catalogue name, or UnknownName listing them
-        object.__setattr__(self, "node", n.name)
-        if n.gpu != self.name:
-            raise BadValue(
-                f"node {n.name} holds {n.gpu} GPUs, not {self.name}: target {n.gpu}, or "
-                f"a node of {self.name} ("
-                + ", ".join(x for x in node_names() if NODES[x].gpu == self.name)
-                + ")",
-                param="node",
-            )
-        if self.devices_per_host > n.gpus:
-            raise BadValue(
-                f"{self.devices_per_host} GPUs per host, but a {n.name} node holds {n.gpus}: "
-                f"spread {self.devices} GPUs over {-(-self.devices // n.gpus)} hosts",
-                param="hosts",
+            # the catalogue's spelling (names are case-insensitive), once checked
+            object.__setattr__(
+                self, "node", check_node(self.node, self.name, self.devices, self.hosts).name
             )
 
     @property

@@ -23,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import difflib
 
-from remat_kit.errors import BadType, unknown
+from remat_kit.errors import BadType, BadValue, unknown
 
 __all__ = [
     "NODES",
     "Node",
+    "check_node",
     "node",
     "node_names",
 ]
@@ -201,3 +202,32 @@ def node(name: str) -> Node:
         return NODES[key]
     close = difflib.get_close_matches(key, node_names(), n=3, cutoff=0.5)
     raise unknown("node", name, node_names(), close=close, param="node")
+
+
+def check_node(name: str, gpu: str, devices: int, hosts: int) -> Node:
+    """The node ``name``, checked to hold ``devices`` GPUs of target ``gpu`` over ``hosts``.
+
+    Raises:
+      UnknownName: no such node.
+      BadValue: the node holds another GPU, or fewer GPUs than a host would need.
+
+    Example:
+      >>> check_node("DGX-H100", "h100-80gb", 16, 2).name
+      'dgx-h100'
+    """
+    n = node(name)
+    if n.gpu != gpu:
+        others = ", ".join(x for x in node_names() if NODES[x].gpu == gpu)
+        raise BadValue(
+            f"node {n.name} holds {n.gpu} GPUs, not {gpu}: target {n.gpu}, or a node of {gpu} "
+            f"({others})",
+            param="node",
+        )
+    per_host = devices // hosts
+    if per_host > n.gpus:
+        raise BadValue(
+            f"{per_host} GPUs per host, but a {n.name} node holds {n.gpus}: "
+            f"spread {devices} GPUs over {-(-devices // n.gpus)} hosts",
+            param="hosts",
+        )
+    return n
