@@ -408,6 +408,8 @@ _TARGETS = {
     "compute capability": (lambda: _card(compute_capability=(8, 0)), True),
     "peak bf16 FLOP/s": (lambda: _card(peak_bf16_flops=756e12), False),
     "host link": (lambda: _card(host_link_bandwidth=32e9), False),
+    # the node's network prices the collectives of the step time
+    "node": (lambda: dataclasses.replace(_card(), node="a3-high"), False),
 }
 
 

@@ -163,7 +163,10 @@ def request_key(kind: str, parts: Mapping[str, Any], target: Any) -> str:
         "target": _target_parts(target),
         # Not in the compile, but a remembered report's step time and offload estimate are
         # priced at them (a custom card edited under the same name must not read back).
-        "rates": [getattr(target, f, None) for f in ("peak_bf16_flops", "host_link_bandwidth")],
+        # the node's network prices the collectives, so the step time, not the compile
+        "rates": [
+            getattr(target, f, None) for f in ("peak_bf16_flops", "host_link_bandwidth", "node")
+        ],
         "jax": {name: repr(getattr(jax.config, name, None)) for name in _JAX_SETTINGS},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "versions": _versions(),
