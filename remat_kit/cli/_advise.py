@@ -11,9 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_kit import _workers
-from remat_kit.cli._args import check_cluster, cluster_executor
 from remat_kit.cli._model import Request, print_notes, resolve
 from remat_kit.cli._next import lora_request
+from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items
 from remat_kit.errors import BadValue
 from remat_kit.render import (

@@ -10,9 +10,9 @@ from typing import Any
 
 from remat_kit import _workers, sources
 from remat_kit.analysis import MemoryReport
-from remat_kit.cli._args import check_cluster, cluster_executor
 from remat_kit.cli._model import Request, resolve, run_notes
 from remat_kit.cli._next import next_step_lines
+from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.comparison import compare_rows
 from remat_kit.errors import BadValue

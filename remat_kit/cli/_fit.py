@@ -13,8 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli._args import check_cluster, cluster_executor
 from remat_kit.cli._model import print_notes, resolve
+from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.notes import label

@@ -15,8 +15,6 @@ from pathlib import Path
 
 from remat_kit.cli._args import (
     FRONT_POLICIES,
-    add_cluster_arg,
-    add_jobs_arg,
     add_model_args,
     add_output_arg,
     add_policies_arg,
@@ -28,6 +26,7 @@ from remat_kit.cli._args import (
     name_arg,
     positive_int,
 )
+from remat_kit.cli._placement import add_cluster_arg, add_jobs_arg
 
 __all__ = ["DECLARES", "declare"]
 
