@@ -181,6 +181,11 @@ def test_the_flags_reach_the_search(monkeypatch, extra, expected):
             "one --seq; drop one of them",
         ),
         (
+            ["--over", "seq", "--cluster", "tcp://127.0.0.1:9"],
+            "--cluster tcp://127.0.0.1:9 with --over seq: the sequence search compiles one "
+            "probe after another, each placed by the last; drop --cluster",
+        ),
+        (
             ["--over", "seq", "--seq", "4096"],
             "--seq 4096: fit --over seq searches the sequence; drop --seq (--seq-step sets the "
             "granularity, --max-seq the longest)",

@@ -25,7 +25,7 @@ import multiprocessing
 import os
 import warnings
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from typing import Any, TypeVar
 
 from remat_kit._workers._tasks import Done, call, factory_files, payload
@@ -63,6 +63,8 @@ def run[T, R](
     *,
     on_done: Callable[[int, R], None] | None = None,
     executor: Executor | None = None,
+    here: Callable[[T], R] | None = None,
+    at_once: bool = False,
 ) -> list[R]:
     """``[fn(x) for x in items]``, the costly ones in up to ``jobs`` spawned worker processes.
 
@@ -79,6 +81,12 @@ def run[T, R](
     warm on this machine. An item that raises there (or whose worker died too often) does not
     stop the others; once all are done, they are named in one :class:`ClusterError`.
 
+    With ``at_once``, the items after the first go out (to the pool or the ``executor``) as
+    soon as the first starts here, so two slow compiles run side by side; where the first
+    turns out cached (nothing compiled), the ones sent out are cancelled (a local pool's
+    workers stopped) and run here: their programs are likely cached too, and a worker
+    costs seconds to start.
+
     ``fn`` and the items must pickle (``fn`` a module-level function or a
     ``functools.partial`` of one); an exception in a local worker is raised here.
 
@@ -88,6 +96,9 @@ def run[T, R](
       jobs: worker processes at most.
       on_done: called as ``on_done(index, result)`` when an item finishes (progress bars).
       executor: where the items that compile run (None: a local pool of ``jobs``).
+      here: what runs an item in this process (default ``fn``): e.g. through the caller's
+        live objects, where ``fn`` rebuilds them in a worker.
+      at_once: send the items after the first out while the first runs here (see above).
 
     Returns:
       The results, in the order of ``items``.
@@ -105,11 +116,14 @@ def run[T, R](
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise BadType(f"jobs must be a positive int, got {jobs!r}", param="jobs")
     items = list(items)
+    local = fn if here is None else here
     results: list[Any] = [None] * len(items)
+    if at_once and len(items) >= 2 and (executor is not None or jobs > 1):
+        return _at_once(fn, local, items, jobs, executor, results, on_done)
     i = 0
     while i < len(items):
         before = cache.compiles()
-        results[i] = fn(items[i])
+        results[i] = local(items[i])
         if on_done is not None:
             on_done(i, results[i])
         i += 1
@@ -119,23 +133,12 @@ def run[T, R](
     if i == len(items):
         return results
     if executor is not None:
-        _on_executor(executor, fn, items, i, results, on_done)
+        _collect_remote(_submit_remote(executor, fn, items, i), items, results, on_done)
         return results
-    # Inherited by the spawned workers, read by their jax at import.
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    pool = ProcessPoolExecutor(
-        max_workers=min(jobs, len(items) - i),
-        mp_context=multiprocessing.get_context("spawn"),
-        initializer=_start_worker,
-        initargs=(cache._switch._override,),
-    )
+    pool = _pool(min(jobs, len(items) - i))
     try:
         futures = {pool.submit(fn, items[j]): j for j in range(i, len(items))}
-        for fut in as_completed(futures):
-            j = futures[fut]
-            results[j] = fut.result()
-            if on_done is not None:
-                on_done(j, results[j])
+        _collect_local(futures, results, on_done)
     except BaseException:
         # Ctrl-C (or an error): the workers are mid-compile and would finish first; stop them.
         _stop(pool)
@@ -144,17 +147,88 @@ def run[T, R](
     return results
 
 
-def _on_executor(
-    executor: Executor,
+def _at_once(
     fn: Callable[[Any], Any],
+    local: Callable[[Any], Any],
     items: list[Any],
-    start: int,
+    jobs: int,
+    executor: Executor | None,
+    results: list[Any],
+    on_done: Callable[[int, Any], None] | None,
+) -> list[Any]:
+    """:func:`run` with ``at_once``: items ``1:`` sent out before item 0 runs here."""
+    from remat_kit import cache
+
+    pool = None if executor is not None else _pool(min(jobs - 1, len(items) - 1) or 1)
+    futures: dict[Future[Any], int] = {}
+    try:
+        if pool is not None:
+            futures = {pool.submit(fn, items[j]): j for j in range(1, len(items))}
+        else:
+            futures = _submit_remote(executor, fn, items, 1)
+        before = cache.compiles()
+        results[0] = local(items[0])
+        if on_done is not None:
+            on_done(0, results[0])
+        if cache.compiles() == before:
+            # Item 0 was cached: so, likely, are the rest; a worker would only be slower.
+            for fut in futures:
+                fut.cancel()
+            if pool is not None:
+                _stop(pool)
+            for j in range(1, len(items)):
+                results[j] = local(items[j])
+                if on_done is not None:
+                    on_done(j, results[j])
+            return results
+        if pool is not None:
+            _collect_local(futures, results, on_done)
+        else:
+            _collect_remote(futures, items, results, on_done)
+    except BaseException:
+        if pool is not None:
+            _stop(pool)
+        else:
+            for fut in futures:
+                fut.cancel()
+        raise
+    if pool is not None:
+        pool.shutdown(wait=True)
+    return results
+
+
+def _pool(workers: int) -> ProcessPoolExecutor:
+    """A local pool of ``workers`` spawned processes with this process's cache switch."""
+    from remat_kit import cache
+
+    # Inherited by the spawned workers, read by their jax at import.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    return ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(cache._switch._override,),
+    )
+
+
+def _collect_local(
+    futures: dict[Future[Any], int],
     results: list[Any],
     on_done: Callable[[int, Any], None] | None,
 ) -> None:
-    """Items ``start:`` on ``executor``; their cache entries stored here (see :func:`run`)."""
+    for fut in as_completed(futures):
+        j = futures[fut]
+        results[j] = fut.result()
+        if on_done is not None:
+            on_done(j, results[j])
+
+
+def _submit_remote(
+    executor: Executor, fn: Callable[[Any], Any], items: list[Any], start: int
+) -> dict[Future[Any], int]:
+    """Items ``start:`` submitted to ``executor`` (as :func:`call`, with the factory files
+    the request names), each future mapped to its item's index."""
     from remat_kit import cache
-    from remat_kit._workers._cluster import ClusterError
 
     files = factory_files(fn)
     flag = cache._switch._override if cache.enabled() else False
@@ -162,6 +236,19 @@ def _on_executor(
         executor.submit(call, payload(fn, items[j]), files, flag): j
         for j in range(start, len(items))
     }
+    return futures
+
+
+def _collect_remote(
+    futures: dict[Future[Any], int],
+    items: list[Any],
+    results: list[Any],
+    on_done: Callable[[int, Any], None] | None,
+) -> None:
+    """The remote items' results, their cache entries stored here (see :func:`run`)."""
+    from remat_kit import cache
+    from remat_kit._workers._cluster import ClusterError
+
     failed: list[tuple[str, str]] = []
     try:
         for fut in as_completed(futures):

@@ -35,6 +35,8 @@ __all__ = [
     "call",
     "factory_files",
     "payload",
+    "shipped",
+    "shipped_path",
     "versions",
 ]
 
@@ -118,6 +120,35 @@ class _Null:
         return len(b)
 
 
+# Factory files this worker was sent: the location the request names -> the copy here.
+_SHIPPED: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def shipped(copies: dict[str, str]) -> Iterator[None]:
+    """Within the block, a factory file named at a key of ``copies`` is read from its value
+    (a cluster worker's copy of the client's file; see :func:`shipped_path`).
+
+    Example:
+      >>> with shipped({"gone/model.py": "tests/data/factories.py"}):
+      ...     shipped_path("gone/model.py"), shipped_path("other.py")
+      ('tests/data/factories.py', 'other.py')
+    """
+    before = dict(_SHIPPED)
+    _SHIPPED.update(copies)
+    try:
+        yield
+    finally:
+        _SHIPPED.clear()
+        _SHIPPED.update(before)
+
+
+def shipped_path(location: str) -> str:
+    """Where the factory file a request names at ``location`` is read from here: the copy
+    this worker was sent (:func:`shipped`), else the location itself."""
+    return _SHIPPED.get(location, location)
+
+
 def payload(fn: Any, item: Any) -> bytes:
     """``(fn, item)`` pickled: a worker unpickles it after setting its platform."""
     return pickle.dumps((fn, item), protocol=pickle.HIGHEST_PROTOCOL)
@@ -138,15 +169,14 @@ def call(blob: bytes, files: tuple[tuple[str, str], ...], cache_flag: bool | Non
     if "jax" not in sys.modules:
         # Deviceless GPU compiles run on jax's CPU platform; a GPU here stays untouched.
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    shipped = {loc: _written(source, loc) for loc, source in files}
+    copies = {loc: _written(source, loc) for loc, source in files}
     from remat_kit import cache
     from remat_kit.cache import _store
-    from remat_kit.sources import _loading
 
     cache.set_enabled(cache_flag)
     t0 = time.perf_counter()
     before = cache.compiles()
-    with _loading.shipped(shipped), _store.journal() as entries, _peak_rss() as rss:
+    with shipped(copies), _store.journal() as entries, _peak_rss() as rss:
         fn, item = pickle.loads(blob)
         result = fn(item)
     return Done(

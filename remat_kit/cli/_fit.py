@@ -68,12 +68,6 @@ def run(args: argparse.Namespace) -> int:
     """
     given = getattr(args, "given", ())
     check_cluster(args)
-    if args.cluster is not None and args.objective != "throughput":
-        raise BadValue(
-            f"--cluster {args.cluster}: fit sends compiles to a cluster with --objective "
-            "throughput (its policies' searches do not depend on each other); the largest "
-            "batch is one search per policy here"
-        )
     if args.over == "seq":
         return _over_seq(args, given)
     _batch_flags(args, given)
@@ -90,11 +84,26 @@ def run(args: argparse.Namespace) -> int:
     # the one line says what would (LoRA, SGD, a larger GPU, sharding), before any search.
     check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
     print_notes(run, args.wide)
-    if args.objective == "throughput":
-        return _throughput(args, run, w, policies, schedule)
-    start = time.perf_counter()
-    rows = _largest_batches(args, w, policies, schedule)
-    return _print_batches(args, run, w, rows, time.perf_counter() - start)
+    with cluster_executor(args) as executor:  # connected before any compile
+        w = _spread(w, args, run, executor)
+        if args.objective == "throughput":
+            return _throughput(args, run, w, policies, schedule, executor)
+        start = time.perf_counter()
+        rows = _largest_batches(args, w, policies, schedule)
+        return _print_batches(args, run, w, rows, time.perf_counter() - start)
+
+
+def _spread(w: Workload, args: argparse.Namespace, run: Any, executor: Any) -> Workload:
+    """``w`` with the two sides of a slow boundary compiled side by side (``--jobs``, or
+    ``--cluster``'s workers), each worker building the step from the request."""
+    if args.jobs == 1 and executor is None:
+        return w
+    spread = sources.Spread(
+        functools.partial(_accumulating, run.request, run.target, None, 1),
+        jobs=args.jobs,
+        executor=executor,
+    )
+    return dataclasses.replace(w, spread=spread)
 
 
 def _accumulating(request: Any, target: Any, ways: int | None, accum: int) -> Any:
@@ -208,7 +217,12 @@ def _nothing_fits(rows: list[FitRow], smallest: str, target: Any, advice: str) -
 
 
 def _throughput(
-    args: argparse.Namespace, run: Any, w: Any, policies: dict[str, Any], schedule: Any
+    args: argparse.Namespace,
+    run: Any,
+    w: Any,
+    policies: dict[str, Any],
+    schedule: Any,
+    executor: Any,
 ) -> int:
     """``--objective throughput``: the fastest micro-batch per policy, the winner marked."""
     ways = w.batch_multiple
@@ -238,11 +252,7 @@ def _throughput(
     def done() -> int:
         return w.compiles + sum(a.compiles for a in made)
 
-    with (
-        cluster_executor(args) as executor,  # connected before any compile
-        warnings.catch_warnings(),
-        progress(what, done=done, length=length) as step,
-    ):
+    with warnings.catch_warnings(), progress(what, done=done, length=length) as step:
         warnings.simplefilter("ignore")  # the table shows what matters
         found = fastest(
             w,
@@ -291,6 +301,11 @@ def _seq_flags(args: argparse.Namespace, given: Any) -> tuple[int, int]:
         raise BadValue(
             f"--global-batch {args.global_batch} with --over seq: the sequence search keeps "
             "--batch fixed; give --batch N"
+        )
+    if args.cluster is not None:
+        raise BadValue(
+            f"--cluster {args.cluster} with --over seq: the sequence search compiles one probe "
+            "after another, each placed by the last; drop --cluster"
         )
     if "--seq" in given:
         raise BadValue(

@@ -26,7 +26,7 @@ from remat_kit.cli._args import (
     name_arg,
     positive_int,
 )
-from remat_kit.cli._placement import add_cluster_arg, add_jobs_arg
+from remat_kit.cli._placement import add_jobs_arg
 
 __all__ = ["DECLARES", "declare"]
 
@@ -128,7 +128,11 @@ def _fit(p: argparse.ArgumentParser) -> None:
         "micro-batch x accumulation that reaches it fastest",
     )
     add_search_args(p)
-    add_cluster_arg(p, " (with --objective throughput: the policies' searches)")
+    add_jobs_arg(
+        p,
+        " (the two sides of a boundary, where one compile takes longer than a worker takes "
+        "to start; with --objective throughput and --cluster, also the policies' searches)",
+    )
 
 
 def _plan(p: argparse.ArgumentParser) -> None:

@@ -22,12 +22,14 @@ __all__ = [
 ]
 
 
-def add_jobs_arg(p: argparse.ArgumentParser) -> None:
+def add_jobs_arg(p: argparse.ArgumentParser, what: str = "") -> None:
     """Adds ``--jobs N``: independent compiles in up to N worker processes; and
     ``--cluster ADDRESS``: on the workers of a Dask scheduler instead.
 
     Args:
       p: an argparse parser (or subparser).
+      what: which programs the command compiles side by side, if not all it compiles
+        (words for the help).
 
     Example:
       >>> from remat_kit.cli._parser import Parser
@@ -41,10 +43,10 @@ def add_jobs_arg(p: argparse.ArgumentParser) -> None:
         "--jobs",
         type=positive_int,
         default=default_jobs(),
-        help="compile independent programs in up to N worker processes (default: "
+        help=f"compile independent programs{what} in up to N worker processes (default: "
         f"{default_jobs()}, min(2, cores); 1: all in this process)",
     )
-    add_cluster_arg(p)
+    add_cluster_arg(p, what)
 
 
 def add_cluster_arg(p: argparse.ArgumentParser, what: str = "") -> None:

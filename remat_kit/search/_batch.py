@@ -8,12 +8,15 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from jax.errors import JaxRuntimeError
 
+from remat_kit._workers import ClusterError
 from remat_kit.notes import Note
 from remat_kit.policies import FULL, Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
@@ -101,10 +104,13 @@ def max_batch(
     peak, known = probes.peak, probes.peak.known
     first = _first_probe(workload, pol, sch, step, limit, start, units_cap)
     second = _second_probe(workload, peak(first), first, step, limit, units_cap)
+    if second != first and second < units_cap:
+        # The second probe is where a line puts the boundary; its other side goes beside it.
+        probes.pair(second, second + 1)
     peak(second)
     if min(first, second) == 1 and peak(1) > limit and probes.whole(1) > limit:
         return _no_fit(workload, pol, sch, step, limit, before, t0)
-    predicted, method = _follow_lines(workload, peak, first, second, step, limit, units_cap)
+    predicted, method = _follow_lines(workload, probes, first, second, step, limit, units_cap)
     lo, hi = bracket(known, limit)
     if method == "bisection":
         lo, hi, _, _ = search(peak, known, limit, units_cap, CURVES["batch"])
@@ -172,6 +178,37 @@ class _Batches:
         self.exact: set[int] = set()  # units whose peak is the full step's (not copies')
         self.copies: list[bool] = []  # [held]: whether the copies' peak held where checked
         self.peak = Peaks(self._measure, (JaxRuntimeError,))
+        self.slowest = 0.0  # seconds of the slowest compile here so far
+
+    def pair(self, a: int, b: int) -> None:
+        """Compiles units ``a`` and ``b`` side by side, where they are still to be compiled
+        as the full step (the boundary's two sides) and the workload's :attr:`spread` has
+        workers, and a compile here took longer than a worker takes to start: one here, the
+        other in a worker at the same time. Their peaks are then read as usual (cached)."""
+        w, known = self.workload, self.peak.known
+        spread = w.spread
+        if spread is None or not spread.side_by_side or self.slowest < spread.slow_seconds:
+            return
+        whole = w.verify_fn is not None
+        if whole and self.copies != [False] and not all(u in known for u in (a, b)):
+            return  # these probes are read off shallow copies: cheap, one by one
+        todo = [u for u in (a, b) if u and u not in self.exact and known.get(u) != UNBUILDABLE]
+        keys = [(self.pol, self.sch, u * self.step) for u in todo]
+        if len(keys) < 2 or all(w.has(*k, whole=whole) for k in keys):
+            return
+        try:
+            with self._timed():
+                w.compile_all(keys, whole=whole, at_once=True)
+        except (JaxRuntimeError, ClusterError, BrokenProcessPool):
+            return  # a refusal or a lost worker: the probes run here, one by one, as before
+
+    @contextlib.contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Times a call that may compile; a compile's time raises :attr:`slowest`."""
+        before, t0 = self.workload.compiles, time.perf_counter()
+        yield
+        if self.workload.compiles > before:
+            self.slowest = max(self.slowest, time.perf_counter() - t0)
 
     def whole(self, units: int) -> int:
         """The full step's peak at ``units`` (compiled whole once; without a ``verify_fn``
@@ -182,10 +219,11 @@ class _Batches:
             return self.peak(units)
         if units not in self.exact and known.get(units) != UNBUILDABLE:
             b = units * self.step
-            if self.copies == [False]:
-                r = w.whole(self.pol, self.sch, b)
-            else:
-                r = w.verified(self.pol, self.sch, b)
+            with self._timed():
+                if self.copies == [False]:
+                    r = w.whole(self.pol, self.sch, b)
+                else:
+                    r = w.verified(self.pol, self.sch, b)
             known[units] = r.peak_bytes
             self.exact.add(units)
         return known[units]
@@ -194,18 +232,21 @@ class _Batches:
         if self.copies == [False]:
             return self.whole(units)
         w, b = self.workload, units * self.step
-        r = w.compiled(self.pol, self.sch, b)
+        with self._timed():
+            r = w.compiled(self.pol, self.sch, b)
         self.peak.known[units] = r.peak_bytes
-        checks = not self.copies and w.verify_fn is not None
-        if checks and w.verified(self.pol, self.sch, b) is not r:
-            held = abs(r.peak_bytes / self.whole(units) - 1) <= COPIES_TOLERANCE
-            self.copies.append(held)
+        if not self.copies and w.verify_fn is not None:
+            with self._timed():  # the first full-depth compile: how slow they are
+                full = w.verified(self.pol, self.sch, b)
+            if full is not r:
+                held = abs(r.peak_bytes / self.whole(units) - 1) <= COPIES_TOLERANCE
+                self.copies.append(held)
         return self.peak.known[units]
 
 
 def _follow_lines(
     workload: Workload,
-    peak: Peaks,
+    probes: _Batches,
     first: int,
     second: int,
     step: int,
@@ -219,11 +260,14 @@ def _follow_lines(
     and the next does not, ``two lines`` where it missed and the line from the inputs
     through the smallest batch known not to fit held, else ``bisection``.
     """
+    peak = probes.peak
     known = peak.known
     predicted = _line(known, first, second, limit, cap)
     if predicted is None:
         return None, "bisection"
     b = max(1, min(predicted, cap))
+    if b < cap:
+        probes.pair(b, b + 1)  # the line is right more often than not: both sides at once
     if peak(b) <= limit and (b == cap or peak(b + 1) > limit):
         return predicted, "line" if b < cap else "cap"
     # The line missed: the peak is convex in the batch. Past a point the step peaks before
@@ -341,6 +385,7 @@ def _verify_boundary(
     by the boundary search, compiling whole."""
     known, exact, whole = probes.peak.known, probes.exact, probes.whole
     while True:
+        probes.pair(lo, hi or 0)
         for units in (lo, hi):
             if units:
                 whole(units)

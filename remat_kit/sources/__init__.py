@@ -54,6 +54,7 @@ from remat_kit.sources._source import (
     from_factory,
     hf_inputs,
 )
+from remat_kit.sources._spread import Spread
 from remat_kit.sources._steps import (
     breakdown,
     measure,
@@ -85,6 +86,7 @@ __all__ = [
     "OwnStepSource",
     "SourceKind",
     "SourceStep",
+    "Spread",
     "StepSource",
     "StepSpec",
     "Workload",

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from remat_kit._workers._tasks import shipped, shipped_path
 from remat_kit.errors import BadValue
 from remat_kit.policies import Policy
 from remat_kit.sources._environ import EnvSet, recording_environ
@@ -105,31 +106,8 @@ def load_factory(spec: str) -> Callable[..., Any]:
     return factory
 
 
-# Factory files a cluster worker was sent: the location the request names -> the copy here.
-_SHIPPED: dict[str, str] = {}
-
-
-@contextlib.contextmanager
-def shipped(copies: Mapping[str, str]) -> Iterator[None]:
-    """Within the block, a factory file named at a key of ``copies`` is read from its value
-    (a cluster worker's copy of the client's file).
-
-    Example:
-      >>> with shipped({"gone/model.py": "tests/data/factories.py"}):
-      ...     load_factory("gone/model.py:deep").__name__
-      'deep'
-    """
-    before = dict(_SHIPPED)
-    _SHIPPED.update(copies)
-    try:
-        yield
-    finally:
-        _SHIPPED.clear()
-        _SHIPPED.update(before)
-
-
 def _load_file(spec: str, path: Path) -> Any:
-    path = Path(_SHIPPED.get(str(path), path))
+    path = Path(shipped_path(str(path)))
     if not path.is_file():
         raise BadValue(f"factory {spec!r}: no such file {str(path)!r}", param="model")
     module_name = f"_remat_kit_factory_{abs(hash(str(path.resolve())))}"

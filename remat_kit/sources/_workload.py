@@ -21,8 +21,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import Any
 
 from remat_kit.analysis import MemoryReport
@@ -31,6 +32,8 @@ from remat_kit.flops import FlopCount
 from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import ResidualReport
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
+from remat_kit.sources._depth import extrapolated
+from remat_kit.sources._spread import Spread, compile_in_worker
 from remat_kit.targets import Target
 
 __all__ = [
@@ -155,6 +158,8 @@ class Workload:
         None: every report is final as it is.
       remat_always: the model's own trainer checkpoints every layer (MaxText): ``none`` is
         compiled as the baseline figures are read against, never given as a plan.
+      spread: where programs a search needs at once (:meth:`compile_all`) may compile
+        besides this process: local workers or a cluster (None: here, one by one).
 
     Example:
       >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
@@ -176,6 +181,7 @@ class Workload:
     schedule_kinds: frozenset[str] | None = None
     verify_fn: VerifyFn | None = None
     remat_always: bool = False
+    spread: Spread | None = None
     _reports: dict[Hashable, MemoryReport] = dataclasses.field(
         default_factory=dict, init=False, repr=False
     )
@@ -367,6 +373,93 @@ class Workload:
             return self.verified(pol, sch, batch)
         self._reports[key] = self.verify_fn(pol, sch, batch, None, None)
         return self._reports[key]
+
+    def has(self, pol: Policy, sch: Schedule, batch: int, *, whole: bool = False) -> bool:
+        """Whether the report of a typed (policy, schedule, batch) is compiled already (with
+        ``whole``: the full step's, where this workload reads probes off shallow copies)."""
+        key = _key(pol, sch, batch)
+        if key not in self._reports:
+            return False
+        if not whole or self.verify_fn is None or key in self._verified:
+            return True
+        return not extrapolated(self._reports[key])
+
+    def compile_all(
+        self,
+        keys: Iterable[tuple[Policy, Schedule, int]],
+        *,
+        whole: bool = False,
+        at_once: bool = False,
+    ) -> list[MemoryReport]:
+        """The compiled reports of several typed (policy, schedule, batch), the ones not
+        cached compiled side by side where the workload has a :attr:`spread`.
+
+        They go through :func:`remat_kit._workers.run`: the first here; with ``at_once`` the
+        rest go out while it compiles (two slow programs side by side), else once it turned
+        out not to be cached. Each worker builds the workload with ``spread.workload_for``
+        and its report joins this workload's caches, as if compiled here. A custom policy
+        (a jax callable) cannot travel and compiles here.
+
+        Args:
+          keys: the (policy, schedule, batch) wanted.
+          whole: the full step's reports (:meth:`whole`), where probes are read off shallow
+            copies of an unrolled model.
+          at_once: send the others out at once (see above).
+
+        Returns:
+          The reports, in the order of ``keys``.
+
+        Example:
+          >>> from remat_kit.policies import as_policy
+          >>> from remat_kit.schedules import NO_SCHEDULE
+          >>> keys = [(as_policy(p), NO_SCHEDULE, 2) for p in ("none", "full")]
+          >>> [r.policy for r in w.compile_all(keys)]
+          ['none', 'full']
+        """
+        keys = list(keys)
+
+        def here(i: int) -> MemoryReport:
+            pol, sch, batch = keys[i]
+            return self.whole(pol, sch, batch) if whole else self.compiled(pol, sch, batch)
+
+        missing = [i for i, (p, s, b) in enumerate(keys) if not self.has(p, s, b, whole=whole)]
+        spread = self.spread
+        if (
+            spread is not None
+            and spread.side_by_side
+            and len(missing) >= 2
+            and all(keys[i][0].name != "custom" for i in missing)
+        ):
+            from remat_kit import _workers
+
+            items = [(keys[i][0].spec, keys[i][1].spec, int(keys[i][2])) for i in missing]
+            index = dict(zip(items, missing, strict=True))
+            got = _workers.run(
+                functools.partial(compile_in_worker, spread.workload_for, whole),
+                items,
+                spread.jobs,
+                executor=spread.executor,
+                here=lambda item: here(index[item]),
+                at_once=at_once,
+            )
+            for i, report in zip(missing, got, strict=True):
+                self._adopt(*keys[i], report, whole=whole)
+        return [here(i) for i in range(len(keys))]
+
+    def _adopt(
+        self, pol: Policy, sch: Schedule, batch: int, report: MemoryReport, *, whole: bool
+    ) -> None:
+        """A report compiled elsewhere (a worker) joins the caches, as :meth:`whole` or
+        :meth:`compiled` would have kept it here."""
+        key = _key(pol, sch, batch)
+        held = self._reports.get(key)
+        if held is report or (held is not None and not whole):
+            return
+        if held is not None and self.verify_fn is not None and extrapolated(held):
+            self._verified.add(key)  # the copies' compile and the whole one: two programs
+        elif held is not None:
+            return
+        self._reports[key] = report
 
     def traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
         """FLOPs of a typed (policy, schedule, batch), from its compiled report when there is
