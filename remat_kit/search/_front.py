@@ -21,9 +21,11 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from remat_kit._workers import ClusterError
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
 from remat_kit.policies import Policy, as_policy
@@ -36,6 +38,7 @@ __all__ = [
     "FRONT_POLICIES",
     "FRONT_SCHEDULES",
     "FrontPoint",
+    "compile_side_by_side",
     "front",
     "merged",
     "pareto_front",
@@ -217,6 +220,10 @@ def front(
 ) -> tuple[FrontPoint, ...]:
     """Compiles catalogue policies and segment schedules; returns them and ``plans`` as a front.
 
+    The catalogue and schedule points do not depend on each other: they are compiled first,
+    together (:func:`compile_side_by_side`: side by side where the workload has a
+    :attr:`~remat_kit.sources.Workload.spread`), then read in order.
+
     Args:
       workload: the step.
       batch: the batch.
@@ -238,19 +245,16 @@ def front(
       >>> [q.label for q in pts], pts[-1].dominated_by
       (['none', 'full', 'plan (budget 0.00 GiB)'], None)
     """
-    pts = []
-    for spec in policies:
-        pol = as_policy(spec)
-        pts.append(
-            _point(workload, batch, pol, NO_SCHEDULE, pol.spec, "catalogue", hide, objective)
-        )
+    wanted = [(pol, NO_SCHEDULE, pol.spec, "catalogue") for pol in map(as_policy, policies)]
     for spec, sch in schedules:
         pol, s = as_policy(spec), parse_schedule(sch)
-        if not workload.supports(s):  # a factory's model that takes no schedules
-            continue
-        pts.append(
-            _point(workload, batch, pol, s, label(pol.spec, s.spec), "schedule", hide, objective)
-        )
+        if workload.supports(s):  # a factory's model may take no schedules
+            wanted.append((pol, s, label(pol.spec, s.spec), "schedule"))
+    compile_side_by_side(workload, [(pol, s, batch) for pol, s, _, _ in wanted])
+    pts = [
+        _point(workload, batch, pol, s, name, kind, hide, objective)
+        for pol, s, name, kind in wanted
+    ]
     for p in plans:
         if p.batch != batch:
             raise BadValue(f"a plan for batch {p.batch} cannot join a front for batch {batch}")
@@ -275,6 +279,25 @@ def front(
             )
         )
     return pareto_front(pts)
+
+
+def compile_side_by_side(workload: Workload, keys: Sequence[tuple[Policy, Schedule, int]]) -> None:
+    """Compiles programs that do not depend on each other in one
+    :meth:`~remat_kit.sources.Workload.compile_all`: side by side where the workload has a
+    :attr:`~remat_kit.sources.Workload.spread`, else here, in the order of ``keys``, as the
+    points would compile them one by one. Their reports join the workload's caches.
+
+    A worker or a cluster lost on the way raises nothing here: what it did not bring back
+    compiles here, one by one, as the points are read.
+
+    Args:
+      workload: the step.
+      keys: the typed (policy, schedule, batch) of each program.
+    """
+    try:
+        workload.compile_all(keys)
+    except (ClusterError, BrokenProcessPool):
+        return
 
 
 def plan_label(p: Plan) -> str:

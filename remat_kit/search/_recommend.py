@@ -19,15 +19,27 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from remat_kit.search._budget import DEFAULT_HEADROOM
+from remat_kit.errors import BadValue
+from remat_kit.policies import Policy, as_policy
+from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
+from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for
 from remat_kit.search._front import (
     FRONT_POLICIES,
     FRONT_SCHEDULES,
     FrontPoint,
+    compile_side_by_side,
     front,
     pareto_front,
 )
-from remat_kit.search._planner import FALLBACK_SCHEDULES, MAX_PLAN_COMPILES, Plan, plan
+from remat_kit.search._planner import (
+    FALLBACK_SCHEDULES,
+    MAX_PLAN_COMPILES,
+    Plan,
+    _check_batch,
+    _check_host_budget,
+    _check_objective,
+    plan,
+)
 from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
@@ -117,6 +129,11 @@ def plan_front(
        again with the swept plans as ``extra`` (compiled already, so no compile) and replaces
        the first on the front.
 
+    Where the workload has a :attr:`~remat_kit.sources.Workload.spread` with workers, the
+    catalogue (and the swept schedules) are compiled side by side before 1.: none depends on
+    what the plan finds. The plans stay one after another (each starts from the last's
+    corrections).
+
     Args:
       workload: the step (needs ``residuals_fn``).
       batch: the batch to plan for.
@@ -150,6 +167,16 @@ def plan_front(
     beside: list[Any] = [*catalogue, *schedules]
     cost = {"hide": hide, "objective": objective}
     options = {"host_budget": host_budget, "offload": offload, **cost}
+    spread = workload.spread
+    if spread is not None and spread.side_by_side:
+        # The plan compiles what it is shown beside one by one (its extras), and the front
+        # compiles what is left of them: programs that depend on nothing the plan finds, so
+        # they go side by side first, once the plan's arguments are known good. Without
+        # workers they are left to the plan, whose count of compiles says what it took.
+        _check_plan_args(workload, batch, budget, headroom, host_budget, hide, objective)
+        keys = _beside_keys(workload, batch, catalogue, schedules)
+        say(f"compiling the {len(keys)} programs beside the plan side by side")
+        compile_side_by_side(workload, keys)
     say("planning (cost model, solver, verifying compiles)")
     p = plan(workload, batch, budget, headroom=headroom, extra=beside, **options)
     plan_seconds = time.perf_counter() - start
@@ -185,6 +212,38 @@ def plan_front(
         seconds=time.perf_counter() - start,
         swept=tuple(swept),
     )
+
+
+def _check_plan_args(
+    workload: Workload,
+    batch: int,
+    budget: int | None,
+    headroom: float,
+    host_budget: int | None,
+    hide: float,
+    objective: str,
+) -> None:
+    """What :func:`~remat_kit.search.plan` refuses before it compiles, refused before the
+    programs beside it are compiled ahead of it."""
+    _check_batch(workload, batch)
+    if not 0.0 <= hide <= 1.0:
+        raise BadValue(f"hide={hide!r} must be in [0, 1]", param="hide")
+    _check_host_budget(host_budget)
+    _check_objective(objective)
+    check_budget(workload, batch, limit_for(workload.target, budget, headroom))
+
+
+def _beside_keys(
+    w: Workload, batch: int, catalogue: Sequence[Any], schedules: Sequence[tuple[Any, Any]]
+) -> list[tuple[Policy, Schedule, int]]:
+    """The programs the front compiles beside the plan: the catalogue, then the schedules
+    the workload supports (as :func:`~remat_kit.search._front.front` reads them)."""
+    keys = [(as_policy(spec), NO_SCHEDULE, batch) for spec in catalogue]
+    for spec, sch in schedules:
+        s = parse_schedule(sch)
+        if w.supports(s):
+            keys.append((as_policy(spec), s, batch))
+    return keys
 
 
 def _sweep(
