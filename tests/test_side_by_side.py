@@ -65,6 +65,16 @@ def unrolled() -> rk.sources.Workload:
     )
 
 
+def full_depth() -> rk.sources.Workload:
+    """An unrolled step compiled at full depth (``--depth full``): it checks its reports as
+    the copies' step does, and they are final as they are."""
+    return rk.sources.workload(
+        rk.sources.Measured(_whole, lambda p, s, b: float(b), verify_fn=_verify),
+        "h100",
+        rk.TrainConfig(1, 16),
+    )
+
+
 def flat() -> rk.sources.Workload:
     """A step every probe of which is final (no ``verify_fn``)."""
     return rk.sources.workload(
@@ -198,15 +208,16 @@ def test_compile_all_whole_replaces_the_copies_and_counts_both(pool, counted):
     assert not w.has(full, NO_SCHEDULE, 6)
 
 
+@pytest.mark.parametrize("make", [unrolled, full_depth, flat])
 @pytest.mark.parametrize("slow_seconds, goes_out", [(0.0, True), (1e9, False)])
 def test_max_batch_compiles_the_boundary_side_by_side_only_where_compiles_are_slow(
-    pool, counted, slow_seconds, goes_out
+    pool, counted, make, slow_seconds, goes_out
 ):
     limit = FIXED + PER_SAMPLE * 17 + 50  # batch 17 fits, 18 does not
-    expected = rk.max_batch(unrolled(), "full", limit_bytes=limit)
+    expected = rk.max_batch(make(), "full", limit_bytes=limit)
     CALLS.clear()
-    spread = rk.sources.Spread(unrolled, executor=pool, slow_seconds=slow_seconds)
-    w = dataclasses.replace(unrolled(), spread=spread)
+    spread = rk.sources.Spread(make, executor=pool, slow_seconds=slow_seconds)
+    w = dataclasses.replace(make(), spread=spread)
     got = rk.max_batch(w, "full", limit_bytes=limit)
     assert (got.batch, got.peak_bytes, got.next_peak_bytes) == (
         expected.batch,
@@ -235,6 +246,6 @@ def test_probes_read_off_copies_that_hold_are_never_sent_out(pool, counted):
     probes.copies, probes.slowest = [True], 100.0  # copies held, compiles slow
     probes.pair(5, 6)  # not probed yet: they will be read off copies, here
     assert CALLS == []
-    probes.copies = [False]  # copies were off: every probe is compiled whole
+    probes.copies, probes.full_probes = [False], True  # copies off: every probe whole
     probes.pair(5, 6)
     assert sorted((c[0], c[2]) for c in CALLS) == [("whole", 5), ("whole", 6)]

@@ -179,6 +179,9 @@ class _Batches:
         self.copies: list[bool] = []  # [held]: whether the copies' peak held where checked
         self.peak = Peaks(self._measure, (JaxRuntimeError,))
         self.slowest = 0.0  # seconds of the slowest compile here so far
+        # Every probe is the full step's compile: no copies to read (a scanned model, or
+        # --depth full), or the copies were off and every later probe is compiled whole.
+        self.full_probes = workload.verify_fn is None
 
     def pair(self, a: int, b: int) -> None:
         """Compiles units ``a`` and ``b`` side by side, where they are still to be compiled
@@ -190,7 +193,7 @@ class _Batches:
         if spread is None or not spread.side_by_side or self.slowest < spread.slow_seconds:
             return
         whole = w.verify_fn is not None
-        if whole and self.copies != [False] and not all(u in known for u in (a, b)):
+        if not self.full_probes and not all(u in known for u in (a, b)):
             return  # these probes are read off shallow copies: cheap, one by one
         todo = [u for u in (a, b) if u and u not in self.exact and known.get(u) != UNBUILDABLE]
         keys = [(self.pol, self.sch, u * self.step) for u in todo]
@@ -241,6 +244,9 @@ class _Batches:
             if full is not r:
                 held = abs(r.peak_bytes / self.whole(units) - 1) <= COPIES_TOLERANCE
                 self.copies.append(held)
+                self.full_probes = not held
+            else:  # the step was compiled whole (not read off copies): so is every probe
+                self.full_probes = True
         return self.peak.known[units]
 
 
