@@ -249,3 +249,21 @@ def test_probes_read_off_copies_that_hold_are_never_sent_out(pool, counted):
     probes.copies, probes.full_probes = [False], True  # copies off: every probe whole
     probes.pair(5, 6)
     assert sorted((c[0], c[2]) for c in CALLS) == [("whole", 5), ("whole", 6)]
+
+
+def _dies_at_two(x):
+    import os
+
+    if x == 2:
+        os._exit(9)  # as the OOM killer ends a compile that outgrew the host's memory
+    return -x
+
+
+def test_a_local_worker_that_dies_is_one_line_naming_what_it_left(compiles):
+    def here(x):
+        compiles[0] += 1  # item 1 compiled here: the others go to the pool at once
+        return -x
+
+    with pytest.raises(_workers.ClusterError, match=r"a worker process died .* 2\b") as err:
+        _workers.run(_dies_at_two, [1, 2], 2, here=here, at_once=True)
+    assert err.value.failures == (("2", "worker process died"),)

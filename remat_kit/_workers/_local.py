@@ -26,6 +26,7 @@ import os
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
 from remat_kit._workers._tasks import Done, call, factory_files, payload
@@ -105,7 +106,8 @@ def run[T, R](
 
     Raises:
       TypeError: ``jobs`` is not a positive int.
-      ClusterError: items that failed on the ``executor`` (the others' results are cached).
+      ClusterError: items that failed on the ``executor``, or that a local worker which
+        died left unfinished (the others' results are cached).
 
     Example:
       >>> run(abs, [-3, 4], jobs=1)
@@ -138,7 +140,7 @@ def run[T, R](
     pool = _pool(min(jobs, len(items) - i))
     try:
         futures = {pool.submit(fn, items[j]): j for j in range(i, len(items))}
-        _collect_local(futures, results, on_done)
+        _collect_local(futures, items, results, on_done)
     except BaseException:
         # Ctrl-C (or an error): the workers are mid-compile and would finish first; stop them.
         _stop(pool)
@@ -182,7 +184,7 @@ def _at_once(
                     on_done(j, results[j])
             return results
         if pool is not None:
-            _collect_local(futures, results, on_done)
+            _collect_local(futures, items, results, on_done)
         else:
             _collect_remote(futures, items, results, on_done)
     except BaseException:
@@ -213,14 +215,33 @@ def _pool(workers: int) -> ProcessPoolExecutor:
 
 def _collect_local(
     futures: dict[Future[Any], int],
+    items: list[Any],
     results: list[Any],
     on_done: Callable[[int, Any], None] | None,
 ) -> None:
-    for fut in as_completed(futures):
-        j = futures[fut]
-        results[j] = fut.result()
-        if on_done is not None:
-            on_done(j, results[j])
+    """The local pool's results as they come. A worker that dies (the kernel's OOM killer
+    ends a compile that outgrew the host's memory) breaks the pool: the items done are kept
+    (and cached), the others are named in one :class:`ClusterError`."""
+    from remat_kit._workers._cluster import ClusterError
+
+    try:
+        for fut in as_completed(futures):
+            j = futures[fut]
+            results[j] = fut.result()
+            if on_done is not None:
+                on_done(j, results[j])
+    except BrokenProcessPool:
+        lost = [_item_words(items[j]) for f, j in futures.items() if not f.done() or _broke(f)]
+        raise ClusterError(
+            f"a worker process died (out of host memory?) with {len(lost)} of {len(items)} "
+            f"items unfinished: {', '.join(lost)}; the others' compiles are cached; run "
+            "fewer side by side, or on a machine with more memory",
+            tuple((what, "worker process died") for what in lost),
+        ) from None
+
+
+def _broke(fut: Future[Any]) -> bool:
+    return not fut.cancelled() and isinstance(fut.exception(), BrokenProcessPool)
 
 
 def _submit_remote(
