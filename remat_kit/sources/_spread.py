@@ -36,11 +36,14 @@ __all__ = [
     "compile_in_worker",
 ]
 
-#: A compile worth a second process, in seconds: a spawned worker imports jax and the
-#: model and traces the step before it compiles, 9-12 s for a 32-layer unrolled stack on
-#: this 2-core machine (``experiments/unrolled_speed.py --side-by-side``), so only programs
-#: that took longer than that here are compiled side by side.
-SLOW_SECONDS = 12.0
+#: A compile worth a second process, in seconds. A spawned worker imports jax and
+#: remat-kit, builds the step and traces it in about 3 s (a 32-layer unrolled Llama on this
+#: 2-core machine, ``experiments/side_by_side.py``). Measured there, ``max_batch``'s pair side
+#: by side against one by one: 12.8 vs 13.3 s and 14.1 vs 14.9 s where each compile takes
+#: about 4 s (the scanned stack), 0.70-0.79x the wall time of ``fit`` where each takes 16-22 s
+#: (unrolled). Below this the gain is within the noise, and the far side compiled beside the
+#: near one is wasted where the near one turns out not to fit.
+SLOW_SECONDS = 8.0
 
 
 @dataclasses.dataclass(frozen=True)
