@@ -13,14 +13,18 @@ import functools
 import json
 import os
 import pathlib
+import re
+import socket
 import subprocess
 import sys
+import threading
+import time
 import types
 
 import pytest
 
 from remat_kit import _workers, cache
-from remat_kit._workers import _tasks
+from remat_kit._workers import _cluster, _tasks
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
 
@@ -51,6 +55,9 @@ def test_a_worker_with_other_versions_is_refused_in_one_line(monkeypatch):
         def close(self):
             Client.closed = True
 
+    # The fake client needs no network (what answers at 10.0.0.2:8786 depends on the machine).
+    monkeypatch.setattr(_cluster, "_probe", lambda address, timeout: None)
+    monkeypatch.setattr(_cluster, "_greet", lambda distributed, address, timeout: None)
     monkeypatch.setitem(sys.modules, "distributed", types.SimpleNamespace(Client=Client))
     with pytest.raises(BadValue, match=f"runs jax 0.0.1, this process jax {here['jax']}"):
         _workers.connect("tcp://10.0.0.2:8786")
@@ -91,6 +98,79 @@ def test_a_port_that_does_not_answer_is_refused_before_a_client_starts(monkeypat
     monkeypatch.setattr(distributed, "Client", no_client)
     with pytest.raises(BadValue, match=r"no Dask scheduler answered at 'tcp://127\.0\.0\.1:9'"):
         _workers.connect("tcp://127.0.0.1:9", timeout=0.5)
+
+
+def _not_dask(conn):
+    """What a port that is no Dask scheduler does with a connection: keeps it, silent
+    (a stalled server), or answers in HTTP and closes it."""
+    conns = []
+
+    def serve(sock):
+        while True:
+            try:
+                c, _ = sock.accept()
+            except TimeoutError:  # look again whether the test is over
+                continue
+            except OSError:  # the listening socket was closed: the test is over
+                return
+            if conn == "silent":
+                conns.append(c)
+            else:
+                with c:
+                    c.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+    return serve, conns
+
+
+@pytest.mark.parametrize(
+    ("conn", "got"),
+    [
+        ("silent", "accepted a connection, then sent no Dask handshake"),
+        ("http", "answered, not in Dask's protocol"),
+    ],
+)
+def test_a_port_that_is_no_scheduler_is_refused_within_the_timeout(conn, got):
+    # distributed's client waits for a handshake without end (it hung past 5 min at
+    # timeout=2 for the silent port), and for the HTTP port it failed with a MemoryError
+    # and left its loop thread running.
+    serve, conns = _not_dask(conn)
+    sock = socket.create_server(("127.0.0.1", 0))
+    sock.settimeout(0.1)  # a blocked accept() would not see the socket closed
+    server = threading.Thread(target=serve, args=(sock,), daemon=True)
+    server.start()
+    address = f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+    before = set(threading.enumerate())
+    outcome = []
+
+    def attempt():
+        start = time.monotonic()
+        try:
+            _workers.connect(address, timeout=2)
+        except BaseException as err:
+            outcome.append(err)
+        outcome.append(time.monotonic() - start)
+
+    try:
+        runner = threading.Thread(target=attempt, daemon=True)
+        runner.start()
+        runner.join(timeout=2 + 15)  # the hang bound: a hung connect fails here, not in CI
+        assert not runner.is_alive(), f"connect({address!r}, timeout=2) still runs after 17 s"
+        err, elapsed = outcome
+        with pytest.raises(
+            BadValue,
+            match=rf"no Dask scheduler answered at {re.escape(repr(address))} "
+            rf"within 2 s \(the port {re.escape(got)}\)",
+        ):
+            raise err
+        assert err.param == "cluster" and "\n" not in str(err)
+        assert elapsed < 2 + 15
+        # No client, loop or connection thread of the attempt outlives it.
+        assert set(threading.enumerate()) - before == set()
+    finally:
+        sock.close()
+        for c in conns:
+            c.close()
+        server.join(timeout=5)
 
 
 @pytest.mark.slow

@@ -13,11 +13,12 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import importlib.util
 import re
 import socket
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from remat_kit._workers._tasks import versions
@@ -146,6 +147,53 @@ def _probe(address: str, timeout: float) -> None:
         ) from None
 
 
+def _greet(distributed: Any, address: str, timeout: float) -> None:
+    """A port that accepts but is no Dask scheduler is refused here, within ``timeout``.
+
+    distributed's client waits for the peer's handshake with no time limit (``comm.connect``
+    reads it unbounded), so a port that accepts and never answers hangs ``Client()`` for good,
+    and a port that answers in another protocol fails it with a stray loop thread left behind.
+    Here the handshake and an ``identity`` call run on a loop of their own that
+    ``asyncio.run`` closes, in a thread joined before this returns, under one ``wait_for``:
+    nothing is left running whatever comes back. A scheduler that stalls between this and
+    the client's start is not covered.
+    """
+    args = distributed.Security().get_connection_args("client")
+
+    async def identity() -> Any:
+        comm = await distributed.comm.connect(address, timeout=timeout, **args)
+        try:
+            await comm.write({"op": "identity", "reply": True})
+            return await comm.read()
+        finally:
+            comm.abort()
+
+    async def bounded() -> Any:
+        return await asyncio.wait_for(identity(), timeout)
+
+    try:
+        # A thread of its own: asyncio.run refuses a thread whose loop runs (a notebook's).
+        with ThreadPoolExecutor(1) as pool:
+            info = pool.submit(asyncio.run, bounded()).result()
+    except TimeoutError:
+        got = "the port accepted a connection, then sent no Dask handshake"
+    except distributed.comm.CommClosedError:
+        got = "the port closed the connection without a Dask handshake"
+    except OSError as err:
+        got = _first(err)
+    except Exception:  # another protocol's bytes read as Dask's framing (a MemoryError, ...)
+        got = "the port answered, not in Dask's protocol"
+    else:
+        kind = info.get("type") if isinstance(info, dict) else type(info).__name__
+        if kind == "Scheduler":
+            return
+        got = f"a Dask {kind} answered there, not the scheduler"
+    raise BadValue(
+        f"no Dask scheduler answered at {address!r} within {timeout:g} s ({got})",
+        param="cluster",
+    )
+
+
 def connect(address: str, *, timeout: float = CONNECT_TIMEOUT) -> Cluster:
     """Connects to the Dask scheduler at ``address`` and checks its workers' versions.
 
@@ -157,14 +205,16 @@ def connect(address: str, *, timeout: float = CONNECT_TIMEOUT) -> Cluster:
       A :class:`Cluster`.
 
     Raises:
-      BadValue: ``distributed`` is not installed; the scheduler cannot be reached or has
-        no worker within ``timeout``; a worker runs other versions than this process.
+      BadValue: ``distributed`` is not installed; no Dask scheduler answers at ``address``
+        within ``timeout`` (nothing listens, or what does is no scheduler); the scheduler
+        has no worker within ``timeout``; a worker runs other versions than this process.
     """
     try:
         import distributed
     except ImportError:
         raise missing_extra() from None
     _probe(address, timeout)
+    _greet(distributed, address, timeout)
     try:
         client = distributed.Client(address, timeout=timeout, set_as_default=False)
     except (ValueError, TypeError) as err:
