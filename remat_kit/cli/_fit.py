@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli._model import print_notes, resolve
+from remat_kit.cli._model import print_notes, rebuilt, resolve, with_spread
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     check_budget(w, w.batch_multiple, limit_for(target, None, args.headroom))
     print_notes(run, args.wide)
     with cluster_executor(args) as executor:  # connected before any compile
-        w = _spread(w, args, run, executor)
+        w = with_spread(w, args, run, executor)
         if args.objective == "throughput":
             return _throughput(args, run, w, policies, schedule, executor)
         start = time.perf_counter()
@@ -93,27 +93,14 @@ def run(args: argparse.Namespace) -> int:
         return _print_batches(args, run, w, rows, time.perf_counter() - start)
 
 
-def _spread(w: Workload, args: argparse.Namespace, run: Any, executor: Any) -> Workload:
-    """``w`` with the two sides of a slow boundary compiled side by side (``--jobs``, or
-    ``--cluster``'s workers), each worker building the step from the request."""
-    if args.jobs == 1 and executor is None:
-        return w
-    spread = sources.Spread(
-        functools.partial(_accumulating, run.request, run.target, None, 1),
-        jobs=args.jobs,
-        executor=executor,
-    )
-    return dataclasses.replace(w, spread=spread)
-
-
 def _accumulating(request: Any, target: Any, ways: int | None, accum: int) -> Any:
     """The step of ``request`` on ``target`` accumulating over ``accum`` micro-batches of one
     sequence per data-parallel GPU (``ways`` None: as the request builds it), as
     ``--objective throughput`` builds it here (module-level, for a worker process)."""
-    config = request.config
     if ways is not None:
-        config = dataclasses.replace(config, accum=accum, batch=accum * ways)
-    return sources.workload(request.source(), target, config, depth=request.depth)
+        config = dataclasses.replace(request.config, accum=accum, batch=accum * ways)
+        request = dataclasses.replace(request, config=config)
+    return rebuilt(request, target)
 
 
 def _batch_flags(args: argparse.Namespace, given: Sequence[str]) -> None:
@@ -270,7 +257,7 @@ def _throughput(
             executor=executor,
             workload_for=None
             if executor is None
-            else functools.partial(_accumulating, run.request, run.target, None, 1),
+            else functools.partial(rebuilt, run.request, run.target),
         )
     out = console(args.wide)
     limit = limit_words(run.target, args.headroom)

@@ -168,6 +168,7 @@ def _plan(p: argparse.ArgumentParser) -> None:
         },
     )
     add_search_args(p)
+    add_jobs_arg(p, " (the front's catalogue and schedule points)")
     add_output_arg(p, "--plot", "write the Pareto front as PNG")
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
+from concurrent.futures import Executor
 from typing import Any, NamedTuple
 
 from remat_kit import sources
@@ -35,9 +37,11 @@ __all__ = [
     "catalogue",
     "config_from_args",
     "print_notes",
+    "rebuilt",
     "resolve",
     "run_notes",
     "spec_from_args",
+    "with_spread",
 ]
 
 #: Model flags that override a preset's config field (``--layers`` sets ``n_layers`` ...): a
@@ -388,6 +392,37 @@ class Request:
     def sharded(self, shard: str | None) -> Request:
         """This request with the mesh plan ``shard`` (its spec must take one)."""
         return dataclasses.replace(self, spec=dataclasses.replace(self.spec, shard=shard))
+
+
+def rebuilt(request: Request, target: Target) -> Workload:
+    """The step of ``request`` on ``target`` as a command builds it here (its config and
+    depth; module-level, so that a worker process can be handed it)."""
+    return sources.workload(request.source(), target, request.config, depth=request.depth)
+
+
+def with_spread(
+    w: Workload, args: argparse.Namespace, run: ModelRun, executor: Executor | None
+) -> Workload:
+    """``w`` whose independent compiles may run in ``--jobs`` worker processes or on
+    ``--cluster``'s workers (``executor``, open), each worker building the same step from
+    the request (:func:`rebuilt`); ``w`` itself with ``--jobs 1`` and no cluster.
+
+    Args:
+      w: the command's workload, built as :func:`rebuilt` builds it.
+      args: parsed arguments with ``--jobs``.
+      run: the resolved run ``w`` measures.
+      executor: ``--cluster``'s executor (:func:`remat_kit.cli._placement.cluster_executor`),
+        or None.
+
+    Returns:
+      ``w`` with its :attr:`~remat_kit.sources.Workload.spread` set, or ``w``.
+    """
+    if args.jobs == 1 and executor is None:
+        return w
+    spread = sources.Spread(
+        functools.partial(rebuilt, run.request, run.target), jobs=args.jobs, executor=executor
+    )
+    return dataclasses.replace(w, spread=spread)
 
 
 def run_notes(run: ModelRun) -> list[str]:

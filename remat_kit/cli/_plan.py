@@ -10,8 +10,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli._model import print_notes, resolve
+from remat_kit.cli._model import print_notes, resolve, with_spread
 from remat_kit.cli._next import lora_request
+from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import (
     console,
@@ -52,12 +53,14 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
       BadValue: an unreadable budget, one over the device, or an unknown policy in
-        ``--policies`` (before any compile).
+        ``--policies`` (before any compile); ``--cluster`` without Dask, or with no
+        scheduler at its address.
       DoesNotFit: the budget is below what no policy removes (the CLI exits 1 on it).
 
     Example:
       ``remat-kit plan --model tiny-llama --budget 0.5`` parses its flags and calls this.
     """
+    check_cluster(args)  # Dask's absence is one line, before the model is read
     # Every value, output paths included, is checked before the first trace or compile.
     run = resolve(args)
     target = run.target
@@ -75,6 +78,27 @@ def run(args: argparse.Namespace) -> int:
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
     w = sources.workload(run.source, target, run.config, depth=run.depth)
     print_notes(run, args.wide)
+    with cluster_executor(args) as executor:  # connected before any compile
+        # --jobs / --cluster: the front's catalogue and schedules compile side by side.
+        w = with_spread(w, args, run, executor)
+        found = _search(args, run, w, budget, catalogue, host_budget)
+    if skipped:
+        console(args.wide).print(
+            f"not on the front (the model tags none of their tensors): {', '.join(skipped)}"
+        )
+    return _print_plan(args, run, w, found)
+
+
+def _search(
+    args: argparse.Namespace,
+    run: Any,
+    w: Workload,
+    budget: int | None,
+    catalogue: list[Any],
+    host_budget: int | None,
+) -> PlanFront:
+    """The budget checked, the bound said, then the plan and its front (a progress line)."""
+    target = run.target
     # A budget below what no policy removes is one line (exit 1), before the search's length.
     lora = lora_request(run)  # sizes the LoRA hint, as compare's (traced, no compile)
     check_budget(
@@ -101,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")  # the tables show what matters
         # --sweep adds the whole curve; --plot only draws: what is dominated must not depend
         # on whether it is drawn.
-        found = plan_front(
+        return plan_front(
             w,
             run.batch,
             budget,
@@ -114,11 +138,6 @@ def run(args: argparse.Namespace) -> int:
             objective=args.objective,
             progress=step,
         )
-    if skipped:
-        console(args.wide).print(
-            f"not on the front (the model tags none of their tensors): {', '.join(skipped)}"
-        )
-    return _print_plan(args, run, w, found)
 
 
 def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFront) -> int:

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
@@ -222,7 +223,8 @@ def front(
 
     The catalogue and schedule points do not depend on each other: they are compiled first,
     together (:func:`compile_side_by_side`: side by side where the workload has a
-    :attr:`~remat_kit.sources.Workload.spread`), then read in order.
+    :attr:`~remat_kit.sources.Workload.spread` with workers and its compiles are slow), then
+    read in order.
 
     Args:
       workload: the step.
@@ -282,10 +284,13 @@ def front(
 
 
 def compile_side_by_side(workload: Workload, keys: Sequence[tuple[Policy, Schedule, int]]) -> None:
-    """Compiles programs that do not depend on each other in one
+    """Compiles programs that do not depend on each other through
     :meth:`~remat_kit.sources.Workload.compile_all`: side by side where the workload has a
-    :attr:`~remat_kit.sources.Workload.spread`, else here, in the order of ``keys``, as the
-    points would compile them one by one. Their reports join the workload's caches.
+    :attr:`~remat_kit.sources.Workload.spread` with workers and the first program took at
+    least the spread's ``slow_seconds`` to compile here (a worker takes seconds to start:
+    quicker programs compile here, one by one, as the points are read): the second here,
+    the others in the workers at the same time. Without workers, all here, in the order of
+    ``keys``. Their reports join the workload's caches.
 
     A worker or a cluster lost on the way raises nothing here: what it did not bring back
     compiles here, one by one, as the points are read.
@@ -294,8 +299,16 @@ def compile_side_by_side(workload: Workload, keys: Sequence[tuple[Policy, Schedu
       workload: the step.
       keys: the typed (policy, schedule, batch) of each program.
     """
+    spread = workload.spread
     try:
-        workload.compile_all(keys)
+        if spread is None or not spread.side_by_side:
+            workload.compile_all(keys)
+            return
+        t0 = time.perf_counter()
+        workload.compile_all(keys[:1])
+        if time.perf_counter() - t0 >= spread.slow_seconds:
+            # The next one here while the rest compile in workers: none waits on another.
+            workload.compile_all(keys[1:], at_once=True)
     except (ClusterError, BrokenProcessPool):
         return
 

@@ -130,7 +130,8 @@ def plan_front(
        the first on the front.
 
     Where the workload has a :attr:`~remat_kit.sources.Workload.spread` with workers, the
-    catalogue (and the swept schedules) are compiled side by side before 1.: none depends on
+    catalogue (and the swept schedules) are compiled before 1., side by side where they are
+    slow to compile (:func:`~remat_kit.search._front.compile_side_by_side`): none depends on
     what the plan finds. The plans stay one after another (each starts from the last's
     corrections).
 
@@ -167,19 +168,23 @@ def plan_front(
     beside: list[Any] = [*catalogue, *schedules]
     cost = {"hide": hide, "objective": objective}
     options = {"host_budget": host_budget, "offload": offload, **cost}
-    spread = workload.spread
-    if spread is not None and spread.side_by_side:
+    spread, before = workload.spread, workload.compiles
+    ahead = spread is not None and spread.side_by_side
+    if ahead:
         # The plan compiles what it is shown beside one by one (its extras), and the front
         # compiles what is left of them: programs that depend on nothing the plan finds, so
         # they go side by side first, once the plan's arguments are known good. Without
-        # workers they are left to the plan, whose count of compiles says what it took.
+        # workers they are left to the plan.
         _check_plan_args(workload, batch, budget, headroom, host_budget, hide, objective)
         keys = _beside_keys(workload, batch, catalogue, schedules)
-        say(f"compiling the {len(keys)} programs beside the plan side by side")
+        say(f"compiling the {len(keys)} programs beside the plan (side by side where slow)")
         compile_side_by_side(workload, keys)
     say("planning (cost model, solver, verifying compiles)")
     p = plan(workload, batch, budget, headroom=headroom, extra=beside, **options)
     plan_seconds = time.perf_counter() - start
+    if ahead:
+        # They were the plan's to compile: its count and time hold them, as without workers.
+        p = dataclasses.replace(p, compiles=workload.compiles - before, seconds=plan_seconds)
     say(f"compiling the {len(catalogue)} catalogue policies beside the plan")
     points = front(workload, batch, policies=catalogue, schedules=(), plans=[p], **cost)
     swept: list[Plan] = []
