@@ -10,8 +10,10 @@ to start (``remat_kit.sources._spread.SLOW_SECONDS``).
 Times, as fresh processes with empty compile caches (a new user's first run), paired (every
 case in turn, :data:`RUNS` rounds, medians): ``remat-kit fit --policy full`` on the 32-layer
 Llama of ``experiments/unrolled_speed.py`` scanned, unrolled from shallow copies (``--depth
-auto``) and unrolled at full depth, each with ``--jobs 1`` and ``--jobs 2``. Also the time a
-spawned worker takes to start: import jax and remat-kit, build the unrolled step and trace
+auto``) and unrolled at full depth, each with ``--jobs 1`` and ``--jobs 2``, and at full
+depth with ``--cluster`` on a one-worker Dask cluster on 127.0.0.1 (``--only CASE,...`` runs
+some cases and keeps the others' times from the JSON). Also the time a spawned worker takes
+to start: import jax and remat-kit, build the unrolled step and trace
 it (what it does before its compile), from submitting the task to its answer.
 
 Writes results/side_by_side.json and results/side_by_side.png.
@@ -20,12 +22,15 @@ Writes results/side_by_side.json and results/side_by_side.png.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
+import json
 import multiprocessing
 import os
 import statistics
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from common import parse, save_png, table, write_json
 from unrolled_speed import _request, _run
@@ -35,11 +40,14 @@ RUNS = 2
 
 #: The cases: (name, extra flags).
 CASES = {
-    "scanned, --jobs 1": ["--jobs", "1"],
-    "unrolled auto, --jobs 1": ["--no-scan", "--jobs", "1"],
-    "unrolled auto, --jobs 2": ["--no-scan", "--jobs", "2"],
-    "unrolled full, --jobs 1": ["--no-scan", "--depth", "full", "--jobs", "1"],
-    "unrolled full, --jobs 2": ["--no-scan", "--depth", "full", "--jobs", "2"],
+    "scanned --jobs 1": ["--jobs", "1"],
+    "unrolled auto --jobs 1": ["--no-scan", "--jobs", "1"],
+    "unrolled auto --jobs 2": ["--no-scan", "--jobs", "2"],
+    "unrolled full --jobs 1": ["--no-scan", "--depth", "full", "--jobs", "1"],
+    "unrolled full --jobs 2": ["--no-scan", "--depth", "full", "--jobs", "2"],
+    # A Dask cluster of one worker process on 127.0.0.1, started for the run (not timed):
+    # the far side goes to it instead of a spawned worker.
+    "unrolled full --cluster (1 worker)": ["--no-scan", "--depth", "full", "--jobs", "1"],
 }
 
 FIT = ["fit", "--policy", "full"]
@@ -73,19 +81,50 @@ def worker_start(target: str, rounds: int) -> list[float]:
     return out
 
 
+@contextlib.contextmanager
+def _cluster(case: str) -> Iterator[list[str]]:
+    """For a ``--cluster`` case: a fresh ``LocalCluster`` (its workers' own empty cache) and
+    the flag naming it; else nothing."""
+    if "--cluster" not in case:
+        yield []
+        return
+    from distributed import LocalCluster
+
+    with (
+        tempfile.TemporaryDirectory(prefix="rk_workers_") as cache,
+        LocalCluster(
+            n_workers=int(case.split("(")[1].split()[0]),
+            processes=True,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=None,
+            worker_dashboard_address=None,
+            env={"JAX_PLATFORMS": "cpu", "REMAT_KIT_CACHE_DIR": cache},
+        ) as lc,
+    ):
+        yield ["--cluster", lc.scheduler_address]
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse(__doc__, argv)
     rounds = 1 if args.quick else RUNS
     starts = worker_start(args.target, rounds + 1)
-    times: dict[str, list[float]] = {k: [] for k in CASES}
+    cases = {k: v for k, v in CASES.items() if not args.only or k in args.only.split(",")}
+    times: dict[str, list[float]] = {k: [] for k in cases}
     for _ in range(rounds):
-        for name, extra in CASES.items():
-            times[name].append(_run(FIT, extra, args.target))
+        for name, extra in cases.items():
+            with _cluster(name) as more:
+                times[name].append(_run(FIT, [*extra, *more], args.target))
             print(f"fit {name}: {times[name][-1]:.1f} s", flush=True)
-    scanned = statistics.median(times["scanned, --jobs 1"])
+    out = args.out / "side_by_side.json"
+    kept = json.loads(out.read_text())["fit"] if args.only and out.is_file() else []
+    for row in kept:  # the cases not run this time, as the last full run measured them
+        if row["case"] not in times:
+            times[row["case"]] = row["runs_s"]
+    scanned = statistics.median(times["scanned --jobs 1"])
     rows = []
     for name, ts in times.items():
-        one = times.get(name.replace("--jobs 2", "--jobs 1"), ts)
+        one = times.get(name.split(" --")[0] + " --jobs 1", ts)
         rows.append(
             {
                 "case": name,

@@ -264,6 +264,26 @@ def test_advise_on_the_cluster_gives_the_local_figures(cluster, tmp_path):
     assert here == there
 
 
+@pytest.mark.slow
+def test_fit_searches_its_policies_on_the_cluster_with_the_local_answers(cluster, tmp_path):
+    """The first policy's search runs here, the second in a worker process (its own cache:
+    it compiles too); the rows, and the compiles counted, equal a local run's."""
+    address, _ = cluster
+    argv = ["fit", "--model", "tiny-llama", "--seq", "32", "--target", "l4", "--no-cache"]
+    argv += ["--policies", "full,none"]
+    sent = len(_workers.remote_stats())
+    assert main([*argv, "--cluster", address, "--json", str(tmp_path / "there.json")]) == 0
+    remote = _workers.remote_stats()[sent:]
+    assert len(remote) == 1 and remote[0].compiles >= 1
+    assert main([*argv, "--jobs", "1", "--json", str(tmp_path / "here.json")]) == 0
+    there, here = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("there", "here"))
+    assert there["compiles"] == here["compiles"]
+    drop = {"seconds", *_TIMING}
+    assert [{k: v for k, v in r.items() if k not in drop} for r in there["rows"]] == [
+        {k: v for k, v in r.items() if k not in drop} for r in here["rows"]
+    ]
+
+
 def _compiles(marker_dir, x):
     """An item that counts as a compile; the item 3 kills its worker the first time."""
     cache._entries._compiled += 1

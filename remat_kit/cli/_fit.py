@@ -9,10 +9,10 @@ import functools
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from remat_kit import sources
+from remat_kit import _workers, sources
 from remat_kit.cli._model import print_notes, rebuilt, resolve, with_spread
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
@@ -36,6 +36,7 @@ from remat_kit.search import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,
     PLAN,
+    Fit,
     check_budget,
     fastest,
     limit_for,
@@ -89,8 +90,8 @@ def run(args: argparse.Namespace) -> int:
         if args.objective == "throughput":
             return _throughput(args, run, w, policies, schedule, executor)
         start = time.perf_counter()
-        rows = _largest_batches(args, w, policies, schedule)
-        return _print_batches(args, run, w, rows, time.perf_counter() - start)
+        rows, compiles = _largest_batches(args, w, policies, schedule)
+        return _print_batches(args, run, w, rows, time.perf_counter() - start, compiles)
 
 
 def _accumulating(request: Any, target: Any, ways: int | None, accum: int) -> Any:
@@ -138,41 +139,106 @@ def _batch_flags(args: argparse.Namespace, given: Sequence[str]) -> None:
 
 def _largest_batches(
     args: argparse.Namespace, w: Workload, policies: Mapping[str, Any], schedule: Any
-) -> list[FitRow]:
-    """The largest batch of each policy (None: the planner's), one row each."""
-    rows = []
+) -> tuple[list[FitRow], int]:
+    """The largest batch of each policy (None: the planner's), one row each, and the
+    programs compiled for them (on a cluster's workers too).
+
+    The policies' searches do not depend on each other: with ``--cluster`` (the workload's
+    spread has an executor) the first runs here and, once it compiled, the others on the
+    cluster's workers, each rebuilding the step (a custom policy cannot travel: then all
+    run here)."""
     length = length_words(
         f"fit over {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}",
         how="each policy's largest batch is found by compiling on both sides of it",
     )
-    done = functools.partial(getattr, w, "compiles")
+    specs = list(policies)
+    # What travels: a policy's spec (a worker parses it again), ``plan`` for the planner.
+    items = [PLAN if pol is None else pol.spec for pol in policies.values()]
+    typed = dict(zip(items, policies.values(), strict=True))
+    sch = getattr(schedule, "spec", schedule)
+    local: set[str] = set()
+    remote: list[int] = []
+
+    def here(item: str) -> Fit:
+        local.add(item)
+        pol = typed[item] or PLAN
+        return _policy_fit(lambda: w, args.headroom, not args.no_offload, args.hide, sch, pol)
+
+    def done() -> int:
+        return w.compiles + sum(remote)
+
+    spread = w.spread
+    travel = (
+        spread is not None
+        and spread.executor is not None
+        and all(pol is None or pol.name != "custom" for pol in policies.values())
+    )
     with warnings.catch_warnings(), progress("fit", done=done, length=length) as step:
         warnings.simplefilter("ignore")  # the tables show what matters
-        for i, (spec, pol) in enumerate(policies.items()):
-            step(f"{spec} ({i + 1}/{len(policies)})")
-            if pol is None:
-                fit, _ = max_batch_plan(
-                    w, headroom=args.headroom, offload=not args.no_offload, hide=args.hide
-                )
-                name = f"plan: {label(fit.policy, fit.schedule)}" if fit.fits else "plan"
-            else:
-                # No start: the search begins where the trace puts the boundary.
-                fit = max_batch(w, pol, schedule, headroom=args.headroom)
-                name = label(fit.policy, fit.schedule)
-            rows.append(FitRow(name, fit))
-    return rows
+
+        def ended(i: int, fit: Fit) -> None:
+            if items[i] not in local:
+                remote.append(fit.compiles)
+            step(f"{specs[i]} done ({len(local) + len(remote)}/{len(specs)})")
+
+        if travel:
+            one = functools.partial(
+                _policy_fit,
+                spread.workload_for,
+                args.headroom,
+                not args.no_offload,
+                args.hide,
+                sch,
+            )
+            fits = _workers.run(one, items, 1, executor=spread.executor, here=here, on_done=ended)
+        else:
+            fits = []
+            for i, item in enumerate(items):
+                step(f"{specs[i]} ({i + 1}/{len(specs)})")
+                fits.append(here(item))
+    rows = [
+        FitRow(
+            (f"plan: {label(fit.policy, fit.schedule)}" if fit.fits else "plan")
+            if policies[spec] is None
+            else label(fit.policy, fit.schedule),
+            fit,
+        )
+        for spec, fit in zip(specs, fits, strict=True)
+    ]
+    return rows, done()
+
+
+def _policy_fit(
+    workload_for: Callable[[], Workload],
+    headroom: float,
+    offload: bool,
+    hide: float,
+    schedule: str,
+    policy: Any,
+) -> Fit:
+    """One policy's largest batch (``plan``: the planner's) on the step ``workload_for``
+    builds (module-level: a cluster's worker is handed it)."""
+    w = workload_for()
+    if policy is PLAN or policy == PLAN:
+        fit, _ = max_batch_plan(w, headroom=headroom, offload=offload, hide=hide)
+        return fit
+    # No start: the search begins where the trace puts the boundary.
+    return max_batch(w, policy, schedule, headroom=headroom)
 
 
 def _print_batches(
-    args: argparse.Namespace, run: Any, w: Workload, rows: list[FitRow], seconds: float
+    args: argparse.Namespace,
+    run: Any,
+    w: Workload,
+    rows: list[FitRow],
+    seconds: float,
+    compiles: int,
 ) -> int:
     """Prints the table and the messages, writes ``--json``; the exit code: 1 when nothing
     fits even the smallest batch, else 0."""
     target = run.target
     out = console(args.wide)
-    table = fit_table(
-        rows, target, run, headroom=args.headroom, compiles=w.compiles, seconds=seconds
-    )
+    table = fit_table(rows, target, run, headroom=args.headroom, compiles=compiles, seconds=seconds)
     out.print(fitted(table, out.width))
     fits = any(row.fit.fits for row in rows)
     for row in rows:
@@ -182,7 +248,7 @@ def _print_batches(
     if args.json:
         data = [row.to_dict() for row in rows]
         write_json(
-            args.json, {"seconds": seconds, "compiles": w.compiles, "rows": data}, flag="--json"
+            args.json, {"seconds": seconds, "compiles": compiles, "rows": data}, flag="--json"
         )
     if not fits:
         advice = "remat-kit plan --batch 1 for a per-tag plan, or remat-kit advise for a GPU"
