@@ -162,7 +162,7 @@ def _largest_batches(
     def here(item: str) -> Fit:
         local.add(item)
         pol = typed[item] or PLAN
-        return _policy_fit(lambda: w, args.headroom, not args.no_offload, args.hide, sch, pol)
+        return _policy_fit(lambda: w, args.headroom, not args.no_offload, args.hide, schedule, pol)
 
     def done() -> int:
         return w.compiles + sum(remote)
@@ -213,7 +213,7 @@ def _policy_fit(
     headroom: float,
     offload: bool,
     hide: float,
-    schedule: str,
+    schedule: Any,
     policy: Any,
 ) -> Fit:
     """One policy's largest batch (``plan``: the planner's) on the step ``workload_for``
