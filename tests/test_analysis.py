@@ -300,7 +300,14 @@ def _zigzag(batch: int) -> int:
 class _FakeWorkload:
     """What max_batch asks of a Workload, with _zigzag as the compiled peak (no compile)."""
 
-    batch_multiple, seq, breakdown_fn, residuals_fn, verify_fn = 1, 8, None, None, None
+    batch_multiple, seq, breakdown_fn, residuals_fn, verify_fn, spread = (
+        1,
+        8,
+        None,
+        None,
+        None,
+        None,
+    )
     target = rk.target("h100")
 
     def __init__(self):
