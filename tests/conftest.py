@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -187,6 +188,14 @@ def sharded_run():
     """``sharded_run(group)``: the finished run of ``tests/sharded_step.py group``, which the
     session started when it began (this module's state: the test files must not import it)."""
     return _sharded_run
+
+
+@pytest.fixture
+def pool():
+    """A thread pool as the ``concurrent.futures.Executor`` a spread or a sweep sends its
+    items to: the seam's tests see which item ran where without starting processes."""
+    with ThreadPoolExecutor(2) as ex:
+        yield ex
 
 
 @pytest.fixture

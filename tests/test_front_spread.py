@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -76,12 +75,6 @@ def _spread(pool, slow_seconds=0.0):
     # slow_seconds 0: every compile counts as slow enough to be worth a worker.
     spread = rk.sources.Spread(fake, executor=pool, slow_seconds=slow_seconds)
     return dataclasses.replace(fake(), spread=spread)
-
-
-@pytest.fixture
-def pool():
-    with ThreadPoolExecutor(2) as ex:
-        yield ex
 
 
 @pytest.fixture

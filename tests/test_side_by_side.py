@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -87,12 +86,6 @@ def _calls():
     CALLS.clear()
     yield
     CALLS.clear()
-
-
-@pytest.fixture
-def pool():
-    with ThreadPoolExecutor(2) as ex:
-        yield ex
 
 
 @pytest.fixture
