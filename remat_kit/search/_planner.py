@@ -32,6 +32,7 @@ __all__ = [
     "Plan",
     "PlanCandidate",
     "SolverStatus",
+    "check_plan_args",
     "plan",
 ]
 
@@ -130,11 +131,7 @@ def plan(
     """
     t0 = time.perf_counter()
     before = workload.compiles
-    _check_batch(workload, batch)
-    if not 0.0 <= hide <= 1.0:
-        raise BadValue(f"hide={hide!r} must be in [0, 1]", param="hide")
-    _check_host_budget(host_budget)
-    _check_objective(objective)
+    check_plan_args(workload, batch, hide=hide, host_budget=host_budget, objective=objective)
     if isinstance(max_compiles, bool) or not isinstance(max_compiles, int) or max_compiles < 1:
         raise BadValue(f"max_compiles={max_compiles!r} must be a positive int")
     budget = limit_for(workload.target, budget, headroom)
@@ -187,6 +184,24 @@ def _none_lower_bound(workload: Workload, batch: int) -> int:
     return inputs + sum(
         r.nbytes for r in res.residuals if r.name != "argument" and r.kind == "saved"
     )
+
+
+def check_plan_args(
+    workload: Workload, batch: int, *, hide: float, host_budget: Any, objective: str
+) -> None:
+    """What :func:`plan` refuses before it compiles anything: a batch the workload cannot
+    split, ``hide`` outside [0, 1], a bad host budget or objective (for searches that
+    compile the programs beside a plan ahead of it).
+
+    Raises:
+      ValueError: any of them, naming the value.
+      TypeError: a host budget that is not an int of bytes.
+    """
+    _check_batch(workload, batch)
+    if not 0.0 <= hide <= 1.0:
+        raise BadValue(f"hide={hide!r} must be in [0, 1]", param="hide")
+    _check_host_budget(host_budget)
+    _check_objective(objective)
 
 
 def _check_objective(objective: str) -> None:

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from remat_kit.errors import BadValue
 from remat_kit.policies import Policy, as_policy
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for
@@ -35,9 +34,7 @@ from remat_kit.search._planner import (
     FALLBACK_SCHEDULES,
     MAX_PLAN_COMPILES,
     Plan,
-    _check_batch,
-    _check_host_budget,
-    _check_objective,
+    check_plan_args,
     plan,
 )
 from remat_kit.sources._workload import DEFAULT_HIDE, Workload
@@ -230,11 +227,7 @@ def _check_plan_args(
 ) -> None:
     """What :func:`~remat_kit.search.plan` refuses before it compiles, refused before the
     programs beside it are compiled ahead of it."""
-    _check_batch(workload, batch)
-    if not 0.0 <= hide <= 1.0:
-        raise BadValue(f"hide={hide!r} must be in [0, 1]", param="hide")
-    _check_host_budget(host_budget)
-    _check_objective(objective)
+    check_plan_args(workload, batch, hide=hide, host_budget=host_budget, objective=objective)
     check_budget(workload, batch, limit_for(workload.target, budget, headroom))
 
 
