@@ -41,6 +41,7 @@ __all__ = [
     "FrontPoint",
     "compile_side_by_side",
     "front",
+    "front_programs",
     "merged",
     "pareto_front",
     "plan_label",
@@ -247,11 +248,7 @@ def front(
       >>> [q.label for q in pts], pts[-1].dominated_by
       (['none', 'full', 'plan (budget 0.00 GiB)'], None)
     """
-    wanted = [(pol, NO_SCHEDULE, pol.spec, "catalogue") for pol in map(as_policy, policies)]
-    for spec, sch in schedules:
-        pol, s = as_policy(spec), parse_schedule(sch)
-        if workload.supports(s):  # a factory's model may take no schedules
-            wanted.append((pol, s, label(pol.spec, s.spec), "schedule"))
+    wanted = front_programs(workload, policies, schedules)
     compile_side_by_side(workload, [(pol, s, batch) for pol, s, _, _ in wanted])
     pts = [
         _point(workload, batch, pol, s, name, kind, hide, objective)
@@ -281,6 +278,25 @@ def front(
             )
         )
     return pareto_front(pts)
+
+
+def front_programs(
+    workload: Workload, policies: Iterable[Any], schedules: Iterable[tuple[Any, Any]]
+) -> list[tuple[Policy, Schedule, str, str]]:
+    """The programs a front compiles, in its order: ``(policy, schedule, label, kind)`` of
+    each catalogue policy, then of each ``(policy, schedule)`` pair the workload can build
+    (a factory's model may take no schedules).
+
+    Example (this ``w``'s model takes no layer schedules, so the pair is left out):
+      >>> [(name, kind) for _, _, name, kind in front_programs(w, ["full"], [("full", "sqrt")])]
+      [('full', 'catalogue')]
+    """
+    wanted = [(pol, NO_SCHEDULE, pol.spec, "catalogue") for pol in map(as_policy, policies)]
+    for spec, sch in schedules:
+        pol, s = as_policy(spec), parse_schedule(sch)
+        if workload.supports(s):
+            wanted.append((pol, s, label(pol.spec, s.spec), "schedule"))
+    return wanted
 
 
 def compile_side_by_side(workload: Workload, keys: Sequence[tuple[Policy, Schedule, int]]) -> None:

@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from remat_kit.policies import Policy, as_policy
-from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for
 from remat_kit.search._front import (
     FRONT_POLICIES,
@@ -28,6 +26,7 @@ from remat_kit.search._front import (
     FrontPoint,
     compile_side_by_side,
     front,
+    front_programs,
     pareto_front,
 )
 from remat_kit.search._planner import (
@@ -173,7 +172,7 @@ def plan_front(
         # they go side by side first, once the plan's arguments are known good. Without
         # workers they are left to the plan.
         _check_plan_args(workload, batch, budget, headroom, host_budget, hide, objective)
-        keys = _beside_keys(workload, batch, catalogue, schedules)
+        keys = [(pol, s, batch) for pol, s, _, _ in front_programs(workload, catalogue, schedules)]
         say(f"compiling the {len(keys)} programs beside the plan (side by side where slow)")
         compile_side_by_side(workload, keys)
     say("planning (cost model, solver, verifying compiles)")
@@ -229,19 +228,6 @@ def _check_plan_args(
     programs beside it are compiled ahead of it."""
     check_plan_args(workload, batch, hide=hide, host_budget=host_budget, objective=objective)
     check_budget(workload, batch, limit_for(workload.target, budget, headroom))
-
-
-def _beside_keys(
-    w: Workload, batch: int, catalogue: Sequence[Any], schedules: Sequence[tuple[Any, Any]]
-) -> list[tuple[Policy, Schedule, int]]:
-    """The programs the front compiles beside the plan: the catalogue, then the schedules
-    the workload supports (as :func:`~remat_kit.search._front.front` reads them)."""
-    keys = [(as_policy(spec), NO_SCHEDULE, batch) for spec in catalogue]
-    for spec, sch in schedules:
-        s = parse_schedule(sch)
-        if w.supports(s):
-            keys.append((as_policy(spec), s, batch))
-    return keys
 
 
 def _sweep(
