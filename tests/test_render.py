@@ -216,6 +216,43 @@ def test_compare_offload_estimates_read_in_their_unit_and_still_give_way_first()
     assert "offload / recompute us (est.)" in " ".join(_lines(fitted(table, WIDTH), WIDTH))
 
 
+def test_compare_legend_quotes_the_figures_of_its_own_rows():
+    # As a 70B compare on an h100 printed it (issue 59): a row that fits at fraction 0.8 and
+    # one where XLA's remat pass took 31.2 GiB off; the legend explains them with those figures.
+    short = _compare_row("full", 70 * GIB, 1.0) | {"fits": False, "fits_with_fraction": 0.8}
+    cut = _compare_row("none", 90 * GIB, 1.0) | {
+        "fits": False,
+        "xla_remat": True,
+        "xla_remat_saved_bytes": int(31.2 * GIB),
+    }
+    table = compare_table([cut, short], rk.target("h100"), OPTS, 1.0)
+    fits = list(table.columns[-2].cells)
+    assert fits == ["[red]no[/red], XLA -31.2 GiB", "[red]no[/red] (0.8)"]
+    assert "; no (0.8): fits with XLA_PYTHON_CLIENT_MEM_FRACTION=0.8" in table.caption
+    assert "; XLA -31.2 GiB: XLA's own rematerialization pass" in table.caption
+    assert "0.92" not in table.caption and "1.2 GiB:" not in table.caption.replace("31.2", "")
+    # A fraction on a row that fits is no mark in its cell: nothing to explain.
+    quiet = compare_table(
+        [_compare_row("full", GIB, 1.0) | {"fits_with_fraction": 0.8}], rk.target("h100"), OPTS, 1.0
+    )
+    assert list(quiet.columns[-2].cells) == ["[green]yes[/green]"]
+    assert "MEM_FRACTION=" not in quiet.caption and "XLA -" not in quiet.caption
+
+
+def test_plan_legend_explains_only_the_marks_its_rows_carry():
+    p = NS(budget_bytes=GIB, host_budget_bytes=None, report=None, compiles=2, solver=None,
+           source="catalogue", objective="time", label="full", host_bytes=0)  # fmt: skip
+    main = "plan (budget 1.00 GiB)"
+    alike = [_point(main, MIB), _point("dots", MIB, same_as="minimal")]
+    caption = plan_table(p, alike, rk.target("h100"), OPTS, plan_seconds=1, seconds=1,
+                         compiles=2).caption  # fmt: skip
+    assert "* = on the Pareto front; = minimal: the same program as minimal" in caption
+    apart = [_point(main, MIB), _point("none", 2 * MIB, dominated_by=main)]
+    caption = plan_table(p, apart, rk.target("h100"), OPTS, plan_seconds=1, seconds=1,
+                         compiles=2).caption  # fmt: skip
+    assert "* = on the Pareto front" in caption and "the same program" not in caption
+
+
 # --- the answer column ----------------------------------------------------------------------------
 
 
@@ -315,6 +352,20 @@ def test_advise_keeps_every_gpu_name_whole_and_each_row_on_one_line(scale, width
         instead = [_cells(line)[-1] for line in body]
         assert len(set(instead)) == 1 and "…" not in instead[0] and len(instead[0]) > 10
     assert all("…" not in line for line in body) or width < WIDTH  # narrower: figures give way
+
+
+def test_advise_explains_the_scale_out_cells_only_where_a_row_shows_a_count():
+    peak = int(18.7 * GIB)
+    none = {"target": "h100-80gb", "devices": [8], "peak_bytes": [2 * peak], "policy": "full"}
+    lost = ScaleOut("h100-80gb", None, 8, "full", None, ((8, 2 * peak),),
+                    rk.notes.Note("scale_out_none", none))  # fmt: skip
+    caption = advise_table([_over("h100-80gb")], OPTS, headroom=0.0, seconds=1.0,
+                           scale_out={"h100-80gb": lost}).caption  # fmt: skip
+    assert "N x P GiB" not in caption  # the cell reads "none up to 8 GPUs"
+    found = dataclasses.replace(lost, devices=8, peak_bytes=peak)
+    caption = advise_table([_over("h100-80gb")], OPTS, headroom=0.0, seconds=1.0,
+                           scale_out={"h100-80gb": found}).caption  # fmt: skip
+    assert "N x P GiB: the fewest GPUs" in caption
 
 
 def test_advise_with_prices_keeps_its_answer_columns_whole_at_100_columns():

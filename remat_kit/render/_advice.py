@@ -248,8 +248,14 @@ def _advise_caption(
         where = f"on {', '.join(names)}: " if len(by_parts) > 1 else ""
         lines.append(f"{where}fixed = {shown} {unit.name}, whatever the policy")
     lines += _advise_legend(over, scale_out)
-    if scale_out:
-        grown = any(s.devices and s.batch != opts.batch for s in scale_out.values())
+    # Explained where a row's cell shows a count (not "none up to ..."): a row's own figures.
+    scaled = [
+        s
+        for a in rows
+        if not a.fits and (s := (scale_out or {}).get(a.target)) is not None and s.devices
+    ]
+    if scaled:
+        grown = any(s.batch != opts.batch for s in scaled)
         lines.append(
             "N x P GiB: the fewest GPUs whose step, sharded fsdp:N with full, fits each, and "
             "the peak on each; bN: the global batch, split evenly over them (per GPU)"

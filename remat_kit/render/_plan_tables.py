@@ -71,10 +71,10 @@ def plan_table(
             if p.objective == "time"
             else "recompute FLOPs + host transfer not hidden (--objective flops)"
         )
-        + " (estimate); recompute = extra FLOPs; * = on the Pareto front; = X: the same "
-        "program as X"
+        + " (estimate); recompute = extra FLOPs"
     )
     points = list(points)
+    caption += _front_legend(points)
     timed = any(pt.step_seconds is not None for pt in points)
     mem = byte_unit(
         [pt.peak_bytes for pt in points] + [p.host_bytes, p.budget_bytes if not points else None]
@@ -135,6 +135,26 @@ def plan_table(
             ),
         )
     return table
+
+
+def _front_legend(points: list[FrontPoint]) -> str:
+    """The front column's marks explained, ``= X`` with a row's own X; a mark no row carries
+    is not explained.
+
+    Example:
+      >>> from remat_kit.search import FrontPoint
+      >>> pts = [FrontPoint("full", "catalogue", 1, 0.1, 0.1, dominated=False),
+      ...        FrontPoint("dots", "catalogue", 1, 0.1, 0.1, same_as="full")]
+      >>> _front_legend(pts)
+      '; * = on the Pareto front; = full: the same program as full'
+    """
+    legend = ""
+    if any(pt.same_as is None and not pt.dominated for pt in points):
+        legend += "; * = on the Pareto front"
+    same = [pt.same_as for pt in points if pt.same_as is not None]
+    if same:
+        legend += f"; = {same[0]}: the same program as {same[0]}"
+    return legend
 
 
 def _extrapolated(depth: Mapping[str, Any] | None) -> bool:

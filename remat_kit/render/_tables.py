@@ -137,13 +137,7 @@ def compare_table(
         if remembered
         else ""
     )
-    if any(row["fits_with_fraction"] for row in rows):
-        caption += "; no (0.92): fits with XLA_PYTHON_CLIENT_MEM_FRACTION=0.92"
-    if any(row["xla_remat"] for row in rows):
-        caption += (
-            "; XLA -1.2 GiB: XLA's own rematerialization pass took that much off the peak, so "
-            "the figure includes XLA's choices"
-        )
+    caption += _compare_legend(rows)
     table = Table(title=title, caption=caption)
     offload = any(row["offload_transfer_seconds_est"] for row in rows)
     timed = any(row["step_seconds"] is not None for row in rows)
@@ -191,7 +185,7 @@ def compare_table(
     for d in {depth_words(d) for d in depths if d.get("mode") in ("verified", "full")}:
         caption += "\n" + d
     for row in rows:
-        fits = _fits_cell(row["fits"], row["fits_with_fraction"])
+        fits = _fits_cell(row)
         if row["xla_remat"]:
             fits += f", XLA -{_cut(row['xla_remat_saved_bytes'])}"
         mark = "~" if (row.get("meta_depth") or {}).get("mode") == "extrapolated" else ""
@@ -217,6 +211,37 @@ def compare_table(
         table.add_row(*cells, fits, f"{row['compile_seconds']:.1f}")
     table.caption = caption  # the lines added since the table was made
     return table
+
+
+def _compare_legend(rows: Sequence[Mapping[str, Any]]) -> str:
+    """The fits column's marks explained, each with the figure of the first row that carries it;
+    a mark no row carries is not explained.
+
+    Example:
+      >>> row = {"fits": False, "fits_with_fraction": 0.8, "xla_remat": False}
+      >>> _compare_legend([row])
+      '; no (0.8): fits with XLA_PYTHON_CLIENT_MEM_FRACTION=0.8'
+      >>> _compare_legend([row | {"fits": True, "fits_with_fraction": None}])
+      ''
+    """
+    legend = ""
+    short_of = [row["fits_with_fraction"] for row in rows if _with_fraction(row)]
+    if short_of:
+        legend += (
+            f"; no ({short_of[0]:g}): fits with XLA_PYTHON_CLIENT_MEM_FRACTION={short_of[0]:g}"
+        )
+    cut = [row["xla_remat_saved_bytes"] for row in rows if row["xla_remat"]]
+    if cut:
+        legend += (
+            f"; XLA -{_cut(cut[0])}: XLA's own rematerialization pass took that much off the "
+            "peak, so the figure includes XLA's choices"
+        )
+    return legend
+
+
+def _with_fraction(row: Mapping[str, Any]) -> bool:
+    """Whether ``row``'s fits cell names the fraction it would fit with (``no (0.8)``)."""
+    return row["fits"] is False and row["fits_with_fraction"] is not None
 
 
 def report_table(r: MemoryReport, target: Target) -> Table:
@@ -428,9 +453,11 @@ def fit_table(
     return table
 
 
-def _fits_cell(fits: bool | None, with_fraction: float | None) -> str:
-    cell = _YES_NO[fits]
-    return cell + (f" ({with_fraction:g})" if fits is False and with_fraction is not None else "")
+def _fits_cell(row: Mapping[str, Any]) -> str:
+    """A compare row's fits cell: ``yes``, ``no``, or ``no (0.8)`` with the fraction it would
+    fit with (explained by :func:`_compare_legend`)."""
+    cell = _YES_NO[row["fits"]]
+    return cell + (f" ({row['fits_with_fraction']:g})" if _with_fraction(row) else "")
 
 
 def _breakdown_lines(
