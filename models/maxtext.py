@@ -256,7 +256,35 @@ def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
         with _quiet():
             return mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
     except Exception as err:  # MaxText's ValueError, pydantic's ValidationError, asserts
-        raise BadValue(f"MaxText refused the config: {_first(err)}", param="maxtext") from None
+        raise BadValue(f"MaxText refused the config: {_refusal(err)}", param="maxtext") from None
+
+
+def _refusal(err: BaseException) -> str:
+    """Why MaxText refused a config, whole and on one line: for pydantic's ValidationError
+    each field it names and what it said of it (``remat_policy: Input should be ...``), joined
+    by ``; ``; for any other error (MaxText's ValueError, an assert) its whole message.
+
+    Example:
+      >>> _refusal(ValueError("per_device_batch_size must be\\n   positive"))
+      'ValueError: per_device_batch_size must be positive'
+    """
+    errors = getattr(err, "errors", None)
+    if callable(errors) and hasattr(err, "title"):  # pydantic's ValidationError
+        fields = "; ".join(_field_words(e) for e in errors())
+        return f"{err.title}: {fields}"
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _field_words(e: Mapping[str, Any]) -> str:
+    """One of pydantic's errors: ``field: what it said (got VALUE)``; the value where it is
+    one word or number (a model validator's input is the whole config)."""
+    where = ".".join(map(str, e.get("loc") or ()))
+    said = " ".join(str(e.get("msg", "")).split())
+    got = e.get("input")
+    if isinstance(got, str | int | float | bool) and len(repr(got)) <= 60:
+        said += f" (got {got!r})"
+    return f"{where}: {said}" if where else said
 
 
 def _first(err: BaseException) -> str:

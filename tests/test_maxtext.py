@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import jax
 import pytest
@@ -197,12 +198,61 @@ def test_yaml_path_first_then_words():
     assert MaxTextSpec("model_name=llama2-7b").yaml == "base.yml"
 
 
+def test_maxtexts_reason_for_refusing_a_config_is_kept_whole(tmp_path, monkeypatch):
+    # pydantic's ValidationError as MaxText's MaxTextConfig raises it (two fields, one of them
+    # a model validator's multi-line ValueError): each field and what pydantic said of it on
+    # one line, not "ValidationError: 2 validation errors for MaxTextConfig" (issue 59).
+    pydantic = pytest.importorskip("pydantic")
+    from typing import Literal
+
+    from remat_kit_models import maxtext as source
+
+    class MaxTextConfig(pydantic.BaseModel):
+        remat_policy: Literal["full", "minimal"] = "full"
+        base_emb_dim: int = 256
+
+        @pydantic.field_validator("base_emb_dim")
+        @classmethod
+        def _positive(cls, v: int) -> int:
+            if v <= 0:
+                raise ValueError("base_emb_dim must be\n    positive")
+            return v
+
+    with pytest.raises(pydantic.ValidationError) as refused:
+        MaxTextConfig(remat_policy="fulll", base_emb_dim=-1)
+    assert str(refused.value).splitlines()[0] == "2 validation errors for MaxTextConfig"
+    assert source._refusal(refused.value) == (
+        "MaxTextConfig: remat_policy: Input should be 'full' or 'minimal' (got 'fulll'); "
+        "base_emb_dim: Value error, base_emb_dim must be positive (got -1)"
+    )
+    # Any other error (MaxText's ValueError, an assert): its whole message on one line.
+    assert source._refusal(ValueError("a\n  b\n\nc")) == "ValueError: a b c"
+    assert source._refusal(AssertionError()) == "AssertionError"
+    # The library's message carries it, so the CLI's one line does (no MaxText needed).
+    yml = tmp_path / "my.yml"
+    yml.write_text("")
+
+    def initialize(argv):
+        MaxTextConfig(remat_policy="fulll")
+
+    fake = SimpleNamespace(pyconfig=SimpleNamespace(initialize=initialize, __file__=str(yml)))
+    monkeypatch.setattr(source, "_maxtext", lambda: fake)
+    with pytest.raises(BadValue) as err:
+        source._config(MaxTextSpec(f"{yml} base_num_decoder_layers=2"), ("a=1",))
+    assert str(err.value) == (
+        "MaxText refused the config: MaxTextConfig: remat_policy: Input should be 'full' or "
+        "'minimal' (got 'fulll')"
+    )
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
         (
             ("--maxtext", "model_name=no-such-model"),
-            r"^remat-kit: --maxtext model_name=no-such-model: MaxText refused",
+            # MaxText's own reason whole: the field, what it said and the value (issue 59)
+            r"^remat-kit: --maxtext model_name=no-such-model: MaxText refused the config: "
+            r"MaxTextConfig: model_name: Input should be .*'llama2-7b'.* \(got 'no-such-model'\)$",
         ),
         (
             ("--maxtext", "model_name=llama2-7b", "ici_fsdp_parallelism=3", "--gpus", "4"),
