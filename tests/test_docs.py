@@ -197,6 +197,26 @@ def test_flag_tables_state_defaults():
     assert rows["--no-scan"] == ""  # a switch has no default to state
 
 
+def test_generated_tables_copy_flags_and_commands_as_shown():
+    """Sphinx's smart quotes turned a help text's ``--maxtext`` into "–maxtext" and
+    ``'remat-kit[maxtext]'`` into curly quotes (issue 59): the generated tables opt out, as
+    Sphinx's own SmartQuotes transform asks of each text node (``is_smartquotable``)."""
+    from _tables import table
+    from cli_flags import flag_rows
+    from docutils import nodes
+    from sphinx.util.nodes import is_smartquotable
+
+    texts = [
+        text
+        for command in ("compare", "report", "fit", "plan", "advise", "inspect", "validate")
+        for _, rows in flag_rows(command)
+        for text in table(("flag", "default", "what it sets"), rows).findall(nodes.Text)
+        if "--" in text or "'" in text
+    ]
+    assert any("--maxtext " in t for t in texts) and any("'remat-kit[" in t for t in texts)
+    assert [t for t in texts if is_smartquotable(t)] == []
+
+
 def test_results_tables_read_the_results():
     from results_tables import TABLES
 
@@ -226,6 +246,18 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path):
     assert code == 0
     pages = {p.relative_to(out).as_posix() for p in out.rglob("*.html")}
     assert {"index.html", "commands/compare.html", "library.html", "claims.html"} <= pages
+    # Every flag and command copies as shown (issue 59): no en dash for "--" on any page,
+    # and no curly quote in a flag table (help texts name values to type); prose keeps its
+    # typography.
+    flag_tables = 0
+    for page in sorted(pages):
+        html = (out / page).read_text()
+        assert not re.search(r"\u2013-?[a-z]", html), page
+        for t in re.findall(r"<table.*?</table>", html, re.S):
+            if "<p>what it sets</p>" in t:
+                flag_tables += 1
+                assert not re.findall(r".{40}[\u2018\u2019\u201c\u201d].{20}", t), page
+    assert flag_tables >= 10  # at least one on each of the ten command pages
     api = (out / "library.html").read_text()
     import remat_kit
 

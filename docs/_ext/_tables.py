@@ -1,7 +1,10 @@
 """A docutils table from rows of text: the one table builder of the docs' extensions.
 
 Cells may hold inline code in backticks (the claims table's commands); everything else is
-plain text, so a generated table needs no second Markdown parse.
+plain text, so a generated table needs no second Markdown parse. Plain text is left as its
+source wrote it: a help text's ``--gpus`` or ``pip install 'remat-kit[cluster]'`` copies as
+shown, not with the en dash and curly quotes of Sphinx's smart quotes (the pages' prose keeps
+them).
 """
 
 from __future__ import annotations
@@ -40,4 +43,6 @@ def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> nodes.table:
     for row in rows:
         body += nodes.row("", *(_cell(str(c)) for c in row))
     group += [head, body]
-    return nodes.table("", group, classes=["colwidths-auto"])
+    node = nodes.table("", group, classes=["colwidths-auto"])
+    node["support_smartquotes"] = False  # read by Sphinx's SmartQuotes for the whole table
+    return node
