@@ -121,7 +121,7 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 #: The floors of the house, ground first (../shared/design.md): a module imports from its own
 #: floor or below, never above. Each name is a top-level module or package of remat_kit.
 FLOORS = (
-    ("errors", "names", "_shapes", "_trips", "_jaxpr", "optimizers", "precision"),
+    ("errors", "_switches", "names", "_shapes", "_trips", "_jaxpr", "optimizers", "precision"),
     ("notes", "policies", "checks"),  # what a policy keeps, its words, no silent no-ops
     ("wrap", "schedules", "tagging"),  # applying a policy to a model
     ("targets", "xla", "cache"),  # where memory is measured; the compile and its records

@@ -23,6 +23,9 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing
 import os
+import signal
+import threading
+import time
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
@@ -139,7 +142,7 @@ def run[T, R](
         return results
     pool = _pool(min(jobs, len(items) - i))
     try:
-        futures = {pool.submit(fn, items[j]): j for j in range(i, len(items))}
+        futures = _submit(pool, fn, items, i)
         _collect_local(futures, items, results, on_done)
     except BaseException:
         # Ctrl-C (or an error): the workers are mid-compile and would finish first; stop them.
@@ -165,7 +168,7 @@ def _at_once(
     futures: dict[Future[Any], int] = {}
     try:
         if pool is not None:
-            futures = {pool.submit(fn, items[j]): j for j in range(1, len(items))}
+            futures = _submit(pool, fn, items, 1)
         else:
             futures = _submit_remote(executor, fn, items, 1)
         before = cache.compiles()
@@ -199,6 +202,26 @@ def _at_once(
     return results
 
 
+def _submit(
+    pool: ProcessPoolExecutor, fn: Callable[[Any], Any], items: list[Any], start: int
+) -> dict[Future[Any], int]:
+    """Items ``start:`` submitted to the local ``pool``, each future mapped to its index.
+
+    The pool starts its workers here, with Ctrl-C (SIGINT) blocked: a worker inherits the
+    mask (through the exec of ``spawn`` too) and keeps it, so a terminal's Ctrl-C, which
+    reaches the whole process group, reaches this process alone, which stops the workers;
+    in a worker it would print a ``KeyboardInterrupt`` traceback into this run's stderr.
+    A Ctrl-C that comes meanwhile waits here and is acted on as the mask is restored.
+    """
+    mask = getattr(signal, "pthread_sigmask", None)
+    old = mask(signal.SIG_BLOCK, {signal.SIGINT}) if mask is not None else None
+    try:
+        return {pool.submit(fn, items[j]): j for j in range(start, len(items))}
+    finally:
+        if mask is not None and old is not None:
+            mask(signal.SIG_SETMASK, old)
+
+
 def _pool(workers: int) -> ProcessPoolExecutor:
     """A local pool of ``workers`` spawned processes with this process's cache switch."""
     from remat_kit import cache
@@ -209,7 +232,7 @@ def _pool(workers: int) -> ProcessPoolExecutor:
         max_workers=workers,
         mp_context=multiprocessing.get_context("spawn"),
         initializer=_start_worker,
-        initargs=(cache._switch._override,),
+        initargs=(cache._switch._override, os.getpid()),
     )
 
 
@@ -319,11 +342,39 @@ def _stop(pool: ProcessPoolExecutor) -> None:
         if p.is_alive():  # SIGTERM not acted on yet (a worker still starting up): SIGKILL
             p.kill()
             p.join(timeout=1)
+    from remat_kit.targets import remove_kernel_dirs
+
+    remove_kernel_dirs()  # a worker ended by a signal leaves its kernel directory
 
 
-def _start_worker(cache_flag: bool | None) -> None:
+def _start_worker(cache_flag: bool | None, parent: int) -> None:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     warnings.simplefilter("ignore")  # the parent prints what matters, once
+    threading.Thread(
+        # The parent's id as it sent it: one read here could already be the new parent's.
+        target=_watch_parent,
+        args=(parent,),
+        name="remat-kit-parent",
+        daemon=True,
+    ).start()
     from remat_kit import cache
 
     cache.set_enabled(cache_flag)
+
+
+#: Seconds between a worker's looks at its parent.
+PARENT_POLL = 0.5
+
+
+def _watch_parent(parent: int) -> None:
+    """Ends this worker once its parent is gone. A parent killed outright (SIGKILL, the OOM
+    killer) stops no pool: its workers, mid-compile, would finish their compiles (minutes,
+    gigabytes) for no one, and a resource tracker with them. The kernel gives an orphan a
+    new parent, so a changed parent id is the sign; polled, as Linux's parent-death signal
+    follows the parent's thread rather than its process."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL)
+    from remat_kit.targets import remove_kernel_dirs
+
+    remove_kernel_dirs(mine=True)  # the parent's, which it could not remove, and this one's
+    os._exit(1)

@@ -54,7 +54,7 @@ from remat_kit.cache._keys import (
     key_options,
     request_key,
 )
-from remat_kit.cache._store import ENV_DIR, cache_dir, load, store
+from remat_kit.cache._store import ENV_DIR, cache_dir, dir_problem, load, store
 from remat_kit.cache._switch import ENV_OFF, bypassed, enabled, set_enabled
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "code_fingerprint",
     "compiled_memory",
     "compiles",
+    "dir_problem",
     "enabled",
     "entry_key",
     "fingerprint",

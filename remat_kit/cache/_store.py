@@ -25,6 +25,7 @@ __all__ = [
     "ENV_DIR",
     "FORMAT",
     "cache_dir",
+    "dir_problem",
     "journal",
     "load",
     "store",
@@ -50,6 +51,36 @@ def cache_dir() -> Path:
         return Path(os.environ[ENV_DIR]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "remat_kit"
+
+
+def dir_problem() -> str | None:
+    """Why :func:`cache_dir` cannot hold entries, in a few words, or None when it can.
+
+    Tried as a write is: the directory made if missing, a file made in it and removed. A
+    cache that cannot be written only costs time (:func:`store` is then a no-op), so the
+    caller decides whether and how to say so.
+
+    Example:
+      >>> from unittest import mock
+      >>> with mock.patch.dict(os.environ, {ENV_DIR: "/dev/null/cache"}):
+      ...     dir_problem()
+      'cannot be made (Not a directory)'
+    """
+    where = cache_dir()
+    try:
+        where.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return "is not a directory"
+    except OSError as err:
+        return f"cannot be made ({err.strerror or type(err).__name__})"
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".probe.", dir=where)
+    except OSError as err:
+        return f"is not writable ({err.strerror or type(err).__name__})"
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return None
 
 
 # The entries written while a journal is open (a cluster worker sends them to the client,

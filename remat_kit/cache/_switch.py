@@ -10,9 +10,9 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
+from remat_kit._switches import switch
 from remat_kit.errors import BadType
 
 __all__ = [
@@ -39,7 +39,7 @@ def enabled() -> bool:
     """
     if _override is not None:
         return _override
-    return os.environ.get(ENV_OFF, "").strip().lower() not in ("1", "true", "yes", "on")
+    return not switch(ENV_OFF)
 
 
 def set_enabled(flag: bool | None) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -276,7 +277,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
       The exit code: 0 done; 1 nothing fits (``plan``, ``fit``, ``advise`` found no
       configuration within the limit, or none can exist); 2 bad input or a program that
-      cannot be built; 130 interrupted (Ctrl-C: one line, worker processes stopped)
+      cannot be built; 130 interrupted (Ctrl-C), 143 terminated (SIGTERM), 129 hung
+      up (SIGHUP): one line, worker processes stopped
       (docs/commands/index.md, "Exit codes").
 
     Raises:
@@ -309,17 +311,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         return _interrupt.stop()
     finally:
-        _interrupt.running()  # a caller's own code after main keeps Python's Ctrl-C
+        _interrupt.release()  # a caller's own code after main keeps Python's defaults
     return _interrupt.stop() if _interrupt.came() else code
 
 
 def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespace], int]]) -> int:
     try:
         _prepare_platform(args)
-        if getattr(args, "no_cache", False):
+        if _without_cache(args):
             from remat_kit import cache
 
-            with cache.bypassed():  # --no-cache: neither read nor write compiled analyses
+            with cache.bypassed():  # neither read nor write compiled analyses
                 return runs[args.command](args)
         return runs[args.command](args)
     except DoesNotFit as err:
@@ -354,6 +356,31 @@ def _run(args: argparse.Namespace, runs: Mapping[str, Callable[[argparse.Namespa
             text += _TILING_HINT
         sys.stderr.write(f"remat-kit: jax/XLA could not build this step: {text}\n")
         return 2
+
+
+def _without_cache(args: argparse.Namespace) -> bool:
+    """Whether this run goes without the cache: ``--no-cache``, or a cache directory that
+    cannot be written (said in one line: what was given, what happens instead). A command
+    without ``--no-cache`` compiles nothing and is not asked.
+
+    Raises:
+      BadValue: ``REMAT_KIT_NO_CACHE`` is neither on nor off.
+    """
+    if not hasattr(args, "no_cache"):
+        return False
+    from remat_kit import cache
+
+    if args.no_cache or not cache.enabled():
+        return bool(args.no_cache)
+    problem = cache.dir_problem()
+    if problem is None:
+        return False
+    source = f"${cache.ENV_DIR}" if os.environ.get(cache.ENV_DIR) else "the default"
+    sys.stderr.write(
+        f"remat-kit: the cache directory {cache.cache_dir()} ({source}) {problem}: this run "
+        f"neither reads nor writes the cache (set {cache.ENV_DIR} to a writable directory)\n"
+    )
+    return True
 
 
 def _prepare_platform(args: argparse.Namespace) -> None:

@@ -20,7 +20,7 @@ import difflib
 from collections.abc import Callable
 from pathlib import Path
 
-from remat_kit.cli._parser import Parser
+from remat_kit.cli._parser import Parser, once
 from remat_kit.errors import BadValue, OpenShardAxis
 
 __all__ = [
@@ -154,6 +154,7 @@ class _Words(argparse.Action):
     """Keeps the words of a flag that takes several (``--maxtext a=1 b=2``) as one string."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
+        once(parser, namespace, self, values, option_string)  # a second one would replace it
         setattr(namespace, self.dest, " ".join(values))
 
 

@@ -7,7 +7,47 @@ import re
 import sys
 from typing import Any
 
-__all__ = ["Parser"]
+__all__ = ["Parser", "once"]
+
+# Where a parse keeps the single-valued flags given so far (removed before the parse returns).
+_GIVEN = "_remat_kit_given"
+
+
+def once(
+    parser: argparse.ArgumentParser,
+    namespace: argparse.Namespace,
+    action: argparse.Action,
+    values: Any,
+    option_string: str | None,
+) -> None:
+    """Refuses a single-valued flag given a second time (argparse keeps the last value and
+    drops the first without a word: ``--target h100 --target a100-80gb`` would measure one
+    of the two GPUs the user named).
+
+    Raises:
+      SystemExit: through ``parser.error``: one line naming the flag and both values.
+    """
+    if option_string is None:
+        return
+    given = namespace.__dict__.setdefault(_GIVEN, {})
+    words = " ".join(map(str, values)) if isinstance(values, list) else str(values)
+    if action.dest in given:
+        first, was = given[action.dest]
+        parser.error(
+            f"{first} given twice ({was!r}, then {option_string} {words!r}); it takes one "
+            "value: give it once"
+        )
+    given[action.dest] = (option_string, words)
+
+
+def _once(cls: type[argparse.Action]) -> type[argparse.Action]:
+    class Once(cls):  # type: ignore[valid-type,misc]
+        def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+            once(parser, namespace, self, values, option_string)
+            super().__call__(parser, namespace, values, option_string)
+
+    Once.__name__ = Once.__qualname__ = f"Once{cls.__name__}"
+    return Once
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -37,6 +77,17 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         # argparse's own pattern accepts only plain negative numbers (-3, -0.5).
         self._negative_number_matcher = re.compile(r"^-\.?\d")
+        # A flag that takes one value is given once (see once); argument groups share this
+        # registry. Flags that collect (append), count or switch (store_true) are not affected.
+        store = self._registry_get("action", "store")
+        once_store = _once(store)
+        self.register("action", None, once_store)
+        self.register("action", "store", once_store)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(_GIVEN, None)
+        return parsed, rest
 
     def error(self, message: str) -> Any:  # type: ignore[override]
         sys.stderr.write(f"remat-kit: {message}\n")

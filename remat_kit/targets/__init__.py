@@ -18,7 +18,12 @@ Example:
 
 from remat_kit.errors import TargetError
 from remat_kit.targets._catalogue import ALIASES, GPU_FACTS
-from remat_kit.targets._codegen import PROCESS_FLAGS, analysis_options, set_process_flags
+from remat_kit.targets._codegen import (
+    PROCESS_FLAGS,
+    analysis_options,
+    remove_kernel_dirs,
+    set_process_flags,
+)
 from remat_kit.targets._core import (
     Target,
     as_target,
@@ -69,6 +74,7 @@ __all__ = [
     "node_names",
     "parse_prices",
     "price_for",
+    "remove_kernel_dirs",
     "runtime_from_env",
     "set_process_flags",
     "target",

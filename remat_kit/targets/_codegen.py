@@ -79,6 +79,7 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import multiprocessing.util
 import os
 import shlex
 import shutil
@@ -92,17 +93,20 @@ from typing import Any
 # its keys by what it is (STUB_MARK), not where it lives. That knowledge sits in the cache,
 # below this module, so the two never import each other.
 from remat_kit import cache
+from remat_kit._switches import switch
 from remat_kit.cache import KERNEL_CACHE_OPTION, STUB_MARK, STUB_OPTION, key_options
 
 __all__ = [
     "DEVICELESS_OPTIONS",
     "ENV_FULL",
+    "KERNEL_DIR_PREFIX",
     "PROCESS_FLAGS",
     "STUB_MARK",
     "analysis_options",
     "kernel_cache_file",
     "key_options",
     "real_cuda_dir",
+    "remove_kernel_dirs",
     "set_process_flags",
     "stub_cuda_dir",
 ]
@@ -162,7 +166,7 @@ def analysis_options(target: Any) -> dict[str, Any]:
     if getattr(target, "kind", None) != "gpu":
         return {}
     options: dict[str, Any] = dict(DEVICELESS_OPTIONS)
-    if _truthy(os.environ.get(ENV_FULL)):
+    if switch(ENV_FULL):
         return options
     options.update(_LLVM_OPTIONS)
     stub = stub_cuda_dir() if cache.enabled() else None
@@ -191,10 +195,15 @@ def kernel_cache_file() -> Path | None:
     return None if directory is None else directory / "kernels.bin"
 
 
+#: The kernel directories' names: the prefix, then the id of the process that owns one.
+KERNEL_DIR_PREFIX = "remat_kit_kernels_"
+
+
 @functools.cache
 def _kernel_dir(pid: int) -> Path | None:
+    remove_kernel_dirs()  # those of processes that ended without removing theirs
     try:
-        directory = Path(tempfile.mkdtemp(prefix="remat_kit_kernels_"))
+        directory = Path(tempfile.mkdtemp(prefix=f"{KERNEL_DIR_PREFIX}{pid}_"))
     except OSError:
         return None
 
@@ -203,7 +212,52 @@ def _kernel_dir(pid: int) -> Path | None:
             shutil.rmtree(directory, ignore_errors=True)
 
     atexit.register(remove)
+    # A multiprocessing worker ends with os._exit, past atexit; its own exit hook runs this.
+    multiprocessing.util.Finalize(None, remove, exitpriority=0)
     return directory
+
+
+def remove_kernel_dirs(mine: bool = False) -> list[Path]:
+    """Removes the kernel directories (:func:`kernel_cache_file`) of processes that ended
+    without removing their own: a worker stopped by a signal, a process killed outright.
+
+    Args:
+      mine: remove this process's too (it is about to end without its exit hooks).
+
+    Returns:
+      The directories removed.
+
+    Example:
+      >>> remove_kernel_dirs()
+      []
+    """
+    gone = []
+    try:
+        entries = list(Path(tempfile.gettempdir()).glob(f"{KERNEL_DIR_PREFIX}*_*"))
+    except OSError:
+        return gone
+    for d in entries:
+        owner = d.name[len(KERNEL_DIR_PREFIX) :].split("_", 1)[0]
+        if not owner.isdigit() or (int(owner) == os.getpid() and not mine):
+            continue
+        if int(owner) != os.getpid() and _alive(int(owner)):
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+        gone.append(d)
+    return gone
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's process: alive, and not ours to clean
+    try:  # a zombie (ended, its parent yet to read its exit code) answers os.kill too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def set_process_flags(environ: MutableMapping[str, str] | None = None) -> tuple[str, ...]:
@@ -230,7 +284,7 @@ def set_process_flags(environ: MutableMapping[str, str] | None = None) -> tuple[
       ()
     """
     env = os.environ if environ is None else environ
-    if _truthy(env.get(ENV_FULL)):
+    if switch(ENV_FULL, env):
         return ()
     have = env.get("XLA_FLAGS", "")
     names = {f.split("=", 1)[0] for f in have.split()}
@@ -313,7 +367,3 @@ def _complete(d: Path, real: Path) -> bool:
         os.access(d / "bin" / "ptxas", os.X_OK)
         and (d / "nvvm").resolve() == (real / "nvvm").resolve()
     )
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in ("1", "true", "yes", "on")

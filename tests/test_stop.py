@@ -1,0 +1,126 @@
+"""Every way a ``remat-kit`` run is stopped leaves no process and no half-written file.
+
+A real ``compare`` with two compile workers is started in a session of its own and stopped
+each way a run is stopped: Ctrl-C (SIGINT to the terminal's process group), a scheduler's
+SIGTERM and a closed terminal's SIGHUP (to the main process alone, as ``kill``, Kubernetes and
+``timeout`` send them), and a parent killed outright (SIGKILL: no handler runs). Every process
+of the session (workers, multiprocessing's resource tracker) must be gone soon after, and the
+``--json`` file and the cache hold no temporary file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from remat_kit.cli import _interrupt
+
+pytestmark = pytest.mark.slow
+
+#: How long a stopped run's processes may take to go (a worker looks at its parent every
+#: 0.5 s; a compile-bound main thread is ended GRACE seconds after the signal).
+SETTLE = _interrupt.GRACE + 10.0
+
+
+MOMENTS = ("starting", "workers", "compiling")
+
+
+def _session(sid: int) -> list[tuple[int, str]]:
+    """The live processes of session ``sid``: (pid, command line)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            found.append((int(entry.name), cmd.strip()))
+    return found
+
+
+def _workers(sid: int) -> list[int]:
+    return [pid for pid, cmd in _session(sid) if "spawn_main" in cmd]
+
+
+def _wait(what, timeout: float, every: float = 0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = what()
+        if got:
+            return got
+        time.sleep(every)
+    return what()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+@pytest.mark.parametrize(
+    ("how", "moment"),
+    [
+        # starting: the CLI's imports; workers: the first worker is seen (it may still be
+        # starting: the race a parent watch must not lose); compiling: 3 s on.
+        *[(how, moment) for how in ("SIGINT", "SIGTERM", "SIGHUP") for moment in MOMENTS],
+        ("SIGKILL", "workers"),  # the parent dies: no handler runs
+        ("SIGKILL", "compiling"),
+    ],
+)
+def test_a_stopped_run_leaves_no_process_and_no_partial_file(how, moment, tmp_path):
+    signum = getattr(signal, how)
+    cache, out = tmp_path / "cache", tmp_path / "out.json"
+    argv = ["compare", "--model", "tiny-llama", "--batch", "1", "--seq", "64", "--jobs", "2"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "remat_kit.cli", *argv, "--json", str(out)],
+        # An empty cache: every policy compiles. The temporary directory is the test's, so
+        # that what the run leaves there (XLA's kernel directories) is seen.
+        env={**os.environ, "REMAT_KIT_CACHE_DIR": str(cache), "TMPDIR": str(tmp_path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own session: its processes are found by session id
+    )
+    try:
+        if moment == "starting":
+            time.sleep(0.3)
+        else:
+            assert _wait(lambda: _workers(proc.pid), timeout=120), "no worker started"
+            if moment == "compiling":
+                time.sleep(3.0)
+        if how == "SIGINT":
+            os.killpg(proc.pid, signum)  # a terminal's Ctrl-C reaches the whole group
+        else:
+            os.kill(proc.pid, signum)
+        _, err = proc.communicate(timeout=60)
+        left = _wait(lambda: not _session(proc.pid), timeout=SETTLE) or _session(proc.pid)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid, _ in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert left is True, f"left running: {left}"
+    if how != "SIGKILL":
+        words = {"SIGINT": "interrupted", "SIGTERM": "terminated", "SIGHUP": "hung up"}[how]
+        assert proc.returncode == 128 + signum, err[-2000:]
+        assert "Traceback" not in err, err[-2000:]
+        assert err.splitlines()[-1].startswith(f"remat-kit: {words}"), err[-2000:]
+        assert err.count("remat-kit:") == 1, err
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    # No half-written file: the answer is whole or absent, and no temporary file is left.
+    if out.exists():
+        json.loads(out.read_text())
+    strays = [
+        p
+        for p in tmp_path.rglob("*")
+        if p.name.endswith(".tmp") or ".probe." in p.name or p.name.startswith("remat_kit_")
+    ]
+    assert not strays, strays
