@@ -36,6 +36,12 @@ def _r(*argv):
     return ["report", *TINY, *argv]
 
 
+def _r_with(*argv):
+    """``report`` on tiny-llama with ``argv``'s --seq and --batch in place of TINY's (a flag
+    given twice is refused)."""
+    return ["report", "--model", "tiny-llama", *argv]
+
+
 # (argv, what the one line must say, exit code). Placeholders: {dir} an existing directory,
 # {link} a symlink to a file, {fifo} a FIFO, {file} a regular file, {tmp} the test's directory,
 # {data} the tests' data directory (factories).
@@ -123,7 +129,7 @@ CLI_CASES = [
     (["plan", *TINY, "--headroom", "1.5"], "must be in [0, 1)", 2),
     # sizes, model overrides, attention
     (["report", "--model", "gpt2-small", "--seq", "512", "--batch", "1000000000"], "32-bit", 2),
-    (_r("--seq", "128", "--batch", "16000000", "--vocab", "100000"), "logits alone", 2),
+    (_r_with("--seq", "128", "--batch", "16000000", "--vocab", "100000"), "logits alone", 2),
     (_r("--width", "4000000"), "of weights per device", 2),
     (_r("--batch", "0"), "must be positive", 2),
     (_r("--seq", "-3"), "must be positive", 2),
@@ -185,7 +191,7 @@ CLI_CASES = [
     ),
     (_r("--lora", "4096"), "lora_rank=4096 exceeds", 2),
     (_r("--optimizer", "adamm"), "unknown optimizer", 2),
-    (_r("--batch", "4", "--accum", "3"), "accum=3", 2),
+    (_r_with("--seq", "64", "--batch", "4", "--accum", "3"), "accum=3", 2),
     (_r("--attention", "flash"), "unknown attention 'flash'", 2),
     (_r("--target", "cpu", "--attention", "cudnn"), "needs an NVIDIA target", 2),
     (["report", "--model", "llama3-8b", "--seq", "2047", "--attention", "cudnn"], "even seq", 2),
@@ -213,7 +219,7 @@ CLI_CASES = [
         "8 GPUs per host, but a gb200-nvl72 node holds 4: spread 16 GPUs over 4 hosts",
         2,
     ),
-    (_r("--gpus", "2", "--shard", "dp:2", "--batch", "3"), "multiple of 2", 2),
+    (_r_with("--seq", "64", "--gpus", "2", "--shard", "dp:2", "--batch", "3"), "multiple of 2", 2),
     (
         ["report", "--model", "llama3-8b", "--seq", "511", "--gpus", "7", "--shard", "tp:7"],
         "tp:7",
@@ -225,6 +231,11 @@ CLI_CASES = [
     (["inspect", *TINY, "--top", "0"], "--top 0 must be positive", 2),
     (["advise", *TINY, "--targets", "h100,,l4"], "--targets 'h100,,l4' has an empty", 2),
     (["advise", *TINY, "--targets", "h1000"], "--targets 'h1000'", 2),
+    # a single-valued flag given twice: argparse would keep the last without a word
+    (_r("--target", "a100-80gb", "--target", "h100"), "--target given twice ('a100-80gb', then", 2),
+    (["compare", *TINY, "--seq", "128"], "--seq given twice ('64', then --seq '128')", 2),
+    (_r("--targ", "h100", "--target=l4"), "--target given twice ('h100', then --target 'l4')", 2),
+    (["report", "--maxtext", "a=1", "--maxtext", "b=2"], "--maxtext given twice ('a=1', then", 2),
 ]
 
 
@@ -851,3 +862,53 @@ def test_target_local_is_refused_only_without_a_gpu(monkeypatch):
     monkeypatch.setattr(_platform, "_has_nvidia_device", lambda: False)
     with pytest.raises(TargetError, match=r"has none \(no /dev/nvidia"):
         _platform.check_local_gpu()
+
+
+@pytest.mark.parametrize("value", ["2", "maybe", "tru"])
+@pytest.mark.parametrize("name", ["REMAT_KIT_NO_CACHE", "REMAT_KIT_FULL_CODEGEN"])
+def test_a_switch_that_is_neither_on_nor_off_is_refused(
+    name, value, monkeypatch, capsys, no_compile
+):
+    # Read as "off", REMAT_KIT_NO_CACHE=2 would leave the cache on without a word.
+    monkeypatch.setenv(name, value)
+    assert main(_r("--target", "h100")) == 2
+    err = _one_line(capsys)
+    assert f"{name}={value!r} is neither on (1, true, yes, on) nor off" in err, err
+
+
+@pytest.mark.parametrize("on", ["1", "YES", " on "])
+def test_a_switch_that_is_on_is_read_as_on(on, monkeypatch):
+    from remat_kit import cache
+
+    monkeypatch.setenv(cache.ENV_OFF, on)
+    assert cache.enabled() is False
+    monkeypatch.setenv(cache.ENV_OFF, "off")
+    assert cache.enabled() is True
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "a_file", "read_only"])
+def test_an_unusable_cache_directory_is_one_line_and_the_run_goes_without(
+    where, tmp_path, monkeypatch, capsys
+):
+    import remat_kit.cli._report as report
+    from remat_kit import cache
+
+    if where == "read_only" and os.geteuid() == 0:
+        pytest.skip("root writes into a read-only directory")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    given = {"under_a_file": blocker / "sub", "a_file": blocker, "read_only": ro}[where]
+    monkeypatch.setenv(cache.ENV_DIR, str(given))
+    seen = []
+    monkeypatch.setattr(report, "run", lambda args: seen.append(cache.enabled()) or 0)
+    assert main(_r()) == 0
+    err = capsys.readouterr().err
+    assert seen == [False]  # the run went without the cache
+    assert err.count("\n") == 1 and err.startswith(f"remat-kit: the cache directory {given} "), err
+    assert "neither reads nor writes the cache" in err
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "fine"))
+    seen.clear()
+    assert main(_r()) == 0
+    assert seen == [True] and capsys.readouterr().err == ""

@@ -251,7 +251,10 @@ TINY = ["--model", "tiny-llama", "--seq", "64", "--batch", "2"]
         (["report", *TINY, "--target", "h1000"], "--target h1000: unknown target 'h1000'"),
         (["report", "--model", "tiny-gpt2", "--seq", "4096"], "--seq 4096: seq=4096 exceeds"),
         (["report", *TINY, "--gpus", "8", "--hosts", "3"], "--hosts 3: devices=8 is not"),
-        (["report", *TINY, "--batch", "4", "--accum", "3"], "--accum 3: batch=4 does not split"),
+        (
+            ["report", *TINY[:-2], "--batch", "4", "--accum", "3"],
+            "--accum 3: batch=4 does not split",
+        ),
         (["plan", *TINY, "--budget", "lots"], "--budget lots: cannot read budget 'lots'"),
         (["report", "--model", "nowhere.py:f"], "--model nowhere.py:f: factory 'nowhere.py:f'"),
     ],

@@ -119,22 +119,77 @@ def test_ctrl_c_inside_a_del_still_stops_the_run(monkeypatch, capsys, own_sigint
     assert capsys.readouterr().err == ONE_LINE
 
 
-def test_ctrl_c_while_the_cli_starts_ends_the_process_at_once():
+STOPS = [
+    (signal.SIGINT, 130, ONE_LINE),
+    (signal.SIGTERM, 143, "remat-kit: terminated (SIGTERM)\n"),
+    (signal.SIGHUP, 129, "remat-kit: hung up (SIGHUP)\n"),
+]
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), STOPS, ids=lambda v: str(v).strip())
+def test_a_signal_while_the_cli_starts_ends_the_process_at_once(signum, code, line):
     # While the CLI starts (its imports, jax's), a KeyboardInterrupt raised inside an
     # extension module's initialisation can abort the interpreter: the handler ends the
     # process there and then (no finally block runs, nothing is printed but the line).
-    code = (
+    program = (
         "import sys, signal\n"
         "sys.argv = ['remat-kit']\n"
         "from remat_kit.cli import _interrupt\n"
         "_interrupt.reset(); _interrupt.catch()\n"
         "try:\n"
-        "    signal.raise_signal(signal.SIGINT)\n"
+        f"    signal.raise_signal({int(signum)})\n"
         "finally:\n"
         "    print('went on')\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert (done.returncode, done.stdout, done.stderr) == (130, "", ONE_LINE)
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert (done.returncode, done.stdout, done.stderr) == (code, "", line)
+
+
+@pytest.mark.parametrize(("signum", "code", "line"), STOPS[1:], ids=["SIGTERM", "SIGHUP"])
+def test_a_scheduler_s_signal_in_the_run_is_one_line_and_its_code(
+    signum, code, line, monkeypatch, capsys, own_sigint
+):
+    cleaned = []
+
+    def run(args):
+        try:
+            signal.raise_signal(signum)  # the handler raises here, as Ctrl-C's does
+        finally:
+            cleaned.append(True)  # what a worker pool's or a file's cleanup would do
+        return 0
+
+    _listing_run(monkeypatch, run)
+    assert main(["targets"]) == code
+    assert cleaned == [True]
+    assert capsys.readouterr().err == line
+    # main hands the caller's program Python's default back
+    assert signal.getsignal(signum) == signal.SIG_DFL
+
+
+def test_a_run_held_in_a_compile_is_ended_after_the_grace(tmp_path):
+    # Python runs a handler only between the main thread's bytecodes; a compile holds it in
+    # C++ for minutes. The wake-up thread ends the run GRACE seconds after the signal.
+    program = (
+        "import hashlib, sys\n"
+        "sys.argv = ['remat-kit']\n"
+        "from remat_kit.cli import _interrupt\n"
+        "_interrupt.reset(); _interrupt.catch(); _interrupt.running()\n"
+        "print('ready', flush=True)\n"
+        # C code that does not return to Python for a minute or more, as a compile
+        "hashlib.pbkdf2_hmac('sha256', b'k', b's', 10**9)\n"
+        "print('went on')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline() == "ready\n"
+    time.sleep(0.5)  # into the C call
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    took = time.monotonic() - started
+    assert (proc.returncode, out, err) == (143, "", "remat-kit: terminated (SIGTERM)\n")
+    assert 0.8 * _interrupt_grace() <= took < 20, took
 
 
 def test_ctrl_c_while_jax_starts_its_backends_ends_the_process_at_once():
@@ -156,3 +211,9 @@ def test_ctrl_c_while_jax_starts_its_backends_ends_the_process_at_once():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (done.returncode, done.stdout, done.stderr) == (130, "", ONE_LINE)
+
+
+def _interrupt_grace():
+    from remat_kit.cli import _interrupt
+
+    return _interrupt.GRACE

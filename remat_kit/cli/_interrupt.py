@@ -38,7 +38,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TextIO
 
 __all__ = [
     "GRACE",
@@ -65,7 +65,7 @@ _WORDS: dict[int, str] = {
 
 _CAME: list[int] = []  # the signals that came during this run
 _AT_ONCE: list[bool] = []  # non-empty while the CLI starts: a signal ends the process at once
-_WAKE: list[int] = []  # the wake-up pipe's write end, once made (one per process)
+_WAKE: list[int] = []  # the wake-up pipe's write end and a copy of stderr (once a process)
 _TIMERS: list[threading.Timer] = []  # the forced ends armed by this run's signals
 _SAID: list[bool] = []  # non-empty once the line was written
 
@@ -158,6 +158,8 @@ def _wake_up() -> None:
         os.close(write)
         return
     _WAKE.append(write)
+    with contextlib.suppress(OSError):
+        _WAKE.append(os.dup(2))  # the stderr the run starts with (see _Fd2)
     threading.Thread(target=_watch, args=(read,), name="remat-kit-stop", daemon=True).start()
 
 
@@ -192,9 +194,23 @@ def _force(signum: int) -> None:
         codegen.remove_kernel_dirs(mine=True)  # os._exit below runs no exit hook
     if not _CAME:
         _CAME.append(signum)
-    code = exit_code() if _SAID else stop()
-    sys.stderr.flush()
+    # Straight to the file descriptor: sys.stderr may be a progress display's buffer (rich's
+    # Live redirects it), or its lock held by the main thread, and nothing flushes after
+    # os._exit; a compile may have file descriptor 2 captured.
+    code = exit_code() if _SAID else stop(_Fd2())
     os._exit(code)
+
+
+class _Fd2:
+    """The stderr the run started with, unbuffered: what :func:`stop` writes reaches it at
+    once, even while a compile has file descriptor 2 captured (``remat_kit.xla``)."""
+
+    def write(self, text: str) -> None:
+        with contextlib.suppress(OSError):
+            os.write(_WAKE[1] if len(_WAKE) > 1 else 2, text.encode())
+
+    def flush(self) -> None:
+        pass
 
 
 def came() -> bool:
@@ -278,21 +294,27 @@ def at_once() -> Iterator[None]:
             _AT_ONCE.clear()
 
 
-def stop() -> int:
-    """Ends a stopped run: one line on stderr (``remat-kit: interrupted`` for Ctrl-C); a
-    second signal while the process exits is ignored rather than turned into a traceback.
+def stop(stream: TextIO | _Fd2 | None = None) -> int:
+    """Ends a stopped run: one line (``remat-kit: interrupted`` for Ctrl-C); a second
+    signal while the process exits is ignored rather than turned into a traceback.
+
+    Args:
+      stream: where the line goes (None: ``sys.stderr``).
 
     Returns:
       The exit code, :func:`exit_code`.
     """
-    if _AS_CLI:
-        for signum in _WORDS:
-            if signal.getsignal(signum) is _on_signal:
-                signal.signal(signum, signal.SIG_IGN)
-    else:
-        _disarm()  # main returns to its caller's own code: no forced end there
+    if threading.current_thread() is threading.main_thread():
+        if _AS_CLI:
+            for signum in _WORDS:
+                if signal.getsignal(signum) is _on_signal:
+                    signal.signal(signum, signal.SIG_IGN)
+        else:
+            _disarm()  # main returns to its caller's own code: no forced end there
     _SAID.append(True)
-    sys.stderr.write(f"remat-kit: {_WORDS.get(_CAME[0] if _CAME else signal.SIGINT)}\n")
+    out = sys.stderr if stream is None else stream
+    out.write(f"remat-kit: {_WORDS.get(_CAME[0] if _CAME else signal.SIGINT)}\n")
+    out.flush()
     return exit_code()
 
 
