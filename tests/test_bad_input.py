@@ -912,3 +912,13 @@ def test_an_unusable_cache_directory_is_one_line_and_the_run_goes_without(
     seen.clear()
     assert main(_r()) == 0
     assert seen == [True] and capsys.readouterr().err == ""
+
+
+def test_an_allocator_jax_does_not_know_is_refused(monkeypatch, capsys, no_compile):
+    # Read as the default, it would judge "fits" against a pool the user's jax never makes.
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda-async")
+    assert main(_r("--target", "h100")) == 2
+    err = _one_line(capsys)
+    assert "XLA_PYTHON_CLIENT_ALLOCATOR='cuda-async' is not an allocator jax knows" in err, err
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform")
+    assert rk.targets.runtime_from_env().mem_fraction is None

@@ -375,7 +375,8 @@ def _without_cache(args: argparse.Namespace) -> bool:
     problem = cache.dir_problem()
     if problem is None:
         return False
-    source = f"${cache.ENV_DIR}" if os.environ.get(cache.ENV_DIR) else "the default"
+    named = [v for v in (cache.ENV_DIR, "XDG_CACHE_HOME") if os.environ.get(v)]
+    source = f"from ${named[0]}" if named else "the default"
     sys.stderr.write(
         f"remat-kit: the cache directory {cache.cache_dir()} ({source}) {problem}: this run "
         f"neither reads nor writes the cache (set {cache.ENV_DIR} to a writable directory)\n"

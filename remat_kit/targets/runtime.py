@@ -49,6 +49,11 @@ __all__ = [
 #: JAX's default share of the card for its allocator.
 DEFAULT_MEM_FRACTION = 0.75
 
+#: The values jaxlib 0.12 takes for ``XLA_PYTHON_CLIENT_ALLOCATOR`` (jaxlib/xla_client.py,
+#: ``generate_pjrt_gpu_plugin_options``, which refuses any other as the GPU backend starts);
+#: all but "platform" are given the memory fraction below.
+ALLOCATORS = ("default", "platform", "bfc", "cuda_async", "vmm", "address")
+
 #: The environment variables jaxlib reads for the fraction, preferred name first.
 ENV_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 
@@ -163,8 +168,8 @@ def runtime_from_env(environ: Mapping[str, str] | None = None) -> Runtime:
     """The runtime a JAX process started with ``environ`` (default ``os.environ``) would get.
 
     Raises:
-      BadValue: both fraction variables set (jaxlib refuses that too), or one that is not a
-        number in (0, 1].
+      BadValue: both fraction variables set (jaxlib refuses that too), one that is not a
+        number in (0, 1], or an allocator jax does not know.
 
     Example:
       >>> runtime_from_env({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"}).mem_fraction
@@ -173,8 +178,15 @@ def runtime_from_env(environ: Mapping[str, str] | None = None) -> Runtime:
       'default'
     """
     env = os.environ if environ is None else environ
-    if env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower() == "platform":
+    allocator = env.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").strip().lower()
+    if allocator == "platform":
         return Runtime(None, "platform allocator")
+    if allocator not in ("", *ALLOCATORS):
+        # jax refuses it as its GPU backend starts; here it would be read as the default.
+        raise BadValue(
+            f"XLA_PYTHON_CLIENT_ALLOCATOR={allocator!r} is not an allocator jax knows: "
+            f"{', '.join(ALLOCATORS)}"
+        )
     set_vars = [v for v in ENV_VARS if env.get(v, "").strip()]
     if len(set_vars) > 1:
         raise BadValue(f"both {' and '.join(set_vars)} are set; jax accepts only one of them")
