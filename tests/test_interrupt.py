@@ -39,7 +39,7 @@ def own_sigint():
     [
         0.3,  # the CLI's own imports
         1.2,  # the command module's import: jax, jaxlib's extension modules
-        pytest.param(4.0, marks=pytest.mark.slow),  # the run: workers, tracing, compiles
+        # the run (workers, tracing, compiles): tests/test_stop.py, each signal
     ],
 )
 def test_ctrl_c_at_a_moment_is_one_line_and_130(delay, tmp_path):
