@@ -16,7 +16,7 @@ from rich.console import Console
 
 import remat_kit as rk
 from remat_kit.cli import main
-from remat_kit.render import length_words, progress
+from remat_kit.render import compiling_words, length_words, live_line, progress
 
 TINY = ["--model", "tiny-llama", "--target", "h100", "--seq", "64"]
 
@@ -136,10 +136,10 @@ def test_advise_says_how_many_gpus_and_the_scale_outs_bound(monkeypatch, capsys)
     monkeypatch.setattr("remat_kit.cli._advise.gpus_needed", counts)
     argv = ["advise", "--model", "tiny-llama", "--seq", "64", "--targets", "l4,h100"]
     assert main([*argv, "--scale-out"]) == 0
-    err = capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # the lines are wrapped to the terminal
     assert "advise: 2 GPUs (each planned by compiling, adaptively" in err
     assert "advise --scale-out: at most 12 compiles (fsdp over 2, 4, 8, 16, 32, 64 GPUs for " in err
-    assert "each of the 2 GPUs one cannot serve" in " ".join(err.split())
+    assert "each of the 2 GPUs one cannot serve" in err
 
 
 _NOTE = rk.notes.Note(
@@ -172,3 +172,92 @@ def test_compare_says_its_count_before_the_first_compile(monkeypatch, capsys):
         main([*argv, "--schedules", "none;every:2", "--jobs", "1"])
     err = capsys.readouterr().err
     assert "compare on h100-80gb: 6 compiles (one per policy and schedule)" in err
+
+
+# --- the live line names what it compiles and fits the terminal (issue 59) -------------------
+
+
+def test_the_live_line_keeps_the_batch_the_count_and_the_clock_as_it_narrows():
+    said, now = "planning (cost model, solver, verifying compiles)", "minimal at batch 8"
+    tail = " (7 of 28 compiles, 1:23)"
+    whole = f"plan: {said}, {now}{tail}"  # 103 columns, written out
+    assert live_line("plan", said, now, 7, 28, "compiles", 83.9, 200) == whole
+    for width in range(1, 130):
+        line = live_line("plan", said, now, 7, 28, "compiles", 83.9, width)
+        assert len(line) <= width
+        if width >= len(whole):
+            assert line == whole
+        elif width >= len(f"plan: …, {now}{tail}"):
+            # The step's words give way first (cut short, ending in an ellipsis): what is
+            # compiled, the count and the clock stay.
+            assert line.startswith("plan: ") and line.endswith(f"…, {now}{tail}")
+            assert said.startswith(line.removeprefix("plan: ").split("…")[0])
+            assert len(line) >= width - 1  # a space before the cut is dropped, no more
+    assert (
+        live_line("fit", "", None, 1, None, "compiles", 5.0, 80)
+        == "fit: starting (1 compile, 0:05)"
+    )
+
+
+def test_on_a_narrow_terminal_each_line_fits_and_the_live_one_names_the_batch(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "60")  # what shutil.get_terminal_size reads first
+    out, buf = _console(True)
+    up_front = length_words(
+        "fit over 3 policies",
+        how="each policy's largest batch is found by compiling on both sides of it",
+    )
+    assert len(up_front) == 141  # the issue's line: wider than most terminals
+    with progress("fit", out, length=up_front, now=lambda: "batch 297") as step:
+        step("none (1/3)")
+        time.sleep(0.3)  # the line redraws as the spinner turns
+    drawn = _drawn(buf)
+    lines = [line.rstrip() for line in re.split(r"[\r\n]", drawn) if line.strip()]
+    assert max(len(line) for line in lines) <= 60, lines
+    # The line up front is wrapped between words, every word kept.
+    assert " ".join(drawn.split()).startswith(up_front)
+    assert "fit: none (1/3), batch 297 (0 compiles, 0:00)" in drawn
+
+
+def test_a_workload_says_what_it_compiles_while_it_compiles():
+    from helpers import memory_report
+
+    seen = []
+
+    def measure(policy, schedule, batch):
+        seen.append((w.compiling, compiling_words([w]), compiling_words([w], policy=True)))
+        return memory_report(peak_bytes=batch, policy=policy.spec)
+
+    w = rk.sources.workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)), "h100", rk.TrainConfig(1, 16)
+    )
+    assert w.compiling is None
+    w.report("minimal", batch=297)
+    assert seen == [(("minimal", "none", 297), "batch 297", "minimal at batch 297")]
+    assert w.compiling is None and compiling_words([w]) is None
+
+
+def test_fit_names_the_batch_it_compiles_on_the_live_line(monkeypatch, capsys):
+    from helpers import memory_report
+
+    monkeypatch.setenv("COLUMNS", "70")
+
+    def search(w, policy, schedule, **kwargs):
+        def measure(p, s, batch):
+            time.sleep(0.3)  # the line redraws while the "compile" runs
+            return memory_report(peak_bytes=batch, policy=p.spec)
+
+        object.__setattr__(w, "measure_fn", measure)  # a stand-in compile: no XLA
+        w.compiled(policy, schedule, 297)
+        raise _Stop
+
+    monkeypatch.setattr("remat_kit.cli._fit.max_batch", search)
+    with pytest.raises(_Stop):
+        main(["fit", *TINY, "--policies", "none,full"])
+    err = _drawn_text(capsys.readouterr().err)
+    assert "fit: none (1/2), batch 297 (0 compiles, 0:00)" in err
+    lines = [line.rstrip() for line in re.split(r"[\r\n]", err) if line.strip()]
+    assert max(len(line) for line in lines) <= 70, lines
+
+
+def _drawn_text(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)

@@ -13,13 +13,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from remat_kit import _workers, sources
-from remat_kit.cli._model import print_notes, rebuilt, resolve, with_spread
+from remat_kit.cli._model import print_caveats, print_notes, rebuilt, resolve, with_spread
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
 from remat_kit.render import (
     FitRow,
+    compiling_words,
     console,
     fastest_words,
     fit_table,
@@ -173,7 +174,11 @@ def _largest_batches(
         and spread.executor is not None
         and all(pol is None or pol.name != "custom" for pol in policies.values())
     )
-    with warnings.catch_warnings(), progress("fit", done=done, length=length) as step:
+    trying = functools.partial(compiling_words, [w], policy=PLAN in items)
+    with (
+        warnings.catch_warnings(),
+        progress("fit", done=done, length=length, now=trying) as step,
+    ):
         warnings.simplefilter("ignore")  # the tables show what matters
 
         def ended(i: int, fit: Fit) -> None:
@@ -245,6 +250,9 @@ def _print_batches(
         # When nothing fits, the table's batch-1 peaks and the one line below say it once.
         if fits and (not row.fit.fits or row.label.startswith("plan")):
             out.print(row.fit.message)
+    # Where XLA's own remat pass, not the policy, made a row fit: its batch is not the
+    # policy's to claim, and its step recomputes what the recompute column does not count.
+    print_caveats((n for row in rows for n in row.fit.caveats), args.wide)
     if args.json:
         data = [row.to_dict() for row in rows]
         write_json(
@@ -305,7 +313,13 @@ def _throughput(
     def done() -> int:
         return w.compiles + sum(a.compiles for a in made)
 
-    with warnings.catch_warnings(), progress(what, done=done, length=length) as step:
+    def trying() -> str | None:
+        return compiling_words([w, *made], policy=True)
+
+    with (
+        warnings.catch_warnings(),
+        progress(what, done=done, length=length, now=trying) as step,
+    ):
         warnings.simplefilter("ignore")  # the table shows what matters
         found = fastest(
             w,
@@ -434,7 +448,14 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
         f"fit --over seq over {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}",
         how="each policy's longest sequence is found by compiling on both sides of it",
     )
-    with warnings.catch_warnings(), progress("fit --over seq", length=length) as tick:
+
+    def trying() -> str | None:
+        return compiling_words(list(workloads.values()), axis="seq")
+
+    with (
+        warnings.catch_warnings(),
+        progress("fit --over seq", length=length, now=trying) as tick,
+    ):
         warnings.simplefilter("ignore")  # the table shows what matters
         for i, (spec, pol) in enumerate(policies.items()):
             tick(f"{spec} ({i + 1}/{len(policies)})")
@@ -475,6 +496,7 @@ def _print_seq(
         stopped = row.fit.fits and row.fit.next_peak_bytes is None
         if fits and (not row.fit.fits or stopped or row.label.startswith("plan")):
             out.print(row.fit.message)
+    print_caveats((n for row in rows for n in row.fit.caveats), args.wide)
     if args.json:
         data = {
             "over": "seq",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import Any, NamedTuple
 
@@ -22,7 +23,7 @@ from remat_kit import sources
 from remat_kit.cli import _interrupt
 from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
-from remat_kit.notes import words
+from remat_kit.notes import Note, words
 from remat_kit.render import console, flags_words
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import SourceKind, StepSource, Workload, kind_named, kinds
@@ -448,6 +449,15 @@ def print_notes(run: ModelRun, wide: bool) -> None:
     out = console(wide)
     for line in run_notes(run):
         out.print(f"[yellow]note:[/yellow] {line}")
+
+
+def print_caveats(notes: Iterable[Note], wide: bool) -> None:
+    """Prints the notes a search's answer carries (``Fit.caveats``, ``PlanFront.caveats``:
+    XLA's own remat pass made a policy fit), one ``note:`` line each, under its table."""
+    out = console(wide)
+    for note in notes:
+        out.print("[yellow]note:[/yellow]", end=" ")
+        out.print(words(note), markup=False, highlight=False)
 
 
 def catalogue() -> list[tuple[str, Any]]:

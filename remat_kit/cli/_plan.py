@@ -10,11 +10,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli._model import print_notes, resolve, with_spread
+from remat_kit.cli._model import print_caveats, print_notes, resolve, with_spread
 from remat_kit.cli._next import lora_request
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.render import (
+    compiling_words,
     console,
     decision_table,
     fitted,
@@ -120,7 +121,13 @@ def _search(
     done = functools.partial(getattr, w, "compiles")
     with (
         warnings.catch_warnings(),
-        progress("plan", total=bound, done=done, length=length) as step,
+        progress(
+            "plan",
+            total=bound,
+            done=done,
+            length=length,
+            now=functools.partial(compiling_words, [w], policy=True),
+        ) as step,
     ):
         warnings.simplefilter("ignore")  # the tables show what matters
         # --sweep adds the whole curve; --plot only draws: what is dominated must not depend
@@ -156,6 +163,8 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
     )
     out.print(fitted(table, out.width))
     out.print(fitted(decision_table(p), out.width))
+    # A program that fits the budget only because XLA's own remat pass stepped in.
+    print_caveats(found.caveats, args.wide)
     if not p.fits:
         sys.stderr.write(f"remat-kit: {p.message}\n")
     else:

@@ -41,6 +41,18 @@ KINDS: Mapping[str, tuple[str, ...]] = {
     "offload_on_cpu": ("policy",),
     "offload_moved_nothing": ("policy",),
     "xla_remat": ("target", "saved_bytes"),
+    # Fit.caveats, PlanFront.caveats: an answer that fits only because XLA's own remat pass
+    # took saved_bytes off its peak (peak_bytes <= limit_bytes < peak + saved); axis, value:
+    # where it fits (batch 297, seq 8192); remat_kit.search._xla_fit
+    "xla_remat_made_fit": (
+        "policy",
+        "schedule",
+        "axis",
+        "value",
+        "saved_bytes",
+        "peak_bytes",
+        "limit_bytes",
+    ),
     "does_not_fit": (
         "target",
         "runtime",

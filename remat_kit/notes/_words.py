@@ -170,6 +170,19 @@ def _xla_remat(d: Mapping[str, Any]) -> str:
     )
 
 
+def _xla_remat_made_fit(d: Mapping[str, Any]) -> str:
+    """An answer XLA's own remat pass made fit: by how much, and what that costs."""
+    name = label(d["policy"], d["schedule"])
+    without = d["peak_bytes"] + d["saved_bytes"]
+    return (
+        f"{name}: {d['axis']} {d['value']} fits only because XLA's own rematerialization pass "
+        f"took {_size(d['saved_bytes'])} off its peak ({_size(without)} without it, over the "
+        f"{_size(d['limit_bytes'])} limit): XLA recomputes what the policy keeps, so the step "
+        "does more work than its recompute figure says (traced before XLA's pass) and runs "
+        f"slower than {name!r} suggests"
+    )
+
+
 def _does_not_fit(d: Mapping[str, Any]) -> str:
     runtime = d["runtime"] or "the runtime"
     where = f"{d['target']} at {runtime} ({_size(d['usable_bytes'])} usable of "
@@ -495,6 +508,7 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "expert_dots_recomputed": _expert_dots_recomputed,
     "offload_moved_nothing": _offload_moved_nothing,
     "xla_remat": _xla_remat,
+    "xla_remat_made_fit": _xla_remat_made_fit,
     "does_not_fit": _does_not_fit,
     "xla_log": lambda d: d["line"],  # XLA's own line, already in words (remat_kit.xla)
     # The source's phrase names cuDNN's rule and the value that breaks it.

@@ -29,7 +29,7 @@ from remat_kit.render._layout import DROP_FIRST, fitted
 from remat_kit.render._listings import models_table, nodes_table, policies_table, targets_table
 from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render._plan_tables import decision_table, plan_table
-from remat_kit.render._progress import length_words, progress
+from remat_kit.render._progress import compiling_words, length_words, live_line, progress
 from remat_kit.render._seq import longest_words, seq_table
 from remat_kit.render._tables import (
     FitRow,
@@ -58,6 +58,7 @@ __all__ = [
     "check_profile_dir",
     "check_trace",
     "compare_table",
+    "compiling_words",
     "console",
     "decision_table",
     "depth_words",
@@ -71,6 +72,7 @@ __all__ = [
     "gib",
     "length_words",
     "limit_words",
+    "live_line",
     "longest_words",
     "models_table",
     "module_names",

@@ -153,6 +153,7 @@ def max_batch(
         compiles=workload.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=best.xla_remat,
+        xla_remat_bytes=best.xla_remat_saved_bytes,
         note=note,
         predicted=None if predicted is None else predicted * step,
         method=method,
@@ -427,6 +428,7 @@ def _no_fit(
         compiles=workload.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=r.xla_remat,
+        xla_remat_bytes=r.xla_remat_saved_bytes,
         note=Note(
             "batch_none_fits",
             {

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from remat_kit.notes import Note, words
 from remat_kit.search._planner import Plan, plan
+from remat_kit.search._xla_fit import xla_made_fit
 from remat_kit.sources._workload import Workload
 
 __all__ = [
@@ -89,6 +90,9 @@ class Fit:
         stopped at its cap), or ``""`` when nothing fits.
       attention: the attention kernel of the compiled step at the boundary (``xla``: einsum,
         its scores held; ``cudnn``: flash), as its report says; None where it does not.
+      xla_remat_bytes: what XLA's own rematerialization pass took off the peak at the
+        boundary (``MemoryReport.xla_remat_saved_bytes``; 0: nothing). Where the answer fits
+        only thanks to it, :attr:`caveats` says so.
 
     Example:
       >>> f = Fit("batch", "full", "none", batch=8, seq=512, unit=1, peak_bytes=9,
@@ -115,6 +119,7 @@ class Fit:
     predicted: int | None = None
     method: str = ""
     attention: str | None = None
+    xla_remat_bytes: int = 0
 
     @property
     def value(self) -> int:
@@ -136,13 +141,39 @@ class Fit:
         """The note in words, one line (``""`` without a note)."""
         return "" if self.note is None else words(self.note)
 
+    @property
+    def caveats(self) -> tuple[Note, ...]:
+        """What a user should read beside the answer: a ``xla_remat_made_fit`` note where
+        it fits only because XLA's own remat pass took :attr:`xla_remat_bytes` off its peak
+        (without that pass the peak is over :attr:`limit_bytes`).
+
+        Example:
+          >>> f = Fit("batch", "none", "none", batch=297, seq=2048, unit=1, peak_bytes=9,
+          ...         next_peak_bytes=11, limit_bytes=10, recompute_overhead=0.0, compiles=3,
+          ...         seconds=0.1, xla_remat=True, xla_remat_bytes=2**25)
+          >>> [(n.kind, n.data["policy"], n.data["value"]) for n in f.caveats]
+          [('xla_remat_made_fit', 'none', 297)]
+        """
+        note = xla_made_fit(
+            self.policy,
+            self.schedule,
+            self.axis,
+            self.value,
+            peak_bytes=self.peak_bytes,
+            saved_bytes=self.xla_remat_bytes if self.xla_remat else 0,
+            limit_bytes=self.limit_bytes,
+        )
+        return () if note is None else (note,)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready fields, the note as ``Note.to_dict()``, plus ``value``,
-        ``tokens_per_step``, ``fits`` and ``message``."""
+        ``tokens_per_step``, ``fits``, ``message`` and ``caveats`` (each
+        ``Note.to_dict()`` with its words as ``text``)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["note"] = None if self.note is None else self.note.to_dict()
         derived = {"value": self.value, "tokens_per_step": self.tokens_per_step}
-        return {**out, **derived, "fits": self.fits, "message": self.message}
+        caveats = [{**n.to_dict(), "text": words(n)} for n in self.caveats]
+        return {**out, **derived, "fits": self.fits, "message": self.message, "caveats": caveats}
 
 
 class Peaks:
@@ -407,6 +438,7 @@ def plan_at(
         compiles=compiles(),
         seconds=time.perf_counter() - t0,
         xla_remat=bool(p.report and p.report.xla_remat),
+        xla_remat_bytes=p.report.xla_remat_saved_bytes if p.report is not None else 0,
         note=Note(kind, {f"max_{full.axis}": full.value, "plan": p.note}),
     )
     return fit, p

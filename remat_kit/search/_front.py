@@ -27,6 +27,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from remat_kit._workers import ClusterError
+from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
 from remat_kit.policies import Policy, as_policy
@@ -95,6 +96,8 @@ class FrontPoint:
         ``mode`` ``extrapolated`` for a peak read off shallow copies), or None.
       budget_bytes: for a plan, the budget it was made for: which plan the point is (its
         label words it to two decimals, which two budgets may share); None for the rest.
+      xla_remat_bytes: what XLA's own rematerialization pass took off the peak (0: it did
+        not act), as the compiled report says (``MemoryReport.xla_remat_saved_bytes``).
     """
 
     label: str
@@ -112,6 +115,7 @@ class FrontPoint:
     same_as: str | None = None
     depth: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False)
     budget_bytes: int | None = None
+    xla_remat_bytes: int = 0
 
 
 def pareto_front(
@@ -275,6 +279,7 @@ def front(
                 program=p.report.meta.get("program") if p.report is not None else None,
                 depth=p.report.meta.get("depth") if p.report is not None else None,
                 budget_bytes=p.budget_bytes,
+                xla_remat_bytes=_xla_cut(p.report),
             )
         )
     return pareto_front(pts)
@@ -362,4 +367,10 @@ def _point(
         step_seconds=r.step_time.seconds if r.step_time is not None else None,
         program=r.meta.get("program"),
         depth=r.meta.get("depth"),
+        xla_remat_bytes=_xla_cut(r),
     )
+
+
+def _xla_cut(report: MemoryReport | None) -> int:
+    """What XLA's own remat pass took off a report's peak, where it acted (else 0)."""
+    return report.xla_remat_saved_bytes if report is not None and report.xla_remat else 0

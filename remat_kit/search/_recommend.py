@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from remat_kit.notes import Note, words
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for
 from remat_kit.search._front import (
     FRONT_POLICIES,
@@ -36,6 +37,7 @@ from remat_kit.search._planner import (
     check_plan_args,
     plan,
 )
+from remat_kit.search._xla_fit import xla_made_fit
 from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
@@ -68,13 +70,40 @@ class PlanFront:
     seconds: float
     swept: tuple[Plan, ...] = ()
 
+    @property
+    def caveats(self) -> tuple[Note, ...]:
+        """What a user should read beside the plan and its front: a ``xla_remat_made_fit``
+        note for each program shown (the plan's included, once) that fits the plan's budget
+        only because XLA's own remat pass took bytes off its peak
+        (:func:`~remat_kit.search._xla_fit.xla_made_fit`)."""
+        notes, seen = [], set()
+        for pt in self.points:
+            what = (pt.policy, pt.schedule)
+            if pt.same_as is not None or pt.policy is None or what in seen:
+                continue  # a repeat of a program speaks through its first point
+            note = xla_made_fit(
+                pt.policy,
+                pt.schedule or "none",
+                "batch",
+                self.plan.batch,
+                peak_bytes=pt.peak_bytes,
+                saved_bytes=pt.xla_remat_bytes,
+                limit_bytes=self.plan.budget_bytes,
+            )
+            if note is not None:
+                seen.add(what)
+                notes.append(note)
+        return tuple(notes)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``plan`` (``Plan.to_dict()``), ``front`` (the points), the times."""
+        """JSON-ready: ``plan`` (``Plan.to_dict()``), ``front`` (the points), the times and
+        ``caveats`` (each ``Note.to_dict()`` with its words as ``text``)."""
         return {
             "plan": self.plan.to_dict(),
             "front": [dataclasses.asdict(pt) for pt in self.points],
             "plan_seconds": self.plan_seconds,
             "seconds": self.seconds,
+            "caveats": [{**n.to_dict(), "text": words(n)} for n in self.caveats],
         }
 
 

@@ -224,6 +224,7 @@ def max_seq(
             compiles=probes.compiles - before,
             seconds=time.perf_counter() - t0,
             xla_remat=r.xla_remat,
+            xla_remat_bytes=r.xla_remat_saved_bytes,
             note=Note(
                 "seq_none_fits",
                 {
@@ -273,6 +274,7 @@ def max_seq(
         compiles=probes.compiles - before,
         seconds=time.perf_counter() - t0,
         xla_remat=best.xla_remat,
+        xla_remat_bytes=best.xla_remat_saved_bytes,
         note=note,
         predicted=None if predicted is None else predicted * g,
         method=method or "first probes",

@@ -20,10 +20,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 from remat_kit.analysis import MemoryReport
@@ -193,6 +194,9 @@ class Workload:
     )
     _memo: dict[Hashable, Any] = dataclasses.field(default_factory=dict, init=False, repr=False)
     _verified: set[Hashable] = dataclasses.field(default_factory=set, init=False, repr=False)
+    _now: list[tuple[str, str, int]] = dataclasses.field(
+        default_factory=list, init=False, repr=False
+    )
 
     def report(self, policy: PolicyLike, schedule: Any = "none", batch: int = 1) -> MemoryReport:
         """The compiled report of the step (cached)."""
@@ -254,6 +258,25 @@ class Workload:
     def compiles(self) -> int:
         """Number of programs compiled so far (full-depth verifications included)."""
         return len(self._reports) + len(self._verified)
+
+    @property
+    def compiling(self) -> tuple[str, str, int] | None:
+        """The (policy spec, schedule spec, batch) this process is compiling for the
+        workload now, or None: what a progress line names while a search waits on it.
+
+        Example:
+          >>> w.compiling is None  # between compiles
+          True
+        """
+        return self._now[-1] if self._now else None
+
+    @contextlib.contextmanager
+    def _compiling(self, pol: Policy, sch: Schedule, batch: int) -> Iterator[None]:
+        self._now.append((pol.spec, sch.spec, int(batch)))
+        try:
+            yield
+        finally:
+            self._now.pop()
 
     def step_seconds(self, batch: int, objective: str = "time") -> float | None:
         """The compute time of the step without remat (an estimate from its trace).
@@ -345,7 +368,8 @@ class Workload:
         """The compiled report of a typed (policy, schedule, batch) (cached)."""
         key = _key(pol, sch, batch)
         if key not in self._reports:
-            self._reports[key] = self.measure_fn(pol, sch, batch)
+            with self._compiling(pol, sch, batch):
+                self._reports[key] = self.measure_fn(pol, sch, batch)
         return self._reports[key]
 
     def verified(
@@ -358,7 +382,8 @@ class Workload:
         key = _key(pol, sch, batch)
         report = self.compiled(pol, sch, batch)
         if self.verify_fn is not None and key not in self._verified:
-            full = self.verify_fn(pol, sch, batch, report, limit)
+            with self._compiling(pol, sch, batch):
+                full = self.verify_fn(pol, sch, batch, report, limit)
             if full is not report:
                 self._reports[key] = report = full
                 self._verified.add(key)
@@ -371,7 +396,8 @@ class Workload:
         key = _key(pol, sch, batch)
         if self.verify_fn is None or key in self._reports:
             return self.verified(pol, sch, batch)
-        self._reports[key] = self.verify_fn(pol, sch, batch, None, None)
+        with self._compiling(pol, sch, batch):
+            self._reports[key] = self.verify_fn(pol, sch, batch, None, None)
         return self._reports[key]
 
     def has(self, pol: Policy, sch: Schedule, batch: int, *, whole: bool = False) -> bool:
