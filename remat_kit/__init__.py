@@ -19,11 +19,15 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the names below are, for readers and type checkers
-    from remat_kit import checks, names, sources, tagging, timing
+    from remat_kit import checks, marks, names, sources, tagging, timing
     from remat_kit.analysis import MemoryReport, memory_report
+    from remat_kit.auto import AutoPlan, AutoStep, auto
     from remat_kit.errors import (
+        AutoOutsideStep,
         BadValue,
+        BudgetOverDevice,
         DoesNotFit,
+        NoAutoBlock,
         RematKitError,
         RematWarning,
         TargetError,
@@ -51,17 +55,24 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
 #: name is that submodule).
 _HOME: dict[str, str | None] = {
     "checks": None,
+    "marks": None,
     "names": None,
     "sources": None,
     "tagging": None,
     "timing": None,
     "MemoryReport": "analysis",
     "memory_report": "analysis",
+    "AutoPlan": "auto",
+    "AutoStep": "auto",
+    "auto": "auto",
+    "AutoOutsideStep": "errors",
     "BadValue": "errors",
+    "BudgetOverDevice": "errors",
     "DoesNotFit": "errors",
     "RematKitError": "errors",
     "RematWarning": "errors",
     "TargetError": "errors",
+    "NoAutoBlock": "errors",
     "UnknownName": "errors",
     "count_flops": "flops",
     "PeakReport": "peak",
@@ -151,6 +162,11 @@ __all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
     "plan",
     "front",
     "advise",
+    # remat decided in the run, under a memory budget
+    "marks",
+    "auto",
+    "AutoStep",
+    "AutoPlan",
     # models nobody here wrote
     "sources",
     "tagging",
@@ -161,5 +177,8 @@ __all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
     "UnknownName",
     "DoesNotFit",
     "TargetError",
+    "BudgetOverDevice",
+    "NoAutoBlock",
+    "AutoOutsideStep",
     "RematWarning",
 ]

@@ -24,11 +24,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = [
+    "AutoOutsideStep",
     "BadOutput",
     "BadType",
     "BadValue",
+    "BudgetOverDevice",
     "DoesNotFit",
     "InspectError",
+    "NoAutoBlock",
     "OpenShardAxis",
     "RematKitError",
     "RematWarning",
@@ -244,3 +247,55 @@ class DoesNotFit(BadValue):
             "hints": list(self.hints),
             "note": self.note,
         }
+
+
+class AutoOutsideStep(RematKitError, RuntimeError):
+    """A block marked ``rk.remat(Block, "auto")`` traced where no step wrapper decides its
+    policy (outside ``rk.auto``'s step and any ``rk.marks.auto_as`` block).
+
+    Attributes:
+      block: the marked class's or function's name.
+    """
+
+    def __init__(self, message: str, *, block: str):
+        super().__init__(message)
+        self.block = block
+
+
+class NoAutoBlock(BadValue):
+    """A step given to ``rk.auto`` whose trace reaches no block marked ``"auto"``: there is
+    nothing for the decision to apply to.
+
+    Attributes:
+      step: the step's name.
+    """
+
+    def __init__(self, message: str, *, step: str):
+        super().__init__(message, param="step")
+        self.step = step
+
+
+class BudgetOverDevice(BadValue):
+    """A memory budget above what a process may allocate on the device it is planned for.
+
+    Attributes:
+      budget_bytes: the budget asked for.
+      usable_bytes: what a JAX process may allocate there (the allocator's ``bytes_limit``).
+      device_bytes: the device's memory (None where unknown).
+      target: the target's name.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        budget_bytes: int,
+        usable_bytes: int,
+        device_bytes: int | None,
+        target: str,
+    ):
+        super().__init__(message, param="budget")
+        self.budget_bytes = int(budget_bytes)
+        self.usable_bytes = int(usable_bytes)
+        self.device_bytes = None if device_bytes is None else int(device_bytes)
+        self.target = target

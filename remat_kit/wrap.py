@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.ad_checkpoint import name_p
 
-from remat_kit import checks
+from remat_kit import checks, marks
 from remat_kit.errors import BadType, BadValue
 from remat_kit.policies import Policy, as_policy
 
@@ -132,47 +132,133 @@ def _remat_class(
     otherwise turn into a traced bool. The transform is built per call, so a call never
     reuses a trace made under other static values.
     """
+    fixed = _static_positions(static_argnums)
+    recorder = _Recorder(p, cls.__name__)
+
+    def make(name: str) -> Callable[..., Any]:
+        return _remat_method(getattr(cls, name), name, recorder, fixed, prevent_cse, transform)
+
+    namespace: dict[str, Any] = {name: make(name) for name in methods or ("__call__",)}
+    namespace["__doc__"] = cls.__doc__
+    namespace["__module__"] = cls.__module__
+    return type(f"{prefix}{cls.__name__}", (cls,), namespace)
+
+
+def _static_positions(static_argnums: int | tuple[int, ...]) -> set[int]:
     fixed = {static_argnums} if isinstance(static_argnums, int) else set(static_argnums)
     for i in fixed:
         if not isinstance(i, int) or isinstance(i, bool) or i < 0:
             raise BadValue(
                 f"static_argnums={static_argnums!r}: positions are ints >= 0, counted after self"
             )
+    return fixed
 
-    recorder = _Recorder(p, cls.__name__)
 
-    def make(name: str) -> Callable[..., Any]:
-        base = getattr(cls, name)
+def _remat_method(
+    base: Callable[..., Any],
+    name: str,
+    recorder: _Recorder,
+    fixed: set[int],
+    prevent_cse: bool,
+    transform: Callable[..., Any],
+) -> Callable[..., Any]:
+    """``base`` (a method) run under ``transform`` with the recorder's policy; see
+    :func:`_remat_class` for how its arguments are split."""
 
-        @functools.wraps(base)
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            static_pos = {i: a for i, a in enumerate(args) if i in fixed or _is_static(a)}
-            dyn_args = [a for i, a in enumerate(args) if i not in static_pos]
-            static_kw = {k: v for k, v in kwargs.items() if _is_static(v)}
-            # Array keyword arguments go through the checkpoint as positions: nnx.remat
-            # cannot place keywords (EasyDeL calls its layers with hidden_states=...).
-            dyn_keys = [k for k in kwargs if k not in static_kw]
-            n = len(args)
+    @functools.wraps(base)
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        static_pos = {i: a for i, a in enumerate(args) if i in fixed or _is_static(a)}
+        dyn_args = [a for i, a in enumerate(args) if i not in static_pos]
+        static_kw = {k: v for k, v in kwargs.items() if _is_static(v)}
+        # Array keyword arguments go through the checkpoint as positions: nnx.remat
+        # cannot place keywords (EasyDeL calls its layers with hidden_states=...).
+        dyn_keys = [k for k in kwargs if k not in static_kw]
+        n = len(args)
 
-            def run(module: Any, *dyn: Any) -> Any:
-                it = iter(dyn)
-                full = [static_pos[i] if i in static_pos else next(it) for i in range(n)]
-                dkw = dict(zip(dyn_keys, it, strict=True))
-                return base(module, *full, **dkw, **static_kw)
+        def run(module: Any, *dyn: Any) -> Any:
+            it = iter(dyn)
+            full = [static_pos[i] if i in static_pos else next(it) for i in range(n)]
+            dkw = dict(zip(dyn_keys, it, strict=True))
+            return base(module, *full, **dkw, **static_kw)
 
-            run.__name__ = name  # flax names a lifted method's scope after it
-            checkpointed = transform(run, policy=recorder.policy, prevent_cse=prevent_cse)
-            recorder.check()
-            out = checkpointed(self, *dyn_args, *(kwargs[k] for k in dyn_keys))
-            recorder.check()
-            return out
+        run.__name__ = name  # flax names a lifted method's scope after it
+        checkpointed = transform(run, policy=recorder.policy, prevent_cse=prevent_cse)
+        recorder.check()
+        out = checkpointed(self, *dyn_args, *(kwargs[k] for k in dyn_keys))
+        recorder.check()
+        return out
 
-        return method
+    return method
 
-    namespace: dict[str, Any] = {name: make(name) for name in methods or ("__call__",)}
-    namespace["__doc__"] = cls.__doc__
-    namespace["__module__"] = cls.__module__
-    return type(f"{prefix}{cls.__name__}", (cls,), namespace)
+
+def _policy_key(p: Policy) -> tuple[str, int]:
+    # Plans are rebuilt from their specs: one wrapped copy per spec. A raw callable's spec
+    # ("custom") does not tell two apart: those are keyed by the callable too.
+    return p.spec, id(p.jax_policy) if p.name == "custom" else 0
+
+
+def _initializing(module: Any) -> bool:
+    # A linen init differentiates nothing: no policy is needed to build the parameters.
+    check = getattr(module, "is_initializing", None)
+    try:
+        return bool(check()) if callable(check) else False
+    except Exception:  # an unbound module has no scope to ask
+        return False
+
+
+def _wrap_auto[T](
+    target: T,
+    prevent_cse: bool,
+    static_argnums: int | tuple[int, ...],
+    methods: tuple[str, ...] | None,
+) -> T:
+    """``target`` marked ``"auto"``: each trace applies the policy of the step's scope
+    (:func:`remat_kit.marks.policy_for`), one wrapped copy per policy."""
+    if _is_linen_class(target) or _is_nnx_class(target):
+        cls: Any = target
+        transform = nn.remat if _is_linen_class(cls) else nnx.remat
+        fixed = _static_positions(static_argnums)
+        made: dict[tuple[str, tuple[str, int]], Callable[..., Any]] = {}
+
+        def make(name: str) -> Callable[..., Any]:
+            base = getattr(cls, name)
+
+            @functools.wraps(base)
+            def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+                if marks.current() is None and _initializing(self):
+                    return base(self, *args, **kwargs)
+                p = marks.policy_for(cls.__name__)
+                if not p.is_remat:
+                    return base(self, *args, **kwargs)
+                key = (name, _policy_key(p))
+                if key not in made:
+                    recorder = _Recorder(p, cls.__name__)
+                    made[key] = _remat_method(base, name, recorder, fixed, prevent_cse, transform)
+                return made[key](self, *args, **kwargs)
+
+            return method
+
+        namespace: dict[str, Any] = {n: make(n) for n in methods or ("__call__",)}
+        namespace["__doc__"] = cls.__doc__
+        namespace["__module__"] = cls.__module__
+        return type(f"Auto{cls.__name__}", (cls,), namespace)  # type: ignore[return-value]
+    if inspect.isclass(target) or not callable(target):
+        raise BadType(
+            f"rk.remat takes a Flax linen or NNX Module class or a function, got {target!r}"
+        )
+    fn: Any = target
+    what = getattr(fn, "__name__", "function")
+    wrapped: dict[tuple[str, int], Callable[..., Any]] = {}
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        p = marks.policy_for(what)
+        key = _policy_key(p)
+        if key not in wrapped:
+            wrapped[key] = _wrap(fn, p, prevent_cse, static_argnums, None)
+        return wrapped[key](*args, **kwargs)
+
+    return call  # type: ignore[return-value]
 
 
 def remat(
@@ -198,7 +284,9 @@ def remat(
         ``remat`` returns a decorator.
       policy: a catalogue name or spec (``"minimal"``, ``"names:save=context"``), an
         ``rk.Policy`` or a raw ``jax.checkpoint`` policy callable. ``"none"`` returns
-        ``target`` itself.
+        ``target`` itself. ``"auto"`` marks the block for the step to decide: a step wrapped
+        by ``rk.auto(step, budget=...)`` plans its policy under a memory budget at its first
+        call (:mod:`remat_kit.marks`); traced outside one it raises ``AutoOutsideStep``.
       prevent_cse: keep XLA from merging the recomputation with the forward pass. Use
         True outside ``scan`` (the default) and False for a block inside ``nn.scan``,
         where the loop already prevents it and CSE barriers cost speed.
@@ -227,6 +315,12 @@ def remat(
       'CheckpointMLP'
     """
     options = {"prevent_cse": prevent_cse, "static_argnums": static_argnums, "methods": methods}
+    if _is_auto(target) and policy is None:
+        return lambda t: _wrap_auto(t, **options)  # @rk.remat("auto")
+    if _is_auto(policy):
+        if target is None:
+            raise BadType("rk.remat needs a block to mark: rk.remat(Block, 'auto')")
+        return _wrap_auto(target, **options)
     wrappable = _is_linen_class(target) or _is_nnx_class(target)
     if policy is None and not wrappable and target is not None and not inspect.isfunction(target):
         # Decorator form: the only positional argument is the policy.
@@ -242,6 +336,10 @@ def remat(
             f"see rk.policy_names() for the names (got target={target!r}, policy={policy!r})"
         )
     return _wrap(target, as_policy(policy), **options)
+
+
+def _is_auto(p: Any) -> bool:
+    return isinstance(p, str) and p.strip().lower() == marks.AUTO
 
 
 def _looks_like_jax_policy(fn: Callable[..., Any]) -> bool:

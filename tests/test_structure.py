@@ -123,12 +123,13 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 FLOORS = (
     ("errors", "_switches", "names", "_shapes", "_trips", "_jaxpr", "optimizers", "precision"),
     ("notes", "policies", "checks"),  # what a policy keeps, its words, no silent no-ops
-    ("wrap", "schedules", "tagging"),  # applying a policy to a model
+    ("wrap", "schedules", "tagging", "marks"),  # applying a policy to a model
     ("targets", "xla", "cache"),  # where memory is measured; the compile and its records
     ("timing", "sharding", "flops", "residuals"),
     ("train", "analysis", "peak", "breakdown", "validate", "comparison"),
     ("sources", "_workers"),  # a model source, its Workload; compiles in worker processes
     ("search",),
+    ("auto",),  # remat decided in the run: the step wrapper over the planner
     ("render",),
     ("cli",),
 )

@@ -1,0 +1,315 @@
+"""The decision for one shape of a step: the planner's cheapest plan under the budget,
+remembered on disk under the step's program.
+
+The step is handed to the planner as a step of the user's own (:mod:`remat_kit.sources`'
+own-step source, the same pipeline as ``--step``): one workload, the per-tensor planner
+(:func:`remat_kit.search.plan`) with the catalogue as its ``extra``, so a catalogue policy
+wins where it is as fast, and every figure is a compiled one.
+
+The decision is kept with :func:`remat_kit.cache.remember` under the fingerprint of the
+step's program (``none``, lowered for the target: shapes, dtypes, donation, the code of the
+step and of the model), the target (its device, allocator fraction and rates) and the budget
+as given; a restarted job reads it back without compiling anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from remat_kit import cache, marks, sources
+from remat_kit.auto._budget import Budget
+from remat_kit.auto._decision import AutoPlan
+from remat_kit.errors import DoesNotFit, NoAutoBlock
+from remat_kit.policies import NO_REMAT, Policy, as_policy
+from remat_kit.schedules import NO_SCHEDULE
+from remat_kit.search import PlanCandidate, check_budget
+from remat_kit.search import plan as plan_for
+from remat_kit.sources import OwnStep
+from remat_kit.sources._own_step import _unjitted
+from remat_kit.sources._workload import host_bytes
+from remat_kit.targets import Target
+from remat_kit.train import TrainConfig
+
+__all__ = [
+    "CATALOGUE",
+    "abstract",
+    "bound",
+    "decide",
+    "unjitted",
+]
+
+#: The catalogue policies that compete with the per-tensor plans by default: one compile
+#: each, the smallest (``full``) and the two that keep the matmul outputs.
+CATALOGUE = ("full", "dots_no_batch", "minimal")
+
+#: The namespace of decisions in the disk cache (bump when AutoPlan's fields change).
+KIND = "auto decision v1"
+
+GIB = 2**30
+
+
+def abstract(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The step's arguments as ``jax.ShapeDtypeStruct`` pytrees (shapes and dtypes only).
+
+    Example:
+      >>> abstract((jnp.ones((2, 3)),))[0].shape
+      (2, 3)
+    """
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), jax.numpy.result_type(x)), args)
+
+
+def bound(fn: Callable[..., Any], policy: Policy) -> Callable[..., Any]:
+    """``fn`` whose ``"auto"`` blocks take ``policy`` when it is traced: a new function
+    each call, so no jit cache replays a trace made under another policy.
+
+    Example:
+      >>> step = bound(lambda x: rk.marks.current().policy.name, rk.policy("full"))
+      >>> step(0)
+      'full'
+    """
+
+    def step(*args: Any, **kwargs: Any) -> Any:
+        with marks.auto_as(policy):
+            return fn(*args, **kwargs)
+
+    step.__name__ = getattr(fn, "__name__", "step")
+    return step
+
+
+def unjitted(
+    fn: Callable[..., Any], args: tuple[Any, ...], donate_argnums: tuple[int, ...]
+) -> tuple[Callable[..., Any], tuple[int, ...]]:
+    """The function inside a ``jax.jit`` and what it donates (as ``--step`` reads it), or a
+    plain function and ``donate_argnums``."""
+    name = getattr(fn, "__name__", "step")
+    with marks.auto_as(NO_REMAT):  # the jit's trace reads its donation: its blocks trace too
+        return _unjitted(name, OwnStep(fn, abstract(args), donate_argnums))
+
+
+def _placed(args: tuple[Any, ...], target: Target) -> tuple[Any, ...]:
+    if target.kind != "gpu":
+        return args
+    sharding = target.sharding()  # the deviceless GPU's one device
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
+
+
+def program_of(
+    fn: Callable[..., Any], args: tuple[Any, ...], donate: tuple[int, ...], target: Target
+) -> tuple[str, frozenset[str]]:
+    """The fingerprint of the step's program under ``none`` (lowered, not compiled), and the
+    marked blocks its trace reached."""
+    with marks.auto_as(NO_REMAT) as scope:
+        lowered = jax.jit(lambda *a: fn(*a), donate_argnums=donate).lower(*_placed(args, target))
+    return cache.fingerprint(lowered.as_text()), frozenset(scope.marked)
+
+
+def decide(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    *,
+    target: Target,
+    budget: Budget,
+    donate_argnums: tuple[int, ...] = (),
+    roles: Mapping[str, int | tuple[int, ...]] | None = None,
+    catalogue: Iterable[Any] = CATALOGUE,
+    offload: bool = False,
+    loss_fn: Callable[..., Any] | None = None,
+    loss_argnums: tuple[int, ...] = (),
+) -> AutoPlan:
+    """The policy of the ``"auto"`` blocks of ``fn(*args)`` for ``target`` under ``budget``.
+
+    Args:
+      fn: the step, a plain function (see :func:`unjitted`).
+      args: its arguments (arrays or ``jax.ShapeDtypeStruct`` pytrees).
+      target: the device planned for.
+      budget: the budget.
+      donate_argnums: the arguments the step donates.
+      roles: which argument holds the params, optimizer state, batch (``OwnStep.roles``):
+        they size the fixed parts a budget cannot go under. None: those are read from the
+        smallest compiled plan when nothing fits.
+      catalogue: the policies that compete with the per-tensor plans.
+      offload: whether a plan may offload residuals to host memory.
+      loss_fn: the loss the step differentiates, ``loss_fn(*(args[i] for i in
+        loss_argnums))``: the per-tensor planner reads what each tag costs from its backward
+        pass. None: the catalogue policies (and ``none``) compete alone.
+      loss_argnums: the step's arguments the loss takes, in its order.
+
+    Returns:
+      The AutoPlan (``cached`` when read back from the disk cache).
+
+    Raises:
+      NoAutoBlock: the step reaches no block marked ``"auto"``.
+      DoesNotFit: the budget is under what no policy removes, or no plan reaches it.
+      BudgetOverDevice: the budget is over what a process may allocate on ``target``.
+    """
+    t0 = time.perf_counter()
+    name = getattr(fn, "__name__", "step")
+    shapes = abstract(args)
+    program, marked = program_of(fn, shapes, donate_argnums, target)
+    if not marked:
+        raise NoAutoBlock(
+            f"{name} reaches no block marked 'auto': mark one with rk.remat(Block, 'auto') "
+            "(or rk.remat(fn, 'auto')) in the model the step trains",
+            step=name,
+        )
+    specs = [as_policy(p).spec for p in catalogue]
+    parts = {
+        "program": program,
+        "budget": budget.text,
+        "catalogue": specs,
+        "offload": offload,
+        "loss": None if loss_fn is None else list(loss_argnums),
+        "roles": {k: list(np.atleast_1d(v).tolist()) for k, v in (roles or {}).items()},
+        "code": cache.code_fingerprint("remat_kit"),
+    }
+    made: list[AutoPlan] = []
+
+    def compute() -> AutoPlan:
+        loss = None if loss_fn is None else (loss_fn, tuple(loss_argnums))
+        got = _plan(
+            fn, shapes, target, budget, donate_argnums, roles, specs, offload, program, loss
+        )
+        made.append(got)
+        return got
+
+    got = cache.remember(
+        KIND, parts, target, compute, encode=AutoPlan.to_dict, decode=AutoPlan.from_dict
+    )
+    if made:
+        return dataclasses.replace(got, seconds=time.perf_counter() - t0)
+    return dataclasses.replace(got, cached=True, compiles=0, seconds=time.perf_counter() - t0)
+
+
+def _plan(
+    fn: Callable[..., Any],
+    shapes: tuple[Any, ...],
+    target: Target,
+    budget: Budget,
+    donate: tuple[int, ...],
+    roles: Mapping[str, int | tuple[int, ...]] | None,
+    specs: list[str],
+    offload: bool,
+    program: str,
+    loss: tuple[Callable[..., Any], tuple[int, ...]] | None,
+) -> AutoPlan:
+    name = getattr(fn, "__name__", "step")
+
+    def step_fn(policy: Policy, config: TrainConfig) -> OwnStep:
+        del config  # the shapes are the call's
+        if loss is None:
+            return OwnStep(bound(fn, policy), shapes, donate_argnums=donate, roles=roles)
+        return OwnStep(
+            bound(fn, policy),
+            shapes,
+            donate_argnums=donate,
+            loss_fn=bound(loss[0], policy),
+            loss_args=tuple(shapes[i] for i in loss[1]),
+            roles=roles,
+        )
+
+    step_fn.__name__ = name
+    w = sources.workload(sources.from_step(step_fn), target, TrainConfig(batch=1, seq=1))
+    none = w.compiled(NO_REMAT, NO_SCHEDULE, 1) if budget.form == "activations" else None
+    fixed = None
+    if none is not None:
+        fixed = w.fixed_bytes(1) or (none.argument_bytes + none.output_bytes - none.alias_bytes)
+    limit = budget.bytes_on(
+        target, none_peak=None if none is None else none.peak_bytes, fixed=fixed
+    )
+    if loss is None:
+        p = _catalogue_only(w, limit, specs)
+    else:
+        p = plan_for(w, 1, limit, extra=specs, offload=offload, host_budget=None if offload else 0)
+    if not p.fits:
+        floor = p.peak_bytes
+        raise DoesNotFit(
+            f"{name} does not fit {limit / GIB:.2f} GiB on {target.name} whatever the policy: "
+            f"the smallest plan reached ({p.policy.spec}) peaks at "
+            f"{floor / GIB:.2f} GiB; the next step that fits: a budget of "
+            f"{-(-floor // 2**20)}MiB or more",
+            target=target.name,
+            limit_bytes=limit,
+            parts={"smallest_plan": floor},
+            hints=[f"budget of {-(-floor // 2**20)}MiB"],
+        )
+    none = w.compiled(NO_REMAT, NO_SCHEDULE, 1)
+    fitting = [c for c in p.candidates if c.fits and c.policy in specs]
+    best = min(fitting, key=lambda c: (c.overhead, c.peak_bytes)) if fitting else None
+    best_report = None if best is None else w.compiled(as_policy(best.policy), NO_SCHEDULE, 1)
+    return AutoPlan(
+        policy=p.policy.spec,
+        source=p.source,
+        target=target.name,
+        budget=budget.text,
+        budget_bytes=limit,
+        peak_bytes=p.peak_bytes,
+        host_bytes=p.host_bytes,
+        step_seconds=_seconds(p.report),
+        none_seconds=_seconds(none),
+        none_peak_bytes=none.peak_bytes,
+        catalogue_policy=None if best is None else best.policy,
+        catalogue_seconds=_seconds(best_report),
+        catalogue_peak_bytes=None if best is None else best.peak_bytes,
+        compiles=w.compiles,
+        seconds=0.0,
+        program=program,
+        decisions=dict(p.decisions),
+        device=target.description,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chosen:
+    """The fields of a ``rk.search.Plan`` :func:`_plan` reads, for a choice made without the
+    planner."""
+
+    policy: Policy
+    source: str
+    fits: bool
+    peak_bytes: int
+    host_bytes: int
+    report: Any
+    candidates: tuple[Any, ...]
+    decisions: Mapping[str, str]
+
+
+def _catalogue_only(w: Any, limit: int, specs: list[str]) -> Any:
+    """Without the loss there is no per-tensor cost model: ``none`` and the catalogue are
+    compiled, and the one of least predicted step time (least FLOPs where the target has no
+    rates) whose compiled peak is under ``limit`` is chosen."""
+    check_budget(w, 1, limit)
+    rows = []
+    for spec in ["none", *specs]:
+        pol = as_policy(spec)
+        r = w.compiled(pol, NO_SCHEDULE, 1)
+        cand = PlanCandidate(
+            label="none" if spec == "none" else "catalogue",
+            policy=pol.spec,
+            schedule="none",
+            peak_bytes=r.peak_bytes,
+            estimated_peak_bytes=None,
+            recompute_overhead=w.recompute_of(pol, NO_SCHEDULE, 1),
+            overhead=w.overhead_of(r, 1),
+            host_bytes=host_bytes(r),
+            fits=r.peak_bytes <= limit,
+        )
+        rows.append((cand, pol, r))
+    fitting = [row for row in rows if row[0].fits]
+    cands = tuple(row[0] for row in rows)
+    if not fitting:
+        cand, pol, r = min(rows, key=lambda row: row[0].peak_bytes)
+        return _Chosen(pol, "nothing", False, cand.peak_bytes, cand.host_bytes, r, cands, {})
+    cand, pol, r = min(fitting, key=lambda row: (row[0].overhead, row[0].peak_bytes))
+    source = "none" if cand.label == "none" else "catalogue"
+    return _Chosen(pol, source, True, cand.peak_bytes, cand.host_bytes, r, cands, {})
+
+
+def _seconds(report: Any) -> float | None:
+    st = getattr(report, "step_time", None)
+    return None if st is None else float(st.seconds)
