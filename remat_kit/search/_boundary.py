@@ -286,27 +286,28 @@ def search(
             break
         widths.append(math.inf if hi is None else hi - lo)
         stalled = hi is not None and len(widths) > 2 and widths[-1] > widths[-3] / 2
-        if u is not None and not refused and (steps >= MODEL_STEPS or stalled):
+        pred, kind = (None, "") if refused else _predict(known, limit, lo, hi, curves)
+        at_end = pred is not None and (pred <= lo or (hi is not None and pred >= hi - 1))
+        if u is not None and not refused and (steps >= MODEL_STEPS or stalled) and not at_end:
             # The predictions ran out, or the last two did not halve the bracket: the last
             # one is still the best guess there is; gallop from it, in steps of a quarter of
-            # its move to start with.
+            # its move to start with. A prediction at an end of the bracket is probed still:
+            # the unit next to that end closes the bracket, or says on which side the curve
+            # missed (then the gallop starts there), for no more than a gallop's first step.
             toward = "up" if known[u] <= limit else "down"
             moved = u - before[0] if toward == "up" else (before[1] or u) - u
             stride = max(2, moved // 4)
             break
-        at_end = False
         if refused:
             # No curve predicts where XLA or the model starts refusing: bisect once.
             guess, method = (lo + hi) // 2 if hi is not None else 2 * lo, "bisection"
             widths.clear()
         else:
-            pred, kind = _predict(known, limit, lo, hi, curves)
             if pred is None:
                 break
             steps += 1
             predicted, method = pred, method if method == "bisection" else kind
             guess = pred
-            at_end = pred <= lo or (hi is not None and pred >= hi - 1)
         u, before = _inside(guess, lo, hi, cap), (lo, hi)
         probe(u)
         refused = known[u] >= UNBUILDABLE
@@ -369,11 +370,16 @@ def _predict(
             return max(0, math.floor(root)), "quadratic"
     if len(chosen) < 2:
         return None, ""
-    (u1, p1), (u2, p2) = chosen[:2]
-    slope = (p2 - p1) / (u2 - u1)
-    if slope <= 0:
-        return None, ""  # a peak that does not grow along the axis: no line to follow
-    return max(0, math.floor(u1 + (limit - p1) / slope)), "line"
+    u1, p1 = chosen[0]
+    # The other end of the bracket, else the nearest peak; where the line to it does not
+    # rise (XLA's own remat pass holds the peak on a plateau under its goal for a stretch of
+    # the axis), the next nearest that does: a line that rises, if shallow, still bounds the
+    # boundary, where a doubling from the largest that fits overshoots it by that much again.
+    for u2 in [*ends[1:], *rest]:
+        slope = (finite[u2] - p1) / (u2 - u1)
+        if slope > 0:
+            return max(0, math.floor(u1 + (limit - p1) / slope)), "line"
+    return None, ""  # a peak that does not grow along the axis: no line to follow
 
 
 def _quadratic_root(points: list[tuple[int, int]], limit: int) -> float | None:
