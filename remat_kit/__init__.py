@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what the names below are, for readers and type checkers
     from remat_kit import checks, marks, names, sources, tagging, timing
     from remat_kit.analysis import MemoryReport, memory_report
-    from remat_kit.auto import AutoPlan, AutoStep, auto
+    from remat_kit.autoplan import AutoPlan, AutoStep, auto
     from remat_kit.errors import (
         AutoOutsideStep,
         BadValue,
@@ -62,9 +62,9 @@ _HOME: dict[str, str | None] = {
     "timing": None,
     "MemoryReport": "analysis",
     "memory_report": "analysis",
-    "AutoPlan": "auto",
-    "AutoStep": "auto",
-    "auto": "auto",
+    "AutoPlan": "autoplan",
+    "AutoStep": "autoplan",
+    "auto": "autoplan",
     "AutoOutsideStep": "errors",
     "BadValue": "errors",
     "BudgetOverDevice": "errors",

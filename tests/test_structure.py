@@ -129,7 +129,7 @@ FLOORS = (
     ("train", "analysis", "peak", "breakdown", "validate", "comparison"),
     ("sources", "_workers"),  # a model source, its Workload; compiles in worker processes
     ("search",),
-    ("auto",),  # remat decided in the run: the step wrapper over the planner
+    ("autoplan",),  # remat decided in the run: the step wrapper over the planner
     ("render",),
     ("cli",),
 )

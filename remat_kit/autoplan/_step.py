@@ -1,6 +1,6 @@
 """The step wrapper: ``rk.auto(train_step, budget=...)``, a step that decides its own remat.
 
-At the first call with a new shape of arguments it decides (:mod:`remat_kit.auto._decide`:
+At the first call with a new shape of arguments it decides (:mod:`remat_kit.autoplan._decide`:
 planned, verified by a compile, remembered on disk), logs one line, and runs the step
 jitted with the plan applied; later calls with that shape run the jitted step, as
 ``jax.jit`` would. Each shape is decided once: the decisions are kept, most recent first,
@@ -20,9 +20,9 @@ from typing import Any
 
 import jax
 
-from remat_kit.auto._budget import Budget
-from remat_kit.auto._decide import CATALOGUE, abstract, bound, decide, unjitted
-from remat_kit.auto._decision import AutoPlan
+from remat_kit.autoplan._budget import Budget
+from remat_kit.autoplan._decide import CATALOGUE, abstract, bound, decide, unjitted
+from remat_kit.autoplan._decision import AutoPlan
 from remat_kit.errors import BadValue, RematWarning
 from remat_kit.policies import as_policy
 from remat_kit.targets import Target, as_target

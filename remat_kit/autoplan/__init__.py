@@ -18,10 +18,10 @@ Example:
   'activations=0.5'
 """
 
-from remat_kit.auto._budget import FORMS, Budget
-from remat_kit.auto._decide import CATALOGUE, decide
-from remat_kit.auto._decision import AutoPlan
-from remat_kit.auto._step import MAX_SHAPES, AutoStep, auto
+from remat_kit.autoplan._budget import FORMS, Budget
+from remat_kit.autoplan._decide import CATALOGUE, decide
+from remat_kit.autoplan._decision import AutoPlan
+from remat_kit.autoplan._step import MAX_SHAPES, AutoStep, auto
 
 __all__ = [
     "CATALOGUE",

@@ -23,8 +23,8 @@ import jax
 import numpy as np
 
 from remat_kit import cache, marks, sources
-from remat_kit.auto._budget import Budget
-from remat_kit.auto._decision import AutoPlan
+from remat_kit.autoplan._budget import Budget
+from remat_kit.autoplan._decision import AutoPlan
 from remat_kit.errors import DoesNotFit, NoAutoBlock
 from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.schedules import NO_SCHEDULE

@@ -10,7 +10,7 @@ bytes each stands for on a device.
   gradients, optimizer state, batch) plus that share of what ``none`` keeps beside them.
 
 Example:
-  >>> from remat_kit.auto import Budget
+  >>> from remat_kit.autoplan import Budget
   >>> Budget.of("60GiB").text, Budget.of(0.8).form, Budget.of(activations=0.5).text
   ('60GiB', 'fraction', 'activations=0.5')
 """

@@ -1,0 +1,467 @@
+"""Remat decided in the run: ``rk.remat(Block, "auto")`` and ``rk.auto(step, budget=...)``.
+
+The mark is checked against the same block wrapped with each policy by hand, through jax's
+own ``saved_residuals`` (what the backward pass keeps) and the gradients; the decision
+against bare compiles of the step with the decided policy applied, made here with jax alone
+for the deviceless H100 (``jax.jit(step, donate_argnums=...).lower(...).compile()``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
+
+import remat_kit as rk
+from remat_kit import marks
+from remat_kit.analysis import nbytes
+from remat_kit.autoplan import AutoPlan, Budget, decide
+from remat_kit.errors import AutoOutsideStep, BadValue, BudgetOverDevice, DoesNotFit, NoAutoBlock
+from remat_kit.targets import analysis_options
+
+_SPEC = importlib.util.spec_from_file_location(
+    "own_steps_for_auto", Path(__file__).parent / "data" / "own_steps.py"
+)
+own = sys.modules.setdefault(_SPEC.name, importlib.util.module_from_spec(_SPEC))
+_SPEC.loader.exec_module(own)
+
+H100 = rk.target("h100")
+POLICIES = ["none", "full", "names:save=mlpwi"]
+
+
+# --- the mark -----------------------------------------------------------------------------------
+
+
+class _Dense(nn.Module):
+    @nn.compact
+    def __call__(self, x, _=None):
+        h = checkpoint_name(nn.Dense(32)(x), "mlpwi")
+        y = x + nn.Dense(x.shape[-1])(jax.nn.gelu(h))
+        return (y, None) if _ is not None or self.is_scan else y
+
+    is_scan: bool = False
+
+
+class _NNXBlock(nnx.Module):
+    def __init__(self, rngs):
+        self.up, self.down = nnx.Linear(8, 32, rngs=rngs), nnx.Linear(32, 8, rngs=rngs)
+
+    def __call__(self, x):
+        return x + self.down(jax.nn.gelu(checkpoint_name(self.up(x), "mlpwi")))
+
+
+def _fn_block(w, x):
+    return x + jnp.sin(checkpoint_name(x @ w, "mlpwi")) @ w.T
+
+
+def _loss_of(form: str, policy: str | None):
+    """(loss, params, x) of a two-block stack in ``form``, its blocks marked ``"auto"``
+    (``policy`` None) or wrapped with ``policy`` by hand."""
+    x = jnp.linspace(-1.0, 1.0, 2 * 8).reshape(2, 8)
+
+    def wrap(block, **kw):
+        return rk.remat(block, "auto" if policy is None else policy, **kw)
+
+    if form == "linen":
+        block = wrap(_Dense)
+
+        class Stack(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                return block(name="b1")(block(name="b0")(x))
+
+        net = Stack()
+        params = net.init(jax.random.key(0), x)
+        return (lambda p, x: net.apply(p, x).sum()), params, x
+    if form == "scan":
+        block = wrap(_Dense, prevent_cse=False)
+
+        class Scanned(nn.Module):
+            @nn.compact
+            def __call__(self, x):
+                cls = nn.scan(
+                    block,
+                    variable_axes={"params": 0},
+                    split_rngs={"params": True},
+                    length=3,
+                )
+                return cls(is_scan=True, name="stack")(x, None)[0]
+
+        net = Scanned()
+        params = net.init(jax.random.key(0), x)
+        return (lambda p, x: net.apply(p, x).sum()), params, x
+    if form == "nnx":
+        model = wrap(_NNXBlock)(nnx.Rngs(0))
+        graph, state = nnx.split(model)
+        return (lambda s, x: nnx.merge(graph, s)(x).sum()), state, x
+    block = wrap(_fn_block)
+    w = jnp.linspace(0.0, 1.0, 8 * 8).reshape(8, 8)
+    return (lambda w, x: block(w, block(w, x)).sum()), w, x
+
+
+def _kept(loss, params, x):
+    """What jax's own saved_residuals says the backward pass keeps: shapes, sorted (jax 0.12
+    keeps it in jax._src, behind print_saved_residuals)."""
+    from jax._src.ad_checkpoint import saved_residuals
+
+    return sorted(str(aval) for aval, _ in saved_residuals(loss, params, x))
+
+
+@pytest.mark.parametrize(
+    ("form", "policy"),
+    [(f, p) for f in ("linen", "nnx", "function") for p in POLICIES]
+    + [("scan", "names:save=mlpwi")],  # a scanned stack traces slowly: one policy
+)
+def test_an_auto_block_keeps_what_the_scope_policy_keeps(form, policy):
+    """Under ``auto_as(policy)`` a marked block keeps what the block wrapped with ``policy``
+    by hand keeps, and its gradients are those of no remat."""
+    loss, params, x = _loss_of(form, None)
+    by_hand, _, _ = _loss_of(form, policy)
+    with marks.auto_as(policy) as scope:
+        kept = _kept(loss, params, x)
+        grads = jax.grad(loss)(params, x)
+    assert scope.marked  # the block read the scope
+    assert kept == _kept(by_hand, params, x)
+    with marks.auto_as("none"):
+        chex.assert_trees_all_close(grads, jax.grad(loss)(params, x), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("form", ["linen", "nnx", "function"])
+def test_the_scope_policy_changes_what_is_kept(form):
+    """The block did something: ``full`` keeps less than ``none`` (a mark applying no policy
+    would keep the same)."""
+    loss, params, x = _loss_of(form, None)
+    with marks.auto_as("none"):
+        none = _kept(loss, params, x)
+    with marks.auto_as("full"):
+        full = _kept(loss, params, x)
+    assert len(full) < len(none)
+
+
+@pytest.mark.parametrize("form", ["linen", "scan", "nnx", "function"])
+def test_an_auto_block_traced_outside_a_step_wrapper_is_refused(form):
+    loss, params, x = _loss_of(form, None)  # a linen init needs no policy: it runs
+    with pytest.raises(AutoOutsideStep) as err:
+        jax.grad(loss)(params, x)
+    assert err.value.block in {"_Dense", "_NNXBlock", "_fn_block"}
+    assert "\n" not in str(err.value)
+
+
+def test_the_decorator_form_marks_too():
+    @rk.remat("auto")
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            return nn.Dense(4)(x)
+
+    assert Block.__name__ == "AutoBlock"
+    params = Block().init(jax.random.key(0), jnp.ones((1, 4)))
+    with pytest.raises(AutoOutsideStep):
+        Block().apply(params, jnp.ones((1, 4)))
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "form", "expected"),
+    [
+        ("fits", "fits", 63763906560),  # 0.75 of the H100's 85018542080 bytes
+        ("50GiB", "bytes", 50 * 2**30),
+        (2**30, "bytes", 2**30),
+        (0.8, "fraction", int(0.8 * 63763906560)),
+        ("50%", "fraction", int(0.5 * 63763906560)),
+    ],
+)
+def test_a_budget_form_is_the_bytes_it_stands_for(given, form, expected):
+    b = Budget.of(given)
+    assert b.form == form
+    assert b.bytes_on(H100) == expected
+
+
+def test_an_activation_budget_is_the_fixed_parts_and_a_share_of_the_rest():
+    b = Budget.of(activations=0.25)
+    assert b.bytes_on(H100, none_peak=10_000, fixed=2_000) == 2_000 + 2_000
+    assert Budget.of(activations=0).bytes_on(H100, none_peak=10_000, fixed=2_000) == 2_000
+
+
+@pytest.mark.parametrize(
+    ("given", "over_device"), [("80GiB", True), ("60GiB", False), ("63763906561B", False)]
+)
+def test_a_budget_over_what_the_device_gives_is_one_line_with_data(given, over_device):
+    """80 GiB is over the H100's memory; 60 GiB under it but over the 59.38 GiB a process
+    may allocate: both refused, each saying which."""
+    with pytest.raises(BudgetOverDevice) as err:
+        Budget.of(given).bytes_on(H100)
+    e = err.value
+    assert (e.usable_bytes, e.device_bytes) == (63763906560, 85018542080)
+    assert e.budget_bytes == Budget.of(given).value
+    assert ("than the device" in str(e)) is over_device
+    assert "\n" not in str(e)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"budget": "fits", "activations": 0.5},
+        {"activations": 1.5},
+        {"budget": 1.5},
+        {"budget": "lots"},
+        {"budget": "fits", "loss_fn": lambda p: p},  # no loss_argnums
+    ],
+)
+def test_a_budget_that_cannot_be_read_is_refused_when_wrapping(kwargs):
+    with pytest.raises(BadValue):
+        rk.auto(lambda p: p, **kwargs)
+
+
+# --- the wrapper, without compiling -------------------------------------------------------------
+
+
+def _sgd_step(loss_fn):
+    tx = optax.sgd(1e-3)
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return train_step, tx
+
+
+def test_a_step_with_no_auto_block_is_refused_before_any_compile(no_compile):
+    loss, params, x = _loss_of("linen", "full")  # wrapped by hand: nothing marked
+    step, tx = _sgd_step(loss)
+    wrapped = rk.auto(step, "fits", target="h100")
+    with pytest.raises(NoAutoBlock) as err:
+        wrapped(params, tx.init(params), x)
+    assert err.value.step == "train_step" and "\n" not in str(err.value)
+
+
+def test_no_target_and_no_gpu_is_refused(no_compile):
+    loss, params, x = _loss_of("linen", None)
+    step, tx = _sgd_step(loss)
+    with pytest.raises(BadValue) as err:
+        rk.auto(step, "fits")(params, tx.init(params), x)
+    assert err.value.param == "target"
+
+
+def _fake_plan(policy: str) -> AutoPlan:
+    return AutoPlan(policy, "catalogue", "h100-80gb", "fits", 1, 1, 0, None, None, 1, None,
+                    None, None, 1, 0.0, "0" * 64)  # fmt: skip
+
+
+def test_a_new_shape_decides_anew_and_the_oldest_is_dropped_with_one_warning(monkeypatch):
+    """Each shape is decided once (a shape seen again is not decided again); past
+    max_shapes the least recently used is dropped and a RematWarning says so once."""
+    asked = []
+
+    def decide(fn, args, **kw):
+        asked.append(args[1].shape[0])
+        return _fake_plan("full" if args[1].shape[0] % 2 else "none")
+
+    monkeypatch.setattr("remat_kit.autoplan._step.decide", decide)
+    loss, params, _ = _loss_of("function", None)
+    step = rk.auto(lambda w, x: jax.grad(loss)(w, x), "fits", target="h100", max_shapes=2)
+    for n in (1, 2, 1):
+        step(params, jnp.ones((n, 8)))
+    assert asked == [1, 2] and step.plan.policy == "full"
+    with pytest.warns(rk.RematWarning, match="new argument shape"):
+        step(params, jnp.ones((3, 8)))  # drops 2, the least recently used
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(params, jnp.ones((2, 8)))  # decided again (dropped), no second warning
+    assert asked == [1, 2, 3, 2]
+    assert [p.policy for p in step.plans] == ["full", "none"]
+
+
+# --- the decision, compiled (one session of compiles: the tiny own-step Llama) ------------------
+
+
+def _llama(policy):
+    """own_steps' model with its blocks marked ``"auto"`` (policy None) or wrapped by hand."""
+    block = rk.remat(own.Block, "auto" if policy is None else policy)
+
+    class Llama(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            dt = own.DTYPE
+            x = nn.Embed(own.VOCAB, own.WIDTH, dtype=dt, param_dtype=dt)(tokens)
+            for i in range(own.LAYERS):
+                x = block(name=f"layers_{i}")(x)
+            x = nn.RMSNorm(dtype=dt, param_dtype=dt)(x)
+            return nn.Dense(own.VOCAB, use_bias=False, dtype=dt, param_dtype=dt, name="head")(x)
+
+    return Llama()
+
+
+def _train(policy):
+    net = _llama(policy)
+
+    def loss_fn(params, batch):
+        logits = net.apply({"params": params}, batch["tokens"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+
+    step, tx = _sgd_step(loss_fn)
+    return net, loss_fn, step, tx
+
+
+@functools.cache
+def _args():
+    net, _, _, tx = _train(None)
+    tokens = jax.random.randint(jax.random.key(1), (2, 32), 0, own.VOCAB)
+    params = net.init(jax.random.key(0), tokens)["params"]
+    return params, tx.init(params), {"tokens": tokens, "targets": jnp.roll(tokens, -1, 1)}
+
+
+@functools.cache
+def _bare_peak(policy: str) -> int:
+    """The peak of the step built with ``policy`` by hand, compiled by jax alone for the
+    deviceless H100 with the params and optimizer state donated."""
+    _, _, step, _ = _train(policy)
+    sharding = H100.sharding()
+    placed = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), _args()
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lowered = jax.jit(step, donate_argnums=(0, 1)).lower(*placed)
+        m = lowered.compile(compiler_options=analysis_options(H100)).memory_analysis()
+    return (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+
+
+BUDGETS = {"fits": {"budget": "fits"}, "900KiB": {"budget": "900KiB"}}
+BUDGETS["activations"] = {"activations": 0.5}
+BUDGETS["64KiB"] = {"budget": "64KiB"}  # under the weights, gradients and batch: refused
+
+
+def _wrapped(which: str):
+    _, loss_fn, step, _ = _train(None)
+    return rk.auto(
+        step,
+        target="h100",
+        donate_argnums=(0, 1),
+        roles={"params": 0, "optimizer": 1, "batch": 2},
+        loss_fn=loss_fn,
+        loss_argnums=(0, 2),
+        **BUDGETS[which],
+    )
+
+
+@pytest.fixture(scope="session")
+def decided():
+    """Each budget's wrapped step, called once (decided, then run on the CPU), with its
+    outputs and the log records of its first call."""
+    out = {}
+    logger = logging.getLogger("remat_kit.auto")
+    for which in ("fits", "900KiB", "activations"):
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger.addHandler(handler)
+        old = logger.level
+        logger.setLevel(logging.INFO)
+        try:
+            step = _wrapped(which)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                result = step(*jax.tree.map(jnp.copy, _args()))
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(old)
+        out[which] = (step, result, records)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["fits", "900KiB", "activations"])
+def test_the_decided_plan_is_under_the_budget_to_the_byte_of_a_bare_compile(which, decided):
+    step, _, _ = decided[which]
+    plan = step.plan
+    assert plan.peak_bytes == _bare_peak(plan.policy)
+    assert plan.peak_bytes <= plan.budget_bytes
+    assert plan.none_peak_bytes == _bare_peak("none")
+    assert plan.target == "h100-80gb" and plan.compiles >= 1 and not plan.cached
+
+
+@pytest.mark.slow
+def test_an_activation_budget_is_sized_from_none_and_the_fixed_parts(decided):
+    params, opt_state, batch = _args()
+    fixed = 2 * nbytes(params) + nbytes(opt_state) + nbytes(batch)  # weights, grads, state
+    none = _bare_peak("none")
+    assert decided["activations"][0].plan.budget_bytes == int(fixed + 0.5 * (none - fixed))
+
+
+@pytest.mark.slow
+def test_a_tight_budget_chooses_remat_and_fits_chooses_no_slower_than_the_catalogue(decided):
+    tight = decided["900KiB"][0].plan
+    assert tight.policy != "none" and _bare_peak("none") > tight.budget_bytes
+    for which in decided:
+        plan = decided[which][0].plan
+        if plan.catalogue_seconds is not None:
+            assert plan.step_seconds <= plan.catalogue_seconds * (1 + 1e-9)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["fits", "900KiB", "activations"])
+def test_the_wrapped_step_trains_as_the_step_without_remat(which, decided):
+    _, result, _ = decided[which]
+    _, _, step, _ = _train("none")
+    expected = jax.jit(step)(*_args())
+    chex.assert_trees_all_close(result, expected, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.slow
+def test_the_first_call_logs_one_line_naming_the_choice(decided):
+    step, _, records = decided["900KiB"]
+    assert len(records) == 1
+    line = records[0].getMessage()
+    assert step.plan.policy in line and "900KiB" in line and "\n" not in line
+
+
+@pytest.mark.slow
+def test_a_restarted_job_reads_the_decision_back_without_compiling(decided, no_compile):
+    """A new wrapper of the same step (a restarted job): the decision comes from the disk
+    cache, with nothing compiled to make it."""
+    _, loss_fn, step, _ = _train(None)
+    plan = decide(
+        step,
+        _args(),
+        target=H100,
+        budget=Budget.of("900KiB"),
+        donate_argnums=(0, 1),
+        roles={"params": 0, "optimizer": 1, "batch": 2},
+        loss_fn=loss_fn,
+        loss_argnums=(0, 2),
+    )
+    first = decided["900KiB"][0].plan
+    assert plan.cached and plan.compiles == 0
+    assert (plan.policy, plan.peak_bytes) == (first.policy, first.peak_bytes)
+
+
+@pytest.mark.slow
+def test_a_budget_under_the_fixed_parts_names_the_floor_before_any_compile(no_compile):
+    with pytest.raises(DoesNotFit) as err:
+        _wrapped("64KiB")(*_args())
+    e = err.value
+    params, opt_state, batch = _args()
+    assert e.fixed_bytes == 2 * nbytes(params) + nbytes(opt_state) + nbytes(batch)
+    assert e.limit_bytes == 64 * 2**10 and e.hints
