@@ -79,6 +79,26 @@ def _fit(policy, batch, peak, cut, *, limit=LIMIT, axis="batch"):
     )
 
 
+@pytest.mark.parametrize(
+    ("policy", "schedule", "named"),
+    [
+        ("minimal", "none", "minimal"),
+        ("names:save=mlpwo", "none", "names:save=mlpwo"),
+        ("full", "every:2", "full @ every:2"),
+    ],
+)
+def test_the_note_names_the_policy_xla_made_fit(policy, schedule, named):
+    fit = dataclasses.replace(_fit(policy, 9, LIMIT - GIB, 2 * GIB), schedule=schedule)
+    (note,) = fit.caveats
+    assert (note.data["policy"], note.data["schedule"]) == (policy, schedule)
+    # LIMIT - 1 GiB + 2 GiB = 61 GiB without the pass.
+    assert rk.notes.words(note).startswith(
+        f"{named}: batch 9 fits only because XLA's own rematerialization pass took 2.00 GiB off "
+        "its peak (61.00 GiB without it, over the 60.00 GiB limit)"
+    )
+    assert rk.notes.words(note).endswith(f"runs slower than {named!r} suggests")
+
+
 def test_a_fit_that_only_xla_made_fit_names_the_policy_and_the_bytes():
     fit = _fit("none", 297, NONE_PEAK, NONE_CUT)
     (note,) = fit.caveats
@@ -163,6 +183,27 @@ def test_fit_prints_the_note_under_its_table_and_writes_it_in_json(monkeypatch, 
     assert rows["minimal"]["caveats"] == rows["full"]["caveats"] == []
 
 
+def test_fit_names_the_row_xla_made_fit_not_the_first(monkeypatch, capsys):
+    limit = rk.target("h100").usable_bytes
+    answers = {
+        "none": _fit("none", 40, limit - GIB, GIB // 2, limit=limit),  # fits by itself
+        "full": _fit("full", 400, limit - GIB, 0, limit=limit),
+        "minimal": _fit("minimal", 263, limit - GIB, 2 * GIB, limit=limit),
+    }
+    monkeypatch.setattr("remat_kit.cli._fit.max_batch", _searched(answers))
+    monkeypatch.setenv("COLUMNS", "400")
+    assert main(["fit", *TINY_FIT, "--policies", "none,full,minimal"]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    # limit - 1 GiB + 2 GiB without the pass: the limit + 1 GiB.
+    assert said == [
+        f"note: minimal: batch 263 fits only because XLA's own rematerialization pass took "
+        f"2.00 GiB off its peak ({(limit + GIB) / GIB:.2f} GiB without it, over the "
+        f"{limit / GIB:.2f} GiB limit): XLA recomputes what the policy keeps, so the step does "
+        "more work than its recompute figure says (traced before XLA's pass) and runs slower "
+        "than 'minimal' suggests"
+    ]
+
+
 def _plan(batch, budget, peak, policy="none"):
     """A plan made by hand: ``policy`` at ``batch`` fits ``budget`` at ``peak``."""
     pol = rk.policy(policy)
@@ -207,12 +248,14 @@ def _point(policy, peak, cut, kind="catalogue", **kw):
 
 def test_plan_front_notes_each_program_xla_made_fit_once():
     budget = 20 * GIB
-    p = _plan(8, budget, 19 * GIB)
+    p = _plan(8, budget, 18 * GIB, policy="minimal")
     points = (
-        _point("none", 19 * GIB, 4 * GIB, kind="plan", budget_bytes=budget),  # the plan's own
-        _point("none", 19 * GIB, 4 * GIB),  # the catalogue's none: the same program
+        # The plan's own point: 19 GiB without the pass, under the budget: no note.
+        _point("minimal", 18 * GIB, GIB, kind="plan", budget_bytes=budget),
+        _point("minimal", 18 * GIB, GIB),  # the catalogue's minimal: the same program
+        _point("none", 19 * GIB, 4 * GIB),  # 23 GiB without the pass: XLA made it fit
+        _point("none", 19 * GIB, 4 * GIB, kind="schedule"),  # none again: said once
         _point("dots", 19 * GIB, 4 * GIB, same_as="none"),  # a repeat: speaks through none
-        _point("minimal", 18 * GIB, GIB),  # 19 GiB without the pass: fits by itself
         _point("full", 21 * GIB, 4 * GIB),  # over the budget: no fit to explain
     )
     found = PlanFront(p, points, 1.0, 1.0)
@@ -231,9 +274,9 @@ def test_plan_prints_the_note_under_its_tables(monkeypatch, capsys, tmp_path):
     budget = GIB
 
     def planned(w, batch, budget_bytes, **kwargs):
-        p = _plan(batch, budget, budget - MIB)
-        none = _point("none", budget - MIB, 3 * GIB, kind="plan", budget_bytes=budget)
-        return PlanFront(p, (none, _point("full", budget // 2, 0)), 1.0, 1.0)
+        p = _plan(batch, budget, budget // 2, policy="full")
+        mine = _point("full", budget // 2, 0, kind="plan", budget_bytes=budget)
+        return PlanFront(p, (mine, _point("none", budget - MIB, 3 * GIB)), 1.0, 1.0)
 
     monkeypatch.setattr("remat_kit.cli._plan.plan_front", planned)
     monkeypatch.setenv("COLUMNS", "400")
