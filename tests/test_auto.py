@@ -9,8 +9,10 @@ for the deviceless H100 (``jax.jit(step, donate_argnums=...).lower(...).compile(
 from __future__ import annotations
 
 import functools
+import glob
 import importlib.util
 import logging
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -38,6 +40,7 @@ own = sys.modules.setdefault(_SPEC.name, importlib.util.module_from_spec(_SPEC))
 _SPEC.loader.exec_module(own)
 
 H100 = rk.target("h100")
+CATALOGUE = ("full", "dots_no_batch")  # the tests' competitors: two compiles, not three
 POLICIES = ["none", "full", "names:save=mlpwi"]
 
 
@@ -362,6 +365,7 @@ def _wrapped(which: str):
         roles={"params": 0, "optimizer": 1, "batch": 2},
         loss_fn=loss_fn,
         loss_argnums=(0, 2),
+        catalogue=CATALOGUE,
         **BUDGETS[which],
     )
 
@@ -451,6 +455,7 @@ def test_a_restarted_job_reads_the_decision_back_without_compiling(decided, no_c
         roles={"params": 0, "optimizer": 1, "batch": 2},
         loss_fn=loss_fn,
         loss_argnums=(0, 2),
+        catalogue=CATALOGUE,
     )
     first = decided["900KiB"][0].plan
     assert plan.cached and plan.compiles == 0
@@ -465,3 +470,27 @@ def test_a_budget_under_the_fixed_parts_names_the_floor_before_any_compile(no_co
     params, opt_state, batch = _args()
     assert e.fixed_bytes == 2 * nbytes(params) + nbytes(opt_state) + nbytes(batch)
     assert e.limit_bytes == 64 * 2**10 and e.hints
+
+
+@pytest.mark.slow
+def test_the_step_that_runs_is_the_program_of_the_decided_policy(decided):
+    """The jitted step is the decided policy's program, as a step built with that policy by
+    hand lowers it (a wrapper that ran another policy would lower another program)."""
+    step, _, _ = decided["900KiB"]
+    _, _, by_hand, _ = _train(step.plan.policy)
+    got = step.lower(*_args()).as_text()
+    assert got == jax.jit(by_hand, donate_argnums=(0, 1)).lower(*_args()).as_text()
+    _, _, none, _ = _train("none")
+    assert got != jax.jit(none, donate_argnums=(0, 1)).lower(*_args()).as_text()
+
+
+@pytest.mark.slow  # a process started
+@pytest.mark.skipif(bool(glob.glob("/dev/nvidia[0-9]*")), reason="this machine has a GPU")
+def test_the_gpu_experiment_without_a_gpu_refuses_and_writes_nothing(tmp_path):
+    script = Path(__file__).resolve().parent.parent / "experiments" / "auto_gpu.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--out", str(tmp_path)], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert "no NVIDIA GPU" in done.stderr and "nothing written" in done.stderr
+    assert list(tmp_path.iterdir()) == []
