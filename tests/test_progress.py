@@ -210,12 +210,18 @@ def test_on_a_narrow_terminal_each_line_fits_and_the_live_one_names_the_batch(mo
     with progress("fit", out, length=up_front, now=lambda: "batch 297") as step:
         step("none (1/3)")
         time.sleep(0.3)  # the line redraws as the spinner turns
+        step("plan (3/3): the planner at the largest batch of full, then its plan")
+        time.sleep(0.3)
     drawn = _drawn(buf)
     lines = [line.rstrip() for line in re.split(r"[\r\n]", drawn) if line.strip()]
+    # Each line within the 60 columns, the spinner before the live one included.
     assert max(len(line) for line in lines) <= 60, lines
     # The line up front is wrapped between words, every word kept.
     assert " ".join(drawn.split()).startswith(up_front)
     assert "fit: none (1/3), batch 297 (0 compiles, 0:00)" in drawn
+    # 105 columns of it in 58 (the spinner and its space take 2): the step's words are cut
+    # to the 24 columns left them; what is compiled, the count and the clock stay.
+    assert "fit: plan (3/3): the planner…, batch 297 (1 compile, 0:00)" in drawn
 
 
 def test_a_workload_says_what_it_compiles_while_it_compiles():
