@@ -24,7 +24,7 @@ import numpy as np
 
 from remat_kit import cache, marks, sources
 from remat_kit.autoplan._budget import Budget
-from remat_kit.autoplan._decision import AutoPlan
+from remat_kit.autoplan._decision import AutoPlan, _size
 from remat_kit.errors import DoesNotFit, NoAutoBlock
 from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.schedules import NO_SCHEDULE
@@ -229,14 +229,13 @@ def _plan(
     if not p.fits:
         floor = p.peak_bytes
         raise DoesNotFit(
-            f"{name} does not fit {limit / GIB:.2f} GiB on {target.name} whatever the policy: "
-            f"the smallest plan reached ({p.policy.spec}) peaks at "
-            f"{floor / GIB:.2f} GiB; the next step that fits: a budget of "
-            f"{-(-floor // 2**20)}MiB or more",
+            f"{name} does not fit {_size(limit)} on {target.name} whatever the policy: "
+            f"the smallest plan reached ({p.policy.spec}) peaks at {_size(floor)}; the next "
+            f"step that fits: a budget of {-(-floor // 2**10)}KiB or more",
             target=target.name,
             limit_bytes=limit,
             parts={"smallest_plan": floor},
-            hints=[f"budget of {-(-floor // 2**20)}MiB"],
+            hints=[f"budget of {-(-floor // 2**10)}KiB"],
         )
     none = w.compiled(NO_REMAT, NO_SCHEDULE, 1)
     fitting = [c for c in p.candidates if c.fits and c.policy in specs]
