@@ -113,7 +113,7 @@ def max_batch(
     predicted, method = _follow_lines(workload, probes, first, second, step, limit, units_cap)
     lo, hi = bracket(known, limit)
     if method == "bisection":
-        lo, hi, _, _ = search(peak, known, limit, units_cap, CURVES["batch"])
+        lo, hi, _, _ = search(peak, known, limit, units_cap, CURVES["batch"], peak.xla)
         if hi is None:
             method = "cap"
     verified = _verify_boundary(probes, limit, lo, hi, units_cap)
@@ -229,8 +229,17 @@ class _Batches:
                 else:
                     r = w.verified(self.pol, self.sch, b)
             known[units] = r.peak_bytes
+            self._xla(units, r)
             self.exact.add(units)
         return known[units]
+
+    def _xla(self, units: int, r: Any) -> None:
+        """Where XLA's own remat pass acted on the report ``r`` of ``units``: what it took
+        off and whether it fell short of its goal (its log line gives the goal then)."""
+        if r.xla_remat:
+            self.peak.xla[units] = (r.xla_remat_saved_bytes, r.xla_remat_limit_bytes is not None)
+        else:
+            self.peak.xla.pop(units, None)
 
     def _measure(self, units: int) -> int:
         if self.copies == [False]:
@@ -239,6 +248,7 @@ class _Batches:
         with self._timed():
             r = w.compiled(self.pol, self.sch, b)
         self.peak.known[units] = r.peak_bytes
+        self._xla(units, r)
         if not self.copies and w.verify_fn is not None:
             with self._timed():  # the first full-depth compile: how slow they are
                 full = w.verified(self.pol, self.sch, b)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Literal
 
 from remat_kit.notes import Note, words
@@ -185,6 +185,10 @@ class Peaks:
     either: it is an upper bound, kept as :data:`UNBUILDABLE`, its refusal's first line in
     ``refused``. Refusing the smallest unit is a real error: it propagates.
 
+    Where XLA's own rematerialization pass acted on a point, ``measure`` may say so in
+    ``xla`` (units -> the bytes the pass took off, whether it fell short of its goal): the
+    search then knows which peaks the pass held down (:func:`search`).
+
     Example:
       >>> def measure(units):
       ...     if units > 3:
@@ -200,6 +204,7 @@ class Peaks:
     ) -> None:
         self.known: dict[int, int] = {}  # units -> compiled peak
         self.refused: dict[int, tuple[type[Exception], str]] = {}  # units -> (kind, first line)
+        self.xla: dict[int, tuple[int, bool]] = {}  # units -> (bytes XLA took off, fell short)
         self._measure = measure
         self._refusals = refusals
 
@@ -234,6 +239,7 @@ def search(
     limit: int,
     cap: int,
     curves: tuple[str, ...],
+    xla: Mapping[int, tuple[int, bool]] | None = None,
 ) -> tuple[int, int | None, str, int | None]:
     """Narrows the compiled peaks ``known`` (units -> bytes) to neighbours ``lo`` (fits, 0:
     none does) and ``hi = lo + 1`` (does not; None: ``lo`` is the cap).
@@ -255,6 +261,9 @@ def search(
       limit: the bytes a point must fit in.
       cap: the largest unit searched.
       curves: the curves the axis allows (:data:`CURVES`).
+      xla: where XLA's own remat pass acted, by unit: the bytes it took off the peak and
+        whether it fell short of its goal (:attr:`Peaks.xla`); lines follow its plateau
+        (:func:`_xla_line`).
 
     Returns:
       ``(lo, hi, method, predicted)``: ``predicted`` the last curve's prediction (units).
@@ -286,7 +295,7 @@ def search(
             break
         widths.append(math.inf if hi is None else hi - lo)
         stalled = hi is not None and len(widths) > 2 and widths[-1] > widths[-3] / 2
-        pred, kind = (None, "") if refused else _predict(known, limit, lo, hi, curves)
+        pred, kind = (None, "") if refused else _predict(known, limit, lo, hi, curves, xla)
         at_end = pred is not None and (pred <= lo or (hi is not None and pred >= hi - 1))
         if u is not None and not refused and (steps >= MODEL_STEPS or stalled) and not at_end:
             # The predictions ran out, or the last two did not halve the bracket: the last
@@ -345,7 +354,12 @@ def _inside(guess: int, lo: int, hi: int | None, cap: int) -> int:
 
 
 def _predict(
-    known: dict[int, int], limit: int, lo: int, hi: int | None, curves: tuple[str, ...]
+    known: dict[int, int],
+    limit: int,
+    lo: int,
+    hi: int | None,
+    curves: tuple[str, ...],
+    xla: Mapping[int, tuple[int, bool]] | None = None,
 ) -> tuple[int | None, str]:
     """Where a curve through the compiled peaks crosses ``limit`` (units, rounded down), and
     which curve; ``(None, "")`` with fewer than two peaks or a line that does not rise.
@@ -353,9 +367,15 @@ def _predict(
     The points are the bracket's ends (the largest known to fit, the smallest known not to)
     and the peaks nearest them in ratio, so the curve is local to the boundary: a
     ``quadratic`` through three when ``curves`` allows one and they are convex (einsum
-    attention's scores), else a ``line`` through two.
+    attention's scores), else a ``line`` through two. Where an end of the bracket lies on
+    XLA's plateau (``xla``: its own remat pass held that peak under its goal), the line is
+    the one the peak follows where the pass falls short (:func:`_xla_line`).
     """
     finite = {u: p for u, p in known.items() if p < UNBUILDABLE}
+    if xla and curves == ("line",):
+        past = _xla_line(finite, xla, limit, lo, hi)
+        if past is not None:
+            return past, "line"
     ends = [u for u in (lo, hi) if u in finite]
     rest = sorted(
         (u for u in finite if u not in ends),
@@ -380,6 +400,45 @@ def _predict(
         if slope > 0:
             return max(0, math.floor(u1 + (limit - p1) / slope)), "line"
     return None, ""  # a peak that does not grow along the axis: no line to follow
+
+
+def _xla_line(
+    finite: Mapping[int, int],
+    xla: Mapping[int, tuple[int, bool]],
+    limit: int,
+    lo: int,
+    hi: int | None,
+) -> int | None:
+    """Where the peak crosses ``limit`` past XLA's plateau, in units; None where no end of
+    the bracket is on it, or no point past it is known.
+
+    XLA's own remat pass works to a goal under the memory it is told the device has. Where
+    a step's peak would pass that goal, the pass recomputes buffers the policy keeps until
+    the peak is under it: a plateau that does not grow along the axis, on which no line
+    points at the boundary. Where it cannot get under the goal, it takes off all it can,
+    which grows with the batch as the activations do (measured on a 4-layer GPT under
+    ``none``: 0.3957, 0.3957, 0.3956 and 0.3932 GiB per sample at batch 51, 55, 70 and
+    88). So past the plateau the peak follows the line of the peaks before the pass (peak
+    plus what the pass took off: a line in the batch) less that cut per unit: from the
+    point nearest the bracket where the pass fell short, that slope reaches the boundary
+    (there 1.554 - 0.396 = 1.158 GiB per sample against 1.157 measured).
+    """
+    held = {u for u, (cut, short) in xla.items() if cut and not short}
+    if lo not in held and hi not in held:
+        return None  # both ends off the plateau: the line through them holds
+    short = [u for u, (cut, fell) in xla.items() if fell and cut and u in finite]
+    if not short:
+        return None
+    ends = [u for u in (lo, hi) if u]
+    at = min(short, key=lambda u: min(abs(math.log(u / e)) for e in ends))
+    before = {u: p + xla.get(u, (0, False))[0] for u, p in finite.items()}
+    a, b = min(before), max(before)
+    if a == b:
+        return None
+    slope = (before[b] - before[a]) / (b - a) - xla[at][0] / at
+    if slope <= 0:
+        return None
+    return max(0, math.floor(at + (limit - finite[at]) / slope))
 
 
 def _quadratic_root(points: list[tuple[int, int]], limit: int) -> float | None:
