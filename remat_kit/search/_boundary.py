@@ -252,8 +252,10 @@ def search(
     that end (steps of 2, 4, 8 ... units) until it brackets the boundary, and bisects: about
     twice the log of the miss in compiles, not of the whole bracket. After ``MODEL_STEPS``
     predictions, or two that did not halve the bracket, it gallops the same way from the end
-    the last one moved; without a curve it doubles from the largest known to fit until one
-    does not, and bisects.
+    the last one moved (a prediction at an end of the bracket is still probed first: one
+    unit, no more than the gallop's first step); without a curve that rises (the nearest
+    peak's line, else the next nearest's: XLA's own remat pass can hold the peak on a
+    plateau) it doubles from the largest known to fit until one does not, and bisects.
 
     Args:
       peak: ``units -> compiled peak`` (a :class:`Peaks`, or a function that fills ``known``).
