@@ -19,12 +19,13 @@ Example:
 """
 
 from remat_kit.autoplan._budget import FORMS, Budget
-from remat_kit.autoplan._decide import CATALOGUE, decide
+from remat_kit.autoplan._decide import CATALOGUE, CHALLENGERS, decide
 from remat_kit.autoplan._decision import AutoPlan
 from remat_kit.autoplan._step import MAX_SHAPES, AutoStep, auto
 
 __all__ = [
     "CATALOGUE",
+    "CHALLENGERS",
     "FORMS",
     "MAX_SHAPES",
     "AutoPlan",

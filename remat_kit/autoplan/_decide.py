@@ -48,6 +48,12 @@ __all__ = [
 #: each, the smallest (``full``) and the two that keep the matmul outputs.
 CATALOGUE = ("full", "dots_no_batch", "minimal")
 
+#: The rest of the catalogue that keeps everything on the device: each challenges the chosen
+#: plan after the planner, traced first and compiled only where its traced recompute is under
+#: the plan's (with more, it is slower but for memory traffic), taken where its compiled peak
+#: is under the budget and its predicted step time is less.
+CHALLENGERS = ("dots", "megatron", "qkv_proj", "context", "block")
+
 #: The namespace of decisions in the disk cache (bump when AutoPlan's fields change).
 KIND = "auto decision v1"
 
@@ -121,6 +127,7 @@ def decide(
     offload: bool = False,
     loss_fn: Callable[..., Any] | None = None,
     loss_argnums: tuple[int, ...] = (),
+    challengers: Iterable[Any] = CHALLENGERS,
 ) -> AutoPlan:
     """The policy of the ``"auto"`` blocks of ``fn(*args)`` for ``target`` under ``budget``.
 
@@ -139,6 +146,9 @@ def decide(
         loss_argnums))``: the per-tensor planner reads what each tag costs from its backward
         pass. None: the catalogue policies (and ``none``) compete alone.
       loss_argnums: the step's arguments the loss takes, in its order.
+      challengers: policies that challenge the answer once chosen (:data:`CHALLENGERS`):
+        each traced, compiled only where it recomputes less, taken where it fits and is
+        predicted faster.
 
     Returns:
       The AutoPlan (``cached`` when read back from the disk cache).
@@ -159,10 +169,12 @@ def decide(
             step=name,
         )
     specs = [as_policy(p).spec for p in catalogue]
+    rivals = [as_policy(p).spec for p in challengers]
     parts = {
         "program": program,
         "budget": budget.text,
         "catalogue": specs,
+        "challengers": rivals,
         "offload": offload,
         "loss": None if loss_fn is None else list(loss_argnums),
         "roles": {k: list(np.atleast_1d(v).tolist()) for k, v in (roles or {}).items()},
@@ -173,8 +185,9 @@ def decide(
     def compute() -> AutoPlan:
         loss = None if loss_fn is None else (loss_fn, tuple(loss_argnums))
         got = _plan(
-            fn, shapes, target, budget, donate_argnums, roles, specs, offload, program, loss
-        )
+            fn, shapes, target, budget, donate_argnums, roles, specs, offload, program, loss,
+            rivals,
+        )  # fmt: skip
         made.append(got)
         return got
 
@@ -197,6 +210,7 @@ def _plan(
     offload: bool,
     program: str,
     loss: tuple[Callable[..., Any], tuple[int, ...]] | None,
+    rivals: list[str],
 ) -> AutoPlan:
     name = getattr(fn, "__name__", "step")
 
@@ -237,8 +251,10 @@ def _plan(
             parts={"smallest_plan": floor},
             hints=[f"budget of {-(-floor // 2**10)}KiB"],
         )
+    p, challenged = _challenged(w, p, limit, specs, rivals)
     none = w.compiled(NO_REMAT, NO_SCHEDULE, 1)
-    fitting = [c for c in p.candidates if c.fits and c.policy in specs]
+    named = {*specs, *rivals}
+    fitting = [c for c in (*p.candidates, *challenged) if c.fits and c.policy in named]
     best = min(fitting, key=lambda c: (c.overhead, c.peak_bytes)) if fitting else None
     best_report = None if best is None else w.compiled(as_policy(best.policy), NO_SCHEDULE, 1)
     return AutoPlan(
@@ -276,6 +292,51 @@ class _Chosen:
     report: Any
     candidates: tuple[Any, ...]
     decisions: Mapping[str, str]
+    recompute_overhead: float = 0.0
+    overhead: float = 0.0
+
+
+def _candidate(w: Any, pol: Policy, limit: int, label: str) -> tuple[PlanCandidate, Any]:
+    """One catalogue policy compiled, as the planner lists its candidates."""
+    r = w.compiled(pol, NO_SCHEDULE, 1)
+    cand = PlanCandidate(
+        label=label,
+        policy=pol.spec,
+        schedule="none",
+        peak_bytes=r.peak_bytes,
+        estimated_peak_bytes=None,
+        recompute_overhead=w.recompute_of(pol, NO_SCHEDULE, 1),
+        overhead=w.overhead_of(r, 1),
+        host_bytes=host_bytes(r),
+        fits=r.peak_bytes <= limit,
+    )
+    return cand, r
+
+
+def _challenged(
+    w: Any, p: Any, limit: int, specs: list[str], rivals: list[str]
+) -> tuple[Any, list[PlanCandidate]]:
+    """``p``, or the policy of ``rivals`` that beats it: under ``limit`` and predicted
+    faster; and the challengers compiled (a challenger with no less traced recompute than
+    the plan in hand is not compiled)."""
+    best, compiled = p, []
+    if best.recompute_overhead <= 0.0:  # no remat: nothing recomputes less
+        return best, compiled
+    for spec in rivals:
+        pol = as_policy(spec)
+        if spec in specs or spec == best.policy.spec:
+            continue
+        if w.recompute_of(pol, NO_SCHEDULE, 1) >= best.recompute_overhead:
+            continue
+        cand, r = _candidate(w, pol, limit, "catalogue")
+        compiled.append(cand)
+        if cand.fits and cand.overhead < best.overhead:
+            cands = tuple(best.candidates)
+            best = _Chosen(
+                pol, "catalogue", True, cand.peak_bytes, cand.host_bytes, r, cands, {},
+                cand.recompute_overhead, cand.overhead,
+            )  # fmt: skip
+    return best, compiled
 
 
 def _catalogue_only(w: Any, limit: int, specs: list[str]) -> Any:
@@ -286,18 +347,7 @@ def _catalogue_only(w: Any, limit: int, specs: list[str]) -> Any:
     rows = []
     for spec in ["none", *specs]:
         pol = as_policy(spec)
-        r = w.compiled(pol, NO_SCHEDULE, 1)
-        cand = PlanCandidate(
-            label="none" if spec == "none" else "catalogue",
-            policy=pol.spec,
-            schedule="none",
-            peak_bytes=r.peak_bytes,
-            estimated_peak_bytes=None,
-            recompute_overhead=w.recompute_of(pol, NO_SCHEDULE, 1),
-            overhead=w.overhead_of(r, 1),
-            host_bytes=host_bytes(r),
-            fits=r.peak_bytes <= limit,
-        )
+        cand, r = _candidate(w, pol, limit, "none" if spec == "none" else "catalogue")
         rows.append((cand, pol, r))
     fitting = [row for row in rows if row[0].fits]
     cands = tuple(row[0] for row in rows)
@@ -306,7 +356,10 @@ def _catalogue_only(w: Any, limit: int, specs: list[str]) -> Any:
         return _Chosen(pol, "nothing", False, cand.peak_bytes, cand.host_bytes, r, cands, {})
     cand, pol, r = min(fitting, key=lambda row: (row[0].overhead, row[0].peak_bytes))
     source = "none" if cand.label == "none" else "catalogue"
-    return _Chosen(pol, source, True, cand.peak_bytes, cand.host_bytes, r, cands, {})
+    return _Chosen(
+        pol, source, True, cand.peak_bytes, cand.host_bytes, r, cands, {},
+        cand.recompute_overhead, cand.overhead,
+    )  # fmt: skip
 
 
 def _seconds(report: Any) -> float | None:
