@@ -17,7 +17,7 @@ from remat_kit import sources
 from remat_kit.cli._model import ModelRun, resolve
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.errors import BadValue
-from remat_kit.peak import PeakReport, diff, inspect_step, step_trace
+from remat_kit.peak import PeakReport, diff, inspect_step
 from remat_kit.policies import Policy, as_policy
 from remat_kit.render import (
     buffer_table,
@@ -32,11 +32,8 @@ from remat_kit.render import (
     plot_timeline,
     run_words,
     split_table,
-    trace_events,
+    write_inspection,
     write_json,
-    write_profile,
-    write_trace,
-    xspace,
 )
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.targets import Target
@@ -45,10 +42,6 @@ from remat_kit.timing import speed_of
 __all__ = [
     "run",
 ]
-
-#: The host XProf names, and where its one run's XSpace goes under ``--xprof DIR``.
-_HOST = "remat-kit"
-_XPLANE = f"plugins/profile/{_HOST}/{_HOST}.xplane.pb"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -121,13 +114,13 @@ def run(args: argparse.Namespace) -> int:
             precision=opts_precision(run),
         )
         out.print(f"timeline written to {args.plot}")
+    write_inspection(
+        reports, tgt, policies, trace=trace, xprof=xprof, trace_flag="--trace", xprof_flag="--xprof"
+    )
     if trace is not None:
-        doc = trace_events([step_trace(r, tgt) for r in reports], policies)
-        write_trace(trace, doc, flag="--trace")
         out.print(f"trace written to {trace} (open it in https://ui.perfetto.dev)")
     if xprof is not None:
         programs = [(r.module or "module", r.hlo_proto or b"") for r in reports]
-        write_profile(xprof, {_XPLANE: xspace(programs, host=_HOST)}, flag="--xprof")
         shown = ", ".join(
             f"{name} ({spec})"
             for name, spec in zip(module_names([m for m, _ in programs]), policies, strict=True)

@@ -25,6 +25,7 @@ from remat_kit.render._files import (
 )
 from remat_kit.render._format import GIB, console, fmt, gib, pct, short, text_table
 from remat_kit.render._front import front_figure, plot_front
+from remat_kit.render._inspection import PROFILE_HOST, PROFILE_XPLANE, write_inspection
 from remat_kit.render._layout import DROP_FIRST, fitted
 from remat_kit.render._listings import models_table, nodes_table, policies_table, targets_table
 from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
@@ -49,6 +50,8 @@ __all__ = [
     "ADVISE_DROP",
     "DROP_FIRST",
     "GIB",
+    "PROFILE_HOST",
+    "PROFILE_XPLANE",
     "SCHEDULER_WORDS",
     "FitRow",
     "RunOptions",
@@ -100,6 +103,7 @@ __all__ = [
     "trace_events",
     "validation_table",
     "write_csv",
+    "write_inspection",
     "write_json",
     "write_profile",
     "write_text",
