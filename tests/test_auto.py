@@ -291,6 +291,40 @@ def test_a_new_shape_decides_anew_and_the_oldest_is_dropped_with_one_warning(mon
     assert [p.policy for p in step.plans] == ["full", "none"]
 
 
+def test_a_challenger_replaces_the_plan_only_where_it_fits_and_is_faster():
+    """After the planner, each challenger recomputing less is compiled, and the fastest of
+    those under the limit replaces the plan; one recomputing as much is not compiled."""
+    from types import SimpleNamespace
+
+    from remat_kit.autoplan._decide import _challenged
+
+    # policy -> (traced recompute, compiled peak, predicted overhead)
+    table = {"dots": (0.1, 900, 0.02), "megatron": (0.2, 1100, 0.01), "qkv_proj": (0.5, 10, 0.0)}
+    compiled = []
+
+    class W:
+        def recompute_of(self, pol, sch, batch):
+            return table[pol.spec][0]
+
+        def compiled(self, pol, sch, batch):
+            compiled.append(pol.spec)
+            return SimpleNamespace(
+                peak_bytes=table[pol.spec][1], host_temp_bytes=0, host_bytes=0, policy=pol
+            )
+
+        def overhead_of(self, r, batch):
+            return table[r.policy.spec][2]
+
+    plan = SimpleNamespace(policy=rk.policy("minimal"), recompute_overhead=0.3, overhead=0.05,
+                           candidates=())  # fmt: skip
+    got, cands = _challenged(W(), plan, 1000, ["full"], ["qkv_proj", "megatron", "dots"])
+    assert compiled == ["megatron", "dots"]  # qkv_proj recomputes more than the plan: skipped
+    assert got.policy.spec == "dots" and got.source == "catalogue"  # megatron is over 1000
+    assert [c.fits for c in cands] == [False, True]
+    same, _ = _challenged(W(), plan, 1000, ["full"], [])
+    assert same is plan
+
+
 # --- the decision, compiled (one session of compiles: the tiny own-step Llama) ------------------
 
 
@@ -366,6 +400,7 @@ def _wrapped(which: str):
         loss_fn=loss_fn,
         loss_argnums=(0, 2),
         catalogue=CATALOGUE,
+        challengers=(),
         **BUDGETS[which],
     )
 
@@ -456,6 +491,7 @@ def test_a_restarted_job_reads_the_decision_back_without_compiling(decided, no_c
         loss_fn=loss_fn,
         loss_argnums=(0, 2),
         catalogue=CATALOGUE,
+        challengers=(),
     )
     first = decided["900KiB"][0].plan
     assert plan.cached and plan.compiles == 0
@@ -494,3 +530,91 @@ def test_the_gpu_experiment_without_a_gpu_refuses_and_writes_nothing(tmp_path):
     assert done.returncode == 1
     assert "no NVIDIA GPU" in done.stderr and "nothing written" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- the decided program in inspect's terms -----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_decided_program_inspected_is_the_plan_and_writes_inspects_files(decided, tmp_path):
+    """``step.inspect`` reports the decided program (its peak that of a bare compile of the
+    step with the decided policy), and ``rk.render.write_inspection`` writes the trace and
+    the XProf profile ``remat-kit inspect --trace --xprof`` writes."""
+    import json
+
+    step, _, _ = decided["900KiB"]
+    r = step.inspect(*_args(), series=True, hlo_proto=True)
+    assert r.peak_bytes == _bare_peak(step.plan.policy) == step.plan.peak_bytes
+    assert r.meta["policy"] == step.plan.policy and r.meta["budget"] == "900KiB"
+    assert r.by_category["parameter"] > 0 and r.by_category.get("optimizer state", 0) == 0  # SGD
+    got = rk.render.write_inspection(
+        [r], H100, [step.plan.policy], trace=tmp_path / "t.json", xprof=tmp_path / "prof"
+    )
+    trace = json.loads(got["trace"].read_text())
+    assert any(e.get("ph") == "X" for e in trace["traceEvents"])  # the predicted kernels
+    space = (got["xprof"] / rk.render.PROFILE_XPLANE).read_bytes()
+    assert r.hlo_proto in space  # the program XProf's Memory Viewer reads
+
+
+# --- NNX objects as the step's arguments, as nnx.jit takes them ---------------------------------
+
+
+class _NNXNet(nnx.Module):
+    def __init__(self, rngs):
+        block = rk.remat(_NNXBlock, "auto")
+        self.b0, self.b1 = block(rngs), block(rngs)
+
+    def __call__(self, x):
+        return self.b1(self.b0(x))
+
+
+def _nnx_step(model, optimizer, x):
+    def loss_fn(model):
+        return (model(x) ** 2).mean()
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return loss
+
+
+def _nnx_objects():
+    model = _NNXNet(nnx.Rngs(0))
+    return model, nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+
+def test_the_edge_splits_graph_objects_and_maps_donation():
+    from remat_kit.autoplan._graph import Edge
+
+    model, opt = _nnx_objects()
+    x = jnp.ones((2, 8))
+    edge, pure = Edge.of((model, opt, x))
+    assert edge.nodes == (0, 1) and len(pure) == 2 and pure[1] is x
+    assert edge.donate((0, 1)) == (0,) and edge.donate((2,)) == (1,) and edge.donate(()) == ()
+    assert Edge.of((x,)) == (None, (x,))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("form", ["function", "nnx.jit"])
+def test_a_step_taking_nnx_objects_trains_as_under_nnx_jit(form):
+    """The model and optimizer passed to the wrapped step change in place as under
+    ``nnx.jit`` (its marked blocks traced under ``none``: gradients are the policy's)."""
+    x = jnp.linspace(-1.0, 1.0, 16).reshape(2, 8)
+    model, opt = _nnx_objects()
+    given = nnx.jit(_nnx_step, donate_argnums=(0, 1)) if form == "nnx.jit" else _nnx_step
+    step = rk.auto(given, "fits", target="h100", catalogue=("full",), challengers=())
+    ref_model, ref_opt = _nnx_objects()
+    ref = nnx.jit(_nnx_step)
+    losses, ref_losses = [], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):
+            losses.append(step(model, opt, x))
+            with marks.auto_as("none"):
+                ref_losses.append(ref(ref_model, ref_opt, x))
+    assert step.plan is not None and step.plan.target == "h100-80gb"
+    chex.assert_trees_all_close(losses, ref_losses, rtol=1e-6, atol=1e-6)
+    chex.assert_trees_all_close(
+        nnx.state(model, nnx.Param), nnx.state(ref_model, nnx.Param), rtol=1e-6, atol=1e-6
+    )
+    assert int(opt.step[...]) == int(ref_opt.step[...]) == 2
+    assert losses[1] < losses[0]  # it trained: the objects were updated between calls

@@ -7,6 +7,13 @@ jitted with the plan applied; later calls with that shape run the jitted step, a
 up to ``max_shapes``; past that the oldest is dropped (its jitted step with it) and a
 ``RematWarning`` says once that the shapes change from call to call (pad to a few buckets:
 every new shape costs a decision, a trace and a compile, as it costs ``jax.jit`` a compile).
+
+A later call first goes to the last call's jitted step as it is, through jax's own dispatch
+(no signature is computed here): that step's trace refuses arguments of another shape before
+anything is compiled, and only then is the call's shape looked up (measured in
+``experiments/auto_models.py --overhead``). A step taking NNX objects (``nnx.Module``,
+``nnx.Optimizer``) is split at the edge as ``nnx.jit`` splits it
+(:mod:`remat_kit.autoplan._graph`).
 """
 
 from __future__ import annotations
@@ -19,11 +26,15 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
+import numpy as np
 
+from remat_kit import peak
 from remat_kit.autoplan._budget import Budget
-from remat_kit.autoplan._decide import CATALOGUE, abstract, bound, decide, unjitted
+from remat_kit.autoplan._decide import CATALOGUE, CHALLENGERS, abstract, bound, decide, unjitted
 from remat_kit.autoplan._decision import AutoPlan
+from remat_kit.autoplan._graph import Edge, is_node, unwrap_nnx_jit
 from remat_kit.errors import BadValue, RematWarning
+from remat_kit.peak import PeakReport
 from remat_kit.policies import as_policy
 from remat_kit.targets import Target, as_target
 
@@ -38,11 +49,36 @@ MAX_SHAPES = 8
 
 LOG = logging.getLogger("remat_kit.auto")
 
+#: An argument's role (``roles=``) -> its category in :meth:`AutoStep.inspect`'s report.
+_CATEGORIES = {
+    "params": "parameter",
+    "frozen": "parameter",
+    "optimizer": "optimizer state",
+    "batch": "input",
+}
+
 
 @dataclasses.dataclass(frozen=True)
 class _Decided:
     plan: AutoPlan
     run: Callable[..., Any]
+
+
+class _OtherShape(Exception):
+    """Raised when a decided step is traced for arguments of another shape: the call was
+    not that decision's (see :meth:`AutoStep.__call__`)."""
+
+
+def _guarded(fn: Callable[..., Any], key: Any) -> Callable[..., Any]:
+    """``fn``, traced only for arguments whose signature is ``key``."""
+
+    def step(*args: Any) -> Any:
+        if _signature(args) != key:
+            raise _OtherShape
+        return fn(*args)
+
+    step.__name__ = getattr(fn, "__name__", "step")
+    return step
 
 
 class AutoStep:
@@ -70,14 +106,18 @@ class AutoStep:
         jit_options: Mapping[str, Any],
         loss_fn: Callable[..., Any] | None = None,
         loss_argnums: tuple[int, ...] = (),
+        challengers: tuple[str, ...] = CHALLENGERS,
     ) -> None:
         self._loss, self._loss_argnums = loss_fn, loss_argnums
+        self._challengers = challengers
+        fn, donated = unwrap_nnx_jit(fn)  # an nnx.jit: its function, and its donation
         self._fn, self.budget, self._target = fn, budget, target
-        self._donate, self._roles = donate_argnums, roles
+        self._donate, self._roles = donate_argnums or donated or (), roles
         self._catalogue, self._offload, self._max = catalogue, offload, max_shapes
         self._jit = dict(jit_options)
         self._decided: collections.OrderedDict[Any, _Decided] = collections.OrderedDict()
         self._last: AutoPlan | None = None
+        self._hot: _Decided | None = None  # the last call's decision, tried first
         self._warned = False
         self.__name__ = getattr(fn, "__name__", "step")
         self.__doc__ = getattr(fn, "__doc__", None)
@@ -109,10 +149,19 @@ class AutoStep:
         return as_target("local")
 
     def __call__(self, *args: Any) -> Any:
-        key = _signature(args)
+        last = self._hot
+        if last is not None and not any(map(is_node, args)):
+            # jax's own dispatch: the last decision's jitted step, whose trace refuses any
+            # other shape (a new shape raises _OtherShape before anything is compiled)
+            try:
+                return last.run(*args)
+            except _OtherShape:
+                pass
+        edge, pure = Edge.of(args)
+        key = _signature(pure, edge)
         got = self._decided.get(key)
         if got is None:
-            got = self._decide(args)
+            got = self._decide(pure, edge)
             if len(self._decided) >= self._max:
                 self._decided.popitem(last=False)
                 if not self._warned:
@@ -128,40 +177,120 @@ class AutoStep:
         else:
             self._decided.move_to_end(key)
         self._last = got.plan
-        return got.run(*args)
+        self._hot = got if edge is None else None
+        if edge is None:
+            return got.run(*pure)
+        out, state = got.run(*pure)
+        edge.update(args, state)  # the model and optimizer change in place, as under nnx.jit
+        return out
 
     def lower(self, *args: Any) -> Any:
         """The jitted step with the decided plan, lowered for ``args`` (deciding if needed):
-        what ``jax.jit(step).lower`` gives, to compile or inspect."""
-        key = _signature(args)
-        got = self._decided.get(key) or self._decide(args)
-        self._decided.setdefault(key, got)
-        return got.run.lower(*args)  # type: ignore[attr-defined]
+        what ``jax.jit(step).lower`` gives, to compile or inspect (for a step taking NNX
+        objects, the pure step ``(state, *others) -> (outputs, new state)``)."""
+        edge, pure = Edge.of(args)
+        return self._get(pure, edge).run.lower(*pure)  # type: ignore[attr-defined]
 
-    def _decide(self, args: tuple[Any, ...]) -> _Decided:
+    def inspect(self, *args: Any, series: bool = False, hlo_proto: bool = False) -> PeakReport:
+        """What is live at the peak of the decided program for ``args`` (deciding if needed),
+        compiled for the target planned for: ``remat-kit inspect``'s report of this step.
+
+        Hand it to ``rk.render.write_inspection`` for the files ``inspect --trace FILE
+        --xprof DIR`` writes (``series=True`` for the trace, ``hlo_proto=True`` for the
+        profile). The step's ``roles`` name its parameters and optimizer state; without
+        them every argument is an input.
+
+        Args:
+          *args: the step's arguments (arrays or ``jax.ShapeDtypeStruct`` pytrees).
+          series: keep the live bytes at every position (the trace's data).
+          hlo_proto: keep XLA's ``HloProto`` (what XProf's Memory Viewer reads).
+
+        Returns:
+          The ``rk.PeakReport``; its ``peak_bytes`` is the plan's ``peak_bytes`` and its
+          ``meta`` names the policy and the budget.
+
+        Example:
+          >>> step = rk.auto(lambda w, x: rk.remat(jnp.sin, "auto")(w * x), "fits",
+          ...                target="h100")
+          >>> x = jax.ShapeDtypeStruct((256,), "float32")
+          >>> step.inspect(x, x).meta["policy"], step.plan is None
+          ('none', True)
+        """
+        edge, pure = Edge.of(args)
+        got = self._get(pure, edge)
+        fn, donate, _ = self._pure(pure, edge)
+        roles = {
+            r: (i,) if isinstance(i, int) else tuple(i) for r, i in (self._roles or {}).items()
+        }
+        categories = {
+            i: _CATEGORIES[r] for r, idx in roles.items() for i in idx if r in _CATEGORIES
+        }
+        return peak.inspect(
+            bound(fn, as_policy(got.plan.policy)),
+            *abstract(pure),
+            target=self.target(),
+            donate_argnums=donate,
+            categories=categories or None,
+            meta={"policy": got.plan.policy, "budget": got.plan.budget},
+            series=series,
+            hlo_proto=hlo_proto,
+        )
+
+    def _get(self, pure: tuple[Any, ...], edge: Edge | None) -> _Decided:
+        """The decision for the call's shape, made if needed, kept without being the last
+        call's (``plan`` stays the last call's)."""
+        key = _signature(pure, edge)
+        got = self._decided.get(key)
+        if got is None:
+            got = self._decide(pure, edge)
+            self._decided[key] = got
+        return got
+
+    def _pure(
+        self, pure: tuple[Any, ...], edge: Edge | None
+    ) -> tuple[Callable[..., Any], tuple[int, ...], tuple[Any, tuple[int, ...]] | None]:
+        """The step as a function of the pure arguments, what it donates, and its loss."""
+        loss = None if self._loss is None else (self._loss, self._loss_argnums)
+        if edge is None:
+            fn, donate = unjitted(self._fn, pure, self._donate)
+            return fn, donate, loss
+        if loss is not None:
+            loss = edge.loss(*loss)
+        return edge.step(self._fn), edge.donate(self._donate), loss
+
+    def _decide(self, pure: tuple[Any, ...], edge: Edge | None) -> _Decided:
         t = self.target()
-        fn, donate = unjitted(self._fn, args, self._donate)
+        fn, donate, loss = self._pure(pure, edge)
         plan = decide(
             fn,
-            args,
+            pure,
             target=t,
             budget=self.budget,
             donate_argnums=donate,
-            roles=self._roles,
+            roles=self._roles if edge is None else None,
             catalogue=self._catalogue,
             offload=self._offload,
-            loss_fn=self._loss,
-            loss_argnums=self._loss_argnums,
+            loss_fn=None if loss is None else loss[0],
+            loss_argnums=() if loss is None else loss[1],
+            challengers=self._challengers,
         )
         LOG.info("%s: %s", self.__name__, plan.words())
-        run = jax.jit(bound(fn, as_policy(plan.policy)), donate_argnums=donate, **self._jit)
+        step = _guarded(bound(fn, as_policy(plan.policy)), _signature(pure))
+        run = jax.jit(step, donate_argnums=donate, **self._jit)
         return _Decided(plan, run)
 
 
-def _signature(args: tuple[Any, ...]) -> Any:
-    shapes = abstract(args)
-    leaves, tree = jax.tree.flatten(shapes)
-    return tree, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+def _signature(args: tuple[Any, ...], edge: Edge | None = None) -> Any:
+    """What a decision is kept under: the arguments' tree, each leaf's shape and dtype, and
+    the graph objects' structure (read off the leaves as they are: no copy is made)."""
+    leaves, tree = jax.tree.flatten(args)
+    shapes = tuple((np.shape(x), _dtype(x)) for x in leaves)
+    return None if edge is None else edge.graphdef, tree, shapes
+
+
+def _dtype(x: Any) -> Any:
+    dtype = getattr(x, "dtype", None)  # a Python number: the dtype jax traces it with
+    return jax.numpy.result_type(x) if dtype is None else dtype
 
 
 def auto(
@@ -173,6 +302,7 @@ def auto(
     donate_argnums: int | Iterable[int] = (),
     roles: Mapping[str, int | tuple[int, ...]] | None = None,
     catalogue: Iterable[Any] = CATALOGUE,
+    challengers: Iterable[Any] = CHALLENGERS,
     offload: bool = False,
     loss_fn: Callable[..., Any] | None = None,
     loss_argnums: int | Iterable[int] = (),
@@ -200,6 +330,9 @@ def auto(
       roles: which argument holds ``params``, ``optimizer``, ``batch`` (``rk.sources.OwnStep``
         roles): a budget under those is refused before any plan is compiled.
       catalogue: catalogue policies that compete with the per-tensor plans.
+      challengers: catalogue policies that challenge the answer once chosen: each traced,
+        compiled only where it recomputes fewer FLOPs, taken where its compiled peak is under
+        the budget and it is predicted faster (``()``: none).
       offload: let a plan offload residuals to host memory.
       loss_fn: the loss the step differentiates (the function it hands ``jax.grad``), called
         as ``loss_fn(*(args[i] for i in loss_argnums))``: with it the per-tensor planner
@@ -242,6 +375,7 @@ def auto(
         donate_argnums=donate,
         roles=roles,
         catalogue=tuple(as_policy(p).spec for p in catalogue),
+        challengers=tuple(as_policy(p).spec for p in challengers),
         offload=offload,
         max_shapes=max_shapes,
         jit_options=jit_options,
