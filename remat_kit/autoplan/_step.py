@@ -87,9 +87,10 @@ class AutoStep:
     Made by :func:`auto`; call it as the step itself (positional arguments).
 
     Attributes:
-      plan: the decision of the last call's shape (None before the first call).
-      plans: every decision kept, oldest first.
       budget: the budget as read.
+
+    ``plan`` (the decision of the last call's shape) and ``plans`` (every decision kept) are
+    properties.
     """
 
     def __init__(
