@@ -22,10 +22,12 @@ same step with the block class rematerialized by flax's own ``nn.remat`` / ``nn.
 that skip the machine code, as tests/test_auto.py's bare compiles are).
 
 flax's examples are not on PyPI: ``--flax DIR`` names a checkout (``git clone
-https://github.com/google/flax``). The decisions of the three budgets of one model share one
-workload (its compiles), as three ``rk.auto`` steps of one process would not: ``compiles`` is
-what the first budget's decision took; the cold cost of deciding is ``--only overhead``'s.
-Writes results/auto_models.json and results/auto_models.png.
+https://github.com/google/flax``). The decisions of one model (a first one at ``"fits"``, then
+the three budgets) share one workload, its compiles with them, as three ``rk.auto`` steps of
+one process would not: ``first_decision_compiles`` is what the first (``"fits"``) took,
+``compiles`` what the model took in all, catalogue included; the cold cost of deciding is
+``--overhead``'s (each figure from a fresh process). Writes results/auto_models.json and
+results/auto_models.png.
 """
 
 from __future__ import annotations
