@@ -105,7 +105,7 @@ class AutoPlan:
         Example:
           >>> AutoPlan("full", "catalogue", "h100-80gb", "fits", 2**30, 2**29, 0, None, None,
           ...          2**31, "full", None, 2**29, 3, 1.5, "0" * 64).words()[:60]
-          'remat auto: full (catalogue) on h100-80gb, peak 512.00 MiB un'
+          'remat auto: full (catalogue) on h100-80gb, peak 512.00 MiB u'
         """
         parts = [
             f"remat auto: {self.policy} ({self.source}) on {self.target}, peak "
