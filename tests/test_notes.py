@@ -120,7 +120,7 @@ CASES = [
             "limit_bytes": 60 * 2**30,
         },
         "none: batch 297 fits only because XLA's own rematerialization pass took 3.00 GiB off "
-        "its peak (62.00 GiB without it, over the 60.00 GiB limit): XLA recomputes what the "
+        "its peak (62.00 GiB without it, 2.00 GiB over the 60.00 GiB limit): XLA recomputes what the "
         "policy keeps, so the step does more work than its recompute figure says (traced "
         "before XLA's pass) and runs slower than 'none' suggests",
     ),
@@ -478,10 +478,10 @@ CASES = [
             ],
         },
         "tiny-llama b2 s16 does not fit 1.00 GiB on l4 whatever the policy: weights 2.00 GiB = "
-        "2.00 GiB before any activation (compiled with every layer recomputed, `full`, the step "
-        "needs 1.50 GiB). Where these parts alone would fit (a compile decides the rest): FSDP "
-        "over 3 GPUs in all (now 1): these parts split evenly are 682.67 MiB per GPU, under the "
-        "1.00 GiB limit.",
+        "2.00 GiB before any activation (compiled with every layer recomputed, `full`, and with "
+        "none, `none`, the step needs 1.50 GiB). Where these parts alone would fit (a compile "
+        "decides the rest): FSDP over 3 GPUs in all (now 1): these parts split evenly are "
+        "682.67 MiB per GPU, under the 1.00 GiB limit.",
     ),
     (
         "rows_none_fit",

@@ -38,7 +38,7 @@ MINIMAL_PEAK, MINIMAL_CUT = 59 * GIB, GIB // 2
 #: The note's words for none, written out by hand: 57.5 + 31.2 = 88.7 GiB without the pass.
 NONE_WORDS = (
     "none: batch 297 fits only because XLA's own rematerialization pass took 31.20 GiB off "
-    "its peak (88.70 GiB without it, over the 60.00 GiB limit): XLA recomputes what the "
+    "its peak (88.70 GiB without it, 28.70 GiB over the 60.00 GiB limit): XLA recomputes what the "
     "policy keeps, so the step does more work than its recompute figure says (traced before "
     "XLA's pass) and runs slower than 'none' suggests"
 )
@@ -94,7 +94,7 @@ def test_the_note_names_the_policy_xla_made_fit(policy, schedule, named):
     # LIMIT - 1 GiB + 2 GiB = 61 GiB without the pass.
     assert rk.notes.words(note).startswith(
         f"{named}: batch 9 fits only because XLA's own rematerialization pass took 2.00 GiB off "
-        "its peak (61.00 GiB without it, over the 60.00 GiB limit)"
+        "its peak (61.00 GiB without it, 1.00 GiB over the 60.00 GiB limit)"
     )
     assert rk.notes.words(note).endswith(f"runs slower than {named!r} suggests")
 
@@ -173,7 +173,8 @@ def test_fit_prints_the_note_under_its_table_and_writes_it_in_json(monkeypatch, 
     said = [line for line in out.splitlines() if line.startswith("note: ")]
     assert said == [
         f"note: none: batch 297 fits only because XLA's own rematerialization pass took "
-        f"31.20 GiB off its peak ({without:.2f} GiB without it, over the {limit / GIB:.2f} GiB "
+        f"31.20 GiB off its peak ({without:.2f} GiB without it, {without - limit / GIB:.2f} GiB "
+        f"over the {limit / GIB:.2f} GiB "
         "limit): XLA recomputes what the policy keeps, so the step does more work than its "
         "recompute figure says (traced before XLA's pass) and runs slower than 'none' suggests"
     ]
@@ -197,7 +198,7 @@ def test_fit_names_the_row_xla_made_fit_not_the_first(monkeypatch, capsys):
     # limit - 1 GiB + 2 GiB without the pass: the limit + 1 GiB.
     assert said == [
         f"note: minimal: batch 263 fits only because XLA's own rematerialization pass took "
-        f"2.00 GiB off its peak ({(limit + GIB) / GIB:.2f} GiB without it, over the "
+        f"2.00 GiB off its peak ({(limit + GIB) / GIB:.2f} GiB without it, 1.00 GiB over the "
         f"{limit / GIB:.2f} GiB limit): XLA recomputes what the policy keeps, so the step does "
         "more work than its recompute figure says (traced before XLA's pass) and runs slower "
         "than 'minimal' suggests"
@@ -266,7 +267,7 @@ def test_plan_front_notes_each_program_xla_made_fit_once():
     assert [c["policy"] for c in d["caveats"]] == ["none"]
     assert d["caveats"][0]["text"].startswith(
         "none: batch 8 fits only because XLA's own rematerialization pass took 4.00 GiB off its "
-        "peak (23.00 GiB without it, over the 20.00 GiB limit)"
+        "peak (23.00 GiB without it, 3.00 GiB over the 20.00 GiB limit)"
     )
 
 
@@ -288,7 +289,7 @@ def test_plan_prints_the_note_under_its_tables(monkeypatch, capsys, tmp_path):
     said = [line for line in out.splitlines() if line.startswith("note: none: batch 2 fits")]
     assert said == [
         "note: none: batch 2 fits only because XLA's own rematerialization pass took 3.00 GiB "
-        "off its peak (4.00 GiB without it, over the 1.00 GiB limit): XLA recomputes what the "
+        "off its peak (4.00 GiB without it, 3.00 GiB over the 1.00 GiB limit): XLA recomputes what the "
         "policy keeps, so the step does more work than its recompute figure says (traced "
         "before XLA's pass) and runs slower than 'none' suggests"
     ]

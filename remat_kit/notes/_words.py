@@ -174,10 +174,14 @@ def _xla_remat_made_fit(d: Mapping[str, Any]) -> str:
     """An answer XLA's own remat pass made fit: by how much, and what that costs."""
     name = label(d["policy"], d["schedule"])
     without = d["peak_bytes"] + d["saved_bytes"]
+    # The amount over is said too: rounded alike, "17.99 GiB without it, over the 17.99 GiB
+    # limit" reads as no excess at all.
+    over = without - d["limit_bytes"]
     return (
         f"{name}: {d['axis']} {d['value']} fits only because XLA's own rematerialization pass "
-        f"took {_size(d['saved_bytes'])} off its peak ({_size(without)} without it, over the "
-        f"{_size(d['limit_bytes'])} limit): XLA recomputes what the policy keeps, so the step "
+        f"took {_size(d['saved_bytes'])} off its peak ({_size(without)} without it, "
+        f"{_size(over)} over the {_size(d['limit_bytes'])} limit): XLA recomputes what the "
+        "policy keeps, so the step "
         "does more work than its recompute figure says (traced before XLA's pass) and runs "
         f"slower than {name!r} suggests"
     )
@@ -431,8 +435,8 @@ def _fixed_over_budget(d: Mapping[str, Any]) -> str:
     compiled = (
         ""
         if d["compiled_bytes"] is None
-        else " (compiled with every layer recomputed, `full`, the step needs "
-        f"{_size(d['compiled_bytes'])})"
+        else " (compiled with every layer recomputed, `full`, and with none, `none`, the "
+        f"step needs {_size(d['compiled_bytes'])})"
     )
     return (
         f"{where}does not fit {_size(d['limit_bytes'])} on {d['target']} whatever the "
