@@ -120,8 +120,8 @@ CASES = [
             "limit_bytes": 60 * 2**30,
         },
         "none: batch 297 fits only because XLA's own rematerialization pass took 3.00 GiB off "
-        "its peak (62.00 GiB without it, 2.00 GiB over the 60.00 GiB limit): XLA recomputes what the "
-        "policy keeps, so the step does more work than its recompute figure says (traced "
+        "its peak (62.00 GiB without it, 2.00 GiB over the 60.00 GiB limit): XLA recomputes "
+        "what the policy keeps, so the step does more work than its recompute figure says (traced "
         "before XLA's pass) and runs slower than 'none' suggests",
     ),
     (

@@ -289,8 +289,8 @@ def test_plan_prints_the_note_under_its_tables(monkeypatch, capsys, tmp_path):
     said = [line for line in out.splitlines() if line.startswith("note: none: batch 2 fits")]
     assert said == [
         "note: none: batch 2 fits only because XLA's own rematerialization pass took 3.00 GiB "
-        "off its peak (4.00 GiB without it, 3.00 GiB over the 1.00 GiB limit): XLA recomputes what the "
-        "policy keeps, so the step does more work than its recompute figure says (traced "
+        "off its peak (4.00 GiB without it, 3.00 GiB over the 1.00 GiB limit): XLA recomputes "
+        "what the policy keeps, so the step does more work than its recompute figure says (traced "
         "before XLA's pass) and runs slower than 'none' suggests"
     ]
     assert [c["policy"] for c in json.loads(out_json.read_text())["caveats"]] == ["none"]
