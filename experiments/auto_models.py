@@ -49,6 +49,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 #: The catalogue policies (a) chooses from: every one that keeps everything on the device.
 CATALOGUE = ("full", "block", "dots", "dots_no_batch", "minimal", "qkv_proj", "context", "megatron")
 SHARES = (0.25, 0.5, 0.75)
+#: What each argument of every step here holds (``rk.auto(..., roles=)``): a budget under the
+#: parts no policy removes is refused before anything is planned.
+ROLES = {"params": 0, "optimizer": 1, "batch": 2}
 GIB = 2**30
 
 
@@ -351,9 +354,8 @@ def measure(case: Case, target: Any) -> dict[str, Any]:
     ):
         warnings.simplefilter("ignore")
         step, loss_fn, loss_at, args = case.make()
-        # no roles: search's floor check sums weights, gradients and optimizer state, more
-        # than full's compiled peak when the update consumes the gradients as they come
-        kw = dict(target=target, donate_argnums=(0, 1), loss_fn=loss_fn, loss_argnums=loss_at)
+        kw = dict(target=target, donate_argnums=(0, 1), loss_fn=loss_fn, loss_argnums=loss_at,
+                  roles=ROLES)  # fmt: skip
         probe = decide(step, args, budget=Budget.of("fits"), **kw)  # makes the workload
         w = shared[(target.name, target.usable_bytes)]
         reports = {p: w.compiled(as_policy(p), NO_SCHEDULE, 1) for p in ("none", *CATALOGUE)}
@@ -541,7 +543,8 @@ def probe(kind: str, model: str) -> dict[str, Any]:
     with _patched(case.module, case.block, marked), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         step, loss_fn, loss_at, args = case.make()
-        kw = dict(target=target, donate_argnums=(0, 1), loss_fn=loss_fn, loss_argnums=loss_at)
+        kw = dict(target=target, donate_argnums=(0, 1), loss_fn=loss_fn, loss_argnums=loss_at,
+                  roles=ROLES)  # fmt: skip
         if kind in ("plain", "plain_analysis"):  # the step as the user would jit it
             sh = target.sharding()
             placed = jax.tree.map(

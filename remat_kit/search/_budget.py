@@ -15,7 +15,7 @@ from typing import Any
 
 from remat_kit.errors import BadType, BadValue, DoesNotFit, UnitlessBudget
 from remat_kit.notes import Note, hint_words, words
-from remat_kit.policies import FULL
+from remat_kit.policies import FULL, NO_REMAT
 from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.sources._workload import FIXED_PARTS, Workload
 from remat_kit.targets import Target, target_names
@@ -176,7 +176,11 @@ def check_budget(
     the policy; a budget below their sum is infeasible before any activation is counted. A
     scanned stack holds every gradient at once; an unrolled one need not (XLA may apply each
     layer's update as soon as its gradient exists), so when only the gradients put the sum over
-    the budget, the step compiled with ``full`` decides: one compile, shared with the search.
+    the budget, the compiled step decides: ``full``, and where it is over the budget ``none``
+    too, the budget refused only where both are over it. Neither is always the smaller: where
+    the activations are small beside the update (a short sequence), ``full``'s recomputed
+    temporaries put it over ``none`` (the llama3.2-1b preset at 2 layers, b1 s128, adamw: a few
+    hundred bytes). One compile, two at most, both shared with the search.
 
     Args:
       workload: the step (its breakdown gives the fixed parts).
@@ -208,10 +212,13 @@ def check_budget(
         # Every gradient live at once is what a scanned stack does (its gradients are one
         # stacked carry); an unrolled one may apply each layer's update as its gradient is
         # formed, so the shapes overstate the floor. Weights, optimizer state and the batch are
-        # inputs and stay: only in this band does the compiled `full` step decide.
-        measured = workload.compiled(FULL, NO_SCHEDULE, batch).peak_bytes
-        if measured <= budget:
-            return
+        # inputs and stay: only in this band do the compiled steps decide, the least of
+        # `full` and `none` (with small activations `full`'s recomputation peaks higher).
+        for policy in (FULL, NO_REMAT):
+            peak = workload.compiled(policy, NO_SCHEDULE, batch).peak_bytes
+            measured = peak if measured is None else min(measured, peak)
+            if measured <= budget:
+                return
     lora_fixed = None if lora is None else lora.fixed_bytes(batch)
     hints = _what_would_fit(workload, parts, fixed, budget, lora_fixed, measured)
     fixed_parts = {k: parts[k] for k in FIXED_PARTS if k in parts}
@@ -261,10 +268,11 @@ def _what_would_fit(
       fixed: the fixed parts (weights, gradients, optimizer state, batch, accumulator).
       budget: the limit, bytes.
       lora_fixed: the fixed parts of the same step trained with LoRA, or None.
-      measured: the compiled ``full`` step's peak where one was made: what another GPU
-        must hold of this step (it may hold fewer gradients at once than the parts say).
+      measured: the least compiled peak of ``full`` and ``none`` where they were compiled:
+        what another GPU must hold of this step (it may hold fewer gradients at once than the
+        parts say).
     """
-    # What a GPU must hold to run this very step: the compiled `full`, else the parts.
+    # What a GPU must hold to run this very step: the compiled `full`/`none`, else the parts.
     need = fixed if measured is None else measured
     hints: list[dict[str, Any]] = []
     state = parts.get("optimizer", 0)

@@ -140,7 +140,8 @@ def plan(
     ctx = _PlanContext(workload, batch, budget, hide, host_budget, objective)
 
     # A model whose trainer always checkpoints (MaxText) has no setting for `none`.
-    if not workload.remat_always and _none_lower_bound(workload, batch) <= budget:
+    bounded = not workload.remat_always and _none_lower_bound(workload, batch) > budget
+    if not workload.remat_always and not bounded:
         none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
         if none.fits:
             # No remat is needed, but a policy beside it may still be faster and smaller
@@ -157,6 +158,15 @@ def plan(
     if best is None:
         best, source = _segment_fallback(ctx), "schedule"
 
+    if best is None and bounded:
+        # The traced bound may overstate `none` (a residual XLA never materialises: the
+        # transposed embedding of a tied head, fused into its matmul): before nothing is
+        # said to fit, the compiled `none` judges.
+        none = ctx.compile(NO_REMAT, NO_SCHEDULE, "none")
+        if none.fits:
+            chosen = _best_of(ctx, none, extras)
+            source = "none" if chosen is none else "beside_none"
+            return ctx.result(chosen, before, t0, solver=status, source=source)
     if best is None:
         smallest = min(ctx.candidates, key=lambda c: c.peak_bytes)
         return ctx.result(smallest, before, t0, fits=False, solver=status, source="nothing")
@@ -174,7 +184,9 @@ def _none_lower_bound(workload: Workload, batch: int) -> int:
 
     The inputs (weights, optimizer state, batch, accumulator) and every residual that is not
     an input are live together there, so the compiled peak of ``none`` is at least that: when
-    it is over the budget, ``none`` is not compiled.
+    it is over the budget, ``none`` is not compiled first, only where no plan fits (a traced
+    residual XLA never materialises, a parameter's transpose fused into its matmul, makes it
+    overstate: the llama3.2-1b preset's tied head, 501 MiB).
     """
     if workload.residuals_fn is None:
         return 0  # nothing traced to bound it with: compile it
