@@ -35,6 +35,7 @@ __all__ = [
     "OpenShardAxis",
     "RematKitError",
     "RematWarning",
+    "ShardedStep",
     "TargetError",
     "UnitlessBudget",
     "UnknownName",
@@ -299,3 +300,23 @@ class BudgetOverDevice(BadValue):
         self.usable_bytes = int(usable_bytes)
         self.device_bytes = None if device_bytes is None else int(device_bytes)
         self.target = target
+
+
+class ShardedStep(BadValue):
+    """A step given to ``rk.auto`` whose shardings (its ``jax.jit``'s ``in_shardings`` /
+    ``out_shardings``, ``**jit_options``' or its arguments') span more than one device: the
+    decision plans one device's program, so it is refused rather than planned for the wrong
+    program.
+
+    Attributes:
+      step: the step's name.
+      devices: the devices the shardings span.
+      where: which shardings span them (``"in_shardings"``, ``"out_shardings"``,
+        ``"arguments"``).
+    """
+
+    def __init__(self, message: str, *, step: str, devices: int, where: str):
+        super().__init__(message, param="step")
+        self.step = step
+        self.devices = int(devices)
+        self.where = where

@@ -12,6 +12,7 @@ import functools
 import glob
 import importlib.util
 import logging
+import os
 import subprocess
 import sys
 import warnings
@@ -289,6 +290,75 @@ def test_a_new_shape_decides_anew_and_the_oldest_is_dropped_with_one_warning(mon
         step(params, jnp.ones((2, 8)))  # decided again (dropped), no second warning
     assert asked == [1, 2, 3, 2]
     assert [p.policy for p in step.plans] == ["full", "none"]
+
+
+# --- shardings as the user's own jax.jit gives them ------------------------------------------
+
+
+def _host_jitted(**shardings):
+    """A marked step jitted by the user with ``shardings`` (pinned host memory: on the CPU's
+    one device the only sharding whose effect shows), and its abstract arguments."""
+    block = rk.remat(lambda w, x: jnp.tanh(w * x), "auto")
+    fn = jax.jit(lambda w, x: (block(w, x), x.sum()), **shardings)
+    return fn, jax.ShapeDtypeStruct((4,), jnp.float32)
+
+
+def test_the_users_jit_shardings_are_the_decided_steps(monkeypatch):
+    """in_shardings and out_shardings read off the user's jax.jit, as jax compiles that jit."""
+    monkeypatch.setattr("remat_kit.autoplan._step.decide", lambda *a, **kw: _fake_plan("full"))
+    d = jax.devices()[0]
+    host = jax.sharding.SingleDeviceSharding(d, memory_kind="pinned_host")
+    fn, x = _host_jitted(in_shardings=(host, None), out_shardings=(host, None))
+    with marks.auto_as("full"):
+        want = fn.lower(x, x).compile()  # the user's jit, compiled by jax alone
+    got = rk.auto(fn, "fits", target="h100").lower(x, x).compile()
+    assert got.input_shardings == want.input_shardings
+    assert got.output_shardings == want.output_shardings
+    assert got.output_shardings[0].memory_kind == "pinned_host"
+    fn, _ = _host_jitted(out_shardings=(host, None))
+    out = rk.auto(fn, "fits", target="h100")(jnp.ones(4), jnp.ones(4))
+    assert [o.sharding.memory_kind for o in out] == ["pinned_host", "device"]
+
+
+def test_a_sharding_given_in_the_jit_and_as_an_option_is_refused():
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    fn, _ = _host_jitted(out_shardings=(host, None))
+    with pytest.raises(BadValue, match=r"out_shardings from the step's jax\.jit and as an"):
+        rk.auto(fn, "fits", target="h100", out_shardings=None)
+    rk.auto(fn, "fits", target="h100", in_shardings=None)  # each given once: taken
+
+
+_SHARDED = """
+import jax, jax.numpy as jnp
+import remat_kit as rk
+from jax.sharding import NamedSharding, PartitionSpec as P
+from remat_kit.errors import ShardedStep
+mesh = jax.make_mesh((4,), ("d",))
+rows = NamedSharding(mesh, P("d"))
+block = rk.remat(lambda w, x: jnp.tanh(w * x), "auto")
+def step(w, x):
+    return block(w, x)
+x = jnp.ones(8)
+for fn, args in ((jax.jit(step, in_shardings=(rows, None)), (x, x)),
+                 (jax.jit(step, out_shardings=rows), (x, x)),
+                 (step, (jax.device_put(x, rows), x))):
+    try:
+        rk.auto(fn, "fits", target="h100")(*args)
+    except ShardedStep as e:
+        assert "\\n" not in str(e) and e.param == "step", e
+        print(e.where, e.devices)
+"""
+
+
+@pytest.mark.slow  # a process with four host devices
+def test_a_step_sharded_over_several_devices_is_refused_in_one_line():
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-c", _SHARDED], env={**os.environ, **env},
+        capture_output=True, text=True, check=False, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[:3] == ["in_shardings 4", "out_shardings 4", "arguments 4"]
 
 
 def test_a_challenger_replaces_the_plan_only_where_it_fits_and_is_faster():

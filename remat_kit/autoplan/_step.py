@@ -33,6 +33,7 @@ from remat_kit.autoplan._budget import Budget
 from remat_kit.autoplan._decide import CATALOGUE, CHALLENGERS, abstract, bound, decide, unjitted
 from remat_kit.autoplan._decision import AutoPlan
 from remat_kit.autoplan._graph import Edge, is_node, unwrap_nnx_jit
+from remat_kit.autoplan._shardings import one_device, with_jit_shardings
 from remat_kit.errors import BadValue, RematWarning
 from remat_kit.peak import PeakReport
 from remat_kit.policies import as_policy
@@ -115,7 +116,7 @@ class AutoStep:
         self._fn, self.budget, self._target = fn, budget, target
         self._donate, self._roles = donate_argnums or donated or (), roles
         self._catalogue, self._offload, self._max = catalogue, offload, max_shapes
-        self._jit = dict(jit_options)
+        self._jit = with_jit_shardings(fn, jit_options)  # a jax.jit's shardings, as given
         self._decided: collections.OrderedDict[Any, _Decided] = collections.OrderedDict()
         self._last: AutoPlan | None = None
         self._hot: _Decided | None = None  # the last call's decision, tried first
@@ -260,6 +261,7 @@ class AutoStep:
         return edge.step(self._fn), edge.donate(self._donate), loss
 
     def _decide(self, pure: tuple[Any, ...], edge: Edge | None) -> _Decided:
+        one_device(self.__name__, self._jit, pure)
         t = self.target()
         fn, donate, loss = self._pure(pure, edge)
         plan = decide(
@@ -342,15 +344,20 @@ def auto(
       loss_argnums: the step's arguments the loss takes, in its order (``(0, 2)`` for
         ``loss_fn(params, batch)`` in ``step(params, opt_state, batch)``).
       max_shapes: argument shapes whose decisions are kept (see the module docstring).
-      **jit_options: passed on to ``jax.jit`` (``in_shardings``, ``out_shardings`` ...).
+      **jit_options: passed on to ``jax.jit`` (``in_shardings``, ``out_shardings`` ...); a
+        ``jax.jit`` step's own ``in_shardings`` / ``out_shardings`` are read off it and
+        passed on as well (given both ways: refused). Shardings, or arguments, over more
+        than one device are refused at the first call (``ShardedStep``): the decision plans
+        one device's program.
 
     Returns:
       The :class:`AutoStep`.
 
     Raises:
-      BadValue: a budget that cannot be read (at the call); at the first step call:
-        ``NoAutoBlock`` (no block marked), ``DoesNotFit`` (the budget is under what no policy
-        removes, with the floor and what would fit), ``BudgetOverDevice``.
+      BadValue: a budget that cannot be read, a sharding given both in the jit and as an
+        option (at the call); at the first step call: ``NoAutoBlock`` (no block marked),
+        ``DoesNotFit`` (the budget is under what no policy removes, with the floor and what
+        would fit), ``BudgetOverDevice``, ``ShardedStep`` (shardings over several devices).
 
     Example:
       >>> step = rk.auto(lambda params, batch: params, budget="60GiB", target="h100")
