@@ -454,10 +454,12 @@ def print_notes(run: ModelRun, wide: bool) -> None:
 def print_caveats(notes: Iterable[Note], wide: bool) -> None:
     """Prints the notes a search's answer carries (``Fit.caveats``, ``PlanFront.caveats``:
     XLA's own remat pass made a policy fit), one ``note:`` line each, under its table."""
+    from rich.markup import escape
+
     out = console(wide)
     for note in notes:
-        out.print("[yellow]note:[/yellow]", end=" ")
-        out.print(words(note), markup=False, highlight=False)
+        # One print, so that the line wraps at the terminal's width with its label.
+        out.print(f"[yellow]note:[/yellow] {escape(words(note))}", highlight=False)
 
 
 def catalogue() -> list[tuple[str, Any]]:
