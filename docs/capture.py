@@ -7,7 +7,10 @@ the pages include that file. README's copies sit between ``<!-- capture:NAME -->
 ``<!-- /capture -->`` and are rewritten from the same file. ``library`` is README's library
 example (the ``## As a library`` section's Python), run with ``python``.
 
-Compiles take seconds to minutes each: the examples run one at a time.
+Compiles take seconds to minutes each: the examples run one at a time. The conditions of each
+run (date, cores, the machine's load before and after, its wall time) go to
+``docs/_output/captured.json``, and README states them under each block that shows a time:
+the times are a loaded 2-core machine's unless that line says otherwise.
 
     python docs/capture.py            # every example
     python docs/capture.py fit plan   # only these
@@ -17,6 +20,8 @@ Compiles take seconds to minutes each: the examples run one at a time.
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
 import re
 import shlex
@@ -67,6 +72,27 @@ EXAMPLES: dict[str, tuple[str, int]] = {
 
 _BLOCK = re.compile(r"(<!-- capture:(\w+) -->\n)(.*?)(<!-- /capture -->)", re.S)
 
+#: The conditions each example was captured under (see the module docstring).
+CONDITIONS = OUTPUT / "captured.json"
+
+#: A printed time (``103.2 s``, ``1.5 min``): blocks that show one state their conditions.
+_TIME = re.compile(r"\b\d+(?:\.\d+)? (?:s|min)\b")
+
+
+def conditions_line(entry: dict[str, object]) -> str:
+    """README's line under a block with times: how they were taken.
+
+    Example:
+      >>> conditions_line({"date": "2026-11-29", "cores": 2, "load_before": 1.52,
+      ...                  "load_after": 2.9, "seconds": 103.2})
+      'Captured 2026-11-29 from an empty cache on 2 cores at load 1.5-2.9 (1-minute average).'
+    """
+    lo, hi = sorted((float(entry["load_before"]), float(entry["load_after"])))
+    return (
+        f"Captured {entry['date']} from an empty cache on {entry['cores']} cores at load "
+        f"{lo:.1f}-{hi:.1f} (1-minute average)."
+    )
+
 
 def library_code(readme: str) -> str:
     """README's library example: the first Python block of its ``## As a library`` section.
@@ -111,8 +137,13 @@ def refresh_readme() -> None:
         lang = "text" if match.group(2) == "library" else "console"
         if lang == "text":  # the example's code is above it: only what it printed
             text = text.split("\n", 1)[1]
-        return f"{match.group(1)}```{lang}\n{text}```\n{match.group(4)}"
+        note = ""
+        entry = conditions.get(match.group(2))
+        if entry is not None and _TIME.search(text):
+            note = f"\n{conditions_line(entry)}\n"
+        return f"{match.group(1)}```{lang}\n{text}```\n{note}{match.group(4)}"
 
+    conditions = json.loads(CONDITIONS.read_text()) if CONDITIONS.exists() else {}
     README.write_text(_BLOCK.sub(block, README.read_text()))
 
 
@@ -129,17 +160,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     failed = []
     if not args.readme:
         OUTPUT.mkdir(exist_ok=True)
+        conditions = json.loads(CONDITIONS.read_text()) if CONDITIONS.exists() else {}
         with tempfile.TemporaryDirectory() as cache:
             for name in args.names or EXAMPLES:
-                start = time.perf_counter()
+                start, load_before = time.perf_counter(), os.getloadavg()[0]
                 try:  # a failed example keeps its last output; the others still run
                     text = _run(name, Path(cache) / name)
                 except RuntimeError as err:
                     failed.append(name)
                     print(f"{name}: {err}", file=sys.stderr)
                     continue
+                seconds = time.perf_counter() - start
                 (OUTPUT / f"{name}.txt").write_text(text)
-                print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr)
+                conditions[name] = {
+                    "date": datetime.date.today().isoformat(),
+                    "cores": os.cpu_count(),
+                    "load_before": round(load_before, 2),
+                    "load_after": round(os.getloadavg()[0], 2),
+                    "seconds": round(seconds, 1),
+                }
+                CONDITIONS.write_text(json.dumps(conditions, indent=1, sort_keys=True) + "\n")
+                print(f"{name}: {seconds:.1f} s", file=sys.stderr)
     refresh_readme()
     if failed:
         raise SystemExit(f"failed: {', '.join(failed)} (their files were left as they were)")

@@ -23,6 +23,7 @@ extensions = [
     "api_reference",
     "cli_flags",
     "results_tables",
+    "captured",
 ]
 source_suffix = {".md": "markdown"}
 exclude_patterns = ["_build", "_output", "capture.py", "README.md"]

@@ -152,12 +152,20 @@ def test_captured_outputs_are_the_examples_and_readme_shows_them():
         assert (DOCS / "_output" / f"{name}.txt").read_text().splitlines()[0] == f"$ {command}"
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(
-        r"<!-- capture:(\w+) -->\n```\w+\n(.*?)```\n<!-- /capture -->", readme, re.S
+        r"<!-- capture:(\w+) -->\n```\w+\n(.*?)```\n(.*?)<!-- /capture -->", readme, re.S
     )
-    assert {name for name, _ in blocks} >= {"compare", "library"}
-    for name, text in blocks:
+    assert {name for name, _, _ in blocks} >= {"compare", "library"}
+    conditions = json.loads(capture.CONDITIONS.read_text())
+    for name, text, note in blocks:
         stored_text = (DOCS / "_output" / f"{name}.txt").read_text()
         assert stored_text.endswith(text), name  # library's drops its "$ python" line
+        # a block that shows a time says what load it was taken at
+        timed = re.search(r"\b\d+(?:\.\d+)? (?:s|min)\b", text)
+        if timed:
+            assert note.strip() == capture.conditions_line(conditions[name]), name
+            assert "load" in note, name
+        else:
+            assert not note.strip(), name
 
 
 def test_flag_tables_hold_every_flag_of_the_commands_help():
