@@ -1409,7 +1409,8 @@ def test_plan_front_is_what_the_plan_cli_reports_with_or_without_plot(monkeypatc
     pf = rk.search.plan_front(fake3(layers=4), 1, budget, catalogue=catalogue, sweep=True)
     assert isinstance(pf, rk.search.PlanFront) and pf.plan.fits
     mine = json.loads(json.dumps(pf.to_dict()))
-    assert set(mine) == set(cli[False]) == {"plan", "front", "plan_seconds", "seconds"}
+    assert set(mine) == set(cli[False]) == {"plan", "front", "plan_seconds", "seconds", "caveats"}
+    assert mine["caveats"] == cli[False]["caveats"]
     for key in ("policy", "schedule", "peak_bytes", "overhead", "decisions", "source", "message"):
         assert mine["plan"][key] == cli[False]["plan"][key], key
     assert mine["plan"]["note"] == cli[False]["plan"]["note"]
