@@ -214,11 +214,17 @@ def test_inspect_is_wired(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def _without(argv, flag):
+    """``argv`` without ``flag`` and its value (a flag is given once)."""
+    at = argv.index(flag)
+    return [*argv[:at], *argv[at + 2 :]]
+
+
 def test_sharded_report_is_per_device(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = [
         "report",
-        *SMALL,
+        *_without(SMALL, "--batch"),
         "--batch",
         "8",
         "--policy",

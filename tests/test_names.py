@@ -66,7 +66,9 @@ def test_a_schedules_family_is_read_in_any_case(typed, name):
 def test_a_preset_is_named_in_any_case():
     from remat_kit.cli._model import spec_from_args
 
-    _, spec = spec_from_args(_parse("report", "--model", "TINY-LLAMA"))
+    parser, _ = _parser("report")
+    args = parser.parse_args(["report", "--model", "TINY-LLAMA", *TINY[2:]])
+    _, spec = spec_from_args(args)
     assert spec.model == "tiny-llama"
 
 
