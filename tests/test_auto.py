@@ -481,7 +481,9 @@ def decided():
     outputs and the log records of its first call."""
     out = {}
     logger = logging.getLogger("remat_kit.auto")
-    for which in ("fits", "900KiB", "activations"):
+    # "fits" (every budget form's bytes) is checked without a compile above: two decisions
+    # here keep the suite's time (each is several compiles).
+    for which in ("900KiB", "activations"):
         records = []
         handler = logging.Handler()
         handler.emit = records.append
@@ -501,7 +503,7 @@ def decided():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["fits", "900KiB", "activations"])
+@pytest.mark.parametrize("which", ["900KiB", "activations"])
 def test_the_decided_plan_is_under_the_budget_to_the_byte_of_a_bare_compile(which, decided):
     step, _, _ = decided[which]
     plan = step.plan
@@ -530,7 +532,7 @@ def test_a_tight_budget_chooses_remat_and_fits_chooses_no_slower_than_the_catalo
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["fits", "900KiB", "activations"])
+@pytest.mark.parametrize("which", ["900KiB", "activations"])
 def test_the_wrapped_step_trains_as_the_step_without_remat(which, decided):
     _, result, _ = decided[which]
     _, _, step, _ = _train("none")
