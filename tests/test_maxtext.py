@@ -145,7 +145,11 @@ def test_none_is_the_step_without_a_checkpoint_and_full_a_config_line():
     ],
 )
 def test_config_lines(policy, lines):
-    assert config_lines(policy) == lines
+    if "attn_norm" in policy:  # a name outside remat_kit's vocabulary: said as the policy is made
+        with pytest.warns(UserWarning, match="'attn_norm' .*not in remat_kit's tag vocabulary"):
+            assert config_lines(policy) == lines
+    else:
+        assert config_lines(policy) == lines
 
 
 def test_custom_tensors_are_those_maxtexts_custom_policy_reads():

@@ -156,7 +156,10 @@ def test_expert_outputs_saved_inside_shard_map_are_traced_to_their_tags(scan, sh
     """A name policy saving the expert outputs, with or without shard_map around them: the
     residual table names them by tag, as saved, with the bytes of every layer."""
     spec = "names:save=" + "+".join(EXPERT_TAGS)
-    rep = _residuals(spec, scan=scan, shard_map=shard_map)
+    # The model tags these tensors itself, with names outside remat_kit's vocabulary: the
+    # policy says so as it is made, and still matches them.
+    with pytest.warns(UserWarning, match="'expert_gate', 'expert_up', 'expert_out' not in"):
+        rep = _residuals(spec, scan=scan, shard_map=shard_map)
     assert {t: rep.tags[t] for t in EXPERT_TAGS} == dict.fromkeys(EXPERT_TAGS, "saved")
     assert not [r for r in rep.residuals if r.name == "<shard_map>"]
     kept = sum(r.nbytes for r in rep.residuals if r.name in EXPERT_TAGS)

@@ -103,9 +103,13 @@ def check_policy_matches(
       >>> check_policy_matches("context", ["query_proj"], strict=True)
       Traceback (most recent call last):
       remat_kit.errors.BadValue: policy 'context' names context but ...
-      >>> check_policy_matches("names:save=mlp_gate+mlp_gat", ["mlp_gate"], strict=True)
+      >>> with warnings.catch_warnings(record=True) as said:
+      ...     warnings.simplefilter("always")
+      ...     check_policy_matches("names:save=mlp_gate+mlp_gat", ["mlp_gate"], strict=True)
       Traceback (most recent call last):
       remat_kit.errors.BadValue: policy 'names:save=mlp_gate+mlp_gat' names 'mlp_gat' ...
+      >>> print(said[0].message)  # the policy says so as it is made: names of the model's own
+      save: 'mlp_gate', 'mlp_gat' not in remat_kit's tag vocabulary; only tensors you tagged ...
     """
     pol = as_policy(policy)
     present = sorted(set(tags))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import inspect
+import os
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -33,6 +34,8 @@ __all__ = [
 ]
 
 _OFFLOAD_DSTS = ("pinned_host", "unpinned_host")
+# remat_kit's own files: a warning about the user's names skips their frames.
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
 def _names_param(key: str, value: Any) -> tuple[str, ...]:
@@ -59,7 +62,9 @@ def _names_param(key: str, value: Any) -> tuple[str, ...]:
         warnings.warn(
             f"{key}: {detail} not in remat_kit's tag vocabulary; only tensors you tagged "
             "yourself with these names will match",
-            stacklevel=4,
+            # Said at the user's line, whichever door the names came in by (rk.policy, a spec
+            # string, rk.remat): not at ours, where once per process would hide the others.
+            skip_file_prefixes=(_PACKAGE,),
         )
     return out
 

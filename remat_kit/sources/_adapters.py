@@ -157,7 +157,7 @@ class NNXModel:
         self.graphdef, self.params, self.rest = nnx.split(model, nnx.Param, ...)
 
     def init(self, key: Any, *args: Any, **kwargs: Any) -> Any:
-        shapes = self.params.to_pure_dict()
+        shapes = nnx.to_pure_dict(self.params)  # State.to_pure_dict is deprecated (flax 0.12)
         return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
     def apply(self, variables: Any, *args: Any, rngs: Any = None, **kwargs: Any) -> Any:
