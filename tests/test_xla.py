@@ -1,5 +1,8 @@
 """What XLA's compiler says: its remat pass's outcome and its log lines, read without a GPU."""
 
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -108,3 +111,24 @@ def test_other_warnings_are_kept_and_info_lines_dropped():
 def test_peak_is_argument_output_temp_minus_alias():
     mem = xla.compile_memory(_Lowered(500, 500, ONLY_METADATA))
     assert mem.peak_bytes == 1000 + 10 + 500
+
+
+class _Slow(_Lowered):
+    """A compile that takes a while before it logs: two at once overlap in time."""
+
+    def compile(self, compiler_options=None):
+        time.sleep(0.1)
+        return super().compile(compiler_options)
+
+
+def test_compiles_side_by_side_in_threads_each_keep_their_own_log_lines():
+    # File descriptor 2 is the process's: two captures open at once would swap their lines,
+    # or lose one to the real stderr, and leave descriptor 2 on a deleted file.
+    lowered = [_Slow(500, 900, CLONED, log=_cant(300 + i, 510, 810)) for i in range(4)]
+    before = os.fstat(2)
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(xla.compile_memory, lowered))
+    assert [m.xla_remat_limit_bytes for m in got] == [300, 301, 302, 303]
+    assert [len(m.xla_messages) for m in got] == [1, 1, 1, 1]
+    after = os.fstat(2)
+    assert (after.st_dev, after.st_ino) == (before.st_dev, before.st_ino)

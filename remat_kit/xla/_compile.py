@@ -19,6 +19,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -332,6 +333,13 @@ def _not_xla(lines: list[str]) -> list[str]:
     return out
 
 
+# File descriptor 2 is the process's, not a thread's: two captures open at once in one process
+# (compiles in a thread pool) would each take the other's lines, or lose them to the real
+# stderr, and the later to close would leave descriptor 2 on the earlier's deleted file. One
+# capture at a time; re-entrant, as a capture may open inside another in the same thread.
+_CAPTURE = threading.RLock()
+
+
 class _Log:
     lines: list[str]
 
@@ -356,19 +364,20 @@ def captured_stderr() -> Iterator[_Log]:
       ['W1124 02:20:01.1 7 hlo_rematerialization.cc:3231] raw']
     """
     log = _Log()
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield log
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            text = tmp.read().decode(errors="replace")
-            log.lines = text.splitlines()
-            other = _not_xla(log.lines)
-            if other:
-                sys.stderr.write("\n".join(other) + "\n")
+    with _CAPTURE:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        with tempfile.TemporaryFile() as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield log
+            finally:
+                sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                tmp.seek(0)
+                text = tmp.read().decode(errors="replace")
+                log.lines = text.splitlines()
+                other = _not_xla(log.lines)
+                if other:
+                    sys.stderr.write("\n".join(other) + "\n")
