@@ -31,12 +31,13 @@ def loss_and_grads(cfg: models.ModelConfig, params, toks, *, dropout_key=None):
 
 
 def size_words(nbytes: int) -> str:
-    """Bytes as the notes word them, written out here: in the largest binary unit that keeps
-    the figure at 1 or more, two decimals (``102.40 MiB``, ``1.00 GiB``); below 1 KiB, whole
-    bytes (``0 B``)."""
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.2f} {unit}"
+    """Bytes as remat_kit words them (the convention of ``remat_kit/_units.py``), written out
+    here independently so a test's expected sentence does not call the formatter it checks:
+    GiB when the figure is at least 1 GiB (however large: no TiB), else MiB, else KiB, two
+    decimals; below 1 KiB, whole bytes (``300 B``)."""
+    for power, unit in ((3, "GiB"), (2, "MiB"), (1, "KiB")):
+        if nbytes >= 1024**power:
+            return f"{nbytes / 1024**power:.2f} {unit}"
     return f"{int(nbytes)} B"
 
 

@@ -72,14 +72,14 @@ CASES = [
             "suggest": "dots_no_batch_and_ragged",
         },
         "policy 'dots_no_batch' keeps matmul outputs but recomputes the grouped expert GEMMs "
-        "(ragged_dot_general): 3.00 MiB per layer, 32 layer(s); policy "
+        "(ragged_dot_general): 3.00 MiB per layer, 32 layers; policy "
         "'dots_no_batch_and_ragged' keeps them",
     ),
     (
         "ragged_dots_recomputed",
         {"policy": "my_policy", "per_layer_bytes": 2**19, "layers": 1, "suggest": None},
         "policy 'my_policy' keeps matmul outputs but recomputes the grouped expert GEMMs "
-        "(ragged_dot_general): 0.50 MiB per layer, 1 layer(s); "
+        "(ragged_dot_general): 512.00 KiB per layer, 1 layer; "
         "rk.policy('either', a=<this policy>, b='ragged_dots') keeps them",
     ),
     (
@@ -87,7 +87,7 @@ CASES = [
         {"policy": "dots_no_batch", "per_layer_bytes": 5 * 2**20, "layers": 48},
         "policy 'dots_no_batch' keeps weight matmuls but recomputes batched matmuls against "
         "weights (expert GEMMs with the expert as a batch dimension, maxtext#2207): 5.00 MiB per "
-        "layer, 48 layer(s); save them by their tags (minimal does on the presets) or with "
+        "layer, 48 layers; save them by their tags (minimal does on the presets) or with "
         "'dots', which keeps every batched product too",
     ),
     (

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import pytest
 
 import remat_kit as rk
+from helpers import size_words
 from remat_kit import checks
 from remat_kit.flops import count_flops, ragged_dot_flops
 from remat_kit.notes import words
@@ -188,7 +189,7 @@ def test_dot_policies_say_they_recompute_the_expert_gemms(policy, suggest, scan)
     assert note.data["per_layer_bytes"] == _per_layer_bytes()
     assert note.data["layers"] == 2
     assert note.data["suggest"] == suggest
-    assert "MiB per layer" in words(note)
+    assert f"{size_words(_per_layer_bytes())} per layer, 2 layers" in words(note)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 
 import remat_kit as rk
+from remat_kit._units import byte_unit, second_unit, seconds, size
 from remat_kit.peak import PeakBuffer, PeakReport, Phase
 from remat_kit.render import (
     ADVISE_DROP,
@@ -29,7 +30,6 @@ from remat_kit.render import (
     plan_table,
     report_table,
 )
-from remat_kit.render._format import byte_unit, second_unit, seconds, size
 from remat_kit.render._wrap import BREAK_AFTER, wrap
 from remat_kit.search import Advice, FrontPoint, ScaleOut
 from remat_kit.xla import captured_stderr
@@ -143,6 +143,10 @@ def test_a_tables_title_and_caption_break_between_tokens():
         (80 * GIB, "80.00 GiB"),
         (3 * 2**40, "3072.00 GiB"),  # GPU memory reads in GiB, however large
         (0, "0 B"),
+        (300, "300 B"),  # whole bytes below 1 KiB, not 0.29 KiB
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (None, "-"),
     ],
 )
 def test_size_is_in_the_unit_of_the_figure(value, words):
@@ -242,12 +246,12 @@ def test_compare_legend_quotes_the_figures_of_its_own_rows():
 def test_plan_legend_explains_only_the_marks_its_rows_carry():
     p = NS(budget_bytes=GIB, host_budget_bytes=None, report=None, compiles=2, solver=None,
            source="catalogue", objective="time", label="full", host_bytes=0)  # fmt: skip
-    main = "plan (budget 1.00 GiB)"
-    alike = [_point(main, MIB), _point("dots", MIB, same_as="minimal")]
+    main = f"plan:{GIB}"
+    alike = [_point(main, MIB, budget=GIB), _point("dots", MIB, same_as="minimal")]
     caption = plan_table(p, alike, rk.target("h100"), OPTS, plan_seconds=1, seconds=1,
                          compiles=2).caption  # fmt: skip
     assert "* = on the Pareto front; = minimal: the same program as minimal" in caption
-    apart = [_point(main, MIB), _point("none", 2 * MIB, dominated_by=main)]
+    apart = [_point(main, MIB, budget=GIB), _point("none", 2 * MIB, dominated_by=main)]
     caption = plan_table(p, apart, rk.target("h100"), OPTS, plan_seconds=1, seconds=1,
                          compiles=2).caption  # fmt: skip
     assert "* = on the Pareto front" in caption and "the same program" not in caption
@@ -398,10 +402,42 @@ def test_advise_with_prices_keeps_its_answer_columns_whole_at_100_columns():
     assert "SGD, LoRA, bigger GPU, ~3+ GPUs" in _cells(_body(lines)[-1])
 
 
-def _point(label, peak, same_as=None, dominated_by=None):
-    return FrontPoint(label, "catalogue", peak, 0.1, 0.05, same_as=same_as,
+def _point(label, peak, same_as=None, dominated_by=None, budget=None):
+    # A plan's point is keyed by its budget in bytes (search's data: "plan:<bytes>").
+    kind = "catalogue" if budget is None else "plan"
+    return FrontPoint(label, kind, peak, 0.1, 0.05, same_as=same_as,
                       dominated=dominated_by is not None, dominated_by=dominated_by,
-                      step_seconds=0.0011)  # fmt: skip
+                      step_seconds=0.0011, budget_bytes=budget)  # fmt: skip
+
+
+def test_the_plan_row_is_found_by_its_budget_and_each_plan_key_is_worded():
+    # Search keys a plan's point by its budget in bytes; the table finds its plan by that
+    # budget (not by words two budgets may share) and words every key where it stands.
+    p = NS(budget_bytes=GIB, host_budget_bytes=None, report=None, compiles=2, solver=None,
+           source="catalogue", objective="time", label="full", host_bytes=0)  # fmt: skip
+    points = [
+        _point(f"plan:{GIB - 1}", MIB, budget=GIB - 1),  # a swept plan, 1 byte under
+        _point(f"plan:{GIB}", 2 * MIB, budget=GIB),
+        _point("none", 3 * MIB, dominated_by=f"plan:{GIB}"),
+    ]
+    table = plan_table(p, points, rk.target("h100"), OPTS, plan_seconds=1, seconds=1,
+                       compiles=2)  # fmt: skip
+    what, front = list(table.columns[0].cells), list(table.columns[-1].cells)
+    assert what == ["PLAN: full", "none", "plan (budget 1024.00 MiB)"]  # catalogue, then plans
+    assert " ".join(front[1].split()) == "dominated by plan (budget 1.00 GiB)"
+
+
+def test_plans_whose_budgets_read_alike_keep_apart():
+    from remat_kit.render._front import named_points
+
+    a, b = f"plan:{GIB}", f"plan:{GIB + 1}"
+    pts = named_points([_point(a, MIB, budget=GIB), _point(b, MIB, budget=GIB + 1),
+                        _point("full", MIB, same_as=b)])  # fmt: skip
+    assert [(q.label, q.same_as) for q in pts] == [
+        ("plan (budget 1.00 GiB)", None),
+        ("plan (budget 1.00 GiB) #2", None),
+        ("full", "plan (budget 1.00 GiB) #2"),
+    ]
 
 
 def test_plan_keeps_its_policy_and_the_front_whole_between_tokens():
@@ -416,9 +452,9 @@ def test_plan_keeps_its_policy_and_the_front_whole_between_tokens():
         label=LONG_POLICY,
         host_bytes=0,
     )
-    main = "plan (budget 59.38 GiB)"
+    main = f"plan:{p.budget_bytes}"
     points = [
-        _point(main, 3 * MIB),
+        _point(main, 3 * MIB, budget=p.budget_bytes),
         _point("offload_dots_no_batch", 3 * MIB),
         _point("minimal_offloaded", 3 * MIB, same_as="offload_dots_no_batch"),
         _point("megatron", 4 * MIB, dominated_by=main),

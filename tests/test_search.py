@@ -984,8 +984,8 @@ def test_plan_is_never_dominated_by_what_it_is_shown_beside():
 
 
 def test_a_plan_on_a_front_is_known_by_its_budget_not_its_words(monkeypatch):
-    # The fakes' budgets are bytes: every plan's label reads "plan (budget 0.00 GiB)", so
-    # words cannot tell the recommended plan from the swept ones; its budget does. The swept
+    # The fakes' budgets are a few bytes apart: a plan's key is its budget in bytes, never
+    # its words, so the recommended plan and each swept one are points of their own. The swept
     # plans on the front are weighed again beside the catalogue: a second plan() with them.
     from remat_kit.search import _recommend
 
@@ -1006,7 +1006,7 @@ def test_a_plan_on_a_front_is_known_by_its_budget_not_its_words(monkeypatch):
     # the plan, one per swept budget, then the plan again with the swept plans beside it
     assert len(asked) == 2 + len(pf.swept) and swept <= set(asked[-1]) - set(asked[0])
     plans = [pt for pt in pf.points if pt.kind == "plan"]
-    assert len({pt.label for pt in plans}) == 1 < len(plans)
+    assert len({pt.label for pt in plans}) == len(plans) > 1
     assert [pt.budget_bytes for pt in plans].count(pf.plan.budget_bytes) == 1
     assert {pt.budget_bytes for pt in plans} <= {pf.plan.budget_bytes} | {
         p.budget_bytes for p in pf.swept

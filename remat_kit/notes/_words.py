@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from remat_kit._units import counted, percent, seconds, size
 from remat_kit.errors import BadValue
 from remat_kit.notes._note import HINT_KINDS, KINDS, Note
 
@@ -134,8 +135,8 @@ def _ragged_dots_recomputed(d: Mapping[str, Any]) -> str:
     )
     return (
         f"policy {d['policy']!r} keeps matmul outputs but recomputes the grouped expert GEMMs "
-        f"(ragged_dot_general): {d['per_layer_bytes'] / 2**20:.2f} MiB per layer, {d['layers']} "
-        f"layer(s); {keep}"
+        f"(ragged_dot_general): {size(d['per_layer_bytes'])} per layer, "
+        f"{counted(d['layers'], 'layer')}; {keep}"
     )
 
 
@@ -143,7 +144,7 @@ def _expert_dots_recomputed(d: Mapping[str, Any]) -> str:
     return (
         f"policy {d['policy']!r} keeps weight matmuls but recomputes batched matmuls against "
         f"weights (expert GEMMs with the expert as a batch dimension, maxtext#2207): "
-        f"{d['per_layer_bytes'] / 2**20:.2f} MiB per layer, {d['layers']} layer(s); save them by "
+        f"{size(d['per_layer_bytes'])} per layer, {counted(d['layers'], 'layer')}; save them by "
         "their tags (minimal does on the presets) or with 'dots', which keeps every batched "
         "product too"
     )
@@ -165,7 +166,7 @@ def _offload_moved_nothing(d: Mapping[str, Any]) -> str:
 
 def _xla_remat(d: Mapping[str, Any]) -> str:
     return (
-        f"XLA's own rematerialization pass took {_size(d['saved_bytes'])} off "
+        f"XLA's own rematerialization pass took {size(d['saved_bytes'])} off "
         f"the peak to fit {d['target']}: these figures include XLA's choices on top of the policy"
     )
 
@@ -179,8 +180,8 @@ def _xla_remat_made_fit(d: Mapping[str, Any]) -> str:
     over = without - d["limit_bytes"]
     return (
         f"{name}: {d['axis']} {d['value']} fits only because XLA's own rematerialization pass "
-        f"took {_size(d['saved_bytes'])} off its peak ({_size(without)} without it, "
-        f"{_size(over)} over the {_size(d['limit_bytes'])} limit): XLA recomputes what the "
+        f"took {size(d['saved_bytes'])} off its peak ({size(without)} without it, "
+        f"{size(over)} over the {size(d['limit_bytes'])} limit): XLA recomputes what the "
         "policy keeps, so the step "
         "does more work than its recompute figure says (traced before XLA's pass) and runs "
         f"slower than {name!r} suggests"
@@ -189,22 +190,22 @@ def _xla_remat_made_fit(d: Mapping[str, Any]) -> str:
 
 def _does_not_fit(d: Mapping[str, Any]) -> str:
     runtime = d["runtime"] or "the runtime"
-    where = f"{d['target']} at {runtime} ({_size(d['usable_bytes'])} usable of "
-    where += f"{_size(d['memory_bytes'])})"
+    where = f"{d['target']} at {runtime} ({size(d['usable_bytes'])} usable of "
+    where += f"{size(d['memory_bytes'])})"
     fix = (
         f"; it fits with XLA_PYTHON_CLIENT_MEM_FRACTION={d['fits_with_fraction']:g}"
         if d["fits_with_fraction"] is not None
         else "; no allocator fraction makes it fit"
     )
     return (
-        f"does not fit {where}: peak {_size(d['peak_bytes'])} is {_size(d['over_bytes'])} over{fix}"
+        f"does not fit {where}: peak {size(d['peak_bytes'])} is {size(d['over_bytes'])} over{fix}"
     )
 
 
 def _breakdown_upper_bound(d: Mapping[str, Any]) -> str:
     return (
-        f"the peak ({_size(d['peak_bytes'])}) is below weights + gradients + "
-        f"optimizer state + batch ({_size(d['known_bytes'])}): XLA never holds every gradient "
+        f"the peak ({size(d['peak_bytes'])}) is below weights + gradients + "
+        f"optimizer state + batch ({size(d['known_bytes'])}): XLA never holds every gradient "
         "at once here, so this split is only an upper bound per part (activations shown as "
         "0); a measured breakdown reads what is live at the peak"
     )
@@ -213,17 +214,17 @@ def _breakdown_upper_bound(d: Mapping[str, Any]) -> str:
 def _offload_shortfall(d: Mapping[str, Any]) -> str:
     moved, marked = d["moved_bytes"], d["marked_bytes"]
     return (
-        f"offload moved {_size(moved)} to host of the {_size(marked)} "
-        f"jax marked for offload ({100 * moved / marked:.0f}%): XLA kept the rest on the "
+        f"offload moved {size(moved)} to host of the {size(marked)} "
+        f"jax marked for offload ({percent(moved / marked, 0)}): XLA kept the rest on the "
         "device, so the peak is not what the policy promises; offload needs scanned layers"
     )
 
 
 def _offload_link_bound(d: Mapping[str, Any]) -> str:
     return (
-        f"offloading {_size(d['host_bytes'])} per step needs an estimated "
-        f"{_seconds(d['transfer_seconds'])} on {d['target']}'s host link, more than the "
-        f"step's {_seconds(d['step_compute_seconds'])} of compute: it cannot hide "
+        f"offloading {size(d['host_bytes'])} per step needs an estimated "
+        f"{seconds(d['transfer_seconds'])} on {d['target']}'s host link, more than the "
+        f"step's {seconds(d['step_compute_seconds'])} of compute: it cannot hide "
         "behind compute"
     )
 
@@ -236,10 +237,10 @@ def _boundary(d: Mapping[str, Any], what: str, here: str, refused: str, by: str)
     elif d[refused] is not None:
         after = f", {what} {nxt} cannot be built{by} ({d[refused]})"
     else:
-        after = f", {what} {nxt} does not ({_size(d['next_peak_bytes'])})"
+        after = f", {what} {nxt} does not ({size(d['next_peak_bytes'])})"
     return (
         label(d["policy"], d["schedule"])
-        + f": {here} ({_size(d['peak_bytes'])} of {_size(d['limit_bytes'])})"
+        + f": {here} ({size(d['peak_bytes'])} of {size(d['limit_bytes'])})"
         + after
     )
 
@@ -250,8 +251,8 @@ def _batch_fits(d: Mapping[str, Any]) -> str:
 
 def _batch_none_fits(d: Mapping[str, Any]) -> str:
     return (
-        f"{d['policy']}: even batch {d['batch']} does not fit: {_size(d['peak_bytes'])} > "
-        f"{_size(d['limit_bytes'])} on {d['target']}"
+        f"{d['policy']}: even batch {d['batch']} does not fit: {size(d['peak_bytes'])} > "
+        f"{size(d['limit_bytes'])} on {d['target']}"
     )
 
 
@@ -267,7 +268,7 @@ def _seq_fits(d: Mapping[str, Any]) -> str:
 def _seq_none_fits(d: Mapping[str, Any]) -> str:
     return (
         f"{d['policy']}: even seq {d['seq']} at batch {d['batch']} does not fit: "
-        f"{_size(d['peak_bytes'])} > {_size(d['limit_bytes'])} on {d['target']}"
+        f"{size(d['peak_bytes'])} > {size(d['limit_bytes'])} on {d['target']}"
     )
 
 
@@ -301,7 +302,7 @@ def _solver_words(s: Mapping[str, Any]) -> str:
     proof = (
         "optimal on the cost model"
         if s["optimal"]
-        else f"{s['status']}, gap {100 * (s['gap'] or 0):.2f}%"
+        else f"{s['status']}, gap {percent(s['gap'] or 0, 2)}"
     )
     return f"{why}; {proof} ({s['solver']}, {s['programs']} programs)"
 
@@ -309,25 +310,25 @@ def _solver_words(s: Mapping[str, Any]) -> str:
 def _plan_fits(d: Mapping[str, Any]) -> str:
     why = _solver_words(d["solver"]) if d["source"] == "solver" else _WHY[d["source"]]
     return (
-        f"{label(d['policy'], d['schedule'])} fits {_size(d['budget_bytes'])}: peak "
-        f"{_size(d['peak_bytes'])}, recompute "
-        f"{100 * d['recompute_overhead']:.1f}% ({why})"
+        f"{label(d['policy'], d['schedule'])} fits {size(d['budget_bytes'])}: peak "
+        f"{size(d['peak_bytes'])}, recompute "
+        f"{percent(d['recompute_overhead'])} ({why})"
     )
 
 
 def _plan_nothing_fits(d: Mapping[str, Any]) -> str:
     return (
-        f"nothing fits {_size(d['budget_bytes'])} on {d['target']} at batch {d['batch']}: "
-        f"the smallest peak reached is {_size(d['peak_bytes'])}, with "
+        f"nothing fits {size(d['budget_bytes'])} on {d['target']} at batch {d['batch']}: "
+        f"the smallest peak reached is {size(d['peak_bytes'])}, with "
         f"{label(d['policy'], d['schedule'])} "
-        f"({_size(d['peak_bytes'] - d['budget_bytes'])} over); try a smaller batch "
+        f"({size(d['peak_bytes'] - d['budget_bytes'])} over); try a smaller batch "
         "(remat-kit fit), gradient accumulation or a larger budget"
     )
 
 
 def _scale_out_fits(d: Mapping[str, Any]) -> str:
     return (
-        f"{d['devices']} x {d['target']}: {_size(d['peak_bytes'])} per GPU with "
+        f"{d['devices']} x {d['target']}: {size(d['peak_bytes'])} per GPU with "
         f"{d['policy']} at global batch {d['batch']}"
     )
 
@@ -335,7 +336,7 @@ def _scale_out_fits(d: Mapping[str, Any]) -> str:
 def _scale_out_none(d: Mapping[str, Any]) -> str:
     return (
         f"does not fit {d['devices']} x {d['target']} with {d['policy']}: "
-        f"{_size(d['peak_bytes'])} per GPU"
+        f"{size(d['peak_bytes'])} per GPU"
     )
 
 
@@ -367,20 +368,20 @@ def change_words(change: Mapping[str, Any]) -> str:
 
 def _rows_none_fit(d: Mapping[str, Any]) -> str:
     return (
-        f"at batch {d['batch']} the smallest peak is {_size(d['peak_bytes'])} "
-        f"({d['policy']}), over the {_size(d['limit_bytes'])} a JAX process may use on "
+        f"at batch {d['batch']} the smallest peak is {size(d['peak_bytes'])} "
+        f"({d['policy']}), over the {size(d['limit_bytes'])} a JAX process may use on "
         f"{d['target']}, though weights, gradients and optimizer state fit"
     )
 
 
 def _compiles(n: int) -> str:
-    return f"{n} extra compile{'s' * (n != 1)}"
+    return counted(n, "extra compile")
 
 
 def _next_step_fits(d: Mapping[str, Any]) -> str:
     return (
         f"{change_words(d['change'])}: compiled with {d['policy']}, the peak is "
-        f"{_size(d['peak_bytes'])}, under the {_size(d['limit_bytes'])} a JAX process may "
+        f"{size(d['peak_bytes'])}, under the {size(d['limit_bytes'])} a JAX process may "
         f"use on {d['target']} ({_compiles(d['compiles'])})"
     )
 
@@ -390,7 +391,7 @@ def _next_step_none(d: Mapping[str, Any]) -> str:
     for t in d["tried"]:
         c = {k: v for k, v in t.items() if k != "peak_bytes"}
         peak = t["peak_bytes"]
-        why = "inputs over its limit" if peak is None else f"full peaks at {_size(peak)}"
+        why = "inputs over its limit" if peak is None else f"full peaks at {size(peak)}"
         said.append(f"{change_words(c)} ({why})")
     return (
         "none of the changes tried fits: "
@@ -409,38 +410,19 @@ _SHOWN_PARTS = (
 )
 
 
-def _size(nbytes: float | None) -> str:
-    """Bytes in the largest binary unit that keeps the figure >= 1 (1.00 KiB, 14.96 GiB)."""
-    nbytes = nbytes or 0
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if nbytes >= size:
-            return f"{nbytes / size:.2f} {unit}"
-    return f"{int(nbytes)} B"
-
-
-def _seconds(t: float) -> str:
-    """Seconds in the unit that keeps the figure >= 1 (1.20 s, 35 ms, 269 us)."""
-    for unit, size in (("s", 1.0), ("ms", 1e-3)):
-        if t >= size:
-            return f"{t / size:.2f} {unit}" if unit == "s" else f"{t / size:.0f} {unit}"
-    return f"{t * 1e6:.0f} us"
-
-
 def _fixed_over_budget(d: Mapping[str, Any]) -> str:
     parts = d["parts"]
-    shown = " + ".join(
-        f"{name} {_size(parts[key])}" for key, name in _SHOWN_PARTS if parts.get(key)
-    )
+    shown = " + ".join(f"{name} {size(parts[key])}" for key, name in _SHOWN_PARTS if parts.get(key))
     where = f"{d['label']} " if d["label"] else ""
     compiled = (
         ""
         if d["compiled_bytes"] is None
         else " (compiled with every layer recomputed, `full`, and with none, `none`, the "
-        f"step needs {_size(d['compiled_bytes'])})"
+        f"step needs {size(d['compiled_bytes'])})"
     )
     return (
-        f"{where}does not fit {_size(d['limit_bytes'])} on {d['target']} whatever the "
-        f"policy: {shown} = {_size(d['fixed_bytes'])} before any activation{compiled}. "
+        f"{where}does not fit {size(d['limit_bytes'])} on {d['target']} whatever the "
+        f"policy: {shown} = {size(d['fixed_bytes'])} before any activation{compiled}. "
         "Where these parts alone would fit (a compile decides the rest): "
         + "; ".join(hint_words(h) for h in d["hints"])
         + "."
@@ -472,34 +454,34 @@ def hint_words(hint: Mapping[str, Any]) -> str:
             f"no words for hint {dict(hint)!r}: a kind of {', '.join(HINT_KINDS)} with its figures",
             param="hint",
         )
-    limit = f"the {_size(hint['limit_bytes'])} limit" if "limit_bytes" in hint else ""
+    limit = f"the {size(hint['limit_bytes'])} limit" if "limit_bytes" in hint else ""
     if kind == "sgd":
         return (
             f"SGD (--optimizer sgd): no optimizer state, so these parts are "
-            f"{_size(hint['fixed_bytes'])} (from {_size(hint['from_bytes'])}), under {limit}"
+            f"{size(hint['fixed_bytes'])} (from {size(hint['from_bytes'])}), under {limit}"
         )
     if kind == "lora":
         return (
             f"LoRA (--lora 16): frozen base weights, adapters and their gradients and optimizer "
-            f"state are {_size(hint['fixed_bytes'])}, under {limit}"
+            f"state are {size(hint['fixed_bytes'])}, under {limit}"
         )
     if kind == "larger_budget":
         return (
-            f"a larger budget: {hint['target']} can give {_size(hint['usable_bytes'])}, and the "
-            f"parts above need {_size(hint['fixed_bytes'])} before activations (e.g. a budget "
+            f"a larger budget: {hint['target']} can give {size(hint['usable_bytes'])}, and the "
+            f"parts above need {size(hint['fixed_bytes'])} before activations (e.g. a budget "
             f"of {hint['budget_gib']}GiB or more)"
         )
     if kind == "bigger_gpu":
-        gpus = ", ".join(f"{name} ({_size(usable)} usable)" for name, usable in hint["gpus"])
-        return f"a GPU whose usable memory holds these {_size(hint['fixed_bytes'])}: {gpus}"
+        gpus = ", ".join(f"{name} ({size(usable)} usable)" for name, usable in hint["gpus"])
+        return f"a GPU whose usable memory holds these {size(hint['fixed_bytes'])}: {gpus}"
     if kind == "shard":
         return (
             f"FSDP over {hint['gpus']} GPUs in all (now {hint['devices']}): these parts split "
-            f"evenly are {_size(hint['each_bytes'])} per GPU, under {limit}"
+            f"evenly are {size(hint['each_bytes'])} per GPU, under {limit}"
         )
     return (
-        f"nothing realistic at this budget: {_size(hint['budget_bytes'])} is absurdly small "
-        f"for {_size(hint['fixed_bytes'])} of weights, gradients and optimizer state (it "
+        f"nothing realistic at this budget: {size(hint['budget_bytes'])} is absurdly small "
+        f"for {size(hint['fixed_bytes'])} of weights, gradients and optimizer state (it "
         f"would take {hint['gpus']} GPUs sharded; did you mean GiB?)"
     )
 

@@ -4,6 +4,7 @@ Library code returns data (frozen dataclasses with ``to_dict``); the CLI and the
 scripts hand it here to be shown or written. Nothing else formats a number or writes a file.
 """
 
+from remat_kit._units import GIB, fmt, gib, pct
 from remat_kit.render._advice import ADVISE_DROP, advise_table
 from remat_kit.render._captions import (
     SCHEDULER_WORDS,
@@ -23,7 +24,7 @@ from remat_kit.render._files import (
     write_text,
     write_trace,
 )
-from remat_kit.render._format import GIB, console, fmt, gib, pct, short, text_table
+from remat_kit.render._format import console, short, text_table
 from remat_kit.render._front import front_figure, plot_front
 from remat_kit.render._inspection import PROFILE_HOST, PROFILE_XPLANE, write_inspection
 from remat_kit.render._layout import DROP_FIRST, fitted

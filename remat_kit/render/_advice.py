@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from remat_kit._units import byte_unit, gib, pct, size
 from remat_kit.notes import hint_words
 from remat_kit.render._captions import runtime_words
-from remat_kit.render._format import byte_unit, gib, pct, size
 from remat_kit.render._layout import DROP_FIRST
 from remat_kit.render._tables import _YES_NO
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line

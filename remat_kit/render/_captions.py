@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from remat_kit.render._format import GIB, gib, size
+from remat_kit._units import GIB, gib, size
 
 if TYPE_CHECKING:
     from remat_kit.sources import EnvSet

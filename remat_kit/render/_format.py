@@ -1,170 +1,20 @@
-"""Number formatting and the console: the only place figures become text."""
+"""The console and plain-text tables. How a figure reads (sizes, times, fractions, counts) is
+:mod:`remat_kit._units`, shared with the notes."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-from collections.abc import Iterable
 from typing import Any
 
+# render/_listings.py (another worker's file) reads these three here.
+from remat_kit._units import count_words, fmt, gib  # noqa: F401
+
 __all__ = [
-    "GIB",
-    "Unit",
-    "byte_unit",
     "console",
-    "count_words",
-    "flops_words",
-    "fmt",
-    "gib",
-    "pct",
-    "second_unit",
-    "seconds",
     "short",
-    "size",
     "text_table",
 ]
-
-GIB = 2**30
-
-# A unit is chosen per figure in prose (``size``, ``seconds``) and per table column in tables
-# (``byte_unit``, ``second_unit``): the figures of one column are read against each other, so
-# they share the unit its header names, chosen by the column's largest figure.
-_BYTE_UNITS = (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-_SECOND_UNITS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6))
-_FLOP_UNITS = (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3))
-_COUNT_UNITS = (("B", 1e9), ("M", 1e6), ("K", 1e3))
-
-
-@dataclasses.dataclass(frozen=True)
-class Unit:
-    """A unit figures are shown in: its name and how many base units (bytes, seconds) it is.
-
-    Example:
-      >>> Unit("MiB", 2**20).cell(3 * 2**19)
-      '1.50'
-    """
-
-    name: str
-    size: float
-
-    def cell(self, value: float | None, digits: int = 2) -> str:
-        """``value`` in this unit with ``digits`` decimals, as a table cell; ``-`` for None."""
-        return fmt(value, self.size, digits)
-
-
-def _unit_of(values: Iterable[float | None], units: tuple[tuple[str, float], ...]) -> Unit:
-    """The largest of ``units`` in which the largest of ``values`` is at least 1 (the last
-    unit below that; the first when every value is 0 or None)."""
-    top = max((abs(v) for v in values if v is not None), default=0.0)
-    if top == 0:
-        return Unit(*units[0])
-    for name, factor in units:
-        if top >= factor:
-            return Unit(name, factor)
-    return Unit(*units[-1])
-
-
-def byte_unit(values: Iterable[float | None]) -> Unit:
-    """The unit (GiB, MiB or KiB) a column of byte counts is shown in: the largest in which
-    its largest figure is at least 1, so no figure of a tiny model reads 0.00.
-
-    Example:
-      >>> byte_unit([3 * 2**20, 2**10, None]).name, byte_unit([80 * 2**30, 5]).name
-      ('MiB', 'GiB')
-    """
-    return _unit_of(values, _BYTE_UNITS)
-
-
-def second_unit(values: Iterable[float | None]) -> Unit:
-    """The unit (s, ms or us) a column of times is shown in, chosen as :func:`byte_unit`.
-
-    Example:
-      >>> second_unit([0.0011, 0.0009]).name
-      'ms'
-    """
-    return _unit_of(values, _SECOND_UNITS)
-
-
-def size(nbytes: float | None, digits: int = 2) -> str:
-    """Bytes in words, in the unit that suits the figure: ``'1.50 GiB'``, ``'12.00 MiB'``.
-
-    Example:
-      >>> size(3 * 2**29), size(40 * 2**20), size(300), size(0), size(None)
-      ('1.50 GiB', '40.00 MiB', '0.29 KiB', '0 B', '-')
-    """
-    if nbytes is None:
-        return "-"
-    if nbytes == 0:
-        return "0 B"  # nothing, in no unit in particular
-    unit = byte_unit([nbytes])
-    return f"{unit.cell(nbytes, digits)} {unit.name}"
-
-
-def seconds(value: float | None) -> str:
-    """A time in words in the unit that suits it: ``'1.25 s'``, ``'1.1 ms'``, ``'40 us'``.
-
-    Example:
-      >>> seconds(1.25), seconds(0.0011), seconds(4e-5), seconds(0.0)
-      ('1.25 s', '1.1 ms', '40 us', '0 s')
-    """
-    if value is None:
-        return "-"
-    if value == 0:
-        return "0 s"
-    unit = second_unit([value])
-    digits = 2 if unit.name == "s" else 1 if value / unit.size < 100 else 0
-    if unit.name == "us":
-        digits = 0
-    return f"{unit.cell(value, digits)} {unit.name}"
-
-
-def flops_words(flops: float) -> str:
-    """A FLOP count in the unit that suits it: ``'1.2 TFLOP'``, ``'35.4 MFLOP'``.
-
-    Example:
-      >>> flops_words(1.23e12), flops_words(3.54e7), flops_words(12)
-      ('1.2 TFLOP', '35.4 MFLOP', '12 FLOP')
-    """
-    for name, factor in _FLOP_UNITS:
-        if abs(flops) >= factor:
-            return f"{flops / factor:.1f} {name}"
-    return f"{flops:.0f} FLOP"
-
-
-def count_words(n: float) -> str:
-    """A count (parameters) in the unit that suits it: ``'8.03 B'``, ``'1.23 M'``, ``'530'``.
-
-    Example:
-      >>> count_words(8.03e9), count_words(1_234_567), count_words(530)
-      ('8.03 B', '1.23 M', '530')
-    """
-    for name, factor in _COUNT_UNITS:
-        if abs(n) >= factor:
-            return f"{n / factor:.2f} {name}"
-    return f"{n:.0f}"
-
-
-def fmt(value: float | None, unit: float, digits: int = 2) -> str:
-    """``value / unit`` with ``digits`` decimals; ``-`` for None.
-
-    Example:
-      >>> fmt(3 * 2**30, GIB)
-      '3.00'
-    """
-    if value is None:
-        return "-"
-    return f"{value / unit:.{digits}f}"
-
-
-def gib(n: float | None, digits: int = 2) -> str:
-    """Bytes as GiB, e.g. ``gib(2**31) == '2.00'``."""
-    return fmt(n, GIB, digits)
-
-
-def pct(value: float | None) -> str:
-    """A signed percentage of a fraction, e.g. ``pct(0.25) == '+25.0%'``; ``-`` for None."""
-    return "-" if value is None else f"{100 * value:+.1f}%"
 
 
 def short(text: str, width: int = 70) -> str:

@@ -9,6 +9,7 @@ beside the markers. :func:`place_labels` puts the numbers where they overprint n
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from remat_kit._units import Unit, byte_unit, pct, size
 from remat_kit.render._files import save_figure
-from remat_kit.render._format import Unit, byte_unit, pct, short, size
+from remat_kit.render._format import short
 from remat_kit.render._titles import precision_words
 
 if TYPE_CHECKING:
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "front_figure",
+    "named_points",
     "place_labels",
     "plot_front",
 ]
@@ -104,6 +107,41 @@ def plot_front(
     return save_figure(fig, path, dpi=int(fig.dpi))
 
 
+def named_points(points: Iterable[FrontPoint]) -> tuple[FrontPoint, ...]:
+    """``points`` with each key in words: a plan's key (``plan:1073741824``, its budget in
+    bytes: data, from :mod:`remat_kit.search`) becomes ``plan (budget 1.00 GiB)`` wherever it
+    stands (``label``, ``same_as``, ``dominated_by``); the other keys are their own words.
+
+    Two plans whose budgets read alike keep their keys apart: each is named ``#2``, ``#3`` ...
+    after the first, in the order given, so no row points at the wrong one.
+
+    Example:
+      >>> from remat_kit.search import FrontPoint
+      >>> key = "plan:1073741824"
+      >>> pts = named_points([FrontPoint(key, "plan", 1, 0.0, 0.0, budget_bytes=2**30),
+      ...                     FrontPoint("full", "catalogue", 1, 0.0, 0.0, same_as=key)])
+      >>> [(p.label, p.same_as) for p in pts]
+      [('plan (budget 1.00 GiB)', None), ('full', 'plan (budget 1.00 GiB)')]
+    """
+    points = tuple(points)
+    words: dict[str, str] = {}
+    for p in points:
+        if p.kind == "plan" and p.budget_bytes is not None and p.label not in words:
+            said = f"plan (budget {size(p.budget_bytes)})"
+            n = sum(w.startswith(said) for w in words.values())
+            words[p.label] = said if n == 0 else f"{said} #{n + 1}"
+
+    def named(key: str | None) -> str | None:
+        return None if key is None else words.get(key, key)
+
+    return tuple(
+        dataclasses.replace(
+            p, label=named(p.label), same_as=named(p.same_as), dominated_by=named(p.dominated_by)
+        )
+        for p in points
+    )
+
+
 def front_figure(
     points: Sequence[FrontPoint],
     *,
@@ -149,7 +187,9 @@ def front_figure(
     from remat_kit.search import merged
 
     # One marker per program: policies that lower alike share it (``dots = minimal``).
-    ordered = sorted(merged(points), key=lambda p: (p.peak_bytes, p.overhead, p.label))
+    ordered = sorted(
+        merged(named_points(points)), key=lambda p: (p.peak_bytes, p.overhead, p.label)
+    )
     shown = [(i, p) for i, p in enumerate(ordered, 1) if math.isfinite(p.overhead)]
     # The key needs a line per point below the legend: a long front makes a taller figure.
     height = max(5.0, 2.9 + 0.12 * (len(ordered) + 2))

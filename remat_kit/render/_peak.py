@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 from rich.table import Table
 
+from remat_kit._units import byte_unit, size
 from remat_kit.peak import PeakDiff, PeakReport
-from remat_kit.render._format import byte_unit, size
 from remat_kit.render._titles import training_line
 from remat_kit.render._wrap import cell
 

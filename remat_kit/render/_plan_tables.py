@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from remat_kit._units import byte_unit, pct, second_unit, size
 from remat_kit.notes import label
 from remat_kit.render._captions import depth_words
-from remat_kit.render._format import byte_unit, pct, second_unit, short, size
+from remat_kit.render._format import short
+from remat_kit.render._front import named_points
 from remat_kit.render._tables import _FRONT_WIDTH, _NAME_WIDTH, _YES_NO
 from remat_kit.render._timing import step_time_words
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
@@ -59,8 +61,6 @@ def plan_table(
             p.report.meta.get("dropout") if p.report is not None else None,
         )
     )
-    from remat_kit.search import plan_label
-
     if p.host_budget_bytes is not None:
         title += f", host budget {size(p.host_budget_bytes)}"
     caption = (
@@ -73,7 +73,10 @@ def plan_table(
         )
         + " (estimate); recompute = extra FLOPs"
     )
+    # The plan's own point is found by its budget (data), then every key is worded once.
     points = list(points)
+    mine = [pt.kind == "plan" and pt.budget_bytes == p.budget_bytes for pt in points]
+    points = list(named_points(points))
     caption += _front_legend(points)
     timed = any(pt.step_seconds is not None for pt in points)
     mem = byte_unit(
@@ -108,9 +111,11 @@ def plan_table(
             justify="left" if col in ("what", "front") else "right",
             no_wrap=col in ("what", "front"),
         )
-    main = plan_label(p)
-    for pt in sorted(points, key=lambda q: (q.label != main, q.kind, q.peak_bytes)):
-        if pt.label == main:
+    rows = sorted(
+        zip(mine, points, strict=True), key=lambda r: (not r[0], r[1].kind, r[1].peak_bytes)
+    )
+    for is_mine, pt in rows:
+        if is_mine:
             what = f"PLAN: {p.label}"
         elif pt.kind == "plan" and pt.policy is not None:
             what = f"{pt.label}: {label(pt.policy, pt.schedule)}"
@@ -123,7 +128,7 @@ def plan_table(
             pct(pt.recompute_overhead),
             pct(pt.overhead),
             *steps,
-            mem.cell(p.host_bytes if pt.label == main else None),
+            mem.cell(p.host_bytes if is_mine else None),
             _YES_NO[pt.peak_bytes <= p.budget_bytes],
             cell(
                 f"= {pt.same_as}"

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from remat_kit.render._format import Unit, byte_unit, short, size
+from remat_kit._units import Unit, byte_unit, size
+from remat_kit.render._format import short
 from remat_kit.render._tables import FitRow
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 

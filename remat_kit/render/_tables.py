@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
+from remat_kit._units import Unit, byte_unit, flops_words, pct, second_unit, size
+from remat_kit._units import seconds as duration
 from remat_kit.notes import label
 from remat_kit.render._captions import (
     collective_words,
@@ -26,16 +28,7 @@ from remat_kit.render._captions import (
     limit_words,
     runtime_words,
 )
-from remat_kit.render._format import (
-    Unit,
-    byte_unit,
-    flops_words,
-    pct,
-    second_unit,
-    short,
-    size,
-)
-from remat_kit.render._format import seconds as duration
+from remat_kit.render._format import short
 from remat_kit.render._timing import step_time_words
 from remat_kit.render._titles import (
     RunOptions,

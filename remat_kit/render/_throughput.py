@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 from rich.table import Table
 
-from remat_kit.render._format import byte_unit, pct, second_unit, short, size
+from remat_kit._units import byte_unit, pct, second_unit, size
+from remat_kit.render._format import short
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 
 if TYPE_CHECKING:

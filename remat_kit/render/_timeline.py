@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from remat_kit._units import byte_unit, size
 from remat_kit.errors import BadValue
 from remat_kit.peak import PeakReport
 from remat_kit.render._files import save_figure
-from remat_kit.render._format import byte_unit, size
 from remat_kit.render._front import place_labels
 from remat_kit.render._titles import precision_words
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from remat_kit.render._format import seconds as _seconds_words
+from remat_kit._units import seconds as _seconds_words
 
 if TYPE_CHECKING:
     from remat_kit.timing import StepTime

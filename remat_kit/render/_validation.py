@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.table import Table
 
-from remat_kit.render._format import gib, pct
+from remat_kit._units import gib, pct
 from remat_kit.render._titles import training_line
 
 __all__ = [

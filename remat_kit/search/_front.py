@@ -32,7 +32,6 @@ from remat_kit.errors import BadValue
 from remat_kit.notes import label
 from remat_kit.policies import Policy, as_policy
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
-from remat_kit.search._budget import GIB
 from remat_kit.search._planner import Plan
 from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
@@ -77,8 +76,10 @@ class FrontPoint:
     """One point of a memory / overhead front.
 
     Attributes:
-      label: what it is (policy, ``policy @ schedule``, ``plan (budget 52.00 GiB)``: a plan
-        is named by the budget it was made for; its peak is ``peak_bytes``).
+      label: which point it is, a key the other points name in ``dominated_by`` and
+        ``same_as``: the policy, ``policy @ schedule``, or for a plan ``plan:`` and the budget
+        it was made for in bytes (:func:`plan_label`; its peak is ``peak_bytes``). Data, not
+        words: :mod:`remat_kit.render` words a plan's key with its budget.
       kind: ``catalogue``, ``schedule`` or ``plan``.
       peak_bytes: compiled peak.
       overhead: estimated step-time overhead (recompute plus exposed host transfer).
@@ -94,8 +95,8 @@ class FrontPoint:
         one front entry per program; None for that point and every other).
       depth: how an unrolled model's figures were made (the report's ``meta["depth"]``:
         ``mode`` ``extrapolated`` for a peak read off shallow copies), or None.
-      budget_bytes: for a plan, the budget it was made for: which plan the point is (its
-        label words it to two decimals, which two budgets may share); None for the rest.
+      budget_bytes: for a plan, the budget it was made for: which plan the point is; None
+        for the rest.
       xla_remat_bytes: what XLA's own rematerialization pass took off the peak (0: it did
         not act), as the compiled report says (``MemoryReport.xla_remat_saved_bytes``).
     """
@@ -250,7 +251,7 @@ def front(
       >>> p = rk.plan(w, batch=2, budget=w.report("none", batch=2).peak_bytes - 1)
       >>> pts = rk.front(w, 2, policies=["none", "full"], schedules=(), plans=[p])
       >>> [q.label for q in pts], pts[-1].dominated_by
-      (['none', 'full', 'plan (budget 0.00 GiB)'], None)
+      (['none', 'full', 'plan:...'], None)
     """
     wanted = front_programs(workload, policies, schedules)
     compile_side_by_side(workload, [(pol, s, batch) for pol, s, _, _ in wanted])
@@ -335,13 +336,14 @@ def compile_side_by_side(workload: Workload, keys: Sequence[tuple[Policy, Schedu
 
 
 def plan_label(p: Plan) -> str:
-    """How a plan is named on a front: by the budget it was made for, never by its peak.
+    """The key of a plan's point on a front: the budget it was made for, in bytes, never its
+    peak (two plans for budgets that round alike stay two points; words are render's).
 
     Example:
       >>> plan_label(rk.plan(w, batch=2, budget=2**30))
-      'plan (budget 1.00 GiB)'
+      'plan:1073741824'
     """
-    return f"plan (budget {p.budget_bytes / GIB:.2f} GiB)"
+    return f"plan:{p.budget_bytes}"
 
 
 def _point(

@@ -9,7 +9,7 @@ beats the first on both axes becomes the recommendation.
 Example:
   >>> pf = plan_front(w, 2, w.report("none", batch=2).peak_bytes - 1, catalogue=["none", "full"])
   >>> pf.plan.fits, [q.label for q in pf.points]
-  (True, ['none', 'full', 'plan (budget 0.00 GiB)'])
+  (True, ['none', 'full', 'plan:...'])
 """
 
 from __future__ import annotations
