@@ -94,7 +94,15 @@ def _compile_square(t: rkt.Target, spec: PartitionSpec | None = None):
 def test_target_names_are_sorted_canonical_and_complete():
     names = rkt.target_names()
     assert names == sorted(names)
-    assert set(names) == {*TABLE, "cpu", "local"}
+    # the TPU generations as Cloud TPU names their slices (v5p-64, v6e-8, tpu7x-16), read
+    # from the names MaxText's compile_topology takes
+    maxtext = pytest.importorskip("maxtext.utils.accelerator_to_spec_map")
+    tpus = {
+        n.rsplit("-", 1)[0]
+        for n, spec in maxtext.UserFacingNameToSystemCharacteristics.items()
+        if spec.platform == "tpu" and not n.startswith("v5litepod")
+    }
+    assert set(names) == {*TABLE, *tpus, "cpu", "local"}
     assert not {"h100", "h100-sxm", "a100"} & set(names)
 
 
@@ -675,13 +683,15 @@ def test_config_text_is_read_as_text_and_a_path_as_a_file(text, tmp_path):
     assert read_config(str(path)) == (text, f"target config file {str(path)!r}", "my-gpu")
 
 
-@pytest.mark.parametrize(("name", "configures"), [("h100", True), ("cpu", False), ("local", False)])
-def test_only_a_gpu_target_sets_up_a_deviceless_compile(monkeypatch, name, configures):
-    from remat_kit.targets import _core as core
+@pytest.mark.parametrize(
+    ("name", "configures"), [("h100", True), ("v5e-4", True), ("cpu", False), ("local", False)]
+)
+def test_only_a_deviceless_target_sets_up_a_deviceless_compile(monkeypatch, name, configures):
+    from remat_kit.targets import _named as named
 
     calls = []
-    monkeypatch.setattr(core, "configure_if_no_gpu", lambda: calls.append(name))
-    assert core.as_target(name).name == rk.target(name).name
+    monkeypatch.setattr(named, "configure_if_no_gpu", lambda: calls.append(name))
+    assert named.as_target(name).name == rk.target(name).name
     assert calls == ([name] if configures else [])
 
 

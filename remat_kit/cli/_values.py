@@ -24,7 +24,7 @@ from remat_kit.policies import Policy, PolicyLike, is_path_pattern, parse_policy
 from remat_kit.render import check_output
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.sources import ALLOCATOR_VARS, EnvSet
-from remat_kit.targets import Target, runtime_from_env, target
+from remat_kit.targets import Target, is_slice_name, runtime_from_env, target
 
 __all__ = [
     "OUTPUT_FLAGS",
@@ -64,6 +64,12 @@ def target_from_args(args: argparse.Namespace) -> Target:
     """
     name = args.target.strip().lower()
     fraction = getattr(args, "mem_fraction", None) if name not in ("cpu", "local") else None
+    if fraction is not None and is_slice_name(name):
+        raise BadValue(
+            f"--mem-fraction sets a GPU allocator's share; a TPU's runtime takes none "
+            f"({args.target!r}): drop --mem-fraction",
+            param="mem_fraction",
+        )
     gpus, hosts = getattr(args, "gpus", 1) or 1, getattr(args, "hosts", 1) or 1
     machine = getattr(args, "node", None)
     if _is_file_target(args.target):
@@ -76,6 +82,11 @@ def target_from_args(args: argparse.Namespace) -> Target:
         t = _file_target(args.target, gpus, hosts, fraction)
     else:
         t = target(args.target, devices=gpus, hosts=hosts, mem_fraction=fraction, node=machine)
+    if t.kind == "tpu":
+        # A named slice says its devices (v5p-64: 32 chips); the commands that count by
+        # --gpus (a batch per device, --shard's open sizes) read them from there.
+        args.gpus = t.devices
+        return t
     return t if fraction is None else t.with_mem_fraction(fraction, "--mem-fraction")
 
 

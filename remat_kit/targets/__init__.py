@@ -1,8 +1,9 @@
 """Targets: where a program's memory is measured.
 
 A :class:`Target` is either a named NVIDIA GPU that XLA compiles for without the card being present
-("deviceless": the CUDA compiler plugin and a ``GpuTargetConfigProto`` describing the card), the CPU
-host, or the local devices. It hands out the :class:`jax.sharding.Mesh` and
+("deviceless": the CUDA compiler plugin and a ``GpuTargetConfigProto`` describing the card), a
+TPU slice libtpu compiles for the same way (``v5p-64``: libtpu's own topology of the slice), the
+CPU host, or the local devices. It hands out the :class:`jax.sharding.Mesh` and
 :class:`jax.sharding.NamedSharding` that abstract arguments (``jax.ShapeDtypeStruct``) carry, so
 that ``jax.jit(f).lower(*args).compile().memory_analysis()`` reports the memory of that GPU.
 
@@ -24,15 +25,14 @@ from remat_kit.targets._codegen import (
     remove_kernel_dirs,
     set_process_flags,
 )
-from remat_kit.targets._core import (
-    Target,
+from remat_kit.targets._core import Target, check_deviceless
+from remat_kit.targets._custom import custom_target, target_from_config
+from remat_kit.targets._named import (
     as_target,
-    check_deviceless,
     cudnn_attention_available,
     target,
     target_names,
 )
-from remat_kit.targets._custom import custom_target, target_from_config
 from remat_kit.targets._nodes import NODES, Node, node, node_names
 from remat_kit.targets._platform import check_platforms, configure_for_deviceless
 from remat_kit.targets._prices import (
@@ -45,6 +45,8 @@ from remat_kit.targets._prices import (
     parse_prices,
     price_for,
 )
+from remat_kit.targets._slices import GENERATIONS as TPU_GENERATIONS
+from remat_kit.targets._slices import Slice, is_slice_name, parse_slice
 from remat_kit.targets.runtime import DEFAULT_MEM_FRACTION, Runtime, runtime_from_env
 
 __all__ = [
@@ -56,9 +58,11 @@ __all__ = [
     "PRICE_CAVEAT",
     "PRICE_TABLE_DATE",
     "PROCESS_FLAGS",
+    "TPU_GENERATIONS",
     "Node",
     "Price",
     "Runtime",
+    "Slice",
     "Target",
     "TargetError",
     "analysis_options",
@@ -69,10 +73,12 @@ __all__ = [
     "cost_per_million_tokens",
     "cudnn_attention_available",
     "custom_target",
+    "is_slice_name",
     "load_prices",
     "node",
     "node_names",
     "parse_prices",
+    "parse_slice",
     "price_for",
     "remove_kernel_dirs",
     "runtime_from_env",

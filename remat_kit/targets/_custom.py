@@ -10,7 +10,8 @@ from typing import Any
 
 from remat_kit.errors import BadValue
 from remat_kit.targets._catalogue import FACT_KEYS, OPTIONAL_FACTS
-from remat_kit.targets._core import Target, _gpu_target, _parse_cc, _runtime
+from remat_kit.targets._core import Target
+from remat_kit.targets._named import _gpu_target, _parse_cc, _runtime
 from remat_kit.targets._proto import proto_cc, proto_number, read_config, slug, unescape
 
 __all__ = [

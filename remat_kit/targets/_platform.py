@@ -1,24 +1,31 @@
-"""The platform side of deviceless compiles: jax on its CPU platform, the CUDA plugin, topologies.
+"""The platform side of deviceless compiles: jax on its CPU platform, the compile plugins,
+topologies.
 
 XLA compiles for an NVIDIA GPU that is not there through the CUDA compile plugin and a topology
 built from the target's ``GpuTargetConfigProto``; that works only while jax has not started its
-backends with the plugin probing for a driver. These helpers arrange that and say what to change
-when it cannot be arranged.
+backends with the plugin probing for a driver. A TPU slice is compiled for through libtpu (the
+``libtpu`` wheel that ``jax[tpu]`` pins) and the topology libtpu builds from the slice's name,
+with jax on its CPU platform as well. These helpers arrange that and say what to change when it
+cannot be arranged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import importlib
+import importlib.metadata
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 
 from remat_kit.errors import TargetError
 from remat_kit.targets._codegen import set_process_flags
+from remat_kit.xla import captured_stderr
 
 __all__ = [
     "check_local_gpu",
@@ -28,6 +35,7 @@ __all__ = [
     "gpu_topology",
     "platform_error",
     "start_backends",
+    "tpu_topology",
 ]
 
 _PLUGIN_MESSAGE = "compiling for {name} needs the CUDA 12 compile plugin: pip install 'jax[cuda12]'"
@@ -222,3 +230,105 @@ def _backends_initialized() -> bool:
         return bool(getattr(xla_bridge, "_backends", {}))
     except Exception:  # private API; assume initialized, stay hands-off
         return True
+
+
+_LIBTPU_MISSING = (
+    "compiling for {name} needs libtpu, which this environment lacks: pip install "
+    "'remat-kit[tpu]' (jax[tpu]=={jax} brings the libtpu this jax was built with)"
+)
+_LIBTPU_MISMATCH = (
+    "compiling for {name} needs the libtpu jax {jax} was built with ({want}), and libtpu {have} "
+    "is installed: pip install 'jax[tpu]=={jax}'"
+)
+
+
+def tpu_topology(args: tuple[tuple[str, Any], ...], name: str) -> Any:
+    """The deviceless topology of a TPU slice, built by libtpu (``name`` for messages).
+
+    Args:
+      args: ``jax.experimental.topologies.get_topology_desc``'s keyword arguments as sorted
+        pairs (:meth:`remat_kit.targets._slices.Slice.topology_args`).
+      name: the slice's name, for messages.
+
+    Raises:
+      TargetError: libtpu is missing or is not the one this jax pins, or libtpu refused the
+        topology (its reason kept).
+    """
+    _check_libtpu(name)
+    if not _has_tpu_device():
+        configure_for_deviceless()
+    try:
+        return _cached_tpu_topology(args)
+    except Exception as err:  # libtpu raises JaxRuntimeError, ValueError or RuntimeError
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise TargetError(
+            f"libtpu could not build {name} ({dict(args)['topology_name']}): {first}"
+        ) from err
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_tpu_topology(args: tuple[tuple[str, Any], ...]) -> Any:
+    from jax.experimental import topologies
+
+    with _libtpu_start():
+        return topologies.get_topology_desc(platform="tpu", **dict(args))
+
+
+@contextlib.contextmanager
+def _libtpu_start() -> Iterator[None]:
+    # libtpu's first start in a process reads its environment once. Two settings matter for a
+    # process that only compiles: without ALLOW_MULTIPLE_LIBTPU_LOAD it takes a machine-wide
+    # lock (/tmp/libtpu_lockfile) that makes a second process's start fail ("Internal error
+    # when accessing libtpu multi-process lockfile"), so parallel compiles and test workers
+    # would refuse each other; and off a TPU VM it logs that the VM's metadata is missing
+    # (the accelerator type, the worker hostnames), which says nothing about the compile.
+    # Both are scoped to the start: the variable is restored, the lines are kept only for an
+    # error.
+    before = os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD")
+    os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = "1"
+    try:
+        with captured_stderr(echo=False):
+            yield
+    finally:
+        if before is None:
+            os.environ.pop("ALLOW_MULTIPLE_LIBTPU_LOAD", None)
+        else:
+            os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] = before
+
+
+def _has_tpu_device() -> bool:
+    # A TPU VM exposes its chips as /dev/accel* (v4, v5p) or /dev/vfio/* (v5e and later).
+    return bool(glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+
+
+@functools.lru_cache(maxsize=1)
+def _libtpu_pin() -> tuple[str | None, str | None]:
+    """(installed libtpu version or None, the specifier jax's ``tpu`` extra pins or None)."""
+    from packaging.requirements import Requirement
+
+    try:
+        have = importlib.metadata.version("libtpu")
+    except importlib.metadata.PackageNotFoundError:
+        have = None
+    want = None
+    for line in importlib.metadata.requires("jax") or ():
+        req = Requirement(line)
+        if (
+            req.name == "libtpu"
+            and req.marker is not None
+            and req.marker.evaluate({"extra": "tpu"})
+        ):
+            want = str(req.specifier)
+    return have, want
+
+
+def _check_libtpu(name: str) -> None:
+    from packaging.specifiers import SpecifierSet
+
+    have, want = _libtpu_pin()
+    if have is None:
+        raise TargetError(_LIBTPU_MISSING.format(name=name, jax=jax.__version__))
+    if want is not None and have not in SpecifierSet(want):
+        raise TargetError(
+            _LIBTPU_MISMATCH.format(name=name, jax=jax.__version__, want=f"libtpu{want}", have=have)
+        )

@@ -348,11 +348,15 @@ class _Log:
 
 
 @contextlib.contextmanager
-def captured_stderr() -> Iterator[_Log]:
+def captured_stderr(echo: bool = True) -> Iterator[_Log]:
     """Redirects file descriptor 2 (where XLA's C++ logs go) to a file for the duration.
 
     What is not an XLA log line (a Python warning printed meanwhile) is written back to the
     real stderr afterwards, so nothing the user should see is lost.
+
+    Args:
+      echo: write those lines back; False keeps every line in ``lines`` only (a library's
+        start-up chatter the caller words itself when it matters).
 
     Returns:
       A context manager; the object it yields holds the captured ``lines`` once it exits.
@@ -378,6 +382,6 @@ def captured_stderr() -> Iterator[_Log]:
                 tmp.seek(0)
                 text = tmp.read().decode(errors="replace")
                 log.lines = text.splitlines()
-                other = _not_xla(log.lines)
+                other = _not_xla(log.lines) if echo else []
                 if other:
                     sys.stderr.write("\n".join(other) + "\n")
