@@ -291,3 +291,40 @@ def test_load_prices_missing_file(tmp_path):
     with pytest.raises(BadValue, match=r"price file .*nope\.json does not exist") as info:
         load_prices(tmp_path / "nope.json")
     assert info.value.param == "price_file"
+
+
+# --- TPU prices ----------------------------------------------------------------------------
+
+
+def test_tpu_price_rows_are_known_generations_from_google_cloud():
+    from remat_kit.targets._prices import TPU_PRICE_TABLE_DATE, TPU_PRICES
+    from remat_kit.targets._tpus import TPU_FACTS
+
+    assert set(TPU_PRICES) == {"v4", "v5e", "v5p", "v6e"}  # v7x: no on-demand price found
+    assert set(TPU_PRICES) <= set(TPU_FACTS)
+    assert not set(TPU_PRICES) & set(PRICES)  # never mixed into the GPU table
+    assert max(p.date for p in TPU_PRICES.values()) == TPU_PRICE_TABLE_DATE
+    for name, p in TPU_PRICES.items():
+        assert isinstance(p, Price), name
+        assert p.provider == "Google Cloud"
+        assert p.source == "https://cloud.google.com/tpu/pricing"
+        assert _is_iso_date(p.date), p.date
+        assert 0.5 < p.usd_per_gpu_hour < 10  # per chip-hour, not per slice
+        assert "us-central" in p.note and "https://" in p.note  # region and transcription
+
+
+def test_tpu_prices_order_and_read_only():
+    from remat_kit.targets._prices import TPU_PRICES
+
+    usd = {k: v.usd_per_gpu_hour for k, v in TPU_PRICES.items()}
+    assert usd["v5p"] > usd["v4"] > usd["v6e"] > usd["v5e"]
+    with pytest.raises(TypeError):
+        TPU_PRICES["v7x"] = Price(1.0, "x", "https://x", "undated")  # type: ignore[index]
+
+
+def test_tpu_price_costs_a_slice_per_chip():
+    from remat_kit.targets._prices import TPU_PRICES
+
+    # a v5p-128 slice is 64 chips: $4.20 x 64 an hour
+    usd = cost_per_million_tokens(TPU_PRICES["v5p"], gpus=64, tokens_per_second=1e6 / 3600)
+    assert round(usd, 2) == round(4.20 * 64, 2)

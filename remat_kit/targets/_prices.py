@@ -43,6 +43,8 @@ __all__ = [
     "PRICES",
     "PRICE_CAVEAT",
     "PRICE_TABLE_DATE",
+    "TPU_PRICES",
+    "TPU_PRICE_TABLE_DATE",
     "Price",
     "cost_per_million_tokens",
     "load_prices",
@@ -142,6 +144,56 @@ PRICES: Mapping[str, Price] = types.MappingProxyType(
 
 #: The newest date in :data:`PRICES`.
 PRICE_TABLE_DATE: str = max(p.date for p in PRICES.values() if p.date != _UNDATED)
+
+# --- TPUs ----------------------------------------------------------------------------------
+# Cloud TPU on-demand list prices, US dollars per chip-hour (a slice costs chips x the rate; the
+# rate is the same at every slice size in the rows read), keyed by remat_kit.targets._tpus
+# generation names. usd_per_gpu_hour holds the per-chip rate: the field is the per-accelerator
+# hourly price. Provider: Google Cloud, page https://cloud.google.com/tpu/pricing. That page
+# (its tables are drawn client-side) is not in the sources these were read from; the figures
+# are Google's own list prices as transcribed from Google's Cloud Billing SKU catalog by
+# SkyPilot's GCP catalog (its fetcher reads the billing API: skypilot-org/skypilot#4540), read
+# 2026-11-29 at catalog commit 017e2502 (the commit's own date not recorded here). v6e's $2.70
+# also matches what skypilot-org/skypilot#4218 (2024-10-30) read off the pricing page itself
+# ("us-east1: 2.7, us-east5: 2.7"). No on-demand price was found for TPU7x (v7x): left out.
+_SKYPILOT_GCP = (
+    "read 2026-11-29 per https://github.com/skypilot-org/skypilot-catalog/blob/"
+    "017e2502fb63c7a28757acd94002b2d6099d3e3d/catalogs/v7/gcp/vms.csv"
+)
+
+
+def _google(usd: float, note: str) -> Price:
+    return Price(usd, "Google Cloud", "https://cloud.google.com/tpu/pricing", "2026-11-29", note)
+
+
+#: On-demand $/chip-hour per TPU generation (keys of ``remat_kit.targets._tpus.TPU_FACTS``).
+TPU_PRICES: Mapping[str, Price] = types.MappingProxyType(
+    {
+        "v5e": _google(
+            1.20,
+            "TPU v5e (v5litepod) on demand, us-central1 (us-central1-a): tpu-v5litepod-1 "
+            "$1.20/h, tpu-v5litepod-8 $9.60/h, tpu-v5litepod-256 $307.20/h; " + _SKYPILOT_GCP,
+        ),
+        "v5p": _google(
+            4.20,
+            "TPU v5p on demand, us-central1 (us-central1-a): tpu-v5p-8 (4 chips) $16.80/h, "
+            "tpu-v5p-12288 (6144 chips) $25,804.80/h; " + _SKYPILOT_GCP,
+        ),
+        "v6e": _google(
+            2.70,
+            "TPU v6e (Trillium) on demand, us-central1 (us-central1-b; the same in us-east1, "
+            "us-east5): tpu-v6e-1 $2.70/h, tpu-v6e-256 $691.20/h; " + _SKYPILOT_GCP,
+        ),
+        "v4": _google(
+            3.22,
+            "TPU v4 on demand, us-central2 (us-central2-b, v4's only US zone): tpu-v4-4096 "
+            "(2048 chips) $6,594.56/h, tpu-v4-6144 (3072 chips) $9,891.84/h; " + _SKYPILOT_GCP,
+        ),
+    }
+)
+
+#: The newest date in :data:`TPU_PRICES`.
+TPU_PRICE_TABLE_DATE: str = max(p.date for p in TPU_PRICES.values() if p.date != _UNDATED)
 
 
 def _key(name: str) -> str:
