@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import jax
@@ -33,12 +33,129 @@ _XLA_REMAT_MIN_BYTES = 2**20
 __all__ = [
     "MemoryReport",
     "RematWarning",
+    "ReportMeta",
     "TransferEstimate",
     "abstract",
     "memory_report",
     "report_notes",
     "transfer_estimate",
 ]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ReportMeta(Mapping[str, Any]):
+    """A report's labels: what was measured, and how. The labels code reads are typed fields;
+    a label no code reads (a source's own: its import environment, its RNG streams ...)
+    stays in ``extra``.
+
+    It reads as the mapping it replaces, so ``JSON`` is unchanged: ``dict(meta)``,
+    ``meta["batch"]``, ``meta.get("depth")`` and ``{**meta, "depth": d}`` see every field that
+    is set and every ``extra`` label. A field left None is no label (a label given as None is
+    left out of the JSON, where it was written as ``null``). Code reads the fields:
+    ``r.meta.batch``.
+
+    Attributes:
+      model, policy: what was measured (a model spec; a policy label where the caller set one).
+      batch, seq: the global batch and the tokens per sequence.
+      optimizer, lora, accum: the optimizer, the LoRA rank (0: none) and gradient accumulation.
+      mesh, devices, batch_per_device: a sharded step's mesh spec, its devices and the batch
+        each holds.
+      precision: the precision record (``TrainStep.precision``).
+      dropout: the dropout rate (None: none given).
+      remat_impl: which of jax's remat implementations traced the step (``default``,
+        ``remat3``).
+      layers, params: the model's layers and parameters, where the source knows them.
+      program: the compiled program's fingerprint: policies that lower alike share it.
+      collectives: what the devices exchange per step
+        (:func:`remat_kit.sharding.collective_summary`; a sharded step only).
+      depth: how an unrolled model's figures were made (``mode``: ``extrapolated``,
+        ``verified`` or ``full``; :mod:`remat_kit.sources._depth`).
+      recompute_overhead: extra FLOPs of recomputation against the step without remat.
+      offload_estimate: host transfers against recomputation
+        (:class:`TransferEstimate` as a dict).
+      breakdown: ``measured`` when the breakdown was read at the peak;
+        ``breakdown_estimate`` the arithmetic one beside it.
+      roles: where a user's own step says its parameters, optimizer state and batch are
+        (``not given`` when it did not say).
+      loss_given: whether a user's own step returns its loss.
+      experts: how an MoE model's experts ran (routed, per token, ``impl``).
+      extra: every other label, as given.
+
+    Example:
+      >>> m = ReportMeta.of({"model": "tiny-llama", "batch": 2, "seq": 16, "why": "a test"})
+      >>> m.batch * m.seq, m.extra, dict(m)
+      (32, {'why': 'a test'}, {'model': 'tiny-llama', 'batch': 2, 'seq': 16, 'why': 'a test'})
+    """
+
+    model: str | None = None
+    policy: str | None = None
+    batch: int | None = None
+    seq: int | None = None
+    optimizer: str | None = None
+    lora: int | None = None
+    accum: int | None = None
+    mesh: str | None = None
+    devices: int | None = None
+    batch_per_device: int | None = None
+    precision: Mapping[str, str] | None = None
+    dropout: float | None = None
+    remat_impl: str | None = None
+    layers: int | None = None
+    params: int | None = None
+    program: str | None = None
+    collectives: Mapping[str, Any] | None = None
+    depth: Mapping[str, Any] | None = None
+    recompute_overhead: float | None = None
+    offload_estimate: Mapping[str, Any] | None = None
+    breakdown: str | None = None
+    breakdown_estimate: Mapping[str, int] | None = None
+    roles: Mapping[str, Any] | str | None = None
+    loss_given: bool | None = None
+    experts: Mapping[str, Any] | None = None
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, labels: Mapping[str, Any] | None) -> ReportMeta:
+        """The labels of a mapping: each key that names a field fills it, the rest go to
+        ``extra`` (a ReportMeta is returned as it is).
+
+        Raises:
+          BadType: ``labels`` is not a mapping, or a key is not a string.
+
+        Example:
+          >>> ReportMeta.of({"depth": {"mode": "full"}, "scan": True}).depth
+          {'mode': 'full'}
+        """
+        if isinstance(labels, ReportMeta):
+            return labels
+        if labels is None:
+            return cls()
+        if not isinstance(labels, Mapping) or not all(isinstance(k, str) for k in labels):
+            raise BadType(f"a report's meta is a mapping of str to labels, got {labels!r}")
+        given = dict(labels)
+        fields = {k: given.pop(k) for k in _META_FIELDS if k in given}
+        return cls(**fields, extra=given)
+
+    def _set(self) -> dict[str, Any]:
+        out = {k: getattr(self, k) for k in _META_FIELDS if getattr(self, k) is not None}
+        out.update(self.extra)
+        return out
+
+    def __getitem__(self, key: str) -> Any:
+        return self._set()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._set())
+
+    def __len__(self) -> int:
+        return len(self._set())
+
+    def __repr__(self) -> str:
+        return f"ReportMeta({self._set()!r})"
+
+
+#: The typed labels, in the order a dict of them lists them.
+_META_FIELDS = tuple(f.name for f in dataclasses.fields(ReportMeta) if f.name != "extra")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +188,8 @@ class MemoryReport:
       compile_seconds: lowering + compiling wall time.
       breakdown: bytes by role (weights, gradients, optimizer, ...) when the caller
         knows them (remat_kit.train does); activation bytes are what is left.
-      meta: other labels (model, batch, seq, ...).
+      meta: the labels of what was measured (:class:`ReportMeta`: model, batch, seq, ...;
+        a mapping given here becomes one).
       notes: what the user should know (:class:`remat_kit.notes.Note`: a kind and its
         figures), also issued as RematWarning; ``warnings`` are their words.
       step_time: the predicted step time on the target (:class:`remat_kit.timing.StepTime`,
@@ -105,9 +223,14 @@ class MemoryReport:
     attention: str | None
     compile_seconds: float
     breakdown: Mapping[str, int] = dataclasses.field(default_factory=dict)
-    meta: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    meta: ReportMeta = dataclasses.field(default_factory=ReportMeta)
     notes: tuple[Note, ...] = ()
     step_time: StepTime | None = None
+
+    def __post_init__(self) -> None:
+        # Labels arrive as plain dicts from every writer ({**r.meta, "depth": d} included):
+        # typed once, here.
+        object.__setattr__(self, "meta", ReportMeta.of(self.meta))
 
     @property
     def fits(self) -> bool | None:
@@ -119,7 +242,7 @@ class MemoryReport:
     @property
     def tokens_per_step(self) -> int | None:
         """Tokens per step (batch x seq) from the report's labels; None without them."""
-        batch, seq = self.meta.get("batch"), self.meta.get("seq")
+        batch, seq = self.meta.batch, self.meta.seq
         if isinstance(batch, int) and isinstance(seq, int):
             return batch * seq
         return None

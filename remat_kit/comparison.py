@@ -36,7 +36,7 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
     base_time = base.step_time.seconds if base is not None and base.step_time else None
     rows = []
     for r in reports:
-        est = r.meta.get("offload_estimate") or {}
+        est = r.meta.offload_estimate or {}
         t = r.step_time
         tokens = r.tokens_per_step
         row = {
@@ -53,7 +53,7 @@ def compare_rows(reports: Sequence[MemoryReport]) -> list[dict[str, Any]]:
             "xla_peak_bytes": r.xla_peak_bytes,
             "activation_bytes": r.breakdown.get("activations"),
             "flops": r.flops,
-            "recompute_overhead": r.meta.get("recompute_overhead"),
+            "recompute_overhead": r.meta.recompute_overhead,
             "step_seconds": t.seconds if t else None,
             "time_vs_none": (t.seconds / base_time - 1) if t and base_time else None,
             "tokens_per_second": t.tokens_per_second(tokens) if t and tokens else None,

@@ -418,3 +418,20 @@ def test_the_transfer_estimate_prices_what_went_to_host_memory(temp, host, moved
     est = rk.analysis.transfer_estimate(report, t)
     assert est.host_bytes == moved
     assert est.transfer_seconds == pytest.approx(2 * moved / t.host_link_bandwidth)
+
+
+def test_a_reports_labels_are_typed_and_its_json_keeps_every_one():
+    # Writers give plain dicts ({**r.meta, "depth": d} among them): the report types the
+    # labels code reads and keeps the rest, and its JSON lists each label as it was given.
+    labels = {"model": "tiny-llama", "batch": 2, "seq": 16, "program": "f00d", "scan": True}
+    r = memory_report(meta=labels)
+    r = r.replace(meta={**r.meta, "depth": {"mode": "extrapolated"}})
+    assert (r.meta.batch, r.meta.program, r.meta.depth) == (2, "f00d", {"mode": "extrapolated"})
+    assert r.meta.extra == {"scan": True} and r.meta.layers is None
+    assert json.loads(json.dumps(r.to_dict()))["meta"] == {
+        **labels,
+        "depth": {"mode": "extrapolated"},
+    }
+    assert rk.MemoryReport.from_dict(r.to_dict()) == r
+    with pytest.raises(rk.errors.BadType, match="mapping of str"):
+        memory_report(meta=[("batch", 2)])

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         )
     res = None
     # A user's step given without its loss has no backward pass of a loss to read.
-    loss_given = report.meta.get("loss_given", True)
+    loss_given = report.meta.loss_given is not False  # only an own step says it
     if not args.no_residuals and loss_given:
         res = sources.residuals(src, policy, target, config, schedule)
     out = console(args.wide)

@@ -58,7 +58,7 @@ def plan_table(
         f"{p.report.attention if p.report is not None else '-'}"
         + training_line(
             opts_precision(opts),
-            p.report.meta.get("dropout") if p.report is not None else None,
+            p.report.meta.dropout if p.report is not None else None,
         )
     )
     if p.host_budget_bytes is not None:

@@ -38,7 +38,7 @@ from remat_kit.render._titles import (
 )
 
 if TYPE_CHECKING:
-    from remat_kit.analysis import MemoryReport
+    from remat_kit.analysis import MemoryReport, ReportMeta
     from remat_kit.residuals import ResidualReport
     from remat_kit.search import Fit
     from remat_kit.targets import Target
@@ -257,19 +257,19 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     m = r.meta
     # Every setting that changed the figures, as the other commands' titles name them.
     run = SimpleNamespace(
-        model=m.get("model"),
-        batch=m.get("batch"),
-        seq=m.get("seq"),
-        optimizer=m.get("optimizer"),
-        lora=m.get("lora") or 0,
-        accum=m.get("accum") or 1,
-        shard=m.get("mesh"),
+        model=m.model,
+        batch=m.batch,
+        seq=m.seq,
+        optimizer=m.optimizer,
+        lora=m.lora or 0,
+        accum=m.accum or 1,
+        shard=m.mesh,
     )
-    over = f" over {m['devices']} GPUs, per GPU" if m.get("mesh") and m.get("devices") else ""
+    over = f" over {m.devices} GPUs, per GPU" if m.mesh and m.devices else ""
     title = (
         f"{run_words(run)}{over} "
         f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.name}"
-        + training_line(m.get("precision"), m.get("dropout"), m.get("remat_impl"))
+        + training_line(m.precision, m.dropout, m.remat_impl)
     )
     table = Table(title=title, show_header=True)
     table.add_column("what")
@@ -300,7 +300,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         fits += f" (fits with XLA_PYTHON_CLIENT_MEM_FRACTION={r.fits_with_fraction:g})"
     table.caption = (
         f"fits: {fits} | {flops_words(r.flops)}/step, recompute overhead "
-        f"{pct(r.meta.get('recompute_overhead'))} | "
+        f"{pct(r.meta.recompute_overhead)} | "
         + (
             f"compiled in {r.compile_seconds:.1f} s"
             if r.compile_seconds
@@ -314,13 +314,13 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     )
     if r.step_time is not None:
         table.caption += "\n" + step_time_words(r.step_time, r.tokens_per_step)
-    if m.get("experts"):
-        table.caption += "\n" + expert_words(m["experts"])
-    if m.get("depth"):
-        table.caption += "\n" + depth_words(m["depth"])
-    if m.get("collectives"):
-        table.caption += "\n" + collective_words(m["collectives"])
-    est = r.meta.get("offload_estimate")
+    if m.experts:
+        table.caption += "\n" + expert_words(m.experts)
+    if m.depth:
+        table.caption += "\n" + depth_words(m.depth)
+    if m.collectives:
+        table.caption += "\n" + collective_words(m.collectives)
+    est = m.offload_estimate
     if est:
         table.caption += (
             f"\noffload (estimates at the host link / bf16 peak): transfer "
@@ -331,12 +331,12 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     return table
 
 
-def _gpus(meta: Mapping[str, Any]) -> int:
-    # Our sources label a sharded step's devices; a MaxText step lays out its own mesh.
-    n = meta.get("devices")
-    if n:
-        return int(n)
-    return math.prod((meta.get("maxtext") or {}).get("mesh", {}).values())
+def _gpus(meta: ReportMeta) -> int:
+    # Our sources label a sharded step's devices; a MaxText step lays out its own mesh (its
+    # own label: a source's, not a field).
+    if meta.devices:
+        return int(meta.devices)
+    return math.prod((meta.extra.get("maxtext") or {}).get("mesh", {}).values())
 
 
 def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
@@ -356,7 +356,7 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
     """
     # A model whose layers cannot be counted (an NNX factory): most tags occur once a layer.
     counts = sorted(res.tag_count.values())
-    layers = r.meta.get("layers") or max(counts, key=lambda c: (counts.count(c), c), default=1)
+    layers = r.meta.layers or max(counts, key=lambda c: (counts.count(c), c), default=1)
     # The residuals are traced from the unsharded step (the global micro-batch, whole weights)
     # beside a report of figures per GPU: over several GPUs the title and caption say so.
     whole = _gpus(r.meta) > 1
@@ -454,10 +454,10 @@ def _fits_cell(row: Mapping[str, Any]) -> str:
 
 
 def _breakdown_lines(
-    parts: Mapping[str, int], meta: Mapping[str, Any]
+    parts: Mapping[str, int], meta: ReportMeta
 ) -> list[tuple[str, int | str | None]]:
-    if meta.get("breakdown") == "measured":
-        est = meta.get("breakdown_estimate") or {}
+    if meta.breakdown == "measured":
+        est = meta.breakdown_estimate or {}
         return [
             ("  live at the peak, from XLA's buffer assignment:", None),
             ("  weights", parts.get("weights")),
@@ -472,8 +472,8 @@ def _breakdown_lines(
         ]
     # A user's step names the roles of its arguments or not (meta "roles"): a part it does
     # not name is unknown, not blank.
-    missing = "unknown" if "roles" in meta else None
-    if "roles" in meta and "grad_accumulator" not in parts:
+    missing = "unknown" if meta.roles is not None else None
+    if meta.roles is not None and "grad_accumulator" not in parts:
         missing_acc: str | None = "unknown (in the rest)" if "activations" in parts else missing
     else:
         missing_acc = missing

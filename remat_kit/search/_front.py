@@ -277,8 +277,8 @@ def front(
                     if p.report is not None and p.report.step_time is not None
                     else None
                 ),
-                program=p.report.meta.get("program") if p.report is not None else None,
-                depth=p.report.meta.get("depth") if p.report is not None else None,
+                program=p.report.meta.program if p.report is not None else None,
+                depth=p.report.meta.depth if p.report is not None else None,
                 budget_bytes=p.budget_bytes,
                 xla_remat_bytes=_xla_cut(p.report),
             )
@@ -367,8 +367,8 @@ def _point(
         policy=pol.spec,
         schedule=sch.spec,
         step_seconds=r.step_time.seconds if r.step_time is not None else None,
-        program=r.meta.get("program"),
-        depth=r.meta.get("depth"),
+        program=r.meta.program,
+        depth=r.meta.depth,
         xla_remat_bytes=_xla_cut(r),
     )
 

@@ -590,4 +590,4 @@ def _best_of(
 def _program(ctx: _PlanContext, cand: PlanCandidate) -> str | None:
     """The compiled program's fingerprint of a candidate (its report is cached: no compile)."""
     pol, sch = ctx._objects[(cand.policy, cand.schedule)]
-    return ctx.workload.compiled(pol, sch, ctx.batch).meta.get("program")
+    return ctx.workload.compiled(pol, sch, ctx.batch).meta.program

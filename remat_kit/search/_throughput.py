@@ -471,7 +471,7 @@ class _Search:
             else st.tokens_per_second(batch * self.workload.seq),
             mfu=None if st is None else st.mfu,
             recompute_overhead=None,
-            program=report.meta.get("program"),
+            program=report.meta.program,
         )
 
     def _none_fits(

@@ -466,7 +466,7 @@ def by_depth(
         ends, (DEPTHS[0], DEPTHS[-1]), fit, frag, (t.usable_bytes, fraction)
     )
     notes = [*report_notes(report, pol, t), *(n for n in deep.notes if n.kind == "xla_log")]
-    return report.replace(notes=tuple(notes)), dict(report.meta["depth"], mode="extrapolated")
+    return report.replace(notes=tuple(notes)), dict(report.meta.depth or {}, mode="extrapolated")
 
 
 def settled(report: MemoryReport, limit: int | None = None) -> bool:
@@ -485,14 +485,14 @@ def settled(report: MemoryReport, limit: int | None = None) -> bool:
     limit = report.usable_bytes if limit is None else limit
     if limit is None:
         return True  # no memory size: no verdict to give
-    depth = report.meta.get("depth") or {}
+    depth = report.meta.depth or {}
     slack = VERIFY_MARGIN * limit + int(depth.get("residual_bytes", 0))
     return report.peak_bytes + slack < limit
 
 
 def extrapolated(report: MemoryReport) -> bool:
     """Whether ``report``'s figures were read off shallow copies (no full-depth compile)."""
-    return (report.meta.get("depth") or {}).get("mode") == "extrapolated"
+    return (report.meta.depth or {}).get("mode") == "extrapolated"
 
 
 def verify(
@@ -523,7 +523,7 @@ def verify(
         return report
     full = compile_full()
     record = {
-        **report.meta["depth"],
+        **(report.meta.depth or {}),
         "mode": "verified",
         "extrapolated_peak_bytes": report.peak_bytes,
         "peak_error": report.peak_bytes / full.peak_bytes - 1.0,
