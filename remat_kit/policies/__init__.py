@@ -5,7 +5,8 @@ itself callable with the same signature, so a Policy goes wherever a raw jax pol
 does, and a raw jax policy callable goes wherever a Policy does (see :func:`as_policy`).
 
 The value is :mod:`remat_kit.policies._policy`; the catalogue and the coercion every public
-edge uses are :mod:`remat_kit.policies._catalogue`.
+edge uses are :mod:`remat_kit.policies._catalogue`; the families built from tag names
+(``names``, ``except``, ``offload``, ``maxtext``) are :mod:`remat_kit.policies._families`.
 """
 
 from remat_kit.policies._catalogue import (

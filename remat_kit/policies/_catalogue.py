@@ -1,26 +1,31 @@
 """The policy catalogue: name -> Policy, what a checkpointed block keeps in memory.
 
 Named policies (``minimal``, ``dots``, ``offload_inputs`` ...), the parameterized ones
-(``names``, ``except``, ``offload``, ``either``, ``maxtext``), and the one coercion every
-public edge uses (:func:`as_policy`: a name, spec, Policy or raw jax callable -> Policy).
+(``names``, ``except``, ``offload`` and ``maxtext`` are built from tag names in
+:mod:`remat_kit.policies._families`; ``either`` combines two policies here), and the one
+coercion every public edge uses (:func:`as_policy`: a name, spec, Policy or raw jax
+callable -> Policy).
 """
 
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import inspect
-import os
-import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import jax
-from jax.ad_checkpoint import Offloadable, name_p
+from jax.ad_checkpoint import Offloadable
 
 from remat_kit import names as _names
 from remat_kit.errors import BadType, BadValue, unknown
-from remat_kit.policies._policy import Policy, decision_kind, is_path_pattern
+from remat_kit.policies._families import (
+    except_policy,
+    maxtext_policy,
+    names_policy,
+    offload_policy,
+)
+from remat_kit.policies._policy import Policy, decision_kind
 
 __all__ = [
     "FULL",
@@ -32,41 +37,6 @@ __all__ = [
     "policy_names",
     "recompute_instead",
 ]
-
-_OFFLOAD_DSTS = ("pinned_host", "unpinned_host")
-# remat_kit's own files: a warning about the user's names skips their frames.
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _names_param(key: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise BadType(
-            f"policy parameter {key}={value!r} must be a list of tag names, "
-            f"e.g. {key}=['query_proj']",
-            param="policy",
-        )
-    out = tuple(value)
-    for item in out:
-        if not isinstance(item, str):
-            raise BadType(
-                f"policy parameter {key} holds {item!r}; tag names are strings", param="policy"
-            )
-    # Module paths and globs name tags remat_kit.tagging gives untagged models: not typos.
-    unknown = [n for n in out if n not in _names.KNOWN and not is_path_pattern(n)]
-    if unknown:
-        # Users tag their own tensors with their own names: a warning, never an error.
-        hints = {n: difflib.get_close_matches(n, _names.VOCABULARY, n=1) for n in unknown}
-        detail = ", ".join(
-            f"{n!r} (did you mean {h[0]!r}?)" if h else repr(n) for n, h in hints.items()
-        )
-        warnings.warn(
-            f"{key}: {detail} not in remat_kit's tag vocabulary; only tensors you tagged "
-            "yourself with these names will match",
-            # Said at the user's line, whichever door the names came in by (rk.policy, a spec
-            # string, rk.remat): not at ours, where once per process would hide the others.
-            skip_file_prefixes=(_PACKAGE,),
-        )
-    return out
 
 
 def _simple(
@@ -85,96 +55,6 @@ def _save_names(name: str, description: str, saved: tuple[str, ...]) -> Callable
         )
 
     return make
-
-
-def _names_policy(save: Iterable[str]) -> Policy:
-    saved = _names_param("save", save)
-    if not saved:
-        raise BadValue(
-            "policy 'names' needs at least one tag to save, e.g. names:save=query_proj+mlpwo; "
-            "to save no tagged tensor use 'full'",
-            param="policy",
-        )
-    return Policy(
-        "names",
-        f"save only tensors tagged {', '.join(saved) or '(none)'}; recompute the rest",
-        _save_matching(saved)
-        if any(is_path_pattern(n) for n in saved)
-        else jax.checkpoint_policies.save_only_these_names(*saved),
-        {"save": saved},
-        tags=saved,
-    )
-
-
-def _save_matching(patterns: tuple[str, ...]) -> Callable[..., bool]:
-    # Globs over tags such as "model/layers/*/mlp/*" (remat_kit.tagging names a layer it has
-    # no rule for by its module path); jax's save_only_these_names matches exact names only.
-    def save_matching(prim: Any, *_: Any, **params: Any) -> bool:
-        return prim is name_p and any(fnmatch.fnmatchcase(str(params["name"]), p) for p in patterns)
-
-    return save_matching
-
-
-def _except_policy(names: Iterable[str]) -> Policy:
-    excluded = frozenset(_names_param("names", names))
-
-    # jax's save_anything_except_these_names also saves every *untagged* intermediate,
-    # which keeps the excluded tensors alive through their consumers; save tagged
-    # tensors only, so the excluded ones really are recomputed.
-    def save_tagged_except(prim: Any, *_: Any, **params: Any) -> bool:
-        return prim is name_p and params["name"] not in excluded
-
-    return Policy(
-        "except",
-        f"save every tagged tensor except {', '.join(sorted(excluded)) or '(none)'}",
-        save_tagged_except,
-        {"names": tuple(sorted(excluded))},
-        tags=tuple(n for n in _names.VOCABULARY if n not in excluded),
-    )
-
-
-def _offload_policy(
-    offload: Iterable[str], save: Iterable[str] = (), dst: str = "pinned_host"
-) -> Policy:
-    moved = _names_param("offload", offload)
-    kept = _names_param("save", save)
-    if not moved:
-        raise BadValue(
-            "policy 'offload' needs at least one tag to offload, e.g. offload:offload=context; "
-            "to offload nothing use 'names' (save=...) or 'full'",
-            param="policy",
-        )
-    if not isinstance(dst, str):
-        raise BadType(
-            f"dst={dst!r} must be a memory kind string, one of {', '.join(_OFFLOAD_DSTS)}",
-            param="policy",
-        )
-    if dst not in _OFFLOAD_DSTS:
-        raise BadValue(
-            f"unknown offload destination {dst!r}; valid: {', '.join(_OFFLOAD_DSTS)}",
-            param="policy",
-        )
-    both = set(moved) & set(kept)
-    if both:
-        raise BadValue(
-            f"{sorted(both)} are both offloaded and saved; name each in one list only",
-            param="policy",
-        )
-    return Policy(
-        "offload",
-        f"offload {', '.join(moved) or '(nothing)'} to {dst}"
-        + (f", save {', '.join(kept)}" if kept else "")
-        + "; recompute the rest",
-        jax.checkpoint_policies.save_and_offload_only_these_names(
-            names_which_can_be_saved=list(kept),
-            names_which_can_be_offloaded=list(moved),
-            offload_src="device",
-            offload_dst=dst,
-        ),
-        {"offload": moved, "save": kept, "dst": dst},
-        tags=moved + kept,
-        offloads=True,
-    )
 
 
 def _either_policy(a: Any, b: Any) -> Policy:
@@ -202,108 +82,6 @@ def _either_policy(a: Any, b: Any) -> Policy:
         {"a": pa, "b": pb},
         tags=tuple(dict.fromkeys(pa.tags + pb.tags)) if pa.tags and pb.tags else (),
         offloads=pa.offloads or pb.offloads,
-    )
-
-
-_MT_QKV = (_names.QUERY_PROJ, _names.VALUE_PROJ, _names.KEY_PROJ, _names.KV_PROJ, _names.QKV_PROJ)
-_MT_MINIMAL = (
-    *_MT_QKV,
-    _names.OUT_PROJ,
-    _names.MLPWI_0,
-    _names.MLPWI_1,
-    _names.MLPWI,
-    _names.MLPWO,
-)
-
-#: MaxText's ``remat_policy`` values -> (names saved on device, names offloaded to pinned_host),
-#: as maxtext 0.2.5 builds them (layers/nnx_decoders.py, NNXDecoder.get_remat_policy and
-#: minimal_policy), in its order. ``qkv_proj_offloaded`` leaves out ``qkv_proj`` there, unlike
-#: ``save_qkv_proj``; ``full`` (and MaxText's ``none``) is ``jax.checkpoint(policy=None)``.
-_MAXTEXT_REMAT: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "minimal_with_context": ((*_MT_MINIMAL, _names.CONTEXT), ()),
-    "minimal_flash": ((*_MT_MINIMAL, _names.CONTEXT), ()),  # deprecated alias of the above
-    "minimal": (_MT_MINIMAL, ()),
-    "minimal_with_quantization": ((*_MT_MINIMAL, _names.QUANTIZATION), ()),
-    "minimal_with_context_and_quantization": (
-        (*_MT_MINIMAL, _names.CONTEXT, _names.QUANTIZATION),
-        (),
-    ),
-    "save_dot_with_context_except_mlp": ((*_MT_QKV, _names.CONTEXT, _names.OUT_PROJ), ()),
-    "save_dot_except_mlpwi": ((*_MT_QKV, _names.OUT_PROJ, _names.MLPWO), ()),
-    "save_dot_except_mlp": ((*_MT_QKV, _names.OUT_PROJ), ()),
-    "save_qkv_proj": (_MT_QKV, ()),
-    "qkv_proj_offloaded": (
-        (),
-        (_names.QUERY_PROJ, _names.VALUE_PROJ, _names.KEY_PROJ, _names.KV_PROJ),  # no qkv_proj
-    ),
-    "minimal_offloaded": ((), _MT_MINIMAL),
-    "save_out_proj": ((_names.OUT_PROJ,), ()),
-    "full": ((), ()),
-}
-
-#: MaxText values this family refuses, and what to use instead.
-_MAXTEXT_REFUSED = {
-    "custom": "it saves and offloads per tensor (tensors_on_device, tensors_to_offload): "
-    "write it as the 'offload' family, e.g. offload:offload=context+mlpwo,save=query_proj "
-    "(or names:save=... when nothing is offloaded)",
-    "none": "MaxText passes policy=None to jax.checkpoint, which recomputes everything: the "
-    "same as remat_policy=full (remat_kit's own 'none' means no rematerialization)",
-}
-
-
-def _maxtext_policy(remat_policy: str) -> Policy:
-    if not isinstance(remat_policy, str):
-        raise BadType(
-            f"remat_policy={remat_policy!r} must be one of MaxText's remat_policy strings, "
-            f"e.g. remat_policy='save_qkv_proj'",
-            param="policy",
-        )
-    if remat_policy in _MAXTEXT_REFUSED:
-        raise BadValue(
-            f"policy 'maxtext' takes no remat_policy={remat_policy!r}: "
-            f"{_MAXTEXT_REFUSED[remat_policy]}",
-            param="policy",
-        )
-    try:
-        saved, moved = _MAXTEXT_REMAT[remat_policy]
-    except KeyError:
-        raise unknown(
-            "MaxText remat_policy", remat_policy, _MAXTEXT_REMAT, heading="Valid", param="policy"
-        ) from None
-    params = {"remat_policy": remat_policy}
-    alias = (
-        " (MaxText's deprecated alias of minimal_with_context)"
-        if remat_policy == "minimal_flash"
-        else ""
-    )
-    if moved:
-        return Policy(
-            "maxtext",
-            f"MaxText's remat_policy={remat_policy}: offload {', '.join(moved)} to pinned_host"
-            + (f", save {', '.join(saved)}" if saved else ""),
-            jax.checkpoint_policies.save_and_offload_only_these_names(
-                names_which_can_be_saved=list(saved),
-                names_which_can_be_offloaded=list(moved),
-                offload_src="device",
-                offload_dst="pinned_host",
-            ),
-            params,
-            tags=saved + moved,
-            offloads=True,
-        )
-    if not saved:
-        return Policy(
-            "maxtext",
-            f"MaxText's remat_policy={remat_policy}: save nothing inside a block (as 'full')",
-            jax.checkpoint_policies.nothing_saveable,
-            params,
-        )
-    return Policy(
-        "maxtext",
-        f"MaxText's remat_policy={remat_policy}{alias}: save {', '.join(saved)}",
-        jax.checkpoint_policies.save_only_these_names(*saved),
-        params,
-        tags=saved,
     )
 
 
@@ -437,11 +215,11 @@ _CATALOGUE: dict[str, Callable[..., Policy]] = {
         "selective recompute (Korthikanti et al. 2022): keep all but attention scores/probs",
         _MEGATRON,
     ),
-    "names": _names_policy,
-    "except": _except_policy,
-    "offload": _offload_policy,
+    "names": names_policy,
+    "except": except_policy,
+    "offload": offload_policy,
     "either": _either_policy,
-    "maxtext": _maxtext_policy,
+    "maxtext": maxtext_policy,
 }
 
 _PARAMETERIZED = ("names", "except", "offload", "either", "maxtext")
