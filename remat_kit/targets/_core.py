@@ -61,6 +61,9 @@ class Target:
         domain and GPU network price the collectives; None: NVLink within a host and one
         400 Gb/s NIC per GPU between hosts.
       tpu_slice: a TPU target's slice (its grid and how many slices); None for the others.
+      reserved_bytes: what a TPU's runtime keeps of each device's HBM (libtpu's reserve:
+        ``usable_bytes`` is the rest, the ``bytes_limit`` jax reports on the chip and the
+        limit libtpu's compiler refuses a program over); 0 for the others.
 
     Example:
       >>> t = rk.target("a100-40gb", devices=8, hosts=2)
@@ -82,6 +85,7 @@ class Target:
     runtime: Runtime | None = None
     node: str | None = None
     tpu_slice: Slice | None = None
+    reserved_bytes: int = 0
 
     def __post_init__(self) -> None:
         _check_count("devices", self.devices)
@@ -244,7 +248,8 @@ class Target:
         """What one JAX process may allocate per device: the allocator's ``bytes_limit``.
 
         ``memory_bytes`` times the allocator fraction for a GPU target (JAX's default 0.75);
-        for ``local`` GPUs the limit jax reports; None when unknown (CPU).
+        ``memory_bytes`` less the runtime's reserve for a TPU (no fraction: the TPU client
+        takes all of it); for ``local`` GPUs the limit jax reports; None when unknown (CPU).
 
         Example:
           >>> rk.target("h100").usable_bytes          # 0.75 of 85018542080
@@ -253,7 +258,7 @@ class Target:
         if self.memory_bytes is None:
             return None
         if self.runtime is None:
-            return self.memory_bytes
+            return self.memory_bytes - self.reserved_bytes
         return self.runtime.usable_bytes(self.memory_bytes)
 
     def fits(self, nbytes: int | float) -> bool | None:

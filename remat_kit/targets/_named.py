@@ -27,6 +27,7 @@ from remat_kit.targets._slices import (
     parse_slice,
     slice_of,
 )
+from remat_kit.targets._tpus import TPU_FACTS
 from remat_kit.targets.runtime import Runtime, runtime_from_env
 
 __all__ = [
@@ -227,8 +228,6 @@ def _gpu_target(
 
 
 def _tpu_target(key: str, devices: int, hosts: int, slices: int) -> Target:
-    from remat_kit.targets._tpus import tpu_facts
-
     s = (
         slice_of(key, devices, slices)
         if key.strip().lower() in _BARE
@@ -244,16 +243,17 @@ def _tpu_target(key: str, devices: int, hosts: int, slices: int) -> Target:
         raise BadValue(
             f"{s.name} spans {s.hosts} hosts of Cloud TPU's, not hosts={hosts}", param="hosts"
         )
-    facts = tpu_facts(s.generation)
+    facts = TPU_FACTS[s.generation]
     per_chip = s.layout.devices_per_chip
     return Target(
         name=s.generation,
         kind="tpu",
-        description=facts.device_kind,
-        memory_bytes=facts.hbm_bytes // per_chip,
-        hbm_bandwidth=facts.hbm_bandwidth / per_chip,
-        host_link_bandwidth=facts.host_link_bandwidth,
-        peak_bf16_flops=facts.peak_bf16_flops / per_chip,
+        description=facts["device_kind"],
+        memory_bytes=int(facts["hbm_bytes_per_device"]),
+        hbm_bandwidth=facts["hbm_bandwidth"] / per_chip,
+        host_link_bandwidth=None,
+        peak_bf16_flops=facts["peak_bf16_flops"] / per_chip,
+        reserved_bytes=int(facts["hbm_reserved_bytes_per_device"]),
         devices=s.devices,
         hosts=s.hosts,
         tpu_slice=s,

@@ -37,6 +37,7 @@ import types
 from collections.abc import Mapping
 
 from remat_kit.errors import BadValue, unknown
+from remat_kit.targets._tpus import TPU_FACTS
 
 __all__ = [
     "GENERATIONS",
@@ -74,16 +75,22 @@ class Layout:
     one_host_chips: int
 
 
-# Pods: v4 4096 chips, v5p 8960, v5e and v6e 256, TPU7x 9216 (Cloud TPU's system architecture
-# pages: cloud.google.com/tpu/docs/v4, /v5p, /v5e, /v6e, /tpu7x).
+def _layout(name: str, facts: Mapping[str, object]) -> Layout:
+    return Layout(
+        name=name,
+        prefix=str(facts["topology_prefix"]),
+        dims=int(facts["torus_dims"]),
+        cores_per_chip=int(facts["tensorcores_per_chip"]),
+        devices_per_chip=int(facts["devices_per_chip"]),
+        chip_config=str(facts["chip_config_name"]),
+        max_chips=int(facts["pod_chips"]),
+        one_host_chips=int(facts["chips_per_host"]),
+    )
+
+
+#: The generations, from their cited facts (:data:`remat_kit.targets._tpus.TPU_FACTS`).
 GENERATIONS: Mapping[str, Layout] = types.MappingProxyType(
-    {
-        "v4": Layout("v4", "v4", 3, 2, 1, "megacore", 4096, 4),
-        "v5p": Layout("v5p", "v5", 3, 2, 1, "megacore", 8960, 4),
-        "v5e": Layout("v5e", "v5e", 2, 1, 1, "default", 256, 8),
-        "v6e": Layout("v6e", "v6e", 2, 1, 1, "default", 256, 8),
-        "tpu7x": Layout("tpu7x", "tpu7x", 3, 2, 2, "default", 9216, 4),
-    }
+    {name: _layout(name, facts) for name, facts in TPU_FACTS.items()}
 )
 
 #: Other spellings users and tools write: Cloud TPU's accelerator types (``v5litepod-16``),
@@ -96,6 +103,10 @@ TPU_ALIASES: Mapping[str, str] = types.MappingProxyType(
         "trillium": "v6e",
         "v7x": "tpu7x",
         "ironwood": "tpu7x",
+        "tpu-v4": "v4",
+        "tpu-v5e": "v5e",
+        "tpu-v5p": "v5p",
+        "tpu-v6e": "v6e",
     }
 )
 

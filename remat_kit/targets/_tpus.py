@@ -1,9 +1,10 @@
 """The built-in TPUs: public specifications of Cloud TPU generations, each figure cited.
 
-Five generations, keyed as users name them: ``v4``, ``v5e`` (Cloud's "v5litepod"), ``v5p``,
-``v6e`` (Trillium) and ``v7x`` (TPU7x, Ironwood). Figures are per chip unless a key says per
-device; a *device* is what JAX lists (``jax.devices()``): one per chip on v5e, v6e and (as
-MaxText and libtpu's ``megacore`` config lay them out) v4 and v5p, two per chip on v7x.
+Five generations, keyed as users name their slices: ``v4``, ``v5e`` (Cloud's "v5litepod"),
+``v5p``, ``v6e`` (Trillium) and ``tpu7x`` (Ironwood, "v7x"; Cloud TPU and MaxText name its
+slices ``tpu7x-N``). Figures are per chip unless a key says per device; a *device* is what JAX
+lists (``jax.devices()``): one per chip on v5e, v6e and (as MaxText and libtpu's ``megacore``
+config lay them out) v4 and v5p, two per chip on TPU7x.
 
 Sources, read 2026-11-29 (each figure below names its own):
 
@@ -62,24 +63,17 @@ Example:
   ('TPU v5 lite', 'v5e', 2)
   >>> f["peak_bf16_flops"] / 1e12, f["bytes_limit_per_device"]
   (197.0, 16909336576)
-  >>> MAXTEXT_SLICES["v5p-256"][:4]  # 256 TensorCores: 128 chips on 32 hosts
-  ('v5p', 'v5:4x4x8', 128, 32)
-  >>> MAXTEXT_SLICES["v6e-256"].chips, MAXTEXT_SLICES["tpu7x-8"].chips
-  (256, 4)
 """
 
 from __future__ import annotations
 
 import types
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 __all__ = [
-    "MAXTEXT_SLICES",
-    "TPU_ALIASES",
     "TPU_FACTS",
     "TPU_FACT_KEYS",
-    "MaxTextSlice",
 ]
 
 GiB = 2**30
@@ -207,7 +201,9 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
             device_kind="TPU v5",  # measured
             # libtpu accepts "v5p:AxBxC" and "v5:AxBxC" (measured); MaxText writes "v5:".
             # Its default chip config is megacore: one device per chip (measured num_cores=2)
-            topology_prefix="v5p",
+            # MaxText writes "v5:" (its accelerator_to_spec_map): the slices here are named so,
+            # for their topology to read as MaxText's
+            topology_prefix="v5",
             topology_prefixes_accepted=("v5p", "v5"),
             chip_config_name="megacore",
             tensorcores_per_chip=2,  # _V5P: "Number of TensorCores per chip 2"
@@ -265,7 +261,7 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
             chips_per_vm=4,  # _V7X table: "(4-chip VM)" for v6e; MaxText bounds (2, 2, 1)
             sources=(_V6E, _V7X, _BOOK, _MEASURED),
         ),
-        "v7x": _facts(
+        "tpu7x": _facts(
             description="Cloud TPU7x (Ironwood)",
             device_kind="TPU7x",  # measured
             # libtpu 0.0.51 refuses "v7x:" and "v7:" ("Invalid TPU external name: TPU v7x");
@@ -303,274 +299,3 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
 )
 
 #: Other spellings users write for a generation (lower case) -> its :data:`TPU_FACTS` key.
-TPU_ALIASES: Mapping[str, str] = types.MappingProxyType(
-    {
-        "v5litepod": "v5e",
-        "v5lite": "v5e",
-        "tpu-v5e": "v5e",
-        "trillium": "v6e",
-        "tpu-v6e": "v6e",
-        "tpu7x": "v7x",
-        "ironwood": "v7x",
-        "tpu-v5p": "v5p",
-        "tpu-v4": "v4",
-    }
-)
-
-
-class MaxTextSlice(NamedTuple):
-    """One of MaxText's ``compile_topology`` names, as libtpu is asked to build it.
-
-    ``chips`` is chips, not TensorCores: MaxText's v4/v5p/tpu7x names count TensorCores
-    (``v5p-256`` is 128 chips), its v5e/v6e names count chips (``v6e-256`` is 256). ``hosts`` is
-    ``chips / prod(chips_per_host_bounds)``: the processes libtpu's deviceless topology has
-    (measured equal for v4-8/128, v5e-1/8/16/256, v5p-8/128/256, v6e-4/8/256, tpu7x-2/8/128).
-    The last three fields are the ``get_topology_desc`` arguments MaxText passes.
-    """
-
-    generation: str
-    topology: str
-    chips: int
-    hosts: int
-    chip_config_name: str
-    chips_per_host_bounds: tuple[int, int, int]
-    wrap: tuple[bool, bool, bool]
-
-
-# Generated from MaxText's UserFacingNameToSystemCharacteristics (its TPU rows; source in the
-# module docstring): topology_name, chip_config_name, chips_per_host_bounds and wrap copied;
-# chips = devices_per_slice (/2 for tpu7x, whose devices are TensorCores); the product of the
-# topology's dimensions equals chips for every row.
-_S = MaxTextSlice
-_MC, _DF = "megacore", "default"  # chip_config_name
-_B1, _B4 = (1, 1, 1), (2, 2, 1)  # chips_per_host_bounds
-# wrap: whether each axis has its wraparound link (a torus rather than a mesh along it)
-_NO, _YYY, _NYN, _YYN = (False,) * 3, (True,) * 3, (False, True, False), (True, True, False)
-
-# fmt: off
-MAXTEXT_SLICES: Mapping[str, MaxTextSlice] = types.MappingProxyType({
-    "tpu7x-2": _S("v7x", "tpu7x:1x1x1", 1, 1, _DF, _B1, _NO),
-    "tpu7x-8": _S("v7x", "tpu7x:2x2x1", 4, 1, _DF, _B4, _NO),
-    "tpu7x-16": _S("v7x", "tpu7x:2x2x2", 8, 2, _DF, _B4, _NO),
-    "tpu7x-32": _S("v7x", "tpu7x:2x2x4", 16, 4, _DF, _B4, _NO),
-    "tpu7x-64": _S("v7x", "tpu7x:2x4x4", 32, 8, _DF, _B4, _NO),
-    "tpu7x-128": _S("v7x", "tpu7x:4x4x4", 64, 16, _DF, _B4, _YYY),
-    "tpu7x-256": _S("v7x", "tpu7x:4x4x8", 128, 32, _DF, _B4, _YYY),
-    "tpu7x-384": _S("v7x", "tpu7x:4x4x12", 192, 48, _DF, _B4, _YYY),
-    "tpu7x-512": _S("v7x", "tpu7x:4x8x8", 256, 64, _DF, _B4, _YYY),
-    "tpu7x-640": _S("v7x", "tpu7x:4x4x20", 320, 80, _DF, _B4, _YYY),
-    "tpu7x-768": _S("v7x", "tpu7x:4x8x12", 384, 96, _DF, _B4, _YYY),
-    "tpu7x-896": _S("v7x", "tpu7x:4x4x28", 448, 112, _DF, _B4, _YYY),
-    "tpu7x-1024": _S("v7x", "tpu7x:8x8x8", 512, 128, _DF, _B4, _YYY),
-    "tpu7x-1152": _S("v7x", "tpu7x:4x12x12", 576, 144, _DF, _B4, _YYY),
-    "tpu7x-1280": _S("v7x", "tpu7x:4x8x20", 640, 160, _DF, _B4, _YYY),
-    "tpu7x-1408": _S("v7x", "tpu7x:4x4x44", 704, 176, _DF, _B4, _YYY),
-    "tpu7x-1536": _S("v7x", "tpu7x:8x8x12", 768, 192, _DF, _B4, _YYY),
-    "tpu7x-1664": _S("v7x", "tpu7x:4x4x52", 832, 208, _DF, _B4, _YYY),
-    "tpu7x-1792": _S("v7x", "tpu7x:4x8x28", 896, 224, _DF, _B4, _YYY),
-    "tpu7x-1920": _S("v7x", "tpu7x:4x12x20", 960, 240, _DF, _B4, _YYY),
-    "tpu7x-2048": _S("v7x", "tpu7x:8x8x16", 1024, 256, _DF, _B4, _YYY),
-    "tpu7x-2176": _S("v7x", "tpu7x:4x4x68", 1088, 272, _DF, _B4, _YYY),
-    "tpu7x-2304": _S("v7x", "tpu7x:8x12x12", 1152, 288, _DF, _B4, _YYY),
-    "tpu7x-2432": _S("v7x", "tpu7x:4x4x76", 1216, 304, _DF, _B4, _YYY),
-    "tpu7x-2560": _S("v7x", "tpu7x:8x8x20", 1280, 320, _DF, _B4, _YYY),
-    "tpu7x-2688": _S("v7x", "tpu7x:4x12x28", 1344, 336, _DF, _B4, _YYY),
-    "tpu7x-2816": _S("v7x", "tpu7x:4x8x44", 1408, 352, _DF, _B4, _YYY),
-    "tpu7x-2944": _S("v7x", "tpu7x:4x4x92", 1472, 368, _DF, _B4, _YYY),
-    "tpu7x-3072": _S("v7x", "tpu7x:8x12x16", 1536, 384, _DF, _B4, _YYY),
-    "tpu7x-3200": _S("v7x", "tpu7x:4x20x20", 1600, 400, _DF, _B4, _YYY),
-    "tpu7x-3328": _S("v7x", "tpu7x:4x8x52", 1664, 416, _DF, _B4, _YYY),
-    "tpu7x-3456": _S("v7x", "tpu7x:12x12x12", 1728, 432, _DF, _B4, _YYY),
-    "tpu7x-3584": _S("v7x", "tpu7x:8x8x28", 1792, 448, _DF, _B4, _YYY),
-    "tpu7x-3712": _S("v7x", "tpu7x:4x4x116", 1856, 464, _DF, _B4, _YYY),
-    "tpu7x-3840": _S("v7x", "tpu7x:8x12x20", 1920, 480, _DF, _B4, _YYY),
-    "tpu7x-3968": _S("v7x", "tpu7x:4x4x124", 1984, 496, _DF, _B4, _YYY),
-    "tpu7x-4096": _S("v7x", "tpu7x:8x16x16", 2048, 512, _DF, _B4, _YYY),
-    "tpu7x-4224": _S("v7x", "tpu7x:4x12x44", 2112, 528, _DF, _B4, _YYY),
-    "tpu7x-4352": _S("v7x", "tpu7x:4x8x68", 2176, 544, _DF, _B4, _YYY),
-    "tpu7x-4480": _S("v7x", "tpu7x:4x20x28", 2240, 560, _DF, _B4, _YYY),
-    "tpu7x-4608": _S("v7x", "tpu7x:12x12x16", 2304, 576, _DF, _B4, _YYY),
-    "tpu7x-4736": _S("v7x", "tpu7x:4x4x148", 2368, 592, _DF, _B4, _YYY),
-    "tpu7x-4864": _S("v7x", "tpu7x:4x8x76", 2432, 608, _DF, _B4, _YYY),
-    "tpu7x-4992": _S("v7x", "tpu7x:4x12x52", 2496, 624, _DF, _B4, _YYY),
-    "tpu7x-5120": _S("v7x", "tpu7x:8x16x20", 2560, 640, _DF, _B4, _YYY),
-    "tpu7x-5248": _S("v7x", "tpu7x:4x4x164", 2624, 656, _DF, _B4, _YYY),
-    "tpu7x-5376": _S("v7x", "tpu7x:8x12x28", 2688, 672, _DF, _B4, _YYY),
-    "tpu7x-5504": _S("v7x", "tpu7x:4x4x172", 2752, 688, _DF, _B4, _YYY),
-    "tpu7x-5632": _S("v7x", "tpu7x:8x8x44", 2816, 704, _DF, _B4, _YYY),
-    "tpu7x-5760": _S("v7x", "tpu7x:12x12x20", 2880, 720, _DF, _B4, _YYY),
-    "tpu7x-5888": _S("v7x", "tpu7x:4x8x92", 2944, 736, _DF, _B4, _YYY),
-    "tpu7x-6016": _S("v7x", "tpu7x:4x4x188", 3008, 752, _DF, _B4, _YYY),
-    "tpu7x-6144": _S("v7x", "tpu7x:12x16x16", 3072, 768, _DF, _B4, _YYY),
-    "tpu7x-6272": _S("v7x", "tpu7x:4x28x28", 3136, 784, _DF, _B4, _YYY),
-    "tpu7x-6400": _S("v7x", "tpu7x:8x20x20", 3200, 800, _DF, _B4, _YYY),
-    "tpu7x-6528": _S("v7x", "tpu7x:4x12x68", 3264, 816, _DF, _B4, _YYY),
-    "tpu7x-6656": _S("v7x", "tpu7x:8x8x52", 3328, 832, _DF, _B4, _YYY),
-    "tpu7x-6784": _S("v7x", "tpu7x:4x4x212", 3392, 848, _DF, _B4, _YYY),
-    "tpu7x-6912": _S("v7x", "tpu7x:12x12x24", 3456, 864, _DF, _B4, _YYY),
-    "tpu7x-7040": _S("v7x", "tpu7x:4x20x44", 3520, 880, _DF, _B4, _YYY),
-    "tpu7x-7168": _S("v7x", "tpu7x:8x16x28", 3584, 896, _DF, _B4, _YYY),
-    "tpu7x-7296": _S("v7x", "tpu7x:4x12x76", 3648, 912, _DF, _B4, _YYY),
-    "tpu7x-7424": _S("v7x", "tpu7x:4x8x116", 3712, 928, _DF, _B4, _YYY),
-    "tpu7x-7552": _S("v7x", "tpu7x:4x4x236", 3776, 944, _DF, _B4, _YYY),
-    "tpu7x-7680": _S("v7x", "tpu7x:12x16x20", 3840, 960, _DF, _B4, _YYY),
-    "tpu7x-7808": _S("v7x", "tpu7x:4x4x244", 3904, 976, _DF, _B4, _YYY),
-    "tpu7x-7936": _S("v7x", "tpu7x:4x8x124", 3968, 992, _DF, _B4, _YYY),
-    "tpu7x-8064": _S("v7x", "tpu7x:12x12x28", 4032, 1008, _DF, _B4, _YYY),
-    "tpu7x-8192": _S("v7x", "tpu7x:16x16x16", 4096, 1024, _DF, _B4, _YYY),
-    "tpu7x-8320": _S("v7x", "tpu7x:4x20x52", 4160, 1040, _DF, _B4, _YYY),
-    "tpu7x-8448": _S("v7x", "tpu7x:8x12x44", 4224, 1056, _DF, _B4, _YYY),
-    "tpu7x-8704": _S("v7x", "tpu7x:8x8x68", 4352, 1088, _DF, _B4, _YYY),
-    "tpu7x-8832": _S("v7x", "tpu7x:4x12x92", 4416, 1104, _DF, _B4, _YYY),
-    "tpu7x-8960": _S("v7x", "tpu7x:8x20x28", 4480, 1120, _DF, _B4, _YYY),
-    "tpu7x-9216": _S("v7x", "tpu7x:12x16x24", 4608, 1152, _DF, _B4, _YYY),
-    "tpu7x-9472": _S("v7x", "tpu7x:4x8x148", 4736, 1184, _DF, _B4, _YYY),
-    "tpu7x-9600": _S("v7x", "tpu7x:12x20x20", 4800, 1200, _DF, _B4, _YYY),
-    "tpu7x-9728": _S("v7x", "tpu7x:8x8x76", 4864, 1216, _DF, _B4, _YYY),
-    "tpu7x-9856": _S("v7x", "tpu7x:4x28x44", 4928, 1232, _DF, _B4, _YYY),
-    "tpu7x-9984": _S("v7x", "tpu7x:8x12x52", 4992, 1248, _DF, _B4, _YYY),
-    "tpu7x-10240": _S("v7x", "tpu7x:16x16x20", 5120, 1280, _DF, _B4, _YYY),
-    "tpu7x-10368": _S("v7x", "tpu7x:12x12x36", 5184, 1296, _DF, _B4, _YYY),
-    "tpu7x-10496": _S("v7x", "tpu7x:4x8x164", 5248, 1312, _DF, _B4, _YYY),
-    "tpu7x-10752": _S("v7x", "tpu7x:12x16x28", 5376, 1344, _DF, _B4, _YYY),
-    "tpu7x-10880": _S("v7x", "tpu7x:4x20x68", 5440, 1360, _DF, _B4, _YYY),
-    "tpu7x-11008": _S("v7x", "tpu7x:4x8x172", 5504, 1376, _DF, _B4, _YYY),
-    "tpu7x-11136": _S("v7x", "tpu7x:4x12x116", 5568, 1392, _DF, _B4, _YYY),
-    "tpu7x-11264": _S("v7x", "tpu7x:8x16x44", 5632, 1408, _DF, _B4, _YYY),
-    "tpu7x-11520": _S("v7x", "tpu7x:12x20x24", 5760, 1440, _DF, _B4, _YYY),
-    "tpu7x-11648": _S("v7x", "tpu7x:4x28x52", 5824, 1456, _DF, _B4, _YYY),
-    "tpu7x-11776": _S("v7x", "tpu7x:8x8x92", 5888, 1472, _DF, _B4, _YYY),
-    "tpu7x-11904": _S("v7x", "tpu7x:4x12x124", 5952, 1488, _DF, _B4, _YYY),
-    "tpu7x-12032": _S("v7x", "tpu7x:4x8x188", 6016, 1504, _DF, _B4, _YYY),
-    "tpu7x-12160": _S("v7x", "tpu7x:4x20x76", 6080, 1520, _DF, _B4, _YYY),
-    "tpu7x-12288": _S("v7x", "tpu7x:16x16x24", 6144, 1536, _DF, _B4, _YYY),
-    "tpu7x-13824": _S("v7x", "tpu7x:12x24x24", 6912, 1728, _DF, _B4, _YYY),
-    "tpu7x-16384": _S("v7x", "tpu7x:16x16x32", 8192, 2048, _DF, _B4, _YYY),
-    "tpu7x-17920": _S("v7x", "tpu7x:16x20x28", 8960, 2240, _DF, _B4, _YYY),
-    "tpu7x-18432": _S("v7x", "tpu7x:16x24x24", 9216, 2304, _DF, _B4, _YYY),
-    "v6e-1": _S("v6e", "v6e:1x1", 1, 1, _DF, _B1, _NO),
-    "v6e-4": _S("v6e", "v6e:2x2", 4, 1, _DF, _B4, _NO),
-    "v6e-8": _S("v6e", "v6e:2x4", 8, 2, _DF, _B4, _NO),
-    "v6e-16": _S("v6e", "v6e:4x4", 16, 4, _DF, _B4, _NO),
-    "v6e-32": _S("v6e", "v6e:4x8", 32, 8, _DF, _B4, _NO),
-    "v6e-64": _S("v6e", "v6e:8x8", 64, 16, _DF, _B4, _NO),
-    "v6e-128": _S("v6e", "v6e:8x16", 128, 32, _DF, _B4, _NYN),
-    "v6e-256": _S("v6e", "v6e:16x16", 256, 64, _DF, _B4, _YYN),
-    "v5e-1": _S("v5e", "v5e:1x1", 1, 1, _DF, _B1, _NO),
-    "v5e-4": _S("v5e", "v5e:2x2", 4, 1, _DF, _B4, _NO),
-    "v5e-8": _S("v5e", "v5e:2x4", 8, 2, _DF, _B4, _NO),
-    "v5e-16": _S("v5e", "v5e:4x4", 16, 4, _DF, _B4, _NO),
-    "v5e-32": _S("v5e", "v5e:4x8", 32, 8, _DF, _B4, _NO),
-    "v5e-64": _S("v5e", "v5e:8x8", 64, 16, _DF, _B4, _NO),
-    "v5e-128": _S("v5e", "v5e:8x16", 128, 32, _DF, _B4, _NYN),
-    "v5e-256": _S("v5e", "v5e:16x16", 256, 64, _DF, _B4, _YYN),
-    "v4-8": _S("v4", "v4:2x2x1", 4, 1, _MC, _B4, _NO),
-    "v4-16": _S("v4", "v4:2x2x2", 8, 2, _MC, _B4, _NO),
-    "v4-32": _S("v4", "v4:2x2x4", 16, 4, _MC, _B4, _NO),
-    "v4-64": _S("v4", "v4:2x4x4", 32, 8, _MC, _B4, _NO),
-    "v4-128": _S("v4", "v4:4x4x4", 64, 16, _MC, _B4, _YYY),
-    "v4-256": _S("v4", "v4:4x4x8", 128, 32, _MC, _B4, _YYY),
-    "v4-384": _S("v4", "v4:4x4x12", 192, 48, _MC, _B4, _YYY),
-    "v4-512": _S("v4", "v4:4x8x8", 256, 64, _MC, _B4, _YYY),
-    "v4-1024": _S("v4", "v4:8x8x8", 512, 128, _MC, _B4, _YYY),
-    "v4-1536": _S("v4", "v4:8x8x12", 768, 192, _MC, _B4, _YYY),
-    "v4-2048": _S("v4", "v4:8x8x16", 1024, 256, _MC, _B4, _YYY),
-    "v4-4096": _S("v4", "v4:8x16x16", 2048, 512, _MC, _B4, _YYY),
-    "v5p-8": _S("v5p", "v5:2x2x1", 4, 1, _MC, _B4, _NO),
-    "v5p-16": _S("v5p", "v5:2x2x2", 8, 2, _MC, _B4, _NO),
-    "v5p-32": _S("v5p", "v5:2x2x4", 16, 4, _MC, _B4, _NO),
-    "v5p-64": _S("v5p", "v5:2x4x4", 32, 8, _MC, _B4, _NO),
-    "v5p-128": _S("v5p", "v5:4x4x4", 64, 16, _MC, _B4, _YYY),
-    "v5p-256": _S("v5p", "v5:4x4x8", 128, 32, _MC, _B4, _YYY),
-    "v5p-384": _S("v5p", "v5:4x4x12", 192, 48, _MC, _B4, _YYY),
-    "v5p-512": _S("v5p", "v5:4x8x8", 256, 64, _MC, _B4, _YYY),
-    "v5p-640": _S("v5p", "v5:4x4x20", 320, 80, _MC, _B4, _YYY),
-    "v5p-768": _S("v5p", "v5:4x8x12", 384, 96, _MC, _B4, _YYY),
-    "v5p-896": _S("v5p", "v5:4x4x28", 448, 112, _MC, _B4, _YYY),
-    "v5p-1024": _S("v5p", "v5:8x8x8", 512, 128, _MC, _B4, _YYY),
-    "v5p-1152": _S("v5p", "v5:4x12x12", 576, 144, _MC, _B4, _YYY),
-    "v5p-1280": _S("v5p", "v5:4x8x20", 640, 160, _MC, _B4, _YYY),
-    "v5p-1408": _S("v5p", "v5:4x4x44", 704, 176, _MC, _B4, _YYY),
-    "v5p-1536": _S("v5p", "v5:8x8x12", 768, 192, _MC, _B4, _YYY),
-    "v5p-1664": _S("v5p", "v5:4x4x52", 832, 208, _MC, _B4, _YYY),
-    "v5p-1792": _S("v5p", "v5:4x8x28", 896, 224, _MC, _B4, _YYY),
-    "v5p-1920": _S("v5p", "v5:4x12x20", 960, 240, _MC, _B4, _YYY),
-    "v5p-2048": _S("v5p", "v5:8x8x16", 1024, 256, _MC, _B4, _YYY),
-    "v5p-2176": _S("v5p", "v5:4x4x68", 1088, 272, _MC, _B4, _YYY),
-    "v5p-2304": _S("v5p", "v5:8x12x12", 1152, 288, _MC, _B4, _YYY),
-    "v5p-2432": _S("v5p", "v5:4x4x76", 1216, 304, _MC, _B4, _YYY),
-    "v5p-2560": _S("v5p", "v5:8x8x20", 1280, 320, _MC, _B4, _YYY),
-    "v5p-2688": _S("v5p", "v5:4x12x28", 1344, 336, _MC, _B4, _YYY),
-    "v5p-2816": _S("v5p", "v5:4x8x44", 1408, 352, _MC, _B4, _YYY),
-    "v5p-2944": _S("v5p", "v5:4x4x92", 1472, 368, _MC, _B4, _YYY),
-    "v5p-3072": _S("v5p", "v5:8x12x16", 1536, 384, _MC, _B4, _YYY),
-    "v5p-3200": _S("v5p", "v5:4x20x20", 1600, 400, _MC, _B4, _YYY),
-    "v5p-3328": _S("v5p", "v5:4x8x52", 1664, 416, _MC, _B4, _YYY),
-    "v5p-3456": _S("v5p", "v5:12x12x12", 1728, 432, _MC, _B4, _YYY),
-    "v5p-3584": _S("v5p", "v5:8x8x28", 1792, 448, _MC, _B4, _YYY),
-    "v5p-3712": _S("v5p", "v5:4x4x116", 1856, 464, _MC, _B4, _YYY),
-    "v5p-3840": _S("v5p", "v5:8x12x20", 1920, 480, _MC, _B4, _YYY),
-    "v5p-3968": _S("v5p", "v5:4x4x124", 1984, 496, _MC, _B4, _YYY),
-    "v5p-4096": _S("v5p", "v5:8x16x16", 2048, 512, _MC, _B4, _YYY),
-    "v5p-4224": _S("v5p", "v5:4x12x44", 2112, 528, _MC, _B4, _YYY),
-    "v5p-4352": _S("v5p", "v5:4x8x68", 2176, 544, _MC, _B4, _YYY),
-    "v5p-4480": _S("v5p", "v5:4x20x28", 2240, 560, _MC, _B4, _YYY),
-    "v5p-4608": _S("v5p", "v5:12x12x16", 2304, 576, _MC, _B4, _YYY),
-    "v5p-4736": _S("v5p", "v5:4x4x148", 2368, 592, _MC, _B4, _YYY),
-    "v5p-4864": _S("v5p", "v5:4x8x76", 2432, 608, _MC, _B4, _YYY),
-    "v5p-4992": _S("v5p", "v5:4x12x52", 2496, 624, _MC, _B4, _YYY),
-    "v5p-5120": _S("v5p", "v5:8x16x20", 2560, 640, _MC, _B4, _YYY),
-    "v5p-5248": _S("v5p", "v5:4x4x164", 2624, 656, _MC, _B4, _YYY),
-    "v5p-5376": _S("v5p", "v5:8x12x28", 2688, 672, _MC, _B4, _YYY),
-    "v5p-5504": _S("v5p", "v5:4x4x172", 2752, 688, _MC, _B4, _YYY),
-    "v5p-5632": _S("v5p", "v5:8x8x44", 2816, 704, _MC, _B4, _YYY),
-    "v5p-5760": _S("v5p", "v5:12x12x20", 2880, 720, _MC, _B4, _YYY),
-    "v5p-5888": _S("v5p", "v5:4x8x92", 2944, 736, _MC, _B4, _YYY),
-    "v5p-6016": _S("v5p", "v5:4x4x188", 3008, 752, _MC, _B4, _YYY),
-    "v5p-6144": _S("v5p", "v5:12x16x16", 3072, 768, _MC, _B4, _YYY),
-    "v5p-6272": _S("v5p", "v5:4x28x28", 3136, 784, _MC, _B4, _YYY),
-    "v5p-6400": _S("v5p", "v5:8x20x20", 3200, 800, _MC, _B4, _YYY),
-    "v5p-6528": _S("v5p", "v5:4x12x68", 3264, 816, _MC, _B4, _YYY),
-    "v5p-6656": _S("v5p", "v5:8x8x52", 3328, 832, _MC, _B4, _YYY),
-    "v5p-6784": _S("v5p", "v5:4x4x212", 3392, 848, _MC, _B4, _YYY),
-    "v5p-6912": _S("v5p", "v5:12x12x24", 3456, 864, _MC, _B4, _YYY),
-    "v5p-7040": _S("v5p", "v5:4x20x44", 3520, 880, _MC, _B4, _YYY),
-    "v5p-7168": _S("v5p", "v5:8x16x28", 3584, 896, _MC, _B4, _YYY),
-    "v5p-7296": _S("v5p", "v5:4x12x76", 3648, 912, _MC, _B4, _YYY),
-    "v5p-7424": _S("v5p", "v5:4x8x116", 3712, 928, _MC, _B4, _YYY),
-    "v5p-7552": _S("v5p", "v5:4x4x236", 3776, 944, _MC, _B4, _YYY),
-    "v5p-7680": _S("v5p", "v5:12x16x20", 3840, 960, _MC, _B4, _YYY),
-    "v5p-7808": _S("v5p", "v5:4x4x244", 3904, 976, _MC, _B4, _YYY),
-    "v5p-7936": _S("v5p", "v5:4x8x124", 3968, 992, _MC, _B4, _YYY),
-    "v5p-8064": _S("v5p", "v5:12x12x28", 4032, 1008, _MC, _B4, _YYY),
-    "v5p-8192": _S("v5p", "v5:16x16x16", 4096, 1024, _MC, _B4, _YYY),
-    "v5p-8320": _S("v5p", "v5:4x20x52", 4160, 1040, _MC, _B4, _YYY),
-    "v5p-8448": _S("v5p", "v5:8x12x44", 4224, 1056, _MC, _B4, _YYY),
-    "v5p-8704": _S("v5p", "v5:8x8x68", 4352, 1088, _MC, _B4, _YYY),
-    "v5p-8832": _S("v5p", "v5:4x12x92", 4416, 1104, _MC, _B4, _YYY),
-    "v5p-8960": _S("v5p", "v5:8x20x28", 4480, 1120, _MC, _B4, _YYY),
-    "v5p-9216": _S("v5p", "v5:12x16x24", 4608, 1152, _MC, _B4, _YYY),
-    "v5p-9472": _S("v5p", "v5:4x8x148", 4736, 1184, _MC, _B4, _YYY),
-    "v5p-9600": _S("v5p", "v5:12x20x20", 4800, 1200, _MC, _B4, _YYY),
-    "v5p-9728": _S("v5p", "v5:8x8x76", 4864, 1216, _MC, _B4, _YYY),
-    "v5p-9856": _S("v5p", "v5:4x28x44", 4928, 1232, _MC, _B4, _YYY),
-    "v5p-9984": _S("v5p", "v5:8x12x52", 4992, 1248, _MC, _B4, _YYY),
-    "v5p-10240": _S("v5p", "v5:16x16x20", 5120, 1280, _MC, _B4, _YYY),
-    "v5p-10368": _S("v5p", "v5:12x12x36", 5184, 1296, _MC, _B4, _YYY),
-    "v5p-10496": _S("v5p", "v5:4x8x164", 5248, 1312, _MC, _B4, _YYY),
-    "v5p-10752": _S("v5p", "v5:12x16x28", 5376, 1344, _MC, _B4, _YYY),
-    "v5p-10880": _S("v5p", "v5:4x20x68", 5440, 1360, _MC, _B4, _YYY),
-    "v5p-11008": _S("v5p", "v5:4x8x172", 5504, 1376, _MC, _B4, _YYY),
-    "v5p-11136": _S("v5p", "v5:4x12x116", 5568, 1392, _MC, _B4, _YYY),
-    "v5p-11264": _S("v5p", "v5:8x16x44", 5632, 1408, _MC, _B4, _YYY),
-    "v5p-11520": _S("v5p", "v5:12x20x24", 5760, 1440, _MC, _B4, _YYY),
-    "v5p-11648": _S("v5p", "v5:4x28x52", 5824, 1456, _MC, _B4, _YYY),
-    "v5p-11776": _S("v5p", "v5:8x8x92", 5888, 1472, _MC, _B4, _YYY),
-    "v5p-11904": _S("v5p", "v5:4x12x124", 5952, 1488, _MC, _B4, _YYY),
-    "v5p-12032": _S("v5p", "v5:4x8x188", 6016, 1504, _MC, _B4, _YYY),
-    "v5p-12160": _S("v5p", "v5:4x20x76", 6080, 1520, _MC, _B4, _YYY),
-    "v5p-12288": _S("v5p", "v5:16x16x24", 6144, 1536, _MC, _B4, _YYY),
-    "v5p-13824": _S("v5p", "v5:12x24x24", 6912, 1728, _MC, _B4, _YYY),
-    "v5p-17920": _S("v5p", "v5:16x20x28", 8960, 2240, _MC, _B4, _YYY),
-})
-# fmt: on

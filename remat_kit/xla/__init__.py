@@ -20,6 +20,7 @@ from remat_kit.xla._compile import (
     captured_stderr,
     compile_memory,
     compile_with,
+    over_device_memory,
     parse_xla_log,
     xla_peak,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "compile_with",
     "kernels_of",
     "named_operands",
+    "over_device_memory",
     "parse_xla_log",
     "read_hlo",
     "shape_of",

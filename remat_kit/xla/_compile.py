@@ -32,6 +32,7 @@ __all__ = [
     "captured_stderr",
     "compile_memory",
     "compile_with",
+    "over_device_memory",
     "parse_xla_log",
     "xla_peak",
 ]
@@ -78,6 +79,10 @@ class CompiledMemory:
       program: a fingerprint of the lowered program (16 hex digits of
         :func:`remat_kit.cache.fingerprint`; ``""`` where not taken): two policies that
         lower to the same program (``dots`` and ``minimal`` on a Llama) have the same one.
+      over_device: the compiler refused the program as over the device's memory (libtpu's
+        ``CompileTimeHbmOom``: a TPU compile, deviceless too, stops there, where a GPU's
+        compiles and reports). Its total is then ``temp_bytes`` alone, as the refusal states
+        it (to 0.01 of its unit: libtpu prints no bytes), and there are no kernels.
     """
 
     argument_bytes: int
@@ -95,6 +100,7 @@ class CompiledMemory:
     compile_seconds: float
     kernels: tuple[Kernel, ...] = ()
     program: str = ""
+    over_device: bool = False
 
     @property
     def peak_bytes(self) -> int:
@@ -140,7 +146,13 @@ def compile_memory(
     start = time.perf_counter()
     with captured_stderr() as log:
         dump = {"xla_dump_to": dump_to, "xla_dump_hlo_as_text": True} if dump_to else None
-        compiled = compile_with(lowered, options, dump)
+        try:
+            compiled = compile_with(lowered, options, dump)
+        except Exception as err:  # jaxlib's own error type
+            refused = over_device_memory(str(err))
+            if refused is None:
+                raise
+            return _refused(refused, time.perf_counter() - start)
     stats = compiled.memory_analysis()
     text = _text_of(compiled)  # printed once: a deep unrolled step's text takes a second
     lines = log.lines
@@ -169,6 +181,58 @@ def compile_memory(
         xla_messages=tuple(parse_xla_log(lines)),
         compile_seconds=time.perf_counter() - start,
         kernels=kernels_of(text) if text else (),
+    )
+
+
+# libtpu's refusal of a program over the device's memory (E1000, openxla.org/xla/errors/error_1000).
+_HBM_OOM = re.compile(
+    r"CompileTimeHbmOom: .*?required for HLO temporaries \(([\d.]+)([KMGT]?)\) exceeds "
+    r"available HBM \(([\d.]+)([KMGT]?)\)"
+)
+_UNIT = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def over_device_memory(message: str) -> tuple[int, int] | None:
+    """``(required, available)`` bytes when ``message`` is libtpu refusing a program as over
+    the device's memory, else None. libtpu prints binary units to two decimals (``15.75G`` is
+    a v5e's 16,909,336,576 B limit), so the bytes are good to 0.005 of the unit.
+
+    Example:
+      >>> over_device_memory("RESOURCE_EXHAUSTED: E1000: CompileTimeHbmOom: Ran out of memory "
+      ...     "on HBM, the total memory required for HLO temporaries (48.00G) exceeds available "
+      ...     "HBM (15.75G). HLO module: jit__lambda.")
+      (51539607552, 16911433728)
+      >>> over_device_memory("INVALID_ARGUMENT: something else") is None
+      True
+    """
+    m = _HBM_OOM.search(message)
+    if m is None:
+        return None
+    need, need_unit, have, have_unit = m.groups()
+    return round(float(need) * _UNIT[need_unit]), round(float(have) * _UNIT[have_unit])
+
+
+def _refused(refused: tuple[int, int], seconds: float) -> CompiledMemory:
+    need, have = refused
+    return CompiledMemory(
+        argument_bytes=0,
+        output_bytes=0,
+        temp_bytes=need,
+        alias_bytes=0,
+        generated_code_bytes=0,
+        host_bytes=0,
+        host_temp_bytes=0,
+        xla_peak_bytes=None,
+        xla_remat_limit_bytes=have,
+        xla_remat_saved_bytes=0,
+        xla_remat_fell_short=True,
+        xla_messages=(
+            f"the TPU compiler refused the program: it needs {need / 2**30:.2f} GiB of "
+            f"the {have / 2**30:.2f} GiB a device holds, after its own rematerialization "
+            "(libtpu's CompileTimeHbmOom; its figures to 0.01 GiB)",
+        ),
+        compile_seconds=seconds,
+        over_device=True,
     )
 
 
