@@ -28,7 +28,7 @@ from remat_kit.render import console, flags_words
 from remat_kit.sharding import parse_shard
 from remat_kit.sources import SourceKind, StepSource, Workload, kind_named, kinds
 from remat_kit.sources import resolve as resolve_spec
-from remat_kit.targets import Target
+from remat_kit.targets import Target, check_deviceless
 from remat_kit.targets._platform import start_backends
 from remat_kit.train import TrainConfig, planned_precision, regime
 
@@ -339,6 +339,13 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     shard = getattr(args, "shard", None)
     # A kind that lays out its own mesh (MaxText's parallelism keys) takes no --shard.
     if tgt.devices > 1 and not shard and "shard" in kind.fields:
+        if tgt.kind == "tpu":
+            one = f"{tgt.name}-{tgt.tpu_slice.layout.cores_per_chip}"
+            raise BadValue(
+                f"{tgt.tpu_slice.name} holds {tgt.devices} {tgt.device_word}s and no --shard "
+                "says how the step spreads over them: give a mesh, e.g. --shard "
+                f"fsdp:{tgt.devices}, or name one chip (--target {one})"
+            )
         raise BadValue(
             f"--gpus {tgt.devices} without --shard: the step would be compiled for one GPU and "
             f"reported as such; give a mesh, e.g. --shard fsdp:{tgt.devices}, or drop --gpus"
@@ -350,6 +357,8 @@ def resolve(args: argparse.Namespace) -> ModelRun:
         # an import may set them), and where a Ctrl-C cannot be swallowed.
         with _interrupt.at_once():
             start_backends()
+    if tgt.kind == "tpu":
+        check_deviceless(tgt)  # libtpu there and jax's own, before anything is traced
     config = config_from_args(args, kind)  # the optimizer's name, batch against accum
     # The model's own check names its field (vocab_size=1, BadValue.param): the CLI's error
     # boundary (remat_kit.cli.main, FLAGS) names the flag that set it.

@@ -1,0 +1,215 @@
+"""TPU slices as targets: names as Cloud TPU and MaxText write them, libtpu's own topology,
+memory equal to a bare compile, and the one-line refusals.
+
+Expected values come from elsewhere: MaxText's ``accelerator_to_spec_map`` (its
+``compile_topology`` names), libtpu's topology built here by ``get_topology_desc`` directly, and
+``jax.jit(...).lower(...).compile().memory_analysis()`` on devices of that topology.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import remat_kit as rk
+from remat_kit.cli import main
+from remat_kit.errors import BadValue, TargetError, UnknownName
+from remat_kit.schedules import NO_SCHEDULE
+from remat_kit.targets import _platform, parse_slice
+from remat_kit_models.spec import PresetSpec
+
+spec_map = pytest.importorskip("maxtext.utils.accelerator_to_spec_map")
+MAXTEXT = {
+    name: spec
+    for name, spec in spec_map.UserFacingNameToSystemCharacteristics.items()
+    if spec.platform == "tpu"
+}
+
+
+# --- names --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(MAXTEXT))
+def test_every_maxtext_compile_topology_name_is_the_slice_maxtext_builds(name):
+    spec, s = MAXTEXT[name], parse_slice(name)
+    assert s.topology == spec.topology_name
+    assert s.layout.chip_config == spec.chip_config_name
+    assert s.chips_per_host_bounds == tuple(spec.chips_per_host_bounds)
+    assert s.wrap == tuple(spec.wrap)
+    assert s.devices == spec.devices_per_slice
+    assert s.name == name
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # Cloud TPU's accelerator types and product names
+        ("v5litepod-16", ("v5e", (4, 4), 16)),
+        ("trillium-8", ("v6e", (2, 4), 8)),
+        ("v6e:8x16", ("v6e", (8, 16), 128)),
+        ("v5p:4x4x8", ("v5p", (4, 4, 8), 128)),  # libtpu's own spelling of v5p's topology
+        ("V5P-8", ("v5p", (2, 2, 1), 4)),
+        ("tpu7x-8", ("tpu7x", (2, 2, 1), 8)),  # two devices a chip
+    ],
+)
+def test_a_slice_is_named_as_users_name_it(name, expected):
+    s = parse_slice(name)
+    assert (s.generation, s.grid, s.devices) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "match"),
+    [
+        ("v5p-7", {}, "counts TensorCores, 2 to a chip: use an even count"),
+        ("v5p-24", {}, r"12 chips have no default 3D grid .* v5p:AxBxC"),
+        ("v5e-512", {}, "v5e slices hold at most 256 chips"),
+        ("v6e:4x4x4", {}, "a v6e slice is a 2D grid of chips, got 4x4x4"),
+        ("v5e", {}, r"names a TPU generation, not a slice: name one as v5e-N \(N chips\)"),
+        ("v5p-8", {"devices": 8}, "v5p-8 holds 4 devices, not devices=8"),
+        ("v5p-8", {"mem_fraction": 0.9}, "mem_fraction is for GPU targets"),
+        ("v5p-8", {"node": "a3-mega"}, "node is for GPU targets"),
+        ("h100", {"slices": 2}, "slices=2 is for TPU targets"),
+    ],
+)
+def test_a_slice_that_cannot_be_is_refused_naming_what_can(name, kwargs, match):
+    if name == "v5e" and not kwargs:
+        with pytest.raises(BadValue, match=match):
+            parse_slice(name)
+        return
+    with pytest.raises(BadValue, match=match):
+        rk.target(name, **kwargs)
+
+
+def test_an_unknown_generation_lists_those_there_are():
+    with pytest.raises(UnknownName, match="tpu7x"):
+        parse_slice("v9-8")
+
+
+def test_a_bare_generation_takes_its_devices():
+    t = rk.target("v5e", devices=16)
+    assert (t.tpu_slice.name, t.topology, t.hosts) == ("v5e-16", "v5e:4x4", 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "hbm", "limit"),
+    [
+        # the Cloud TPU pages' HBM per chip, and libtpu's limit as its compiler states it
+        # (15.75G for v5e: the OOM message below)
+        ("v5e-4", 16 * 2**30, 16 * 2**30 - 258 * 2**20),
+        ("v5p-8", 96 * 2**30, 96 * 2**30 - 279 * 2**20),
+        ("tpu7x-8", 95 * 2**30, 95 * 2**30 - 268 * 2**20),  # a core: libtpu models 95 GiB
+    ],
+)
+def test_a_tpu_device_may_use_its_hbm_less_the_runtimes_reserve(name, hbm, limit):
+    t = rk.target(name)
+    assert (t.memory_bytes, t.usable_bytes, t.runtime) == (hbm, limit, None)
+
+
+# --- libtpu -------------------------------------------------------------------------------------
+
+
+def test_a_missing_libtpu_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setattr(_platform, "_libtpu_pin", lambda: (None, "==0.0.50.*"))
+    with pytest.raises(TargetError, match=r"needs libtpu.*pip install 'remat-kit\[tpu\]'"):
+        rk.target("v5e-4").mesh()
+
+
+def test_a_libtpu_that_is_not_jaxs_is_one_line_naming_the_fix(monkeypatch):
+    monkeypatch.setattr(_platform, "_libtpu_pin", lambda: ("0.0.40", "==0.0.50.*"))
+    with pytest.raises(TargetError, match=r"libtpu 0\.0\.40 is installed: pip install 'jax\[tpu\]"):
+        rk.target("v5e-4").mesh()
+
+
+def test_the_cli_says_a_missing_libtpu_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(_platform, "_libtpu_pin", lambda: (None, "==0.0.50.*"))
+    argv = ["report", "--model", "tiny-llama", "--target", "v5e-4", "--shard", "fsdp:4"]
+    code = main([*argv, "--batch", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("remat-kit: compiling for v5e-4")
+
+
+def test_a_slice_without_a_mesh_is_one_line_naming_both_ways_out(capsys):
+    code = main(["report", "--model", "tiny-llama", "--target", "v5p-8", "--batch", "4"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "v5p-8 holds 4 chips and no --shard" in err[0] and "--target v5p-2" in err[0]
+
+
+# --- libtpu's own topology, compiled ------------------------------------------------------------
+
+
+@functools.cache
+def _topology(name: str):
+    """The slice's devices as libtpu builds them for MaxText's compile_topology (its own
+    arguments, not ours)."""
+    from jax.experimental import topologies
+
+    spec = MAXTEXT[name]
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # xdist's workers side by side
+    return topologies.get_topology_desc(
+        platform="tpu",
+        topology_name=spec.topology_name,
+        chip_config_name=spec.chip_config_name,
+        chips_per_host_bounds=spec.chips_per_host_bounds,
+        num_slices=1,
+        wrap=spec.wrap,
+    ).devices
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["v5e-4", "v5p-8", "v6e-4", "v4-8"])
+def test_the_mesh_is_libtpus_devices_in_jaxs_order(name):
+    from jax.experimental import mesh_utils
+
+    mesh = rk.target(name).mesh(("data", "model"), (2, 2))
+    want = mesh_utils.create_device_mesh((2, 2), _topology(name))
+    assert [d.id for d in mesh.devices.flat] == [d.id for d in want.flat]
+    assert {d.device_kind for d in mesh.devices.flat} == {_topology(name)[0].device_kind}
+
+
+def _bare_peak(fn, args, donate, name):
+    """The peak of ``fn`` compiled by jax alone for libtpu's devices of ``name`` (one device
+    of them: the step's arguments whole)."""
+    mesh = Mesh(np.array(_topology(name)[:1]), ("x",))
+    s = NamedSharding(mesh, PartitionSpec())
+    placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = jax.jit(fn, donate_argnums=donate).lower(*placed).compile().memory_analysis()
+    return (
+        m.argument_size_in_bytes
+        + m.output_size_in_bytes
+        + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["v5e-1", "v6e-1"])
+@pytest.mark.parametrize("policy", ["none", "full", "dots_no_batch"])
+def test_a_preset_on_a_tpu_is_a_bare_compile_of_its_step(name, policy):
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+    config = rk.TrainConfig(batch=4, seq=64)
+    report = rk.sources.measure(src, policy, name, config, warn=False)
+    built = src.build_step(rk.policy(policy), NO_SCHEDULE, config, rk.target(name))
+    step = built.step
+    assert report.peak_bytes == _bare_peak(step.fn, step.args, step.donate_argnums, name)
+
+
+@pytest.mark.slow
+def test_a_program_over_a_tpus_memory_is_reported_over_it_with_libtpus_figure():
+    big = jax.ShapeDtypeStruct((5 * 2**30,), jnp.float32)  # 20 GiB in, 20 out: over a v5e
+    t = rk.target("v5e-1")
+    low = jax.jit(lambda a: a * 2).lower(
+        jax.ShapeDtypeStruct(big.shape, big.dtype, sharding=t.sharding())
+    )
+    m = rk.xla.compile_memory(low)
+    assert m.over_device and m.peak_bytes == 40 * 2**30  # libtpu: "(40.00G)"
+    assert m.peak_bytes > t.usable_bytes
