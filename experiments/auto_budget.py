@@ -33,39 +33,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     import os
 
     os.environ["REMAT_KIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="auto_budget_")  # cold
-    import flax.linen as nn
     import jax
-    import optax
 
     own = _own()
     cfg = rk.TrainConfig(batch=2, seq=32)
     t = rk.target("h100")
-    block = rk.remat(own.Block, "auto")
-
-    class Llama(own.Llama):  # own_steps' model, its blocks marked "auto"
-        @nn.compact
-        def __call__(self, tokens):
-            dt = own.DTYPE
-            x = nn.Embed(own.VOCAB, own.WIDTH, dtype=dt, param_dtype=dt)(tokens)
-            for i in range(own.LAYERS):
-                x = block(name=f"layers_{i}")(x)
-            x = nn.RMSNorm(dtype=dt, param_dtype=dt)(x)
-            return nn.Dense(own.VOCAB, use_bias=False, dtype=dt, param_dtype=dt, name="head")(x)
-
-    net, tx = Llama(rk.policy("none")), optax.sgd(1e-3)
-    by_hand = own.linen_step(
-        rk.policy("none"), cfg
-    )  # the same step, no mark: for the plain compile
+    # own_steps' model, its blocks marked "auto", its loss and SGD step (tests/test_auto.py's)
+    _, loss_fn, train_step, _ = own.auto_train()
+    by_hand = own.linen_step(rk.policy("none"), cfg)  # the same step, no mark: a plain compile
     args_ = by_hand.args
-
-    def loss_fn(params, batch):
-        logits = net.apply({"params": params}, batch["tokens"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-
-    def train_step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
 
     rows = []
     start = time.perf_counter()

@@ -398,32 +398,9 @@ def test_a_challenger_replaces_the_plan_only_where_it_fits_and_is_faster():
 # --- the decision, compiled (one session of compiles: the tiny own-step Llama) ------------------
 
 
-def _llama(policy):
-    """own_steps' model with its blocks marked ``"auto"`` (policy None) or wrapped by hand."""
-    block = rk.remat(own.Block, "auto" if policy is None else policy)
-
-    class Llama(nn.Module):
-        @nn.compact
-        def __call__(self, tokens):
-            dt = own.DTYPE
-            x = nn.Embed(own.VOCAB, own.WIDTH, dtype=dt, param_dtype=dt)(tokens)
-            for i in range(own.LAYERS):
-                x = block(name=f"layers_{i}")(x)
-            x = nn.RMSNorm(dtype=dt, param_dtype=dt)(x)
-            return nn.Dense(own.VOCAB, use_bias=False, dtype=dt, param_dtype=dt, name="head")(x)
-
-    return Llama()
-
-
-def _train(policy):
-    net = _llama(policy)
-
-    def loss_fn(params, batch):
-        logits = net.apply({"params": params}, batch["tokens"])
-        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
-
-    step, tx = _sgd_step(loss_fn)
-    return net, loss_fn, step, tx
+# The model with its blocks marked "auto" (policy None) or wrapped by hand, its loss and an SGD
+# step: own_steps' auto_train, which experiments/auto_budget.py times too.
+_train = own.auto_train
 
 
 @functools.cache

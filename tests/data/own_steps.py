@@ -63,6 +63,30 @@ def model(policy):
     return Llama(policy)
 
 
+def auto_train(policy=None):
+    """The model with its blocks marked ``"auto"`` (``policy`` None: what ``rk.auto``
+    decides for) or wrapped with ``policy`` by hand, its loss and an SGD train step over
+    ``(params, opt_state, batch)`` (params and optimizer state meant to be donated): the step
+    tests/test_auto.py checks the decision on and experiments/auto_budget.py times.
+
+    Returns:
+      ``(net, loss_fn, train_step, tx)``; ``loss_fn(params, batch)``.
+    """
+    net = Llama(rk.marks.AUTO if policy is None else policy)
+    tx = optax.sgd(1e-3)
+
+    def loss_fn(params, batch):
+        logits = net.apply({"params": params}, batch["tokens"])
+        return optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"]).mean()
+
+    def train_step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return net, loss_fn, train_step, tx
+
+
 def _parts(policy, config, optimizer=None):
     """The model, its loss, and the abstract parameters, optimizer state and batch."""
     net = Llama(policy)
