@@ -7,6 +7,7 @@ under ``if TYPE_CHECKING:`` left out (they run nowhere).
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -174,3 +175,82 @@ def test_no_import_circle():
 def test_a_circle_is_found_where_there_is_one():
     assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+# --- docs/architecture.md, checked against the code ---------------------------------------------
+
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+
+
+def _doc_paths(text: str) -> set[str]:
+    """Every file or folder the doc names in backticks: ``remat_kit/...``, ``tests/...``, and
+    ``notes/_note.py`` style paths inside the package."""
+    tops = ("remat_kit", "tests", "experiments", "docs", "models")
+    found = set(re.findall(rf"`((?:{'|'.join(tops)})/[\w/.]*)`", text))
+    inside = re.findall(r"`((?:[a-z_]+/)+_?\w+\.py)`", text)
+    return found | {f"remat_kit/{p}" for p in inside if p.split("/")[0] not in tops}
+
+
+def test_every_path_the_architecture_names_exists():
+    paths = _doc_paths(ARCHITECTURE.read_text())
+    assert len(paths) >= 15, sorted(paths)  # the reader found them
+    missing = sorted(p for p in paths if not (ROOT / p).exists())
+    assert not missing, f"docs/architecture.md names {missing}, which do not exist"
+
+
+def _doc_floors(text: str) -> tuple[tuple[str, ...], ...]:
+    rows = re.findall(r"^\| (\d+) \| ([^|]+) \|", text, re.M)
+    assert [int(n) for n, _ in rows] == list(range(len(rows))), rows
+    return tuple(tuple(re.findall(r"`(\w+)`", names)) for _, names in rows)
+
+
+def test_the_architectures_floor_table_is_floors():
+    assert _doc_floors(ARCHITECTURE.read_text()) == FLOORS
+
+
+def _package_block(text: str) -> dict[str, set[str]]:
+    """The doc's ``The package`` listing: each ``remat_kit`` folder and the private modules
+    its line names (``_report``, ``_parser`` ...)."""
+    block = text.split("## The package", 1)[1].split("```text", 1)[1].split("```", 1)[0]
+    named: dict[str, set[str]] = {}
+    folder = None
+    for line in block.splitlines():
+        head = re.match(r"^  (\w+)/ ", line)
+        if head:
+            folder = head.group(1)
+            named.setdefault(folder, set())
+        elif re.match(r"^\S", line):
+            folder = None  # models/, experiments/, docs/: outside the package
+        if folder is not None:
+            body = line[head.end() :] if head else line
+            named[folder] |= set(re.findall(r"(?<![\w.])(_[a-z][a-z_]*)\b", body))
+    return named
+
+
+def test_every_module_the_package_listing_names_exists():
+    named = _package_block(ARCHITECTURE.read_text())
+    assert {"cli", "render", "search", "sources", "policies"} <= set(named)
+    assert "_report" in named["cli"] and "_families" in named["policies"]
+    missing = sorted(
+        f"remat_kit/{folder}/{m}"
+        for folder, modules in named.items()
+        for m in modules
+        if not (PACKAGE / folder / f"{m}.py").exists() and not (PACKAGE / folder / m).is_dir()
+    )
+    missing += [f"remat_kit/{folder}/" for folder in named if not (PACKAGE / folder).is_dir()]
+    block = ARCHITECTURE.read_text().split("## The package", 1)[1]
+    files = re.findall(r"^  (\w+\.py) ", block, re.M)  # a top-level module (_units.py)
+    assert "_units.py" in files
+    missing += [f"remat_kit/{f}" for f in files if not (PACKAGE / f).exists()]
+    assert not missing, f"docs/architecture.md's package listing names {missing}"
+
+
+def test_every_table_the_architecture_names_is_defined_where_it_says():
+    # "`GPU_FACTS` in `remat_kit/targets/_catalogue.py`", "`KINDS` (`notes/_note.py`".
+    text = ARCHITECTURE.read_text()
+    pairs = re.findall(r"`(_?[A-Z][A-Z0-9_]+)`(?: in| of)? \(?`([\w/.]+\.py)`", text)
+    assert len(pairs) >= 6, pairs
+    for name, where in pairs:
+        path = ROOT / where if (ROOT / where).exists() else PACKAGE / where
+        source = path.read_text()
+        assert re.search(rf"^{name}\b[^=\n]*=", source, re.M), f"no {name} in {where}"

@@ -1,7 +1,9 @@
 """The rendering layer: data in, text, tables, JSON, CSV and PNG out.
 
 Library code returns data (frozen dataclasses with ``to_dict``); the CLI and the experiment
-scripts hand it here to be shown or written. Nothing else formats a number or writes a file.
+scripts hand it here to be shown or written. Nothing else writes a file; a figure reads as
+:mod:`remat_kit._units` has it (shared with the notes' words), and ``GIB``, ``fmt``, ``gib``
+and ``pct`` are re-exported from there.
 """
 
 from remat_kit._units import GIB, fmt, gib, pct
