@@ -536,3 +536,13 @@ def test_advise_keeps_a_fitting_gpus_long_plan_whole_between_tokens():
     assert _column(lines, plan).endswith(LONG_POLICY)  # the b200 plan, whole, in order
     rest = _body(lines)[2:]  # b200's further lines: the plan's, no other cell in fragments
     assert rest and all(c == "" for line in rest for i, c in enumerate(_cells(line)) if i != plan)
+
+
+def test_the_depth_line_says_its_figures_in_their_units():
+    from remat_kit.render import depth_words
+
+    verified = {"mode": "verified", "extrapolated_peak_bytes": 300 * MIB, "peak_error": 0.0123}
+    assert depth_words(verified).endswith("extrapolation was 300.00 MiB (+1.23%)")
+    copies = {"mode": "extrapolated", "layers": 32, "depths": [2, 3, 4], "section": "layer 1",
+              "residual_bytes": 3000}  # fmt: skip
+    assert ", largest fit residual 2.93 KiB;" in depth_words(copies)  # 3000 / 1024, not 0.0 MiB

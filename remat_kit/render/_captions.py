@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from remat_kit._units import GIB, gib, size
+from remat_kit._units import gib, size
 
 if TYPE_CHECKING:
     from remat_kit.sources import EnvSet
@@ -27,8 +27,6 @@ __all__ = [
     "runtime_words",
     "xla_limits_words",
 ]
-
-_MIB = 2**20
 
 #: How XLA's scheduler line names its limit (remat_kit.xla.parse_xla_log): a note that says it
 #: shows a limit of XLA's own.
@@ -65,15 +63,11 @@ def depth_words(d: Mapping[str, Any]) -> str:
     if d["mode"] == "verified":
         return (
             "compiled at full depth to confirm the answer: the copies' "
-            f"extrapolation was {d['extrapolated_peak_bytes'] / GIB:.2f} GiB "
+            f"extrapolation was {size(d['extrapolated_peak_bytes'])} "
             f"({d['peak_error']:+.2%})"
         )
     # Two copies leave no residual: a fit through more says how straight it is.
-    straight = (
-        f", largest fit residual {d['residual_bytes'] / _MIB:.1f} MiB"
-        if len(d["depths"]) > 2
-        else ""
-    )
+    straight = f", largest fit residual {size(d['residual_bytes'])}" if len(d["depths"]) > 2 else ""
     return (
         f"extrapolated to {d['layers']} layers from compiles of "
         f"{' and '.join(map(str, d['depths']))} layers: the peak per schedule section, "
