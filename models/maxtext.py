@@ -90,6 +90,11 @@ _GPU_ONLY = {
 #: The default config MaxText's own command line starts from.
 _BASE = "base.yml"
 
+#: The key type MaxText's entry points (``train.py``'s ``initialize``, ``train_compile.py``'s
+#: ``main``) set for the process: 16-byte keys (jax's default, threefry, has 8), one per
+#: ``nnx.Rngs`` stream in the train state, so every argument and output count depends on it.
+PRNG_IMPL = "unsafe_rbg"
+
 
 @dataclasses.dataclass(frozen=True)
 class MaxTextSpec:
@@ -323,6 +328,25 @@ class _WithoutCheckpoint:
         return fn
 
 
+@contextlib.contextmanager
+def _as_maxtext_sets_jax(cfg: Any) -> Iterator[None]:
+    """jax's settings as MaxText's entry points set them, for what runs inside only.
+
+    ``train_compile.main`` and ``train.initialize`` set the key type (:data:`PRNG_IMPL`) and
+    ``jax_remove_size_one_mesh_axis_from_type`` (from the config) with ``jax.config.update``,
+    for the whole process; here they hold while MaxText's state is built and its step traced,
+    and the caller's process keeps its own (a user's keys, other sources' steps).
+    """
+    from jax._src import config as jax_config  # the setting's scoped form has no public name
+
+    size_one = bool(cfg.remove_size_one_mesh_axis_from_type)
+    with (
+        jax.default_prng_impl(PRNG_IMPL),
+        jax_config.remove_size_one_mesh_axis_from_type(size_one),
+    ):
+        yield
+
+
 def _in_context(
     fn: Callable[..., Any], spec: MaxTextSpec, cfg: Any, mesh: Any, patch: rk.Policy | None
 ) -> Callable[..., Any]:
@@ -338,6 +362,7 @@ def _in_context(
     def traced(*args: Any) -> Any:
         with contextlib.ExitStack() as stack:
             # The abstract mesh (MaxText enters jax.set_mesh, which a trace may not).
+            stack.enter_context(_as_maxtext_sets_jax(cfg))
             stack.enter_context(jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
             stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
             if patch is not None and not patch.is_remat:
@@ -371,7 +396,7 @@ def _built(spec: MaxTextSpec, words: tuple[str, ...], target: rk.Target, patch: 
     mt = _maxtext()
     cfg = _config(spec, words)
     mesh = _mesh(cfg, target)
-    with _quiet():
+    with _quiet(), _as_maxtext_sets_jax(cfg):
         args, kwargs, state_sh, _, graphdef = mt.train_compile.get_shaped_inputs(mesh, cfg)
         params_sh, state_sh = mt.sharding.maybe_update_params_sharding_with_opt(cfg, state_sh)
         in_state = mt.sharding.build_zero1_input_state_mesh_shardings(cfg, state_sh, params_sh)
@@ -538,6 +563,8 @@ class MaxTextSource(rk.sources.StepSource):
         meta = {
             "optimizer": str(b.cfg.opt_type),
             "layers": int(b.cfg.num_decoder_layers),
+            # MaxText's micro-batches per step: the report's batch counts them all.
+            "accum": int(b.cfg.gradient_accumulation_steps),
             "params": int(sum(x.size for x in jax.tree.leaves(b.loss_args[0]))),
             "maxtext": {
                 "config": self.request.maxtext,
@@ -572,10 +599,26 @@ class MaxTextSource(rk.sources.StepSource):
                 "grads": _dtypes(b.loss_args[0]),
                 "optimizer_state": _dtypes(b.args[0]["optimizer"]),
                 "compute": jnp.dtype(b.cfg.dtype).name,
+                # MaxText's quantized matmuls (fp8, int8 ...), from the config whoever set it
+                # (the words or a YAML): "-" where it computes in `compute` throughout.
+                "quantization": str(getattr(b.cfg.quantization, "value", b.cfg.quantization))
+                or "-",
             },
             categories={1: "input"},
         )
         return rk.sources.SourceStep(step, pol, schedule, str(b.cfg.attention), meta)
+
+    def sequences_per_step(self, config: rk.TrainConfig, target: rk.Target) -> int:
+        """The batch times the config's ``gradient_accumulation_steps``: MaxText's batch
+        (``per_device_batch_size`` x GPUs) is one micro-batch, and a step trains that many
+        (its ``global_batch_size_to_train_on``).
+
+        Example:
+          >>> src = MaxTextSource(MaxTextSpec("model_name=llama2-7b gradient_accumulation_steps=2"))
+          >>> src.sequences_per_step(rk.TrainConfig(batch=4, seq=128), rk.target("h100"))
+          8
+        """
+        return int(self._cfg(config, target, ()).global_batch_size_to_train_on)
 
     def batch_ways(self, target: rk.Target) -> int:
         """Every GPU: a search steps the global batch by whole ``per_device_batch_size``s."""

@@ -1,13 +1,17 @@
 """MaxText configs as a model source (``remat_kit_models.maxtext``, ``--maxtext``).
 
-The figures are checked against MaxText's own AOT compile of the same config on the same
-compile-only mesh: its ``train_compile`` functions and its ``jit_and_compile`` (which enters
-``jax.set_mesh`` and its logical axis rules and compiles), with its remat set by its own
-config keys. The words are written out here, not taken from the source under test.
+The figures are checked against MaxText's own AOT path as a user runs it: its entry point
+``train_compile.main`` in a fresh process (``experiments/maxtext_own.py``), with its own
+settings (its ``unsafe_rbg`` keys, its ``a3`` GPU host, ``create_device_mesh``) and its remat
+set by its own config keys. The words are written out here, not taken from the source under
+test.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import importlib.util
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,10 +20,10 @@ import jax
 import pytest
 
 import remat_kit as rk
-from helpers import maxtext_aot
 from remat_kit.errors import BadValue
-from remat_kit.targets import analysis_options
 from remat_kit_models.maxtext import CUSTOM_TENSORS, MaxTextSpec, config_lines
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: A small Llama (two layers, width 256): MaxText's llama2-7b config made small.
 LLAMA = (
@@ -30,11 +34,69 @@ LLAMA = (
 
 GPUS, BATCH, SEQ = 4, 8, 256
 
+#: The five byte counts of XLA's memory analysis, as the report names them.
+FIVE = ("argument", "output", "alias", "temp", "generated_code")
 
-def _ours(words: str, policy: str, gpus: int = GPUS) -> rk.MemoryReport:
-    src = rk.sources.resolve(MaxTextSpec(words))
-    target = rk.target("h100", devices=gpus) if gpus > 1 else rk.target("h100")
-    return rk.sources.measure(src, policy, target, rk.TrainConfig(BATCH, SEQ), warn=False)
+
+def _own() -> object:
+    """``experiments/maxtext_own.py``: MaxText's own ``train_compile.main``, in a process."""
+    spec = importlib.util.spec_from_file_location(
+        "maxtext_own", ROOT / "experiments" / "maxtext_own.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A config compiled both ways: ours (words, policy) and MaxText's own (words, keys)."""
+
+    words: str
+    policy: object
+    remat: tuple[tuple[str, str], ...]
+    gpus: int = GPUS
+    batch: int = BATCH
+    seq: int = SEQ
+
+    def theirs(self) -> dict:
+        """MaxText's command line for the same config, written out: its own keys for what
+        remat-kit's flags own."""
+        per_device = self.batch // self.gpus
+        words = [
+            *self.words.split(),
+            *(f"{k}={v}" for k, v in self.remat),
+            "override_model_config=True",
+            f"per_device_batch_size={per_device}",
+            f"max_target_length={self.seq}",
+            "jax_cache_dir=",  # else MaxText's process writes jax's cache to ~/jax_cache
+        ]
+        return {"words": words, "target": "h100", "gpus": self.gpus, "hosts": 1}
+
+
+@functools.cache
+def _ours(case: Case) -> rk.MemoryReport:
+    src = rk.sources.resolve(MaxTextSpec(case.words))
+    target = rk.target("h100", devices=case.gpus)
+    config = rk.TrainConfig(case.batch, case.seq)
+    return rk.sources.measure(src, case.policy, target, config, warn=False)
+
+
+@functools.cache
+def _theirs(case: Case) -> dict:
+    return _own().own_path([case.theirs()])[0]
+
+
+@pytest.fixture(scope="session")
+def ours():
+    """Our report of a case, compiled once per session."""
+    return _ours
+
+
+@pytest.fixture(scope="session")
+def theirs():
+    """MaxText's own path's answer for a case, compiled once per session."""
+    return _theirs
 
 
 #: MaxText's `minimal` as a raw jax policy: no config line names a callable, so the source
@@ -46,46 +108,100 @@ RAW_MINIMAL = rk.as_policy(
     )
 )  # fmt: skip
 
-# (our policy, MaxText's remat keys, GPUs): a custom offload written as MaxText's
-# per-tensor lines and a raw jax policy (handed to the decoder), each on the small Llama: the
-# two ways a policy reaches MaxText's step. MaxText's own policy by name
-# ("maxtext:remat_policy=...") takes the first way, a config line (test_config_lines
-# checks its line), so it is not compiled again here. The
-# Mixtral and DeepSeek configs are compiled against MaxText's own by
-# experiments/maxtext_aot.py (15 of 15 equal, results/maxtext_aot.json); here their compiles
-# for a GPU cost the suite minutes (MoE dispatch, MLA) and test no other path of the source.
-CASES = [
-    (
+# A custom offload written as MaxText's per-tensor lines and a raw jax policy (handed to the
+# decoder), each on the small Llama: the two ways a policy reaches MaxText's step. MaxText's
+# own policy by name ("maxtext:remat_policy=...") takes the first way, a config line
+# (test_config_lines checks its line), so it is not compiled again here. Other families,
+# meshes and keys are compiled against MaxText's own path by experiments/maxtext_scale.py
+# (results/maxtext_scale.json); here their compiles cost the suite minutes and test no other
+# path of the source.
+CASES = {
+    "custom-offload": Case(
+        LLAMA,
         "offload:offload=decoder_layer_input,save=out_proj",
-        {"remat_policy": "custom", "decoder_layer_input": "offload", "out_proj": "device"},
-        GPUS,
+        (("remat_policy", "custom"), ("decoder_layer_input", "offload"), ("out_proj", "device")),
     ),
-    (RAW_MINIMAL, {"remat_policy": "minimal"}, 1),
-]
+    "raw-callable": Case(LLAMA, RAW_MINIMAL, (("remat_policy", "minimal"),), gpus=1),
+    # MaxText's batch (per_device_batch_size x GPUs) is one of the step's micro-batches.
+    "accumulation": Case(
+        f"{LLAMA} gradient_accumulation_steps=2",
+        "full",
+        (("remat_policy", "full"),),
+        gpus=2,
+        batch=4,
+    ),
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("policy", "remat", "gpus"), CASES, ids=["custom-offload", "raw-callable"])
-def test_figures_equal_maxtexts_own_aot_compile(policy, remat, gpus):
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_figures_equal_maxtexts_own_path(case, ours, theirs):
     pytest.importorskip("maxtext")
-    words = LLAMA
-    ours = _ours(words, policy, gpus)
-    applied = "decoder's get_remat_policy" if policy is RAW_MINIMAL else "config"
-    assert ours.meta["maxtext"]["policy_applied"] == applied
-    # MaxText's compile with the codegen options ours has (test_codegen: the same figures).
-    options = analysis_options(rk.target("h100", devices=gpus))
-    theirs = maxtext_aot(words, remat, gpus, BATCH, SEQ, compiler_options=options)
-    got = {
-        "argument": ours.argument_bytes,
-        "output": ours.output_bytes,
-        "temp": ours.temp_bytes,
-        "alias": ours.alias_bytes,
-    }
-    assert got == theirs
-    assert (
-        ours.peak_bytes
-        == theirs["argument"] + theirs["output"] + theirs["temp"] - (theirs["alias"])
+    got, own = ours(case), theirs(case)
+    assert "error" not in own, own["error"]
+    assert own["prng_impl"] == "unsafe_rbg"  # MaxText's entry point's key type
+    applied = "decoder's get_remat_policy" if case.policy is RAW_MINIMAL else "config"
+    assert got.meta["maxtext"]["policy_applied"] == applied
+    assert {f: getattr(got, f"{f}_bytes") for f in FIVE} == {f: own[f] for f in FIVE}
+    assert got.peak_bytes == own["argument"] + own["output"] + own["temp"] - own["alias"]
+
+
+@pytest.mark.slow
+def test_accumulation_counts_every_micro_batch(ours, theirs):
+    # --batch 4 with gradient_accumulation_steps=2 trains 8 sequences a step (MaxText's own
+    # step takes a batch of 8): the report's batch, tokens and title count them all, and so
+    # does a search's tokens/s (the workload's tokens).
+    from remat_kit.render import report_table
+
+    case = CASES["accumulation"]
+    got, own = ours(case), theirs(case)
+    assert own["sequences"] == 2 * case.batch
+    assert (got.meta["batch"], got.meta["accum"]) == (own["sequences"], 2)
+    assert got.tokens_per_step == own["sequences"] * case.seq
+    title = report_table(got, rk.target("h100", devices=case.gpus)).title
+    assert f"b{own['sequences']} s{case.seq} " in title and " accum2 " in title
+    src = rk.sources.resolve(MaxTextSpec(case.words))
+    target = rk.target("h100", devices=case.gpus)
+    work = rk.sources.workload(src, target, rk.TrainConfig(case.batch, case.seq))
+    assert work.tokens(case.batch) == own["sequences"] * case.seq
+    assert work.tokens(2 * case.batch) == 2 * own["sequences"] * case.seq
+
+
+@pytest.mark.parametrize(
+    ("words", "quantized"), [("", None), ("quantization=fp8", "fp8"), ("quantization=int8", "int8")]
+)
+def test_quantization_is_named_in_the_precision_line(words, quantized):
+    # Traced, not compiled: MaxText's quantized matmuls are named beside the compute dtype
+    # in the precision line every title carries (its config's, whoever set it).
+    pytest.importorskip("maxtext")
+    from remat_kit.render import precision_words
+
+    src = rk.sources.resolve(MaxTextSpec(f"{LLAMA} {words}"))
+    built = src.build_step(
+        rk.policies.FULL, rk.parse_schedule("none"), rk.TrainConfig(BATCH, SEQ), rk.target("h100")
     )
+    line = precision_words(built.step.precision)
+    assert line.endswith(f"compute bf16 quantized {quantized}" if quantized else "compute bf16")
+
+
+def test_maxtexts_key_type_holds_for_its_build_only():
+    # Traced, not compiled: the train state's keys are MaxText's (unsafe_rbg, 16 bytes), and
+    # the process's own key type is what it was before and after the build and trace.
+    pytest.importorskip("maxtext")
+    before = jax.config.jax_default_prng_impl
+    src = rk.sources.resolve(MaxTextSpec(LLAMA))
+    built = src.build_step(
+        rk.policies.FULL, rk.parse_schedule("none"), rk.TrainConfig(BATCH, SEQ), rk.target("h100")
+    )
+    keys = [
+        x
+        for x in jax.tree.leaves(built.step.args)
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+    ]
+    assert keys and {str(k.dtype) for k in keys} == {"key<urbg>"}
+    jax.make_jaxpr(built.step.loss_fn)(*built.step.loss_args)
+    assert jax.config.jax_default_prng_impl == before == "threefry2x32"
+    assert str(jax.random.key(0).dtype) == "key<fry>"
 
 
 def test_none_is_the_step_without_a_checkpoint_and_full_a_config_line():

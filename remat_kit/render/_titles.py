@@ -42,7 +42,8 @@ def precision_words(precision: Mapping[str, str] | None) -> str:
 
     Args:
       precision: ``name``, ``params``, ``frozen``, ``grads``, ``optimizer_state`` and
-        ``compute`` dtype names, or None.
+        ``compute`` dtype names, and ``quantization`` where the model quantizes its
+        matmuls (MaxText's ``quantization=fp8``), or None.
 
     Returns:
       E.g. ``"precision mixed: weights f32, grads f32, optimizer state f32, compute bf16"``;
@@ -53,6 +54,9 @@ def precision_words(precision: Mapping[str, str] | None) -> str:
       >>> precision_words({"name": "bf16", "params": "bfloat16", "frozen": "-",
       ...     "grads": "bfloat16", "optimizer_state": "bfloat16", "compute": "bfloat16"})
       'precision bf16: weights bf16, grads bf16, optimizer state bf16, compute bf16'
+      >>> precision_words({"name": "own", "params": "float32", "grads": "float32",
+      ...     "optimizer_state": "float32", "compute": "bfloat16", "quantization": "fp8"})
+      'precision own: weights f32, grads f32, optimizer state f32, compute bf16 quantized fp8'
     """
     if not precision:
         return ""
@@ -65,9 +69,11 @@ def precision_words(precision: Mapping[str, str] | None) -> str:
     )
     state = short("optimizer_state")
     state_words = "no optimizer state" if state == "-" else f"optimizer state {state}"
+    quantized = precision.get("quantization") or "-"
+    compute = short("compute") + ("" if quantized == "-" else f" quantized {quantized}")
     return (
         f"precision {precision.get('name')}: {weights}, grads {short('grads')}, {state_words}, "
-        f"compute {short('compute')}"
+        f"compute {compute}"
     )
 
 

@@ -215,7 +215,7 @@ def _advise_one(
         seconds=time.perf_counter() - t0,
         devices=t.devices,
         step_seconds=None if st is None else st.seconds,
-        tokens_per_second=None if st is None else st.tokens_per_second(batch * w.seq),
+        tokens_per_second=None if st is None else st.tokens_per_second(w.tokens(batch)),
         mfu=None if st is None else st.mfu,
     )
 
@@ -356,7 +356,7 @@ def gpus_needed(
                     },
                 ),
                 step_seconds=None if st is None else st.seconds,
-                tokens_per_second=None if st is None else st.tokens_per_second(b * w.seq),
+                tokens_per_second=None if st is None else st.tokens_per_second(w.tokens(b)),
             )
     return ScaleOut(
         name,

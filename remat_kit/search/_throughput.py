@@ -468,7 +468,7 @@ class _Search:
             step_seconds=seconds,
             tokens_per_second=None
             if st is None
-            else st.tokens_per_second(batch * self.workload.seq),
+            else st.tokens_per_second(self.workload.tokens(batch)),
             mfu=None if st is None else st.mfu,
             recompute_overhead=None,
             program=report.meta.program,

@@ -147,6 +147,14 @@ class StepSource(Protocol):
         equal configs key the same answers on disk. Default: as given."""
         return config
 
+    def sequences_per_step(self, config: TrainConfig, target: Target) -> int:
+        """Sequences one optimizer step of ``config`` trains on ``target``: its batch (the
+        default), or more where the model's own config accumulates gradients over
+        micro-batches of that batch (MaxText's ``gradient_accumulation_steps``): what a
+        report's batch, tokens and tokens/s count."""
+        del target
+        return config.batch
+
     def batch_ways(self, target: Target) -> int:
         """The batch sizes its steps take on ``target`` are multiples of this: the devices
         that hold different samples (a mesh plan's data-parallel size; default one)."""

@@ -171,14 +171,15 @@ def _measure(
     built = source.build_step(pol, sch, config, t)
     source.check_step(built, f"{source.spec} (b{config.batch} s{config.seq})")
     step = built.step
+    sequences = source.sequences_per_step(config, t)
     labels: dict[str, Any] = {
         "model": source.spec,
-        "batch": config.batch,
+        "batch": sequences,
         "seq": config.seq,
         "optimizer": config.optimizer,
         "accum": config.accum,
         "precision": dict(step.precision),
-        "tokens_per_step": config.batch * config.seq,
+        "tokens_per_step": sequences * config.seq,
         # Which of jax's remat implementations traced the step (its jax_remat3 flag): the
         # two can give another program for the same policy.
         "remat_impl": "remat3" if jax.config.jax_remat3 else "default",
@@ -511,6 +512,7 @@ def workload(
         seq=config.seq,
         n_layers=n_layers or 1,
         batch_multiple=config.accum * ways,
+        sequences_fn=lambda b: src.sequences_per_step(at(b), t),
         residuals_fn=residuals_fn,
         breakdown_fn=lambda b: breakdown(src, at(b), t),
         label=label or src.label(config, t),

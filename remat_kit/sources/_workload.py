@@ -142,6 +142,9 @@ class Workload:
       seq: tokens per sequence (tokens per step = batch x seq).
       n_layers: layers of the stack (the granularity of layer schedules a plan may use).
       batch_multiple: batch sizes must be multiples of this (gradient accumulation steps).
+      sequences_fn: ``batch -> sequences`` one step trains, where the source's own config
+        trains more than the batch (its own gradient accumulation over micro-batches of
+        that batch); None: the batch. What tokens and tokens/s count (:meth:`tokens`).
       residuals_fn: ``(policy, schedule, batch) -> ResidualReport`` of one micro-batch, traced;
         needed by :func:`plan`.
       breakdown_fn: ``batch -> {"weights", "gradients", "optimizer", "batch",
@@ -176,6 +179,7 @@ class Workload:
     seq: int = 1
     n_layers: int = 1
     batch_multiple: int = 1
+    sequences_fn: Callable[[int], int] | None = None
     residuals_fn: ResidualsFn | None = None
     breakdown_fn: BreakdownFn | None = None
     label: str = ""
@@ -197,6 +201,16 @@ class Workload:
     _now: list[tuple[str, str, int]] = dataclasses.field(
         default_factory=list, init=False, repr=False
     )
+
+    def tokens(self, batch: int) -> int:
+        """Tokens one step trains at ``batch``: its sequences (``sequences_fn``) x ``seq``.
+
+        Example:
+          >>> w.tokens(2)
+          32
+        """
+        sequences = batch if self.sequences_fn is None else self.sequences_fn(batch)
+        return int(sequences) * self.seq
 
     def report(self, policy: PolicyLike, schedule: Any = "none", batch: int = 1) -> MemoryReport:
         """The compiled report of the step (cached)."""
