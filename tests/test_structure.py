@@ -254,3 +254,54 @@ def test_every_table_the_architecture_names_is_defined_where_it_says():
         path = ROOT / where if (ROOT / where).exists() else PACKAGE / where
         source = path.read_text()
         assert re.search(rf"^{name}\b[^=\n]*=", source, re.M), f"no {name} in {where}"
+
+
+# --- figures read through remat_kit/_units.py -----------------------------------------------------
+
+_UNIT_WORDS = ("TiB", "GiB", "MiB", "KiB")
+
+#: Modules that still turn bytes into a unit by hand, each for a reason (a ratchet: a new one
+#: fails the test below). Their messages suggest a budget or a limit in GiB, the unit the user
+#: types it in; cli/_fit.py's "nothing fits" line is open work (issue 58).
+HAND_FORMATTED = {
+    "remat_kit/autoplan/_budget.py",
+    "remat_kit/search/_budget.py",
+    "remat_kit/targets/_core.py",
+    "remat_kit/xla/_compile.py",
+    "remat_kit/cli/_fit.py",
+}
+
+
+def hand_formatted(path: Path) -> list[int]:
+    """Lines of ``path`` where an f-string divides a figure and names a byte unit after it
+    (``f"{n / 2**30:.2f} GiB"``): a size worded outside :mod:`remat_kit._units`."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not isinstance(node, ast.JoinedStr):
+            continue
+        for value, after in zip(node.values, node.values[1:], strict=False):
+            divides = isinstance(value, ast.FormattedValue) and (
+                isinstance(value.value, ast.BinOp) and isinstance(value.value.op, ast.Div)
+            )
+            unit = isinstance(after, ast.Constant) and str(after.value).lstrip().startswith(
+                _UNIT_WORDS
+            )
+            if divides and unit:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_sizes_are_worded_by_units_alone():
+    found = {
+        str(p.relative_to(ROOT))
+        for p in PACKAGE.rglob("*.py")
+        if p.name != "_units.py" and hand_formatted(p)
+    }
+    new = sorted(found - HAND_FORMATTED)
+    assert not new, f"word sizes with remat_kit._units (size, gib): {new}"
+
+
+def test_a_size_worded_by_hand_is_found(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text('a = f"{n / 2**20:.1f} MiB"\nb = f"{n:.1f} MiB"\nc = f"{n / 2} items"\n')
+    assert hand_formatted(f) == [1]
