@@ -48,7 +48,7 @@ class ReportMeta(Mapping[str, Any]):
     a label no code reads (a source's own: its import environment, its RNG streams ...)
     stays in ``extra``.
 
-    It reads as the mapping it replaces, so ``JSON`` is unchanged: ``dict(meta)``,
+    It reads as the mapping it replaces, so the JSON is unchanged: ``dict(meta)``,
     ``meta["batch"]``, ``meta.get("depth")`` and ``{**meta, "depth": d}`` see every field that
     is set and every ``extra`` label. A field left None is no label (a label given as None is
     left out of the JSON, where it was written as ``null``). Code reads the fields:
