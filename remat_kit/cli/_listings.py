@@ -14,8 +14,16 @@ from remat_kit.render import (
     nodes_table,
     policies_table,
     targets_table,
+    tpus_table,
 )
-from remat_kit.targets import NODES, node_names, target, target_names
+from remat_kit.targets import (
+    NODES,
+    TPU_GENERATIONS,
+    node_names,
+    price_for,
+    target,
+    target_names,
+)
 
 __all__ = ["run"]
 
@@ -30,9 +38,14 @@ _EXAMPLES = {
 
 
 def _targets() -> tuple[Any, ...]:
+    tpus = [n for n in target_names() if n in TPU_GENERATIONS]
     return (
-        targets_table((name, target(name)) for name in target_names()),
+        targets_table((name, target(name)) for name in target_names() if name not in tpus),
         nodes_table(NODES[name] for name in node_names()),
+        # one chip of each: a slice is named with its size (v5p-64)
+        tpus_table(
+            (target(f"{n}-{TPU_GENERATIONS[n].cores_per_chip}"), price_for(n)) for n in tpus
+        ),
     )
 
 

@@ -30,7 +30,13 @@ from remat_kit.render._format import console, short, text_table
 from remat_kit.render._front import front_figure, plot_front
 from remat_kit.render._inspection import PROFILE_HOST, PROFILE_XPLANE, write_inspection
 from remat_kit.render._layout import DROP_FIRST, fitted
-from remat_kit.render._listings import models_table, nodes_table, policies_table, targets_table
+from remat_kit.render._listings import (
+    models_table,
+    nodes_table,
+    policies_table,
+    targets_table,
+    tpus_table,
+)
 from remat_kit.render._peak import buffer_table, diff_table, peak_table, split_table
 from remat_kit.render._plan_tables import decision_table, plan_table
 from remat_kit.render._progress import compiling_words, length_words, live_line, progress
@@ -103,6 +109,7 @@ __all__ = [
     "text_table",
     "throughput_table",
     "timeline_figure",
+    "tpus_table",
     "trace_events",
     "validation_table",
     "write_csv",

@@ -22,6 +22,7 @@ __all__ = [
     "nodes_table",
     "policies_table",
     "targets_table",
+    "tpus_table",
 ]
 
 
@@ -51,6 +52,48 @@ def targets_table(targets: Iterable[tuple[str, Target]]) -> Table:
             fmt(t.host_link_bandwidth, 1e9, 0),
             fmt(t.peak_bf16_flops, 1e12, 0),
         )
+    return table
+
+
+def tpus_table(rows: Iterable[tuple[Target, Any]]) -> Table:
+    """The TPU generations: per chip and per device, the runtime's usable share, the price.
+
+    Args:
+      rows: (a one-chip target of the generation, its price or None), in the order to show.
+
+    Returns:
+      The table.
+
+    Example:
+      >>> t = tpus_table([(rk.target("v5e-1"), None)])
+      >>> list(t.columns[3].cells), list(t.columns[7].cells)
+      (['15.75'], ['v5e-1 ... v5e-256'])
+    """
+    table = Table(title="TPUs (--target v5p-64, v6e-256, v5litepod-16, v6e:8x16; --slices N)")
+    cols = ("name", "device", "HBM GiB/device", "usable GiB", "HBM TB/s/chip",
+            "bf16 TFLOP/s/chip", "devices/chip", "slices", "$/chip-h")  # fmt: skip
+    for col in cols:
+        table.add_column(col)
+    for t, price in rows:
+        layout = t.tpu_slice.layout
+        per_chip = layout.devices_per_chip
+        first = f"{t.name}-{layout.cores_per_chip}"
+        table.add_row(
+            t.name,
+            t.description,
+            gib(t.memory_bytes),
+            gib(t.usable_bytes),
+            fmt(t.hbm_bandwidth * per_chip, 1e12),
+            fmt(t.peak_bf16_flops * per_chip, 1e12, 0),
+            str(per_chip),
+            f"{first} ... {t.name}-{layout.max_chips * layout.cores_per_chip}",
+            "-" if price is None else f"{price.usd_per_gpu_hour:.2f} ({price.date})",
+        )
+    table.caption = (
+        "figures: Cloud TPU's system-architecture pages (cloud.google.com/tpu/docs/v4, v5e, "
+        "v5p, v6e, tpu7x); usable = HBM less libtpu's reserve, the bytes_limit jax reports "
+        "(measured deviceless); prices: Cloud TPU on demand, us-central (no TPU7x price found)"
+    )
     return table
 
 

@@ -38,6 +38,8 @@ from typing import Any
 
 from remat_kit.errors import BadType, BadValue, unknown
 from remat_kit.targets._catalogue import ALIASES, GPU_FACTS
+from remat_kit.targets._slices import TPU_ALIASES
+from remat_kit.targets._tpus import TPU_FACTS
 
 __all__ = [
     "PRICES",
@@ -197,9 +199,9 @@ TPU_PRICE_TABLE_DATE: str = max(p.date for p in TPU_PRICES.values() if p.date !=
 
 
 def _key(name: str) -> str:
-    # The normalization target() applies: case, surrounding space, aliases.
+    # The normalization target() applies: case, surrounding space, aliases (a TPU's too).
     key = name.strip().lower()
-    return ALIASES.get(key, key)
+    return TPU_ALIASES.get(key, ALIASES.get(key, key))
 
 
 def _gpu_name(name: object, param: str) -> str:
@@ -207,9 +209,9 @@ def _gpu_name(name: object, param: str) -> str:
     if not isinstance(name, str):
         raise BadType(f"GPU name must be a str, got {type(name).__name__}: {name!r}", param=param)
     key = _key(name)
-    if key in GPU_FACTS:
+    if key in GPU_FACTS or key in TPU_FACTS:
         return key
-    matches = difflib.get_close_matches(key, [*GPU_FACTS, *ALIASES], n=6, cutoff=0.5)
+    matches = difflib.get_close_matches(key, [*GPU_FACTS, *ALIASES, *TPU_FACTS], n=6, cutoff=0.5)
     close = list(dict.fromkeys(ALIASES.get(m, m) for m in matches))[:3]
     raise unknown("GPU", name, GPU_FACTS, close=close, param=param)
 
@@ -243,7 +245,7 @@ def price_for(name: str, overrides: Mapping[str, Price] | None = None) -> Price 
             f"GPU name must be a str, got {type(name).__name__}: {name!r}", param="target"
         )
     key = _key(name)
-    for table in (overrides or {}, PRICES):
+    for table in (overrides or {}, PRICES, TPU_PRICES):
         if key in table:
             return table[key]
     return None

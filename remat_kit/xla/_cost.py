@@ -208,6 +208,8 @@ def _dot_flops(
 ) -> tuple[float, tuple[int, int, int, int]]:
     if instr.opcode == "ragged-dot":
         return _ragged_dot_flops(shapes, instr)
+    if instr.opcode == "convolution":
+        return _conv_flops(shapes, instr)
     out = _arrays(instr.shape)
     lhs = _arrays(shapes.get(instr.operands[0], "")) if instr.operands else []
     if not out or not lhs:
@@ -221,6 +223,71 @@ def _dot_flops(
     n = out[0][1][-1] if out[0][1] else 1
     m = size // max(1, n * b)
     return 2.0 * size * k, (m, n, k, b)
+
+
+def _conv_flops(
+    shapes: Mapping[str, str], instr: HloInstruction
+) -> tuple[float, tuple[int, int, int, int]]:
+    """``2 x`` the multiply-adds of a convolution that land on input, not on padding or the
+    holes of a dilation.
+
+    XLA:TPU writes every product as a convolution: a batched product's batch dimension
+    becomes a spatial one whose window meets one input per output (``size=8 pad=7_7``), a
+    gradient's a dilated window. Counting the window's every position would count those
+    misses; each spatial dimension's valid (output, window) pairs are counted instead, and
+    the dimensions multiply.
+    """
+    m = re.search(r"dim_labels=(\w+)_(\w+)->(\w+)", instr.attrs)
+    out = _arrays(instr.shape)
+    lhs = _arrays(shapes.get(instr.operands[0], "")) if instr.operands else []
+    rhs = _arrays(shapes.get(instr.operands[1], "")) if len(instr.operands) > 1 else []
+    if m is None or not out or not lhs or not rhs:
+        return 0.0, (0, 0, 0, 0)
+    lhs_labels, rhs_labels, out_labels = m.groups()
+    lhs_dims, rhs_dims, out_dims = lhs[0][1], rhs[0][1], out[0][1]
+    if len(lhs_labels) != len(lhs_dims) or len(rhs_labels) != len(rhs_dims):
+        return 0.0, (0, 0, 0, 0)
+    window = _window(instr.attrs)
+    pairs = 1
+    for d in (c for c in out_labels if c.isdigit()):
+        i = int(d)
+        size = lhs_dims[lhs_labels.index(d)]
+        taps = rhs_dims[rhs_labels.index(d)]
+        n_out = out_dims[out_labels.index(d)]
+        pairs *= _valid_pairs(size, taps, n_out, *(w[i] if i < len(w) else w[-1]
+                                                    for w in window))  # fmt: skip
+    batch = out_dims[out_labels.index("b")]
+    features = out_dims[out_labels.index("f")]
+    per_group = rhs_dims[rhs_labels.index("i")]
+    macs = pairs * batch * features * per_group
+    rows = math.prod(out_dims) // max(1, features)
+    return 2.0 * macs, (rows, features, macs // max(1, rows * features), 1)
+
+
+def _window(attrs: str) -> tuple[tuple[Any, ...], ...]:
+    """Per spatial dimension: (stride, pad_low, lhs_dilate, rhs_dilate) of ``window={...}``."""
+    m = re.search(r"window=\{([^}]*)\}", attrs)
+    fields = dict(re.findall(r"(\w+)=([\w\-]+)", m.group(1))) if m else {}
+    n = len(fields.get("size", "1").split("x"))
+
+    def ints(key: str, default: int) -> list[int]:
+        if key not in fields:
+            return [default] * n
+        return [int(v.split("_")[0]) for v in fields[key].split("x")]
+
+    return (ints("stride", 1), ints("pad", 0), ints("lhs_dilate", 1), ints("rhs_dilate", 1))
+
+
+def _valid_pairs(
+    size: int, taps: int, n_out: int, stride: int, pad: int, lhs_dilate: int, rhs_dilate: int
+) -> int:
+    import numpy as np
+
+    o = np.arange(n_out)[:, None]
+    k = np.arange(taps)[None, :]
+    p = o * stride + k * rhs_dilate - pad  # where each pair reads, in the dilated input
+    hit = (p >= 0) & (p <= (size - 1) * lhs_dilate) & (p % lhs_dilate == 0)
+    return int(hit.sum())
 
 
 def _ragged_dot_flops(

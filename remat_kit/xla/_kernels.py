@@ -98,7 +98,7 @@ def _walk(
         if op in _FREE:
             continue
         if op == "while":
-            n = _trip_count(instr)
+            n = _trip_count(module, instr)
             for key in ("body", "condition"):
                 called = _attr(instr.attrs, key)
                 if called:
@@ -153,6 +153,18 @@ def _is_wrapper(module: HloModule, instr: HloInstruction) -> bool:
     return any(i.opcode in ("fusion", "custom-call", "while") for i in body)
 
 
-def _trip_count(instr: HloInstruction) -> int:
+def _trip_count(module: HloModule, instr: HloInstruction) -> int:
     n = _backend_config(instr.attrs).get("known_trip_count", {}).get("n")
-    return int(n) if n is not None else 1
+    if n is not None:
+        return int(n)
+    # XLA:TPU records no trip count: read jax's loop condition instead, ``i < N`` over the
+    # counter a scan or fori_loop starts at 0 (``compare(gte(param, index=k), constant(N)),
+    # direction=LT`` as the condition's root).
+    cond = module.computations.get(_attr(instr.attrs, "condition") or "", ())
+    root = next((i for i in cond if i.is_root), None)
+    if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
+        return 1
+    by_name = {i.name: i for i in cond}
+    bound = by_name.get(root.operands[1]) if len(root.operands) > 1 else None
+    m = re.search(r"constant\((\d+)\)", f"{bound.opcode}({bound.operand_text})") if bound else None
+    return int(m.group(1)) if m else 1
