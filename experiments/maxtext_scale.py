@@ -14,6 +14,7 @@ both sides with jax's full code generation instead of remat-kit's analysis-only 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 import time
@@ -78,11 +79,57 @@ ROWS = (
         "remat_policy=minimal_with_context",
     ),
     Row("qwen3", f"{QWEN3} base_num_decoder_layers=2", "full", "remat_policy=full"),
+    Row("qwen3-custom", f"{QWEN3} base_num_decoder_layers=2", OFFLOAD, OFFLOAD_KEYS),
     Row(
-        "qwen3-custom",
-        f"{QWEN3} base_num_decoder_layers=2",
-        OFFLOAD,
-        OFFLOAD_KEYS,
+        "llama-accum2",
+        f"{LLAMA} base_num_decoder_layers=2 gradient_accumulation_steps=2",
+        "full",
+        "remat_policy=full",
+        gpus=2,
+        batch=4,
+    ),
+    Row(
+        "llama-fp8",
+        f"{LLAMA} base_num_decoder_layers=2 quantization=fp8",
+        "maxtext:remat_policy=minimal",
+        "remat_policy=minimal",
+    ),
+    # Pipelines: 4 layers on 2 stages, 4 micro-batches; one layer per stage is MaxText's
+    # circular pipeline (2 repeats), two layers per stage its plain one.
+    Row("pp-full", f"{LLAMA} base_num_decoder_layers=4 {PIPE}", "full", "remat_policy=full", 2, 4),
+    Row(
+        "pp-minimal",
+        f"{LLAMA} base_num_decoder_layers=4 {PIPE}",
+        "maxtext:remat_policy=minimal",
+        "remat_policy=minimal",
+        2,
+        4,
+    ),
+    Row("pp-custom", f"{LLAMA} base_num_decoder_layers=4 {PIPE}", OFFLOAD, OFFLOAD_KEYS, 2, 4),
+    Row(
+        "pp-2-per-stage",
+        f"{LLAMA} base_num_decoder_layers=4 {PIPE} num_layers_per_pipeline_stage=2",
+        "full",
+        "remat_policy=full",
+        2,
+        4,
+    ),
+    Row(
+        "pp-fsdp-ag-once",
+        f"{LLAMA} base_num_decoder_layers=4 {PIPE} ici_fsdp_parallelism=2 "
+        "pipeline_fsdp_ag_once=True",
+        "full",
+        "remat_policy=full",
+        4,
+        8,
+    ),
+    Row(
+        "pp-gemma2",
+        f"{GEMMA2} base_num_decoder_layers=2 {PIPE}",
+        "maxtext:remat_policy=minimal_with_context",
+        "remat_policy=minimal_with_context",
+        2,
+        4,
     ),
 )
 
@@ -168,6 +215,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     )
     name = "maxtext_scale_full_codegen" if full else "maxtext_scale"
+    if wanted and (args.out / f"{name}.json").is_file():
+        # A run of some rows replaces those rows of the table, in the order of ROWS.
+        held = {r["name"]: r for r in json.loads((args.out / f"{name}.json").read_text())["rows"]}
+        held.update((r["name"], r) for r in out)
+        out = [held[r.name] for r in ROWS if r.name in held]
     write_json(
         args.out / f"{name}.json",
         {"codegen": "full" if full else "analysis", "seconds": seconds, "rows": out},

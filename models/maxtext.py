@@ -45,6 +45,7 @@ import tempfile
 import unittest.mock
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -86,6 +87,15 @@ _GPU_ONLY = {
     "flash": "MaxText's flash kernel on a GPU is tokamax's Pallas Triton flash attention, "
     "which compiles only on a GPU present",
 }
+
+#: The words that leave a config without a pipeline (MaxText's defaults): a config read for
+#: what does not depend on the batch (the layer count) is read with them, since MaxText
+#: checks a pipeline's micro-batches against the batch and a probe has none of the user's.
+_ONE_STAGE = (
+    "ici_pipeline_parallelism=1",
+    "dcn_pipeline_parallelism=1",
+    "num_pipeline_microbatches=-1",
+)
 
 #: The default config MaxText's own command line starts from.
 _BASE = "base.yml"
@@ -180,7 +190,7 @@ def _maxtext() -> Any:
     try:
         with _quiet():
             from maxtext.configs import pyconfig
-            from maxtext.layers import nnx_decoders
+            from maxtext.layers import nnx_decoders, pipeline
             from maxtext.trainers.pre_train import train, train_compile
             from maxtext.utils import maxtext_utils, sharding
     except ImportError as err:
@@ -188,13 +198,14 @@ def _maxtext() -> Any:
             f"MaxText is not installed ({err.name or err}): pip install 'remat-kit[maxtext]'",
             param="maxtext",
         ) from None
-    return _Modules(pyconfig, nnx_decoders, train, train_compile, maxtext_utils, sharding)
+    return _Modules(pyconfig, nnx_decoders, pipeline, train, train_compile, maxtext_utils, sharding)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Modules:
     pyconfig: Any
     nnx_decoders: Any
+    pipeline: Any
     train: Any
     train_compile: Any
     maxtext_utils: Any
@@ -327,6 +338,8 @@ class _WithoutCheckpoint:
         del kwargs
         return fn
 
+    remat = checkpoint  # MaxText's pipeline calls it by jax's other name
+
 
 @contextlib.contextmanager
 def _as_maxtext_sets_jax(cfg: Any) -> Iterator[None]:
@@ -347,6 +360,27 @@ def _as_maxtext_sets_jax(cfg: Any) -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def _patched(patch: rk.Policy | None) -> Iterator[None]:
+    """MaxText's code with ``patch`` (a policy no config line sets) handed to its decoder's
+    ``get_remat_policy``, or for ``none`` its decoder's and pipeline's ``jax.checkpoint``
+    left out; as it is for None. Held while the model is built too: a pipeline keeps the
+    decoder's policy it was made with."""
+    mt = _maxtext()
+    with contextlib.ExitStack() as stack:
+        if patch is not None and not patch.is_remat:
+            for module in (mt.nnx_decoders, mt.pipeline):
+                stack.enter_context(unittest.mock.patch.object(module, "jax", _WithoutCheckpoint()))
+        elif patch is not None:
+            policy = patch.jax_policy
+            stack.enter_context(
+                unittest.mock.patch.object(
+                    mt.nnx_decoders.NNXDecoder, "get_remat_policy", lambda self: policy
+                )
+            )
+        yield
+
+
 def _in_context(
     fn: Callable[..., Any], spec: MaxTextSpec, cfg: Any, mesh: Any, patch: rk.Policy | None
 ) -> Callable[..., Any]:
@@ -356,8 +390,6 @@ def _in_context(
     BadValue naming the config (its first line)."""
     from flax.core.spmd import logical_axis_rules
 
-    decoders = _maxtext().nnx_decoders
-
     @functools.wraps(fn)
     def traced(*args: Any) -> Any:
         with contextlib.ExitStack() as stack:
@@ -365,17 +397,7 @@ def _in_context(
             stack.enter_context(_as_maxtext_sets_jax(cfg))
             stack.enter_context(jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
             stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
-            if patch is not None and not patch.is_remat:
-                stack.enter_context(
-                    unittest.mock.patch.object(decoders, "jax", _WithoutCheckpoint())
-                )
-            elif patch is not None:
-                policy = patch.jax_policy
-                stack.enter_context(
-                    unittest.mock.patch.object(
-                        decoders.NNXDecoder, "get_remat_policy", lambda self: policy
-                    )
-                )
+            stack.enter_context(_patched(patch))
             try:
                 return fn(*args)
             except BadValue:
@@ -396,7 +418,7 @@ def _built(spec: MaxTextSpec, words: tuple[str, ...], target: rk.Target, patch: 
     mt = _maxtext()
     cfg = _config(spec, words)
     mesh = _mesh(cfg, target)
-    with _quiet(), _as_maxtext_sets_jax(cfg):
+    with _quiet(), _as_maxtext_sets_jax(cfg), _patched(patch):
         args, kwargs, state_sh, _, graphdef = mt.train_compile.get_shaped_inputs(mesh, cfg)
         params_sh, state_sh = mt.sharding.maybe_update_params_sharding_with_opt(cfg, state_sh)
         in_state = mt.sharding.build_zero1_input_state_mesh_shardings(cfg, state_sh, params_sh)
@@ -429,6 +451,22 @@ def _built(spec: MaxTextSpec, words: tuple[str, ...], target: rk.Target, patch: 
         loss_fn=_in_context(loss, spec, cfg, mesh, patch),
         loss_args=(params, rest, args[1]),
     )
+
+
+def _pipeline(cfg: Any) -> dict[str, Any] | None:
+    """MaxText's pipeline of ``cfg`` (None without one): stages, micro-batches, repeats,
+    whether it checkpoints each iteration, and the config's ``remat_policy`` its
+    per-iteration checkpoint reads."""
+    if not cfg.using_pipeline_parallelism:
+        return None
+    return {
+        "stages": int(cfg.ici_pipeline_parallelism * cfg.dcn_pipeline_parallelism),
+        "microbatches": int(cfg.num_pipeline_microbatches),
+        "repeats": int(cfg.num_pipeline_repeats),
+        "layers_per_stage": int(cfg.num_layers_per_pipeline_stage),
+        "iteration_checkpoint": bool(cfg.set_remat_policy_on_pipeline_iterations),
+        "remat_policy": str(cfg.remat_policy),
+    }
 
 
 def _per_device(tree: Any) -> int:
@@ -477,8 +515,14 @@ class MaxTextSource(rk.sources.StepSource):
         return _config(self.request, _settings(self.request, config, target.devices, lines))
 
     def n_layers(self) -> int:
-        """The decoder's layers (``num_decoder_layers``, overrides included)."""
-        cfg = self._cfg(rk.TrainConfig(batch=1, seq=128), rk.target("cpu"), ())
+        """The decoder's layers (``num_decoder_layers``, overrides included), read from the
+        config at one sequence on one device without a pipeline (:data:`_ONE_STAGE`): the
+        count does not depend on them, and MaxText takes no pipeline's micro-batches there."""
+        words = dict(
+            w.split("=", 1) for w in _settings(self.request, rk.TrainConfig(1, 128), 1, ())
+        )
+        words.update(w.split("=", 1) for w in _ONE_STAGE)
+        cfg = _config(self.request, tuple(f"{k}={v}" for k, v in words.items()))
         return int(cfg.num_decoder_layers)
 
     def at_depth(self, layers: int) -> None:
@@ -574,6 +618,7 @@ class MaxTextSource(rk.sources.StepSource):
                 else ("decoder's get_remat_policy" if pol.is_remat else "no jax.checkpoint"),
                 "mesh": mesh or {"none": 1},
                 "per_device_batch_size": float(b.cfg.per_device_batch_size),
+                "pipeline": _pipeline(b.cfg),
             },
         }
         step = rk.train.TrainStep(
@@ -637,7 +682,18 @@ class MaxTextSource(rk.sources.StepSource):
         """
         step = built.step
         closed = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
-        rk.checks.check_traced_with(closed, built.policy, previous=None, what=what)
+        pipe = built.meta["maxtext"]["pipeline"]
+        also = ()
+        if pipe is not None and pipe["iteration_checkpoint"] and built.policy.is_remat:
+            # MaxText's pipeline checkpoints each iteration itself, with the decoder's policy
+            # and its own saved inputs (its get_pipeline_remat_policy, which reads only the
+            # config's remat_policy): the policy acts inside that checkpoint.
+            stand_in = SimpleNamespace(
+                config=SimpleNamespace(remat_policy=pipe["remat_policy"]),
+                remat_policy=built.policy.jax_policy,
+            )
+            also = (_maxtext().pipeline.PipelineBase.get_pipeline_remat_policy(stand_in),)
+        rk.checks.check_traced_with(closed, built.policy, also=also, previous=None, what=what)
 
     def mesh_plan(self, target: rk.Target) -> None:
         """None: MaxText lays out its own mesh (``meta["maxtext"]["mesh"]``)."""

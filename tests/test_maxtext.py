@@ -34,6 +34,12 @@ LLAMA = (
 
 GPUS, BATCH, SEQ = 4, 8, 256
 
+#: MaxText's pipeline: 2 stages, 4 micro-batches (on the Llama made 4 layers deep, 2 repeats).
+PIPELINE = (
+    LLAMA.replace("base_num_decoder_layers=2", "base_num_decoder_layers=4")
+    + " ici_pipeline_parallelism=2 num_pipeline_microbatches=4"
+)
+
 #: The five byte counts of XLA's memory analysis, as the report names them.
 FIVE = ("argument", "output", "alias", "temp", "generated_code")
 
@@ -122,6 +128,12 @@ CASES = {
         (("remat_policy", "custom"), ("decoder_layer_input", "offload"), ("out_proj", "device")),
     ),
     "raw-callable": Case(LLAMA, RAW_MINIMAL, (("remat_policy", "minimal"),), gpus=1),
+    # MaxText checkpoints each pipeline iteration itself; the policy acts inside, set by a
+    # config line or handed to the decoder (which the pipeline is built with).
+    "pipeline": Case(PIPELINE, "full", (("remat_policy", "full"),), gpus=2, batch=4),
+    "pipeline-raw-callable": Case(
+        PIPELINE, RAW_MINIMAL, (("remat_policy", "minimal"),), gpus=2, batch=4
+    ),
     # MaxText's batch (per_device_batch_size x GPUs) is one of the step's micro-batches.
     "accumulation": Case(
         f"{LLAMA} gradient_accumulation_steps=2",
@@ -141,6 +153,8 @@ def test_figures_equal_maxtexts_own_path(case, ours, theirs):
     assert "error" not in own, own["error"]
     assert own["prng_impl"] == "unsafe_rbg"  # MaxText's entry point's key type
     applied = "decoder's get_remat_policy" if case.policy is RAW_MINIMAL else "config"
+    if "ici_pipeline_parallelism" in case.words:
+        assert got.meta["maxtext"]["pipeline"]["microbatches"] == 4
     assert got.meta["maxtext"]["policy_applied"] == applied
     assert {f: getattr(got, f"{f}_bytes") for f in FIVE} == {f: own[f] for f in FIVE}
     assert got.peak_bytes == own["argument"] + own["output"] + own["temp"] - own["alias"]
@@ -182,6 +196,13 @@ def test_quantization_is_named_in_the_precision_line(words, quantized):
     )
     line = precision_words(built.step.precision)
     assert line.endswith(f"compute bf16 quantized {quantized}" if quantized else "compute bf16")
+
+
+def test_a_pipelines_layers_are_counted_without_a_probe_maxtext_refuses():
+    # Read without a compile: the probe is not a batch-of-one config with 4 micro-batches,
+    # which MaxText refuses.
+    pytest.importorskip("maxtext")
+    assert rk.sources.resolve(MaxTextSpec(PIPELINE)).n_layers() == 4
 
 
 def test_maxtexts_key_type_holds_for_its_build_only():
@@ -377,6 +398,13 @@ def test_maxtexts_reason_for_refusing_a_config_is_kept_whole(tmp_path, monkeypat
         (
             ("--maxtext", "model_name=llama2-7b", "ici_fsdp_parallelism=3", "--gpus", "4"),
             r"^remat-kit: --maxtext .*: MaxText's mesh for 4 GPU\(s\)",
+        ),
+        (
+            ("--maxtext", PIPELINE, "--gpus", "2", "--batch", "2"),
+            # The reason is MaxText's own at the user's batch, whole (not a probe's).
+            r"^remat-kit: --maxtext .*: MaxText refused the config: MaxTextConfig: Assertion "
+            r"failed, The batch size for a single forward pass \(2\) must be divisible by the "
+            r"number of microbatches \(4\)$",
         ),
         (("--maxtext", "model_name=llama2-7b", "--optimizer", "sgd"), r"--optimizer"),
         (("--maxtext", "missing.yml", "a=1"), r"missing.yml: no such file"),
