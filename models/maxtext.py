@@ -469,6 +469,26 @@ def _pipeline(cfg: Any) -> dict[str, Any] | None:
     }
 
 
+@functools.cache
+def _microbatches(spec: MaxTextSpec) -> int:
+    """The pipeline's micro-batches the config asks for (1 without a pipeline), read from its
+    keys as MaxText's YAML loader merges them (its base configs, then the words), before
+    MaxText checks them against a batch: the batch a search may try depends on it."""
+    mt = _maxtext()
+    base = Path(mt.pyconfig.__file__).parent / _BASE
+    yaml = base if spec.yaml == _BASE else Path(spec.yaml)
+    if not yaml.is_file():
+        return 1  # _config names the missing file
+    keys = {**mt.pyconfig._load_config(str(yaml)), **dict(spec.overrides)}
+    stages = int(keys.get("ici_pipeline_parallelism", 1)) * int(
+        keys.get("dcn_pipeline_parallelism", 1)
+    )
+    if stages <= 1:
+        return 1
+    micro = int(keys.get("num_pipeline_microbatches", -1))
+    return stages if micro == -1 else micro  # MaxText's default: one per stage
+
+
 def _per_device(tree: Any) -> int:
     """Bytes one device holds of ``tree``'s abstract, sharded leaves."""
     total = 0
@@ -665,9 +685,23 @@ class MaxTextSource(rk.sources.StepSource):
         """
         return int(self._cfg(config, target, ()).global_batch_size_to_train_on)
 
+    def smallest_batch(self, config: rk.TrainConfig, target: rk.Target) -> int:
+        """One sequence per pipeline micro-batch (one without a pipeline): MaxText refuses a
+        batch its micro-batches do not divide."""
+        del config, target
+        return _microbatches(self.request)
+
     def batch_ways(self, target: rk.Target) -> int:
-        """Every GPU: a search steps the global batch by whole ``per_device_batch_size``s."""
-        return target.devices
+        """Every GPU, and with a pipeline its micro-batches: a search steps the global batch
+        by whole ``per_device_batch_size``s that MaxText splits into the pipeline's
+        micro-batches (it refuses a batch they do not divide).
+
+        Example:
+          >>> pipe = "model_name=llama2-7b ici_pipeline_parallelism=2 num_pipeline_microbatches=6"
+          >>> MaxTextSource(MaxTextSpec(pipe)).batch_ways(rk.target("h100", devices=4))
+          12
+        """
+        return math.lcm(target.devices, _microbatches(self.request))
 
     def policy_lines(self, policy: rk.Policy) -> tuple[str, ...] | None:
         """The MaxText config lines that set ``policy`` (:func:`config_lines`)."""

@@ -77,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
     # --accum micro-batches over the data-parallel GPUs (their count divides --gpus), which
     # --batch's default of 4 need not (--accum 3).
     args.batch = args.accum * args.gpus
+    args.batch_searched = True  # resolve: the first batch the source's steps take
     # Every value, the output path included, is checked before the first trace or compile.
     run = resolve(args)
     target = run.target
@@ -402,6 +403,7 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
         # A batch every --accum and data-parallel split takes; the search's own default is
         # the smallest (the step's batch multiple), set below.
         args.batch = args.accum * args.gpus
+        args.batch_searched = True  # resolve: the first batch the source's steps take
     args.seq = step  # the model's checks run at the shortest sequence searched
     try:
         run = resolve(args)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import Any, NamedTuple
@@ -360,6 +361,12 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     if tgt.kind == "tpu":
         check_deviceless(tgt)  # libtpu there and jax's own, before anything is traced
     config = config_from_args(args, kind)  # the optimizer's name, batch against accum
+    if getattr(args, "batch_searched", False):
+        # A search sets the batch: the step is first built at one every split the source's
+        # steps take divides (a pipeline's micro-batches too), not at one the model refuses.
+        ways = math.lcm(args.gpus, source.batch_ways(tgt))
+        config = dataclasses.replace(config, batch=config.accum * ways)
+        args.batch = config.batch
     # The model's own check names its field (vocab_size=1, BadValue.param): the CLI's error
     # boundary (remat_kit.cli.main, FLAGS) names the flag that set it.
     source.check(config, tgt)

@@ -155,6 +155,14 @@ class StepSource(Protocol):
         del target
         return config.batch
 
+    def smallest_batch(self, config: TrainConfig, target: Target) -> int:
+        """The smallest batch its steps take for ``config``, at which what does not depend on
+        the batch (the tags a program holds) is traced: one sequence per micro-batch (the
+        default), or more where the model's own config splits the batch further (MaxText's
+        pipeline micro-batches, which it refuses a smaller batch for)."""
+        del target
+        return max(1, config.accum)
+
     def batch_ways(self, target: Target) -> int:
         """The batch sizes its steps take on ``target`` are multiples of this: the devices
         that hold different samples (a mesh plan's data-parallel size; default one)."""

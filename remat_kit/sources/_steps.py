@@ -499,7 +499,7 @@ def workload(
 
     def residuals_fn(pol: Policy, sch: Schedule, batch: int) -> ResidualReport:
         # One device's share of the batch (tp splits it further; compiles verify).
-        return residuals(src, pol, t, at(max(config.accum, batch // ways)), sch)
+        return residuals(src, pol, t, at(max(src.smallest_batch(config, t), batch // ways)), sch)
 
     n_layers = src.n_layers() if "layers" in src.schedule_kinds else None
     return Workload(

@@ -47,8 +47,9 @@ def tags(source: StepSource, config: TrainConfig, target: Target | str) -> tuple
     Returns:
       The sorted tags.
     """
-    small = dataclasses.replace(config, batch=max(1, config.accum))
-    return _tags(source, small, as_target(target), bool(jax.config.jax_remat3))
+    t = as_target(target)
+    small = dataclasses.replace(config, batch=source.smallest_batch(config, t))
+    return _tags(source, small, t, bool(jax.config.jax_remat3))
 
 
 @functools.lru_cache(maxsize=64)
@@ -104,7 +105,7 @@ def _copy_tags(source: StepSource, config: TrainConfig, t: Target) -> tuple[str,
     copies = shallow_copies(source, NO_SCHEDULE, t)
     if copies is None:
         return None
-    small = dataclasses.replace(config, batch=max(1, config.accum))
+    small = dataclasses.replace(config, batch=source.smallest_batch(config, t))
     return _tags(copies[-1], small, t, bool(jax.config.jax_remat3))
 
 
