@@ -97,7 +97,7 @@ def _compare_cases(
     # (not for a local target: workers compile for jax's CPU platform).
     jobs = 1 if target.kind == "local" else args.jobs
     done: list[int] = []
-    what = f"compare on {target.name}" + (
+    what = f"compare on {target.label}" + (
         f" on the cluster at {args.cluster}"
         if executor is not None
         else f" in {min(jobs, len(cases))} processes"

@@ -273,7 +273,7 @@ def _nothing_fits(rows: list[FitRow], smallest: str, target: Any, advice: str) -
     sys.stderr.write(
         f"remat-kit: nothing fits: even at {smallest} the smallest peak is "
         f"{least.fit.peak_bytes / 2**30:.2f} GiB ({least.label}), over the "
-        f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.name}; {advice}\n"
+        f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.label}; {advice}\n"
     )
     return 1
 
@@ -347,7 +347,7 @@ def _throughput(
     if args.json:
         write_json(args.json, found.to_dict(), flag="--json")
     if not any(row.fits for row in found.rows):
-        sys.stderr.write(f"remat-kit: nothing fits on {run.target.name}\n")
+        sys.stderr.write(f"remat-kit: nothing fits on {run.target.label}\n")
         return 1
     return 0
 

@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             reports if len(reports) > 1 else reports[0],
             args.plot,
             labels=policies,
-            title=f"{run_words(run)} on {tgt.name}",
+            title=f"{run_words(run)} on {tgt.label}",
             memory_bytes=tgt.memory_bytes,
             usable_bytes=tgt.usable_bytes,
             precision=opts_precision(run),

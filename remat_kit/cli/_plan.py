@@ -177,7 +177,7 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
         plot_front(
             points,
             args.plot,
-            title=f"{run_words(run)} on {target.name}",
+            title=f"{run_words(run)} on {target.label}",
             budget_bytes=p.budget_bytes,
             device_bytes=target.memory_bytes,
             usable_bytes=target.usable_bytes,

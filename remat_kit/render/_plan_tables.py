@@ -53,7 +53,7 @@ def plan_table(
       The table.
     """
     title = (
-        f"plan for {run_words(opts)} on {target.name}: "
+        f"plan for {run_words(opts)} on {target.label}: "
         f"budget {size(p.budget_bytes)}, attention="
         f"{p.report.attention if p.report is not None else '-'}"
         + training_line(

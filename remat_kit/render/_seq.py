@@ -81,7 +81,7 @@ def seq_table(
     kernels = sorted({row.fit.attention for row in rows if row.fit.attention})
     attention = f", attention {'/'.join(kernels)}" if kernels else ""
     title = (
-        f"longest sequence: {run} on {target.name}{attention}, step {first.unit} "
+        f"longest sequence: {run} on {target.label}{attention}, step {first.unit} "
         f"tokens ({limit})" + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")

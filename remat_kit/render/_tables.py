@@ -116,8 +116,12 @@ def compare_table(
     """
     title = (
         run_words(opts)
-        + (f" over {target.devices} GPUs, per GPU" if opts.shard else "")
-        + f" on {target.name} ({size(target.memory_bytes)}), attention={rows[0]['attention']}"
+        + (
+            f" over {target.devices} {target.device_word}s, per {target.device_word}"
+            if opts.shard
+            else ""
+        )
+        + f" on {target.label} ({size(target.memory_bytes)}), attention={rows[0]['attention']}"
         + training_line(
             rows[0].get("meta_precision"),
             rows[0].get("meta_dropout"),
@@ -265,10 +269,11 @@ def report_table(r: MemoryReport, target: Target) -> Table:
         accum=m.accum or 1,
         shard=m.mesh,
     )
-    over = f" over {m.devices} GPUs, per GPU" if m.mesh and m.devices else ""
+    word = target.device_word
+    over = f" over {m.devices} {word}s, per {word}" if m.mesh and m.devices else ""
     title = (
         f"{run_words(run)}{over} "
-        f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.name}"
+        f"policy={r.policy} schedule={r.schedule} attention={r.attention} on {target.label}"
         + training_line(m.precision, m.dropout, m.remat_impl)
     )
     table = Table(title=title, show_header=True)
@@ -413,7 +418,7 @@ def fit_table(
       The table.
     """
     title = (
-        f"largest batch: {run_words(opts, batch=False)} on {target.name} "
+        f"largest batch: {run_words(opts, batch=False)} on {target.label} "
         f"(limit {size(rows[0].fit.limit_bytes)} = {limit_words(target, headroom)})"
         + training_line(opts_precision(opts), None)
     )

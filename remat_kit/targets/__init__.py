@@ -47,6 +47,7 @@ from remat_kit.targets._prices import (
 )
 from remat_kit.targets._slices import GENERATIONS as TPU_GENERATIONS
 from remat_kit.targets._slices import Slice, is_slice_name, parse_slice
+from remat_kit.targets._tpus import TPU_FACTS
 from remat_kit.targets.runtime import DEFAULT_MEM_FRACTION, Runtime, runtime_from_env
 
 __all__ = [
@@ -58,6 +59,7 @@ __all__ = [
     "PRICE_CAVEAT",
     "PRICE_TABLE_DATE",
     "PROCESS_FLAGS",
+    "TPU_FACTS",
     "TPU_GENERATIONS",
     "Node",
     "Price",

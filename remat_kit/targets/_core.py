@@ -162,6 +162,15 @@ class Target:
         return f"1x{self.hosts}x{self.devices_per_host}"
 
     @property
+    def label(self) -> str:
+        """The target as a title names it: the GPU's name, a TPU slice's (``v5p-64``, with
+        ``x2`` for two slices)."""
+        if self.tpu_slice is None:
+            return self.name
+        more = f" x{self.tpu_slice.slices}" if self.tpu_slice.slices > 1 else ""
+        return self.tpu_slice.name + more
+
+    @property
     def device_word(self) -> str:
         """What one of its devices is called in words: ``"GPU"``, ``"chip"`` or ``"device"``."""
         if self.kind == "gpu" or (self.kind == "local" and self.compute_capability):

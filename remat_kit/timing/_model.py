@@ -276,13 +276,25 @@ def _ring_bytes_per_s(k: Kernel, speed: Speed, devices_per_host: int | None) -> 
     GPU of each node, all of them)."""
     n = max(1, k.group)
     domain = speed.domain or devices_per_host or n
-    nvlink = speed.device_link * speed.link_efficiency
+    nvlink = speed.device_link * speed.link_efficiency * _torus_axes(speed.torus, n)
     together = _in_one_domain(k, domain)
     if together >= n:
         if k.op == "all-reduce":  # NVLink SHARP reduces in the switch
             return speed.device_link * speed.all_reduce_efficiency
         return nvlink
     return min(nvlink, together * speed.network * speed.network_efficiency)
+
+
+def _torus_axes(torus: tuple[int, ...], n: int) -> int:
+    """How many axes of a TPU torus a group of ``n`` chips spans, its largest axes first
+    (each adds its links to the ring); 1 for a GPU's switch."""
+    axes, held = 0, 1
+    for side in sorted(torus, reverse=True):
+        if held >= n:
+            break
+        held *= side
+        axes += 1
+    return max(1, axes)
 
 
 def _in_one_domain(k: Kernel, domain: int) -> int:

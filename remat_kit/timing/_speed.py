@@ -121,6 +121,9 @@ class Speed:
         kind changes the rate: on a CPU, a loop XLA runs on one thread, or one that
         transposes (:class:`remat_kit.timing.Kernel`'s ``parts`` and ``strided``). Kinds
         not listed run at :meth:`bytes_per_s` (every kind on a GPU).
+      torus: a TPU slice's grid of chips (``(4, 4, 8)``): a collective's ring runs along the
+        torus axes its group spans, each at ``device_link`` (empty: a GPU's switch, one
+        ``device_link`` whatever the group).
       sources: where the figures come from, in words.
     """
 
@@ -145,6 +148,7 @@ class Speed:
     f32_matmul_ratio: float = 0.5
     fresh_bytes_per_s: float = 0.0
     loop_rates: tuple[tuple[bool, bool, float], ...] = ()
+    torus: tuple[int, ...] = ()
     sources: tuple[str, ...] = ()
 
     def matmul_flops_per_s(self, dtype: str) -> float:
@@ -187,6 +191,8 @@ def speed_of(target: Any) -> Speed | None:
       >>> speed_of(rk.target("cpu")) is None
       True
     """
+    if getattr(target, "kind", None) == "tpu":
+        return _tpu_speed(target)
     if getattr(target, "kind", None) != "gpu":
         return None
     if not target.peak_bf16_flops or not target.hbm_bandwidth:
@@ -231,6 +237,60 @@ def speed_of(target: Any) -> Speed | None:
             else "memory: 0.85 of HBM bandwidth (assumed)",
             "attention: 0.50 / 0.40 of peak (FlashAttention-3 paper, cuDNN on H100)",
             "host link: 0.86 of PCIe, not overlapped (measured on an H100)",
+        ),
+    )
+
+
+# A TPU's rates. Nothing of the GPU calibration above carries over: there are no SMs to
+# quantize a product's tiles over nor for a collective to take (ICI transfers run on the
+# chip's own DMA engines beside the TensorCore), no cuBLAS or cuDNN, and products in f32 run
+# as one bf16 pass under jax's default precision. What is left is stated, not measured: no TPU
+# was lent here.
+_TPU_MATMUL = 0.90  # assumed: large bf16 products on the MXUs
+_TPU_MEMORY = 0.90  # assumed: memory-bound fusions against HBM bandwidth
+_TPU_OP = 1e-6  # assumed: per fused op, the pipeline's fill and drain (no launch)
+_TPU_ICI = 0.90  # assumed: a ring's share of its ICI links
+_TPU_DCN = 0.80  # assumed: the share of the data-centre network across slices
+
+
+def _tpu_speed(target: Any) -> Speed:
+    from remat_kit.targets import TPU_FACTS
+
+    facts = TPU_FACTS[target.name]
+    s = target.tpu_slice
+    dims = s.layout.dims
+    # One link, one way: the Cloud TPU page's ICI bandwidth per chip (both ways, over the
+    # chip's 2 x dims links; 400 GB/s over a v5e's 4 ports is 50 GB/s a link a way), else the
+    # scaling book's per-link figure. A ring along one torus axis sends both ways at once.
+    bidir = facts["ici_bandwidth_per_chip_bidir"]
+    link = bidir / (4 * dims) if bidir else facts["ici_link_bandwidth_one_way"]
+    per_chip = s.layout.devices_per_chip
+    dcn = facts["dcn_bandwidth_per_chip"] or 0.0
+    return Speed(
+        name=target.name,
+        peak_flops=float(target.peak_bf16_flops),
+        matmul_efficiency=_TPU_MATMUL,
+        attention_efficiency=(_TPU_MATMUL, _TPU_MATMUL),
+        memory_bandwidth=float(target.hbm_bandwidth),
+        memory_efficiency=_TPU_MEMORY,
+        kernel_seconds=_TPU_OP,
+        units=0,  # no waves: one TensorCore runs a product's tiles in turn
+        host_link=None,
+        host_link_efficiency=0.86,
+        device_link=2 * link / per_chip,
+        network=dcn / per_chip,
+        domain=s.chips * per_chip,  # ICI joins one slice; DCN the slices
+        link_efficiency=_TPU_ICI,
+        all_reduce_efficiency=_TPU_ICI,
+        network_efficiency=_TPU_DCN,
+        f32_matmul_ratio=1.0,
+        torus=s.grid,
+        sources=(
+            f"matmul: {_TPU_MATMUL} of the chip's bf16 peak (assumed; no TPU measured here)",
+            f"memory: {_TPU_MEMORY} of HBM bandwidth (assumed)",
+            f"ICI: {link / 1e9:g} GB/s a link a way, {_TPU_ICI} of it (Cloud TPU page; assumed "
+            "share), rings over the torus axes a group spans",
+            "no collective contention: ICI runs beside the TensorCore",
         ),
     )
 
