@@ -505,7 +505,7 @@ def report_notes(r: MemoryReport, pol: Policy | None, t: Target) -> list[Note]:
             Note(
                 "does_not_fit",
                 {
-                    "target": t.name,
+                    "target": t.label,
                     # the environment setting of the allocator, e.g. XLA_..._FRACTION=0.75
                     "runtime": t.runtime.setting() if t.runtime is not None else None,
                     "usable_bytes": r.usable_bytes,
@@ -513,6 +513,7 @@ def report_notes(r: MemoryReport, pol: Policy | None, t: Target) -> list[Note]:
                     "peak_bytes": r.peak_bytes,
                     "over_bytes": r.over_by_bytes,
                     "fits_with_fraction": r.fits_with_fraction,
+                    "reserved_by": "libtpu" if t.kind == "tpu" else None,
                 },
             )
         )

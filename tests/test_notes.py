@@ -134,6 +134,7 @@ CASES = [
             "peak_bytes": 20 * GIB,
             "over_bytes": 2 * GIB,
             "fits_with_fraction": 0.85,
+            "reserved_by": None,
         },
         "does not fit rtx4090 at XLA_PYTHON_CLIENT_MEM_FRACTION=0.75 (18.00 GiB usable of "
         "24.00 GiB): peak 20.00 GiB is 2.00 GiB over; it fits with "
@@ -149,9 +150,26 @@ CASES = [
             "peak_bytes": 40 * GIB,
             "over_bytes": 24 * GIB,
             "fits_with_fraction": None,
+            "reserved_by": None,
         },
         "does not fit l4 at the runtime (16.00 GiB usable of 24.00 GiB): peak 40.00 GiB is "
         "24.00 GiB over; no allocator fraction makes it fit",
+    ),
+    (
+        # a TPU: no allocator, no fraction to offer
+        "does_not_fit",
+        {
+            "target": "v5e-4",
+            "runtime": None,
+            "usable_bytes": 16 * GIB - 258 * 2**20,
+            "memory_bytes": 16 * GIB,
+            "peak_bytes": 20 * GIB,
+            "over_bytes": 4 * GIB + 258 * 2**20,
+            "fits_with_fraction": None,
+            "reserved_by": "libtpu",
+        },
+        "does not fit v5e-4 (15.75 GiB usable of 16.00 GiB: libtpu keeps the rest): peak "
+        "20.00 GiB is 4.25 GiB over",
     ),
     ("xla_log", {"line": "XLA (foo.cc:12): a line"}, "XLA (foo.cc:12): a line"),
     (

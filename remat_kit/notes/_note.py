@@ -60,6 +60,7 @@ KINDS: Mapping[str, tuple[str, ...]] = {
         "memory_bytes",
         "peak_bytes",
         "over_bytes",
+        "reserved_by",
         "fits_with_fraction",
     ),
     "xla_log": ("line",),  # a line of XLA's own log (remat_kit.xla.parse_xla_log)

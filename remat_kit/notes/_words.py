@@ -189,14 +189,19 @@ def _xla_remat_made_fit(d: Mapping[str, Any]) -> str:
 
 
 def _does_not_fit(d: Mapping[str, Any]) -> str:
-    runtime = d["runtime"] or "the runtime"
-    where = f"{d['target']} at {runtime} ({size(d['usable_bytes'])} usable of "
-    where += f"{size(d['memory_bytes'])})"
-    fix = (
-        f"; it fits with XLA_PYTHON_CLIENT_MEM_FRACTION={d['fits_with_fraction']:g}"
-        if d["fits_with_fraction"] is not None
-        else "; no allocator fraction makes it fit"
-    )
+    if d.get("reserved_by"):  # a TPU: no allocator fraction, a runtime's reserve
+        where = f"{d['target']} ({size(d['usable_bytes'])} usable of "
+        where += f"{size(d['memory_bytes'])}: {d['reserved_by']} keeps the rest)"
+        fix = ""
+    else:
+        runtime = d["runtime"] or "the runtime"
+        where = f"{d['target']} at {runtime} ({size(d['usable_bytes'])} usable of "
+        where += f"{size(d['memory_bytes'])})"
+        fix = (
+            f"; it fits with XLA_PYTHON_CLIENT_MEM_FRACTION={d['fits_with_fraction']:g}"
+            if d["fits_with_fraction"] is not None
+            else "; no allocator fraction makes it fit"
+        )
     return (
         f"does not fit {where}: peak {size(d['peak_bytes'])} is {size(d['over_bytes'])} over{fix}"
     )

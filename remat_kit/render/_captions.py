@@ -192,6 +192,8 @@ def runtime_words(target: Target | None) -> str:
       "allocator fraction 0.75, JAX's default"
     """
     if target is None or target.runtime is None:
+        if target is not None and target.kind == "tpu":
+            return "the device's HBM less libtpu's reserve"
         if target is not None:
             return "the limit jax reports"
         return "JAX's allocator fraction: 0.75 by default, XLA_PYTHON_CLIENT_MEM_FRACTION"
