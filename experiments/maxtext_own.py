@@ -7,11 +7,14 @@ The independent side of ``remat_kit_models.maxtext``'s figures (``tests/test_max
 cluster: the reason this runs in a process of its own), its ``get_topology_mesh`` (GPU branch:
 ``compile_topology=a3``, ``compile_topology_num_slices`` = hosts, ``jax.devices()`` and
 ``create_device_mesh``), its ``get_shaped_inputs``, ``jit_and_compile`` and the memory analysis
-it prints. Two things stand in for the cluster, and nothing else of MaxText is touched:
+it prints. Three things stand in for the cluster, and nothing else of MaxText is touched:
 
 - ``jax.devices()`` answers the compile-only GPUs of jax's own CUDA topology
   (``jax.experimental.topologies.get_topology_desc``) for the GPU's target config; on a
   cluster it answers the cards of all hosts (MaxText's ``mock_num_gpu_processes``);
+- on more than one host, each GPU shows its host as its slice (``slice_index``), as on a
+  GPU cluster (jax's compile-only GPUs all carry slice 0), and MaxText's ``Mesh`` is made
+  of the cards themselves;
 - a host of other than 8 GPUs (MaxText names one GPU host, ``a3``: 8 H100s) is registered
   in MaxText's ``accelerator_to_spec_map`` as ``a3`` is, with its GPUs per host.
 
@@ -106,6 +109,29 @@ def _xla_flags(target: Any) -> str:
     return " ".join(words)
 
 
+class _OnHost:
+    """A compile-only GPU as a GPU cluster shows it to MaxText: its slice is its host (jax's
+    compile-only GPUs all carry slice 0; on a cluster each host is a slice, MaxText's a3)."""
+
+    def __init__(self, device: Any) -> None:
+        self.device = device
+        self.slice_index = int(device.process_index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.device, name)
+
+
+def _cluster_mesh(mesh: Any) -> Any:
+    """jax's ``Mesh`` of the cards the grid names (a cluster's devices are the cards)."""
+    import numpy as np
+
+    def make(grid: Any, *args: Any, **kwargs: Any) -> Any:
+        cards = np.vectorize(lambda d: getattr(d, "device", d), otypes=[object])(grid)
+        return mesh(cards, *args, **kwargs)
+
+    return make
+
+
 def _run(configs: list[dict[str, Any]]) -> None:
     # Flags first: XLA reads XLA_FLAGS once, as its first backend starts.
     import remat_kit as rk
@@ -133,6 +159,7 @@ def _run(configs: list[dict[str, Any]]) -> None:
 
     spec_map = accelerator_to_spec_map.UserFacingNameToSystemCharacteristics
     real_devices = jax.devices
+    real_mesh = train_compile.Mesh
     for config in configs:
         t = rk.target(config["target"], devices=config["gpus"], hosts=config.get("hosts", 1))
         per_host = t.devices // t.hosts
@@ -143,6 +170,8 @@ def _run(configs: list[dict[str, Any]]) -> None:
         devices = topologies.get_topology_desc(
             platform="cuda", target_config=t.compile_config, topology=t.topology
         ).devices
+        if t.hosts > 1:
+            devices = [_OnHost(d) for d in devices]
         jax.devices = lambda *a, _d=devices, **k: list(_d)  # the cluster's cards
         seen: dict[str, Any] = {}
         get_mesh = train_compile.get_topology_mesh
@@ -163,6 +192,7 @@ def _run(configs: list[dict[str, Any]]) -> None:
             return shaped
 
         train_compile.get_topology_mesh = spy
+        train_compile.Mesh = _cluster_mesh(real_mesh)
         train_compile.get_shaped_inputs = spy_inputs
         base = Path(pyconfig.__file__).parent / "base.yml"
         argv = [
@@ -187,6 +217,7 @@ def _run(configs: list[dict[str, Any]]) -> None:
             answer["prng_impl"] = str(jax.config.jax_default_prng_impl)
         finally:
             train_compile.get_topology_mesh = get_mesh
+            train_compile.Mesh = real_mesh
             train_compile.get_shaped_inputs = get_inputs
             jax.devices = real_devices
         answer.update(seen, argv=shlex.join(argv[2:]))

@@ -123,6 +123,36 @@ ROWS = (
         4,
         8,
     ),
+    # Two hosts of 8 GPUs: data parallel across them (MaxText's dcn_* keys), fsdp within;
+    # num_slices as MaxText finds it on the cluster (a slice per host) or given.
+    Row(
+        "llama-2hosts-dp",
+        f"{LLAMA} base_num_decoder_layers=2 dcn_data_parallelism=2 ici_fsdp_parallelism=8",
+        "full",
+        "remat_policy=full",
+        16,
+        16,
+        hosts=2,
+    ),
+    Row(
+        "llama-2hosts-slices",
+        f"{LLAMA} base_num_decoder_layers=2 dcn_data_parallelism=2 num_slices=2",
+        "maxtext:remat_policy=save_qkv_proj",
+        "remat_policy=save_qkv_proj",
+        16,
+        16,
+        hosts=2,
+    ),
+    Row(
+        "pp-2hosts",
+        f"{LLAMA} base_num_decoder_layers=4 dcn_pipeline_parallelism=2 dcn_data_parallelism=1 "
+        "num_pipeline_microbatches=2 ici_fsdp_parallelism=8",
+        "full",
+        "remat_policy=full",
+        16,
+        16,
+        hosts=2,
+    ),
     Row(
         "pp-gemma2",
         f"{GEMMA2} base_num_decoder_layers=2 {PIPE}",

@@ -50,6 +50,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import remat_kit as rk
 from remat_kit.errors import BadValue
@@ -227,7 +228,9 @@ class _Built:
     loss_args: tuple[Any, ...]
 
 
-def _settings(spec: MaxTextSpec, config: rk.TrainConfig, devices: int, lines: tuple[str, ...]):
+def _settings(
+    spec: MaxTextSpec, config: rk.TrainConfig, devices: int, lines: tuple[str, ...], hosts: int = 1
+):
     """The ``key=value`` words MaxText's ``pyconfig`` reads: the user's, the policy's lines,
     and what the command line owns."""
     words = dict(spec.overrides)
@@ -237,6 +240,9 @@ def _settings(spec: MaxTextSpec, config: rk.TrainConfig, devices: int, lines: tu
     # A user who names a model's sizes means them; MaxText refuses the pair without this.
     words.setdefault("override_model_config", "True")
     words.update(line.split(": ", 1) for line in lines)
+    if hosts > 1:
+        # What MaxText finds on a cluster, a slice per host (OnHost), unless the words say.
+        words.setdefault("num_slices", str(hosts))
     per_device = config.batch / devices
     words.update(
         per_device_batch_size=str(int(per_device) if per_device.is_integer() else per_device),
@@ -308,17 +314,63 @@ def _first(err: BaseException) -> str:
     return f"{type(err).__name__}: {lines[0] if lines else ''}"[:300]
 
 
+@dataclasses.dataclass(frozen=True)
+class OnHost:
+    """A compile-only GPU as MaxText sees it on a cluster: its slice is its host.
+
+    jax's compile-only GPUs all carry slice 0; on a GPU cluster each host's GPUs are one
+    slice (MaxText's ``a3``: "the slice topology of A3 fixed to a single host"), which its
+    ``create_device_mesh`` reads to lay the ``dcn_*`` axes across hosts. Everything else is
+    the device's own.
+
+    Attributes:
+      device: the compile-only device.
+    """
+
+    device: Any
+
+    @property
+    def slice_index(self) -> int:
+        """The device's host (its ``process_index``)."""
+        return int(self.device.process_index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.device, name)
+
+
+def cluster_mesh(make: Callable[[list[Any]], Any], devices: list[Any]) -> np.ndarray:
+    """``make(devices)`` (a device grid, MaxText's ``create_device_mesh``) given each device
+    as a cluster shows it (:class:`OnHost`); the grid in the devices themselves.
+
+    Example:
+      >>> import numpy as np
+      >>> cpu = jax.devices("cpu")[0]
+      >>> cluster_mesh(lambda ds: np.array([[d.slice_index for d in ds]]), [cpu]).tolist()
+      [[0]]
+    """
+    grid = make([OnHost(d) for d in devices])
+    out = np.empty(np.shape(grid), dtype=object)
+    for index, d in np.ndenumerate(grid):
+        out[index] = d.device if isinstance(d, OnHost) else d
+    return out
+
+
 def _mesh(cfg: Any, target: rk.Target) -> jax.sharding.Mesh:
-    """MaxText's mesh of ``cfg``'s parallelism keys over ``target``'s compile-only GPUs."""
+    """MaxText's mesh of ``cfg``'s parallelism keys over ``target``'s compile-only GPUs, each
+    host a slice as on a cluster (:class:`OnHost`)."""
     mt = _maxtext()
     devices = list(target.mesh().devices.reshape(-1))
     try:
         with _quiet():
-            grid = mt.maxtext_utils.create_device_mesh(cfg, devices)
+            grid = cluster_mesh(
+                functools.partial(mt.maxtext_utils.create_device_mesh, cfg), devices
+            )
     except Exception as err:
+        where = f"{target.devices} GPU(s)" + (
+            f" on {target.hosts} hosts" if target.hosts > 1 else ""
+        )
         raise BadValue(
-            f"MaxText's mesh for {target.devices} GPU(s): {_first(err)}; set the ici_*/dcn_* "
-            f"parallelism keys to multiply to {target.devices}",
+            f"MaxText's mesh for {where} (num_slices={cfg.num_slices}): {_refusal(err)}",
             param="maxtext",
         ) from None
     explicit = str(cfg.shard_mode).lower().endswith("explicit")
@@ -360,19 +412,37 @@ def _as_maxtext_sets_jax(cfg: Any) -> Iterator[None]:
         yield
 
 
+def _in_booleans(policy: Callable[..., Any]) -> Callable[..., Any]:
+    """``policy`` answering save or recompute as ``True``/``False`` (an offload as it is):
+    what jax's ``save_from_both_policies`` takes, with which MaxText's pipeline combines the
+    decoder's policy and its own saved inputs (jax's own policies answer so; a policy made
+    with ``save_and_offload_only_these_names`` answers ``Recompute``, which it refuses)."""
+    from jax._src.interpreters import partial_eval as pe  # the answers' types are not public
+
+    @functools.wraps(policy)
+    def decide(*args: Any, **kwargs: Any) -> Any:
+        answer = policy(*args, **kwargs)
+        if isinstance(answer, pe.RecomputeType):
+            return False
+        return True if isinstance(answer, pe.SaveableType) else answer
+
+    return decide
+
+
 @contextlib.contextmanager
-def _patched(patch: rk.Policy | None) -> Iterator[None]:
+def _patched(patch: rk.Policy | None, pipelined: bool = False) -> Iterator[None]:
     """MaxText's code with ``patch`` (a policy no config line sets) handed to its decoder's
-    ``get_remat_policy``, or for ``none`` its decoder's and pipeline's ``jax.checkpoint``
-    left out; as it is for None. Held while the model is built too: a pipeline keeps the
-    decoder's policy it was made with."""
+    ``get_remat_policy`` (in booleans where a pipeline combines it, :func:`_in_booleans`),
+    or for ``none`` its decoder's and pipeline's ``jax.checkpoint`` left out; as it is for
+    None. Held while the model is built too: a pipeline keeps the decoder's policy it was
+    made with."""
     mt = _maxtext()
     with contextlib.ExitStack() as stack:
         if patch is not None and not patch.is_remat:
             for module in (mt.nnx_decoders, mt.pipeline):
                 stack.enter_context(unittest.mock.patch.object(module, "jax", _WithoutCheckpoint()))
         elif patch is not None:
-            policy = patch.jax_policy
+            policy = _in_booleans(patch.jax_policy) if pipelined else patch.jax_policy
             stack.enter_context(
                 unittest.mock.patch.object(
                     mt.nnx_decoders.NNXDecoder, "get_remat_policy", lambda self: policy
@@ -397,7 +467,7 @@ def _in_context(
             stack.enter_context(_as_maxtext_sets_jax(cfg))
             stack.enter_context(jax.sharding.use_abstract_mesh(mesh.abstract_mesh))
             stack.enter_context(logical_axis_rules(cfg.logical_axis_rules))
-            stack.enter_context(_patched(patch))
+            stack.enter_context(_patched(patch, cfg.using_pipeline_parallelism))
             try:
                 return fn(*args)
             except BadValue:
@@ -418,7 +488,7 @@ def _built(spec: MaxTextSpec, words: tuple[str, ...], target: rk.Target, patch: 
     mt = _maxtext()
     cfg = _config(spec, words)
     mesh = _mesh(cfg, target)
-    with _quiet(), _as_maxtext_sets_jax(cfg), _patched(patch):
+    with _quiet(), _as_maxtext_sets_jax(cfg), _patched(patch, cfg.using_pipeline_parallelism):
         args, kwargs, state_sh, _, graphdef = mt.train_compile.get_shaped_inputs(mesh, cfg)
         params_sh, state_sh = mt.sharding.maybe_update_params_sharding_with_opt(cfg, state_sh)
         in_state = mt.sharding.build_zero1_input_state_mesh_shardings(cfg, state_sh, params_sh)
@@ -532,16 +602,20 @@ class MaxTextSource(rk.sources.StepSource):
         return frozenset({"none"})
 
     def _cfg(self, config: rk.TrainConfig, target: rk.Target, lines: tuple[str, ...]) -> Any:
-        return _config(self.request, _settings(self.request, config, target.devices, lines))
+        words = _settings(self.request, config, target.devices, lines, target.hosts)
+        return _config(self.request, words)
 
     def n_layers(self) -> int:
         """The decoder's layers (``num_decoder_layers``, overrides included), read from the
-        config at one sequence on one device without a pipeline (:data:`_ONE_STAGE`): the
-        count does not depend on them, and MaxText takes no pipeline's micro-batches there."""
+        config at one sequence on one device of one host without a pipeline
+        (:data:`_ONE_STAGE`): the count does not depend on them, and MaxText takes neither a
+        pipeline's micro-batches nor ``dcn_*`` axes there."""
         words = dict(
             w.split("=", 1) for w in _settings(self.request, rk.TrainConfig(1, 128), 1, ())
         )
         words.update(w.split("=", 1) for w in _ONE_STAGE)
+        # One device, one slice: the user's cross-host keys want the hosts a probe has not.
+        words.update((k, "1") for k in list(words) if k.startswith("dcn_") or k == "num_slices")
         cfg = _config(self.request, tuple(f"{k}={v}" for k, v in words.items()))
         return int(cfg.num_decoder_layers)
 
@@ -618,7 +692,21 @@ class MaxTextSource(rk.sources.StepSource):
             )
         lines = config_lines(pol)
         patch = None if lines is not None else pol
-        words = _settings(self.request, config, target.devices, lines or ())
+        words = _settings(self.request, config, target.devices, lines or (), target.hosts)
+        offloaded = [n for n in pol.tags if rk.decide(pol, n) == "offload"]
+        if (
+            patch is not None
+            and offloaded
+            and _config(self.request, words).using_pipeline_parallelism
+        ):
+            raise BadValue(
+                f"{self.spec} under {pol.spec!r}: MaxText's pipeline checkpoints each iteration "
+                "with the decoder's policy and its own saved inputs (jax's "
+                "save_from_both_policies), which takes no offload ("
+                f"{', '.join(offloaded)}); a pipeline offloads only through MaxText's "
+                "remat_policy: custom lines, whose tensors are " + ", ".join(CUSTOM_TENSORS),
+                param="policy",
+            )
         b = _built(self.request, words, target, patch)
         model_state, batch = b.args[0]["model"], b.args[1]
         weights = _per_device(model_state)
@@ -722,12 +810,26 @@ class MaxTextSource(rk.sources.StepSource):
             # MaxText's pipeline checkpoints each iteration itself, with the decoder's policy
             # and its own saved inputs (its get_pipeline_remat_policy, which reads only the
             # config's remat_policy): the policy acts inside that checkpoint.
+            inner = built.policy.jax_policy
             stand_in = SimpleNamespace(
                 config=SimpleNamespace(remat_policy=pipe["remat_policy"]),
-                remat_policy=built.policy.jax_policy,
+                remat_policy=None if inner is None else _in_booleans(inner),
             )
             also = (_maxtext().pipeline.PipelineBase.get_pipeline_remat_policy(stand_in),)
-        rk.checks.check_traced_with(closed, built.policy, also=also, previous=None, what=what)
+        try:
+            for composed in also:  # a dot offload, which no name says: its answer on a dot
+                rk.checks.keeps_dots(composed)
+            rk.checks.check_traced_with(closed, built.policy, also=also, previous=None, what=what)
+        except ValueError as err:  # jax's save_from_both_policies, as MaxText's step would
+            raise BadValue(
+                f"{what} under {built.policy.spec!r}: MaxText's pipeline checkpoints each "
+                "iteration with the decoder's policy and its own saved inputs (jax's "
+                "save_from_both_policies), which takes only policies that save or recompute, "
+                f"and this one offloads ({' '.join(str(err).split())[:120]}); a pipeline "
+                "takes an offload as MaxText's remat_policy: custom lines (a policy naming "
+                "its tensors)",
+                param="policy",
+            ) from None
 
     def mesh_plan(self, target: rk.Target) -> None:
         """None: MaxText lays out its own mesh (``meta["maxtext"]["mesh"]``)."""

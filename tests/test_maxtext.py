@@ -64,6 +64,7 @@ class Case:
     gpus: int = GPUS
     batch: int = BATCH
     seq: int = SEQ
+    hosts: int = 1
 
     def theirs(self) -> dict:
         """MaxText's command line for the same config, written out: its own keys for what
@@ -77,15 +78,17 @@ class Case:
             f"max_target_length={self.seq}",
             "jax_cache_dir=",  # else MaxText's process writes jax's cache to ~/jax_cache
         ]
-        return {"words": words, "target": "h100", "gpus": self.gpus, "hosts": 1}
+        return {"words": words, "target": "h100", "gpus": self.gpus, "hosts": self.hosts}
+
+    def target(self) -> rk.Target:
+        return rk.target("h100", devices=self.gpus, hosts=self.hosts)
 
 
 @functools.cache
 def _ours(case: Case) -> rk.MemoryReport:
     src = rk.sources.resolve(MaxTextSpec(case.words))
-    target = rk.target("h100", devices=case.gpus)
     config = rk.TrainConfig(case.batch, case.seq)
-    return rk.sources.measure(src, case.policy, target, config, warn=False)
+    return rk.sources.measure(src, case.policy, case.target(), config, warn=False)
 
 
 @functools.cache
@@ -133,6 +136,14 @@ CASES = {
     "pipeline": Case(PIPELINE, "full", (("remat_policy", "full"),), gpus=2, batch=4),
     "pipeline-raw-callable": Case(
         PIPELINE, RAW_MINIMAL, (("remat_policy", "minimal"),), gpus=2, batch=4
+    ),
+    # Two hosts of 4 GPUs, data parallel across them (dcn_data_parallelism) and fsdp within.
+    "two-hosts": Case(
+        f"{LLAMA} dcn_data_parallelism=2 ici_fsdp_parallelism=4",
+        "full",
+        (("remat_policy", "full"),),
+        gpus=8,
+        hosts=2,
     ),
     # MaxText's batch (per_device_batch_size x GPUs) is one of the step's micro-batches.
     "accumulation": Case(
@@ -198,11 +209,44 @@ def test_quantization_is_named_in_the_precision_line(words, quantized):
     assert line.endswith(f"compute bf16 quantized {quantized}" if quantized else "compute bf16")
 
 
-def test_a_pipelines_layers_are_counted_without_a_probe_maxtext_refuses():
-    # Read without a compile: the probe is not a batch-of-one config with 4 micro-batches,
-    # which MaxText refuses.
+@pytest.mark.slow
+def test_a_multi_host_mesh_is_maxtexts_across_hosts(theirs):
+    # MaxText's create_device_mesh lays the dcn axis across the slices it finds: a host each
+    # on a GPU cluster. Ours (built, not compiled) holds the devices in MaxText's own order,
+    # and each index of the data axis is one host's GPUs.
+    case = CASES["two-hosts"]
+    src = rk.sources.resolve(MaxTextSpec(case.words))
+    config = rk.TrainConfig(case.batch, case.seq)
+    built = src.build_step(rk.policies.FULL, rk.parse_schedule("none"), config, case.target())
+    mesh = built.step.mesh
+    own = theirs(case)["mesh"]
+    assert [int(d.id) for d in mesh.devices.reshape(-1)] == own["ids"]
+    assert {k: int(v) for k, v in mesh.shape.items()} == own["shape"]
+    hosts = [{int(d.process_index) for d in mesh.devices[0, i].reshape(-1)} for i in range(2)]
+    assert mesh.axis_names[:2] == ("diloco", "data") and hosts == [{0}, {1}]
+
+
+def test_an_offload_maxtexts_pipeline_cannot_combine_is_refused_before_a_trace():
+    # MaxText's pipeline combines a decoder policy with its saved inputs through jax's
+    # save_from_both_policies, which takes no offload: one line naming the way that works.
     pytest.importorskip("maxtext")
-    assert rk.sources.resolve(MaxTextSpec(PIPELINE)).n_layers() == 4
+    src = rk.sources.resolve(MaxTextSpec(PIPELINE))
+    config, target = rk.TrainConfig(4, SEQ), rk.target("h100", devices=2)
+    policy = rk.as_policy("offload:offload=block_out")
+    with pytest.raises(BadValue, match=r"takes no offload \(block_out\).*remat_policy: custom"):
+        src.build_step(policy, rk.parse_schedule("none"), config, target)
+
+
+@pytest.mark.parametrize(
+    ("words", "layers"),
+    [(PIPELINE, 4), (f"{LLAMA} dcn_data_parallelism=2 num_slices=2", 2)],
+    ids=["pipeline", "two-slices"],
+)
+def test_layers_are_counted_without_a_probe_maxtext_refuses(words, layers):
+    # Read without a compile: the probe is neither a batch-of-one config with 4 micro-batches
+    # nor one device with a cross-host axis, which MaxText refuses.
+    pytest.importorskip("maxtext")
+    assert rk.sources.resolve(MaxTextSpec(words)).n_layers() == layers
 
 
 def test_maxtexts_key_type_holds_for_its_build_only():
