@@ -34,7 +34,7 @@ from remat_kit.search import (
     gpus_needed,
     rank_costs,
 )
-from remat_kit.targets import load_prices, parse_prices, target, target_names
+from remat_kit.targets import is_slice_name, load_prices, parse_prices, target, target_names
 
 __all__ = ["run"]
 
@@ -242,14 +242,19 @@ def _catalogue_gpus() -> list[str]:
 
 def _target_workload(request: Request, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
     """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``."""
+    if is_slice_name(t.name):  # --mem-fraction and --hosts are the GPUs' (a TPU has neither)
+        return request.workload(target(t.name, devices=gpus))
     return request.workload(target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction))
 
 
 def _sharded_workload(request: Request, name: str, mem_fraction: Any, n: int) -> Any:
     """The step on ``n`` GPUs ``name`` with fsdp over all of them, 8 GPUs per host (as in the
     DGX/HGX machines these cards come in)."""
-    hosts = max(1, n // 8)
-    on = target(name, devices=n, hosts=hosts, mem_fraction=mem_fraction)
+    # a TPU slice's hosts are Cloud TPU's (4 chips each) and it has no allocator fraction
+    if is_slice_name(name):
+        on = target(name, devices=n)
+    else:
+        on = target(name, devices=n, hosts=max(1, n // 8), mem_fraction=mem_fraction)
     return request.sharded(f"fsdp:{n}" if n > 1 else None).workload(on)
 
 

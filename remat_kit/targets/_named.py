@@ -228,12 +228,13 @@ def _gpu_target(
 
 
 def _tpu_target(key: str, devices: int, hosts: int, slices: int) -> Target:
-    s = (
-        slice_of(key, devices, slices)
-        if key.strip().lower() in _BARE
-        else parse_slice(key, slices=slices)
-    )
-    if devices not in (1, s.devices):
+    if key.strip().lower() not in _BARE:
+        s = parse_slice(key, slices=slices)
+    elif devices == 1:  # the default: one chip (TPU7x's chip is two devices)
+        s = parse_slice(key, chips=1, slices=slices)
+    else:
+        s = slice_of(key, devices, slices)
+    if devices not in (1, s.devices) and key.strip().lower() not in _BARE:
         raise BadValue(
             f"{s.name}{f' x{slices}' if slices > 1 else ''} holds {s.devices} devices, not "
             f"devices={devices}: leave devices out or name another slice",
