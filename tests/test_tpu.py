@@ -75,7 +75,7 @@ def test_a_slice_is_named_as_users_name_it(name, expected):
         ("v5p-8", {"devices": 8}, "v5p-8 holds 4 devices, not devices=8"),
         ("v5p-8", {"mem_fraction": 0.9}, "mem_fraction is for GPU targets"),
         ("v5p-8", {"node": "a3-mega"}, "node is for GPU targets"),
-        ("h100", {"slices": 2}, "slices=2 is for TPU targets"),
+        ("h100", {"slices": 2}, "slices are for TPU targets, not .h100."),
     ],
 )
 def test_a_slice_that_cannot_be_is_refused_naming_what_can(name, kwargs, match):
@@ -213,3 +213,15 @@ def test_a_program_over_a_tpus_memory_is_reported_over_it_with_libtpus_figure():
     m = rk.xla.compile_memory(low)
     assert m.over_device and m.peak_bytes == 40 * 2**30  # libtpu: "(40.00G)"
     assert m.peak_bytes > t.usable_bytes
+
+
+@pytest.mark.slow
+def test_slices_are_joined_on_the_mesh_axis_they_divide():
+    """Two v5e-4 slices: libtpu gives each device its slice; the data axis spans the slices
+    (DCN, the outer part), the model axis stays within one (ICI)."""
+    mesh = rk.target("v5e-4", slices=2).mesh(("data", "model"), (2, 4))
+    slices = np.vectorize(lambda d: d.slice_index)(mesh.devices)
+    assert slices.tolist() == [[0, 0, 0, 0], [1, 1, 1, 1]]
+    # four one-chip slices over a 2 x 2 mesh: no axis spans all four
+    with pytest.raises(BadValue, match="no axis that 4 slices divide"):
+        rk.target("v5e-1", slices=4).mesh(("a", "b"), (2, 2))

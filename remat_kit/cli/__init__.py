@@ -138,6 +138,7 @@ FLAGS: dict[str, str] = {
     "target": "--target",
     "devices": "--gpus",
     "hosts": "--hosts",
+    "slices": "--slices",
     "node": "--node",
     "batch": "--batch",
     "seq": "--seq",

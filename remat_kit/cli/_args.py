@@ -256,9 +256,16 @@ def _add_target_args(p: argparse._ArgumentGroup) -> None:
         "--target",
         default="h100-80gb",
         help="GPU target (remat-kit targets), a GPU file (.json facts or a GpuTargetConfigProto), "
-        "cpu, or local (this machine's GPU)",
+        "a TPU slice (v5p-64, v6e-256, v5litepod-16, v6e:8x16), cpu, or local (this machine's "
+        "GPU)",
     )
     p.add_argument("--gpus", type=positive_int, default=1, help="devices of the target")
+    p.add_argument(
+        "--slices",
+        type=positive_int,
+        default=1,
+        help="TPU slices alike joined over the data-centre network (MaxText's num_slices)",
+    )
     add_shard_args(p)  # --shard dp:8 | fsdp:8 | fsdp:4,tp:2 and --hosts
     p.add_argument(
         "--mem-fraction",

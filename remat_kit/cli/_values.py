@@ -81,7 +81,11 @@ def target_from_args(args: argparse.Namespace) -> Target:
             )
         t = _file_target(args.target, gpus, hosts, fraction)
     else:
-        t = target(args.target, devices=gpus, hosts=hosts, mem_fraction=fraction, node=machine)
+        slices = getattr(args, "slices", 1) or 1
+        t = target(
+            args.target, devices=gpus, hosts=hosts, mem_fraction=fraction, node=machine,
+            slices=slices,
+        )  # fmt: skip
     if t.kind == "tpu":
         # A named slice says its devices (v5p-64: 32 chips); the commands that count by
         # --gpus (a batch per device, --shard's open sizes) read them from there.

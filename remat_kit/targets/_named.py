@@ -144,7 +144,7 @@ def target(
             raise BadValue(f"{what} is for GPU targets, not the TPU slice {name!r}", param=what)
         return _tpu_target(key, devices, hosts, slices)
     if slices != 1:
-        raise BadValue(f"slices={slices} is for TPU targets, not {name!r}", param="slices")
+        raise BadValue(f"slices are for TPU targets, not {name!r}", param="slices")
     if key in GPU_FACTS:
         t = _gpu_target(key, GPU_FACTS[key], devices, hosts, _runtime(mem_fraction))
         return dataclasses.replace(t, node=node) if node is not None else t
