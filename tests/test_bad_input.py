@@ -816,10 +816,10 @@ def test_target_local_without_a_gpu_is_one_line_exit_2(command):
     [
         pytest.param("gpu", ["targets"], "asks jax for a GPU this machine", marks=NO_GPU),
         pytest.param("cuda,cpu", ["policies"], "asks jax for a GPU this machine", marks=NO_GPU),
-        ("tpu", ["targets"], "could not start (backend 'tpu': "),
+        ("tpu", ["targets"], "asks jax for a TPU this machine does not have"),
         ("rocm", ["targets"], "could not start (backend 'rocm': "),
         ("metal", ["targets"], "could not start (backend 'metal': "),
-        ("tpu", ["report", *TINY, "--no-residuals"], "could not start (backend 'tpu': "),
+        ("tpu", ["report", *TINY, "--no-residuals"], "asks jax for a TPU this machine"),
     ],
 )
 def test_jax_platforms_that_is_not_here_is_one_line_exit_2(platforms, argv, says):

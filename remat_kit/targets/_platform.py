@@ -100,6 +100,14 @@ def check_platforms() -> None:
             "/dev/nvidia*): unset it or set JAX_PLATFORMS=cpu (a compile for a named GPU "
             "needs none)"
         )
+    # With libtpu installed, jax would start it, which logs a page about a TPU VM's missing
+    # metadata before it fails: refuse first, as for a GPU.
+    if "tpu" in named and not _has_tpu_device():
+        raise TargetError(
+            f"JAX_PLATFORMS={asked} asks jax for a TPU this machine does not have (no "
+            "/dev/accel* or /dev/vfio): unset it or set JAX_PLATFORMS=cpu (a compile for a TPU "
+            "slice needs none)"
+        )
 
 
 def check_local_gpu() -> None:
