@@ -345,8 +345,10 @@ def cluster_mesh(make: Callable[[list[Any]], Any], devices: list[Any]) -> np.nda
     Example:
       >>> import numpy as np
       >>> cpu = jax.devices("cpu")[0]
-      >>> cluster_mesh(lambda ds: np.array([[d.slice_index for d in ds]]), [cpu]).tolist()
-      [[0]]
+      >>> seen = []
+      >>> grid = cluster_mesh(lambda ds: seen.extend(d.slice_index for d in ds) or [ds], [cpu])
+      >>> seen, grid[0, 0] is cpu
+      ([0], True)
     """
     grid = make([OnHost(d) for d in devices])
     out = np.empty(np.shape(grid), dtype=object)
