@@ -22,10 +22,18 @@ XLA's options reach the compile as a GPU user gives them, in ``XLA_FLAGS``: rema
 analysis-only codegen (``analysis_options``: the same buffer assignment without the machine
 code; ``codegen="full"`` leaves them out, for jax's full codegen on both sides).
 
+A TPU slice needs no stand-in: MaxText's TPU path (``compile_topology=v5e-4``,
+``compile_topology_num_slices`` = the slices) asks libtpu for the slice's devices itself
+(``get_topology_desc`` with its ``accelerator_to_spec_map`` arguments), deviceless, as a user
+runs it on a CPU machine: the child has ``JAX_PLATFORMS=cpu`` and ``ALLOW_MULTIPLE_LIBTPU_LOAD=1``
+(without it libtpu takes a machine-wide lock another process may hold), XLA_FLAGS as the
+caller's, and nothing of MaxText is touched but the two spies that read its mesh and batch.
+
 Run as a script it reads a JSON list of configs on stdin and writes one JSON line per config
-(``own_path`` is the Python door)::
+(``own_path`` is the Python door); all GPU configs or all TPU ones::
 
     [{"words": [...], "target": "h100", "gpus": 8, "hosts": 1}]
+    [{"words": [...], "target": "v5e-4", "slices": 1}]
 """
 
 from __future__ import annotations
@@ -63,7 +71,10 @@ def own_path(
     Args:
       configs: each ``{"words": [...], "target": "h100", "gpus": N, "hosts": H}``: the words
         after ``base.yml`` as MaxText's command line takes them (per_device_batch_size,
-        max_target_length, remat keys and all), and the compile-only GPUs.
+        max_target_length, remat keys and all), and the compile-only GPUs; or for a TPU
+        slice ``{"words": [...], "target": "v5e-4", "slices": S}`` (MaxText's
+        ``compile_topology`` name). All of one kind: a process's XLA options are its first
+        backend's.
       codegen: ``analysis`` (remat-kit's analysis-only codegen in ``XLA_FLAGS``) or ``full``.
       timeout: seconds for the whole process.
 
@@ -77,7 +88,19 @@ def own_path(
     """
     if codegen not in ("analysis", "full"):
         raise ValueError(f"codegen={codegen!r}: takes 'analysis' or 'full'")
-    env = dict(os.environ, JAX_PLATFORMS="cpu", REMAT_KIT_OWN_CODEGEN=codegen)
+    kinds = {_is_tpu(c["target"]) for c in configs}
+    if len(kinds) > 1:
+        raise ValueError(
+            "own_path takes GPU configs or TPU ones in one call, not both: "
+            + ", ".join(sorted({c["target"] for c in configs}))
+        )
+    # libtpu's lock is machine-wide; a compile-only process takes none (as remat-kit's own).
+    env = dict(
+        os.environ,
+        JAX_PLATFORMS="cpu",
+        REMAT_KIT_OWN_CODEGEN=codegen,
+        ALLOW_MULTIPLE_LIBTPU_LOAD="1",
+    )
     done = subprocess.run(
         [sys.executable, str(Path(__file__).resolve())],
         input=json.dumps(list(map(dict, configs))),
@@ -97,6 +120,13 @@ def own_path(
 
 
 _MARK = "REMAT_KIT_OWN "
+
+
+def _is_tpu(name: str) -> bool:
+    """Whether ``name`` is a TPU slice (``v5e-4``): MaxText's TPU path, not its GPU one."""
+    import remat_kit as rk
+
+    return rk.target(name).kind == "tpu"
 
 
 def _xla_flags(target: Any) -> str:
@@ -133,6 +163,9 @@ def _cluster_mesh(mesh: Any) -> Any:
 
 
 def _run(configs: list[dict[str, Any]]) -> None:
+    if configs and _is_tpu(configs[0]["target"]):
+        _run_tpu(configs)
+        return
     # Flags first: XLA reads XLA_FLAGS once, as its first backend starts.
     import remat_kit as rk
 
@@ -212,14 +245,84 @@ def _run(configs: list[dict[str, Any]]) -> None:
                 "error": f"{type(err).__name__}: {' '.join(str(err).split())}"
             }
         else:
-            found = re.search(r"Memory analysis: (CompiledMemoryStats\(.*\))", out.getvalue())
-            answer = {k: int(re.search(rf"\b{v}=(\d+)", found[1])[1]) for k, v in FIELDS.items()}
+            answer = _memory(out.getvalue())
             answer["prng_impl"] = str(jax.config.jax_default_prng_impl)
         finally:
             train_compile.get_topology_mesh = get_mesh
             train_compile.Mesh = real_mesh
             train_compile.get_shaped_inputs = get_inputs
             jax.devices = real_devices
+        answer.update(seen, argv=shlex.join(argv[2:]))
+        print(_MARK + json.dumps(answer), flush=True)
+
+
+def _memory(printed: str) -> dict[str, int]:
+    """The five counts of the memory analysis ``train_compile.main`` printed."""
+    found = re.search(r"Memory analysis: (CompiledMemoryStats\(.*\))", printed)
+    return {k: int(re.search(rf"\b{v}=(\d+)", found[1])[1]) for k, v in FIELDS.items()}
+
+
+def _spies(train_compile: Any, seen: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Puts spies on MaxText's mesh and inputs that note what they return in ``seen``; the
+    originals, to put back."""
+    get_mesh = train_compile.get_topology_mesh
+    get_inputs = train_compile.get_shaped_inputs
+
+    def spy(cfg: Any) -> Any:
+        mesh = get_mesh(cfg)
+        seen["mesh"] = {
+            "ids": [int(d.id) for d in mesh.devices.reshape(-1)],
+            "shape": {k: int(v) for k, v in mesh.shape.items()},
+        }
+        return mesh
+
+    def spy_inputs(mesh: Any, cfg: Any) -> Any:
+        shaped = get_inputs(mesh, cfg)
+        seen["sequences"] = int(shaped[0][1]["inputs"].shape[0])  # the step's batch
+        seen["attention"] = str(cfg.attention)
+        return shaped
+
+    train_compile.get_topology_mesh = spy
+    train_compile.get_shaped_inputs = spy_inputs
+    return [("get_topology_mesh", get_mesh), ("get_shaped_inputs", get_inputs)]
+
+
+def _run_tpu(configs: list[dict[str, Any]]) -> None:
+    """MaxText's TPU path for each config: ``train_compile.main`` as a user runs it, the
+    slice named by ``compile_topology``; only the spies added (no stand-in: libtpu builds the
+    slice deviceless)."""
+    import contextlib
+    import io
+
+    import jax
+    from maxtext.configs import pyconfig
+    from maxtext.trainers.pre_train import train_compile
+
+    base = Path(pyconfig.__file__).parent / "base.yml"
+    for config in configs:
+        argv = [
+            "train_compile.py",
+            str(base),
+            *config["words"],
+            f"compile_topology={config['target']}",
+            f"compile_topology_num_slices={config.get('slices', 1)}",
+        ]
+        seen: dict[str, Any] = {}
+        originals = _spies(train_compile, seen)
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                train_compile.main(argv)
+        except BaseException as err:  # MaxText's refusal is the answer for this config
+            answer: dict[str, Any] = {
+                "error": f"{type(err).__name__}: {' '.join(str(err).split())}"
+            }
+        else:
+            answer = _memory(out.getvalue())
+            answer["prng_impl"] = str(jax.config.jax_default_prng_impl)
+        finally:
+            for name, original in originals:
+                setattr(train_compile, name, original)
         answer.update(seen, argv=shlex.join(argv[2:]))
         print(_MARK + json.dumps(answer), flush=True)
 

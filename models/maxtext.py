@@ -68,16 +68,17 @@ __all__ = [
 
 #: Config keys the command line owns, and the flag that sets each.
 OWNED: Mapping[str, str] = {
-    "per_device_batch_size": "the batch (the global batch; per device = batch / GPUs)",
+    "per_device_batch_size": "the batch (the global batch; per device = batch / devices)",
     "max_target_length": "the sequence length",
     "remat_policy": "the policy (maxtext:remat_policy=NAME for MaxText's own)",
     **{
         name: "the policy (a save/offload policy; plan prints its lines)" for name in CUSTOM_TENSORS
     },
     "hardware": "the target",
-    "compile_topology": "the target and its GPUs",
-    "internal_compile": "the target and its GPUs",
-    "internal_compile_num_devices": "the target's GPUs",
+    "compile_topology": "the target (a TPU slice by its name, --target v5e-4)",
+    "compile_topology_num_slices": "the target's TPU slices (--slices)",
+    "internal_compile": "the target and its devices",
+    "internal_compile_num_devices": "the target's devices",
 }
 
 #: Attention kernels of MaxText that compile only on a GPU present (tokamax's Pallas Triton
@@ -229,29 +230,50 @@ class _Built:
 
 
 def _settings(
-    spec: MaxTextSpec, config: rk.TrainConfig, devices: int, lines: tuple[str, ...], hosts: int = 1
+    spec: MaxTextSpec,
+    config: rk.TrainConfig,
+    devices: int,
+    lines: tuple[str, ...],
+    hosts: int = 1,
+    tpu: Any = None,
 ):
     """The ``key=value`` words MaxText's ``pyconfig`` reads: the user's, the policy's lines,
-    and what the command line owns."""
+    and what the command line owns. ``tpu`` is a TPU target's slice (its ``tpu_slice``):
+    MaxText's TPU path; None for a GPU."""
     words = dict(spec.overrides)
-    # MaxText's default kernel on a GPU (tokamax's Pallas Triton flash attention) compiles
-    # only on a GPU; cuDNN's flash attention through jax compiles for one here (a note).
-    words.setdefault("attention", "cudnn_flash_jax")
+    if tpu is None:
+        # MaxText's default kernel on a GPU (tokamax's Pallas Triton flash attention) compiles
+        # only on a GPU; cuDNN's flash attention through jax compiles for one here (a note).
+        words.setdefault("attention", "cudnn_flash_jax")
     # A user who names a model's sizes means them; MaxText refuses the pair without this.
     words.setdefault("override_model_config", "True")
     words.update(line.split(": ", 1) for line in lines)
-    if hosts > 1:
+    if hosts > 1 and tpu is None:
         # What MaxText finds on a cluster, a slice per host (OnHost), unless the words say.
         words.setdefault("num_slices", str(hosts))
     per_device = config.batch / devices
     words.update(
         per_device_batch_size=str(int(per_device) if per_device.is_integer() else per_device),
         max_target_length=str(config.seq),
-        hardware="gpu",
-        # The device count of the compile-only mesh (MaxText's own AOT path reads it from a
-        # TPU topology name; for a GPU it needs the GPUs present).
-        internal_compile="True",
-        internal_compile_num_devices=str(devices),
+    )
+    if tpu is None:
+        words.update(
+            hardware="gpu",
+            # The device count of the compile-only mesh (MaxText's own AOT path reads it from
+            # a TPU topology name; for a GPU it needs the GPUs present).
+            internal_compile="True",
+            internal_compile_num_devices=str(devices),
+        )
+    else:
+        # MaxText's own TPU path (train_compile): the slice by the name its
+        # accelerator_to_spec_map reads (the device count, and num_slices from the slices);
+        # every other default (the attention kernel among them) is MaxText's for a TPU.
+        words.update(
+            hardware="tpu",
+            compile_topology=tpu.name,
+            compile_topology_num_slices=str(tpu.slices),
+        )
+    words.update(
         enable_checkpointing="False",
         skip_jax_distributed_system="True",
         dataset_type="synthetic",
@@ -358,18 +380,27 @@ def cluster_mesh(make: Callable[[list[Any]], Any], devices: list[Any]) -> np.nda
 
 
 def _mesh(cfg: Any, target: rk.Target) -> jax.sharding.Mesh:
-    """MaxText's mesh of ``cfg``'s parallelism keys over ``target``'s compile-only GPUs, each
+    """MaxText's mesh of ``cfg``'s parallelism keys over ``target``'s compile-only devices:
+    a TPU slice's as libtpu lists them (MaxText's ``get_topology_mesh``), a GPU's with each
     host a slice as on a cluster (:class:`OnHost`)."""
     mt = _maxtext()
     devices = list(target.mesh().devices.reshape(-1))
+    make = functools.partial(mt.maxtext_utils.create_device_mesh, cfg)
     try:
         with _quiet():
-            grid = cluster_mesh(
-                functools.partial(mt.maxtext_utils.create_device_mesh, cfg), devices
-            )
+            if target.tpu_slice is not None:
+                # libtpu's own devices in its own order (get_topology_desc lists them by id;
+                # the target's mesh has them in torus order), which MaxText's TPU path hands
+                # to create_device_mesh: its grid is then the one MaxText lays out.
+                grid = make(sorted(devices, key=lambda d: d.id))
+            else:
+                grid = cluster_mesh(make, devices)
     except Exception as err:
-        where = f"{target.devices} GPU(s)" + (
-            f" on {target.hosts} hosts" if target.hosts > 1 else ""
+        where = (
+            target.label
+            if target.tpu_slice is not None
+            else f"{target.devices} GPU(s)"
+            + (f" on {target.hosts} hosts" if target.hosts > 1 else "")
         )
         raise BadValue(
             f"MaxText's mesh for {where} (num_slices={cfg.num_slices}): {_refusal(err)}",
@@ -604,7 +635,9 @@ class MaxTextSource(rk.sources.StepSource):
         return frozenset({"none"})
 
     def _cfg(self, config: rk.TrainConfig, target: rk.Target, lines: tuple[str, ...]) -> Any:
-        words = _settings(self.request, config, target.devices, lines, target.hosts)
+        words = _settings(
+            self.request, config, target.devices, lines, target.hosts, target.tpu_slice
+        )
         return _config(self.request, words)
 
     def n_layers(self) -> int:
@@ -643,14 +676,24 @@ class MaxTextSource(rk.sources.StepSource):
                     param=field,
                 )
         attention = dict(self.request.overrides).get("attention")
-        if attention in _GPU_ONLY:
+        if target.tpu_slice is not None:
+            if attention is not None and attention.startswith("cudnn"):
+                raise BadValue(
+                    f"attention={attention} on {target.label}: cuDNN's kernels are NVIDIA's; "
+                    "a TPU takes MaxText's autoselected (its default), flash (splash "
+                    "attention) or dot_product",
+                    param="maxtext",
+                )
+        elif attention in _GPU_ONLY:
             raise BadValue(
                 f"attention={attention}: {_GPU_ONLY[attention]}; give "
                 "attention=cudnn_flash_jax (cuDNN's flash attention, the default here) or "
                 "dot_product",
                 param="maxtext",
             )
-        if attention == "cudnn_flash_te" and importlib.util.find_spec("transformer_engine") is None:
+        elif (
+            attention == "cudnn_flash_te" and importlib.util.find_spec("transformer_engine") is None
+        ):
             raise BadValue(
                 "attention=cudnn_flash_te needs NVIDIA's TransformerEngine "
                 "(pip install transformer_engine[jax]); attention=cudnn_flash_jax is cuDNN's "
@@ -660,9 +703,12 @@ class MaxTextSource(rk.sources.StepSource):
         _mesh(self._cfg(config, target, ()), target)
 
     def notes(self, config: rk.TrainConfig, target: rk.Target) -> tuple[Note, ...]:
-        """The attention kernel chosen where the config names none, and whether XLA's own
-        rematerialization pass runs (MaxText's GPU configs switch it off in ``XLA_FLAGS``)."""
-        del config, target
+        """On a GPU, the attention kernel chosen where the config names none, and whether
+        XLA's own rematerialization pass runs (MaxText's GPU configs switch it off in
+        ``XLA_FLAGS``); none on a TPU, where both are MaxText's own defaults."""
+        del config
+        if target.tpu_slice is not None:
+            return ()
         found = []
         if "attention" not in dict(self.request.overrides):
             found.append(Note("maxtext_attention", {"chosen": "cudnn_flash_jax"}))
@@ -694,7 +740,9 @@ class MaxTextSource(rk.sources.StepSource):
             )
         lines = config_lines(pol)
         patch = None if lines is not None else pol
-        words = _settings(self.request, config, target.devices, lines or (), target.hosts)
+        words = _settings(
+            self.request, config, target.devices, lines or (), target.hosts, target.tpu_slice
+        )
         offloaded = [n for n in pol.tags if rk.decide(pol, n) == "offload"]
         if (
             patch is not None
