@@ -147,7 +147,11 @@ def _holds_collective(module: HloModule, comp: str) -> bool:
 
 def _is_wrapper(module: HloModule, instr: HloInstruction) -> bool:
     # XLA's command buffers and a few custom fusions hold whole kernels: walk into those
-    # whose body holds fusions or custom calls (a real fusion's body holds plain ops).
+    # whose body holds fusions or custom calls (a real fusion's body holds plain ops). XLA:TPU
+    # nests the fusions that feed a product inside the product's own (kind=kOutput): that is
+    # one kernel, its bytes at its boundary.
+    if re.search(r"\bkind=k(Output|Loop|Input)\b", instr.attrs):
+        return False
     called = _attr(instr.attrs, "calls")
     body = module.computations.get(called or "", ())
     return any(i.opcode in ("fusion", "custom-call", "while") for i in body)
