@@ -1751,7 +1751,7 @@ def test_sgd_is_offered_only_where_the_parts_without_state_are_under_the_limit(
 def test_a_bigger_gpu_is_one_whose_usable_memory_holds_the_parts():
     fixed = 120 * GIB  # over an H100 (59.38 usable) and an H200 (104.85), under a B200 (133.76)
     hints = _hints(_parts_workload({"weights": fixed}), rk.target("h100").usable_bytes)
-    usable = {n: rk.target(n).usable_bytes for n in rk.target_names() if n not in ("cpu", "local")}
+    usable = {n: rk.target(n).usable_bytes for n in rk.target_names("gpu")}
     expect = sorted((u, n) for n, u in usable.items() if u >= fixed)[:3]
     assert hints["bigger_gpu"]["gpus"] == [[n, u] for u, n in expect]
     assert hints["bigger_gpu"]["gpus"][0][0] == "b200"

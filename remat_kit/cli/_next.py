@@ -171,10 +171,9 @@ def _bigger_gpu(t: Any, need: int, fraction: Any) -> str | None:
     """The GPU of the catalogue with the least usable memory that is over ``need`` bytes and
     over this one's (the limit every report's fits uses), or None."""
     best = None
-    for name in target_names():
-        if name in SPECIAL:
-            continue
-        usable = target(name, mem_fraction=fraction).usable_bytes or 0
+    names = target_names("tpu" if t.kind == "tpu" else "gpu")  # the same kind of device
+    for name in names:
+        usable = target(name, mem_fraction=None if t.kind == "tpu" else fraction).usable_bytes or 0
         bigger = usable >= need and usable > (t.usable_bytes or 0)
         if bigger and (best is None or usable < best[0]):
             best = (usable, name)

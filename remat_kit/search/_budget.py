@@ -348,9 +348,7 @@ def _gpus(mem_fraction: float | None) -> list[tuple[Target, int]]:
     """Every GPU of the catalogue with what a process may use on it at ``mem_fraction`` (the
     step's own allocator fraction; None: each GPU's default)."""
     out = []
-    for name in target_names():
-        if name in ("cpu", "local"):
-            continue
+    for name in target_names("gpu"):  # a GPU's step is pointed at another GPU
         t = _target(name)
         if mem_fraction is not None and t.memory_bytes:
             try:

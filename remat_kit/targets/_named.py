@@ -43,8 +43,12 @@ __all__ = [
 _BARE = frozenset([*GENERATIONS, *TPU_ALIASES])
 
 
-def target_names() -> list[str]:
+def target_names(kind: str | None = None) -> list[str]:
     """Returns the sorted canonical target names (aliases such as ``"h100"`` excluded).
+
+    Args:
+      kind: ``"gpu"`` or ``"tpu"`` for that kind's names only (a TPU's is its generation,
+        sized when built: ``v5p-64``); None for all, ``cpu`` and ``local`` included.
 
     Returns:
       A sorted list of names accepted by :func:`target`.
@@ -52,7 +56,15 @@ def target_names() -> list[str]:
     Example:
       >>> "h100-80gb" in target_names()
       True
+      >>> target_names("tpu")
+      ['tpu7x', 'v4', 'v5e', 'v5p', 'v6e']
     """
+    if kind not in (None, "gpu", "tpu"):
+        raise BadValue(f"kind must be 'gpu', 'tpu' or None, got {kind!r}", param="kind")
+    if kind == "gpu":
+        return sorted(GPU_FACTS)
+    if kind == "tpu":
+        return sorted(GENERATIONS)
     return sorted([*GPU_FACTS, *GENERATIONS, *SPECIAL])
 
 
