@@ -17,8 +17,9 @@ abstract arguments bare, and with the arguments carrying the same shardings (as 
 ``jax.Array`` s do in a real call). The two lower to one program except where the step draws
 random bits (GPT-2's dropout): there jax traces the bare key argument on an empty abstract mesh
 and the keys folded from it on the ``fsdp`` mesh, so ``random_fold_in`` lowers to two private
-``_threefry_fold_in`` functions instead of one, and libtpu assigns that program 32,256 more
-bytes of temp (v5e). remat-kit places its arguments: its figure is the placed program's.
+``_threefry_fold_in`` functions instead of one; libtpu assigns that program 32,256 to 65,024
+more bytes of temp on v5e and v6e (on v5p, one policy of six). remat-kit places its arguments,
+as a real call's arrays are placed: its figure is the placed program's.
 
 Widths are cut so the ~400 compiles fit on two CPU cores (libtpu takes 30-120 s a compile at
 the presets' real widths): the table names each model's overrides. The bare compiles of
@@ -318,19 +319,22 @@ def _table_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _seed(path: Path) -> None:
+def _seed(path: Path) -> list[dict[str, Any]]:
     """Takes the bare compiles of an earlier run's results as already done (``--resume``):
-    keyed by their program's hash, so only programs not compiled then are compiled now."""
+    keyed by their program's hash, so only programs not compiled then are compiled now.
+    Returns the earlier rows (those this run does not redo are kept in the results)."""
     import json
 
     if not path.exists():
-        return
-    for r in json.loads(path.read_text())["rows"]:
+        return []
+    earlier = json.loads(path.read_text())["rows"]
+    for r in earlier:
         for side in ("bare", "bare_placed"):
             bare = dict(r.get(side) or {})
             key = bare.pop("program", None)
             if key is not None and "error" not in bare:
                 _bare(r["slice"]).memo.setdefault(key, bare)
+    return earlier
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -364,10 +368,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         for g in args.generations.split(",")
         for s in specs
     ]
-    if args.resume:
-        _seed(args.out / "tpu_memory.json")
+    earlier = _seed(args.out / "tpu_memory.json") if args.resume else []
+    redone = {(m.name, g, s) for m, g, s in cases}
+    kept = [r for r in earlier if (r["model"], r["generation"], r["policy"]) not in redone]
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = list(kept)
     result: dict[str, Any] = {
         "command": "python experiments/tpu_memory.py " + " ".join(argv or sys.argv[1:]),
         "jax": jax.__version__,
