@@ -2,28 +2,24 @@
 memory equal to a bare compile, and the one-line refusals.
 
 Expected values come from elsewhere: MaxText's ``accelerator_to_spec_map`` (its
-``compile_topology`` names), libtpu's topology built here by ``get_topology_desc`` directly, and
-``jax.jit(...).lower(...).compile().memory_analysis()`` on devices of that topology.
+``compile_topology`` names) and libtpu's topology built here by ``get_topology_desc`` directly.
+Memory against a bare compile on libtpu's devices: tests/test_tpu_memory.py.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import remat_kit as rk
 from remat_kit.cli import main
 from remat_kit.errors import BadValue, TargetError, UnknownName
-from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.targets import _platform, parse_slice
-from remat_kit_models.spec import PresetSpec
 
 spec_map = pytest.importorskip("maxtext.utils.accelerator_to_spec_map")
 MAXTEXT = {
@@ -172,35 +168,6 @@ def test_the_mesh_is_libtpus_devices_in_jaxs_order(name):
     want = mesh_utils.create_device_mesh((2, 2), _topology(name))
     assert [d.id for d in mesh.devices.flat] == [d.id for d in want.flat]
     assert {d.device_kind for d in mesh.devices.flat} == {_topology(name)[0].device_kind}
-
-
-def _bare_peak(fn, args, donate, name):
-    """The peak of ``fn`` compiled by jax alone for libtpu's devices of ``name`` (one device
-    of them: the step's arguments whole)."""
-    mesh = Mesh(np.array(_topology(name)[:1]), ("x",))
-    s = NamedSharding(mesh, PartitionSpec())
-    placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), args)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        m = jax.jit(fn, donate_argnums=donate).lower(*placed).compile().memory_analysis()
-    return (
-        m.argument_size_in_bytes
-        + m.output_size_in_bytes
-        + m.temp_size_in_bytes
-        - m.alias_size_in_bytes
-    )
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ["v5e-1", "v6e-1"])
-@pytest.mark.parametrize("policy", ["none", "full", "dots_no_batch"])
-def test_a_preset_on_a_tpu_is_a_bare_compile_of_its_step(name, policy):
-    src = rk.sources.resolve(PresetSpec("tiny-llama"))
-    config = rk.TrainConfig(batch=4, seq=64)
-    report = rk.sources.measure(src, policy, name, config, warn=False)
-    built = src.build_step(rk.policy(policy), NO_SCHEDULE, config, rk.target(name))
-    step = built.step
-    assert report.peak_bytes == _bare_peak(step.fn, step.args, step.donate_argnums, name)
 
 
 @pytest.mark.slow
