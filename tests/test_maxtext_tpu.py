@@ -77,7 +77,7 @@ def test_a_tpu_figure_equals_maxtexts_own_tpu_path():
         warn=False,
     )
     assert got.meta["maxtext"]["policy_lines"][0] == "remat_policy: custom"
-    assert got.meta["attention"] == own["attention"] == "autoselected"
+    assert got.attention == own["attention"] == "autoselected"  # MaxText's TPU default
     assert {f: getattr(got, f"{f}_bytes") for f in FIVE} == {f: own[f] for f in FIVE}
 
 
