@@ -156,7 +156,7 @@ def _kernels_at(
             return []
         if op == "conditional":
             called = called[:1]
-        times = _trip_count(instr) if op == "while" else 1
+        times = _trip_count(instr, module) if op == "while" else 1
         out: dict[tuple[object, ...], Kernel] = {}
         for c in called:
             _walk(module, c, times, out, set())

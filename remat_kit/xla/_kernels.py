@@ -98,7 +98,7 @@ def _walk(
         if op in _FREE:
             continue
         if op == "while":
-            n = _trip_count(module, instr)
+            n = _trip_count(instr, module)
             for key in ("body", "condition"):
                 called = _attr(instr.attrs, key)
                 if called:
@@ -157,10 +157,12 @@ def _is_wrapper(module: HloModule, instr: HloInstruction) -> bool:
     return any(i.opcode in ("fusion", "custom-call", "while") for i in body)
 
 
-def _trip_count(module: HloModule, instr: HloInstruction) -> int:
+def _trip_count(instr: HloInstruction, module: HloModule | None = None) -> int:
     n = _backend_config(instr.attrs).get("known_trip_count", {}).get("n")
     if n is not None:
         return int(n)
+    if module is None:
+        return 1
     # XLA:TPU records no trip count: read jax's loop condition instead, ``i < N`` over the
     # counter a scan or fori_loop starts at 0 (``compare(gte(param, index=k), constant(N)),
     # direction=LT`` as the condition's root).
