@@ -60,6 +60,16 @@ def _wait(what, timeout: float, every: float = 0.05):
     return what()
 
 
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler for ``signum`` (``SigCgt`` in its status)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next((line.split()[1] for line in text.splitlines() if line.startswith("SigCgt:")), "0")
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
 @pytest.mark.parametrize(
     ("how", "moment"),
@@ -91,7 +101,9 @@ def test_a_stopped_run_leaves_no_process_and_no_partial_file(how, moment, tmp_pa
     )
     try:
         if moment == "starting":
-            time.sleep(0.3)
+            # The CLI's handler is in (the kernel says the process catches the signal) while
+            # its imports go on: a fixed sleep raced a loaded machine's slow start.
+            assert _wait(lambda: _catches(proc.pid, signum), timeout=60), "no handler"
         else:
             assert _wait(lambda: _workers(proc.pid), timeout=120), "no worker started"
             if moment == "compiling":
