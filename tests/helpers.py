@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -232,3 +233,25 @@ def maxtext_aot(
         "temp": m.temp_size_in_bytes,
         "alias": m.alias_size_in_bytes,
     }
+
+
+@functools.cache
+def maxtext_tpu_devices(name: str):
+    """libtpu's devices for MaxText's ``compile_topology`` ``name``, built with the arguments
+    MaxText's ``accelerator_to_spec_map`` gives (not remat_kit's): the TPU tests' independent
+    topology."""
+    import os
+
+    from jax.experimental import topologies
+    from maxtext.utils.accelerator_to_spec_map import UserFacingNameToSystemCharacteristics
+
+    spec = UserFacingNameToSystemCharacteristics[name]
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # xdist's workers side by side
+    return topologies.get_topology_desc(
+        platform="tpu",
+        topology_name=spec.topology_name,
+        chip_config_name=spec.chip_config_name,
+        chips_per_host_bounds=spec.chips_per_host_bounds,
+        num_slices=1,
+        wrap=spec.wrap,
+    ).devices

@@ -8,15 +8,13 @@ Memory against a bare compile on libtpu's devices: tests/test_tpu_memory.py.
 
 from __future__ import annotations
 
-import functools
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import remat_kit as rk
+from helpers import maxtext_tpu_devices
 from remat_kit.cli import main
 from remat_kit.errors import BadValue, TargetError, UnknownName
 from remat_kit.targets import _platform, parse_slice
@@ -141,33 +139,15 @@ def test_a_slice_without_a_mesh_is_one_line_naming_both_ways_out(capsys):
 # --- libtpu's own topology, compiled ------------------------------------------------------------
 
 
-@functools.cache
-def _topology(name: str):
-    """The slice's devices as libtpu builds them for MaxText's compile_topology (its own
-    arguments, not ours)."""
-    from jax.experimental import topologies
-
-    spec = MAXTEXT[name]
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # xdist's workers side by side
-    return topologies.get_topology_desc(
-        platform="tpu",
-        topology_name=spec.topology_name,
-        chip_config_name=spec.chip_config_name,
-        chips_per_host_bounds=spec.chips_per_host_bounds,
-        num_slices=1,
-        wrap=spec.wrap,
-    ).devices
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["v5e-4", "v5p-8", "v6e-4", "v4-8"])
 def test_the_mesh_is_libtpus_devices_in_jaxs_order(name):
     from jax.experimental import mesh_utils
 
     mesh = rk.target(name).mesh(("data", "model"), (2, 2))
-    want = mesh_utils.create_device_mesh((2, 2), _topology(name))
+    want = mesh_utils.create_device_mesh((2, 2), maxtext_tpu_devices(name))
     assert [d.id for d in mesh.devices.flat] == [d.id for d in want.flat]
-    assert {d.device_kind for d in mesh.devices.flat} == {_topology(name)[0].device_kind}
+    assert {d.device_kind for d in mesh.devices.flat} == {maxtext_tpu_devices(name)[0].device_kind}
 
 
 @pytest.mark.slow

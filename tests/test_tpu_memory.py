@@ -11,8 +11,6 @@ analysis. All five byte counts, the host bytes and the peak are compared.
 
 from __future__ import annotations
 
-import functools
-import os
 import warnings
 from pathlib import Path
 
@@ -22,6 +20,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 import remat_kit as rk
+from helpers import maxtext_tpu_devices
 from remat_kit.schedules import NO_SCHEDULE
 from remat_kit_models.spec import PresetSpec
 
@@ -50,23 +49,6 @@ def _source(case: str):
     return rk.sources.resolve(PresetSpec("tiny-llama", shard="fsdp:4"))
 
 
-@functools.cache
-def _topology(name: str):
-    """libtpu's devices for MaxText's compile_topology ``name``, with MaxText's arguments."""
-    from jax.experimental import topologies
-
-    spec = spec_map.UserFacingNameToSystemCharacteristics[name]
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    return topologies.get_topology_desc(
-        platform="tpu",
-        topology_name=spec.topology_name,
-        chip_config_name=spec.chip_config_name,
-        chips_per_host_bounds=spec.chips_per_host_bounds,
-        num_slices=1,
-        wrap=spec.wrap,
-    ).devices
-
-
 def _where(d):
     return (d.id, tuple(d.coords), d.core_on_chip, d.device_kind)
 
@@ -87,7 +69,7 @@ def _bare(step, name: str) -> dict[str, int]:
         # they are shown to be libtpu's for MaxText's arguments.
         theirs = leaves[0].mesh
         own = sorted(theirs.devices.flat, key=lambda d: d.id)
-        assert [_where(d) for d in own] == [_where(d) for d in _topology(name)]
+        assert [_where(d) for d in own] == [_where(d) for d in maxtext_tpu_devices(name)]
         shape = tuple(theirs.shape.values())
         mesh = Mesh(mesh_utils.create_device_mesh(shape, own), tuple(theirs.shape))
 
@@ -97,7 +79,7 @@ def _bare(step, name: str) -> dict[str, int]:
         kwargs["in_shardings"] = jax.tree.map(placed, step.in_shardings, is_leaf=is_leaf)
         kwargs["out_shardings"] = jax.tree.map(placed, step.out_shardings, is_leaf=is_leaf)
     else:
-        one = NamedSharding(Mesh(np.array(_topology(name)[:1]), ("x",)), PartitionSpec())
+        one = NamedSharding(Mesh(np.array(maxtext_tpu_devices(name)[:1]), ("x",)), PartitionSpec())
         args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=one), args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
