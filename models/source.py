@@ -1,11 +1,12 @@
-"""Our presets and Hugging Face configs as a plugin of model sources.
+"""Our presets and Hugging Face configs as a plugin of model sources: their kinds, flags and notes.
 
-:class:`PresetSource` is a preset (or a Hugging Face ``config.json`` mapped onto our decoder)
-asked for with a :class:`~remat_kit_models.spec.PresetSpec` (``HFSpec``): it implements
-``rk.sources.StepSource``, so remat_kit's one pipeline (``rk.sources.measure``, ``residuals``,
-``step_flops``, ``workload`` ...) measures it exactly as it measures a user's factory.
 :data:`PRESET` and :data:`HF_CONFIG` are the two kinds this package registers under the
-``remat_kit.sources`` entry points (``pyproject.toml``); remat_kit finds them there.
+``remat_kit.sources`` entry points (``pyproject.toml``); remat_kit finds them there. Each
+brings its options (``--lora``, ``--attention``, ``--layers`` ...: the fields of
+:class:`~remat_kit_models.spec.PresetSpec` they fill) and its note
+(:data:`ATTENTION_CHOSE_XLA`). The source they resolve to,
+:class:`~remat_kit_models.preset_source.PresetSource`, is imported when a spec is resolved:
+this module starts no jax (``remat-kit --help`` reads it for its flags).
 
 Example:
   >>> import remat_kit as rk
@@ -17,259 +18,129 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-import jax
-
-import remat_kit as rk
-import remat_kit.cache
-from remat_kit.errors import BadValue
-from remat_kit.notes import Note
-from remat_kit_models import build, get_config, preset_names
-from remat_kit_models.config import ModelConfig
-from remat_kit_models.configure import cudnn_problem, model_config, regime_of
+from remat_kit.notes import NoteKind
+from remat_kit.sources import LAYERS, MODEL, SHARD, TRAIN_OPTIONS, Option, SourceKind
 from remat_kit_models.spec import HFSpec, PresetSpec
 
+if TYPE_CHECKING:  # what the names forwarded below are
+    from remat_kit_models.preset_source import PresetSource, train_step
+
 __all__ = [
+    "ATTENTION_CHOSE_XLA",
     "HF_CONFIG",
+    "OPTIONS",
     "PRESET",
+    "HFSpec",
     "PresetSource",
+    "PresetSpec",
     "train_step",
 ]
 
-
-@dataclasses.dataclass(frozen=True)
-class PresetSource(rk.sources.StepSource):
-    """A preset or a Hugging Face config, with the options that shape its model.
-
-    The train config each call is given sets the batch, sequence, optimizer and precision
-    regime (None: ``rk.train.DEFAULT_PRECISION``, as our models always compute in one).
-
-    Attributes:
-      request: the model, overrides, LoRA rank, attention, layer loop, dropout and mesh plan
-        (a :class:`PresetSpec` or :class:`HFSpec`).
-    """
-
-    request: PresetSpec | HFSpec
-
-    #: A preset's policy and schedule are fields of its config (``get_config(...,
-    #: policy=..., schedule=...)``).
-    applies_in_code = "config"
-
-    @property
-    def spec(self) -> str:
-        """The preset's name (or the Hugging Face config's label), with the overrides that
-        change its figures: ``llama3-8b (layers=64)``; titles and reports name it so."""
-        overrides = " ".join(f"{k}={v}" for k, v in self.request.overrides)
-        return self.request.name + (f" ({overrides})" if overrides else "")
-
-    @property
-    def schedule_kinds(self) -> frozenset[str]:
-        """Every schedule: our models place checkpoints along the depth themselves."""
-        return rk.sources.ALL_SCHEDULES
-
-    def n_layers(self) -> int:
-        """Layers of the model, overrides included."""
-        # Depth does not depend on the attention kernel, and the CPU cannot resolve 'cudnn'.
-        request = dataclasses.replace(self.request, attention="xla")
-        return model_config(request, _SHAPES_ONLY, rk.policies.NO_REMAT, rk.target("cpu")).n_layers
-
-    def at_depth(self, layers: int) -> PresetSource | None:
-        """This model with ``layers`` layers, None when its layers are scanned (a scan
-        compiles one body whatever the depth)."""
-        if self.request.scan_layers:
-            return None
-        return PresetSource(self.request.with_layers(layers))
-
-    def check(self, config: rk.TrainConfig, target: rk.Target) -> None:
-        """The model's config for ``target`` (overrides, dtypes, the attention kernel and its
-        shape rules, learned positions, absurd sizes) and the train config's LoRA switch
-        against the adapters: shapes only, no trace.
-
-        Raises:
-          BadValue: the first bad value.
-        """
-        _check_lora(self.request, config)
-        model_config(self.request, config, rk.policies.FULL, target)
-
-    def train_config(self, config: rk.TrainConfig) -> rk.TrainConfig:
-        """``config`` in the default regime (``rk.train.DEFAULT_PRECISION``) where it names
-        none: our models always compute in one."""
-        return _in_regime(config)
-
-    def notes(self, config: rk.TrainConfig, target: rk.Target) -> tuple[Note, ...]:
-        """Why ``attention="auto"`` chose XLA's attention on a target that runs cuDNN's (the
-        rule of cuDNN's kernel the model or the sequence length breaks); else none."""
-        if self.request.attention != "auto" or not rk.cudnn_attention_available(target):
-            return ()
-        cfg = model_config(self.request, config, rk.policies.FULL, target)
-        problem = cudnn_problem(cfg, config.seq, target) if cfg.attention == "xla" else None
-        return () if problem is None else (Note("attention_chose_xla", {"problem": problem}),)
-
-    def build_step(
-        self,
-        policy: rk.Policy,
-        schedule: rk.Schedule,
-        config: rk.TrainConfig,
-        target: rk.Target,
-        *,
-        sharded: bool = True,
-    ) -> rk.sources.SourceStep:
-        """The preset's train step (the StepSource protocol): see :func:`train_step`."""
-        _check_lora(self.request, config)
-        config = self.train_config(config)
-        cfg = model_config(self.request, config, policy, target, schedule)
-        step = train_step(self.request, cfg, config, target, sharded=sharded)
-        meta = {
-            "lora": self.request.lora,
-            "param_dtype": jax.numpy.dtype(cfg.param_dtype).name,
-            "dropout": cfg.dropout_rate,
-            "layers": cfg.n_layers,
-            "params": cfg.param_count(),
-        }
-        if cfg.n_experts:
-            meta["experts"] = {
-                "routed": cfg.n_experts,
-                "per_token": cfg.experts_per_token,
-                "impl": cfg.moe_impl,
-                "capacity_factor": cfg.capacity_factor if cfg.moe_impl == "capacity" else None,
-            }
-        return rk.sources.SourceStep(step, cfg.policy, cfg.schedule, cfg.attention, meta)
-
-    def check_step(self, built: rk.sources.SourceStep, what: str) -> None:
-        """Nothing to check: a preset's module is built fresh for every policy."""
-        del built, what
-
-    def mesh_plan(self, target: rk.Target) -> rk.MeshPlan | None:
-        """The request's mesh plan on ``target``'s devices, or None."""
-        shard = self.request.shard
-        return rk.parse_shard(shard, target.devices) if shard else None
-
-    def cache_parts(self) -> Mapping[str, Any]:
-        """The request (a Hugging Face config by its contents) and this package's code."""
-        parts: dict[str, Any] = {
-            "request": {"kind": type(self.request).__name__, **dataclasses.asdict(self.request)},
-            "code_models": rk.cache.code_fingerprint("remat_kit_models"),
-        }
-        if isinstance(self.request, HFSpec):
-            parts["hf_config"] = hashlib.sha256(
-                Path(self.request.hf_config).read_bytes()
-            ).hexdigest()
-        return parts
-
-    def label(self, config: rk.TrainConfig, target: rk.Target) -> str:
-        """``model s<seq> <optimizer>``, with the LoRA rank and the mesh plan."""
-        plan = self.mesh_plan(target)
-        return (
-            f"{self.spec} s{config.seq} {config.optimizer}"
-            + (f" lora{self.request.lora}" if self.request.lora else "")
-            + (f" {plan.spec}" if plan is not None else "")
-        )
+#: ``attention="auto"`` chose XLA's attention on a target that runs cuDNN's: ``problem`` is
+#: the phrase that names cuDNN's rule and the value that breaks it.
+ATTENTION_CHOSE_XLA = NoteKind(
+    "attention_chose_xla",
+    ("problem",),
+    lambda d: f"attention=auto measured xla: cuDNN flash attention {d['problem']}",
+)
 
 
-def train_step(
-    request: PresetSpec | HFSpec,
-    cfg: ModelConfig,
-    config: rk.TrainConfig,
-    t: rk.Target,
-    *,
-    sharded: bool = True,
-) -> rk.train.TrainStep:
-    """The train step of ``cfg``'s model, as the measured programs run it.
-
-    In train mode: where ``cfg.dropout_rate`` > 0 the model applies dropout and the step
-    takes a dropout key (``rng_streams=("dropout",)``). Sharded over ``t``'s devices when
-    ``request.shard`` is set and ``sharded``.
-
-    Args:
-      request: the request (its mesh plan).
-      cfg: the model config (``remat_kit_models.configure.model_config``).
-      config: the train config.
-      t: the target.
-      sharded: False builds the unsharded step even with ``request.shard``.
-
-    Returns:
-      The ``rk.train.TrainStep``.
-
-    Example:
-      >>> t, config = rk.target("h100"), rk.TrainConfig(2, 64, precision="mixed")
-      >>> request = PresetSpec("tiny-gpt2", dropout=0.1)
-      >>> cfg = model_config(request, config, "full", t)
-      >>> train_step(request, cfg, config, t).rng_streams
-      ('dropout',)
-    """
-    dropout = cfg.dropout_rate > 0.0
-    module = build(cfg, deterministic=not dropout)
-    streams = ("dropout",) if dropout else ()
-    params = _abstract_params(
-        cfg.replace(policy=rk.policies.NO_REMAT, schedule=rk.schedules.NO_SCHEDULE),
-        config.micro_batch,
-        config.seq,
-    )
-    if not (request.shard and sharded):
-        return rk.build_train_step(module, config, rng_streams=streams, abstract_params=params)
-    plan = rk.parse_shard(request.shard, t.devices)
-    return rk.build_train_step(
-        module,
-        config,
-        sharding=plan,
-        mesh=plan.mesh(t),
-        rng_streams=streams,
-        abstract_params=params,
+def _size(flag: str, key: str, what: str, param: str) -> Option:
+    # A size of the model's config the flag overrides (a pair of the spec's overrides).
+    return Option(
+        flag, "overrides", f"override: {what}", type="positive_int", key=key, params=(param,)
     )
 
 
-@functools.cache
-def _abstract_params(cfg: ModelConfig, micro_batch: int, seq: int) -> Any:
-    """The abstract (boxed) variables of ``cfg``'s model, traced once per model: the policy
-    and the schedule do not change how a preset lays out its parameters (tested), so
-    ``cfg`` comes with both at ``none`` and every step built for the search shares them."""
-    module = build(cfg)
-    tokens = jax.ShapeDtypeStruct((micro_batch, seq), jax.numpy.int32)
-    return jax.eval_shape(module.init, jax.random.key(0), tokens)
-
-
-#: The train config :meth:`PresetSource.n_layers` checks the sizes against: the depth is the
-#: same at any batch and sequence length.
-_SHAPES_ONLY = rk.TrainConfig(batch=1, seq=1)
-
-
-def _check_lora(request: PresetSpec | HFSpec, config: rk.TrainConfig) -> None:
-    # Adapters are trained alone: the train config must say so, and only where there are.
-    if config.lora != (request.lora > 0):
-        raise BadValue(
-            f"lora={request.lora} with a train config of lora={config.lora}: "
-            + (
-                "adapters are trained alone, give rk.TrainConfig(lora=True)"
-                if request.lora
-                else "the model has no adapters to train: give it a LoRA rank (lora=16)"
-            ),
-            param="lora",
-        )
-
-
-def _in_regime(config: rk.TrainConfig) -> rk.TrainConfig:
-    # Our models compute in a regime: a config that names none trains in the default one.
-    return config if config.precision else dataclasses.replace(config, precision=regime_of(config))
+#: What shapes our decoder and its training, in the order a refusal names them: the train
+#: config's options around LoRA and dropout, then the model's switches and sizes.
+OPTIONS: tuple[Option, ...] = (
+    TRAIN_OPTIONS[0],  # --optimizer
+    Option(
+        "--lora",
+        "lora",
+        "LoRA rank (0: off)",
+        type="non_negative_int",
+        default=0,
+        group="training",
+        params=("lora", "lora_rank"),
+    ),
+    *TRAIN_OPTIONS[1:],  # --accum, --precision, --param-dtype, --dtype
+    Option(
+        "--dropout",
+        "dropout",
+        "dropout rate (default: the preset's, 0.1 for GPT-2/BERT); applied in the step",
+        type="fraction",
+        group="training",
+        params=("dropout_rate",),
+    ),
+    Option(
+        "--attention",
+        "attention",
+        "xla | cudnn | auto (cudnn on NVIDIA targets)",
+        type="name",
+        default="auto",
+        params=("attention",),
+    ),
+    Option(
+        "--no-scan",
+        "scan_layers",
+        "unroll the layers instead of scan",
+        type="switch",
+        default=False,
+        const=False,
+    ),
+    SHARD,
+    dataclasses.replace(LAYERS, field="overrides", key="layers"),
+    _size("--width", "width", "model width d_model", "d_model"),
+    _size("--heads", "heads", "attention heads", "n_heads"),
+    _size("--kv-heads", "kv_heads", "key/value heads", "n_kv_heads"),
+    _size("--ff", "ff", "MLP width", "d_ff"),
+    _size("--vocab", "vocab", "vocabulary size", "vocab_size"),
+    _size("--max-seq", "max_seq", "learned positions (GPT-2 family)", "max_seq_len"),
+    _size("--experts", "experts", "routed experts per MoE layer", "n_experts"),
+    _size("--top-k", "top_k", "experts each token is routed to", "experts_per_token"),
+    _size("--moe-ff", "moe_ff", "each expert's MLP width", "moe_d_ff"),
+    Option(
+        "--moe-impl",
+        "overrides",
+        "how an MoE model runs its experts: ragged (grouped GEMMs, dropless; the default "
+        "on one GPU) or capacity (einsum dispatch with a capacity factor; the default under "
+        "--shard ep:N, whose all-to-all XLA partitions only this way)",
+        type="name",
+        choices=("ragged", "capacity"),
+        key="moe_impl",
+        params=("moe_impl",),
+    ),
+    Option(
+        "--capacity-factor",
+        "overrides",
+        "expert slots per token share under --moe-impl capacity (default 1.25)",
+        type="float",
+        key="capacity_factor",
+        params=("capacity_factor",),
+    ),
+)
 
 
 def _resolve(request: PresetSpec | HFSpec) -> PresetSource:
-    if isinstance(request, PresetSpec):
-        get_config(request.model)  # an unknown preset is named before anything is built
-    return PresetSource(request)
+    from remat_kit_models.preset_source import resolve
+
+    return resolve(request)
 
 
-def _catalogue() -> list[tuple[str, ModelConfig]]:
-    return [(name, get_config(name)) for name in preset_names()]
+def _catalogue() -> list[tuple[str, Any]]:
+    from remat_kit_models.preset_source import catalogue
+
+    return catalogue()
 
 
 #: Presets by name (``--model llama3-8b``): any name without a colon (a factory's has one)
 #: that no plugin's kind claims; an unknown one is named with its close matches.
-PRESET = rk.sources.SourceKind(
+PRESET = SourceKind(
     "preset",
     PresetSpec,
     _resolve,
@@ -277,7 +148,33 @@ PRESET = rk.sources.SourceKind(
     claims=lambda name: ":" not in name,
     fallback=True,
     catalogue=_catalogue,
+    options=(MODEL, *OPTIONS),
+    notes=(ATTENTION_CHOSE_XLA,),
 )
 
 #: Hugging Face configs (``--hf-config config.json``) mapped onto our decoder.
-HF_CONFIG = rk.sources.SourceKind("hf", HFSpec, _resolve, "hf_config")
+HF_CONFIG = SourceKind(
+    "hf",
+    HFSpec,
+    _resolve,
+    "hf_config",
+    options=(
+        Option(
+            "--hf-config",
+            "hf_config",
+            "a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma) measured with our decoder",
+            metavar="CONFIG_JSON",
+            params=("hf_config",),
+            what="a Hugging Face config.json",
+        ),
+        *OPTIONS,
+    ),
+    notes=(ATTENTION_CHOSE_XLA,),
+)
+
+
+def __getattr__(name: str) -> Any:
+    # The source itself and its train step start jax: imported on first use.
+    if name in ("PresetSource", "train_step"):
+        return getattr(importlib.import_module("remat_kit_models.preset_source"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

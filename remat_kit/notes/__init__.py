@@ -13,16 +13,18 @@ Example:
   is a residual of this program
 """
 
-from remat_kit.notes._note import HINT_KINDS, KINDS, Note
+from remat_kit.notes._note import HINT_KINDS, KINDS, Note, NoteKind, register
 from remat_kit.notes._words import change_words, hint_words, label, shared_words, words
 
 __all__ = [
     "HINT_KINDS",
     "KINDS",
     "Note",
+    "NoteKind",
     "change_words",
     "hint_words",
     "label",
+    "register",
     "shared_words",
     "words",
 ]

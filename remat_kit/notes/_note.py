@@ -5,10 +5,12 @@ A :class:`Note` is a kind and the figures behind it (bytes, specs, names), never
 ``ScaleOut.note`` hold them. :func:`remat_kit.notes.words` makes the one line a user
 reads; the RematWarning a report issues carries those words.
 
-Every kind and the keys of its data are listed in :data:`KINDS`; a note of another kind, or
-with other keys, is refused when it is made, so a typo cannot produce a note nobody can word.
-Data are JSON values (tuples become lists), so ``Note.from_dict(note.to_dict()) == note``,
-through ``json`` too.
+Every kind remat_kit words and the keys of its data are listed in :data:`KINDS`; a plugin
+brings kinds of its own as :class:`NoteKind` values (its name, the keys of its data and its
+words) with the kinds of source it registers (``rk.sources.SourceKind.notes``). A note of an
+unknown kind, or with other keys, is refused when it is made, so a typo cannot produce a note
+nobody can word. Data are JSON values (tuples become lists), so
+``Note.from_dict(note.to_dict()) == note``, through ``json`` too.
 
 Example:
   >>> note = Note("offload_moved_nothing", {"policy": "offload_dots"})
@@ -21,8 +23,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from remat_kit.errors import BadType, BadValue
@@ -31,10 +35,18 @@ __all__ = [
     "HINT_KINDS",
     "KINDS",
     "Note",
+    "NoteKind",
+    "plugged",
+    "register",
 ]
 
-#: Every kind of note -> the keys of its data (bytes are ints, overheads fractions).
-KINDS: Mapping[str, tuple[str, ...]] = {
+#: The entry-point group whose kinds of source bring note kinds (``rk.sources.ENTRY_POINTS``;
+#: a plugin registers its kinds there once, their notes with them).
+PLUGINS = "remat_kit.sources"
+
+#: The kinds of note remat_kit words itself -> the keys of their data (bytes are ints,
+#: overheads fractions).
+BUILT_IN: Mapping[str, tuple[str, ...]] = {
     # MemoryReport.notes: remat_kit.analysis
     "no_tag_matched": ("policy", "names", "tags"),
     "flash_recomputes_scores": ("policy", "kept"),
@@ -64,13 +76,8 @@ KINDS: Mapping[str, tuple[str, ...]] = {
         "fits_with_fraction",
     ),
     "xla_log": ("line",),  # a line of XLA's own log (remat_kit.xla.parse_xla_log)
-    # StepSource.notes: a source that chose XLA's attention where cuDNN's would run
-    "attention_chose_xla": ("problem",),
-    # StepSource.notes: an unrolled stack the source builds no shallow copy of
+    # StepSource.notes: an unrolled stack a factory's source builds no shallow copy of
     "whole_model_probes": ("model", "layers"),
-    # StepSource.notes: a MaxText config (remat_kit_models.maxtext)
-    "maxtext_attention": ("chosen",),
-    "maxtext_xla_remat": ("disabled",),
     # MemoryReport.notes: remat_kit.breakdown, remat_kit.checks, remat_kit.sources
     "breakdown_upper_bound": ("peak_bytes", "known_bytes"),
     "offload_shortfall": ("moved_bytes", "marked_bytes"),
@@ -156,6 +163,111 @@ HINT_KINDS: Mapping[str, tuple[str, ...]] = {
     "shard": ("gpus", "each_bytes", "devices", "limit_bytes"),
     "no_realistic": ("budget_bytes", "fixed_bytes", "gpus"),  # the budget is a typo
 }
+
+
+@dataclasses.dataclass(frozen=True)
+class NoteKind:
+    """A kind of note a plugin brings: its name, the keys of its data and its words.
+
+    A kind of source lists its note kinds (``rk.sources.SourceKind(..., notes=(...))``), which
+    registers them; calling the kind makes a note of it.
+
+    Attributes:
+      name: the kind's name (``Note.kind``), unique among every kind of note.
+      fields: the keys of its data.
+      words: ``data -> the one line a user reads`` (the figures become a sentence here).
+
+    Example:
+      >>> from remat_kit.notes import words
+      >>> late = NoteKind("toy_late", ("minutes",), lambda d: f"{d['minutes']} minutes late")
+      >>> words(late(minutes=3))
+      '3 minutes late'
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    words: Callable[[Mapping[str, Any]], str]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "fields", tuple(self.fields))
+
+    def __call__(self, **data: Any) -> Note:
+        """A note of this kind (registered first, if it was not)."""
+        register(self)
+        return Note(self.name, data)
+
+
+#: The kinds plugins brought, by name (:func:`register`).
+_PLUGGED: dict[str, NoteKind] = {}
+
+
+def register(kind: NoteKind) -> None:
+    """Registers a plugin's kind of note, so that notes of it are made, checked and worded.
+
+    Registering the same kind again (equal fields and words) does nothing.
+
+    Raises:
+      BadType: not a :class:`NoteKind`.
+      BadValue: a built-in kind's name, or another kind already registered under it.
+    """
+    if not isinstance(kind, NoteKind):
+        raise BadType(f"a note kind is a NoteKind, got {type(kind).__name__}", param="notes")
+    known = _PLUGGED.get(kind.name)
+    if known is not None and _same(known, kind):
+        return
+    if kind.name in BUILT_IN or known is not None:
+        raise BadValue(f"two kinds of note are named {kind.name!r}: rename one", param="notes")
+    _PLUGGED[kind.name] = kind
+
+
+def _same(a: NoteKind, b: NoteKind) -> bool:
+    # One kind, made twice: its module imported under two names (a doctest's, the package's).
+    code = getattr(a.words, "__code__", a.words), getattr(b.words, "__code__", b.words)
+    return a.fields == b.fields and code[0] == code[1]
+
+
+def plugged(name: str) -> NoteKind | None:
+    """The plugin's kind of note named ``name``, or None (a built-in or an unknown name).
+
+    A name not registered in this process is looked up in the installed plugins' kinds of
+    source (:data:`PLUGINS`), once: a note read back from JSON is worded without its plugin
+    having been used here.
+    """
+    if name not in _PLUGGED and name not in BUILT_IN:
+        _load_plugins()
+    return _PLUGGED.get(name)
+
+
+@functools.cache
+def _load_plugins() -> None:
+    # Loading a kind of source registers its note kinds (SourceKind.__post_init__); read
+    # here too, for an object that is no SourceKind (its kinds() refuses it with a message).
+    for point in importlib.metadata.entry_points(group=PLUGINS):
+        for kind in getattr(point.load(), "notes", ()):
+            register(kind)
+
+
+class _Kinds(Mapping[str, tuple[str, ...]]):
+    """Every kind of note -> the keys of its data: remat_kit's and the plugins'."""
+
+    def __getitem__(self, name: str) -> tuple[str, ...]:
+        if name in BUILT_IN:
+            return BUILT_IN[name]
+        kind = plugged(name)
+        if kind is None:
+            raise KeyError(name)
+        return kind.fields
+
+    def __iter__(self) -> Iterator[str]:
+        _load_plugins()
+        return iter([*BUILT_IN, *(n for n in _PLUGGED if n not in BUILT_IN)])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
+#: Every kind of note -> the keys of its data: :data:`BUILT_IN` and the plugins' kinds.
+KINDS: Mapping[str, tuple[str, ...]] = _Kinds()
 
 # Keys the dict form of a note uses besides its data.
 _RESERVED = ("kind", "text")

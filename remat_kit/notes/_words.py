@@ -18,7 +18,7 @@ from typing import Any
 
 from remat_kit._units import counted, percent, seconds, size
 from remat_kit.errors import BadValue
-from remat_kit.notes._note import HINT_KINDS, KINDS, Note
+from remat_kit.notes._note import BUILT_IN, HINT_KINDS, Note, plugged
 
 __all__ = [
     "change_words",
@@ -55,10 +55,12 @@ def words(note: Note | Mapping[str, Any]) -> str:
     """
     if not isinstance(note, Note):
         note = Note.from_dict(note)
-    try:
-        say = _WORDS[note.kind]
-    except KeyError:  # a kind in KINDS without words here: a bug, caught by the tests
-        raise BadValue(f"no words for note kind {note.kind!r}", param="note") from None
+    say = _WORDS.get(note.kind)
+    if say is None:
+        kind = plugged(note.kind)  # a plugin's kind words its own notes
+        if kind is None:  # a kind in BUILT_IN without words here: a bug, caught by the tests
+            raise BadValue(f"no words for note kind {note.kind!r}", param="note")
+        say = kind.words
     return say(note.data)
 
 
@@ -502,22 +504,6 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "xla_remat_made_fit": _xla_remat_made_fit,
     "does_not_fit": _does_not_fit,
     "xla_log": lambda d: d["line"],  # XLA's own line, already in words (remat_kit.xla)
-    # The source's phrase names cuDNN's rule and the value that breaks it.
-    "attention_chose_xla": lambda d: (
-        f"attention=auto measured xla: cuDNN flash attention {d['problem']}"
-    ),
-    "maxtext_attention": lambda d: (
-        f"attention={d['chosen']}: the config names no kernel, and MaxText's default on a GPU "
-        "(tokamax's Pallas Triton flash attention) compiles only on a GPU present; set "
-        "attention= in --maxtext to choose"
-    ),
-    "maxtext_xla_remat": lambda d: (
-        "XLA's own rematerialization pass is off (XLA_FLAGS "
-        "--xla_disable_hlo_passes=rematerialization, as MaxText's GPU configs set it)"
-        if d["disabled"]
-        else "XLA's own rematerialization pass is on; MaxText's GPU configs switch it off: "
-        "XLA_FLAGS=--xla_disable_hlo_passes=rematerialization"
-    ),
     "whole_model_probes": lambda d: (
         f"{d['model']} takes no layers=: its {d['layers']} identical layers are compiled whole "
         "in every program (a search compiles several); a factory that takes layers=N is "
@@ -543,4 +529,4 @@ _WORDS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
     "next_step_fits": _next_step_fits,
     "next_step_none": _next_step_none,
 }
-assert set(_WORDS) == set(KINDS), "every kind of note needs words"
+assert set(_WORDS) == set(BUILT_IN), "every kind of note remat_kit words needs words"

@@ -29,59 +29,145 @@ Example:
   True
 """
 
-from remat_kit.sources._adapters import MADE_INPUTS
-from remat_kit.sources._depth import DEPTH_MODES
-from remat_kit.sources._environ import ALLOCATOR_VARS, EnvSet
-from remat_kit.sources._kinds import (
-    ENTRY_POINTS,
-    TRAIN_FIELDS,
-    FactorySpec,
-    ModelSpec,
-    SourceKind,
-    StepSpec,
-    kind_named,
-    kind_of,
-    kinds,
-    resolve,
-)
-from remat_kit.sources._loading import load_factory, patched_block
-from remat_kit.sources._own_step import ROLES, OwnStep, OwnStepSource, from_step
-from remat_kit.sources._protocol import SourceStep, StepSource
-from remat_kit.sources._source import (
-    ALL_SCHEDULES,
-    BuiltModel,
-    ModelSource,
-    from_factory,
-    hf_inputs,
-)
-from remat_kit.sources._spread import Spread
-from remat_kit.sources._steps import (
-    breakdown,
-    measure,
-    nbytes_count,
-    residuals,
-    step_flop_count,
-    step_flops,
-    with_baseline,
-    workload,
-)
-from remat_kit.sources._tag_checks import check_policies, tags, usable_policies
-from remat_kit.sources._workload import Measured, Workload
+# The names are imported on first use (PEP 562), as remat_kit's own are: ``remat-kit --help``
+# reads the kinds of source (their options, remat_kit.sources._kinds) without starting jax.
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the names below are, for readers and type checkers
+    from remat_kit.sources._adapters import MADE_INPUTS
+    from remat_kit.sources._depth import DEPTH_MODES
+    from remat_kit.sources._environ import ALLOCATOR_VARS, EnvSet
+    from remat_kit.sources._kinds import (
+        ENTRY_POINTS,
+        LAYERS,
+        MODEL,
+        OPTION_TYPES,
+        SHARD,
+        TRAIN_FIELDS,
+        TRAIN_OPTIONS,
+        FactorySpec,
+        ModelSpec,
+        Option,
+        SourceKind,
+        StepSpec,
+        kind_named,
+        kind_of,
+        kinds,
+        resolve,
+    )
+    from remat_kit.sources._loading import load_factory, patched_block
+    from remat_kit.sources._own_step import ROLES, OwnStep, OwnStepSource, from_step
+    from remat_kit.sources._protocol import SourceStep, StepSource
+    from remat_kit.sources._source import (
+        ALL_SCHEDULES,
+        BuiltModel,
+        ModelSource,
+        from_factory,
+        hf_inputs,
+    )
+    from remat_kit.sources._spread import Spread
+    from remat_kit.sources._steps import (
+        breakdown,
+        measure,
+        nbytes_count,
+        residuals,
+        step_flop_count,
+        step_flops,
+        with_baseline,
+        workload,
+    )
+    from remat_kit.sources._tag_checks import check_policies, tags, usable_policies
+    from remat_kit.sources._workload import Measured, Workload
+
+#: Where each public name lives: the private module it is imported from on first use.
+_HOME: dict[str, str] = {
+    "MADE_INPUTS": "_adapters",
+    "DEPTH_MODES": "_depth",
+    "ALLOCATOR_VARS": "_environ",
+    "EnvSet": "_environ",
+    "ENTRY_POINTS": "_kinds",
+    "Option": "_kinds",
+    "TRAIN_OPTIONS": "_kinds",
+    "SHARD": "_kinds",
+    "OPTION_TYPES": "_kinds",
+    "MODEL": "_kinds",
+    "LAYERS": "_kinds",
+    "FactorySpec": "_kinds",
+    "ModelSpec": "_kinds",
+    "SourceKind": "_kinds",
+    "StepSpec": "_kinds",
+    "TRAIN_FIELDS": "_kinds",
+    "kind_named": "_kinds",
+    "kind_of": "_kinds",
+    "kinds": "_kinds",
+    "resolve": "_kinds",
+    "load_factory": "_loading",
+    "patched_block": "_loading",
+    "OwnStep": "_own_step",
+    "OwnStepSource": "_own_step",
+    "ROLES": "_own_step",
+    "from_step": "_own_step",
+    "SourceStep": "_protocol",
+    "StepSource": "_protocol",
+    "ALL_SCHEDULES": "_source",
+    "BuiltModel": "_source",
+    "ModelSource": "_source",
+    "from_factory": "_source",
+    "hf_inputs": "_source",
+    "Spread": "_spread",
+    "breakdown": "_steps",
+    "measure": "_steps",
+    "nbytes_count": "_steps",
+    "residuals": "_steps",
+    "step_flop_count": "_steps",
+    "step_flops": "_steps",
+    "with_baseline": "_steps",
+    "workload": "_steps",
+    "check_policies": "_tag_checks",
+    "tags": "_tag_checks",
+    "usable_policies": "_tag_checks",
+    "Measured": "_workload",
+    "Workload": "_workload",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME:
+        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # a private module: sources._steps
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "ALLOCATOR_VARS",
     "ALL_SCHEDULES",
     "DEPTH_MODES",
     "ENTRY_POINTS",
+    "LAYERS",
     "MADE_INPUTS",
+    "MODEL",
+    "OPTION_TYPES",
     "ROLES",
+    "SHARD",
     "TRAIN_FIELDS",
+    "TRAIN_OPTIONS",
     "BuiltModel",
     "EnvSet",
     "FactorySpec",
     "Measured",
     "ModelSource",
     "ModelSpec",
+    "Option",
     "OwnStep",
     "OwnStepSource",
     "SourceKind",

@@ -6,13 +6,22 @@ a spec a plugin brings. Each kind of spec is a :class:`SourceKind`: its spec typ
 function that turns a spec into a :class:`~remat_kit.sources.StepSource`. :func:`resolve` is
 the only place a request becomes a source; nothing downstream asks which kind it holds.
 
+A kind brings its command-line options (:class:`Option`: the flag, how its text is read, its
+help, the spec field it fills; pip's option objects are the model) and its kinds of note
+(``rk.notes.NoteKind``): the CLI builds its model flags, its refusals and its listings from
+:func:`kinds`, and a note of the kind is worded by the kind's own words.
+
 remat_kit knows its two kinds. Any other package adds kinds as a plugin, with one entry point
 per kind in the group ``remat_kit.sources`` naming a :class:`SourceKind` (Python's entry
-points, as pytest finds its plugins). The presets package registers ``preset`` and ``hf``
-this way (``pyproject.toml``); remat_kit never imports it::
+points, as pytest finds its plugins). The presets package registers ``preset``, ``hf`` and
+``maxtext`` this way (``pyproject.toml``); remat_kit never imports it::
 
     [project.entry-points."remat_kit.sources"]
     preset = "remat_kit_models.source:PRESET"
+
+This module starts no jax (``remat-kit --help`` reads the kinds' options): what a kind
+resolves to is imported when a spec is resolved, and a plugin's kind module should import its
+heavy code as lazily.
 
 Example:
   >>> src = resolve(FactorySpec("tests/data/factories.py:untagged"))
@@ -26,18 +35,27 @@ import dataclasses
 import functools
 import importlib.metadata
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from remat_kit.errors import BadType, BadValue, unknown
-from remat_kit.sources._own_step import OwnStepSource, from_step
-from remat_kit.sources._protocol import StepSource
-from remat_kit.sources._source import ModelSource, from_factory
+from remat_kit.notes import NoteKind, register
+
+if TYPE_CHECKING:  # imported where a spec is resolved: they start jax
+    from remat_kit.sources._own_step import OwnStepSource
+    from remat_kit.sources._protocol import StepSource
+    from remat_kit.sources._source import ModelSource
 
 __all__ = [
     "ENTRY_POINTS",
+    "LAYERS",
+    "MODEL",
+    "OPTION_TYPES",
+    "SHARD",
     "TRAIN_FIELDS",
+    "TRAIN_OPTIONS",
     "FactorySpec",
     "ModelSpec",
+    "Option",
     "SourceKind",
     "StepSpec",
     "kind_named",
@@ -52,6 +70,175 @@ ENTRY_POINTS = "remat_kit.sources"
 #: Train-config fields a kind may leave to the model's own code (a user's step has its own
 #: optimizer, accumulation and precision): :attr:`SourceKind.trains` names those it honours.
 TRAIN_FIELDS = frozenset({"optimizer", "accum", "precision"})
+
+
+#: How an option's text is read (:attr:`Option.type`), besides a function ``text -> value``:
+#: ``text`` as typed; ``name`` stripped and lower-cased (``--attention XLA``); ``positive_int``,
+#: ``non_negative_int``, ``float``; ``fraction`` a number in [0, 1); ``precision`` a regime
+#: of ``rk.train.PRECISIONS``; ``shard`` a mesh plan (``fsdp:8``); ``words`` one or more words
+#: kept as one string (``--maxtext a=1 b=2``); ``switch`` no value: given or not.
+OPTION_TYPES = (
+    "text",
+    "name",
+    "positive_int",
+    "non_negative_int",
+    "float",
+    "fraction",
+    "precision",
+    "shard",
+    "words",
+    "switch",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A command-line option a kind of source takes: its flag, how its text is read, its help
+    and the spec field it fills (pip's option objects are the model).
+
+    A flag several kinds take (``--layers``, ``--shard``) is one flag on the command line:
+    the first kind of :func:`kinds` that lists it declares it (its help, type and default),
+    and each kind fills its own field with it.
+
+    Attributes:
+      flag: as typed, ``--maxtext``.
+      field: the spec field it fills (the model's name for the option of ``names_by``); for a
+        ``train`` option, the train-config field it sets.
+      help: the line ``--help`` shows.
+      type: how its text is read: one of :data:`OPTION_TYPES`, or a function ``text -> value``
+        that raises ValueError for a bad one.
+      default: its value when not given (what ``--help`` states).
+      metavar: how its value is shown in ``--help`` (None: the flag's name in capitals).
+      choices: the values it takes, or None.
+      group: the ``--help`` group it is listed in (``model``, ``training``, ``target and
+        mesh``).
+      key: the option fills one ``(key, value)`` pair of ``field``, a tuple of pairs (a
+        preset's ``overrides``), or None: it fills ``field``.
+      const: what a ``switch`` fills its field with when given.
+      train: it sets the train config, not the spec (:data:`TRAIN_OPTIONS`): a kind takes it
+        where it trains ``field``.
+      params: the library parameters (``BadValue.param``) a value of this flag sets:
+        ``n_layers`` for ``--layers``. The CLI names the flag in front of such an error.
+      what: for an option that names the model, what a name given in it is, in the line that
+        asks for one model.
+
+    Example:
+      >>> LAYERS.dest, LAYERS.field
+      ('layers', 'layers')
+    """
+
+    flag: str
+    field: str
+    help: str
+    type: str | Callable[[str], Any] = "text"
+    default: Any = None
+    metavar: str | None = None
+    choices: tuple[str, ...] | None = None
+    group: str = "model"
+    key: str | None = None
+    const: Any = True
+    train: bool = False
+    params: tuple[str, ...] = ()
+    what: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.flag.startswith("--"):
+            raise BadValue(f"option {self.flag!r}: a flag starts with --", param="flag")
+        if isinstance(self.type, str) and self.type not in OPTION_TYPES:
+            raise unknown("option type", self.type, OPTION_TYPES, param="type")
+        object.__setattr__(self, "params", tuple(self.params))
+
+    @property
+    def dest(self) -> str:
+        """The name its value is parsed into: ``--kv-heads`` -> ``kv_heads``."""
+        return self.flag.removeprefix("--").replace("-", "_")
+
+
+#: The model's name: a factory's ``file.py:NAME`` (and, for the presets' kind, a preset's;
+#: the first kind that lists it, a factory, declares its help).
+MODEL = Option(
+    "--model",
+    "model",
+    "preset name (remat-kit models), or a factory path/file.py:NAME or "
+    "package.module:NAME called as NAME(policy) -> Flax module (docs/your-model.md)",
+    params=("model",),
+    what="a preset, path/file.py:NAME or package.module:NAME",
+)
+
+#: The depth to build (a factory's ``layers=``; a preset's ``n_layers`` override).
+LAYERS = Option(
+    "--layers", "layers", "override: number of layers", type="positive_int", params=("n_layers",)
+)
+
+#: The copy of ``remat_kit.sharding``'s examples ``--shard``'s help shows (checked equal by
+#: tests/test_help.py; sharding starts jax).
+SHARD_EXAMPLES = "e.g. dp:8, fsdp:8, tp:8, cp:8, ep:8, fsdp:4,tp:2, fsdp:2,cp:4, fsdp:2,ep:4"
+
+#: A mesh plan over the target's devices.
+SHARD = Option(
+    "--shard",
+    "shard",
+    f"sharding over --gpus devices: {SHARD_EXAMPLES} (dp/fsdp split the batch, cp the "
+    "sequence, tp the heads and MLP, ep the experts of an MoE model and the batch); "
+    "figures are per GPU",
+    type="shard",
+    group="target and mesh",
+    params=("shard",),
+)
+
+#: The train config's options: a kind takes those of the fields it trains (where its options
+#: do not place them, after them).
+TRAIN_OPTIONS = (
+    Option(
+        "--optimizer",
+        "optimizer",
+        "adamw, adam, sgd, sgd_momentum, ...",
+        type="name",
+        default="adamw",
+        group="training",
+        train=True,
+        params=("optimizer",),
+    ),
+    Option(
+        "--accum",
+        "accum",
+        "gradient accumulation",
+        type="positive_int",
+        default=1,
+        group="training",
+        train=True,
+        params=("accum",),
+    ),
+    Option(
+        "--precision",
+        "precision",
+        "mixed (default: f32 master weights, gradients and optimizer state, bf16 compute; "
+        "LoRA keeps bf16 base weights) | bf16 (everything bf16) | bf16-f32-moments (bf16 "
+        "weights, f32 optimizer state) | f32",
+        type="precision",
+        group="training",
+        train=True,
+        params=("precision",),
+    ),
+    Option(
+        "--param-dtype",
+        "precision",
+        "weights' dtype, the older form of --precision: f32 = mixed, bf16 = bf16",
+        type="name",
+        group="training",
+        train=True,
+        params=("param_dtype",),
+    ),
+    Option(
+        "--dtype",
+        "precision",
+        "compute dtype (bf16, f32), over --precision's",
+        type="name",
+        group="training",
+        train=True,
+        params=("dtype",),
+    ),
+)
 
 
 class ModelSpec(Protocol):
@@ -90,10 +277,17 @@ class SourceKind:
       trains: the train-config fields (of :data:`TRAIN_FIELDS`) its steps honour; a request
         that sets another is refused.
       catalogue: the models the kind knows by name, ``[(name, config)]`` (presets), or None.
+      options: its command-line options (:class:`Option`), in the order its refusals name
+        them: the option of ``names_by`` and one per spec field it is given by, and the
+        :data:`TRAIN_OPTIONS` of the fields it trains where it places them (the others are
+        added after them).
+      notes: the kinds of note its sources return (``rk.notes.NoteKind``), registered with
+        the kind.
 
     Raises:
-      BadValue: ``names_by`` is not a field of the spec without a default, or ``trains``
-        names a field outside :data:`TRAIN_FIELDS`.
+      BadValue: ``names_by`` is not a field of the spec without a default, ``trains``
+        names a field outside :data:`TRAIN_FIELDS`, an option fills no field of the spec,
+        or a train option a field the kind does not train.
     """
 
     name: str
@@ -104,6 +298,8 @@ class SourceKind:
     fallback: bool = False
     trains: frozenset[str] = TRAIN_FIELDS
     catalogue: Callable[[], Sequence[tuple[str, Any]]] | None = None
+    options: tuple[Option, ...] = ()
+    notes: tuple[NoteKind, ...] = ()
 
     def __post_init__(self) -> None:
         field = {f.name: f for f in dataclasses.fields(self.spec)}.get(self.names_by)
@@ -120,6 +316,33 @@ class SourceKind:
                 f"{sorted(TRAIN_FIELDS)}",
                 param="trains",
             )
+        self._check_options()
+        for kind in self.notes:
+            register(kind)  # its notes are made and worded wherever the kind is loaded
+        object.__setattr__(self, "notes", tuple(self.notes))
+
+    def _check_options(self) -> None:
+        options = list(self.options)
+        for option in options:
+            if not isinstance(option, Option):
+                raise BadType(
+                    f"kind {self.name!r}: options holds a {type(option).__name__}, not an "
+                    "rk.sources.Option",
+                    param="options",
+                )
+            wrong = (
+                option.field not in self.trains if option.train else option.field not in self.fields
+            )
+            if wrong:
+                what = "trains no" if option.train else "has no field"
+                raise BadValue(
+                    f"kind {self.name!r}: option {option.flag} fills {option.field!r}, and the "
+                    f"kind {what} {option.field!r} (its fields: {', '.join(self.fields)})",
+                    param="options",
+                )
+        placed = {o.flag for o in options}
+        options += [o for o in TRAIN_OPTIONS if o.field in self.trains and o.flag not in placed]
+        object.__setattr__(self, "options", tuple(options))
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -191,6 +414,8 @@ def _resolve_factory(spec: FactorySpec) -> ModelSource:
 # is kept for every command and search that asks for it again.
 @functools.cache
 def _loaded(model: str, block: str | None, tags: str, shard: str | None) -> ModelSource:
+    from remat_kit.sources._source import from_factory
+
     return from_factory(model, block=block, tags=None if tags == "none" else tags, shard=shard)
 
 
@@ -203,12 +428,50 @@ def _loaded_at(
 
 @functools.cache
 def _resolve_step(spec: StepSpec) -> OwnStepSource:
+    from remat_kit.sources._own_step import from_step
+
     return from_step(spec.step)
 
 
+_BLOCK = Option(
+    "--block",
+    "block",
+    "with a factory: the block class to rematerialize by patching it (models with no "
+    "remat hook), e.g. transformers.models.llama.modeling_flax_llama:FlaxLlamaDecoderLayer",
+    metavar="MODULE:CLASS",
+    params=("block",),
+)
+_TAGS = Option(
+    "--tags",
+    "tags",
+    "with a factory: how its tensors are named: auto (default: a model that tags "
+    "itself keeps its names, with ours beside EasyDeL's and MaxText's; others get "
+    "hf+gpt2+gemma names, else module paths) | hf | gpt2 | gemma | easydel | maxtext | "
+    "paths (module paths only) | none (the model's own tags only); join sets with +",
+    type="name",
+    metavar="RULES",
+    params=("tags",),
+)
+_STEP = Option(
+    "--step",
+    "step",
+    "a train step of your own instead of ours: NAME(policy, config) -> (fn, args[, "
+    "donate_argnums]) or rk.sources.OwnStep (docs/your-model.md, 'Your own train step')",
+    metavar="FILE.py:NAME",
+    params=("step",),
+    what="a train step of your own, file.py:NAME",
+)
+
 _BUILT_IN = (
-    SourceKind("factory", FactorySpec, _resolve_factory, "model", claims=lambda name: ":" in name),
-    SourceKind("step", StepSpec, _resolve_step, "step", trains=frozenset()),
+    SourceKind(
+        "factory",
+        FactorySpec,
+        _resolve_factory,
+        "model",
+        claims=lambda name: ":" in name,
+        options=(MODEL, _BLOCK, _TAGS, *TRAIN_OPTIONS, SHARD, LAYERS),
+    ),
+    SourceKind("step", StepSpec, _resolve_step, "step", trains=frozenset(), options=(_STEP,)),
 )
 
 
