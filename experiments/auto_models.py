@@ -339,7 +339,7 @@ def measure(case: Case, target: Any) -> dict[str, Any]:
     shared: dict[Any, Any] = {}
 
     def workload(source, t, config):  # one model's decisions share one workload's compiles
-        key = (t.name, t.usable_bytes)
+        key = (t.name, t.usable_bytes, t.xla_options.get("xla_gpu_memory_limit_slop_factor"))
         if key not in shared:
             shared[key] = real(source, t, config)
             shared["source"] = source

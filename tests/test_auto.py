@@ -667,3 +667,160 @@ def test_a_step_taking_nnx_objects_trains_as_under_nnx_jit(form):
     )
     assert int(opt.step[...]) == int(ref_opt.step[...]) == 2
     assert losses[1] < losses[0]  # it trained: the objects were updated between calls
+
+
+# --- XLA's own pass asked for the budget (source "xla") ------------------------------------------
+
+SLOP = "xla_gpu_memory_limit_slop_factor"
+
+
+def test_a_slop_factor_is_a_whole_percent_and_travels_with_the_target():
+    from remat_kit.targets import Runtime
+
+    t = H100.with_slop_factor(23)
+    assert t.xla_options == {SLOP: 23} and H100.xla_options == {}
+    assert analysis_options(t)[SLOP] == 23 and SLOP not in analysis_options(H100)
+    assert t.usable_bytes == H100.usable_bytes and t.to_dict()["slop_factor"] == 23
+    assert "slop_factor" not in H100.to_dict()  # XLA's default: records read as before
+    for bad in (0, 96, 2.5, True):
+        with pytest.raises(BadValue, match="whole percent in \\[1, 95\\]"):
+            Runtime(slop_factor=bad)
+    with pytest.raises(BadValue, match="GPU targets, not 'cpu'"):
+        rk.target("cpu").with_slop_factor(50)
+
+
+def _xla_world(monkeypatch, outcomes):
+    """``rk.sources.workload`` answering each slop factor's ``none`` with ``outcomes[slop]``
+    = (peak, seconds, fell short); the factors asked, in order."""
+    from types import SimpleNamespace
+
+    asked = []
+
+    def workload(source, t, config):
+        slop = t.xla_options[SLOP]
+        asked.append(slop)
+        peak, seconds, short = outcomes[slop]
+        r = SimpleNamespace(
+            peak_bytes=peak, step_time=SimpleNamespace(seconds=seconds), xla_remat_fell_short=short
+        )
+        return SimpleNamespace(compiled=lambda *a: r)
+
+    monkeypatch.setattr(rk.sources, "workload", workload)
+    return asked
+
+
+def _none_at(io, peak):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        peak_bytes=peak, argument_bytes=io + 100, output_bytes=50, alias_bytes=150
+    )
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["faster", "as_fast", "slower", "over_then_under", "fell_short", "none_fits", "not_a_gpu"],
+)
+def test_xla_pass_is_asked_for_the_budget_and_taken_only_under_it_and_faster(monkeypatch, case):
+    from remat_kit.autoplan._decide import _xla_pass
+
+    gib = 2**30
+    base, io = H100.usable_bytes, 10 * gib
+    limit = io + (base - io) * 23 // 100 + 7  # the budget asks for 23% of what is left
+    # an overshoot of 1 GiB takes the factor down by that share of what is left, rounded up
+    second = 23 - -(-100 * gib // (base - io))
+    outcomes = {
+        "faster": {23: (limit, 0.9, False)},  # at the budget is under it
+        "as_fast": {23: (limit - 1, 1.0, False)},  # a tie keeps the plan in hand
+        "slower": {23: (limit - 1, 1.1, False)},
+        "over_then_under": {23: (limit + gib, 0.5, False), second: (limit - gib, 0.8, False)},
+        "fell_short": {23: (limit + gib, 0.5, True)},
+        "none_fits": {},
+        "not_a_gpu": {},
+    }[case]
+    asked = _xla_world(monkeypatch, outcomes)
+    none = _none_at(io, limit if case == "none_fits" else limit + 5 * gib)
+    target = rk.target("cpu") if case == "not_a_gpu" else H100
+    got = _xla_pass(object(), target, limit, none, 1.0)
+    if case in ("none_fits", "not_a_gpu"):
+        assert got is None and asked == []
+        return
+    slop, report, tried = got
+    assert asked == list(outcomes) and tried == len(asked)
+    taken = case in ("faster", "over_then_under")
+    assert (report is not None) == taken and slop == asked[-1]
+    if taken:
+        assert report.peak_bytes <= limit
+
+
+def test_an_xla_plan_is_compiled_with_its_slop_in_the_step_and_its_words(monkeypatch):
+    """A plan of source ``xla`` runs the step jitted with its slop factor (the option the
+    decision was compiled with), and says so in its log line; others add no option."""
+    import remat_kit.autoplan._step as step_module
+
+    def plan(slop):
+        return AutoPlan("none", "xla" if slop else "none", "h100-80gb", "fits", 2**30, 2**29,
+                        0, 0.9, 1.0, 2**31, "full", 1.0, 2**29, 2, 1.0, "0" * 64,
+                        slop_factor=slop)  # fmt: skip
+
+    seen = []
+    real_jit = jax.jit
+
+    def jit(fn, **kw):
+        if "compiler_options" in kw:  # the decided step's jit (the only one given options)
+            seen.append(kw["compiler_options"])
+        return real_jit(fn, **kw)
+
+    for slop in (17, None):
+        monkeypatch.setattr(step_module, "decide", lambda *a, slop=slop, **k: plan(slop))
+        lhs = {"xla_gpu_enable_latency_hiding_scheduler": True}
+        step = rk.auto(lambda x: rk.remat(jnp.sin, "auto")(x), "fits", target="h100",
+                       compiler_options=lhs)  # fmt: skip
+        monkeypatch.setattr(jax, "jit", jit)
+        out = step(jnp.ones(3))
+        monkeypatch.setattr(jax, "jit", real_jit)
+        chex.assert_trees_all_close(out, jnp.sin(jnp.ones(3)))
+    assert seen == [
+        {"xla_gpu_enable_latency_hiding_scheduler": True, SLOP: 17},
+        {"xla_gpu_enable_latency_hiding_scheduler": True},
+    ]
+    assert "none under XLA's remat pass at slop 17% (xla)" in plan(17).words()
+    assert AutoPlan.from_dict(plan(17).to_dict()).compiler_options == {SLOP: 17}
+
+
+def _wide_mlp():
+    """Four 4096-wide tanh layers over 8192 rows in f32 (64 MiB weights each, 128 MiB
+    activations each): big enough that one percent of an H100's pool is a choice XLA's pass
+    can make."""
+
+    def loss(ws, x):
+        for w in ws:
+            x = jnp.tanh(x @ w)
+        return jnp.sum(x)
+
+    step = jax.grad(loss)
+    sharding = H100.sharding()
+    w = jax.ShapeDtypeStruct((4096, 4096), jnp.float32, sharding=sharding)
+    x = jax.ShapeDtypeStruct((8192, 4096), jnp.float32, sharding=sharding)
+    return step, ([w] * 4, x)
+
+
+@pytest.mark.slow
+def test_a_slop_factor_tightens_xla_pass_as_a_bare_compile_given_it_does():
+    """``none`` compiled through remat_kit for the target with a slop factor has the peak a
+    bare ``jax.jit`` compile given that option has, and XLA's pass cut it below the default's."""
+    step, args = _wide_mlp()
+    lowered = jax.jit(step).lower(*args)
+    base = rk.memory_report(step, *args, target=H100)
+    io = base.argument_bytes + base.output_bytes - base.alias_bytes
+    slop = 1  # 1% of an H100's pool beyond the inputs and outputs: under what none keeps
+    assert (H100.usable_bytes - io) // 100 < base.peak_bytes - io
+    with pytest.warns(rk.errors.RematWarning, match="XLA's own rematerialization pass took"):
+        ours = rk.memory_report(step, *args, target=H100.with_slop_factor(slop))
+    bare = lowered.compile(compiler_options={**analysis_options(H100), SLOP: slop})
+    m = bare.memory_analysis()
+    assert ours.peak_bytes == (
+        m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+        - m.alias_size_in_bytes
+    )  # fmt: skip
+    assert ours.peak_bytes < base.peak_bytes and ours.xla_remat

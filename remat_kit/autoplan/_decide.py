@@ -34,6 +34,7 @@ from remat_kit.sources import OwnStep
 from remat_kit.sources._own_step import _unjitted
 from remat_kit.sources._workload import host_bytes
 from remat_kit.targets import Target
+from remat_kit.targets.runtime import SLOP_FACTOR
 from remat_kit.train import TrainConfig
 
 __all__ = [
@@ -55,7 +56,11 @@ CATALOGUE = ("full", "dots_no_batch", "minimal")
 CHALLENGERS = ("dots", "megatron", "qkv_proj", "context", "block")
 
 #: The namespace of decisions in the disk cache (bump when AutoPlan's fields change).
-KIND = "auto decision v1"
+KIND = "auto decision v2"
+
+#: Compiles spent asking XLA's own pass for the budget: the first slop factor, and one more
+#: where the first left the step over the budget though the pass did not fall short.
+XLA_TRIES = 2
 
 GIB = 2**30
 
@@ -228,7 +233,8 @@ def _plan(
         )
 
     step_fn.__name__ = name
-    w = sources.workload(sources.from_step(step_fn), target, TrainConfig(batch=1, seq=1))
+    source = sources.from_step(step_fn)
+    w = sources.workload(source, target, TrainConfig(batch=1, seq=1))
     none = w.compiled(NO_REMAT, NO_SCHEDULE, 1) if budget.form == "activations" else None
     fixed = None
     if none is not None:
@@ -253,29 +259,48 @@ def _plan(
         )
     p, challenged = _challenged(w, p, limit, specs, rivals)
     none = w.compiled(NO_REMAT, NO_SCHEDULE, 1)
+    xla = _xla_pass(source, target, limit, none, _seconds(p.report))
+    compiles = 0
     named = {*specs, *rivals}
     fitting = [c for c in (*p.candidates, *challenged) if c.fits and c.policy in named]
     best = min(fitting, key=lambda c: (c.overhead, c.peak_bytes)) if fitting else None
     best_report = None if best is None else w.compiled(as_policy(best.policy), NO_SCHEDULE, 1)
-    return AutoPlan(
+    chosen = dict(
         policy=p.policy.spec,
         source=p.source,
-        target=target.name,
-        budget=budget.text,
-        budget_bytes=limit,
         peak_bytes=p.peak_bytes,
         host_bytes=p.host_bytes,
         step_seconds=_seconds(p.report),
+        decisions=dict(p.decisions),
+        slop_factor=None,
+    )
+    if xla is not None:
+        slop, report, tried = xla
+        compiles += tried
+        if report is not None:
+            chosen = dict(
+                policy=NO_REMAT.spec,
+                source="xla",
+                peak_bytes=report.peak_bytes,
+                host_bytes=host_bytes(report),
+                step_seconds=_seconds(report),
+                decisions={},
+                slop_factor=slop,
+            )
+    return AutoPlan(
+        target=target.name,
+        budget=budget.text,
+        budget_bytes=limit,
         none_seconds=_seconds(none),
         none_peak_bytes=none.peak_bytes,
         catalogue_policy=None if best is None else best.policy,
         catalogue_seconds=_seconds(best_report),
         catalogue_peak_bytes=None if best is None else best.peak_bytes,
-        compiles=w.compiles,
+        compiles=w.compiles + compiles,
         seconds=0.0,
         program=program,
-        decisions=dict(p.decisions),
         device=target.description,
+        **chosen,
     )
 
 
@@ -360,6 +385,42 @@ def _catalogue_only(w: Any, limit: int, specs: list[str]) -> Any:
         pol, source, True, cand.peak_bytes, cand.host_bytes, r, cands, {},
         cand.recompute_overhead, cand.overhead,
     )  # fmt: skip
+
+
+def _xla_pass(
+    source: Any, target: Target, limit: int, none: Any, seconds: float | None
+) -> tuple[int, Any, int] | None:
+    """``none`` under XLA's own rematerialization pass, asked for ``limit``: ``(slop factor,
+    its report or None, compiles)``, the report where its compiled peak is under ``limit``
+    and its predicted step time under ``seconds`` (the plan in hand's); None where it is not
+    tried (not a GPU, no rates, ``none`` already fits, or no factor reaches below ``limit``).
+
+    XLA's GPU pass works to ``(base - inputs - outputs) * slop / 100`` bytes of temporaries
+    (:mod:`remat_kit.targets.runtime`), with ``base`` the process's ``bytes_limit``, so the
+    factor that asks for ``limit`` is ``(limit - io) / (base - io)``, rounded down to a whole
+    percent; its compile says where the pass really got. The pass picks what to recompute
+    by its own cost model (no kernel times), so it competes on the step time predicted from
+    its kernels like every plan.
+    """
+    if target.kind != "gpu" or seconds is None or none.peak_bytes <= limit:
+        return None
+    io = none.argument_bytes + none.output_bytes - none.alias_bytes
+    base = target.usable_bytes or 0
+    slop = min(SLOP_FACTOR, 100 * (limit - io) // max(1, base - io))
+    if slop < 1:  # the budget is within a percent of the inputs and outputs: not this way
+        return None
+    tried = 0
+    while slop >= 1 and tried < XLA_TRIES:
+        w = sources.workload(source, target.with_slop_factor(slop), TrainConfig(batch=1, seq=1))
+        r = w.compiled(NO_REMAT, NO_SCHEDULE, 1)
+        tried += 1
+        if r.peak_bytes <= limit:
+            got = _seconds(r)
+            return slop, (r if got is not None and got < seconds else None), tried
+        if r.xla_remat_fell_short:  # the pass cannot reach its own limit: a lower one neither
+            break
+        slop -= max(1, -(-100 * (r.peak_bytes - limit) // max(1, base - io)))
+    return slop, None, tried
 
 
 def _seconds(report: Any) -> float | None:

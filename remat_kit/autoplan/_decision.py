@@ -17,6 +17,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from remat_kit.targets.runtime import SLOP_OPTION
+
 __all__ = [
     "AutoPlan",
 ]
@@ -33,7 +35,9 @@ class AutoPlan:
     Attributes:
       policy: the policy's spec (a catalogue name, or the planner's ``names:save=...``).
       source: where it comes from (``rk.search.Plan.source``): ``none`` (no remat needed),
-        ``beside_none``, ``solver`` (a per-tensor plan), ``catalogue``, ``schedule``.
+        ``beside_none``, ``solver`` (a per-tensor plan), ``catalogue``, ``schedule``; or
+        ``xla``: ``none`` under XLA's own rematerialization pass, asked (``slop_factor``) to
+        work to the budget.
       target: the target's name the step was planned for.
       budget: the budget as given (``"fits"``, ``"60GiB"``, ``"0.8"``, ``"activations=0.5"``).
       budget_bytes: the limit the plan's compiled peak is under.
@@ -52,6 +56,8 @@ class AutoPlan:
       decisions: tag -> ``save`` / ``recompute`` / ``offload`` under the policy.
       cached: read back from the disk cache (:mod:`remat_kit.cache`), not decided here.
       device: the device's description (``NVIDIA H100 80GB HBM3``).
+      slop_factor: XLA's ``xla_gpu_memory_limit_slop_factor`` the step is compiled with
+        (source ``xla``), None for XLA's default.
     """
 
     policy: str
@@ -73,6 +79,13 @@ class AutoPlan:
     decisions: Mapping[str, str] = dataclasses.field(default_factory=dict)
     cached: bool = False
     device: str = ""
+    slop_factor: int | None = None
+
+    @property
+    def compiler_options(self) -> dict[str, int]:
+        """The options the decided step is compiled with (``jax.jit``'s ``compiler_options``):
+        the slop factor of a ``xla`` plan, else none."""
+        return {} if self.slop_factor is None else {SLOP_OPTION: self.slop_factor}
 
     @property
     def vs_none(self) -> float | None:
@@ -107,8 +120,11 @@ class AutoPlan:
           ...          2**31, "full", None, 2**29, 3, 1.5, "0" * 64).words()[:60]
           'remat auto: full (catalogue) on h100-80gb, peak 512.00 MiB u'
         """
+        chosen = f"{self.policy} ({self.source})"
+        if self.slop_factor is not None:
+            chosen = f"none under XLA's remat pass at slop {self.slop_factor}% (xla)"
         parts = [
-            f"remat auto: {self.policy} ({self.source}) on {self.target}, peak "
+            f"remat auto: {chosen} on {self.target}, peak "
             f"{_size(self.peak_bytes)} under {_size(self.budget_bytes)} "
             f"(budget {self.budget}; none {_size(self.none_peak_bytes)})"
         ]

@@ -227,10 +227,13 @@ class AutoStep:
         categories = {
             i: _CATEGORIES[r] for r, idx in roles.items() for i in idx if r in _CATEGORIES
         }
+        target = self.target()
+        if got.plan.slop_factor is not None:
+            target = target.with_slop_factor(got.plan.slop_factor)
         return peak.inspect(
             bound(fn, as_policy(got.plan.policy)),
             *abstract(pure),
-            target=self.target(),
+            target=target,
             donate_argnums=donate,
             categories=categories or None,
             meta={"policy": got.plan.policy, "budget": got.plan.budget},
@@ -279,7 +282,11 @@ class AutoStep:
         )
         LOG.info("%s: %s", self.__name__, plan.words())
         step = _guarded(bound(fn, as_policy(plan.policy)), _signature(pure))
-        run = jax.jit(step, donate_argnums=donate, **self._jit)
+        options = self._jit
+        if plan.compiler_options:  # XLA's own pass at the budget: the slop the plan was made at
+            given = dict(options.get("compiler_options") or {})
+            options = {**options, "compiler_options": {**given, **plan.compiler_options}}
+        run = jax.jit(step, donate_argnums=donate, **options)
         return _Decided(plan, run)
 
 

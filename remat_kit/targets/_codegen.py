@@ -155,8 +155,9 @@ def analysis_options(target: Any) -> dict[str, Any]:
     Returns:
       For a deviceless GPU target, :data:`DEVICELESS_OPTIONS` and the options described in
       the module docstring (without ``xla_gpu_cuda_data_dir`` when no stand-in could be made
-      or the cache is off; only :data:`DEVICELESS_OPTIONS` when ``REMAT_KIT_FULL_CODEGEN=1``);
-      ``{}`` for other targets.
+      or the cache is off; only :data:`DEVICELESS_OPTIONS` when ``REMAT_KIT_FULL_CODEGEN=1``),
+      with the target's own ``xla_options`` (a slop factor it was given, which does change
+      the program: a real process compiles the step with it too); ``{}`` for other targets.
 
     Example:
       >>> import remat_kit as rk
@@ -165,7 +166,8 @@ def analysis_options(target: Any) -> dict[str, Any]:
     """
     if getattr(target, "kind", None) != "gpu":
         return {}
-    options: dict[str, Any] = dict(DEVICELESS_OPTIONS)
+    # The target's own (XLA's pass's slop factor): it changes the program, unlike the rest.
+    options: dict[str, Any] = {**DEVICELESS_OPTIONS, **target.xla_options}
     if switch(ENV_FULL):
         return options
     options.update(_LLVM_OPTIONS)

@@ -311,6 +311,27 @@ class Target:
             raise BadValue(f"a memory fraction applies to GPU targets, not {self.name!r}")
         return dataclasses.replace(self, runtime=Runtime(fraction, source))
 
+    def with_slop_factor(self, percent: int) -> Target:
+        """This GPU target with XLA's pass working to ``percent`` of (limit - inputs -
+        outputs) instead of XLA's 95 (:attr:`Runtime.slop_factor`): its compiles take
+        :attr:`xla_options`, which a real process's ``jax.jit`` takes too.
+
+        Example:
+          >>> rk.target("h100").with_slop_factor(40).xla_options
+          {'xla_gpu_memory_limit_slop_factor': 40}
+        """
+        if self.kind != "gpu" or self.runtime is None:
+            raise BadValue(f"a slop factor applies to GPU targets, not {self.name!r}")
+        return dataclasses.replace(
+            self, runtime=dataclasses.replace(self.runtime, slop_factor=percent)
+        )
+
+    @property
+    def xla_options(self) -> dict[str, int]:
+        """Compile options the target's programs need beyond its config, the same on a real
+        device as deviceless (the slop factor where it is not XLA's); ``{}`` for most."""
+        return {} if self.runtime is None else self.runtime.compiler_options()
+
     @property
     def compile_config(self) -> str | None:
         """``target_config`` as the deviceless compile must see it.

@@ -23,6 +23,12 @@ These are the rules of jaxlib's GPU runtime, read from its source (jax 0.10.x–
   takes 80% of the target config's ``device_memory_size`` instead. Handing the deviceless
   compile ``device_memory_size = bytes_limit / 0.8`` therefore gives its remat pass exactly the
   limit the real process would (checked byte-exact against XLA's own log line).
+* The 95 is ``xla_gpu_memory_limit_slop_factor`` (xla/debug_options_flags.cc, default 95), a
+  debug option a compile takes like any other (``jax.jit(..., compiler_options=...)``). Both
+  bases go through it, so a deviceless compile and a real process given the same factor work
+  to the same limit; a lower factor is how one step asks XLA's pass for a tighter limit than
+  its process's (:attr:`Runtime.slop_factor`, what ``rk.auto`` uses for ``none`` under XLA's
+  own pass at a budget).
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ __all__ = [
     "DEFAULT_MEM_FRACTION",
     "ENV_VARS",
     "OUTSIDE_HEAP_BYTES",
+    "SLOP_FACTOR",
+    "SLOP_OPTION",
     "Runtime",
     "compile_memory_size",
     "fraction_to_fit",
@@ -61,6 +69,14 @@ ENV_VARS = ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION")
 #: assumption documented above, not a measurement).
 OUTSIDE_HEAP_BYTES = 512 * 2**20
 
+#: XLA's default share, in percent, of (limit - inputs - outputs) its GPU scheduler and
+#: rematerialization pass work to (xla/debug_options_flags.cc,
+#: ``set_xla_gpu_memory_limit_slop_factor(95)``).
+SLOP_FACTOR = 95
+
+#: The debug option that sets it for one compile.
+SLOP_OPTION = "xla_gpu_memory_limit_slop_factor"
+
 # XLA takes this share of a deviceless target's device_memory_size as its base limit.
 _DEVICELESS_BASE = 0.8
 
@@ -74,6 +90,8 @@ class Runtime:
         allocator (no pool, no fraction).
       source: where the fraction came from: ``"default"``, an environment variable's name,
         ``"--mem-fraction"``, or ``"platform allocator"``.
+      slop_factor: the percent of (limit - inputs - outputs) XLA's pass works to
+        (:data:`SLOP_FACTOR` unless a step asks for less, as ``rk.auto`` may).
 
     Example:
       >>> Runtime(0.9, "--mem-fraction").usable_bytes(80 * 2**30) == int(0.9 * 80 * 2**30)
@@ -82,8 +100,16 @@ class Runtime:
 
     mem_fraction: float | None = DEFAULT_MEM_FRACTION
     source: str = "default"
+    slop_factor: int = SLOP_FACTOR
 
     def __post_init__(self) -> None:
+        s = self.slop_factor
+        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= SLOP_FACTOR:
+            raise BadValue(
+                f"XLA's slop factor {s!r} must be a whole percent in [1, {SLOP_FACTOR}] "
+                f"({SLOP_OPTION}; XLA's default is {SLOP_FACTOR})",
+                param="slop_factor",
+            )
         f = self.mem_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))):
             raise BadValue(
@@ -108,8 +134,24 @@ class Runtime:
             return "XLA_PYTHON_CLIENT_ALLOCATOR=platform"
         return f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}"
 
+    def compiler_options(self) -> dict[str, int]:
+        """The compile options that give XLA's pass this runtime's limit in any process: the
+        slop factor where it is not XLA's default, else none.
+
+        Example:
+          >>> Runtime(slop_factor=40).compiler_options()
+          {'xla_gpu_memory_limit_slop_factor': 40}
+          >>> Runtime().compiler_options()
+          {}
+        """
+        return {} if self.slop_factor == SLOP_FACTOR else {SLOP_OPTION: self.slop_factor}
+
     def to_dict(self) -> dict[str, object]:
-        return {"mem_fraction": self.mem_fraction, "mem_fraction_source": self.source}
+        out: dict[str, object] = {"mem_fraction": self.mem_fraction}
+        out["mem_fraction_source"] = self.source
+        if self.slop_factor != SLOP_FACTOR:  # a record of XLA's default reads as before
+            out["slop_factor"] = self.slop_factor
+        return out
 
 
 def max_mem_fraction(memory_bytes: int) -> float:
