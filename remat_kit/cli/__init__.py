@@ -125,16 +125,12 @@ COMMANDS: tuple[Command, ...] = (
     ),
 )
 
-#: The flag that sets each library parameter a ``BadValue`` names (``BadValue.param``): the
-#: one place library parameters meet command-line flags. Library messages name parameters;
-#: :func:`main` puts the flag (and the value given to it) in front of the message.
+#: The flag that sets each library parameter a ``BadValue`` names (``BadValue.param``), for
+#: the CLI's own flags: with the kinds' options' (``rk.sources.Option.params``: ``n_layers``
+#: -> ``--layers``), the one place library parameters meet command-line flags
+#: (:func:`_flag_of`). Library messages name parameters; :func:`main` puts the flag (and the
+#: value given to it) in front of the message.
 FLAGS: dict[str, str] = {
-    "model": "--model",
-    "hf_config": "--hf-config",
-    "step": "--step",
-    "maxtext": "--maxtext",
-    "block": "--block",
-    "tags": "--tags",
     "target": "--target",
     "devices": "--gpus",
     "hosts": "--hosts",
@@ -142,29 +138,7 @@ FLAGS: dict[str, str] = {
     "node": "--node",
     "batch": "--batch",
     "seq": "--seq",
-    "optimizer": "--optimizer",
-    "lora": "--lora",
-    "lora_rank": "--lora",
-    "accum": "--accum",
-    "precision": "--precision",
-    "param_dtype": "--param-dtype",
-    "dtype": "--dtype",
-    "dropout_rate": "--dropout",
-    "attention": "--attention",
     "mem_fraction": "--mem-fraction",
-    "shard": "--shard",
-    "n_layers": "--layers",
-    "d_model": "--width",
-    "n_heads": "--heads",
-    "n_kv_heads": "--kv-heads",
-    "d_ff": "--ff",
-    "vocab_size": "--vocab",
-    "max_seq_len": "--max-seq",
-    "n_experts": "--experts",
-    "experts_per_token": "--top-k",
-    "moe_d_ff": "--moe-ff",
-    "moe_impl": "--moe-impl",
-    "capacity_factor": "--capacity-factor",
     "policy": "--policy",
     "schedule": "--schedule",
     "budget": "--budget",
@@ -438,13 +412,22 @@ def _flag_of(err: RematKitError, args: argparse.Namespace) -> str:
     Only a flag this command has and the user set (its value is not None) is named.
     """
     param = err.param if isinstance(err, BadValue | BadType) else None
-    flag = FLAGS.get(param) if param is not None else None
+    flag = _param_flags().get(param) if param is not None else None
     if flag is None:
         return ""
     value = getattr(args, flag.lstrip("-").replace("-", "_"), None)
     if value is None or isinstance(value, bool):
         return ""
     return f"{flag} {value}: "
+
+
+def _param_flags() -> dict[str, str]:
+    """:data:`FLAGS` and the parameters the kinds' options set (the first kind that lists a
+    flag declares it, as on the parser)."""
+    from remat_kit.cli._args import kind_options
+
+    found = {param: o.flag for o in reversed(kind_options()) for param in o.params}
+    return {**found, **FLAGS}
 
 
 def _one_line(err: BaseException, limit: int | None = None) -> str:

@@ -1,8 +1,10 @@
 """Argument declarations shared by the ``remat-kit`` commands: value types and flag groups.
 
 Every flag two commands share is declared here, once, in its help group (:data:`GROUPS`);
-a command's own flags are declared in :mod:`remat_kit.cli._flags`. What the parsed strings
-become (a target, policies, schedules, budgets, output paths) is
+a command's own flags are declared in :mod:`remat_kit.cli._flags`. The flags of the model and
+its training are the options the kinds of source bring (``rk.sources.kinds()``,
+:func:`kind_options`), declared here from them: no flag of a kind is written in the CLI.
+What the parsed strings become (a target, policies, schedules, budgets, output paths) is
 :mod:`remat_kit.cli._values`, the CLI's edge to the typed library.
 
 Every value type raises ``argparse.ArgumentTypeError`` with the bad value and what is valid, so
@@ -17,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from remat_kit.cli._parser import Parser, once
 from remat_kit.errors import BadValue, OpenShardAxis
+from remat_kit.sources import SHARD, Option, SourceKind, kinds
+from remat_kit.sources._kinds import SHARD_EXAMPLES
 
 __all__ = [
     "DEPTH_MODES",
@@ -42,7 +47,9 @@ __all__ = [
     "fraction",
     "group",
     "int_at_least",
+    "kind_options",
     "name_arg",
+    "names_options",
     "non_negative_int",
     "positive_int",
     "precision_name",
@@ -87,7 +94,6 @@ GROUPS = ("model", "training", "remat", "target and mesh", "search", "compile", 
 #: Copies of library constants the help shows, so that ``--help`` starts no jax; each is
 #: checked against the library's own by tests/test_help.py.
 DEPTH_MODES = ("auto", "full", "check", "estimate")  # remat_kit.sources.DEPTH_MODES
-SHARD_EXAMPLES = "e.g. dp:8, fsdp:8, tp:8, cp:8, ep:8, fsdp:4,tp:2, fsdp:2,cp:4, fsdp:2,ep:4"
 PRECISION_NAMES = ("mixed", "bf16", "bf16-f32-moments", "f32")  # remat_kit.train.PRECISIONS
 FRONT_POLICIES = (  # remat_kit.search.FRONT_POLICIES: compare's and plan's default policies
     "none",
@@ -142,112 +148,115 @@ def add_model_args(p: argparse.ArgumentParser, batch_help: str = "sequences per 
       >>> p.parse_args(["--model", "tiny-llama", "--batch", "2"]).batch
       2
     """
-    _add_source_args(group(p, "model"))
-    _add_shape_args(group(p, "model"))
+    options = kind_options()
+    _add_options(p, "model", options)  # the model's name first, then what shapes it
     _add_training_args(group(p, "training"), batch_help)
+    _add_options(p, "training", options)
     _add_target_args(group(p, "target and mesh"))
+    _add_options(p, "target and mesh", options)
     _add_compile_args(group(p, "compile"))
+    for title in GROUPS[GROUPS.index("compile") :]:
+        _add_options(p, title, options)  # a plugin's flag in a later group
     add_output_arg(p, "--json", "write the result as JSON")
 
 
+def names_options(every: Sequence[SourceKind] | None = None) -> list[Option]:
+    """The options that name the model (each kind's option of its ``names_by`` field), one per
+    flag: those of kinds whose step we build first (``--model``, ``--hf-config``), then those
+    of kinds that bring a step of their own (``--step``, a plugin's config of its own).
+
+    Args:
+      every: the kinds (default ``rk.sources.kinds()``, in its order).
+
+    Example:
+      >>> [o.flag for o in names_options()][:2]
+      ['--model', '--hf-config']
+    """
+    every = list(kinds().values()) if every is None else list(every)
+    ordered = sorted(every, key=lambda k: not k.trains)  # stable: kinds() order within
+    found: dict[str, Option] = {}
+    for k in ordered:
+        for o in k.options:
+            if o.field == k.names_by and not o.train:
+                found.setdefault(o.flag, o)
+    return list(found.values())
+
+
+def kind_options(every: Sequence[SourceKind] | None = None) -> list[Option]:
+    """Every option the kinds bring, one per flag: the options that name the model
+    (:func:`names_options`), then the others in an order that keeps each kind's own (as
+    Python orders base classes; where kinds disagree, the earlier kind's order). A flag
+    several kinds take is declared by the first kind of ``every`` that lists it.
+
+    Args:
+      every: the kinds (default ``rk.sources.kinds()``, in its order).
+
+    Example:
+      >>> [o.flag for o in kind_options()][4:8]
+      ['--block', '--tags', '--optimizer', '--lora']
+    """
+    every = list(kinds().values()) if every is None else list(every)
+    names = names_options(every)
+    first: dict[str, Option] = {}
+    for k in every:
+        for o in k.options:
+            first.setdefault(o.flag, o)
+    named = {o.flag for o in names}
+    lines = [[o.flag for o in k.options if o.flag not in named] for k in every]
+    return names + [first[flag] for flag in _merged(lines)]
+
+
+def _merged(lines: list[list[str]]) -> list[str]:
+    # C3: the head of the first line that no other line has further on, again and again; a
+    # head every line blocks (kinds that disagree) is taken from the first line.
+    lines = [list(dict.fromkeys(line)) for line in lines if line]
+    out: list[str] = []
+    while lines:
+        tails = [set(line[1:]) for line in lines]
+        head = next((ln[0] for ln in lines if not any(ln[0] in t for t in tails)), lines[0][0])
+        out.append(head)
+        lines = [rest for rest in ([f for f in ln if f != head] for ln in lines) if rest]
+    return out
+
+
+def _add_options(p: argparse.ArgumentParser, title: str, options: Sequence[Option]) -> None:
+    # The kinds' options of one help group, each declared once (one a CLI function declared
+    # already, --shard in add_shard_args, is not declared again).
+    for option in options:
+        if option.group == title and option.flag not in p._option_string_actions:
+            _add_option(group(p, title), option)
+
+
+def _add_option(p: argparse._ActionsContainer, option: Option) -> None:
+    """Declares one kind's option: its flag, its help, and how its text is read."""
+    kwargs: dict[str, Any] = {"help": option.help, "default": option.default}
+    if option.metavar is not None:
+        kwargs["metavar"] = option.metavar
+    if option.choices is not None:
+        kwargs["choices"] = option.choices
+    if option.type == "switch":
+        kwargs["action"] = "store_true"
+    elif option.type == "words":
+        kwargs.update(nargs="+", action=_Words)
+    elif option.type != "text":
+        kwargs["type"] = _TYPES[option.type] if isinstance(option.type, str) else option.type
+    p.add_argument(option.flag, **kwargs)
+
+
 class _Words(argparse.Action):
-    """Keeps the words of a flag that takes several (``--maxtext a=1 b=2``) as one string."""
+    """Keeps the words of a flag that takes several (``a=1 b=2``) as one string."""
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         once(parser, namespace, self, values, option_string)  # a second one would replace it
         setattr(namespace, self.dest, " ".join(values))
 
 
-def _add_source_args(p: argparse._ArgumentGroup) -> None:
-    # The model: a preset, a factory or a Hugging Face config, or a step of the user's; how
-    # a factory's model is rematerialized and tagged.
-    p.add_argument(
-        "--model",
-        default=None,
-        help="preset name (remat-kit models), or a factory path/file.py:NAME or "
-        "package.module:NAME called as NAME(policy) -> Flax module (docs/your-model.md)",
-    )
-    p.add_argument(
-        "--hf-config",
-        default=None,
-        metavar="CONFIG_JSON",
-        help="a Hugging Face config.json (Llama, Mistral, Qwen2, Gemma) measured with our decoder",
-    )
-    p.add_argument(
-        "--step",
-        default=None,
-        metavar="FILE.py:NAME",
-        help="a train step of your own instead of ours: NAME(policy, config) -> (fn, args[, "
-        "donate_argnums]) or rk.sources.OwnStep (docs/your-model.md, 'Your own train step')",
-    )
-    p.add_argument(
-        "--maxtext",
-        default=None,
-        nargs="+",
-        action=_Words,
-        metavar="WORD",
-        help="a MaxText config as its own command line takes it: an optional YAML path, then "
-        "key=value words, e.g. --maxtext model_name=llama2-7b ici_fsdp_parallelism=8 "
-        "(pip install 'remat-kit[maxtext]')",
-    )
-    p.add_argument(
-        "--block",
-        default=None,
-        metavar="MODULE:CLASS",
-        help="with a factory: the block class to rematerialize by patching it (models with no "
-        "remat hook), e.g. transformers.models.llama.modeling_flax_llama:FlaxLlamaDecoderLayer",
-    )
-    p.add_argument(
-        "--tags",
-        type=name_arg,
-        default=None,
-        metavar="RULES",
-        help="with a factory: how its tensors are named: auto (default: a model that tags "
-        "itself keeps its names, with ours beside EasyDeL's and MaxText's; others get "
-        "hf+gpt2+gemma names, else module paths) | hf | gpt2 | gemma | easydel | maxtext | "
-        "paths (module paths only) | none (the model's own tags only); join sets with +",
-    )
-    p.add_argument(
-        "--attention",
-        type=name_arg,
-        default="auto",
-        help="xla | cudnn | auto (cudnn on NVIDIA targets)",
-    )
-    p.add_argument("--no-scan", action="store_true", help="unroll the layers instead of scan")
-
-
 def _add_training_args(p: argparse._ArgumentGroup, batch_help: str) -> None:
-    # The train config: batch, sequence, optimizer, LoRA, accumulation, precision, dropout.
+    # The train config: batch and sequence.
     p.add_argument("--batch", type=positive_int, default=4, help=batch_help)
     p.add_argument("--seq", type=positive_int, default=2048, help="tokens per sequence")
-    p.add_argument(
-        "--optimizer", type=name_arg, default="adamw", help="adamw, adam, sgd, sgd_momentum, ..."
-    )
-    p.add_argument("--lora", type=non_negative_int, default=0, help="LoRA rank (0: off)")
-    p.add_argument("--accum", type=positive_int, default=1, help="gradient accumulation")
-    p.add_argument(
-        "--precision",
-        type=precision_name,
-        default=None,
-        help="mixed (default: f32 master weights, gradients and optimizer state, bf16 compute; "
-        "LoRA keeps bf16 base weights) | bf16 (everything bf16) | bf16-f32-moments (bf16 "
-        "weights, f32 optimizer state) | f32",
-    )
-    p.add_argument(
-        "--param-dtype",
-        type=name_arg,
-        default=None,
-        help="weights' dtype, the older form of --precision: f32 = mixed, bf16 = bf16",
-    )
-    p.add_argument(
-        "--dtype", type=name_arg, default=None, help="compute dtype (bf16, f32), over --precision's"
-    )
-    p.add_argument(
-        "--dropout",
-        type=fraction,
-        default=None,
-        help="dropout rate (default: the preset's, 0.1 for GPT-2/BERT); applied in the step",
-    )
+    # The train config's options (--optimizer, --accum, --precision ...) and the kinds' own
+    # (--lora, --dropout) follow, from the kinds (add_model_args).
 
 
 def _add_target_args(p: argparse._ArgumentGroup) -> None:
@@ -295,41 +304,6 @@ def _add_compile_args(p: argparse._ArgumentGroup) -> None:
         action="store_true",
         help="compile afresh: neither read nor write the cache of compiled analyses "
         "(~/.cache/remat_kit, or REMAT_KIT_CACHE_DIR)",
-    )
-
-
-def _add_shape_args(p: argparse._ArgumentGroup) -> None:
-    # The overrides of a preset's sizes (a factory takes --layers).
-    for flag, help_text in (
-        ("--layers", "number of layers"),
-        ("--width", "model width d_model"),
-        ("--heads", "attention heads"),
-        ("--kv-heads", "key/value heads"),
-        ("--ff", "MLP width"),
-        ("--vocab", "vocabulary size"),
-        ("--max-seq", "learned positions (GPT-2 family)"),
-    ):
-        p.add_argument(flag, type=positive_int, default=None, help=f"override: {help_text}")
-    for flag, help_text in (
-        ("--experts", "routed experts per MoE layer"),
-        ("--top-k", "experts each token is routed to"),
-        ("--moe-ff", "each expert's MLP width"),
-    ):
-        p.add_argument(flag, type=positive_int, default=None, help=f"override: {help_text}")
-    p.add_argument(
-        "--moe-impl",
-        type=name_arg,
-        choices=("ragged", "capacity"),
-        default=None,
-        help="how an MoE model runs its experts: ragged (grouped GEMMs, dropless; the default "
-        "on one GPU) or capacity (einsum dispatch with a capacity factor; the default under "
-        "--shard ep:N, whose all-to-all XLA partitions only this way)",
-    )
-    p.add_argument(
-        "--capacity-factor",
-        type=float,
-        default=None,
-        help="expert slots per token share under --moe-impl capacity (default 1.25)",
     )
 
 
@@ -425,7 +399,8 @@ def name_arg(text: str) -> str:
 
 
 def add_shard_args(parser: argparse.ArgumentParser) -> None:
-    """Adds ``--shard`` and ``--hosts`` to a CLI parser (``--gpus`` is the device count).
+    """Adds ``--shard`` (``rk.sources.SHARD``), ``--hosts`` and ``--node`` to a CLI parser
+    (``--gpus`` is the device count).
 
     Args:
       parser: an argparse parser (or subparser).
@@ -435,14 +410,7 @@ def add_shard_args(parser: argparse.ArgumentParser) -> None:
       >>> p.parse_args(["--shard", "fsdp:4,tp:2", "--hosts", "2"]).shard
       'fsdp:4,tp:2'
     """
-    parser.add_argument(
-        "--shard",
-        type=_shard_arg,
-        default=None,
-        help=f"sharding over --gpus devices: {SHARD_EXAMPLES} (dp/fsdp split the batch, cp the "
-        "sequence, tp the heads and MLP, ep the experts of an MoE model and the batch); "
-        "figures are per GPU",
-    )
+    _add_option(parser, SHARD)  # the mesh plan: a kind takes it where its spec has one
     parser.add_argument(
         "--hosts", type=positive_int, default=1, help="hosts the --gpus devices are spread over"
     )
@@ -572,5 +540,17 @@ def comma_list(text: str) -> list[str]:
     """
     return [s.strip() for s in text.split(",") if s.strip()]
 
+
+#: How an option's text is read (``rk.sources.OPTION_TYPES``, but ``text``, ``switch`` and
+#: ``words``, which are argparse actions).
+_TYPES: dict[str, Callable[[str], Any]] = {
+    "name": name_arg,
+    "positive_int": positive_int,
+    "non_negative_int": non_negative_int,
+    "float": float,
+    "fraction": fraction,
+    "precision": precision_name,
+    "shard": _shard_arg,
+}
 
 # --- checks run before any compile --------------------------------------------------------------

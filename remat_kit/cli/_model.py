@@ -1,9 +1,11 @@
 """The one place the CLI turns ``--model`` / ``--hf-config`` / ``--step`` and the training
 flags into a model request, and the request into a source.
 
-The kind that claims the model's name (``rk.sources.kind_named``: a preset, a factory, a
-kind a plugin registers) says which flags it takes; :func:`spec_from_args` refuses the others
-in one place and builds its spec. :func:`resolve` checks everything that needs no trace or
+The kind that claims the model's name (``rk.sources.kind_named``: a factory, a step, a kind a
+plugin registers) says which flags it takes: its options (``rk.sources.Option``, the spec
+field each fills); :func:`spec_from_args` refuses the others in one place and builds its spec.
+No flag of a kind is written here: the flags are the kinds' options
+(:func:`remat_kit.cli._args.kind_options`). :func:`resolve` checks everything that needs no trace or
 compile and returns a :class:`ModelRun`: the request, the target, the
 ``rk.sources.StepSource`` and the ``rk.TrainConfig``. The commands hand the source and the
 config to ``rk.sources`` (measure, residuals, workload ...), the one pipeline for every kind.
@@ -18,16 +20,17 @@ import functools
 import math
 from collections.abc import Iterable
 from concurrent.futures import Executor
-from typing import Any, NamedTuple
+from typing import Any
 
 from remat_kit import sources
 from remat_kit.cli import _interrupt
+from remat_kit.cli._args import kind_options, names_options
 from remat_kit.cli._values import check_outputs, target_after_imports, target_from_args
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note, words
 from remat_kit.render import console, flags_words
 from remat_kit.sharding import parse_shard
-from remat_kit.sources import SourceKind, StepSource, Workload, kind_named, kinds
+from remat_kit.sources import Option, SourceKind, StepSource, Workload, kind_named, kinds
 from remat_kit.sources import resolve as resolve_spec
 from remat_kit.targets import Target, check_deviceless
 from remat_kit.targets._platform import start_backends
@@ -38,6 +41,7 @@ __all__ = [
     "Request",
     "catalogue",
     "config_from_args",
+    "model_options",
     "print_notes",
     "rebuilt",
     "resolve",
@@ -46,59 +50,15 @@ __all__ = [
     "with_spread",
 ]
 
-#: Model flags that override a preset's config field (``--layers`` sets ``n_layers`` ...): a
-#: kind takes them through its spec's ``overrides`` (a factory takes ``--layers`` alone, as
-#: its spec's ``layers``).
-_SHAPE_FLAGS = (
-    "layers",
-    "width",
-    "heads",
-    "kv_heads",
-    "ff",
-    "vocab",
-    "max_seq",
-    "experts",
-    "top_k",
-    "moe_ff",
-    "moe_impl",
-    "capacity_factor",
-)
 
-#: The flags that name the model: the spec field each fills (a kind's ``names_by``).
-_NAMES = (
-    ("model", "--model"),
-    ("hf_config", "--hf-config"),
-    ("step", "--step"),
-    ("maxtext", "--maxtext"),
-)
-
-
-class _Flag(NamedTuple):
-    dest: str  # argparse's name
-    flag: str  # as typed
-    default: Any  # the parser's default: "given" where the argument list is unknown
-    field: str  # the spec field it fills, or the train-config field (``train``)
-    train: bool = False
-
-
-#: Every flag that shapes the model or its training, in the order errors name them: a flag
-#: is taken where the chosen kind's spec has its field (or, for a train flag, where the kind
-#: trains that field), and refused in :func:`_refuse_foreign_flags` otherwise.
-_FLAGS = (
-    _Flag("block", "--block", None, "block"),
-    _Flag("tags", "--tags", None, "tags"),
-    _Flag("optimizer", "--optimizer", "adamw", "optimizer", train=True),
-    _Flag("lora", "--lora", 0, "lora"),
-    _Flag("accum", "--accum", 1, "accum", train=True),
-    _Flag("precision", "--precision", None, "precision", train=True),
-    _Flag("param_dtype", "--param-dtype", None, "precision", train=True),
-    _Flag("dtype", "--dtype", None, "precision", train=True),
-    _Flag("dropout", "--dropout", None, "dropout"),
-    _Flag("attention", "--attention", "auto", "attention"),
-    _Flag("no_scan", "--no-scan", False, "scan_layers"),
-    _Flag("shard", "--shard", None, "shard"),
-    *(_Flag(key, "--" + key.replace("_", "-"), None, "overrides") for key in _SHAPE_FLAGS),
-)
+def model_options() -> list[Option]:
+    """The options that shape the model or its training, in the order errors name them (each
+    kind's own order, merged): a flag is taken where the chosen kind lists it (a train flag
+    where it trains that field) and refused in :func:`_refuse_foreign_flags` otherwise. The
+    options that name the model are not among them: :func:`spec_from_args` asks for one.
+    """
+    named = {o.flag for o in names_options()}
+    return [o for o in kind_options() if o.flag not in named]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,28 +133,25 @@ class ModelRun:
         return planned_precision(self.config, own_compute=self.source.own_model)
 
 
-def _given(args: argparse.Namespace, flag: _Flag) -> bool:
+def _given(args: argparse.Namespace, option: Option) -> bool:
     # ``args.given`` (the flags typed, set by ``main``), else: a value other than the default.
     given = getattr(args, "given", None)
     if given is not None:
-        return flag.flag in given
-    return getattr(args, flag.dest, flag.default) != flag.default
+        return option.flag in given
+    return getattr(args, option.dest, option.default) != option.default
 
 
-def _takes(kind: SourceKind, flag: _Flag) -> bool:
-    if flag.train:
-        return flag.field in kind.trains
-    if flag.field == "overrides" and "overrides" not in kind.fields:
-        return flag.dest == "layers" and "layers" in kind.fields
-    return flag.field in kind.fields
+def _takes(kind: SourceKind, option: Option) -> bool:
+    return any(o.flag == option.flag for o in kind.options)
 
 
 def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
     """The model request the flags make: its kind and its spec.
 
-    One of ``--model``, ``--hf-config``, ``--step`` names the model; the kind that claims the
-    name (``rk.sources.kind_named``) says which other flags it takes: the fields of its spec,
-    and the train-config fields it trains.
+    One option that names the model (``--model``, ``--hf-config``, ``--step``, a plugin's)
+    is given; the kind that claims the name (``rk.sources.kind_named``) says which other
+    flags it takes: its options, each filling a field of its spec or, for the train options,
+    of the train config it trains.
 
     Args:
       args: parsed arguments of a parser given ``add_model_args``.
@@ -206,53 +163,54 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
       BadValue: no model or two, or a flag the kind does not take (all such flags named
         at once, in one place).
     """
-    named = [(dest, flag) for dest, flag in _NAMES if getattr(args, dest, None)]
+    names = names_options()
+    named = [o for o in names if getattr(args, o.dest, None)]
     if len(named) != 1:
+        ways = [f"{o.what or o.field} ({o.flag})" for o in names]
         raise BadValue(
             "give the model once"
-            + (f" ({' and '.join(flag for _, flag in named)} given)" if named else "")
-            + ": a preset, path/file.py:NAME or package.module:NAME (--model), a Hugging Face "
-            "config.json (--hf-config), a train step of your own, file.py:NAME (--step), or a "
-            "MaxText config (--maxtext)",
+            + (f" ({' and '.join(o.flag for o in named)} given)" if named else "")
+            + ": "
+            + ", ".join(ways[:-1])
+            + ", or " * (len(ways) > 1)
+            + ways[-1],
             param=None if len(named) > 1 else "model",
         )
-    (dest, flag) = named[0]
-    name = getattr(args, dest)
-    kind = kind_named(dest, name)
+    option = named[0]
+    name = getattr(args, option.dest)
+    kind = kind_named(option.field, name)
     if kind.catalogue is not None:  # a name it knows, typed in other case (TINY-LLAMA)
         known = {n.lower(): n for n, _ in kind.catalogue()}
         name = known.get(name.strip().lower(), name)
-    _refuse_foreign_flags(args, kind, f"{flag} {name}")
-    values: dict[str, Any] = {dest: name}
-    overrides = []
-    for f in _FLAGS:
-        if f.train or not _given(args, f) or not _takes(kind, f):
+    _refuse_foreign_flags(args, kind, f"{option.flag} {name}")
+    values: dict[str, Any] = {option.field: name}
+    pairs: dict[str, list[tuple[str, Any]]] = {}
+    for o in kind.options:
+        if o.train or o.field == kind.names_by or not _given(args, o):
             continue
-        value = getattr(args, f.dest)
-        if f.field == "overrides" and "overrides" in kind.fields:
-            overrides.append((f.dest, value))
-        elif f.field == "overrides":
-            values["layers"] = value
+        value = getattr(args, o.dest)
+        if o.key is not None:  # one (key, value) pair of a field of pairs (overrides)
+            pairs.setdefault(o.field, []).append((o.key, value))
         else:
-            values[f.field] = not value if f.dest == "no_scan" else value
-    if overrides:
-        values["overrides"] = tuple(overrides)
+            values[o.field] = o.const if o.type == "switch" else value
+    values.update((field, tuple(p)) for field, p in pairs.items())
     return kind, kind.spec(**values)
 
 
 def _refuse_foreign_flags(args: argparse.Namespace, kind: SourceKind, named: str) -> None:
     """The one place a flag the chosen kind does not take is refused (naming every such
     flag, those the kind takes, and the kinds each refused flag is for)."""
-    bad = [f for f in _FLAGS if _given(args, f) and not _takes(kind, f)]
-    words = [f.flag for f in bad]
+    options = model_options()
+    bad = [o for o in options if _given(args, o) and not _takes(kind, o)]
+    words = [o.flag for o in bad]
     if getattr(args, "objective", None) == "throughput" and "accum" not in kind.trains:
         words.append("--objective throughput")  # it varies --accum, which the kind does not take
     if _given(args, _DEPTH) and not _unrolls(kind):
-        words.append("--depth")  # a step of its own or a MaxText config builds one depth
+        words.append("--depth")  # a step of its own or a plugin's config builds one depth
         bad.append(_DEPTH)
     if not words:
         return
-    takes = [f.flag for f in _FLAGS if _takes(kind, f)]
+    takes = [o.flag for o in options if _takes(kind, o)]
     raise BadValue(
         f"{', '.join(words)} with {named}: "
         + (
@@ -269,16 +227,16 @@ def _refuse_foreign_flags(args: argparse.Namespace, kind: SourceKind, named: str
 
 #: ``--depth``: how an unrolled model's depth is compiled; a kind that can build a
 #: shallower copy of its model (a preset, a Hugging Face config, a factory taking layers=).
-_DEPTH = _Flag("depth", "--depth", "auto", "depth")
+_DEPTH = Option("--depth", "depth", "how an unrolled model is compiled", default="auto")
 
 
 def _unrolls(kind: SourceKind) -> bool:
     return bool({"layers", "overrides"} & set(kind.fields))
 
 
-def _kinds_for(bad: list[_Flag]) -> str:
+def _kinds_for(bad: list[Option]) -> str:
     # "(--tags is for factory (--model) sources)": where each refused flag does apply.
-    names = {dest: flag for dest, flag in _NAMES}
+    names = {o.field: o.flag for o in names_options()}
     parts = []
     for f in bad:
         takers = [
@@ -338,7 +296,7 @@ def resolve(args: argparse.Namespace) -> ModelRun:
     kind, spec = spec_from_args(args)
     tgt = target_from_args(args)
     shard = getattr(args, "shard", None)
-    # A kind that lays out its own mesh (MaxText's parallelism keys) takes no --shard.
+    # A kind that lays out its own mesh (a config's own parallelism keys) takes no --shard.
     if tgt.devices > 1 and not shard and "shard" in kind.fields:
         if tgt.kind == "tpu":
             one = f"{tgt.name}-{tgt.tpu_slice.layout.cores_per_chip}"
