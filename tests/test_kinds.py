@@ -1,7 +1,8 @@
 """Kinds of model source: requests, the entry-point registry and the one refusal of flags.
 
 A toy kind (tests/data/toy_plugin: one module and one entry point) is installed the way a
-package installs one, by a ``.dist-info`` folder on the path, and measured end to end.
+package installs one, by a ``.dist-info`` folder on the path, and measured end to end; its
+flag (``--toy-tokens``) and its note (``toy_small``) come with it, with no line elsewhere.
 """
 
 from __future__ import annotations
@@ -13,9 +14,20 @@ from pathlib import Path
 import pytest
 
 import remat_kit as rk
-from remat_kit.cli import main
+from remat_kit.cli import _parser, main
+from remat_kit.cli._args import kind_options
+from remat_kit.cli._model import spec_from_args
 from remat_kit.errors import BadType, BadValue
-from remat_kit.sources import FactorySpec, SourceKind, StepSpec, kind_named, kind_of, kinds
+from remat_kit.notes import Note, NoteKind, _note, words
+from remat_kit.sources import (
+    FactorySpec,
+    Option,
+    SourceKind,
+    StepSpec,
+    kind_named,
+    kind_of,
+    kinds,
+)
 from remat_kit_models.spec import HFSpec, PresetSpec
 
 TOY = Path(__file__).resolve().parent / "data" / "toy_plugin"
@@ -24,9 +36,13 @@ TOY = Path(__file__).resolve().parent / "data" / "toy_plugin"
 @pytest.fixture
 def toy_installed(monkeypatch):
     monkeypatch.syspath_prepend(str(TOY))
+    # The toy's note kinds are registered for this test only (every kind of note is listed
+    # in rk.notes.KINDS, which tests/test_notes.py checks in the same process).
+    monkeypatch.setattr(_note, "_PLUGGED", dict(_note._PLUGGED))
     kinds.cache_clear()
     yield sys.modules.get("toy_source") or __import__("toy_source")
     kinds.cache_clear()  # the path is restored after this: read the kinds again without it
+    _note._load_plugins.cache_clear()
 
 
 def _entry_points(tmp_path, line: str):
@@ -134,3 +150,96 @@ def test_the_cli_measures_the_toy_and_refuses_what_its_spec_lacks(toy_installed,
     err = capsys.readouterr().err
     assert err.startswith("remat-kit: --lora, --width with --model toy-64: a toy source takes ")
     assert "--layers" in err and err.count("\n") == 1
+
+
+def _report_args(*argv: str):
+    parser, _ = _parser("report")
+    args = parser.parse_args(["report", *argv])
+    args.given = frozenset(a for a in argv if a.startswith("--"))
+    return args
+
+
+def test_the_toy_kinds_flag_is_declared_and_parsed_into_its_spec(toy_installed):
+    # Its option is on the parser (no CLI table names it) and fills its spec's field; the
+    # shared --layers fills the toy's own layers.
+    args = _report_args("--model", "toy-64", "--toy-tokens", "100", "--layers", "3")
+    kind, spec = spec_from_args(args)
+    assert kind is toy_installed.TOY
+    assert spec == toy_installed.ToySpec("toy-64", layers=3, tokens=100)
+    # Not given: the spec's default, not the parser's None.
+    assert spec_from_args(_report_args("--model", "toy-64"))[1].tokens == 256
+    with pytest.raises(SystemExit):  # read as its type says: a positive int
+        _report_args("--model", "toy-64", "--toy-tokens", "0")
+
+
+def test_the_toy_kinds_flag_is_refused_for_another_kind(toy_installed, capsys):
+    assert main(["report", "--model", "tiny-llama", "--toy-tokens", "100"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat-kit: --toy-tokens with --model tiny-llama: a preset source ")
+    assert err.endswith("; drop it (--toy-tokens is for toy (--model) sources)\n")
+    assert "--toy-tokens," not in err  # the preset's own flags do not list it
+    # A library error about the field it fills names the flag and its value.
+    assert main(["report", "--model", "toy-64", "--toy-tokens", "1", "--target", "h100"]) == 2
+    assert capsys.readouterr().err == (
+        "remat-kit: --toy-tokens 1: tokens=1: a toy predicts among 2 tokens or more\n"
+    )
+
+
+def test_the_toy_kinds_note_is_worded_by_its_kind(toy_installed):
+    note = toy_installed.SMALL(width=64)
+    assert note == Note("toy_small", {"width": 64})
+    assert words(note) == "toy-64 is a toy: its figures fit no real model"
+    assert words(note.to_dict()) == words(note)  # read back from JSON
+    assert rk.notes.KINDS["toy_small"] == ("width",)
+    with pytest.raises(BadValue, match="a 'toy_small' note holds width; got size"):
+        Note("toy_small", {"size": 64})
+
+
+def test_a_plugins_note_read_back_in_a_fresh_process_finds_its_kind(toy_installed, monkeypatch):
+    # As a process that never loaded the kind: its note kinds come from the entry points.
+    monkeypatch.setattr(_note, "_PLUGGED", {})
+    _note._load_plugins.cache_clear()
+    try:
+        assert words({"kind": "toy_small", "width": 8}) == (
+            "toy-8 is a toy: its figures fit no real model"
+        )
+        assert words({"kind": "maxtext_xla_remat", "disabled": True}).startswith(
+            "XLA's own rematerialization pass is off"
+        )
+    finally:
+        _note._load_plugins.cache_clear()
+
+
+def test_a_kinds_options_must_fill_its_spec_and_train_what_it_trains():
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        model: str
+
+    with pytest.raises(BadValue, match=r"option --layers fills 'layers', and the kind has no"):
+        SourceKind("x", Spec, lambda s: None, "model", options=(rk.sources.LAYERS,))
+    optimizer = rk.sources.TRAIN_OPTIONS[0]
+    with pytest.raises(BadValue, match=r"option --optimizer fills 'optimizer', and the kind tra"):
+        SourceKind("x", Spec, lambda s: None, "model", trains=(), options=(optimizer,))
+    # The train options of what it trains and does not place come after its own.
+    kind = SourceKind("x", Spec, lambda s: None, "model", trains={"accum"})
+    assert [o.flag for o in kind.options] == ["--accum"]
+    with pytest.raises(BadValue, match="two kinds of note are named 'xla_remat'"):
+        SourceKind("x", Spec, lambda s: None, "model", notes=(NoteKind("xla_remat", (), str),))
+
+
+def test_the_flags_of_several_kinds_keep_each_kinds_order():
+    # A flag is listed after every flag some kind lists before it (C3), whatever kind first
+    # declares it; where two kinds disagree, the first kind's order wins.
+    @dataclasses.dataclass(frozen=True)
+    class Spec:
+        model: str
+        a: int = 0
+        b: int = 0
+        c: int = 0
+
+    a, b, c = (Option(f"--{f}", f, f) for f in "abc")
+    one = SourceKind("one", Spec, lambda s: None, "model", trains=(), options=(a, c))
+    two = SourceKind("two", Spec, lambda s: None, "model", trains=(), options=(a, b, c))
+    three = SourceKind("three", Spec, lambda s: None, "model", trains=(), options=(c, a))
+    assert [o.flag for o in kind_options([one, two])] == ["--a", "--b", "--c"]
+    assert [o.flag for o in kind_options([one, three])] == ["--a", "--c"]

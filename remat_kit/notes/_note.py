@@ -178,9 +178,8 @@ class NoteKind:
       words: ``data -> the one line a user reads`` (the figures become a sentence here).
 
     Example:
-      >>> from remat_kit.notes import words
       >>> late = NoteKind("toy_late", ("minutes",), lambda d: f"{d['minutes']} minutes late")
-      >>> words(late(minutes=3))
+      >>> late.words({"minutes": 3})
       '3 minutes late'
     """
 

@@ -3,7 +3,9 @@
 A toy MLP language model asked for by name, ``--model toy-<width>``. Its kind claims the names
 that start with ``toy-`` (the presets, a fallback, claim the other names without a colon); its
 request is :class:`ToySpec`; its source is a factory's (``rk.sources.from_factory``), so the one
-pipeline measures it like any other. Registered in ``toy_kinds-0.dist-info/entry_points.txt``::
+pipeline measures it like any other. It brings a flag of its own, ``--toy-tokens`` (the spec's
+``tokens``), takes the shared ``--layers``, and brings a note, :data:`SMALL`, worded by its
+own words. Registered in ``toy_kinds-0.dist-info/entry_points.txt``::
 
     [remat_kit.sources]
     toy = toy_source:TOY
@@ -24,6 +26,7 @@ class ToySpec:
 
     model: str
     layers: int = 2
+    tokens: int = 256
 
     @property
     def name(self) -> str:
@@ -42,22 +45,44 @@ class _Toy(nn.Module):
     width: int
     layers: int
     policy: rk.Policy
+    tokens: int = 256
 
     @nn.compact
     def __call__(self, tokens):
-        x = nn.Embed(256, self.width)(tokens)
+        x = nn.Embed(self.tokens, self.width)(tokens)
         block = rk.remat(_Block, self.policy)
         for _ in range(self.layers):
             x = block(self.width)(x)
-        return nn.Dense(256)(x)
+        return nn.Dense(self.tokens)(x)
+
+
+#: ``--toy-tokens``: the toy's vocabulary (a BadValue about ``tokens`` names this flag).
+TOKENS = rk.sources.Option(
+    "--toy-tokens", "tokens", "the toy's vocabulary", type="positive_int", params=("tokens",)
+)
+
+#: The toy is no real model: said with its width.
+SMALL = rk.notes.NoteKind(
+    "toy_small", ("width",), lambda d: f"toy-{d['width']} is a toy: its figures fit no real model"
+)
 
 
 def _resolve(spec: ToySpec) -> rk.sources.StepSource:
+    if spec.tokens < 2:
+        raise rk.BadValue(
+            f"tokens={spec.tokens}: a toy predicts among 2 tokens or more", param="tokens"
+        )
     width = int(spec.model.removeprefix("toy-"))
-    source = rk.sources.from_factory(lambda policy: _Toy(width, spec.layers, policy))
+    source = rk.sources.from_factory(lambda policy: _Toy(width, spec.layers, policy, spec.tokens))
     return dataclasses.replace(source, spec=spec.name)  # its name in titles
 
 
 TOY = rk.sources.SourceKind(
-    "toy", ToySpec, _resolve, "model", claims=lambda name: name.startswith("toy-")
+    "toy",
+    ToySpec,
+    _resolve,
+    "model",
+    claims=lambda name: name.startswith("toy-"),
+    options=(rk.sources.LAYERS, TOKENS),
+    notes=(SMALL,),
 )
