@@ -228,7 +228,7 @@ def _run_module(module: str, args: argparse.Namespace) -> int:
     # The command's module (and jax, which it imports) is loaded here, to run, not for --help.
     run: Callable[[argparse.Namespace], int] = importlib.import_module(module).run
     # jax's backends start in the run, after the model is read: XLA reads XLA_FLAGS once, as
-    # its first backend starts, and a factory or MaxText config may set them on import
+    # its first backend starts, and a factory or a plugin's config may set them on import
     # (tests/test_sources.py::test_flags_an_import_sets_reach_the_compiles_of_a_fresh_process).
     _interrupt.running()  # Ctrl-C now raises, so that the run can clean up
     return run(args)

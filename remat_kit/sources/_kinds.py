@@ -13,8 +13,8 @@ help, the spec field it fills; pip's option objects are the model) and its kinds
 
 remat_kit knows its two kinds. Any other package adds kinds as a plugin, with one entry point
 per kind in the group ``remat_kit.sources`` naming a :class:`SourceKind` (Python's entry
-points, as pytest finds its plugins). The presets package registers ``preset``, ``hf`` and
-``maxtext`` this way (``pyproject.toml``); remat_kit never imports it::
+points, as pytest finds its plugins). The presets package registers its kinds this way
+(``pyproject.toml``); remat_kit never imports it::
 
     [project.entry-points."remat_kit.sources"]
     preset = "remat_kit_models.source:PRESET"
@@ -76,7 +76,7 @@ TRAIN_FIELDS = frozenset({"optimizer", "accum", "precision"})
 #: ``text`` as typed; ``name`` stripped and lower-cased (``--attention XLA``); ``positive_int``,
 #: ``non_negative_int``, ``float``; ``fraction`` a number in [0, 1); ``precision`` a regime
 #: of ``rk.train.PRECISIONS``; ``shard`` a mesh plan (``fsdp:8``); ``words`` one or more words
-#: kept as one string (``--maxtext a=1 b=2``); ``switch`` no value: given or not.
+#: kept as one string (a config's words, ``a=1 b=2``); ``switch`` no value: given or not.
 OPTION_TYPES = (
     "text",
     "name",
@@ -101,7 +101,7 @@ class Option:
     and each kind fills its own field with it.
 
     Attributes:
-      flag: as typed, ``--maxtext``.
+      flag: as typed, ``--kv-heads``.
       field: the spec field it fills (the model's name for the option of ``names_by``); for a
         ``train`` option, the train-config field it sets.
       help: the line ``--help`` shows.
@@ -273,7 +273,7 @@ class SourceKind:
         colon, ``file.py:NAME``; a preset's has none).
       fallback: the kind takes a name it claims only where no other kind claims it: a
         plugin's kind that claims ``toy-small`` wins over the presets, which claim every name
-        without a colon, and one that claims ``maxtext:...`` over factories.
+        without a colon, and one that claims ``toy:...`` over factories.
       trains: the train-config fields (of :data:`TRAIN_FIELDS`) its steps honour; a request
         that sets another is refused.
       catalogue: the models the kind knows by name, ``[(name, config)]`` (presets), or None.
