@@ -197,6 +197,7 @@ def test_the_toy_kinds_note_is_worded_by_its_kind(toy_installed):
 
 def test_a_plugins_note_read_back_in_a_fresh_process_finds_its_kind(toy_installed, monkeypatch):
     # As a process that never loaded the kind: its note kinds come from the entry points.
+    assert _note.PLUGINS == rk.sources.ENTRY_POINTS  # the group notes reads is the kinds'
     monkeypatch.setattr(_note, "_PLUGGED", {})
     _note._load_plugins.cache_clear()
     try:
