@@ -53,6 +53,8 @@ SHARES = (0.25, 0.5, 0.75)
 #: parts no policy removes is refused before anything is planned.
 ROLES = {"params": 0, "optimizer": 1, "batch": 2}
 GIB = 2**30
+#: The compile option of a plan of XLA's own pass (``AutoPlan.slop_factor``).
+SLOP = "xla_gpu_memory_limit_slop_factor"
 
 
 @dataclasses.dataclass
@@ -299,12 +301,14 @@ def _version(name: str) -> str:
     return version(name)
 
 
-def _bare_peak(case: Case, policy: Any, target: Any) -> int:
+def _bare_peak(case: Case, policy: Any, target: Any, extra: dict[str, int] | None = None) -> int:
     """The step with ``case``'s block rematerialized by flax with ``policy``, jitted by jax
     alone and compiled for ``target``: argument + output + temp - alias. Compiled with the
     options that skip machine code no one runs (``analysis_options``: the same buffers, the
     same analysis, ``remat_kit.targets._codegen``), as tests/test_auto.py's bare compiles:
-    with XLA's defaults one compile of the 1B preset took over 5 minutes on two cores."""
+    with XLA's defaults one compile of the 1B preset took over 5 minutes on two cores.
+    ``extra``: the compile options of the plan (XLA's slop factor, for a plan of XLA's own
+    pass), given by hand as a user gives them to ``jax.jit``."""
     import jax
 
     from remat_kit.targets import analysis_options
@@ -314,7 +318,7 @@ def _bare_peak(case: Case, policy: Any, target: Any) -> int:
         sh = target.sharding()
         placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh), args)
         lowered = jax.jit(step, donate_argnums=(0, 1)).lower(*placed)
-        m = lowered.compile(analysis_options(target)).memory_analysis()
+        m = lowered.compile({**analysis_options(target), **(extra or {})}).memory_analysis()
     return (
         m.argument_size_in_bytes
         + m.output_size_in_bytes
@@ -339,7 +343,7 @@ def measure(case: Case, target: Any) -> dict[str, Any]:
     shared: dict[Any, Any] = {}
 
     def workload(source, t, config):  # one model's decisions share one workload's compiles
-        key = (t.name, t.usable_bytes, t.xla_options.get("xla_gpu_memory_limit_slop_factor"))
+        key = (t.name, t.usable_bytes, t.xla_options.get(SLOP))  # a slop factor: its own
         if key not in shared:
             shared[key] = real(source, t, config)
             shared["source"] = source
@@ -357,7 +361,7 @@ def measure(case: Case, target: Any) -> dict[str, Any]:
         kw = dict(target=target, donate_argnums=(0, 1), loss_fn=loss_fn, loss_argnums=loss_at,
                   roles=ROLES)  # fmt: skip
         probe = decide(step, args, budget=Budget.of("fits"), **kw)  # makes the workload
-        w = shared[(target.name, target.usable_bytes)]
+        w = shared[(target.name, target.usable_bytes, None)]
         reports = {p: w.compiled(as_policy(p), NO_SCHEDULE, 1) for p in ("none", *CATALOGUE)}
         full, none = reports["full"].peak_bytes, reports["none"].peak_bytes
         rows = []
@@ -396,17 +400,20 @@ def measure(case: Case, target: Any) -> dict[str, Any]:
                     "peak_bytes": plan.peak_bytes,
                     "budget_bytes": limit,
                     "decisions": dict(plan.decisions),
+                    "slop_factor": plan.slop_factor,
                 }
             )  # fmt: skip
             print({k: v for k, v in rows[-1].items() if k != "decisions"}, flush=True)
     seconds = time.perf_counter() - t0
-    bare: dict[str, int] = {}
+    bare: dict[tuple[str, int | None], int] = {}
     for row in rows:
-        if row["policy"] not in bare:
+        key = (row["policy"], row["slop_factor"])
+        if key not in bare:
+            extra = {} if row["slop_factor"] is None else {SLOP: row["slop_factor"]}
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                bare[row["policy"]] = _bare_peak(case, as_policy(row["policy"]), target)
-        row["bare_peak_bytes"] = bare[row["policy"]]
+                bare[key] = _bare_peak(case, as_policy(row["policy"]), target, extra)
+        row["bare_peak_bytes"] = bare[key]
         row["equal_to_bare"] = row["bare_peak_bytes"] == row["peak_bytes"]
     return {
         "model": case.name,

@@ -417,7 +417,8 @@ def _xla_pass(
         if r.peak_bytes <= limit:
             got = _seconds(r)
             return slop, (r if got is not None and got < seconds else None), tried
-        if r.xla_remat_fell_short:  # the pass cannot reach its own limit: a lower one neither
+        # XLA logs the limit it worked to only where it fell short of it: a lower one neither
+        if r.xla_remat_limit_bytes is not None:
             break
         slop -= max(1, -(-100 * (r.peak_bytes - limit) // max(1, base - io)))
     return slop, None, tried
