@@ -42,6 +42,9 @@ _PASS_THROUGH = {
     "squeeze",
     "broadcast_in_dim",
 }
+# Primitives whose output is its input's very value (its bytes, its dtype): a tag of the
+# output names the input's value too.
+_SAME_VALUE = {"sharding_constraint", "copy", "copy_p", "reshape", "squeeze"}
 # Primitives that wrap one sub-jaxpr whose outputs are the eqn's outputs one to one (a
 # shard_map's body sees per-device shapes of the same values).
 _CALLS = {
@@ -274,13 +277,19 @@ def expected_decisions(p: Policy | str, tags: Mapping[str, Any]) -> dict[str, st
 
 def _aliases(jaxpr: Any) -> dict[str, set[str]]:
     """Tags that name one value: ``checkpoint_name(checkpoint_name(x, a), b)`` (MaxText tags
-    expert outputs under their MoE and their dense names alike). A policy that keeps the
+    expert outputs under their MoE and their dense names alike), also with a sharding
+    constraint, a copy or a reshape between the two (MaxText's pipeline: a stage's
+    ``decoder_layer_input`` is its ``iteration_input``, constrained). A policy that keeps the
     value under either name keeps it, and the residual carries one of them."""
     groups: dict[str, set[str]] = {}
 
     def walk(jx: Any) -> None:
         made = {}
         for eqn in jx.eqns:
+            src = eqn.invars[0] if eqn.invars else None
+            if kind_of(eqn) in _SAME_VALUE and not isinstance(src, core.Literal) and src in made:
+                made[eqn.outvars[0]] = made[src]  # the same bytes, still named
+                continue
             name = tag_of(eqn)
             if name is not None:
                 made[eqn.outvars[0]] = name

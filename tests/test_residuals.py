@@ -309,3 +309,38 @@ def test_checkpointed_names_the_tags_inside_a_checkpoint_only():
     assert rk.saved_residuals(f, x).checkpointed == {"inside"}
     # Without a checkpoint nothing is inside one.
     assert rk.saved_residuals(lambda x: block(x).sum(), x).checkpointed == set()
+
+
+@pytest.mark.parametrize("between", ["sharding_constraint", "reshape"])
+def test_a_name_of_a_constrained_name_is_the_same_value(between):
+    # MaxText's pipeline: a stage's `decoder_layer_input` is its `iteration_input` under a
+    # sharding constraint, and the iteration's checkpoint saves both names. jax keeps the
+    # value once, under the inner name: the outer is kept too, not recomputed, with its bytes.
+    import contextlib
+    import io
+
+    from jax.ad_checkpoint import checkpoint_name
+
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    keep = {
+        "sharding_constraint": lambda v: jax.lax.with_sharding_constraint(v, one),
+        "reshape": lambda v: v.reshape(4, 8).reshape(32),
+    }[between]
+
+    def iteration(x):
+        x = checkpoint_name(x, "iteration_input")
+        y = checkpoint_name(keep(x), "decoder_layer_input")
+        return jnp.sin(y) * y
+
+    policy = jax.checkpoint_policies.save_only_these_names("iteration_input", "decoder_layer_input")
+    f = lambda x: jnp.sum(jax.checkpoint(iteration, policy=policy)(x))
+    x = jnp.ones((32,))
+    rep = rk.saved_residuals(f, x)
+    assert rep.tags == {"iteration_input": "saved", "decoder_layer_input": "saved"}
+    assert rep.kept_bytes("iteration_input") == rep.kept_bytes("decoder_layer_input") == 128
+    # jax's own account: one value of 32 f32 kept, besides nothing else.
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(f, x)
+    assert out.getvalue().splitlines()[0].startswith("f32[32] ")
+    assert rep.bytes_by() == 128 * len(out.getvalue().splitlines())
