@@ -6,8 +6,8 @@ MaxText's own command line takes it: ``"my.yml base_num_decoder_layers=4"``) ask
 points, ``pyproject.toml``) turns into a :class:`~remat_kit_models.maxtext_source.MaxTextSource`:
 MaxText's own model, train step, optimizer and mesh, built as its AOT compiler builds them.
 The kind brings its flag (:data:`OPTION`) and its notes (:data:`ATTENTION_CHOSEN`,
-:data:`XLA_REMAT`); the source is imported when a spec is resolved, so this module starts no
-jax (``remat-kit --help`` reads it for its flag).
+:data:`XLA_REMAT`, :data:`PIPELINE_OFFLOAD`); the source is imported when a spec is
+resolved, so this module starts no jax (``remat-kit --help`` reads it for its flag).
 
 What the command line owns is not taken from the config (:data:`OWNED`): the batch, the
 sequence, the policy and the target; a config word that sets them is refused, naming the flag.
@@ -45,6 +45,7 @@ __all__ = [
     "MAXTEXT",
     "OPTION",
     "OWNED",
+    "PIPELINE_OFFLOAD",
     "XLA_REMAT",
     "MaxTextSource",
     "MaxTextSpec",
@@ -171,6 +172,21 @@ XLA_REMAT = NoteKind(
     ),
 )
 
+#: A policy MaxText's pipeline cannot take: one that offloads, handed to the decoder (no
+#: config line sets it), which the pipeline's per-iteration checkpoint combines with its own
+#: saved inputs through jax's ``save_from_both_policies`` (it takes save or recompute only).
+PIPELINE_OFFLOAD = NoteKind(
+    "maxtext_pipeline_offload",
+    ("policy", "offloaded"),
+    lambda d: (
+        f"{d['policy']}: MaxText's pipeline checkpoints each iteration with the decoder's "
+        "policy and its own saved inputs (jax's save_from_both_policies), which takes no "
+        f"offload ({', '.join(d['offloaded']) or 'of matmul outputs'}); a pipeline offloads "
+        "only through MaxText's remat_policy: custom lines (a policy naming its tensors: "
+        "minimal_offloaded, offload:offload=...)"
+    ),
+)
+
 
 def _resolve(spec: MaxTextSpec) -> MaxTextSource:
     from remat_kit_models.maxtext_source import resolve
@@ -187,7 +203,7 @@ MAXTEXT = SourceKind(
     "maxtext",
     trains=frozenset(),
     options=(OPTION,),
-    notes=(ATTENTION_CHOSEN, XLA_REMAT),
+    notes=(ATTENTION_CHOSEN, XLA_REMAT, PIPELINE_OFFLOAD),
 )
 
 

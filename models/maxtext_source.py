@@ -57,10 +57,11 @@ from remat_kit.notes import Note
 from remat_kit_models.maxtext import (
     _BASE,
     ATTENTION_CHOSEN,
+    PIPELINE_OFFLOAD,
     XLA_REMAT,
     MaxTextSpec,
 )
-from remat_kit_models.maxtext_lines import CUSTOM_TENSORS, config_lines
+from remat_kit_models.maxtext_lines import config_lines
 
 __all__ = [
     "MaxTextSource",
@@ -663,20 +664,9 @@ class MaxTextSource(rk.sources.StepSource):
         words = _settings(
             self.request, config, target.devices, lines or (), target.hosts, target.tpu_slice
         )
-        offloaded = [n for n in pol.tags if rk.decide(pol, n) == "offload"]
-        if (
-            patch is not None
-            and offloaded
-            and _config(self.request, words).using_pipeline_parallelism
-        ):
-            raise BadValue(
-                f"{self.spec} under {pol.spec!r}: MaxText's pipeline checkpoints each iteration "
-                "with the decoder's policy and its own saved inputs (jax's "
-                "save_from_both_policies), which takes no offload ("
-                f"{', '.join(offloaded)}); a pipeline offloads only through MaxText's "
-                "remat_policy: custom lines, whose tensors are " + ", ".join(CUSTOM_TENSORS),
-                param="policy",
-            )
+        refused = self.refuses(pol, config, target)
+        if refused is not None:
+            raise BadValue(f"{self.spec}: {rk.notes.words(refused)}", param="policy")
         b = _built(self.request, words, target, patch)
         model_state, batch = b.args[0]["model"], b.args[1]
         weights = _per_device(model_state)
@@ -764,6 +754,30 @@ class MaxTextSource(rk.sources.StepSource):
     def policy_lines(self, policy: rk.Policy) -> tuple[str, ...] | None:
         """The MaxText config lines that set ``policy`` (:func:`config_lines`)."""
         return config_lines(policy)
+
+    def refuses(self, policy: rk.Policy, config: rk.TrainConfig, target: rk.Target) -> Note | None:
+        """A note (:data:`~remat_kit_models.maxtext.PIPELINE_OFFLOAD`) for a policy that
+        offloads, on a pipeline, where no config line sets it: handed to the decoder, it
+        meets the pipeline's per-iteration checkpoint, which combines it with its own saved
+        inputs through jax's ``save_from_both_policies`` (save or recompute only: MaxText's
+        own step would raise). None for any other.
+
+        Example:
+          >>> pipe = "model_name=llama2-7b ici_pipeline_parallelism=2 num_pipeline_microbatches=2"
+          >>> src = MaxTextSource(MaxTextSpec(pipe))
+          >>> t, config = rk.target("h100", devices=2), rk.TrainConfig(2, 128)
+          >>> src.refuses(rk.policy("offload_dots_no_batch"), config, t).kind
+          'maxtext_pipeline_offload'
+          >>> src.refuses(rk.policy("minimal_offloaded"), config, t) is None  # its lines
+          True
+        """
+        pol = rk.as_policy(policy)
+        if not pol.offloads or config_lines(pol) is not None:
+            return None
+        if not self._cfg(config, target, ()).using_pipeline_parallelism:
+            return None
+        offloaded = tuple(n for n in pol.tags if rk.decide(pol, n) == "offload")
+        return PIPELINE_OFFLOAD(policy=pol.spec, offloaded=offloaded)
 
     def check_step(self, built: rk.sources.SourceStep, what: str) -> None:
         """The traced loss must checkpoint as the policy says (an equivalent program is

@@ -237,6 +237,94 @@ def test_an_offload_maxtexts_pipeline_cannot_combine_is_refused_before_a_trace()
         src.build_step(policy, rk.parse_schedule("none"), config, target)
 
 
+def test_plan_leaves_out_an_offload_a_pipeline_cannot_take_and_says_why(
+    monkeypatch, capsys, no_compile
+):
+    # plan's default catalogue on a pipeline: offload_dots_no_batch (a dot offload, handed to
+    # the decoder) meets the pipeline's save_from_both_policies, which MaxText's own step
+    # would raise on. It is left out and named with MaxText's reason (traced, not compiled:
+    # the search is stubbed); minimal_offloaded, set by custom lines, stays.
+    pytest.importorskip("maxtext")
+    from remat_kit.cli import _plan, main
+    from remat_kit.search import FRONT_POLICIES
+
+    seen = {}
+
+    def search(args, run, w, budget, catalogue, host_budget):
+        seen["catalogue"] = [p.spec for p in catalogue]
+
+    monkeypatch.setattr(_plan, "_search", search)
+    monkeypatch.setattr(_plan, "_print_plan", lambda *a: 0)
+    argv = ["plan", "--maxtext", PIPELINE, "--gpus", "2", "--batch", "4", "--seq", str(SEQ)]
+    assert main([*argv, "--budget", "100MiB"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "offload_dots_no_batch" not in seen["catalogue"]
+    assert {"full", "dots", "minimal", "minimal_offloaded"} <= set(seen["catalogue"])
+    assert (
+        "not on the front: offload_dots_no_batch: MaxText's pipeline checkpoints each "
+        "iteration with the decoder's policy and its own saved inputs (jax's "
+        "save_from_both_policies), which takes no offload (of matmul outputs)" in out
+    )
+    # Named by the user, it is refused in one line as its step is built, not left out.
+    src = rk.sources.resolve(MaxTextSpec(PIPELINE))
+    kept, notes = rk.sources.buildable_policies(
+        src, rk.TrainConfig(4, SEQ), rk.target("h100", devices=2), FRONT_POLICIES
+    )
+    assert [n.data["policy"] for n in notes] == ["offload_dots_no_batch"]
+    assert len(kept) == len(FRONT_POLICIES) - 1
+    assert rk.sources.buildable_policies(
+        rk.sources.resolve(MaxTextSpec(LLAMA)), rk.TrainConfig(4, SEQ), rk.target("h100"),
+        FRONT_POLICIES,
+    )[1] == []  # fmt: skip
+
+
+def test_a_dot_policys_expert_check_traces_a_batch_the_pipeline_takes():
+    # The check for recomputed expert GEMMs under a dot policy traces one GPU's micro-batch:
+    # on a pipeline never below its micro-batches (4), which MaxText refuses a batch of 1 for.
+    pytest.importorskip("maxtext")
+    from remat_kit.sources._steps import _expert_notes
+
+    src = rk.sources.resolve(MaxTextSpec(PIPELINE))
+    target = rk.target("h100", devices=2)
+    got = _expert_notes(
+        src, rk.policy("dots"), rk.parse_schedule("none"), rk.TrainConfig(4, SEQ), target,
+        src.batch_ways(target), bool(jax.config.jax_remat3),
+    )  # fmt: skip
+    assert got == ()  # a dense Llama: no expert GEMMs
+
+
+def test_a_pipelines_iteration_inputs_are_in_the_residual_table_as_jax_keeps_them():
+    # Traced, not compiled: under `full` MaxText's pipeline checkpoints each iteration saving
+    # its iteration_input and decoder_layer_input (its get_pipeline_remat_policy); a stage's
+    # decoder_layer_input is its iteration_input constrained, one value, which jax keeps once
+    # per iteration: bf16[iterations, stages, micro-batch, seq, width] out of the scan.
+    import contextlib
+    import io
+
+    pytest.importorskip("maxtext")
+    src = rk.sources.resolve(MaxTextSpec(PIPELINE))
+    config, target = rk.TrainConfig(4, SEQ), rk.target("h100", devices=2)
+    res = rk.sources.residuals(src, "full", target, config)
+    step = src.build_step(rk.policies.FULL, rk.parse_schedule("none"), config, target).step
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        jax.ad_checkpoint.print_saved_residuals(step.loss_fn, *step.loss_args)
+    stacked = [
+        line
+        for line in out.getvalue().splitlines()
+        if re.match(rf"bf16\[\d+,2,1,{SEQ},256\] output of scan ", line)
+    ]
+    assert len(stacked) == 1, out.getvalue()
+    iterations = int(re.match(r"bf16\[(\d+),", stacked[0]).group(1))
+    assert iterations == 4 * 2 + 2 - 1  # micro-batches x repeats + stages - 1: MaxText's loop
+    kept = iterations * 2 * 1 * SEQ * 256 * 2
+    assert {t: res.tags[t] for t in ("iteration_input", "decoder_layer_input")} == {
+        "iteration_input": "saved",
+        "decoder_layer_input": "saved",
+    }
+    assert res.kept_bytes("iteration_input") == res.kept_bytes("decoder_layer_input") == kept
+
+
 @pytest.mark.parametrize(
     ("words", "layers"),
     [(PIPELINE, 4), (f"{LLAMA} dcn_data_parallelism=2 num_slices=2", 2)],

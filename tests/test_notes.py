@@ -192,6 +192,14 @@ CASES = [
         "--xla_disable_hlo_passes=rematerialization, as MaxText's GPU configs set it)",
     ),
     (
+        "maxtext_pipeline_offload",
+        {"policy": "offload:offload=block_out", "offloaded": ["block_out"]},
+        "offload:offload=block_out: MaxText's pipeline checkpoints each iteration with the "
+        "decoder's policy and its own saved inputs (jax's save_from_both_policies), which "
+        "takes no offload (block_out); a pipeline offloads only through MaxText's remat_policy: "
+        "custom lines (a policy naming its tensors: minimal_offloaded, offload:offload=...)",
+    ),
+    (
         "whole_model_probes",
         {"model": "f.py:deep", "layers": 32},
         "f.py:deep takes no layers=: its 32 identical layers are compiled whole in every "

@@ -16,7 +16,7 @@ from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.comparison import compare_rows
 from remat_kit.errors import BadValue
-from remat_kit.notes import label, shared_words
+from remat_kit.notes import label, shared_words, words
 from remat_kit.policies import NO_REMAT
 from remat_kit.render import (
     SCHEDULER_WORDS,
@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         policies,
         given=args.policies != ",".join(FRONT_POLICIES),
     )
+    # One the model's steps cannot take is left out of the default list, with the source's
+    # reason under the table; one the user named is refused as it is built.
+    refused = []
+    if args.policies == ",".join(FRONT_POLICIES):
+        policies, refused = sources.buildable_policies(run.source, run.config, target, policies)
     sched_specs = args.schedules.replace(";", " ").split()
     schedules = [schedule_arg(s, "--schedules", run.n_layers) for s in sched_specs]
     if not schedules:
@@ -76,11 +81,15 @@ def run(args: argparse.Namespace) -> int:
             "this machine's own GPU (--target local): name the GPU with --target instead"
         )
     with cluster_executor(args) as executor:  # connected before any compile
-        return _compare_cases(args, run, cases, skipped, executor)
+        return _compare_cases(args, run, cases, (skipped, refused), executor)
 
 
 def _compare_cases(
-    args: argparse.Namespace, run: Any, cases: list[Any], skipped: list[str], executor: Any
+    args: argparse.Namespace,
+    run: Any,
+    cases: list[Any],
+    left_out: tuple[list[str], list[Any]],
+    executor: Any,
 ) -> int:
     """Compiles the cases (here, in ``--jobs`` processes or on the ``--cluster``), prints."""
     target = run.target
@@ -126,19 +135,21 @@ def _compare_cases(
         baseline = reports[plain[0]].flops
         if baseline:  # as measure() takes it: no FLOPs, no overhead
             reports = [sources.with_baseline(r, baseline) for r in reports]
-    return _print_rows(args, run, reports, skipped, time.perf_counter() - start)
+    return _print_rows(args, run, reports, left_out, time.perf_counter() - start)
 
 
 def _print_rows(
     args: argparse.Namespace,
     run: Any,
     reports: list[MemoryReport],
-    skipped: list[str],
+    left_out: tuple[list[str], list[Any]],
     seconds: float,
 ) -> int:
-    """Prints the table and the notes the rows share (once, naming the rows), writes
-    ``--json`` and ``--csv``; the exit code (0)."""
+    """Prints the table, the policies left out (no tag of theirs; the source's notes) and the
+    notes the rows share (once, naming the rows), writes ``--json`` and ``--csv``; the exit
+    code (0)."""
     target = run.target
+    skipped, refused = left_out
     rows = compare_rows(reports)
     out = console(args.wide)
     out.print(fitted(compare_table(rows, target, run, seconds), out.width))
@@ -148,6 +159,8 @@ def _print_rows(
             f"not compared (the model tags none of their tensors): {', '.join(skipped)}; "
             f"the model's tags: {there}"
         )
+    for note in refused:
+        out.print(f"not compared: {words(note)}", highlight=False)
     for line in run_notes(run):
         out.print(f"[yellow]note:[/yellow] {line}")
     # Not fitting and XLA's own remat are in the table's fits column already; a note that

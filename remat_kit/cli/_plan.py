@@ -14,6 +14,7 @@ from remat_kit.cli._model import print_caveats, print_notes, resolve, with_sprea
 from remat_kit.cli._next import lora_request
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
+from remat_kit.notes import words
 from remat_kit.render import (
     compiling_words,
     console,
@@ -76,6 +77,12 @@ def run(args: argparse.Namespace) -> int:
         catalogue,
         given=args.policies != ",".join(FRONT_POLICIES),
     )
+    # One the model's steps cannot take (MaxText's pipeline and an offload no config line
+    # sets) is left out, with the source's reason; one the user named is refused as it is
+    # built.
+    refused = []
+    if args.policies == ",".join(FRONT_POLICIES):
+        catalogue, refused = sources.buildable_policies(run.source, run.config, target, catalogue)
     host_budget = None if args.host_budget is None else host_budget_arg(args.host_budget)
     w = sources.workload(run.source, target, run.config, depth=run.depth)
     print_notes(run, args.wide)
@@ -87,6 +94,8 @@ def run(args: argparse.Namespace) -> int:
         console(args.wide).print(
             f"not on the front (the model tags none of their tensors): {', '.join(skipped)}"
         )
+    for note in refused:
+        console(args.wide).print(f"not on the front: {words(note)}", highlight=False)
     return _print_plan(args, run, w, found)
 
 

@@ -79,7 +79,12 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
         with_baseline,
         workload,
     )
-    from remat_kit.sources._tag_checks import check_policies, tags, usable_policies
+    from remat_kit.sources._tag_checks import (
+        buildable_policies,
+        check_policies,
+        tags,
+        usable_policies,
+    )
     from remat_kit.sources._workload import Measured, Workload
 
 #: Where each public name lives: the private module it is imported from on first use.
@@ -126,6 +131,7 @@ _HOME: dict[str, str] = {
     "step_flops": "_steps",
     "with_baseline": "_steps",
     "workload": "_steps",
+    "buildable_policies": "_tag_checks",
     "check_policies": "_tag_checks",
     "tags": "_tag_checks",
     "usable_policies": "_tag_checks",
@@ -177,6 +183,7 @@ __all__ = [
     "StepSpec",
     "Workload",
     "breakdown",
+    "buildable_policies",
     "check_policies",
     "from_factory",
     "from_step",

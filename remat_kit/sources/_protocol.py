@@ -177,6 +177,15 @@ class StepSource(Protocol):
         del policy
         return None
 
+    def refuses(self, policy: Policy, config: TrainConfig, target: Target) -> Note | None:
+        """Why its steps cannot take ``policy`` for ``config`` on ``target``, as a note of
+        its kind (MaxText's pipeline combines the policy in a way that takes no offload), or
+        None (the default: every policy). A default catalogue leaves such a policy out and
+        says why (:func:`~remat_kit.sources.buildable_policies`); one the user names is
+        refused in one line when its step is built."""
+        del policy, config, target
+        return None
+
     def notes(self, config: TrainConfig, target: Target) -> tuple[Note, ...]:
         """What a user should know about how this source's programs are made for ``target``
         (a kernel it chose and why), as notes for the rendering layer. Default none."""

@@ -260,8 +260,13 @@ def _expert_notes(
     # remat3: jax's remat implementation, part of the memo's key only (the trace below runs
     # under the flag as it is).
     # Traced (not compiled) at one GPU's micro-batch, unsharded: the forward program, where
-    # each checkpoint's body is what its policy decides on.
-    one = dataclasses.replace(config, batch=max(1, config.micro_batch // ways), accum=1)
+    # each checkpoint's body is what its policy decides on. Never below the smallest batch
+    # the source's steps take (MaxText refuses a batch its pipeline's micro-batches do not
+    # divide).
+    one = dataclasses.replace(config, accum=1)
+    one = dataclasses.replace(
+        one, batch=max(source.smallest_batch(one, t), config.micro_batch // ways)
+    )
     step = source.build_step(pol, sch, one, t, sharded=False).step
     forward = jax.make_jaxpr(step.loss_fn)(*step.loss_args)
     found = (checks.ragged_dots_recomputed(forward), checks.expert_dots_recomputed(forward))

@@ -1,5 +1,6 @@
-"""The tags of a model's step, and whether name-based policies can act on them (before any
-compile): a policy whose names match no tag behaves like ``full``.
+"""The tags of a model's step, and whether policies can act on it (before any compile): a
+policy whose names match no tag behaves like ``full``; one the source's steps cannot take
+(its ``refuses``) is left out of a default catalogue with the source's reason.
 
 Example:
   >>> src = rk.sources.from_factory(tiny_model)
@@ -17,6 +18,7 @@ import jax
 
 from remat_kit import checks
 from remat_kit.errors import BadValue
+from remat_kit.notes import Note
 from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.residuals import tags_in
 from remat_kit.schedules import NO_SCHEDULE
@@ -27,6 +29,7 @@ from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
 
 __all__ = [
+    "buildable_policies",
     "check_policies",
     "tags",
     "usable_policies",
@@ -156,3 +159,36 @@ def usable_policies(
     there = tags(source, config, target)
     skipped = [p.spec for p in pols if checks.unmatched_policy(p, there)]
     return [p for p in pols if p.spec not in skipped], skipped
+
+
+def buildable_policies(
+    source: StepSource, config: TrainConfig, target: Target | str, policies: Iterable[Any]
+) -> tuple[list[Policy], list[Note]]:
+    """The policies the source's steps can take, and a note for each one it cannot (its
+    :meth:`~remat_kit.sources.StepSource.refuses`): what a default catalogue leaves out, said
+    with the source's reason, never dropped in silence.
+
+    Args:
+      source: the model source.
+      config: the train config.
+      target: the target.
+      policies: policy names, specs or Policies.
+
+    Returns:
+      (kept policies, the refused ones' notes).
+
+    Example:
+      >>> src = rk.sources.from_factory(tiny_model)
+      >>> kept, notes = buildable_policies(src, rk.TrainConfig(2, 16), "h100", ["full"])
+      >>> [p.name for p in kept], notes
+      (['full'], [])
+    """
+    t = as_target(target)
+    kept, refused = [], []
+    for p in (as_policy(x) for x in policies):
+        note = source.refuses(p, config, t)
+        if note is None:
+            kept.append(p)
+        else:
+            refused.append(note)
+    return kept, refused
