@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import functools
 import re
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import remat_kit
 import remat_kit_models as models
 
 
@@ -154,85 +152,6 @@ def on_both_layouts(items, models=("tiny-llama", "tiny-gpt2")):
         for i, item in enumerate(items)
         for scan in (True, False)
     ]
-
-
-def maxtext_aot(
-    words: str,
-    remat: dict[str, str],
-    devices: int,
-    batch: int,
-    seq: int,
-    compiler_options: dict | None = None,
-) -> dict[str, int]:
-    """MaxText's own AOT compile of ``words`` with its remat keys ``remat``, on ``devices``
-    compile-only H100s: argument, output, temp and alias bytes.
-
-    Its ``train_compile`` functions and its ``jit_and_compile`` (which enters
-    ``jax.set_mesh`` and its logical axis rules, then compiles), the words written out here:
-    the independent side of ``remat_kit_models.maxtext``'s figures (tests, experiments).
-    ``compiler_options`` reach XLA through MaxText's own ``compile_xla_flags`` (the tests hand
-    it remat_kit's analysis-only codegen: the same memory analysis, without the machine code)."""
-    from flax.core.spmd import logical_axis_rules
-    from maxtext.configs import pyconfig
-    from maxtext.trainers.pre_train import train, train_compile
-    from maxtext.utils import maxtext_utils, sharding
-
-    base = Path(pyconfig.__file__).parent / "base.yml"
-    argv = [
-        "test",
-        str(base),
-        *words.split(),
-        *(f"{k}={v}" for k, v in remat.items()),
-        "override_model_config=True",
-        f"per_device_batch_size={batch // devices}",
-        f"max_target_length={seq}",
-        "hardware=gpu",
-        "internal_compile=True",
-        f"internal_compile_num_devices={devices}",
-        "enable_checkpointing=False",
-        "skip_jax_distributed_system=True",
-        "dataset_type=synthetic",
-        "jax_cache_dir=",  # else jax's persistent cache goes to ~/jax_cache for the process
-    ]
-    if compiler_options:
-        # A flag string carries no bool XLA takes ('true' is refused): those stay out.
-        flags = " ".join(
-            f"--{k}={v}" for k, v in compiler_options.items() if not isinstance(v, bool)
-        )
-        argv.append(f"compile_xla_flags={flags}")
-    config = pyconfig.initialize(argv)
-    grid = maxtext_utils.create_device_mesh(
-        config, list(remat_kit.target("h100", devices=devices).mesh().devices.reshape(-1))
-    )
-    mesh = jax.sharding.Mesh(
-        grid, config.mesh_axes, axis_types=(jax.sharding.AxisType.Auto,) * len(config.mesh_axes)
-    )
-    args, kwargs, state_sh, _, model = train_compile.get_shaped_inputs(mesh, config)
-    params_sh, state_sh = sharding.maybe_update_params_sharding_with_opt(config, state_sh)
-    in_state = sharding.build_zero1_input_state_mesh_shardings(config, state_sh, params_sh)
-    data_sh = sharding.get_input_data_sharding(config, mesh)
-    fn, in_sh, out_sh, static, donate = maxtext_utils.get_functional_train_with_signature(
-        train.train_step, data_sh, in_state, model, config, params_sh
-    )
-    compiled = train_compile.jit_and_compile(
-        fn,
-        args,
-        kwargs,
-        mesh,
-        in_sh,
-        out_sh,
-        static,
-        donate,
-        config,
-        logical_axis_rules(config.logical_axis_rules),
-    )
-    m = compiled.memory_analysis()
-    return {
-        "argument": m.argument_size_in_bytes,
-        "output": m.output_size_in_bytes,
-        "temp": m.temp_size_in_bytes,
-        "alias": m.alias_size_in_bytes,
-    }
 
 
 @functools.cache

@@ -234,9 +234,10 @@ def test_results_tables_read_the_results():
     first = data["rows"][0]
     assert rows[0][2] == f"{first['predicted_peak_bytes'] / 2**30:.2f}"
     assert [r[3] for r in rows].count("out of memory") == sum(r["oom"] for r in data["rows"])
-    aot = json.loads((ROOT / "results" / "maxtext_aot.json").read_text())
-    _, rows, _ = TABLES["maxtext-aot"]()
-    assert [r[2] for r in rows] == [str(r["peak_bytes"]) for r in aot["rows"]]
+    scale = json.loads((ROOT / "results" / "maxtext_scale.json").read_text())
+    _, rows, _ = TABLES["maxtext-scale"]()
+    assert [r[0] for r in rows] == [r["name"] for r in scale["rows"]]
+    assert [r[-1] for r in rows].count("yes") == sum(r["equal"] for r in scale["rows"])
 
 
 @pytest.mark.slow

@@ -555,9 +555,9 @@ def test_cli_bad_maxtext_input_is_one_line_exit_2(argv, match, capsys, no_compil
 
 
 def test_plan_prints_a_maxtext_plan_as_config_lines():
-    # What plan prints after its answer for a MaxText model (the whole run is
-    # experiments/maxtext_aot.py's and README's: its cost model traces MaxText's step ~20
-    # times, more than the suite's budget allows).
+    # What plan prints after its answer for a MaxText model (the whole run is in
+    # docs/your-model.md: its cost model traces MaxText's step ~20 times, more than the
+    # suite's budget allows).
     import types
 
     from remat_kit.cli._plan import _config_lines, config_words
