@@ -8,6 +8,8 @@ Memory against a bare compile on libtpu's devices: tests/test_tpu_memory.py.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -172,3 +174,30 @@ def test_slices_are_joined_on_the_mesh_axis_they_divide():
     # four one-chip slices over a 2 x 2 mesh: no axis spans all four
     with pytest.raises(BadValue, match="no axis that 4 slices divide"):
         rk.target("v5e-1", slices=4).mesh(("a", "b"), (2, 2))
+
+
+@pytest.mark.parametrize(
+    ("name", "word"), [("v5e-4", "chip"), ("v5p-8", "chip"), ("h100", "GPU"), ("cpu", "device")]
+)
+def test_figures_per_device_name_the_device_they_are_per(name, word):
+    """A sharded report's collectives line and the per-tag table's unsharded caveat say per
+    chip on a TPU slice (per TensorCore where a chip is two devices), per GPU on a GPU."""
+    from remat_kit.render import residual_table
+    from remat_kit.render._captions import collective_words
+
+    target = rk.target(name)
+    assert target.device_word == word
+    row = {"launches": 2, "bytes": 2**30, "groups": [4]}
+    assert collective_words({"all-gather": row}, target.device_word).startswith(
+        f"collectives per step, per {word}: all-gather 2x"
+    )
+    res = rk.residuals.ResidualReport(
+        residuals=(rk.residuals.Residual("argument", (), "float32", 2**30, "saved", 1, ""),),
+        tags={"mlpwo": "recomputed"},
+        tag_bytes={},
+        tag_count={},
+    )
+    report = SimpleNamespace(meta=rk.analysis.ReportMeta.of({"layers": 2, "devices": 4}))
+    table = residual_table(res, report, target.device_word)
+    assert table.title.endswith(f"the step unsharded: not per {word})")
+    assert f"(the unsharded step, not per {word})" in table.caption

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     out = console(args.wide)
     out.print(fitted(report_table(report, target), out.width))
     if res is not None:
-        out.print(fitted(residual_table(res, report), out.width))
+        out.print(fitted(residual_table(res, report, target.device_word), out.width))
     said = [words(note) for note in report.notes]
     # Which limit decides fits, where XLA's lines name limits of their own (issue 45).
     limits = xla_limits_words(

@@ -87,9 +87,9 @@ def expert_words(e: Mapping[str, Any]) -> str:
     return f"experts: {e['routed']} routed, {e['per_token']} per token, as {how}"
 
 
-def collective_words(summary: Mapping[str, Any]) -> str:
-    """One line on what a sharded step exchanges, per GPU
-    (:func:`remat_kit.sharding.collective_summary`)."""
+def collective_words(summary: Mapping[str, Any], device: str = "GPU") -> str:
+    """One line on what a sharded step exchanges, per ``device`` (``Target.device_word``:
+    a GPU, a TPU chip) (:func:`remat_kit.sharding.collective_summary`)."""
     parts = []
     for op, row in summary.items():
         again = row.get("recomputed_launches", 0)
@@ -104,7 +104,7 @@ def collective_words(summary: Mapping[str, Any]) -> str:
             )
             + ")"
         )
-    return "collectives per step, per GPU: " + "; ".join(parts)
+    return f"collectives per step, per {device}: " + "; ".join(parts)
 
 
 def fits_rule(target: Target) -> str:

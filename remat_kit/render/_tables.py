@@ -324,7 +324,7 @@ def report_table(r: MemoryReport, target: Target) -> Table:
     if m.depth:
         table.caption += "\n" + depth_words(m.depth)
     if m.collectives:
-        table.caption += "\n" + collective_words(m.collectives)
+        table.caption += "\n" + collective_words(m.collectives, target.device_word)
     est = m.offload_estimate
     if est:
         table.caption += (
@@ -344,12 +344,13 @@ def _gpus(meta: ReportMeta) -> int:
     return math.prod((meta.extra.get("maxtext") or {}).get("mesh", {}).values())
 
 
-def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
+def residual_table(res: ResidualReport, r: MemoryReport, device: str = "GPU") -> Table:
     """What the policy keeps for the backward pass, per tag, per layer and in all layers.
 
     Args:
       res: the saved residuals of one micro-batch.
       r: the report of the same step (for its layer count).
+      device: what one device of the target is called (``Target.device_word``).
 
     Returns:
       The table.
@@ -367,7 +368,7 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
     whole = _gpus(r.meta) > 1
     table = Table(
         title="what the policy keeps, per tag (one micro-batch"
-        + (" of the global batch, the step unsharded: not per GPU)" if whole else ")")
+        + (f" of the global batch, the step unsharded: not per {device})" if whole else ")")
     )
     kept = {tag: res.kept_bytes(tag) for tag in res.tags}  # under each name of a value
     per_layer = {tag: k / max(layers, 1) for tag, k in kept.items()}
@@ -382,7 +383,7 @@ def residual_table(res: ResidualReport, r: MemoryReport) -> Table:
     offloaded = res.bytes_by("offloaded")
     table.caption = (
         "residuals kept on device"
-        + (" (the unsharded step, not per GPU)" if whole else "")
+        + (f" (the unsharded step, not per {device})" if whole else "")
         + f" {size(res.bytes_by('saved'))} "
         f"(of which untagged values and weights: {size(untagged)}), "
         f"offloaded {size(offloaded)}"
@@ -423,9 +424,9 @@ def fit_table(
         + training_line(opts_precision(opts), None)
     )
     table = Table(title=title, caption=f"{compiles} compiles in {seconds:.1f} s")
-    # Over several GPUs the batch is global; what each GPU holds is what a trainer's config
+    # Over several devices the batch is global; what each holds is what a trainer's config
     # names (MaxText's per_device_batch_size).
-    per_gpu = ("per GPU",) if target.devices > 1 else ()
+    per_gpu = (f"per {target.device_word}",) if target.devices > 1 else ()
     mem = byte_unit(b for row in rows for b in (row.fit.peak_bytes, row.fit.next_peak_bytes))
     columns = (
         "policy",
