@@ -17,8 +17,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from remat_kit._lazy import loader
 
 if TYPE_CHECKING:  # what the names below are, for readers and type checkers
     from remat_kit_models.attention import SelfAttention
@@ -64,12 +65,7 @@ _HOME: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = loader(__name__, _HOME, globals(), submodules=False)
 
 
 def __dir__() -> list[str]:

@@ -14,9 +14,9 @@ Example:
   'minimal'
 """
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from remat_kit._lazy import loader
 
 if TYPE_CHECKING:  # what the names below are, for readers and type checkers
     from remat_kit import checks, marks, names, sources, tagging, timing
@@ -105,18 +105,7 @@ _HOME: dict[str, str | None] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    # PEP 562: a public name, or any submodule (rk.search, rk.train ...), imported on first use.
-    if name in _HOME:
-        home = _HOME[name]
-        if home is None:
-            return importlib.import_module(f"{__name__}.{name}")
-        value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = loader(__name__, _HOME, globals())
 
 
 def __dir__() -> list[str]:

@@ -32,9 +32,9 @@ Example:
 # The names are imported on first use (PEP 562), as remat_kit's own are: ``remat-kit --help``
 # reads the kinds of source (their options, remat_kit.sources._kinds) without starting jax.
 
-import importlib
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from remat_kit._lazy import loader
 
 if TYPE_CHECKING:  # what the names below are, for readers and type checkers
     from remat_kit.sources._adapters import MADE_INPUTS
@@ -140,14 +140,7 @@ _HOME: dict[str, str] = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _HOME:
-        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")  # a private module: sources._steps
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = loader(__name__, _HOME, globals())
 
 
 def __dir__() -> list[str]:
