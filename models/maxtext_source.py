@@ -678,6 +678,8 @@ class MaxTextSource(rk.sources.StepSource):
             # MaxText's micro-batches per step: the report's batch counts them all.
             "accum": int(b.cfg.gradient_accumulation_steps),
             "params": int(sum(x.size for x in jax.tree.leaves(b.loss_args[0]))),
+            # The devices of MaxText's own mesh: figures are per device where it spans several.
+            "devices": int(b.mesh.devices.size),
             "maxtext": {
                 "config": self.request.maxtext,
                 "policy_lines": list(lines) if lines is not None else None,

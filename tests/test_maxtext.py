@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import math
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -305,7 +306,10 @@ def test_a_pipelines_iteration_inputs_are_in_the_residual_table_as_jax_keeps_the
     src = rk.sources.resolve(MaxTextSpec(PIPELINE))
     config, target = rk.TrainConfig(4, SEQ), rk.target("h100", devices=2)
     res = rk.sources.residuals(src, "full", target, config)
-    step = src.build_step(rk.policies.FULL, rk.parse_schedule("none"), config, target).step
+    built = src.build_step(rk.policies.FULL, rk.parse_schedule("none"), config, target)
+    step = built.step
+    # its figures are per device of MaxText's own mesh, which the source labels for render
+    assert built.meta["devices"] == 2 == math.prod(built.meta["maxtext"]["mesh"].values())
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         jax.ad_checkpoint.print_saved_residuals(step.loss_fn, *step.loss_args)

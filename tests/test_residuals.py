@@ -234,8 +234,9 @@ def test_residual_table_parts_are_parts_of_their_whole():
     [
         ({"layers": 4}, False),
         ({"layers": 4, "mesh": "fsdp:2", "devices": 2}, True),
-        ({"layers": 4, "maxtext": {"mesh": {"fsdp": 8}}}, True),
-        ({"layers": 4, "maxtext": {"mesh": {"none": 1}}}, False),
+        # a trainer's own mesh (MaxText's): its source labels the mesh's devices
+        ({"layers": 4, "devices": 8, "maxtext": {"mesh": {"fsdp": 8}}}, True),
+        ({"layers": 4, "devices": 1, "maxtext": {"mesh": {"none": 1}}}, False),
     ],
 )
 def test_residual_table_over_several_gpus_says_its_figures_are_the_unsharded_step(meta, whole):

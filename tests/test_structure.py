@@ -121,7 +121,17 @@ def _circle(graph: dict[str, set[str]]) -> list[str] | None:
 
 #: The floors of the house, ground first (../shared/design.md): a module imports from its own
 #: floor or below, never above. Each name is a top-level module or package of remat_kit.
-_GROUND = ("errors", "_switches", "_lazy", "names", "_shapes", "_trips", "_jaxpr", "optimizers", "precision")
+_GROUND = (
+    "errors",
+    "_switches",
+    "_lazy",
+    "names",
+    "_shapes",
+    "_trips",
+    "_jaxpr",
+    "optimizers",
+    "precision",
+)
 FLOORS = (
     (*_GROUND, "_units"),  # _units: how a figure reads, for the notes and render alike
     ("notes", "policies", "checks"),  # what a policy keeps, its words, no silent no-ops

@@ -10,7 +10,6 @@ to print; nothing here compiles or measures. ``opts`` is the run's options as th
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
@@ -337,11 +336,9 @@ def report_table(r: MemoryReport, target: Target) -> Table:
 
 
 def _gpus(meta: ReportMeta) -> int:
-    # Our sources label a sharded step's devices; a MaxText step lays out its own mesh (its
-    # own label: a source's, not a field).
-    if meta.devices:
-        return int(meta.devices)
-    return math.prod((meta.extra.get("maxtext") or {}).get("mesh", {}).values())
+    # A source labels a sharded step's devices (ours from the mesh plan, a trainer's from
+    # its own mesh); a step that labels none is one device's.
+    return int(meta.devices or 1)
 
 
 def residual_table(res: ResidualReport, r: MemoryReport, device: str = "GPU") -> Table:
