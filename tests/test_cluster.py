@@ -238,10 +238,16 @@ def test_compare_on_the_cluster_gives_the_local_figures_and_a_warm_rerun(
     # other in a worker process.
     assert len(remote) == 1 and remote[0].compiles >= 1
     assert remote[0].worker.rsplit(":", 1)[1] != str(os.getpid())
-    assert main([*argv, "--jobs", "1", "--no-cache", "--json", str(tmp_path / "here.json")]) == 0
+    # Here with an empty cache of its own (--no-cache would compile without the stand-in
+    # ptxas, about three times slower).
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "here_cache"))
+    before = cache.compiles()
+    assert main([*argv, "--jobs", "1", "--json", str(tmp_path / "here.json")]) == 0
+    assert cache.compiles() - before == 2  # both compiled here
     assert _figures(tmp_path / "there.json") == _figures(tmp_path / "here.json")
     # The worker's cache entries came back to this machine's cache: the rerun compiles
     # nothing, here or there.
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "client_cache"))
     before = cache.compiles()
     assert main([*argv, "--cluster", address, "--json", str(tmp_path / "again.json")]) == 0
     assert len(_workers.remote_stats()) == sent + 1 and cache.compiles() == before
@@ -249,11 +255,16 @@ def test_compare_on_the_cluster_gives_the_local_figures_and_a_warm_rerun(
 
 
 @pytest.mark.slow
-def test_advise_on_the_cluster_gives_the_local_figures(cluster, tmp_path):
+def test_advise_on_the_cluster_gives_the_local_figures(cluster, tmp_path, monkeypatch):
     """One GPU under two names: the first is planned here, the second in a worker process
-    (its own cache: it compiles too); the two rows must agree to the byte."""
+    (its own cache: it compiles too); the two rows must agree to the byte.
+
+    Cold caches, not --no-cache (which compiles without the stand-in ptxas, about three
+    times slower): an empty one here, and a batch no other test of the module compiles, so
+    the workers' cache has none of its programs either."""
     address, _ = cluster
-    argv = ["advise", "--model", "tiny-llama", "--batch", "2", "--seq", "32", "--no-cache"]
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "client_cache"))  # empty: all compile
+    argv = ["advise", "--model", "tiny-llama", "--batch", "3", "--seq", "32"]
     argv += ["--targets", "h100,h100-80gb", "--cluster", address]
     sent = len(_workers.remote_stats())
     assert main([*argv, "--json", str(tmp_path / "advice.json")]) == 0
@@ -265,16 +276,24 @@ def test_advise_on_the_cluster_gives_the_local_figures(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_fit_searches_its_policies_on_the_cluster_with_the_local_answers(cluster, tmp_path):
+def test_fit_searches_its_policies_on_the_cluster_with_the_local_answers(
+    cluster, tmp_path, monkeypatch
+):
     """The first policy's search runs here, the second in a worker process (its own cache:
-    it compiles too); the rows, and the compiles counted, equal a local run's."""
+    it compiles too); the rows, and the compiles counted, equal a local run's.
+
+    Each run here with an empty cache of its own, not --no-cache (which compiles without
+    the stand-in ptxas, about three times slower); no other test of the module compiles
+    for an L4, so the workers' cache has none of these programs."""
     address, _ = cluster
-    argv = ["fit", "--model", "tiny-llama", "--seq", "32", "--target", "l4", "--no-cache"]
+    argv = ["fit", "--model", "tiny-llama", "--seq", "32", "--target", "l4"]
     argv += ["--policies", "full,none"]
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache_there"))  # empty: all compile
     sent = len(_workers.remote_stats())
     assert main([*argv, "--cluster", address, "--json", str(tmp_path / "there.json")]) == 0
     remote = _workers.remote_stats()[sent:]
     assert len(remote) == 1 and remote[0].compiles >= 1
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "cache_here"))  # empty again
     assert main([*argv, "--jobs", "1", "--json", str(tmp_path / "here.json")]) == 0
     there, here = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("there", "here"))
     assert there["compiles"] == here["compiles"]
