@@ -17,7 +17,7 @@ from remat_kit import sources
 from remat_kit.cli._model import ModelRun, resolve
 from remat_kit.cli._values import policy_arg, schedule_arg
 from remat_kit.errors import BadValue
-from remat_kit.peak import PeakReport, diff, inspect_step
+from remat_kit.peak import PeakReport, check_target, diff, inspect_step
 from remat_kit.policies import Policy, as_policy
 from remat_kit.render import (
     buffer_table,
@@ -73,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if xprof is not None:
         check_profile_dir(xprof, flag="--xprof")
     run = resolve(args)
+    check_target(run.target)
     if trace is not None and speed_of(run.target) is None:
         raise BadValue(
             f"--trace needs a step-time model, which target {run.target.name!r} has none of: "

@@ -33,7 +33,7 @@ Example:
 """
 
 from remat_kit.errors import InspectError
-from remat_kit.peak._api import inspect, inspect_step
+from remat_kit.peak._api import check_target, inspect, inspect_step
 from remat_kit.peak._compare import diff
 from remat_kit.peak._profile import Section, live_sections
 from remat_kit.peak._series import HOST, LiveSeries
@@ -75,6 +75,7 @@ __all__ = [
     "Phase",
     "Section",
     "StepTrace",
+    "check_target",
     "diff",
     "inspect",
     "inspect_step",
