@@ -400,7 +400,8 @@ def _xla_pass(
     factor that asks for ``limit`` is ``(limit - io) / (base - io)``, rounded down to a whole
     percent; its compile says where the pass really got. The pass picks what to recompute
     by its own cost model (no kernel times), so it competes on the step time predicted from
-    its kernels like every plan.
+    its kernels like every plan. A ``local`` target (a GPU in this process) carries no
+    allocator runtime for the factor: not tried there yet.
     """
     if target.kind != "gpu" or seconds is None or none.peak_bytes <= limit:
         return None
