@@ -675,19 +675,27 @@ def test_a_step_taking_nnx_objects_trains_as_under_nnx_jit(form):
 SLOP = "xla_gpu_memory_limit_slop_factor"
 
 
-def test_a_slop_factor_is_a_whole_percent_and_travels_with_the_target():
-    from remat_kit.targets import Runtime
+def _local_gpu(**kw):
+    """A GPU in this process as ``rk.target("local")`` describes one (its allocator's
+    ``bytes_limit`` as its memory), built by hand: there is no GPU here."""
+    return rk.Target("local", "local", "NVIDIA H100 80GB HBM3", 63763906560, 3.35e12, 64e9,
+                     989e12, compute_capability=(9, 0), **kw)  # fmt: skip
 
+
+def test_a_slop_factor_is_a_whole_percent_and_travels_with_the_target():
     t = H100.with_slop_factor(23)
     assert t.xla_options == {SLOP: 23} and H100.xla_options == {}
     assert analysis_options(t)[SLOP] == 23 and SLOP not in analysis_options(H100)
     assert t.usable_bytes == H100.usable_bytes and t.to_dict()["slop_factor"] == 23
     assert "slop_factor" not in H100.to_dict()  # XLA's default: records read as before
+    # a GPU in the process compiles with it too (its own compile options, nothing else)
+    assert analysis_options(_local_gpu().with_slop_factor(30)) == {SLOP: 30}
     for bad in (0, 96, 2.5, True):
         with pytest.raises(BadValue, match="whole percent in \\[1, 95\\]"):
-            Runtime(slop_factor=bad)
-    with pytest.raises(BadValue, match="GPU targets, not 'cpu'"):
-        rk.target("cpu").with_slop_factor(50)
+            H100.with_slop_factor(bad)
+    for name, t in (("cpu", rk.target("cpu")), ("v5e", rk.target("v5e-4"))):
+        with pytest.raises(BadValue, match=f"GPU targets, not '{name}'"):
+            t.with_slop_factor(50)
 
 
 def _xla_world(monkeypatch, outcomes):
@@ -725,13 +733,23 @@ def _none_at(io, peak):
 
 @pytest.mark.parametrize(
     "case",
-    ["faster", "as_fast", "slower", "over_then_under", "fell_short", "none_fits", "not_a_gpu"],
+    [
+        "faster",
+        "as_fast",
+        "slower",
+        "over_then_under",
+        "fell_short",
+        "none_fits",
+        "not_a_gpu",
+        "local_gpu",
+    ],
 )
 def test_xla_pass_is_asked_for_the_budget_and_taken_only_under_it_and_faster(monkeypatch, case):
     from remat_kit.autoplan._decide import _xla_pass
 
     gib = 2**30
-    base, io = H100.usable_bytes, 10 * gib
+    target = {"not_a_gpu": rk.target("cpu"), "local_gpu": _local_gpu()}.get(case, H100)
+    base, io = (target.usable_bytes or H100.usable_bytes), 10 * gib
     limit = io + (base - io) * 23 // 100 + 7  # the budget asks for 23% of what is left
     # an overshoot of 1 GiB takes the factor down by that share of what is left, rounded up
     second = 23 - -(-100 * gib // (base - io))
@@ -743,17 +761,17 @@ def test_xla_pass_is_asked_for_the_budget_and_taken_only_under_it_and_faster(mon
         "fell_short": {23: (limit + gib, 0.5, True)},
         "none_fits": {},
         "not_a_gpu": {},
+        "local_gpu": {23: (limit, 0.9, False)},  # its bytes_limit is the base
     }[case]
     asked = _xla_world(monkeypatch, outcomes)
     none = _none_at(io, limit if case == "none_fits" else limit + 5 * gib)
-    target = rk.target("cpu") if case == "not_a_gpu" else H100
     got = _xla_pass(object(), target, limit, none, 1.0)
     if case in ("none_fits", "not_a_gpu"):
         assert got is None and asked == []
         return
     slop, report, tried = got
     assert asked == list(outcomes) and tried == len(asked)
-    taken = case in ("faster", "over_then_under")
+    taken = case in ("faster", "over_then_under", "local_gpu")
     assert (report is not None) == taken and slop == asked[-1]
     if taken:
         assert report.peak_bytes <= limit

@@ -400,10 +400,11 @@ def _xla_pass(
     factor that asks for ``limit`` is ``(limit - io) / (base - io)``, rounded down to a whole
     percent; its compile says where the pass really got. The pass picks what to recompute
     by its own cost model (no kernel times), so it competes on the step time predicted from
-    its kernels like every plan. A ``local`` target (a GPU in this process) carries no
-    allocator runtime for the factor: not tried there yet.
+    its kernels like every plan. On a GPU in this process (``target="local"``) the base is
+    its allocator's real ``bytes_limit``, and the decision's compiles are the real ones.
     """
-    if target.kind != "gpu" or seconds is None or none.peak_bytes <= limit:
+    gpu = target.kind == "gpu" or (target.kind == "local" and target.compute_capability)
+    if not gpu or seconds is None or none.peak_bytes <= limit:
         return None
     io = none.argument_bytes + none.output_bytes - none.alias_bytes
     base = target.usable_bytes or 0

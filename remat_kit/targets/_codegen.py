@@ -157,17 +157,20 @@ def analysis_options(target: Any) -> dict[str, Any]:
       the module docstring (without ``xla_gpu_cuda_data_dir`` when no stand-in could be made
       or the cache is off; only :data:`DEVICELESS_OPTIONS` when ``REMAT_KIT_FULL_CODEGEN=1``),
       with the target's own ``xla_options`` (a slop factor it was given, which does change
-      the program: a real process compiles the step with it too); ``{}`` for other targets.
+      the program: a real process compiles the step with it too); for other targets their
+      own ``xla_options`` alone (``{}`` for most).
 
     Example:
       >>> import remat_kit as rk
       >>> analysis_options(rk.target("cpu"))
       {}
     """
+    # The target's own (XLA's pass's slop factor): it changes the program, unlike the rest,
+    # and a GPU in the process compiles with it as a deviceless one does.
+    own: dict[str, Any] = dict(getattr(target, "xla_options", {}))
     if getattr(target, "kind", None) != "gpu":
-        return {}
-    # The target's own (XLA's pass's slop factor): it changes the program, unlike the rest.
-    options: dict[str, Any] = {**DEVICELESS_OPTIONS, **target.xla_options}
+        return own
+    options: dict[str, Any] = {**DEVICELESS_OPTIONS, **own}
     if switch(ENV_FULL):
         return options
     options.update(_LLVM_OPTIONS)

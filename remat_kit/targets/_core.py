@@ -21,6 +21,8 @@ from remat_kit.targets._slices import (
 )
 from remat_kit.targets.runtime import (
     ENV_VARS,
+    SLOP_FACTOR,
+    SLOP_OPTION,
     Runtime,
     compile_memory_size,
     fraction_to_fit,
@@ -64,6 +66,9 @@ class Target:
       reserved_bytes: what a TPU's runtime keeps of each device's HBM (libtpu's reserve:
         ``usable_bytes`` is the rest, the ``bytes_limit`` jax reports on the chip and the
         limit libtpu's compiler refuses a program over); 0 for the others.
+      slop_factor: the percent of (limit - inputs - outputs) XLA's GPU pass works to
+        (``xla_gpu_memory_limit_slop_factor``, :mod:`remat_kit.targets.runtime`): None for
+        XLA's 95; a named GPU or a GPU in the process only.
 
     Example:
       >>> t = rk.target("a100-40gb", devices=8, hosts=2)
@@ -86,6 +91,7 @@ class Target:
     node: str | None = None
     tpu_slice: Slice | None = None
     reserved_bytes: int = 0
+    slop_factor: int | None = None
 
     def __post_init__(self) -> None:
         _check_count("devices", self.devices)
@@ -104,6 +110,8 @@ class Target:
             object.__setattr__(self, "runtime", Runtime())
         if self.kind != "gpu" and self.runtime is not None:
             raise BadValue(f"runtime is only meaningful for GPU targets, not {self.kind!r}")
+        if self.slop_factor is not None:
+            _check_slop(self)
         f = self.mem_fraction
         if f is not None and self.memory_bytes and f > max_mem_fraction(self.memory_bytes):
             # A bare variable name: the process environment, which a library imported
@@ -313,24 +321,20 @@ class Target:
 
     def with_slop_factor(self, percent: int) -> Target:
         """This GPU target with XLA's pass working to ``percent`` of (limit - inputs -
-        outputs) instead of XLA's 95 (:attr:`Runtime.slop_factor`): its compiles take
-        :attr:`xla_options`, which a real process's ``jax.jit`` takes too.
+        outputs) instead of XLA's 95: its compiles take :attr:`xla_options`, which a real
+        process's ``jax.jit`` takes too.
 
         Example:
           >>> rk.target("h100").with_slop_factor(40).xla_options
           {'xla_gpu_memory_limit_slop_factor': 40}
         """
-        if self.kind != "gpu" or self.runtime is None:
-            raise BadValue(f"a slop factor applies to GPU targets, not {self.name!r}")
-        return dataclasses.replace(
-            self, runtime=dataclasses.replace(self.runtime, slop_factor=percent)
-        )
+        return dataclasses.replace(self, slop_factor=percent)
 
     @property
     def xla_options(self) -> dict[str, int]:
         """Compile options the target's programs need beyond its config, the same on a real
-        device as deviceless (the slop factor where it is not XLA's); ``{}`` for most."""
-        return {} if self.runtime is None else self.runtime.compiler_options()
+        device as deviceless (the slop factor where one is set); ``{}`` for most."""
+        return {} if self.slop_factor is None else {SLOP_OPTION: self.slop_factor}
 
     @property
     def compile_config(self) -> str | None:
@@ -358,6 +362,8 @@ class Target:
         """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         del out["target_config"], out["runtime"], out["tpu_slice"]
+        if self.slop_factor is None:  # XLA's default: a record reads as before
+            del out["slop_factor"]
         if self.tpu_slice is not None:
             out["slice"] = self.tpu_slice.name
             out["slices"] = self.tpu_slice.slices
@@ -373,6 +379,18 @@ class Target:
         out["devices_per_host"] = self.devices_per_host
         out["topology"] = self.topology
         return out
+
+
+def _check_slop(t: Target) -> None:
+    s = t.slop_factor
+    if t.kind != "gpu" and not (t.kind == "local" and t.compute_capability):
+        raise BadValue(f"a slop factor applies to GPU targets, not {t.name!r}", param="slop_factor")
+    if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= SLOP_FACTOR:
+        raise BadValue(
+            f"XLA's slop factor {s!r} must be a whole percent in [1, {SLOP_FACTOR}] "
+            f"({SLOP_OPTION}; XLA's default is {SLOP_FACTOR})",
+            param="slop_factor",
+        )
 
 
 def _check_count(what: str, value: Any) -> None:

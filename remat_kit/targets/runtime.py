@@ -27,8 +27,9 @@ These are the rules of jaxlib's GPU runtime, read from its source (jax 0.10.x–
   debug option a compile takes like any other (``jax.jit(..., compiler_options=...)``). Both
   bases go through it, so a deviceless compile and a real process given the same factor work
   to the same limit; a lower factor is how one step asks XLA's pass for a tighter limit than
-  its process's (:attr:`Runtime.slop_factor`, what ``rk.auto`` uses for ``none`` under XLA's
-  own pass at a budget).
+  its process's (what ``rk.auto`` uses for ``none`` under XLA's
+  own pass at a budget: :attr:`remat_kit.targets.Target.slop_factor`, on a named GPU or a
+  GPU in the process alike).
 """
 
 from __future__ import annotations
@@ -90,8 +91,6 @@ class Runtime:
         allocator (no pool, no fraction).
       source: where the fraction came from: ``"default"``, an environment variable's name,
         ``"--mem-fraction"``, or ``"platform allocator"``.
-      slop_factor: the percent of (limit - inputs - outputs) XLA's pass works to
-        (:data:`SLOP_FACTOR` unless a step asks for less, as ``rk.auto`` may).
 
     Example:
       >>> Runtime(0.9, "--mem-fraction").usable_bytes(80 * 2**30) == int(0.9 * 80 * 2**30)
@@ -100,16 +99,8 @@ class Runtime:
 
     mem_fraction: float | None = DEFAULT_MEM_FRACTION
     source: str = "default"
-    slop_factor: int = SLOP_FACTOR
 
     def __post_init__(self) -> None:
-        s = self.slop_factor
-        if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= SLOP_FACTOR:
-            raise BadValue(
-                f"XLA's slop factor {s!r} must be a whole percent in [1, {SLOP_FACTOR}] "
-                f"({SLOP_OPTION}; XLA's default is {SLOP_FACTOR})",
-                param="slop_factor",
-            )
         f = self.mem_fraction
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float))):
             raise BadValue(
@@ -134,24 +125,8 @@ class Runtime:
             return "XLA_PYTHON_CLIENT_ALLOCATOR=platform"
         return f"XLA_PYTHON_CLIENT_MEM_FRACTION={self.mem_fraction:g}"
 
-    def compiler_options(self) -> dict[str, int]:
-        """The compile options that give XLA's pass this runtime's limit in any process: the
-        slop factor where it is not XLA's default, else none.
-
-        Example:
-          >>> Runtime(slop_factor=40).compiler_options()
-          {'xla_gpu_memory_limit_slop_factor': 40}
-          >>> Runtime().compiler_options()
-          {}
-        """
-        return {} if self.slop_factor == SLOP_FACTOR else {SLOP_OPTION: self.slop_factor}
-
     def to_dict(self) -> dict[str, object]:
-        out: dict[str, object] = {"mem_fraction": self.mem_fraction}
-        out["mem_fraction_source"] = self.source
-        if self.slop_factor != SLOP_FACTOR:  # a record of XLA's default reads as before
-            out["slop_factor"] = self.slop_factor
-        return out
+        return {"mem_fraction": self.mem_fraction, "mem_fraction_source": self.source}
 
 
 def max_mem_fraction(memory_bytes: int) -> float:
