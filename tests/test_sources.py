@@ -832,7 +832,7 @@ def test_cli_layers_builds_a_factory_that_names_layers_at_that_depth(tmp_path):
         meta = json.loads(out.read_text())["meta"]
         return meta["params"], meta["layers"], meta["model"]
 
-    # The two shallowest depths of the stack (3 and 5 compiled more for the same check).
+    # Two shallow depths of the stack (3 and 5 compiled more for the same check).
     (p2, l2, name), (p3, l3, _) = params_and_layers(2), params_and_layers(3)
     assert (l2, l3) == (2, 3) and name == f"{FACTORIES}:deep"
     # One more block, counted from the block itself.
