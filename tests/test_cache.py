@@ -339,7 +339,7 @@ def test_the_code_fingerprint_follows_the_source(tmp_path, monkeypatch):
 def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
     """The second identical report neither traces nor compiles, and reads back field for field;
     another policy is measured afresh."""
-    from remat_kit_models import source
+    from remat_kit_models import preset_source
 
     src, config = _preset(model="tiny-llama", batch=2, seq=32, attention="xla")
 
@@ -352,7 +352,8 @@ def test_a_preset_report_is_remembered_whole(cache_dir, monkeypatch):
     def untouchable(*args, **kwargs):
         raise AssertionError("a remembered report must not build the step")
 
-    monkeypatch.setattr(source, "train_step", untouchable)
+    # where the preset's source builds its step (a patch elsewhere would make this vacuous)
+    monkeypatch.setattr(preset_source, "train_step", untouchable)
     again = measure("minimal")
     assert again.compile_seconds == 0.0
     want = {**first.to_dict(), "compile_seconds": 0.0}
