@@ -180,9 +180,7 @@ def _run(configs: list[dict[str, Any]]) -> None:
 
         os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *PROCESS_FLAGS])
 
-    import contextlib
     import dataclasses
-    import io
 
     import jax
     from jax.experimental import topologies
@@ -236,17 +234,8 @@ def _run(configs: list[dict[str, Any]]) -> None:
             f"compile_topology={topology}",
             f"compile_topology_num_slices={t.hosts}",
         ]
-        out = io.StringIO()
         try:
-            with contextlib.redirect_stdout(out):
-                train_compile.main(argv)
-        except BaseException as err:  # MaxText's refusal is the answer for this config
-            answer: dict[str, Any] = {
-                "error": f"{type(err).__name__}: {' '.join(str(err).split())}"
-            }
-        else:
-            answer = _memory(out.getvalue())
-            answer["prng_impl"] = str(jax.config.jax_default_prng_impl)
+            answer = _run_main(train_compile, argv)
         finally:
             train_compile.get_topology_mesh = get_mesh
             train_compile.Mesh = real_mesh
@@ -291,10 +280,7 @@ def _run_tpu(configs: list[dict[str, Any]]) -> None:
     """MaxText's TPU path for each config: ``train_compile.main`` as a user runs it, the
     slice named by ``compile_topology``; only the spies added (no stand-in: libtpu builds the
     slice deviceless)."""
-    import contextlib
-    import io
 
-    import jax
     from maxtext.configs import pyconfig
     from maxtext.trainers.pre_train import train_compile
 
@@ -309,22 +295,32 @@ def _run_tpu(configs: list[dict[str, Any]]) -> None:
         ]
         seen: dict[str, Any] = {}
         originals = _spies(train_compile, seen)
-        out = io.StringIO()
         try:
-            with contextlib.redirect_stdout(out):
-                train_compile.main(argv)
-        except BaseException as err:  # MaxText's refusal is the answer for this config
-            answer: dict[str, Any] = {
-                "error": f"{type(err).__name__}: {' '.join(str(err).split())}"
-            }
-        else:
-            answer = _memory(out.getvalue())
-            answer["prng_impl"] = str(jax.config.jax_default_prng_impl)
+            answer = _run_main(train_compile, argv)
         finally:
             for name, original in originals:
                 setattr(train_compile, name, original)
         answer.update(seen, argv=shlex.join(argv[2:]))
         print(_MARK + json.dumps(answer), flush=True)
+
+
+def _run_main(train_compile: Any, argv: list[str]) -> dict[str, Any]:
+    """``train_compile.main(argv)``: its memory analysis and key type, or MaxText's refusal,
+    which is the answer for that config."""
+    import contextlib
+    import io
+
+    import jax
+
+    out = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out):
+            train_compile.main(argv)
+    except BaseException as err:
+        return {"error": f"{type(err).__name__}: {' '.join(str(err).split())}"}
+    answer = _memory(out.getvalue())
+    answer["prng_impl"] = str(jax.config.jax_default_prng_impl)
+    return answer
 
 
 if __name__ == "__main__":
