@@ -303,16 +303,18 @@ class BudgetOverDevice(BadValue):
 
 
 class ShardedStep(BadValue):
-    """A step given to ``rk.auto`` whose shardings (its ``jax.jit``'s ``in_shardings`` /
-    ``out_shardings``, ``**jit_options``' or its arguments') span more than one device: the
-    decision plans one device's program, so it is refused rather than planned for the wrong
-    program.
+    """A step given to ``rk.auto`` sharded over several devices in a way the decision cannot
+    carry to the target's devices (a sharded step is otherwise planned for the mesh's devices
+    of the target): a multi-device sharding that is not a ``NamedSharding``, shardings on two
+    different meshes, a target of another device count; or ``step.inspect`` of a step planned
+    sharded. Refused rather than planned for a program it does not run; the message names the
+    fix.
 
     Attributes:
       step: the step's name.
       devices: the devices the shardings span.
-      where: which shardings span them (``"in_shardings"``, ``"out_shardings"``,
-        ``"arguments"``).
+      where: what is refused (``"in_shardings"``, ``"out_shardings"``, ``"arguments"``,
+        ``"target"``, ``"inspect"``).
     """
 
     def __init__(self, message: str, *, step: str, devices: int, where: str):

@@ -13,7 +13,6 @@ import functools
 import glob
 import importlib.util
 import logging
-import os
 import subprocess
 import sys
 import warnings
@@ -329,37 +328,8 @@ def test_a_sharding_given_in_the_jit_and_as_an_option_is_refused():
     rk.auto(fn, "fits", target="h100", in_shardings=None)  # each given once: taken
 
 
-_SHARDED = """
-import jax, jax.numpy as jnp
-import remat_kit as rk
-from jax.sharding import NamedSharding, PartitionSpec as P
-from remat_kit.errors import ShardedStep
-mesh = jax.make_mesh((4,), ("d",))
-rows = NamedSharding(mesh, P("d"))
-block = rk.remat(lambda w, x: jnp.tanh(w * x), "auto")
-def step(w, x):
-    return block(w, x)
-x = jnp.ones(8)
-for fn, args in ((jax.jit(step, in_shardings=(rows, None)), (x, x)),
-                 (jax.jit(step, out_shardings=rows), (x, x)),
-                 (step, (jax.device_put(x, rows), x))):
-    try:
-        rk.auto(fn, "fits", target="h100")(*args)
-    except ShardedStep as e:
-        assert "\\n" not in str(e) and e.param == "step", e
-        print(e.where, e.devices)
-"""
-
-
-@pytest.mark.slow  # a process with four host devices
-def test_a_step_sharded_over_several_devices_is_refused_in_one_line():
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run(
-        [sys.executable, "-c", _SHARDED], env={**os.environ, **env},
-        capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split("\n")[:3] == ["in_shardings 4", "out_shardings 4", "arguments 4"]
+# A step sharded over several devices is planned for that many devices of the target:
+# tests/test_auto_sharded.py.
 
 
 def test_a_challenger_replaces_the_plan_only_where_it_fits_and_is_faster():

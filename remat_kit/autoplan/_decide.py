@@ -7,9 +7,14 @@ own-step source, the same pipeline as ``--step``): one workload, the per-tensor 
 wins where it is as fast, and every figure is a compiled one.
 
 The decision is kept with :func:`remat_kit.cache.remember` under the fingerprint of the
-step's program (``none``, lowered for the target: shapes, dtypes, donation, the code of the
-step and of the model), the target (its device, allocator fraction and rates) and the budget
-as given; a restarted job reads it back without compiling anything.
+step's program (``none``, lowered for the target: shapes, dtypes, donation, shardings, the
+code of the step and of the model), the target (its device and device count, allocator
+fraction and rates), the mesh and every leaf's sharding (:class:`Layout`) and the budget as
+given; a restarted job reads it back without compiling anything.
+
+A sharded step (a :class:`Layout`) is planned for the mesh's devices of the target: every
+compile is of the sharded program (the arguments and outputs on a mesh of the same axes over
+the target's devices), every figure per device, and the budget is per device.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import numpy as np
 from remat_kit import cache, marks, sources
 from remat_kit.autoplan._budget import Budget
 from remat_kit.autoplan._decision import AutoPlan, _size
+from remat_kit.autoplan._shardings import Layout
 from remat_kit.errors import DoesNotFit, NoAutoBlock
 from remat_kit.policies import NO_REMAT, Policy, as_policy
 from remat_kit.schedules import NO_SCHEDULE
@@ -110,13 +116,36 @@ def _placed(args: tuple[Any, ...], target: Target) -> tuple[Any, ...]:
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), args)
 
 
+def _on(args: tuple[Any, ...], shardings: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``args`` (shapes) each leaf carrying its sharding."""
+    return tuple(
+        jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a, sh)
+        for a, sh in zip(args, shardings, strict=True)
+    )
+
+
 def program_of(
-    fn: Callable[..., Any], args: tuple[Any, ...], donate: tuple[int, ...], target: Target
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    donate: tuple[int, ...],
+    target: Target,
+    shardings: tuple[tuple[Any, ...], Any] | None = None,
 ) -> tuple[str, frozenset[str]]:
     """The fingerprint of the step's program under ``none`` (lowered, not compiled), and the
-    marked blocks its trace reached."""
+    marked blocks its trace reached; ``shardings`` (in, out on the target) for a sharded
+    step, whose ``args`` carry them."""
     with marks.auto_as(NO_REMAT) as scope:
-        lowered = jax.jit(lambda *a: fn(*a), donate_argnums=donate).lower(*_placed(args, target))
+        if shardings is None:
+            jitted = jax.jit(lambda *a: fn(*a), donate_argnums=donate)
+            lowered = jitted.lower(*_placed(args, target))
+        else:
+            jitted = jax.jit(
+                lambda *a: fn(*a),
+                donate_argnums=donate,
+                in_shardings=shardings[0],
+                out_shardings=shardings[1],
+            )
+            lowered = jitted.lower(*args)
     return cache.fingerprint(lowered.as_text()), frozenset(scope.marked)
 
 
@@ -133,6 +162,7 @@ def decide(
     loss_fn: Callable[..., Any] | None = None,
     loss_argnums: tuple[int, ...] = (),
     challengers: Iterable[Any] = CHALLENGERS,
+    layout: Layout | None = None,
 ) -> AutoPlan:
     """The policy of the ``"auto"`` blocks of ``fn(*args)`` for ``target`` under ``budget``.
 
@@ -154,6 +184,9 @@ def decide(
       challengers: policies that challenge the answer once chosen (:data:`CHALLENGERS`):
         each traced, compiled only where it recomputes less, taken where it fits and is
         predicted faster.
+      layout: a sharded step's mesh and shardings (:func:`~remat_kit.autoplan._shardings.
+        layout_of`): planned for ``layout.devices`` devices of ``target`` (widened from one),
+        every figure and the budget per device. None: one device.
 
     Returns:
       The AutoPlan (``cached`` when read back from the disk cache).
@@ -162,11 +195,17 @@ def decide(
       NoAutoBlock: the step reaches no block marked ``"auto"``.
       DoesNotFit: the budget is under what no policy removes, or no plan reaches it.
       BudgetOverDevice: the budget is over what a process may allocate on ``target``.
+      ShardedStep: ``target`` has another device count than the layout's mesh.
     """
     t0 = time.perf_counter()
     name = getattr(fn, "__name__", "step")
     shapes = abstract(args)
-    program, marked = program_of(fn, shapes, donate_argnums, target)
+    placed = None
+    if layout is not None:
+        target = layout.target(target, name)
+        placed = layout.on(target)
+        shapes = _on(shapes, placed[0])
+    program, marked = program_of(fn, shapes, donate_argnums, target, placed)
     if not marked:
         raise NoAutoBlock(
             f"{name} reaches no block marked 'auto': mark one with rk.remat(Block, 'auto') "
@@ -185,13 +224,15 @@ def decide(
         "roles": {k: list(np.atleast_1d(v).tolist()) for k, v in (roles or {}).items()},
         "code": cache.code_fingerprint("remat_kit"),
     }
+    if layout is not None:  # one device's keys stay as they were
+        parts["layout"] = layout.parts()
     made: list[AutoPlan] = []
 
     def compute() -> AutoPlan:
         loss = None if loss_fn is None else (loss_fn, tuple(loss_argnums))
         got = _plan(
             fn, shapes, target, budget, donate_argnums, roles, specs, offload, program, loss,
-            rivals,
+            rivals, layout, placed,
         )  # fmt: skip
         made.append(got)
         return got
@@ -216,13 +257,17 @@ def _plan(
     program: str,
     loss: tuple[Callable[..., Any], tuple[int, ...]] | None,
     rivals: list[str],
+    layout: Layout | None = None,
+    placed: tuple[tuple[Any, ...], Any] | None = None,
 ) -> AutoPlan:
     name = getattr(fn, "__name__", "step")
+    sharded = {} if placed is None else {"in_shardings": placed[0], "out_shardings": placed[1]}
 
     def step_fn(policy: Policy, config: TrainConfig) -> OwnStep:
         del config  # the shapes are the call's
         if loss is None:
-            return OwnStep(bound(fn, policy), shapes, donate_argnums=donate, roles=roles)
+            return OwnStep(bound(fn, policy), shapes, donate_argnums=donate, roles=roles,
+                           **sharded)  # fmt: skip
         return OwnStep(
             bound(fn, policy),
             shapes,
@@ -230,11 +275,17 @@ def _plan(
             loss_fn=bound(loss[0], policy),
             loss_args=tuple(shapes[i] for i in loss[1]),
             roles=roles,
+            **sharded,
         )
 
     step_fn.__name__ = name
     source = sources.from_step(step_fn)
     w = sources.workload(source, target, TrainConfig(batch=1, seq=1))
+    if layout is not None and w.residuals_fn is not None:
+        batch = (roles or {}).get("batch")
+        at = None if batch is None else tuple(np.atleast_1d(batch).tolist())
+        ways = layout.ways(shapes, at)
+        w = dataclasses.replace(w, residuals_fn=_per_device(w.residuals_fn, ways))
     none = w.compiled(NO_REMAT, NO_SCHEDULE, 1) if budget.form == "activations" else None
     fixed = None
     if none is not None:
@@ -300,8 +351,30 @@ def _plan(
         seconds=0.0,
         program=program,
         device=target.description,
+        mesh={} if layout is None else layout.axes,
         **chosen,
     )
+
+
+def _per_device(residuals_fn: Callable[..., Any], ways: int) -> Callable[..., Any]:
+    """``residuals_fn`` with its bytes one device's share: the traced residuals are the
+    whole batch's, a device keeps ``1 / ways`` of them (the planner's model only: every
+    plan is compiled sharded)."""
+    if ways <= 1:
+        return residuals_fn
+
+    def share(*args: Any) -> Any:
+        r = residuals_fn(*args)
+        kept = tuple(dataclasses.replace(x, nbytes=-(-x.nbytes // ways)) for x in r.residuals)
+        per_tag = {k: -(-v // ways) for k, v in r.tag_bytes.items()}
+        return dataclasses.replace(
+            r,
+            residuals=kept,
+            tag_bytes=per_tag,
+            segment_offloaded_bytes=-(-r.segment_offloaded_bytes // ways),
+        )
+
+    return share
 
 
 @dataclasses.dataclass(frozen=True)

@@ -58,6 +58,9 @@ class AutoPlan:
       device: the device's description (``NVIDIA H100 80GB HBM3``).
       slop_factor: XLA's ``xla_gpu_memory_limit_slop_factor`` the step is compiled with
         (source ``xla``), None for XLA's default.
+      mesh: a sharded step's mesh axes and sizes (``{"data": 4}``), planned for that many
+        devices of ``target``: every byte figure (and the budget) is one device's. Empty for
+        one device.
     """
 
     policy: str
@@ -80,6 +83,15 @@ class AutoPlan:
     cached: bool = False
     device: str = ""
     slop_factor: int | None = None
+    mesh: Mapping[str, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def devices(self) -> int:
+        """The devices the step was planned for (the mesh's; 1 without one)."""
+        n = 1
+        for size in self.mesh.values():
+            n *= int(size)
+        return n
 
     @property
     def compiler_options(self) -> dict[str, int]:
@@ -101,6 +113,7 @@ class AutoPlan:
         """JSON-ready fields (the cache's record)."""
         out = dataclasses.asdict(self)
         out["decisions"] = dict(self.decisions)
+        out["mesh"] = dict(self.mesh)
         return out
 
     @classmethod
@@ -123,8 +136,12 @@ class AutoPlan:
         chosen = f"{self.policy} ({self.source})"
         if self.slop_factor is not None:
             chosen = f"none under XLA's remat pass at slop {self.slop_factor}% (xla)"
+        where = self.target
+        if self.mesh:
+            axes = ", ".join(f"{k}={v}" for k, v in self.mesh.items())
+            where = f"{self.devices}x {self.target} (mesh {axes}; bytes per device)"
         parts = [
-            f"remat auto: {chosen} on {self.target}, peak "
+            f"remat auto: {chosen} on {where}, peak "
             f"{_size(self.peak_bytes)} under {_size(self.budget_bytes)} "
             f"(budget {self.budget}; none {_size(self.none_peak_bytes)})"
         ]

@@ -3,15 +3,18 @@
 At the first call with a new shape of arguments it decides (:mod:`remat_kit.autoplan._decide`:
 planned, verified by a compile, remembered on disk), logs one line, and runs the step
 jitted with the plan applied; later calls with that shape run the jitted step, as
-``jax.jit`` would. Each shape is decided once: the decisions are kept, most recent first,
-up to ``max_shapes``; past that the oldest is dropped (its jitted step with it) and a
-``RematWarning`` says once that the shapes change from call to call (pad to a few buckets:
-every new shape costs a decision, a trace and a compile, as it costs ``jax.jit`` a compile).
+``jax.jit`` would. Each shape (and placement of sharded arguments) is decided once: the
+decisions are kept, most recent first, up to ``max_shapes``; past that the oldest is dropped
+(its jitted step with it) and a ``RematWarning`` says once that the shapes change from call
+to call (pad to a few buckets: every new shape costs a decision, a trace and a compile, as
+it costs ``jax.jit`` a compile).
 
 A later call first goes to the last call's jitted step as it is, through jax's own dispatch
 (no signature is computed here): that step's trace refuses arguments of another shape before
 anything is compiled, and only then is the call's shape looked up (measured in
-``experiments/auto_models.py --overhead``). A step taking NNX objects (``nnx.Module``,
+``experiments/auto_models.py --overhead``); a sharded step whose shardings were read off its
+arguments (not given to its jit) looks its decision up at every call, as arguments placed
+otherwise are another program. A step taking NNX objects (``nnx.Module``,
 ``nnx.Optimizer``) is split at the edge as ``nnx.jit`` splits it
 (:mod:`remat_kit.autoplan._graph`).
 """
@@ -33,8 +36,8 @@ from remat_kit.autoplan._budget import Budget
 from remat_kit.autoplan._decide import CATALOGUE, CHALLENGERS, abstract, bound, decide, unjitted
 from remat_kit.autoplan._decision import AutoPlan
 from remat_kit.autoplan._graph import Edge, is_node, unwrap_nnx_jit
-from remat_kit.autoplan._shardings import one_device, with_jit_shardings
-from remat_kit.errors import BadValue, RematWarning
+from remat_kit.autoplan._shardings import layout_of, with_jit_shardings
+from remat_kit.errors import BadValue, RematWarning, ShardedStep
 from remat_kit.peak import PeakReport
 from remat_kit.policies import as_policy
 from remat_kit.targets import Target, as_target
@@ -63,6 +66,7 @@ _CATEGORIES = {
 class _Decided:
     plan: AutoPlan
     run: Callable[..., Any]
+    hot: bool = True  # a later call may go straight to ``run`` (see AutoStep.__call__)
 
 
 class _OtherShape(Exception):
@@ -74,7 +78,7 @@ def _guarded(fn: Callable[..., Any], key: Any) -> Callable[..., Any]:
     """``fn``, traced only for arguments whose signature is ``key``."""
 
     def step(*args: Any) -> Any:
-        if _signature(args) != key:
+        if _signature(args, placed=False) != key:
             raise _OtherShape
         return fn(*args)
 
@@ -179,7 +183,7 @@ class AutoStep:
         else:
             self._decided.move_to_end(key)
         self._last = got.plan
-        self._hot = got if edge is None else None
+        self._hot = got if edge is None and got.hot else None
         if edge is None:
             return got.run(*pure)
         out, state = got.run(*pure)
@@ -211,6 +215,10 @@ class AutoStep:
           The ``rk.PeakReport``; its ``peak_bytes`` is the plan's ``peak_bytes`` and its
           ``meta`` names the policy and the budget.
 
+        Raises:
+          ShardedStep: a step planned sharded (``rk.inspect`` reads one device's unsharded
+            compile); its per-device figures are ``step.plan``'s.
+
         Example:
           >>> step = rk.auto(lambda w, x: rk.remat(jnp.sin, "auto")(w * x), "fits",
           ...                target="h100")
@@ -220,6 +228,15 @@ class AutoStep:
         """
         edge, pure = Edge.of(args)
         got = self._get(pure, edge)
+        if got.plan.mesh:
+            raise ShardedStep(
+                f"{self.__name__}.inspect names the buffers of one device's unsharded compile, "
+                f"and this step is planned sharded over {got.plan.devices} devices: read its "
+                "per-device peak and parts from step.plan, or step.lower(...) for its program",
+                step=self.__name__,
+                devices=got.plan.devices,
+                where="inspect",
+            )
         fn, donate, _ = self._pure(pure, edge)
         roles = {
             r: (i,) if isinstance(i, int) else tuple(i) for r, i in (self._roles or {}).items()
@@ -264,7 +281,7 @@ class AutoStep:
         return edge.step(self._fn), edge.donate(self._donate), loss
 
     def _decide(self, pure: tuple[Any, ...], edge: Edge | None) -> _Decided:
-        one_device(self.__name__, self._jit, pure)
+        layout = layout_of(self.__name__, self._jit, pure)
         t = self.target()
         fn, donate, loss = self._pure(pure, edge)
         plan = decide(
@@ -279,23 +296,37 @@ class AutoStep:
             loss_fn=None if loss is None else loss[0],
             loss_argnums=() if loss is None else loss[1],
             challengers=self._challengers,
+            layout=layout,
         )
         LOG.info("%s: %s", self.__name__, plan.words())
-        step = _guarded(bound(fn, as_policy(plan.policy)), _signature(pure))
+        step = _guarded(bound(fn, as_policy(plan.policy)), _signature(pure, placed=False))
         options = self._jit
         if plan.compiler_options:  # XLA's own pass at the budget: the slop the plan was made at
             given = dict(options.get("compiler_options") or {})
             options = {**options, "compiler_options": {**given, **plan.compiler_options}}
         run = jax.jit(step, donate_argnums=donate, **options)
-        return _Decided(plan, run)
+        return _Decided(plan, run, hot=layout is None or not layout.from_args)
 
 
-def _signature(args: tuple[Any, ...], edge: Edge | None = None) -> Any:
-    """What a decision is kept under: the arguments' tree, each leaf's shape and dtype, and
-    the graph objects' structure (read off the leaves as they are: no copy is made)."""
+def _signature(args: tuple[Any, ...], edge: Edge | None = None, placed: bool = True) -> Any:
+    """What a decision is kept under: the arguments' tree, each leaf's shape and dtype, the
+    placement of those sharded over several devices (``placed``: a trace's guard compares
+    shapes only), and the graph objects' structure (read off the leaves as they are: no copy
+    is made)."""
     leaves, tree = jax.tree.flatten(args)
-    shapes = tuple((np.shape(x), _dtype(x)) for x in leaves)
+    if placed:
+        shapes = tuple((np.shape(x), _dtype(x), _placement(x)) for x in leaves)
+    else:
+        shapes = tuple((np.shape(x), _dtype(x)) for x in leaves)
     return None if edge is None else edge.graphdef, tree, shapes
+
+
+def _placement(x: Any) -> Any:
+    """A leaf's sharding where it spans several devices (else None: one device)."""
+    s = getattr(x, "sharding", None)
+    if not isinstance(s, jax.sharding.Sharding) or len(s.device_set) < 2:
+        return None
+    return s
 
 
 def _dtype(x: Any) -> Any:
@@ -353,9 +384,9 @@ def auto(
       max_shapes: argument shapes whose decisions are kept (see the module docstring).
       **jit_options: passed on to ``jax.jit`` (``in_shardings``, ``out_shardings`` ...); a
         ``jax.jit`` step's own ``in_shardings`` / ``out_shardings`` are read off it and
-        passed on as well (given both ways: refused). Shardings, or arguments, over more
-        than one device are refused at the first call (``ShardedStep``): the decision plans
-        one device's program.
+        passed on as well (given both ways: refused). Shardings (or arguments) over a mesh
+        of N devices: the step is planned for N devices of the target, on a mesh of the same
+        axes, per device (the budget too), and runs with the shardings given.
 
     Returns:
       The :class:`AutoStep`.
@@ -364,7 +395,8 @@ def auto(
       BadValue: a budget that cannot be read, a sharding given both in the jit and as an
         option (at the call); at the first step call: ``NoAutoBlock`` (no block marked),
         ``DoesNotFit`` (the budget is under what no policy removes, with the floor and what
-        would fit), ``BudgetOverDevice``, ``ShardedStep`` (shardings over several devices).
+        would fit), ``BudgetOverDevice``, ``ShardedStep`` (multi-device shardings that are
+        not ``NamedSharding``s on one mesh, or a target of another device count).
 
     Example:
       >>> step = rk.auto(lambda params, batch: params, budget="60GiB", target="h100")

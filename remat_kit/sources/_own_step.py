@@ -96,6 +96,11 @@ class OwnStep:
       loss_args: the abstract arguments of ``loss_fn``.
       roles: role -> argument index (or indices) of ``fn``; roles are the keys of
         :data:`ROLES`. None: unknown (the breakdown says so).
+      in_shardings: per argument, a pytree of ``NamedSharding`` (one per leaf) on the
+        target's devices: the step is compiled sharded, as ``jax.jit(fn, in_shardings=...)``
+        compiles it, and reported per device (the breakdown too). None: one device.
+      out_shardings: the ``jax.jit`` ``out_shardings`` of a sharded step (a prefix of its
+        outputs, ``None`` where left to XLA), or None.
 
     Example:
       >>> s = OwnStep(lambda p, b: p, (jax.ShapeDtypeStruct((2,), "float32"),) * 2,
@@ -110,6 +115,8 @@ class OwnStep:
     loss_fn: Callable[..., Any] | None = None
     loss_args: tuple[Any, ...] | None = None
     roles: Mapping[str, int | tuple[int, ...]] | None = None
+    in_shardings: tuple[Any, ...] | None = None
+    out_shardings: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -191,19 +198,21 @@ class OwnStepSource(StepSource):
         *,
         sharded: bool = True,
     ) -> SourceStep:
-        """The user's step under ``policy`` (the StepSource protocol), on one device.
+        """The user's step under ``policy`` (the StepSource protocol): on one device, or
+        sharded as its ``in_shardings`` / ``out_shardings`` say (:class:`OwnStep`).
 
         Args:
           policy: the policy handed to the step function.
           schedule: ``none`` (the step places its checkpoints itself).
           config: the train config handed to the step function (batch, seq).
           target: where it will be compiled (unused: the step is the user's).
-          sharded: ignored (one device).
+          sharded: compile a sharded step with its shardings; False: the step to trace
+            (its arguments keep their shardings, for the mesh the step's code may name).
 
         Returns:
           The SourceStep, labelled ``optimizer: own step`` and with its argument roles.
         """
-        del target, sharded
+        del target
         pol = as_policy(policy)
         if schedule.name != "none":
             raise BadValue(
@@ -236,6 +245,8 @@ class OwnStepSource(StepSource):
             if roles
             else {},
             loss_given=loss_given,
+            in_shardings=tuple(own.in_shardings) if sharded and own.in_shardings else None,
+            out_shardings=own.out_shardings if sharded and own.in_shardings else None,
         )
         return SourceStep(step, pol, schedule, "step's own", meta)
 
@@ -350,9 +361,25 @@ def _checked(spec: str, out: Any) -> OwnStep:
             "the other: give both (the loss and its abstract arguments) or neither",
             param="step",
         )
-    own = dataclasses.replace(own, args=tuple(own.args), donate_argnums=donate)
+    if own.in_shardings is not None and len(own.in_shardings) != n:
+        raise BadValue(
+            f"{spec} returned {len(own.in_shardings)} in_shardings for {n} arguments: give one "
+            "pytree of shardings per argument",
+            param="step",
+        )
+    own = dataclasses.replace(own, args=_placed(own), donate_argnums=donate)
     _roles(own, spec)
     return own
+
+
+def _placed(own: OwnStep) -> tuple[Any, ...]:
+    """The arguments, each leaf carrying its ``in_shardings`` (traces see the mesh)."""
+    if own.in_shardings is None:
+        return tuple(own.args)
+    return tuple(
+        jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), a, sh)
+        for a, sh in zip(own.args, own.in_shardings, strict=True)
+    )
 
 
 def _indices(idx: int | tuple[int, ...]) -> tuple[int, ...]:
@@ -424,12 +451,22 @@ def _count(args: tuple[Any, ...], idx: tuple[int, ...]) -> int:
 
 
 def _bytes(args: tuple[Any, ...], roles: Mapping[str, tuple[int, ...]], role: str) -> int:
-    return int(sum(nbytes(args[i]) for i in roles.get(role, ())))
+    """Bytes of the role's arguments on one device (a sharded leaf's shard)."""
+    return int(sum(_local_bytes(x) for i in roles.get(role, ()) for x in jax.tree.leaves(args[i])))
+
+
+def _local_bytes(x: Any) -> int:
+    sharding = getattr(x, "sharding", None)
+    if not isinstance(sharding, jax.sharding.Sharding):
+        return nbytes(x)
+    return nbytes(jax.ShapeDtypeStruct(sharding.shard_shape(tuple(x.shape)), x.dtype))
 
 
 def _breakdown(args: tuple[Any, ...], roles: Mapping[str, tuple[int, ...]]) -> dict[str, int]:
-    """Bytes by role from the arguments' shapes; a part whose role is not given is absent
-    (unknown), unless every argument has a role: the others are then certainly empty."""
+    """Bytes by role from the arguments' shapes, per device (the gradients sharded as the
+    weights, as a sharded step's ``out_shardings`` usually give them); a part whose role is
+    not given is absent (unknown), unless every argument has a role: the others are then
+    certainly empty."""
     if not roles:
         return {}
     covered = {i for idx in roles.values() for i in idx} == set(range(len(args)))
