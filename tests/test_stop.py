@@ -118,8 +118,15 @@ def test_a_stopped_run_leaves_no_process_and_no_partial_file(how, moment, tmp_pa
             os.killpg(proc.pid, signum)  # a terminal's Ctrl-C reaches the whole group
         else:
             os.kill(proc.pid, signum)
-        _, err = proc.communicate(timeout=60)
+        # The process itself must end; its pipes are read after the session is checked
+        # (a worker's child still holding them open is what ``left`` reports, where a
+        # ``communicate`` would wait on it and fail as a hang of the run).
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 60 s after {how}: {_session(proc.pid)}")
         left = _wait(lambda: not _session(proc.pid), timeout=SETTLE) or _session(proc.pid)
+        _, err = proc.communicate(timeout=SETTLE)
     finally:
         if proc.poll() is None:
             proc.kill()
