@@ -518,6 +518,21 @@ def test_a_restarted_job_reads_the_decision_back_without_compiling(decided, no_c
     assert (plan.policy, plan.peak_bytes) == (first.policy, first.peak_bytes)
 
 
+def test_the_decisions_key_tells_apart_steps_that_differ_only_in_a_tags_name(no_compile):
+    """``checkpoint_name`` leaves no mark in the lowered program: a plan saving a tag by name
+    read back for a step whose tensor is named otherwise would save nothing."""
+    from remat_kit.autoplan._decide import program_of
+
+    def step_with(tag):
+        block = rk.remat(lambda w, x: checkpoint_name(jnp.sin(x @ w), tag) @ w.T, "auto")
+        return lambda w, x: jax.grad(lambda w: block(w, x).sum())(w)
+
+    w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+    got = {program_of(step_with(tag), (w, w), (), H100)[0] for tag in ("mlpwi", "mlpwo")}
+    assert len(got) == 2
+    assert program_of(step_with("mlpwi"), (w, w), (), H100)[0] in got  # and it is stable
+
+
 @pytest.mark.slow
 def test_a_budget_under_the_fixed_parts_names_the_floor_before_any_compile(no_compile):
     with pytest.raises(DoesNotFit) as err:

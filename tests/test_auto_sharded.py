@@ -61,9 +61,21 @@ def _step(block):
     return train_step, loss_fn
 
 
-def _by_hand(policy: str):
-    pol = rk.policy(policy)
-    block = jax.checkpoint(_block, policy=pol.jax_policy) if pol.is_remat else _block
+def _two_tags(w, x):
+    """Two tagged tensors of the same size, a product and a cheap one of it: a per-tensor
+    plan (keep one) lies between ``none`` and ``full``."""
+    a = checkpoint_name(x @ w[0], "mlpwi")
+    b = checkpoint_name(jnp.sin(a) * jnp.cos(a), "mlpwi_1")
+    return x + b @ w[1]
+
+
+BLOCKS = {"mlp": _block, "two_tags": _two_tags}
+
+
+def _by_hand(policy: str, block: str = "mlp"):
+    pol = rk.as_policy(policy)  # a catalogue name or the planner's names:save=...
+    fn = BLOCKS[block]
+    block = jax.checkpoint(fn, policy=pol.jax_policy) if pol.is_remat else fn
     return _step(block)[0]
 
 
@@ -93,21 +105,24 @@ def _peak(compiled) -> int:
 
 
 @functools.cache
-def _bare(case: str, policy: str, axis_types: tuple | None = None, jit: bool = True) -> int:
+def _bare(
+    case: str, policy: str, axis_types: tuple | None = None, jit: bool = True, block: str = "mlp"
+) -> int:
     """The per-device peak of a plain sharded ``jax.jit`` of the step with ``policy``,
     compiled by jax for the four H100s: params donated and out_shardings given, as the
     user's jit below (``jit``), or neither, as for a plain function given placed arrays."""
     ins, outs, args = _placed(case, axis_types)
     if jit:
-        jitted = jax.jit(_by_hand(policy), in_shardings=ins, out_shardings=outs, donate_argnums=0)
+        step = _by_hand(policy, block)
+        jitted = jax.jit(step, in_shardings=ins, out_shardings=outs, donate_argnums=0)
     else:
-        jitted = jax.jit(_by_hand(policy), in_shardings=ins)
+        jitted = jax.jit(_by_hand(policy, block), in_shardings=ins)
     return _peak(jitted.lower(*args).compile(analysis_options(T4)))
 
 
-def _wrapped(case: str, budget):
+def _wrapped(case: str, budget, block: str = "mlp"):
     ins, outs, _ = _placed(case)
-    step, loss_fn = _step(rk.remat(_block, "auto"))
+    step, loss_fn = _step(rk.remat(BLOCKS[block], "auto"))
     user = jax.jit(step, in_shardings=ins, out_shardings=outs, donate_argnums=0)
     return rk.auto(user, budget, target="h100", catalogue=("full",), challengers=(),
                    loss_fn=loss_fn, loss_argnums=(0, 1))  # fmt: skip
@@ -152,6 +167,21 @@ def test_the_step_that_runs_is_the_decided_sharded_program(case, sharded):
     want = plain.lower(*args).compile(analysis_options(T4))
     assert got.input_shardings == want.input_shardings
     assert got.output_shardings == want.output_shardings
+
+
+@pytest.mark.slow
+def test_a_per_tensor_plan_competes_on_the_sharded_program():
+    """With two tags the planner's own plan (keep one, recompute the other) is under a
+    budget a quarter of the way from ``full`` to ``none`` on the FSDP mesh, and its per-device
+    peak is the plain sharded jit's with that plan applied by hand."""
+    none, full = _bare("fsdp", "none", block="two_tags"), _bare("fsdp", "full", block="two_tags")
+    budget = full + (none - full) // 4
+    step = _wrapped("fsdp", budget, block="two_tags")
+    step.lower(*_placed("fsdp")[2])
+    (plan,) = step.plans
+    assert plan.source == "solver" and plan.policy.startswith("names:save=")
+    assert plan.peak_bytes == _bare("fsdp", plan.policy, block="two_tags") <= budget
+    assert full < plan.peak_bytes  # it keeps something: not full under another name
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ from remat_kit.autoplan._decision import AutoPlan, _size
 from remat_kit.autoplan._shardings import Layout
 from remat_kit.errors import DoesNotFit, NoAutoBlock
 from remat_kit.policies import NO_REMAT, Policy, as_policy
+from remat_kit.residuals import tags_in
 from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.search import PlanCandidate, check_budget
 from remat_kit.search import plan as plan_for
@@ -131,13 +132,14 @@ def program_of(
     target: Target,
     shardings: tuple[tuple[Any, ...], Any] | None = None,
 ) -> tuple[str, frozenset[str]]:
-    """The fingerprint of the step's program under ``none`` (lowered, not compiled), and the
-    marked blocks its trace reached; ``shardings`` (in, out on the target) for a sharded
-    step, whose ``args`` carry them."""
+    """The fingerprint of the step's program under ``none`` (lowered, not compiled, with the
+    tags its trace holds: ``checkpoint_name`` leaves no mark in the lowered text, and a plan
+    saves tags by name), and the marked blocks its trace reached; ``shardings`` (in, out on
+    the target) for a sharded step, whose ``args`` carry them."""
     with marks.auto_as(NO_REMAT) as scope:
         if shardings is None:
             jitted = jax.jit(lambda *a: fn(*a), donate_argnums=donate)
-            lowered = jitted.lower(*_placed(args, target))
+            traced = jitted.trace(*_placed(args, target))
         else:
             jitted = jax.jit(
                 lambda *a: fn(*a),
@@ -145,8 +147,10 @@ def program_of(
                 in_shardings=shardings[0],
                 out_shardings=shardings[1],
             )
-            lowered = jitted.lower(*args)
-    return cache.fingerprint(lowered.as_text()), frozenset(scope.marked)
+            traced = jitted.trace(*args)
+    tags = sorted(tags_in(traced.jaxpr).items())
+    text = f"{traced.lower().as_text()}\ntags: {tags}"
+    return cache.fingerprint(text), frozenset(scope.marked)
 
 
 def decide(
