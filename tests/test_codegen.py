@@ -42,13 +42,11 @@ def _lowered(policy, target):
 
 @pytest.mark.slow
 @needs_ptxas
-# One case per thing the options meet: an H100 program with host memory (its device side
-# is what a plain policy's is) and another GPU's architecture. A plain H100 case (minimal)
-# compiled the same kernels through the same options and was dropped.
-@pytest.mark.parametrize(
-    "target,policy",
-    [("h100", "offload_dots_no_batch"), ("rtx4090", "full")],
-)
+# One case meets everything the options do: a program with host memory (its device side is
+# what a plain policy's is) on a GPU architecture other than the H100 most tests compile for.
+# Each further case compiled the same kernels through the same options (an H100 with host
+# memory, an RTX 4090 under full: about 25 s each of full machine code) and was dropped.
+@pytest.mark.parametrize("target,policy", [("rtx4090", "offload_dots_no_batch")])
 def test_analysis_only_compile_reads_the_same_analysis(target, policy):
     t = rk.target(target)
     options = codegen.analysis_options(t)
