@@ -45,24 +45,32 @@ def _key(seed: int) -> jax.Array:
     return jax.random.key_data(jax.random.key(seed))
 
 
-def _grads(step, rng, scan=True):
+@functools.cache
+def _grad_fn(policy: str, scan: bool):
+    # One jitted gradient per policy and layout: another key is another call, not a compile.
+    return jax.jit(jax.value_and_grad(_step(policy, scan=scan).loss_fn))
+
+
+@functools.cache
+def _grads_at(policy: str, seed: int, scan: bool = True):
+    # Loss and gradients under ``policy`` at key ``seed``, computed once for the module: the
+    # reference under none serves every case of its layout.
     params, batch = _values(scan)
-    return jax.jit(jax.value_and_grad(step.loss_fn))(params, {}, batch, rng)
+    return _grad_fn(policy, scan)(params, {}, batch, _key(seed))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("policy, scan", CASES)
 def test_same_key_same_gradients_under_every_policy(policy, scan):
-    ref = _grads(_step("none", scan=scan), _key(3), scan)
-    got = _grads(_step(policy, scan=scan), _key(3), scan)
+    ref = _grads_at("none", 3, scan)
+    got = _grads_at(policy, 3, scan)
     chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.slow
 def test_dropout_is_applied_and_keyed():
-    step = _step("full")
-    loss_a, grads_a = _grads(step, _key(3))
-    loss_b, _ = _grads(step, _key(4))
+    loss_a, grads_a = _grads_at("full", 3)
+    loss_b, _ = _grads_at("full", 4)
     assert abs(float(loss_a) - float(loss_b)) > 1e-6  # another key, other masks
     # Without dropout (rate 0, no key) the same weights give a third loss.
     params, batch = _values()

@@ -1063,11 +1063,12 @@ def test_a_source_made_by_hand_builds_only_what_its_factory_takes():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["none", "full"])
+@pytest.mark.parametrize("policy", ["full"])
 def test_a_model_that_trains_with_dropout_is_given_its_stream(policy):
     # flax's lm1b habit: a linen model whose apply asks for a "dropout" stream (without one,
     # flax's InvalidRngError). Its step is given one, as a training loop gives it, and
-    # draws its masks from it.
+    # draws its masks from it. Under full, where the stream must also reach the block's
+    # recomputation (a case under none passed the same way and was dropped).
     trained = sources.from_factory(f"{FACTORIES}:dropout_trained", tags=None)
     off = sources.from_factory(f"{FACTORIES}:dropout_off", tags=None)
     with warnings.catch_warnings():
