@@ -80,6 +80,44 @@ def test_miss_then_hit(cache_dir):
     assert other.argument_bytes == 32 * 32 * 4 != first.argument_bytes
 
 
+def _never(lowered):
+    raise AssertionError("compiled: the analysis is on disk")
+
+
+def test_what_a_dump_said_is_kept_with_its_analysis(cache_dir, tmp_path_factory):
+    # A compile that dumps (a shallow copy's, whose live sections rk.sources fits) is read
+    # back with what its reader made of the dump: the same program is not compiled again.
+    cpu, calls = rk.target("cpu"), []
+
+    def compiled(code="names-1", read=True):
+        dump = str(tmp_path_factory.mktemp("dump"))
+
+        def compile_fn(lowered):
+            calls.append(dump)
+            return compile_memory(lowered, dump_to=dump)
+
+        def listed(where):
+            return sorted(p.name for p in Path(where).iterdir())
+
+        if not read:
+            return cache.compiled_memory(_lowered(), cpu, compile_fn, dump_to=dump), None, dump
+        with cache.dump_read(listed, code) as got:
+            mem = cache.compiled_memory(_lowered(), cpu, compile_fn, dump_to=dump)
+        return mem, got.value, dump
+
+    first, names, dump = compiled()
+    assert len(calls) == 1 and names == sorted(p.name for p in Path(dump).iterdir()) != []
+    again, read_back, dump = compiled()
+    assert len(calls) == 1, "the same program's dump must be read from disk"
+    assert read_back == names and _same(again, first)
+    assert not any(Path(dump).iterdir())  # nothing compiled: nothing dumped
+    compiled(code="names-2")  # read by other code: its value is not this one's
+    assert len(calls) == 2
+    compiled(read=False)  # a dump no reader keeps is a compile
+    assert len(calls) == 3
+    assert _same(cache.compiled_memory(_lowered(), cpu, _never), first)  # the plain entry
+
+
 @pytest.mark.parametrize(
     "damage",
     [

@@ -15,7 +15,7 @@ import pytest
 
 import remat_kit as rk
 from helpers import memory_report
-from remat_kit import sources
+from remat_kit import cache, sources
 from remat_kit.errors import BadValue
 from remat_kit.peak import Section
 from remat_kit.peak._profile import sections_of
@@ -152,8 +152,8 @@ def factory():
 @pytest.fixture(scope="module")
 def on_h100(factory):
     """``on_h100(policy)``: the factory measured for an H100 with the default depth (auto),
-    once per module: the copies are compiled again by every measure (their section profile
-    comes from XLA's dump), and two tests read this one."""
+    once per module: three tests read it (the copies' compiles, sections and all, are kept on
+    disk; the tracing and the fit are not)."""
     return functools.cache(
         lambda policy: sources.measure(factory, policy, "h100", CONFIG, warn=False)
     )
@@ -174,10 +174,16 @@ def test_a_factory_taking_layers_is_answered_from_copies_within_a_percent(on_h10
 
 
 @pytest.mark.slow
-def test_check_compiles_the_full_model_and_states_the_error(factory):
-    got = sources.measure(factory, "full", "h100", CONFIG, warn=False, depth="check")
+def test_check_compiles_the_full_model_and_states_the_error(factory, on_h100):
+    auto = on_h100("full")  # the copies compiled, and their sections kept with them on disk
     bare = _bare(factory, "full")
+    before = cache.compiles()
+    got = sources.measure(factory, "full", "h100", CONFIG, warn=False, depth="check")
+    # Every program was compiled before, the copies too: read back from disk (remat_kit.cache
+    # keeps what the copies' dumps said), the same figures, not compiled again.
+    assert cache.compiles() == before
     d = got.meta["depth"]
+    assert d["extrapolated_peak_bytes"] == auto.peak_bytes
     assert d["mode"] == "verified" and got.peak_bytes == bare.peak_bytes
     assert d["peak_error"] == pytest.approx(d["extrapolated_peak_bytes"] / bare.peak_bytes - 1)
     assert abs(d["peak_error"]) < 0.01

@@ -34,7 +34,7 @@ One concept per module, the data flowing one way:
 - ``_fingerprint``: stable digests of a lowered program's text and of a package's source;
 - ``_keys``: the key of a compile and of a request (what goes into each);
 - ``_entries``: the two kinds of entry, remembered and read back (:func:`compiled_memory`,
-  :func:`remember`).
+  with what :func:`dump_read` reads off a compile's dump, and :func:`remember`).
 
 Example:
   >>> import jax, jax.numpy as jnp
@@ -44,7 +44,7 @@ Example:
   256
 """
 
-from remat_kit.cache._entries import compiled_memory, compiles, remember
+from remat_kit.cache._entries import DumpRead, compiled_memory, compiles, dump_read, remember
 from remat_kit.cache._fingerprint import code_fingerprint, fingerprint
 from remat_kit.cache._keys import (
     KERNEL_CACHE_OPTION,
@@ -63,12 +63,14 @@ __all__ = [
     "KERNEL_CACHE_OPTION",
     "STUB_MARK",
     "STUB_OPTION",
+    "DumpRead",
     "bypassed",
     "cache_dir",
     "code_fingerprint",
     "compiled_memory",
     "compiles",
     "dir_problem",
+    "dump_read",
     "enabled",
     "entry_key",
     "fingerprint",

@@ -1,5 +1,6 @@
 """The two kinds of entry, remembered on disk and read back: a compile's analysis under the
-program (:func:`compiled_memory`), and a whole answer under the request that produced it
+program (:func:`compiled_memory`), with what a caller read off its dump where one was asked
+for (:func:`dump_read`), and a whole answer under the request that produced it
 (:func:`remember`).
 
 Example:
@@ -10,10 +11,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from remat_kit import xla
@@ -24,8 +27,10 @@ from remat_kit.cache._switch import enabled
 from remat_kit.xla import CompiledMemory, Kernel
 
 __all__ = [
+    "DumpRead",
     "compiled_memory",
     "compiles",
+    "dump_read",
     "remember",
 ]
 
@@ -80,6 +85,59 @@ def remember(
     return value
 
 
+@dataclasses.dataclass
+class DumpRead:
+    """What a reader made of a compile's dump (:func:`dump_read`): the value of the last
+    dumping compile inside the block, read off the dump or back from the disk.
+
+    Attributes:
+      read: ``directory -> value``: reads XLA's dump (a JSON-ready value).
+      code: what names ``read``'s code in the key (a digest of its package's source).
+      value: its value for the last dumping compile (None before one).
+    """
+
+    read: Callable[[str], Any]
+    code: str
+    value: Any = None
+
+
+_reading: contextvars.ContextVar[DumpRead | None] = contextvars.ContextVar(
+    "remat_kit_dump_read", default=None
+)
+
+
+@contextlib.contextmanager
+def dump_read(read: Callable[[str], Any], code: str) -> Iterator[DumpRead]:
+    """Within the block, a compile that dumps (:func:`compiled_memory` ``dump_to``) has its
+    dump read by ``read`` and the value remembered with its analysis, under the program's key
+    and ``code``: the same program again is read back, not compiled. Without the block a dump
+    always costs a compile (what is in it is not remembered).
+
+    Args:
+      read: ``directory -> value``: reads the dump (JSON-ready; it must round-trip).
+      code: names ``read``'s code in the key (:func:`code_fingerprint` of its package): a
+        value read by other code is not read back.
+
+    Yields:
+      The DumpRead, whose ``value`` the compile sets.
+
+    Example:
+      >>> import os, tempfile
+      >>> low = jax.jit(lambda a: a @ a).lower(jax.ShapeDtypeStruct((8, 8), jnp.float32))
+      >>> with tempfile.TemporaryDirectory() as d, dump_read(lambda at: len(os.listdir(at)) > 0,
+      ...                                                    "listed-1") as got:
+      ...     _ = compiled_memory(low, rk.target("cpu"), dump_to=d)
+      >>> got.value
+      True
+    """
+    got = DumpRead(read, code)
+    token = _reading.set(got)
+    try:
+        yield got
+    finally:
+        _reading.reset(token)
+
+
 def compiled_memory(
     lowered: Any,
     target: Any,
@@ -102,7 +160,8 @@ def compiled_memory(
         key (the stand-in ``ptxas``'s path by what it is, not where it lives).
       dump_to: a directory for XLA's dump (:func:`remat_kit.xla.compile_memory`): the
         program is then compiled even when the disk holds its analysis, and the analysis
-        is stored.
+        is stored; inside :func:`dump_read`, the reader's value is stored with it and a
+        program read before is not compiled (nothing is then written to ``dump_to``).
 
     Returns:
       The CompiledMemory.
@@ -119,22 +178,42 @@ def compiled_memory(
     text = lowered.as_text()
     # The same program whatever asked for it: what lets a front merge identical programs.
     program = fingerprint(text)[:16]
+    reader = _reading.get() if dump_to is not None else None
     if not enabled():
         _compiled += 1
-        return dataclasses.replace(compile_fn(lowered), program=program)
+        mem = dataclasses.replace(compile_fn(lowered), program=program)
+        if reader is not None:
+            reader.value = reader.read(dump_to)
+        return mem
     start = time.perf_counter()
-    key = entry_key(text, target, key_options(options or {}))
-    record = load(key) if dump_to is None else None  # a dump needs a compile
-    if record is not None:
-        got = _from_record(record)
-        if got is not None:
-            return dataclasses.replace(
-                got, compile_seconds=time.perf_counter() - start, program=program
-            )
+    keyed = key_options(options or {})
+    key = entry_key(text, target, keyed)
+    # A dump's reading is kept under the program and the reader's code: the compile's
+    # analysis and the reader's value, both or neither.
+    dump_key = None if reader is None else entry_key(text, target, {**keyed, _READ: reader.code})
+    if dump_key is not None:
+        held = load(dump_key) or {}
+        record, read = held.get("memory"), held.get("read")
+    else:  # a dump no reader remembers needs a compile
+        record, read = (load(key) if dump_to is None else None), None
+    got = _from_record(record) if isinstance(record, dict) else None
+    if got is not None and (reader is None or read is not None):
+        if reader is not None:
+            reader.value = read
+        return dataclasses.replace(
+            got, compile_seconds=time.perf_counter() - start, program=program
+        )
     _compiled += 1
     mem = dataclasses.replace(compile_fn(lowered), program=program)
     store(key, mem.to_dict())
+    if reader is not None and dump_key is not None:  # both set together
+        reader.value = reader.read(dump_to)
+        store(dump_key, {"memory": mem.to_dict(), "read": reader.value})
     return mem
+
+
+#: The key option that names the code a dump was read by (:func:`dump_read`).
+_READ = "remat_kit_dump_read"
 
 
 def compiles() -> int:

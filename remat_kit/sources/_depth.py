@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from remat_kit import cache
 from remat_kit._jaxpr import is_checkpoint, open_jaxpr, params_of, sub_jaxprs
 from remat_kit.analysis import MemoryReport, report_notes
 from remat_kit.errors import BadValue
@@ -438,9 +439,16 @@ def by_depth(
     reports, sections = [], {}
     for d, copy in zip(DEPTHS, copies, strict=True):
         built = copy.build_step(pol, sch, config, t)
-        with tempfile.TemporaryDirectory(prefix="remat_kit_depth_") as tmp:
+        # A copy's sections are kept on disk with its analysis (remat_kit.cache), under its
+        # program: the same copy again (another depth mode, a later run) is not compiled.
+        with (
+            tempfile.TemporaryDirectory(prefix="remat_kit_depth_") as tmp,
+            cache.dump_read(_section_rows, _sections_code()) as read,
+        ):
             r = compile_step(built, tmp)
-            sections[d] = live_sections(tmp)
+            if read.value is None:  # compiled here, not by remat_kit.cache
+                read.value = _section_rows(tmp)
+        sections[d] = {Section(p, role, k): b for p, role, k, b in read.value}
         if r.xla_remat:
             return None, {"mode": "full", "reason": "xla_remat", "at_layers": d}
         reports.append(r)
@@ -467,6 +475,17 @@ def by_depth(
     )
     notes = [*report_notes(report, pol, t), *(n for n in deep.notes if n.kind == "xla_log")]
     return report.replace(notes=tuple(notes)), dict(report.meta.depth or {}, mode="extrapolated")
+
+
+def _section_rows(directory: str) -> list[list[Any]]:
+    """:func:`~remat_kit.peak.live_sections` of a dump as JSON rows ``[phase, role, layer,
+    bytes]`` (what the cache keeps)."""
+    return [[s.phase, s.role, s.layer, b] for s, b in sorted(live_sections(directory).items())]
+
+
+def _sections_code() -> str:
+    # What reads the sections: the peak package, and this module's rows.
+    return "sections-rows-1:" + cache.code_fingerprint("remat_kit.peak")
 
 
 def settled(report: MemoryReport, limit: int | None = None) -> bool:
