@@ -229,6 +229,7 @@ def _add_options(p: argparse.ArgumentParser, title: str, options: Sequence[Optio
 
 def _add_option(p: argparse._ActionsContainer, option: Option) -> None:
     """Declares one kind's option: its flag, its help, and how its text is read."""
+    # add_argument's keywords: each of its own type (a default is the option's any value).
     kwargs: dict[str, Any] = {"help": option.help, "default": option.default}
     if option.metavar is not None:
         kwargs["metavar"] = option.metavar
@@ -543,7 +544,7 @@ def comma_list(text: str) -> list[str]:
 
 #: How an option's text is read (``rk.sources.OPTION_TYPES``, but ``text``, ``switch`` and
 #: ``words``, which are argparse actions).
-_TYPES: dict[str, Callable[[str], Any]] = {
+_TYPES: dict[str, Callable[[str], str | int | float]] = {
     "name": name_arg,
     "positive_int": positive_int,
     "non_negative_int": non_negative_int,

@@ -6,18 +6,18 @@ import argparse
 import functools
 import time
 import warnings
-from typing import Any
+from concurrent.futures import Executor
 
 from remat_kit import _workers, sources
 from remat_kit.analysis import MemoryReport
-from remat_kit.cli._model import Request, resolve, run_notes
+from remat_kit.cli._model import ModelRun, Request, resolve, run_notes
 from remat_kit.cli._next import next_step_lines
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.comparison import compare_rows
 from remat_kit.errors import BadValue
-from remat_kit.notes import label, shared_words, words
-from remat_kit.policies import NO_REMAT
+from remat_kit.notes import Note, label, shared_words, words
+from remat_kit.policies import NO_REMAT, Policy
 from remat_kit.render import (
     SCHEDULER_WORDS,
     compare_table,
@@ -29,7 +29,9 @@ from remat_kit.render import (
     write_json,
     xla_limits_words,
 )
+from remat_kit.schedules import Schedule
 from remat_kit.search import FRONT_POLICIES
+from remat_kit.targets import Target
 
 __all__ = ["run"]
 
@@ -67,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     )
     # One the model's steps cannot take is left out of the default list, with the source's
     # reason under the table; one the user named is refused as it is built.
-    refused = []
+    refused: list[Note] = []
     if args.policies == ",".join(FRONT_POLICIES):
         policies, refused = sources.buildable_policies(run.source, run.config, target, policies)
     sched_specs = args.schedules.replace(";", " ").split()
@@ -86,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _compare_cases(
     args: argparse.Namespace,
-    run: Any,
-    cases: list[Any],
-    left_out: tuple[list[str], list[Any]],
-    executor: Any,
+    run: ModelRun,
+    cases: list[tuple[Policy, Schedule]],
+    left_out: tuple[list[str], list[Note]],
+    executor: Executor | None,
 ) -> int:
     """Compiles the cases (here, in ``--jobs`` processes or on the ``--cluster``), prints."""
     target = run.target
@@ -140,9 +142,9 @@ def _compare_cases(
 
 def _print_rows(
     args: argparse.Namespace,
-    run: Any,
+    run: ModelRun,
     reports: list[MemoryReport],
-    left_out: tuple[list[str], list[Any]],
+    left_out: tuple[list[str], list[Note]],
     seconds: float,
 ) -> int:
     """Prints the table, the policies left out (no tag of theirs; the source's notes) and the
@@ -193,8 +195,8 @@ def _print_rows(
 
 
 def _measure_case(
-    request: Request, target: Any, baseline: float | None, case: tuple[str, str]
-) -> Any:
+    request: Request, target: Target, baseline: float | None, case: tuple[str, str]
+) -> MemoryReport:
     """One row of the comparison: the report of ``(policy spec, schedule spec)``; a module-level
     function of the picklable request, so a worker process can run it."""
     from remat_kit.policies import parse_policy

@@ -9,15 +9,24 @@ import functools
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import Executor
 
 from remat_kit import _workers, sources
-from remat_kit.cli._model import print_caveats, print_notes, rebuilt, resolve, with_spread
+from remat_kit.cli._model import (
+    ModelRun,
+    Request,
+    print_caveats,
+    print_notes,
+    rebuilt,
+    resolve,
+    with_spread,
+)
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items, policy_arg, schedule_arg
 from remat_kit.errors import BadValue
 from remat_kit.notes import label
+from remat_kit.policies import Policy
 from remat_kit.render import (
     FitRow,
     compiling_words,
@@ -33,6 +42,7 @@ from remat_kit.render import (
     throughput_table,
     write_json,
 )
+from remat_kit.schedules import Schedule
 from remat_kit.search import (
     DEFAULT_GRANULARITY,
     DEFAULT_SEQ_CAP,
@@ -48,6 +58,7 @@ from remat_kit.search import (
     seq_multiple,
 )
 from remat_kit.sources import Workload
+from remat_kit.targets import Target
 
 __all__ = ["run"]
 
@@ -96,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         return _print_batches(args, run, w, rows, time.perf_counter() - start, compiles)
 
 
-def _accumulating(request: Any, target: Any, ways: int | None, accum: int) -> Any:
+def _accumulating(request: Request, target: Target, ways: int | None, accum: int) -> Workload:
     """The step of ``request`` on ``target`` accumulating over ``accum`` micro-batches of one
     sequence per data-parallel GPU (``ways`` None: as the request builds it), as
     ``--objective throughput`` builds it here (module-level, for a worker process)."""
@@ -106,7 +117,7 @@ def _accumulating(request: Any, target: Any, ways: int | None, accum: int) -> An
     return rebuilt(request, target)
 
 
-def _batch_flags(args: argparse.Namespace, given: Sequence[str]) -> None:
+def _batch_flags(args: argparse.Namespace, given: Collection[str]) -> None:
     """The batch search's flags, checked before anything is resolved.
 
     Raises:
@@ -140,7 +151,10 @@ def _batch_flags(args: argparse.Namespace, given: Sequence[str]) -> None:
 
 
 def _largest_batches(
-    args: argparse.Namespace, w: Workload, policies: Mapping[str, Any], schedule: Any
+    args: argparse.Namespace,
+    w: Workload,
+    policies: Mapping[str, Policy | None],
+    schedule: Schedule,
 ) -> tuple[list[FitRow], int]:
     """The largest batch of each policy (None: the planner's), one row each, and the
     programs compiled for them (on a cluster's workers too).
@@ -219,11 +233,11 @@ def _policy_fit(
     headroom: float,
     offload: bool,
     hide: float,
-    schedule: Any,
-    policy: Any,
+    schedule: Schedule | str,
+    policy: Policy | str,
 ) -> Fit:
     """One policy's largest batch (``plan``: the planner's) on the step ``workload_for``
-    builds (module-level: a cluster's worker is handed it)."""
+    builds (module-level: a cluster's worker is handed it, with the specs: ``str``)."""
     w = workload_for()
     if policy is PLAN or policy == PLAN:
         fit, _ = max_batch_plan(w, headroom=headroom, offload=offload, hide=hide)
@@ -234,7 +248,7 @@ def _policy_fit(
 
 def _print_batches(
     args: argparse.Namespace,
-    run: Any,
+    run: ModelRun,
     w: Workload,
     rows: list[FitRow],
     seconds: float,
@@ -265,7 +279,7 @@ def _print_batches(
     return 0
 
 
-def _nothing_fits(rows: list[FitRow], smallest: str, target: Any, advice: str) -> int:
+def _nothing_fits(rows: list[FitRow], smallest: str, target: Target, advice: str) -> int:
     """Says on stderr that no policy fits even the smallest point (``smallest``: ``batch 1``)
     searched, with the smallest peak and what to try; exit code 1: the search ran and found
     nothing that fits (docs/commands/index.md, "Exit codes")."""
@@ -280,11 +294,11 @@ def _nothing_fits(rows: list[FitRow], smallest: str, target: Any, advice: str) -
 
 def _throughput(
     args: argparse.Namespace,
-    run: Any,
-    w: Any,
-    policies: dict[str, Any],
-    schedule: Any,
-    executor: Any,
+    run: ModelRun,
+    w: Workload,
+    policies: dict[str, Policy | None],
+    schedule: Schedule,
+    executor: Executor | None,
 ) -> int:
     """``--objective throughput``: the fastest micro-batch per policy, the winner marked."""
     ways = w.batch_multiple
@@ -294,9 +308,9 @@ def _throughput(
             f"GPUs; use a multiple of {ways}"
         )
 
-    made: list[Any] = []
+    made: list[Workload] = []
 
-    def accumulate(accum: int) -> Any:
+    def accumulate(accum: int) -> Workload:
         # The step is first built at one micro-batch per data-parallel GPU per pass (the
         # search sets the batch); it has to split into ``accum`` passes.
         config = dataclasses.replace(run.config, accum=accum, batch=accum * ways)
@@ -352,7 +366,7 @@ def _throughput(
     return 0
 
 
-def _seq_flags(args: argparse.Namespace, given: Any) -> tuple[int, int]:
+def _seq_flags(args: argparse.Namespace, given: Collection[str]) -> tuple[int, int]:
     """``--over seq``'s flags, checked before anything is resolved: the granularity and the
     cap (``--seq-step``, ``--max-seq``).
 
@@ -389,7 +403,7 @@ def _seq_flags(args: argparse.Namespace, given: Any) -> tuple[int, int]:
     return step, cap
 
 
-def _over_seq(args: argparse.Namespace, given: Any) -> int:
+def _over_seq(args: argparse.Namespace, given: Collection[str]) -> int:
     """``--over seq``: the longest sequence per policy at a fixed batch, the longest starred.
 
     Every flag is checked before the first compile. The sequences are multiples of
@@ -475,7 +489,7 @@ def _over_seq(args: argparse.Namespace, given: Any) -> int:
 
 def _print_seq(
     args: argparse.Namespace,
-    run: Any,
+    run: ModelRun,
     rows: list[FitRow],
     batch: int,
     step: int,
@@ -516,7 +530,7 @@ def _print_seq(
     return 0
 
 
-def _policies(args: argparse.Namespace, run: Any) -> tuple[dict[str, Any], Any]:
+def _policies(args: argparse.Namespace, run: ModelRun) -> tuple[dict[str, Policy | None], Schedule]:
     """The policies to search, by spec (None: the planner), and the schedule; the tag check
     of the named policies, once, before any compile."""
     if args.policy:

@@ -38,7 +38,8 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
-from typing import Any, TextIO
+from types import FrameType
+from typing import TextIO
 
 __all__ = [
     "GRACE",
@@ -85,7 +86,7 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
-def _on_signal(signum: int, frame: Any) -> None:
+def _on_signal(signum: int, frame: FrameType | None) -> None:
     _CAME.append(signum)
     if _AT_ONCE:
         code = stop()
@@ -94,7 +95,8 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Stopped(signum)
 
 
-def _unraisable(what: Any) -> None:
+def _unraisable(what: sys.UnraisableHookArgs) -> None:
+    # sys.UnraisableHookArgs: typeshed's name for the hook's argument (not importable).
     # A signal that lands in a garbage-collection callback or a __del__ (jax has one) is
     # printed there as "Exception ignored" and goes no further: the run would go on. Print
     # nothing, and say it again a moment later, from outside the callback.

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+
+from rich.table import Table
 
 from remat_kit.policies import parse_policy, policy, policy_names
 from remat_kit.render import (
@@ -37,7 +38,7 @@ _EXAMPLES = {
 }
 
 
-def _targets() -> tuple[Any, ...]:
+def _targets() -> tuple[Table, ...]:
     tpus = [n for n in target_names() if n in TPU_GENERATIONS]
     return (
         targets_table((name, target(name)) for name in target_names() if name not in tpus),
@@ -49,7 +50,7 @@ def _targets() -> tuple[Any, ...]:
     )
 
 
-def _policies() -> tuple[Any, ...]:
+def _policies() -> tuple[Table, ...]:
     return (
         policies_table(
             (
@@ -61,14 +62,14 @@ def _policies() -> tuple[Any, ...]:
     )
 
 
-def _models() -> tuple[Any, ...]:
+def _models() -> tuple[Table, ...]:
     from remat_kit.cli._model import catalogue
 
     return (models_table(catalogue()),)
 
 
 #: Each listing: its subcommand and the function that builds its tables.
-_LISTINGS: dict[str, Callable[[], tuple[Any, ...]]] = {
+_LISTINGS: dict[str, Callable[[], tuple[Table, ...]]] = {
     "targets": _targets,
     "policies": _policies,
     "models": _models,

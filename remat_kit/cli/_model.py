@@ -30,7 +30,15 @@ from remat_kit.errors import BadValue
 from remat_kit.notes import Note, words
 from remat_kit.render import console, flags_words
 from remat_kit.sharding import parse_shard
-from remat_kit.sources import Option, SourceKind, StepSource, Workload, kind_named, kinds
+from remat_kit.sources import (
+    ModelSpec,
+    Option,
+    SourceKind,
+    StepSource,
+    Workload,
+    kind_named,
+    kinds,
+)
 from remat_kit.sources import resolve as resolve_spec
 from remat_kit.targets import Target, check_deviceless
 from remat_kit.targets._platform import start_backends
@@ -80,7 +88,7 @@ class ModelRun:
       shard: the mesh plan asked for (``--shard``), or None.
     """
 
-    spec: Any
+    spec: ModelSpec
     kind: SourceKind
     target: Target
     source: StepSource
@@ -145,7 +153,7 @@ def _takes(kind: SourceKind, option: Option) -> bool:
     return any(o.flag == option.flag for o in kind.options)
 
 
-def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
+def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, ModelSpec]:
     """The model request the flags make: its kind and its spec.
 
     One option that names the model (``--model``, ``--hf-config``, ``--step``, a plugin's)
@@ -183,6 +191,7 @@ def spec_from_args(args: argparse.Namespace) -> tuple[SourceKind, Any]:
         known = {n.lower(): n for n, _ in kind.catalogue()}
         name = known.get(name.strip().lower(), name)
     _refuse_foreign_flags(args, kind, f"{option.flag} {name}")
+    # The fields of this kind's spec, each the value its option's type read (a plugin's too).
     values: dict[str, Any] = {option.field: name}
     pairs: dict[str, list[tuple[str, Any]]] = {}
     for o in kind.options:
@@ -352,7 +361,7 @@ class Request:
       depth: how an unrolled model is compiled.
     """
 
-    spec: Any
+    spec: ModelSpec
     config: TrainConfig
     depth: str = "auto"
 
@@ -439,6 +448,7 @@ def print_caveats(notes: Iterable[Note], wide: bool) -> None:
 def catalogue() -> list[tuple[str, Any]]:
     """Every model a kind knows by name, with its config (the presets), for
     ``remat-kit models``."""
+    # Any: each kind's config is its own (a preset's), as ``SourceKind.catalogue`` gives it.
     return [
         item for kind in kinds().values() if kind.catalogue is not None for item in kind.catalogue()
     ]

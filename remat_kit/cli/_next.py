@@ -13,15 +13,18 @@ import argparse
 import dataclasses
 import functools
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli._model import Request
+from remat_kit.analysis import MemoryReport
+from remat_kit.cli._model import ModelRun, Request
 from remat_kit.errors import DoesNotFit
 from remat_kit.notes import Note, label, words
 from remat_kit.render import length_words, progress
 from remat_kit.search import Change, check_budget, next_step
-from remat_kit.targets import target, target_names
+from remat_kit.sources import Workload
+from remat_kit.targets import Target, target, target_names
 
 __all__ = [
     "LORA_RANK",
@@ -31,7 +34,9 @@ __all__ = [
 ]
 
 
-def next_step_lines(args: argparse.Namespace, run: Any, reports: Any) -> list[str]:
+def next_step_lines(
+    args: argparse.Namespace, run: ModelRun, reports: Sequence[MemoryReport]
+) -> list[str]:
     """What to do when no row fits, as lines: why (the fixed part's verdict and hints from the
     breakdown's arithmetic, ``check_budget``), then the one next step that works, found by
     compiling ``full`` for at most two changes (``rk.search.next_step``), with its flags."""
@@ -88,7 +93,7 @@ MAX_NEXT_COMPILES = 2
 LORA_RANK = 16
 
 
-def lora_request(run: Any) -> Request | None:
+def lora_request(run: ModelRun) -> Request | None:
     """The run with LoRA adapters trained alone, where its kind takes a rank and has none."""
     if "lora" not in run.kind.fields or run.lora:
         return None
@@ -97,7 +102,11 @@ def lora_request(run: Any) -> Request | None:
 
 
 def _changes(
-    args: argparse.Namespace, run: Any, w: Any, lora: Request | None, full: Any
+    args: argparse.Namespace,
+    run: ModelRun,
+    w: Workload,
+    lora: Request | None,
+    full: MemoryReport | None,
 ) -> list[Change]:
     """The changes to try, the smallest to the user first, each passing the breakdown's
     arithmetic (``check_budget``'s): with the fixed part under the limit, accumulation (the
@@ -167,7 +176,7 @@ def _changes(
     return out
 
 
-def _bigger_gpu(t: Any, need: int, fraction: Any) -> str | None:
+def _bigger_gpu(t: Target, need: int, fraction: float | None) -> str | None:
     """The GPU of the catalogue with the least usable memory that is over ``need`` bytes and
     over this one's (the limit every report's fits uses), or None."""
     best = None
@@ -180,7 +189,7 @@ def _bigger_gpu(t: Any, need: int, fraction: Any) -> str | None:
     return None if best is None else best[1]
 
 
-def _change_flags(change: dict[str, Any], run: Any) -> str:
+def _change_flags(change: dict[str, Any], run: ModelRun) -> str:
     """The flags that make ``change`` (the one place a next step is written as a command)."""
     kind = change["kind"]
     if kind == "accum":

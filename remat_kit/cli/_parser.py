@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 __all__ = ["Parser", "once"]
 
@@ -17,7 +18,7 @@ def once(
     parser: argparse.ArgumentParser,
     namespace: argparse.Namespace,
     action: argparse.Action,
-    values: Any,
+    values: Any,  # what the flag's type= made of its text: any value
     option_string: str | None,
 ) -> None:
     """Refuses a single-valued flag given a second time (argparse keeps the last value and
@@ -72,7 +73,7 @@ class Parser(argparse.ArgumentParser):
     it (argparse alone says "expected one argument"). No flag of remat-kit looks like that.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # argparse.ArgumentParser's own
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(*args, **kwargs)
         # argparse's own pattern accepts only plain negative numbers (-3, -0.5).
@@ -84,11 +85,13 @@ class Parser(argparse.ArgumentParser):
         self.register("action", None, once_store)
         self.register("action", "store", once_store)
 
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
         parsed, rest = super().parse_known_args(args, namespace)
         parsed.__dict__.pop(_GIVEN, None)
         return parsed, rest
 
-    def error(self, message: str) -> Any:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"remat-kit: {message}\n")
         raise SystemExit(2)

@@ -7,14 +7,14 @@ import functools
 import sys
 import warnings
 from collections.abc import Sequence
-from typing import Any
 
 from remat_kit import sources
-from remat_kit.cli._model import print_caveats, print_notes, resolve, with_spread
+from remat_kit.cli._model import ModelRun, print_caveats, print_notes, resolve, with_spread
 from remat_kit.cli._next import lora_request
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import budget_arg, flag_items, host_budget_arg, policy_arg
 from remat_kit.notes import words
+from remat_kit.policies import Policy
 from remat_kit.render import (
     compiling_words,
     console,
@@ -38,7 +38,7 @@ from remat_kit.search import (
     limit_for,
     plan_front,
 )
-from remat_kit.sources import Workload
+from remat_kit.sources import StepSource, Workload
 
 __all__ = ["run"]
 
@@ -101,10 +101,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _search(
     args: argparse.Namespace,
-    run: Any,
+    run: ModelRun,
     w: Workload,
     budget: int | None,
-    catalogue: list[Any],
+    catalogue: list[Policy],
     host_budget: int | None,
 ) -> PlanFront:
     """The budget checked, the bound said, then the plan and its front (a progress line)."""
@@ -156,7 +156,7 @@ def _search(
         )
 
 
-def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFront) -> int:
+def _print_plan(args: argparse.Namespace, run: ModelRun, w: Workload, found: PlanFront) -> int:
     """Prints the plan and front tables and how to use the plan, writes ``--plot`` and
     ``--json``; the exit code: 0 when the plan fits the budget, else 1."""
     p, points, target = found.plan, found.points, run.target
@@ -200,7 +200,7 @@ def _print_plan(args: argparse.Namespace, run: Any, w: Workload, found: PlanFron
     return 0 if p.fits else 1
 
 
-def _config_lines(source: Any, p: Plan) -> tuple[str, ...] | None:
+def _config_lines(source: StepSource, p: Plan) -> tuple[str, ...] | None:
     """The lines of the model's own config that set the plan (MaxText's), or None."""
     return source.policy_lines(p.policy) if p.schedule.name == "none" else None
 
