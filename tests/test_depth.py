@@ -208,26 +208,26 @@ def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory, on_
     assert estimate.meta["depth"]["mode"] == "extrapolated"
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(
-    ("policy", "schedule", "reason"),
+    ("policy", "schedule", "path", "record"),
     [
-        ("offload_dots_no_batch", "none", "offload"),
-        ("full", "every:2", None),  # a schedule's layers differ: quietly full
+        ("offload_dots_no_batch", "none", FACTORY, {"mode": "full", "reason": "offload"}),
+        ("full", "every:2", "tests/data/factories.py:preset", {}),  # a schedule: quietly full
     ],
 )
-def test_what_is_not_a_stack_of_identical_layers_is_compiled_whole(policy, schedule, reason):
-    src = sources.from_factory("tests/data/factories.py:preset")
-    deep = sources.from_factory(FACTORY)
-    s = deep if schedule == "none" else src
-    if schedule != "none" and "every" not in s.schedule_kinds:
+def test_what_is_not_a_stack_of_identical_layers_is_compiled_whole(policy, schedule, path, record):
+    # Decided before any copy is compiled; measure then compiles the whole step and keeps the
+    # record (test_a_stack_of_layers_not_alike_is_compiled_whole_saying_why goes through it).
+    src = sources.from_factory(path)
+    if schedule != "none" and "every" not in src.schedule_kinds:
         pytest.skip("needs a factory taking schedule=")
-    got = sources.measure(s, policy, "h100", CONFIG, schedule=schedule, warn=False)
-    d = got.meta.get("depth")
-    if reason is None:
-        assert d is None
-    else:
-        assert d == {"mode": "full", "reason": reason}
+
+    def compile_step(built, dump_to=None):
+        pytest.fail("a shallow copy was compiled")
+
+    sch, h100 = rk.parse_schedule(schedule), rk.target("h100")
+    got = depth.by_depth(src, rk.policy(policy), sch, h100, CONFIG, compile_step)
+    assert got == (None, record)
 
 
 @pytest.mark.slow
