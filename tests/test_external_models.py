@@ -8,6 +8,7 @@ Hugging Face's keyword inputs and ``.logits`` output) and the CLI. Needs the ``[
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 
@@ -58,20 +59,25 @@ def _layer_loss(cls):
     return loss, params
 
 
+@functools.cache
+def _layer_reference():
+    # The plain layer's gradients and saved bytes, once for every policy's case.
+    ref_loss, params = _layer_loss(hf_llama.FlaxLlamaDecoderLayer)
+    return params, jax.grad(ref_loss)(params), rk.saved_residuals(ref_loss, params).bytes_by()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("policy", ["full", "minimal", "dots_no_batch", "offload_dots_no_batch"])
 def test_rk_remat_of_the_hf_decoder_layer_with_keyword_deterministic(policy):
-    ref_loss, params = _layer_loss(hf_llama.FlaxLlamaDecoderLayer)
+    params, ref_grads, ref_kept = _layer_reference()
     loss, _ = _layer_loss(rk.remat(hf_llama.FlaxLlamaDecoderLayer, policy))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RematWarning)  # minimal: the layer has no tags
         # Recomputation reorders f32 sums: an absolute floor far below the gradients' size
         # (about 1e-3) keeps jax 0.12's last-bit differences on 1e-5 entries from failing it.
-        chex.assert_trees_all_close(
-            jax.grad(loss)(params), jax.grad(ref_loss)(params), rtol=1e-5, atol=1e-8
-        )
+        chex.assert_trees_all_close(jax.grad(loss)(params), ref_grads, rtol=1e-5, atol=1e-8)
         kept = rk.saved_residuals(loss, params).bytes_by()
-    assert kept < rk.saved_residuals(ref_loss, params).bytes_by()  # it did rematerialize
+    assert kept < ref_kept  # it did rematerialize
 
 
 @pytest.mark.slow
