@@ -306,15 +306,15 @@ class ShardedStep(BadValue):
     """A step given to ``rk.auto`` sharded over several devices in a way the decision cannot
     carry to the target's devices (a sharded step is otherwise planned for the mesh's devices
     of the target): a multi-device sharding that is not a ``NamedSharding``, shardings on two
-    different meshes, a target of another device count; or ``step.inspect`` of a step planned
-    sharded. Refused rather than planned for a program it does not run; the message names the
-    fix.
+    different meshes, a target of another device count (at a call, ``step.lower`` or
+    ``step.inspect``, which inspects a sharded step on the mesh it was planned on). Refused
+    rather than planned for a program it does not run; the message names the fix.
 
     Attributes:
       step: the step's name.
       devices: the devices the shardings span.
       where: what is refused (``"in_shardings"``, ``"out_shardings"``, ``"arguments"``,
-        ``"target"``, ``"inspect"``).
+        ``"target"``).
     """
 
     def __init__(self, message: str, *, step: str, devices: int, where: str):

@@ -105,19 +105,32 @@ def _peak(compiled) -> int:
 
 
 @functools.cache
-def _bare(
+def _bare_analysis(
     case: str, policy: str, axis_types: tuple | None = None, jit: bool = True, block: str = "mlp"
-) -> int:
-    """The per-device peak of a plain sharded ``jax.jit`` of the step with ``policy``,
-    compiled by jax for the four H100s: params donated and out_shardings given, as the
-    user's jit below (``jit``), or neither, as for a plain function given placed arrays."""
+) -> dict[str, int]:
+    """The per-device memory analysis of a plain sharded ``jax.jit`` of the step with
+    ``policy``, compiled by jax for the four H100s: params donated and out_shardings given,
+    as the user's jit below (``jit``), or neither, as for a plain function given placed
+    arrays."""
     ins, outs, args = _placed(case, axis_types)
     if jit:
         step = _by_hand(policy, block)
         jitted = jax.jit(step, in_shardings=ins, out_shardings=outs, donate_argnums=0)
     else:
         jitted = jax.jit(_by_hand(policy, block), in_shardings=ins)
-    return _peak(jitted.lower(*args).compile(analysis_options(T4)))
+    m = jitted.lower(*args).compile(analysis_options(T4)).memory_analysis()
+    return {
+        k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")
+    }
+
+
+def _bare(
+    case: str, policy: str, axis_types: tuple | None = None, jit: bool = True, block: str = "mlp"
+) -> int:
+    """The per-device peak of :func:`_bare_analysis`'s compile: argument + output + temp -
+    alias, as :func:`_peak` reads it."""
+    m = _bare_analysis(case, policy, axis_types, jit, block)
+    return m["argument"] + m["output"] + m["temp"] - m["alias"]
 
 
 def _wrapped(case: str, budget, block: str = "mlp"):
@@ -260,11 +273,74 @@ def test_a_target_of_another_device_count_is_refused(devices, no_compile):
 
 
 @pytest.mark.slow
-def test_inspect_of_a_sharded_step_is_refused_naming_the_plan(sharded):
-    step = sharded["dp"][0]
-    with pytest.raises(ShardedStep, match=r"step\.plan") as err:
-        step.inspect(*_placed("dp")[2])
-    assert err.value.where == "inspect"
+@pytest.mark.parametrize("case", list(CASES))
+def test_inspect_of_a_sharded_step_is_one_devices_program_to_the_byte(case, sharded, tmp_path):
+    """``step.inspect`` compiles the decided step on the mesh it was planned on: its peak is
+    the per-device peak of the plain sharded jit of the decided policy (compiled here by jax
+    alone, read off its memory analysis), and it writes ``inspect --trace / --xprof``'s files."""
+    step, _, _, plan = sharded[case]
+    r = step.inspect(*_placed(case)[2], series=True, hlo_proto=True)
+    assert r.peak_bytes == _bare(case, plan.policy) == plan.peak_bytes
+    assert r.argument_bytes == _bare_analysis(case, plan.policy)["argument"]
+    assert r.meta["policy"] == plan.policy and sum(r.by_category.values()) == r.peak_bytes
+    wrote = rk.render.write_inspection([r], T4, [plan.policy], trace=tmp_path / "t.json",
+                                       xprof=tmp_path / "xprof")  # fmt: skip
+    assert wrote["trace"].stat().st_size > 0 and any(wrote["xprof"].rglob("*"))
+
+
+@pytest.mark.slow
+def test_rk_inspect_of_a_sharded_program_is_one_devices_with_its_gradients():
+    """``rk.inspect`` given the shardings: the FSDP step's peak is the plain sharded jit's per
+    device, and the gradients live at it are recognised (whole before the reduce-scatter,
+    shards after it) against each device's shards of the parameters."""
+    ins, outs, args = _placed("fsdp")
+    r = rk.inspect(_by_hand("full"), *args, target=T4, donate_argnums=0, in_shardings=ins,
+                   out_shardings=outs, categories={0: "parameter"})  # fmt: skip
+    assert r.peak_bytes == _bare("fsdp", "full")
+    assert r.by_category["parameter"] == 2 * L * D * F * 4 // 4  # each device's shards
+    assert r.by_category["gradient"] > 0
+
+
+def _f(w, x):
+    return jnp.tanh(w * x)
+
+
+_X = jax.ShapeDtypeStruct((8, 4), jnp.float32)
+
+
+@pytest.mark.parametrize(
+    "given, target, error, param",
+    [
+        # not a prefix of the two arguments
+        (lambda rows: (rows, rows, rows), T4, rk.errors.BadValue, "in_shardings"),
+        # not a Sharding
+        (lambda rows: (rows, "data"), T4, rk.errors.BadType, "in_shardings"),
+        # four devices for a target of one
+        (lambda rows: (rows, None), rk.target("h100"), rk.errors.BadValue, "in_shardings"),
+        # the process's CPU device for an H100
+        (
+            lambda rows: (jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0]), None),
+            rk.target("h100"),
+            rk.errors.BadValue,
+            "in_shardings",
+        ),
+    ],
+    ids=["prefix", "type", "count", "platform"],
+)
+def test_a_bad_sharding_given_to_inspect_is_refused_before_any_compile(
+    given, target, error, param, no_compile
+):
+    rows = NamedSharding(_mesh((4,), ("data",)), P("data"))
+    with pytest.raises(error) as err:
+        rk.inspect(_f, _X, _X, target=target, in_shardings=given(rows))
+    assert err.value.param == param and "\n" not in str(err.value)
+
+
+def test_a_bad_out_sharding_given_to_inspect_is_refused_before_any_compile(no_compile):
+    rows = NamedSharding(_mesh((4,), ("data",)), P("data"))
+    with pytest.raises(rk.errors.BadValue, match="out_shardings holds a sharding over 4") as err:
+        rk.inspect(_f, _X, _X, target="h100", out_shardings=rows)
+    assert err.value.param == "out_shardings"
 
 
 # --- run on four CPU devices ----------------------------------------------------------------------

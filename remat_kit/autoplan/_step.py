@@ -33,11 +33,19 @@ import numpy as np
 
 from remat_kit import peak
 from remat_kit.autoplan._budget import Budget
-from remat_kit.autoplan._decide import CATALOGUE, CHALLENGERS, abstract, bound, decide, unjitted
+from remat_kit.autoplan._decide import (
+    CATALOGUE,
+    CHALLENGERS,
+    _on,
+    abstract,
+    bound,
+    decide,
+    unjitted,
+)
 from remat_kit.autoplan._decision import AutoPlan
 from remat_kit.autoplan._graph import Edge, is_node, unwrap_nnx_jit
 from remat_kit.autoplan._shardings import layout_of, with_jit_shardings
-from remat_kit.errors import BadValue, RematWarning, ShardedStep
+from remat_kit.errors import BadValue, RematWarning
 from remat_kit.peak import PeakReport
 from remat_kit.policies import as_policy
 from remat_kit.targets import Target, as_target
@@ -204,7 +212,10 @@ class AutoStep:
         Hand it to ``rk.render.write_inspection`` for the files ``inspect --trace FILE
         --xprof DIR`` writes (``series=True`` for the trace, ``hlo_proto=True`` for the
         profile). The step's ``roles`` name its parameters and optimizer state; without
-        them every argument is an input.
+        them every argument is an input. A step planned sharded is inspected as it was
+        decided: its shardings on a mesh of the same axes over the mesh's devices of the
+        target, one device's program (``rk.inspect``'s ``in_shardings`` /
+        ``out_shardings``), every figure per device.
 
         Args:
           *args: the step's arguments (arrays or ``jax.ShapeDtypeStruct`` pytrees).
@@ -212,12 +223,12 @@ class AutoStep:
           hlo_proto: keep XLA's ``HloProto`` (what XProf's Memory Viewer reads).
 
         Returns:
-          The ``rk.PeakReport``; its ``peak_bytes`` is the plan's ``peak_bytes`` and its
-          ``meta`` names the policy and the budget.
+          The ``rk.PeakReport``; its ``peak_bytes`` is the plan's ``peak_bytes`` (per
+          device for a sharded step) and its ``meta`` names the policy and the budget.
 
         Raises:
-          ShardedStep: a step planned sharded (``rk.inspect`` reads one device's unsharded
-            compile); its per-device figures are ``step.plan``'s.
+          ShardedStep: as at a call, a sharded step whose shardings cannot be carried to
+            the target (see :func:`auto`).
 
         Example:
           >>> step = rk.auto(lambda w, x: rk.remat(jnp.sin, "auto")(w * x), "fits",
@@ -228,15 +239,6 @@ class AutoStep:
         """
         edge, pure = Edge.of(args)
         got = self._get(pure, edge)
-        if got.plan.mesh:
-            raise ShardedStep(
-                f"{self.__name__}.inspect names the buffers of one device's unsharded compile, "
-                f"and this step is planned sharded over {got.plan.devices} devices: read its "
-                "per-device peak and parts from step.plan, or step.lower(...) for its program",
-                step=self.__name__,
-                devices=got.plan.devices,
-                where="inspect",
-            )
         fn, donate, _ = self._pure(pure, edge)
         roles = {
             r: (i,) if isinstance(i, int) else tuple(i) for r, i in (self._roles or {}).items()
@@ -245,13 +247,21 @@ class AutoStep:
             i: _CATEGORIES[r] for r, idx in roles.items() for i in idx if r in _CATEGORIES
         }
         target = self.target()
+        shapes, sharded = abstract(pure), {}
+        layout = layout_of(self.__name__, self._jit, pure)
+        if layout is not None:  # the mesh's devices of the target, as decided
+            target = layout.target(target, self.__name__)
+            ins, outs = layout.on(target)
+            shapes = _on(shapes, ins)
+            sharded = {"in_shardings": ins, "out_shardings": outs}
         if got.plan.slop_factor is not None:
             target = target.with_slop_factor(got.plan.slop_factor)
         return peak.inspect(
             bound(fn, as_policy(got.plan.policy)),
-            *abstract(pure),
+            *shapes,
             target=target,
             donate_argnums=donate,
+            **sharded,
             categories=categories or None,
             meta={"policy": got.plan.policy, "budget": got.plan.budget},
             series=series,

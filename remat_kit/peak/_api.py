@@ -22,7 +22,7 @@ from typing import Any
 import jax
 
 from remat_kit.analysis import abstract
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadType, BadValue
 from remat_kit.peak._attribute import analyse
 from remat_kit.peak._classify import argument_leaves, key_paths
 from remat_kit.peak._dump import compile_with_dump, kept_leaves, read_hlo_proto
@@ -77,8 +77,11 @@ def inspect(
     keep_dump: str | os.PathLike[str] | None = None,
     series: bool = False,
     hlo_proto: bool = False,
+    in_shardings: Any = None,
+    out_shardings: Any = None,
 ) -> PeakReport:
-    """Compiles ``fn(*args)`` for ``target`` and reports what is live at its peak.
+    """Compiles ``fn(*args)`` for ``target`` and reports what is live at its peak (for a
+    sharded program, one device's: the program each device runs, and its peak per device).
 
     Args:
       fn: a jittable callable (typically a train step).
@@ -97,6 +100,17 @@ def inspect(
         HLO (``PeakReport.series``: the data of a trace, :func:`remat_kit.peak.step_trace`).
       hlo_proto: also keep XLA's ``HloProto`` of the program, its buffer assignment in it
         (``PeakReport.hlo_proto``: what XProf's Memory Viewer reads).
+      in_shardings: as for ``jax.jit``: a ``Sharding`` (or None) per argument, or a pytree
+        prefix of the arguments, on the devices of ``target`` (``target.mesh(...)``: for a GPU
+        target its compile-only devices), every one spanning ``target.devices`` devices.
+        The program is then the sharded one and the report one device's: its ``peak_bytes``
+        the compiled program's per-device memory analysis, its buffers (and the argument
+        shapes gradients are recognised by) each device's shards. A leaf it leaves None
+        keeps its own sharding where that is on the target's devices, else
+        ``target.sharding()``. None (and no ``out_shardings``): every argument on
+        ``target.sharding()``, as without shardings.
+      out_shardings: as for ``jax.jit`` (a prefix of the outputs, None where left to XLA);
+        on the same devices as ``in_shardings``.
 
     Returns:
       The PeakReport.
@@ -104,8 +118,11 @@ def inspect(
     Raises:
       InspectError: XLA wrote no dump, a dump line could not be read (the message names
         file and line), or the dump disagrees with the memory analysis.
-      BadValue: ``categories`` names an unknown category or argument (a ValueError), or
-        ``target`` is a TPU slice (:func:`check_target`).
+      BadValue: ``categories`` names an unknown category or argument (a ValueError),
+        ``target`` is a TPU slice (:func:`check_target`), ``in_shardings`` is not a prefix
+        of the arguments, or a sharding is on devices other than ``target``'s (another
+        count, another platform); each before any compile.
+      BadType: a sharding given is neither a ``jax.sharding.Sharding`` nor None.
 
     Example:
       >>> p = jax.ShapeDtypeStruct((64, 64), jnp.float32)
@@ -118,12 +135,16 @@ def inspect(
     t = as_target(target)
     check_target(t)
     cats = _check_categories(categories, len(args))
-    sharding = t.sharding()
-    abstract_args = tuple(abstract(a, sharding) for a in args)
+    sharded = {}
+    if in_shardings is None and out_shardings is None:
+        sharding = t.sharding()
+        abstract_args = tuple(abstract(a, sharding) for a in args)
+    else:
+        abstract_args, sharded = _sharded(t, args, in_shardings, out_shardings)
     leaves_per_arg = [jax.tree.leaves(a) for a in abstract_args]
 
     start = time.perf_counter()
-    jitted = jax.jit(fn, donate_argnums=donate_argnums)
+    jitted = jax.jit(fn, donate_argnums=donate_argnums, **sharded)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*donated buffers were not usable.*")
         lowered = jitted.lower(*abstract_args)
@@ -199,6 +220,69 @@ def inspect_step(
         series=series,
         hlo_proto=hlo_proto,
     )
+
+
+def _is_none(v: Any) -> bool:
+    return v is None
+
+
+def _on_target(s: Any, t: Target, devices: set[Any]) -> bool:
+    """Whether sharding ``s`` spans all of ``t``'s devices (``devices``) and no other."""
+    return len(s.device_set) == t.devices and s.device_set <= devices
+
+
+def _sharded(
+    t: Target, args: tuple[Any, ...], in_shardings: Any, out_shardings: Any
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The arguments placed on ``in_shardings`` (a leaf it leaves None keeps its own
+    sharding where that is on the target, else ``t.sharding()``) and the ``jax.jit``
+    options, checked before any compile: every sharding a ``Sharding`` over ``t``'s
+    devices."""
+    try:
+        per_leaf = jax.tree.broadcast(in_shardings, tuple(args), is_leaf=_is_none)
+    except (ValueError, TypeError):
+        raise BadValue(
+            f"in_shardings is not a prefix of the {len(args)} arguments: give one sharding "
+            "(or None) per argument, or per leaf",
+            param="in_shardings",
+        ) from None
+    devices = set(t.mesh().devices.flat)
+    for name, given in (("in_shardings", per_leaf), ("out_shardings", out_shardings)):
+        for s in jax.tree.leaves(given, is_leaf=_is_none):
+            if s is None:
+                continue
+            if not isinstance(s, jax.sharding.Sharding):
+                raise BadType(
+                    f"{name} holds {type(s).__name__} {s!r}; give a jax.sharding.Sharding "
+                    "(a NamedSharding on target.mesh(...)) or None",
+                    param=name,
+                )
+            if not _on_target(s, t, devices):
+                n = len(s.device_set)
+                raise BadValue(
+                    f"{name} holds a sharding over {n} {next(iter(s.device_set)).platform} "
+                    f"device(s), not over the {t.devices} of {t.label} it compiles for: give "
+                    f"shardings on target.mesh(...) of a target of {n} devices",
+                    param=name,
+                )
+    default = t.sharding()
+
+    def place(x: Any, s: Any) -> Any:
+        (x,) = jax.tree.leaves(abstract(x))  # BadType for a leaf that is not array-like
+        if s is None:  # its own sharding where that is on the target, as jax.jit keeps it
+            own = getattr(x, "sharding", None)
+            s = (
+                own
+                if isinstance(own, jax.sharding.Sharding) and _on_target(own, t, devices)
+                else default
+            )
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)
+
+    leaves, tree = jax.tree.flatten(tuple(args))
+    picked = jax.tree.leaves(per_leaf, is_leaf=_is_none)
+    placed = jax.tree.unflatten(tree, [place(x, s) for x, s in zip(leaves, picked, strict=True)])
+    given = {"in_shardings": in_shardings, "out_shardings": out_shardings}
+    return tuple(placed), {k: v for k, v in given.items() if v is not None}
 
 
 def _text(compiled: Any) -> str:

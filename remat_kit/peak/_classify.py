@@ -61,7 +61,12 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class ArgLeaf:
-    """One array leaf of the arguments that reaches the program, and its category."""
+    """One array leaf of the arguments that reaches the program, and its category.
+
+    ``shape`` and ``elements`` are one device's: a leaf sharded over several devices is
+    its shard there, and ``whole`` its global shape (a gradient may be either: the whole
+    one before a reduce-scatter, the shard after it).
+    """
 
     argnum: int
     category: str
@@ -71,6 +76,13 @@ class ArgLeaf:
     #: The leaf's key path in its argument's pytree, as strings (``("params", "mlp",
     #: "wi", "kernel")``); empty when unknown.
     path: tuple[str, ...] = ()
+    #: The global shape of a leaf sharded over several devices; empty otherwise.
+    whole: tuple[int, ...] = ()
+
+    @property
+    def shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shapes a buffer of this leaf (its gradient, its update) may have."""
+        return (self.shape, self.whole) if self.whole else (self.shape,)
 
 
 def argument_leaves(
@@ -101,7 +113,8 @@ def argument_leaves(
         paths = paths_per_arg[argnum] if paths_per_arg is not None else [()] * len(leaves)
         for leaf, path in zip(leaves, paths, strict=True):
             physical = _physical(leaf)
-            shape = tuple(int(d) for d in physical.shape)
+            whole = tuple(int(d) for d in physical.shape)
+            shape = _shard_shape(leaf, whole)
             flat.append(
                 ArgLeaf(
                     argnum,
@@ -110,9 +123,20 @@ def argument_leaves(
                     xla_dtype(np.dtype(physical.dtype)),
                     int(np.prod(shape, dtype=np.int64)),
                     tuple(path),
+                    whole if shape != whole else (),
                 )
             )
     return [flat[i] for i in kept]
+
+
+def _shard_shape(leaf: Any, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """``shape`` as one device holds it: its shard where ``leaf`` is sharded over several
+    devices (a typed key's trailing key-data axis is never split)."""
+    s = getattr(leaf, "sharding", None)
+    if not isinstance(s, jax.sharding.Sharding) or len(s.device_set) < 2:
+        return shape
+    n = len(leaf.shape)
+    return tuple(int(d) for d in s.shard_shape(shape[:n])) + shape[n:]
 
 
 def _physical(leaf: Any) -> Any:
@@ -221,7 +245,8 @@ def _layers_by_shape(hlo: Hlo, arg_leaves: Sequence[ArgLeaf]) -> dict[tuple[int,
         leaf = arg_leaves[i.index]
         if leaf.category in (PARAMETER, OPTIMIZER_STATE) and leaf.shape:
             layer = _argument_layer(_argument_segments(i.op_name))
-            seen.setdefault(leaf.shape, set()).add(layer)
+            for shape in leaf.shapes:
+                seen.setdefault(shape, set()).add(layer)
     return {
         shape: next(iter(layers))
         for shape, layers in seen.items()
@@ -471,7 +496,7 @@ def _is_gradient(shape: tuple[int, ...], dtype: str | None, arg_leaves: Sequence
     dims = squeeze(shape)
     return bool(dims) and any(
         leaf.category == PARAMETER
-        and squeeze(leaf.shape) == dims
+        and dims in map(squeeze, leaf.shapes)
         and (dtype is None or leaf.dtype == dtype)
         for leaf in arg_leaves
     )
