@@ -23,6 +23,7 @@ from remat_kit.cli import main
 from remat_kit.errors import BadValue
 from remat_kit.notes import Note, hint_words
 from remat_kit.render import advise_table
+from remat_kit.render._captions import runtime_words
 from remat_kit.search import Advice, ScaleOut
 from remat_kit_models.spec import PresetSpec
 
@@ -585,3 +586,126 @@ def test_advice_tokens_per_second_is_the_plans_predicted_step(monkeypatch):
     assert a.step_seconds == report.step_time.seconds > 0
     assert a.tokens_per_second == pytest.approx(2 * 16 / report.step_time.seconds)
     assert a.mfu == report.step_time.mfu
+
+
+# --- TPU slices among the targets (issue 62) ------------------------------------------------------
+
+
+@pytest.fixture
+def built(monkeypatch):
+    """The library's advise runs (it resolves the names), but each target's plan is replaced:
+    what is recorded is the target the CLI's workload_for builds the step on."""
+    module = sys.modules["remat_kit.search._advise"]
+    seen = {}
+
+    def one(workload_for, batch, headroom, offload, hide, traces, lora_for, t):
+        w = workload_for(t)
+        seen[t.label] = (w.target.name, w.target.devices)
+        return _fits(t.name)
+
+    monkeypatch.setattr(module, "_advise_one", one)
+    monkeypatch.setenv("COLUMNS", "250")
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        # A slice named with its size is planned at that size (it was planned on one chip).
+        (["--targets", "v5p-64,v5litepod-16"], {"v5p-64": ("v5p", 32), "v5e-16": ("v5e", 16)}),
+        (["--targets", "tpu7x-8"], {"tpu7x-8": ("tpu7x", 8)}),  # 4 chips, 2 devices each
+        # A bare generation is one chip, or --gpus devices; a GPU takes --gpus as before.
+        (["--targets", "v6e,h100"], {"v6e-1": ("v6e", 1), "h100-80gb": ("h100-80gb", 1)}),
+        (
+            ["--targets", "v6e,h100", "--gpus", "8", "--shard", "fsdp:8"],
+            {"v6e-1": ("v6e", 8), "h100-80gb": ("h100-80gb", 8)},
+        ),
+    ],
+)
+def test_advise_plans_a_tpu_slice_at_the_size_its_name_gives(built, flags, expected):
+    assert main(["advise", *TINY, *flags]) == 0
+    assert built == expected
+
+
+def test_scale_out_tries_on_a_tpu_only_the_slices_libtpu_builds(monkeypatch, capsys):
+    """--scale-out on v4 stopped the whole command: two chips (v4:1x2x1) are no slice libtpu
+    builds (nor one Cloud TPU sells), and the error ended the run after every GPU's compiles."""
+    tried = {}
+
+    def plans(workload_for, batch, targets=None, **kwargs):
+        return [_over(rk.target(name).name, 17 * GIB) for name in targets]
+
+    def counts(workload_for, batch, counts, **kwargs):
+        name = workload_for.args[1]  # functools.partial(_sharded_workload, request, name, ...)
+        tried[name] = counts
+        return _scaled(name, counts[-1], batch, 10.0)
+
+    monkeypatch.setattr("remat_kit.cli._advise.advise", plans)
+    monkeypatch.setattr("remat_kit.cli._advise.gpus_needed", counts)
+    monkeypatch.setenv("COLUMNS", "250")
+    names = ["v4", "v5e", "v5p", "v6e", "tpu7x", "h100"]
+    assert main(["advise", *TINY, "--targets", ",".join(names), "--scale-out"]) == 0
+    every = (2, 4, 8, 16, 32, 64)
+    assert tried.pop("h100-80gb") == every  # a GPU: every count
+    for name, counts in tried.items():
+        built = []
+        for n in every:  # what libtpu itself builds, asked directly
+            try:
+                rk.target(name, devices=n).mesh()
+            except rk.errors.TargetError:
+                continue
+            built.append(n)
+        assert counts == tuple(built), name
+    # By hand: 2 chips are no slice; TPU7x's chip is 2 devices, so 4 devices are 2 chips.
+    assert tried["v5p"] == tried["v5e"] == (4, 8, 16, 32, 64)
+    assert tried["tpu7x"] == (2, 8, 16, 32, 64)
+
+
+def test_the_caption_says_what_a_tpu_rows_limit_is():
+    """A TPU has no allocator fraction (the GPUs' 0.75): its limit is HBM less libtpu's reserve."""
+    tpu = runtime_words(rk.target("v5e"))  # what the TPU's own tables say
+    both = _caption(_table([_fits("h100-80gb"), _fits("v5e")]))
+    assert f"on that device (GPU: {runtime_words(None)}; TPU: {tpu})" in both
+    assert f"on that device ({tpu})" in _caption(_table([_fits("v5p")]))
+    assert f"on that GPU ({runtime_words(None)})" in _caption(_table([_fits("h100-80gb")]))
+
+
+def test_advise_ranks_tpu_slices_beside_gpus_at_cloud_tpus_price_per_chip(
+    monkeypatch, capsys, tmp_path
+):
+    """The figures of llama3-8b b32 s4096's run (docs/guides/tpu.md), ranked again: v5p and v6e
+    billed per chip at Cloud TPU's on-demand rates (by hand: $4.20 and $2.70 a chip-hour),
+    h100 at RunPod's; TPU7x has no price and goes last."""
+    speeds = {"h100-80gb": (4, 43657.0), "v5p": (4, 19096.0), "v6e": (16, 47401.0)}
+    speeds["tpu7x"] = (8, 48289.0)
+
+    def plans(workload_for, batch, targets=None, **kwargs):
+        return [_over(rk.target(name).name, 17 * GIB) for name in targets]
+
+    def counts(workload_for, batch, counts, **kwargs):
+        name = workload_for.args[1]
+        so = _scaled(name, speeds[name][0], batch, 10.0)
+        return dataclasses.replace(so, step_seconds=1.0, tokens_per_second=speeds[name][1])
+
+    monkeypatch.setattr("remat_kit.cli._advise.advise", plans)
+    monkeypatch.setattr("remat_kit.cli._advise.gpus_needed", counts)
+    monkeypatch.setenv("COLUMNS", "250")
+    out_json = tmp_path / "a.json"
+    argv = ["advise", *TINY, "--targets", "tpu7x,v6e,h100,v5p", "--scale-out"]
+    assert main([*argv, "--json", str(out_json)]) == 0
+    data = json.loads(out_json.read_text())
+    got = {d["target"]: d["cost"]["usd_per_million_tokens"] for d in data}
+    assert got == pytest.approx(
+        {
+            "h100-80gb": 3.99 * 4 / (43657 * 3600) * 1e6,  # 0.1015
+            "v5p": 4.20 * 4 / (19096 * 3600) * 1e6,  # 0.2444: v5p-8, 4 chips
+            "v6e": 2.70 * 16 / (47401 * 3600) * 1e6,  # 0.2532: v6e-16
+            "tpu7x": None,
+        }
+    )
+    assert [d["target"] for d in data] == ["h100-80gb", "v5p", "v6e", "tpu7x"]
+    assert {d["target"]: d["cost"]["price"]["provider"] for d in data[1:3]} == {
+        "v5p": "Google Cloud",
+        "v6e": "Google Cloud",
+    }
+    assert "price per GPU-hour below; a TPU's is per chip-hour" in capsys.readouterr().out

@@ -241,9 +241,12 @@ def _catalogue_gpus() -> list[str]:
 
 
 def _target_workload(request: Request, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
-    """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``."""
+    """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``; a TPU
+    slice named with its size (``v5p-64``, as ``t`` was built from ``--targets``) keeps it."""
     if is_slice_name(t.name):  # --mem-fraction and --hosts are the GPUs' (a TPU has neither)
-        return request.workload(target(t.name, devices=gpus))
+        # t.name is the generation: rebuilt from it with devices=1, v5p-64 would be one chip.
+        # A bare generation was built at one chip, so --gpus (when given) sizes it.
+        return request.workload(t if gpus == 1 else target(t.name, devices=gpus))
     return request.workload(target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction))
 
 
@@ -258,6 +261,23 @@ def _sharded_workload(request: Request, name: str, mem_fraction: Any, n: int) ->
     return request.sharded(f"fsdp:{n}" if n > 1 else None).workload(on)
 
 
+def _scale_counts(name: str) -> tuple[int, ...]:
+    """The device counts ``--scale-out`` tries on ``name``: :data:`SCALE_COUNTS`, less, on a
+    TPU, those that make no slice libtpu builds. Above one chip libtpu groups a slice's chips
+    into hosts of 2x2x1 and refuses a grid those do not divide: two chips (``v5e:1x2``,
+    ``v5p:1x2x1``; 4 TPU7x devices) are no slice, nor one Cloud TPU sells (MaxText's table
+    starts v5e and v6e at 1 then 4 chips, v4 and v5p at 4, TPU7x at 1 then 4)."""
+    if not is_slice_name(name):
+        return SCALE_COUNTS
+    counts = []
+    for n in SCALE_COUNTS:
+        s = target(name, devices=n).tpu_slice
+        bounds = s.chips_per_host_bounds  # (1, 1, 1) for a lone chip
+        if all(side % b == 0 for side, b in zip(s.grid, bounds, strict=False)):
+            counts.append(n)
+    return tuple(counts)
+
+
 def _gpus_needed(request: Request, mem_fraction: Any, headroom: float, name: str) -> ScaleOut:
     """The fewest GPUs ``name`` that fit with fsdp + full (module-level, for a worker)."""
     with warnings.catch_warnings():
@@ -265,7 +285,7 @@ def _gpus_needed(request: Request, mem_fraction: Any, headroom: float, name: str
         return gpus_needed(
             functools.partial(_sharded_workload, request, name, mem_fraction),
             request.config.batch,
-            counts=SCALE_COUNTS,
+            counts=_scale_counts(name),
             headroom=headroom,
         )
 

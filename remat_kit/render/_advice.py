@@ -19,7 +19,7 @@ from remat_kit.render._layout import DROP_FIRST
 from remat_kit.render._tables import _YES_NO
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 from remat_kit.render._wrap import cell
-from remat_kit.targets import PRICE_CAVEAT
+from remat_kit.targets import PRICE_CAVEAT, is_slice_name
 
 if TYPE_CHECKING:
     from remat_kit.search import Advice, Cost, ScaleOut
@@ -151,9 +151,12 @@ def _price_lines(costs: Mapping[str, Cost] | None) -> list[str]:
             by_source.setdefault(key, []).append(
                 f"{c.target} ${c.price.usd_per_gpu_hour:.2f} ({c.price.date})"
             )
+    tpu = any(is_slice_name(c.target) for c in costs.values() if c.price is not None)
     lines = [
         "tok/s: predicted for the step at the batch asked for (all its GPUs); $/Mtok: dollars "
         "per million tokens at that speed and the on-demand price per GPU-hour below"
+        # Cloud TPU bills chips (remat_kit.targets.TPU_PRICES)
+        + ("; a TPU's is per chip-hour" if tpu else "")
     ]
     lines += [
         f"prices from {provider}, {source}: {', '.join(items)}"
@@ -214,6 +217,10 @@ _ADVISE_PARTS = (
 )
 
 
+#: What a TPU row's fits is judged against (runtime_words for a TPU target says the same).
+_TPU_LIMIT = "the device's HBM less libtpu's reserve"
+
+
 def _advise_caption(
     rows: Sequence[Advice],
     opts: RunOptions,
@@ -226,9 +233,14 @@ def _advise_caption(
     took = f"{seconds:.1f} s"
     if scale_seconds is not None:
         took += f" (plans {seconds - scale_seconds:.1f} s, scale-out {scale_seconds:.1f} s)"
+    # A TPU has no allocator fraction: its limit is the HBM less libtpu's reserve.
+    tpu = [a for a in rows if is_slice_name(a.target)]
+    limits = runtime_words(None)
+    if tpu:
+        limits = f"GPU: {limits}; TPU: {_TPU_LIMIT}" if len(tpu) < len(rows) else _TPU_LIMIT
     lines = [
         f"{took}. fits = the plan's compiled peak <= what a JAX process may allocate on that "
-        f"GPU ({runtime_words(None)}"
+        f"{'device' if tpu else 'GPU'} ({limits}"
         + (f", less {100 * headroom:.0f}%" if headroom else "")
         + ")"
         + ("; max batch with 'full'" if any(a.max_batch for a in rows) else "")
