@@ -406,7 +406,7 @@ def auto(
         option (at the call); at the first step call: ``NoAutoBlock`` (no block marked),
         ``DoesNotFit`` (the budget is under what no policy removes, with the floor and what
         would fit), ``BudgetOverDevice``, ``ShardedStep`` (multi-device shardings that are
-        not ``NamedSharding``s on one mesh, or a target of another device count).
+        not ``NamedSharding`` values on one mesh, or a target of another device count).
 
     Example:
       >>> step = rk.auto(lambda params, batch: params, budget="60GiB", target="h100")
