@@ -328,3 +328,20 @@ def test_tpu_price_costs_a_slice_per_chip():
     # a v5p-128 slice is 64 chips: $4.20 x 64 an hour
     usd = cost_per_million_tokens(TPU_PRICES["v5p"], gpus=64, tokens_per_second=1e6 / 3600)
     assert round(usd, 2) == round(4.20 * 64, 2)
+
+
+@pytest.mark.parametrize(
+    ("target", "devices", "billed"),
+    # TPU7x: two JAX devices a chip (Cloud TPU bills the chip); other TPUs and GPUs: one.
+    [("tpu7x", 8, 4), ("tpu7x", 2, 1), ("v5p", 4, 4), ("v6e", 16, 16), ("h100", 8, 8)],
+)
+def test_a_price_is_billed_per_chip_on_a_tpu_and_per_gpu_on_a_gpu(target, devices, billed):
+    from types import SimpleNamespace
+
+    from remat_kit.search import cost_of
+
+    advice = SimpleNamespace(target=target, devices=devices, tokens_per_second=5000.0, fits=True)
+    price = Price(3.0, "user", "--price", "undated")
+    cost = cost_of(advice, prices={target: price, "h100-80gb": price})
+    # By hand: 3 $ per chip- or GPU-hour, `billed` of them, 5000 tokens/s for an hour.
+    assert cost.usd_per_million_tokens == pytest.approx(3.0 * billed / (5000 * 3600) * 1e6)

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from remat_kit.errors import BadValue
-from remat_kit.targets import Price, cost_per_million_tokens, price_for
+from remat_kit.targets import Price, billed_units, cost_per_million_tokens, price_for
 
 if TYPE_CHECKING:
     from remat_kit.search._advise import Advice, ScaleOut
@@ -43,9 +43,10 @@ class Cost:
 
     Attributes:
       target: the target's name.
-      gpus: GPUs billed: the step's own, or the scale-out count where one did not fit.
+      gpus: devices the step runs on: the step's own, or the scale-out count where one did
+        not fit; billed per GPU, or per chip on a TPU (:func:`~remat_kit.targets.billed_units`).
       tokens_per_second: predicted, all ``gpus`` together (None: nothing fits, or no rates).
-      price: the price of one GPU-hour used (None: no price known for the target).
+      price: the price of one GPU-hour (a TPU's: one chip-hour) used (None: no price known).
       usd_per_million_tokens: dollars per million tokens (None without tokens/s or price).
       scaled: the figures are the scale-out's (``gpus`` GPUs, fsdp + full).
     """
@@ -87,7 +88,8 @@ def cost_of(
     price = price_for(advice.target, prices)
     usd = None
     if price is not None and tps:
-        usd = cost_per_million_tokens(price, gpus, tps)
+        # A TPU's price is per chip (two devices on TPU7x), a GPU's per device.
+        usd = cost_per_million_tokens(price, billed_units(advice.target, gpus), tps)
     return Cost(advice.target, gpus, tps, price, usd, scaled)
 
 

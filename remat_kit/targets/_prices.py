@@ -48,6 +48,7 @@ __all__ = [
     "TPU_PRICES",
     "TPU_PRICE_TABLE_DATE",
     "Price",
+    "billed_units",
     "cost_per_million_tokens",
     "load_prices",
     "parse_prices",
@@ -439,6 +440,29 @@ def load_prices(
         given[key] = name
         out[key] = _file_entry(name, entry, shown, date)
     return out
+
+
+def billed_units(name: str, devices: int) -> int:
+    """What a price of ``name`` is billed on for a step on ``devices`` of its JAX devices.
+
+    A GPU's price is per GPU-hour, one device each. A TPU's is per chip-hour (Cloud TPU's
+    pricing page bills chips), and a TPU7x chip is two JAX devices (``devices_per_chip`` in
+    :data:`~remat_kit.targets.TPU_FACTS`): billed per device it would be charged twice.
+
+    Args:
+      name: a target name or alias (a TPU generation, ``"tpu7x"``).
+      devices: the JAX devices the step runs on.
+
+    Returns:
+      The GPUs or chips billed (chips rounded up: a chip is rented whole).
+
+    Example:
+      >>> billed_units("h100", 4), billed_units("v5p", 4), billed_units("tpu7x", 8)
+      (4, 4, 4)
+    """
+    facts = TPU_FACTS.get(_key(name)) if isinstance(name, str) else None
+    per = int(facts["devices_per_chip"]) if facts is not None else 1
+    return -(-devices // per)
 
 
 def cost_per_million_tokens(price: Price, gpus: int, tokens_per_second: float) -> float:
