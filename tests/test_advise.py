@@ -311,6 +311,10 @@ def test_columns_no_row_fills_are_left_out(rows, headers):
             True,
         ),
         (_scaled("rtx4090", None, 64, 20.0), "none up to 64 GPUs", False),
+        # A TPU's devices are chips (TensorCores on TPU7x, two a chip), not GPUs.
+        (_scaled("v5p", 4, 8, 83.2), "4 x 83.2 GiB, b8 (2/chip)", False),
+        (_scaled("tpu7x", 8, 8, 47.9), "8 x 47.9 GiB, b8 (1/TensorCore)", False),
+        (_scaled("v5e", None, 64, 20.0), "none up to 64 chips", False),
     ],
 )
 def test_scale_out_cells_give_the_count_and_the_global_batch(scaled, instead, grows):
@@ -709,3 +713,12 @@ def test_advise_ranks_tpu_slices_beside_gpus_at_cloud_tpus_price_per_chip(
         "v6e": "Google Cloud",
     }
     assert "price per GPU-hour below; a TPU's is per chip-hour" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("targets", "question"),
+    [(["h100-80gb", "a100-40gb"], "which GPU:"), (["h100-80gb", "v5p"], "which GPU or TPU:")],
+)
+def test_the_title_asks_about_tpus_only_where_a_tpu_is_a_row(targets, question):
+    table = _table([_over(t, 17 * GIB, [SGD]) for t in targets])
+    assert str(table.title).startswith(question)

@@ -19,7 +19,7 @@ from remat_kit.render._layout import DROP_FIRST
 from remat_kit.render._tables import _YES_NO
 from remat_kit.render._titles import RunOptions, opts_precision, run_words, training_line
 from remat_kit.render._wrap import cell
-from remat_kit.targets import PRICE_CAVEAT, is_slice_name
+from remat_kit.targets import PRICE_CAVEAT, device_word_of, is_slice_name
 
 if TYPE_CHECKING:
     from remat_kit.search import Advice, Cost, ScaleOut
@@ -82,7 +82,7 @@ def advise_table(
     misses = [a for a in rows if not a.fits]
     planned = any(a.plan is not None for a in rows)
     table = Table(
-        title=f"which GPU: {run_words(opts)}" + training_line(opts_precision(opts), None),
+        title=f"{_which(rows)}: {run_words(opts)}" + training_line(opts_precision(opts), None),
         caption="\n".join(
             _advise_caption(rows, opts, headroom, seconds, scale_out, scale_seconds)
             + _price_lines(costs)
@@ -175,15 +175,22 @@ def _advise_why(a: Advice) -> str:
     return cell(a.plan or "-", _PLAN_WIDTH)
 
 
+def _which(rows: Sequence[Advice]) -> str:
+    """The table's question: which GPU, or which GPU or TPU where a TPU slice is a row."""
+    return "which GPU or TPU" if any(is_slice_name(a.target) for a in rows) else "which GPU"
+
+
 def _advise_instead(a: Advice, so: ScaleOut | None, opts: RunOptions) -> str:
     """What would fit where ``a`` does not, in a table cell."""
     if so is not None:
         if so.devices is None:
-            return f"none up to {so.tried[-1][0]} GPUs" if so.tried else "none"
+            word = device_word_of(a.target)
+            return f"none up to {so.tried[-1][0]} {word}s" if so.tried else "none"
         batch = f"b{so.batch}"  # as the title writes the batch
         if so.batch != opts.batch:  # fsdp gives each GPU whole samples: the batch grew
             batch = f"[yellow]{batch}*[/yellow]"
-        return f"{so.devices} x {size(so.peak_bytes, 1)}, {batch} ({so.batch // so.devices}/GPU)"
+        per = f"{so.batch // so.devices}/{device_word_of(a.target)}"
+        return f"{so.devices} x {size(so.peak_bytes, 1)}, {batch} ({per})"
     if a.note.kind == "fixed_over_budget" and a.note.data["hints"]:
         return ", ".join(_advise_hint(h) for h in a.note.data["hints"])
     if a.max_batch:

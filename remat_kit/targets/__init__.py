@@ -47,7 +47,7 @@ from remat_kit.targets._prices import (
     price_for,
 )
 from remat_kit.targets._slices import GENERATIONS as TPU_GENERATIONS
-from remat_kit.targets._slices import Slice, is_slice_name, parse_slice
+from remat_kit.targets._slices import Slice, device_word_of, is_slice_name, parse_slice
 from remat_kit.targets._tpus import TPU_FACTS
 from remat_kit.targets.runtime import DEFAULT_MEM_FRACTION, Runtime, runtime_from_env
 
@@ -77,6 +77,7 @@ __all__ = [
     "cost_per_million_tokens",
     "cudnn_attention_available",
     "custom_target",
+    "device_word_of",
     "is_slice_name",
     "load_prices",
     "node",

@@ -44,7 +44,9 @@ __all__ = [
     "TPU_ALIASES",
     "Layout",
     "Slice",
+    "device_word_of",
     "generation_of",
+    "is_slice_name",
     "parse_slice",
     "slice_of",
 ]
@@ -234,10 +236,30 @@ def is_slice_name(name: str) -> bool:
       >>> is_slice_name("v5p-64"), is_slice_name("v6e:4x4"), is_slice_name("h100")
       (True, True, False)
     """
+    return _generation_named(name) is not None
+
+
+def device_word_of(name: str) -> str:
+    """What one device of the target ``name`` is called in words, from its name alone: a TPU
+    slice's ``"chip"`` (``"TensorCore"`` on TPU7x, two devices a chip), else ``"GPU"`` (what
+    ``rk.Target.device_word`` says of the target built, without building it).
+
+    Example:
+      >>> device_word_of("v5p-64"), device_word_of("tpu7x"), device_word_of("h100")
+      ('chip', 'TensorCore', 'GPU')
+    """
+    layout = _generation_named(name)
+    if layout is None:
+        return "GPU"
+    return "chip" if layout.devices_per_chip == 1 else "TensorCore"
+
+
+def _generation_named(name: str) -> Layout | None:
+    # The generation a name reads as (bare, counted or gridded), None for any other name.
     key = name.strip().lower()
     m = _COUNTED.match(key) or _GRID.match(key)
     head = m.group(1) if m else key
-    return TPU_ALIASES.get(head, head) in GENERATIONS
+    return GENERATIONS.get(TPU_ALIASES.get(head, head))
 
 
 def parse_slice(name: str, chips: int | None = None, slices: int = 1) -> Slice:
