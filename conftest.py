@@ -25,15 +25,17 @@ os.environ.pop("COLUMNS", None)
 # about a third of each CPU compile (tests/test_schedules: 172 s -> 107 s without it) and
 # comes after the buffer assignment every figure is read from. Set before jax starts, so the
 # subprocess tests inherit it too.
-# A GPU compile's machine code is made on one thread: its LLVM modules split over threads
-# cost about 8% more CPU on two cores shared by two test workers, and come after the buffer
-# assignment too (compare on tiny-llama for an H100: the eleven rows' JSON the same but for
-# the seconds, 7.7 s of CPU against 8.3, median of 4 paired runs).
+# A compile's machine code is made on one thread: its LLVM modules split over threads cost
+# more CPU on two cores shared by two test workers, and come after the buffer assignment too.
+# GPU: compare on tiny-llama for an H100, the eleven rows' JSON the same but for the seconds,
+# 7.7 s of CPU against 8.3 (median of 4 paired runs). CPU: test_dropout's and
+# test_schedules' gradient cases, 71.4 s of CPU against 75.2 (median of 2 paired runs).
 os.environ["XLA_FLAGS"] = " ".join(
     [
         os.environ.get("XLA_FLAGS", ""),
         "--xla_backend_optimization_level=0",
         "--xla_gpu_force_compilation_parallelism=1",
+        "--xla_cpu_parallel_codegen_split_count=1",
     ]
 ).strip()
 
