@@ -7,11 +7,11 @@ import functools
 import sys
 import time
 import warnings
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
 
 from remat_kit import _workers
-from remat_kit.cli._model import Request, print_notes, resolve
+from remat_kit.cli._model import ModelRun, Request, print_notes, resolve
 from remat_kit.cli._next import lora_request
 from remat_kit.cli._placement import check_cluster, cluster_executor
 from remat_kit.cli._values import flag_items
@@ -34,7 +34,16 @@ from remat_kit.search import (
     gpus_needed,
     rank_costs,
 )
-from remat_kit.targets import is_slice_name, load_prices, parse_prices, target, target_names
+from remat_kit.sources import Workload
+from remat_kit.targets import (
+    Price,
+    Target,
+    is_slice_name,
+    load_prices,
+    parse_prices,
+    target,
+    target_names,
+)
 
 __all__ = ["run"]
 
@@ -79,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _advise(
     args: argparse.Namespace,
-    run: Any,
-    prices: dict[str, Any],
+    run: ModelRun,
+    prices: dict[str, Price],
     names: list[str] | None,
-    executor: Any,
+    executor: Executor | None,
     start: float,
 ) -> int:
     """Plans every target (here, in ``--jobs`` processes or on the ``--cluster``), then
@@ -153,7 +162,7 @@ def _advise(
     return _print_advice(args, run, rows, scale, scale_seconds, costs, start)
 
 
-def _checked(args: argparse.Namespace, run: Any) -> tuple[dict[str, Any], list[str] | None]:
+def _checked(args: argparse.Namespace, run: ModelRun) -> tuple[dict[str, Price], list[str] | None]:
     """``--scale-out``, the prices and ``--targets``, checked before any compile:
     ``(prices, target names or None for the catalogue)``.
 
@@ -184,7 +193,7 @@ def _checked(args: argparse.Namespace, run: Any) -> tuple[dict[str, Any], list[s
 
 def _print_advice(
     args: argparse.Namespace,
-    run: Any,
+    run: ModelRun,
     rows: list[Advice],
     scale: dict[str, ScaleOut],
     scale_seconds: float | None,
@@ -240,7 +249,9 @@ def _catalogue_gpus() -> list[str]:
     return [n for n in target_names() if n not in ("cpu", "local")]
 
 
-def _target_workload(request: Request, gpus: int, hosts: int, mem_fraction: Any, t: Any) -> Any:
+def _target_workload(
+    request: Request, gpus: int, hosts: int, mem_fraction: float | None, t: Target
+) -> Workload:
     """The step's Workload on ``t`` with ``--gpus``/``--hosts``/``--mem-fraction``; a TPU
     slice named with its size (``v5p-64``, as ``t`` was built from ``--targets``) keeps it."""
     if is_slice_name(t.name):  # --mem-fraction and --hosts are the GPUs' (a TPU has neither)
@@ -250,7 +261,7 @@ def _target_workload(request: Request, gpus: int, hosts: int, mem_fraction: Any,
     return request.workload(target(t.name, devices=gpus, hosts=hosts, mem_fraction=mem_fraction))
 
 
-def _sharded_workload(request: Request, name: str, mem_fraction: Any, n: int) -> Any:
+def _sharded_workload(request: Request, name: str, mem_fraction: float | None, n: int) -> Workload:
     """The step on ``n`` GPUs ``name`` with fsdp over all of them, 8 GPUs per host (as in the
     DGX/HGX machines these cards come in)."""
     # a TPU slice's hosts are Cloud TPU's (4 chips each) and it has no allocator fraction
@@ -278,7 +289,9 @@ def _scale_counts(name: str) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _gpus_needed(request: Request, mem_fraction: Any, headroom: float, name: str) -> ScaleOut:
+def _gpus_needed(
+    request: Request, mem_fraction: float | None, headroom: float, name: str
+) -> ScaleOut:
     """The fewest GPUs ``name`` that fit with fsdp + full (module-level, for a worker)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -294,9 +307,9 @@ def _scale_out(
     args: argparse.Namespace,
     request: Request,
     rows: Sequence[Advice],
-    step: Any,
+    step: Callable[[str], None],
     done: list[int] | None = None,
-    executor: Any = None,
+    executor: Executor | None = None,
 ) -> dict[str, ScaleOut]:
     """For each target one GPU cannot serve: the fewest GPUs that fit with fsdp + full; the
     targets side by side in ``--jobs`` worker processes once one needs a compile (``done``
