@@ -324,11 +324,13 @@ def test_scale_out_cells_give_the_count_and_the_global_batch(scaled, instead, gr
     caption = _caption(table)
     # the cells' legend explains a count only where a row shows one ("none up to N" shows none)
     counted = not instead.startswith("none up to")
-    assert ("bN: the global batch, split evenly over them (per GPU)" in caption) is counted
+    # A TPU row's devices are chips or TensorCores: the caption says devices there.
+    dev = "device" if scaled.target in ("v5p", "tpu7x", "v5e") else "GPU"
+    assert (f"bN: the global batch, split evenly over them (per {dev})" in caption) is counted
     assert ("*: more than the 8 asked for" in caption) is grows
     # The counts are compiled: the estimate's legend goes; SGD and LoRA name their GPUs.
     assert "~N+ GPUs" not in caption
-    assert f"on one GPU: SGD ({scaled.target}) = --optimizer sgd" in caption
+    assert f"on one {dev}: SGD ({scaled.target}) = --optimizer sgd" in caption
 
 
 # --- the caption: the time, the fixed part once, the hints' meaning -----------------------------

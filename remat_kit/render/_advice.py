@@ -153,10 +153,10 @@ def _price_lines(costs: Mapping[str, Cost] | None) -> list[str]:
             )
     tpu = any(is_slice_name(c.target) for c in costs.values() if c.price is not None)
     lines = [
-        "tok/s: predicted for the step at the batch asked for (all its GPUs); $/Mtok: dollars "
-        "per million tokens at that speed and the on-demand price per GPU-hour below"
+        f"tok/s: predicted for the step at the batch asked for (all its {_devices(tpu)}s); "
+        "$/Mtok: dollars per million tokens at that speed and the on-demand price per "
+        "GPU-hour below" + ("; a TPU's is per chip-hour" if tpu else "")
         # Cloud TPU bills chips (remat_kit.targets.TPU_PRICES)
-        + ("; a TPU's is per chip-hour" if tpu else "")
     ]
     lines += [
         f"prices from {provider}, {source}: {', '.join(items)}"
@@ -275,16 +275,23 @@ def _advise_caption(
     ]
     if scaled:
         grown = any(s.batch != opts.batch for s in scaled)
+        dev = _devices(bool(tpu))
         lines.append(
-            "N x P GiB: the fewest GPUs whose step, sharded fsdp:N with full, fits each, and "
-            "the peak on each; bN: the global batch, split evenly over them (per GPU)"
+            f"N x P GiB: the fewest {dev}s whose step, sharded fsdp:N with full, fits each, "
+            f"and the peak on each; bN: the global batch, split evenly over them (per {dev})"
             + (
-                f"; *: more than the {opts.batch} asked for, as fsdp gives each GPU whole samples"
+                f"; *: more than the {opts.batch} asked for, as fsdp gives each {dev} whole samples"
                 if grown
                 else ""
             )
         )
     return lines
+
+
+def _devices(tpu: bool) -> str:
+    """What the caption calls the rows' devices: GPUs, or devices where a TPU is a row (a
+    chip, or a TensorCore on TPU7x: each row's cells say which)."""
+    return "device" if tpu else "GPU"
 
 
 def _advise_legend(over: Sequence[Advice], scale_out: Mapping[str, ScaleOut] | None) -> list[str]:
@@ -315,5 +322,6 @@ def _advise_legend(over: Sequence[Advice], scale_out: Mapping[str, ScaleOut] | N
             said.append(hint_words(hint) + on)
     if not said:
         return []
-    # With --scale-out the cells give GPU counts; these say which GPUs would do alone.
-    return [("on one GPU: " if scale_out is not None else "") + "; ".join(dict.fromkeys(said))]
+    # With --scale-out the cells give device counts; these say which would do alone.
+    one = f"on one {_devices(any(is_slice_name(a.target) for a in over))}: "
+    return [(one if scale_out is not None else "") + "; ".join(dict.fromkeys(said))]
