@@ -9,6 +9,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import remat_kit as rk
 
 __all__ = [
@@ -46,17 +48,28 @@ CUSTOM_TENSORS = (
 )
 
 
-def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
+#: The layer's input: MaxText's custom policy keeps it on the device unless a line says remat.
+_INPUT = "decoder_layer_input"
+
+
+def config_lines(
+    policy: rk.policies.PolicyLike, tags: Collection[str] | None = None
+) -> tuple[str, ...] | None:
     """The MaxText config lines that set ``policy``, None where no config line can.
 
     MaxText's own ``remat_policy`` values and ``full`` are one line; a policy that saves
     and offloads tensors by name (none of jax's dot policies) is ``remat_policy: custom``
     with a line per tensor it saves or offloads, where every name is one of
     :data:`CUSTOM_TENSORS` (and ``decoder_layer_input: remat`` where it recomputes that one:
-    MaxText's default keeps it on the device).
+    MaxText's default keeps it on the device). ``remat_policy: custom`` recomputes every
+    name it has no line for (jax's ``save_and_offload_only_these_names``).
 
     Args:
       policy: a policy (name, spec or ``rk.Policy``).
+      tags: the checkpoint names the config's step carries (``rk.sources.tags``); None:
+        any name may be carried. A name of the policy outside :data:`CUSTOM_TENSORS` that
+        the step does not carry decides nothing there (``megatron``'s ``block_out``), nor
+        does one the policy recomputes: neither needs a line.
 
     Returns:
       The lines (``key: value``), or None.
@@ -66,6 +79,10 @@ def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
       ('remat_policy: save_qkv_proj',)
       >>> config_lines("dots") is None
       True
+      >>> config_lines("megatron") is None  # block_out: no line takes it
+      True
+      >>> config_lines("megatron", tags=["decoder_layer_input", "query_proj", "mlpwo"])
+      ('remat_policy: custom', 'decoder_layer_input: device', 'query_proj: device', 'mlpwo: device')
     """
     pol = rk.as_policy(policy)
     if pol.name == "maxtext":
@@ -74,15 +91,25 @@ def config_lines(policy: rk.policies.PolicyLike) -> tuple[str, ...] | None:
         return ("remat_policy: full",)
     if pol.params.get("dst", "pinned_host") != "pinned_host":
         return None  # MaxText offloads to pinned host memory only
-    if not pol.tags or not set(pol.tags) <= set(CUSTOM_TENSORS):
-        return None  # a dot policy, or a name MaxText has no line for
-    if rk.checks.keeps_dots(pol.jax_policy):
+    if not pol.tags:
+        return None  # a dot policy
+    named = [n for n in pol.tags if n in CUSTOM_TENSORS]
+    for n in pol.tags:
+        if n in CUSTOM_TENSORS:
+            continue
+        carried = tags is None or n in tags
+        if carried and rk.decide(pol, n) != "recompute":
+            return None  # a name the step may carry that no line keeps
+    if not named or rk.checks.keeps_dots(pol.jax_policy):
         return None
-    # The policy's own names first, in its order; then any other it decides on.
-    order = dict.fromkeys((*pol.tags, *CUSTOM_TENSORS))
+    # The policy's own names first, in its order; then any other it decides on (of those
+    # the step carries, where that is known: a line for another would set nothing).
+    order = dict.fromkeys(
+        n for n in (*named, *CUSTOM_TENSORS) if tags is None or n in tags or n == _INPUT
+    )
     decided = {n: rk.decide(pol, n) for n in order}
     lines = ["remat_policy: custom"]
-    if decided["decoder_layer_input"] == "recompute":
+    if decided[_INPUT] == "recompute":
         # MaxText's default keeps it on the device; the policy recomputes it.
         lines.append("decoder_layer_input: remat")
     lines += [f"{n}: offload" for n, d in decided.items() if d == "offload"]

@@ -61,7 +61,7 @@ from remat_kit_models.maxtext import (
     XLA_REMAT,
     MaxTextSpec,
 )
-from remat_kit_models.maxtext_lines import config_lines
+from remat_kit_models.maxtext_lines import CUSTOM_TENSORS, config_lines
 
 __all__ = [
     "MaxTextSource",
@@ -659,7 +659,7 @@ class MaxTextSource(rk.sources.StepSource):
                 "every layer itself; schedules it takes: none",
                 param="schedule",
             )
-        lines = config_lines(pol)
+        lines = self._lines(pol, config, target)
         patch = None if lines is not None else pol
         words = _settings(
             self.request, config, target.devices, lines or (), target.hosts, target.tpu_slice
@@ -753,9 +753,24 @@ class MaxTextSource(rk.sources.StepSource):
         """
         return math.lcm(target.devices, _microbatches(self.request))
 
-    def policy_lines(self, policy: rk.Policy) -> tuple[str, ...] | None:
-        """The MaxText config lines that set ``policy`` (:func:`config_lines`)."""
-        return config_lines(policy)
+    def policy_lines(
+        self, policy: rk.Policy, config: rk.TrainConfig, target: rk.Target
+    ) -> tuple[str, ...] | None:
+        """The MaxText config lines that set ``policy`` for ``config`` on ``target``
+        (:func:`config_lines`, of the names the config's step carries where the policy names
+        others): what the step is built with, so the lines are the program measured."""
+        return self._lines(rk.as_policy(policy), config, target)
+
+    def _lines(
+        self, pol: rk.Policy, config: rk.TrainConfig, target: rk.Target
+    ) -> tuple[str, ...] | None:
+        lines = config_lines(pol)
+        if lines is None and any(n not in CUSTOM_TENSORS for n in pol.tags):
+            # A name no line takes (megatron's block_out): none where the step carries
+            # none of them, or only recomputes them. The tags are traced once under none
+            # (whose lines are none: no recursion) and remembered.
+            lines = config_lines(pol, rk.sources.tags(self, config, target))
+        return lines
 
     def refuses(self, policy: rk.Policy, config: rk.TrainConfig, target: rk.Target) -> Note | None:
         """A note (:data:`~remat_kit_models.maxtext.PIPELINE_OFFLOAD`) for a policy that
@@ -774,7 +789,7 @@ class MaxTextSource(rk.sources.StepSource):
           True
         """
         pol = rk.as_policy(policy)
-        if not pol.offloads or config_lines(pol) is not None:
+        if not pol.offloads or self._lines(pol, config, target) is not None:
             return None
         if not self._cfg(config, target, ()).using_pipeline_parallelism:
             return None

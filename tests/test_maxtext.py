@@ -564,6 +564,42 @@ def test_cli_bad_maxtext_input_is_one_line_exit_2(argv, match, capsys, no_compil
     assert re.search(match, err), err
 
 
+@pytest.mark.slow
+def test_a_policy_naming_tensors_maxtext_never_carries_is_set_by_lines_of_those_it_does(
+    monkeypatch, tmp_path
+):
+    # megatron names block_out, attn_out and router_logits beside MaxText's projections: no
+    # custom line takes those, but this Llama's step carries none of them, so its lines
+    # (the projections and the layer input on the device) set megatron, as plan prints.
+    import warnings
+
+    from remat_kit import cache, sources
+    from remat_kit_models import maxtext_source
+
+    src = sources.resolve(MaxTextSpec(LLAMA))
+    config, target = rk.TrainConfig(BATCH, SEQ), rk.target("h100", devices=GPUS)
+    pol = rk.policy("megatron")
+    saved = ("query_proj", "key_proj", "value_proj", "out_proj", "mlpwi_0", "mlpwi_1", "mlpwo")
+    want = ("remat_policy: custom", "decoder_layer_input: device", *(f"{n}: device" for n in saved))
+    assert src.policy_lines(pol, config, target) == want
+
+    def measured(where):
+        monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / where))  # the two paths apart
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return sources.measure(src, pol, target, config)
+
+    lines = measured("lines")
+    assert lines.meta["maxtext"]["policy_lines"] == list(want)
+    # The path before: MaxText's decoder handed jax's megatron policy itself, no line.
+    monkeypatch.setattr(maxtext_source.MaxTextSource, "_lines", lambda *a: None)
+    handed = measured("handed")
+    assert handed.meta["maxtext"]["policy_applied"] == "decoder's get_remat_policy"
+    assert [getattr(lines, f"{k}_bytes") for k in FIVE] == [
+        getattr(handed, f"{k}_bytes") for k in FIVE
+    ]
+
+
 def test_plan_prints_a_maxtext_plan_as_config_lines():
     # What plan prints after its answer for a MaxText model (the whole run is in
     # docs/your-model.md: its cost model traces MaxText's step ~20 times, more than the
@@ -574,8 +610,10 @@ def test_plan_prints_a_maxtext_plan_as_config_lines():
     from remat_kit_models.maxtext import MaxTextSource
 
     source = MaxTextSource(MaxTextSpec(LLAMA))  # its lines need no MaxText
+    config, target = rk.TrainConfig(BATCH, SEQ), rk.target("h100", devices=GPUS)
+    run = types.SimpleNamespace(source=source, config=config, target=target)
     plan = types.SimpleNamespace(policy=rk.policy("qkv_proj"), schedule=rk.parse_schedule("none"))
-    lines = _config_lines(source, plan)
+    lines = _config_lines(run, plan)
     assert lines == (
         "remat_policy: custom",
         "decoder_layer_input: remat",
@@ -585,4 +623,4 @@ def test_plan_prints_a_maxtext_plan_as_config_lines():
     )
     assert config_words(lines).splitlines()[1:] == [f"  {x}" for x in lines]
     other = types.SimpleNamespace(policy=rk.policy("dots"), schedule=plan.schedule)
-    assert _config_lines(source, other) is None
+    assert _config_lines(run, other) is None

@@ -38,7 +38,7 @@ from remat_kit.search import (
     limit_for,
     plan_front,
 )
-from remat_kit.sources import StepSource, Workload
+from remat_kit.sources import Workload
 
 __all__ = ["run"]
 
@@ -179,7 +179,7 @@ def _print_plan(args: argparse.Namespace, run: ModelRun, w: Workload, found: Pla
     else:
         out.print(p.message)
         out.print(_use_it(p, run.source.applies_in_code, _alike(p, points)))
-        lines = _config_lines(run.source, p)
+        lines = _config_lines(run, p)
         if lines is not None:
             out.print(config_words(lines))
     if args.plot:
@@ -194,15 +194,17 @@ def _print_plan(args: argparse.Namespace, run: ModelRun, w: Workload, found: Pla
             objective=args.objective,
         )
     if args.json:
-        lines = _config_lines(run.source, p)
+        lines = _config_lines(run, p)
         record = found.to_dict() | ({"config_lines": list(lines)} if lines is not None else {})
         write_json(args.json, record, flag="--json")
     return 0 if p.fits else 1
 
 
-def _config_lines(source: StepSource, p: Plan) -> tuple[str, ...] | None:
+def _config_lines(run: ModelRun, p: Plan) -> tuple[str, ...] | None:
     """The lines of the model's own config that set the plan (MaxText's), or None."""
-    return source.policy_lines(p.policy) if p.schedule.name == "none" else None
+    if p.schedule.name != "none":
+        return None
+    return run.source.policy_lines(p.policy, run.config, run.target)
 
 
 def config_words(lines: Sequence[str]) -> str:

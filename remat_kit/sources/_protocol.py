@@ -169,12 +169,15 @@ class StepSource(Protocol):
         plan = self.mesh_plan(target)
         return plan.data_size if plan is not None else 1
 
-    def policy_lines(self, policy: Policy) -> tuple[str, ...] | None:
-        """The lines of the model's own config that set ``policy``, for a model whose own
-        trainer reads its remat from a config file (MaxText's ``remat_policy: custom`` and a
-        line per tensor); None where no config line sets it (the default: a model takes its
-        policy in code, ``applies_in_code``)."""
-        del policy
+    def policy_lines(
+        self, policy: Policy, config: TrainConfig, target: Target
+    ) -> tuple[str, ...] | None:
+        """The lines of the model's own config that set ``policy`` for ``config`` on
+        ``target``, for a model whose own trainer reads its remat from a config file
+        (MaxText's ``remat_policy: custom`` and a line per tensor its step carries); None
+        where no config line sets it (the default: a model takes its policy in code,
+        ``applies_in_code``)."""
+        del policy, config, target
         return None
 
     def refuses(self, policy: Policy, config: TrainConfig, target: Target) -> Note | None:
