@@ -219,3 +219,24 @@ def test_other_compile_errors_are_raised():
     with pytest.raises(RuntimeError, match="out of memory"):
         xla.compile_with(low, {"xla_new_option": 1})
     assert len(low.calls) == 1
+
+
+def test_kernel_dirs_of_ended_processes_are_removed_the_living_kept(tmp_path, monkeypatch):
+    """Each process's kernel directory is named by its pid: one whose process has ended is
+    removed, a living process's (the parent of this one), this process's own (unless
+    ``mine``) and a name with no pid are kept. The ended pid is a child waited for here."""
+    import tempfile
+
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = codegen.KERNEL_DIR_PREFIX
+    dead = tmp_path / f"{prefix}{ended.pid}_a"
+    kept = [tmp_path / f"{prefix}{os.getppid()}_b", tmp_path / f"{prefix}not-a-pid_c"]
+    own = tmp_path / f"{prefix}{os.getpid()}_d"
+    for d in (dead, *kept, own):
+        d.mkdir()
+    assert codegen.remove_kernel_dirs() == [dead]
+    assert not dead.exists() and all(d.exists() for d in (*kept, own))
+    assert codegen.remove_kernel_dirs(mine=True) == [own]
+    assert all(d.exists() for d in kept)

@@ -1643,6 +1643,60 @@ def test_solve_finds_a_split_cheaper_than_any_single_group():
     assert cheaper
 
 
+def test_a_tag_the_backward_pass_never_reads_listed_first_is_saved():
+    """A tag nothing reads in the backward pass (no decision changes anything) is saved, and
+    the tags listed after it are still decided: under a 500-byte cap the 1,000-byte ``a`` is
+    recomputed (by hand: saved, the residuals hold 1,000 B; ``x`` holds none, being unread)."""
+    from remat_kit.search._costs import CostModel
+    from remat_kit.search._solver import solve
+
+    model = CostModel(
+        tags=("x", "a"),
+        n_layers=1,
+        saved_bytes=1000,
+        saved_flops=100.0,
+        baseline_flops=100.0,
+        size={"x": 800, "a": 1000},
+        needed={"x": False, "a": True},
+        needs={"x": (), "a": ()},
+        spill={"x": 0, "a": 0},
+        cost={"x": 5.0, "a": 10.0},
+        weight={"x": 0.05, "a": 0.1},
+    )
+    sol, status = solve(model, 500, splits=False)
+    assert status.optimal
+    assert sol.decisions == {"x": "save", "a": "recompute"}
+    assert sol.estimate.device_bytes == 0
+
+
+def test_the_device_cap_holds_the_bytes_no_tag_decision_changes():
+    """The cap a plan must fit counts the untagged residuals (arguments, the scan carry) too:
+    500 of them and two 1,000-byte tags under a 1,500-byte cap leave room for one tag, so the
+    cheaper one to recompute goes (by hand: both saved hold 2,500 B; either recomputed, 1,500).
+    The fakes above have no untagged residuals, so a cap read as ``cap + untagged`` passed."""
+    from remat_kit.search._costs import CostModel
+    from remat_kit.search._solver import solve
+
+    model = CostModel(
+        tags=("a", "b"),
+        n_layers=1,
+        saved_bytes=500 + 1000 + 1000,
+        saved_flops=100.0,
+        baseline_flops=100.0,
+        size={"a": 1000, "b": 1000},
+        needed={"a": True, "b": True},
+        needs={"a": (), "b": ()},
+        spill={"a": 0, "b": 0},
+        cost={"a": 10.0, "b": 20.0},
+        weight={"a": 0.1, "b": 0.2},
+    )
+    assert model.untagged_bytes == 500
+    sol, status = solve(model, 1500, splits=False)
+    assert status.optimal
+    assert sol.decisions == {"a": "recompute", "b": "save"}
+    assert sol.estimate.device_bytes == 1500
+
+
 @pytest.mark.parametrize("batch", [0, -2])
 def test_plan_refuses_a_batch_that_is_not_positive(batch):
     with pytest.raises(ValueError, match=f"batch={batch} must be a positive int"):
