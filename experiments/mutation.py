@@ -33,6 +33,10 @@ Usage::
     python experiments/mutation.py --only tagging,cache --cap 20
     python experiments/mutation.py --list          # the mutants, without running anything
     python experiments/mutation.py --before old.json   # kill rates beside an earlier run's
+    # issue 58: 40 mutants shared by the groups' lines, each against its files' fast tier
+    # (-m "not slow") and, when it survives, their whole tests; two private trees at once
+    python experiments/mutation.py --sample 40 --weighted --seed 58 --tiers --jobs 2 \
+        --name mutation_round_58
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -100,12 +105,26 @@ MODULES: dict[str, Group] = {
         ),
     ),
     "cache": Group(("remat_kit/cache",), ("tests/test_cache.py",)),
+    # The step-time model: kernels, speeds, the program's loops and XLA's own schedule.
+    "timing": Group(
+        ("remat_kit/timing",),
+        ("tests/test_timing.py",),
+        by_file=(
+            ("_xla_schedule.py", ("tests/test_xla_schedule.py", "tests/test_timing.py")),
+            # The program's timeline, what step_trace lays its launches on.
+            ("_program.py", ("tests/test_trace.py", "tests/test_timing.py")),
+        ),
+    ),
     "targets": Group(
         ("remat_kit/targets",),
         ("tests/test_targets.py",),
         by_file=(
             ("_codegen.py", ("tests/test_codegen.py", "tests/test_targets.py")),
             ("_prices.py", ("tests/test_prices.py", "tests/test_targets.py")),
+            # TPU slices' names, grids and facts, and the platform's errors.
+            ("_slices.py", ("tests/test_tpu.py", "tests/test_targets.py")),
+            ("_tpus.py", ("tests/test_tpu.py", "tests/test_targets.py")),
+            ("_platform.py", ("tests/test_tpu.py", "tests/test_targets.py")),
         ),
     ),
     "analysis": Group(("remat_kit/analysis.py",), ("tests/test_analysis.py",)),
@@ -403,6 +422,24 @@ def sample(module: str, root: Path, cap: int, seed: int) -> list[Mutant]:
     return sorted(out, key=lambda m: (m.path, m.line, m.index, m.variant))
 
 
+def lines_of(module: str, root: Path) -> int:
+    """The source lines of a module group, the weight of ``--weighted``."""
+    return sum(len(f.read_text().splitlines()) for f in _files(MODULES[module].sources, root))
+
+
+def weighted_caps(modules: Sequence[str], root: Path, total: int) -> dict[str, int]:
+    """``total`` mutants shared among ``modules`` in proportion to their lines (largest
+    remainder, ties to the larger module)."""
+    lines = {m: lines_of(m, root) for m in modules}
+    whole = sum(lines.values())
+    exact = {m: total * n / whole for m, n in lines.items()}
+    caps = {m: int(x) for m, x in exact.items()}
+    rest = sorted(modules, key=lambda m: (caps[m] - exact[m], -lines[m]))
+    for m in rest[: total - sum(caps.values())]:
+        caps[m] += 1
+    return caps
+
+
 def _apply_text(m: Mutant, root: Path) -> str | None:
     source = (root / m.path).read_text()
     node = list(ast.walk(ast.parse(source)))[m.index]
@@ -417,7 +454,8 @@ def _sha(path: Path) -> str:
 
 
 def _copy_tree(dest: Path, source: Path = ROOT) -> Path:
-    keep = ("remat_kit", "models", "tests", "conftest.py", "pyproject.toml", "README.md")
+    # results/: test_timing reads a real H100 compile's HLO from there.
+    keep = ("remat_kit", "models", "tests", "results", "conftest.py", "pyproject.toml", "README.md")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in keep:
         src = source / name
@@ -444,7 +482,8 @@ def _pytest(root: Path, targets: Sequence[str], timeout: float) -> tuple[str, fl
     )
     try:
         out, _ = proc.communicate(timeout=timeout)
-        verdict = "passed" if proc.returncode == 0 else "failed"
+        # 5: no test was selected (a module whose doctests are all slow, in the fast tier).
+        verdict = "passed" if proc.returncode in (0, 5) else "failed"
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, _ = proc.communicate()
@@ -453,6 +492,8 @@ def _pytest(root: Path, targets: Sequence[str], timeout: float) -> tuple[str, fl
         os.killpg(proc.pid, signal.SIGKILL)
         raise
     tail = "\n".join(out.strip().splitlines()[-3:])
+    if verdict == "failed" and failing_test(out):
+        tail = f"{failing_test(out)}\n{tail}"
     return verdict, time.perf_counter() - start, tail
 
 
@@ -464,23 +505,53 @@ def _targets(module: str, full: bool = False, path: str = "") -> tuple[str, ...]
     return (*tests, *(["-k", " and ".join(f"not {s}" for s in skip)] if skip else []))
 
 
-def run_mutant(m: Mutant, root: Path, timeout: float, full: bool = False) -> dict[str, Any]:
+def _tier_targets(module: str, path: str, tier: str) -> tuple[str, ...]:
+    """``--tiers``: the files that cover ``path``, the fast tier's (``-m "not slow"``, as the
+    suite's own fast tier) or all their tests (``whole``)."""
+    tests = dict(MODULES[module].by_file).get(Path(path).name, MODULES[module].tests)
+    # The module's own doctests are tests of the suite too (--doctest-modules).
+    return (*tests, path, *(["-m", "not slow"] if tier == "fast" else []))
+
+
+def failing_test(out: str) -> str:
+    """The first test pytest's summary names as failed (or erroring), "" when none."""
+    for line in out.splitlines():
+        if line.startswith(("FAILED ", "ERROR ")):
+            return line.split(" ", 1)[1].split(" - ", 1)[0]
+    return ""
+
+
+def run_mutant(
+    m: Mutant,
+    root: Path,
+    timeout: float,
+    full: bool = False,
+    targets: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """Writes the mutant, runs its tests, restores the file (verified by hash) whatever happens."""
     path = root / m.path
     original = path.read_bytes()
     digest = hashlib.sha256(original).hexdigest()
     text = _apply_text(m, root)
     assert text is not None
+    targets = targets or _targets(m.module, full, m.path)
     try:
         path.write_text(text)
-        verdict, seconds, tail = _pytest(root, _targets(m.module, full, m.path), timeout)
+        verdict, seconds, tail = _pytest(root, targets, timeout)
     finally:
         path.write_bytes(original)
         if _sha(path) != digest:
             path.write_bytes(original)
             raise RuntimeError(f"{m.path} was not restored: compare it with the checkout")
     status = {"failed": "killed", "passed": "survived", "timeout": "timeout"}[verdict]
-    return {**dataclasses.asdict(m), "status": status, "seconds": round(seconds, 1), "tail": tail}
+    test = tail.splitlines()[0] if verdict == "failed" and "::" in tail.splitlines()[0] else ""
+    return {
+        **dataclasses.asdict(m),
+        "status": status,
+        "test": test,
+        "seconds": round(seconds, 1),
+        "tail": tail,
+    }
 
 
 def _diff_line(m: Mutant, root: Path) -> str:
@@ -534,6 +605,18 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--full", action="store_true", help="run the slow tests too (see Group.slow)")
     p.add_argument("--in-place", action="store_true", help="mutate this checkout, not a copy")
     p.add_argument("--name", default="mutation", help="results/<name>.json")
+    p.add_argument("--at", default="", help="only these sampled mutants: path:line,...")
+    p.add_argument("--jobs", type=int, default=1, help="private trees run side by side")
+    p.add_argument("--sample", type=int, default=0, help="N mutants in all (instead of --cap)")
+    p.add_argument("--weighted", action="store_true", help="--sample shared by the groups' lines")
+    p.add_argument(
+        "--tiers",
+        action="store_true",
+        help='fast tier (-m "not slow") first, the covering files whole for its survivors',
+    )
+    p.add_argument(
+        "--whole-timeout", type=float, default=900, help="seconds per whole run (--tiers)"
+    )
     p.add_argument(
         "--before", type=Path, help="an earlier results JSON: its kill rates beside these"
     )
@@ -590,6 +673,56 @@ def _iterate(run: _Run, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
         yield row
 
 
+def _confirmed(run: _Run, row: dict[str, Any], timeout: float) -> tuple[str, str]:
+    """(verdict, test) of a run, a kill counting only when its test passes unmutated."""
+    if row["status"] != "killed" or not row["test"]:
+        return row["status"], row["test"]
+    again, _, _ = _pytest(run.root, [row["test"]], timeout)
+    if again == "passed":
+        return "killed", row["test"]
+    return "survived", f"(fails unmutated: {row['test']})"  # no evidence against the mutant
+
+
+def _iterate_tiers(run: _Run, args: argparse.Namespace) -> Iterator[dict[str, Any]]:
+    """``--tiers``: each mutant against its files' fast tier; a survivor against their whole
+    tests too. No unmutated run of each set first (a set's whole tests take minutes): instead
+    each kill is confirmed by its test passing on the unmutated tree."""
+    fast_timeout = args.timeout or 600
+    for i, m in enumerate(run.mutants, 1):
+        fast = _tier_targets(m.module, m.path, "fast")
+        row = run_mutant(m, run.root, fast_timeout, targets=fast)
+        row = {**row, "diff": _diff_line(m, run.root), "tests": list(fast)}
+        row["fast"], row["fast_test"] = _confirmed(run, row, fast_timeout)
+        row["whole"], row["whole_test"] = row["fast"], row["fast_test"]
+        if row["fast"] == "survived":
+            whole = _tier_targets(m.module, m.path, "whole")
+            again = run_mutant(m, run.root, args.whole_timeout, targets=whole)
+            row["whole"], row["whole_test"] = _confirmed(run, again, args.whole_timeout)
+            row["seconds"] = round(row["seconds"] + again["seconds"], 1)
+        row["status"] = row["whole"]
+        print(
+            f"[{i}/{len(run.mutants)}] fast {row['fast']:8} whole {row['whole']:8}"
+            f" {m.path}:{m.line} {m.change} ({row['seconds']:.0f} s)"
+            f" {row['whole_test'] or row['fast_test']}",
+            flush=True,
+        )
+        yield row
+
+
+def tier_rates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Kill rates of ``--tiers`` (a timeout counts as killed)."""
+    n = len(rows)
+    fast = sum(r["fast"] in ("killed", "timeout") for r in rows)
+    whole = sum(r["whole"] in ("killed", "timeout") for r in rows)
+    return {
+        "mutants": n,
+        "fast_killed": fast,
+        "whole_killed": whole,
+        "fast_kill_rate": round(fast / n, 3) if n else None,
+        "whole_kill_rate": round(whole / n, 3) if n else None,
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv)
     cap = 3 if args.quick else args.cap
@@ -601,24 +734,56 @@ def main(argv: Sequence[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="remat_kit_mutation_") as tmp:
         root = ROOT if args.in_place else _copy_tree(Path(tmp), args.source)
         before = _checked_sources(root, modules)
-        mutants = [m for mod in modules for m in sample(mod, root, cap, args.seed)]
+        if args.sample:
+            n = args.sample
+            caps = (
+                weighted_caps(modules, root, n)
+                if args.weighted
+                else {m: n // len(modules) + (i < n % len(modules)) for i, m in enumerate(modules)}
+            )
+        else:
+            caps = dict.fromkeys(modules, cap)
+        mutants = [m for mod in modules for m in sample(mod, root, caps[mod], args.seed)]
+        if args.at:
+            mutants = [m for m in mutants if f"{m.path}:{m.line}" in args.at.split(",")]
         if args.list:
             for m in mutants:
                 print(f"{m.module:10} {m.path}:{m.line:<5} {m.op:9} {m.change}")
             return
-        run = _Run(root, modules, mutants)
-        try:
-            for row in _iterate(run, args):
+        # --jobs: the mutants dealt round-robin to that many private trees, run side by side.
+        roots = [root] + [
+            _copy_tree(Path(tmp) / f"job{j}", args.source) for j in range(1, args.jobs)
+        ]
+        runs = [_Run(r, modules, mutants[j :: args.jobs]) for j, r in enumerate(roots)]
+        iterate = _iterate_tiers if args.tiers else _iterate
+
+        def drain(run: _Run) -> None:
+            for row in iterate(run, args):
                 run.rows.append(row)
+
+        try:
+            with ThreadPoolExecutor(len(runs)) as pool:
+                list(pool.map(drain, runs))
         finally:
-            changed = [str(f) for f, h in before.items() if _sha(f) != h]
+            changed = [
+                str(r / f.relative_to(root))
+                for r in roots
+                for f, h in before.items()
+                if _sha(r / f.relative_to(root)) != h
+            ]
             if changed:
                 print(f"NOT RESTORED: {changed}", file=sys.stderr)
     wall = time.perf_counter() - start
-    rows = run.rows
+    order = {m: i for i, m in enumerate(mutants)}
+    fields = [f.name for f in dataclasses.fields(Mutant)]
+    rows = [row for r in runs for row in r.rows]
+    rows.sort(key=lambda row: order[Mutant(**{k: row[k] for k in fields})])
+    run = dataclasses.replace(runs[0], broken={k: v for r in runs for k, v in r.broken.items()})
     data = {
         "seed": args.seed,
         "cap": cap,
+        "caps": caps,
+        "tiers": tier_rates(rows) if args.tiers else None,
         "wall_seconds": round(wall, 1),
         "pytest_args": list(PYTEST_ARGS),
         "source": str(args.source),
@@ -650,6 +815,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             "mutation kill rate",
         )
     )
+    if args.tiers:
+        cols = ["module", "path", "line", "change", "fast", "fast_test", "whole", "whole_test"]
+        print(table(rows, cols, "mutants, fast tier then whole"))
+        print(table([data["tiers"]], list(data["tiers"]), "kill rates"))
     survivors = [r for r in rows if r["status"] == "survived"]
     for r in survivors:
         print(f"survived  {r['path']}:{r['line']}  {r['change']}  | {r['diff']}")
