@@ -34,6 +34,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from remat_kit.errors import BadValue, ShardedStep
+from remat_kit.sharding import per_leaf
 from remat_kit.targets import Target
 
 __all__ = [
@@ -263,14 +264,7 @@ def layout_of(name: str, options: Mapping[str, Any], args: tuple[Any, ...]) -> L
       True
     """
     given = options.get("in_shardings")
-    try:
-        jit_in = jax.tree.broadcast(given, tuple(args), is_leaf=_none)
-    except (ValueError, TypeError):
-        raise BadValue(
-            f"rk.auto({name}): in_shardings is not a prefix of the step's arguments: give one "
-            "sharding (or None) per argument, or per leaf",
-            param="in_shardings",
-        ) from None
+    jit_in = per_leaf(given, args, who=f"rk.auto({name})")
     out = options.get("out_shardings")
     leaves = jax.tree.leaves(tuple(args))
     picked = jax.tree.leaves(jit_in, is_leaf=_none)

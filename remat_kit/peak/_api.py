@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 
+from remat_kit import sharding
 from remat_kit.analysis import abstract
 from remat_kit.errors import BadType, BadValue
 from remat_kit.peak._attribute import analyse
@@ -238,14 +239,7 @@ def _sharded(
     sharding where that is on the target, else ``t.sharding()``) and the ``jax.jit``
     options, checked before any compile: every sharding a ``Sharding`` over ``t``'s
     devices."""
-    try:
-        per_leaf = jax.tree.broadcast(in_shardings, tuple(args), is_leaf=_is_none)
-    except (ValueError, TypeError):
-        raise BadValue(
-            f"in_shardings is not a prefix of the {len(args)} arguments: give one sharding "
-            "(or None) per argument, or per leaf",
-            param="in_shardings",
-        ) from None
+    per_leaf = sharding.per_leaf(in_shardings, args, who="rk.inspect")
     devices = set(t.mesh().devices.flat)
     for name, given in (("in_shardings", per_leaf), ("out_shardings", out_shardings)):
         for s in jax.tree.leaves(given, is_leaf=_is_none):

@@ -48,6 +48,7 @@ from remat_kit.sharding._context import (
     collective_summary,
     sequence_constraints,
 )
+from remat_kit.sharding._jit import per_leaf
 from remat_kit.sharding._params import (
     batch_sharding,
     opt_state_shardings,
@@ -80,6 +81,7 @@ __all__ = [
     "param_specs",
     "parse_shard",
     "per_device_bytes",
+    "per_leaf",
     "sequence_constraints",
     "strip_boxes",
 ]
