@@ -26,13 +26,15 @@ import remat_kit as rk
 import remat_kit.sources._kinds
 import remat_kit_models as models
 import remat_kit_models.hf
-from helpers import size_words
+from helpers import memory_report, size_words
 from remat_kit import checks, sources
 from remat_kit.analysis import RematWarning
 from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
+from remat_kit.flops import FlopCount
 from remat_kit.notes import words
+from remat_kit.schedules import NO_SCHEDULE
 from remat_kit_models.configure import model_config
 from remat_kit_models.spec import HFSpec, PresetSpec
 
@@ -1206,3 +1208,42 @@ def test_a_model_called_as_gemmas_is_measured_without_a_wrapper():
         sources.from_factory(lambda policy: Wrapped()), "minimal", "h100", config, warn=False
     )
     assert ours.peak_bytes == bare.peak_bytes and ours.temp_bytes == bare.temp_bytes
+
+
+def _counted_workload(flops_fn, verify_fn=None):
+    """A Workload of hand-made reports (batch 2's read off shallow copies), no compile."""
+
+    def measure_fn(pol, sch, batch):
+        mode = "extrapolated" if batch == 2 else "full"
+        return memory_report(policy=pol.spec, meta={"depth": {"mode": mode}})
+
+    measured = sources.Measured(measure_fn, flops_fn, verify_fn=verify_fn)
+    return sources.workload(measured, rk.target("h100"), rk.TrainConfig(1, 1))
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_workload_has_a_report_once_compiled_and_whole_once_final(verify):
+    whole = lambda pol, sch, batch, report, limit: memory_report(policy=pol.spec)
+    w = _counted_workload(lambda p, s, b: 1.0, whole if verify else None)
+    full = rk.policy("full")
+    assert not w.has(full, NO_SCHEDULE, 2) and not w.has(full, NO_SCHEDULE, 2, whole=True)
+    w.compiled(full, NO_SCHEDULE, 1)
+    w.compiled(full, NO_SCHEDULE, 2)
+    assert w.has(full, NO_SCHEDULE, 1) and w.has(full, NO_SCHEDULE, 1, whole=True)
+    # Read off copies: compiled either way; the full step's only where nothing would verify it.
+    assert w.has(full, NO_SCHEDULE, 2)
+    assert w.has(full, NO_SCHEDULE, 2, whole=True) is (not verify)
+    w.verified(full, NO_SCHEDULE, 2)
+    assert w.has(full, NO_SCHEDULE, 2) and w.has(full, NO_SCHEDULE, 2, whole=True)
+
+
+@pytest.mark.parametrize(
+    "counted, expected",
+    [
+        (6.0, FlopCount(total=6.0, matmul=6.0, attention_kernel=0.0, other=0.0)),
+        (FlopCount(7.0, 4.0, 2.0, 1.0), FlopCount(7.0, 4.0, 2.0, 1.0)),
+    ],
+)
+def test_a_bare_flop_count_is_priced_as_products_a_split_one_kept(counted, expected):
+    w = _counted_workload(lambda p, s, b: counted)
+    assert w.traced_count(rk.policy("full"), NO_SCHEDULE, 1) == expected
