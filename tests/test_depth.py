@@ -279,6 +279,19 @@ def test_a_stretch_that_runs_some_layers_only_is_fitted_as_one(depths):
     assert (got.peak_live_bytes, got.section) == (320, "optimizer, spans some layers")
 
 
+@pytest.mark.parametrize("stretch_first", [True, False])
+def test_a_stretch_over_some_layers_leaves_the_other_phases_layers_fitted(stretch_first):
+    # Beside that stretch the backward pass runs every layer: its layer 0 is still the peak,
+    # whichever phase the sections name first.
+    def both(d):
+        stretch = {Section("optimizer", "layer", 0): 10 * d}
+        return {**stretch, **_sections(d)} if stretch_first else {**_sections(d), **stretch}
+
+    got = depth.fit_sections({d: both(d) for d in DEPTHS}, layers=32)
+    layer0 = 90 + 32 + 7 * 31  # above the stretch's 320 and the start's 100 + 3 * 32
+    assert (got.peak_live_bytes, got.section) == (layer0, "backward, layer 0")
+
+
 # --- final answers rest on full-depth compiles ---------------------------------------------
 
 PER_SAMPLE, BASE_BYTES = 10_000, 50_000
