@@ -1247,3 +1247,13 @@ def test_a_workload_has_a_report_once_compiled_and_whole_once_final(verify):
 def test_a_bare_flop_count_is_priced_as_products_a_split_one_kept(counted, expected):
     w = _counted_workload(lambda p, s, b: counted)
     assert w.traced_count(rk.policy("full"), NO_SCHEDULE, 1) == expected
+
+
+def test_a_factory_loaded_twice_is_one_source_for_the_process_caches():
+    # Each load makes a new function; the source is its spec and options (a memo keyed by
+    # it, such as the traced tags, is shared), and another factory is another source.
+    a, b = (sources.from_factory("tests/data/factories.py:deep") for _ in range(2))
+    other = sources.from_factory("tests/data/factories.py:untagged")
+    assert a.factory is not b.factory
+    assert a == b and hash(a) == hash(b) and len({a, b}) == 1
+    assert a != other and len({a, b, other}) == 2
