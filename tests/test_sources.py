@@ -1257,3 +1257,21 @@ def test_a_factory_loaded_twice_is_one_source_for_the_process_caches():
     assert a.factory is not b.factory
     assert a == b and hash(a) == hash(b) and len({a, b}) == 1
     assert a != other and len({a, b, other}) == 2
+
+
+@pytest.mark.parametrize(
+    ("factory", "kinds", "noted"),
+    [("deep_fixed", 1, True), ("deep", 1, False), ("deep_fixed", 2, False)],
+)
+def test_only_a_stack_of_identical_layers_without_layers_is_told_of_copies(
+    monkeypatch, factory, kinds, noted
+):
+    # The note's own logic, on the model's counts (traced in the slow test beside it).
+    from remat_kit.sources._source import ModelSource
+
+    monkeypatch.setattr(ModelSource, "n_layers", lambda self: 8)
+    monkeypatch.setattr(ModelSource, "layer_kinds", lambda self, target: kinds)
+    src = sources.from_factory(f"{FACTORIES}:{factory}")
+    expected = (("whole_model_probes", {"model": src.spec, "layers": 8}),) if noted else ()
+    got = src.notes(SMALL, rk.target("h100"))
+    assert tuple((n.kind, dict(n.data)) for n in got) == expected
