@@ -1275,3 +1275,16 @@ def test_only_a_stack_of_identical_layers_without_layers_is_told_of_copies(
     expected = (("whole_model_probes", {"model": src.spec, "layers": 8}),) if noted else ()
     got = src.notes(SMALL, rk.target("h100"))
     assert tuple((n.kind, dict(n.data)) for n in got) == expected
+
+
+def test_a_sharded_factory_step_carries_its_plan_and_splits_each_weight_over_fsdp():
+    # Traced, not compiled: the step's plan and its weights' shardings (the compile in the
+    # slow test above reads the bytes that follow from them).
+    from remat_kit.policies import FULL
+
+    src = sources.from_factory(f"{FACTORIES}:deep", shard="fsdp:2").at_depth(2)
+    two = rk.target("h100", devices=2)
+    step = src.build_step(FULL, NO_SCHEDULE, rk.TrainConfig(2, 16), two).step
+    assert step.plan == src.mesh_plan(two) and step.mesh.shape == {"fsdp": 2}
+    weights = jax.tree.leaves(step.in_shardings[0])
+    assert weights and all("fsdp" in jax.tree.leaves(tuple(w.spec)) for w in weights)
