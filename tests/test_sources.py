@@ -1288,3 +1288,8 @@ def test_a_sharded_factory_step_carries_its_plan_and_splits_each_weight_over_fsd
     assert step.plan == src.mesh_plan(two) and step.mesh.shape == {"fsdp": 2}
     weights = jax.tree.leaves(step.in_shardings[0])
     assert weights and all("fsdp" in jax.tree.leaves(tuple(w.spec)) for w in weights)
+
+
+def test_an_nnx_model_s_patched_blocks_are_counted_as_the_factory_builds_them():
+    # nnx_plain builds 4 blocks in the factory (no layer count on the model to read instead).
+    assert sources.from_factory(f"{FACTORIES}:nnx_plain", block=NNX_BLOCK).n_layers() == 4
