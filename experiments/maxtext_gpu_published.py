@@ -1,0 +1,337 @@
+"""Published multi-node MaxText GPU runs through ``--maxtext``: predicted vs published step time.
+
+Issue 61. Every row of ``experiments/data/maxtext_gpu_published.json`` (each with its source at a
+commit: MaxText's A3 Llama2-7B table at 1-16 VMs, JAX-Toolbox's one-node Llama2-7B, NVIDIA
+dgxc-benchmarking's Llama2-70B at 64-2,048 H100s, gpu-recipes' A3 Ultra Llama-3.1-70B log line)
+is compiled deviceless through ``remat-kit report --maxtext`` with the row's **own** MaxText
+config keys (not a preset), at its full mesh (``--gpus`` = the row's GPUs, ``--hosts`` = its
+nodes, ``--node`` its machine, so the ``dcn_*`` keys lay their axes across hosts as MaxText does
+on a GPU cluster), with the XLA flags and the allocator fraction its script exports. The
+program's predicted step time (remat_kit/timing) is set beside the published figure.
+
+What is translated, and why (each row's JSON says which of its words were):
+
+* The keys the command line owns become its flags: ``per_device_batch_size`` x GPUs is
+  ``--batch``, ``max_target_length`` is ``--seq``, ``remat_policy`` is
+  ``--policy maxtext:remat_policy=NAME``; ``remat_policy=custom`` with ``NAME=device`` lines is
+  ``--policy names:save=...`` (``decoder_layer_input`` included, MaxText's default for it is
+  ``device``; remat-kit writes the same lines back, ``meta.maxtext.policy_lines``);
+  ``hardware`` (``gpu`` / ``gpu_multiprocess``) is ``--target h100``/``h200``.
+* ``attention=cudnn_flash_te`` (TransformerEngine's cuDNN fused attention) is
+  ``attention=cudnn_flash_jax`` (cuDNN's flash attention through jax): TransformerEngine is not
+  installed here and ``--maxtext`` refuses the TE kernel without it. Both are cuDNN's fused
+  flash-attention kernels; remat-kit prices either from its shapes.
+* Run logistics (``run_name``, ``steps``, output and data paths, profiler, goodput, the YAML
+  path, which is MaxText's ``base.yml`` either way) are left out: they change no program.
+  An empty ``quantization=`` is MaxText's default and is left out.
+* XLA flags this XLA (jax 0.12) no longer knows are left out (:data:`DROPPED_FLAGS`; each
+  is fatal in ``XLA_FLAGS``), and so are the dump flags. ``XLA_PYTHON_CLIENT_MEM_FRACTION``
+  is ``--mem-fraction``.
+
+The published figure becomes a step time as the source gives it: a step time is one; a
+TFLOP/s per chip (MaxText's A3 table, April 2024) stands for ``TFLOP / (TFLOP/s)`` seconds,
+the TFLOP by MaxText's formula of that commit (``maxtext_utils.calculate_tflops_training_per
+_device`` at efb6d9e4: ``6 x params x tokens`` plus causal attention ``12 x heads x layers x
+head_dim x seq^2 x batch / 2``), with ``params`` the train state's parameter count that
+remat-kit reads from MaxText's own state (``meta.params``, as MaxText's
+``calculate_num_params_from_pytree``). Nothing is fitted to the published figures.
+
+Usage: ``python experiments/maxtext_gpu_published.py [ID ...]`` (row ids, default all) runs
+each row as a ``remat-kit report --json`` subprocess with a :data:`TIMEOUT_S` limit, writes
+results/maxtext_gpu_published.json (rows not named keep their last result) and prints the
+table. Cold timings: ``REMAT_KIT_CACHE_DIR=$(mktemp -d) python experiments/...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from common import ROOT, table, write_json
+
+DATA = ROOT / "experiments" / "data" / "maxtext_gpu_published.json"
+OUT = ROOT / "results" / "maxtext_gpu_published.json"
+CLI = str(Path(sys.executable).parent / "remat-kit")
+TIMEOUT_S = 600  # a row that does not compile in 10 minutes on this machine is not priced
+
+#: Config keys that are run logistics: they change no compiled program.
+LOGISTICS = {
+    "run_name", "steps", "base_output_directory", "dataset_path", "dataset_type",
+    "tokenizer_path", "enable_checkpointing", "async_checkpointing", "enable_profiler",
+    "profiler", "skip_first_n_steps_for_profiler", "profiler_steps", "monitor_goodput",
+    "enable_goodput_recording", "save_config_to_gcs", "base_config",
+}  # fmt: skip
+
+#: XLA flags of the sources' scripts that this XLA (jax 0.12) no longer has, and why leaving
+#: them out changes nothing the flag meant (or what it loses).
+DROPPED_FLAGS = {
+    "--xla_gpu_graph_level": "command buffers off: --xla_gpu_enable_command_buffer= (empty) "
+    "says it in this XLA, and is passed instead",
+    "--xla_gpu_enable_async_all_gather": "asynchronous collectives are XLA's default now",
+    "--xla_gpu_enable_async_reduce_scatter": "asynchronous collectives are XLA's default now",
+    "--xla_gpu_enable_async_all_reduce": "asynchronous collectives are XLA's default now",
+    "--xla_gpu_simplify_all_fp_conversions": "removed from XLA",
+    "--xla_gpu_enable_triton_softmax_fusion": "removed from XLA",
+    "--xla_gpu_enable_custom_fusions": "removed from XLA",
+    "--xla_gpu_enable_address_computation_fusion": "removed from XLA (was false in the source)",
+    "--xla_gpu_pgle_profile_file_or_directory_path": "the run's own profile (PGLE) is not "
+    "published: the latency-hiding scheduler schedules by its own cost model here",
+    "--xla_dump_to": "a dump of the HLO: changes no program",
+    "--xla_dump_hlo_as_text": "a dump of the HLO: changes no program",
+}
+
+#: What each source's machines and software differ in from what remat-kit prices (words for
+#: the table's last column; the figures beside them are the program's own split).
+DRIVERS = {
+    "jt": "attention: TE's cuDNN fused kernel there, cuDNN flash via jax here; one NVLink node, "
+    "no network",
+    "a3": "A3 High's GPUDirect-TCPX (4 x 200 Gb/s per node, the node table's figure) prices the "
+    "dcn_data all-reduce; the 2024 stack (TE attention, older XLA scheduler)",
+    "dgxc": "InfiniBand NDR (8 x 400 Gb/s); PGLE-tuned schedule there (not published), XLA's own "
+    "cost model here; TE attention there",
+    "a3u": "RoCE 8 x 400 Gb/s on H200; one example log line (step 12 of 50), not a mean",
+}
+
+
+def _family(row_id: str) -> str:
+    return row_id.split("-")[0]
+
+
+def translate(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's config and environment as ``remat-kit report`` words, and what was changed."""
+    words = shlex.split(row["config"].replace("${", "{").replace("$", ""))
+    kept: dict[str, str] = {}
+    left_out: dict[str, str] = {}
+    custom: list[str] = []
+    owned: dict[str, str] = {}
+    for word in words:
+        key, eq, value = word.partition("=")
+        if not eq:
+            if key.endswith(".yml") or key.endswith(":"):
+                left_out[key] = "the YAML path: MaxText's base.yml either way"
+            continue
+        if key in LOGISTICS:
+            left_out[key] = "run logistics"
+        elif key in ("per_device_batch_size", "max_target_length", "hardware"):
+            owned[key] = value
+        elif key == "remat_policy":
+            owned[key] = value  # the last one given wins, as in MaxText's command line
+        elif value in ("device", "offload", "remat"):
+            custom.append(f"{key}={value}")
+        elif key == "quantization" and value == "":
+            left_out[key] = "empty: MaxText's default"
+        elif key == "attention" and value == "cudnn_flash_te":
+            kept[key] = "cudnn_flash_jax"
+            left_out["attention=cudnn_flash_te"] = (
+                "TransformerEngine is not installed here: cuDNN's flash attention through jax "
+                "(cudnn_flash_jax) instead"
+            )
+        else:
+            kept[key] = value
+    policy_name = owned.get("remat_policy", "full")
+    if policy_name == "custom":
+        saved = [c.split("=")[0] for c in custom if c.endswith("=device")]
+        offloaded = [c.split("=")[0] for c in custom if c.endswith("=offload")]
+        if "decoder_layer_input" not in {c.split("=")[0] for c in custom}:
+            saved.append("decoder_layer_input")  # MaxText's default line for it: device
+        policy = (
+            f"offload:offload={','.join(offloaded)},save={','.join(saved)}"
+            if offloaded
+            else "names:save=" + "+".join(saved)
+        )
+    else:
+        policy = f"maxtext:remat_policy={policy_name}"
+    per_device = float(owned["per_device_batch_size"])
+    batch = per_device * row["gpus"]
+    env = dict(row.get("env", {}))
+    flags, dropped = [], {}
+    for flag in env.get("XLA_FLAGS", "").split():
+        name = flag.split("=")[0]
+        if name in DROPPED_FLAGS:
+            dropped[flag] = DROPPED_FLAGS[name]
+        else:
+            flags.append(flag.replace("=''", "="))
+    if any(f.startswith("--xla_gpu_graph_level=0") for f in dropped) and not any(
+        f.startswith("--xla_gpu_enable_command_buffer") for f in flags
+    ):
+        flags.append("--xla_gpu_enable_command_buffer=")
+    target = "h200" if row["node"] == "a3-ultra" else "h100"
+    cmd = ["report", "--maxtext", *(f"{k}={v}" for k, v in kept.items()),
+           "--target", target, "--gpus", str(row["gpus"]), "--hosts", str(row["nodes"]),
+           "--node", row["node"], "--batch", str(int(batch)), "--seq", owned["max_target_length"],
+           "--policy", policy, "--no-residuals"]  # fmt: skip
+    if "XLA_PYTHON_CLIENT_MEM_FRACTION" in env:
+        cmd[cmd.index("--no-residuals") : cmd.index("--no-residuals")] = [
+            "--mem-fraction", env["XLA_PYTHON_CLIENT_MEM_FRACTION"]
+        ]  # fmt: skip
+    return {
+        "args": cmd,
+        "xla_flags": " ".join(flags),
+        "per_device_batch_size": per_device,
+        "seq": int(owned["max_target_length"]),
+        "left_out": left_out,
+        "flags_left_out": dropped,
+    }
+
+
+def maxtext_2024_tflop(params: int, heads: int, layers: int, head_dim: int, b: float, s: int):
+    """TFLOP per device per step by MaxText's formula at efb6d9e4 (April 2024, the A3 table's
+    date): ``6 x params x seq x batch`` + causal attention ``12 x heads x layers x head_dim x
+    seq^2 x batch / 2``."""
+    return (6 * params * s * b + 12 * heads * layers * head_dim * s**2 * b / 2) / 1e12
+
+
+def _arch(model_name: str) -> dict[str, int]:
+    """heads, layers, head_dim of MaxText's model config as the installed maxtext ships it."""
+    import maxtext
+    import yaml
+
+    path = Path(maxtext.__file__).parent / "configs" / "models" / f"{model_name}.yml"
+    cfg = yaml.safe_load(path.read_text())
+    return {
+        "heads": cfg["base_num_query_heads"],
+        "layers": cfg["base_num_decoder_layers"],
+        "head_dim": cfg["head_dim"],
+    }
+
+
+_SPLIT = ("matmul", "attention", "memory", "collective", "contention", "transfer", "launch")
+
+
+def run_one(row: dict[str, Any]) -> dict[str, Any]:
+    """The row compiled and priced; the published figure beside the prediction."""
+    tr = translate(row)
+    out_json = Path("/tmp") / f"maxtext_gpu_published_{row['id']}.json"
+    out_json.unlink(missing_ok=True)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": tr["xla_flags"]}
+    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    out: dict[str, Any] = {
+        "id": row["id"], "gpus": row["gpus"], "nodes": row["nodes"], "node": row["node"],
+        "urls": row["urls"], "command": "XLA_FLAGS=... remat-kit " + shlex.join(tr["args"]),
+        "xla_flags": tr["xla_flags"], "left_out": tr["left_out"],
+        "flags_left_out": tr["flags_left_out"], "load_before": os.getloadavg(),
+    }  # fmt: skip
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [CLI, *tr["args"], "--json", str(out_json)],
+            capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        out["status"] = f"no compile within {TIMEOUT_S} s (the time limit used)"
+        out["wall_s"] = TIMEOUT_S
+        return out
+    out["wall_s"] = round(time.perf_counter() - start, 1)
+    out["load_after"] = os.getloadavg()
+    if not out_json.exists():
+        out["status"] = f"refused (exit {done.returncode}): {done.stderr.strip()[-600:]}"
+        return out
+    rep = json.loads(out_json.read_text())
+    st = rep.get("step_time")
+    if not st:
+        out["status"] = "compiled, not priced: " + "; ".join(rep.get("warnings", []))[:400]
+        return out
+    meta = rep["meta"]
+    seconds = st["seconds"]
+    published = row["published"]
+    out.update(
+        status="priced",
+        compile_seconds=rep.get("compile_seconds"),
+        peak_gib=rep["peak_bytes"] / 2**30,
+        usable_gib=rep["usable_bytes"] / 2**30,
+        fits=rep["fits"],
+        policy_lines=meta.get("maxtext", {}).get("policy_lines"),
+        mesh=meta.get("maxtext", {}).get("mesh"),
+        params=meta["params"],
+        predicted_s=seconds,
+        split={k: st[f"{k}_seconds"] for k in _SPLIT},
+        collective_hidden_s=st["collective_hidden_seconds"],
+        recompute_s=st["recompute_seconds"],
+        our_mfu=st.get("mfu"),
+        collectives=meta.get("collectives"),
+        quantity=published["quantity"],
+        published=published["value"],
+    )
+    if published["quantity"] == "TFLOP/s/chip":
+        model_name = dict(w.split("=", 1) for w in row["config"].split() if "=" in w)["model_name"]
+        tflop = maxtext_2024_tflop(
+            meta["params"], **_arch(model_name), b=tr["per_device_batch_size"], s=tr["seq"]
+        )
+        out["maxtext_2024_tflop_per_device"] = tflop
+        out["published_s"] = tflop / published["value"]
+        out["predicted"] = tflop / seconds
+    else:
+        out["published_s"] = published["value"]
+        out["predicted"] = seconds
+    out["error"] = seconds / out["published_s"] - 1
+    return out
+
+
+def _write(rows: list[dict[str, Any]]) -> None:
+    write_json(
+        OUT,
+        {
+            "description": "remat-kit's predicted step time for the published multi-node MaxText "
+            "GPU runs, each compiled through --maxtext with its own config at its full mesh "
+            "(experiments/maxtext_gpu_published.py; issue 61)",
+            "data": str(DATA.relative_to(ROOT)),
+            "timeout_s": TIMEOUT_S,
+            "cpu_count": os.cpu_count(),
+            "rows": rows,
+        },
+    )
+
+
+def _shown(x: dict[str, Any]) -> dict[str, str]:
+    priced = x.get("status") == "priced"
+    split = x.get("split", {})
+    top = sorted(split.items(), key=lambda kv: -kv[1])[:3] if priced else []
+    return {
+        "row": x["id"],
+        "GPUs": f"{x['gpus']} ({x['nodes']} node{'s' if x['nodes'] > 1 else ''})",
+        "published": f"{x['published']:.4g} {'s' if x['quantity'] != 'TFLOP/s/chip' else 'TFLOP/s'}"
+        if priced
+        else "-",
+        "predicted": (
+            f"{x['predicted']:.4g} {'s' if x['quantity'] != 'TFLOP/s/chip' else 'TFLOP/s'}"
+            if priced
+            else x["status"][:60]
+        ),
+        "step s pred/pub": f"{x['predicted_s']:.3f}/{x['published_s']:.3f}" if priced else "-",
+        "error": f"{x['error']:+.1%}" if priced else "-",
+        "split (s)": ", ".join(f"{k} {v:.2f}" for k, v in top),
+        "compile s": f"{x['wall_s']:.0f}",
+    }
+
+
+def main(selected: list[str]) -> list[dict[str, Any]]:
+    data = json.loads(DATA.read_text())["rows"]
+    order = [r["id"] for r in data]
+    unknown = set(selected) - set(order)
+    if unknown:
+        raise SystemExit(f"unknown row id(s) {sorted(unknown)}; {order}")
+    rows: list[dict[str, Any]] = []
+    if selected and OUT.exists():  # rows not named keep their last result
+        rows = [x for x in json.loads(OUT.read_text())["rows"] if x["id"] not in selected]
+    for row in data:
+        if selected and row["id"] not in selected:
+            continue
+        res = run_one(row)
+        res["drivers"] = DRIVERS[_family(row["id"])]
+        rows = [x for x in rows if x["id"] != row["id"]] + [res]
+        rows.sort(key=lambda x: order.index(x["id"]))
+        _write(rows)
+        print(f"{row['id']}: {res['status'][:200]} ({res['wall_s']:.0f} s)", file=sys.stderr)
+    shown = [_shown(x) for x in rows]
+    print(table(shown, list(shown[0]), "published MaxText GPU runs through --maxtext"))
+    return rows
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
