@@ -4,7 +4,9 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
+from flax import linen as nn
 
 import remat_kit as rk
 import remat_kit_models as models
@@ -74,6 +76,37 @@ def test_accumulation_equals_one_big_batch():
     for other in results[1:]:
         chex.assert_trees_all_close(other[0], results[0][0], rtol=1e-5, atol=1e-6)
         chex.assert_trees_all_close(other[2], results[0][2], rtol=1e-5)
+
+
+class _Bigram(nn.Module):
+    """The smallest language model: a token's embedding read out as the next's logits."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        return nn.Dense(16)(nn.Embed(16, 8)(tokens))
+
+
+def test_accumulated_micro_batches_step_as_the_whole_batch_by_hand():
+    # The gradient of the whole batch's mean loss, by jax.grad outside the library, and one
+    # SGD step from it: the micro-batches' sum over their count must land there.
+    module, lr = _Bigram(), 0.5
+    toks = jax.random.randint(jax.random.key(1), (4, 8), 0, 16)
+    targets = jnp.roll(toks, -1, axis=1)
+    params = module.init(jax.random.key(0), toks)
+
+    def mean_loss(p):
+        logits = module.apply(p, toks)
+        return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+
+    loss, grads = jax.value_and_grad(mean_loss)(params)
+    expected = jax.tree.map(lambda p, g: p - lr * g, params, grads)["params"]
+    config = rk.TrainConfig(batch=4, seq=8, optimizer="sgd", accum=4, learning_rate=lr)
+    step = rk.build_train_step(module, config)
+    tr, fr = _split(step, params)
+    opt_state = rk.train.make_optimizer("sgd", lr).init(tr)
+    new, _, got_loss = jax.jit(step.fn)(tr, fr, opt_state, {"tokens": toks, "targets": targets})
+    chex.assert_trees_all_close(new["params"], expected, rtol=1e-5, atol=1e-6)
+    assert float(got_loss) == pytest.approx(float(loss), rel=1e-5)
 
 
 def test_breakdown_from_shapes():
