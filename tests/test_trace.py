@@ -154,6 +154,32 @@ def _synthetic() -> StepTrace:
     )
 
 
+# A backslash-newline joins the dot's line in the string, as XLA writes it.
+_DOT_TANH = """HloModule m
+
+ENTRY %main (a: f32[1024,1024]) -> f32[1024,1024] {
+  %a = f32[1024,1024]{1,0} parameter(0)
+  %dot = f32[1024,1024]{1,0} dot(f32[1024,1024]{1,0} %a, f32[1024,1024]{1,0} %a), \
+lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %t = f32[1024,1024]{1,0} tanh(f32[1024,1024]{1,0} %dot)
+}
+"""
+
+
+@pytest.mark.parametrize("at", [0, 1, 2, 3])
+def test_a_schedule_name_the_hlo_lacks_runs_where_it_stands_and_the_rest_runs_on(at):
+    # The live-range dump names views of a tuple the HLO text does not hold: each is one
+    # position of the timeline, and the kernels around it (a dot, a tanh) still all launch.
+    sequence = ["a", "dot", "t"]
+    sequence.insert(at, "view.1")
+    speed = speed_of(rk.target("h100"))
+    t = program_timeline(_DOT_TANH, sequence, speed)
+    assert [pos for pos, _ in t.steps] == [0, 1, 2, 3]
+    assert [launch.kernel.name for launch in t.launches] == ["dot", "t"]
+    expected = step_time(kernels_of(_DOT_TANH), speed).seconds
+    assert t.seconds == pytest.approx(expected, rel=1e-12)
+
+
 def test_trace_events_follow_the_format():
     doc = trace_events([_synthetic(), _synthetic()], ["full", "none"])
     events = doc["traceEvents"]
