@@ -1715,6 +1715,35 @@ def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
     assert _closed(lo, hi, 100) is closed
 
 
+@pytest.mark.parametrize("limit", [1500, 3000])
+def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(limit):
+    """The peak rises 7 bytes a unit to 40 units, then bends up: the line through the first
+    two probes predicts far past the bend, and from then on the line through the bracket
+    predicts its low end again and again. The unit next to that end is probed once; then
+    the search gallops and bisects, about twice the log of the miss in compiles, not one
+    compile per unit up to the boundary."""
+    import math
+
+    from remat_kit.search._boundary import search
+
+    def bytes_at(u):
+        return 100 + 7 * u + (20 * (u - 40) ** 2 if u > 40 else 0)
+
+    known, probed = {}, []
+
+    def peak(u):
+        probed.append(u)
+        known[u] = bytes_at(u)
+        return known[u]
+
+    peak(1), peak(2)
+    lo, hi, _, _ = search(peak, known, limit, cap=1000, curves=("line",))
+    answer = max(u for u in range(1, 1001) if bytes_at(u) <= limit)
+    assert (lo, hi) == (answer, answer + 1)
+    # the first two, the line's guess, the unit next to the low end, then the gallop
+    assert len(probed) <= 4 + 2 * math.ceil(math.log2(answer)), probed
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_compact_names_save_exactly_the_tags_listed(seed):
     """Oracle: the tags the compacted names match (fnmatch, as the policy matches them) are

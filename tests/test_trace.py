@@ -154,7 +154,7 @@ def _synthetic() -> StepTrace:
     )
 
 
-# A backslash-newline joins the dot's line in the string, as XLA writes it.
+# One line of HLO per instruction: the backslash-newline joins the dot's two halves.
 _DOT_TANH = """HloModule m
 
 ENTRY %main (a: f32[1024,1024]) -> f32[1024,1024] {
