@@ -1715,6 +1715,53 @@ def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
     assert _closed(lo, hi, 100) is closed
 
 
+# A step read off shallow copies that hold (1% over the whole step's 1000 + 100 x batch),
+# each whole compile recorded with the thread it ran on (module level: a Spread's items).
+_WHOLE_ON: list[tuple[int, int]] = []
+
+
+def _held_copies_report(batch, mode, scale):
+    peak = round(1000 + 100 * batch * scale)
+    return memory_report(peak_bytes=peak, argument_bytes=peak, meta={"depth": {"mode": mode}})
+
+
+def _held_copies(pol, sch, batch):
+    return _held_copies_report(batch, "extrapolated", 1.01)
+
+
+def _held_whole(pol, sch, batch, report, limit):
+    if report is not None and report.meta["depth"]["mode"] != "extrapolated":
+        return report
+    import threading
+
+    _WHOLE_ON.append((batch, threading.get_ident()))
+    return _held_copies_report(batch, "full", 1.0)
+
+
+def _held_workload():
+    measured = rk.sources.Measured(_held_copies, lambda p, s, b: float(b), verify_fn=_held_whole)
+    return _workload(measured, "h100", rk.TrainConfig(1, 16))
+
+
+def test_a_boundary_read_off_copies_has_its_two_sides_compiled_whole_side_by_side(
+    pool, monkeypatch
+):
+    """Where compiles are slow (any, here) and the boundary was read off copies that held,
+    its two sides are compiled whole at once: one here, the other in a worker."""
+    import threading
+
+    _WHOLE_ON.clear()
+    # Each whole step counts as a compile that missed the cache, as a real one does.
+    monkeypatch.setattr("remat_kit.cache.compiles", lambda: len(_WHOLE_ON))
+    spread = rk.sources.Spread(_held_workload, executor=pool, slow_seconds=0.0)
+    w = dataclasses.replace(_held_workload(), spread=spread)
+    fit = rk.max_batch(w, "full", limit_bytes=1000 + 100 * 17 + 50)
+    assert (fit.batch, fit.peak_bytes, fit.next_peak_bytes) == (17, 2700, 2800)
+    sides = {b: t for b, t in _WHOLE_ON if b in (17, 18)}
+    assert set(sides) == {17, 18} and threading.main_thread().ident in sides.values()
+    assert len(set(sides.values())) == 2, _WHOLE_ON  # side by side: not both here
+
+
 @pytest.mark.parametrize("limit", [1500, 3000])
 def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(limit):
     """The peak rises 7 bytes a unit to 40 units, then bends up: the line through the first
