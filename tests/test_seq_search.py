@@ -309,11 +309,12 @@ PRESETS = [
 @pytest.mark.parametrize(("model", "attention", "changes", "kernel"), PRESETS)
 def test_the_longest_sequence_is_verified_by_compiles_made_apart(model, attention, changes, kernel):
     step, policy = 64, "none"
-    # The limit: halfway between the peaks at 6 and 7 steps, compiled apart from the search.
+    # The limit: halfway between the peaks at 3 and 4 steps, compiled apart from the search
+    # (past the first two probes, so the curve's prediction is verified).
     fresh = _builder(model, attention, **changes)
-    six, seven = (fresh(n * step).report(policy, batch=1) for n in (6, 7))
-    assert six.attention == kernel and six.peak_bytes < seven.peak_bytes
-    limit = (six.peak_bytes + seven.peak_bytes) // 2
+    three, four = (fresh(n * step).report(policy, batch=1) for n in (3, 4))
+    assert three.attention == kernel and three.peak_bytes < four.peak_bytes
+    limit = (three.peak_bytes + four.peak_bytes) // 2
     fit = rk.search.max_seq(
         functools.cache(_builder(model, attention, **changes)),
         policy,
@@ -326,6 +327,6 @@ def test_the_longest_sequence_is_verified_by_compiles_made_apart(model, attentio
     nxt = fresh(fit.seq + step).report(policy, batch=1).peak_bytes
     assert at <= limit < nxt
     assert (at, nxt) == (fit.peak_bytes, fit.next_peak_bytes)
-    assert fit.seq == 6 * step  # the peaks grow with the sequence here
+    assert fit.seq == 3 * step  # the peaks grow with the sequence here
     assert fit.attention == kernel
-    assert fit.compiles <= 7
+    assert fit.compiles <= 5, fit.compiles  # four on a line, five on a quadratic
