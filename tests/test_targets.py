@@ -737,3 +737,16 @@ def test_a_target_config_file_has_a_compute_capability_nvidia_made(major, minor,
             rkt.target_from_config(text, name="my-gpu")
     else:
         assert rkt.target_from_config(text, name="my-gpu").compute_capability == (major, minor)
+
+
+@pytest.mark.parametrize(
+    ("description", "like"), [("cpu", "cpu"), ("NVIDIA H100 80GB HBM3", "h100")]
+)
+def test_cudnn_attention_on_the_local_devices_follows_what_they_are(description, like):
+    # A Target made by hand may claim a compute capability for the local CPU host: it is
+    # still a CPU (no cuDNN), where the same claim for a local H100 is a GPU's answer.
+    local = dataclasses.replace(
+        rk.target("local"), description=description, compute_capability=(9, 0)
+    )
+    expected = rkt.cudnn_attention_available(rk.target(like))
+    assert rkt.cudnn_attention_available(local) is expected
