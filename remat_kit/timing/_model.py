@@ -255,6 +255,11 @@ def _waves(k: Kernel, units: int) -> float:
 
 def _collective_seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -> float:
     n = max(1, k.group)
+    if k.op == "collective-permute" and speed.torus:
+        # A TPU permute (libtpu decomposes all-gathers and reduce-scatters into them) sends
+        # its buffer once to a neighbour: over one ICI link, one way (half of device_link,
+        # which counts a torus axis's two directions).
+        return k.bytes / (speed.device_link / 2 * speed.link_efficiency)
     if n == 1:
         return 0.0
     share = k.bytes * (n - 1) / n

@@ -138,6 +138,10 @@ def _custom_call(module: HloModule, instr: HloInstruction, base: dict[str, Any])
                       batch=b, op="cublas", **base)  # fmt: skip
     if target.startswith(_ATTENTION_FWD):
         return _attention(module, instr, base, backward="Backward" in target, dev=dev)
+    if target == "tpu_custom_call":
+        kernel = _pallas_tpu(module, instr, base, dev=dev)
+        if kernel is not None:
+            return kernel
     if host:
         return Kernel("host_transfer", flops=0.0, bytes=dev, host_bytes=host, op=target, **base)
     return Kernel("memory", flops=0.0, bytes=dev, op=target or "custom-call", **base)
@@ -163,6 +167,58 @@ def _attention(
         flops *= 2.5  # five products against the forward's two
     return Kernel("attention", flops=flops, bytes=dev, m=sq, n=skv, k=head_dim, batch=b * h,
                   op="attention_bwd" if backward else "attention_fwd", **base)  # fmt: skip
+
+
+#: Splash attention's Pallas kernels (jax's ``splash_attention_kernel.py``, which MaxText's
+#: copy follows) and the products each runs per visible block: the forward ``qk`` and ``pv``
+#: (2); the dq kernel ``qk``, ``dp`` and ``dq`` (3); the dkv kernel ``qk``, ``dv``, ``dp`` and
+#: ``dk`` (4), and ``dq`` as well when the backward is fused (it then returns three arrays).
+_SPLASH = (("splash_mha_fwd", 2), ("splash_mha_dq", 3), ("splash_mha_dkv", 4))
+
+
+def _pallas_tpu(
+    module: HloModule, instr: HloInstruction, base: dict[str, Any], *, dev: int
+) -> Kernel | None:
+    """A Pallas kernel on a TPU (``tpu_custom_call``): its own ``CostEstimate`` where the
+    kernel carries one (``custom_call_config.cost_estimate``: flops, bytes_accessed), else
+    splash attention's FLOPs from its shapes; None for any other kernel (priced as memory).
+
+    Splash: ``2 x products x b x heads x s_q x s_kv x head_dim`` (the forward's two products
+    make the ``4 b s s h d`` of an attention forward) over the blocks the kernel runs. Its
+    first operand is the block mask, ``s8[groups, q blocks, kv blocks]``; its values are
+    constants the optimized text elides, so the mask is taken as MaxText's: causal
+    (``CausalMask`` in maxtext/layers/attention_op.py for a decoder's training step), whose
+    blocks splash skips where every element is masked, running the rest whole.
+    """
+    cfg = _backend_config(instr.attrs).get("custom_call_config", {})
+    estimate = cfg.get("cost_estimate") if isinstance(cfg, dict) else None
+    if isinstance(estimate, dict) and estimate.get("flops"):
+        return Kernel("gemm", flops=float(estimate["flops"]),
+                      bytes=int(estimate.get("bytes_accessed") or dev), op="pallas",
+                      **base)  # fmt: skip
+    role = next(((n, p) for n, p in _SPLASH if n in instr.name or n in instr.attrs), None)
+    if role is None:
+        return None
+    shapes = [_arrays(module.shapes.get(o, "")) for o in instr.operands]
+    grids = [a[0][1] for a in shapes if a and a[0][0] == "s8" and len(a[0][1]) == 3]
+    tensors = [a[0][1] for a in shapes if a and a[0][0] in ("bf16", "f32") and len(a[0][1]) == 4]
+    if len(tensors) < 2:
+        return None
+    (b, heads, sq, d), skv = tensors[0], tensors[1][2]
+    products = role[1] + (role[0] == "splash_mha_dkv" and len(_arrays(instr.shape)) >= 3)
+    share = _causal_blocks(sq, skv, *grids[0][1:]) if grids else 1.0
+    flops = 2.0 * products * b * heads * sq * skv * d * share
+    return Kernel("attention", flops=flops, bytes=dev, m=sq, n=skv, k=d, batch=b * heads,
+                  op="attention_fwd" if role[1] == 2 else "attention_bwd", **base)  # fmt: skip
+
+
+def _causal_blocks(sq: int, skv: int, nq: int, nkv: int) -> float:
+    """The share of a ``nq x nkv`` block grid over ``sq x skv`` that a causal mask leaves
+    any element of (query block ``i`` sees key block ``j`` when ``j``'s first key is at or
+    before ``i``'s last query)."""
+    bq, bkv = max(1, sq // max(1, nq)), max(1, skv // max(1, nkv))
+    seen = sum(min(nkv, ((i + 1) * bq - 1) // bkv + 1) for i in range(nq))
+    return seen / (nq * nkv)
 
 
 def _fusion(
