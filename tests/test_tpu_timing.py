@@ -89,3 +89,76 @@ def test_a_tpu_permute_sends_its_buffer_over_one_link_one_way():
     # Cloud TPU v5e page: 400 GB/s ICI per chip, both ways, over 4 ports: 50 GB/s a link a
     # way; the stated 0.90 share of it.
     assert t.collective_seconds == pytest.approx(nbytes / (400e9 / 8 * 0.90))
+
+
+_ADD = [
+    "%add (a: bf16[], b: bf16[]) -> bf16[] {",
+    "  %a = bf16[] parameter(0)",
+    "  %b = bf16[] parameter(1)",
+    "  ROOT %r = bf16[] add(%a, %b)",
+    "}",
+]
+_GROUP = "replica_groups={{0,1,2,3}}, use_global_device_ids=true"
+#: A 2048 x 2048 bf16 buffer over v5e-4's 2 x 2 torus: a ring over both axes, both ways, on
+#: the chip's 4 ports at 50 GB/s a way (Cloud TPU v5e: 400 GB/s a chip both ways), 0.90 of it;
+#: a gather or scatter moves 3/4 of the buffer.
+_RING_S = 2048 * 2048 * 2 * 3 / 4 / (4 * 50e9 * 0.90)
+
+
+def test_libtpus_all_reduce_scatter_fusion_is_one_reduce_scatter():
+    text = "\n".join(
+        [
+            *_ADD,
+            "%all-reduce-scatter.1 (i: bf16[2048,2048]) -> bf16[512,2048] {",
+            "  %i = bf16[2048,2048]{1,0} parameter(0)",
+            f"  %ar = bf16[2048,2048]{{1,0}} all-reduce(%i), channel_id=1, {_GROUP}, to_apply=%add",
+            "  ROOT %s = bf16[512,2048]{1,0} slice(%ar), slice={[0:512], [0:2048]}",
+            "}",
+            "ENTRY %e (p: bf16[2048,2048]) -> bf16[512,2048] {",
+            "  %p = bf16[2048,2048]{1,0} parameter(0)",
+            "  ROOT %f = bf16[512,2048]{1,0} fusion(%p), kind=kCustom, calls=%all-reduce-scatter.1",
+            "}",
+        ]
+    )
+    (k,) = kernels_of(text)
+    assert (k.kind, k.op, k.group) == ("collective", "reduce-scatter", 4)
+    t = step_time([k], speed_of(rk.target("v5e-4")))
+    assert t.collective_seconds == pytest.approx(_RING_S)
+
+
+def test_a_continuation_fusions_all_gather_hides_behind_the_compute_it_spans():
+    # v5e's default (libtpu's continuation fusion): a custom fusion starts the all-gather, a
+    # product runs, another custom fusion (holding the same all-gather) finishes it.
+    pair = "(bf16[512,2048]{1,0}, bf16[2048,2048]{1,0})"
+    ag = f"all-gather(%X), channel_id=1, {_GROUP}, dimensions={{0}}"
+    text = "\n".join(
+        [
+            f"%start (s0: bf16[512,2048]) -> {pair} {{",
+            "  %s0 = bf16[512,2048]{1,0} parameter(0)",
+            "  %ag = bf16[2048,2048]{1,0} " + ag.replace("X", "s0"),
+            f'  ROOT %c = {pair} custom-call(%ag), custom_call_target="AsyncCollectiveStart"',
+            "}",
+            "%done (d0: bf16[512,2048], d1: bf16[2048,2048]) -> bf16[2048,2048] {",
+            "  %d0 = bf16[512,2048]{1,0} parameter(0)",
+            "  %d1 = bf16[2048,2048]{1,0} parameter(1)",
+            "  %ag2 = bf16[2048,2048]{1,0} " + ag.replace("X", "d0"),
+            "  ROOT %c2 = bf16[2048,2048]{1,0} custom-call(%d1, %ag2), "
+            'custom_call_target="AsyncCollectiveDone"',
+            "}",
+            "ENTRY %e (p: bf16[512,2048], x: bf16[4096,4096]) -> bf16[4096,4096] {",
+            "  %p = bf16[512,2048]{1,0} parameter(0)",
+            "  %x = bf16[4096,4096]{1,0} parameter(1)",
+            f"  %st = {pair} fusion(%p), kind=kCustom, calls=%start",
+            "  %g0 = bf16[512,2048]{1,0} get-tuple-element(%st), index=0",
+            "  %g1 = bf16[2048,2048]{1,0} get-tuple-element(%st), index=1",
+            "  %mm = bf16[4096,4096]{1,0} dot(%x, %x), lhs_contracting_dims={1}, "
+            "rhs_contracting_dims={0}",
+            "  %dn = bf16[2048,2048]{1,0} fusion(%g0, %g1), kind=kCustom, calls=%done",
+            "  ROOT %t = (bf16[4096,4096]{1,0}, bf16[2048,2048]{1,0}) tuple(%mm, %dn)",
+            "}",
+        ]
+    )
+    t = step_time(kernels_of(text), speed_of(rk.target("v5e-4")))
+    # One transfer (the done's copy is the same one), all of it under the product.
+    assert t.collective_seconds == 0.0
+    assert t.collective_hidden_seconds == pytest.approx(_RING_S)

@@ -88,6 +88,7 @@ def _walk(
     stack = stack | {comp}
     ids = [0] if ids is None else ids
     in_flight: dict[str, int] = {}  # start's name -> window id, in the order started
+    continuing: list[str] = []  # continuation-fusion starts in flight, oldest first
     for instr in module.computations[comp]:
         op = instr.opcode
         here = next(iter(in_flight.values()), window)
@@ -103,6 +104,37 @@ def _walk(
                 called = _attr(instr.attrs, key)
                 if called:
                     _walk(module, called, times * n, out, stack, here, ids)
+            continue
+        if op == "fusion" and (cf := _continuation(module, instr)):
+            # libtpu's continuation fusion (v5e's default): an all-gather started by one
+            # custom fusion, finished by another, the compute between them run beside it
+            # (fused with the transfer's steps). The start's all-gather is the transfer, in
+            # its own window as an async pair's; the done's copy of it is the same transfer.
+            if cf == "AsyncCollectiveStart":
+                ids[0] += 1
+                in_flight[instr.name] = ids[0]
+                continuing.append(instr.name)
+                _walk(module, _attr(instr.attrs, "calls") or "", times, out, stack, ids[0], ids,
+                      wrapped=ids[0])  # fmt: skip
+            elif continuing:
+                in_flight.pop(continuing.pop(0), None)
+            continue
+        if op == "fusion" and (inner := _fused_collective(module, instr)) is not None:
+            # libtpu writes a reduce-scatter as a custom fusion of an all-reduce over the
+            # padded buffer (``all-reduce-scatter``): one reduce-scatter of that buffer, run
+            # in the stream like any collective (its emitter scatters; it does not reduce
+            # everything everywhere).
+            kernel = _cost(module, inner, times)
+            if kernel is not None:
+                called = _attr(instr.attrs, "calls") or ""
+                if called.startswith("all-reduce-scatter"):
+                    kernel = dataclasses.replace(kernel, op="reduce-scatter")
+                kernel = dataclasses.replace(kernel, name=instr.name)
+                key = dataclasses.astuple(dataclasses.replace(kernel, count=0, name=""))
+                if key in out:
+                    out[key] = dataclasses.replace(out[key], count=out[key].count + kernel.count)
+                else:
+                    out[key] = kernel
             continue
         if op in ("call", "async-start") or (op == "fusion" and _is_wrapper(module, instr)):
             called = _attr(instr.attrs, "to_apply") or _attr(instr.attrs, "calls")
@@ -139,6 +171,29 @@ def _walk(
             out[key] = dataclasses.replace(out[key], count=out[key].count + kernel.count)
         else:
             out[key] = kernel
+
+
+def _fused_collective(module: HloModule, instr: HloInstruction) -> HloInstruction | None:
+    """The one collective a libtpu custom fusion holds (``kind=kCustom``: its
+    ``all-reduce-scatter``), else None."""
+    if "kind=kCustom" not in instr.attrs:
+        return None
+    body = module.computations.get(_attr(instr.attrs, "calls") or "", ())
+    found = [i for i in body if i.opcode in _COLLECTIVES]
+    customs = [i for i in body if i.opcode == "custom-call"]
+    return found[0] if len(found) == 1 and not customs else None
+
+
+def _continuation(module: HloModule, instr: HloInstruction) -> str:
+    """``AsyncCollectiveStart`` / ``AsyncCollectiveDone`` where ``instr`` is the start or
+    done fusion of libtpu's continuation fusion (its body's custom call), else empty."""
+    if "kind=kCustom" not in instr.attrs:
+        return ""
+    for i in module.computations.get(_attr(instr.attrs, "calls") or "", ()):
+        target = (_attr(i.attrs, "custom_call_target") or "").strip('"')
+        if i.opcode == "custom-call" and target in ("AsyncCollectiveStart", "AsyncCollectiveDone"):
+            return target
+    return ""
 
 
 def _holds_collective(module: HloModule, comp: str) -> bool:

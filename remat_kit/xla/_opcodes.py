@@ -58,7 +58,15 @@ _GEMM_TARGETS = ("__cublas$gemm", "__cublas$lt$matmul", "__cublas$lt$matmul$f8")
 _ATTENTION_FWD = "__cudnn$fmhaSoftmax"
 # Custom calls that reserve memory or mark values, launching nothing.
 _NO_KERNEL = frozenset(
-    {"AllocateBuffer", "MoveToHost", "MoveToDevice", "annotate_device_placement"}
+    {
+        "AllocateBuffer",
+        "MoveToHost",
+        "MoveToDevice",
+        "annotate_device_placement",
+        # libtpu's continuation-fusion markers (the transfer is the all-gather beside them)
+        "AsyncCollectiveStart",
+        "AsyncCollectiveDone",
+    }
 )
 # Ops that read a window of their first operand (a slice of a stack costs the slice).
 _SLICING = frozenset({"dynamic-slice", "slice", "gather"})
