@@ -399,6 +399,13 @@ try:  # another placement of the same shapes: the batch replicated, every device
     refused = None
 except rk.DoesNotFit as e:
     refused = e.parts["smallest_plan"]
+# decided for one device, then called with the same shapes placed on the mesh: decided for the
+# mesh (jax traces again for meshed arguments; the one-device program is not run sharded)
+once = rk.auto(step, "fits", target="h100", catalogue=("full",), challengers=())
+once(ws, x)
+alone = dict(once.plan.mesh)
+once(*placed)
+out["then_placed"] = dict(first=alone, then=dict(once.plan.mesh), decided=len(once.plans))
 out["args"] = dict(policy=first.policy, peak=first.peak_bytes,
                    bare=t._bare("dp", first.policy, tuple(mesh.axis_types), jit=False),
                    decided=len(wrapped.plans), refused=refused)
@@ -431,3 +438,5 @@ def test_the_wrapped_step_runs_with_the_users_shardings_and_its_outputs(sharded)
     row = got["args"]
     assert row["peak"] == row["bare"] and row["decided"] == 1 and row["policy"] != "none"
     assert row["refused"] > budgets["dp"]
+    # a one-device decision is not run on arguments later placed on a mesh: that call decides
+    assert got["then_placed"] == {"first": {}, "then": {"data": 4}, "decided": 2}

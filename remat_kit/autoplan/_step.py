@@ -82,11 +82,17 @@ class _OtherShape(Exception):
     not that decision's (see :meth:`AutoStep.__call__`)."""
 
 
-def _guarded(fn: Callable[..., Any], key: Any) -> Callable[..., Any]:
-    """``fn``, traced only for arguments whose signature is ``key``."""
+def _guarded(fn: Callable[..., Any], key: Any, one_device: bool) -> Callable[..., Any]:
+    """``fn``, traced only for arguments whose signature is ``key`` (and, for a decision
+    made for one device, only for arguments on no mesh)."""
 
     def step(*args: Any) -> Any:
         if _signature(args, placed=False) != key:
+            raise _OtherShape
+        # jax traces again for arguments placed on a mesh (the mesh is in their abstract
+        # values, Auto axes included), so a one-device decision is not run sharded: the
+        # call is decided for the mesh instead.
+        if one_device and any(not jax.typeof(x).sharding.mesh.empty for x in jax.tree.leaves(args)):
             raise _OtherShape
         return fn(*args)
 
@@ -309,7 +315,9 @@ class AutoStep:
             layout=layout,
         )
         LOG.info("%s: %s", self.__name__, plan.words())
-        step = _guarded(bound(fn, as_policy(plan.policy)), _signature(pure, placed=False))
+        step = _guarded(
+            bound(fn, as_policy(plan.policy)), _signature(pure, placed=False), layout is None
+        )
         options = self._jit
         if plan.compiler_options:  # XLA's own pass at the budget: the slop the plan was made at
             given = dict(options.get("compiler_options") or {})
