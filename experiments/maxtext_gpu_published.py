@@ -310,6 +310,66 @@ def _shown(x: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def _growth(x: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    """Step time added over the family's one-node row, predicted / published (seconds): what
+    the network adds in each, with the compute (the same program per GPU) taken out."""
+    fam = [r for r in rows if _family(r["id"]) == _family(x["id"]) and r["status"] == "priced"]
+    base = min(fam, key=lambda r: r["gpus"])
+    if base["id"] == x["id"]:
+        return "-"
+    pred, pub = x["predicted_s"] - base["predicted_s"], x["published_s"] - base["published_s"]
+    return f"{pred:+.3f} / {pub:+.3f} (vs {base['gpus']})"
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """The rows as the Markdown table of docs/your-model.md ("Published multi-node runs")."""
+    head = (
+        "| row | GPUs (nodes) | published | predicted | step s pred / pub | error | "
+        "exposed comm. s | added step s pred / pub | wall s (load) |\n"
+        "|---|---|---|---|---|---|---|---|---|"
+    )
+    lines = [head]
+    for x in rows:
+        if x.get("status") != "priced":
+            lines.append(f"| {x['id']} | {x['gpus']} ({x['nodes']}) | | {x['status']} |||||")
+            continue
+        unit = "TFLOP/s/GPU" if x["quantity"] == "TFLOP/s/chip" else "s"
+        load = x.get("load_after", x["load_before"])[0]
+        lines.append(
+            f"| {x['id']} | {x['gpus']} ({x['nodes']}) | {x['published']:.4g} {unit} | "
+            f"{x['predicted']:.4g} {unit} | {x['predicted_s']:.3f} / {x['published_s']:.3f} | "
+            f"{x['error']:+.1%} | {x['split']['collective']:.3f} | {_growth(x, rows)} | "
+            f"{x['wall_s']:.0f} ({load:.1f}) |"
+        )
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Predicted vs published step time per row (the issue's figure)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from common import save_png
+
+    priced = [x for x in rows if x.get("status") == "priced"]
+    xs = range(len(priced))
+    fig, ax = plt.subplots(figsize=(max(6, 0.75 * len(priced)), 4.2))
+    ax.bar([i - 0.2 for i in xs], [x["published_s"] for x in priced], 0.4, label="published")
+    ax.bar([i + 0.2 for i in xs], [x["predicted_s"] for x in priced], 0.4, label="predicted")
+    for i, x in zip(xs, priced, strict=True):
+        label = f"{x['error']:+.0%}"
+        ax.text(i + 0.2, x["predicted_s"], label, ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(list(xs), [f"{x['id']}\n{x['gpus']} GPUs" for x in priced], rotation=60,
+                  ha="right", fontsize=7)  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_ylabel("step time, s (log)")
+    ax.set_title("Published multi-node MaxText GPU runs through --maxtext")
+    ax.legend()
+    fig.tight_layout()
+    save_png(fig, path)
+
+
 def main(selected: list[str]) -> list[dict[str, Any]]:
     data = json.loads(DATA.read_text())["rows"]
     order = [r["id"] for r in data]
@@ -330,6 +390,8 @@ def main(selected: list[str]) -> list[dict[str, Any]]:
         print(f"{row['id']}: {res['status'][:200]} ({res['wall_s']:.0f} s)", file=sys.stderr)
     shown = [_shown(x) for x in rows]
     print(table(shown, list(shown[0]), "published MaxText GPU runs through --maxtext"))
+    print(markdown(rows))
+    plot(rows, OUT.with_suffix(".png"))
     return rows
 
 
