@@ -209,6 +209,89 @@ def _arch(model_name: str) -> dict[str, int]:
 _SPLIT = ("matmul", "attention", "memory", "collective", "contention", "transfer", "launch")
 
 
+_FIELDS = ("argument", "output", "alias", "temp", "generated_code")
+
+
+def own_words(row: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The row's config as MaxText's own command line takes it (after ``base.yml``): the words
+    ``--maxtext`` got, the policy as MaxText's keys (the lines remat-kit writes), the batch and
+    sequence; and the translation."""
+    tr = translate(row)
+    args = tr["args"]
+    words = args[args.index("--maxtext") + 1 : args.index("--target")]
+    policy = args[args.index("--policy") + 1]
+    if policy.startswith("maxtext:"):
+        remat = [policy.split(":", 1)[1]]
+    else:
+        remat = [
+            "remat_policy=custom",
+            *(f"{n}=device" for n in policy.split("=", 1)[1].split("+")),
+        ]
+    per_device = tr["per_device_batch_size"]
+    words += [*remat, "override_model_config=True",
+              f"per_device_batch_size={int(per_device) if per_device.is_integer() else per_device}",
+              f"max_target_length={tr['seq']}", "jax_cache_dir="]  # fmt: skip
+    return words, tr
+
+
+def _ours_bytes(row: dict[str, Any], tr: dict[str, Any]) -> dict[str, int] | None:
+    """The five byte counts of the row's ``--maxtext`` report (from the cache when it holds
+    the compile), or None when the report gives none."""
+    out_json = Path("/tmp") / f"maxtext_gpu_published_{row['id']}_own.json"
+    out_json.unlink(missing_ok=True)
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": tr["xla_flags"]}
+    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    subprocess.run([CLI, *tr["args"], "--json", str(out_json)], capture_output=True,
+                   timeout=TIMEOUT_S, cwd=ROOT, env=env, check=False)  # fmt: skip
+    if not out_json.exists():
+        return None
+    rep = json.loads(out_json.read_text())
+    return {f: rep[f"{f}_bytes"] for f in _FIELDS}
+
+
+def own_check(row: dict[str, Any]) -> dict[str, Any]:
+    """MaxText's own AOT path (``train_compile.main`` in a fresh process,
+    experiments/maxtext_own.py) for the row's config at its full mesh, with the row's XLA flags
+    and allocator fraction, against the five byte counts its ``--maxtext`` report holds."""
+    from maxtext_own import own_path
+
+    words, tr = own_words(row)
+    saved = {k: os.environ.get(k) for k in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
+    os.environ["XLA_FLAGS"] = tr["xla_flags"]
+    fraction = row.get("env", {}).get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if fraction:
+        os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] = fraction
+    else:
+        os.environ.pop("XLA_PYTHON_CLIENT_MEM_FRACTION", None)
+    start = time.perf_counter()
+    try:
+        target = "h200" if row["node"] == "a3-ultra" else "h100"
+        theirs = own_path(
+            [{"words": words, "target": target, "gpus": row["gpus"], "hosts": row["nodes"]}],
+            timeout=TIMEOUT_S,
+        )[0]
+    except (RuntimeError, subprocess.TimeoutExpired) as err:
+        theirs = {"error": f"{type(err).__name__}: {str(err)[-300:]}"}
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    out: dict[str, Any] = {"wall_s": round(time.perf_counter() - start, 1), "argv": words}
+    ours = _ours_bytes(row, tr)
+    if ours is not None:
+        out["ours_bytes"] = ours
+    if "error" in theirs:
+        out["error"] = theirs["error"]
+        return out
+    out["bytes"] = {f: theirs[f] for f in _FIELDS}
+    out["mesh"] = (
+        theirs.get("mesh", {}).get("shape") if isinstance(theirs.get("mesh"), dict) else None
+    )
+    return out
+
+
 def run_one(row: dict[str, Any]) -> dict[str, Any]:
     """The row compiled and priced; the published figure beside the prediction."""
     tr = translate(row)
@@ -250,6 +333,7 @@ def run_one(row: dict[str, Any]) -> dict[str, Any]:
         compile_seconds=rep.get("compile_seconds"),
         peak_gib=rep["peak_bytes"] / 2**30,
         usable_gib=rep["usable_bytes"] / 2**30,
+        bytes={f: rep[f"{f}_bytes"] for f in _FIELDS},
         fits=rep["fits"],
         policy_lines=meta.get("maxtext", {}).get("policy_lines"),
         mesh=meta.get("maxtext", {}).get("mesh"),
@@ -395,6 +479,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def main(selected: list[str]) -> list[dict[str, Any]]:
+    own = "--own" in selected
+    selected = [s for s in selected if s != "--own"]
     data = json.loads(DATA.read_text())["rows"]
     order = [r["id"] for r in data]
     unknown = set(selected) - set(order)
@@ -402,9 +488,19 @@ def main(selected: list[str]) -> list[dict[str, Any]]:
         raise SystemExit(f"unknown row id(s) {sorted(unknown)}; {order}")
     rows: list[dict[str, Any]] = []
     if selected and OUT.exists():  # rows not named keep their last result
-        rows = [x for x in json.loads(OUT.read_text())["rows"] if x["id"] not in selected]
+        rows = [x for x in json.loads(OUT.read_text())["rows"] if own or x["id"] not in selected]
     for row in data:
         if selected and row["id"] not in selected:
+            continue
+        if own:  # the row's report stays; MaxText's own path is compiled beside it
+            res = next(x for x in rows if x["id"] == row["id"])
+            res["maxtext_own"] = check = own_check(row)
+            if "bytes" in check and "ours_bytes" in check:
+                check["equal"] = check["bytes"] == check["ours_bytes"]
+            res.setdefault("wall_s", 0)
+            print(f"{row['id']}: MaxText's own path {check.get('equal', check.get('error'))} "
+                  f"({check['wall_s']:.0f} s)", file=sys.stderr)  # fmt: skip
+            _write(rows)
             continue
         res = run_one(row)
         res["drivers"] = DRIVERS[_family(row["id"])]
