@@ -228,6 +228,7 @@ CLI_CASES = [
     (["inspect", *TINY, "--gpus", "2", "--shard", "fsdp:2"], "drop --shard", 2),
     (["inspect", *TINY, "--node", "dgx-h100"], "drop --node", 2),
     (["advise", *TINY, "--node", "dgx-h100"], "advise compares GPUs of every kind", 2),
+    (["advise", *TINY, "--slices", "2"], "advise plans each TPU generation on one slice", 2),
     (["inspect", *TINY, "--top", "0"], "--top 0 must be positive", 2),
     (["advise", *TINY, "--targets", "h100,,l4"], "--targets 'h100,,l4' has an empty", 2),
     (["advise", *TINY, "--targets", "h1000"], "--targets 'h1000'", 2),

@@ -78,6 +78,13 @@ def run(args: argparse.Namespace) -> int:
             f"--node {args.node}: advise compares GPUs of every kind, and a node holds one; "
             "give --node to report, compare, plan or fit with its --target"
         )
+    if getattr(args, "slices", 1) != 1:
+        raise BadValue(
+            f"--slices {args.slices}: advise plans each TPU generation on one slice (a chip, "
+            "or with --scale-out the smallest slice that fits); give --slices to report, "
+            "compare, plan or fit with a slice as --target (--target v5p-64 --slices 2)",
+            param="slices",
+        )
     check_cluster(args)
     run = resolve(args)
     prices, names = _checked(args, run)
