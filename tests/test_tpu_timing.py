@@ -162,3 +162,30 @@ def test_a_continuation_fusions_all_gather_hides_behind_the_compute_it_spans():
     # One transfer (the done's copy is the same one), all of it under the product.
     assert t.collective_seconds == 0.0
     assert t.collective_hidden_seconds == pytest.approx(_RING_S)
+
+
+def test_a_host_offloaded_slice_moves_the_slice_beside_the_compute():
+    # One layer's residual written into a stack in pinned host memory (S(5)), as libtpu
+    # offloads it: the transfer is the 4 MiB slice, not the 32 MiB stack, and on a TPU it
+    # runs beside the product scheduled around it.
+    stack = "bf16[8,2,1024,1024]{3,2,1,0:S(5)}"
+    piece = "bf16[1,2,1024,1024]{3,2,1,0}"
+    text = "\n".join(
+        [
+            f"ENTRY %e (b: {stack}, u: {piece}, i: s32[], x: bf16[4096,4096]) -> {stack} {{",
+            f"  %b = {stack} parameter(0)",
+            f"  %u = {piece} parameter(1)",
+            "  %i = s32[] parameter(2)",
+            "  %x = bf16[4096,4096]{1,0} parameter(3)",
+            f"  %s = (({stack}, {piece}, s32[], s32[], s32[], s32[]), {stack}, u32[]) "
+            "dynamic-update-slice-start(%b, %u, %i, %i, %i, %i)",
+            "  %mm = bf16[4096,4096]{1,0} dot(%x, %x), lhs_contracting_dims={1}, "
+            "rhs_contracting_dims={0}",
+            f"  ROOT %d = {stack} dynamic-update-slice-done(%s)",
+            "}",
+        ]
+    )
+    (k,) = [k for k in kernels_of(text) if k.kind == "host_transfer"]
+    assert k.host_bytes == 2 * 1024 * 1024 * 2
+    t = step_time(kernels_of(text), speed_of(rk.target("v6e-4")))
+    assert t.transfer_seconds == 0.0  # 4 MiB over the host link hides behind 137 GFLOP

@@ -95,6 +95,17 @@ def _cost(module: HloModule, instr: HloInstruction, times: int) -> Kernel | None
         # In place: reads and writes the update, not the buffer.
         upd = _nbytes(module.shapes.get(instr.operands[1], ""))
         dev, host = 2 * upd[0], 2 * upd[1]
+    if op in ("dynamic-update-slice-start", "dynamic-slice-start"):
+        # libtpu's asynchronous slice of a stacked buffer (a host-offloaded residual, one
+        # layer's slice written to or read from pinned host memory): it moves the slice, not
+        # the stack. The slice: the update (operand 1) written, or the output read.
+        if op == "dynamic-update-slice-start" and len(instr.operands) > 1:
+            piece = _nbytes(module.shapes.get(instr.operands[1], ""))
+        else:
+            piece = _nbytes(_output_shape(instr))
+        size = piece[0] + piece[1]
+        dev, host = (size, size) if host else (2 * size, 0)
+        return _memory_or_host(dev, host, base, op, asynchronous=True)
     kernel = _memory_or_host(dev, host, base, op, asynchronous=False)
     return dataclasses.replace(kernel, strided=_transposes(module.shapes, instr))
 
