@@ -108,6 +108,29 @@ def test_a_tpu_device_may_use_its_hbm_less_the_runtimes_reserve(name, hbm, limit
     assert (t.memory_bytes, t.usable_bytes, t.runtime) == (hbm, limit, None)
 
 
+@pytest.mark.parametrize(
+    ("generation", "limit"),
+    [
+        # libtpu's bytes limit per device, as measured deviceless (its OOM reports; the
+        # module docstring of remat_kit/targets/_tpus.py says how)
+        ("v4", 33_014_414_336),
+        ("v5e", 16_909_336_576),
+        ("v5p", 102_786_662_400),
+        ("v6e", 33_546_043_392),
+        ("tpu7x", 101_724_454_912),
+    ],
+)
+def test_every_generations_stated_limit_is_its_hbm_less_the_reserve_and_what_a_target_uses(
+    generation, limit
+):
+    from remat_kit.targets._tpus import TPU_FACTS
+
+    facts = TPU_FACTS[generation]
+    assert facts["bytes_limit_per_device"] == limit
+    assert facts["hbm_bytes_per_device"] - facts["hbm_reserved_bytes_per_device"] == limit
+    assert rk.target(generation).usable_bytes == limit
+
+
 # --- libtpu -------------------------------------------------------------------------------------
 
 
