@@ -433,5 +433,6 @@ def test_a_reports_labels_are_typed_and_its_json_keeps_every_one():
         "depth": {"mode": "extrapolated"},
     }
     assert rk.MemoryReport.from_dict(r.to_dict()) == r
-    with pytest.raises(rk.errors.BadType, match="mapping of str"):
-        memory_report(meta=[("batch", 2)])
+    for bad in ([("batch", 2)], {2: "batch"}):  # not a mapping; a key that is not a str
+        with pytest.raises(rk.errors.BadType, match="mapping of str"):
+            memory_report(meta=bad)
