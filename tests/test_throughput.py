@@ -182,6 +182,13 @@ def test_a_global_batch_must_split_over_the_data_parallel_gpus():
     with pytest.raises(BadValue, match="does not split over 4 data-parallel GPUs"):
         rk.search.fastest(w, ["none"], global_batch=6, accumulate=fake, limit_bytes=LIMIT)
 
+    def on_four(accum):
+        return dataclasses.replace(fake(accum=accum), batch_multiple=4)
+
+    # a multiple of the four is taken: searched, its global batch kept
+    f = rk.search.fastest(w, ["none"], global_batch=8, accumulate=on_four, limit_bytes=LIMIT)
+    assert f.winner.micro_batch * f.winner.accum == 8
+
 
 def test_the_table_marks_the_winner_and_says_each_row_against_none():
     f = rk.search.fastest(fake(), ["none", "full", "minimal"], limit_bytes=LIMIT)
