@@ -49,7 +49,9 @@ class Fake:
                 raise JaxRuntimeError("INTERNAL: launch needs more blocks\nHLO follows")
             self.measured.append(seq)
             peak = self.peak_of(seq, batch)
-            return memory_report(peak_bytes=int(peak), policy=policy.spec, flops=float(seq))
+            return memory_report(
+                peak_bytes=int(peak), policy=policy.spec, flops=float(seq), attention="cudnn"
+            )
 
         return rk.sources.workload(
             rk.sources.Measured(measure, lambda p, s, b: float(seq * b)),
@@ -177,6 +179,7 @@ def test_nothing_fits_says_the_shortest_sequence_and_its_peak():
     fit = rk.search.max_seq(fake, "minimal", granularity=512, limit_bytes=FIXED)
     assert not fit.fits and fit.seq == 0 and fit.tokens_per_step == 0
     assert fit.peak_bytes == affine(512, 1) and fake.measured == [512]
+    assert fit.attention == "cudnn"  # the kernel the shortest sequence was measured with
     assert fit.message == (
         f"minimal: even seq 512 at batch 1 does not fit: {size_words(affine(512, 1))} > "
         f"{size_words(FIXED)} on h100-80gb"
