@@ -189,3 +189,19 @@ def test_a_host_offloaded_slice_moves_the_slice_beside_the_compute():
     assert k.host_bytes == 2 * 1024 * 1024 * 2
     t = step_time(kernels_of(text), speed_of(rk.target("v6e-4")))
     assert t.transfer_seconds == 0.0  # 4 MiB over the host link hides behind 137 GFLOP
+
+
+def test_a_slice_read_back_from_the_host_moves_the_slice():
+    stack = "bf16[8,2,1024,1024]{3,2,1,0:S(5)}"
+    text = "\n".join(
+        [
+            f"ENTRY %e (b: {stack}, i: s32[]) -> bf16[1,2,1024,1024] {{",
+            f"  %b = {stack} parameter(0)",
+            "  %i = s32[] parameter(1)",
+            "  ROOT %s = bf16[1,2,1024,1024]{3,2,1,0} dynamic-slice(%b, %i, %i, %i, %i), "
+            "dynamic_slice_sizes={1,2,1024,1024}",
+            "}",
+        ]
+    )
+    (k,) = kernels_of(text)
+    assert (k.kind, k.host_bytes) == ("host_transfer", 2 * 1024 * 1024 * 2)

@@ -48,6 +48,7 @@ from remat_kit.xla._opcodes import (
     _GEMM_TARGETS,
     _NO_ARITHMETIC,
     _NO_KERNEL,
+    _SLICING,
 )
 from remat_kit.xla._traffic import _io_bytes
 
@@ -95,6 +96,11 @@ def _cost(module: HloModule, instr: HloInstruction, times: int) -> Kernel | None
         # In place: reads and writes the update, not the buffer.
         upd = _nbytes(module.shapes.get(instr.operands[1], ""))
         dev, host = 2 * upd[0], 2 * upd[1]
+    if op in _SLICING and host:
+        # A slice read from pinned host memory (libtpu reads an offloaded residual back this
+        # way too): it moves the slice, not the buffer it is cut from.
+        size = sum(_nbytes(_output_shape(instr)))
+        return _memory_or_host(size, size, base, op, asynchronous=False)
     if op in ("dynamic-update-slice-start", "dynamic-slice-start"):
         # libtpu's asynchronous slice of a stacked buffer (a host-offloaded residual, one
         # layer's slice written to or read from pinned host memory): it moves the slice, not
