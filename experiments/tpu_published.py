@@ -1,12 +1,15 @@
 """Step time on TPUs against MaxText's published runs (issue 62, "Step time on TPUs").
 
 Every row of ``experiments/data/maxtext_tpu_published.json`` (13 published MaxText TPU runs,
-each with its source) is rebuilt where its source gives a config: a preset of the row's
-architecture, the row's global batch (per-device batch x chips) and sequence, the policy
-equal to its ``remat_policy``, FSDP over every chip (the rows' ``ici_fsdp_parallelism=-1``;
-the row's own mesh where it states one) and ``--target`` its slice. remat-kit compiles the
-step deviceless for that slice (libtpu) and prices the program (remat_kit/timing); its
-``step_time`` is compared with what the row publishes, computed the same way:
+each with its source) is rebuilt where its source gives a config, as MaxText builds it: the
+``--maxtext`` source (MaxText's own model, train step, optimizer and mesh, compiled through
+its ``compile_topology`` path for the row's slice) with the row's own config keys, at the
+row's own ``per_device_batch_size`` and ``max_target_length``. MaxText attends with its
+Pallas splash kernel on a TPU (``attention=flash``, or ``autoselected``, which picks it for a
+training step over 128 tokens: maxtext/layers/attention_op.py), so the scores never exist and
+the rows' batches fit; remat-kit prices the kernel from its shapes (remat_kit/xla/_cost.py,
+``_pallas_tpu``). remat-kit compiles the step deviceless for that slice (libtpu) and prices
+the program (remat_kit/timing); its ``step_time`` is compared with what the row publishes:
 
 * **tokens/s per chip** (tiering.md, tpu-recipes logs): ``per-device batch x seq / step``.
   This is what the row measured, with no FLOP convention in it; where a row gives it, the
@@ -20,31 +23,24 @@ step deviceless for that slice (libtpu) and prices the program (remat_kit/timing
 The peaks are the Cloud TPU pages' bf16 figures held in remat_kit/targets/_tpus.py (v5e 197,
 v5p 459, v6e 918 TFLOP/s a chip).
 
-Presets for the rows' models (``remat-kit models``): Llama 2 70B is ``llama3-70b`` with
-``--vocab 32000`` (same 80 x 8192, GQA 64/8, SwiGLU 28672; rope theta is no FLOP);
-Llama 3.1 8B / 70B are ``llama3-8b`` / ``llama3-70b`` (3.1 changes rope scaling only);
-Mixtral 8x7B is ``mixtral-8x7b`` with ``--moe-impl capacity --capacity-factor 1.25`` (the row's
-dropping MoE); Mixtral 8x22B is the same family at its config.json sizes.
+What differs from the published run, each stated in the row's JSON:
 
-Policies: MaxText's ``save_dot_except_mlpwi`` through the ``maxtext:`` family (the same
-names saved). The rows that offload (``qkv_proj_offloaded``, ``remat_policy=custom`` with
-``*: offload``) keep the same names **on the device** instead (``names:save=...``): the same
-FLOPs and the same recomputation, without libtpu's host-offload compile (over 330 s for the
-70B v5e row here, on two shared cores) and without the host-transfer term remat-kit would
-add (MaxText overlaps those copies with compute).
-
-The attention is XLA's einsum attention (remat-kit has no TPU flash kernel), where MaxText
-runs its Pallas splash kernel. The seq x seq scores (f32) and probabilities then live in HBM,
-and at the rows' batches libtpu refuses most programs (CompileTimeHbmOom). Such a row is
-compiled at 1 and 2 sequences a chip and its step time taken linearly in the per-device
-batch through those two points (FSDP's weight gathers and the optimizer do not grow with the
-batch; matmuls, attention and activations do), or proportionally from one point when only
-b1 fits; the JSON says which (``how``) with every compile's figures (``compiles``).
+* **Host offload priced as not overlapped.** The rows that offload (``qkv_proj_offloaded``,
+  ``remat_policy=custom`` with ``*: offload``) are compiled with those offloads (kept on the
+  device, an 8B row at its batch is over a v6e's HBM); remat-kit adds each copy to and from
+  the host in full at its host-link figure (remat_kit/timing/_model.py), where MaxText
+  overlaps them with compute (``HOST_OFFLOAD_FLAGS``): the ``transfer`` part of a row's split.
+* **XLA flags.** The rows' ``xla_flags`` (MaxText's benchmarks/xla_flags_library.py) are not
+  passed: libtpu 0.0.50 refuses ``CF_FOR_ALL_GATHER`` on v5p and v6e deviceless
+  (``FAILED_PRECONDITION: Continuation fusion for AllGather is enabled on platform viperfish
+  ... not supported/recommended on platforms other than TPU v5e``; ghostlite for v6e) and
+  compiles it by default on v5e; ``DATA_PARALLEL_OVERLAP`` and ``xla_enable_async_all_gather``
+  leave an FSDP step's collectives as they were (docs/guides/tpu.md, Known limits).
 
 Usage: ``python experiments/tpu_published.py [ROW ...]`` runs the rows (indices into the
-JSON, in the order given) one at a time, each a ``remat-kit report --json`` subprocess with
-a timeout, writes results/tpu_published.json and prints the table. Compiles are cached (a
-rerun is fast).
+JSON, in the order given) one at a time, each in a child process with a timeout
+(``TIMEOUT_S``), writes results/tpu_published.json and prints the table. Compiles are cached
+(a rerun is fast).
 """
 
 from __future__ import annotations
@@ -61,8 +57,7 @@ from common import ROOT, table, write_json
 
 DATA = ROOT / "experiments" / "data" / "maxtext_tpu_published.json"
 OUT = ROOT / "results" / "tpu_published.json"
-CLI = str(Path(sys.executable).parent / "remat-kit")
-TIMEOUT_S = 330  # a row that cannot compile in ~5 minutes is skipped (the brief)
+TIMEOUT_S = 720  # a row that cannot compile in 12 minutes on two shared cores is skipped
 
 #: bf16 peak per chip (remat_kit/targets/_tpus.py, from the Cloud TPU pages).
 PEAK = {"v4": 275e12, "v5e": 197e12, "v5p": 459e12, "v6e": 918e12}
@@ -98,100 +93,46 @@ ARCH = {
     ),
 }
 
-#: The rows' offloaded names kept on the device instead (same FLOPs; see the module text).
-_CUSTOM5 = "names:save=decoder_layer_input+out_proj+query_proj+key_proj+value_proj"
-_CUSTOM4 = "names:save=decoder_layer_input+query_proj+key_proj+value_proj"
-_QKV_OFFLOADED = "names:save=query_proj+key_proj+value_proj"  # qkv_proj_offloaded, on device
+#: The rows' own policies: MaxText's ``remat_policy: custom`` with ``NAME: offload`` lines
+#: (remat-kit's ``offload`` family writes exactly those lines), or its named policy.
+_CUSTOM5 = "offload:offload=decoder_layer_input+out_proj+query_proj+key_proj+value_proj"
+_CUSTOM4 = "offload:offload=decoder_layer_input+query_proj+key_proj+value_proj"
+_QKV_OFFLOADED = "maxtext:remat_policy=qkv_proj_offloaded"
+_SAVE_DOT = "maxtext:remat_policy=save_dot_except_mlpwi"
+
+#: Config keys that are not MaxText's model or mesh words: the command line owns the batch,
+#: the sequence and the policy (the offload names with it); the flags are discussed above.
+_NOT_WORDS = {"per_device_batch_size", "max_target_length", "remat_policy", "xla_flags",
+              "maxtext_benchmark"}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
 class Rebuild:
-    """How one published row is rebuilt: its index in the JSON and our command's words."""
+    """How one published row is rebuilt: its index in the JSON, its slice and policy."""
 
     row: int
     label: str
     target: str
-    model: tuple[str, ...]
     policy: str
-    shard: str
     note: str = ""
 
 
-_L2_70B = ("--model", "llama3-70b", "--vocab", "32000")
 REBUILDS: tuple[Rebuild, ...] = (
-    Rebuild(
-        1,
-        "Llama2-70B v5p-128",
-        "v5p-128",
-        _L2_70B,
-        "maxtext:remat_policy=save_dot_except_mlpwi",
-        "fsdp:64",
-    ),
+    Rebuild(1, "Llama2-70B v5p-128", "v5p-128", _SAVE_DOT),
+    Rebuild(8, "Llama3.1-8B v6e-32", "v6e-32", _CUSTOM5),
+    Rebuild(9, "Llama3.1-70B v6e-256", "v6e-256", _CUSTOM4),
+    Rebuild(7, "Llama3.1-8B v6e-256", "v6e-256", _CUSTOM5),
+    Rebuild(6, "Llama2-70B v6e-256", "v6e-256", _QKV_OFFLOADED),
+    Rebuild(0, "Llama2-70B v5e-256", "v5e-256", _QKV_OFFLOADED),
     Rebuild(
         3,
         "Llama2-70B v5p 512 chips",
         "v5p-1024",
-        _L2_70B,
-        "maxtext:remat_policy=save_dot_except_mlpwi",
-        "fsdp:512",
+        _SAVE_DOT,
         "the row says 512 chips (v5p-1024); its recipe link names v5p-128",
     ),
-    Rebuild(
-        6,
-        "Llama2-70B v6e-256",
-        "v6e-256",
-        _L2_70B,
-        _QKV_OFFLOADED,
-        "fsdp:256",
-        "MaxText's ici_fsdp_transpose_parallelism=-1 taken as fsdp:256",
-    ),
-    Rebuild(8, "Llama3.1-8B v6e-32", "v6e-32", ("--model", "llama3-8b"), _CUSTOM5, "fsdp:32"),
-    Rebuild(7, "Llama3.1-8B v6e-256", "v6e-256", ("--model", "llama3-8b"), _CUSTOM5, "fsdp:256"),
-    Rebuild(9, "Llama3.1-70B v6e-256", "v6e-256", ("--model", "llama3-70b"), _CUSTOM4, "fsdp:256"),
-    Rebuild(
-        0,
-        "Llama2-70B v5e-256",
-        "v5e-256",
-        _L2_70B,
-        _QKV_OFFLOADED,
-        "fsdp:256",
-    ),
-    Rebuild(
-        11,
-        "Mixtral-8x7B v6e-256",
-        "v6e-256",
-        ("--model", "mixtral-8x7b", "--moe-impl", "capacity", "--capacity-factor", "1.25"),
-        _CUSTOM5,
-        "fsdp:256",
-    ),
-    Rebuild(
-        12,
-        "Mixtral-8x22B v6e-256",
-        "v6e-256",
-        (
-            "--model",
-            "mixtral-8x7b",
-            "--layers",
-            "56",
-            "--width",
-            "6144",
-            "--heads",
-            "48",
-            "--kv-heads",
-            "8",
-            "--ff",
-            "16384",
-            "--vocab",
-            "32768",
-            "--moe-impl",
-            "capacity",
-            "--capacity-factor",
-            "1.25",
-        ),
-        _CUSTOM5,
-        "fsdp:64,ep:4",
-        "the row's mesh: ici_fsdp 64 x ici_expert 4",
-    ),
+    Rebuild(11, "Mixtral-8x7B v6e-256", "v6e-256", _CUSTOM5),
+    Rebuild(12, "Mixtral-8x22B v6e-256", "v6e-256", _CUSTOM5, "the row's mesh: fsdp 64 x ep 4"),
 )
 
 #: Published rows not rebuilt, and why.
@@ -199,9 +140,24 @@ NOT_REBUILT = {
     2: "v4-128: the source gives no batch, sequence or remat with it",
     4: "Mixtral v5p-128: no batch, sequence, remat or MoE settings in the source",
     5: "Mixtral v5p-512: its config is a tpu-recipes script not read (batch and remat unknown)",
-    10: "Llama3.1-405B: no preset of its size and two v6e-256 slices with a 64x4 hybrid mesh; "
-    "not compiled here (the brief's ~5 minute budget a row)",
+    10: "Llama3.1-405B: two v6e-256 slices with a 64x4 hybrid mesh; not compiled here (a "
+    "405B step over 512 chips is past a row's time budget on this machine's shared cores)",
 }
+
+
+def words_of(row: dict[str, Any]) -> str:
+    """The row's MaxText config words: its config keys less those the command line owns
+    (and the offload names, which are the policy's), ``attention=flash`` where the row names
+    none (MaxText's ``autoselected`` is splash on a TPU training step over 128 tokens)."""
+    keys = dict(row["config_keys"])
+    keys.setdefault("attention", "flash")
+    offloads = set(row.get("remat_offloads") or ())
+    words = [
+        f"{k}={str(v).lower() if isinstance(v, bool) else v}"
+        for k, v in keys.items()
+        if k not in _NOT_WORDS and k not in offloads
+    ]
+    return " ".join(words)
 
 
 def maxtext_tflop(arch: dict[str, int], batch: int, seq: int, causal: bool) -> float:
@@ -235,17 +191,23 @@ def published_step(row: dict[str, Any]) -> tuple[float, str, float]:
 _SPLIT = ("matmul", "attention", "memory", "collective", "contention", "transfer", "launch")
 
 
-def compile_once(r: Rebuild, chips: int, per_device: int, seq: int) -> dict[str, Any]:
-    """One ``remat-kit report --json`` of the row's step at ``per_device`` sequences a chip."""
-    out_json = Path("/tmp") / f"tpu_published_{r.row}_b{per_device}.json"
+def compile_once(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
+    """The row's step at its own batch, compiled and priced in a child process (``--one``)."""
+    chips, b, seq = row["chips"], row["per_device_batch_size"], row["seq_len"]
+    out_json = Path("/tmp") / f"tpu_published_{r.row}.json"
     out_json.unlink(missing_ok=True)
-    cmd = [CLI, "report", *r.model, "--batch", str(per_device * chips), "--seq", str(seq),
-           "--target", r.target, "--shard", r.shard, "--policy", r.policy,
-           "--no-residuals", "--json", str(out_json)]  # fmt: skip
-    out: dict[str, Any] = {"per_device_batch": per_device, "command": " ".join(cmd[1:])}
+    words = words_of(row)
+    args = [words, r.policy, r.target, str(b * chips), str(seq), str(out_json)]
+    out: dict[str, Any] = {
+        "per_device_batch": b,
+        "maxtext": words,
+        "command": f"remat-kit report --maxtext '{words}' --batch {b * chips} --seq {seq} "
+        f"--target {r.target} --policy {r.policy}",
+    }
     start = time.perf_counter()
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, cwd=ROOT)
+        done = subprocess.run([sys.executable, __file__, "--one", *args], capture_output=True,
+                              text=True, timeout=TIMEOUT_S, cwd=ROOT)  # fmt: skip
     except subprocess.TimeoutExpired:
         out["status"] = f"no compile within {TIMEOUT_S} s"
         return out
@@ -270,41 +232,34 @@ def compile_once(r: Rebuild, chips: int, per_device: int, seq: int) -> dict[str,
         model_flops=st["model_flops"],
         kernels=st["kernels"],
         our_mfu=st.get("mfu"),
-        xla_remat=rep.get("xla_remat"),
-        flops_detail=rep.get("flops_detail"),
-        recompute_overhead=rep.get("meta", {}).get("recompute_overhead"),
     )
     return out
 
 
+def _one(words: str, policy: str, target: str, batch: str, seq: str, out: str) -> None:
+    """The child: MaxText's step through ``rk.sources.measure`` (the library call under
+    ``remat-kit report --maxtext``; the command line's name check first traces the step at one
+    sequence, which splash attention refuses over 64 devices), its report written to ``out``."""
+    import remat_kit as rk
+    from remat_kit_models.maxtext import MaxTextSpec
+
+    src = rk.sources.resolve(MaxTextSpec(words))
+    config = rk.TrainConfig(int(batch), int(seq))
+    rep = rk.sources.measure(src, policy, rk.target(target), config, warn=False)
+    Path(out).write_text(json.dumps(rep.to_dict(), default=str))
+
+
 def run_one(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
-    """The row at its own per-device batch if libtpu takes it, else at 1 and 2 sequences a
-    chip, extrapolated linearly in the batch (FSDP's weight traffic and the optimizer do not
-    grow with it; matmuls, attention and activations do); the row's figures beside ours."""
+    """The row at its own per-device batch, priced; the row's figures beside ours."""
     chips, b, s = row["chips"], row["per_device_batch_size"], row["seq_len"]
     out: dict[str, Any] = {"row": r.row, "label": r.label, "slice": r.target, "chips": chips,
-                           "policy": r.policy, "shard": r.shard, "note": r.note}  # fmt: skip
-    tries = [compile_once(r, chips, b, s)]
-    if tries[0]["status"] != "priced":
-        for small in (1, 2):
-            if small < b:
-                tries.append(compile_once(r, chips, small, s))
-    out["compiles"] = tries
-    priced = [t for t in tries if t["status"] == "priced"]
-    if not priced:
-        out["status"] = "; ".join(f"b{t['per_device_batch']}: {t['status']}" for t in tries)
+                           "policy": r.policy, "note": r.note}  # fmt: skip
+    got = compile_once(r, row)
+    out["compiles"] = [got]
+    if got["status"] != "priced":
+        out["status"] = f"b{b}: {got['status']}"
         return out
-    if priced[0]["per_device_batch"] == b:
-        seconds, how = priced[0]["seconds"], "compiled at the row's batch"
-    elif len(priced) >= 2:
-        (b1, t1), (b2, t2) = ((t["per_device_batch"], t["seconds"]) for t in priced[:2])
-        slope = (t2 - t1) / (b2 - b1)
-        seconds = t2 + slope * (b - b2)
-        how = f"linear in the batch through b{b1} and b{b2} (row's b{b} refused)"
-    else:
-        b1, t1 = priced[0]["per_device_batch"], priced[0]["seconds"]
-        seconds = t1 * b / b1
-        how = f"proportional from b{b1} (b{b}{' and b2' if b > 2 else ''} refused)"
+    seconds = got["seconds"]
     pub_s, quantity, pub_value = published_step(row)
     arch = ARCH[row["hf_or_maxtext_model"]]
     peak = PEAK[row["generation"]]
@@ -314,7 +269,7 @@ def run_one(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
     predicted_value = tokens / seconds if quantity == "tok/s/chip" else old * 1e12 / seconds / peak
     out.update(
         status="priced",
-        how=how,
+        how="compiled at the row's batch (MaxText's own step, splash attention)",
         quantity=quantity,
         published=pub_value,
         predicted=predicted_value,
@@ -322,6 +277,7 @@ def run_one(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
         published_step_s=pub_s,
         predicted_step_s=seconds,
         step_error=seconds / pub_s - 1,
+        split_share={k: v / seconds for k, v in got["split"].items()},
         predicted_tok_s_chip=tokens / seconds,
         predicted_tflops_chip_causal=new / seconds,
         predicted_tflops_chip_full_attn=old / seconds,
@@ -381,4 +337,7 @@ def main(selected: list[int] | None) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or None)
+    if sys.argv[1:2] == ["--one"]:
+        _one(*sys.argv[2:8])
+    else:
+        main([int(a) for a in sys.argv[1:]] or None)
