@@ -2070,3 +2070,16 @@ def test_advise_sizes_each_gpus_lora_hint_from_the_lora_step():
     assert "lora" not in {
         h["kind"] for h in rk.advise(workload_for, 1, targets=["h100"])[0].note.data["hints"]
     }
+
+
+@pytest.mark.parametrize("max_compiles", [1, 2])
+def test_the_planner_compiles_no_more_than_max_compiles(max_compiles):
+    """The scenario above needs two solver compiles (the first guess, then the corrected one);
+    ``max_compiles`` caps them (issue 58 mutant _planner.py:479 of the seed-59 sample)."""
+    parts = {"weights": 700, "gradients": 700, "optimizer": 0}
+    w = fake3(parts=parts)
+    p = rk.plan(
+        w, 1, FIXED + 1600 - 300, offload=False, objective="flops", max_compiles=max_compiles
+    )
+    solved = [c for c in p.candidates if c.estimated_peak_bytes is not None]
+    assert len(solved) == max_compiles

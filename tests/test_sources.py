@@ -1293,3 +1293,55 @@ def test_a_sharded_factory_step_carries_its_plan_and_splits_each_weight_over_fsd
 def test_an_nnx_model_s_patched_blocks_are_counted_as_the_factory_builds_them():
     # nnx_plain builds 4 blocks in the factory (no layer count on the model to read instead).
     assert sources.from_factory(f"{FACTORIES}:nnx_plain", block=NNX_BLOCK).n_layers() == 4
+
+
+def _measured(flops_fn, verify_fn=None, report=None):
+    """A Measured workload of hand-made reports (``report(pol, sch, batch)``), no compile."""
+
+    def measure(pol, sch, batch):
+        if report is not None:
+            return report(pol, sch, batch)
+        return memory_report(policy=pol.spec, flops=float("nan"))
+
+    return rk.sources.workload(
+        rk.sources.Measured(measure, flops_fn, verify_fn=verify_fn),
+        rk.target("h100"),
+        rk.TrainConfig(2, 16),
+    )
+
+
+def test_recompute_overhead_is_the_traced_flops_over_the_baseline_s():
+    # full traces 1.25x none's FLOPs: 25% recomputed (issue 58 mutant _workload.py:231).
+    w = _measured(lambda p, s, b: 100.0 * b * (1.25 if p.spec == "full" else 1.0))
+    assert w.recompute_overhead("full", batch=2) == pytest.approx(0.25)
+    assert w.recompute_overhead("none", batch=2) == 0.0
+    assert w.compiles == 0
+
+
+def test_the_flops_of_a_compiled_step_are_its_report_s_and_else_traced():
+    # The report counts 7e9 FLOPs, the trace 5e9: before the compile the trace answers, after
+    # it the report (issue 58 mutant _workload.py:511 of the seed-59 sample).
+    w = _measured(
+        lambda p, s, b: 5e9, report=lambda p, s, b: memory_report(policy=p.spec, flops=7e9)
+    )
+    assert w.flops("full", batch=2) == 5e9
+    other = _measured(
+        lambda p, s, b: 5e9, report=lambda p, s, b: memory_report(policy=p.spec, flops=7e9)
+    )
+    other.report("full", batch=2)
+    assert other.flops("full", batch=2) == 7e9
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_worker_s_report_replaces_an_extrapolated_one_only_when_it_is_the_whole_step(whole):
+    """Held: a report read off shallow copies. A worker's whole-step compile replaces it (and
+    counts as a second program); a worker's report that is not the whole step leaves it
+    (issue 58 mutant _workload.py:496 of the seed-59 sample)."""
+    shallow = memory_report(peak_bytes=3 * 2**30, meta={"depth": {"mode": "extrapolated"}})
+    worker = memory_report(peak_bytes=5 * 2**30)
+    w = _measured(lambda p, s, b: 1.0, verify_fn=lambda *a: worker, report=lambda p, s, b: shallow)
+    pol = rk.policies.as_policy("full")
+    assert w.compiled(pol, NO_SCHEDULE, 2) is shallow
+    w._adopt(pol, NO_SCHEDULE, 2, worker, whole=whole)
+    assert w.compiled(pol, NO_SCHEDULE, 2) is (worker if whole else shallow)
+    assert w.compiles == (2 if whole else 1)

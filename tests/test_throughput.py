@@ -271,3 +271,33 @@ def test_a_plan_that_is_a_catalogue_program_is_named_by_it():
         ]
         assert cells[-1] == shown
         assert g.to_dict()["rows"][-1]["policy"] == "names:save=a+b"
+
+
+def test_the_planner_row_skips_a_micro_batch_it_cannot_plan_and_takes_the_next(monkeypatch):
+    """full fits 21: the planner is asked at 21 and 16; a plan that does not fit at 21 leaves
+    the row to 16 (issue 58 mutants _throughput.py:432 and :434 of the seed-59 sample)."""
+    import types
+
+    from remat_kit.search import _throughput
+
+    asked = []
+
+    def plan(w, batch, limit, **kw):
+        asked.append(batch)
+        if batch > 16:
+            return types.SimpleNamespace(fits=False, report=None)
+        return types.SimpleNamespace(
+            fits=True,
+            report=_report("full", FIXED + 40 * batch, _seconds("full", batch)),
+            policy=rk.policy("full"),
+            schedule=rk.schedule("none"),
+            label="fake",
+            recompute_overhead=0.2,
+        )
+
+    monkeypatch.setattr(_throughput, "plan", plan)
+    f = rk.search.fastest(fake(), ["plan"], limit_bytes=LIMIT)
+    (row,) = f.rows
+    assert asked == [21, 16]
+    assert (row.micro_batch, row.max_batch) == (16, 21)
+    assert row.tried == ((21, 1, None), (16, 1, pytest.approx(_tps("full", 16))))
