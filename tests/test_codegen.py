@@ -240,3 +240,21 @@ def test_kernel_dirs_of_ended_processes_are_removed_the_living_kept(tmp_path, mo
     assert not dead.exists() and all(d.exists() for d in (*kept, own))
     assert codegen.remove_kernel_dirs(mine=True) == [own]
     assert all(d.exists() for d in kept)
+
+
+def test_a_kernel_dir_of_another_user_s_process_is_kept(tmp_path, monkeypatch):
+    """os.kill on another user's living process raises PermissionError: that process is
+    alive and its directory stays (issue 58 mutant _codegen.py:262 of the seed-59 sample)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    other = tmp_path / f"{codegen.KERNEL_DIR_PREFIX}{os.getpid() + 1}_a"
+    other.mkdir()
+
+    def kill(pid, sig):
+        assert (pid, sig) == (os.getpid() + 1, 0)
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(codegen.os, "kill", kill)
+    assert codegen.remove_kernel_dirs() == []
+    assert other.exists()

@@ -1345,3 +1345,52 @@ def test_a_worker_s_report_replaces_an_extrapolated_one_only_when_it_is_the_whol
     w._adopt(pol, NO_SCHEDULE, 2, worker, whole=whole)
     assert w.compiled(pol, NO_SCHEDULE, 2) is (worker if whole else shallow)
     assert w.compiles == (2 if whole else 1)
+
+
+def _fake_compile(monkeypatch, host_temp_bytes=0):
+    """``_steps.memory_report`` made by hand from what it is given (no compile): the figures
+    of the target it is told, the default's when told none. Returns the targets it was told."""
+    from remat_kit.sources import _steps
+
+    told = []
+
+    def compile_(fn, *args, target="h100-80gb", policy=None, meta=None, **kw):
+        told.append(rk.target(target) if isinstance(target, str) else target)
+        return memory_report(
+            target=told[-1].name,
+            policy=getattr(policy, "spec", policy),
+            host_bytes=host_temp_bytes,
+            host_temp_bytes=host_temp_bytes,
+            meta=dict(meta or {}),
+        )
+
+    monkeypatch.setattr(_steps, "memory_report", compile_)
+    return told
+
+
+def test_a_source_s_step_is_reported_for_the_target_it_is_measured_for(monkeypatch):
+    # An A100's 40 GB, not the default H100's (issue 58 mutant _steps.py:200 of the seed-59
+    # sample). meta= keeps the hand-made report out of the session's compile cache.
+    told = _fake_compile(monkeypatch)
+    src = sources.from_factory(f"{FACTORIES}:preset")
+    r = sources.measure(
+        src, "full", "a100-40gb", rk.TrainConfig(1, 8), warn=False, meta={"fake": 1}, depth="full"
+    )
+    assert [t.name for t in told] == ["a100-40gb"]
+    assert r.target == "a100-40gb" and r.usable_bytes == rk.target("a100-40gb").usable_bytes
+
+
+def test_an_offload_xla_carries_out_in_part_on_one_device_is_said(monkeypatch):
+    # 1 byte moved of what minimal_offloaded marks in the tiny Llama (f32): q, k, v, out, wi_0
+    # and wi_1 of 4 layers, 8 tokens: said, on one device (issue 58 mutant _steps.py:234 of
+    # the seed-59 sample).
+    _fake_compile(monkeypatch, host_temp_bytes=1)
+    src = sources.from_factory(f"{FACTORIES}:preset")
+    config = rk.TrainConfig(1, 8)
+    marked = 4 * 8 * (64 + 2 * 32 + 64 + 2 * 128) * 4
+    r = sources.measure(
+        src, "minimal_offloaded", "h100", config, warn=False, meta={"fake": 1}, depth="full"
+    )
+    assert [n.data for n in r.notes if n.kind == "offload_shortfall"] == [
+        {"moved_bytes": 1, "marked_bytes": marked}
+    ]
