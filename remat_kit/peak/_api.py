@@ -46,11 +46,22 @@ def check_target(target: Target) -> None:
     """Refuses a target whose compiler's buffer assignment does not add up to its memory
     analysis: what is live at the peak is read from that assignment.
 
-    libtpu's does not (measured with libtpu 0.0.50.1 for a v6e: the tiny-llama preset under
-    ``full``, b8 s128, has a 1,867,808-byte temp block in HBM against 3,763,616 bytes of temp
-    in the memory analysis; a two-layer 512-wide MLP's gradient a 16,416-byte block against
-    0), so no buffer can be named at a TPU program's peak. GPU and CPU targets agree to the
-    byte (checked on every inspect).
+    libtpu's does not (measured with libtpu 0.0.50.1, jax 0.12.0.1). Its dump places every
+    buffer in a memory space (an allocation's color: 0 HBM, 1 VMEM, 2 SMEM, 5 pinned host) and
+    the memory analysis is of HBM. Arguments, outputs and aliases are the HBM allocations to the
+    byte (parameters; ``maybe-live-out`` ones, the output tuple's table included; parameters
+    that are also ``maybe-live-out``), and an offload's host temp is the color-5 block; but temp
+    is not the HBM temp block, nor that block less what is in it. The block holds small arrays
+    and the 32- to 512-byte tables of async ops' and multi-output fusions' tuples, each table on
+    a 16 KiB slot of its own, and libtpu's temp is smaller or larger than it by amounts that
+    follow from nothing the dump holds (its allocations, values, offsets and live ranges, and
+    its memory-usage report, were tried). A two-layer 512-wide MLP's gradient has 0 bytes of
+    temp against a 16,896-byte block on v5e (two copy-start tables) and 171,904 against 90,112
+    on v5p; tiny-llama under ``full``, b8 s128, fsdp:4, 4,290,560 against 2,163,200 on v5e-4 and
+    3,861,792 against 1,916,960 on v6e-4. With libtpu's memory-space assignment off, a product's
+    temp is its block to the byte (33,554,432 B) while tiny-llama's is still not (9,184,960
+    against 6,586,400 on v6e). So no buffer can be named at a TPU program's peak.
+    GPU and CPU targets agree to the byte (checked on every inspect).
 
     Raises:
       BadValue: ``target`` is a TPU slice.
@@ -60,10 +71,12 @@ def check_target(target: Target) -> None:
     """
     if target.kind == "tpu":
         raise BadValue(
-            f"inspect names the buffers live at the peak from XLA's buffer assignment, and "
-            f"libtpu's does not add up to its memory analysis (a v6e's temp block of "
-            f"1,867,808 B against 3,763,616 B of temp for tiny-llama full b8 s128): inspect "
-            f"takes GPU and CPU targets; for {target.name}, report gives the peak and its parts",
+            "inspect names the buffers live at the peak from XLA's buffer assignment, and "
+            "libtpu's temp is not in it: its HBM arguments and outputs are the dump's "
+            "allocations to the byte, its temp is not the HBM temp block (a two-layer MLP's "
+            "gradient: 0 B of temp against a 16,896 B block on v5e, 171,904 B against 90,112 B "
+            f"on v5p): inspect takes GPU and CPU targets; for {target.label}, report gives the "
+            "peak and its parts",
             param="target",
         )
 
