@@ -51,16 +51,16 @@ def check_target(target: Target) -> None:
     the memory analysis is of HBM. Arguments, outputs and aliases are the HBM allocations to the
     byte (parameters; ``maybe-live-out`` ones, the output tuple's table included; parameters
     that are also ``maybe-live-out``), and an offload's host temp is the color-5 block; but temp
-    is not the HBM temp block, nor that block less what is in it. The block holds small arrays
-    and the 32- to 512-byte tables of async ops' and multi-output fusions' tuples, each table on
-    a 16 KiB slot of its own, and libtpu's temp is smaller or larger than it by amounts that
-    follow from nothing the dump holds (its allocations, values, offsets and live ranges, and
-    its memory-usage report, were tried). A two-layer 512-wide MLP's gradient has 0 bytes of
-    temp against a 16,896-byte block on v5e (two copy-start tables) and 171,904 against 90,112
-    on v5p; tiny-llama under ``full``, b8 s128, fsdp:4, 4,290,560 against 2,163,200 on v5e-4 and
-    3,861,792 against 1,916,960 on v6e-4. With libtpu's memory-space assignment off, a product's
-    temp is its block to the byte (33,554,432 B) while tiny-llama's is still not (9,184,960
-    against 6,586,400 on v6e). So no buffer can be named at a TPU program's peak.
+    is not the HBM temp block. That block holds small arrays and the 32- to 512-byte tables of
+    async ops' and multi-output fusions' tuples, every chunk at a 16 KiB-aligned offset. A
+    two-layer 512-wide MLP's gradient has 0 bytes of temp against a 16,896-byte block on v5e
+    (two copy-start tables) and 171,904 against 90,112 on v5p; tiny-llama under ``full``, b8
+    s128, fsdp:4, 4,290,560 against 2,163,200 on v5e-4 and 3,861,792 against 1,916,960 on v6e-4.
+    The nearest rule found, the block rounded up to 16 KiB plus, at every offset in it, the
+    padding of its smallest value to 16 KiB, gives a matrix product's temp and that MLP's on v5p
+    to the byte, but tiny-llama's on v5e-4 and v6e-4 is 512 bytes more than it, on v5p-8 34,816
+    bytes less (``full``) and 91,136 more (``none``), and a block of tuple tables alone is 0
+    bytes of temp. So no buffer can be named at a TPU program's peak.
     GPU and CPU targets agree to the byte (checked on every inspect).
 
     Raises:
