@@ -173,6 +173,8 @@ def test_the_key_follows_what_determines_the_analysis(monkeypatch):
     }
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_latency_hiding_scheduler=true")
     changed["XLA_FLAGS"] = cache.entry_key(text, h100)
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_windowed_einsum_for_all_gather=false")
+    changed["LIBTPU_INIT_ARGS"] = cache.entry_key(text, h100)
     for why, other in changed.items():
         assert other != key, why
     assert len(set(changed.values())) == len(changed)
@@ -524,6 +526,12 @@ def test_the_environment_keys_what_it_changes(request_keys, monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", f"{flags} --xla_gpu_enable_latency_hiding_scheduler=true")
     changed["XLA_FLAGS"] = _report_key(request_keys, {}, "full", "none", "h100")
     monkeypatch.setenv("XLA_FLAGS", flags)
+    monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)  # libtpu's flags, as the base had
+    base_no_args = _report_key(request_keys, {}, "full", "none", "h100")
+    monkeypatch.setenv("LIBTPU_INIT_ARGS", "--xla_tpu_enable_windowed_einsum_for_all_gather=false")
+    changed["LIBTPU_INIT_ARGS"] = _report_key(request_keys, {}, "full", "none", "h100")
+    assert changed["LIBTPU_INIT_ARGS"] != base_no_args
+    monkeypatch.delenv("LIBTPU_INIT_ARGS")
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.9")
     changed["jax's fraction variable"] = _report_key(request_keys, {}, "full", "none", "h100")
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION")

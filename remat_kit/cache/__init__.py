@@ -9,7 +9,7 @@ keeps those bytes on disk, keyed by everything that determines them:
   process-specific number it can hold);
 - the target: name, kind, devices, hosts, its ``GpuTargetConfigProto`` text (which carries the
   device memory size XLA's remat pass works to) and the runtime (allocator fraction);
-- compiler options passed by the caller and ``XLA_FLAGS``;
+- compiler options passed by the caller, ``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS`` (libtpu's flags);
 - the jax, jaxlib and CUDA plugin versions, the fields of the stored record and the source of
   the code that derives it from the compile (XLA's log lines in words, the kernels).
 

@@ -2,10 +2,11 @@
 
 A compile's key (:func:`entry_key`) names the lowered program, the target, the compiler
 options (:func:`key_options`: the stand-in ``ptxas`` by what it is, not where it lives),
-``XLA_FLAGS``, the jax, jaxlib and CUDA plugin versions, the fields of the stored record and the
-source of the code that derives it from the compile (the :mod:`remat_kit.xla` package). A
-request's key (:func:`request_key`) names what was asked, the target and the rates the answer
-is priced at, the jax settings that change a traced program, ``XLA_FLAGS`` and the versions.
+``XLA_FLAGS`` and ``LIBTPU_INIT_ARGS``, the jax, jaxlib and CUDA plugin versions, the fields of
+the stored record and the source of the code that derives it from the compile (the
+:mod:`remat_kit.xla` package). A request's key (:func:`request_key`) names what was asked, the
+target and the rates the answer is priced at, the jax settings that change a traced program,
+``XLA_FLAGS``, ``LIBTPU_INIT_ARGS`` and the versions.
 
 Example:
   >>> from remat_kit import target
@@ -98,6 +99,9 @@ def entry_key(program_text: str, target: Any, options: Mapping[str, Any] | None 
         "target": _target_parts(target),
         "options": sorted((str(k), str(v)) for k, v in (options or {}).items()),
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        # libtpu's own flags: its compiles follow them as GPU compiles follow XLA_FLAGS
+        # (a benchmark's DISABLE_COLLECTIVE_MATMUL changes the program's kernels)
+        "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
         "versions": _versions(),
     }
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
@@ -169,6 +173,7 @@ def request_key(kind: str, parts: Mapping[str, Any], target: Any) -> str:
         ],
         "jax": {name: repr(getattr(jax.config, name, None)) for name in _JAX_SETTINGS},
         "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "libtpu_init_args": os.environ.get("LIBTPU_INIT_ARGS", ""),
         "versions": _versions(),
     }
     return hashlib.sha256(json.dumps(blob, sort_keys=True, default=str).encode()).hexdigest()
