@@ -202,7 +202,12 @@ def _activations_over(name: str, budget: int, smallest: int, max_batch: int) -> 
 
 def _scaled(name: str, devices: int | None, batch: int, peak: float) -> ScaleOut:
     kind = "scale_out_fits" if devices else "scale_out_none"
-    data = {"target": name, "devices": devices or 64, "peak_bytes": int(peak * GIB)}
+    data = {
+        "target": name,
+        "devices": devices or 64,
+        "device": "GPU",
+        "peak_bytes": int(peak * GIB),
+    }
     data["policy"] = "full"
     if devices:
         data["batch"] = batch
@@ -724,3 +729,33 @@ def test_advise_ranks_tpu_slices_beside_gpus_at_cloud_tpus_price_per_chip(
 def test_the_title_asks_about_tpus_only_where_a_tpu_is_a_row(targets, question):
     table = _table([_over(t, 17 * GIB, [SGD]) for t in targets])
     assert str(table.title).startswith(question)
+
+
+@pytest.mark.parametrize(
+    ("name", "per_device", "word"),
+    [
+        # per device, a quarter of the limit past each count: fits at 4 of 1, 2, 4
+        ("v5p", 4 * 102_786_662_400, "chip"),
+        ("tpu7x", 4 * 101_724_454_912, "TensorCore"),  # two devices a chip
+        ("h100", 4 * 63_763_906_560, "GPU"),  # 0.75 of its 85,018,542,080 bytes
+    ],
+)
+def test_a_scale_out_names_the_devices_it_counts(name, per_device, word):
+    from helpers import memory_report
+
+    def workload_for(n):
+        def measure(policy, schedule, batch):
+            return memory_report(name, peak_bytes=per_device // n - 1, policy=policy.spec)
+
+        target = rk.target(name, devices=n)
+        config = rk.TrainConfig(n, 16, optimizer="sgd")
+        return rk.sources.workload(
+            rk.sources.Measured(measure, lambda p, s, b: 1.0), target, config
+        )
+
+    fits = rk.search.gpus_needed(workload_for, batch=4, counts=(1, 2, 4), headroom=0.0)
+    assert (fits.devices, fits.note.data["device"]) == (4, word)
+    assert f"per {word} with full" in rk.notes.words(fits.note)
+    none = rk.search.gpus_needed(workload_for, batch=4, counts=(1, 2), headroom=0.0)
+    assert none.devices is None and none.note.data["device"] == word
+    assert rk.notes.words(none.note).endswith(f"per {word}")

@@ -555,12 +555,31 @@ CASES = [
     ),
     (
         "scale_out_fits",
-        {"target": "h100-80gb", "devices": 4, "peak_bytes": 30 * GIB, "policy": "full", "batch": 8},
+        {
+            "target": "h100-80gb",
+            "devices": 4,
+            "device": "GPU",
+            "peak_bytes": 30 * GIB,
+            "policy": "full",
+            "batch": 8,
+        },
         "4 x h100-80gb: 30.00 GiB per GPU with full at global batch 8",
     ),
     (
+        "scale_out_fits",  # a TPU's devices are its chips
+        {
+            "target": "v5p",
+            "devices": 4,
+            "device": "chip",
+            "peak_bytes": 30 * GIB,
+            "policy": "full",
+            "batch": 8,
+        },
+        "4 x v5p: 30.00 GiB per chip with full at global batch 8",
+    ),
+    (
         "scale_out_none",
-        {"target": "l4", "devices": 64, "peak_bytes": 25 * GIB, "policy": "full"},
+        {"target": "l4", "devices": 64, "device": "GPU", "peak_bytes": 25 * GIB, "policy": "full"},
         "does not fit 64 x l4 with full: 25.00 GiB per GPU",
     ),
 ]

@@ -158,7 +158,14 @@ _NOTE = rk.notes.Note(
 def _fits_note(name):
     return rk.notes.Note(
         "scale_out_fits",
-        {"target": name, "devices": 2, "peak_bytes": 1, "policy": "full", "batch": 2},
+        {
+            "target": name,
+            "devices": 2,
+            "device": "GPU",
+            "peak_bytes": 1,
+            "policy": "full",
+            "batch": 2,
+        },
     )
 
 

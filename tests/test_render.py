@@ -329,7 +329,14 @@ def _fits(name: str) -> Advice:
 def test_advise_keeps_every_gpu_name_whole_and_each_row_on_one_line(scale, width):
     rows = [_over(name) for name in GPUS]
     peak = int(18.7 * GIB)
-    fits = {"target": "", "devices": 8, "peak_bytes": peak, "policy": "full", "batch": 16}
+    fits = {
+        "target": "",
+        "devices": 8,
+        "device": "GPU",
+        "peak_bytes": peak,
+        "policy": "full",
+        "batch": 16,
+    }
     scale_out = (
         {
             name: ScaleOut(
@@ -360,7 +367,13 @@ def test_advise_keeps_every_gpu_name_whole_and_each_row_on_one_line(scale, width
 
 def test_advise_explains_the_scale_out_cells_only_where_a_row_shows_a_count():
     peak = int(18.7 * GIB)
-    none = {"target": "h100-80gb", "devices": [8], "peak_bytes": [2 * peak], "policy": "full"}
+    none = {
+        "target": "h100-80gb",
+        "devices": [8],
+        "device": "GPU",
+        "peak_bytes": [2 * peak],
+        "policy": "full",
+    }
     lost = ScaleOut("h100-80gb", None, 8, "full", None, ((8, 2 * peak),),
                     rk.notes.Note("scale_out_none", none))  # fmt: skip
     caption = advise_table([_over("h100-80gb")], OPTS, headroom=0.0, seconds=1.0,

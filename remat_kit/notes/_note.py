@@ -140,8 +140,9 @@ BUILT_IN: Mapping[str, tuple[str, ...]] = {
         "compiled_bytes",
         "hints",
     ),
-    "scale_out_fits": ("target", "devices", "peak_bytes", "policy", "batch"),
-    "scale_out_none": ("target", "devices", "peak_bytes", "policy"),
+    # device: what one device is called ("GPU"; a TPU's "chip", TPU7x's "TensorCore")
+    "scale_out_fits": ("target", "devices", "device", "peak_bytes", "policy", "batch"),
+    "scale_out_none": ("target", "devices", "device", "peak_bytes", "policy"),
     # no row of a comparison fits, though the fixed parts do (remat-kit compare)
     "rows_none_fit": ("policy", "batch", "peak_bytes", "limit_bytes", "target"),
     # NextStep.note: remat_kit.search._next (change: {"kind": ..., its figures})

@@ -335,7 +335,7 @@ def _plan_nothing_fits(d: Mapping[str, Any]) -> str:
 
 def _scale_out_fits(d: Mapping[str, Any]) -> str:
     return (
-        f"{d['devices']} x {d['target']}: {size(d['peak_bytes'])} per GPU with "
+        f"{d['devices']} x {d['target']}: {size(d['peak_bytes'])} per {d['device']} with "
         f"{d['policy']} at global batch {d['batch']}"
     )
 
@@ -343,7 +343,7 @@ def _scale_out_fits(d: Mapping[str, Any]) -> str:
 def _scale_out_none(d: Mapping[str, Any]) -> str:
     return (
         f"does not fit {d['devices']} x {d['target']} with {d['policy']}: "
-        f"{size(d['peak_bytes'])} per GPU"
+        f"{size(d['peak_bytes'])} per {d['device']}"
     )
 
 

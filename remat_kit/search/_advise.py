@@ -327,10 +327,10 @@ def gpus_needed(
     """
     pol = as_policy(policy)
     tried: list[tuple[int, int]] = []
-    name, b = "?", batch
+    name, device, b = "?", "GPU", batch
     for n in counts:
         w = workload_for(n)
-        name = w.target.name
+        name, device = w.target.name, w.target.device_word
         limit = limit_for(w.target, None, headroom)
         b = -(-batch // w.batch_multiple) * w.batch_multiple
         report = w.compiled(pol, NO_SCHEDULE, b)
@@ -350,6 +350,7 @@ def gpus_needed(
                     {
                         "target": name,
                         "devices": n,
+                        "device": w.target.device_word,
                         "peak_bytes": peak,
                         "policy": pol.spec,
                         "batch": b,
@@ -370,6 +371,7 @@ def gpus_needed(
             {
                 "target": name,
                 "devices": counts[-1],
+                "device": device,
                 "peak_bytes": tried[-1][1],
                 "policy": pol.spec,
             },
