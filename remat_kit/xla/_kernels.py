@@ -129,12 +129,7 @@ def _walk(
                 called = _attr(instr.attrs, "calls") or ""
                 if called.startswith("all-reduce-scatter"):
                     kernel = dataclasses.replace(kernel, op="reduce-scatter")
-                kernel = dataclasses.replace(kernel, name=instr.name)
-                key = dataclasses.astuple(dataclasses.replace(kernel, count=0, name=""))
-                if key in out:
-                    out[key] = dataclasses.replace(out[key], count=out[key].count + kernel.count)
-                else:
-                    out[key] = kernel
+                _add(out, dataclasses.replace(kernel, name=instr.name))
             continue
         if op in ("call", "async-start") or (op == "fusion" and _is_wrapper(module, instr)):
             called = _attr(instr.attrs, "to_apply") or _attr(instr.attrs, "calls")
@@ -166,11 +161,16 @@ def _walk(
             kernel = dataclasses.replace(kernel, window=ids[0])
         elif kernel.kind in ("gemm", "attention", "memory"):
             kernel = dataclasses.replace(kernel, window=here)
-        key = dataclasses.astuple(dataclasses.replace(kernel, count=0, name=""))
-        if key in out:
-            out[key] = dataclasses.replace(out[key], count=out[key].count + kernel.count)
-        else:
-            out[key] = kernel
+        _add(out, kernel)
+
+
+def _add(out: dict[tuple[Any, ...], Kernel], kernel: Kernel) -> None:
+    """Counts ``kernel`` in ``out``: kernels alike but for their count and name are one."""
+    key = dataclasses.astuple(dataclasses.replace(kernel, count=0, name=""))
+    if key in out:
+        out[key] = dataclasses.replace(out[key], count=out[key].count + kernel.count)
+    else:
+        out[key] = kernel
 
 
 def _fused_collective(module: HloModule, instr: HloInstruction) -> HloInstruction | None:
