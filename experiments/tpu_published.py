@@ -41,8 +41,8 @@ What differs from the published run, each stated in the row's JSON:
 
 Usage: ``python experiments/tpu_published.py [ROW ...]`` runs the rows (indices into the
 JSON, in the order given) one at a time, each in a child process with a timeout
-(``TIMEOUT_S``), writes results/tpu_published.json and prints the table. Compiles are cached
-(a rerun is fast).
+(``TIMEOUT_S``), writes results/tpu_published.json and .png and prints the table. Compiles
+are cached (a rerun is fast). ``--plot`` draws the figure from the results written.
 """
 
 from __future__ import annotations
@@ -358,11 +358,39 @@ def main(selected: list[int] | None) -> list[dict[str, Any]]:
         for x in rows
     ]
     print(table(shown, list(shown[0]), "predicted vs published (MaxText on TPUs)"))
+    plot(rows, OUT.with_suffix(".png"))
     return rows
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    """Predicted vs published step time of each priced row, its error over the bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from common import save_png
+
+    priced = [x for x in rows if "error" in x]
+    xs = range(len(priced))
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(priced)), 4.2))
+    ax.bar([i - 0.2 for i in xs], [x["published_step_s"] for x in priced], 0.4, label="published")
+    ax.bar([i + 0.2 for i in xs], [x["predicted_step_s"] for x in priced], 0.4, label="predicted")
+    for i, x in zip(xs, priced, strict=True):
+        ax.text(i + 0.2, x["predicted_step_s"], f"{x['step_error']:+.0%}", ha="center",
+                va="bottom", fontsize=7)  # fmt: skip
+    ax.set_xticks(list(xs), [x["label"] for x in priced], rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("step time, s")
+    ax.set_title("MaxText's published TPU runs: published vs predicted\n(the compiled kernels "
+                 "at the chips' published rates; error in step time)", fontsize=10)  # fmt: skip
+    ax.legend()
+    fig.tight_layout()
+    save_png(fig, path)
 
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--one"]:
         _one(*sys.argv[2:8])
+    elif sys.argv[1:2] == ["--plot"]:  # the figure from the results written, no compile
+        plot(json.loads(OUT.read_text())["rows"], OUT.with_suffix(".png"))
     else:
         main([int(a) for a in sys.argv[1:]] or None)
