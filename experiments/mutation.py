@@ -99,25 +99,63 @@ MODULES: dict[str, Group] = {
             "verified_by_compiles_made_apart",
         ),
         by_file=(
-            ("_throughput.py", ("tests/test_throughput.py",)),
+            ("_throughput.py", ("tests/test_throughput.py", "tests/test_cluster.py")),
             # The sequence search's curves, on fake builders (its compiles are marked slow).
             ("_seq.py", ("tests/test_seq_search.py", "tests/test_search.py")),
+            # The front's points are drawn, spread and re-fitted by XLA's own remat there.
+            (
+                "_front.py",
+                (
+                    "tests/test_search.py",
+                    "tests/test_advise.py",
+                    "tests/test_front_spread.py",
+                    "tests/test_xla_made_fit.py",
+                    "tests/test_render.py",
+                ),
+            ),
+            (
+                "_recommend.py",
+                (
+                    "tests/test_search.py",
+                    "tests/test_advise.py",
+                    "tests/test_xla_made_fit.py",
+                    "tests/test_front_spread.py",
+                ),
+            ),
+            ("_xla_fit.py", ("tests/test_xla_made_fit.py", "tests/test_search.py")),
+            (
+                "_batch.py",
+                ("tests/test_search.py", "tests/test_advise.py", "tests/test_side_by_side.py"),
+            ),
+            ("_costs.py", ("tests/test_search.py", "tests/test_advise.py", "tests/test_ragged.py")),
+            (
+                "_budget.py",
+                ("tests/test_search.py", "tests/test_advise.py", "tests/test_bad_input.py"),
+            ),
         ),
     ),
-    "cache": Group(("remat_kit/cache",), ("tests/test_cache.py",)),
+    "cache": Group(
+        ("remat_kit/cache",),
+        ("tests/test_cache.py",),
+        # The store's files, read and written by the worker processes.
+        by_file=(("_store.py", ("tests/test_cache.py", "tests/test_workers.py")),),
+    ),
     # The step-time model: kernels, speeds, the program's loops and XLA's own schedule.
     "timing": Group(
         ("remat_kit/timing",),
-        ("tests/test_timing.py",),
+        # The traces and the validation read the model's kernels and speeds too.
+        ("tests/test_timing.py", "tests/test_trace.py", "tests/test_validate.py"),
         by_file=(
             ("_xla_schedule.py", ("tests/test_xla_schedule.py", "tests/test_timing.py")),
             # The program's timeline, what step_trace lays its launches on.
             ("_program.py", ("tests/test_trace.py", "tests/test_timing.py")),
+            ("_traced.py", ("tests/test_timing.py", "tests/test_search.py")),
         ),
     ),
     "targets": Group(
         ("remat_kit/targets",),
-        ("tests/test_targets.py",),
+        # test_render: the targets' labels and units in the tables.
+        ("tests/test_targets.py", "tests/test_render.py"),
         by_file=(
             ("_codegen.py", ("tests/test_codegen.py", "tests/test_targets.py")),
             ("_prices.py", ("tests/test_prices.py", "tests/test_targets.py")),
@@ -142,9 +180,33 @@ MODULES: dict[str, Group] = {
     "tagging": Group(("remat_kit/tagging.py",), ("tests/test_tagging.py",)),
     "sources": Group(
         ("remat_kit/sources",),
-        ("tests/test_sources.py", "tests/test_pipeline.py"),
-        # The depth extrapolation's fit and report are tested on hand-made sections there.
-        by_file=(("_depth.py", ("tests/test_depth.py",)),),
+        (
+            "tests/test_sources.py",
+            "tests/test_pipeline.py",
+            "tests/test_kinds.py",
+            "tests/test_own_step.py",
+        ),
+        by_file=(
+            # The depth extrapolation's fit and report are tested on hand-made sections there.
+            ("_depth.py", ("tests/test_depth.py",)),
+            # The workload's time objective is what the planner ranks by.
+            (
+                "_workload.py",
+                ("tests/test_sources.py", "tests/test_pipeline.py", "tests/test_search.py"),
+            ),
+            # Foreign models (NNX, wrapped modules) go through the adapters.
+            (
+                "_adapters.py",
+                (
+                    "tests/test_sources.py",
+                    "tests/test_pipeline.py",
+                    "tests/test_external_models.py",
+                    "tests/test_wrap.py",
+                ),
+            ),
+            ("_spread.py", ("tests/test_sources.py", "tests/test_front_spread.py")),
+            ("_tag_checks.py", ("tests/test_sources.py", "tests/test_depth.py")),
+        ),
     ),
 }
 
