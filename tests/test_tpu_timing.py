@@ -5,11 +5,13 @@ causal block count from a materialized mask, the link rate from the Cloud TPU pa
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 import remat_kit as rk
-from remat_kit.timing import kernels_of, speed_of, step_time
+from remat_kit.timing import Kernel, kernels_of, speed_of, step_time
 
 pytest.importorskip("libtpu")
 
@@ -205,3 +207,63 @@ def test_a_slice_read_back_from_the_host_moves_the_slice():
     )
     (k,) = kernels_of(text)
     assert (k.kind, k.host_bytes) == ("host_transfer", 2 * 1024 * 1024 * 2)
+
+
+# --- issue 62: what the Llama3.1-8B v6e rows priced too fast -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("slice_", "peak", "mxu"), [("v6e-4", 918e12, 256), ("v5e-4", 197e12, 128)]
+)
+def test_splash_attentions_head_dim_fills_the_mxu_it_has(slice_, peak, mxu):
+    # Every product of jax's splash kernels holds an operand with the head dim (128 here) as
+    # one side in the systolic array: half of v6e's 256 x 256 (Cloud's v6e page), all of a
+    # 128 x 128 one. The Cloud pages' peaks at the stated 0.90 share, the fill by hand.
+    (k,) = kernels_of(_splash("splash_mha_fwd_segmented_residuals", QKV))
+    fill = {256: 0.5, 128: 1.0}[mxu]
+    t = step_time([k], speed_of(rk.target(slice_)))
+    assert t.attention_seconds == pytest.approx(k.flops / (peak * 0.90 * fill))
+
+
+def _transfer(op: str, nbytes: int) -> Kernel:
+    return Kernel("host_transfer", count=1, flops=0.0, bytes=0, host_bytes=nbytes, op=op,
+                  asynchronous=True)  # fmt: skip
+
+
+def test_an_offload_hides_behind_the_forward_and_its_read_back_behind_the_backward():
+    # A step of 3 ms of products (none recomputed): its forward is 1 ms, its backward 2 ms.
+    # v6e's host link: 32 GB/s a way (scaling book) at the 0.86 share. 1.5 ms each way: the
+    # offload waits 0.5 ms past the forward; the read-back hides in the backward.
+    s = speed_of(rk.target("v6e-4"))
+    product = 3e-3 * 918e12 * 0.90
+    gemm = Kernel("gemm", count=1, flops=product, bytes=0, m=4096, n=4096, k=4096, dtype="bf16")
+    each_way = int(1.5e-3 * 32e9 * 0.86)
+    t = step_time(
+        [gemm, _transfer("dynamic-update-slice-start", each_way),
+         _transfer("dynamic-slice-start", each_way)], s,
+    )  # fmt: skip
+    assert t.matmul_seconds == pytest.approx(3e-3)
+    assert t.transfer_seconds == pytest.approx(0.5e-3, rel=1e-6)
+    # An offload alone (nothing read back) still hides behind all the compute.
+    alone = step_time([gemm, _transfer("dynamic-update-slice-start", 2 * each_way)], s)
+    assert alone.transfer_seconds == 0.0
+
+
+def test_a_recomputed_product_is_backward_work_for_the_offloads_window():
+    # 3 ms of products, 1.5 ms of them recomputed: the forward is (3 - 1.5) / 3 = 0.5 ms, so
+    # a 1 ms offload waits 0.5 ms.
+    s = speed_of(rk.target("v6e-4"))
+    half = 1.5e-3 * 918e12 * 0.90
+    fwd = Kernel("gemm", count=1, flops=half, bytes=0, m=4096, n=4096, k=4096, dtype="bf16")
+    again = dataclasses.replace(fwd, recompute=True, m=2048)
+    each_way = int(1e-3 * 32e9 * 0.86)
+    t = step_time(
+        [fwd, again, _transfer("dynamic-update-slice-start", each_way),
+         _transfer("dynamic-slice-start", each_way)], s,
+    )  # fmt: skip
+    assert t.transfer_seconds == pytest.approx(0.5e-3, rel=1e-6)
+
+
+@pytest.mark.parametrize(("slice_", "link"), [("v6e-4", 32e9), ("v5p-8", 1.5e10), ("v4-8", 16e9)])
+def test_a_tpus_host_link_is_the_scaling_books_per_chip_figure(slice_, link):
+    assert speed_of(rk.target(slice_)).host_link == link

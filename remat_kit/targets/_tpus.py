@@ -102,6 +102,8 @@ TPU_FACT_KEYS = (
     "ici_bandwidth_per_chip_bidir",
     "ici_link_bandwidth_one_way",
     "dcn_bandwidth_per_chip",
+    "host_link_bandwidth_per_chip",
+    "mxu_size",
     "chips_per_host",
     "chips_per_vm",
     "sources",
@@ -154,6 +156,9 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
             ici_bandwidth_per_chip_bidir=None,  # not in the Cloud v4 page
             ici_link_bandwidth_one_way=4.5e10,  # _BOOK interconnect table, TPU v4p
             dcn_bandwidth_per_chip=None,  # not published per chip for v4
+            # _BOOK: "PCIe bandwidth for TPU v4 is 16GB / second each way"
+            host_link_bandwidth_per_chip=16e9,
+            mxu_size=128,  # _BOOK: "a 128x128 systolic array (256x256 on TPU v6e)"
             # Cloud's pricing page: "configurations ranging from four chips (one TPU VM)";
             # _BOOK: host size 2x2x1; MaxText's chips_per_host_bounds (2, 2, 1)
             chips_per_host=4,
@@ -189,6 +194,10 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
             # _V5E: "Per-host NIC configuration 2 x 100 Gbps NIC" for 8 chips: 25e9 B/s per
             # host; _BOOK: 3.125e9 B/s per TPU for v5e
             dcn_bandwidth_per_chip=3.125e9,
+            # _BOOK: "PCIe bandwidth is typically around 1.5e10 bytes / second per chip"
+            # ("Trillium (TPU v6e) has 32GB/s, about 2x higher than v5")
+            host_link_bandwidth_per_chip=1.5e10,
+            mxu_size=128,  # _BOOK: "a 128x128 systolic array (256x256 on TPU v6e)"
             chips_per_host=8,  # _V5E: "Chips per host 8" (also 4x4 = 16 chips on 2 hosts)
             # _V5E: "Each TPU VM in a v5e TPU slice contains 1, 4 or 8 chips"; multi-host slices
             # as MaxText and libtpu lay them out use 4-chip VMs (chips_per_host_bounds (2,2,1);
@@ -227,6 +236,10 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
             ici_bandwidth_per_chip_bidir=1200e9,
             ici_link_bandwidth_one_way=9e10,  # _BOOK (an earlier revision said 1e11)
             dcn_bandwidth_per_chip=50e9 / 8,  # _V5P: "DCN bandwidth per chip (Gbps) 50"
+            # _BOOK: "PCIe bandwidth is typically around 1.5e10 bytes / second per chip"
+            # ("Trillium (TPU v6e) has 32GB/s, about 2x higher than v5")
+            host_link_bandwidth_per_chip=1.5e10,
+            mxu_size=128,  # _BOOK: "a 128x128 systolic array (256x256 on TPU v6e)"
             chips_per_host=4,  # _V5P: "(4-chip VM)"; topology table 2x2x1 = 4 chips, 1 host
             chips_per_vm=4,
             sources=(_V5P, _BOOK, _MEASURED),
@@ -257,6 +270,13 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
             ici_bandwidth_per_chip_bidir=800e9,
             ici_link_bandwidth_one_way=9e10,  # _BOOK (an earlier revision said 1e11)
             dcn_bandwidth_per_chip=100e9 / 8,  # _V7X comparison table: v6e DCN 100 Gb/s/chip
+            # _BOOK: "Trillium (TPU v6e) has 32GB/s" of PCIe per chip (taken a way, as the
+            # book's v4 "16GB / second each way"); _V6E: "connects to the host through a PCIe
+            # Gen5 interface" (x8: 32 GB/s a way); each of a host's 8 chips has its own
+            host_link_bandwidth_per_chip=32e9,
+            # _V6E: "two 256x256 matrix-multiply units (MXU)"; _BOOK: "dimensions of your
+            # tensors needs to be twice as large to utilize the MXU fully"
+            mxu_size=256,
             chips_per_host=8,  # _V6E: "Chips per host 8"
             chips_per_vm=4,  # _V7X table: "(4-chip VM)" for v6e; MaxText bounds (2, 2, 1)
             sources=(_V6E, _V7X, _BOOK, _MEASURED),
@@ -289,6 +309,8 @@ TPU_FACTS: Mapping[str, Mapping[str, Any]] = types.MappingProxyType(
             ici_bandwidth_per_chip_bidir=1200e9,
             ici_link_bandwidth_one_way=None,  # not in the scaling-book revision cited
             dcn_bandwidth_per_chip=100e9 / 8,  # _V7X: "DCN bandwidth per chip (Gb/s) 100"
+            host_link_bandwidth_per_chip=None,  # not published
+            mxu_size=None,  # not in the sources cited
             # _V7X: "(4-chip VM)"; _V7X_GKE: "Each Ironwood (TPU7x) VM contains 4 chips and
             # 2 NICs"
             chips_per_host=4,

@@ -17,7 +17,9 @@ Each :class:`~remat_kit.xla.Kernel` costs:
   done (its window: :attr:`~remat_kit.xla.Kernel.window`), the rest of it is exposed; while it
   runs, the compute beside it loses NCCL's SMs (:attr:`~remat_kit.timing.Speed.contention`);
 - **host_transfer**: its host bytes over the host link at the link's efficiency, added in full
-  (measured: XLA did not overlap offload copies with compute on an H100);
+  (measured: XLA did not overlap offload copies with compute on an H100); on a TPU an
+  asynchronous one runs beside the compute, offloads beside the forward's and read-backs
+  beside the backward's (:func:`_host_exposed`);
 
 plus a fixed cost per launch. Recomputation is the time of the kernels the program re-runs.
 
@@ -163,7 +165,8 @@ def step_time(
     """
     parts = dict.fromkeys(("gemm", "attention", "memory", "collective", "host_transfer"), 0.0)
     pooled = 0.0  # asynchronous collectives whose window was not read
-    host_pooled = 0.0  # a TPU's asynchronous host transfers
+    to_host = from_host = 0.0  # a TPU's asynchronous host transfers, by direction
+    recomputed = 0.0  # compute that re-runs forward work (it belongs to the backward)
     beside: dict[int, float] = {}  # window -> its collectives' seconds
     under: dict[int, float] = {}  # window -> the compute scheduled under them
     launch = recompute = model_flops = flops = 0.0
@@ -174,8 +177,12 @@ def step_time(
         if k.kind == "host_transfer" and k.asynchronous and speed.torus:
             # A TPU's host DMA runs beside the TensorCore, started and waited for around the
             # compute libtpu schedules between (MaxText's HOST_OFFLOAD_FLAGS let it overlap):
-            # hidden behind the compute that no collective's window holds.
-            host_pooled += seconds * k.count
+            # hidden behind the compute that no collective's window holds. An offload (a
+            # slice written to the host) and a read-back go opposite ways over the link.
+            if k.op.startswith("dynamic-update-slice"):
+                to_host += seconds * k.count
+            else:
+                from_host += seconds * k.count
         elif k.kind == "collective" and k.asynchronous:
             if k.window:
                 beside[k.window] = beside.get(k.window, 0.0) + seconds * k.count
@@ -189,6 +196,8 @@ def step_time(
         launches += k.count
         if k.recompute:
             recompute += (seconds + each) * k.count
+            if k.kind in ("gemm", "attention", "memory"):
+                recomputed += seconds * k.count
         if k.kind in ("gemm", "attention"):
             flops += k.flops * k.count
             if not k.recompute:
@@ -208,8 +217,7 @@ def step_time(
     hidden += pooled_hidden
     exposed += parts["collective"] + pooled - pooled_hidden
     free = max(0.0, compute - sum(under.values()) - pooled_hidden)
-    host_hidden = min(host_pooled, free)
-    parts["host_transfer"] += host_pooled - host_hidden
+    parts["host_transfer"] += _host_exposed(to_host, from_host, free, compute, recomputed)
     contention = hidden * speed.contention
     total = compute + exposed + contention + parts["host_transfer"] + launch
     return StepTime(
@@ -232,6 +240,25 @@ def step_time(
     )
 
 
+def _host_exposed(
+    to_host: float, from_host: float, free: float, compute: float, recomputed: float
+) -> float:
+    """What of a TPU's asynchronous host transfers the step waits for.
+
+    Alone, they hide behind the ``free`` compute (what no collective's window holds). A step
+    that writes residuals to the host and reads them back runs the writes in its forward pass
+    and the reads in its backward: each layer's offload is done before the loop moves on, and
+    each read-back before the layer's gradient needs it. The link is full duplex (each way
+    its own rate), so each direction hides behind its own pass's compute: the forward is a
+    third of the compute that is not recomputation (the backward's products are twice the
+    forward's: the inputs' and the weights' gradients), the backward the rest."""
+    if not (to_host and from_host):
+        return max(0.0, to_host + from_host - free)
+    forward = (compute - recomputed) / 3 / compute if compute > 0 else 0.0
+    ahead = free * forward
+    return max(0.0, to_host - ahead) + max(0.0, from_host - (free - ahead))
+
+
 def _seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -> float:
     memory = k.bytes / speed.bytes_per_s()
     if k.kind == "gemm":
@@ -242,6 +269,12 @@ def _seconds(k: Kernel, speed: Speed, devices_per_host: int | None) -> float:
         eff = bwd if k.op == "attention_bwd" else fwd
         if k.k and k.k < 128:
             eff *= 0.8
+        if speed.mxu and k.k:
+            # A TPU's MXU holds a product's right-hand operand (the scaling book's "weight",
+            # an mxu x mxu tile) while the other streams through. Every product of jax's
+            # splash kernels (qk, pv; dq, dk, dv, dp) holds an operand with the head dim as
+            # one side: a head dim of 128 fills half of v6e's 256 x 256 array.
+            eff *= k.k / (math.ceil(k.k / speed.mxu) * speed.mxu)
         return max(k.flops / (speed.peak_flops * eff), memory)
     if k.kind == "collective":
         return _collective_seconds(k, speed, devices_per_host)

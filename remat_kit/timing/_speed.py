@@ -124,6 +124,9 @@ class Speed:
       torus: a TPU slice's grid of chips (``(4, 4, 8)``): a collective's ring runs along the
         torus axes its group spans, each at ``device_link`` (empty: a GPU's switch, one
         ``device_link`` whatever the group).
+      mxu: the side of a TPU's systolic array (128; 256 on v6e), 0 where not known or not a
+        TPU. A Pallas attention kernel's products hold an operand with the head dim as one
+        side in the array: a head dim short of a multiple of ``mxu`` leaves part of it idle.
       sources: where the figures come from, in words.
     """
 
@@ -149,6 +152,7 @@ class Speed:
     fresh_bytes_per_s: float = 0.0
     loop_rates: tuple[tuple[bool, bool, float], ...] = ()
     torus: tuple[int, ...] = ()
+    mxu: int = 0
     sources: tuple[str, ...] = ()
 
     def matmul_flops_per_s(self, dtype: str) -> float:
@@ -266,6 +270,7 @@ def _tpu_speed(target: Any) -> Speed:
     link = bidir / (4 * dims) if bidir else facts["ici_link_bandwidth_one_way"]
     per_chip = s.layout.devices_per_chip
     dcn = facts["dcn_bandwidth_per_chip"] or 0.0
+    host = facts["host_link_bandwidth_per_chip"]
     return Speed(
         name=target.name,
         peak_flops=float(target.peak_bf16_flops),
@@ -275,7 +280,8 @@ def _tpu_speed(target: Any) -> Speed:
         memory_efficiency=_TPU_MEMORY,
         kernel_seconds=_TPU_OP,
         units=0,  # no waves: one TensorCore runs a product's tiles in turn
-        host_link=None,
+        # the chip's own PCIe link (each chip of a host has one), per direction
+        host_link=host / per_chip if host else None,
         host_link_efficiency=0.86,
         device_link=2 * link / per_chip,
         network=dcn / per_chip,
@@ -285,12 +291,27 @@ def _tpu_speed(target: Any) -> Speed:
         network_efficiency=_TPU_DCN,
         f32_matmul_ratio=1.0,
         torus=s.grid,
+        mxu=facts["mxu_size"] or 0,
         sources=(
             f"matmul: {_TPU_MATMUL} of the chip's bf16 peak (assumed; no TPU measured here)",
             f"memory: {_TPU_MEMORY} of HBM bandwidth (assumed)",
             f"ICI: {link / 1e9:g} GB/s a link a way, {_TPU_ICI} of it (Cloud TPU page; assumed "
             "share), rings over the torus axes a group spans",
             "no collective contention: ICI runs beside the TensorCore",
+            (
+                f"host link: {host / 1e9:g} GB/s a chip a way (scaling book), 0.86 of it; "
+                "offloads beside the forward's compute, read-backs beside the backward's"
+                if host
+                else "host link: not published, 32 GB/s (PCIe 4.0 x16) at 0.86 assumed"
+            ),
+        )
+        + (
+            (
+                f"Pallas attention: the MXU is {facts['mxu_size']} wide (scaling book); a head "
+                "dim short of a multiple of it fills that share of the array",
+            )
+            if facts["mxu_size"]
+            else ()
         ),
     )
 
