@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
     from remat_kit.policies import Policy, as_policy, decide, policy, policy_names
     from remat_kit.residuals import saved_residuals
     from remat_kit.schedules import Schedule, apply_layers, parse_schedule, schedule
-    from remat_kit.search import advise, front, max_batch, plan
+    from remat_kit.search import advise, fit, front, max_batch, plan
     from remat_kit.sharding import parse_shard, strip_boxes
     from remat_kit.sources import Workload
     from remat_kit.targets import (
@@ -89,6 +89,7 @@ _HOME: dict[str, str | None] = {
     "schedule": "schedules",
     "Workload": "sources",
     "advise": "search",
+    "fit": "search",
     "front": "search",
     "max_batch": "search",
     "plan": "search",
@@ -147,6 +148,7 @@ __all__ = [  # noqa: RUF022 -- grouped by concept, in the order data flows
     "inspect",
     # searching over policies, batches and GPUs
     "Workload",
+    "fit",
     "max_batch",
     "plan",
     "front",

@@ -557,7 +557,7 @@ def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
             ),
         )
 
-    monkeypatch.setattr("remat_kit.cli._fit.max_batch", nothing)
+    monkeypatch.setattr("remat_kit.search._fit.max_batch", nothing)
     assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 1
     out, err = capsys.readouterr()
     # The verdict once: the table's batch-1 peaks, then one line (no line per policy).
@@ -569,7 +569,7 @@ def test_fit_exits_1_when_no_policy_fits_a_single_batch(monkeypatch, capsys):
     assert "does not fit" not in out and "10.00" in out
     # And 0 as soon as one policy fits.
     monkeypatch.setattr(
-        "remat_kit.cli._fit.max_batch",
+        "remat_kit.search._fit.max_batch",
         lambda w, p, s, **kw: dataclasses.replace(nothing(w, p, s), batch=2),
     )
     assert main(["fit", *TINY_FIT, "--policies", "none,full"]) == 0
@@ -584,7 +584,7 @@ def test_fit_takes_an_accum_that_does_not_divide_the_default_batch(monkeypatch, 
         seen.append(w.batch_multiple)
         raise SystemExit(0)  # the search itself is not what is checked here
 
-    monkeypatch.setattr("remat_kit.cli._fit.max_batch", record)
+    monkeypatch.setattr("remat_kit.search._fit.max_batch", record)
     with pytest.raises(SystemExit):
         main(["fit", *TINY_FIT, "--accum", "3", "--policy", "full", *extra])
     assert seen == [3 * (2 if extra else 1)]

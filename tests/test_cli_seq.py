@@ -136,7 +136,7 @@ def _nothing(build, policy, schedule, **kwargs):
 
 
 def test_nothing_fits_is_one_line_and_exit_1(monkeypatch, capsys):
-    monkeypatch.setattr("remat_kit.cli._fit.max_seq", _nothing)
+    monkeypatch.setattr("remat_kit.search._fit.max_seq", _nothing)
     argv = [*TINY, "--over", "seq", "--seq-step", "512", "--policies", "none,full"]
     assert main(argv) == 1
     out, err = capsys.readouterr()
@@ -162,10 +162,10 @@ def test_the_flags_reach_the_search(monkeypatch, extra, expected):
     seen = {}
 
     def record(build, policy, schedule, **kwargs):
-        seen.update(kwargs, policy=policy.spec, first=build(kwargs["granularity"]))
+        seen.update(kwargs, policy=policy.spec, first=build.at(seq=kwargs["granularity"]))
         raise SystemExit(0)  # the search itself is not what is checked here
 
-    monkeypatch.setattr("remat_kit.cli._fit.max_seq", record)
+    monkeypatch.setattr("remat_kit.search._fit.max_seq", record)
     with pytest.raises(SystemExit):
         main([*TINY, "--over", "seq", "--policy", "full", *extra])
     assert {k: seen[k] for k in expected} == expected

@@ -263,7 +263,7 @@ def test_fit_names_the_batch_it_compiles_on_the_live_line(monkeypatch, capsys):
         w.compiled(policy, schedule, 297)
         raise _Stop
 
-    monkeypatch.setattr("remat_kit.cli._fit.max_batch", search)
+    monkeypatch.setattr("remat_kit.search._fit.max_batch", search)
     with pytest.raises(_Stop):
         main(["fit", *TINY, "--policies", "none,full"])
     err = _drawn_text(capsys.readouterr().err)

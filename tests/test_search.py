@@ -274,11 +274,8 @@ def _penalized_measure(policy, schedule, batch):
     return r
 
 
-@pytest.mark.parametrize("layers", [1, 2, 3])
-def test_plan_on_a_shallow_model_that_nothing_fits_answers_nothing_fits(layers):
-    """A model under four layers whose budget nothing meets: the segment fallback tries only
-    the schedules its depth can take (every:2 on one layer made segments of 2 layers and
-    raised instead of answering)."""
+def _nothing_fits_at_depth(layers):
+    """rk.plan on a fake of ``layers`` layers whose budget no program meets."""
 
     def depth_checked(fn):
         def call(policy, schedule, batch):
@@ -294,10 +291,27 @@ def test_plan_on_a_shallow_model_that_nothing_fits_answers_nothing_fits(layers):
         n_layers=layers,
     )
     budget = FIXED - 1  # above weights + gradients (800 B), below any program (>= FIXED)
-    p = rk.plan(w, 1, budget, offload=False)
+    return rk.plan(w, 1, budget, offload=False)
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_plan_on_a_shallow_model_that_nothing_fits_answers_nothing_fits(layers):
+    """A model under four layers whose budget nothing meets: the segment fallback tries only
+    the schedules its depth can take (every:2 on one layer made segments of 2 layers and
+    raised instead of answering)."""
+    p = _nothing_fits_at_depth(layers)
     assert not p.fits and p.report is not None and p.report.peak_bytes >= FIXED
     tried = {c.schedule for c in p.candidates}
     assert "every:2" in tried if layers >= 2 else "every:2" not in tried
+
+
+@pytest.mark.parametrize(
+    ("layers", "nested"), [(2, set()), (3, set()), (4, {"nested:2", "nested:3"})]
+)
+def test_the_segment_fallback_nests_segments_only_from_four_layers(layers, nested):
+    # nested:2 builds on 3 layers, but two levels of segments over 3 layers are every:2 again.
+    tried = {c.schedule for c in _nothing_fits_at_depth(layers).candidates}
+    assert {s for s in tried if s.startswith("nested")} == nested
 
 
 def test_plan_never_returns_a_compiled_peak_over_budget():
@@ -983,6 +997,36 @@ def test_plan_is_never_dominated_by_what_it_is_shown_beside():
     assert not next(pt for pt in pts if pt.kind == "plan").dominated
 
 
+@pytest.mark.parametrize(
+    ("acted", "saved", "shown"),
+    [(False, 2**19, 0), (True, 2**21, 2**21), (True, 0, 0)],
+    ids=["under-a-MiB", "acted", "nothing"],
+)
+def test_a_front_point_shows_what_xla_s_remat_took_off_only_where_it_acted(acted, saved, shown):
+    # XLA's remat pass counts as acting from 1 MiB saved (MemoryReport.xla_remat); a few
+    # hundred KiB it moved are no cut of XLA's on the front.
+    def measure(policy, schedule, batch):
+        return memory_report(
+            peak_bytes=2**30, xla_remat=acted, xla_remat_saved_bytes=saved, policy=policy.spec
+        )
+
+    w = _workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b), label="fake"),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
+    (pt,) = rk.front(w, 1, policies=("full",), schedules=())
+    assert pt.xla_remat_bytes == shown
+
+
+def test_a_plan_without_its_report_joins_a_front_with_no_xla_cut():
+    w = fake3()
+    p = dataclasses.replace(rk.plan(w, 1, FIXED + 1300, offload=False), report=None)
+    pts = rk.front(w, 1, policies=("full",), schedules=(), plans=[p])
+    got = next(pt for pt in pts if pt.kind == "plan")
+    assert (got.xla_remat_bytes, got.fits, got.step_seconds) == (0, None, None)
+
+
 def test_a_plan_on_a_front_is_known_by_its_budget_not_its_words(monkeypatch):
     # The fakes' budgets are a few bytes apart: a plan's key is its budget in bytes, never
     # its words, so the recommended plan and each swept one are points of their own. The swept
@@ -1041,9 +1085,9 @@ def test_the_plans_largest_batch_search_starts_where_it_is_told(monkeypatch, sta
         return nothing
 
     monkeypatch.setattr(batch, "max_batch", spy)
-    fit, p = batch.max_batch_plan(fake_workload(), headroom=0.25, start=start)
+    fit, p = batch.max_batch_plan(fake_workload(), headroom=0.25, start=start, cap=99)
     assert (fit, p) == (nothing, None)
-    assert seen == [("full", {"headroom": 0.25, "start": start})]
+    assert seen == [("full", {"headroom": 0.25, "limit_bytes": None, "start": start, "cap": 99})]
 
 
 def _batch_fake(peak_of):

@@ -162,7 +162,7 @@ def test_fit_prints_the_note_under_its_table_and_writes_it_in_json(monkeypatch, 
         "full": _fit("full", 400, limit - GIB, 0, limit=limit),
         "minimal": _fit("minimal", 263, limit - GIB, MINIMAL_CUT, limit=limit),
     }
-    monkeypatch.setattr("remat_kit.cli._fit.max_batch", _searched(answers))
+    monkeypatch.setattr("remat_kit.search._fit.max_batch", _searched(answers))
     monkeypatch.setenv("COLUMNS", "400")  # one line per note: no wrapping to check around
     out_json = tmp_path / "fit.json"
     argv = ["fit", *TINY_FIT, "--policies", "none,full,minimal", "--json", str(out_json)]
@@ -191,7 +191,7 @@ def test_fit_names_the_row_xla_made_fit_not_the_first(monkeypatch, capsys):
         "full": _fit("full", 400, limit - GIB, 0, limit=limit),
         "minimal": _fit("minimal", 263, limit - GIB, 2 * GIB, limit=limit),
     }
-    monkeypatch.setattr("remat_kit.cli._fit.max_batch", _searched(answers))
+    monkeypatch.setattr("remat_kit.search._fit.max_batch", _searched(answers))
     monkeypatch.setenv("COLUMNS", "400")
     assert main(["fit", *TINY_FIT, "--policies", "none,full,minimal"]) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]

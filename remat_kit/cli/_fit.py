@@ -50,11 +50,8 @@ from remat_kit.search import (
     Fit,
     check_budget,
     fastest,
+    fit,
     limit_for,
-    max_batch,
-    max_batch_plan,
-    max_seq,
-    max_seq_plan,
     seq_multiple,
 )
 from remat_kit.sources import Workload
@@ -238,12 +235,17 @@ def _policy_fit(
 ) -> Fit:
     """One policy's largest batch (``plan``: the planner's) on the step ``workload_for``
     builds (module-level: a cluster's worker is handed it, with the specs: ``str``)."""
-    w = workload_for()
-    if policy is PLAN or policy == PLAN:
-        fit, _ = max_batch_plan(w, headroom=headroom, offload=offload, hide=hide)
-        return fit
+    planner = policy is PLAN or policy == PLAN
     # No start: the search begins where the trace puts the boundary.
-    return max_batch(w, policy, schedule, headroom=headroom)
+    return fit(
+        workload_for(),
+        policy,
+        "none" if planner else schedule,  # the planner picks its own
+        axis="batch",
+        headroom=headroom,
+        offload=offload,
+        hide=hide,
+    )
 
 
 def _print_batches(
@@ -434,20 +436,10 @@ def _over_seq(args: argparse.Namespace, given: Collection[str]) -> int:
         )
     policies, schedule = _policies(args, run)
     print_notes(run, args.wide)
-    workloads: dict[int, Workload] = {}
-
-    def at(seq: int) -> Workload:
-        # The step at ``seq``: the model's own checks (learned positions, sizes) refuse a
-        # sequence it cannot take, which the search reads as an upper bound.
-        if seq not in workloads:
-            if seq % multiple:
-                raise BadValue(f"seq={seq} does not split {multiple} ways over the mesh")
-            config = dataclasses.replace(run.config, seq=seq)
-            run.source.check(config, target)
-            workloads[seq] = sources.workload(run.source, target, config, depth=run.depth)
-        return workloads[seq]
-
-    first = at(step)
+    # The step at the shortest sequence; the search builds the others with first.at(seq=),
+    # where the model's own checks (learned positions, sizes) refuse a sequence it cannot
+    # take, which the search reads as an upper bound. Every one is a multiple of --seq-step.
+    first = sources.workload(run.source, target, run.config, depth=run.depth)
     batch = args.batch if batch_given else first.batch_multiple
     if batch % first.batch_multiple:
         raise BadValue(
@@ -457,7 +449,8 @@ def _over_seq(args: argparse.Namespace, given: Collection[str]) -> int:
         )
     # Weights, gradients and optimizer state over the limit: no sequence fits (one line).
     check_budget(first, batch, limit_for(target, None, args.headroom))
-    search = dict(batch=batch, granularity=step, headroom=args.headroom, cap=cap)
+    search = dict(axis="seq", granularity=step, headroom=args.headroom, cap=cap)
+    w = first.at(batch=batch)
     start = time.perf_counter()
     rows = []
     length = length_words(
@@ -466,7 +459,7 @@ def _over_seq(args: argparse.Namespace, given: Collection[str]) -> int:
     )
 
     def trying() -> str | None:
-        return compiling_words(list(workloads.values()), axis="seq")
+        return compiling_words(list(first.family), axis="seq")
 
     with (
         warnings.catch_warnings(),
@@ -476,14 +469,14 @@ def _over_seq(args: argparse.Namespace, given: Collection[str]) -> int:
         for i, (spec, pol) in enumerate(policies.items()):
             tick(f"{spec} ({i + 1}/{len(policies)})")
             if pol is None:
-                fit, _ = max_seq_plan(at, offload=not args.no_offload, hide=args.hide, **search)
-                name = f"plan: {label(fit.policy, fit.schedule)}" if fit.fits else "plan"
+                found = fit(w, PLAN, offload=not args.no_offload, hide=args.hide, **search)
+                name = f"plan: {label(found.policy, found.schedule)}" if found.fits else "plan"
             else:
-                fit = max_seq(at, pol, schedule, **search)
-                name = label(fit.policy, fit.schedule)
-            rows.append(FitRow(name, fit))
+                found = fit(w, pol, schedule, **search)
+                name = label(found.policy, found.schedule)
+            rows.append(FitRow(name, found))
     seconds = time.perf_counter() - start
-    compiles = sum(w.compiles for w in workloads.values())
+    compiles = sum(x.compiles for x in first.family)
     return _print_seq(args, run, rows, batch, step, cap, seconds, compiles)
 
 

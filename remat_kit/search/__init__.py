@@ -47,6 +47,7 @@ from remat_kit.search._batch import max_batch, max_batch_plan
 from remat_kit.search._boundary import Fit
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for, parse_budget
 from remat_kit.search._cost import RANKINGS, Cost, cost_of, rank_costs
+from remat_kit.search._fit import AXES, PLAN, fit
 from remat_kit.search._front import (
     FRONT_POLICIES,
     FRONT_SCHEDULES,
@@ -66,10 +67,11 @@ from remat_kit.search._seq import (
     max_seq_plan,
     seq_multiple,
 )
-from remat_kit.search._throughput import PLAN, Fastest, Throughput, fastest
+from remat_kit.search._throughput import Fastest, Throughput, fastest
 from remat_kit.sources._workload import DEFAULT_HIDE, OBJECTIVES
 
 __all__ = [
+    "AXES",
     "CHANGE_KINDS",
     "DEFAULT_GRANULARITY",
     "DEFAULT_HEADROOM",
@@ -98,6 +100,7 @@ __all__ = [
     "compile_bound",
     "cost_of",
     "fastest",
+    "fit",
     "front",
     "gpus_needed",
     "limit_for",

@@ -457,7 +457,9 @@ def max_batch_plan(
     workload: Workload,
     *,
     headroom: float = DEFAULT_HEADROOM,
+    limit_bytes: int | None = None,
     start: int | None = None,
+    cap: int = 1 << 14,
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
     extra: Iterable[Any] = (),
@@ -470,7 +472,9 @@ def max_batch_plan(
     Args:
       workload: the step.
       headroom: fraction of device memory left free.
+      limit_bytes: an explicit limit instead of device memory minus headroom.
       start: first batch probed.
+      cap: stop searching above this batch.
       offload, hide, extra: as for :func:`plan`.
 
     Returns:
@@ -485,13 +489,15 @@ def max_batch_plan(
     """
     t0 = time.perf_counter()
     before = workload.compiles
-    full = max_batch(workload, FULL, headroom=headroom, start=start)
+    full = max_batch(
+        workload, FULL, headroom=headroom, limit_bytes=limit_bytes, start=start, cap=cap
+    )
     if not full.fits:
         return full, None
     return plan_at(
         full,
         workload,
-        limit_bytes=None,
+        limit_bytes=limit_bytes,
         headroom=headroom,
         offload=offload,
         hide=hide,

@@ -1,13 +1,12 @@
 """The longest sequence: for one policy (:func:`max_seq`) or for any plan (:func:`max_seq_plan`).
 
 The sequence changes the traced program (every activation's shape, the attention kernel's),
-so the search takes a builder ``seq -> Workload`` rather than one workload: one workload per
-sequence probed, each compiled at a fixed batch.
+so the search probes one workload per sequence, each compiled at a fixed batch: those
+``Workload.at(seq=)`` gives (or a builder ``seq -> Workload``'s).
 
 Example:
-  >>> def at(seq):
-  ...     return rk.sources.workload(tiny_model, "h100", rk.TrainConfig(1, seq, optimizer="sgd"))
-  >>> fit = rk.search.max_seq(at, "full", granularity=64, limit_bytes=2**20)
+  >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(1, 64, optimizer="sgd"))
+  >>> fit = rk.search.max_seq(w, "full", granularity=64, limit_bytes=2**20)
   >>> fit.seq % 64, fit.peak_bytes <= fit.limit_bytes < fit.next_peak_bytes
   (0, True)
 """
@@ -81,8 +80,12 @@ class _Probes:
         return sum(w.compiles - self._before[k] for k, w in seen.items())
 
 
-def _probes(build: Builder | _Probes) -> _Probes:
-    return build if isinstance(build, _Probes) else _Probes(build)
+def _probes(build: Builder | Workload | _Probes) -> _Probes:
+    if isinstance(build, _Probes):
+        return build
+    if isinstance(build, Workload):
+        return _Probes(lambda seq: build.at(seq=seq))
+    return _Probes(build)
 
 
 def _units(granularity: Any, batch: Any, start: Any, cap: Any) -> tuple[int, int, int]:
@@ -113,11 +116,11 @@ def _check_int(name: str, value: Any, minimum: int = 1) -> int:
 
 
 def max_seq(
-    build: Builder,
+    build: Builder | Workload,
     policy: PolicyLike = "full",
     schedule: Any = "none",
     *,
-    batch: int = 1,
+    batch: int | None = None,
     granularity: int = DEFAULT_GRANULARITY,
     headroom: float = DEFAULT_HEADROOM,
     limit_bytes: int | None = None,
@@ -154,13 +157,13 @@ def max_seq(
     refuse a sequence and accept a longer one (choose a ``granularity`` the mesh divides).
 
     Args:
-      build: ``seq -> Workload``: the step at that sequence (``workload.seq == seq``), e.g.
-        ``lambda s: rk.sources.workload(model, target, dataclasses.replace(config, seq=s))``.
-        Called once per sequence probed; a builder that returns the same Workload for a
-        sequence in later searches (memoized) shares their compiles.
+      build: a Workload (the search probes ``build.at(seq=s)``, which builds each sequence
+        once for every search over it), or a builder ``seq -> Workload``: the step at that
+        sequence (``workload.seq == seq``), called once per sequence probed.
       policy: policy name/spec or Policy.
       schedule: layer schedule spec or Schedule.
-      batch: sequences per step (a multiple of the workload's ``batch_multiple``).
+      batch: sequences per step (a multiple of the workload's ``batch_multiple``); None:
+        the Workload's :attr:`~remat_kit.sources.Workload.batch`, or 1 for a builder.
       granularity: tokens between the sequences searched; every sequence probed is a multiple.
       headroom: fraction of the usable memory left free (see ``DEFAULT_HEADROOM``).
       limit_bytes: an explicit limit instead of the usable memory minus headroom.
@@ -190,6 +193,8 @@ def max_seq(
       (True, True)
     """
     t0 = time.perf_counter()
+    if batch is None:
+        batch = build.batch if isinstance(build, Workload) else 1
     probes = _probes(build)
     before = probes.compiles
     g, first, units_cap = _units(granularity, batch, start, cap)
@@ -284,9 +289,9 @@ def max_seq(
 
 
 def max_seq_plan(
-    build: Builder,
+    build: Builder | Workload,
     *,
-    batch: int = 1,
+    batch: int | None = None,
     granularity: int = DEFAULT_GRANULARITY,
     headroom: float = DEFAULT_HEADROOM,
     limit_bytes: int | None = None,
@@ -302,8 +307,8 @@ def max_seq_plan(
     recomputed); the plan at that sequence then keeps what the memory left allows.
 
     Args:
-      build: ``seq -> Workload``, as for :func:`max_seq` (its workloads need a
-        ``residuals_fn``, as ``rk.sources.workload`` gives them).
+      build: a Workload or a builder ``seq -> Workload``, as for :func:`max_seq` (its
+        workloads need a ``residuals_fn``, as ``rk.sources.workload`` gives them).
       batch, granularity, headroom, limit_bytes, start, cap: as for :func:`max_seq`.
       offload, hide, extra: as for :func:`plan`.
 
@@ -323,6 +328,8 @@ def max_seq_plan(
       (True, True, True)
     """
     t0 = time.perf_counter()
+    if batch is None:
+        batch = build.batch if isinstance(build, Workload) else 1
     probes = _probes(build)
     before = probes.compiles
     full = max_seq(

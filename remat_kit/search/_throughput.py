@@ -31,18 +31,15 @@ from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.schedules import Schedule, parse_schedule
 from remat_kit.search._batch import max_batch
 from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
+from remat_kit.search._fit import PLAN
 from remat_kit.search._planner import plan
 from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
-    "PLAN",
     "Fastest",
     "Throughput",
     "fastest",
 ]
-
-#: Stands for the planner's per-tag plans in ``fastest``'s policies.
-PLAN = "plan"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -523,6 +523,11 @@ def workload(
         label=label or src.label(config, t),
         schedule_kinds=src.schedule_kinds,
         remat_always=src.remat_always,
+        batch=config.batch,
+        # The same source, target and config at another sequence (Workload.at).
+        resize=lambda seq: workload(
+            src, t, dataclasses.replace(config, seq=seq), strict=strict, label=label, depth=depth
+        ),
         verify_fn=lambda p, s, b, r, limit: verify_search(
             r,
             lambda: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False, depth="full"),
@@ -545,4 +550,5 @@ def _measured(m: Measured, t: Target, config: TrainConfig, label: str | None) ->
         label=m.label if label is None else label,
         schedule_kinds=m.schedule_kinds,
         verify_fn=m.verify_fn,
+        batch=config.batch,
     )

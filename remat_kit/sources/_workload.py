@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import math
@@ -28,7 +29,7 @@ from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from typing import Any
 
 from remat_kit.analysis import MemoryReport
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadType, BadValue
 from remat_kit.flops import FlopCount
 from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import ResidualReport
@@ -164,6 +165,12 @@ class Workload:
         compiled as the baseline figures are read against, never given as a plan.
       spread: where programs a search needs at once (:meth:`compile_all`) may compile
         besides this process: local workers or a cluster (None: here, one by one).
+      batch: the batch :meth:`report`, :meth:`flops`, :meth:`residuals` and
+        :meth:`recompute_overhead` use where none is given (the door sets the config's);
+        :meth:`at` gives the same step at another.
+      resize: ``seq -> Workload``: the same source, target and config at another sequence
+        (the door sets it; :meth:`at` calls it once per sequence); None: the figures are for
+        ``seq`` only (a :class:`Measured` step).
 
     Example:
       >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
@@ -187,6 +194,8 @@ class Workload:
     verify_fn: VerifyFn | None = None
     remat_always: bool = False
     spread: Spread | None = None
+    batch: int = 1
+    resize: Callable[[int], Workload] | None = dataclasses.field(default=None, repr=False)
     _reports: dict[Hashable, MemoryReport] = dataclasses.field(
         default_factory=dict, init=False, repr=False
     )
@@ -201,6 +210,86 @@ class Workload:
     _now: list[tuple[str, str, int]] = dataclasses.field(
         default_factory=list, init=False, repr=False
     )
+    # The workloads of one (source, target, config) by sequence, shared by every one of
+    # them and by their batch views: at(seq=) builds each sequence once.
+    _family: dict[int, Workload] = dataclasses.field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._family[self.seq] = self
+
+    def at(self, *, batch: int | None = None, seq: int | None = None) -> Workload:
+        """The same step at another batch or sequence: what the searches probe.
+
+        ``batch`` gives a view that shares this workload's caches (a batch is a parameter of
+        every compile, not a new program); ``seq`` the workload of the same source, target
+        and config at that sequence (a new program: its own caches), built once and shared
+        by every workload of the family. The batch carries over unless given.
+
+        Args:
+          batch: sequences per step (a multiple of :attr:`batch_multiple`); None: this one's.
+          seq: tokens per sequence; None: this one's.
+
+        Returns:
+          The workload (``self`` where nothing changes).
+
+        Raises:
+          BadType: a size that is not an int.
+          BadValue: a size below 1, a batch that does not split into ``batch_multiple``, a
+            sequence for a workload without ``resize``, or one the source refuses (its own
+            error, e.g. past a model's learned positions).
+
+        Example:
+          >>> w.at(seq=32).seq, w.at(seq=32) is w.at(seq=32), w.at(seq=16) is w
+          (32, True, True)
+          >>> w.at(batch=4).report("full") is w.report("full", batch=4)
+          True
+        """
+        w = self
+        if seq is not None and _size("seq", seq) != self.seq:
+            w = self._family.get(seq) or self._resized(seq)
+        want = self.batch if batch is None else _size("batch", batch)
+        if batch is not None and want % w.batch_multiple:
+            raise BadValue(
+                f"batch={want} does not split into the step's {w.batch_multiple} "
+                "(gradient-accumulation steps x data-parallel devices); use a multiple of "
+                f"{w.batch_multiple}",
+                param="batch",
+            )
+        base = self._family[w.seq]  # the family's own at this sequence, not a view
+        if want == base.batch:
+            return base
+        if want == w.batch:
+            return w
+        view = copy.copy(base)  # shallow: the caches and the family are the same objects
+        object.__setattr__(view, "batch", want)
+        return view
+
+    @property
+    def family(self) -> tuple[Workload, ...]:
+        """The workloads of this source, target and config built so far, by sequence (this
+        one's and those :meth:`at` built): what a sequence search compiled, in all.
+
+        Example:
+          >>> [x.seq for x in w.at(seq=32).family]
+          [16, 32]
+        """
+        return tuple(self._family[s] for s in sorted(self._family))
+
+    def _resized(self, seq: int) -> Workload:
+        """The family's workload at ``seq``, built by ``resize`` (see :meth:`at`)."""
+        if self.resize is None:
+            raise BadValue(
+                f"seq={seq}: this workload's figures are for seq={self.seq} only (a Measured "
+                "step); make one per sequence with rk.sources.workload",
+                param="seq",
+            )
+        w = self.resize(seq)
+        if not isinstance(w, Workload) or w.seq != seq:
+            got = type(w).__name__ if not isinstance(w, Workload) else f"seq={w.seq}"
+            raise BadType(f"resize({seq}) gave {got}, not a Workload at seq={seq}", param="resize")
+        object.__setattr__(w, "_family", self._family)
+        self._family[seq] = w
+        return w
 
     def tokens(self, batch: int) -> int:
         """Tokens one step trains at ``batch``: its sequences (``sequences_fn``) x ``seq``.
@@ -212,33 +301,40 @@ class Workload:
         sequences = batch if self.sequences_fn is None else self.sequences_fn(batch)
         return int(sequences) * self.seq
 
-    def report(self, policy: PolicyLike, schedule: Any = "none", batch: int = 1) -> MemoryReport:
-        """The compiled report of the step (cached)."""
-        return self.compiled(as_policy(policy), parse_schedule(schedule), batch)
+    def report(
+        self, policy: PolicyLike, schedule: Any = "none", batch: int | None = None
+    ) -> MemoryReport:
+        """The compiled report of the step (cached); ``batch`` None: :attr:`batch`."""
+        return self.compiled(as_policy(policy), parse_schedule(schedule), self._batch(batch))
 
-    def flops(self, policy: PolicyLike, schedule: Any = "none", batch: int = 1) -> float:
+    def flops(self, policy: PolicyLike, schedule: Any = "none", batch: int | None = None) -> float:
         """FLOPs of the step, recomputation included (traced, cached)."""
-        return self.traced_flops(as_policy(policy), parse_schedule(schedule), batch)
+        return self.traced_flops(as_policy(policy), parse_schedule(schedule), self._batch(batch))
 
     def baseline(self, batch: int) -> float:
         """FLOPs of the step without rematerialization."""
         return self.traced_flops(NO_REMAT, NO_SCHEDULE, batch)
 
     def recompute_overhead(
-        self, policy: PolicyLike, schedule: Any = "none", batch: int = 1
+        self, policy: PolicyLike, schedule: Any = "none", batch: int | None = None
     ) -> float:
         """Extra FLOPs of recomputation, as a fraction of the step without remat."""
-        return self.recompute_of(as_policy(policy), parse_schedule(schedule), batch)
+        return self.recompute_of(as_policy(policy), parse_schedule(schedule), self._batch(batch))
 
     def residuals(
-        self, policy: PolicyLike, schedule: Any = "none", batch: int = 1
+        self, policy: PolicyLike, schedule: Any = "none", batch: int | None = None
     ) -> ResidualReport:
         """What the policy keeps for the backward pass, by tag (traced, cached).
 
         Raises:
           ValueError: the workload has no ``residuals_fn``.
         """
-        return self.traced_residuals(as_policy(policy), parse_schedule(schedule), batch)
+        return self.traced_residuals(
+            as_policy(policy), parse_schedule(schedule), self._batch(batch)
+        )
+
+    def _batch(self, batch: int | None) -> int:
+        return self.batch if batch is None else _size("batch", batch)
 
     def breakdown(self, batch: int) -> dict[str, int]:
         """Bytes of weights/gradients/optimizer/batch/accumulator (shapes; or one compile)."""
@@ -573,6 +669,15 @@ class Workload:
         if transfer is None or step is None:
             return math.inf  # a target without a host link figure: offload cannot be costed
         return max(0.0, transfer - hide * step) / step
+
+
+def _size(name: str, value: Any) -> int:
+    """A batch or sequence, checked once at the public edge."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadType(f"{name} must be an int, got {value!r}", param=name)
+    if value < 1:
+        raise BadValue(f"{name}={value} must be at least 1", param=name)
+    return value
 
 
 def _key(pol: Policy, sch: Schedule, batch: int) -> Hashable:

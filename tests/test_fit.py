@@ -1,0 +1,203 @@
+"""One door to the boundary searches (``rk.fit``) and the workload at another size
+(``Workload.at``): issue 58's "at(batch=, seq=) for the searches; one fit(workload, axis=)".
+
+Fake workloads (a peak from a formula, no compiles) pin the answers against brute-force scans
+written here, and count what the searches build and compile: a sequence is built once for
+every search over the family, a batch view compiles nothing of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+import remat_kit as rk
+from helpers import memory_report
+from remat_kit.errors import BadType, BadValue
+from remat_kit_models.spec import PresetSpec
+
+FIXED = 10_000
+
+
+class Family:
+    """Workloads ``seq -> Workload`` whose peak is ``peak_of(seq, batch)``, each made with a
+    ``resize`` that builds the next (as ``rk.sources.workload`` makes them); counts builds and
+    "compiles" (measure calls)."""
+
+    def __init__(self, peak_of, multiple=1):
+        self.peak_of = peak_of
+        self.multiple = multiple
+        self.built: list[int] = []
+        self.measured: list[tuple[int, int]] = []
+
+    def __call__(self, seq):
+        self.built.append(seq)
+
+        def measure(policy, schedule, batch):
+            self.measured.append((seq, batch))
+            return memory_report(peak_bytes=int(self.peak_of(seq, batch)), policy=policy.spec)
+
+        w = rk.sources.workload(
+            rk.sources.Measured(measure, lambda p, s, b: float(seq * b)),
+            rk.target("h100"),
+            rk.TrainConfig(self.multiple, seq, accum=self.multiple),
+        )
+        return dataclasses.replace(w, resize=self)
+
+
+def affine(seq, batch):
+    return FIXED + 37 * seq * batch
+
+
+def quadratic(seq, batch):
+    return FIXED + 37 * seq * batch + seq * seq * batch // 50
+
+
+def longest(peak_of, limit, step, batch):
+    """Brute force: the longest multiple of ``step`` whose peak fits (monotone curves)."""
+    seq = step
+    while peak_of(seq + step, batch) <= limit:
+        seq += step
+    return seq if peak_of(step, batch) <= limit else 0
+
+
+def largest(peak_of, limit, seq, multiple):
+    """Brute force: the largest multiple of ``multiple`` whose peak fits."""
+    batch = multiple
+    while peak_of(seq, batch + multiple) <= limit:
+        batch += multiple
+    return batch if peak_of(seq, multiple) <= limit else 0
+
+
+@pytest.mark.parametrize("curve", [affine, quadratic])
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("limit", [FIXED + 2_000_000, FIXED + 7_777_777])
+def test_fit_along_seq_is_the_longest_a_scan_finds_at_the_workloads_batch(curve, batch, limit):
+    make = Family(curve)
+    w = make(64).at(batch=batch)
+    found = rk.fit(w, "full", axis="seq", granularity=64, limit_bytes=limit)
+    assert (found.axis, found.seq, found.batch) == ("seq", longest(curve, limit, 64, batch), batch)
+    assert {b for _, b in make.measured} == {batch}  # every probe at the view's batch
+    assert len(make.built) == len(set(make.built))  # each sequence built once
+
+
+@pytest.mark.parametrize(("multiple", "limit"), [(1, FIXED + 500_000), (4, FIXED + 3_333_333)])
+def test_fit_along_batch_is_the_largest_a_scan_finds(multiple, limit):
+    w = Family(affine, multiple)(512)
+    found = rk.fit(w, "full", limit_bytes=limit)
+    assert (found.axis, found.batch) == ("batch", largest(affine, limit, 512, multiple))
+    assert found.batch % multiple == 0
+
+
+def test_a_second_search_over_the_family_builds_no_sequence_again():
+    make = Family(quadratic)
+    w = make(128)
+    first = rk.fit(w, "full", axis="seq", granularity=128, limit_bytes=FIXED + 4_000_000)
+    built = list(make.built)
+    again = rk.fit(w, "full", axis="seq", granularity=128, limit_bytes=FIXED + 4_000_000)
+    assert again.seq == first.seq and again.compiles == 0 and make.built == built
+    assert [x.seq for x in w.family] == sorted(set(built))
+
+
+def test_a_batch_view_shares_the_caches_and_carries_over_to_other_sequences():
+    make = Family(affine, multiple=2)
+    w = make(256)
+    view = w.at(batch=6)
+    assert (view.batch, w.batch, view.seq) == (6, 2, 256)
+    assert view.report("full") is w.report("full", batch=6)
+    assert make.measured == [(256, 6)] and view.compiles == w.compiles == 1
+    longer = view.at(seq=512)
+    assert (longer.seq, longer.batch) == (512, 6)
+    assert w.at(seq=512) is longer.at(batch=2) and w.at(seq=256) is w and w.at() is w
+    assert make.built == [256, 512]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"batch": 3}, BadValue, r"batch=3 does not split into the step's 2 .*multiple of 2"),
+        ({"batch": 0}, BadValue, r"batch=0 must be at least 1"),
+        ({"seq": 0}, BadValue, r"seq=0 must be at least 1"),
+        ({"batch": True}, BadType, r"batch must be an int, got True"),
+        ({"seq": 2.5}, BadType, r"seq must be an int, got 2.5"),
+    ],
+)
+def test_at_refuses_bad_sizes_in_one_line(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        Family(affine, multiple=2)(256).at(**kwargs)
+
+
+def test_a_measured_step_has_no_other_sequence():
+    w = rk.sources.workload(
+        rk.sources.Measured(lambda p, s, b: memory_report(), lambda p, s, b: 1.0),
+        "h100",
+        rk.TrainConfig(1, 16),
+    )
+    assert w.at(seq=16) is w
+    with pytest.raises(BadValue, match=r"seq=32: this workload's figures are for seq=16 only"):
+        w.at(seq=32)
+
+
+def test_a_resize_that_builds_another_sequence_is_a_type_error():
+    make = Family(affine)
+    w = dataclasses.replace(make(64), resize=lambda seq: make(seq + 1))
+    with pytest.raises(BadType, match=r"resize\(128\) gave seq=129, not a Workload at seq=128"):
+        w.at(seq=128)
+
+
+def test_the_door_builds_the_same_step_at_another_sequence():
+    # Traced, not compiled: the FLOPs of the step at 32 tokens, against one built apart.
+    src = rk.sources.resolve(PresetSpec("tiny-llama"))
+    w = rk.sources.workload(src, "h100", rk.TrainConfig(batch=2, seq=16, optimizer="sgd"))
+    longer = w.at(seq=32)
+    apart = rk.sources.workload(src, "h100", rk.TrainConfig(batch=2, seq=32, optimizer="sgd"))
+    assert (longer.seq, longer.batch, longer.label) == (32, 2, apart.label)
+    assert longer.flops("full") == apart.flops("full", batch=2) != w.flops("full")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"axis": "layers"}, BadValue, r"axis='layers': use one of 'batch', 'seq'"),
+        ({"granularity": 64}, BadValue, r"granularity=64 with axis='batch'"),
+        (
+            {"policy": "plan", "schedule": "every:2"},
+            BadValue,
+            r"schedule='every:2' with policy='plan': the planner picks the schedule",
+        ),
+    ],
+)
+def test_fit_refuses_what_its_axis_does_not_take_before_any_compile(kwargs, error, match):
+    make = Family(affine)
+    with pytest.raises(error, match=match):
+        rk.fit(make(64), **kwargs)
+    assert make.measured == []
+
+
+def test_fit_takes_a_workload_only():
+    with pytest.raises(BadType, match=r"workload must be an rk.Workload .*got function"):
+        rk.fit(lambda seq: None, axis="seq")
+
+
+@pytest.mark.parametrize(
+    ("axis", "searched", "expected"),
+    [
+        ("batch", "max_batch_plan", {"cap": 1 << 14, "headroom": 0.2, "limit_bytes": None}),
+        ("seq", "max_seq_plan", {"cap": 1 << 20, "granularity": 1024, "batch": 3}),
+    ],
+)
+def test_the_planner_is_the_plan_search_of_the_axis_with_its_defaults(
+    monkeypatch, axis, searched, expected
+):
+    seen = {}
+
+    def spy(workload, **kwargs):
+        seen.update(kwargs, workload=workload)
+        return "the fit", None
+
+    monkeypatch.setattr(f"remat_kit.search._fit.{searched}", spy)
+    w = Family(affine)(2048).at(batch=3)
+    assert rk.fit(w, "plan", axis=axis, headroom=0.2, hide=0.3) == "the fit"
+    assert {k: seen[k] for k in expected} == expected
+    assert seen["workload"] is w and seen["hide"] == 0.3 and seen["offload"] is True
