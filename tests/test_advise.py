@@ -759,3 +759,16 @@ def test_a_scale_out_names_the_devices_it_counts(name, per_device, word):
     none = rk.search.gpus_needed(workload_for, batch=4, counts=(1, 2), headroom=0.0)
     assert none.devices is None and none.note.data["device"] == word
     assert rk.notes.words(none.note).endswith(f"per {word}")
+
+
+def test_a_cost_made_without_a_scale_out_is_not_scaled():
+    # A Cost made by hand (as render's tests do) is the step's own GPUs' figures unless told.
+    cost = rk.search.Cost("h100-80gb", 1, None, None, None)
+    assert cost.to_dict() == {
+        "target": "h100-80gb",
+        "gpus": 1,
+        "tokens_per_second": None,
+        "price": None,
+        "usd_per_million_tokens": None,
+        "scaled": False,
+    }

@@ -609,3 +609,43 @@ def test_a_fresh_process_has_compiled_nothing():
     code = "from remat_kit import cache; print(cache.compiles())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "0"
+
+
+@pytest.mark.parametrize("key", ["ab" + "0" * 62, "7f" + "e" * 62])
+def test_an_entry_lives_under_the_format_and_its_keys_first_two_digits(cache_dir, key):
+    # The layout on disk is what every cache already written is found by: a change to it
+    # without a FORMAT bump orphans them all.
+    assert cache.store(key, {"n": 1})
+    want = cache_dir / "v1" / key[:2] / f"{key}.json"
+    assert _entries(cache_dir) == [want]
+    assert json.loads(want.read_text())["record"] == {"n": 1}
+
+
+def _hand_made(lowered):
+    """A CompiledMemory made by hand (a 50 s compile on record): nothing is compiled."""
+    from remat_kit.xla import CompiledMemory
+
+    fields = dict.fromkeys(("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes"), 8)
+    return CompiledMemory(
+        **fields,
+        generated_code_bytes=0,
+        host_bytes=0,
+        host_temp_bytes=0,
+        xla_peak_bytes=None,
+        xla_remat_limit_bytes=None,
+        xla_remat_saved_bytes=0,
+        xla_remat_fell_short=False,
+        xla_messages=(),
+        compile_seconds=50.0,
+    )
+
+
+def test_a_hit_reports_the_time_it_took_to_read_back(cache_dir):
+    import time
+
+    low, cpu = _lowered(), rk.target("cpu")
+    assert cache.compiled_memory(low, cpu, _hand_made).compile_seconds == 50.0
+    start = time.perf_counter()
+    hit = cache.compiled_memory(low, cpu, _never)
+    took = time.perf_counter() - start
+    assert 0 <= hit.compile_seconds <= took

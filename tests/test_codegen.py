@@ -258,3 +258,47 @@ def test_a_kernel_dir_of_another_user_s_process_is_kept(tmp_path, monkeypatch):
     monkeypatch.setattr(codegen.os, "kill", kill)
     assert codegen.remove_kernel_dirs() == []
     assert other.exists()
+
+
+def test_a_kernel_dir_of_a_living_process_whose_proc_entry_cannot_be_read_is_kept(
+    tmp_path, monkeypatch
+):
+    """A process os.kill answers is alive unless /proc says it is a zombie: with no /proc to
+    read (another OS, a sandbox) its directory stays."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    living = tmp_path / f"{codegen.KERNEL_DIR_PREFIX}{os.getpid() + 1}_a"
+    living.mkdir()
+    monkeypatch.setattr(codegen.os, "kill", lambda pid, sig: None)
+    read = Path.read_text
+
+    def no_proc(self, *args, **kwargs):
+        if str(self).startswith("/proc/"):
+            raise FileNotFoundError(2, "No such file or directory", str(self))
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", no_proc)
+    assert codegen.remove_kernel_dirs() == []
+    assert living.exists()
+
+
+@pytest.mark.parametrize("missing", ["bin/ptxas", "nvvm/libdevice"])
+def test_a_cuda_dir_needs_both_ptxas_and_libdevice(tmp_path, monkeypatch, missing):
+    def cuda(name, parts):
+        root = tmp_path / name
+        for part in parts:
+            if part == "bin/ptxas":
+                (root / "bin").mkdir(parents=True)
+                (root / "bin" / "ptxas").write_text("#!/bin/sh\n")
+                (root / "bin" / "ptxas").chmod(0o755)
+            else:
+                (root / part).mkdir(parents=True)
+        return root
+
+    half = cuda("half", [p for p in ("bin/ptxas", "nvvm/libdevice") if p != missing])
+    whole = cuda("whole", ["bin/ptxas", "nvvm/libdevice"])
+    monkeypatch.setitem(sys.modules, "nvidia.cuda_nvcc", None)  # no wheel: import fails
+    monkeypatch.setenv("CUDA_HOME", str(half))
+    monkeypatch.setenv("CUDA_PATH", str(whole))
+    assert codegen.real_cuda_dir() == whole.resolve()

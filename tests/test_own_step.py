@@ -356,3 +356,20 @@ def test_a_step_that_does_not_load_names_the_flag(capsys):
     assert main(["report", "--step", f"{DATA}/nowhere.py:f"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"remat-kit: --step {DATA}/nowhere.py:f: step '"), err
+
+
+@pytest.mark.parametrize(("ways", "per_device"), [(1, 8 * 16 * 4), (4, 2 * 16 * 4)])
+def test_a_sharded_argument_counts_its_shard_in_the_breakdown(ways, per_device):
+    # Roles by hand (no compile): the weights [8, 16] f32 sharded over `ways` devices along
+    # their first axis, the batch [8] int32 whole on each; bytes per device, by hand.
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+    from remat_kit.sources._own_step import _breakdown
+
+    mesh = AbstractMesh((ways,), ("data",))
+    sharded = NamedSharding(mesh, PartitionSpec("data"))
+    params = {"w": jax.ShapeDtypeStruct((8, 16), "float32", sharding=sharded)}
+    batch = jax.ShapeDtypeStruct((8,), "int32")
+    got = _breakdown((params, batch), {"params": (0,), "batch": (1,)})
+    want = {"trainable": per_device, "gradients": per_device, "weights": per_device}
+    assert got == {**want, "optimizer": 0, "batch": 8 * 4}

@@ -1394,3 +1394,29 @@ def test_an_offload_xla_carries_out_in_part_on_one_device_is_said(monkeypatch):
     assert [n.data for n in r.notes if n.kind == "offload_shortfall"] == [
         {"moved_bytes": 1, "marked_bytes": marked}
     ]
+
+
+@pytest.mark.parametrize(
+    ("abstract", "want"),
+    [(False, [[4.0, 7.0, 10.0]]), (True, [[1.0, 1.0, 1.0]])],
+    ids=["concrete", "abstract"],
+)
+def test_an_nnx_model_s_other_state_is_kept_or_made_zero_where_abstract(abstract, want):
+    # The rest of an NNX model's state (not nnx.Param) is a constant of the step: kept as
+    # built, or zeros where the model was built abstractly (nnx.eval_shape). By hand:
+    # [1, 2] @ ones(2, 3) = [3, 3, 3]; times the scale [1, 2, 3] (or 0), plus 1.
+    from flax import nnx
+
+    from remat_kit.sources._adapters import NNXModel
+
+    class Scaled(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.zeros((2, 3)))
+            self.scale = nnx.Variable(jnp.array([1.0, 2.0, 3.0]))
+
+        def __call__(self, x):
+            return (x @ self.w[...]) * self.scale[...] + 1.0
+
+    model = nnx.eval_shape(Scaled) if abstract else Scaled()
+    got = NNXModel(model).apply({"w": jnp.ones((2, 3))}, jnp.array([[1.0, 2.0]]))
+    assert got.tolist() == want

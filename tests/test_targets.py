@@ -554,6 +554,15 @@ def test_local_target_is_jax_default_device():
         rkt.target("local", devices=len(jax.devices()) + 1)
 
 
+@pytest.mark.parametrize("devices", [2, 8])
+def test_a_local_target_spans_the_devices_asked_for(devices, monkeypatch):
+    # This process has one CPU device: the local platform is shown eight of it.
+    one = jax.devices()[0]
+    monkeypatch.setattr(jax, "devices", lambda *args, **kwargs: [one] * 8)
+    t = rkt.target("local", devices=devices)
+    assert (t.kind, t.devices, t.hosts) == ("local", devices, 1)
+
+
 def test_check_deviceless_passes_here():
     rkt.check_deviceless(rkt.target("l4"))  # must not raise under JAX_PLATFORMS=cpu
     rkt.check_deviceless(rkt.target("cpu"))

@@ -406,6 +406,17 @@ def test_nccl_holds_sixteen_sms_over_nvlink_and_two_over_pcie(name, sms, nccl):
     assert speed_of(rk.target(name)).contention == pytest.approx(sms / (sms - nccl) - 1)
 
 
+@pytest.mark.parametrize(("sms", "contention"), [(1, 0.0), (2, 0.0), (3, 2.0), (4, 1.0)])
+def test_a_gpu_with_no_more_sms_than_nccl_holds_has_no_contention(sms, contention):
+    # An L4 is on PCIe (NCCL holds 2 SMs); a custom card of that many SMs or fewer leaves no
+    # compute to slow down; with 3 SMs the compute beside a collective runs on 1: 3x as long.
+    l4 = rk.target("l4")
+    card = dataclasses.replace(
+        l4, target_config=l4.target_config.replace("core_count: 58", f"core_count: {sms}")
+    )
+    assert speed_of(card).contention == pytest.approx(contention)
+
+
 # Async pairs as XLA schedules them: a start, what runs before its done, and after; one
 # wrapped in async-start/async-done; two in flight at once.
 _WINDOWS_HLO = """HloModule w
