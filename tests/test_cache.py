@@ -649,3 +649,18 @@ def test_a_hit_reports_the_time_it_took_to_read_back(cache_dir):
     hit = cache.compiled_memory(low, cpu, _never)
     took = time.perf_counter() - start
     assert 0 <= hit.compile_seconds <= took
+
+
+@pytest.mark.parametrize("callback", ["1", "140234567890"])
+def test_a_partitioning_callback_no_process_registered_is_left_as_written(callback):
+    # No custom_partitioning callback has that id in this process: the text is hashed as it
+    # is (a miss later, never a wrong hit), the number and its words kept.
+    import hashlib
+
+    text = (
+        "module {\n"
+        "  %0 = stablehlo.custom_call @CustomSPMDPartitioning(%a) "
+        f'{{backend_config = "{callback}"}}\n'
+        "}"
+    )
+    assert cache.fingerprint(text) == hashlib.sha256(text.encode()).hexdigest()

@@ -302,3 +302,21 @@ def test_a_cuda_dir_needs_both_ptxas_and_libdevice(tmp_path, monkeypatch, missin
     monkeypatch.setenv("CUDA_HOME", str(half))
     monkeypatch.setenv("CUDA_PATH", str(whole))
     assert codegen.real_cuda_dir() == whole.resolve()
+
+
+def test_a_kernel_dir_another_process_removed_first_is_no_error(tmp_path, monkeypatch):
+    """Two processes cleaning at once: the directory of an ended process is gone before this
+    one's rmtree reaches it (here: removed while its owner is asked after)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    raced = tmp_path / f"{codegen.KERNEL_DIR_PREFIX}{os.getpid() + 1}_a"
+    (raced / "kernels").mkdir(parents=True)
+
+    def ended_and_cleaned(pid):
+        shutil.rmtree(raced)  # the other process's cleaning
+        return False
+
+    monkeypatch.setattr(codegen, "_alive", ended_and_cleaned)
+    assert codegen.remove_kernel_dirs() == [raced]
+    assert not raced.exists()
