@@ -488,7 +488,7 @@ def test_maxtexts_reason_for_refusing_a_config_is_kept_whole(tmp_path, monkeypat
     pydantic = pytest.importorskip("pydantic")
     from typing import Literal
 
-    from remat_kit_models import maxtext_source as source
+    from remat_kit_models.maxtext_source import _config as source
 
     class MaxTextConfig(pydantic.BaseModel):
         remat_policy: Literal["full", "minimal"] = "full"

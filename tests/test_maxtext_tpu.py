@@ -16,8 +16,8 @@ import pytest
 
 import remat_kit as rk
 from remat_kit.errors import BadValue
-from remat_kit_models import maxtext as source
 from remat_kit_models.maxtext import MaxTextSpec
+from remat_kit_models.maxtext_source import _config, _mesh
 
 pytest.importorskip("maxtext")
 pytest.importorskip("libtpu")
@@ -45,7 +45,7 @@ def _words(target: rk.Target, words: str = QWEN3) -> dict[str, str]:
     src = rk.sources.resolve(MaxTextSpec(words))
     return dict(
         w.split("=", 1)
-        for w in source._settings(
+        for w in _config._settings(
             src.request, rk.TrainConfig(8, 256), target.devices, (), target.hosts, target.tpu_slice
         )
     )
@@ -124,7 +124,7 @@ def test_the_mesh_is_maxtexts_get_topology_mesh(name, slices, keys):
     target = rk.target(name, slices=slices)
     src = rk.sources.resolve(MaxTextSpec(QWEN3 + keys))
     cfg = src._cfg(rk.TrainConfig(8 * slices, 256), target, ())
-    ours = source._mesh(cfg, target)
+    ours = _mesh._mesh(cfg, target)
     from maxtext.trainers.pre_train import train_compile
 
     before = jax.config.jax_remove_size_one_mesh_axis_from_type
