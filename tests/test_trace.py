@@ -180,6 +180,47 @@ def test_a_schedule_name_the_hlo_lacks_runs_where_it_stands_and_the_rest_runs_on
     assert t.seconds == pytest.approx(expected, rel=1e-12)
 
 
+# A loop of 5 trips whose body takes a tanh and counts (and whose condition compares).
+_LOOP = """HloModule m
+
+%body (p: (s32[], f32[256,256])) -> (s32[], f32[256,256]) {
+  %p = (s32[], f32[256,256]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[256,256]{1,0} get-tuple-element(%p), index=1
+  %t = f32[256,256]{1,0} tanh(f32[256,256]{1,0} %x)
+  %one = s32[] constant(1)
+  %j = s32[] add(%i, %one)
+  ROOT %r = (s32[], f32[256,256]{1,0}) tuple(%j, %t)
+}
+
+%cond (p: (s32[], f32[256,256])) -> pred[] {
+  %p = (s32[], f32[256,256]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(5)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (a: f32[256,256]) -> f32[256,256] {
+  %a = f32[256,256]{1,0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[256,256]{1,0}) tuple(%zero, %a)
+  %loop = (s32[], f32[256,256]{1,0}) while(%init), condition=%cond, body=%body, \
+backend_config={"known_trip_count":{"n":"5"}}
+  ROOT %out = f32[256,256]{1,0} get-tuple-element(%loop), index=1
+}
+"""
+
+
+def test_a_loop_s_body_and_condition_launch_once_per_trip_on_the_timeline():
+    speed = speed_of(rk.target("h100"))
+    t = program_timeline(_LOOP, ["a", "zero", "init", "loop", "out"], speed)
+    got: dict[str, int] = {}
+    for launch in t.launches:
+        got[launch.kernel.name] = got.get(launch.kernel.name, 0) + 1
+    assert got == {"t": 5, "j": 5, "lt": 5}
+    assert t.seconds == pytest.approx(step_time(kernels_of(_LOOP), speed).seconds, rel=1e-12)
+
+
 def test_trace_events_follow_the_format():
     doc = trace_events([_synthetic(), _synthetic()], ["full", "none"])
     events = doc["traceEvents"]
