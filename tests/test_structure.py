@@ -273,14 +273,12 @@ _UNIT_WORDS = ("TiB", "GiB", "MiB", "KiB")
 #: Modules that still turn bytes into a unit by hand (a ratchet: a new one fails the test
 #: below). The budgets' errors (autoplan/_budget.py, search/_budget.py) and the memory
 #: fraction's (targets/_core.py) give a budget or a limit in the GiB a user types it in;
-#: xla/_compile.py restates libtpu's own out-of-memory figures, which it gives to 0.01 GiB;
-#: cli/_fit.py's "nothing fits" line is open work (issue 58).
+#: xla/_compile.py restates libtpu's own out-of-memory figures, which it gives to 0.01 GiB.
 HAND_FORMATTED = {
     "remat_kit/autoplan/_budget.py",
     "remat_kit/search/_budget.py",
     "remat_kit/targets/_core.py",
     "remat_kit/xla/_compile.py",
-    "remat_kit/cli/_fit.py",
 }
 
 

@@ -37,6 +37,7 @@ from remat_kit.render import (
     length_words,
     limit_words,
     longest_words,
+    nothing_fits_words,
     progress,
     seq_table,
     throughput_table,
@@ -286,11 +287,11 @@ def _nothing_fits(rows: list[FitRow], smallest: str, target: Target, advice: str
     searched, with the smallest peak and what to try; exit code 1: the search ran and found
     nothing that fits (docs/commands/index.md, "Exit codes")."""
     least = min(rows, key=lambda row: row.fit.peak_bytes)
-    sys.stderr.write(
-        f"remat-kit: nothing fits: even at {smallest} the smallest peak is "
-        f"{least.fit.peak_bytes / 2**30:.2f} GiB ({least.label}), over the "
-        f"{least.fit.limit_bytes / 2**30:.2f} GiB limit on {target.label}; {advice}\n"
+    fit = least.fit
+    line = nothing_fits_words(
+        smallest, fit.peak_bytes, least.label, fit.limit_bytes, target, advice
     )
+    sys.stderr.write(f"remat-kit: {line}\n")
     return 1
 
 

@@ -13,6 +13,7 @@ from remat_kit.render._captions import (
     depth_words,
     flags_words,
     limit_words,
+    nothing_fits_words,
     xla_limits_words,
 )
 from remat_kit.render._files import (
@@ -89,6 +90,7 @@ __all__ = [
     "models_table",
     "module_names",
     "nodes_table",
+    "nothing_fits_words",
     "opts_precision",
     "pct",
     "peak_table",

@@ -24,6 +24,7 @@ __all__ = [
     "fits_rule",
     "flags_words",
     "limit_words",
+    "nothing_fits_words",
     "runtime_words",
     "xla_limits_words",
 ]
@@ -214,3 +215,28 @@ def limit_words(target: Target, headroom: float) -> str:
     """
     words = f"usable at {runtime_words(target)}"
     return words + (f", less {100 * headroom:.0f}%" if headroom else "")
+
+
+def nothing_fits_words(
+    smallest: str, peak_bytes: int, label: str, limit_bytes: int, target: Target, advice: str
+) -> str:
+    """The one line a search says when no policy fits even its smallest point: that point,
+    the smallest peak there and whose it is, the limit, and what to try.
+
+    Args:
+      smallest: the point searched from (``"batch 1"``, ``"seq 512 (batch 1)"``).
+      peak_bytes: the smallest peak there; ``label`` the row it is.
+      limit_bytes: the search's limit on ``target``.
+      advice: what to try instead.
+
+    Example:
+      >>> line = nothing_fits_words("batch 1", 10 * 2**30, "none", 2**30, rk.target("h100"), "?")
+      >>> for part in line.split(", "):
+      ...     print(part)
+      nothing fits: even at batch 1 the smallest peak is 10.00 GiB (none)
+      over the 1.00 GiB limit on h100-80gb; ?
+    """
+    return (
+        f"nothing fits: even at {smallest} the smallest peak is {gib(peak_bytes)} GiB "
+        f"({label}), over the {gib(limit_bytes)} GiB limit on {target.label}; {advice}"
+    )
