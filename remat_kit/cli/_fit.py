@@ -9,10 +9,10 @@ import functools
 import sys
 import time
 import warnings
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import Executor
 
-from remat_kit import _workers, sources
+from remat_kit import sources
 from remat_kit.cli._model import (
     ModelRun,
     Request,
@@ -52,6 +52,7 @@ from remat_kit.search import (
     check_budget,
     fastest,
     fit,
+    fit_each,
     limit_for,
     seq_multiple,
 )
@@ -155,65 +156,47 @@ def _largest_batches(
     schedule: Schedule,
 ) -> tuple[list[FitRow], int]:
     """The largest batch of each policy (None: the planner's), one row each, and the
-    programs compiled for them (on a cluster's workers too).
-
-    The policies' searches do not depend on each other: with ``--cluster`` (the workload's
-    spread has an executor) the first runs here and, once it compiled, the others on the
-    cluster's workers, each rebuilding the step (a custom policy cannot travel: then all
-    run here)."""
+    programs compiled for them (on a cluster's workers too: ``fit_each``)."""
     length = length_words(
         f"fit over {len(policies)} polic{'y' if len(policies) == 1 else 'ies'}",
         how="each policy's largest batch is found by compiling on both sides of it",
     )
     specs = list(policies)
-    # What travels: a policy's spec (a worker parses it again), ``plan`` for the planner.
-    items = [PLAN if pol is None else pol.spec for pol in policies.values()]
-    typed = dict(zip(items, policies.values(), strict=True))
-    sch = getattr(schedule, "spec", schedule)
-    local: set[str] = set()
-    remote: list[int] = []
-
-    def here(item: str) -> Fit:
-        local.add(item)
-        pol = typed[item] or PLAN
-        return _policy_fit(lambda: w, args.headroom, not args.no_offload, args.hide, schedule, pol)
+    remote: list[int] = []  # the compiles of the searches a cluster's workers ran
 
     def done() -> int:
         return w.compiles + sum(remote)
 
-    spread = w.spread
-    travel = (
-        spread is not None
-        and spread.executor is not None
-        and all(pol is None or pol.name != "custom" for pol in policies.values())
-    )
-    trying = functools.partial(compiling_words, [w], policy=PLAN in items)
+    trying = functools.partial(compiling_words, [w], policy=None in policies.values())
     with (
         warnings.catch_warnings(),
         progress("fit", done=done, length=length, now=trying) as step,
     ):
         warnings.simplefilter("ignore")  # the tables show what matters
+        began: set[int] = set()  # searched one by one here, each named as it starts
+        finished: list[int] = []
 
-        def ended(i: int, fit: Fit) -> None:
-            if items[i] not in local:
-                remote.append(fit.compiles)
-            step(f"{specs[i]} done ({len(local) + len(remote)}/{len(specs)})")
+        def started(i: int) -> None:
+            began.add(i)
+            step(f"{specs[i]} ({i + 1}/{len(specs)})")
 
-        if travel:
-            one = functools.partial(
-                _policy_fit,
-                spread.workload_for,
-                args.headroom,
-                not args.no_offload,
-                args.hide,
-                sch,
-            )
-            fits = _workers.run(one, items, 1, executor=spread.executor, here=here, on_done=ended)
-        else:
-            fits = []
-            for i, item in enumerate(items):
-                step(f"{specs[i]} ({i + 1}/{len(specs)})")
-                fits.append(here(item))
+        def ended(i: int, found: Fit, here: bool) -> None:
+            finished.append(i)
+            if not here:
+                remote.append(found.compiles)
+            if i not in began:  # spread over a cluster: named as each is done
+                step(f"{specs[i]} done ({len(finished)}/{len(specs)})")
+
+        fits = fit_each(
+            w,
+            [PLAN if pol is None else pol for pol in policies.values()],
+            schedule,
+            headroom=args.headroom,
+            offload=not args.no_offload,
+            hide=args.hide,
+            started=started,
+            ended=ended,
+        )
     rows = [
         FitRow(
             (f"plan: {label(fit.policy, fit.schedule)}" if fit.fits else "plan")
@@ -224,29 +207,6 @@ def _largest_batches(
         for spec, fit in zip(specs, fits, strict=True)
     ]
     return rows, done()
-
-
-def _policy_fit(
-    workload_for: Callable[[], Workload],
-    headroom: float,
-    offload: bool,
-    hide: float,
-    schedule: Schedule | str,
-    policy: Policy | str,
-) -> Fit:
-    """One policy's largest batch (``plan``: the planner's) on the step ``workload_for``
-    builds (module-level: a cluster's worker is handed it, with the specs: ``str``)."""
-    planner = policy is PLAN or policy == PLAN
-    # No start: the search begins where the trace puts the boundary.
-    return fit(
-        workload_for(),
-        policy,
-        "none" if planner else schedule,  # the planner picks its own
-        axis="batch",
-        headroom=headroom,
-        offload=offload,
-        hide=hide,
-    )
 
 
 def _print_batches(

@@ -47,7 +47,7 @@ from remat_kit.search._batch import max_batch, max_batch_plan
 from remat_kit.search._boundary import Fit
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for, parse_budget
 from remat_kit.search._cost import RANKINGS, Cost, cost_of, rank_costs
-from remat_kit.search._fit import AXES, PLAN, fit
+from remat_kit.search._fit import AXES, PLAN, fit, fit_each
 from remat_kit.search._front import (
     FRONT_POLICIES,
     FRONT_SCHEDULES,
@@ -101,6 +101,7 @@ __all__ = [
     "cost_of",
     "fastest",
     "fit",
+    "fit_each",
     "front",
     "gpus_needed",
     "limit_for",

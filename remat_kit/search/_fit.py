@@ -16,18 +16,20 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from remat_kit import _workers
 from remat_kit.errors import BadType, BadValue
-from remat_kit.policies import PolicyLike
+from remat_kit.policies import PolicyLike, as_policy
 from remat_kit.search._batch import max_batch, max_batch_plan
 from remat_kit.search._boundary import Fit
 from remat_kit.search._budget import DEFAULT_HEADROOM
 from remat_kit.search._seq import DEFAULT_GRANULARITY, DEFAULT_SEQ_CAP, max_seq, max_seq_plan
 from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
-__all__ = ["AXES", "PLAN", "fit"]
+__all__ = ["AXES", "PLAN", "fit", "fit_each"]
 
 #: What :func:`fit` can search, and the largest value it tries on each where no cap is given.
 AXES = {"batch": 1 << 14, "seq": DEFAULT_SEQ_CAP}
@@ -113,3 +115,95 @@ def fit(
     if planner:
         return max_seq_plan(workload, **seqs, **bounds, **plans)[0]
     return max_seq(workload, policy, schedule, **seqs, **bounds)
+
+
+def fit_each(
+    workload: Workload,
+    policies: Sequence[PolicyLike],
+    schedule: Any = "none",
+    *,
+    headroom: float = DEFAULT_HEADROOM,
+    limit_bytes: int | None = None,
+    offload: bool = True,
+    hide: float = DEFAULT_HIDE,
+    started: Callable[[int], None] | None = None,
+    ended: Callable[[int, Fit, bool], None] | None = None,
+) -> list[Fit]:
+    """The largest batch of each policy (:func:`fit` along ``batch``; ``"plan"``: the
+    planner's, which picks its own schedule), in the order given.
+
+    The searches do not depend on each other. Where the workload's spread has an executor
+    (``rk.sources.Spread``: a cluster), the first runs here and, once it compiled, the others
+    on the executor's workers, each rebuilding the step with ``spread.workload_for`` (a
+    custom policy, a jax callable, cannot travel: then every search runs here).
+
+    Args:
+      workload: the step.
+      policies: policy names, specs or Policies, or ``"plan"``.
+      schedule: the layer schedule of every named policy.
+      headroom, limit_bytes, offload, hide: as :func:`fit` takes them.
+      started: called with a policy's index before its search starts here (one by one).
+      ended: called as ``ended(index, fit, here)`` when a search is over (``here``: in this
+        process, its compiles counted in ``workload.compiles``).
+
+    Returns:
+      The fits, in the order of ``policies``.
+
+    Example:
+      >>> [(f.policy, f.batch > 2) for f in rk.search.fit_each(w, ["full"], limit_bytes=2**20)]
+      [('full', True)]
+    """
+    planner = [isinstance(p, str) and p == PLAN for p in policies]
+    typed = [None if plan else as_policy(p) for p, plan in zip(policies, planner, strict=True)]
+    options = dict(headroom=headroom, limit_bytes=limit_bytes, offload=offload, hide=hide)
+    sch = getattr(schedule, "spec", schedule)
+    spread = workload.spread
+    travel = (
+        spread is not None
+        and spread.executor is not None
+        and all(p is None or p.name != "custom" for p in typed)
+    )
+    # What travels: a policy's spec (a worker parses it again), "plan" for the planner.
+    items = [PLAN if p is None else p.spec for p in typed]
+    local: set[int] = set()
+
+    def here(i: int) -> Fit:
+        local.add(i)
+        return _one(lambda: workload, schedule, options, typed[i] or PLAN)
+
+    def done(i: int, found: Fit) -> None:
+        if ended is not None:
+            ended(i, found, i in local)
+
+    if not travel:
+        fits = []
+        for i in range(len(items)):
+            if started is not None:
+                started(i)
+            fits.append(here(i))
+            done(i, fits[-1])
+        return fits
+    one = functools.partial(_by_index, spread.workload_for, sch, options, items)
+    return _workers.run(
+        one, range(len(items)), 1, executor=spread.executor, here=here, on_done=done
+    )
+
+
+def _by_index(
+    workload_for: Callable[[], Workload],
+    schedule: str,
+    options: dict[str, Any],
+    items: Sequence[str],
+    i: int,
+) -> Fit:
+    """:func:`_one` of ``items[i]`` (module-level: a cluster's worker is handed it)."""
+    return _one(workload_for, schedule, options, items[i])
+
+
+def _one(
+    workload_for: Callable[[], Workload], schedule: Any, options: dict[str, Any], policy: Any
+) -> Fit:
+    """One policy's largest batch on the step ``workload_for`` builds; no start: the search
+    begins where the trace puts the boundary."""
+    planner = isinstance(policy, str) and policy == PLAN
+    return fit(workload_for(), policy, "none" if planner else schedule, axis="batch", **options)
