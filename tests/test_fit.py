@@ -9,7 +9,9 @@ every search over the family, a batch view compiles nothing of its own.
 from __future__ import annotations
 
 import dataclasses
+import threading
 
+import jax
 import pytest
 
 import remat_kit as rk
@@ -36,7 +38,8 @@ class Family:
 
         def measure(policy, schedule, batch):
             self.measured.append((seq, batch))
-            return memory_report(peak_bytes=int(self.peak_of(seq, batch)), policy=policy.spec)
+            peak = int(self.peak_of(seq, batch))
+            return memory_report(peak_bytes=peak, policy=policy.spec, flops=float(seq * batch))
 
         w = rk.sources.workload(
             rk.sources.Measured(measure, lambda p, s, b: float(seq * b)),
@@ -201,3 +204,82 @@ def test_the_planner_is_the_plan_search_of_the_axis_with_its_defaults(
     assert rk.fit(w, "plan", axis=axis, headroom=0.2, hide=0.3) == "the fit"
     assert {k: seen[k] for k in expected} == expected
     assert seen["workload"] is w and seen["hide"] == 0.3 and seen["offload"] is True
+
+
+# --- fit_each: every policy's largest batch, here or spread over a cluster ---------------------
+
+TRAVEL: list[tuple[str, int]] = []  # (policy, thread) of every "compile" of the spread step
+
+
+def _travel_step() -> rk.sources.Workload:
+    """The spread tests' step (module-level: a worker rebuilds it from a pickled reference)."""
+
+    def measure(policy, schedule, batch):
+        TRAVEL.append((policy.spec, threading.get_ident()))
+        peak = affine(512, batch) * KEEPS[policy.spec]
+        return memory_report(peak_bytes=peak, policy=policy.spec, flops=float(batch))
+
+    measured = rk.sources.Measured(measure, lambda p, s, b: float(b))
+    return rk.sources.workload(measured, "h100", rk.TrainConfig(1, 512))
+
+
+KEEPS = {"none": 3, "full": 1, "minimal": 2}
+LIMIT = 40_000_000
+
+
+def test_fit_each_is_fit_of_each_policy_in_order_with_its_progress():
+    seen = []
+    got = rk.search.fit_each(
+        Family(affine)(512),
+        ["full", "none"],
+        limit_bytes=FIXED + 400_000,
+        started=lambda i: seen.append(("started", i)),
+        ended=lambda i, f, here: seen.append(("ended", i, f.policy, here)),
+    )
+    alone = [rk.fit(Family(affine)(512), p, limit_bytes=FIXED + 400_000) for p in ("full", "none")]
+    assert got == [
+        dataclasses.replace(a, seconds=g.seconds) for a, g in zip(alone, got, strict=True)
+    ]
+    assert seen == [
+        ("started", 0), ("ended", 0, "full", True), ("started", 1), ("ended", 1, "none", True)
+    ]  # fmt: skip
+
+
+def test_fit_each_hands_the_planner_no_schedule_and_the_others_the_one_given(monkeypatch):
+    asked = []
+
+    def spy(workload, policy, schedule, **kwargs):
+        asked.append((getattr(policy, "spec", policy), schedule, kwargs["axis"]))
+        return policy
+
+    monkeypatch.setattr("remat_kit.search._fit.fit", spy)
+    rk.search.fit_each(Family(affine)(512), ["plan", "full"], "every:2")
+    assert asked == [("plan", "none", "batch"), ("full", "every:2", "batch")]
+
+
+@pytest.mark.parametrize("custom", [False, True])
+def test_on_a_cluster_the_first_runs_here_and_the_rest_on_its_workers(monkeypatch, pool, custom):
+    # Every measure call counts as a compile that missed the cache: after the first search
+    # compiled, the others go to the executor (a thread pool here), which rebuilds the step.
+    TRAVEL.clear()
+    monkeypatch.setattr("remat_kit.cache.compiles", lambda: len(TRAVEL))
+    policies = ["full", "none", "minimal"]
+    if custom:  # a jax callable cannot travel: every search here
+        policies[2] = rk.as_policy(jax.checkpoint_policies.nothing_saveable)
+        KEEPS[policies[2].spec] = 2
+    spread = rk.sources.Spread(_travel_step, executor=pool)
+    w = dataclasses.replace(_travel_step(), spread=spread)
+    ended = {}
+    got = rk.search.fit_each(
+        w, policies, limit_bytes=LIMIT, ended=lambda i, f, here: ended.update({i: here})
+    )
+    keeps = [KEEPS[rk.as_policy(p).spec] for p in policies]
+    expected = [largest(lambda s, b, k=k: affine(s, b) * k, LIMIT, 512, 1) for k in keeps]
+    assert [f.batch for f in got] == expected
+    main = threading.main_thread().ident
+    threads = {p: {t for q, t in TRAVEL if q == p} for p, _ in TRAVEL}
+    assert threads["full"] == {main}
+    here = [True, True, True] if custom else [True, False, False]
+    assert [ended[i] for i in range(3)] == here
+    alone = [threads[rk.as_policy(p).spec] == {main} for p in policies]
+    assert alone == here
