@@ -355,6 +355,17 @@ def test_a_fit_boundary_from_copies_is_compiled_whole(error, answer):
         assert copies == calls[:1]
 
 
+@pytest.mark.parametrize("cap", [8, 20])
+def test_a_boundary_from_copies_at_the_cap_compiles_nothing_above_it(cap):
+    # The batch at the cap fits (by 5 bytes); the copies read 1% high, so the whole compiles
+    # move the boundary and the line through them lands on the cap: nothing past it is built.
+    calls = []
+    w = _extrapolating_workload(0.01, calls=calls)
+    fit = rk.max_batch(w, "full", limit_bytes=BASE_BYTES + PER_SAMPLE * cap + 5, cap=cap)
+    assert fit.batch == cap and fit.peak_bytes == BASE_BYTES + PER_SAMPLE * cap
+    assert max(calls) == cap
+
+
 @pytest.mark.parametrize("error", [-0.05, 0.05])
 def test_nothing_fits_is_verified_near_the_limit(error):
     limit = BASE_BYTES + PER_SAMPLE  # batch 1 fits exactly

@@ -2001,6 +2001,33 @@ def test_a_change_is_refused_when_made_wrong(kind, data):
         rk.search.Change(kind, data, lambda: None)
 
 
+@pytest.mark.parametrize(
+    ("kind", "data"), [("lora", {"rank": 16}), ("smaller_batch", {"batch": 2})]
+)
+def test_a_change_reads_as_its_figures_not_its_step_builder(kind, data):
+    # The builder is a closure over a workload: a change in a log or a test's message shows
+    # what it is, not a function's address.
+    change = rk.search.Change(kind, data, lambda: None, 4)
+    assert repr(change) == f"Change(kind={kind!r}, data={data!r}, batch=4)"
+
+
+@pytest.mark.parametrize("offload", [True, False])
+def test_the_plan_at_the_largest_batch_keeps_the_offload_it_was_given(offload, monkeypatch):
+    # max_batch_plan's plan is made with the caller's offload (fake3 could offload: its
+    # host link is given), not plan()'s default.
+    from remat_kit.search import _boundary
+
+    asked, real = [], _boundary.plan
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("offload", "not given"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_boundary, "plan", spy)
+    rk.search.max_batch_plan(fake3(), limit_bytes=FIXED + 1300, cap=64, offload=offload)
+    assert asked == [offload]
+
+
 def test_a_plan_equal_to_a_catalogue_policy_takes_its_name():
     """The solver's names:save=... list and ``dots`` decide alike (no quirk: the same peak and
     overhead): the plan reads ``dots``, not the list (issue 45)."""
