@@ -2002,6 +2002,27 @@ def test_a_change_is_refused_when_made_wrong(kind, data):
 
 
 @pytest.mark.parametrize(
+    ("kind", "data", "words"),
+    [
+        ("accum", {"accum": 4, "micro_batch": 2}, "accumulation over 4"),
+        ("smaller_batch", {"batch": 3}, "batch 3"),
+        ("bigger_gpu", {"target": "h200"}, "h200"),
+        (
+            "shard",
+            {"target": "h100-80gb", "devices": 2, "batch": 8},
+            "2 x h100-80gb (fsdp, batch 8)",
+        ),
+        ("lora", {"rank": 16}, "LoRA rank 16"),
+    ],
+)
+def test_the_next_step_says_which_change_it_compiles(kind, data, words):
+    said = []
+    change, _ = _change(kind, data, 1)
+    rk.search.next_step([change], progress=said.append)
+    assert said == [f"compiling full for {words}"]
+
+
+@pytest.mark.parametrize(
     ("kind", "data"), [("lora", {"rank": 16}), ("smaller_batch", {"batch": 2})]
 )
 def test_a_change_reads_as_its_figures_not_its_step_builder(kind, data):
