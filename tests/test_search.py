@@ -2167,6 +2167,26 @@ def test_advise_sizes_each_gpus_lora_hint_from_the_lora_step():
     }
 
 
+@pytest.mark.parametrize("budget", [FIXED - 200, FIXED - 100])
+def test_the_planner_stops_when_even_its_floor_does_not_fit(budget, monkeypatch):
+    # Shapes that say 300 B of weights and 300 of gradients (the step holds 1000 B whatever
+    # the policy): the model first says nothing fits, the floor (full) is compiled, over the
+    # budget, and the model it calibrates still says nothing fits: the planner answers then.
+    from remat_kit.search import _planner
+
+    calls, real = [], _planner.solve
+
+    def solve(*args, **kwargs):
+        calls.append(1)
+        assert len(calls) <= 10, "the planner keeps asking the solver"
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_planner, "solve", solve)
+    w = fake3(parts={"weights": 300, "gradients": 300, "optimizer": 0})
+    p = rk.plan(w, 1, budget, offload=False)
+    assert not p.fits and p.policy.spec == "full" and p.peak_bytes == FIXED
+
+
 @pytest.mark.parametrize("max_compiles", [1, 2])
 def test_the_planner_compiles_no_more_than_max_compiles(max_compiles):
     """The scenario above needs two solver compiles (the first guess, then the corrected one);
