@@ -680,3 +680,20 @@ def test_compare_rows_carry_step_time_and_the_overhead_against_none():
     )
     assert rows[1]["tokens_per_second"] == pytest.approx(512 / more.step_time.seconds)
     assert rows[1]["time_vs_none"] > 0  # a second product costs time
+
+
+def test_the_measured_cpu_speed_is_the_work_over_the_best_time(monkeypatch):
+    # Every timed run takes 0.25 s here (nothing is timed): the rates are the work over it,
+    # by hand: a 1024^3 product's 2 * 1024^3 FLOP in both dtypes (a ratio of 1), an in-place
+    # update reading and writing 256 MiB, and a fill of the same 256 MiB whose page faults
+    # take what the update's bandwidth leaves of 0.25 s.
+    from remat_kit.timing import _model
+
+    monkeypatch.setattr(_model, "_best", lambda fn, x, budget: 0.25)
+    monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
+    s = _model.measure_cpu_speed(0.2)
+    size = 256 * 2**20
+    assert s.peak_flops == pytest.approx(2 * 1024**3 / 0.25)
+    assert s.f32_matmul_ratio == pytest.approx(1.0)
+    assert s.memory_bandwidth == pytest.approx(2 * size / 0.25)
+    assert s.fresh_bytes_per_s == pytest.approx(size / (0.25 - 0.125))
