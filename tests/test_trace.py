@@ -219,6 +219,8 @@ def test_a_loop_s_body_and_condition_launch_once_per_trip_on_the_timeline():
         got[launch.kernel.name] = got.get(launch.kernel.name, 0) + 1
     assert got == {"t": 5, "j": 5, "lt": 5}
     assert t.seconds == pytest.approx(step_time(kernels_of(_LOOP), speed).seconds, rel=1e-12)
+    # The step starts at 0, and with no collective nothing waits at its end.
+    assert t.steps[0] == (0, 0.0) and t.launches[0].start == 0.0 and t.exposed_seconds == 0.0
 
 
 def test_trace_events_follow_the_format():
