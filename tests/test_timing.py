@@ -697,3 +697,22 @@ def test_the_measured_cpu_speed_is_the_work_over_the_best_time(monkeypatch):
     assert s.f32_matmul_ratio == pytest.approx(1.0)
     assert s.memory_bandwidth == pytest.approx(2 * size / 0.25)
     assert s.fresh_bytes_per_s == pytest.approx(size / (0.25 - 0.125))
+
+
+def test_the_measured_update_runs_in_place(monkeypatch):
+    # The bandwidth is timed on an update that donates its input: each call writes the
+    # buffer it read, not a fresh 256 MiB (whose page faults the fill measures apart).
+    from remat_kit.timing import _model
+
+    where = []
+
+    def best(fn, x, budget):
+        if x is None:  # the update's step: two calls, the first's output kept alive
+            first = fn(None)
+            where.extend([first.unsafe_buffer_pointer(), fn(None).unsafe_buffer_pointer()])
+        return 0.25
+
+    monkeypatch.setattr(_model, "_best", best)
+    monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
+    _model.measure_cpu_speed(0.2)
+    assert len(where) == 2 and where[0] == where[1]
