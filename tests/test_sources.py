@@ -1420,3 +1420,20 @@ def test_an_nnx_model_s_other_state_is_kept_or_made_zero_where_abstract(abstract
     model = nnx.eval_shape(Scaled) if abstract else Scaled()
     got = NNXModel(model).apply({"w": jnp.ones((2, 3))}, jnp.array([[1.0, 2.0]]))
     assert got.tolist() == want
+
+
+@pytest.mark.parametrize("strict", [None, False, True])
+def test_measure_refuses_an_unmatched_policy_only_when_strict(strict, monkeypatch):
+    # The library warns by default (the CLI asks for strict): an untagged model under
+    # "minimal" keeps nothing it names. Nothing is compiled: the measurement is stubbed.
+    from remat_kit.sources import _steps
+
+    monkeypatch.setattr(_steps, "_measure", lambda *args: memory_report(policy="minimal"))
+    src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
+    kwargs = {} if strict is None else {"strict": strict}
+    if strict:
+        with pytest.raises(BadValue, match=r"'minimal' names .* tags none"):
+            sources.measure(src, "minimal", "cpu", SMALL, meta={"stub": True}, **kwargs)
+    else:
+        r = sources.measure(src, "minimal", "cpu", SMALL, meta={"stub": True}, **kwargs)
+        assert r.policy == "minimal"
