@@ -1437,3 +1437,17 @@ def test_measure_refuses_an_unmatched_policy_only_when_strict(strict, monkeypatc
     else:
         r = sources.measure(src, "minimal", "cpu", SMALL, meta={"stub": True}, **kwargs)
         assert r.policy == "minimal"
+
+
+@pytest.mark.parametrize(
+    ("model", "layers"),
+    [("tiny-llama", models.get_config("tiny-llama").n_layers), ("untagged", 1)],
+)
+def test_a_workload_has_the_layers_its_schedules_split(model, layers):
+    # A preset's layers as its config states them; a factory's model, whose layers no
+    # schedule splits, is one layer to the planner. Nothing is compiled.
+    if model == "untagged":
+        src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
+    else:
+        src = sources.resolve(PresetSpec(model))
+    assert sources.workload(src, "h100", SMALL).n_layers == layers
