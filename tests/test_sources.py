@@ -1451,3 +1451,25 @@ def test_a_workload_has_the_layers_its_schedules_split(model, layers):
     else:
         src = sources.resolve(PresetSpec(model))
     assert sources.workload(src, "h100", SMALL).n_layers == layers
+
+
+class _Noisy(nn.Module):
+    """A model that draws from ``streams`` (in that order) as it runs: tokens to logits."""
+
+    streams: tuple[str, ...]
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(32, 8)(tokens)
+        for name in self.streams:
+            x = x + jax.random.normal(self.make_rng(name), x.shape)
+        return nn.Dense(32)(x)
+
+
+@pytest.mark.parametrize(
+    "streams", [(), ("dropout",), ("dropout", "noise")], ids=["none", "one", "two"]
+)
+def test_the_streams_a_model_asks_for_are_found_one_after_the_other(streams):
+    from remat_kit.sources._streams import streams_asked
+
+    assert streams_asked(_Noisy(streams), None, batch=2, seq=4) == streams
