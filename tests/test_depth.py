@@ -279,6 +279,19 @@ def test_a_stretch_that_runs_some_layers_only_is_fitted_as_one(depths):
     assert (got.peak_live_bytes, got.section) == (320, "optimizer, spans some layers")
 
 
+@pytest.mark.parametrize("depths", [(2, 3), (2, 3, 4)])
+def test_a_stretch_over_two_layers_is_fitted_by_its_largest_section(depths):
+    # The optimizer phase names layers 0 and 1 at every depth (all of a two-layer copy's,
+    # not a deeper one's): one stretch, fitted through its most bytes, 10 a layer, not its
+    # layer 1's 5: 10 * 32 at 32 layers.
+    secs = {
+        d: {Section("optimizer", "layer", 0): 10 * d, Section("optimizer", "layer", 1): 5 * d}
+        for d in depths
+    }
+    got = depth.fit_sections(secs, layers=32)
+    assert (got.peak_live_bytes, got.section) == (320, "optimizer, spans some layers")
+
+
 @pytest.mark.parametrize("stretch_first", [True, False])
 def test_a_stretch_over_some_layers_leaves_the_other_phases_layers_fitted(stretch_first):
     # Beside that stretch the backward pass runs every layer: its layer 0 is still the peak,
