@@ -161,19 +161,6 @@ def test_a_slice_without_a_mesh_is_one_line_naming_both_ways_out(capsys):
     assert "v5p-8 holds 4 chips and no --shard" in err[0] and "--target v5p-2" in err[0]
 
 
-def test_inspect_on_a_slice_is_one_line_before_any_compile(capsys, no_compile):
-    # libtpu's temp is not its dump's HBM temp block (peak.check_target's figures, measured in
-    # tests/test_tpu_inspect.py): no buffer could be named at the peak, so inspect refuses the
-    # slice at once.
-    code = main(["inspect", "--model", "tiny-llama", "--target", "v6e-1", "--batch", "4"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1
-    assert "--target v6e-1: inspect names the buffers" in err[0] and "report gives" in err[0]
-    x = jax.ShapeDtypeStruct((8,), jnp.float32)
-    with pytest.raises(BadValue, match="libtpu's temp is not in it"):
-        rk.inspect(jnp.sin, x, target="v5e-4")
-
-
 # --- libtpu's own topology, compiled ------------------------------------------------------------
 
 

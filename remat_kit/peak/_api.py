@@ -27,6 +27,7 @@ from remat_kit.errors import BadType, BadValue
 from remat_kit.peak._attribute import analyse
 from remat_kit.peak._classify import argument_leaves, key_paths
 from remat_kit.peak._dump import compile_with_dump, kept_leaves, read_hlo_proto
+from remat_kit.peak._libtpu import align_bytes
 from remat_kit.peak._tags import tag_index
 from remat_kit.peak._types import (
     ARGUMENT_CATEGORIES,
@@ -43,42 +44,16 @@ __all__ = [
 
 
 def check_target(target: Target) -> None:
-    """Refuses a target whose compiler's buffer assignment does not add up to its memory
-    analysis: what is live at the peak is read from that assignment.
-
-    libtpu's does not (measured with libtpu 0.0.50.1, jax 0.12.0.1). Its dump places every
-    buffer in a memory space (an allocation's color: 0 HBM, 1 VMEM, 2 SMEM, 5 pinned host) and
-    the memory analysis is of HBM. Arguments, outputs and aliases are the HBM allocations to the
-    byte (parameters; ``maybe-live-out`` ones, the output tuple's table included; parameters
-    that are also ``maybe-live-out``), and an offload's host temp is the color-5 block; but temp
-    is not the HBM temp block. That block holds small arrays and the 32- to 512-byte tables of
-    async ops' and multi-output fusions' tuples, every chunk at a 16 KiB-aligned offset. A
-    two-layer 512-wide MLP's gradient has 0 bytes of temp against a 16,896-byte block on v5e
-    (two copy-start tables) and 171,904 against 90,112 on v5p; tiny-llama under ``full``, b8
-    s128, fsdp:4, 4,290,560 against 2,163,200 on v5e-4 and 3,861,792 against 1,916,960 on v6e-4.
-    The nearest rule found, the block rounded up to 16 KiB plus, at every offset in it, the
-    padding of its smallest value to 16 KiB, gives a matrix product's temp and that MLP's on v5p
-    to the byte, but tiny-llama's on v5e-4 and v6e-4 is 512 bytes more than it, on v5p-8 34,816
-    bytes less (``full``) and 91,136 more (``none``), and a block of tuple tables alone is 0
-    bytes of temp. So no buffer can be named at a TPU program's peak.
-    GPU and CPU targets agree to the byte (checked on every inspect).
-
-    Raises:
-      BadValue: ``target`` is a TPU slice.
+    """Checks that inspect can name the buffers live at ``target``'s peak: every target
+    remat-kit compiles for can (GPU, CPU and, since libtpu's temp was read off its buffer
+    assignment, TPU slices: ``remat_kit.peak._libtpu``). Kept for callers that check a target
+    before a compile; it raises nothing today.
 
     Example:
       >>> check_target(rk.target("h100"))
+      >>> check_target(rk.target("v5e-4"))
     """
-    if target.kind == "tpu":
-        raise BadValue(
-            "inspect names the buffers live at the peak from XLA's buffer assignment, and "
-            "libtpu's temp is not in it: its HBM arguments and outputs are the dump's "
-            "allocations to the byte, its temp is not the HBM temp block (a two-layer MLP's "
-            "gradient: 0 B of temp against a 16,896 B block on v5e, 171,904 B against 90,112 B "
-            f"on v5p): inspect takes GPU and CPU targets; for {target.label}, report gives the "
-            "peak and its parts",
-            param="target",
-        )
+    del target
 
 
 def inspect(
@@ -133,7 +108,7 @@ def inspect(
       InspectError: XLA wrote no dump, a dump line could not be read (the message names
         file and line), or the dump disagrees with the memory analysis.
       BadValue: ``categories`` names an unknown category or argument (a ValueError),
-        ``target`` is a TPU slice (:func:`check_target`), ``in_shardings`` is not a prefix
+        ``in_shardings`` is not a prefix
         of the arguments, or a sharding is on devices other than ``target``'s (another
         count, another platform); each before any compile.
       BadType: a sharding given is neither a ``jax.sharding.Sharding`` nor None.
@@ -165,20 +140,23 @@ def inspect(
         kept = kept_leaves(lowered, sum(len(x) for x in leaves_per_arg))
         with contextlib.ExitStack() as stack:
             # The proto is read from the dump: a temporary one lives until it is read.
+            # On a TPU, libtpu's temp is read off the proto's heap traces (peak._libtpu).
+            protos = hlo_proto or t.kind == "tpu"
             where = keep_dump
-            if hlo_proto and where is None:
+            if protos and where is None:
                 where = stack.enter_context(tempfile.TemporaryDirectory(prefix="remat_kit_"))
             compiled, dump, texts = compile_with_dump(
-                lowered, where, analysis_options(t), protos=hlo_proto
+                lowered, where, analysis_options(t), protos=protos
             )
-            proto = read_hlo_proto(dump) if hlo_proto else None
+            proto = read_hlo_proto(dump) if protos else None
     compile_seconds = time.perf_counter() - start
     stats = compiled.memory_analysis()
 
     start = time.perf_counter()
     tags = tag_index(jax.make_jaxpr(fn)(*abstract_args))
     arg_leaves = argument_leaves(leaves_per_arg, kept, cats, [key_paths(a) for a in abstract_args])
-    report = analyse(texts, dump, stats, arg_leaves, tags, t.name, series=series)
+    tpu = (proto, align_bytes(os.environ)) if t.kind == "tpu" else None
+    report = analyse(texts, dump, stats, arg_leaves, tags, t.name, series=series, tpu=tpu)
     text = _text(compiled) if report.series is not None else ""
     if report.series is not None and text:
         # The kernels are priced from the text rk.memory_report prices: the dump's text of
@@ -188,7 +166,7 @@ def inspect(
         compile_seconds=compile_seconds,
         parse_seconds=time.perf_counter() - start,
         meta=dict(meta or {}),
-        hlo_proto=proto,
+        hlo_proto=proto if hlo_proto else None,
     )
 
 

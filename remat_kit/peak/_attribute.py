@@ -33,6 +33,7 @@ from remat_kit.peak._classify import (
     _parameter_buffer,
 )
 from remat_kit.peak._dump import DumpFiles
+from remat_kit.peak._libtpu import TpuTemp, tpu_temp
 from remat_kit.peak._parsers import (
     Allocation,
     LiveRanges,
@@ -59,6 +60,8 @@ __all__ = [
 
 #: XLA's memory space of device memory (an allocation's "color"); others are offloaded.
 DEVICE = 0
+#: libtpu's pinned host memory (an offload's residuals); VMEM is 1, SMEM 2.
+TPU_HOST = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +173,7 @@ def analyse(
     target_name: str,
     *,
     series: bool = False,
+    tpu: tuple[bytes, int] | None = None,
 ) -> PeakReport:
     """Reads a dump and attributes every byte of the peak.
 
@@ -182,6 +186,10 @@ def analyse(
       target_name: the target's name, kept in the report.
       series: also count every category's live bytes at each position (the report's
         ``series``, what ``inspect --trace`` draws).
+      tpu: for a libtpu program, its dumped ``HloProto`` and HBM alignment in bytes: the
+        temp is checked against libtpu's rule (``peak._libtpu``), the HBM (color 0) and
+        host (color 5) buffers are counted and VMEM's and SMEM's left out, and a temp block
+        libtpu keeps out of HBM (tuple tables and loop counters alone) is left out too.
 
     Returns:
       The PeakReport (``compile_seconds``, ``parse_seconds`` and ``meta`` left empty
@@ -202,6 +210,9 @@ def analyse(
       (512, 256, 256)
     """
     allocs, values = parse_buffer_assignment(dump.buffer_assignment, texts[dump.buffer_assignment])
+    libtpu = None
+    if tpu is not None:
+        allocs, values, libtpu = _on_tpu(allocs, values, *tpu)
     live = parse_live_range(dump.live_range, texts[dump.live_range])
     hlo = parse_hlo(dump.hlo, texts[dump.hlo])
     ba_file = os.path.basename(dump.buffer_assignment)
@@ -233,7 +244,14 @@ def analyse(
     host_blocks = sum(
         a.size for a in allocs.values() if "preallocated-temp" in a.kinds and a.color != DEVICE
     )
-    if temp_blocks and temp_blocks != temp:
+    if libtpu is not None:
+        if libtpu.temp != temp:
+            raise InspectError(
+                f"{ba_file}: libtpu's rule gives {libtpu.temp} bytes of temp (the HBM temp "
+                f"block's {libtpu.block} rounded up to {libtpu.align} plus "
+                f"{libtpu.fragmentation} of fragmentation) but the memory analysis says {temp}"
+            )
+    elif temp_blocks and temp_blocks != temp:
         raise InspectError(
             f"{ba_file}: the preallocated temp block is {temp_blocks} bytes but the memory "
             f"analysis says {temp}"
@@ -331,6 +349,25 @@ def analyse(
         host_temp_bytes=host_blocks,
         series=kept_series,
     )
+
+
+def _on_tpu(
+    allocs: Mapping[int, Allocation], values: Sequence[Value], proto: bytes, align: int
+) -> tuple[dict[int, Allocation], list[Value], TpuTemp]:
+    """A libtpu dump's HBM and host allocations and values, and libtpu's temp."""
+    shapes: dict[str, str] = {}
+    for v in values:
+        if allocs[v.allocation].color == DEVICE:
+            shapes.setdefault(v.instruction, v.shape_text)
+    libtpu = tpu_temp(proto, shapes, align)
+    kept = {i: a for i, a in allocs.items() if a.color in (DEVICE, TPU_HOST)}
+    if not libtpu.counted:  # tuple tables and loop counters: libtpu keeps them out of HBM
+        kept = {
+            i: a
+            for i, a in kept.items()
+            if not ("preallocated-temp" in a.kinds and a.color == DEVICE)
+        }
+    return kept, [v for v in values if v.allocation in kept], libtpu
 
 
 def _series(
