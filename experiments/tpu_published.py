@@ -27,9 +27,13 @@ What differs from the published run, each stated in the row's JSON:
 
 * **Host offload.** The rows that offload (``qkv_proj_offloaded``, ``remat_policy=custom``
   with ``*: offload``) are compiled with those offloads (kept on the device, an 8B row at its
-  batch is over a v6e's HBM). libtpu's asynchronous slices to and from pinned host memory are
-  priced hidden behind the compute no collective window holds, a synchronous read-back
-  exposed (remat_kit/timing/_model.py): the ``transfer`` part of a row's split.
+  batch is over a v6e's HBM). libtpu's asynchronous slices to and from pinned host memory
+  run over the chip's own PCIe link (the scaling book's figure: 32 GB/s a way on v6e, 15 on
+  v5), the offloads beside the forward's compute, the read-backs beside the backward's (a
+  third and two thirds of the compute that is not recomputation); what does not fit is the
+  ``transfer`` part of a row's split (remat_kit/timing/_model.py).
+* **Splash attention on v6e.** Each of the kernel's products holds an operand with the head
+  dim (128) as one side in v6e's 256 x 256 MXU: half of it (remat_kit/timing/_model.py).
 * **XLA flags.** Of the rows' ``xla_flags`` (MaxText's benchmarks/xla_flags_library.py),
   ``DISABLE_COLLECTIVE_MATMUL`` is passed (``LIBTPU_INIT_ARGS``; row 8's benchmark names it:
   without it libtpu decomposes its products); the others are not: libtpu 0.0.50 refuses
@@ -41,13 +45,15 @@ What differs from the published run, each stated in the row's JSON:
 
 Usage: ``python experiments/tpu_published.py [ROW ...]`` runs the rows (indices into the
 JSON, in the order given) one at a time, each in a child process with a timeout
-(``TIMEOUT_S``), writes results/tpu_published.json and .png and prints the table. Compiles
-are cached (a rerun is fast). ``--plot`` draws the figure from the results written.
+(``TIMEOUT_S``; ``--timeout S`` sets another), writes results/tpu_published.json and .png
+and prints the table. Compiles are cached (a rerun is fast). ``--plot`` draws the figure
+from the results written.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import hashlib
 import json
 import os
@@ -62,7 +68,10 @@ from common import ROOT, table, write_json
 
 DATA = ROOT / "experiments" / "data" / "maxtext_tpu_published.json"
 OUT = ROOT / "results" / "tpu_published.json"
-TIMEOUT_S = 720  # a row that cannot compile in 12 minutes on two shared cores is skipped
+KERNELS = ROOT / "results" / "tpu_published.kernels.json.gz"  # each row's kernels, --reprice
+#: A row that cannot compile in 12 minutes on two shared cores is skipped; ``--timeout S``
+#: raises it for the rows named (the 70B and 8x22B rows on v6e-256 need more).
+TIMEOUT_S = 720
 
 #: bf16 peak per chip (remat_kit/targets/_tpus.py, from the Cloud TPU pages).
 PEAK = {"v4": 275e12, "v5e": 197e12, "v5p": 459e12, "v6e": 918e12}
@@ -149,6 +158,14 @@ REBUILDS: tuple[Rebuild, ...] = (
         "the row says 512 chips (v5p-1024); its recipe link names v5p-128",
     ),
     Rebuild(11, "Mixtral-8x7B v6e-256", "v6e-256", _CUSTOM5),
+    Rebuild(
+        5,
+        "Mixtral-8x7B v5p 256 chips",
+        "v5p-512",
+        "maxtext:remat_policy=full",
+        "the tpu-recipes script's per-device batch (36) and keys; MaxText's defaults for remat "
+        "(full) and MoE (megablox, dropless)",
+    ),
     Rebuild(12, "Mixtral-8x22B v6e-256", "v6e-256", _CUSTOM5, "the row's mesh: fsdp 64 x ep 4"),
 )
 
@@ -156,7 +173,6 @@ REBUILDS: tuple[Rebuild, ...] = (
 NOT_REBUILT = {
     2: "v4-128: the source gives no batch, sequence or remat with it",
     4: "Mixtral v5p-128: no batch, sequence, remat or MoE settings in the source",
-    5: "Mixtral v5p-512: its config is a tpu-recipes script not read (batch and remat unknown)",
     10: "Llama3.1-405B: two v6e-256 slices with a 64x4 hybrid mesh; not compiled here (a "
     "405B step over 512 chips is past a row's time budget on this machine's shared cores)",
 }
@@ -208,7 +224,7 @@ def published_step(row: dict[str, Any]) -> tuple[float, str, float]:
 _SPLIT = ("matmul", "attention", "memory", "collective", "contention", "transfer", "launch")
 
 
-def compile_once(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
+def compile_once(r: Rebuild, row: dict[str, Any], timeout_s: int) -> dict[str, Any]:
     """The row's step at its own batch, compiled and priced in a child process (``--one``)."""
     chips, b, seq = row["chips"], row["per_device_batch_size"], row["seq_len"]
     out_json = Path("/tmp") / f"tpu_published_{r.row}.json"
@@ -232,11 +248,12 @@ def compile_once(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, __file__, "--one", *args], capture_output=True,
-                              text=True, timeout=TIMEOUT_S, cwd=ROOT, env=env)  # fmt: skip
+                              text=True, timeout=timeout_s, cwd=ROOT, env=env)  # fmt: skip
     except subprocess.TimeoutExpired:
-        out["status"] = f"no compile within {TIMEOUT_S} s"
+        out["status"] = f"no compile within {timeout_s} s"
         return out
     out["wall_s"] = round(time.perf_counter() - start, 1)
+    out["load_avg"] = [round(x, 2) for x in os.getloadavg()]  # the machine's load as it ended
     if not out_json.exists():
         out["status"] = f"failed (exit {done.returncode}): {done.stderr.strip()[-400:]}"
         return out
@@ -247,7 +264,16 @@ def compile_once(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
     if not st:
         out["status"] = "refused by libtpu (HBM): not priced"
         return out
-    out.update(
+    out.update(_priced(st))
+    kernels = out_json.with_suffix(".kernels.json")
+    if kernels.exists():
+        _keep_kernels(r.row, json.loads(kernels.read_text()))
+    return out
+
+
+def _priced(st: dict[str, Any]) -> dict[str, Any]:
+    """A compile's fields from its StepTime (``to_dict``)."""
+    return dict(
         status="priced",
         seconds=st["seconds"],
         split={k: st[f"{k}_seconds"] for k in _SPLIT},
@@ -258,7 +284,38 @@ def compile_once(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
         kernels=st["kernels"],
         our_mfu=st.get("mfu"),
     )
-    return out
+
+
+def _keep_kernels(row: int, kernels: list[dict[str, Any]]) -> None:
+    """The row's kernels into KERNELS (gzipped JSON, row -> kernels), for ``--reprice``."""
+    held = json.loads(gzip.decompress(KERNELS.read_bytes())) if KERNELS.exists() else {}
+    held[str(row)] = kernels
+    KERNELS.write_bytes(gzip.compress(json.dumps(held).encode(), mtime=0))
+
+
+def reprice(selected: list[int] | None) -> list[dict[str, Any]]:
+    """The rows written, their kernels (KERNELS) priced again by the code as it is now: a
+    change of pricing without MaxText's compiles. Rows without kept kernels stay as they were."""
+    import remat_kit as rk
+    from remat_kit.timing import speed_of, step_time
+    from remat_kit.xla import Kernel
+
+    data = json.loads(DATA.read_text())
+    held = json.loads(gzip.decompress(KERNELS.read_bytes())) if KERNELS.exists() else {}
+    doc = json.loads(OUT.read_text())
+    by_row = {r.row: r for r in REBUILDS}
+    rows = []
+    for x in doc["rows"]:
+        if str(x["row"]) in held and (not selected or x["row"] in selected):
+            r, t = by_row[x["row"]], rk.target(by_row[x["row"]].target)
+            kernels = [Kernel(**k) for k in held[str(x["row"])]]
+            st = step_time(kernels, speed_of(t), devices_per_host=t.devices_per_host)
+            got = {**x["compiles"][0], **_priced(st.to_dict()), "repriced": True}
+            x = _against(r, data["rows"][r.row], {k: x[k] for k in _HEAD}, got)
+        rows.append(x)
+    _write(rows, doc.get("wall_s", 0.0))
+    _show(rows)
+    return rows
 
 
 def _one(words: str, policy: str, target: str, batch: str, seq: str, out: str) -> None:
@@ -266,20 +323,39 @@ def _one(words: str, policy: str, target: str, batch: str, seq: str, out: str) -
     ``remat-kit report --maxtext``; the command line's name check first traces the step at one
     sequence, which splash attention refuses over 64 devices), its report written to ``out``."""
     import remat_kit as rk
+    import remat_kit.analysis as analysis
     from remat_kit_models.maxtext import MaxTextSpec
 
+    priced = analysis._step_time
+
+    def keep(kernels: Any, t: Any) -> Any:
+        # The program's kernels beside the report: a change of pricing reprices them
+        # (``--reprice``) without the compile (MaxText's TPU compiles are not cached).
+        rows = [dataclasses.asdict(k) for k in kernels]
+        Path(out).with_suffix(".kernels.json").write_text(json.dumps(rows))
+        return priced(kernels, t)
+
+    analysis._step_time = keep
     src = rk.sources.resolve(MaxTextSpec(words))
     config = rk.TrainConfig(int(batch), int(seq))
     rep = rk.sources.measure(src, policy, rk.target(target), config, warn=False)
     Path(out).write_text(json.dumps(rep.to_dict(), default=str))
 
 
-def run_one(r: Rebuild, row: dict[str, Any]) -> dict[str, Any]:
+def run_one(r: Rebuild, row: dict[str, Any], timeout_s: int = TIMEOUT_S) -> dict[str, Any]:
     """The row at its own per-device batch, priced; the row's figures beside ours."""
-    chips, b, s = row["chips"], row["per_device_batch_size"], row["seq_len"]
+    chips = row["chips"]
     out: dict[str, Any] = {"row": r.row, "label": r.label, "slice": r.target, "chips": chips,
                            "policy": r.policy, "note": r.note}  # fmt: skip
-    got = compile_once(r, row)
+    return _against(r, row, out, compile_once(r, row, timeout_s))
+
+
+_HEAD = ("row", "label", "slice", "chips", "policy", "note")
+
+
+def _against(r: Rebuild, row: dict[str, Any], out: dict[str, Any], got: dict[str, Any]) -> dict:
+    """``out`` with the compile ``got`` and its prediction beside the row's published figure."""
+    b, s = row["per_device_batch_size"], row["seq_len"]
     out["compiles"] = [got]
     if got["status"] != "priced":
         out["status"] = f"b{b}: {got['status']}"
@@ -329,7 +405,7 @@ def _write(rows: list[dict[str, Any]], wall: float) -> None:
     )
 
 
-def main(selected: list[int] | None) -> list[dict[str, Any]]:
+def main(selected: list[int] | None, timeout_s: int = TIMEOUT_S) -> list[dict[str, Any]]:
     data = json.loads(DATA.read_text())
     rows: list[dict[str, Any]] = []
     if selected and OUT.exists():  # rows not named keep their last result
@@ -337,12 +413,18 @@ def main(selected: list[int] | None) -> list[dict[str, Any]]:
     t0 = time.perf_counter()
     by_row = {r.row: r for r in REBUILDS}
     for r in [by_row[i] for i in selected] if selected else REBUILDS:
-        res = run_one(r, data["rows"][r.row])
+        res = run_one(r, data["rows"][r.row], timeout_s)
         rows.append(res)
         rows.sort(key=lambda x: [q.row for q in REBUILDS].index(x["row"]))
         _write(rows, time.perf_counter() - t0)
-        walls = [t.get("wall_s", TIMEOUT_S) for t in res.get("compiles", [])]
+        walls = [t.get("wall_s", timeout_s) for t in res.get("compiles", [])]
         print(f"{r.label}: {res['status']} ({sum(walls):.0f} s)", file=sys.stderr, flush=True)
+    _show(rows)
+    plot(rows, OUT.with_suffix(".png"))
+    return rows
+
+
+def _show(rows: list[dict[str, Any]]) -> None:
     shown = [
         {
             "row": f"{x['row']} {x['label']}",
@@ -358,8 +440,6 @@ def main(selected: list[int] | None) -> list[dict[str, Any]]:
         for x in rows
     ]
     print(table(shown, list(shown[0]), "predicted vs published (MaxText on TPUs)"))
-    plot(rows, OUT.with_suffix(".png"))
-    return rows
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -392,5 +472,12 @@ if __name__ == "__main__":
         _one(*sys.argv[2:8])
     elif sys.argv[1:2] == ["--plot"]:  # the figure from the results written, no compile
         plot(json.loads(OUT.read_text())["rows"], OUT.with_suffix(".png"))
+    elif sys.argv[1:2] == ["--reprice"]:  # the kept kernels priced again, no compile
+        plot(reprice([int(a) for a in sys.argv[2:]] or None), OUT.with_suffix(".png"))
     else:
-        main([int(a) for a in sys.argv[1:]] or None)
+        argv, limit = sys.argv[1:], TIMEOUT_S
+        if "--timeout" in argv:  # --timeout S: the child's limit in seconds
+            i = argv.index("--timeout")
+            limit = int(argv[i + 1])
+            del argv[i : i + 2]
+        main([int(a) for a in argv] or None, limit)
