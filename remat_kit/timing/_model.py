@@ -247,9 +247,9 @@ def _host_exposed(
 
     Alone, they hide behind the ``free`` compute (what no collective's window holds). A step
     that writes residuals to the host and reads them back runs the writes in its forward pass
-    and the reads in its backward: each layer's offload is done before the loop moves on, and
-    each read-back before the layer's gradient needs it. The link is full duplex (each way
-    its own rate), so each direction hides behind its own pass's compute: the forward is a
+    and the reads in its backward: a write cannot start before its layer's forward, a read
+    must end before its layer's gradient. The link is full duplex (each way its own rate), so
+    each direction is taken to hide behind its own pass's compute: the forward is a
     third of the compute that is not recomputation (the backward's products are twice the
     forward's: the inputs' and the weights' gradients), the backward the rest."""
     if not (to_host and from_host):
