@@ -526,8 +526,12 @@ def _sha(path: Path) -> str:
 
 
 def _copy_tree(dest: Path, source: Path = ROOT) -> Path:
-    # results/: test_timing reads a real H100 compile's HLO from there.
-    keep = ("remat_kit", "models", "tests", "results", "conftest.py", "pyproject.toml", "README.md")
+    # results/: test_timing reads a real H100 compile's HLO from there; docs/ and experiments/:
+    # tests read the documented factory and run an experiment (else they fail unmutated).
+    keep = (
+        *("remat_kit", "models", "tests", "results", "docs", "experiments"),
+        *("conftest.py", "pyproject.toml", "README.md"),
+    )
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in keep:
         src = source / name
