@@ -40,6 +40,10 @@ Usage::
     # (-m "not slow") and, when it survives, their whole tests; two private trees at once
     python experiments/mutation.py --sample 40 --weighted --seed 58 --tiers --jobs 2 \
         --name mutation_round_58
+    # a committed tree, not the shared checkout with others' work in progress in it
+    git archive HEAD | tar -x -C /tmp/clean
+    python experiments/mutation.py --sample 40 --weighted --seed 61 --tiers --jobs 1 \
+        --name mutation_round_61 --source /tmp/clean
 """
 
 from __future__ import annotations
