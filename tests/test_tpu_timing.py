@@ -69,6 +69,52 @@ def test_a_pallas_kernels_own_cost_estimate_is_used():
     assert (k.kind, k.flops, k.bytes) == ("gemm", 1e12, 2_000_000_000)
 
 
+def test_a_pallas_kernel_whose_metadata_breaks_its_line_keeps_its_cost_estimate():
+    # MaxText's megablox gmm passes xprof metadata (JSON) that libtpu's text prints over
+    # three lines, before the backend_config that holds the kernel's CostEstimate: the
+    # instruction is read to its closing brace, not to the end of its first line.
+    cfg = (
+        ', frontend_attributes={kernel_metadata={\n"xprof_metadata":"{\\"tiling\\": '
+        '{\\"tile_m\\": 128}}"\n}}, metadata={op_name="jit(f)/pallas_call"}, '
+        'backend_config={"custom_call_config":{"body":"x","cost_estimate":'
+        '{"flops":"100663296","transcendentals":"0","bytes_accessed":"3211264"}}}'
+    )
+    (k,) = kernels_of(_splash("gmm", QKV, extra=cfg))
+    assert (k.kind, k.flops, k.bytes) == ("gemm", 2 * 512 * 256 * 384, 3_211_264)
+
+
+@pytest.mark.slow
+def test_maxtexts_megablox_kernels_are_priced_from_their_cost_estimates():
+    # MaxText's own gmm and tgmm (the kernels of a megablox MoE layer), compiled by libtpu
+    # for one v5p chip: each runs 2 m k n FLOPs, as its source's CostEstimate says.
+    ops = pytest.importorskip("maxtext.kernels.megablox.ops")
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import topologies
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    topology = topologies.get_topology_desc(topology_name="v5p:2x2x1", platform="tpu")
+    one = NamedSharding(Mesh(np.array(topology.devices[:1]), ("x",)), PartitionSpec())
+    m, k, n, groups = 512, 256, 384, 4
+
+    def loss(lhs, rhs, sizes):
+        out = ops.gmm(lhs, rhs, sizes, preferred_element_type=jnp.bfloat16)
+        return out.astype(jnp.float32).sum()
+
+    args = (
+        jax.ShapeDtypeStruct((m, k), jnp.bfloat16, sharding=one),
+        jax.ShapeDtypeStruct((groups, k, n), jnp.bfloat16, sharding=one),
+        jax.ShapeDtypeStruct((groups,), jnp.int32, sharding=one),
+    )
+    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(*args).compile().as_text()
+    assert "kernel_metadata={\n" in text  # the line break this reads past
+    pallas = [x for x in kernels_of(text) if "gmm" in x.name]
+    assert sorted(x.name.split("___")[0] for x in pallas) == [
+        "transpose_jvp_jit_gmm", "transpose_jvp_jit_tgmm"
+    ]  # fmt: skip
+    assert [(x.kind, x.flops) for x in pallas] == [("gemm", 2.0 * m * k * n)] * 2
+
+
 def test_an_unknown_pallas_kernel_stays_memory_bound():
     (k,) = kernels_of(_splash("my_kernel", QKV))
     assert (k.kind, k.flops) == ("memory", 0.0)

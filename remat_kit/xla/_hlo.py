@@ -139,7 +139,8 @@ def read_hlo(
     shapes: dict[str, str] = {}
     entry = None
     comp: str | None = None
-    for lineno, line in enumerate(lines, 1):
+    numbered = enumerate(lines, 1)
+    for lineno, line in numbered:
         if not line.strip() or line.startswith(("HloModule", "//")):
             continue
         if not line.startswith(" "):
@@ -159,7 +160,15 @@ def read_hlo(
             if fail is not None:
                 raise fail(lineno, line, "an HLO instruction")
             continue
-        parts = _split_instruction(m.group(3))
+        rest = m.group(3)
+        # An attribute may hold line breaks (a Pallas kernel's frontend_attributes carry its
+        # xprof metadata as JSON text): the instruction goes on until its braces close.
+        while _open_braces(rest) > 0:
+            more = next(numbered, None)
+            if more is None:
+                break
+            rest += "\n" + more[1]
+        parts = _split_instruction(rest)
         if parts is None:
             if fail is not None:
                 raise fail(lineno, line, "an HLO instruction's shape and opcode")
@@ -213,6 +222,26 @@ def _operands(text: str) -> tuple[str, ...]:
     if named or "%" in text:
         return named
     return tuple(p.strip() for p in text.split(",") if re.fullmatch(r"[\w.\-]+", p.strip()))
+
+
+def _open_braces(text: str) -> int:
+    """Braces ``{`` opened and not closed in ``text``, outside its double-quoted strings.
+
+    Example:
+      >>> _open_braces('f(%a), frontend_attributes={m={'), _open_braces('x={"}{"}')
+      (2, 0)
+    """
+    depth, quoted, escaped = 0, False, False
+    for c in text:
+        if quoted:
+            escaped, quoted = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            quoted = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+    return depth
 
 
 def _closing(text: str, start: int) -> int:
