@@ -109,7 +109,17 @@ MODULES: dict[str, Group] = {
         by_file=(
             ("_throughput.py", ("tests/test_throughput.py", "tests/test_cluster.py")),
             # The sequence search's curves, on fake builders (its compiles are marked slow).
-            ("_seq.py", ("tests/test_seq_search.py", "tests/test_search.py")),
+            ("_seq.py", ("tests/test_seq_search.py", "tests/test_search.py", "tests/test_fit.py")),
+            # The one door to both searches, and the per-policy fan-out over a cluster.
+            (
+                "_fit.py",
+                (
+                    "tests/test_fit.py",
+                    "tests/test_seq_search.py",
+                    "tests/test_cli_seq.py",
+                    "tests/test_search.py",
+                ),
+            ),
             # The front's points are drawn, spread and re-fitted by XLA's own remat there.
             (
                 "_front.py",
@@ -138,6 +148,7 @@ MODULES: dict[str, Group] = {
                     "tests/test_advise.py",
                     "tests/test_side_by_side.py",
                     "tests/test_depth.py",  # boundaries read off shallow copies
+                    "tests/test_fit.py",
                 ),
             ),
             ("_costs.py", ("tests/test_search.py", "tests/test_advise.py", "tests/test_ragged.py")),
@@ -205,7 +216,12 @@ MODULES: dict[str, Group] = {
             # The workload's time objective is what the planner ranks by.
             (
                 "_workload.py",
-                ("tests/test_sources.py", "tests/test_pipeline.py", "tests/test_search.py"),
+                (
+                    "tests/test_sources.py",
+                    "tests/test_pipeline.py",
+                    "tests/test_search.py",
+                    "tests/test_fit.py",  # Workload.at: views and the family by sequence
+                ),
             ),
             # Foreign models (NNX, wrapped modules) go through the adapters.
             (
