@@ -93,10 +93,10 @@ def _fake_residuals(policy, schedule, batch):
     )
 
 
-def fake_workload():
+def fake_workload(measure=_fake_measure):
     return _workload(
         rk.sources.Measured(
-            _fake_measure,
+            measure,
             _fake_flops,
             n_layers=LAYERS,
             residuals_fn=_fake_residuals,
@@ -157,6 +157,20 @@ def test_a_policy_beside_none_that_is_faster_and_smaller_is_the_plan(monkeypatch
     assert "solver" not in p.message
     monkeypatch.setattr(_planner, "_best_of", real)
     assert rk.plan(w, 1, 10**9).source == "none"  # nothing beside it: none, as before
+
+
+def test_a_plan_counts_its_own_compiles_not_the_ones_the_workload_made_before():
+    made = []
+
+    def measure(policy, schedule, batch):
+        made.append((policy.spec, schedule.spec, batch))
+        return _fake_measure(policy, schedule, batch)
+
+    w = fake_workload(measure)
+    for batch in (2, 3, 4):  # three programs compiled before the plan is asked for
+        w.report("full", batch=batch)
+    p = rk.plan(w, 1, 10**9)
+    assert len(made) > 3 and p.compiles == len(made) - 3
 
 
 @pytest.mark.parametrize("need", [100, 300, 500, 900, 1100])
@@ -1071,6 +1085,22 @@ def test_a_swept_front_recommends_a_plan_nothing_on_it_dominates():
 
 
 # --- max batch: a line through two compiles, verified ------------------------------------------
+
+
+_NONE_FITS = {"policy": "full", "batch": 1, "peak_bytes": 10, "limit_bytes": 5, "target": "h100"}
+
+
+@pytest.mark.parametrize(
+    ("note", "want"),
+    [
+        (None, None),
+        (rk.notes.Note("batch_none_fits", _NONE_FITS), {"kind": "batch_none_fits", **_NONE_FITS}),
+    ],
+    ids=["no note", "a note"],
+)
+def test_a_fits_dict_holds_its_note_as_the_notes_fields(note, want):
+    fit = rk.search.Fit("batch", "full", "none", 0, 10, 1, 10, 10, 5, None, 1, 0.0, note=note)
+    assert fit.to_dict()["note"] == want
 
 
 @pytest.mark.parametrize("start", [None, 7])
