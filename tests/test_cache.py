@@ -212,10 +212,11 @@ def test_the_cache_can_be_bypassed(cache_dir, monkeypatch, how):
     else:
         cache.set_enabled(False)
     assert not cache.enabled()
-    count = _Counting()
+    count, before = _Counting(), cache.compiles()
     cache.compiled_memory(_lowered(), rk.target("cpu"), count)
     cache.compiled_memory(_lowered(), rk.target("cpu"), count)
     assert count.calls == 2 and _entries(cache_dir) == []
+    assert cache.compiles() - before == count.calls  # a bypassed compile is counted too
 
 
 def test_set_enabled_rejects_a_non_bool():
