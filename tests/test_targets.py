@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jax.sharding import PartitionSpec
 
@@ -270,12 +271,40 @@ def test_mesh_default_shape_with_several_axes():
 
 
 @pytest.mark.parametrize(
+    ("shape", "slices"),
+    [
+        # Two v5e-4 slices: the first axis the 2 slices divide spans them (its outer half on
+        # slice 0, inner half on slice 1); the other axes stay within a slice.
+        ((4, 2), [[0, 0], [0, 0], [1, 1], [1, 1]]),
+        ((1, 8), [[0, 0, 0, 0, 1, 1, 1, 1]]),  # 1 is not divided: the second axis spans them
+        ((2, 2, 2), [[[0, 0], [0, 0]], [[1, 1], [1, 1]]]),
+    ],
+    ids=["rows", "one row", "cube"],
+)
+def test_a_mesh_over_two_tpu_slices_puts_each_slice_on_its_part_of_one_axis(shape, slices):
+    names = ("a", "b", "c")[: len(shape)]
+    mesh = rkt.target("v5e-4", slices=2).mesh(names, shape)
+    assert mesh.devices.shape == shape and len({d.id for d in mesh.devices.flat}) == 8
+    assert np.vectorize(lambda d: d.slice_index)(mesh.devices).tolist() == slices
+
+
+@pytest.mark.parametrize(
     ("names", "shape", "match"),
     [(("x",), (3,), "holds 3 devices"), (("x",), (2, 2), "2 axes"), ((), None, "at least one")],
 )
 def test_mesh_rejects_bad_shape(names, shape, match):
     with pytest.raises(ValueError, match=match):
         rkt.target("h100", devices=4).mesh(names, shape)
+
+
+@pytest.mark.parametrize("name", ["h100", "b200", "l4"])
+def test_a_gpu_targets_repr_leaves_out_its_config_proto(name):
+    # A printed target (a REPL, a log, a failed assert) reads as its facts, not as the
+    # GpuTargetConfigProto text it compiles with (hundreds of characters).
+    t = rkt.target(name)
+    shown = repr(t)
+    assert t.target_config and t.target_config not in shown and "target_config" not in shown
+    assert shown.startswith(f"Target(name={t.name!r}, kind='gpu', ")
 
 
 @pytest.mark.parametrize(
@@ -340,6 +369,23 @@ def test_a_node_places_the_gpus_and_names_its_nvlink_domain(name, gpu, devices, 
     t = rkt.target(gpu, devices=devices, node=name)
     assert (t.hosts, t.nvlink_domain, t.node) == (hosts, domain, name.lower())
     assert t.to_dict()["node"] == name.lower()
+
+
+# A node's GPU network per GPU from the figures its source states (targets/_nodes.py), as the
+# GPU NICs' Gb/s in all over the node's GPUs: 8 bits a byte.
+@pytest.mark.parametrize(
+    ("name", "gbps", "gpus"),
+    [
+        ("dgx-h100", 8 * 400, 8),  # 8x single-port ConnectX-7, 400 Gb/s
+        ("dgx-b200", 8 * 400, 8),
+        ("gb200-nvl72", 4 * 400, 4),  # a 4-GPU tray's 4 x 400 Gbps
+        ("a3-high", 1000 - 200, 8),  # 1,000 Gbps in all, less the host NIC's 200
+        ("a3-mega", 1800 - 200, 8),  # 1,800 Gbps in all: 8 GPU NICs of 200 and the host's
+        ("a3-ultra", 3200, 8),  # eight ConnectX-7, 3,200 Gbps in all
+    ],
+)
+def test_a_nodes_gpu_network_is_its_published_line_rate_per_gpu(name, gbps, gpus):
+    assert rkt.node(name).network_per_gpu == pytest.approx(gbps * 1e9 / 8 / gpus)
 
 
 @pytest.mark.parametrize(
