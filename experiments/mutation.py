@@ -212,7 +212,8 @@ MODULES: dict[str, Group] = {
         ),
         by_file=(
             # The depth extrapolation's fit and report are tested on hand-made sections there.
-            ("_depth.py", ("tests/test_depth.py",)),
+            # test_depth_sections: by_depth on a source and compiles made by hand (fast).
+            ("_depth.py", ("tests/test_depth.py", "tests/test_depth_sections.py")),
             # The workload's time objective is what the planner ranks by.
             (
                 "_workload.py",

@@ -1,0 +1,65 @@
+"""The full-depth report ``by_depth`` reads off shallow copies (remat_kit.sources._depth), on a
+source and compiles made by hand: no model is traced and nothing is compiled."""
+
+from __future__ import annotations
+
+import pytest
+
+import remat_kit as rk
+from helpers import memory_report
+from remat_kit.sources import _depth as depth
+
+CONFIG = rk.TrainConfig(batch=2, seq=32, optimizer="sgd")
+LAYERS = 8
+
+
+class _Copies:
+    """A stack of ``LAYERS`` alike layers whose copies build the depth they hold as their step."""
+
+    def __init__(self, layers=LAYERS):
+        self.layers = layers
+
+    def n_layers(self):
+        return self.layers
+
+    def at_depth(self, layers):
+        return _Copies(layers)
+
+    def mesh_plan(self, t):
+        return None
+
+    def layer_kinds(self, t):
+        return None
+
+    def build_step(self, pol, sch, config, t):
+        return self.layers
+
+
+@pytest.mark.parametrize(
+    ("over", "frag"),
+    [
+        ({2: 60, 3: 70}, 70 + 5 * 10),  # the line through 60 and 70, 5 layers past 3
+        ({2: -30, 3: 10}, 10 + 5 * 10),  # a peak under its section is 0 over it: 0 and 10
+    ],
+    ids=["over", "under at 2"],
+)
+def test_the_peak_adds_the_line_of_the_copies_bytes_over_their_largest_section(
+    monkeypatch, over, frag
+):
+    # At d layers the one section holds 1000 + 100 d bytes live and the compiled peak is
+    # over[d] bytes above it (reserved but free): 1800 live at 8 layers, and ``frag`` more.
+    compiled = []
+
+    def rows(directory):
+        return [["backward", "before", -1, 1000 + 100 * compiled[-1]]]
+
+    def compile_step(built, dump_to=None):
+        compiled.append(built)
+        return memory_report(peak_bytes=1000 + 100 * built + over[built], argument_bytes=0)
+
+    monkeypatch.setattr(depth, "_section_rows", rows)
+    pol, sch, t = rk.policy("full"), rk.parse_schedule("none"), rk.target("h100")
+    got, record = depth.by_depth(_Copies(), pol, sch, t, CONFIG, compile_step)
+    assert compiled == list(depth.DEPTHS) == [2, 3]
+    assert record["mode"] == "extrapolated" and record["fragmentation_bytes"] == frag
+    assert got.peak_bytes == 1000 + 100 * LAYERS + frag
