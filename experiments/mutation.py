@@ -236,6 +236,17 @@ MODULES: dict[str, Group] = {
                 ),
             ),
             ("_spread.py", ("tests/test_sources.py", "tests/test_front_spread.py")),
+            # measure's depth modes and a workload's fields, on compiles made by hand there.
+            (
+                "_steps.py",
+                (
+                    "tests/test_sources.py",
+                    "tests/test_pipeline.py",
+                    "tests/test_kinds.py",
+                    "tests/test_own_step.py",
+                    "tests/test_steps.py",
+                ),
+            ),
             ("_tag_checks.py", ("tests/test_sources.py", "tests/test_depth.py")),
         ),
     ),
