@@ -313,3 +313,54 @@ def test_a_recomputed_product_is_backward_work_for_the_offloads_window():
 @pytest.mark.parametrize(("slice_", "link"), [("v6e-4", 32e9), ("v5p-8", 1.5e10), ("v4-8", 16e9)])
 def test_a_tpus_host_link_is_the_scaling_books_per_chip_figure(slice_, link):
     assert speed_of(rk.target(slice_)).host_link == link
+
+
+def _counted_loop(start: int, limit: int, step: int) -> str:
+    """A loop as libtpu writes one (no ``known_trip_count``): the counter, element 1 of its
+    tuple, starts at ``start`` and the body adds ``step`` while it is under ``limit``; the
+    body holds one 64x64x64 product."""
+    tup = "(bf16[64,64], u32[])"
+    return f"""HloModule m
+
+%body (p: {tup}) -> {tup} {{
+  %p = {tup} parameter(0)
+  %x = bf16[64,64]{{1,0}} get-tuple-element(%p), index=0
+  %i = u32[] get-tuple-element(%p), index=1
+  %y = bf16[64,64]{{1,0}} dot(%x, %x), lhs_contracting_dims={{1}}, rhs_contracting_dims={{0}}
+  %s = u32[] constant({step})
+  %j = u32[] add(%i, %s)
+  ROOT %t = {tup} tuple(%y, %j)
+}}
+
+%cond (p: {tup}) -> pred[] {{
+  %p = {tup} parameter(0)
+  %i = u32[] get-tuple-element(%p), index=1
+  %n = u32[] constant({limit})
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}}
+
+ENTRY %e (a: bf16[64,64]) -> {tup} {{
+  %a = bf16[64,64]{{1,0}} parameter(0)
+  %c = u32[] constant({start})
+  %z = u32[] copy(%c)
+  %init = {tup} tuple(%a, %z)
+  ROOT %loop = {tup} while(%init), condition=%cond, body=%body
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("start", "limit", "step", "trips"),
+    [
+        (0, 16, 1, 16),  # a jax scan's counter
+        (0, 8, 2, 4),  # libtpu's windowed einsum: two windows a trip
+        (2, 8, 1, 6),
+        (0, 7, 2, 4),  # 0, 2, 4, 6
+    ],
+)
+def test_a_tpu_loop_runs_as_often_as_its_counter_says(start, limit, step, trips):
+    # Row 13 of experiments/tpu_published.py: libtpu's windowed einsum loops count to 8 by 2;
+    # read as one a trip, their products were priced twice.
+    (dot,) = [k for k in kernels_of(_counted_loop(start, limit, step)) if k.kind == "gemm"]
+    assert dot.count == trips
+    assert dot.flops == 2 * 64 * 64 * 64

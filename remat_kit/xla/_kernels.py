@@ -218,14 +218,75 @@ def _trip_count(instr: HloInstruction, module: HloModule | None = None) -> int:
         return int(n)
     if module is None:
         return 1
-    # XLA:TPU records no trip count: read jax's loop condition instead, ``i < N`` over the
-    # counter a scan or fori_loop starts at 0 (``compare(gte(param, index=k), constant(N)),
-    # direction=LT`` as the condition's root).
+    # XLA:TPU records no trip count: read the loop's condition instead, ``i < N`` over one
+    # element of the loop's tuple (``compare(gte(param, index=k), constant(N)),
+    # direction=LT`` as the condition's root), with the counter's start (the loop operand's
+    # element k) and step (the body root's element k, ``add(gte(param, index=k),
+    # constant(s))``). jax's scans and fori_loops count from 0 by 1; libtpu's windowed einsum
+    # loops (``windowed_dot_general_body_*``) run two windows a trip and add 2.
     cond = module.computations.get(_attr(instr.attrs, "condition") or "", ())
     root = next((i for i in cond if i.is_root), None)
     if root is None or root.opcode != "compare" or "direction=LT" not in root.attrs:
         return 1
     by_name = {i.name: i for i in cond}
     bound = by_name.get(root.operands[1]) if len(root.operands) > 1 else None
-    m = re.search(r"constant\((\d+)\)", f"{bound.opcode}({bound.operand_text})") if bound else None
-    return int(m.group(1)) if m else 1
+    limit = _constant(bound)
+    if limit is None:
+        return 1
+    k = _element(by_name.get(root.operands[0]))
+    if k is None:
+        return limit
+    start = _counter_start(module, instr, k)
+    step = _counter_step(module, _attr(instr.attrs, "body") or "", k)
+    return max(0, -(-(limit - start) // step))
+
+
+def _constant(instr: HloInstruction | None) -> int | None:
+    """An integer ``constant(N)``'s N, else None."""
+    if instr is None or instr.opcode != "constant":
+        return None
+    m = re.fullmatch(r"\s*(-?\d+)\s*", instr.operand_text)
+    return int(m.group(1)) if m else None
+
+
+def _element(instr: HloInstruction | None) -> int | None:
+    """k of ``get-tuple-element(parameter), index=k``, else None."""
+    if instr is None or instr.opcode != "get-tuple-element":
+        return None
+    m = re.search(r"\bindex=(\d+)", instr.attrs)
+    return int(m.group(1)) if m else None
+
+
+def _counter_start(module: HloModule, loop: HloInstruction, k: int) -> int:
+    """The counter's first value: element k of the loop's operand tuple where it is a constant
+    (through copies); 0, jax's start, where the text does not say."""
+    here = {i.name: i for i in module.computations.get(loop.computation, ())}
+    init = here.get(loop.operands[0]) if loop.operands else None
+    if init is None or init.opcode != "tuple" or k >= len(init.operands):
+        return 0
+    value = here.get(init.operands[k])
+    while value is not None and value.opcode == "copy" and value.operands:
+        value = here.get(value.operands[0])
+    start = _constant(value)
+    return 0 if start is None else start
+
+
+def _counter_step(module: HloModule, body: str, k: int) -> int:
+    """What the body adds to the counter a trip (``add(gte(param, index=k), constant(s))`` as
+    its root tuple's element k); 1 where it is not written so."""
+    instrs = module.computations.get(body, ())
+    root = next((i for i in instrs if i.is_root), None)
+    if root is None or root.opcode != "tuple" or k >= len(root.operands):
+        return 1
+    by_name = {i.name: i for i in instrs}
+    update = by_name.get(root.operands[k])
+    if update is None or update.opcode != "add" or len(update.operands) != 2:
+        return 1
+    a, b = (by_name.get(o) for o in update.operands)
+    if _element(a) == k:
+        step = _constant(b)
+    elif _element(b) == k:
+        step = _constant(a)
+    else:
+        return 1
+    return step if step is not None and step > 0 else 1
