@@ -211,14 +211,35 @@ backend_config={"known_trip_count":{"n":"5"}}
 """
 
 
-def test_a_loop_s_body_and_condition_launch_once_per_trip_on_the_timeline():
+# libtpu's form of the same loop: no known_trip_count, the trips read from its counter (the
+# condition's names made the module's own, as a schedule that lists them needs).
+_TPU_LOOP = (
+    _LOOP.replace(', backend_config={"known_trip_count":{"n":"5"}}', "")
+    .replace("%p = (s32[], f32[256,256]{1,0}) parameter(0)\n  %i = s32[] get-tuple-element(%p), "
+             "index=0\n  %n", "%cp = (s32[], f32[256,256]{1,0}) parameter(0)\n  %ci = s32[] "
+             "get-tuple-element(%cp), index=0\n  %n")
+    .replace("compare(%i, %n)", "compare(%ci, %n)")
+)  # fmt: skip
+_ENTRY = ["a", "zero", "init", "loop", "out"]
+# The schedule as a dump lists it: the computations a loop calls just before the loop.
+_CALLED = ["a", "zero", "init", "p", "i", "x", "t", "one", "j", "r", "cp", "ci", "n", "lt",
+           "loop", "out"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "sequence"),
+    [(_LOOP, _ENTRY), (_TPU_LOOP, _ENTRY), (_TPU_LOOP, _CALLED)],
+    ids=["known-trip-count", "counter", "counter-scheduled-body"],
+)
+def test_a_loop_s_body_and_condition_launch_once_per_trip_on_the_timeline(text, sequence):
+    assert (text == _TPU_LOOP) == ("known_trip_count" not in text) and "%ci" in _TPU_LOOP
     speed = speed_of(rk.target("h100"))
-    t = program_timeline(_LOOP, ["a", "zero", "init", "loop", "out"], speed)
+    t = program_timeline(text, sequence, speed)
     got: dict[str, int] = {}
     for launch in t.launches:
         got[launch.kernel.name] = got.get(launch.kernel.name, 0) + 1
     assert got == {"t": 5, "j": 5, "lt": 5}
-    assert t.seconds == pytest.approx(step_time(kernels_of(_LOOP), speed).seconds, rel=1e-12)
+    assert t.seconds == pytest.approx(step_time(kernels_of(text), speed).seconds, rel=1e-12)
     # The step starts at 0, and with no collective nothing waits at its end.
     assert t.steps[0] == (0, 0.0) and t.launches[0].start == 0.0 and t.exposed_seconds == 0.0
 

@@ -113,7 +113,7 @@ def program_timeline(
         raise ValueError("no ENTRY computation in the HLO text")
     instrs = {i.name: i for comp in module.computations.values() for i in comp}
     comp_of = {name: i.computation for name, i in instrs.items()}
-    order = _expand(sequence, 0, len(sequence), {module.entry}, instrs, comp_of)
+    order = _expand(module, sequence, 0, len(sequence), {module.entry}, instrs, comp_of)
     sequenced = {comp_of.get(n) for n in sequence}
 
     launch_cost = speed.kernel_seconds
@@ -178,6 +178,7 @@ def _called(instr: HloInstruction) -> list[str]:
 
 
 def _expand(
+    module: HloModule,
     sequence: Sequence[str],
     lo: int,
     hi: int,
@@ -204,12 +205,12 @@ def _expand(
         instr = instrs.get(name)
         if sub < p and instr is not None:
             called = set(_called(instr))
-            span = _expand(sequence, sub, p, called, instrs, comp_of) if called else []
+            span = _expand(module, sequence, sub, p, called, instrs, comp_of) if called else []
             if instr.opcode == "while":
-                out += span * _trip_count(instr)
+                out += span * _trip_count(instr, module)  # XLA:TPU's loops: their counter
             elif instr.opcode == "conditional":
                 # kernels_of costs one branch (the first): so does the timeline.
-                out += _expand(sequence, sub, p, set(_called(instr)[:1]), instrs, comp_of)
+                out += _expand(module, sequence, sub, p, set(_called(instr)[:1]), instrs, comp_of)
             else:
                 out += span
         out.append(p)
