@@ -379,6 +379,7 @@ def memory_report(
 
     Raises:
       TypeError: an argument leaf is not array-like.
+      remat_kit.BadValue: ``in_shardings`` is a sequence whose length is not the arguments'.
       remat_kit.TargetError: the GPU target cannot be compiled for here (one line on why).
 
     Example:
@@ -392,6 +393,12 @@ def memory_report(
     pol = as_policy(policy) if policy is not None else None
     shardings = in_shardings if in_shardings is not None else t.sharding()
     if in_shardings is not None and isinstance(in_shardings, Sequence):
+        if len(in_shardings) != len(args):
+            raise BadValue(
+                f"in_shardings has {len(in_shardings)} shardings for {len(args)} arguments: "
+                "give one sharding for each argument, or one for all",
+                param="in_shardings",
+            )
         abstract_args = tuple(abstract(a, s) for a, s in zip(args, in_shardings, strict=True))
     else:
         abstract_args = tuple(abstract(a, shardings) for a in args)
