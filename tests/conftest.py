@@ -95,19 +95,43 @@ def small():
 
 #: The test file that reads each group of tests/sharded_step.py.
 SHARDED_GROUPS = {"test_context_parallel.py": "cp", "test_sharding.py": "sharding"}
-_sharded_runs: dict[str, subprocess.CompletedProcess | BaseException] = {}
-_sharded_done: dict[str, threading.Event] = {}
+#: The groups the session's collected tests read, all run by one subprocess: jax starts once
+#: and each model's one-device reference compiles once for both files.
+_sharded_groups: list[str] = []
+_sharded_whole: dict[tuple[str, ...], subprocess.CompletedProcess | BaseException] = {}
+_sharded_done: dict[tuple[str, ...], threading.Event] = {}
 _sharded_procs: list[subprocess.Popen] = []
+_sharded_lock = threading.Lock()
+_sharded_shared: list[Path] = []  # under pytest-xdist: the folder the workers share
 _session_over = threading.Event()
 
 
-def _run_sharded(group: str, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
-    """Runs ``tests/sharded_step.py group`` to its end (8 fake devices, which must be fixed
+def _sharded_env() -> dict:
+    """The subprocess's environment: 8 fake CPU devices, and the compile flags of the suite
+    (tests/../conftest.py) and of the CLI, which XLA reads as jax starts there."""
+    return {  # taken by the caller, not in a thread, while a test may be changing os.environ
+        **os.environ,
+        "XLA_FLAGS": " ".join(
+            [
+                "--xla_force_host_platform_device_count=8",
+                # -O0 code generation: a third of the compile time, the same HLO (the same
+                # numbers); the machine code of a compile made on one thread.
+                "--xla_backend_optimization_level=0",
+                "--xla_cpu_parallel_codegen_split_count=1",
+                *PROCESS_FLAGS,
+            ]
+        ),
+        "JAX_PLATFORMS": "cpu",
+    }
+
+
+def _run_sharded(groups: tuple[str, ...], env: dict, timeout: float = 900):
+    """Runs ``tests/sharded_step.py *groups`` to its end (8 fake devices, which must be fixed
     when jax starts: hence a subprocess)."""
     # Files, not pipes: nobody reads the output until the run is over.
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(HERE / "sharded_step.py"), group],
+            [sys.executable, str(HERE / "sharded_step.py"), *groups],
             env=env,
             stdout=out,
             stderr=err,
@@ -117,64 +141,107 @@ def _run_sharded(group: str, env: dict, timeout: float = 900) -> subprocess.Comp
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.kill()  # its return code (-9) fails the test, with its stderr
+            proc.kill()  # its return code (-9) fails the tests, with its stderr
             proc.wait()
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
 
 
-def _run_in_background(groups: list[str]) -> None:
-    """Runs ``groups`` one after the other in a thread: beside the in-process tests (one core
+def _group_of(whole: subprocess.CompletedProcess, group: str) -> subprocess.CompletedProcess:
+    """``group``'s share of a run of several groups, as a run of that group alone reads: its
+    rows, and exit code 0 only if the run said the group passed (a run that died before
+    saying so fails each group it had not finished)."""
+    import json
+
+    rows, passed = [], False
+    for line in whole.stdout.splitlines():
+        if not line.startswith("{"):
+            continue
+        row = json.loads(line)
+        if row.pop("group", None) != group:
+            continue
+        if "passed" in row:
+            passed = row["passed"] is True
+        else:
+            rows.append(json.dumps(row))
+    code = 0 if passed else (whole.returncode or 1)
+    out = "".join(f"{row}\n" for row in rows)
+    return subprocess.CompletedProcess(whole.args, code, out, whole.stderr)
+
+
+def _run_in_background(groups: tuple[str, ...]) -> None:
+    """Runs ``groups`` in one subprocess, from a thread: beside the in-process tests (one core
     for them, one for the subprocess) instead of holding up the tests that read them."""
-    for group in groups:
-        _sharded_done[group] = threading.Event()
-    env = {  # taken here, not in the thread, while a test may be changing os.environ
-        **os.environ,
-        # -O0 code generation: a third of the compile time, the same HLO (the same numbers).
-        "XLA_FLAGS": " ".join(
-            [
-                "--xla_force_host_platform_device_count=8",
-                "--xla_backend_optimization_level=0",
-                *PROCESS_FLAGS,
-            ]
-        ),
-        "JAX_PLATFORMS": "cpu",
-    }
+    _sharded_done[groups] = threading.Event()
+    env = _sharded_env()
 
     def work():
-        for group in groups:
-            try:
-                if not _session_over.is_set():
-                    _sharded_runs[group] = _run_sharded(group, env)
-            except BaseException as e:  # handed to the test that reads it
-                _sharded_runs[group] = e
-            finally:
-                _sharded_done[group].set()
+        try:
+            if not _session_over.is_set():
+                _sharded_whole[groups] = _run_sharded(groups, env)
+        except BaseException as e:  # handed to the tests that read it
+            _sharded_whole[groups] = e
+        finally:
+            _sharded_done[groups].set()
 
     threading.Thread(target=work, name="sharded_step", daemon=True).start()
 
 
+def _shared_run(groups: tuple[str, ...], group: str) -> subprocess.CompletedProcess:
+    """Under pytest-xdist: the run of ``groups``, made once for all the session's workers.
+    The first worker to need it runs it while holding a lock on a file in the folder the
+    workers share; another reads what it wrote. One that finds the run still going runs its
+    own ``group`` alone rather than wait on it idle (the cost of two runs, as before)."""
+    import fcntl
+    import json
+
+    folder = _sharded_shared[0]
+    name = "sharded_step-" + "-".join(groups)
+    result = folder / f"{name}.json"
+    with open(folder / f"{name}.lock", "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return _run_sharded((group,), _sharded_env())
+        if result.exists():
+            got = json.loads(result.read_text())
+            return subprocess.CompletedProcess(*got)
+        proc = _run_sharded(groups, _sharded_env())
+        part = result.with_suffix(".part")
+        part.write_text(json.dumps([proc.args, proc.returncode, proc.stdout, proc.stderr]))
+        part.replace(result)
+        return proc
+
+
 def _sharded_run(group: str) -> subprocess.CompletedProcess:
-    """The finished run of ``tests/sharded_step.py group``: its exit code and output."""
-    if group not in _sharded_done:  # not started with the session: run it now
-        _run_in_background([group])
-    _sharded_done[group].wait()
-    got = _sharded_runs[group]
+    """The finished run of ``tests/sharded_step.py group``: its exit code and output (its
+    share of the one run of the session's groups)."""
+    groups = tuple(_sharded_groups) if group in _sharded_groups else (group,)
+    if _sharded_shared:
+        return _group_of(_shared_run(groups, group), group)
+    with _sharded_lock:
+        if groups not in _sharded_done:  # not started with the session: run it now
+            _run_in_background(groups)
+    _sharded_done[groups].wait()
+    got = _sharded_whole[groups]
     if isinstance(got, BaseException):
         raise got
-    return got
+    return _group_of(got, group)
 
 
 @pytest.fixture(autouse=True, scope="session")
-def _sharded_steps_in_background(request, _private_compile_cache):
-    """Starts the sharded-step runs the collected tests will read, in the order they come."""
+def _sharded_steps_in_background(request, tmp_path_factory, _private_compile_cache):
+    """Starts the one sharded-step run of the groups the collected tests will read."""
     files = [item.path.name for item in request.session.items]
-    groups = [SHARDED_GROUPS[f] for f in dict.fromkeys(files) if f in SHARDED_GROUPS]
-    # Under pytest-xdist every worker collects every test but runs only its share: started
-    # here, each group would run once per worker. There the test that reads a group starts it.
-    if groups and "PYTEST_XDIST_WORKER" not in os.environ:
-        _run_in_background(groups)
+    _sharded_groups[:] = [SHARDED_GROUPS[f] for f in dict.fromkeys(files) if f in SHARDED_GROUPS]
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        # Under pytest-xdist every worker collects every test but runs only its share (a
+        # file whole, under --dist loadfile): the first test that reads a group runs them
+        # all, once for the workers, which share the folder above their own basetemp.
+        _sharded_shared[:] = [tmp_path_factory.getbasetemp().parent]
+    elif _sharded_groups:
+        _run_in_background(tuple(_sharded_groups))
     yield
     _session_over.set()
     for proc in _sharded_procs:

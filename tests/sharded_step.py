@@ -2,15 +2,16 @@
 
 Run by tests/test_sharding.py and tests/test_context_parallel.py in a subprocess, because the
 device count is fixed when jax starts: ``XLA_FLAGS=--xla_force_host_platform_device_count=8
-JAX_PLATFORMS=cpu python tests/sharded_step.py [sharding|cp]``. For every case of the group it
+JAX_PLATFORMS=cpu python tests/sharded_step.py [sharding] [cp]``. For every case of a group it
 checks, with chex, that the loss, the updated parameters and the optimizer state equal the
 single-device step's, and that the parameters really are split as the plan says. The
 gradients are checked through AdamW's first moment, which after one step is exactly
 ``(1 - b1) * grad`` (with accumulation, of the mean gradient): one compile of the step checks
 them, none of a separate gradient function. The one-device reference is compiled once per
 model (policy ``none``, no accumulation): policies and accumulation do not change the
-mathematics, only the program. It prints one JSON line per case and exits non-zero on the
-first mismatch.
+mathematics, only the program; the groups named run in one process and share it. It prints
+one JSON line per case (tagged with its group), ends a group on its first mismatch, closes
+each group with a line saying whether it passed, and exits non-zero if any failed.
 
 The ``cp`` group also runs :func:`remat_kit_models.attention.flash_attention`'s per-device
 path (the one cuDNN attention takes under context parallelism) with XLA's implementation,
@@ -189,18 +190,43 @@ def _flash(plan: str, causal: bool, tol: dict) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    group = argv[0] if argv else "sharding"
-    if jax.device_count() != 8:
-        sys.exit(f"needs 8 devices, found {jax.device_count()}: set XLA_FLAGS")
+def _group(group: str) -> None:
+    """Every case of ``group``: one JSON line each, tagged with the group."""
     tol = TOLERANCES[group]
     for case in CASES[group]:
-        print(json.dumps(_run(*case, tol)), flush=True)
+        print(json.dumps({"group": group, **_run(*case, tol)}), flush=True)
     if group == "cp":
         for plan in FLASH_PLANS:
             for causal in (True, False):
-                print(json.dumps(_flash(plan, causal, tol)), flush=True)
+                print(json.dumps({"group": group, **_flash(plan, causal, tol)}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs each group named in ``argv`` (``sharding`` if none) in this one process: jax starts
+    once and each model's one-device reference is compiled once for all of them. A group that
+    fails (its first mismatch ends it) does not stop the next; each ends with a line saying
+    whether it passed, and the exit code is non-zero if any failed."""
+    import traceback
+
+    argv = sys.argv[1:] if argv is None else argv
+    groups = argv or ["sharding"]
+    unknown = [g for g in groups if g not in CASES]
+    if unknown:
+        sys.exit(f"unknown group(s) {unknown}: takes {sorted(CASES)}")
+    if jax.device_count() != 8:
+        sys.exit(f"needs 8 devices, found {jax.device_count()}: set XLA_FLAGS")
+    failed = []
+    for group in groups:
+        try:
+            _group(group)
+        except BaseException:
+            failed.append(group)
+            print(f"== group {group} failed:", file=sys.stderr)
+            traceback.print_exc()
+            sys.stderr.flush()
+        print(json.dumps({"group": group, "passed": group not in failed}), flush=True)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
 
 
 if __name__ == "__main__":
