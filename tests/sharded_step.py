@@ -146,25 +146,34 @@ def _run(model: str, plan: str, policy: str, accum: int, tol: dict) -> dict:
     }
 
 
-def _flash(plan: str, causal: bool, tol: dict) -> dict:
-    """flash_attention's per-device path under ``plan`` against one device."""
-    from remat_kit_models.attention import flash_attention
+def _loss(w, attend, q, k, v):
+    return jnp.sum(attend(q, k, v) * w)
 
-    parsed = rk.parse_shard(plan)
-    mesh = parsed.mesh(rk.target("local", devices=8))
+
+@functools.cache
+def _flash_reference(causal: bool):
+    """The inputs of the flash-attention checks and ``jax.nn.dot_product_attention``'s
+    output and gradients on one device, computed once per mask for every plan."""
     b, s, n, kv, h = 4, 64, 4, 2, 16
     keys = jax.random.split(jax.random.key(2), 3)
     q = jax.random.normal(keys[0], (b, s, n, h), jnp.float32)
     k = jax.random.normal(keys[1], (b, s, kv, h), jnp.float32)
     v = jax.random.normal(keys[2], (b, s, kv, h), jnp.float32)
     w = jnp.cos(jnp.arange(b * s * n * h, dtype=jnp.float32)).reshape(b, s, n, h)
-
-    def loss(attend, q, k, v):
-        return jnp.sum(attend(q, k, v) * w)
-
     ref = lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal)
     ref_out = jax.jit(ref)(q, k, v)
-    ref_grads = jax.jit(jax.grad(functools.partial(loss, ref), argnums=(0, 1, 2)))(q, k, v)
+    ref_grads = jax.jit(jax.grad(functools.partial(_loss, w, ref), argnums=(0, 1, 2)))(q, k, v)
+    return (q, k, v, w), ref_out, ref_grads
+
+
+def _flash(plan: str, causal: bool, tol: dict) -> dict:
+    """flash_attention's per-device path under ``plan`` against one device."""
+    from remat_kit_models.attention import flash_attention
+
+    parsed = rk.parse_shard(plan)
+    mesh = parsed.mesh(rk.target("local", devices=8))
+    (q, k, v, w), ref_out, ref_grads = _flash_reference(causal)
+    loss = functools.partial(_loss, w)
 
     def ours(q, k, v):
         with parsed.activation_context(mesh):
