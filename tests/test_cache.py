@@ -468,6 +468,21 @@ def test_every_fact_of_the_target_keys_what_it_changes(why):
     assert cache.request_key("report", parts, other) != cache.request_key("report", parts, base)
 
 
+def test_a_key_does_not_depend_on_the_order_a_mapping_was_built_in():
+    # Equal mappings built key by key in two orders (as two call sites build a request's
+    # parts, or a compile's options) key the same answer; a changed value keys another.
+    h100 = rk.target("h100")
+    one = {"policy": "full", "options": {"seq": 16, "batch": 4}}
+    other = {"options": {"batch": 4, "seq": 16}, "policy": "full"}
+    assert one == other and list(one) != list(other)
+    key = cache.request_key("report", one, h100)
+    assert cache.request_key("report", other, h100) == key
+    assert cache.request_key("report", {**one, "policy": "none"}, h100) != key
+    text = "module {}"
+    options = cache.entry_key(text, h100, {"xla_gpu_autotune_level": 0, "xla_a": "x"})
+    assert cache.entry_key(text, h100, {"xla_a": "x", "xla_gpu_autotune_level": 0}) == options
+
+
 class _Asked(Exception):
     """Raised by the stand-in for cache.remember once it has the request's key."""
 

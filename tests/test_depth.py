@@ -386,6 +386,20 @@ def test_nothing_fits_is_verified_near_the_limit(error):
     assert fit.batch == 1
 
 
+@pytest.mark.parametrize("error", [0.01, 0.015])
+def test_a_batch_of_one_exactly_at_the_limit_fits_where_its_copies_read_over_it(error):
+    # The first probe (batch 2) is checked whole and the copies hold (within 2%), so batch 1
+    # is read off copies: 1-2% over the limit. The whole step at batch 1 is exactly the limit,
+    # and a peak at the limit fits: the answer is batch 1, not "nothing fits".
+    limit = BASE_BYTES + PER_SAMPLE
+    calls, copies = [], []
+    w = _extrapolating_workload(error, calls=calls, copies=copies)
+    fit = rk.max_batch(w, "full", limit_bytes=limit, start=2)
+    assert copies == [2, 1]  # batch 1 was read off copies first: round(60_000 * (1 + error))
+    assert (fit.batch, fit.peak_bytes, fit.next_peak_bytes) == (1, limit, limit + PER_SAMPLE)
+    assert sorted(calls) == [1, 2]
+
+
 @pytest.mark.parametrize("error", [-0.05, 0.01, 0.05])
 def test_a_plan_from_copies_states_the_full_steps_figures(error):
     calls = []
@@ -439,6 +453,20 @@ def test_the_full_depth_report_is_the_line_through_two_copies_and_the_fitted_pea
     # The time it took is both copies' compiles, 1 s and 1.5 s.
     assert got.compile_seconds == pytest.approx(2.5)
     assert got.meta["depth"]["layers"] == 8 and got.meta["depth"]["fragmentation_bytes"] == 96
+
+
+@pytest.mark.parametrize("depths", [(2, 3), (2, 4), (3, 7)])
+def test_the_line_through_two_copies_holds_at_any_two_depths(depths):
+    # Figures 50 + 100 per layer (ints), 1.5 + 7 per layer (a float in a mapping): at 32
+    # layers, by hand, 3250 and 225.5, whichever two depths the copies were compiled at.
+    da, db = depths
+    assert depth.line_at([50 + 100 * da, 50 + 100 * db], depths, 32) == 3250
+    flops = [{"total": 1.5 + 7.0 * d, "loops": 0} for d in depths]
+    assert depth.line_at(flops, depths, 32) == {"total": 225.5, "loops": 0}
+    fit = depth.DepthFit(8, depths, 5000, "backward, layer 0", residual_bytes=0, sections=3)
+    at = lambda d: memory_report(argument_bytes=100 * d + 40, output_bytes=10 * d, flops=7.0 * d)
+    got = depth.extrapolate_report([at(da), at(db)], depths, fit, 96, (10**6, None))
+    assert (got.argument_bytes, got.output_bytes, got.flops) == (840, 80, 56.0)  # 8 layers
 
 
 def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():

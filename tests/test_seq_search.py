@@ -20,7 +20,7 @@ from jax.errors import JaxRuntimeError
 import remat_kit as rk
 from helpers import memory_report, size_words
 from remat_kit.errors import BadType, BadValue
-from remat_kit.search._boundary import UNBUILDABLE
+from remat_kit.search._boundary import CURVES, UNBUILDABLE, search
 
 # --- fake builders: the peak as a formula of the sequence -----------------------------------
 
@@ -103,6 +103,27 @@ def test_on_the_curve_it_expects_the_search_is_exact_in_few_compiles(
     assert fit.compiles == len(set(fake.measured)) <= most
     assert fit.method == method
     assert fit.tokens_per_step == expect and fit.batch == 1 and fit.unit == step
+
+
+@pytest.mark.parametrize("limit", [331, 2_000, 50_000])
+def test_the_parabola_through_three_peaks_predicts_the_boundary_at_once(limit):
+    """Three peaks on y = 2u^2 + 3u + 100: the quadratic through them is that curve, so its
+    first prediction is the boundary (the brute-force scan's) and the next unit confirms it."""
+
+    def y(u):
+        return 2 * u * u + 3 * u + 100
+
+    known, probed = {u: y(u) for u in (1, 2, 4)}, []
+
+    def peak(u):
+        probed.append(u)
+        known[u] = y(u)
+        return known[u]
+
+    expect = max(u for u in range(1, 1000) if y(u) <= limit)  # 10, 30, 157
+    lo, hi, method, predicted = search(peak, known, limit, 1000, CURVES["seq"])
+    assert (lo, hi, method, predicted) == (expect, expect + 1, "quadratic", expect)
+    assert probed == [expect, expect + 1]
 
 
 @pytest.mark.parametrize("limit", [FIXED + 120_000, FIXED + 333_333, FIXED + 2_000_000])

@@ -150,6 +150,30 @@ def test_factory_must_take_a_policy():
         sources.from_factory(lambda: None)
 
 
+class _Unreadable:
+    """A factory whose signature inspect cannot read (as a C callable's): called with the
+    policy alone, as one that takes nothing else."""
+
+    __signature__ = "unreadable"  # inspect.signature raises ValueError
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, policy):
+        self.calls.append(policy)
+        return nn.Dense(8)
+
+
+def test_a_factory_without_a_readable_signature_is_called_with_the_policy_alone():
+    factory = _Unreadable()
+    src = sources.from_factory(factory)
+    assert (src.schedule_kinds, src.applies_in_code) == ({"none"}, "policy")
+    with pytest.raises(BadValue, match="every"):
+        src.check_schedule("every:2")
+    src.build("full")  # handed schedule=, it would raise a TypeError
+    assert "full" in [p.spec for p in factory.calls]
+
+
 @pytest.mark.parametrize(
     ("name", "block", "kinds"),
     [

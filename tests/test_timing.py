@@ -716,3 +716,33 @@ def test_the_measured_update_runs_in_place(monkeypatch):
     monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
     _model.measure_cpu_speed(0.2)
     assert len(where) == 2 and where[0] == where[1]
+
+
+def test_a_loop_program_without_a_memory_loop_leaves_the_others_their_rates(monkeypatch):
+    # The first of the three loop programs compiles to no memory-bound loop here (a product
+    # only): it gives no rate, and the two after it still do. Every timed run takes 0.5 s; the
+    # kernels are made by hand, so each rate is its program's memory bytes over 0.5 s, keyed by
+    # the largest loop's kind: 2 x 1000 + 500 bytes (one thread, strided) and 4000 (4 threads).
+    import remat_kit.xla
+    from remat_kit.timing import _model
+
+    def loop(nbytes, count, parts, strided):
+        return Kernel("memory", count, 0.0, nbytes, parts=parts, strided=strided)
+
+    kernels = iter(
+        [
+            [Kernel("gemm", 1, 2.0, 64)],
+            [loop(1000, 2, 1, True), loop(500, 1, 1, False)],
+            [loop(4000, 1, 4, True)],
+        ]
+    )
+    monkeypatch.setattr(remat_kit.xla, "kernels_of", lambda text: next(kernels))
+    monkeypatch.setattr(_model, "_best", lambda fn, x, budget: 0.5)
+
+    def small(make):  # 8 x 8 buffers, not 4096 x 4096: nothing is timed
+        return lambda shape, dtype: make(tuple(min(n, 8) for n in shape), dtype)
+
+    for name in ("ones", "zeros"):
+        monkeypatch.setattr(jnp, name, small(getattr(jnp, name)))
+    got = _model._loop_rates(0.3)
+    assert got == ((False, True, 2500 / 0.5), (True, True, 4000 / 0.5))
