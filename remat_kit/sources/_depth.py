@@ -205,7 +205,7 @@ def fit_sections(by_depth: Mapping[int, Mapping[Section, int]], layers: int) -> 
 
 def _line(a: Any, b: Any, da: int, db: int, at: int) -> Any:
     """The value at ``at`` of the line through ``(da, a)`` and ``(db, b)``, kept in type:
-    numbers (ints rounded), mappings and lists element-wise, anything else ``b``'s."""
+    numbers (ints rounded) and mappings key by key; anything else (a list, a label) ``b``'s."""
     if isinstance(a, bool) or isinstance(b, bool):
         return b
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -364,8 +364,8 @@ def _kinds(source: StepSource, t: Target) -> int:
 
 
 def line_at(shallow: Sequence[Any], depths: Sequence[int], layers: int) -> Any:
-    """The value at ``layers`` of the line through two copies' figures (numbers, or
-    mappings and lists of them: ``FlopCount.to_dict()``), kept in type.
+    """The value at ``layers`` of the line through two copies' figures (numbers, or mappings
+    of them: ``FlopCount.to_dict()``), kept in type; anything else is the deeper copy's.
 
     Example:
       >>> line_at([{"total": 10.0, "loops": 0}, {"total": 14.0, "loops": 0}], (2, 3), 32)
