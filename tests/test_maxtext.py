@@ -481,6 +481,42 @@ def test_yaml_path_first_then_words():
     assert MaxTextSpec("model_name=llama2-7b").yaml == "base.yml"
 
 
+def test_a_config_read_from_one_read_before_is_maxtexts_own(monkeypatch):
+    # A search reads a config per policy and batch; one that differs from a config read
+    # before only in the batch, sequence, device count or remat lines is made from that
+    # one's merged YAML (MaxText's merge is 0.3 s): each is the config MaxText's own
+    # pyconfig.initialize makes of the same words, refusals included.
+    pytest.importorskip("maxtext")
+    from remat_kit_models.maxtext_source import _config as source
+
+    monkeypatch.setenv("JOBSET_NAME", "same-run")  # else the run's name carries the minute
+    mt = source._maxtext()
+    spec = MaxTextSpec(PIPELINE)
+    yaml = Path(mt.pyconfig.__file__).parent / "base.yml"
+
+    def words(batch, seq, gpus, lines):
+        return source._settings(spec, rk.TrainConfig(batch, seq), gpus, lines)
+
+    custom = ("remat_policy: custom", "decoder_layer_input: offload", "out_proj: device")
+    source._initialize(mt, yaml, words(8, 128, 2, custom))  # the one read in full
+    for batch, seq, gpus, lines in [
+        (8, 256, 4, ("remat_policy: custom", "decoder_layer_input: remat", "out_proj: offload")),
+        (16, 64, 2, custom),
+        (2, 256, 4, custom),  # a batch the pipeline's micro-batches refuse
+    ]:
+        w = words(batch, seq, gpus, lines)
+        got = source._from_merged(mt, yaml, w)
+        try:
+            own = mt.pyconfig.initialize(["remat-kit", str(yaml), *w])
+        except Exception:
+            assert got is None
+            continue
+        assert got is not None and got.get_keys() == own.get_keys()
+        assert got._pydantic_config == own._pydantic_config
+        fields = got._pydantic_config.__pydantic_fields_set__
+        assert fields == own._pydantic_config.__pydantic_fields_set__
+
+
 def test_maxtexts_reason_for_refusing_a_config_is_kept_whole(tmp_path, monkeypatch):
     # pydantic's ValidationError as MaxText's MaxTextConfig raises it (two fields, one of them
     # a model validator's multi-line ValueError): each field and what pydantic said of it on

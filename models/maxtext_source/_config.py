@@ -5,10 +5,14 @@ its ``pyconfig`` reads, and its refusals worded on one line.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import io
+import os
 import tempfile
+import threading
+import unittest.mock
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -17,6 +21,7 @@ import remat_kit as rk
 from remat_kit.errors import BadValue
 from remat_kit_models.maxtext import (
     _BASE,
+    CUSTOM_TENSORS,
     MaxTextSpec,
 )
 
@@ -151,9 +156,92 @@ def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
         )
     try:
         with _quiet():
-            return mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
+            cfg = _from_merged(mt, yaml, words)
+            return cfg if cfg is not None else _initialize(mt, yaml, words)
     except Exception as err:  # MaxText's ValueError, pydantic's ValidationError, asserts
         raise BadValue(f"MaxText refused the config: {_refusal(err)}", param="maxtext") from None
+
+
+#: The keys whose value reaches MaxText's merged YAML as that key's value alone (no other key
+#: reads it while the YAML files and the words are merged): the batch, the sequence, the
+#: device count and the remat lines, which a search varies from one config to the next.
+_VARIED = frozenset(
+    {
+        "per_device_batch_size",
+        "max_target_length",
+        "internal_compile_num_devices",
+        "remat_policy",
+        "ici_pipeline_parallelism",
+        "dcn_pipeline_parallelism",
+        "num_pipeline_microbatches",
+        *CUSTOM_TENSORS,
+    }
+)
+
+#: For each config read in full: its merged keys (what ``pyconfig`` hands pydantic) and the
+#: keys set explicitly, by :func:`_family` (a whole ``pyconfig.initialize`` is mostly its YAML
+#: merge, 0.3 s; a search reads a config per policy and batch).
+_MERGED: dict[tuple[Any, ...], tuple[dict[str, Any], set[str]]] = {}
+_LOCK = threading.Lock()
+
+
+def _family(yaml: Path, words: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """What a config's merged YAML depends on but the values of :data:`_VARIED`: the file,
+    every other word, and MaxText's ``M_`` environment overrides; None for words this
+    does not read (a key twice, an interpolation in a varied value)."""
+    pairs = [w.split("=", 1) for w in words]
+    if any(len(p) != 2 for p in pairs) or len({k for k, _ in pairs}) != len(pairs):
+        return None
+    if any(k in _VARIED and "$" in v for k, v in pairs):
+        return None
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("M_")))
+    kept = tuple(sorted((k, None if k in _VARIED else v) for k, v in pairs))
+    return (str(yaml), kept, env)
+
+
+def _initialize(mt: Any, yaml: Path, words: tuple[str, ...]) -> Any:
+    """MaxText's ``pyconfig.initialize`` for ``words``, its merged keys kept for the
+    configs of its :func:`_family`."""
+    family = _family(yaml, words)
+    prepare = getattr(mt.pyconfig, "_prepare_for_pydantic", None)
+    if family is None or prepare is None:  # a MaxText without the step: read it whole
+        return mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
+    seen: list[dict[str, Any]] = []
+
+    def keep(raw: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+        seen.append(copy.deepcopy(raw))
+        return prepare(raw, **kwargs)
+
+    with _LOCK, unittest.mock.patch.object(mt.pyconfig, "_prepare_for_pydantic", keep):
+        cfg = mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
+    if len(seen) == 1:
+        explicit = set(cfg._pydantic_config.__pydantic_fields_set__)
+        _MERGED.setdefault(family, (seen[0], explicit))
+    return cfg
+
+
+def _from_merged(mt: Any, yaml: Path, words: tuple[str, ...]) -> Any:
+    """The config MaxText's ``pyconfig.initialize`` makes of ``words``, from the merged
+    keys of one of its :func:`_family` read before, the varied values set as MaxText's
+    command line reads them, then validated as ``pyconfig`` does; None where none was read
+    (or where pydantic refuses: MaxText's own path words the refusal)."""
+    import omegaconf
+
+    family = _family(yaml, words)
+    if family is None or family not in _MERGED:
+        return None
+    merged, explicit = _MERGED[family]
+    raw = copy.deepcopy(merged)
+    varied = [w for w in words if w.split("=", 1)[0] in _VARIED]
+    pyconfig = mt.pyconfig
+    try:
+        raw.update(omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.from_cli(varied)))
+        kwargs = pyconfig._prepare_for_pydantic(raw, config_class=pyconfig.types.MaxTextConfig)
+        made = pyconfig.types.MaxTextConfig(**kwargs)
+    except Exception:  # refused: MaxText's own path raises it, worded as MaxText words it
+        return None
+    object.__setattr__(made, "__pydantic_fields_set__", set(explicit))
+    return pyconfig.HyperParameters(made)
 
 
 def _refusal(err: BaseException) -> str:
