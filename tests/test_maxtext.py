@@ -498,10 +498,11 @@ def test_a_config_read_from_one_read_before_is_maxtexts_own(monkeypatch):
         return source._settings(spec, rk.TrainConfig(batch, seq), gpus, lines)
 
     custom = ("remat_policy: custom", "decoder_layer_input: offload", "out_proj: device")
-    source._initialize(mt, yaml, words(8, 128, 2, custom))  # the one read in full
+    source._initialize(mt, yaml, words(8, 128, 2, ()))  # the one read in full, no remat lines
     for batch, seq, gpus, lines in [
         (8, 256, 4, ("remat_policy: custom", "decoder_layer_input: remat", "out_proj: offload")),
         (16, 64, 2, custom),
+        (16, 64, 2, ()),
         (2, 256, 4, custom),  # a batch the pipeline's micro-batches refuse
     ]:
         w = words(batch, seq, gpus, lines)

@@ -178,24 +178,25 @@ _VARIED = frozenset(
     }
 )
 
-#: For each config read in full: its merged keys (what ``pyconfig`` hands pydantic) and the
-#: keys set explicitly, by :func:`_family` (a whole ``pyconfig.initialize`` is mostly its YAML
-#: merge, 0.3 s; a search reads a config per policy and batch).
-_MERGED: dict[tuple[Any, ...], tuple[dict[str, Any], set[str]]] = {}
+#: For each config read in full, by :func:`_family`: the varied keys its words set, its
+#: merged keys (what ``pyconfig`` hands pydantic) and the keys set explicitly (a whole
+#: ``pyconfig.initialize`` is mostly its YAML merge, 0.3 s; a search reads a config per
+#: policy and batch).
+_MERGED: dict[tuple[Any, ...], list[tuple[frozenset[str], dict[str, Any], set[str]]]] = {}
 _LOCK = threading.Lock()
 
 
 def _family(yaml: Path, words: tuple[str, ...]) -> tuple[Any, ...] | None:
-    """What a config's merged YAML depends on but the values of :data:`_VARIED`: the file,
-    every other word, and MaxText's ``M_`` environment overrides; None for words this
-    does not read (a key twice, an interpolation in a varied value)."""
+    """What a config's merged YAML depends on but :data:`_VARIED`'s words: the file, every
+    other word, and MaxText's ``M_`` environment overrides; None for words this does not
+    read (a key twice, an interpolation in a varied value)."""
     pairs = [w.split("=", 1) for w in words]
     if any(len(p) != 2 for p in pairs) or len({k for k, _ in pairs}) != len(pairs):
         return None
     if any(k in _VARIED and "$" in v for k, v in pairs):
         return None
     env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("M_")))
-    kept = tuple(sorted((k, None if k in _VARIED else v) for k, v in pairs))
+    kept = tuple(sorted((k, v) for k, v in pairs if k not in _VARIED))
     return (str(yaml), kept, env)
 
 
@@ -216,24 +217,43 @@ def _initialize(mt: Any, yaml: Path, words: tuple[str, ...]) -> Any:
         cfg = mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
     if len(seen) == 1:
         explicit = set(cfg._pydantic_config.__pydantic_fields_set__)
-        _MERGED.setdefault(family, (seen[0], explicit))
+        _MERGED.setdefault(family, []).append((_varied(words), seen[0], explicit))
     return cfg
+
+
+def _varied(words: tuple[str, ...]) -> frozenset[str]:
+    return frozenset(k for k in (w.split("=", 1)[0] for w in words) if k in _VARIED)
 
 
 def _from_merged(mt: Any, yaml: Path, words: tuple[str, ...]) -> Any:
     """The config MaxText's ``pyconfig.initialize`` makes of ``words``, from the merged
-    keys of one of its :func:`_family` read before, the varied values set as MaxText's
-    command line reads them, then validated as ``pyconfig`` does; None where none was read
-    (or where pydantic refuses: MaxText's own path words the refusal)."""
+    keys of one of its :func:`_family` read before whose words set no varied key these do
+    not, the varied values set as MaxText's command line reads them, then validated as
+    ``pyconfig`` does; None where none was read (or where pydantic refuses: MaxText's own
+    path words the refusal).
+
+    A key these words add to that one's is theirs over the YAML's, as MaxText merges it
+    when ``override_model_config`` is on (else MaxText checks the pair), and is explicit."""
     import omegaconf
 
     family = _family(yaml, words)
-    if family is None or family not in _MERGED:
+    keys = _varied(words)
+    pyconfig = mt.pyconfig
+    for held, merged, explicit in _MERGED.get(family, []) if family is not None else []:
+        added = keys - held
+        if held <= keys and (
+            not added
+            or (
+                merged.get("override_model_config") is True
+                and not any(f"M_{k.upper()}" in os.environ for k in added)
+            )
+        ):
+            explicit = explicit | (added & set(pyconfig.types.MaxTextConfig.model_fields))
+            break
+    else:
         return None
-    merged, explicit = _MERGED[family]
     raw = copy.deepcopy(merged)
     varied = [w for w in words if w.split("=", 1)[0] in _VARIED]
-    pyconfig = mt.pyconfig
     try:
         raw.update(omegaconf.OmegaConf.to_container(omegaconf.OmegaConf.from_cli(varied)))
         kwargs = pyconfig._prepare_for_pydantic(raw, config_class=pyconfig.types.MaxTextConfig)
