@@ -1,6 +1,6 @@
 """Step time on TPUs against MaxText's published runs (issue 62, "Step time on TPUs").
 
-Every row of ``experiments/data/maxtext_tpu_published.json`` (13 published MaxText TPU runs,
+Every row of ``experiments/data/maxtext_tpu_published.json`` (17 published MaxText TPU runs,
 each with its source) is rebuilt where its source gives a config, as MaxText builds it: the
 ``--maxtext`` source (MaxText's own model, train step, optimizer and mesh, compiled through
 its ``compile_topology`` path for the row's slice) with the row's own config keys, at the
@@ -14,6 +14,10 @@ the program (remat_kit/timing); its ``step_time`` is compared with what the row 
 * **tokens/s per chip** (tiering.md, tpu-recipes logs): ``per-device batch x seq / step``.
   This is what the row measured, with no FLOP convention in it; where a row gives it, the
   error is on it.
+* **TFLOP/s per chip of 2023** (MaxText/configs/v5p and v5e README.md, December 2023): the
+  FLOPs are train.py's ``calculate_training_tflops`` of then (``6 x params x tokens`` plus
+  causal attention ``12 heads layers head_dim S^2 B / 2``) of the row's model, so the row's step
+  time is that count over its TFLOP/s, and the predicted TFLOP/s the count over our step.
 * **MFU only** (run_llama2.md's table, 2024): MaxText's ``calculate_tflops_training_per_device``
   (the installed maxtext 0.2.5, maxtext/utils/maxtext_utils.py) of the row's config, but with
   attention counted **non-causal** (``4 B S^2 heads head_dim``, not halved), as MaxText counted
@@ -111,6 +115,20 @@ ARCH = {
     ),
 }
 
+
+#: MaxText's base.yml model of December 2023 (emb 2560, 8 heads of 256, mlp 8192 with one relu
+#: activation, 16 layers, vocab 32768, logits via the embedding) scaled by global_parameter_scale
+#: as pyconfig.get_individual_scales does (heads and mlp, then emb, then layers doubled in turn).
+def _scaled_2023(scale: int) -> dict[str, int]:
+    base, rem = divmod(scale.bit_length() - 1, 3)
+    heads = 2 ** (base + (rem > 0))
+    emb = 2560 * 2 ** (base + (rem > 1))
+    return dict(layers=16 * 2**base, emb=emb, heads=8 * heads, kv=8 * heads, head_dim=256,
+                mlp=8192 * heads, vocab=32768, acts=1)  # fmt: skip
+
+
+ARCH.update({f"maxtext2023-{n}b": _scaled_2023(n) for n in (16, 32, 64)})
+
 #: The rows' own policies: MaxText's ``remat_policy: custom`` with ``NAME: offload`` lines
 #: (remat-kit's ``offload`` family writes exactly those lines), or its named policy.
 _CUSTOM5 = "offload:offload=decoder_layer_input+out_proj+query_proj+key_proj+value_proj"
@@ -121,6 +139,24 @@ _SAVE_DOT = "maxtext:remat_policy=save_dot_except_mlpwi"
 #: splits an FSDP product over 32 v6e chips into 16 windowed steps (k = 256 each) that
 #: re-read the accumulator.
 _NO_COLLECTIVE_MATMUL = "--xla_jf_spmd_threshold_for_windowed_einsum_mib=1000000"
+
+#: The LIBTPU_INIT_ARGS of MaxText's 2023 scripts (MaxText/configs/v5p/32b.sh and 64b.sh,
+#: v5e/16b.sh and 32b.sh at 76bd53b, the tables' commit): async collective fusion, the
+#: data-parallel all-reduce and compute/collective overlap. v5p's leave out fusing all-gathers
+#: (``_fuse_all_gather``), which libtpu 0.0.50 refuses on a v5p deviceless.
+_ASYNC_2023 = (
+    "--xla_tpu_enable_data_parallel_all_reduce_opt=true "
+    "--xla_tpu_data_parallel_opt_different_sized_ops=true "
+    "--xla_tpu_enable_async_collective_fusion=true "
+    "--xla_tpu_enable_async_collective_fusion_multiple_steps=true "
+    "--xla_tpu_overlap_compute_collective_tc=true --xla_enable_async_all_gather=true"
+)
+_V5P_2023 = (
+    "--xla_tpu_megacore_fusion_allow_ags=false --xla_enable_async_collective_permute=true "
+    "--xla_tpu_enable_ag_backward_pipelining=true " + _ASYNC_2023
+)
+_V5E_2023 = _ASYNC_2023 + " --xla_tpu_enable_async_collective_fusion_fuse_all_gather=true"
+_FLAGS_2023_NOTE = "the script's LIBTPU_INIT_ARGS passed (libtpu takes them deviceless)"
 
 #: Config keys that are not MaxText's model or mesh words: the command line owns the batch,
 #: the sequence and the policy (the offload names with it); the flags are discussed above.
@@ -171,6 +207,41 @@ REBUILDS: tuple[Rebuild, ...] = (
         "(full) and MoE (megablox, dropless)",
     ),
     Rebuild(12, "Mixtral-8x22B v6e-256", "v6e-256", _CUSTOM5, "the row's mesh: fsdp 64 x ep 4"),
+    # MaxText's December 2023 tables, each with its script of then (the row's notes say what
+    # differs today: splash for the Pallas flash kernel, 'minimal' saving by name) and the
+    # script's LIBTPU_INIT_ARGS, which libtpu 0.0.50 takes deviceless
+    Rebuild(
+        13,
+        "MaxText 32B (2023) v5p-128",
+        "v5p-128",
+        "maxtext:remat_policy=minimal",
+        _FLAGS_2023_NOTE,
+        _V5P_2023,
+    ),
+    Rebuild(
+        14,
+        "MaxText 64B (2023) v5p-128",
+        "v5p-128",
+        "maxtext:remat_policy=minimal",
+        _FLAGS_2023_NOTE,
+        _V5P_2023,
+    ),
+    Rebuild(
+        15,
+        "MaxText 16B (2023) v5e-256",
+        "v5e-256",
+        "maxtext:remat_policy=full",
+        _FLAGS_2023_NOTE,
+        _V5E_2023,
+    ),
+    Rebuild(
+        16,
+        "MaxText 32B (2023) v5e-256",
+        "v5e-256",
+        "maxtext:remat_policy=full",
+        _FLAGS_2023_NOTE,
+        _V5E_2023,
+    ),
 )
 
 #: Published rows not rebuilt, and why.
@@ -202,7 +273,8 @@ def maxtext_tflop(arch: dict[str, int], batch: int, seq: int, causal: bool) -> f
     0.2.5, dense and dropless-MoE branches): 3 x (FFN + QKV + out projection per layer, plus
     the unembedding) + 3 x attention, attention ``4 B S^2 heads head_dim`` halved if causal."""
     b, s, e = batch, seq, arch["emb"]
-    ffn = 2 * b * s * arch["mlp"] * e * 2 + 2 * b * s * arch["mlp"] * e  # swiglu: 2 wi + wo
+    acts = arch.get("acts", 2)  # swiglu: 2 wi + wo; the 2023 models' relu: 1 wi + wo
+    ffn = 2 * b * s * arch["mlp"] * e * acts + 2 * b * s * arch["mlp"] * e
     if arch.get("experts", 1) > 1:
         ffn = 2 * b * s * e * arch["experts"] + ffn * arch["top_k"]
     qkv = 2 * b * s * e * (arch["heads"] + 2 * arch["kv"]) * arch["head_dim"]
@@ -213,9 +285,29 @@ def maxtext_tflop(arch: dict[str, int], batch: int, seq: int, causal: bool) -> f
     return (weights + attention * arch["layers"] * 3) / 1e12
 
 
+def maxtext_2023_tflop(arch: dict[str, int], batch: int, seq: int) -> float:
+    """TFLOP per device per step as MaxText's train.py counted in December 2023
+    (``calculate_training_tflops``): ``6 x params x tokens`` (params from the pytree: the
+    embedding once, being the logits' too; each layer's norm, q/k/v/out and mlp wi/wo; the final
+    norm) plus causal attention ``12 heads layers head_dim S^2 B / 2``."""
+    e, layers = arch["emb"], arch["layers"]
+    width = arch["heads"] * arch["head_dim"]
+    layer = e + 4 * e * width + (arch["acts"] + 1) * e * arch["mlp"]
+    params = arch["vocab"] * e + layers * layer + e
+    attention = 12 * arch["heads"] * layers * arch["head_dim"] * seq**2 * batch / 2
+    return (6 * params * seq * batch + attention) / 1e12
+
+
+_TFLOPS_2023 = "TFLOP/s/chip (2023 count)"
+
+
 def published_step(row: dict[str, Any]) -> tuple[float, str, float]:
     """(seconds a step the row stands for, the quantity it publishes, its value)."""
     tokens = row["per_device_batch_size"] * row["seq_len"]
+    if row.get("flop_convention") == "maxtext-2023":
+        arch = ARCH[row["hf_or_maxtext_model"]]
+        tflop = maxtext_2023_tflop(arch, row["per_device_batch_size"], row["seq_len"])
+        return tflop / row["tflops_per_chip"], _TFLOPS_2023, row["tflops_per_chip"]
     if row["tokens_per_s_per_chip"]:
         return tokens / row["tokens_per_s_per_chip"], "tok/s/chip", row["tokens_per_s_per_chip"]
     tflop = maxtext_tflop(
@@ -389,7 +481,12 @@ def _against(r: Rebuild, row: dict[str, Any], out: dict[str, Any], got: dict[str
     tokens = b * s
     old = maxtext_tflop(arch, b, s, causal=False)
     new = maxtext_tflop(arch, b, s, causal=True)
-    predicted_value = tokens / seconds if quantity == "tok/s/chip" else old * 1e12 / seconds / peak
+    if quantity == "tok/s/chip":
+        predicted_value = tokens / seconds
+    elif quantity == _TFLOPS_2023:
+        predicted_value = maxtext_2023_tflop(arch, b, s) / seconds
+    else:
+        predicted_value = old * 1e12 / seconds / peak
     out.update(
         status="priced",
         how="compiled at the row's batch (MaxText's own step, splash attention)",
