@@ -215,8 +215,9 @@ def _initialize(mt: Any, yaml: Path, words: tuple[str, ...]) -> Any:
 
     with _LOCK, unittest.mock.patch.object(mt.pyconfig, "_prepare_for_pydantic", keep):
         cfg = mt.pyconfig.initialize(["remat-kit", str(yaml), *words])
-    if len(seen) == 1:
-        explicit = set(cfg._pydantic_config.__pydantic_fields_set__)
+    held = getattr(cfg, "_pydantic_config", None)  # a MaxText that keeps it elsewhere: no reuse
+    if len(seen) == 1 and held is not None:
+        explicit = set(held.__pydantic_fields_set__)
         _MERGED.setdefault(family, []).append((_varied(words), seen[0], explicit))
     return cfg
 
