@@ -118,13 +118,13 @@ ARCH = {
 
 #: MaxText's base.yml model of December 2023 (emb 2560, 8 heads of 256, mlp 8192 with one relu
 #: activation, 16 layers, vocab 32768, logits via the embedding) scaled by global_parameter_scale
-#: as pyconfig.get_individual_scales does (heads and mlp, then emb, then layers doubled in turn).
+#: with MaxText's own get_individual_scales (unchanged since then).
 def _scaled_2023(scale: int) -> dict[str, int]:
-    base, rem = divmod(scale.bit_length() - 1, 3)
-    heads = 2 ** (base + (rem > 0))
-    emb = 2560 * 2 ** (base + (rem > 1))
-    return dict(layers=16 * 2**base, emb=emb, heads=8 * heads, kv=8 * heads, head_dim=256,
-                mlp=8192 * heads, vocab=32768, acts=1)  # fmt: skip
+    from maxtext.configs.types import get_individual_scales
+
+    emb, heads, mlp, layers = (2**e for e in get_individual_scales(scale))
+    return dict(layers=16 * layers, emb=2560 * emb, heads=8 * heads, kv=8 * heads, head_dim=256,
+                mlp=8192 * mlp, vocab=32768, acts=1)  # fmt: skip
 
 
 ARCH.update({f"maxtext2023-{n}b": _scaled_2023(n) for n in (16, 32, 64)})
