@@ -5,6 +5,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
+import threading
+import time
 
 import pytest
 
@@ -158,6 +161,56 @@ def test_stopping_the_pool_ends_a_worker_mid_job_at_once():
     assert not any(_running(p.pid) for p in workers)
     # (the future itself is failed later, by the executor's own thread: not checked here)
     del fut
+
+
+class _Came(Exception):
+    pass
+
+
+class _SpawningPool:
+    """A pool whose first worker's start brings a stopping signal, as a Ctrl-C or a SIGTERM
+    that comes while ``spawn`` starts a worker; the kernel hands it to another thread (one of
+    jax's), whose mask is not the main thread's."""
+
+    def __init__(self, signum, thread):
+        self.signum, self.thread, self.submitted = signum, thread, []
+
+    def submit(self, fn, item):
+        from concurrent.futures import Future
+
+        if not self.submitted:
+            signal.pthread_kill(self.thread.ident, self.signum)
+            time.sleep(0.05)  # the main thread's bytecodes, where Python runs the handler
+        self.submitted.append(item)
+        return Future()
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="POSIX signals")
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_signal_while_workers_start_is_acted_on_once_all_have_started(name):
+    signum = getattr(signal, name)
+    came = []
+
+    def handler(s, frame):
+        came.append(s)
+        raise _Came(s)
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait, daemon=True)
+    other.start()
+    pool = _SpawningPool(signum, other)
+    before = signal.signal(signum, handler)
+    try:
+        with pytest.raises(_Came):
+            _workers._local._submit(pool, abs, [-1, -2, -3, -4], 1)
+        # Every worker started (none left reading a cut pipe), then the handler ran: once,
+        # and it is the handler in place again.
+        assert pool.submitted == [-2, -3, -4]
+        assert came == [signum]
+        assert signal.getsignal(signum) is handler
+    finally:
+        signal.signal(signum, before)
+        stop.set()
 
 
 @pytest.mark.parametrize("command", ["policies", "report"])

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -27,7 +28,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, as_completed
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
@@ -211,15 +212,67 @@ def _submit(
     mask (through the exec of ``spawn`` too) and keeps it, so a terminal's Ctrl-C, which
     reaches the whole process group, reaches this process alone, which stops the workers;
     in a worker it would print a ``KeyboardInterrupt`` traceback into this run's stderr.
-    A Ctrl-C that comes meanwhile waits here and is acted on as the mask is restored.
+
+    A stopping signal that comes meanwhile is acted on once every worker has started
+    (:func:`_held`): one acted on as a worker starts (``spawn`` has started the new
+    interpreter but not yet written it what to run) would leave that worker reading a cut
+    pipe, and printing ``EOFError: Ran out of input`` with a traceback into this run's
+    stderr, or running unseen by the pool that should stop it.
     """
     mask = getattr(signal, "pthread_sigmask", None)
-    old = mask(signal.SIG_BLOCK, {signal.SIGINT}) if mask is not None else None
+    with _held():
+        old = mask(signal.SIG_BLOCK, {signal.SIGINT}) if mask is not None else None
+        try:
+            return {pool.submit(fn, items[j]): j for j in range(start, len(items))}
+        finally:
+            if mask is not None and old is not None:
+                mask(signal.SIG_SETMASK, old)
+
+
+#: The signals that stop a run (the CLI's: ``remat_kit.cli._interrupt``), where this platform
+#: has them.
+_STOPPING = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """Inside, the Python handlers of the stopping signals wait; each signal that came is
+    sent again, to its own handler, on the way out.
+
+    The signal mask cannot do this: the kernel gives a process's signal to any thread that
+    does not block it (jax's, the pool's), and Python then runs the handler in the main thread
+    at its next bytecode all the same. Outside the main thread (where no handler runs)
+    nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+
+    def hold(signum: int, frame: object) -> None:
+        came.append(signum)
+
+    saved = {s: h for s in _STOPPING if callable(h := signal.getsignal(s))}
+    for s in saved:
+        signal.signal(s, hold)
     try:
-        return {pool.submit(fn, items[j]): j for j in range(start, len(items))}
+        yield
     finally:
-        if mask is not None and old is not None:
-            mask(signal.SIG_SETMASK, old)
+        # signal.signal runs the handlers of signals already come: a restored one may raise
+        # (a signal between the hold's last bytecode and here). Every handler is restored
+        # first; that signal, having been acted on, is not sent again.
+        cut: BaseException | None = None
+        for s, h in saved.items():
+            try:
+                signal.signal(s, h)
+            except BaseException as err:  # raised again below
+                cut = cut or err
+        if cut is not None:
+            raise cut
+        for s in dict.fromkeys(came):
+            signal.raise_signal(s)
 
 
 def _pool(workers: int) -> ProcessPoolExecutor:
