@@ -337,6 +337,10 @@ def test_ring_collectives_and_hiding_behind_compute(op, factor):
         (16, 16, 0, 8, 8),  # fsdp over two nodes: each node's 8 NICs
         (4, 1, 8, 8, 1),  # data parallel over four nodes: one GPU's NIC
         (16, 4, 8, 8, 4),  # four of each node's GPUs in the group: four NICs
+        # runs closer than a node: every other GPU of four nodes (0, 2, 4, 6 in the first)
+        # and pairs four apart over two (0, 1, 4, 5): four of each node's NICs, not NVLink
+        (16, 1, 2, 8, 4),
+        (8, 2, 4, 8, 4),
         (8, 0, 0, 4, 4),  # runs not read: one block of ids, cut at the host's edge
     ],
 )
@@ -697,6 +701,25 @@ def test_the_measured_cpu_speed_is_the_work_over_the_best_time(monkeypatch):
     assert s.f32_matmul_ratio == pytest.approx(1.0)
     assert s.memory_bandwidth == pytest.approx(2 * size / 0.25)
     assert s.fresh_bytes_per_s == pytest.approx(size / (0.25 - 0.125))
+
+
+def test_the_measured_alu_rate_counts_every_launch_of_the_random_bits(monkeypatch):
+    # The arithmetic rate is the random-bits program's operations over its best time, the
+    # operations counted as kernels_of counts them: each kernel's ops per launch times its
+    # launches. Kernels by hand (3 launches of 1000 ops and one of 500: 3500 by hand) and
+    # 0.25 s for every timed run (nothing is timed).
+    import remat_kit.xla
+    from remat_kit.timing import _model
+
+    kernels = [
+        Kernel("memory", 3, 0.0, 64, ops=1000, op="fusion"),
+        Kernel("memory", 1, 0.0, 64, ops=500, op="fusion"),
+    ]
+    monkeypatch.setattr(remat_kit.xla, "kernels_of", lambda text: kernels)
+    monkeypatch.setattr(_model, "_best", lambda fn, x, budget: 0.25)
+    monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
+    s = _model.measure_cpu_speed(0.2)
+    assert s.alu_ops == pytest.approx(3500 / 0.25)
 
 
 def test_the_measured_update_runs_in_place(monkeypatch):
