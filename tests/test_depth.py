@@ -129,6 +129,36 @@ def test_every_full_depth_reason_reads_as_a_line_with_its_figures(reason):
     assert all(str(v) in line for v in figures.values())
 
 
+@pytest.mark.parametrize(
+    ("shallow", "depths", "layers", "want"),
+    [
+        # Byte counts (ints at both depths) are rounded: 14 + 4 / 3 bytes is 15.
+        ((10, 14), (2, 5), 6, 15),
+        # A float at either depth is a measure, not a count, and stays as the line gives it:
+        # 0.25 + 0.25 * 5 = 1.5, and 1 + 0.75 = 1.75 (rounded, both would read 2).
+        ((0, 0.25), (2, 3), 8, 1.5),
+        ((0.25, 1), (2, 3), 4, 1.75),
+        # Key by key: a FlopCount total counted 10 at 2 layers, 12.25 at 3 is 14.5 at 4.
+        (
+            ({"total": 10, "loops": 0}, {"total": 12.25, "loops": 0}),
+            (2, 3),
+            4,
+            {
+                "total": 14.5,
+                "loops": 0,
+            },
+        ),
+    ],
+    ids=["ints", "int then float", "float then int", "mapping"],
+)
+def test_the_line_through_two_copies_rounds_only_what_both_count_in_ints(
+    shallow, depths, layers, want
+):
+    got = depth.line_at(shallow, depths, layers)
+    # repr, not ==: the value and its type (15 == 15.0, but a byte count prints as an int).
+    assert repr(got) == repr(want)
+
+
 def test_an_unknown_depth_mode_is_refused_before_any_compile():
     src = sources.from_factory(FACTORY)
     with pytest.raises(BadValue, match="depth='deep': give one of auto, full, check"):

@@ -43,15 +43,19 @@ class _Copies:
     ],
     ids=["over", "under at 2"],
 )
+# A copy's other sections hold less than the backward pass's start: the bytes over the peak
+# are measured from the largest section, never from a smaller one (the forward pass's start
+# here, 400 bytes at every depth: measured from it, the line would run 600 + 100 d higher).
+@pytest.mark.parametrize("others", [[], [["forward", "before", -1, 400]]], ids=["one", "two"])
 def test_the_peak_adds_the_line_of_the_copies_bytes_over_their_largest_section(
-    monkeypatch, over, frag
+    monkeypatch, over, frag, others
 ):
-    # At d layers the one section holds 1000 + 100 d bytes live and the compiled peak is
+    # At d layers the largest section holds 1000 + 100 d bytes live and the compiled peak is
     # over[d] bytes above it (reserved but free): 1800 live at 8 layers, and ``frag`` more.
     compiled = []
 
     def rows(directory):
-        return [["backward", "before", -1, 1000 + 100 * compiled[-1]]]
+        return [["backward", "before", -1, 1000 + 100 * compiled[-1]], *others]
 
     def compile_step(built, dump_to=None):
         compiled.append(built)
