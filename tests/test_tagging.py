@@ -184,6 +184,17 @@ def test_modules_a_rule_names_are_tagged_whatever_their_class():
     assert set(tags_in(jax.make_jaxpr(lambda p: Named().apply(p, X))(params))) == set()
 
 
+@pytest.mark.parametrize(
+    ("module", "want"),
+    [(Named(), "TaggedModule(Named)"), (HFBlock(), "TaggedModule(HFBlock)")],
+    ids=["Named", "HFBlock"],
+)
+def test_a_tagged_module_prints_as_the_class_it_wraps(module, want):
+    # What a user sees printing or logging the wrapper: the model's class, not flax's whole
+    # field dump (nor a TypeError from a repr that is not a string).
+    assert repr(tagging.TaggedModule(module)) == want
+
+
 def test_rule_sets_by_name_and_unknown_name():
     assert [r.tag for r in tagging.rules("gpt2")] == ["query_proj", "out_proj", "mlpwi", "mlpwo"]
     assert tagging.rules("paths") == ()
