@@ -244,6 +244,56 @@ def test_a_loop_s_body_and_condition_launch_once_per_trip_on_the_timeline(text, 
     assert t.steps[0] == (0, 0.0) and t.launches[0].start == 0.0 and t.exposed_seconds == 0.0
 
 
+# A conditional of two branches: the first a tanh, the second an exp and a log. The
+# branch-index form (jax.lax.cond and switch compile to it) and the predicate form.
+_SWITCH = """HloModule m
+
+%b0 (p0: (f32[256,256])) -> (f32[256,256]) {
+  %p0 = (f32[256,256]{1,0}) parameter(0)
+  %x0 = f32[256,256]{1,0} get-tuple-element(%p0), index=0
+  %t = f32[256,256]{1,0} tanh(f32[256,256]{1,0} %x0)
+  ROOT %r0 = (f32[256,256]{1,0}) tuple(%t)
+}
+
+%b1 (p1: (f32[256,256])) -> (f32[256,256]) {
+  %p1 = (f32[256,256]{1,0}) parameter(0)
+  %x1 = f32[256,256]{1,0} get-tuple-element(%p1), index=0
+  %e = f32[256,256]{1,0} exponential(f32[256,256]{1,0} %x1)
+  %l = f32[256,256]{1,0} log(f32[256,256]{1,0} %e)
+  ROOT %r1 = (f32[256,256]{1,0}) tuple(%l)
+}
+
+ENTRY %main (i: s32[], a: f32[256,256]) -> f32[256,256] {
+  %i = s32[] parameter(0)
+  %a = f32[256,256]{1,0} parameter(1)
+  %in = (f32[256,256]{1,0}) tuple(%a)
+  %c = (f32[256,256]{1,0}) conditional(%i, %in, %in), branch_computations={%b0, %b1}
+  ROOT %out = f32[256,256]{1,0} get-tuple-element(%c), index=0
+}
+"""
+_IF = _SWITCH.replace("%i = s32[] parameter(0)", "%i = pred[] parameter(0)").replace(
+    "branch_computations={%b0, %b1}", "true_computation=%b0, false_computation=%b1"
+)
+_SWITCH_ENTRY = ["i", "a", "in", "c", "out"]
+# As a dump lists it: both branches' instructions just before the conditional.
+_SWITCH_CALLED = ["i", "a", "in", "p0", "x0", "t", "r0", "p1", "x1", "e", "l", "r1", "c", "out"]
+
+
+@pytest.mark.parametrize("text", [_SWITCH, _IF], ids=["branch-index", "predicate"])
+@pytest.mark.parametrize(
+    "sequence", [_SWITCH_ENTRY, _SWITCH_CALLED], ids=["entry", "scheduled-branches"]
+)
+def test_a_conditional_launches_its_first_branch_once_on_the_timeline(text, sequence):
+    # kernels_of prices a conditional as its first branch (which branch runs is not known
+    # from the program): the timeline launches that branch's one kernel, the tanh, once and
+    # the second branch's exp and log never, however the schedule lists the branches.
+    assert ("branch_computations" in text) == (text == _SWITCH)
+    speed = speed_of(rk.target("h100"))
+    t = program_timeline(text, sequence, speed)
+    assert [launch.kernel.name for launch in t.launches] == ["t"]
+    assert t.seconds == pytest.approx(step_time(kernels_of(text), speed).seconds, rel=1e-12)
+
+
 def test_trace_events_follow_the_format():
     doc = trace_events([_synthetic(), _synthetic()], ["full", "none"])
     events = doc["traceEvents"]
