@@ -283,6 +283,32 @@ def test_a_kernel_dir_of_a_living_process_whose_proc_entry_cannot_be_read_is_kep
     assert living.exists()
 
 
+@pytest.mark.parametrize("living_first", [True, False], ids=["living-listed-first", "last"])
+def test_every_ended_process_s_kernel_dir_goes_whatever_the_listing_order(
+    tmp_path, monkeypatch, living_first
+):
+    """A living process's directory is skipped, not where the cleaning stops: the ended
+    processes' directories listed after it go too. The directory's listing order is the
+    file system's, so both orders are given here (glob's answer sorted either way)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = codegen.KERNEL_DIR_PREFIX
+    living = tmp_path / f"{prefix}{os.getpid() + 1}_a"
+    ended = [tmp_path / f"{prefix}{os.getpid() + n}_a" for n in (2, 3)]
+    for d in (living, *ended):
+        d.mkdir()
+    monkeypatch.setattr(codegen, "_alive", lambda pid: pid == os.getpid() + 1)
+    glob = Path.glob
+
+    def ordered(self, pattern):  # the living one first or last
+        return sorted(glob(self, pattern), key=lambda d: (d == living) != living_first)
+
+    monkeypatch.setattr(Path, "glob", ordered)
+    assert sorted(codegen.remove_kernel_dirs()) == ended
+    assert living.exists() and not any(d.exists() for d in ended)
+
+
 @pytest.mark.parametrize("missing", ["bin/ptxas", "nvvm/libdevice"])
 def test_a_cuda_dir_needs_both_ptxas_and_libdevice(tmp_path, monkeypatch, missing):
     def cuda(name, parts):
