@@ -1463,6 +1463,18 @@ def test_measure_refuses_an_unmatched_policy_only_when_strict(strict, monkeypatc
         assert r.policy == "minimal"
 
 
+@pytest.mark.parametrize("given", [True, False], ids=["named", "catalogue"])
+def test_the_policies_that_match_no_tag_are_set_aside_and_the_rest_kept_in_order(given):
+    # compare --policies none,full,minimal on a model with no tags (traced, not compiled):
+    # none and full name no tensor, so they act whatever the tags; minimal names tensors the
+    # model lacks. Named or from the catalogue, it is set aside and the other two still run.
+    src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
+    kept, skipped = sources.usable_policies(
+        src, SMALL, "cpu", ["none", "full", "minimal"], given=given
+    )
+    assert ([p.spec for p in kept], skipped) == (["none", "full"], ["minimal"])
+
+
 @pytest.mark.parametrize(
     ("model", "layers"),
     [("tiny-llama", models.get_config("tiny-llama").n_layers), ("untagged", 1)],
