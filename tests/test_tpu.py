@@ -8,6 +8,7 @@ Memory against a bare compile on libtpu's devices: tests/test_tpu_memory.py.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import jax
@@ -67,6 +68,9 @@ def test_a_slice_is_named_as_users_name_it(name, expected):
         ("v5p-24", {}, r"12 chips have no default 3D grid .* v5p:AxBxC"),
         ("v5e-512", {}, "v5e slices hold at most 256 chips"),
         ("v6e:4x4x4", {}, "a v6e slice is a 2D grid of chips, got 4x4x4"),
+        # a side of no chips: no slice at all, though the other sides are whole
+        ("v6e:0x4", {}, "a v6e slice is a 2D grid of chips, got 0x4"),
+        ("v5p:2x0x2", {}, "a v5p slice is a 3D grid of chips, got 2x0x2"),
         ("v5e", {}, r"names a TPU generation, not a slice: name one as v5e-N \(N chips\)"),
         ("v5p-8", {"devices": 8}, "v5p-8 holds 4 devices, not devices=8"),
         ("v5p-8", {"mem_fraction": 0.9}, "mem_fraction is for GPU targets"),
@@ -91,6 +95,25 @@ def test_an_unknown_generation_lists_those_there_are():
 def test_a_bare_generation_takes_its_devices():
     t = rk.target("v5e", devices=16)
     assert (t.tpu_slice.name, t.topology, t.hosts) == ("v5e-16", "v5e:4x4", 4)
+
+
+# (generation, devices, slices, chips in each slice): the chips by hand, the devices over the
+# devices a chip (2 on TPU7x, whose two cores are two JAX devices) over the slices
+@pytest.mark.parametrize(
+    ("generation", "devices", "slices", "chips"),
+    [
+        ("tpu7x", 8, 1, 4),  # 8 devices: 4 chips of 2
+        ("v5e", 16, 2, 8),  # two slices of 8 chips
+        ("tpu7x", 16, 2, 4),  # two slices of 4 chips of 2
+    ],
+)
+def test_a_bare_generation_s_devices_are_shared_over_chips_and_slices(
+    generation, devices, slices, chips
+):
+    t = rk.target(generation, devices=devices, slices=slices)
+    s = t.tpu_slice
+    assert (math.prod(s.grid), s.slices) == (chips, slices)
+    assert s.devices == t.devices == devices  # the devices asked for, every one
 
 
 @pytest.mark.parametrize(
