@@ -260,3 +260,41 @@ def test_a_local_worker_that_dies_is_one_line_naming_what_it_left(compiles):
     with pytest.raises(_workers.ClusterError, match=r"a worker process died .* 2\b") as err:
         _workers.run(_dies_at_two, [1, 2], 2, here=here, at_once=True)
     assert err.value.failures == (("2", "worker process died"),)
+
+
+# The boundary's two sides: the one compiled here waits (up to 10 s) for the other to start
+# in a worker, and records whether it did (module-level: a Spread's workload_for must pickle).
+OTHER_SIDE = threading.Event()
+OVERLAPPED: list[bool] = []
+SIDES = (17, 18)  # the test's limit puts the boundary between batches 17 and 18
+
+
+def _gated_whole(pol, sch, batch):
+    if batch in SIDES and threading.get_ident() != MAIN:
+        OTHER_SIDE.set()
+    elif batch in SIDES:
+        OVERLAPPED.append(OTHER_SIDE.wait(10))
+    return _whole(pol, sch, batch)
+
+
+def gated() -> rk.sources.Workload:
+    """:func:`flat`, whose compile of a boundary side here waits for the other's in a worker."""
+    return rk.sources.workload(
+        rk.sources.Measured(_gated_whole, lambda p, s, b: float(b)), "h100", rk.TrainConfig(1, 16)
+    )
+
+
+def test_the_boundary_s_two_sides_compile_at_the_same_time_not_one_after_the_other(pool, counted):
+    # Side by side means at once: the side sent out starts while the one here still compiles
+    # (two slow compiles in the time of one), not once the first turned out not cached.
+    OTHER_SIDE.clear()
+    OVERLAPPED.clear()
+    spread = rk.sources.Spread(gated, executor=pool, slow_seconds=0.0)
+    w = dataclasses.replace(gated(), spread=spread)
+    got = rk.max_batch(w, "full", limit_bytes=FIXED + PER_SAMPLE * 17 + 50)
+    assert (got.batch, got.next_peak_bytes) == (17, FIXED + PER_SAMPLE * 18)
+    assert OVERLAPPED == [True]  # one side compiled here, the other already started away
+    assert {c[2]: c[3] == MAIN for c in CALLS if c[2] in SIDES} in (
+        {17: True, 18: False},
+        {17: False, 18: True},
+    )
