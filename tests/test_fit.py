@@ -283,3 +283,48 @@ def test_on_a_cluster_the_first_runs_here_and_the_rest_on_its_workers(monkeypatc
     assert [ended[i] for i in range(3)] == here
     alone = [threads[rk.as_policy(p).spec] == {main} for p in policies]
     assert alone == here
+
+
+SCHEDULED: list[tuple[str, str, int]] = []  # (policy, schedule, thread) of every "compile"
+
+
+def _scheduled_step() -> rk.sources.Workload:
+    """The spread step over four layers, whose peak depends on the schedule (module-level: a
+    worker rebuilds it from a pickled reference)."""
+
+    def measure(policy, schedule, batch):
+        SCHEDULED.append((policy.spec, schedule.spec, threading.get_ident()))
+        # every:2 rematerializes half the layers: they keep twice what the policy over all does.
+        keeps = KEEPS[policy.spec] * (2 if schedule.spec == "every:2" else 1)
+        return memory_report(
+            peak_bytes=affine(512, batch) * keeps,
+            policy=policy.spec,
+            schedule=schedule.spec,
+            flops=float(batch),
+        )
+
+    measured = rk.sources.Measured(measure, lambda p, s, b: float(b), n_layers=4)
+    return rk.sources.workload(measured, "h100", rk.TrainConfig(1, 512))
+
+
+def test_on_a_cluster_the_policies_sent_to_workers_keep_the_schedule_given(monkeypatch, pool):
+    # A policy travels to a worker as its spec, a string as "plan" is: only "plan" itself
+    # drops the schedule (the planner picks its own), a named policy's search keeps it.
+    SCHEDULED.clear()
+    monkeypatch.setattr("remat_kit.cache.compiles", lambda: len(SCHEDULED))
+    spread = rk.sources.Spread(_scheduled_step, executor=pool)
+    w = dataclasses.replace(_scheduled_step(), spread=spread)
+    ended = {}
+    got = rk.search.fit_each(
+        w,
+        ["full", "minimal"],
+        "every:2",
+        limit_bytes=LIMIT,
+        ended=lambda i, f, here: ended.update({i: here}),
+    )
+    assert ended == {0: True, 1: False}  # the first here, the second on a worker
+    assert [(f.policy, f.schedule) for f in got] == [("full", "every:2"), ("minimal", "every:2")]
+    keeps = [2 * KEEPS[p] for p in ("full", "minimal")]
+    expected = [largest(lambda s, b, k=k: affine(s, b) * k, LIMIT, 512, 1) for k in keeps]
+    assert [f.batch for f in got] == expected
+    assert {s for _, s, _ in SCHEDULED} == {"every:2"}  # no search compiled without it
