@@ -773,6 +773,8 @@ DOTS3 = ("mlpwi_0", "query_proj", "out_proj")
 #: Step compute at "peak": BASE FLOPs take 1 s; the host link moves 2400 B/s, so 600 B go out
 #: and back within half the step (the default hide) and more is exposed.
 PEAK3, LINK3, HIDE3 = BASE, 2400.0, 0.5
+#: What XLA's own remat pass takes off a program of fake3's it acts on (over its 1 MiB floor).
+XLA_CUT = 2**21
 
 
 def _truth(layer_decisions, tags, batch=1):
@@ -816,12 +818,14 @@ def _layer_decisions(tags, policy, schedule, layers):
     return out
 
 
-def fake3(tags=TAGS3, layers=1, quirk=(), untagged_flops=0.0, parts=None):
+def fake3(tags=TAGS3, layers=1, quirk=(), untagged_flops=0.0, parts=None, xla=None):
     """A fake step over ``tags`` with offload; ``quirk`` policies compile 10 B smaller than
     their decisions say (as XLA's schedule of an equivalent program may). A rematerialized
     layer also recomputes ``untagged_flops`` / ``layers`` of untagged work (norms, activations)
     whatever it decides for the tags. ``parts``: the shapes' breakdown (default weights and
-    gradients of 400 B each, under the 1000 B the step really holds besides residuals)."""
+    gradients of 400 B each, under the 1000 B the step really holds besides residuals).
+    ``xla``: a predicate on the policy; its programs are ones XLA's own remat pass acted on
+    (their report says it took ``XLA_CUT`` bytes off the peak)."""
     t = dataclasses.replace(rk.target("h100"), peak_bf16_flops=PEAK3, host_link_bandwidth=LINK3)
 
     def figures(policy, schedule, batch):
@@ -834,6 +838,8 @@ def fake3(tags=TAGS3, layers=1, quirk=(), untagged_flops=0.0, parts=None):
         untagged = UNTAGGED * batch if not policy.is_remat else 0
         peak = FIXED + untagged + dev - (10 if policy.spec in quirk else 0)
         r = _fake_report(peak, flops, policy.spec, schedule.spec)
+        if xla is not None and xla(policy):
+            r = r.replace(xla_remat=True, xla_remat_saved_bytes=XLA_CUT)
         return r.replace(host_bytes=int(host), host_temp_bytes=int(host), tags=tuple(tags))
 
     def residuals(policy, schedule, batch):
@@ -2077,6 +2083,21 @@ def test_the_plan_at_the_largest_batch_keeps_the_offload_it_was_given(offload, m
     monkeypatch.setattr(_boundary, "plan", spy)
     rk.search.max_batch_plan(fake3(), limit_bytes=FIXED + 1300, cap=64, offload=offload)
     assert asked == [offload]
+
+
+@pytest.mark.parametrize("acted_on", ["full", "the plan"])
+def test_the_plan_at_the_largest_batch_says_whether_xla_s_remat_acted_on_the_plans_program(
+    acted_on,
+):
+    # The fit under full is rewritten as the plan's: XLA's pass on full's program says nothing
+    # of the plan's, and the caveat that the answer fits only thanks to XLA follows the plan.
+    w = fake3(xla=lambda policy: (policy.name == "full") == (acted_on == "full"))
+    # Up to batch 4, full fits at 4; there the plan recomputes only what 4 x 1300 B asks.
+    fit, p = rk.search.max_batch_plan(w, limit_bytes=FIXED + 4 * 1300, cap=4, offload=False)
+    assert fit.batch == 4 and fit.policy == p.policy.spec and p.policy.name != "full"
+    on_plan = acted_on == "the plan"
+    assert (fit.xla_remat, fit.xla_remat_bytes) == ((True, XLA_CUT) if on_plan else (False, 0))
+    assert [n.kind for n in fit.caveats] == (["xla_remat_made_fit"] if on_plan else [])
 
 
 def test_a_plan_equal_to_a_catalogue_policy_takes_its_name():
