@@ -159,6 +159,29 @@ def test_a_policy_beside_none_that_is_faster_and_smaller_is_the_plan(monkeypatch
     assert rk.plan(w, 1, 10**9).source == "none"  # nothing beside it: none, as before
 
 
+@pytest.mark.parametrize(("extra_flops", "chosen"), [(0.0, "full"), (5e-7, "full"), (2e-6, "none")])
+def test_beside_a_fitting_none_a_policy_within_a_millionth_of_the_step_counts_as_free(
+    extra_flops, chosen
+):
+    # Overheads within 1e-6 of the step count as equal (relative to max(1, overhead): at an
+    # overhead of zero, 1e-6 of the step, not nothing): a policy that recomputes float noise
+    # is as cheap as none and smaller, so it is the plan; one a step's 2e-6 dearer is not.
+    def measure(policy, schedule, batch):
+        peak = FIXED + (400 if policy.is_remat else 500)
+        return _fake_report(peak, flops(policy, schedule, batch), policy.spec, schedule.spec)
+
+    def flops(policy, schedule, batch):
+        return BASE * (1 + extra_flops) if policy.is_remat else BASE
+
+    w = _workload(
+        rk.sources.Measured(measure, flops, label="noise"), rk.target("h100"), rk.TrainConfig(1, 10)
+    )
+    p = rk.plan(w, 1, 10**9, extra=["full"], objective="flops")
+    assert p.fits and p.policy.name == chosen
+    assert p.source == ("beside_none" if chosen == "full" else "none")
+    assert p.peak_bytes == FIXED + (400 if chosen == "full" else 500)
+
+
 def test_a_plan_counts_its_own_compiles_not_the_ones_the_workload_made_before():
     made = []
 
