@@ -271,6 +271,35 @@ def test_plan_front_notes_each_program_xla_made_fit_once():
     )
 
 
+@pytest.mark.parametrize(
+    ("schedule", "named", "kept"),
+    [
+        # A segment schedule's point: the note names the program compiled, policy @ schedule.
+        ("every:2", "full @ every:2", "every:2"),
+        (
+            "layers:0-1=full,rest=none",
+            "full @ layers:0-1=full,rest=none",
+            "layers:0-1=full,rest=none",
+        ),
+        # A point that records no schedule compiled the policy alone: the note says "none",
+        # as a search's own answer does, never None.
+        (None, "full", "none"),
+    ],
+    ids=["every", "layers", "no-schedule"],
+)
+def test_plan_front_note_names_the_schedule_xla_made_fit(schedule, named, kept):
+    budget = 20 * GIB
+    p = _plan(8, budget, 10 * GIB, policy="minimal")
+    # 19 GiB after the pass, 23 GiB without it: over the 20 GiB budget, so XLA made it fit.
+    pt = dataclasses.replace(_point("full", 19 * GIB, 4 * GIB, kind="schedule"), schedule=schedule)
+    (note,) = PlanFront(p, (pt,), 1.0, 1.0).caveats
+    assert (note.data["policy"], note.data["schedule"]) == ("full", kept)
+    assert rk.notes.words(note).startswith(
+        f"{named}: batch 8 fits only because XLA's own rematerialization pass took 4.00 GiB off "
+        "its peak (23.00 GiB without it, 3.00 GiB over the 20.00 GiB limit)"
+    )
+
+
 def test_plan_prints_the_note_under_its_tables(monkeypatch, capsys, tmp_path):
     budget = GIB
 
