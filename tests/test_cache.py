@@ -124,7 +124,12 @@ def test_what_a_dump_said_is_kept_with_its_analysis(cache_dir, tmp_path_factory)
         "not json {",
         "",
         json.dumps([1, 2, 3]),
-        "RECORD:argument_bytes=lots",  # valid JSON, wrong type in a field
+        'RECORD:argument_bytes="lots"',  # valid JSON, wrong type in a field
+        "RECORD:argument_bytes=4096.0",  # a byte count is an int: a float is another writer's
+        'RECORD:compile_seconds="fast"',  # a time must be a number, not text
+        "RECORD:compile_seconds=true",  # nor a bool (JSON's true is not 1 second)
+        "RECORD:program=7",  # the fingerprint is text
+        "RECORD:xla_remat_fell_short=0",  # a flag is a bool, not a number
         "RECORD:-host_bytes",  # a field missing
         "KEY:0000",  # an entry stored under another key
     ],
@@ -140,7 +145,7 @@ def test_a_damaged_entry_is_ignored_and_rewritten(cache_dir, damage):
         text = json.dumps(data)
     elif damage.startswith("RECORD:"):
         field, value = damage.removeprefix("RECORD:").split("=")
-        data["record"][field] = value
+        data["record"][field] = json.loads(value)
         text = json.dumps(data)
     elif damage.startswith("KEY:"):
         data["key"] = damage.removeprefix("KEY:")
