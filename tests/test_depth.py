@@ -84,6 +84,31 @@ def test_a_residual_is_reported_and_counted_only_where_it_could_hold_the_peak():
     assert depth.fit_sections(low, 32).residual_bytes == 0
 
 
+@pytest.mark.parametrize(
+    ("near", "residual"),
+    [
+        (1078, 4),  # 1078 + 4 reaches the peak's 1080: its residual is the one that counts
+        (1075, 0),  # 1075 + 4 stays below 1080: only the peak's own (straight) line counts
+    ],
+)
+def test_a_bent_line_just_under_a_straight_peak_lends_the_fit_its_residual(near, residual):
+    # The peak, "backward, before", is straight: 1000 + 10 * d, 1080 at 8 layers. "forward,
+    # before" is a line 2 bytes under it... bent by 6 bytes at depth 3: least squares through
+    # three evenly spaced depths lifts the line by 6 / 3 = 2 bytes and leaves the middle copy
+    # 6 * 2/3 = 4 bytes off it. Its true value at full depth could be the peak, so the fit
+    # owns up to its residual, not to the straight peak's 0.
+    secs = {
+        d: {
+            Section("backward", "before"): 1000 + 10 * d,
+            Section("forward", "before"): near - 2 - 80 + 10 * d + (6 if d == 3 else 0),
+        }
+        for d in DEPTHS
+    }
+    fit = depth.fit_sections(secs, layers=8)
+    assert (fit.peak_live_bytes, fit.section) == (1080, "backward, before the layers")
+    assert fit.residual_bytes == residual
+
+
 def test_an_inner_layer_that_peaks_is_refused():
     secs = {d: _sections(d) for d in DEPTHS}
     secs[4][Section("backward", "layer", 2)] = 10**6
@@ -497,6 +522,33 @@ def test_the_line_through_two_copies_holds_at_any_two_depths(depths):
     at = lambda d: memory_report(argument_bytes=100 * d + 40, output_bytes=10 * d, flops=7.0 * d)
     got = depth.extrapolate_report([at(da), at(db)], depths, fit, 96, (10**6, None))
     assert (got.argument_bytes, got.output_bytes, got.flops) == (840, 80, 56.0)  # 8 layers
+
+
+@pytest.mark.parametrize(
+    ("peak", "residual", "settles"),
+    [
+        (97_000, 0, True),  # 97,000 + 2,000 margin = 99,000 < 100,000
+        (97_000, 999, True),  # 99,999: a byte to spare
+        (97_000, 1_000, False),  # 100,000: the copies' error could reach the limit
+        (97_000, 3_000, False),
+        (90_000, 3_000, True),  # 95,000: far enough under, residual and all
+    ],
+)
+def test_a_verdict_from_copies_settles_only_clear_of_the_limit_by_margin_and_residual(
+    peak, residual, settles
+):
+    # A limit of 100,000 bytes: VERIFY_MARGIN (2%) is 2,000 bytes, and the fit's residual
+    # (how far the copies sat off their lines) widens that band, never narrows it.
+    assert depth.VERIFY_MARGIN == 0.02
+    limit = 100_000
+    guess = memory_report(peak_bytes=peak).replace(
+        meta={"depth": {"mode": "extrapolated", "layers": 8, "residual_bytes": residual}}
+    )
+    assert depth.settled(guess, limit) is settles
+    calls = []
+    got = depth.verify(guess, lambda: calls.append(1) or memory_report(peak_bytes=peak), limit)
+    # An unsettled verdict is compiled whole (once); a settled one stays the copies'.
+    assert (calls, got is guess) == (([], True) if settles else ([1], False))
 
 
 def test_verify_keeps_what_was_not_extrapolated_and_records_the_error():
