@@ -605,6 +605,33 @@ def test_a_factory_source_records_what_its_import_set_and_who(clean_env):
     assert sources.from_factory(f"{FACTORIES}:untagged").env_at_import == ()
 
 
+# What an imported library may read of os.environ while its import is recorded, and the
+# same read of the real environment, taken before the recorder went in.
+ENV_READS = {
+    "len": len,
+    "truth": bool,  # `if os.environ:` asks the length (a Mapping has no __bool__)
+    "names": sorted,
+    "contains": lambda env: ("ENVREAD_SET" in env, "ENVREAD_UNSET" in env),
+    "item": lambda env: env["ENVREAD_SET"],
+    "get": lambda env: (env.get("ENVREAD_SET"), env.get("ENVREAD_UNSET", "default")),
+    "copy": dict,
+}
+
+
+@pytest.mark.parametrize("read", ENV_READS.values(), ids=ENV_READS)
+def test_a_library_reads_the_recorded_environment_as_the_real_one(monkeypatch, read):
+    # The recorder stands in for os.environ during the import: a library that counts,
+    # lists or tests it at import must see what it would see unwatched.
+    monkeypatch.setenv("ENVREAD_SET", "1")
+    monkeypatch.delenv("ENVREAD_UNSET", raising=False)
+    real = dict(os.environ)
+    with sources._environ.recording_environ() as sets:
+        assert type(os.environ).__name__ == "_Recorder"  # the reads go through the recorder
+        got = read(os.environ)
+    assert got == read(real)
+    assert sets == []  # reading writes nothing
+
+
 def test_cli_names_the_library_that_set_a_fraction_no_process_can_use(clean_env, capsys):
     argv = ["report", "--model", ENV_FACTORY, "--policy", "none", "--target", "h100", "--seq", "8"]
     assert main(argv) == 2
