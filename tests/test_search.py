@@ -182,6 +182,28 @@ def test_beside_a_fitting_none_a_policy_within_a_millionth_of_the_step_counts_as
     assert p.peak_bytes == FIXED + (400 if chosen == "full" else 500)
 
 
+@pytest.mark.parametrize("extra", [["full", "minimal"], ["minimal", "full"]])
+def test_a_policy_whose_traced_recompute_is_not_a_number_is_compiled_whatever_its_place(extra):
+    # In FLOPs, extras dearer (by their traced recompute) than the best so far are not
+    # compiled. A measured source may count no FLOPs (NaN): that bounds nothing, so minimal,
+    # as cheap as none when compiled and smaller, is the plan in either order of the extras.
+    # Sorted as a NaN, it was compiled only where it came first.
+    peaks = {"none": 500, "full": 300, "minimal": 400}
+    compiled = {"none": BASE, "full": 1.5 * BASE, "minimal": BASE}
+    traced = {"none": BASE, "full": 1.5 * BASE, "minimal": float("nan")}
+
+    def measure(policy, schedule, batch):
+        report = _fake_report(FIXED + peaks[policy.name], compiled[policy.name], policy.spec)
+        return report
+
+    def flops(policy, schedule, batch):
+        return traced[policy.name]
+
+    w = _workload(rk.sources.Measured(measure, flops), rk.target("h100"), rk.TrainConfig(1, 10))
+    p = rk.plan(w, 1, 10**9, extra=extra, objective="flops")
+    assert (p.policy.name, p.source, p.peak_bytes) == ("minimal", "beside_none", FIXED + 400)
+
+
 def test_a_plan_counts_its_own_compiles_not_the_ones_the_workload_made_before():
     made = []
 

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -559,8 +560,14 @@ def _best_of(
     def tol(x: float) -> float:
         return _RTOL * max(1.0, abs(x))
 
+    def bound(p: Policy, s: Schedule) -> float:
+        # A traced recompute that is not a number (a measured source's FLOP count) bounds
+        # nothing: compiled, first. Sorted as NaN, its place would hang on the order of extras.
+        r = w.recompute_of(p, s, ctx.batch)
+        return r if not math.isnan(r) else -math.inf
+
     ranked = sorted(
-        (w.recompute_of(p, s, ctx.batch), i, p, s)
+        (bound(p, s), i, p, s)
         for i, (p, s) in enumerate(extras)
         if (p.is_remat or s.name != "none") and w.supports(s)
     )
