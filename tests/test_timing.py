@@ -769,3 +769,34 @@ def test_a_loop_program_without_a_memory_loop_leaves_the_others_their_rates(monk
         monkeypatch.setattr(jnp, name, small(getattr(jnp, name)))
     got = _model._loop_rates(0.3)
     assert got == ((False, True, 2500 / 0.5), (True, True, 4000 / 0.5))
+
+
+# (slice, its grid of chips, the group, the torus axes its ring spans): a group fills the
+# slice's longest axes first, so 4 chips of a 2 x 4 v5e-8 ring along its 4-long axis alone
+# (2 links a chip, both ways), not over the 2-long axis as well; all 8 need both axes.
+@pytest.mark.parametrize(
+    ("name", "grid", "group", "axes"),
+    [
+        ("v5e-8", (2, 4), 2, 1),
+        ("v5e-8", (2, 4), 4, 1),
+        ("v5e-8", (2, 4), 8, 2),
+        ("v5e-16", (4, 4), 4, 1),
+        ("v5e-16", (4, 4), 16, 2),
+        # v5p-32: 16 chips in 2 x 2 x 4; 4 fill the long axis, 8 take one 2-long axis more
+        ("v5p-32", (2, 2, 4), 4, 1),
+        ("v5p-32", (2, 2, 4), 8, 2),
+        ("v5p-32", (2, 2, 4), 16, 3),
+    ],
+)
+def test_a_tpu_gathers_ring_runs_over_the_longest_torus_axes_its_group_fills(
+    name, grid, group, axes
+):
+    t = rk.target(name)
+    assert tuple(sorted(t.tpu_slice.grid)) == grid
+    k = Kernel("collective", count=1, flops=0.0, bytes=10**9, group=group, op="all-gather")
+    # one link a way: v5e's page gives 400 GB/s a chip both ways over 4 ports (50 GB/s), v5p's
+    # 1200 GB/s over 6 (100 GB/s); a ring along an axis sends both ways, at the 0.90 share
+    link = {"v5e": 50e9, "v5p": 100e9}[name.split("-")[0]]
+    rate = 2 * link * 0.90 * axes
+    seconds = step_time([k], speed_of(t)).collective_seconds
+    assert seconds == pytest.approx(1e9 * (group - 1) / group / rate)
