@@ -78,3 +78,34 @@ def test_a_single_device_program_has_no_schedule_to_read():
     spec = PresetSpec("tiny-llama", overrides={"layers": 2})
     config = rk.TrainConfig(2, 128, optimizer="sgd")
     assert xla_estimate(_lowered(spec, config, rk.target("h100")), rk.target("h100")) is None
+
+
+@pytest.mark.parametrize(("dumped", "expected_us"), [(True, 8.4 + 4 * 25), (False, None)])
+def test_the_estimate_is_the_schedule_the_compile_dumped_and_none_where_it_dumped_none(
+    monkeypatch, dumped, expected_us
+):
+    # No compile: a fake stands in for XLA, writing the tiny schedule (the entry's 8.4 us
+    # beside its loop plus 4 trips of the 25 us body, by hand) where it was told to dump, or
+    # writing nothing (a program on one device has no latency-hiding schedule).
+    import remat_kit.xla
+    from remat_kit.timing import _xla_schedule
+
+    seen = {}
+
+    def fake_compile(lowered, options, required):
+        seen.update(required)
+        if dumped:
+            name = "module_0001.jit_step.sm_9.0_gpu_after_optimizations.schedule.txt"
+            (Path(required["xla_dump_to"]) / name).write_text(TINY)
+
+    monkeypatch.setattr(_xla_schedule, "analytical_estimator_runs", lambda: True)
+    monkeypatch.setattr(remat_kit.xla, "compile_with", fake_compile)
+    e = xla_estimate(object(), rk.target("h100", devices=2))
+    # the compile was asked to dump the schedule and to use the analytical estimator
+    assert seen["xla_dump_latency_hiding_schedule"] is True
+    assert seen["xla_gpu_enable_analytical_latency_estimator"] is True
+    if expected_us is None:
+        assert e is None
+    else:
+        assert e.seconds == pytest.approx(expected_us * 1e-6, rel=1e-12)
+        assert e.computations["body"] == pytest.approx((25e-6, 4))
