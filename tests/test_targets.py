@@ -805,3 +805,39 @@ def test_cudnn_attention_on_the_local_devices_follows_what_they_are(description,
     )
     expected = rkt.cudnn_attention_available(rk.target(like))
     assert rkt.cudnn_attention_available(local) is expected
+
+
+# The scaling book's chip table (jax-ml/scaling-book tpus.md, "Here are some specific numbers
+# for our chips"): FLOPs/s/chip bf16 and int8, a source apart from the Cloud TPU pages most
+# facts cite. Its takeaway: int8 runs "roughly 2x faster than bfloat16 for generations that
+# support it"; v4's Cloud page gives one figure, "275 teraflops (bf16 or int8)".
+@pytest.mark.parametrize(
+    ("generation", "book_bf16", "book_int8", "ratio"),
+    [
+        ("v4", 2.75e14, 2.75e14, 1.0),
+        ("v5e", 1.97e14, 3.94e14, 2.0),  # Cloud: 197 TFLOPs bf16, 393 TOPs int8
+        ("v5p", 4.59e14, 9.18e14, 2.0),
+        ("v6e", 9.20e14, 1.84e15, 2.0),  # Cloud: 918 TFLOPs bf16, 1836 TOPs int8
+    ],
+)
+def test_each_tpus_int8_rate_is_the_books_and_its_stated_multiple_of_bf16(
+    generation, book_bf16, book_int8, ratio
+):
+    facts = rkt.TPU_FACTS[generation]
+    # the Cloud pages round differently from the book (393 vs 3.94e14): within 1%
+    assert facts["peak_bf16_flops"] == pytest.approx(book_bf16, rel=0.01)
+    assert facts["peak_int8_ops"] == pytest.approx(book_int8, rel=0.01)
+    assert facts["peak_int8_ops"] / facts["peak_bf16_flops"] == pytest.approx(ratio, rel=0.01)
+
+
+# The scaling book's worked Question 4: int8[B, 4096] @ int8[4096, 16384] on one chip is
+# FLOPs bound once 2*4096*16384*B / int8 rate exceeds (16384*4096 + (4096 + 16384)*B) / HBM
+# bandwidth. By hand from the Cloud pages: v5e (819 GB/s, 393 TOPs) above B = 258.9 (the book,
+# with its rounder 8.1e11 and 3.94e14, says 271); v6e (1638 GB/s, 1836 TOPs) above B = 676.1.
+@pytest.mark.parametrize(("generation", "batch"), [("v5e", 258.88), ("v6e", 676.07)])
+def test_an_int8_product_turns_compute_bound_at_the_books_batch(generation, batch):
+    facts = rkt.TPU_FACTS[generation]
+    ops_per_row = 2 * 4096 * 16384 / facts["peak_int8_ops"]
+    bytes_per_row = (4096 + 16384) / facts["hbm_bandwidth"]
+    weight = 16384 * 4096 / facts["hbm_bandwidth"]
+    assert weight / (ops_per_row - bytes_per_row) == pytest.approx(batch, rel=1e-4)
