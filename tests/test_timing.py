@@ -14,7 +14,7 @@ import pytest
 
 import remat_kit as rk
 from remat_kit.cache._entries import _from_record
-from remat_kit.timing import Kernel, kernels_of, speed_of, step_time
+from remat_kit.timing import Kernel, Speed, kernels_of, speed_of, step_time
 from remat_kit.xla import compile_memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -623,6 +623,47 @@ def test_recompute_seconds_and_mfu():
     assert t.recompute_seconds == pytest.approx(t.seconds / 2)
     assert t.model_flops == 1e12 and t.flops == 2e12
     assert t.mfu == pytest.approx(1e12 / t.seconds / 989e12)
+
+
+# A toy TPU with round rates (1 TFLOP/s at full efficiency, 1 GB/s of memory and of host
+# link, no launch cost) so that every kernel below takes a whole number of seconds.
+_TOY_TPU = Speed(
+    name="toy-tpu", peak_flops=1e12, matmul_efficiency=1.0, attention_efficiency=(1.0, 1.0),
+    memory_bandwidth=1e9, memory_efficiency=1.0, kernel_seconds=0.0, units=1, host_link=1e9,
+    host_link_efficiency=1.0, device_link=1e9, network=1e9, torus=(2, 2),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "again",
+    [
+        Kernel("gemm", count=1, flops=2e12, bytes=0, dtype="bf16", recompute=True),
+        Kernel("attention", count=1, flops=2e12, bytes=0, op="attention_fwd", recompute=True),
+        Kernel("memory", count=1, flops=0.0, bytes=2 * 10**9, op="fusion", recompute=True),
+    ],
+    ids=["gemm", "attention", "memory"],
+)
+def test_offloads_hide_behind_the_forward_and_read_backs_behind_the_backward_and_recompute(
+    again,
+):
+    # A step of 2 s forward, 4 s backward (twice the forward's products) and 2 s that
+    # re-runs the forward inside the backward (a product, an attention or a fusion alike).
+    # It writes 3 s of residuals to the host in the forward and reads 5 s back in the
+    # backward, each way over its own side of the full-duplex link: the writes hide behind
+    # the 2 s forward only (1 s exposed), the reads behind the 4 + 2 s of backward (none).
+    # Counted as forward, the recomputation would hide more of the writes than there is.
+    fresh = [
+        Kernel("gemm", count=1, flops=2e12, bytes=0, dtype="bf16"),
+        Kernel("gemm", count=1, flops=4e12, bytes=0, dtype="bf16"),
+    ]
+    write = Kernel("host_transfer", count=1, flops=0.0, bytes=0, host_bytes=3 * 10**9,
+                   op="dynamic-update-slice-start", asynchronous=True)  # fmt: skip
+    read = Kernel("host_transfer", count=1, flops=0.0, bytes=0, host_bytes=5 * 10**9,
+                  op="dynamic-slice-start", asynchronous=True)  # fmt: skip
+    t = step_time([*fresh, again, write, read], _TOY_TPU)
+    assert t.recompute_seconds == pytest.approx(2.0)
+    assert t.transfer_seconds == pytest.approx(1.0)
+    assert t.seconds == pytest.approx(2.0 + 4.0 + 2.0 + 1.0)
 
 
 def test_speed_of_names_its_fractions_by_generation():
