@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -805,6 +806,32 @@ def test_cudnn_attention_on_the_local_devices_follows_what_they_are(description,
     )
     expected = rkt.cudnn_attention_available(rk.target(like))
     assert rkt.cudnn_attention_available(local) is expected
+
+
+@pytest.mark.parametrize(
+    ("major", "minor", "available"),
+    [(7, 0, False), (7, 5, False), (8, 0, True), (8, 9, True), (9, 0, True), (10, 0, True)],
+)
+def test_cudnn_attention_needs_an_ampere_or_newer_card_even_with_cudnn_installed(
+    monkeypatch, major, minor, available
+):
+    # cuDNN's fused flash attention runs on sm_80 and later: a V100 (7.0) or a T4 (7.5) has
+    # none, whatever wheels are installed. With the cuDNN wheel made present either way, the
+    # compute capability alone decides.
+    real = importlib.util.find_spec
+    present = {"nvidia", "nvidia.cudnn"}
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name in present else real(name, *a),
+    )
+    text = rk.target("l4").target_config.replace(
+        "cuda_compute_capability { major: 8 minor: 9 }",
+        f"cuda_compute_capability {{ major: {major} minor: {minor} }}",
+    )
+    card = rkt.target_from_config(text, name="card")
+    assert card.compute_capability == (major, minor)
+    assert rkt.cudnn_attention_available(card) is available
 
 
 # The scaling book's chip table (jax-ml/scaling-book tpus.md, "Here are some specific numbers
