@@ -184,6 +184,22 @@ def test_a_slice_without_a_mesh_is_one_line_naming_both_ways_out(capsys):
     assert "v5p-8 holds 4 chips and no --shard" in err[0] and "--target v5p-2" in err[0]
 
 
+@pytest.mark.parametrize(("on_a_tpu_vm", "deviceless"), [(False, 1), (True, 0)])
+def test_a_topology_is_built_deviceless_only_off_a_tpu_vm(monkeypatch, on_a_tpu_vm, deviceless):
+    # Off a TPU VM the process is pinned to the CPU before libtpu builds the topology (no
+    # driver probing a device that is absent); on a TPU VM its chips stay jax's to use, so
+    # the platform is left alone. Either way the topology is libtpu's.
+    calls = []
+    topology = object()
+    monkeypatch.setattr(_platform, "_check_libtpu", lambda name: None)
+    monkeypatch.setattr(_platform, "_has_tpu_device", lambda: on_a_tpu_vm)
+    monkeypatch.setattr(_platform, "configure_for_deviceless", lambda: calls.append(1))
+    monkeypatch.setattr(_platform, "_cached_tpu_topology", lambda args: topology)
+    args = (("topology_name", "v5e:2x2"),)
+    assert _platform.tpu_topology(args, "v5e-4") is topology
+    assert len(calls) == deviceless
+
+
 # --- libtpu's own topology, compiled ------------------------------------------------------------
 
 
