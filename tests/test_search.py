@@ -1825,6 +1825,48 @@ def test_the_device_cap_holds_the_bytes_no_tag_decision_changes():
     assert sol.estimate.device_bytes == 1500
 
 
+def test_a_solve_stopped_by_its_time_limit_reports_a_bound_under_the_optimum(monkeypatch):
+    """HiGHS stopped at its time limit returns the assignment it holds and the lower bound it
+    proved. Two 1,000-byte tags and 500 untagged bytes under a 1,500-byte cap: by hand the
+    optimum recomputes the cheaper ``a`` (overhead 0.1); the assignment held recomputes both
+    (0.3). The status must say so: its bound no higher than the true optimum (to the
+    tie-break's weight), and the gap from the assignment down to that bound."""
+    import scipy.optimize
+
+    from remat_kit.search._costs import CostModel
+    from remat_kit.search._solver import _TIE, solve
+
+    real = scipy.optimize.milp
+
+    def stopped(c, *, integrality, **kwargs):
+        # The incumbent: the worst assignment that fits (the decision costs negated); the
+        # bound: the one HiGHS proves on the real program.
+        proved = real(c, integrality=integrality, **kwargs)
+        worst = real(np.where(integrality > 0, -c, c), integrality=integrality, **kwargs)
+        return types.SimpleNamespace(status=1, x=worst.x, mip_dual_bound=proved.mip_dual_bound)
+
+    monkeypatch.setattr(scipy.optimize, "milp", stopped)
+    model = CostModel(
+        tags=("a", "b"),
+        n_layers=1,
+        saved_bytes=500 + 1000 + 1000,
+        saved_flops=100.0,
+        baseline_flops=100.0,
+        size={"a": 1000, "b": 1000},
+        needed={"a": True, "b": True},
+        needs={"a": (), "b": ()},
+        spill={"a": 0, "b": 0},
+        cost={"a": 10.0, "b": 20.0},
+        weight={"a": 0.1, "b": 0.2},
+    )
+    sol, status = solve(model, 1500, splits=False)
+    assert sol.decisions == {"a": "recompute", "b": "recompute"}
+    assert (status.status, status.optimal) == ("time limit", False)
+    assert status.objective == pytest.approx(0.3, abs=1e-12)
+    assert 0.1 - 10 * _TIE <= status.bound <= 0.1
+    assert status.gap == pytest.approx((0.3 - 0.1) / 0.3, abs=1e-3)
+
+
 @pytest.mark.parametrize("batch", [0, -2])
 def test_plan_refuses_a_batch_that_is_not_positive(batch):
     with pytest.raises(ValueError, match=f"batch={batch} must be a positive int"):
