@@ -131,6 +131,7 @@ def test_what_a_dump_said_is_kept_with_its_analysis(cache_dir, tmp_path_factory)
         "RECORD:program=7",  # the fingerprint is text
         "RECORD:xla_remat_fell_short=0",  # a flag is a bool, not a number
         "RECORD:-host_bytes",  # a field missing
+        "RECORD:argument_bytes=null",  # only a field that may be None may read back as None
         "KEY:0000",  # an entry stored under another key
     ],
 )
@@ -685,3 +686,31 @@ def test_a_partitioning_callback_no_process_registered_is_left_as_written(callba
         "}"
     )
     assert cache.fingerprint(text) == hashlib.sha256(text.encode()).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("peak", "limit"),
+    [(3 * 2**20, 5 * 2**20), (None, None), (3 * 2**20, None)],
+    ids=["both stated", "neither stated", "peak only"],
+)
+def test_a_hit_gives_back_the_optional_figures_the_compile_gave(cache_dir, peak, limit):
+    # XLA's own peak and its remat pass's limit are None where the compile stated none: a
+    # hit gives back what was stored, a figure as a figure and a None as a None.
+    from remat_kit.xla import CompiledMemory
+
+    def stated(lowered):
+        return dataclasses.replace(
+            _hand_made(lowered),
+            xla_peak_bytes=peak,
+            xla_remat_limit_bytes=limit,
+            xla_remat_saved_bytes=2**20,
+        )
+
+    low, cpu = _lowered(), rk.target("cpu")
+    miss = cache.compiled_memory(low, cpu, stated)
+    hit = cache.compiled_memory(low, cpu, _never)
+    assert isinstance(hit, CompiledMemory)
+    assert (miss.xla_peak_bytes, miss.xla_remat_limit_bytes) == (peak, limit)
+    assert (hit.xla_peak_bytes, hit.xla_remat_limit_bytes) == (peak, limit)
+    # _hand_made: 8 B arguments + 8 outputs + 8 temporaries - 8 aliased.
+    assert hit.xla_remat_saved_bytes == 2**20 and hit.peak_bytes == miss.peak_bytes == 16
