@@ -447,3 +447,38 @@ def test_a_reports_labels_are_typed_and_its_json_keeps_every_one():
     for bad in ([("batch", 2)], {2: "batch"}):  # not a mapping; a key that is not a str
         with pytest.raises(rk.errors.BadType, match="mapping of str"):
             memory_report(meta=bad)
+
+
+@pytest.mark.parametrize(
+    ("saved", "marked"),
+    [(0, False), (2**20 - 1, False), (2**20, True), (2**20 + 1, True), (3 * 2**29, True)],
+    ids=["nothing", "a byte under 1 MiB", "1 MiB", "a byte over 1 MiB", "1.5 GiB"],
+)
+def test_xla_remat_is_marked_from_one_mib_saved(monkeypatch, saved, marked):
+    # XLA's pass clones instructions even where it saves next to nothing: a report marks it
+    # (xla_remat, and a note a user reads) from 1 MiB (2**20 B) taken off the peak, not below.
+    # The compile is a fake whose remat pass saved `saved` bytes: no compile, the real report.
+    from remat_kit.xla import CompiledMemory
+
+    def fake_compiled_memory(lowered, t, options=None, dump_to=None):
+        return CompiledMemory(
+            **dict.fromkeys(("argument_bytes", "output_bytes", "temp_bytes"), 64),
+            alias_bytes=0,
+            generated_code_bytes=0,
+            host_bytes=0,
+            host_temp_bytes=0,
+            xla_peak_bytes=None,
+            xla_remat_limit_bytes=None,
+            xla_remat_saved_bytes=saved,
+            xla_remat_fell_short=False,
+            xla_messages=(),
+            compile_seconds=0.0,
+        )
+
+    monkeypatch.setattr(rk.analysis, "compiled_memory", fake_compiled_memory)
+    x = jax.ShapeDtypeStruct((16,), jnp.float32)
+    r = rk.memory_report(lambda a: a * 2, x, target="h100", warn=False)
+    assert r.xla_remat is marked and r.xla_remat_saved_bytes == saved
+    said = [w for w in r.warnings if "XLA's own rematerialization pass took" in w]
+    assert len(said) == int(marked)
+    assert [n.data["saved_bytes"] for n in r.notes if n.kind == "xla_remat"] == [saved] * marked
