@@ -184,6 +184,28 @@ def test_the_line_through_two_copies_rounds_only_what_both_count_in_ints(
     assert repr(got) == repr(want)
 
 
+@pytest.mark.parametrize(
+    ("shallow", "deeper"),
+    [
+        (None, {"total": 12.0, "loops": 0}),  # a count the shallow copy lacks
+        ({"total": 10.0, "loops": 0}, None),  # one the deeper copy lacks
+        (7, {"dp": 2}),
+        ({"dp": 2}, "dp=2"),  # a label
+    ],
+    ids=["none then mapping", "mapping then none", "number then mapping", "mapping then label"],
+)
+def test_a_mapping_at_one_copy_only_is_no_line_the_deeper_copy_s_value_stands(shallow, deeper):
+    # Only two mappings are lined up key by key; a mapping beside anything else has no
+    # line through it, and the deeper copy's figure is the one kept, as for a label.
+    assert depth.line_at([shallow, deeper], (2, 3), 8) == deeper
+    # The same inside a report's meta, where the full-depth report lines up both copies'.
+    fit = depth.DepthFit(8, (2, 3), 5000, "backward, layer 0", residual_bytes=0, sections=3)
+    at = lambda d, v: memory_report(argument_bytes=100 * d, meta={"entry": v, "layers": d})
+    got = depth.extrapolate_report([at(2, shallow), at(3, deeper)], (2, 3), fit, 0, (10**6, None))
+    assert got.meta["entry"] == deeper and got.meta["layers"] == 8  # 2 + 1 per layer
+    assert got.argument_bytes == 800
+
+
 def test_an_unknown_depth_mode_is_refused_before_any_compile():
     src = sources.from_factory(FACTORY)
     with pytest.raises(BadValue, match="depth='deep': give one of auto, full, check"):
