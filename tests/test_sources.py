@@ -31,7 +31,7 @@ from remat_kit import checks, sources
 from remat_kit.analysis import RematWarning
 from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
-from remat_kit.errors import BadValue
+from remat_kit.errors import BadValue, DoesNotFit
 from remat_kit.flops import FlopCount
 from remat_kit.notes import words
 from remat_kit.schedules import NO_SCHEDULE
@@ -1298,6 +1298,77 @@ def test_a_workload_has_a_report_once_compiled_and_whole_once_final(verify):
 def test_a_bare_flop_count_is_priced_as_products_a_split_one_kept(counted, expected):
     w = _counted_workload(lambda p, s, b: counted)
     assert w.traced_count(rk.policy("full"), NO_SCHEDULE, 1) == expected
+
+
+PARTS = {"weights": 400, "gradients": 400, "optimizer": 800}
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_a_measured_step_s_fixed_bytes_come_from_its_breakdown_without_a_compile(batch):
+    # A step measured by hand gives its breakdown (shapes, no compile): the workload made of
+    # it sizes what no policy removes from it, and refuses a budget below that at once.
+    compiled = []
+
+    def measure_fn(pol, sch, b):
+        compiled.append((pol.spec, b))
+        return memory_report(policy=pol.spec)
+
+    parts = lambda b: {**PARTS, "batch": 16 * b, "activations": 999}
+    measured = sources.Measured(measure_fn, lambda p, s, b: 1.0, breakdown_fn=parts)
+    w = sources.workload(measured, rk.target("h100"), rk.TrainConfig(1, 8))
+    # 400 + 400 + 800 bytes and 16 a sequence; activations are not fixed.
+    fixed = 1600 + 16 * batch
+    assert w.breakdown(batch) == {**PARTS, "batch": 16 * batch}
+    assert w.fixed_bytes(batch) == fixed
+    rk.search.check_budget(w, batch, fixed)  # exactly fits
+    # Under the parts without the gradients too: refused on the shapes alone.
+    with pytest.raises(DoesNotFit, match="whatever the policy") as err:
+        rk.search.check_budget(w, batch, fixed - 401)
+    assert err.value.parts == {**PARTS, "batch": 16 * batch} and err.value.fixed_bytes == fixed
+    assert compiled == [] and w.compiles == 0
+
+
+def _one_tag_residuals(pol, sch, batch):
+    """One tag, 300 bytes a sequence, kept unless the policy recomputes it."""
+    kept = not pol.is_remat or rk.decide(pol, "mlp") == "save"
+    res = (rk.residuals.Residual("mlp", (), "int8", 300 * batch, "saved", 1, ""),) if kept else ()
+    return rk.residuals.ResidualReport(
+        residuals=res,
+        tags={"mlp": "saved" if kept else "recomputed"},
+        tag_bytes={"mlp": 300},
+        tag_count={"mlp": 1},
+    )
+
+
+@pytest.mark.parametrize(("declared", "built"), [(None, 1), (2, 2)])
+def test_a_measured_step_without_a_depth_is_planned_as_one_layer(declared, built):
+    # A step measured by hand that names no depth is one layer: a plan that nothing fits
+    # answers so, never asking its measure_fn for every:2 (segments of two layers, which a
+    # one-layer step cannot build: it raises, as a real model of that depth does).
+    def measure_fn(pol, sch, batch):
+        sch.runs(built, pol)  # as a model of `built` layers builds it
+        return memory_report(
+            peak_bytes=1000 + 500 * batch,
+            policy=pol.spec,
+            schedule=sch.spec,
+            flops=float(batch),
+            tags=("mlp",),
+        )
+
+    depth = {} if declared is None else {"n_layers": declared}
+    measured = sources.Measured(
+        measure_fn,
+        lambda p, s, b: float(b),
+        residuals_fn=_one_tag_residuals,
+        breakdown_fn=lambda b: {"weights": 400, "gradients": 400, "optimizer": 0},
+        **depth,
+    )
+    w = sources.workload(measured, rk.target("h100"), rk.TrainConfig(1, 8))
+    assert w.n_layers == built
+    p = rk.plan(w, 1, 999, offload=False)  # over the 800 fixed bytes, under any program
+    assert not p.fits
+    tried = {c.schedule for c in p.candidates}
+    assert ("every:2" in tried) is (built >= 2)
 
 
 def test_a_factory_loaded_twice_is_one_source_for_the_process_caches():
