@@ -190,7 +190,7 @@ def test_lora_gradients_unchanged_by_policy():
             models.build(cfg.replace(policy=policy)), rk.TrainConfig(batch=2, seq=16, lora=True)
         )
         tr, fr = _split(step, params)
-        grads.append(jax.grad(step.loss_fn)(tr, fr, batch))
+        grads.append(jax.jit(jax.grad(step.loss_fn))(tr, fr, batch))
     for g in grads[1:]:
         chex.assert_trees_all_close(g, grads[0], rtol=1e-5, atol=1e-7)
 
