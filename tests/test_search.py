@@ -1797,15 +1797,12 @@ def test_a_tag_the_backward_pass_never_reads_listed_first_is_saved():
     assert sol.estimate.device_bytes == 0
 
 
-def test_the_device_cap_holds_the_bytes_no_tag_decision_changes():
-    """The cap a plan must fit counts the untagged residuals (arguments, the scan carry) too:
-    500 of them and two 1,000-byte tags under a 1,500-byte cap leave room for one tag, so the
-    cheaper one to recompute goes (by hand: both saved hold 2,500 B; either recomputed, 1,500).
-    The fakes above have no untagged residuals, so a cap read as ``cap + untagged`` passed."""
+def _two_tags_and_500_untagged_bytes():
+    """Two 1,000-byte tags (``a`` the cheaper to recompute: 0.1 of the step, ``b`` 0.2) and
+    500 untagged bytes, one layer."""
     from remat_kit.search._costs import CostModel
-    from remat_kit.search._solver import solve
 
-    model = CostModel(
+    return CostModel(
         tags=("a", "b"),
         n_layers=1,
         saved_bytes=500 + 1000 + 1000,
@@ -1818,6 +1815,16 @@ def test_the_device_cap_holds_the_bytes_no_tag_decision_changes():
         cost={"a": 10.0, "b": 20.0},
         weight={"a": 0.1, "b": 0.2},
     )
+
+
+def test_the_device_cap_holds_the_bytes_no_tag_decision_changes():
+    """The cap a plan must fit counts the untagged residuals (arguments, the scan carry) too:
+    500 of them and two 1,000-byte tags under a 1,500-byte cap leave room for one tag, so the
+    cheaper one to recompute goes (by hand: both saved hold 2,500 B; either recomputed, 1,500).
+    The fakes above have no untagged residuals, so a cap read as ``cap + untagged`` passed."""
+    from remat_kit.search._solver import solve
+
+    model = _two_tags_and_500_untagged_bytes()
     assert model.untagged_bytes == 500
     sol, status = solve(model, 1500, splits=False)
     assert status.optimal
@@ -1833,7 +1840,6 @@ def test_a_solve_stopped_by_its_time_limit_reports_a_bound_under_the_optimum(mon
     tie-break's weight), and the gap from the assignment down to that bound."""
     import scipy.optimize
 
-    from remat_kit.search._costs import CostModel
     from remat_kit.search._solver import _TIE, solve
 
     real = scipy.optimize.milp
@@ -1846,19 +1852,7 @@ def test_a_solve_stopped_by_its_time_limit_reports_a_bound_under_the_optimum(mon
         return types.SimpleNamespace(status=1, x=worst.x, mip_dual_bound=proved.mip_dual_bound)
 
     monkeypatch.setattr(scipy.optimize, "milp", stopped)
-    model = CostModel(
-        tags=("a", "b"),
-        n_layers=1,
-        saved_bytes=500 + 1000 + 1000,
-        saved_flops=100.0,
-        baseline_flops=100.0,
-        size={"a": 1000, "b": 1000},
-        needed={"a": True, "b": True},
-        needs={"a": (), "b": ()},
-        spill={"a": 0, "b": 0},
-        cost={"a": 10.0, "b": 20.0},
-        weight={"a": 0.1, "b": 0.2},
-    )
+    model = _two_tags_and_500_untagged_bytes()
     sol, status = solve(model, 1500, splits=False)
     assert sol.decisions == {"a": "recompute", "b": "recompute"}
     assert (status.status, status.optimal) == ("time limit", False)
