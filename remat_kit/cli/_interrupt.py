@@ -57,7 +57,8 @@ __all__ = [
 #: Seconds a stopped run has to end by itself before the wake-up thread ends it.
 GRACE = 3.0
 
-#: The signals that stop a run, and the word the one line gives each.
+#: The signals that stop a run, and the word the one line gives each (the same three are held
+#: while worker processes start: ``remat_kit._workers._local._STOPPING``).
 _WORDS: dict[int, str] = {
     signal.SIGINT: "interrupted",
     signal.SIGTERM: "terminated (SIGTERM)",
