@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -346,3 +348,60 @@ def test_a_kernel_dir_another_process_removed_first_is_no_error(tmp_path, monkey
     monkeypatch.setattr(codegen, "_alive", ended_and_cleaned)
     assert codegen.remove_kernel_dirs() == [raced]
     assert not raced.exists()
+
+
+@pytest.mark.parametrize("raises", [False, True], ids=["body-returns", "body-raises"])
+def test_the_kernel_dir_is_off_the_disk_while_stowed_and_back_after(tmp_path, monkeypatch, raises):
+    """This process's kernel directory (and only its) is absent inside ``kernel_dir_stowed``
+    and back with the same files after, the body's error or not."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    prefix = codegen.KERNEL_DIR_PREFIX
+    own = tmp_path / f"{prefix}{os.getpid()}_a"
+    # Another process's, whose pid starts with this one's digits: not this process's.
+    other = tmp_path / f"{prefix}{os.getpid()}1_b"
+    for d in (own, other):
+        d.mkdir(mode=0o700)
+    (own / "kernels.bin").write_bytes(b"\x00kernels\xff")
+    seen = []
+    caught = pytest.raises(KeyError) if raises else contextlib.nullcontext()
+    with caught, codegen.kernel_dir_stowed():
+        seen.append((own.exists(), other.exists()))
+        if raises:
+            raise KeyError("body")
+    assert seen == [(False, True)]
+    assert (own / "kernels.bin").read_bytes() == b"\x00kernels\xff"
+    assert stat.S_IMODE(own.stat().st_mode) == 0o700 and other.exists()
+
+
+def test_end_process_removes_its_kernel_dir_and_lets_no_thread_make_one_until_it_is_gone(
+    tmp_path, monkeypatch
+):
+    """A worker's parent watch (another thread) ends the process while a compile may be
+    making its kernel directory: the directory is gone when the process ends, and no other
+    thread can take the directories' lock from then on (os._exit stands in here)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    own = tmp_path / f"{codegen.KERNEL_DIR_PREFIX}{os.getpid()}_a"
+    own.mkdir()
+    seen = []
+
+    class Ended(Exception):
+        pass
+
+    def exit_(code):
+        took = []
+        other = threading.Thread(
+            target=lambda: took.append(codegen._DIRS_LOCK.acquire(timeout=0.2))
+        )
+        other.start()
+        other.join()
+        seen.append((code, own.exists(), took))
+        raise Ended
+
+    monkeypatch.setattr(codegen.os, "_exit", exit_)
+    with pytest.raises(Ended):
+        codegen.end_process(3)
+    assert seen == [(3, False, [False])]

@@ -152,3 +152,50 @@ def test_a_stopped_run_leaves_no_process_and_no_partial_file(how, moment, tmp_pa
         if p.name.endswith(".tmp") or ".probe." in p.name or p.name.startswith("remat_kit_")
     ]
     assert not strays, strays
+
+
+#: A process with a kernel directory that starts two workers and is killed outright (SIGKILL)
+#: the moment its first worker's interpreter is started, before that worker is sent what to
+#: run: the one moment no process of remat-kit is left to remove the directory.
+_KILLED_AS_A_WORKER_STARTS = """
+import os, signal
+import multiprocessing.util as util
+from remat_kit._workers import _local
+from remat_kit.targets import _codegen
+
+print(_codegen.kernel_cache_file().parent, flush=True)
+real = util.spawnv_passfds
+
+def spawned(path, args, passfds):
+    pid = real(path, args, passfds)
+    if "spawn_main" in " ".join(map(str, args)):  # a worker, not the resource tracker
+        os.kill(os.getpid(), signal.SIGKILL)
+    return pid
+
+util.spawnv_passfds = spawned
+_local._submit(_local._pool(2), abs, [-1, -2], 0)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_run_killed_as_its_first_worker_starts_leaves_no_kernel_directory(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_AS_A_WORKER_STARTS],
+        env={**os.environ, "TMPDIR": str(tmp_path), "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        out, err = proc.communicate(timeout=60)
+        left = _wait(lambda: not _session(proc.pid), timeout=SETTLE) or _session(proc.pid)
+    finally:
+        for pid, _ in _session(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL, err[-2000:]
+    assert left is True, f"left running: {left}"
+    made = Path(out.strip())
+    assert made.name.startswith("remat_kit_kernels_"), out
+    assert not made.exists()
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith("remat_kit_")]

@@ -217,10 +217,14 @@ def _submit(
     (:func:`_held`): one acted on as a worker starts (``spawn`` has started the new
     interpreter but not yet written it what to run) would leave that worker reading a cut
     pipe, and printing ``EOFError: Ran out of input`` with a traceback into this run's
-    stderr, or running unseen by the pool that should stop it.
+    stderr, or running unseen by the pool that should stop it. This process's kernel
+    directory is off the disk meanwhile (:func:`remat_kit.targets.kernel_dir_stowed`): were
+    it killed outright as its only worker starts, no process would be left to remove it.
     """
+    from remat_kit.targets import kernel_dir_stowed
+
     mask = getattr(signal, "pthread_sigmask", None)
-    with _held():
+    with _held(), kernel_dir_stowed():
         old = mask(signal.SIG_BLOCK, {signal.SIGINT}) if mask is not None else None
         try:
             return {pool.submit(fn, items[j]): j for j in range(start, len(items))}
@@ -427,7 +431,6 @@ def _watch_parent(parent: int) -> None:
     follows the parent's thread rather than its process."""
     while os.getppid() == parent:
         time.sleep(PARENT_POLL)
-    from remat_kit.targets import remove_kernel_dirs
+    from remat_kit.targets import end_process
 
-    remove_kernel_dirs(mine=True)  # the parent's, which it could not remove, and this one's
-    os._exit(1)
+    end_process(1)  # with the parent's kernel directory, which it could not remove, and ours

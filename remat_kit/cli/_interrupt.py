@@ -192,15 +192,15 @@ def _force(signum: int) -> None:
         p.join(timeout=1)
         if p.is_alive():
             p.kill()
-    codegen = sys.modules.get("remat_kit.targets._codegen")  # loaded if anything compiled
-    if codegen is not None:
-        codegen.remove_kernel_dirs(mine=True)  # os._exit below runs no exit hook
     if not _CAME:
         _CAME.append(signum)
     # Straight to the file descriptor: sys.stderr may be a progress display's buffer (rich's
     # Live redirects it), or its lock held by the main thread, and nothing flushes after
     # os._exit; a compile may have file descriptor 2 captured.
     code = exit_code() if _SAID else stop(_Fd2())
+    codegen = sys.modules.get("remat_kit.targets._codegen")  # loaded if anything compiled
+    if codegen is not None:
+        codegen.end_process(code)  # its kernel directory too: os._exit runs no exit hook
     os._exit(code)
 
 

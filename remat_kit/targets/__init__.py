@@ -22,6 +22,8 @@ from remat_kit.targets._catalogue import ALIASES, GPU_FACTS
 from remat_kit.targets._codegen import (
     PROCESS_FLAGS,
     analysis_options,
+    end_process,
+    kernel_dir_stowed,
     remove_kernel_dirs,
     set_process_flags,
 )
@@ -78,7 +80,9 @@ __all__ = [
     "cudnn_attention_available",
     "custom_target",
     "device_word_of",
+    "end_process",
     "is_slice_name",
+    "kernel_dir_stowed",
     "load_prices",
     "node",
     "node_names",

@@ -84,10 +84,11 @@ import os
 import shlex
 import shutil
 import tempfile
-from collections.abc import MutableMapping
+import threading
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 # The stand-in lives in the cache's directory and follows its switch; the cache names it in
 # its keys by what it is (STUB_MARK), not where it lives. That knowledge sits in the cache,
@@ -103,7 +104,9 @@ __all__ = [
     "PROCESS_FLAGS",
     "STUB_MARK",
     "analysis_options",
+    "end_process",
     "kernel_cache_file",
+    "kernel_dir_stowed",
     "key_options",
     "real_cuda_dir",
     "remove_kernel_dirs",
@@ -204,13 +207,20 @@ def kernel_cache_file() -> Path | None:
 KERNEL_DIR_PREFIX = "remat_kit_kernels_"
 
 
+#: Held while a kernel directory is made or removed: a worker's watch on its parent (another
+#: thread) removes this process's directory and ends the process while a compile in the main
+#: thread may be making it (:func:`end_process`).
+_DIRS_LOCK = threading.RLock()
+
+
 @functools.cache
 def _kernel_dir(pid: int) -> Path | None:
-    remove_kernel_dirs()  # those of processes that ended without removing theirs
-    try:
-        directory = Path(tempfile.mkdtemp(prefix=f"{KERNEL_DIR_PREFIX}{pid}_"))
-    except OSError:
-        return None
+    with _DIRS_LOCK:
+        remove_kernel_dirs()  # those of processes that ended without removing theirs
+        try:
+            directory = Path(tempfile.mkdtemp(prefix=f"{KERNEL_DIR_PREFIX}{pid}_"))
+        except OSError:
+            return None
 
     def remove() -> None:
         if os.getpid() == pid:  # not a forked child that inherited the handler
@@ -238,19 +248,73 @@ def remove_kernel_dirs(mine: bool = False) -> list[Path]:
       True
     """
     gone = []
-    try:
-        entries = list(Path(tempfile.gettempdir()).glob(f"{KERNEL_DIR_PREFIX}*_*"))
-    except OSError:
-        return gone
-    for d in entries:
-        owner = d.name[len(KERNEL_DIR_PREFIX) :].split("_", 1)[0]
-        if not owner.isdigit() or (int(owner) == os.getpid() and not mine):
-            continue
-        if int(owner) != os.getpid() and _alive(int(owner)):
-            continue
-        shutil.rmtree(d, ignore_errors=True)
-        gone.append(d)
+    with _DIRS_LOCK:
+        for d in _kernel_dirs():
+            owner = d.name[len(KERNEL_DIR_PREFIX) :].split("_", 1)[0]
+            if not owner.isdigit() or (int(owner) == os.getpid() and not mine):
+                continue
+            if int(owner) != os.getpid() and _alive(int(owner)):
+                continue
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
     return gone
+
+
+def _kernel_dirs(pid: int | None = None) -> list[Path]:
+    """The kernel directories in the temporary directory: all, or process ``pid``'s."""
+    owner = "*" if pid is None else str(pid)
+    try:
+        return list(Path(tempfile.gettempdir()).glob(f"{KERNEL_DIR_PREFIX}{owner}_*"))
+    except OSError:
+        return []
+
+
+def end_process(code: int) -> NoReturn:
+    """Removes the kernel directories of ended processes and this process's own, then ends
+    this process at once (``os._exit(code)``: no exit hook runs), no thread of it making a
+    directory in between.
+
+    For a process that must end now: a worker whose parent is gone, a run stopped mid-compile.
+    """
+    with _DIRS_LOCK:  # never released: the process ends inside
+        remove_kernel_dirs(mine=True)
+        os._exit(code)
+
+
+@contextlib.contextmanager
+def kernel_dir_stowed() -> Iterator[None]:
+    """Inside, this process's kernel directory is off the disk, its files kept in memory;
+    they are put back on the way out.
+
+    For starting worker processes. Such a worker is started before it is sent what to run
+    (``spawn``), and a parent killed outright (SIGKILL) between the two leaves no process of
+    remat-kit running: a started worker removes the directories of ended processes
+    (:func:`end_process`), one cut at its start cannot. A directory that is not on disk
+    then cannot be left behind.
+
+    Example:
+      >>> with kernel_dir_stowed():
+      ...     _kernel_dirs(os.getpid())
+      []
+    """
+    stowed: dict[Path, dict[str, bytes]] = {}
+    with _DIRS_LOCK:
+        for d in _kernel_dirs(os.getpid()):
+            with contextlib.suppress(OSError):
+                stowed[d] = {f.name: f.read_bytes() for f in d.iterdir() if f.is_file()}
+            shutil.rmtree(d, ignore_errors=True)
+    try:
+        yield
+    finally:
+        with _DIRS_LOCK:
+            for d, files in stowed.items():
+                # Made again as mkdtemp made it, private to the user: XLA writes its file there
+                # at this process's next compile. One that cannot be made again is XLA's to
+                # report at that compile.
+                with contextlib.suppress(OSError):
+                    d.mkdir(mode=0o700)
+                    for name, data in files.items():
+                        (d / name).write_bytes(data)
 
 
 def _alive(pid: int) -> bool:
