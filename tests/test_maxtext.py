@@ -26,14 +26,18 @@ from remat_kit_models.maxtext import CUSTOM_TENSORS, MaxTextSpec, config_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: A small Llama (two layers, width 256): MaxText's llama2-7b config made small.
+#: The small Llama's width (its model dimension, base_emb_dim).
+WIDTH = 128
+
+#: A small Llama (two layers, width 128): MaxText's llama2-7b config made small. Its
+#: projections, heads and layers are a Llama's; its sizes are small, for its compiles' sake.
 LLAMA = (
-    "model_name=llama2-7b base_num_decoder_layers=2 base_emb_dim=256 base_mlp_dim=512 "
-    "base_num_query_heads=4 base_num_kv_heads=4 head_dim=64 vocab_size=1024 "
+    f"model_name=llama2-7b base_num_decoder_layers=2 base_emb_dim={WIDTH} base_mlp_dim=256 "
+    "base_num_query_heads=4 base_num_kv_heads=4 head_dim=64 vocab_size=256 "
     "attention=dot_product"
 )
 
-GPUS, BATCH, SEQ = 4, 8, 256
+GPUS, BATCH, SEQ = 4, 8, 64
 
 #: MaxText's pipeline: 2 stages, 4 micro-batches (on the Llama made 4 layers deep, 2 repeats).
 PIPELINE = (
@@ -133,10 +137,15 @@ RAW_MINIMAL = rk.as_policy(
 # (results/maxtext_scale.json); here their compiles cost the suite minutes and test no other
 # path of the source.
 CASES = {
-    "custom-offload": Case(
-        LLAMA,
+    # A custom offload set by MaxText's per-tensor lines, on two hosts of 4 GPUs: data
+    # parallel across them (dcn_data_parallelism) and fsdp within. One compile for two paths
+    # of the source (the custom lines; a mesh across hosts), each side.
+    "custom-offload-two-hosts": Case(
+        f"{LLAMA} dcn_data_parallelism=2 ici_fsdp_parallelism=4",
         "offload:offload=decoder_layer_input,save=out_proj",
         (("remat_policy", "custom"), ("decoder_layer_input", "offload"), ("out_proj", "device")),
+        gpus=8,
+        hosts=2,
     ),
     # On one GPU whose step accumulates over two micro-batches: MaxText's batch
     # (per_device_batch_size x GPUs) is one of the step's micro-batches.
@@ -151,14 +160,6 @@ CASES = {
     "pipeline": Case(PIPELINE, "full", (("remat_policy", "full"),), gpus=2, batch=4),
     "pipeline-raw-callable": Case(
         PIPELINE, RAW_MINIMAL, (("remat_policy", "minimal"),), gpus=2, batch=4
-    ),
-    # Two hosts of 4 GPUs, data parallel across them (dcn_data_parallelism) and fsdp within.
-    "two-hosts": Case(
-        f"{LLAMA} dcn_data_parallelism=2 ici_fsdp_parallelism=4",
-        "full",
-        (("remat_policy", "full"),),
-        gpus=8,
-        hosts=2,
     ),
 }
 
@@ -221,7 +222,7 @@ def test_a_multi_host_mesh_is_maxtexts_across_hosts(theirs):
     # MaxText's create_device_mesh lays the dcn axis across the slices it finds: a host each
     # on a GPU cluster. Ours (built, not compiled) holds the devices in MaxText's own order,
     # and each index of the data axis is one host's GPUs.
-    case = CASES["two-hosts"]
+    case = CASES["custom-offload-two-hosts"]
     src = rk.sources.resolve(MaxTextSpec(case.words))
     config = rk.TrainConfig(case.batch, case.seq)
     built = src.build_step(rk.policies.FULL, rk.parse_schedule("none"), config, case.target())
@@ -322,12 +323,12 @@ def test_a_pipelines_iteration_inputs_are_in_the_residual_table_as_jax_keeps_the
     stacked = [
         line
         for line in out.getvalue().splitlines()
-        if re.match(rf"bf16\[\d+,2,1,{SEQ},256\] output of scan ", line)
+        if re.match(rf"bf16\[\d+,2,1,{SEQ},{WIDTH}\] output of scan ", line)
     ]
     assert len(stacked) == 1, out.getvalue()
     iterations = int(re.match(r"bf16\[(\d+),", stacked[0]).group(1))
     assert iterations == 4 * 2 + 2 - 1  # micro-batches x repeats + stages - 1: MaxText's loop
-    kept = iterations * 2 * 1 * SEQ * 256 * 2
+    kept = iterations * 2 * 1 * SEQ * WIDTH * 2
     assert {t: res.tags[t] for t in ("iteration_input", "decoder_layer_input")} == {
         "iteration_input": "saved",
         "decoder_layer_input": "saved",
