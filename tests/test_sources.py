@@ -769,10 +769,14 @@ def test_fsdp_splits_a_factorys_weights_and_batch_over_the_gpus():
     # The parameters carry no axis names: each is split along its largest dimension fsdp
     # divides (every one of this model's does), so a device holds half of each part.
     config = rk.TrainConfig(batch=8, seq=256)
-    # One GPU's step compiled whole, as the sharded one is (no shallow copies).
-    deep = sources.from_factory(f"{FACTORIES}:deep")
-    one = sources.measure(deep, "full", "h100", config, depth="full")
-    src = sources.from_factory(f"{FACTORIES}:deep", shard="fsdp:2")
+    deep = sources.from_factory(f"{FACTORIES}:deep").factory
+
+    def two_layers(policy):  # deep's layers, two of them: compiles a third as long as 8's
+        return deep(policy, layers=2)
+
+    # One GPU's step compiled whole, as the sharded one is.
+    one = sources.measure(sources.from_factory(two_layers), "full", "h100", config)
+    src = sources.from_factory(two_layers, shard="fsdp:2")
     two = sources.measure(src, "full", rk.target("h100", devices=2), config)
     for part in ("weights", "gradients", "optimizer", "batch"):
         assert two.breakdown[part] * 2 == pytest.approx(one.breakdown[part], abs=8), part
@@ -865,9 +869,10 @@ def test_cli_says_in_one_line_where_a_models_own_code_fails(capsys):
 
 @pytest.mark.slow
 def test_cli_plan_tells_a_factory_how_to_use_the_plan(capsys):
-    # A factory is handed its policy: remat_kit_models.get_config is for presets only.
+    # A factory is handed its policy: remat_kit_models.get_config is for presets only. (One
+    # policy, one compile: the words are the plan's, whichever policy it is.)
     argv = ["plan", "--model", f"{FACTORIES}:untagged", "--budget", "20GiB", "--policies"]
-    assert main([*argv, "none,full", "--batch", "1", "--seq", "16", "--target", "h100"]) == 0
+    assert main([*argv, "none", "--batch", "1", "--seq", "16", "--target", "h100"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert (
         "use it: --policy 'none', or in code: hand your model rk.policy('none') as its policy"
@@ -1127,15 +1132,18 @@ def test_a_model_that_trains_with_dropout_is_given_its_stream(policy):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RematWarning)
         on = sources.measure(trained, policy, "h100", SMALL, warn=False)
-        plain = sources.measure(off, policy, "h100", SMALL, warn=False)
-    assert on.meta["rng_streams"] == ["dropout"] and "rng_streams" not in plain.meta
-    drawn = {}
+    assert on.meta["rng_streams"] == ["dropout"]
+    drawn, meta = {}, {}
     for name, src in (("on", trained), ("off", off)):
-        step = src.build_step(
+        built = src.build_step(
             rk.policy(policy), rk.schedules.NO_SCHEDULE, SMALL, rk.target("h100")
-        ).step
+        )
+        step, meta[name] = built.step, built.meta
         drawn[name] = "random_bits" in str(jax.make_jaxpr(step.loss_fn)(*step.loss_args))
     assert drawn == {"on": True, "off": False}
+    # The model without dropout is given no stream: its step's labels (a report's meta is
+    # made of them, as on's shows) name none; its compile would say nothing more.
+    assert meta["on"]["rng_streams"] == ["dropout"] and "rng_streams" not in meta["off"]
 
 
 def test_flax_own_module_names_are_our_tags():
