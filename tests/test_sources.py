@@ -869,10 +869,9 @@ def test_cli_says_in_one_line_where_a_models_own_code_fails(capsys):
 
 @pytest.mark.slow
 def test_cli_plan_tells_a_factory_how_to_use_the_plan(capsys):
-    # A factory is handed its policy: remat_kit_models.get_config is for presets only. (One
-    # policy, one compile: the words are the plan's, whichever policy it is.)
+    # A factory is handed its policy: remat_kit_models.get_config is for presets only.
     argv = ["plan", "--model", f"{FACTORIES}:untagged", "--budget", "20GiB", "--policies"]
-    assert main([*argv, "none", "--batch", "1", "--seq", "16", "--target", "h100"]) == 0
+    assert main([*argv, "none,full", "--batch", "1", "--seq", "16", "--target", "h100"]) == 0
     shown = " ".join(capsys.readouterr().out.split())
     assert (
         "use it: --policy 'none', or in code: hand your model rk.policy('none') as its policy"
