@@ -24,10 +24,10 @@ pytest.importorskip("libtpu")
 
 ROOT = Path(__file__).resolve().parent.parent
 
-#: A small Qwen 3 (two layers, width 256), no attention key: MaxText's TPU default.
+#: A small Qwen 3 (two layers, width 128), no attention key: MaxText's TPU default.
 QWEN3 = (
-    "model_name=qwen3-0.6b base_num_decoder_layers=2 base_emb_dim=256 base_mlp_dim=512 "
-    "base_num_query_heads=4 base_num_kv_heads=2 head_dim=64 vocab_size=1024"
+    "model_name=qwen3-0.6b base_num_decoder_layers=2 base_emb_dim=128 base_mlp_dim=256 "
+    "base_num_query_heads=4 base_num_kv_heads=2 head_dim=64 vocab_size=256"
 )
 FIVE = ("argument", "output", "alias", "temp", "generated_code")
 
