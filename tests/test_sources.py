@@ -532,11 +532,15 @@ def test_our_catalogue_policy_on_a_models_own_names_is_that_policy_in_its_names(
 
 
 @pytest.mark.slow
-def test_the_planner_decides_once_per_value_of_a_model_that_names_it_twice():
+def test_the_planner_decides_once_per_value_of_a_model_that_names_it_twice(monkeypatch):
     # With ours beside its own names every projection has two tags: the plan (and its cost)
     # must be the one the model gets under its own names alone, not a plan that pays for a
     # value twice or thinks it recomputed while its other name keeps it.
     config = rk.TrainConfig(batch=2, seq=128, optimizer="sgd")
+    # Two of its blocks, not four: the planner traces each candidate (a factory's reports
+    # are not remembered on disk, so no other test reads these).
+    blocks = sources.from_factory(OWN).factory.__globals__["nnx_blocks"]
+    monkeypatch.setattr(blocks, "LAYERS", 2)
     plans = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
