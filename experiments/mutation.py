@@ -149,13 +149,19 @@ MODULES: dict[str, Group] = {
                     "tests/test_side_by_side.py",
                     "tests/test_depth.py",  # boundaries read off shallow copies
                     "tests/test_fit.py",
+                    "tests/test_search_oracle.py",  # against a scan over random steps
                 ),
             ),
             ("_costs.py", ("tests/test_search.py", "tests/test_advise.py", "tests/test_ragged.py")),
             # The boundary search's curves: the sequence search's quadratic is pinned there.
             (
                 "_boundary.py",
-                ("tests/test_search.py", "tests/test_advise.py", "tests/test_seq_search.py"),
+                (
+                    "tests/test_search.py",
+                    "tests/test_advise.py",
+                    "tests/test_seq_search.py",
+                    "tests/test_search_oracle.py",  # max_batch bisects with it
+                ),
             ),
             (
                 "_budget.py",
@@ -222,7 +228,14 @@ MODULES: dict[str, Group] = {
         by_file=(
             # The depth extrapolation's fit and report are tested on hand-made sections there.
             # test_depth_sections: by_depth on a source and compiles made by hand (fast).
-            ("_depth.py", ("tests/test_depth.py", "tests/test_depth_sections.py")),
+            (
+                "_depth.py",
+                (
+                    "tests/test_depth.py",
+                    "tests/test_depth_sections.py",
+                    "tests/test_depth_oracle.py",
+                ),
+            ),
             # The workload's time objective is what the planner ranks by.
             (
                 "_workload.py",
