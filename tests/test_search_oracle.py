@@ -120,7 +120,7 @@ def test_the_largest_batch_is_the_one_a_scan_finds(seed):
     for _ in range(25):
         peak, inputs, kind = _curve(rng)
         multiple = rng.choice([1, 1, 2, 4, 8])
-        cap = rng.choice([1 << 14] * 3 + [rng.randrange(multiple, 2000)])
+        cap = rng.choice([1 << 14] * 6 + [rng.randrange(multiple, 2000)] * 2 + [multiple])
         limit = _limit(rng, peak, multiple)
         w = _workload(rng, peak, inputs, multiple)
         start = rng.choice([None, None, rng.randrange(1, 3000)])
