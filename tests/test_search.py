@@ -2330,3 +2330,26 @@ def test_the_planner_compiles_no_more_than_max_compiles(max_compiles):
     )
     solved = [c for c in p.candidates if c.estimated_peak_bytes is not None]
     assert len(solved) == max_compiles
+
+
+def test_a_plan_at_the_largest_batch_counts_the_plans_compiles_in_its_seconds(monkeypatch):
+    """The fit ``max_batch_plan`` returns spans the whole search, the plan's compiles too,
+    not only the boundary's (seed-67 mutant _boundary.py:499: the plan's seconds dropped).
+    A fake clock moves 10 s at each compile and at nothing else."""
+    import time
+
+    clock, compiled = [0.0], []
+    w = fake3()
+    measure = w.measure_fn
+
+    def timed(policy, schedule, batch):
+        clock[0] += 10.0
+        compiled.append(policy.name)
+        return measure(policy, schedule, batch)
+
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    w = dataclasses.replace(w, measure_fn=timed)
+    # Up to batch 4, full fits at 4; there the plan recomputes only what 4 x 1300 B asks.
+    fit, p = rk.search.max_batch_plan(w, limit_bytes=FIXED + 4 * 1300, cap=4, offload=False)
+    assert p is not None and p.policy.name != "full" and compiled[-1] != "full"
+    assert fit.seconds == 10.0 * len(compiled)
