@@ -204,6 +204,27 @@ def test_a_policy_whose_traced_recompute_is_not_a_number_is_compiled_whatever_it
     assert (p.policy.name, p.source, p.peak_bytes) == ("minimal", "beside_none", FIXED + 400)
 
 
+def test_in_flops_an_extra_whose_traced_recompute_is_dearer_than_the_best_is_not_compiled():
+    # Its traced recompute bounds its overhead from below: minimal (50% more FLOPs than none,
+    # which fits) cannot be as cheap, so it is not compiled (seed-67 mutant _planner.py:567,
+    # every number ranked as -inf: every extra compiled).
+    made = []
+    flops = {"none": BASE, "full": 2 * BASE, "minimal": 1.5 * BASE}
+
+    def measure(policy, schedule, batch):
+        made.append(policy.name)
+        peak = FIXED + {"none": 500, "full": 300, "minimal": 400}[policy.name]
+        return _fake_report(peak, flops[policy.name], policy.spec)
+
+    w = _workload(
+        rk.sources.Measured(measure, lambda p, s, b: flops[p.name]),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
+    p = rk.plan(w, 1, 10**9, extra=["minimal"], objective="flops")
+    assert p.policy.name == "none" and "minimal" not in made
+
+
 def test_a_plan_counts_its_own_compiles_not_the_ones_the_workload_made_before():
     made = []
 
