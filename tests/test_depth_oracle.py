@@ -228,3 +228,23 @@ def _assert_close(got, want):
         assert abs(got - want) <= 1
     else:
         assert got == want
+
+
+def test_a_sharded_stack_is_compiled_whole_and_says_so():
+    """A source sharded over a mesh builds no copies: full depth, reason ``sharded``, before
+    any copy is built (seed-67 mutant _depth.py:422, the reason dropped)."""
+    import types
+
+    import remat_kit as rk
+
+    built = []
+    source = types.SimpleNamespace(
+        n_layers=lambda: 16,
+        at_depth=lambda d: built.append(d) or object(),
+        mesh_plan=lambda t: ("fsdp", 2),
+    )
+    got = depth.by_depth(
+        source, rk.policy("full"), rk.parse_schedule("none"), rk.target("h100"), None, None
+    )
+    assert got == (None, {"mode": "full", "reason": "sharded"})
+    assert built == [depth.DEPTHS[0]]  # asked whether it can build one, and no more
