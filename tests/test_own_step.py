@@ -373,3 +373,41 @@ def test_a_sharded_argument_counts_its_shard_in_the_breakdown(ways, per_device):
     got = _breakdown((params, batch), {"params": (0,), "batch": (1,)})
     want = {"trainable": per_device, "gradients": per_device, "weights": per_device}
     assert got == {**want, "optimizer": 0, "batch": 8 * 4}
+
+
+@pytest.mark.parametrize(
+    ("roles", "want"),
+    [
+        ({}, {}),  # no roles: nothing to say, the tables leave it out
+        (
+            {"params": (0,), "optimizer": (1,), "batch": (2,)},  # every argument has a role
+            {
+                "params": "bfloat16",
+                "frozen": "-",
+                "grads": "bfloat16",
+                "optimizer_state": "float32",
+            },
+        ),
+        (
+            {"params": (0,)},  # the others might hold anything
+            {"params": "bfloat16", "frozen": "unknown", "grads": "bfloat16"}
+            | {"optimizer_state": "unknown"},
+        ),
+    ],
+)
+def test_the_precision_of_each_role_is_its_arguments_floating_dtypes(roles, want):
+    """Read from the shapes, no compile (seed-67 mutant _own_step.py:488, roles read as none:
+    killed only by a compiling test before)."""
+    import jax.numpy as jnp
+
+    from remat_kit.sources import _own_step
+
+    args = (
+        {"w": jax.ShapeDtypeStruct((4, 4), jnp.bfloat16)},
+        {"mu": jax.ShapeDtypeStruct((4, 4), jnp.float32)},
+        jax.ShapeDtypeStruct((2, 8), jnp.int32),
+    )
+    got = _own_step._precision(args, roles)
+    if want:
+        want = {"name": "step's own", **want, "compute": "step's own"}
+    assert got == want
