@@ -328,6 +328,20 @@ def test_the_time_objective_is_the_predicted_step_time_over_none_s():
     assert w.overhead_of(full.replace(step_time=None), 1, objective="time") == pytest.approx(flops)
 
 
+def test_a_plan_stopped_by_its_compile_limit_is_not_called_optimal():
+    """The smallest point compiled (the model said nothing fits), the one compile allowed is
+    spent: the plan is that point, and no proof (seed-67 mutant _planner.py:511: a stopped
+    solve reported optimal)."""
+    w = fake3()
+    w.memo[("plan offset", 1)] = 5000
+    p = rk.plan(w, 1, FIXED + 1300, offload=False, objective="flops", max_compiles=1)
+    assert [c.label for c in p.candidates if c.label.startswith(("smallest", "solver"))] == [
+        "smallest"
+    ]
+    assert p.solver.status == "compile limit" and not p.solver.optimal
+    assert "optimal on the cost model" not in p.message
+
+
 def test_a_model_that_says_nothing_fits_is_calibrated_on_its_smallest_point_and_solved_again():
     """An earlier plan measured a large offset (5000 B, kept in the workload's memo): the model
     says nothing fits. The planner compiles its smallest point (everything recomputed), which
