@@ -405,3 +405,21 @@ def test_end_process_removes_its_kernel_dir_and_lets_no_thread_make_one_until_it
     with pytest.raises(Ended):
         codegen.end_process(3)
     assert seen == [(3, False, [False])]
+
+
+def test_a_kernel_dir_whose_file_cannot_be_read_is_still_made_again(tmp_path, monkeypatch):
+    """Its kernels are lost (XLA makes them again), not the directory XLA writes into."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    own = tmp_path / f"{codegen.KERNEL_DIR_PREFIX}{os.getpid()}_a"
+    own.mkdir(mode=0o700)
+    (own / "kernels.bin").write_bytes(b"kernels")
+
+    def unreadable(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    with codegen.kernel_dir_stowed():
+        assert not own.exists()
+    assert own.is_dir() and stat.S_IMODE(own.stat().st_mode) == 0o700

@@ -300,6 +300,7 @@ def kernel_dir_stowed() -> Iterator[None]:
     stowed: dict[Path, dict[str, bytes]] = {}
     with _DIRS_LOCK:
         for d in _kernel_dirs(os.getpid()):
+            stowed[d] = {}  # made again on the way out, whatever could be read of it
             with contextlib.suppress(OSError):
                 stowed[d] = {f.name: f.read_bytes() for f in d.iterdir() if f.is_file()}
             shutil.rmtree(d, ignore_errors=True)
