@@ -244,3 +244,74 @@ def test_the_flags_of_several_kinds_keep_each_kinds_order():
     three = SourceKind("three", Spec, lambda s: None, "model", trains=(), options=(c, a))
     assert [o.flag for o in kind_options([one, two])] == ["--a", "--b", "--c"]
     assert [o.flag for o in kind_options([one, three])] == ["--a", "--c"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Named:
+    model: str
+    other: str
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_kinds_give_a_name_to_the_one_that_claims_it_fallbacks_last(monkeypatch, seed):
+    import random
+
+    rng = random.Random(seed)
+    names = ["a", "b:c", "toy-1", "x"]
+    for _ in range(40):
+        # Each kind claims a random set of names; some are fallbacks; one is named by another
+        # field.
+        claimed = {f"k{i}": set(rng.sample(names, rng.randrange(0, 3))) for i in range(4)}
+        fallback = {k: rng.random() < 0.4 for k in claimed}
+        found = {
+            k: SourceKind(
+                k,
+                _Named,
+                lambda s: None,
+                "model" if k != "k3" or rng.random() < 0.5 else "other",
+                claims=lambda name, names=frozenset(claimed[k]): name in names,
+                fallback=fallback[k],
+                trains=(),
+            )
+            for k in claimed
+        }
+        monkeypatch.setattr(rk.sources._kinds, "kinds", lambda found=found: found)
+        name = rng.choice(names)
+        # The oracle: the kinds named by `model` that claim it; fallbacks only where alone.
+        mine = [k for k in found if found[k].names_by == "model" and name in claimed[k]]
+        winners = mine if len(mine) < 2 else [k for k in mine if not fallback[k]]
+        if len(winners) == 1:
+            assert kind_named("model", name).name == winners[0]
+            continue
+        with pytest.raises(BadValue, match=rf"claimed by {len(winners)} kinds of source") as e:
+            kind_named("model", name)
+        listed = winners or [k for k in found if found[k].names_by == "model"]
+        assert f"({', '.join(listed)})" in str(e.value)
+        assert ("uninstall one" in str(e.value)) is bool(winners)
+    with pytest.raises(rk.errors.UnknownName, match="model field"):
+        kind_named("nothing", "a")
+
+
+def test_a_kind_s_options_are_its_own_then_the_train_options_of_what_it_trains_unplaced():
+    accum = rk.sources.TRAIN_OPTIONS[1]
+    layers = Option("--other", "other", "another")
+    for trains in [(), ("accum",), ("optimizer", "precision"), ("optimizer", "accum", "precision")]:
+        if "accum" not in trains:
+            with pytest.raises(BadValue, match="option --accum fills 'accum', and the kind trains"):
+                SourceKind("x", _Named, lambda s: None, "model", trains=trains, options=(accum,))
+            continue
+        kind = SourceKind("x", _Named, lambda s: None, "model", trains=trains, options=(accum,))
+        want = ["--accum"] + [
+            o.flag for o in rk.sources.TRAIN_OPTIONS if o.field in trains and o.field != "accum"
+        ]
+        assert [o.flag for o in kind.options] == want and kind.trains == frozenset(trains)
+    kind = SourceKind("x", _Named, lambda s: None, "model", trains=(), options=[layers])
+    assert kind.options == (layers,) and kind.fields == ("model", "other")
+    assert Option("--kv-heads", "kv", "k").dest == "kv_heads"
+    with pytest.raises(BadValue, match="a flag starts with --"):
+        Option("-k", "kv", "k")
+    with pytest.raises(BadValue, match="option type"):
+        Option("--k", "kv", "k", type="bytes")
+    assert Option("--k", "kv", "k", type=int, params=["a"]).params == ("a",)
+    with pytest.raises(BadType, match=r"options holds a str, not an rk\.sources\.Option"):
+        SourceKind("x", _Named, lambda s: None, "model", trains=(), options=("--other",))

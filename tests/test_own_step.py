@@ -411,3 +411,223 @@ def test_the_precision_of_each_role_is_its_arguments_floating_dtypes(roles, want
     if want:
         want = {"name": "step's own", **want, "compute": "step's own"}
     assert got == want
+
+
+# --- what a step function returns, against oracles over random returns ---------------------
+
+_ROLE_NAMES = ("params", "frozen", "optimizer", "batch")
+_CATEGORY = {"params": "parameter", "frozen": "parameter", "optimizer": "optimizer state"}
+_CATEGORY["batch"] = "input"
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int8": 1}
+
+
+def _leaf(rng, ways):
+    """A random abstract array: (ShapeDtypeStruct, its elements, its bytes on one device)."""
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+    shape = tuple(rng.randrange(1, 5) for _ in range(rng.randrange(1, 3)))
+    dtype = rng.choice(sorted(_ITEMSIZE))
+    elements = 1
+    for d in shape:
+        elements *= d
+    local = elements
+    sharding = None
+    if ways > 1 and rng.random() < 0.5:
+        shape = (ways * shape[0], *shape[1:])  # split along its first axis
+        mesh = AbstractMesh((ways,), ("data",))
+        sharding = NamedSharding(mesh, PartitionSpec("data"))
+        elements *= ways
+    leaf = jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+    return leaf, elements, local * _ITEMSIZE[dtype]
+
+
+def _random_args(rng):
+    """Random step arguments and, per argument, (elements, bytes per device, dtypes)."""
+    ways = rng.choice([1, 1, 2, 4])
+    args, facts = [], []
+    for _ in range(rng.randrange(1, 6)):
+        leaves = [_leaf(rng, ways) for _ in range(rng.randrange(0, 4))]
+        arg = {f"x{i}": leaf for i, (leaf, _, _) in enumerate(leaves)}
+        if len(leaves) == 1 and rng.random() < 0.5:
+            arg = leaves[0][0]  # a bare array, not a pytree of them
+        args.append(arg)
+        facts.append(
+            (
+                sum(e for _, e, _ in leaves),
+                sum(b for _, _, b in leaves),
+                {str(leaf.dtype) for leaf, _, _ in leaves},
+            )
+        )
+    return tuple(args), facts
+
+
+def _random_roles(rng, n):
+    """Random roles: None, or some roles each naming some arguments (an int or a tuple)."""
+    if rng.random() < 0.15:
+        return None
+    free = list(range(n))
+    rng.shuffle(free)
+    roles = {}
+    for role in rng.sample(_ROLE_NAMES, rng.randrange(0, 5)):
+        take = [free.pop() for _ in range(min(len(free), rng.randrange(1, 3)))]
+        if not take:
+            break
+        roles[role] = take[0] if len(take) == 1 and rng.random() < 0.5 else tuple(take)
+    return roles
+
+
+def _expected(facts, roles):
+    """Breakdown, precision, categories and labels of a step, from the contract of
+    OwnStep.roles (a role not given is unknown, unless every argument has one)."""
+    named = {r: ((i,) if isinstance(i, int) else tuple(i)) for r, i in (roles or {}).items()}
+    if not named:
+        return {}, {}, {}, "not given", None
+    covered = sorted(i for idx in named.values() for i in idx) == list(range(len(facts)))
+    known = {r for r in _ROLE_NAMES if r in named or covered}
+    size = {r: sum(facts[i][1] for i in named.get(r, ())) for r in _ROLE_NAMES}
+    parts = {}
+    if "params" in known:
+        parts.update(trainable=size["params"], gradients=size["params"])
+        if "frozen" in known:
+            parts["weights"] = size["params"] + size["frozen"]
+    parts.update({r: size[r] for r in ("optimizer", "batch") if r in known})
+
+    def dtypes(role):
+        if role not in known:
+            return "unknown"
+        found = sorted({d for i in named.get(role, ()) for d in facts[i][2]} - {"int32", "int8"})
+        return "+".join(found) or "-"
+
+    precision = {
+        "name": "step's own",
+        "params": dtypes("params"),
+        "frozen": dtypes("frozen"),
+        "grads": dtypes("params"),
+        "optimizer_state": dtypes("optimizer"),
+        "compute": "step's own",
+    }
+    categories = {i: _CATEGORY[r] for r, idx in named.items() for i in idx}
+    where = {
+        r: ("argument " if len(idx) == 1 else "arguments ") + ", ".join(map(str, idx))
+        for r, idx in named.items()
+    }
+    count = sum(facts[i][0] for i in named["params"]) if "params" in named else None
+    return parts, precision, categories, where, count
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_random_step_s_breakdown_precision_and_labels_follow_its_roles(seed):
+    import random
+
+    from remat_kit.schedules import NO_SCHEDULE
+
+    rng = random.Random(seed)
+    for case in range(40):
+        args, facts = _random_args(rng)
+        roles = _random_roles(rng, len(args))
+        donate = tuple(sorted(rng.sample(range(len(args)), rng.randrange(0, len(args) + 1))))
+        loss = rng.random() < 0.5
+        own = sources.OwnStep(
+            abs,
+            list(args) if rng.random() < 0.3 else args,
+            donate_argnums=donate[0] if len(donate) == 1 and rng.random() < 0.5 else donate,
+            loss_fn=(lambda *a: 0.0) if loss else None,
+            loss_args=args[:1] if loss else None,
+            roles=roles,
+        )
+        src = sources.from_step(
+            _returning(own if case % 3 else tuple(dataclasses.astuple(own)[:3]))
+        )
+        if case % 3 == 0:  # (fn, args, donate_argnums): no roles, no loss
+            roles, loss = None, False
+        built = src.build_step(rk.policy("full"), NO_SCHEDULE, SMALL, rk.target("h100"))
+        parts, precision, categories, where, count = _expected(facts, roles)
+        step = built.step
+        assert step.breakdown == parts, (roles, facts)
+        assert step.precision == (precision if roles else {}), (roles, facts)
+        assert step.categories == categories
+        assert step.args == args and step.donate_argnums == donate
+        assert step.loss_given is loss
+        assert step.loss_args == (args[:1] if loss else args)
+        assert step.in_shardings is None and step.out_shardings is None
+        assert built.meta["roles"] == where and built.meta["loss_given"] is loss
+        assert built.meta.get("params") == count
+        assert built.meta["optimizer"] == "own step" and built.attention == "step's own"
+
+
+def _first_error(out, n):
+    """The fragment of the one-line error a step function's ``out`` earns, or None: the
+    checks in the order the contract lists them (shape, step, args, donation, loss, shardings,
+    roles)."""
+    if isinstance(out, sources.OwnStep):
+        own = out
+    elif isinstance(out, tuple) and len(out) in (2, 3):
+        own = sources.OwnStep(*out)
+    else:
+        return f"returned a tuple of {len(out)}" if isinstance(out, tuple) else "returned"
+    donate = (own.donate_argnums,) if isinstance(own.donate_argnums, int) else own.donate_argnums
+    for i in donate:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0 or i >= n:
+            return f"donates argument {i!r}, but the step has {n} arguments (0 to {n - 1})"
+    if (own.loss_fn is None) is not (own.loss_args is None):
+        return "without the other"
+    if own.in_shardings is not None and len(own.in_shardings) != n:
+        return f"returned {len(own.in_shardings)} in_shardings for {n} arguments"
+    seen = set()
+    for role, idx in (own.roles or {}).items():
+        if role not in _ROLE_NAMES:
+            return f"returned an unknown role {role!r}"
+        for i in (idx,) if isinstance(idx, int) else idx:
+            if isinstance(i, bool) or not isinstance(i, int) or i < 0 or i >= n:
+                return f"returned role {role!r} naming argument {i!r}, but the step has {n}"
+            if i in seen:
+                return f"returned two roles for argument {i}"
+            seen.add(i)
+    return None
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_returns_are_taken_or_refused_with_the_first_thing_wrong(seed):
+    import random
+
+    from remat_kit.schedules import NO_SCHEDULE
+
+    rng = random.Random(1000 + seed)
+    odd = lambda n: rng.choice([-1, 0, n - 1, n, n + 1, True, False, 1.0])
+    refused = 0
+    for _ in range(80):
+        n = rng.randrange(1, 4)
+        args = (_S,) * n
+        donate = tuple(odd(n) for _ in range(rng.randrange(0, 3)))
+        roles = {
+            # A bare index is an int (a bare float is no sequence of indices either).
+            rng.choice([*_ROLE_NAMES, "weights"]): (
+                rng.choice([-1, 0, n - 1, n, True])
+                if rng.random() < 0.5
+                else tuple(odd(n) for _ in range(rng.randrange(1, 3)))
+            )
+            for _ in range(rng.randrange(0, 3))
+        }
+        shape = rng.randrange(5)
+        if shape == 0:
+            out = (abs, args, donate, None, None)[: rng.choice([1, 2, 3, 4, 5])]
+        else:
+            out = sources.OwnStep(
+                abs,
+                args,
+                donate_argnums=donate,
+                loss_fn=rng.choice([None, abs]),
+                loss_args=rng.choice([None, args]),
+                roles=roles or None,
+                in_shardings=rng.choice([None, (None,) * n, (None,) * (n + 1)]),
+            )
+        want = _first_error(out, n)
+        src = sources.from_step(_returning(out))
+        if want is None:
+            src.build_step(rk.policy("none"), NO_SCHEDULE, SMALL, rk.target("h100"))
+            continue
+        refused += 1
+        with pytest.raises(BadValue, match=r"^step_fn ") as err:
+            src.build_step(rk.policy("none"), NO_SCHEDULE, SMALL, rk.target("h100"))
+        assert want in str(err.value), (out, want)
+    assert 10 < refused < 80

@@ -3,6 +3,7 @@ that keep a report honest (remat_kit.checks): no silent no-op policy, no stale t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -31,7 +32,7 @@ from remat_kit import checks, sources
 from remat_kit.analysis import RematWarning
 from remat_kit.breakdown import add_breakdown
 from remat_kit.cli import main
-from remat_kit.errors import BadValue, DoesNotFit
+from remat_kit.errors import BadType, BadValue, DoesNotFit
 from remat_kit.flops import FlopCount
 from remat_kit.notes import words
 from remat_kit.schedules import NO_SCHEDULE
@@ -225,6 +226,48 @@ def test_a_patched_block_gives_the_nth_block_built_the_nth_policy(monkeypatch):
     with sources.patched_block("_rk_blocks:Block", rk.policy("minimal")):
         assert [mod.Block(i).spec for i in range(2)] == ["minimal", "minimal"]
     assert mod.Block is Block
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_block_built_again_under_its_name_is_the_same_layer_and_an_unnamed_one_a_new_one(
+    monkeypatch, seed
+):
+    """Random names (some given twice, as a linen ``setup`` run again gives them; some not a
+    string): the layer of a block is the order its name first came in, each unnamed block a
+    new one; the counter says how many layers there were."""
+    import random
+
+    rng = random.Random(seed)
+    mod = types.ModuleType("_rk_named_blocks")
+
+    class Block:
+        def __init__(self, name=None):
+            self.name = name
+
+    mod.Block = Block
+    monkeypatch.setitem(sys.modules, "_rk_named_blocks", mod)
+    monkeypatch.setattr(
+        "remat_kit.sources._loading.remat",
+        lambda cls, p: type(f"Remat_{p.name}", (cls,), {"spec": p.spec}),
+    )
+    specs = ["full", "minimal", "dots", "none", "dots_no_batch"]
+    for _ in range(20):
+        plan = [rk.policy(rng.choice(specs)) for _ in range(rng.randrange(1, 5))]
+        names = [rng.choice(["a", "b", "layer_3", "3", None, 7]) for _ in range(rng.randrange(7))]
+        # The oracle: a layer per name in order of first sight, and one per unnamed block.
+        keys = [n if isinstance(n, str) else object() for n in names]
+        order = list(dict.fromkeys(keys))
+        counter = [0]
+        single = rng.random() < 0.3
+        with sources.patched_block(
+            "_rk_named_blocks:Block", plan[0] if single else plan, counter=counter
+        ):
+            built = [mod.Block(name=n) if n is not None else mod.Block() for n in names]
+        for key, b in zip(keys, built, strict=True):
+            layer = 0 if single else min(order.index(key), len(plan) - 1)
+            assert b.spec == plan[layer].spec
+        assert counter == [len(order)]
+        assert mod.Block is Block
 
 
 @pytest.mark.parametrize("spec", ["flax.linen.Dense", "flax.linen:", ":Dense"])
@@ -1623,3 +1666,252 @@ def test_the_streams_a_model_asks_for_are_found_one_after_the_other(streams):
     from remat_kit.sources._streams import streams_asked
 
     assert streams_asked(_Noisy(streams), None, batch=2, seq=4) == streams
+
+
+# --- a factory's model: its layer count, its errors, its target ------------------------------
+
+
+_LAYER_PATHS = ("n_layers", "num_layers", "layers", "config.num_hidden_layers", "config.n_layer")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_layer_count_is_the_first_positive_int_of_the_names_models_give_it(seed):
+    import random
+
+    from remat_kit.sources._factory import _layer_attr
+
+    rng = random.Random(seed)
+    for _ in range(60):
+        values = {p: rng.choice([None, None, 0, -2, 3, 12, "4", 2.0]) for p in _LAYER_PATHS}
+        values["cfg.n_layers"] = rng.choice([None, 0, 5, "5"])
+        made, config, cfg = types.SimpleNamespace(), types.SimpleNamespace(), None
+        for path, v in values.items():
+            if v is None:
+                continue
+            if path.startswith("config."):
+                setattr(config, path.split(".")[1], v)
+                made.config = config
+            elif path.startswith("cfg."):
+                cfg = types.SimpleNamespace(n_layers=v)
+                made.cfg = cfg
+            else:
+                setattr(made, path, v)
+        ok = [v for v in values.values() if type(v) is int and v > 0]
+        assert _layer_attr(made) == (ok[0] if ok else None), values
+
+
+@pytest.mark.parametrize(
+    ("raised", "said"),
+    [
+        (
+            ValueError("shapes (2, 3) and (4,)\nin dot_general"),
+            "ValueError: shapes (2, 3) and (4,)",
+        ),
+        (KeyError("params"), "KeyError: 'params'"),
+        (RuntimeError("\n  first line\nsecond"), "RuntimeError: first line"),
+        (TypeError(""), "TypeError: "),
+    ],
+)
+def test_a_model_s_own_error_is_one_line_and_ours_pass_as_they_are(raised, said):
+    from remat_kit.sources._factory import model_errors
+
+    with pytest.raises(BadValue) as err, model_errors("m.py:f (b2 s16)"):
+        raise raised
+    assert str(err.value) == f"m.py:f (b2 s16): {said}" and err.value.__cause__ is raised
+    ours = BadType("ours")  # remat_kit's own: not the model's
+    with pytest.raises(BadType) as err, model_errors("m.py:f"):
+        raise ours
+    assert err.value is ours
+
+
+def test_a_factory_that_names_a_target_gets_the_one_compiled_for_else_its_default_or_the_host():
+    from remat_kit.sources._factory import target_kwargs
+
+    h100 = rk.target("h100")
+    given = lambda policy, target: None
+    default = lambda policy, target=None: None
+    src = lambda f, takes: types.SimpleNamespace(factory=f, takes_target=takes)
+    assert target_kwargs(src(given, True), h100) == {"target": h100}
+    assert target_kwargs(src(default, True), None) == {}
+    assert target_kwargs(src(given, True), None) == {"target": rk.target("cpu")}
+    assert target_kwargs(src(given, False), h100) == {}
+
+
+_WRITER = """
+def write(how, key, value):
+    if how == "set":
+        os.environ[key] = value
+    elif how == "default":
+        os.environ.setdefault(key, value)
+    elif how == "update":
+        os.environ.update({key: value})
+    elif how == "del":
+        del os.environ[key]
+"""
+
+
+def _writer(module: str):
+    """A function that writes ``os.environ`` from code of module ``module``."""
+    space = {"__name__": module, "os": os}
+    exec(_WRITER, space)
+    return space["write"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_writes_at_import_are_recorded_last_value_first_before_and_who(monkeypatch, seed):
+    import random
+
+    from remat_kit.sources._environ import WATCHED, recording_environ
+
+    rng = random.Random(seed)
+    names = [*WATCHED, "RK_TEST_UNWATCHED"]
+    who = {"easydel.core.init": "easydel", "_remat_kit_factory_9": "f.py", "__main__": "f.py"}
+    who["maxtext"] = "maxtext"
+    for _ in range(15):
+        start = {}
+        for name in names:
+            monkeypatch.setenv(name, "")  # restored at teardown, whatever the import did
+            if rng.random() < 0.5:
+                start[name] = rng.choice(["--a=1 --b", "0.5", "x"])
+                monkeypatch.setenv(name, start[name])
+            else:
+                monkeypatch.delenv(name)
+        env = dict(start)  # the oracle: the environment, and what each write left recorded
+        found: dict[str, tuple[str, str, str]] = {}
+        with recording_environ("f.py") as out:
+            for _ in range(rng.randrange(0, 8)):
+                how = rng.choice(["set", "default", "update", "del"])
+                key = rng.choice(names[-4:]) if rng.random() < 0.7 else rng.choice(names)
+                module = rng.choice(sorted(who))
+                value = rng.choice(["1.0", "--a=1 --c=2", "platform", ""])
+                if how == "del" and key not in env:
+                    continue
+                _writer(module)(how, key, value)
+                if how == "del":
+                    del env[key]
+                    found.pop(key, None)
+                    continue
+                if how == "default" and key in env:
+                    continue
+                if key in WATCHED:
+                    before = found[key][2] if key in found else env.get(key, "")
+                    found[key] = (value, who[module], before)
+                env[key] = value
+            assert out == []  # filled on exit
+        assert [(e.name, e.value, e.by, e.before) for e in out] == [
+            (n, *found[n]) for n in WATCHED if n in found
+        ]
+        assert type(os.environ).__name__ == "_Environ"
+        assert {n: os.environ[n] for n in names if n in os.environ} == env
+
+
+# --- what a model takes beside the tokens, and what it must return ---------------------------
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_random_signatures_get_the_inputs_their_names_ask_for(seed):
+    import inspect
+    import random
+
+    import numpy as np
+
+    from remat_kit.sources import _adapters
+
+    rng = random.Random(seed)
+    known = {
+        "positions": "positions",
+        "position_ids": "positions",
+        "decoder_positions": "positions",
+        "segment_pos": "positions",
+        "segment_ids": "segments",
+        "inputs_segmentation": "segments",
+        "cache": "none",
+        "past_key_values": "none",
+        "attention_mask": "causal",
+        "mask": "causal",
+        "input_mask": "padding",
+        "padding_mask": "padding",
+    }
+    kinds = [inspect.Parameter.POSITIONAL_OR_KEYWORD] * 3 + [inspect.Parameter.KEYWORD_ONLY]
+    tokens = jnp.zeros((2, 5), jnp.int32)
+    b, s = tokens.shape
+    want_of = {
+        "positions": np.broadcast_to(np.arange(s, dtype=np.int32), (b, s)),
+        "segments": np.ones((b, s), np.int32),
+        "causal": np.broadcast_to(np.tril(np.ones((s, s), bool)), (b, s, s)),
+        "padding": np.ones((b, s), bool),
+    }
+    for _ in range(60):
+        names = rng.sample([*known, "rope", "deterministic", "train"], rng.randrange(0, 5))
+        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in "st"]
+        for n in names:
+            kind = rng.choice(kinds)
+            default = inspect.Parameter.empty if rng.random() < 0.6 else None
+            if kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and any(
+                p.default is not p.empty for p in params
+            ):
+                kind = inspect.Parameter.KEYWORD_ONLY  # no required one after a default
+            params.append(inspect.Parameter(n, kind, default=default))
+        params.sort(key=lambda p: p.kind)
+        var_kw = rng.random() < 0.2
+        if var_kw:
+            params.append(inspect.Parameter("kw", inspect.Parameter.VAR_KEYWORD))
+
+        def call(*args, **kwargs):
+            return None
+
+        call.__signature__ = inspect.Signature(params)
+        required = [p.name for p in params[2:] if p.default is p.empty and p.kind in kinds]
+        hf = var_kw or {"attention_mask", "position_ids"} <= set(names)
+        if hf:
+            required = [n for n in required if n not in ("attention_mask", "position_ids")]
+        unknown = [n for n in required if n not in known]
+        if unknown:
+            with pytest.raises(BadValue, match=f"m.py:f requires {', '.join(unknown)} beside"):
+                _adapters.auto_inputs(call, "m.py:f")
+            continue
+        got = _adapters.auto_inputs(call, "m.py:f")
+        if not required:
+            assert got is (_adapters.hf_inputs if hf else None)
+            continue
+        made = got(tokens)
+        want = {n: want_of.get(known[n]) for n in required}
+        if hf:
+            want = {
+                "attention_mask": np.ones((b, s), np.int32),
+                "position_ids": want_of["positions"],
+                **want,
+            }
+        assert made.keys() == want.keys()
+        for n, v in want.items():
+            if v is None:
+                assert made[n] is None
+            else:
+                assert made[n].dtype == v.dtype and np.array_equal(made[n], v), n
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(2, 16, 256), (2, 16), (2, 256), (16, 2, 256), (2, 16, 4, 8), (), (2, 15, 256), (1, 16, 256)],
+)
+def test_logits_are_batch_by_seq_by_vocab_or_refused_naming_both_shapes(shape):
+    from remat_kit.errors import BadOutput
+    from remat_kit.sources._adapters import Applied, check_logits
+
+    tokens = jnp.zeros((2, 16), jnp.int32)
+    logits = jnp.zeros(shape)
+    ok = len(shape) == 3 and shape[:2] == (2, 16)
+    module = types.SimpleNamespace(init=lambda *a, **k: "v", apply=lambda *a, **k: logits)
+    applied = Applied(module, contextlib.nullcontext, "m.py:f")
+    if ok:
+        check_logits("m.py:f", logits, tokens)
+        assert applied.apply("v", tokens) is logits
+        return
+    got = f"[{', '.join(map(str, shape))}]"
+    with pytest.raises(BadOutput, match=re.escape(f"m.py:f returned logits of shape {got} for")):
+        check_logits("m.py:f", logits, tokens)
+    with pytest.raises(BadOutput, match=re.escape("tokens of shape [2, 16]")):
+        applied.apply("v", tokens)
+    # Not the forward pass: another method, or no tokens.
+    assert applied.apply("v", tokens, method="encode") is logits
+    assert applied.apply("v") is logits and applied.init("k", tokens) == "v"

@@ -9,6 +9,8 @@ import pytest
 
 import remat_kit as rk
 from helpers import memory_report
+from remat_kit.flops import FlopCount
+from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.sources import _steps as steps
 from remat_kit.sources._source import ModelSource
 
@@ -61,3 +63,154 @@ def test_a_workload_keeps_whether_its_sources_trainer_always_remats(always):
         src = _TrainerRemats(**{f.name: getattr(src, f.name) for f in dataclasses.fields(src)})
     assert src.remat_always is always
     assert rk.sources.workload(src, "h100", CONFIG).remat_always is always
+
+
+class _Plan:
+    """A mesh plan that splits the batch ``data_size`` ways."""
+
+    def __init__(self, ways):
+        self.data_size = ways
+
+
+class _Door(rk.sources.StepSource):
+    """A source made by hand for the door: each answer it gives is named after its input."""
+
+    spec = "door"
+    remat_always = True
+
+    def __init__(self, ways=1, kinds=frozenset({"none", "layers"})):
+        self.ways, self.kinds, self.checked = ways, kinds, []
+
+    @property
+    def schedule_kinds(self):
+        return self.kinds
+
+    def n_layers(self):
+        return 6
+
+    def check(self, config, target):
+        self.checked.append((config, target.name))
+
+    def mesh_plan(self, target):
+        return _Plan(self.ways) if self.ways > 1 else None
+
+    def label(self, config, target):
+        return f"door s{config.seq}"
+
+    def sequences_per_step(self, config, target):
+        return 3 * config.batch  # its own accumulation trains three times the batch
+
+
+@pytest.mark.parametrize(
+    ("depth", "probes", "ways", "accum", "strict", "label"),
+    [
+        ("auto", "estimate", 1, 1, False, None),
+        ("full", "full", 2, 1, True, "mine"),
+        ("check", "check", 1, 4, False, None),
+        ("estimate", "estimate", 4, 2, True, None),
+    ],
+)
+def test_the_door_hands_each_callback_the_source_target_and_config_at_its_batch(
+    monkeypatch, depth, probes, ways, accum, strict, label
+):
+    calls = []
+
+    def record(name):
+        def fn(*args, **kw):
+            calls.append((name, args, kw))
+            if name == "measure":
+                return memory_report(policy=args[1].spec)
+            return FlopCount(1.0, 1.0, 0.0, 0.0) if name == "step_flop_count" else (name, args)
+
+        return fn
+
+    for name in ("measure", "step_flop_count", "residuals", "breakdown"):
+        monkeypatch.setattr(steps, name, record(name))
+    judged = []
+
+    def verify_search(report, compile_full, limit):
+        judged.append((report, limit))
+        return compile_full()
+
+    monkeypatch.setattr(steps, "verify_search", verify_search)
+    src, t = _Door(ways), rk.target("h100")
+    config = rk.TrainConfig(batch=4, seq=16, accum=accum)
+    w = rk.sources.workload(src, t, config, strict=strict, label=label, depth=depth)
+    at = lambda b, seq=16: dataclasses.replace(config, batch=b, seq=seq)
+    assert src.checked == [(config, t.name)]
+    assert (w.seq, w.batch, w.n_layers, w.batch_multiple) == (16, 4, 6, accum * ways)
+    assert (w.label, w.remat_always, w.schedule_kinds) == (label or "door s16", True, src.kinds)
+    assert w.tokens(8) == 3 * 8 * 16
+
+    full, none = rk.policies.as_policy("full"), rk.policies.as_policy("none")
+    probe = w.report(full, batch=8)
+    assert calls[-1] == (
+        "measure",
+        (src, full, t, at(8)),
+        {"schedule": NO_SCHEDULE, "strict": strict, "warn": False, "depth": probes},
+    )
+    w.traced_count(none, NO_SCHEDULE, 8)
+    assert calls[-1] == ("step_flop_count", (src, none, t, at(8), NO_SCHEDULE), {})
+    # One device's share of the batch, never below the smallest batch the source takes.
+    for batch in (8, 1):
+        w.residuals(full, batch=batch)
+        share = max(accum, batch // ways)
+        assert calls[-1] == ("residuals", (src, full, t, at(share), NO_SCHEDULE), {})
+    w.breakdown_fn(8)
+    assert calls[-1] == ("breakdown", (src, at(8), t), {})
+    # A final answer is the step compiled whole, asked of the same source.
+    got = w.verified(full, NO_SCHEDULE, 8, limit=123)
+    assert judged == [(probe, 123)]
+    assert calls[-1] == (
+        "measure",
+        (src, full, t, at(8)),
+        {"schedule": NO_SCHEDULE, "strict": strict, "warn": False, "depth": "full"},
+    )
+    assert got.policy == "full"
+    # Another sequence: the same source, target and options.
+    longer = w.at(seq=32)
+    assert (longer.seq, longer.label, longer.batch) == (32, label or "door s32", 4)
+    longer.report(full, batch=4)
+    assert calls[-1] == (
+        "measure",
+        (src, full, t, at(4, 32)),
+        {"schedule": NO_SCHEDULE, "strict": strict, "warn": False, "depth": probes},
+    )
+
+
+def test_a_source_without_per_layer_plans_is_searched_as_one_layer():
+    w = rk.sources.workload(_Door(kinds=frozenset({"none"})), "h100", CONFIG)
+    assert w.n_layers == 1 and w.schedule_kinds == frozenset({"none"})
+
+
+@pytest.mark.parametrize(("label", "want"), [(None, "by hand"), ("mine", "mine")])
+def test_a_measured_step_takes_the_config_s_batch_sequence_and_accumulation(label, want):
+    m = rk.sources.Measured(
+        lambda *a: None,
+        lambda *a: 1.0,
+        residuals_fn=lambda *a: "r",
+        breakdown_fn=lambda b: {},
+        verify_fn=lambda *a: None,
+        n_layers=5,
+        schedule_kinds=frozenset({"none"}),
+        label="by hand",
+    )
+    w = rk.sources.workload(m, "a100", rk.TrainConfig(batch=6, seq=24, accum=3), label=label)
+    assert (w.target.name, w.seq, w.batch, w.batch_multiple, w.n_layers) == (
+        rk.target("a100").name,
+        24,
+        6,
+        3,
+        5,
+    )
+    assert (w.label, w.schedule_kinds, w.resize, w.remat_always) == (
+        want,
+        frozenset({"none"}),
+        None,
+        False,
+    )
+    assert (w.residuals_fn, w.breakdown_fn, w.verify_fn) == (
+        m.residuals_fn,
+        m.breakdown_fn,
+        m.verify_fn,
+    )
