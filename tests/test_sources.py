@@ -1915,3 +1915,207 @@ def test_logits_are_batch_by_seq_by_vocab_or_refused_naming_both_shapes(shape):
     # Not the forward pass: another method, or no tokens.
     assert applied.apply("v", tokens, method="encode") is logits
     assert applied.apply("v") is logits and applied.init("k", tokens) == "v"
+
+
+# --- which policies can act on a model: the copies' tags stand in for the model's ------------
+
+
+class _Tagged:
+    """A source whose tags are given by hand (the traces stand-in below reads them)."""
+
+    spec = "tagged.py:m"
+
+    def __init__(self, tags):
+        self.tags = tags
+
+    def smallest_batch(self, config, t):
+        return 3
+
+
+def _strict_fails(pol, tags) -> bool:
+    try:
+        checks.check_policy_matches(pol, tags, strict=True)
+    except BadValue:
+        return True
+    return False
+
+
+@pytest.mark.filterwarnings("ignore:save.*not in remat_kit's tag vocabulary")
+@pytest.mark.parametrize("seed", range(3))
+def test_random_policies_are_checked_as_on_the_whole_model_and_copies_only_save_traces(
+    monkeypatch, seed
+):
+    import random
+
+    from remat_kit.policies import as_policy
+    from remat_kit.sources import _tag_checks
+
+    rng = random.Random(seed)
+    ours = ["mlpwo", "query_proj", "context", "mlpwi_0"]
+    own = ["mlp_gate", "mlp_up", "mlp_gat"]
+    traced = []
+
+    def fake_tags(source, config, t, remat3):
+        traced.append((source, config.batch))
+        return tuple(sorted(source.tags))
+
+    monkeypatch.setattr(_tag_checks, "_tags", fake_tags)
+    config, h100 = rk.TrainConfig(batch=6, seq=8, accum=3), rk.target("h100")
+    for _ in range(40):
+        whole = _Tagged(set(rng.sample(ours + own[:2], rng.randrange(0, 6))))
+        copy = _Tagged(set(rng.sample(sorted(whole.tags), rng.randrange(0, len(whole.tags) + 1))))
+        copies = None if rng.random() < 0.3 else [_Tagged(set()), copy]
+        monkeypatch.setattr(_tag_checks, "shallow_copies", lambda s, sch, t, c=copies: c)
+        specs = [
+            rng.choice(["full", "none"])
+            if rng.random() < 0.3
+            else "names:save=" + "+".join(rng.sample(ours + own, rng.randrange(1, 3)))
+            for _ in range(rng.randrange(1, 4))
+        ]
+        pols = [as_policy(s) for s in specs]
+        named = any(p.tags for p in pols)
+        fails = [p for p in pols if _strict_fails(p, whole.tags)]
+        traced.clear()
+        if fails and named:
+            with pytest.raises(BadValue):
+                _tag_checks.check_policies(whole, config, h100, specs)
+        else:
+            _tag_checks.check_policies(whole, config, h100, specs)
+        # Traced at the smallest batch; the whole model only where a copy could not answer.
+        assert all(batch == 3 for _, batch in traced)
+        spared = not named or (
+            copies is not None and not any(_strict_fails(p, copy.tags) for p in pols)
+        )
+        assert (whole in [s for s, _ in traced]) is (not spared)
+        # Those that can act on it: named ones that keep some tag of the whole model.
+        unmatched = [p.spec for p in pols if checks.unmatched_policy(p, whole.tags)]
+        kept, skipped = _tag_checks.usable_policies(whole, config, h100, specs, given=False)
+        assert ([p.spec for p in kept], skipped) == (
+            [p.spec for p in pols if p.spec not in unmatched] if named else specs,
+            unmatched if named else [],
+        )
+        # Named by the user: skipped only beside others that act, and never a typo.
+        if not named or not fails:
+            want = (specs, [])
+        elif not unmatched or len(unmatched) == len(pols):
+            want = None
+        else:
+            rest = [p for p in pols if p.spec not in unmatched]
+            want = (
+                None
+                if any(_strict_fails(p, whole.tags) for p in rest)
+                else (
+                    [p.spec for p in rest],
+                    unmatched,
+                )
+            )
+        if want is None:
+            with pytest.raises(BadValue):
+                _tag_checks.usable_policies(whole, config, h100, specs, given=True)
+        else:
+            kept, skipped = _tag_checks.usable_policies(whole, config, h100, specs, given=True)
+            assert ([p.spec for p in kept], skipped) == want
+
+
+def test_a_copy_at_a_depth_names_it_builds_it_and_keeps_nothing_of_the_model_s_traces():
+    def factory(policy, layers=4):
+        return nn.Dense(layers)
+
+    src = sources.from_factory(factory)
+    src._cache["n_layers"] = 4  # what a trace of the whole model left
+    copy = src.at_depth(3)
+    assert copy.spec == "factory [3 layers]" and copy.factory.keywords == {"layers": 3}
+    assert copy._cache == {} and src._cache == {"n_layers": 4}
+    assert src.at_depth(2, label=False).spec == "factory"
+    assert sources.from_factory(lambda policy: nn.Dense(4)).at_depth(2) is None
+
+
+@pytest.mark.parametrize(
+    ("shard", "devices", "label"),
+    [(None, 1, "f s16 sgd"), ("fsdp:2", 2, "f s16 sgd fsdp:2"), ("dp:2,fsdp:2", 4, None)],
+)
+def test_a_factory_s_label_and_mesh_are_its_shard_on_the_target_s_devices(shard, devices, label):
+    def f(policy):
+        return nn.Dense(4)
+
+    src = sources.from_factory(f, shard=shard)
+    t = rk.target("h100", devices=devices)
+    plan = src.mesh_plan(t)
+    assert (plan is None) is (shard is None)
+    if plan is not None:
+        assert plan.data_size == devices and src.batch_ways(t) == devices
+    want = label or f"f s16 sgd {plan.spec}"
+    assert src.label(rk.TrainConfig(2, 16, optimizer="sgd"), t) == want
+
+
+@pytest.mark.parametrize("kind", ["report", "flop_count", "tags"])
+def test_an_answer_is_remembered_under_the_source_s_parts_config_code_and_request(
+    monkeypatch, kind
+):
+    from remat_kit import cache
+    from remat_kit.sources._remember import _remembered
+
+    asked = []
+
+    def remember(kind_, key, t, compute, *, encode, decode):
+        asked.append((kind_, key, t))
+        return decode(encode(compute()))
+
+    monkeypatch.setattr(cache, "remember", remember)
+    config = rk.TrainConfig(batch=2, seq=16)
+    made = memory_report(compile_seconds=7.5) if kind == "report" else {"total": 3.0}
+
+    class Named:
+        def cache_parts(self):
+            return {"model": "m", "config": "shadowed"}
+
+        def train_config(self, c):
+            return dataclasses.replace(c, optimizer="sgd")  # as the source trains it
+
+    h100 = rk.target("h100")
+    got = _remembered(kind, Named(), h100, config, lambda: made, policy="full", seq=16)
+    ((k, key, t),) = asked
+    assert (k, t) == (kind, h100)
+    assert key == {
+        "model": "m",
+        "config": dataclasses.asdict(dataclasses.replace(config, optimizer="sgd")),
+        "code_remat_kit": cache.code_fingerprint("remat_kit"),
+        "policy": "full",
+        "seq": 16,
+    }
+    if kind == "report":  # read back, a report says it took no compile
+        assert got == made.replace(compile_seconds=0.0)
+    else:
+        assert got == made
+    # A source that names no parts: computed each time, nothing remembered.
+    unnamed = types.SimpleNamespace(cache_parts=lambda: None)
+    assert _remembered(kind, unnamed, h100, config, lambda: made) is made and len(asked) == 1
+
+
+@pytest.mark.parametrize(
+    ("jobs", "executor", "side_by_side"),
+    [(1, None, False), (2, None, True), (1, "pool", True), (3, "pool", True)],
+)
+def test_a_spread_compiles_beside_this_process_with_workers_or_an_executor(
+    jobs, executor, side_by_side
+):
+    from remat_kit.sources._spread import SLOW_SECONDS, Spread, compile_in_worker
+
+    s = Spread(lambda: None, jobs=jobs, executor=executor)
+    assert s.side_by_side is side_by_side and s.slow_seconds == SLOW_SECONDS == 8.0
+    for bad in (0, -1, True, 2.0, "2"):
+        with pytest.raises(
+            BadType, match=rf"jobs must be a positive int, got {re.escape(repr(bad))}"
+        ):
+            Spread(lambda: None, jobs=bad)
+    with pytest.raises(BadType, match="workload_for must be callable, got 3"):
+        Spread(3)
+    # A worker builds the workload and compiles the item: whole, or as the search asked.
+    asked = []
+    fake = types.SimpleNamespace(
+        whole=lambda p, s, b: asked.append(("whole", p.spec, s.spec, b)) or "W",
+        compiled=lambda p, s, b: asked.append(("compiled", p.spec, s.spec, b)) or "C",
+    )
+    assert compile_in_worker(lambda: fake, True, ("full", "every:2", 4)) == "W"
+    assert compile_in_worker(lambda: fake, False, ("none", "none", 2)) == "C"
+    assert asked == [("whole", "full", "every:2", 4), ("compiled", "none", "none", 2)]

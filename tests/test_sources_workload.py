@@ -232,7 +232,8 @@ def test_the_overhead_of_a_report_is_its_recompute_and_the_transfer_compute_cann
         temp = rng.choice([0, rng.randrange(1, 10**10)])
         counted = rng.choice([float("nan"), float("inf"), base * batch * rng.uniform(1, 2)])
         report = memory_report(policy="full", flops=counted, host_bytes=host, host_temp_bytes=temp)
-        hide = rng.uniform(0.0, 1.5)
+        given = rng.choice([None, rng.uniform(0.0, 1.5)])
+        hide = 0.5 if given is None else given  # half the step hides transfers by default
         flops = counted if math.isfinite(counted) else base * ratio * batch
         moved = temp or host
         compute = base * batch / peak if peak else None
@@ -244,7 +245,10 @@ def test_the_overhead_of_a_report_is_its_recompute_and_the_transfer_compute_cann
                 else max(0.0, 2 * moved / bw - hide * compute) / compute
             )
         want = flops / (base * batch) - 1 + exposed
-        got = w.overhead_of(report, batch, hide, objective="flops")
+        if given is None:
+            got = w.overhead_of(report, batch, objective="flops")
+        else:
+            got = w.overhead_of(report, batch, given, objective="flops")
         assert got == pytest.approx(want, rel=1e-9, abs=1e-12)
         assert w.transfer_seconds(moved) == (
             0.0 if not moved else (None if not bw else pytest.approx(2 * moved / bw))

@@ -214,3 +214,181 @@ def test_a_measured_step_takes_the_config_s_batch_sequence_and_accumulation(labe
         m.breakdown_fn,
         m.verify_fn,
     )
+
+
+class _PlanOf:
+    """A mesh plan over ``data`` devices (what the labels of a sharded step read)."""
+
+    def __init__(self, data):
+        self.data_size, self.spec = data, f"fsdp:{data}"
+
+
+class _Built(rk.sources.StepSource):
+    """A source whose steps are made by hand: nothing is traced or compiled."""
+
+    spec = "built.py:m"
+
+    def __init__(self, plan=None, loss_given=True, times=1):
+        self.plan, self.loss_given, self.times = plan, loss_given, times
+        self.calls = []
+
+    @property
+    def schedule_kinds(self):
+        return frozenset({"none", "every"})
+
+    def check(self, config, target):
+        self.calls.append("check")
+
+    def build_step(self, policy, schedule, config, target, *, sharded=True):
+        import types
+
+        self.calls.append(("build", policy.spec, schedule.spec, config.batch, sharded))
+        step = types.SimpleNamespace(
+            fn=len,
+            args=("a", "b"),
+            donate_argnums=(1,),
+            in_shardings=("in",) if self.plan else None,
+            out_shardings=("out",) if self.plan else None,
+            precision={"params": "float32"},
+            plan=self.plan,
+            loss_given=self.loss_given,
+        )
+        return steps.SourceStep(step, policy, schedule, "xla", {"layers": 8, "params": 12})
+
+    def check_step(self, built, what):
+        self.calls.append(("check_step", what))
+
+    def mesh_plan(self, target):
+        return self.plan
+
+    def sequences_per_step(self, config, target):
+        return self.times * config.batch
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_measure_runs_the_steps_the_contract_names_for_random_requests(monkeypatch, seed):
+    import random
+
+    rng = random.Random(seed)
+    done = []
+
+    def note(name, result=None):
+        def fn(*args, **kw):
+            done.append((name, args, kw))
+            return result(*args, **kw) if result else args[0]
+
+        return fn
+
+    def compiled(fn, *args, **kw):
+        done.append(("compile", args, kw))
+        return memory_report(host_bytes=host, policy=kw["policy"].spec, meta=kw["meta"])
+
+    monkeypatch.setattr(steps, "memory_report", compiled)
+    monkeypatch.setattr(steps, "add_breakdown", note("breakdown"))
+    monkeypatch.setattr(steps, "add_measured_breakdown", note("measured_breakdown"))
+    monkeypatch.setattr(steps, "_with_offload_estimate", note("offload_estimate"))
+    monkeypatch.setattr(steps, "check_policies", note("check_policies"))
+    monkeypatch.setattr(steps, "_expert_notes", note("expert_notes", lambda *a: ()))
+    monkeypatch.setattr(
+        steps, "residuals", note("residuals", lambda *a: types.SimpleNamespace(marked_bytes=5))
+    )
+    monkeypatch.setattr(steps.checks, "offload_shortfall", note("shortfall", lambda *a: None))
+    monkeypatch.setattr(steps, "_remembered", note("remembered", lambda *a, **k: a[4]()))
+    import types
+
+    for _ in range(25):
+        depth = rng.choice(["auto", "full", "check", "estimate"])
+        measured = rng.random() < 0.3
+        plan = _PlanOf(2) if rng.random() < 0.3 else None
+        if measured:
+            plan = None  # a measured breakdown of a sharded step is refused (below)
+        devices = 2 if plan else rng.choice([1, 2])
+        policy = rng.choice(["full", "none", "dots_no_batch", "offload_dots_no_batch"])
+        baseline = rng.choice([None, 0.0, 2.0])
+        host = rng.choice([0, 64])
+        meta = rng.choice([None, {"run": 1}])
+        loss_given = rng.random() < 0.8
+        src = _Built(plan, loss_given, times=rng.choice([1, 3]))
+        t = rk.target("h100", devices=devices)
+        config = rk.TrainConfig(batch=4, seq=16, accum=rng.choice([1, 2]))
+        # The copies answer (a report), or say compile whole (None) with a reason.
+        copies = memory_report(policy=policy, meta={}) if rng.random() < 0.5 else None
+        record = {"mode": "extrapolated"} if copies is not None else rng.choice([{}, {"x": 1}])
+        monkeypatch.setattr(
+            steps, "by_depth", note("by_depth", lambda *a, c=copies, r=record: (c, dict(r)))
+        )
+        monkeypatch.setattr(steps, "verify", note("verify"))
+        done.clear()
+        strict = rng.random() < 0.3
+        got = steps.measure(
+            src,
+            policy,
+            t,
+            config,
+            baseline=baseline,
+            measured_breakdown=measured,
+            meta=meta,
+            depth=depth,
+            strict=strict,
+            warn=False,
+        )
+        names = [d[0] for d in done]
+        pol = rk.policies.as_policy(policy)
+        # Remembered on disk unless labelled by the caller.
+        assert ("remembered" in names) is (not meta)
+        assert ("check_policies" in names) is strict and src.calls[0] == "check"
+        read = depth != "full" and not measured
+        assert ("by_depth" in names) is read
+        from_copies = read and copies is not None
+        assert ("verify" in names) is (from_copies and depth != "estimate")
+        if from_copies and depth != "estimate":
+            (_, _, kw) = done[names.index("verify")]
+            assert kw == {"always": depth == "check"}
+        compiles = [d for d in done if d[0] == "compile"]
+        assert len(compiles) == (0 if from_copies else 1)
+        if compiles:
+            (_, args, kw) = compiles[0]
+            labels = kw["meta"]
+            want = {
+                "model": "built.py:m",
+                "batch": src.times * 4,
+                "seq": 16,
+                "optimizer": config.optimizer,
+                "accum": config.accum,
+                "precision": {"params": "float32"},
+                "tokens_per_step": src.times * 4 * 16,
+                "layers": 8,
+                "params": 12,
+            }
+            if plan:
+                want.update(mesh="fsdp:2", devices=2, hosts=t.hosts, batch_per_device=2)
+            assert {k: labels[k] for k in want} == want
+            assert set(labels) - set(want) <= {"remat_impl", "run"}
+            assert labels.get("run") == (meta or {}).get("run")
+            assert args == ("a", "b") and kw["donate_argnums"] == (1,) and kw["schedule"] == "none"
+            assert kw["in_shardings"] == (("in",) if plan else None)
+            assert kw["out_shardings"] == (("out",) if plan else None)
+            assert kw["attention"] == "xla" and kw["target"] is t and kw["warn"] is False
+            assert kw["dump_to"] is None
+        # What the copies decided is said, whether or not they answered.
+        decided = record if read else {}
+        assert got.meta["depth"] == decided if decided else "depth" not in got.meta
+        assert ("measured_breakdown" in names) is measured
+        assert ("breakdown" in names) is (not measured)
+        assert (got.meta.get("recompute_overhead") is not None) is bool(baseline)
+        if baseline:
+            assert got.meta["recompute_overhead"] == got.flops / baseline - 1
+        offloads = pol.offloads
+        assert ("offload_estimate" in names) is bool(offloads and got.host_bytes)
+        one_device = plan is None and devices == 1 and loss_given
+        assert ("residuals" in names) is bool(offloads and one_device)
+        # A policy that keeps (or offloads) products: the experts' notes are asked for.
+        assert ("expert_notes" in names) is ("dots" in policy)
+    with pytest.raises(rk.errors.BadValue, match="a measured breakdown reads one unsharded"):
+        steps.measure(
+            _Built(_PlanOf(2)),
+            "full",
+            rk.target("h100", devices=2),
+            CONFIG,
+            measured_breakdown=True,
+        )
