@@ -2119,3 +2119,48 @@ def test_a_spread_compiles_beside_this_process_with_workers_or_an_executor(
     assert compile_in_worker(lambda: fake, True, ("full", "every:2", 4)) == "W"
     assert compile_in_worker(lambda: fake, False, ("none", "none", 2)) == "C"
     assert asked == [("whole", "full", "every:2", 4), ("compiled", "none", "none", 2)]
+
+
+def test_a_patched_model_is_built_as_a_class_of_its_own_and_a_plain_one_as_it_was_made():
+    # nn.jit caches a model's trace under its class and fields: with a patched block, each
+    # build is a fresh subclass, so a policy never replays another's trace. Built, not traced.
+    made = []
+
+    def factory(policy):
+        made.append(nn.Dense(4))
+        return made[-1]
+
+    out = lambda o: o
+    plain = sources.from_factory(factory, output=out, tags=None)  # tags=None: no trace
+    assert plain.output is out and plain.inputs == "auto"
+    built = plain.build("full").module.module
+    assert built is made[-1] and type(built) is nn.Dense
+    patched = sources.from_factory(factory, block="flax.linen:Dense", tags=None)
+    one, two = (patched.build(p).module.module for p in ("full", "minimal"))
+    assert isinstance(one, nn.Dense) and type(one) is not nn.Dense
+    assert type(one) is not type(two) and one.features == two.features == 4
+
+
+@pytest.mark.parametrize(
+    ("tags", "own", "rules", "aliases"),
+    [
+        (None, (), None, {}),  # the model's own tags alone
+        ("auto", (), "auto", {}),  # a model with no tags of its own gets ours
+        ("auto", ("mlp_gate", "attn_qkv"), None, "own"),  # its own names, with ours beside
+        ("hf", (), "hf", "hf"),
+        ("easydel", (), None, "easydel"),  # only a library's own names: nothing to tag
+        ("easydel+maxtext", (), None, "easydel+maxtext"),
+        ("hf+easydel", (), "hf+easydel", "hf+easydel"),
+    ],
+)
+def test_a_factory_s_tags_are_rules_and_aliases_as_its_tags_option_says(tags, own, rules, aliases):
+    from remat_kit import tagging
+
+    src = sources.from_factory(lambda policy: nn.Dense(4), tags=tags)
+    src._cache["own_tags"] = own  # what a trace of the model found (none here)
+    got_rules, got_aliases = src._tagging()
+    assert got_rules == (None if rules is None else tagging.rules(rules))
+    if aliases == "own":
+        assert got_aliases == tagging.aliases_for(own) and got_aliases
+    else:
+        assert got_aliases == ({} if not aliases else tagging.aliases(aliases))

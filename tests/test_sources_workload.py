@@ -219,11 +219,14 @@ def test_the_overhead_of_a_report_is_its_recompute_and_the_transfer_compute_cann
         batch = rng.randrange(1, 5)
         base = rng.uniform(1e9, 1e13)  # the step's FLOPs without remat
         ratio = rng.uniform(1.0, 1.6)
-        traced = {"none": base, "full": base * ratio}
+        # FLOPs by (policy, schedule): every:2 recomputes less than full on every layer.
+        traced = {("none", "none"): base, ("full", "none"): base * ratio}
+        traced[("full", "every:2")] = base * (1 + (ratio - 1) / 2)
+        traced[("none", "every:2")] = base
         w = rk.sources.workload(
             Measured(
                 lambda p, s, b: memory_report(policy=p.spec),
-                functools.partial(lambda traced, p, s, b: traced[p.spec] * b, traced),
+                functools.partial(lambda traced, p, s, b: traced[(p.spec, s.spec)] * b, traced),
             ),
             t,
             rk.TrainConfig(1, 8),
@@ -231,10 +234,14 @@ def test_the_overhead_of_a_report_is_its_recompute_and_the_transfer_compute_cann
         host = rng.choice([0, rng.randrange(1, 10**10)])
         temp = rng.choice([0, rng.randrange(1, 10**10)])
         counted = rng.choice([float("nan"), float("inf"), base * batch * rng.uniform(1, 2)])
-        report = memory_report(policy="full", flops=counted, host_bytes=host, host_temp_bytes=temp)
+        # A report that names no policy is of the step without remat.
+        policy, schedule = rng.choice(["full", None]), rng.choice(["none", "every:2"])
+        report = memory_report(
+            policy=policy, schedule=schedule, flops=counted, host_bytes=host, host_temp_bytes=temp
+        )
         given = rng.choice([None, rng.uniform(0.0, 1.5)])
         hide = 0.5 if given is None else given  # half the step hides transfers by default
-        flops = counted if math.isfinite(counted) else base * ratio * batch
+        flops = counted if math.isfinite(counted) else traced[(policy or "none", schedule)] * batch
         moved = temp or host
         compute = base * batch / peak if peak else None
         exposed = 0.0
