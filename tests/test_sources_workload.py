@@ -425,6 +425,9 @@ def test_at_gives_views_that_share_caches_and_builds_each_sequence_once(seed):
         r = got.report(full)
         assert r is base.report(full, batch=want_batch) and r.meta["seq"] == want_seq
         assert got.tokens(5) == 15 * want_seq
+        # A search's scratch space is the workload's: its views share it.
+        got.memo.setdefault("probes", []).append(want_batch)
+        assert base.memo["probes"][-1] == want_batch
         current = got
     assert sorted(built) == sorted(set(built)) and 16 not in built
     assert [x.seq for x in w.family] == sorted({16, *built})

@@ -4,6 +4,7 @@ hand: what ``measure``'s depth modes compile, and what a Workload keeps of its s
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import pytest
 
@@ -240,8 +241,6 @@ class _Built(rk.sources.StepSource):
         self.calls.append("check")
 
     def build_step(self, policy, schedule, config, target, *, sharded=True):
-        import types
-
         self.calls.append(("build", policy.spec, schedule.spec, config.batch, sharded))
         step = types.SimpleNamespace(
             fn=len,
@@ -294,8 +293,6 @@ def test_measure_runs_the_steps_the_contract_names_for_random_requests(monkeypat
     )
     monkeypatch.setattr(steps.checks, "offload_shortfall", note("shortfall", lambda *a: None))
     monkeypatch.setattr(steps, "_remembered", note("remembered", lambda *a, **k: a[4]()))
-    import types
-
     for _ in range(25):
         depth = rng.choice(["auto", "full", "check", "estimate"])
         measured = rng.random() < 0.3
@@ -392,3 +389,176 @@ def test_measure_runs_the_steps_the_contract_names_for_random_requests(monkeypat
             CONFIG,
             measured_breakdown=True,
         )
+
+
+def _counting(monkeypatch):
+    """``count_flops`` made by hand: a step's FLOPs are its first argument's (no trace)."""
+    counted = []
+
+    def count(fn, *args):
+        counted.append(args[0])
+        return FlopCount(float(args[0]), 2.0 * args[0], 1.0, 0.5)
+
+    monkeypatch.setattr(steps, "count_flops", count)
+    return counted
+
+
+class _Deep(_Built):
+    """A stack whose steps count ``100 + 10 * layers`` FLOPs, with copies at any depth."""
+
+    def __init__(self, layers=32, copies=True):
+        super().__init__()
+        self.layers, self.copies = layers, copies
+
+    def n_layers(self):
+        return self.layers
+
+    def build_step(self, policy, schedule, config, target, *, sharded=True):
+        built = super().build_step(policy, schedule, config, target, sharded=sharded)
+        step = dataclasses.replace(built, step=types.SimpleNamespace(**vars(built.step)))
+        step.step.fn, step.step.args = len, (100 + 10 * self.layers,)
+        return step
+
+
+@pytest.mark.parametrize("copies", [True, False])
+@pytest.mark.parametrize("policy", ["full", "custom"])
+def test_a_stack_s_flops_are_the_line_through_its_copies_and_remembered_unless_custom(
+    monkeypatch, copies, policy
+):
+    counted = _counting(monkeypatch)
+    remembered = []
+
+    def remember(kind, source, t, config, compute, **request):
+        remembered.append((kind, request))
+        return compute()
+
+    monkeypatch.setattr(steps, "_remembered", remember)
+    src = _Deep(32)
+    copied = [_Deep(2), _Deep(3)] if copies else None
+    monkeypatch.setattr(steps, "shallow_copies", lambda s, sch, t: copied)
+    pol = rk.policies.as_policy(lambda *a, **k: True) if policy == "custom" else policy
+    got = steps.step_flop_count(src, pol, "h100", CONFIG, "none")
+    # 100 + 10 d FLOPs at 2 and 3 layers: the line gives 420 at 32, as the whole model has.
+    assert got == FlopCount(420.0, 840.0, 1.0, 0.5)
+    assert counted == ([120, 130] if copies else [420])
+    built = [c for s in (copied or [src]) for c in s.calls if c[0] == "build"]
+    assert all(c[-1] is False for c in built)  # traced unsharded
+    if policy == "custom":
+        assert remembered == []  # a callable has no spec to remember it by
+    else:
+        assert remembered == [("flop_count", {"policy": "full", "schedule": "none"})]
+    assert steps.step_flops(src, pol, "h100", CONFIG) == 420.0
+
+
+@pytest.mark.parametrize(
+    ("counted", "link_bound", "estimate"),
+    [(150.0, True, True), (80.0, False, True), (150.0, True, False)],
+)
+def test_an_offload_is_priced_against_recomputing_what_it_moves(
+    monkeypatch, counted, link_bound, estimate
+):
+    from remat_kit.analysis import TransferEstimate
+
+    _counting(monkeypatch)
+    asked = []
+
+    def transfer_estimate(report, t, extra):
+        asked.append((report, t.name, extra))
+        return TransferEstimate(64, 2.0, 1.0, 1.5, link_bound) if estimate else None
+
+    monkeypatch.setattr(steps, "transfer_estimate", transfer_estimate)
+
+    class Offloaded(_Built):
+        def build_step(self, policy, schedule, config, target, *, sharded=True):
+            built = super().build_step(policy, schedule, config, target, sharded=sharded)
+            built.step.args = (counted,)
+            return built
+
+    src, t = Offloaded(), rk.target("h100")
+    report = memory_report(flops=100.0, host_bytes=64, policy="offload_dots_no_batch")
+    pol = rk.policies.as_policy("offload_dots_no_batch")
+    got = steps._with_offload_estimate(report, src, pol, NO_SCHEDULE, CONFIG, t)
+    # The same step with the offloaded tensors recomputed: traced unsharded, under ours.
+    ((_, spec, sch, _, sharded),) = [c for c in src.calls if c[0] == "build"]
+    assert spec == rk.policies.recompute_instead(pol).spec and spec != pol.spec
+    assert (sch, sharded) == ("none", False)
+    assert asked == [(report, t.name, max(counted - 100.0, 0.0))]
+    if not estimate:
+        assert got is report
+        return
+    assert got.meta["offload_estimate"] == TransferEstimate(64, 2.0, 1.0, 1.5, link_bound)._asdict()
+    kinds = [n.kind for n in got.notes]
+    assert kinds == (["offload_link_bound"] if link_bound else [])
+    if link_bound:
+        assert dict(got.notes[0].data) == {
+            "target": t.name,
+            "host_bytes": 64,
+            "transfer_seconds": 2.0,
+            "step_compute_seconds": 1.5,
+        }
+
+
+@pytest.mark.parametrize("loss_given", [True, False])
+def test_residuals_are_read_off_the_loss_of_one_unsharded_step(monkeypatch, loss_given):
+    asked = []
+    read = types.SimpleNamespace(tags=("mlp",))
+
+    def saved(fn, *args, policy):
+        asked.append((fn, args, policy.spec))
+        return read
+
+    monkeypatch.setattr(steps, "saved_residuals", saved)
+    monkeypatch.setattr(
+        steps.checks,
+        "check_policy_matches",
+        lambda pol, tags, where: asked.append(("matches", pol.spec, tags, where)),
+    )
+
+    class Loss(_Built):
+        def build_step(self, policy, schedule, config, target, *, sharded=True):
+            built = super().build_step(policy, schedule, config, target, sharded=sharded)
+            built.step.loss_fn, built.step.loss_args = abs, (-3,)
+            return built
+
+    src = Loss(loss_given=loss_given)
+    if not loss_given:
+        with pytest.raises(rk.errors.BadValue, match=r"built\.py:m gave its step without its loss"):
+            steps.residuals(src, "full", "h100", CONFIG)
+        return
+    assert steps.residuals(src, "full", "h100", CONFIG) is read
+    # The policy it was built with is checked against the tags the loss holds, named so.
+    assert asked == [(abs, (-3,), "full"), ("matches", "full", ("mlp",), "built.py:m")]
+    assert [c for c in src.calls if c[0] == "build"] == [("build", "full", "none", 2, False)]
+
+
+@pytest.mark.parametrize(
+    ("batch", "accum", "ways", "smallest", "traced"),
+    [(8, 2, 2, 1, 2), (8, 1, 8, 1, 1), (4, 1, 1, 3, 4), (4, 2, 4, 3, 3), (16, 4, 1, 1, 4)],
+)
+def test_the_experts_notes_trace_one_device_s_micro_batch_never_below_the_smallest(
+    monkeypatch, batch, accum, ways, smallest, traced
+):
+    found = []
+    # Notes made by hand: none for the ragged products, one for the experts'.
+    monkeypatch.setattr(steps.checks, "ragged_dots_recomputed", lambda j: found.append(j))
+    monkeypatch.setattr(steps.checks, "expert_dots_recomputed", lambda j: "expert note")
+
+    class Experts(_Built):
+        def smallest_batch(self, config, t):
+            assert config.accum == 1
+            return smallest
+
+        def build_step(self, policy, schedule, config, target, *, sharded=True):
+            built = super().build_step(policy, schedule, config, target, sharded=sharded)
+            built.step.loss_fn, built.step.loss_args = (lambda x: x * 2.0), (1.0,)
+            return built
+
+    src = Experts()
+    config = rk.TrainConfig(batch=batch, seq=16, accum=accum)
+    pol = rk.policies.as_policy("dots_no_batch")
+    got = steps._expert_notes(src, pol, NO_SCHEDULE, config, rk.target("h100"), ways, False)
+    # One micro-batch of one device's share, unsharded, its forward pass traced once.
+    assert [c for c in src.calls if c[0] == "build"] == [
+        ("build", "dots_no_batch", "none", traced, False)
+    ]
+    assert len(found) == 1 and got == ("expert note",)
