@@ -631,3 +631,44 @@ def test_random_returns_are_taken_or_refused_with_the_first_thing_wrong(seed):
             src.build_step(rk.policy("none"), NO_SCHEDULE, SMALL, rk.target("h100"))
         assert want in str(err.value), (out, want)
     assert 10 < refused < 80
+
+
+@pytest.mark.parametrize(
+    ("jit_donates", "given", "want"),
+    [
+        ((), (), ()),
+        ((0,), (), (0,)),
+        ((0, 2), (), (0, 2)),
+        ((1,), (1,), (1,)),  # given twice, alike: taken
+        pytest.param(
+            (),
+            (2,),
+            (2,),  # a jit that donates nothing: the step function's donation, as the error says
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="bug: _unjitted refuses donate_argnums beside a jit that donates nothing, "
+                "though its message says to give the donation 'in the jit, or as donate_argnums'",
+            ),
+        ),
+        ((0,), (1,), None),  # given twice, differently: refused
+    ],
+)
+def test_a_jitted_step_is_compiled_unjitted_with_the_jit_s_own_donation(jit_donates, given, want):
+    from remat_kit.schedules import NO_SCHEDULE
+
+    def step(params, opt, batch):
+        return params + 1.0, opt * 2.0, batch.sum()
+
+    args = (_S, _S, jax.ShapeDtypeStruct((2, 4), "float32"))
+    jitted = jax.jit(step, donate_argnums=jit_donates)
+    src = sources.from_step(_returning((jitted, args, given)))
+    if want is None:
+        with pytest.raises(BadValue, match=r"a jax\.jit that donates arguments \(0,\) and donate"):
+            src.build_step(rk.policy("none"), NO_SCHEDULE, SMALL, rk.target("h100"))
+        return
+    built = src.build_step(rk.policy("none"), NO_SCHEDULE, SMALL, rk.target("h100"))
+    assert built.step.fn is step and tuple(built.step.donate_argnums) == want
+    plain = sources.from_step(_returning((step, args, given)))
+    assert (
+        plain.build_step(rk.policy("none"), NO_SCHEDULE, SMALL, rk.target("h100")).step.fn is step
+    )
