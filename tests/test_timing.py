@@ -744,6 +744,25 @@ def test_the_measured_cpu_speed_is_the_work_over_the_best_time(monkeypatch):
     assert s.fresh_bytes_per_s == pytest.approx(size / (0.25 - 0.125))
 
 
+@pytest.mark.parametrize(("tiny", "launch"), [(1e-6, 1e-6), (0.25, 2e-5)])
+def test_the_measured_per_kernel_cost_is_a_tiny_programs_time_at_most_20_us(
+    monkeypatch, tiny, launch
+):
+    # The per-kernel cost is the best time of a program of one tiny op (an f32[8] plus one),
+    # capped at 20 us (a loaded machine's slow run is not a launch cost); every other timed
+    # run takes 0.25 s here (nothing is timed).
+    from remat_kit.timing import _model
+
+    def best(fn, x, budget):
+        return tiny if getattr(x, "shape", None) == (8,) else 0.25
+
+    monkeypatch.setattr(_model, "_best", best)
+    monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
+    s = _model.measure_cpu_speed(0.2)
+    assert s.kernel_seconds == pytest.approx(launch)
+    assert s.peak_flops == pytest.approx(2 * 1024**3 / 0.25)
+
+
 def test_the_measured_alu_rate_counts_every_launch_of_the_random_bits(monkeypatch):
     # The arithmetic rate is the random-bits program's operations over its best time, the
     # operations counted as kernels_of counts them: each kernel's ops per launch times its

@@ -294,6 +294,104 @@ def test_a_conditional_launches_its_first_branch_once_on_the_timeline(text, sequ
     assert t.seconds == pytest.approx(step_time(kernels_of(text), speed).seconds, rel=1e-12)
 
 
+@pytest.mark.parametrize("ends", [("view.1",), ("view.1", "view.2")])
+def test_names_the_hlo_lacks_around_a_loop_run_once_and_the_loop_its_trips(ends):
+    # A schedule that opens with a view of a tuple (a name the HLO lacks) right before the
+    # loop, and may end with another: each view is one position, once; the loop's body
+    # (not listed) launches once per trip.
+    sequence = [ends[0], "loop", "out", *ends[1:]]
+    speed = speed_of(rk.target("h100"))
+    t = program_timeline(_LOOP, sequence, speed)
+    assert [pos for pos, _ in t.steps] == list(range(len(sequence)))
+    got: dict[str, int] = {}
+    for launch in t.launches:
+        got[launch.kernel.name] = got.get(launch.kernel.name, 0) + 1
+    assert got == {"t": 5, "j": 5, "lt": 5}
+
+
+# Async collectives as XLA schedules them (tests/test_timing.py's _WINDOWS_HLO): a start,
+# a fusion before its done and one after; one wrapped in async-start/async-done; two in
+# flight at once.
+_ASYNC = """HloModule w
+
+%fused_neg (param_0: f32[4096]) -> f32[4096] {
+  %param_0 = f32[4096]{0} parameter(0)
+  ROOT %n = f32[4096]{0} negate(%param_0)
+}
+
+%wrapped (p: f32[512]) -> f32[4096] {
+  %p = f32[512]{0} parameter(0)
+  ROOT %ag = f32[4096]{0} all-gather(%p), replica_groups=[1,8]<=[8], dimensions={0}
+}
+
+ENTRY %main (x: f32[4096], y: f32[512]) -> f32[4096] {
+  %x = f32[4096]{0} parameter(0)
+  %y = f32[512]{0} parameter(1)
+  %ags = (f32[512]{0}, f32[4096]{0}) all-gather-start(%y), replica_groups=[1,8]<=[8], dimensions={0}
+  %f1 = f32[4096]{0} fusion(%x), kind=kLoop, calls=%fused_neg
+  %agd = f32[4096]{0} all-gather-done(%ags)
+  %f2 = f32[4096]{0} fusion(%f1), kind=kLoop, calls=%fused_neg
+  %as = ((f32[512]{0}), f32[4096]{0}, s32[]) async-start(%y), calls=%wrapped
+  %f3 = f32[4096]{0} fusion(%f2), kind=kLoop, calls=%fused_neg
+  %ad = f32[4096]{0} async-done(%as)
+  %s1 = (f32[512]{0}, f32[4096]{0}) all-gather-start(%y), replica_groups=[1,8]<=[8], dimensions={0}
+  %s2 = (f32[512]{0}, f32[4096]{0}) all-gather-start(%y), replica_groups=[1,8]<=[8], dimensions={0}
+  %f5 = f32[4096]{0} fusion(%f3), kind=kLoop, calls=%fused_neg
+  %d1 = f32[4096]{0} all-gather-done(%s1)
+  %d2 = f32[4096]{0} all-gather-done(%s2)
+  ROOT %f7 = f32[4096]{0} fusion(%f5), kind=kLoop, calls=%fused_neg
+}
+"""
+_ASYNC_ENTRY = ["x", "y", "ags", "f1", "agd", "f2", "as", "f3", "ad", "s1", "s2", "f5", "d1",
+                "d2", "f7"]  # fmt: skip
+
+
+def test_async_collectives_run_beside_the_stream_and_the_launches_end_at_the_step_time():
+    # The module docstring and Launch's: each launch is one kernel (count 1), every launch
+    # of kernels_of's kernels once; an async collective started by all-gather-start runs
+    # beside the stream, which moves on by its launch cost alone, every other launch by its
+    # own time; the step waits at its end for what is exposed, ending at step_time's
+    # seconds (the compute's loss to contention included: there is some here).
+    speed = speed_of(rk.target("h100"))
+    t = program_timeline(_ASYNC, _ASYNC_ENTRY, speed)
+    kernels = kernels_of(_ASYNC)
+    whole = step_time(kernels, speed)
+    assert whole.collective_hidden_seconds > 0 and whole.contention_seconds > 0
+    assert t.seconds == pytest.approx(whole.seconds, rel=1e-12)
+    assert all(launch.kernel.count == 1 for launch in t.launches)
+    assert len(t.launches) == sum(k.count for k in kernels) == 9
+    beside = {launch.kernel.name for launch in t.launches if launch.beside}
+    assert {"ags", "s1", "s2"} <= beside
+    for launch, after in zip(t.launches, t.launches[1:], strict=False):
+        moved = speed.kernel_seconds if launch.beside else launch.seconds
+        assert after.start == pytest.approx(launch.start + moved, rel=1e-12)
+    last = t.launches[-1]
+    assert t.seconds == pytest.approx(last.start + last.seconds + t.exposed_seconds, rel=1e-12)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG: program_timeline lays an async-start-wrapped collective on the stream as "
+    "synchronous (its kernel is walked without the async-start's asynchrony) and takes its "
+    "time off the end's wait, which can go negative",
+)
+def test_a_collective_in_an_async_start_wrapper_runs_beside_the_stream_too():
+    # kernels_of reads the all-gather in %wrapped as asynchronous (tests/test_timing.py:
+    # test_each_kernel_carries_the_collective_in_flight_where_xla_scheduled_it); the
+    # timeline must too: beside the stream, the wait at the end step_time's exposed time
+    # and contention, never negative. Without s1 and s2 all three are hidden.
+    text = "\n".join(line for line in _ASYNC.splitlines() if not {"%s2", "%d2"} & set(line.split()))
+    sequence = [n for n in _ASYNC_ENTRY if n not in ("s2", "d2")]
+    speed = speed_of(rk.target("h100"))
+    t = program_timeline(text, sequence, speed)
+    whole = step_time(kernels_of(text), speed)
+    assert [launch.beside for launch in t.launches if launch.kernel.name == "ag"] == [True]
+    assert t.exposed_seconds >= 0
+    assert t.exposed_seconds == pytest.approx(
+        whole.collective_seconds + whole.contention_seconds, rel=1e-12
+    )
+
+
 def test_trace_events_follow_the_format():
     doc = trace_events([_synthetic(), _synthetic()], ["full", "none"])
     events = doc["traceEvents"]
