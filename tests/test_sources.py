@@ -2164,3 +2164,51 @@ def test_a_factory_s_tags_are_rules_and_aliases_as_its_tags_option_says(tags, ow
         assert got_aliases == tagging.aliases_for(own) and got_aliases
     else:
         assert got_aliases == ({} if not aliases else tagging.aliases(aliases))
+
+
+@pytest.mark.parametrize(
+    ("spec", "layers", "want"),
+    [
+        ("layers:0-1=full,rest=minimal", 4, ["full", "full", "minimal", "minimal"]),
+        ("layers:2-3=dots", 5, ["none", "none", "dots", "dots", "none"]),
+        ("layers:0-0=full", 1, ["full"]),
+    ],
+)
+def test_a_patched_stack_takes_one_policy_per_layer_from_a_layers_plan(spec, layers, want):
+    src = sources.from_factory(lambda policy: nn.Dense(4), block="flax.linen:Dense", tags=None)
+    src._cache["n_layers"] = layers  # what counting its blocks found
+    got = src._per_layer(rk.policy("none"), rk.parse_schedule(spec))
+    assert [p.spec for p in got] == want
+    with pytest.raises(BadValue, match=r"segments \(every:\d\) need a factory that takes sche"):
+        src._per_layer(rk.policy("full"), rk.parse_schedule(f"every:{min(2, layers)}"))
+    src._cache["n_layers"] = None
+    with pytest.raises(BadValue, match=r"cannot count the layers built from flax\.linen:Dense"):
+        src._per_layer(rk.policy("none"), rk.parse_schedule(spec))
+
+
+def test_a_source_s_defaults_train_its_batch_at_one_sequence_per_micro_batch_on_one_device():
+    class Bare(sources.StepSource):
+        spec = "bare"
+        plan = None
+
+        def mesh_plan(self, target):
+            return self.plan
+
+    src, h100 = Bare(), rk.target("h100")
+    assert (src.own_model, src.env_at_import, src.applies_in_code, src.remat_always) == (
+        False,
+        (),
+        "policy",
+        False,
+    )
+    for batch, accum in [(1, 1), (4, 2), (6, 3), (8, 8)]:
+        config = rk.TrainConfig(batch=batch, seq=16, accum=accum)
+        assert src.sequences_per_step(config, h100) == batch
+        assert src.smallest_batch(config, h100) == accum
+        assert src.train_config(config) is config
+    assert src.batch_ways(h100) == 1 and src.layer_kinds(h100) is None
+    src.plan = types.SimpleNamespace(data_size=4)
+    assert src.batch_ways(h100) == 4
+    full = rk.policies.as_policy("full")
+    assert src.policy_lines(full, SMALL, h100) is None and src.refuses(full, SMALL, h100) is None
+    assert src.notes(SMALL, h100) == ()
