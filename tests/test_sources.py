@@ -1797,6 +1797,8 @@ def test_random_writes_at_import_are_recorded_last_value_first_before_and_who(mo
                     before = found[key][2] if key in found else env.get(key, "")
                     found[key] = (value, who[module], before)
                 env[key] = value
+                # Reads go through to the real environment (get, copy ... of its own).
+                assert os.environ.get(key) == env.get(key) and os.environ.copy() == dict(os.environ)
             assert out == []  # filled on exit
         assert [(e.name, e.value, e.by, e.before) for e in out] == [
             (n, *found[n]) for n in WATCHED if n in found
@@ -2212,3 +2214,62 @@ def test_a_source_s_defaults_train_its_batch_at_one_sequence_per_micro_batch_on_
     full = rk.policies.as_policy("full")
     assert src.policy_lines(full, SMALL, h100) is None and src.refuses(full, SMALL, h100) is None
     assert src.notes(SMALL, h100) == ()
+
+
+def test_cli_names_the_block_flag_in_front_of_a_block_it_cannot_import(capsys):
+    # Refused as the source is made, before anything is traced.
+    argv = ["report", "--model", f"{FACTORIES}:untagged", "--block", "flax.linen.Dense"]
+    assert main([*argv, "--target", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat-kit: --block flax.linen.Dense: block 'flax.linen.Dense': name")
+
+
+@pytest.mark.parametrize(
+    ("layers", "shard", "noted"),
+    [(None, None, False), (7, None, False), (8, None, True), (40, "fsdp:2", False)],
+)
+def test_a_model_too_shallow_uncounted_or_sharded_is_told_nothing_of_copies(
+    monkeypatch, layers, shard, noted
+):
+    from remat_kit.sources._source import ModelSource
+
+    monkeypatch.setattr(ModelSource, "n_layers", lambda self: layers)
+    monkeypatch.setattr(ModelSource, "layer_kinds", lambda self, target: 1)
+    src = sources.from_factory(f"{FACTORIES}:deep_fixed", shard=shard)
+    got = src.notes(SMALL, rk.target("h100", devices=2 if shard else 1))
+    assert [n.kind for n in got] == (["whole_model_probes"] if noted else [])
+
+
+def test_a_factory_step_is_labelled_with_its_layers_where_they_are_counted(monkeypatch):
+    from remat_kit.policies import FULL
+    from remat_kit.sources._source import ModelSource
+
+    src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
+    for layers in (None, 3):
+        monkeypatch.setattr(ModelSource, "n_layers", lambda self, n=layers: n)
+        meta = src.build_step(FULL, NO_SCHEDULE, SMALL, rk.target("h100")).meta
+        assert meta.get("layers") == layers and meta["params"] > 0
+        assert meta["precision"]["compute"] == "module's own"
+
+
+def test_measure_says_a_report_s_warnings_unless_told_not_to(monkeypatch):
+    from remat_kit.sources import _steps
+
+    note = rk.notes.Note(
+        "offload_link_bound",
+        {
+            "target": "h100-80gb",
+            "host_bytes": 64,
+            "transfer_seconds": 2.0,
+            "step_compute_seconds": 1.0,
+        },
+    )
+    made = memory_report(notes=(note,))
+    monkeypatch.setattr(_steps, "_measure", lambda *a: made)
+    src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
+    with pytest.warns(RematWarning, match="h100"):
+        got = sources.measure(src, "full", "h100", SMALL, meta={"t": 1})
+    assert got is made
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sources.measure(src, "full", "h100", SMALL, meta={"t": 1}, warn=False)
