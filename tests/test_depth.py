@@ -277,12 +277,14 @@ def test_a_verdict_near_or_over_the_limit_is_compiled_at_full_depth(factory, on_
     assert got.peak_bytes == _bare(factory, "full", target=near).peak_bytes
     far = on_h100("full")  # sources.measure(factory, "full", h100, CONFIG, warn=False)
     assert far.meta["depth"]["mode"] == "extrapolated"
-    # Over the limit: a "no" is compiled whole too (copies were furthest off there).
-    over = rk.target("h100", mem_fraction=peak * 0.8 / h100.memory_bytes)
-    got = sources.measure(factory, "full", over, CONFIG, warn=False)
-    assert got.meta["depth"]["mode"] == "verified" and got.fits is False
-    estimate = sources.measure(factory, "full", over, CONFIG, warn=False, depth="estimate")
-    assert estimate.meta["depth"]["mode"] == "extrapolated"
+    # depth="estimate" keeps the copies' answer even there (their compiles are on disk now).
+    # A "no" from copies is compiled whole too: depth.verify's rule, the same one settled()
+    # applies above, pinned on hand-made reports in
+    # test_verify_keeps_what_was_not_extrapolated_and_records_the_error (a target over the
+    # limit here compiled the copies and the model again for no other check).
+    before = cache.compiles()
+    estimate = sources.measure(factory, "full", near, CONFIG, warn=False, depth="estimate")
+    assert estimate.meta["depth"]["mode"] == "extrapolated" and cache.compiles() == before
 
 
 @pytest.mark.parametrize(
