@@ -640,16 +640,7 @@ def test_random_returns_are_taken_or_refused_with_the_first_thing_wrong(seed):
         ((0,), (), (0,)),
         ((0, 2), (), (0, 2)),
         ((1,), (1,), (1,)),  # given twice, alike: taken
-        pytest.param(
-            (),
-            (2,),
-            (2,),  # a jit that donates nothing: the step function's donation, as the error says
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="bug: _unjitted refuses donate_argnums beside a jit that donates nothing, "
-                "though its message says to give the donation 'in the jit, or as donate_argnums'",
-            ),
-        ),
+        ((), (2,), (2,)),  # a jit that donates nothing: the step's donation, as the error says
         ((0,), (1,), None),  # given twice, differently: refused
     ],
 )

@@ -429,7 +429,8 @@ def _unjitted(spec: str, own: OwnStep) -> tuple[Callable[..., Any], tuple[int, .
         if (leaves := jax.tree.leaves(arg, is_leaf=_is_arg_info))
         and all(leaf.donated for leaf in leaves)
     )
-    if donate and set(donate) != set(by_jit):
+    # A jit that donates nothing leaves the donation to donate_argnums, as the error says.
+    if donate and by_jit and set(donate) != set(by_jit):
         raise BadValue(
             f"{spec} returned a jax.jit that donates arguments {by_jit} and donate_argnums="
             f"{donate}: give the donation once (in the jit, or as donate_argnums)",
