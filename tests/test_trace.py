@@ -369,12 +369,6 @@ def test_async_collectives_run_beside_the_stream_and_the_launches_end_at_the_ste
     assert t.seconds == pytest.approx(last.start + last.seconds + t.exposed_seconds, rel=1e-12)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: program_timeline lays an async-start-wrapped collective on the stream as "
-    "synchronous (its kernel is walked without the async-start's asynchrony) and takes its "
-    "time off the end's wait, which can go negative",
-)
 def test_a_collective_in_an_async_start_wrapper_runs_beside_the_stream_too():
     # kernels_of reads the all-gather in %wrapped as asynchronous (tests/test_timing.py:
     # test_each_kernel_carries_the_collective_in_flight_where_xla_scheduled_it); the

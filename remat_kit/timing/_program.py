@@ -33,7 +33,7 @@ from remat_kit.timing._model import _seconds, step_time
 from remat_kit.timing._speed import Speed
 from remat_kit.xla import HloInstruction, HloModule, Kernel, kernels_of, read_hlo
 from remat_kit.xla._cost import _cost
-from remat_kit.xla._kernels import _is_wrapper, _trip_count, _walk
+from remat_kit.xla._kernels import _holds_collective, _is_wrapper, _trip_count, _walk
 from remat_kit.xla._opcodes import _FREE
 
 __all__ = [
@@ -159,7 +159,10 @@ def _kernels_at(
         times = _trip_count(instr, module) if op == "while" else 1
         out: dict[tuple[object, ...], Kernel] = {}
         for c in called:
-            _walk(module, c, times, out, set())
+            # An async pair's wrapped collective runs beside the stream, as kernels_of's walk
+            # reads it (asynchronous, in a window of its own), not inline.
+            wrap = int(op == "async-start" and _holds_collective(module, c))
+            _walk(module, c, times, out, set(), wrap, [wrap], wrapped=wrap)
         return [dataclasses.replace(k, count=1) for k in out.values() for _ in range(k.count)]
     k = _cost(module, instr, 1)
     return [] if k is None else [k]
