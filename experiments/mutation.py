@@ -187,8 +187,14 @@ MODULES: dict[str, Group] = {
     # The step-time model: kernels, speeds, the program's loops and XLA's own schedule.
     "timing": Group(
         ("remat_kit/timing",),
-        # The traces and the validation read the model's kernels and speeds too.
-        ("tests/test_timing.py", "tests/test_trace.py", "tests/test_validate.py"),
+        # The traces and the validation read the model's kernels and speeds too; the oracle
+        # prices random steps by hand.
+        (
+            "tests/test_timing.py",
+            "tests/test_timing_oracle.py",
+            "tests/test_trace.py",
+            "tests/test_validate.py",
+        ),
         by_file=(
             ("_xla_schedule.py", ("tests/test_xla_schedule.py", "tests/test_timing.py")),
             # The program's timeline, what step_trace lays its launches on.
@@ -233,6 +239,7 @@ MODULES: dict[str, Group] = {
             "tests/test_pipeline.py",
             "tests/test_kinds.py",
             "tests/test_own_step.py",
+            "tests/test_sources_workload.py",  # the Workload's contract on hand-made steps
         ),
         by_file=(
             # The depth extrapolation's fit and report are tested on hand-made sections there.
@@ -253,6 +260,7 @@ MODULES: dict[str, Group] = {
                     "tests/test_pipeline.py",
                     "tests/test_search.py",
                     "tests/test_fit.py",  # Workload.at: views and the family by sequence
+                    "tests/test_sources_workload.py",
                 ),
             ),
             # Foreign models (NNX, wrapped modules) go through the adapters.
@@ -276,6 +284,7 @@ MODULES: dict[str, Group] = {
                     "tests/test_kinds.py",
                     "tests/test_own_step.py",
                     "tests/test_steps.py",
+                    "tests/test_sources_workload.py",
                 ),
             ),
             ("_tag_checks.py", ("tests/test_sources.py", "tests/test_depth.py")),
