@@ -225,6 +225,51 @@ def test_the_cache_can_be_bypassed(cache_dir, monkeypatch, how):
     assert cache.compiles() - before == count.calls  # a bypassed compile is counted too
 
 
+@pytest.mark.parametrize("flag", [True, False, None])
+@pytest.mark.parametrize("env", ["", "0", "1"])
+def test_set_enabled_wins_over_the_environment_and_none_follows_it(monkeypatch, flag, env):
+    # _switch's docstring: on unless REMAT_KIT_NO_CACHE=1, or this process says otherwise
+    # (set_enabled's True or False, whatever the variable; None: back to the variable).
+    monkeypatch.setenv(cache.ENV_OFF, env)
+    try:
+        cache.set_enabled(flag)
+        assert cache.enabled() is (env != "1" if flag is None else flag)
+        with cache.bypassed():
+            assert cache.enabled() is False
+        assert cache.enabled() is (env != "1" if flag is None else flag)  # restored
+    finally:
+        cache.set_enabled(None)
+
+
+@pytest.mark.parametrize(
+    ("env", "xdg", "where"),
+    [
+        ("/tmp/rk-a", "/tmp/xdg", "/tmp/rk-a"),  # the cache's own variable first
+        ("", "/tmp/xdg", "/tmp/xdg/remat_kit"),  # then $XDG_CACHE_HOME/remat_kit
+        ("", "", "HOME/.cache/remat_kit"),  # else ~/.cache/remat_kit
+    ],
+)
+def test_the_cache_lives_where_its_variables_say(monkeypatch, tmp_path, env, xdg, where):
+    monkeypatch.setenv(cache.ENV_DIR, env)
+    monkeypatch.setenv("XDG_CACHE_HOME", xdg)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache.cache_dir() == Path(where.replace("HOME", str(tmp_path)))
+
+
+def test_dir_problem_says_what_keeps_the_cache_dir_from_holding_entries(monkeypatch, tmp_path):
+    # store's directory made if missing, a file made in it: fine twice (the directory now
+    # there), a path that is a file is not a directory, one under a file cannot be made.
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "new" / "cache"))
+    assert cache.dir_problem() is None
+    assert cache.dir_problem() is None and (tmp_path / "new" / "cache").is_dir()
+    assert list((tmp_path / "new" / "cache").iterdir()) == []  # the probe removed
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "file"))
+    assert cache.dir_problem() == "is not a directory"
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path / "file" / "sub"))
+    assert cache.dir_problem().startswith("cannot be made (")
+
+
 def test_set_enabled_rejects_a_non_bool():
     with pytest.raises(TypeError, match="True, False or None"):
         cache.set_enabled("no")
@@ -472,6 +517,26 @@ def test_every_fact_of_the_target_keys_what_it_changes(why):
     # rates: every fact keys it.
     parts = {"model": "m"}
     assert cache.request_key("report", parts, other) != cache.request_key("report", parts, base)
+
+
+def test_the_local_targets_key_names_the_devices_this_machine_holds(monkeypatch):
+    # "local" is whatever jax.local_devices() holds: the same program for it on a machine
+    # with other devices is another compile, and another answer.
+    from types import SimpleNamespace
+
+    local, text, parts = rk.target("local"), "module {}", {"model": "m"}
+
+    def keys():
+        return cache.entry_key(text, local), cache.request_key("report", parts, local)
+
+    here = keys()
+    h100 = [SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")]
+    monkeypatch.setattr(jax, "local_devices", lambda: h100)
+    there = keys()
+    assert there[0] != here[0] and there[1] != here[1]
+    assert keys() == there  # the same devices: the same keys
+    monkeypatch.setattr(jax, "local_devices", lambda: h100 * 2)
+    assert keys()[0] != there[0]
 
 
 def test_a_key_does_not_depend_on_the_order_a_mapping_was_built_in():
