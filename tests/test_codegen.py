@@ -146,6 +146,30 @@ def test_the_kernel_directory_goes_when_the_process_exits():
     assert made.name.startswith("remat_kit_kernels_") and not made.exists()
 
 
+@pytest.mark.parametrize("forked", [False, True], ids=["owner", "forked-child"])
+def test_a_kernel_directory_is_removed_at_exit_by_its_own_process_only(
+    tmp_path, monkeypatch, forked
+):
+    # The fast half of the test above: the exit hooks a kernel directory is made with
+    # (atexit's and multiprocessing's, caught here, not run at exit) remove it in the
+    # process that made it, and not in a forked child, which inherits the hooks while the
+    # parent still uses the directory.
+    import tempfile
+
+    hooks = []
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(codegen.atexit, "register", hooks.append)
+    finalize = lambda obj, hook, **kw: hooks.append(hook)
+    monkeypatch.setattr(codegen.multiprocessing.util, "Finalize", finalize)
+    made = codegen._kernel_dir.__wrapped__(os.getpid())
+    assert made is not None and made.parent == tmp_path and len(hooks) == 2
+    if forked:
+        monkeypatch.setattr(codegen.os, "getpid", lambda: os.getppid())
+    for hook in hooks:
+        hook()
+    assert made.exists() is forked
+
+
 @pytest.mark.parametrize("target", ["cpu", "local"])
 def test_targets_whose_programs_run_get_no_options(target):
     assert codegen.analysis_options(rk.target(target)) == {}

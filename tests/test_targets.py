@@ -751,11 +751,20 @@ def test_only_a_deviceless_target_sets_up_a_deviceless_compile(monkeypatch, name
     assert calls == ([name] if configures else [])
 
 
+# Every compute capability the CUDA C++ Programming Guide's table lists (as
+# remat_kit/targets/_named.py cites it): Maxwell to Blackwell, Thor's 10.1 and 11.0, GB10's 12.1.
+_NVIDIA_MADE = [(5, 0), (5, 2), (5, 3), (6, 0), (6, 1), (6, 2), (7, 0), (7, 2), (7, 5), (8, 0),
+                (8, 6), (8, 7), (8, 9), (9, 0), (10, 0), (10, 1), (10, 3), (11, 0), (12, 0),
+                (12, 1)]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("cc", "refused"),
     [
         ("12.7", True),
         ((9, 5), True),
+        *((cc, False) for cc in _NVIDIA_MADE),
+        *((cc, True) for cc in [(6, 3), (7, 1), (8, 1), (10, 2), (11, 1)]),
         ("4.0", True),
         ("9.0", False),
         ((8, 9), False),

@@ -263,3 +263,57 @@ def test_figures_per_device_name_the_device_they_are_per(name, word):
     table = residual_table(res, report, target.device_word)
     assert table.title.endswith(f"the step unsharded: not per {word})")
     assert f"(the unsharded step, not per {word})" in table.caption
+
+
+# --- the generations' figures -------------------------------------------------------------------
+
+GiB, MiB = 2**30, 2**20
+
+# Every figure of remat_kit/targets/_tpus.py's TPU_FACTS, written down here from the source
+# that file cites for it (the Cloud TPU pages, the scaling book's tables, libtpu's limits as
+# measured deviceless), in the sources' own units: GBps as 1e9 B/s, Gbps as 1e9 bit/s.
+# (tensorcores, devices per chip, torus dims, pod chips, HBM per chip, HBM per device,
+#  reserved per device, HBM B/s, bf16, int8, fp8, ICI links, ICI bidir B/s, ICI link one way,
+#  DCN B/s per chip, host link B/s per chip, MXU side, chips per host, chips per VM)
+SOURCES = {
+    # cloud.google.com/tpu/docs/v4: two TensorCores, 4096-chip pods, 32 GiB at 1200 GBps,
+    # 275 TFLOPs bf16 or int8; the book: 6 links, 4.5e10 a link a way, PCIe 16 GB/s each way
+    "v4": (2, 1, 3, 4096, 32 * GiB, 32 * GiB, 32 * GiB - 33_014_414_336, 1200e9, 275e12,
+           275e12, None, 6, None, 4.5e10, None, 16e9, 128, 4, 4),
+    # docs/v5e: one TensorCore, 2D torus, 256 chips, 16 GB at 819 GBps, 197 / 393 T, 4 ports,
+    # 400 GBps bidir, 8 chips a host; the book: 3.125e9 DCN, 1.5e10 PCIe per chip
+    "v5e": (1, 1, 2, 256, 16 * GiB, 16 * GiB, 258 * MiB, 819e9, 197e12, 393e12, None, 4,
+            400e9, 4.5e10, 3.125e9, 1.5e10, 128, 8, 4),
+    # docs/v5p: 2 TensorCores, 3D torus, 8960 chips, 96 GiB at 2765 GBps, 459 T bf16 and fp8,
+    # 1200 GBps bidir ICI, 50 Gbps DCN; the book: int8 9.18e14, 6 links at 9e10 a way
+    "v5p": (2, 1, 3, 8960, 96 * GiB, 96 * GiB, 279 * MiB, 2765e9, 459e12, 918e12, 459e12, 6,
+            1200e9, 9e10, 50e9 / 8, 1.5e10, 128, 4, 4),
+    # docs/v6e: 1 TensorCore, 2D torus, 256 chips, 32 GB (31.5 GiB a device in libtpu) at
+    # 1638 GBps, 918 / 1836 T, 4 ports at 800 GBps bidir, two 256x256 MXUs, 8 chips a host;
+    # docs/tpu7x's table: v6e fp8 918 T, DCN 100 Gb/s; the book: PCIe 32 GB/s
+    "v6e": (1, 1, 2, 256, 32 * GiB, 31 * GiB + 512 * MiB, 264 * MiB, 1638e9, 918e12,
+            1836e12, 918e12, 4, 800e9, 9e10, 100e9 / 8, 32e9, 256, 8, 4),
+    # docs/tpu7x: 2 TensorCores, two devices a chip, 9216 chips, 192 GiB (95 GiB a device in
+    # libtpu) at 7380 GB/s, 2307 T bf16, 4614 T fp8, 1200 GB/s bidir ICI, 100 Gb/s DCN
+    "tpu7x": (2, 2, 3, 9216, 192 * GiB, 95 * GiB, 268 * MiB, 7380e9, 2307e12, None, 4614e12,
+              None, 1200e9, None, 100e9 / 8, None, None, 4, 4),
+}  # fmt: skip
+_FIGURES = (
+    "tensorcores_per_chip", "devices_per_chip", "torus_dims", "pod_chips", "hbm_bytes_per_chip",
+    "hbm_bytes_per_device", "hbm_reserved_bytes_per_device", "hbm_bandwidth", "peak_bf16_flops",
+    "peak_int8_ops", "peak_fp8_flops", "ici_links_per_chip", "ici_bandwidth_per_chip_bidir",
+    "ici_link_bandwidth_one_way", "dcn_bandwidth_per_chip", "host_link_bandwidth_per_chip",
+    "mxu_size", "chips_per_host", "chips_per_vm",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("generation", sorted(SOURCES))
+def test_every_figure_of_a_generation_is_the_one_its_source_states(generation):
+    from remat_kit.targets import TPU_FACTS
+
+    facts = TPU_FACTS[generation]
+    got = {name: facts[name] for name in _FIGURES}
+    assert got == dict(zip(_FIGURES, SOURCES[generation], strict=True))
+    # the limit libtpu's compiler enforces: a device's HBM less the runtime's reserve
+    hbm, reserved = SOURCES[generation][5], SOURCES[generation][6]
+    assert facts["bytes_limit_per_device"] == hbm - reserved
