@@ -772,3 +772,75 @@ def test_a_cost_made_without_a_scale_out_is_not_scaled():
         "usd_per_million_tokens": None,
         "scaled": False,
     }
+
+
+# --- the searches behind the table, on hand-made steps (no compile) -------------------------------
+
+
+def _timed_step(seconds: float):
+    """A predicted step time of ``seconds`` (only ``seconds`` is read here)."""
+    from remat_kit.timing import StepTime
+
+    return StepTime(
+        seconds=seconds,
+        matmul_seconds=seconds,
+        attention_seconds=0.0,
+        memory_seconds=0.0,
+        collective_seconds=0.0,
+        collective_hidden_seconds=0.0,
+        transfer_seconds=0.0,
+        launch_seconds=0.0,
+        recompute_seconds=0.0,
+        model_flops=1e12 * seconds,
+        flops=1e12 * seconds,
+        kernels=1,
+        device="fake",
+        peak_flops=2e12,
+    )
+
+
+def _scaled_step(n: int, per_device: int, seconds: float, seq: int = 16):
+    """The step sharded over ``n`` H100s (its batch a multiple of ``n``): ``per_device // n``
+    bytes each, ``seconds`` a step."""
+    from helpers import memory_report
+
+    def measure(policy, schedule, batch):
+        report = memory_report(peak_bytes=per_device // n, policy=policy.spec)
+        return report.replace(step_time=_timed_step(seconds))
+
+    return rk.sources.workload(
+        rk.sources.Measured(measure, lambda p, s, b: 1.0),
+        rk.target("h100", devices=n),
+        rk.TrainConfig(n, seq, optimizer="sgd", accum=n),
+    )
+
+
+def test_a_scale_out_that_fits_says_its_step_time_and_tokens_per_second():
+    """Fitting at 4 GPUs (a quarter of 4 x the usable bytes each), with a predicted 0.5 s
+    step: the global batch 5 rounds up to 8 (4 data-parallel ways), so 8 x 16 tokens a step,
+    256 tokens/s (by hand)."""
+    usable = rk.target("h100").usable_bytes
+    got = rk.search.gpus_needed(
+        lambda n: _scaled_step(n, 4 * usable, 0.5), batch=5, counts=(1, 2, 4, 8)
+    )
+    assert (got.devices, got.batch) == (4, 8)
+    assert got.step_seconds == 0.5
+    assert got.tokens_per_second == pytest.approx(8 * 16 / 0.5)
+
+
+@pytest.mark.parametrize("headroom", [0.0, 0.25])
+def test_advise_plans_each_target_to_its_memory_less_the_headroom(headroom):
+    """The plan's budget is the target's usable memory less ``headroom`` of it (by hand)."""
+    from helpers import memory_report
+
+    def workload_for(t):
+        def measure(policy, schedule, batch):
+            return memory_report(peak_bytes=2**20, flops=1.0, policy=policy.spec)
+
+        parts = {"weights": 2**19, "gradients": 0, "optimizer": 0}
+        measured = rk.sources.Measured(measure, lambda p, s, b: 1.0, breakdown_fn=lambda b: parts)
+        return rk.sources.workload(measured, t, rk.TrainConfig(1, 16, optimizer="sgd"))
+
+    (row,) = rk.advise(workload_for, 1, targets=["h100"], headroom=headroom)
+    usable = rk.target("h100").usable_bytes
+    assert row.fits and row.note.data["budget_bytes"] == int(usable * (1 - headroom))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from jax.errors import JaxRuntimeError
 
 import remat_kit as rk
 from helpers import memory_report
@@ -149,5 +150,86 @@ def test_the_largest_batch_is_the_one_a_scan_finds(seed):
         nxt = want + multiple
         if fit.next_peak_bytes is None:  # stopped at the cap: nothing above it was asked
             assert nxt > cap, case
+        else:
+            assert fit.next_peak_bytes == peak(nxt) > limit, case
+
+
+def _seq_curve(rng: random.Random):
+    """A random non-decreasing peak(seq) in bytes at batch 1: a line (flash attention), a
+    parabola (einsum attention's scores), either with steps (XLA's fusion choices), or a
+    plateau (XLA's own remat holding the peak flat over runs of sequences)."""
+    per = rng.randrange(10, 5_000)
+    square = rng.choice([0, rng.randrange(1, 50)])  # scores: seq^2 / 1000 per unit
+    kind = rng.choice(["curve", "curve", "steps", "plateaus"])
+    if kind == "curve":
+        return lambda s: FIXED + per * s + square * s * s // 1000
+    if kind == "steps":
+        every, by = rng.randrange(100, 5_000), rng.randrange(1, 100 * per)
+        return lambda s: FIXED + per * s + square * s * s // 1000 + by * (s // every)
+    run = rng.randrange(100, 3_000)
+    return lambda s: FIXED + per * run * -(-s // run)
+
+
+def _builder(peak, refused_above):
+    """``seq -> Workload`` of the curve; past ``refused_above`` the model refuses the
+    sequence (its learned positions), or XLA refuses to build it (a kernel grid)."""
+    who = random.Random(refused_above).choice(["model", "xla"])
+
+    def build(seq):
+        if who == "model" and refused_above is not None and seq > refused_above:
+            raise rk.errors.BadValue(f"seq={seq} is past the learned positions", param="seq")
+
+        def measure(policy, schedule, batch):
+            if who == "xla" and refused_above is not None and seq > refused_above:
+                raise JaxRuntimeError("INTERNAL: launch needs more blocks")
+            return memory_report(peak_bytes=int(peak(seq)), flops=float(seq))
+
+        return rk.sources.workload(
+            rk.sources.Measured(measure, lambda p, s, b: float(seq)),
+            rk.target("h100"),
+            rk.TrainConfig(1, seq),
+        )
+
+    return build
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_longest_sequence_is_the_one_a_scan_finds(seed):
+    """``rk.search.max_seq`` (the same boundary search along the sequence, with a parabola
+    among its curves) against a scan of every multiple of the granularity: the longest at most
+    ``cap`` that builds and fits, whatever the curve, the start, the cap and the lengths the
+    model or XLA refuse; the answer rests on that sequence's peak and the next one's (None
+    where the next is refused or past the cap); compiles grow with the logarithm."""
+    rng = random.Random(seed)
+    for _ in range(20):
+        peak = _seq_curve(rng)
+        g = rng.choice([16, 64, 100, 1024])
+        cap = rng.choice([1 << 20, 1 << 20, rng.randrange(g, 200 * g)])
+        refused = rng.choice([None, None, rng.randrange(g, 3000 * g)])
+        b = g * rng.randrange(1, 2000)
+        limit = peak(b) + rng.randrange(0, peak(b + g) - peak(b) + 1)
+        if rng.random() < 0.15:
+            limit = peak(g) - 1  # not even the shortest fits
+        start = rng.choice([None, None, rng.randrange(1, 4000 * g)])
+
+        def fits(s, peak=peak, limit=limit, refused=refused):
+            return (refused is None or s <= refused) and peak(s) <= limit
+
+        want = 0
+        while want + g <= cap and fits(want + g):
+            want += g
+        fit = rk.search.max_seq(
+            _builder(peak, refused), "full", granularity=g, limit_bytes=limit, start=start, cap=cap
+        )
+        case = (seed, g, cap, refused, limit, start, peak(g))
+        assert fit.seq == want, case
+        assert fit.compiles <= 4 * (cap // g).bit_length() + 12, case
+        if want == 0:
+            assert not fit.fits and fit.peak_bytes == peak(g) > limit, case
+            continue
+        assert fit.peak_bytes == peak(want) <= limit, case
+        nxt = want + g
+        if nxt > cap or (refused is not None and nxt > refused):
+            assert fit.next_peak_bytes is None, case
         else:
             assert fit.next_peak_bytes == peak(nxt) > limit, case
