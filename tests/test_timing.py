@@ -744,6 +744,28 @@ def test_the_measured_cpu_speed_is_the_work_over_the_best_time(monkeypatch):
     assert s.fresh_bytes_per_s == pytest.approx(size / (0.25 - 0.125))
 
 
+def test_a_best_time_is_the_fastest_of_at_least_three_runs_after_a_warm_up(monkeypatch):
+    # measure_cpu_speed's timer: one untimed call (the compile), then runs until both 3 runs
+    # and the budget are done; the answer is the fastest run. The clock is faked: each run
+    # of fn takes the next of the given times; a budget of 0 leaves the 3 runs alone.
+    from remat_kit.timing import _model
+
+    took = iter([9.0, 5.0, 2.0, 7.0, 1.0])  # the warm-up's 9 s is not a run
+    now = [0.0]
+    calls = []
+
+    def fn(x):
+        calls.append(x)
+        if len(calls) > 5:
+            raise AssertionError("ran past its three runs")
+        now[0] += next(took)
+        return x
+
+    monkeypatch.setattr(_model.time, "perf_counter", lambda: now[0])
+    assert _model._best(fn, 3, 0.0) == 2.0
+    assert calls == [3, 3, 3, 3]
+
+
 @pytest.mark.parametrize(("tiny", "launch"), [(1e-6, 1e-6), (0.25, 2e-5)])
 def test_the_measured_per_kernel_cost_is_a_tiny_programs_time_at_most_20_us(
     monkeypatch, tiny, launch
