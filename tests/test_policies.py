@@ -1,6 +1,10 @@
 """The catalogue: names, parameters, errors, and what each policy decides per tag."""
 
+import fnmatch
+import re
+
 import jax
+import jax.numpy as jnp
 import pytest
 
 import remat_kit as rk
@@ -337,3 +341,46 @@ def test_maxtext_family_refuses_unknown_custom_and_none():
     with pytest.raises(BadValue) as err:
         rk.policy("maxtext", remat_policy="bogus")
     assert sorted(err.value.known) == sorted(MAXTEXT_VALUES)
+
+
+@pytest.mark.parametrize(
+    ("offload", "save"),
+    [
+        (["layers_*/mixer"], ["query_proj"]),  # a glob offloaded
+        (["query_proj"], ["layers_*/mixer"]),  # a glob saved (the planner writes these)
+        (["layers_0/mixer"], ["layers_?/mixer"]),  # both match layers_0: saved, as jax checks
+    ],
+)
+def test_offload_globs_are_the_exact_names_they_match(offload, save):
+    # Tags of a model nobody tagged are module paths, one per layer: a glob in an offload
+    # policy's lists must act as the names it matches do in jax's own policy.
+    from jax.ad_checkpoint import checkpoint_name
+
+    tags = ("layers_0/mixer", "layers_1/mixer", "query_proj", "context")
+
+    def f(x):
+        for t in tags:
+            x = checkpoint_name(jnp.sin(x) * 2.0, t)
+        return jnp.sum(x)
+
+    def exact(names):
+        return [t for t in tags if any(fnmatch.fnmatchcase(t, n) for n in names)]
+
+    saved = exact(save)
+    moved = [t for t in exact(offload) if t not in saved]
+    want = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=saved,
+        names_which_can_be_offloaded=moved,
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+    got = rk.policy("offload", offload=offload, save=save).jax_policy
+
+    def grad_jaxpr(policy):
+        text = str(jax.make_jaxpr(jax.grad(jax.checkpoint(f, policy=policy)))(jnp.ones(3)))
+        return re.sub(r"<function \S+ at 0x\w+>", "<policy>", text)  # all but its name
+
+    assert grad_jaxpr(got) == grad_jaxpr(want)
+    assert {t: rk.decide(rk.policy("offload", offload=offload, save=save), t) for t in tags} == {
+        t: "save" if t in saved else "offload" if t in moved else "recompute" for t in tags
+    }

@@ -2568,11 +2568,6 @@ def test_the_solver_is_the_brute_force_optimum_of_random_cost_models(seed):
             assert {t: rk.decide(p, t) for t in model.tags} == want, (why, i)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the solver writes a glob (layers_*/mixer) into an offload policy's save list, "
-    "whose jax policy matches exact names only, so the glob's tags are recomputed",
-)
 def test_a_plan_that_offloads_saves_the_module_path_tags_it_writes_as_a_glob():
     """An untagged model's tags are module paths, one per layer (``layers_0/mixer``). A
     solution that saves that tensor in every layer and offloads another writes the saved ones

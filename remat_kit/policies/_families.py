@@ -121,6 +121,37 @@ def _save_matching(patterns: tuple[str, ...]) -> Callable[..., bool]:
     return save_matching
 
 
+def _offload_matching(
+    kept: tuple[str, ...], moved: tuple[str, ...], dst: str
+) -> Callable[..., Any]:
+    # Globs in either list (the planner writes a tensor saved in every layer of an untagged
+    # model as layers_*/mixer, remat_kit.search.compact): jax's policy matches exact names, so
+    # each tag is matched here and jax's own policy asked under a stand-in name of the list it
+    # matched, the save list first as jax checks it. Its answer (saveable, offloadable to dst,
+    # recompute) is then jax's.
+    ask = jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[_SAVED],
+        names_which_can_be_offloaded=[_MOVED],
+        offload_src="device",
+        offload_dst=dst,
+    )
+
+    def offload_matching(prim: Any, *args: Any, **params: Any) -> Any:
+        if prim is name_p:
+            name = str(params["name"])
+            if any(fnmatch.fnmatchcase(name, p) for p in kept):
+                return ask(prim, *args, **{**params, "name": _SAVED})
+            if any(fnmatch.fnmatchcase(name, p) for p in moved):
+                return ask(prim, *args, **{**params, "name": _MOVED})
+        return ask(prim, *args, **{**params, "name": None} if prim is name_p else params)
+
+    return offload_matching
+
+
+#: Stand-in names under which a glob-matched tag is put to jax's offload policy.
+_SAVED, _MOVED = "remat_kit:save", "remat_kit:offload"
+
+
 def except_policy(names: Iterable[str]) -> Policy:
     """``except``: save every tagged tensor but ``names`` (untagged ones are recomputed).
 
@@ -188,7 +219,9 @@ def offload_policy(
         f"offload {', '.join(moved) or '(nothing)'} to {dst}"
         + (f", save {', '.join(kept)}" if kept else "")
         + "; recompute the rest",
-        jax.checkpoint_policies.save_and_offload_only_these_names(
+        _offload_matching(kept, moved, dst)
+        if any(is_path_pattern(n) for n in (*kept, *moved))
+        else jax.checkpoint_policies.save_and_offload_only_these_names(
             names_which_can_be_saved=list(kept),
             names_which_can_be_offloaded=list(moved),
             offload_src="device",
