@@ -271,6 +271,44 @@ def test_bad_arguments():
         rk.memory_report(_mlp, *_mlp_args(), target="h1000")
 
 
+class _ShapeOnly:
+    shape = (4,)
+
+
+class _DtypeOnly:
+    dtype = jnp.float32
+
+
+@pytest.mark.parametrize("leaf", [_ShapeOnly(), _DtypeOnly()], ids=["shape-only", "dtype-only"])
+def test_an_argument_needs_both_a_shape_and_a_dtype(leaf):
+    # abstract's docstring: arrays, ShapeDtypeStructs "or anything with shape and dtype";
+    # one of the two is not enough, said in words before anything is traced.
+    with pytest.raises(TypeError, match=r"arrays or jax\.ShapeDtypeStruct, got _"):
+        rk.analysis.abstract({"w": leaf})
+
+
+def test_one_sharding_places_every_leaf_and_a_tree_of_them_each_leaf_its_own():
+    # abstract's sharding: a Sharding for every leaf, or a pytree prefix of Shardings.
+    cpu = rk.target("cpu")
+    one, other = cpu.sharding(), cpu.sharding(P(None))
+    x, y = jax.ShapeDtypeStruct((4,), jnp.float32), jnp.zeros((2, 2), jnp.bfloat16)
+    got = rk.analysis.abstract((x, {"y": y}), one)
+    assert [a.sharding for a in jax.tree.leaves(got)] == [one, one]
+    got = rk.analysis.abstract((x, {"y": y}), (other, {"y": one}))
+    assert [a.sharding for a in jax.tree.leaves(got)] == [other, one]
+    assert [(a.shape, a.dtype) for a in jax.tree.leaves(got)] == [
+        ((4,), jnp.float32),
+        ((2, 2), jnp.bfloat16),
+    ]
+
+
+def test_a_report_asked_to_dump_leaves_xlas_dump_there(tmp_path):
+    # memory_report's dump_to: "a directory where XLA dumps this compile" (a one-op program).
+    x = jax.ShapeDtypeStruct((8,), jnp.float32)
+    rk.memory_report(lambda a: a * 2, x, target="cpu", dump_to=str(tmp_path), warn=False)
+    assert any(p.name.endswith(".txt") for p in tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("given", [2, 0], ids=["longer", "shorter"])
 def test_a_sharding_per_argument_must_be_one_for_each(given):
     # One argument, two shardings (or none): not one sharding left over or an argument
