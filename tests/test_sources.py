@@ -1810,7 +1810,7 @@ def test_random_writes_at_import_are_recorded_last_value_first_before_and_who(mo
 # --- what a model takes beside the tokens, and what it must return ---------------------------
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_random_signatures_get_the_inputs_their_names_ask_for(seed):
     import inspect
     import random
@@ -1943,7 +1943,7 @@ def _strict_fails(pol, tags) -> bool:
 
 
 @pytest.mark.filterwarnings("ignore:save.*not in remat_kit's tag vocabulary")
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", range(2))
 def test_random_policies_are_checked_as_on_the_whole_model_and_copies_only_save_traces(
     monkeypatch, seed
 ):
@@ -2241,15 +2241,25 @@ def test_a_model_too_shallow_uncounted_or_sharded_is_told_nothing_of_copies(
 
 
 def test_a_factory_step_is_labelled_with_its_layers_where_they_are_counted(monkeypatch):
+    # The model built and its step made by hand: the labels only are read here.
     from remat_kit.policies import FULL
     from remat_kit.sources._source import ModelSource
 
+    params = {"w": jax.ShapeDtypeStruct((4, 8), "float32")}
+    step = types.SimpleNamespace(
+        args=(params, {"b": jax.ShapeDtypeStruct((3,), "float32")}, "opt"), precision={"p": "f32"}
+    )
+    built = types.SimpleNamespace(
+        kind="nnx", train_step=lambda config, rng_streams: step, policy=FULL, schedule=NO_SCHEDULE
+    )
+    monkeypatch.setattr(ModelSource, "build", lambda self, *a: built)
     src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
     for layers in (None, 3):
         monkeypatch.setattr(ModelSource, "n_layers", lambda self, n=layers: n)
         meta = src.build_step(FULL, NO_SCHEDULE, SMALL, rk.target("h100")).meta
-        assert meta.get("layers") == layers and meta["params"] > 0
-        assert meta["precision"]["compute"] == "module's own"
+        assert meta.get("layers") == layers and meta["params"] == 4 * 8 + 3
+        assert meta["precision"] == {"p": "f32", "compute": "module's own"}
+        assert "rng_streams" not in meta and "env_at_import" not in meta
 
 
 def test_measure_says_a_report_s_warnings_unless_told_not_to(monkeypatch):
