@@ -460,3 +460,28 @@ def test_alias_sets_map_onto_our_vocabulary_and_by_name():
         tagging.aliases("easydl")
     with pytest.raises(rk.UnknownName, match=r"'auto'"):
         tagging.rules("auto+easydel")
+
+
+class _TiedHead(nn.Module):
+    """An embedding whose ``attend`` is the output head (a method other than __call__)."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        embed = nn.Embed(11, 4)
+        hidden = nn.Dense(4, name="q_proj")(embed(tokens))
+        return embed.attend(hidden)
+
+
+def test_tagging_leaves_what_a_modules_other_methods_return_as_it_was():
+    # tagging names the outputs of modules' __call__ only: a tied head's attend (another
+    # method) gives the same logits inside the context as outside (traced, not run), and
+    # the projection is tagged inside only.
+    model, tokens = _TiedHead(), jax.ShapeDtypeStruct((2, 3), jnp.int32)
+    params = jax.eval_shape(model.init, jax.random.key(0), tokens)
+    plain = jax.make_jaxpr(model.apply)(params, tokens)
+    with tagging.tagging("hf"):
+        tagged = jax.make_jaxpr(model.apply)(params, tokens)
+    assert [v.aval for v in tagged.jaxpr.outvars] == [v.aval for v in plain.jaxpr.outvars]
+    assert plain.out_avals[0].shape == (2, 3, 11)
+    assert set(tags_in(tagged)) == {names.QUERY_PROJ}
+    assert not tags_in(plain)
