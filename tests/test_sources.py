@@ -2283,3 +2283,22 @@ def test_measure_says_a_report_s_warnings_unless_told_not_to(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sources.measure(src, "full", "h100", SMALL, meta={"t": 1}, warn=False)
+
+
+def test_the_layer_kinds_are_traced_once_at_one_sequence_of_32_unsharded(monkeypatch):
+    from remat_kit.sources._source import ModelSource
+
+    asked = []
+
+    def build_step(self, policy, schedule, config, target, *, sharded=True):
+        asked.append((policy.spec, schedule.spec, config, sharded))
+        if config.seq != 32:
+            raise ValueError("this model's positions stop at 32")
+        step = types.SimpleNamespace(loss_fn=lambda x: x * 2.0, loss_args=(1.0,))
+        return types.SimpleNamespace(step=step)
+
+    monkeypatch.setattr(ModelSource, "build_step", build_step)
+    src = sources.from_factory(f"{FACTORIES}:untagged", tags=None)
+    assert src.layer_kinds(rk.target("h100")) is None  # no checkpoint in the trace: unknown
+    assert src.layer_kinds(rk.target("h100")) is None  # remembered: traced once
+    assert asked == [("full", "none", rk.TrainConfig(batch=1, seq=32, optimizer="sgd"), False)]
