@@ -121,6 +121,17 @@ def test_accumulated_micro_batches_step_as_the_whole_batch_by_hand():
     assert float(got_loss) == pytest.approx(loss, rel=1e-5)
 
 
+def test_a_step_with_rng_streams_takes_a_raw_threefry_key():
+    # build_train_step's docstring: with rng_streams, fn takes a last argument rng, "a raw
+    # threefry key, uint32[2] (jax.random.key_data(jax.random.key(0)))", after the batch.
+    config = rk.TrainConfig(batch=2, seq=8, optimizer="sgd")
+    keyed = rk.build_train_step(_Bigram(), config, rng_streams=("dropout",))
+    raw = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    rng = keyed.args[-1]
+    assert (rng.shape, rng.dtype) == (raw.shape, raw.dtype) == ((2,), "uint32")
+    assert len(keyed.args) == 5 and keyed.rng_streams == ("dropout",)
+
+
 def test_breakdown_from_shapes():
     cfg = models.get_config("tiny-llama", param_dtype="f32")
     n = cfg.param_count()
