@@ -2302,3 +2302,12 @@ def test_the_layer_kinds_are_traced_once_at_one_sequence_of_32_unsharded(monkeyp
     assert src.layer_kinds(rk.target("h100")) is None  # no checkpoint in the trace: unknown
     assert src.layer_kinds(rk.target("h100")) is None  # remembered: traced once
     assert asked == [("full", "none", rk.TrainConfig(batch=1, seq=32, optimizer="sgd"), False)]
+
+
+def test_cli_asks_for_one_model_saying_what_each_model_flag_takes(capsys):
+    assert main(["report", "--target", "h100"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "give the model once: a preset, path/file.py:NAME or package.module:NAME (--model)" in err
+    )
+    assert "a train step of your own, file.py:NAME (--step)" in err
