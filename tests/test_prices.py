@@ -313,6 +313,20 @@ def test_tpu_price_rows_are_known_generations_from_google_cloud():
         assert "us-central" in p.note and "https://" in p.note  # region and transcription
 
 
+@pytest.mark.parametrize("generation", ["v4", "v5e", "v5p", "v6e"])
+def test_a_tpu_price_per_chip_is_each_transcribed_slice_price_over_its_chips(generation):
+    # Each row's note transcribes the slices' hourly prices off the catalog: the per-chip
+    # rate times a slice's chips (stated, or the tpu-v5litepod-N / tpu-v6e-N count) is it.
+    from remat_kit.targets._prices import TPU_PRICES
+
+    price = TPU_PRICES[generation]
+    rows = re.findall(r"tpu-([\w]+)-(\d+)(?: \((\d+) chips\))? \$([\d,.]+)/h", price.note)
+    assert len(rows) >= 2, price.note
+    for kind, suffix, chips, usd in rows:
+        n = int(chips) if chips else int(suffix)  # v5e and v6e are named by their chips
+        assert price.usd_per_gpu_hour * n == pytest.approx(float(usd.replace(",", ""))), kind
+
+
 def test_tpu_prices_order_and_read_only():
     from remat_kit.targets._prices import TPU_PRICES
 
