@@ -169,6 +169,9 @@ def test_a_factory_without_a_readable_signature_is_called_with_the_policy_alone(
     factory = _Unreadable()
     src = sources.from_factory(factory)
     assert (src.schedule_kinds, src.applies_in_code) == ({"none"}, "policy")
+    # It takes neither schedule= nor target= (flags, not unknowns: the source's identity).
+    assert src.takes_schedule is False and src.takes_target is False
+    assert src == dataclasses.replace(src, takes_schedule=False, takes_target=False)
     with pytest.raises(BadValue, match="every"):
         src.check_schedule("every:2")
     src.build("full")  # handed schedule=, it would raise a TypeError
