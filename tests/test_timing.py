@@ -744,6 +744,9 @@ def test_the_measured_cpu_speed_is_the_work_over_the_best_time(monkeypatch):
     assert s.fresh_bytes_per_s == pytest.approx(size / (0.25 - 0.125))
     # the tiny program's 0.25 s is a loaded machine's, not a launch cost: capped at 20 us
     assert s.kernel_seconds == pytest.approx(2e-5)
+    # "A Speed whose efficiencies are 1 (the measured rates are the rates)"
+    efficiencies = (s.matmul_efficiency, s.attention_efficiency, s.memory_efficiency)
+    assert efficiencies == (1.0, (1.0, 1.0), 1.0) and s.host_link_efficiency == 1.0
 
 
 def test_a_best_time_is_the_fastest_of_at_least_three_runs_after_a_warm_up(monkeypatch):
