@@ -180,9 +180,15 @@ MODULES: dict[str, Group] = {
     ),
     "cache": Group(
         ("remat_kit/cache",),
-        ("tests/test_cache.py",),
+        # The oracle: random store/load sequences against a dict, damaged entries among them.
+        ("tests/test_cache.py", "tests/test_cache_oracle.py"),
         # The store's files, read and written by the worker processes.
-        by_file=(("_store.py", ("tests/test_cache.py", "tests/test_workers.py")),),
+        by_file=(
+            (
+                "_store.py",
+                ("tests/test_cache.py", "tests/test_cache_oracle.py", "tests/test_workers.py"),
+            ),
+        ),
     ),
     # The step-time model: kernels, speeds, the program's loops and XLA's own schedule.
     "timing": Group(
@@ -222,7 +228,7 @@ MODULES: dict[str, Group] = {
     "analysis": Group(("remat_kit/analysis.py",), ("tests/test_analysis.py",)),
     "train": Group(
         ("remat_kit/train.py",),
-        ("tests/test_train.py", "tests/test_precision.py"),
+        ("tests/test_train.py", "tests/test_precision.py", "tests/test_dropout.py"),
         ("lora_and_accumulation_shrink", "lora_gradients_unchanged"),
     ),
     "breakdown": Group(
