@@ -314,6 +314,7 @@ class Equivalent:
     change: str
     line: str  # the original line, stripped
     why: str
+    function: str = ""  # the def it is in, where the line's text is not unique in the file
 
 
 #: Mutants that survive because nothing can tell them apart, each with its proof. The kill
@@ -337,6 +338,33 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "drop strict=True",
         "for a, sh in zip(own.args, own.in_shardings, strict=True)",
         "_placed's one caller, _checked, refuses in_shardings of another length first",
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "1 -> 2",
+        "n = max(1, k.group)",
+        "_ring_bytes_per_s is reached only after _collective_seconds returned 0 for a group "
+        "of one: the group is 2 or more here",
+        function="_ring_bytes_per_s",
+    ),
+    Equivalent(
+        "remat_kit/timing/_speed.py",
+        "drop network_efficiency=_TPU_DCN",
+        "return Speed(",
+        "Speed's default network_efficiency is 0.8, which is _TPU_DCN",
+    ),
+    *(
+        Equivalent(
+            "remat_kit/cache/_keys.py",
+            change,
+            "blob = json.dumps(parts, sort_keys=True, default=str).encode()",
+            why,
+        )
+        for change, why in (
+            ("drop sort_keys=True", "every mapping in parts is built in one fixed order"),
+            ("True -> False", "every mapping in parts is built in one fixed order"),
+            ("drop default=str", "every value in parts is already JSON's (str, int, list)"),
+        )
     ),
 )
 
@@ -712,10 +740,24 @@ SUITE_FAST: tuple[str, ...] = ("-m", "not slow", "-n", "2")
 
 
 def judged(m: Mutant, root: Path) -> Equivalent | None:
-    """The :data:`EQUIVALENT` judgement that names this mutant's file, change and line text."""
-    text = (root / m.path).read_text().splitlines()[m.line - 1].strip()
+    """The :data:`EQUIVALENT` judgement that names this mutant's file, change and line text
+    (and the def it is in, where the judgement names one)."""
+    source = (root / m.path).read_text()
+    text = source.splitlines()[m.line - 1].strip()
+    defs = [
+        n
+        for n in ast.walk(ast.parse(source))
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.lineno <= m.line <= (n.end_lineno or n.lineno)
+    ]
+    inner = max(defs, key=lambda n: n.lineno).name if defs else ""
     return next(
-        (e for e in EQUIVALENT if (e.path, e.change, e.line) == (m.path, m.change, text)), None
+        (
+            e
+            for e in EQUIVALENT
+            if (e.path, e.change, e.line) == (m.path, m.change, text) and e.function in ("", inner)
+        ),
+        None,
     )
 
 
