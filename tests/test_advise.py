@@ -844,3 +844,34 @@ def test_advise_plans_each_target_to_its_memory_less_the_headroom(headroom):
     (row,) = rk.advise(workload_for, 1, targets=["h100"], headroom=headroom)
     usable = rk.target("h100").usable_bytes
     assert row.fits and row.note.data["budget_bytes"] == int(usable * (1 - headroom))
+
+
+@pytest.mark.parametrize(
+    ("fits", "scale_out", "gpus", "tps", "scaled"),
+    [
+        (True, None, 2, 1000.0, False),  # one (here two) GPUs fit: the plan's own figures
+        (True, (8, 9000.0), 2, 1000.0, False),  # a scale-out beside a fit changes nothing
+        (False, (8, 9000.0), 8, 9000.0, True),  # does not fit: the scale-out's GPUs and speed
+        (False, (None, None), 2, 1000.0, False),  # a scale-out that found nothing: no figure
+        (False, None, 2, 1000.0, False),
+    ],
+)
+def test_a_cost_is_the_plans_unless_only_the_scale_out_fits(fits, scale_out, gpus, tps, scaled):
+    """Priced at 2.50 USD a GPU-hour (the user's): dollars per million tokens are
+    2.5 x GPUs / (tokens/s x 3600) x 1e6, by hand."""
+    advice = types.SimpleNamespace(
+        target="h100-80gb", devices=2, fits=fits, tokens_per_second=1000.0
+    )
+    out = None
+    if scale_out is not None:
+        out = types.SimpleNamespace(devices=scale_out[0], tokens_per_second=scale_out[1])
+    price = rk.targets.Price(2.5, "user", "--price", "2026-11-30")
+    cost = rk.search.cost_of(advice, out, {"h100-80gb": price})
+    assert (cost.target, cost.gpus, cost.tokens_per_second, cost.scaled) == (
+        "h100-80gb",
+        gpus,
+        tps,
+        scaled,
+    )
+    assert cost.price == price
+    assert cost.usd_per_million_tokens == pytest.approx(2.5 * gpus / (tps * 3600) * 1e6)

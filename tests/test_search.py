@@ -2595,10 +2595,12 @@ def _beats(q, p, rtol=1e-6, peak_rtol=1e-4):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_the_front_marks_what_a_pairwise_check_finds_dominated(seed):
-    """Random points whose peaks and overheads straddle the tolerances (peaks 50 or 150 bytes
-    apart on a million: inside and outside 1e-4; overheads 5e-7 or 2e-6 apart), some sharing
+    """Random points whose peaks and overheads straddle the tolerances (peaks 50, 100 or 150
+    bytes apart on a million: inside, on and outside 1e-4; overheads 5e-7, 1e-6 or 2e-6 apart
+    relative to max(1, overhead)), some sharing
     a program, some plans. Every program's first point (a plan first, else the first given)
-    keeps its figures and the rest copy them and name it in ``same_as``; a point is dominated
+    keeps its figures and the rest copy them and name it in ``same_as`` (whatever an earlier
+    front marked); a point is dominated
     exactly when some other first point beats it, and the one it names does; the points keep
     their order; ``merged`` leaves one point per program, named by all its points' labels."""
     from remat_kit.search._front import FrontPoint, merged, pareto_front
@@ -2606,10 +2608,14 @@ def test_the_front_marks_what_a_pairwise_check_finds_dominated(seed):
     rng = random.Random(seed)
     for case in range(20):
         pts = []
+        mega = rng.choice([1, 2, 3])
         for i in range(rng.randrange(1, 9)):
-            scale = rng.choice([1.0, 3.0])
-            over = rng.choice([0.0, 0.1, 0.2, -0.05, 2.0]) + scale * rng.choice([0, 5e-7, 2e-6])
-            peak = rng.choice([1, 2, 3]) * 10**6 + rng.choice([0, 50, -50, 150, -150])
+            # Exactly on the tolerances too: 1e-6 x max(1, |overhead|) apart, and peaks
+            # 1e-4 of the larger apart (100 bytes on a million).
+            base = rng.choice([0.0, 0.1, -0.05, 2.0])
+            jitter = rng.choice([0, 0, 5e-7, 1e-6, -1e-6, 2e-6])
+            over = base + max(1.0, abs(base)) * jitter
+            peak = mega * 10**6 + mega * rng.choice([0, 0, 50, -50, 100, -100, 150])
             pts.append(
                 FrontPoint(
                     f"p{i}",
@@ -2618,6 +2624,8 @@ def test_the_front_marks_what_a_pairwise_check_finds_dominated(seed):
                     over,
                     over,
                     program=rng.choice([None, None, "x", "y"]),
+                    # A mark left by an earlier front (plan_front marks its points again).
+                    same_as=rng.choice([None, None, "p0"]),
                 )
             )
         out = pareto_front(pts)
@@ -2810,3 +2818,91 @@ def test_a_module_path_tag_is_a_glob_in_the_plans_policy_where_every_layer_saves
 
     pol, _ = Solution(decisions, decisions, 0, Estimate(0.0, 0.0, 0.0, 0.0, 0.0)).policies()
     assert pol.spec == spec
+
+
+def test_a_sweep_plans_for_the_four_smallest_catalogue_peaks_that_fit(monkeypatch):
+    """The planner's curve: plans for the peaks of the catalogue points that fit, the four
+    smallest (by hand), in ascending order, never the first plan's own budget, never a
+    schedule's or a plan's peak, nor one over the device; a plan that does not fit is left
+    out."""
+    from remat_kit.search import _recommend
+    from remat_kit.search._front import FrontPoint
+
+    asked = []
+
+    def plan(w, batch, budget, **options):
+        asked.append(budget)
+        return types.SimpleNamespace(budget_bytes=budget, fits=budget != 300)
+
+    monkeypatch.setattr(_recommend, "plan", plan)
+    pts = [
+        FrontPoint("a", "catalogue", 700, 0.1, 0.1, fits=True),
+        FrontPoint("b", "catalogue", 300, 0.3, 0.3, fits=True),
+        FrontPoint("c", "catalogue", 500, 0.2, 0.2, fits=True),
+        FrontPoint("d", "catalogue", 900, 0.0, 0.0, fits=True),
+        FrontPoint("e", "catalogue", 400, 0.25, 0.25, fits=True),
+        FrontPoint("f", "catalogue", 600, 0.15, 0.15, fits=True),
+        FrontPoint("g", "catalogue", 200, 0.5, 0.5, fits=False),
+        FrontPoint("h", "schedule", 100, 0.6, 0.6, fits=True),
+        FrontPoint("i", "plan", 350, 0.2, 0.2, fits=True),
+        FrontPoint("j", "catalogue", 400, 0.25, 0.25, fits=True),  # the same peak as e
+    ]
+    first = types.SimpleNamespace(budget_bytes=500)
+    swept = _recommend._sweep(None, 1, first, pts, {})
+    assert asked == [300, 400, 600, 700]
+    assert [p.budget_bytes for p in swept] == [400, 600, 700]
+
+
+def test_a_layer_split_as_cheap_as_no_split_is_not_taken_even_with_fewer_bytes():
+    """Two layers; ``a`` (50 B, 0.1 of the step to recompute) and ``b`` (150 B, 0.2), a
+    150-byte cap. By hand: no split, the least is ``a`` recomputed (0.1, 150 B); split at
+    layer 1, ``b`` recomputed in one layer costs 0.1 too, in 125 B. Ties go to no split."""
+    from remat_kit.search._costs import CostModel
+    from remat_kit.search._solver import solve
+
+    model = CostModel(
+        tags=("a", "b"),
+        n_layers=2,
+        saved_bytes=200,
+        saved_flops=100.0,
+        baseline_flops=100.0,
+        size={"a": 50, "b": 150},
+        needed={"a": True, "b": True},
+        needs={"a": (), "b": ()},
+        spill={"a": 0, "b": 0},
+        cost={"a": 10.0, "b": 20.0},
+        weight={"a": 0.1, "b": 0.2},
+    )
+    sol, status = solve(model, 150)
+    assert status.optimal and sol.layers == 0
+    assert sol.decisions == {"a": "recompute", "b": "save"}
+    assert sol.estimate.overhead == pytest.approx(0.1) and sol.estimate.device_bytes == 150
+    split, _ = solve(model, 150, splits=True, split_cap=150)
+    assert split.layers == 0
+
+
+def test_a_first_probe_one_past_the_boundary_is_followed_by_the_boundary_itself():
+    """The trace puts the first probe at 11 (inputs 5,000 B, 6,000 B of residuals a sample
+    under a 73,100-byte limit); the step really peaks at 10,000 + 6,300 x b, so 11 does not
+    fit, and the line from the inputs through it puts the boundary at 10 (by hand: slope
+    (79,300 - 5,000) / 11 = 6,754.5, (73,100 - 5,000) // 6,754.5 = 10). The second compile
+    is 10, which fits: the answer, on two compiles."""
+    measured = []
+
+    def measure(policy, schedule, batch):
+        measured.append(batch)
+        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
+
+    def residuals(policy, schedule, batch):
+        saved = rk.residuals.Residual("x", (), "int8", 6000 * batch, "saved", 1, "")
+        return rk.residuals.ResidualReport((saved,), {}, {}, {})
+
+    parts = {"weights": 2500, "optimizer": 2500, "gradients": 5000}
+    step = rk.sources.Measured(
+        measure, lambda p, s, b: float(b), residuals_fn=residuals, breakdown_fn=lambda b: parts
+    )
+    fit = rk.max_batch(
+        _workload(step, rk.target("h100"), rk.TrainConfig(1, 10)), "full", limit_bytes=73_100
+    )
+    assert (fit.batch, fit.next_peak_bytes) == (10, 79_300)
+    assert measured == [11, 10] and fit.compiles == 2
