@@ -118,7 +118,15 @@ MODULES: dict[str, Group] = {
         by_file=(
             ("_throughput.py", ("tests/test_throughput.py", "tests/test_cluster.py")),
             # The sequence search's curves, on fake builders (its compiles are marked slow).
-            ("_seq.py", ("tests/test_seq_search.py", "tests/test_search.py", "tests/test_fit.py")),
+            (
+                "_seq.py",
+                (
+                    "tests/test_seq_search.py",
+                    "tests/test_search.py",
+                    "tests/test_fit.py",
+                    "tests/test_search_oracle.py",  # max_seq against a scan
+                ),
+            ),
             # The one door to both searches, and the per-policy fan-out over a cluster.
             (
                 "_fit.py",
@@ -338,6 +346,26 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "drop strict=True",
         "for a, sh in zip(own.args, own.in_shardings, strict=True)",
         "_placed's one caller, _checked, refuses in_shardings of another length first",
+    ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
+        "min( -> max(",
+        "key=lambda u: min(abs(math.log(u / e)) for e in ends) if ends else -u,",
+        "every other known unit lies outside [lo, hi]: its log-distance to the far end is its "
+        "distance to the near one plus log(hi / lo), the same for all, so the order is too",
+    ),
+    Equivalent(
+        "remat_kit/search/_planner.py",
+        "drop fits=ok",
+        "cand = dataclasses.replace(cand, peak_bytes=r.peak_bytes, host_bytes=host, fits=ok)",
+        "the plan reads fits=fits and cand.fits, fits is ok, and a candidate reaching here "
+        "with fits=True already fits: ok either way",
+    ),
+    Equivalent(
+        "remat_kit/search/_solver.py",
+        "> -> >=",
+        "elif o is not None and x[o] > 0.5:",
+        "HiGHS returns the yes/no variables as 0 or 1 (integrality): never 0.5",
     ),
     Equivalent(
         "remat_kit/timing/_model.py",
