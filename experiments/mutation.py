@@ -368,6 +368,20 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "HiGHS returns the yes/no variables as 0 or 1 (integrality): never 0.5",
     ),
     Equivalent(
+        "remat_kit/sources/_source.py",
+        "and -> or",
+        "if block_spec and block_policies is not None:",
+        "block_policies is set (not None) exactly when block_spec, self.block, is given: the "
+        "two operands are always both true or both false",
+    ),
+    Equivalent(
+        "remat_kit/sources/_tag_checks.py",
+        "drop where=source.spec",
+        "checks.check_policy_matches(p, near, strict=True, where=source.spec)",
+        "strict: it returns or raises BadValue, never warns, and the BadValue is dropped two "
+        "lines below (the whole model is asked): where reaches no user",
+    ),
+    Equivalent(
         "remat_kit/timing/_model.py",
         "1 -> 2",
         "n = max(1, k.group)",
