@@ -50,6 +50,9 @@ Usage::
     git archive HEAD | tar -x -C /tmp/clean
     python experiments/mutation.py --sample 40 --weighted --seed 61 --tiers --jobs 1 \
         --name mutation_round_61 --source /tmp/clean
+    # a run judged again after a survivor was proven equivalent (EQUIVALENT); runs nothing
+    python experiments/mutation.py --rejudge results/mutation_round_70.json \
+        --source /tmp/clean --name mutation_round_70
     # issue 58's count: a file-tier survivor against the suite's fast tier too
     python experiments/mutation.py --sample 40 --weighted --seed 68 --tiers --suite \
         --jobs 1 --name mutation_round_68 --source /tmp/clean
@@ -910,6 +913,11 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         "--before", type=Path, help="an earlier results JSON: its kill rates beside these"
     )
     p.add_argument(
+        "--rejudge",
+        type=Path,
+        help="a --tiers results JSON judged again with EQUIVALENT against --source; runs nothing",
+    )
+    p.add_argument(
         "--source", type=Path, default=ROOT, help="the tree to copy (default: this checkout)"
     )
     return p.parse_args(argv)
@@ -1058,6 +1066,11 @@ def tier_rates(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv)
+    if args.rejudge:
+        data = rejudge(args.rejudge, args.source)
+        write_json(args.out / f"{args.name}.json", data)
+        _show(data, before=False)
+        return
     cap = 3 if args.quick else args.cap
     modules = [m for m in (args.only.split(",") if args.only else MODULES) if m]
     unknown = [m for m in modules if m not in MODULES]
@@ -1132,36 +1145,43 @@ def main(argv: Sequence[str] | None = None) -> None:
             old = before.get(row["module"])
             row["kill_rate_before"] = old["kill_rate"] if old else None
     write_json(args.out / f"{args.name}.json", data)
-    print(
-        table(
-            data["summary"],
-            [
-                "module",
-                "mutants",
-                "killed",
-                "timeout",
-                "survived",
-                "equivalent",
-                *(["kill_rate_before"] if args.before else []),
-                "kill_rate",
-                "seconds",
-            ],
-            "mutation kill rate",
-        )
-    )
-    if args.tiers:
+    _show(data, bool(args.before))
+
+
+def _show(data: dict[str, Any], before: bool) -> None:
+    """Prints a run's tables: the kill rates, each mutant's tiers, survivors, equivalents."""
+    rows = data["mutants"]
+    cols = ["module", "mutants", "killed", "timeout", "survived", "equivalent"]
+    cols += [*(["kill_rate_before"] if before else []), "kill_rate", "seconds"]
+    print(table(data["summary"], cols, "mutation kill rate"))
+    if data["tiers"]:
         cols = ["module", "path", "line", "change", "fast", "fast_test", "whole", "whole_test"]
         # A test's id may hold brackets (a parametrized path): printed as text, not markup.
         shown = [{c: escape(r[c]) if isinstance(r[c], str) else r[c] for c in cols} for r in rows]
         print(table(shown, cols, "mutants, fast tier then whole"))
         print(table([data["tiers"]], list(data["tiers"]), "kill rates"))
-    survivors = [r for r in rows if r["status"] == "survived"]
-    for r in survivors:
-        print(f"survived  {r['path']}:{r['line']}  {r['change']}  | {r['diff']}")
+    for r in rows:
+        if r["status"] == "survived":
+            print(f"survived  {r['path']}:{r['line']}  {r['change']}  | {r['diff']}")
     for r in rows:
         if r.get("equivalent"):
             print(f"equivalent  {r['path']}:{r['line']}  {r['change']}  | {r['equivalent']}")
-    print(f"wall time {wall:.0f} s ({len(rows)} mutants)")
+    print(f"wall time {data['wall_seconds']:.0f} s ({len(rows)} mutants)")
+
+
+def rejudge(path: Path, source: Path) -> dict[str, Any]:
+    """A ``--tiers`` run's results judged again with today's :data:`EQUIVALENT`, against
+    ``source``, the tree it ran on (its line numbers): a judgement made after the run, from a
+    proof, sets a survivor apart; nothing is run again."""
+    data = json.loads(path.read_text())
+    fields = [f.name for f in dataclasses.fields(Mutant)]
+    for row in data["mutants"]:
+        same = judged(Mutant(**{k: row[k] for k in fields}), source)
+        row["equivalent"] = same.why if same and row["whole"] == "survived" else ""
+        row["status"] = "equivalent" if row["equivalent"] else row["whole"]
+    data["summary"] = summary(data["mutants"])
+    data["tiers"] = tier_rates(data["mutants"])
+    return data
 
 
 if __name__ == "__main__":
