@@ -447,3 +447,13 @@ def test_a_kernel_dir_whose_file_cannot_be_read_is_still_made_again(tmp_path, mo
     with codegen.kernel_dir_stowed():
         assert not own.exists()
     assert own.is_dir() and stat.S_IMODE(own.stat().st_mode) == 0o700
+
+
+def test_a_kernel_dir_gone_before_it_is_stowed_is_no_error_and_is_made_again(tmp_path, monkeypatch):
+    """Listed, then removed by another process (a worker's parent watch) before the stow
+    removes it: starting the workers goes on, and the directory is made again after."""
+    gone = tmp_path / f"{codegen.KERNEL_DIR_PREFIX}{os.getpid()}_gone"
+    monkeypatch.setattr(codegen, "_kernel_dirs", lambda pid: [gone] if not gone.exists() else [])
+    with codegen.kernel_dir_stowed():
+        assert not gone.exists()
+    assert gone.is_dir() and stat.S_IMODE(gone.stat().st_mode) == 0o700

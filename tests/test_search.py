@@ -8,6 +8,7 @@ logic exactly; a small bf16 Llama compiled for an H100 checks the claims on real
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import itertools
 import random
 import re
@@ -278,6 +279,25 @@ def test_fake_plan_nothing_fits_says_smallest():
     assert not p.fits
     assert "nothing fits" in p.message and "smallest peak reached" in p.message
     assert p.peak_bytes == min(c.peak_bytes for c in p.candidates)
+    # The solver's word stays with the plan: nothing met the caps on the model.
+    assert p.source == "nothing" and p.solver is not None and p.solver.status == "infeasible"
+
+
+def test_plan_front_offloads_by_default_as_plan_does(monkeypatch):
+    from remat_kit.search import _recommend
+
+    asked = []
+    real = _recommend.plan
+
+    def plan(*args, **kwargs):
+        asked.append(kwargs["offload"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_recommend, "plan", plan)
+    w = fake_workload()
+    rk.search.plan_front(w, 1, 3000, catalogue=("full",))
+    rk.search.plan_front(w, 1, 3000, catalogue=("full",), offload=False)
+    assert asked == [inspect.signature(rk.plan).parameters["offload"].default, False]
 
 
 def test_with_no_budget_nothing_fits_what_a_process_may_use_though_the_device_would_hold_it():

@@ -233,3 +233,22 @@ def test_the_longest_sequence_is_the_one_a_scan_finds(seed):
             assert fit.next_peak_bytes is None, case
         else:
             assert fit.next_peak_bytes == peak(nxt) > limit, case
+
+
+@pytest.mark.parametrize(
+    ("xla", "want"),
+    [
+        # Both ends of the bracket off XLA's plateau: the line through them holds (None),
+        # even with a point where the pass fell short.
+        ({40: (50, True)}, None),
+        # The bracket's low end held on the plateau by the pass (cut 30, not short): from the
+        # short point at 40 the peaks before the pass, {10: 130, 20: 200, 40: 450}, rise
+        # (450 - 130) / 30 a unit, less the 50 / 40 the pass takes off a unit: 9.41667, and
+        # reach 500 at 40 + (500 - 400) / 9.41667 = 50.6 units.
+        ({10: (30, False), 40: (50, True)}, 50),
+    ],
+)
+def test_the_line_past_xla_s_plateau_is_followed_only_from_an_end_on_it(xla, want):
+    from remat_kit.search._boundary import _xla_line
+
+    assert _xla_line({10: 100, 20: 200, 40: 400}, xla, 500, 10, 20) == want
