@@ -385,6 +385,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "lines below (the whole model is asked): where reaches no user",
     ),
     Equivalent(
+        "remat_kit/tagging.py",
+        "> -> >=",
+        'if name not in known or (name in ("auto", "paths") and len(out) > 1):',
+        "both callers return for a spec of auto or paths alone before asking: a name of those "
+        "two reaches here only joined to another (len(out) > 1)",
+        function="_set_names",
+    ),
+    Equivalent(
         "remat_kit/timing/_model.py",
         "1 -> 2",
         "n = max(1, k.group)",

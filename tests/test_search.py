@@ -1181,6 +1181,8 @@ def test_a_plan_on_a_front_is_known_by_its_budget_not_its_words(monkeypatch):
     assert {pt.budget_bytes for pt in plans} <= {pf.plan.budget_bytes} | {
         p.budget_bytes for p in pf.swept
     }
+    # The plan made again joins the front alone: the catalogue is the one asked for.
+    assert sorted(pt.label for pt in pf.points if pt.kind == "catalogue") == ["dots", "full"]
 
 
 def test_a_swept_front_recommends_a_plan_nothing_on_it_dominates():
