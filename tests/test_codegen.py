@@ -457,3 +457,26 @@ def test_a_kernel_dir_gone_before_it_is_stowed_is_no_error_and_is_made_again(tmp
     with codegen.kernel_dir_stowed():
         assert not gone.exists()
     assert gone.is_dir() and stat.S_IMODE(gone.stat().st_mode) == 0o700
+
+
+def test_a_zombie_is_not_alive_and_a_running_process_is():
+    """An ended child its parent has not reaped (a zombie) still answers os.kill: its kernel
+    directory is an ended process's, to clean. /proc's state field says Z."""
+    import time
+
+    ended = subprocess.Popen(["true"])
+    running = subprocess.Popen(["sleep", "30"])
+    try:
+        state = ""
+        for _ in range(500):  # not reaped: Popen.wait is not called until the end
+            state = Path(f"/proc/{ended.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state == "Z":
+                break
+            time.sleep(0.01)
+        assert state == "Z"
+        assert codegen._alive(ended.pid) is False
+        assert codegen._alive(running.pid) is True
+    finally:
+        running.kill()
+        running.wait()
+        ended.wait()
