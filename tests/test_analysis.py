@@ -487,15 +487,9 @@ def test_a_reports_labels_are_typed_and_its_json_keeps_every_one():
             memory_report(meta=bad)
 
 
-@pytest.mark.parametrize(
-    ("saved", "marked"),
-    [(0, False), (2**20 - 1, False), (2**20, True), (2**20 + 1, True), (3 * 2**29, True)],
-    ids=["nothing", "a byte under 1 MiB", "1 MiB", "a byte over 1 MiB", "1.5 GiB"],
-)
-def test_xla_remat_is_marked_from_one_mib_saved(monkeypatch, saved, marked):
-    # XLA's pass clones instructions even where it saves next to nothing: a report marks it
-    # (xla_remat, and a note a user reads) from 1 MiB (2**20 B) taken off the peak, not below.
-    # The compile is a fake whose remat pass saved `saved` bytes: no compile, the real report.
+def _fake_compile(saved: int):
+    """A stand-in for ``compiled_memory``: 64 B of each kind, XLA's remat pass saving
+    ``saved`` bytes; no compile."""
     from remat_kit.xla import CompiledMemory
 
     def fake_compiled_memory(lowered, t, options=None, dump_to=None):
@@ -513,10 +507,33 @@ def test_xla_remat_is_marked_from_one_mib_saved(monkeypatch, saved, marked):
             compile_seconds=0.0,
         )
 
-    monkeypatch.setattr(rk.analysis, "compiled_memory", fake_compiled_memory)
+    return fake_compiled_memory
+
+
+@pytest.mark.parametrize(
+    ("saved", "marked"),
+    [(0, False), (2**20 - 1, False), (2**20, True), (2**20 + 1, True), (3 * 2**29, True)],
+    ids=["nothing", "a byte under 1 MiB", "1 MiB", "a byte over 1 MiB", "1.5 GiB"],
+)
+def test_xla_remat_is_marked_from_one_mib_saved(monkeypatch, saved, marked):
+    # XLA's pass clones instructions even where it saves next to nothing: a report marks it
+    # (xla_remat, and a note a user reads) from 1 MiB (2**20 B) taken off the peak, not below.
+    # The compile is a fake whose remat pass saved `saved` bytes: no compile, the real report.
+    monkeypatch.setattr(rk.analysis, "compiled_memory", _fake_compile(saved))
     x = jax.ShapeDtypeStruct((16,), jnp.float32)
     r = rk.memory_report(lambda a: a * 2, x, target="h100", warn=False)
     assert r.xla_remat is marked and r.xla_remat_saved_bytes == saved
     said = [w for w in r.warnings if "XLA's own rematerialization pass took" in w]
     assert len(said) == int(marked)
     assert [n.data["saved_bytes"] for n in r.notes if n.kind == "xla_remat"] == [saved] * marked
+
+
+@pytest.mark.parametrize(("devices", "summary"), [(1, None), (2, {}), (8, {})])
+def test_a_report_over_two_devices_or_more_says_what_they_exchange(monkeypatch, devices, summary):
+    # From two devices on a step may exchange data: its report carries the collectives'
+    # summary (empty: this program has none). The compile is a fake; the report is real.
+    monkeypatch.setattr(rk.analysis, "compiled_memory", _fake_compile(0))
+    x = jax.ShapeDtypeStruct((16,), jnp.float32)
+    t = rk.target("h100", devices=devices)
+    r = rk.memory_report(lambda a: a * 2, x, target=t, warn=False)
+    assert r.meta.get("collectives") == summary
