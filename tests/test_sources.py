@@ -2314,3 +2314,21 @@ def test_cli_asks_for_one_model_saying_what_each_model_flag_takes(capsys):
         "give the model once: a preset, path/file.py:NAME or package.module:NAME (--model)" in err
     )
     assert "a train step of your own, file.py:NAME (--step)" in err
+
+
+def test_a_factory_name_missing_from_its_file_lists_only_the_files_own_public_callables(
+    tmp_path,
+):
+    # What the user could have meant: the file's own public callables, not its constants,
+    # its private helpers or what it imported.
+    path = tmp_path / "models_here.py"
+    path.write_text(
+        "from os.path import join\n"
+        "WIDTH = 64\n"
+        "def _helper():\n    pass\n"
+        "def build_llama():\n    pass\n"
+        "def build_gpt():\n    pass\n"
+    )
+    offered = r"has no 'missing'; callables there: build_gpt, build_llama$"
+    with pytest.raises(BadValue, match=offered):
+        rk.sources.from_factory(f"{path}:missing")
