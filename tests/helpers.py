@@ -78,6 +78,29 @@ def memory_report(target: str | None = "h100", **fields):
     return rk.MemoryReport(**values)
 
 
+def step_time(seconds: float):
+    """A predicted step time of ``seconds``, all of it matmul at half a 2 TFLOP/s peak (the
+    fakes read only ``seconds``)."""
+    from remat_kit.timing import StepTime
+
+    return StepTime(
+        seconds=seconds,
+        matmul_seconds=seconds,
+        attention_seconds=0.0,
+        memory_seconds=0.0,
+        collective_seconds=0.0,
+        collective_hidden_seconds=0.0,
+        transfer_seconds=0.0,
+        launch_seconds=0.0,
+        recompute_seconds=0.0,
+        model_flops=1e12 * seconds,
+        flops=1e12 * seconds,
+        kernels=1,
+        device="fake",
+        peak_flops=2e12,
+    )
+
+
 def axis_groups(mesh, axis: str) -> set:
     """The device groups of one mesh axis, as the partition ids HLO names them."""
     ids = np.arange(mesh.size).reshape(tuple(mesh.shape.values()))

@@ -777,36 +777,14 @@ def test_a_cost_made_without_a_scale_out_is_not_scaled():
 # --- the searches behind the table, on hand-made steps (no compile) -------------------------------
 
 
-def _timed_step(seconds: float):
-    """A predicted step time of ``seconds`` (only ``seconds`` is read here)."""
-    from remat_kit.timing import StepTime
-
-    return StepTime(
-        seconds=seconds,
-        matmul_seconds=seconds,
-        attention_seconds=0.0,
-        memory_seconds=0.0,
-        collective_seconds=0.0,
-        collective_hidden_seconds=0.0,
-        transfer_seconds=0.0,
-        launch_seconds=0.0,
-        recompute_seconds=0.0,
-        model_flops=1e12 * seconds,
-        flops=1e12 * seconds,
-        kernels=1,
-        device="fake",
-        peak_flops=2e12,
-    )
-
-
 def _scaled_step(n: int, per_device: int, seconds: float, seq: int = 16):
     """The step sharded over ``n`` H100s (its batch a multiple of ``n``): ``per_device // n``
     bytes each, ``seconds`` a step."""
-    from helpers import memory_report
+    from helpers import memory_report, step_time
 
     def measure(policy, schedule, batch):
         report = memory_report(peak_bytes=per_device // n, policy=policy.spec)
-        return report.replace(step_time=_timed_step(seconds))
+        return report.replace(step_time=step_time(seconds))
 
     return rk.sources.workload(
         rk.sources.Measured(measure, lambda p, s, b: 1.0),

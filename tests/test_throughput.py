@@ -7,11 +7,10 @@ import json
 import pytest
 
 import remat_kit as rk
-from helpers import memory_report
+from helpers import memory_report, step_time
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
 from remat_kit.render import fastest_words, throughput_table
-from remat_kit.timing import StepTime
 
 SEQ = 10
 FIXED = 1000
@@ -24,25 +23,6 @@ POLICIES = {"none": (100, 0.10), "full": (40, 0.13), "minimal": (60, 0.105)}
 LIMIT = FIXED + 8 * 100 + 50
 
 
-def _step(seconds: float) -> StepTime:
-    return StepTime(
-        seconds=seconds,
-        matmul_seconds=seconds,
-        attention_seconds=0.0,
-        memory_seconds=0.0,
-        collective_seconds=0.0,
-        collective_hidden_seconds=0.0,
-        transfer_seconds=0.0,
-        launch_seconds=0.0,
-        recompute_seconds=0.0,
-        model_flops=1e12 * seconds,
-        flops=1e12 * seconds,
-        kernels=1,
-        device="fake",
-        peak_flops=2e12,
-    )
-
-
 def _report(policy, peak, seconds):
     return memory_report(
         peak_bytes=int(peak),
@@ -50,7 +30,7 @@ def _report(policy, peak, seconds):
         temp_bytes=int(peak) - FIXED,
         flops=float("nan"),
         policy=policy,
-        step_time=_step(seconds),
+        step_time=step_time(seconds),
     )
 
 
