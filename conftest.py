@@ -56,8 +56,6 @@ rk.targets.set_process_flags()
 collect_ignore_glob = ["tests/data/*", "tests/sharded_step.py"]
 
 
-#: Examples of modules being rewritten for issue 21 (the one measuring pipeline), skipped
-#: until that lands: whoever finishes a module deletes its lines here and the examples run.
 class TinyBlock(nn.Module):
     @nn.compact
     def __call__(self, x):
@@ -80,41 +78,59 @@ def tiny_model(policy):
     return TinyModel(policy)
 
 
-#: Docstring examples that compile for a GPU target, search by compiling or time a step (a
-#: second or more each, measured): marked ``slow`` like such tests, so the fast tier
-#: (``-m "not slow"``) leaves them out.
+#: Docstring examples that compile for a GPU target, search by compiling, time a step, draw a
+#: figure or import MaxText's model code (a second or more each, measured): marked ``slow``
+#: like such tests, so the fast tier (``-m "not slow"``) leaves them out.
 SLOW_EXAMPLES = frozenset(
     {
         "models.attention.flash_attention",
-        "models.measure",
+        "models.maxtext_source._source.MaxTextSource.batch_ways",
+        "models.maxtext_source._source.MaxTextSource.refuses",
+        "models.maxtext_source._source.MaxTextSource.sequences_per_step",
         "models.moe.balancing_loss",
         "remat_kit.breakdown.add_measured_breakdown",
         "remat_kit.breakdown.measured_breakdown",
+        "remat_kit.comparison.compare_rows",
         "remat_kit.peak._api.inspect_step",
         "remat_kit.peak._compare.diff",
-        "remat_kit.render._tables.compare_rows",
+        "remat_kit.render._files.save_figure",
         "remat_kit.render._plan_tables.decision_table",
         "remat_kit.render._tables.report_table",
         "remat_kit.render._tables.residual_table",
+        "remat_kit.render._timeline",
         "remat_kit.search",
-        "remat_kit.search._costs.CostModel.evaluate",
         "remat_kit.search._advise",
         "remat_kit.search._advise.advise",
+        "remat_kit.search._advise.gpus_needed",
         "remat_kit.search._batch",
         "remat_kit.search._batch.max_batch",
+        "remat_kit.search._costs.CostModel.evaluate",
+        "remat_kit.search._costs.cost_model",
+        "remat_kit.search._fit",
+        "remat_kit.search._fit.fit_each",
         "remat_kit.search._front",
+        "remat_kit.search._front.front",
+        "remat_kit.search._front.plan_label",
+        "remat_kit.search._next",
+        "remat_kit.search._planner",
         "remat_kit.search._seq",
         "remat_kit.search._seq.max_seq",
         "remat_kit.search._seq.max_seq_plan",
         "remat_kit.search._throughput",
         "remat_kit.search._throughput.fastest",
-        "remat_kit.sources._workload",
-        "remat_kit.sources._workload.Measured",
-        "remat_kit.sources._workload.Workload",
+        "remat_kit.sharding._plan.MeshPlan.activation_context",
         "remat_kit.sources",
         "remat_kit.sources._depth.settled",
         "remat_kit.sources._own_step",
+        "remat_kit.sources._source.ModelSource.layer_kinds",
         "remat_kit.sources._steps",
+        "remat_kit.sources._steps.measure",
+        "remat_kit.sources._steps.workload",
+        "remat_kit.sources._workload",
+        "remat_kit.sources._workload.Measured",
+        "remat_kit.sources._workload.Workload",
+        "remat_kit.sources._workload.Workload.at",
+        "remat_kit.sources._workload.Workload.compile_all",
         "remat_kit.timing._model.measure_cpu_speed",
     }
 )

@@ -803,6 +803,8 @@ def _cli(argv, **env):
 
 @NO_GPU
 @pytest.mark.parametrize("command", ["report", "compare"])
+# starts a process: jax's imports and backends, seconds each
+@pytest.mark.slow
 def test_target_local_without_a_gpu_is_one_line_exit_2(command):
     # No CUDA plugin traceback, no report with a blank limit: the run stops before jax starts.
     done = _cli([command, "--model", "tiny-llama", "--target", "local", "--batch", "1"])
@@ -823,6 +825,8 @@ def test_target_local_without_a_gpu_is_one_line_exit_2(command):
         ("tpu", ["report", *TINY, "--no-residuals"], "asks jax for a TPU this machine"),
     ],
 )
+# starts a process: jax's imports and backends, seconds each
+@pytest.mark.slow
 def test_jax_platforms_that_is_not_here_is_one_line_exit_2(platforms, argv, says):
     done = _cli(argv, JAX_PLATFORMS=platforms)
     assert done.returncode == 2, done.stderr[-2000:]

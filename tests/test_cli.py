@@ -220,6 +220,8 @@ def _without(argv, flag):
     return [*argv[:at], *argv[at + 2 :]]
 
 
+# compiles for eight H100s
+@pytest.mark.slow
 def test_sharded_report_is_per_device(tmp_path, capsys):
     out = tmp_path / "r.json"
     argv = [

@@ -151,6 +151,8 @@ def test_a_slice_of_merged_siblings_is_the_sibling_at_its_offset(sizes, window, 
     assert got == (None if expect is None else (*_MLP, expect, "dot_general"))
 
 
+# compiles the small model for an H100 (the module's fixture)
+@pytest.mark.slow
 def test_phases_cover_the_schedule_in_order(minimal):
     r, _ = minimal
     assert [p.name for p in r.phases] == ["forward", "backward", "optimizer"]
@@ -184,6 +186,8 @@ def test_no_remat_saves_more_and_recomputes_nothing(minimal, nothing_saved_but_i
     assert diff(low, low).kept == () and diff(low, low).peak_delta == 0
 
 
+# compiles the small model for an H100 (the module's fixture)
+@pytest.mark.slow
 def test_to_dict_is_json_ready(minimal, tmp_path):
     r, _ = minimal
     back = json.loads(json.dumps(r.to_dict()))
@@ -367,6 +371,8 @@ def _stacked_weight_shapes():
     }
 
 
+# compiles the small model for an H100 (the module's fixture)
+@pytest.mark.slow
 def test_stacked_gradient_carries_belong_to_the_scanned_layers(minimal):
     # The backward scan accumulates each stacked weight's gradient in a [layers, ...] carry
     # that XLA zero-fills before the loop (issue 26: it showed as "non-layer", and the carries

@@ -166,6 +166,8 @@ def test_a_scheduler_s_signal_in_the_run_is_one_line_and_its_code(
     assert signal.getsignal(signum) == signal.SIG_DFL
 
 
+# starts a process: jax's imports and backends, seconds each
+@pytest.mark.slow
 def test_a_run_held_in_a_compile_is_ended_after_the_grace(tmp_path):
     # Python runs a handler only between the main thread's bytecodes; a compile holds it in
     # C++ for minutes. The wake-up thread ends the run GRACE seconds after the signal.
@@ -192,6 +194,8 @@ def test_a_run_held_in_a_compile_is_ended_after_the_grace(tmp_path):
     assert 0.8 * _interrupt_grace() <= took < 20, took
 
 
+# starts a process: jax's imports and backends, seconds each
+@pytest.mark.slow
 def test_ctrl_c_while_jax_starts_its_backends_ends_the_process_at_once():
     # jax's plugin discovery logs a KeyboardInterrupt that lands in it as a traceback and
     # goes on: the CLI starts the backends where Ctrl-C still ends the process there.

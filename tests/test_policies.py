@@ -255,6 +255,8 @@ def _maxtext_decisions(p):
 
 
 @pytest.mark.parametrize("value", MAXTEXT_VALUES)
+# MaxText's model code: about 9 s to import in a worker, then a config and a trace
+@pytest.mark.slow
 def test_maxtext_family_decides_as_maxtext(value):
     """rk.policy("maxtext", remat_policy=v) against MaxText's own get_remat_policy for v."""
     import functools

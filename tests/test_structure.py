@@ -7,6 +7,7 @@ under ``if TYPE_CHECKING:`` left out (they run nowhere).
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def test_the_policy_layer_loads_nothing_of_the_compile_layer():
     assert not loaded & {"analysis", "xla", "cache", "targets", "timing", "render", "cli"}, out
 
 
+@functools.cache  # read once for the session: three tests walk it (about 2 s each)
 def _graph() -> dict[str, set[str]]:
     modules = {_module(p): p for p in PACKAGE.rglob("*.py")}
     return {

@@ -143,17 +143,22 @@ def _settings(
     return tuple(f"{k}={v}" for k, v in words.items())
 
 
-@functools.cache
-def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
-    """MaxText's config for ``words`` (its ``pyconfig.initialize``), or BadValue."""
-    mt = _maxtext()
-    yaml = Path(mt.pyconfig.__file__).parent / _BASE if spec.yaml == _BASE else Path(spec.yaml)
+def check_yaml(yaml: Path, spec: MaxTextSpec) -> None:
+    """Raise BadValue unless ``yaml`` (``spec``'s config file) is a file."""
     if not yaml.is_file():
         raise BadValue(
             f"MaxText config {spec.yaml}: no such file; give a MaxText YAML, or only "
             "key=value words (MaxText's base.yml)",
             param="maxtext",
         )
+
+
+@functools.cache
+def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
+    """MaxText's config for ``words`` (its ``pyconfig.initialize``), or BadValue."""
+    mt = _maxtext()
+    yaml = Path(mt.pyconfig.__file__).parent / _BASE if spec.yaml == _BASE else Path(spec.yaml)
+    check_yaml(yaml, spec)
     try:
         with _quiet():
             cfg = _from_merged(mt, yaml, words)

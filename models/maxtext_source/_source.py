@@ -34,6 +34,7 @@ from remat_kit_models.maxtext_source._config import (
     _maxtext,
     _microbatches,
     _settings,
+    check_yaml,
 )
 from remat_kit_models.maxtext_source._mesh import _mesh
 from remat_kit_models.maxtext_source._trace import (
@@ -378,6 +379,8 @@ def resolve(spec: MaxTextSpec) -> MaxTextSource:
     Raises:
       BadValue: MaxText is not installed, or bad config words, before anything is built.
     """
+    if spec.yaml != _BASE:  # a typo in its path: one line before MaxText's imports (seconds)
+        check_yaml(Path(spec.yaml), spec)
     _maxtext()  # not installed: one line naming the extra, before anything else
     spec.overrides  # noqa: B018 (bad words are named before anything is built)
     return MaxTextSource(spec)
