@@ -317,3 +317,62 @@ def test_a_size_worded_by_hand_is_found(tmp_path):
     f = tmp_path / "m.py"
     f.write_text('a = f"{n / 2**20:.1f} MiB"\nb = f"{n:.1f} MiB"\nc = f"{n / 2} items"\n')
     assert hand_formatted(f) == [1]
+
+
+# --- the docstring examples the root conftest.py marks slow ----------------------------------
+
+
+def _slow_examples() -> frozenset[str]:
+    """``SLOW_EXAMPLES`` of the root conftest.py, read from its text (the tests' own conftest
+    is the module named ``conftest`` here)."""
+    tree = ast.parse((ROOT / "conftest.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "SLOW_EXAMPLES":
+            return frozenset(ast.literal_eval(node.value.args[0]))
+    raise AssertionError("conftest.py sets no SLOW_EXAMPLES")
+
+
+def _example_docstring(name: str) -> str | None:
+    """The docstring pytest's doctest item ``name`` runs (``pkg.module.Class.method``), or
+    None where no file or definition of that name is."""
+    parts = name.split(".")
+    for cut in range(len(parts), 0, -1):
+        base = ROOT.joinpath(*parts[:cut])
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                node: ast.AST = ast.parse(path.read_text())
+                for attr in parts[cut:]:
+                    node = next(
+                        (
+                            n
+                            for n in getattr(node, "body", [])
+                            if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.name == attr
+                        ),
+                        None,
+                    )
+                    if node is None:
+                        return None
+                return ast.get_docstring(node)
+    return None
+
+
+def test_every_slow_example_names_an_example_there_is():
+    # A renamed function or a moved module leaves its name here marking nothing: its
+    # example, compiles and all, would be back in the fast tier unseen.
+    assert "remat_kit.search._fit.fit_each" in _slow_examples()
+    stale = sorted(n for n in _slow_examples() if ">>>" not in (_example_docstring(n) or ""))
+    assert stale == [], f"SLOW_EXAMPLES names no docstring example: {stale}"
+
+
+@pytest.mark.parametrize(
+    ("name", "found"),
+    [
+        ("remat_kit.search._fit.fit_each", True),
+        ("remat_kit.search._fit", True),  # a module's own docstring
+        ("remat_kit.search._fit.no_such_function", False),
+        ("remat_kit.render._tables.compare_rows", False),  # moved to remat_kit.comparison
+        ("models.measure", False),
+    ],
+)
+def test_an_example_is_found_by_the_name_pytest_gives_it(name, found):
+    assert (">>>" in (_example_docstring(name) or "")) is found
