@@ -580,45 +580,36 @@ def test_maxtexts_reason_for_refusing_a_config_is_kept_whole(tmp_path, monkeypat
     )
 
 
+def _after_maxtext(argv: tuple[str, ...], match: str) -> object:
+    """A refusal MaxText makes itself (its config, its mesh): its model code is imported first."""
+    return pytest.param(argv, match, marks=_IMPORTS_MAXTEXT)
+
+
 @pytest.mark.parametrize(
     ("argv", "match"),
     [
-        pytest.param(
+        _after_maxtext(
             ("--maxtext", "model_name=no-such-model"),
             # MaxText's own reason whole: the field, what it said and the value (issue 59)
             r"^remat-kit: --maxtext model_name=no-such-model: MaxText refused the config: "
             r"MaxTextConfig: model_name: Input should be .*'llama2-7b'.* \(got 'no-such-model'\)$",
-            marks=_IMPORTS_MAXTEXT,
         ),
-        pytest.param(
+        _after_maxtext(
             ("--maxtext", "model_name=llama2-7b", "ici_fsdp_parallelism=3", "--gpus", "4"),
             r"^remat-kit: --maxtext .*: MaxText's mesh for 4 GPU\(s\)",
-            marks=_IMPORTS_MAXTEXT,
         ),
-        pytest.param(
+        _after_maxtext(
             ("--maxtext", PIPELINE, "--gpus", "2", "--batch", "2"),
             # The reason is MaxText's own at the user's batch, whole (not a probe's).
             r"^remat-kit: --maxtext .*: MaxText refused the config: MaxTextConfig: Assertion "
             r"failed, The batch size for a single forward pass \(2\) must be divisible by the "
             r"number of microbatches \(4\)$",
-            marks=_IMPORTS_MAXTEXT,
         ),
-        pytest.param(
-            ("--maxtext", "model_name=llama2-7b", "--optimizer", "sgd"),
-            r"--optimizer",
-            marks=_IMPORTS_MAXTEXT,
-        ),
+        _after_maxtext(("--maxtext", "model_name=llama2-7b", "--optimizer", "sgd"), r"--optimizer"),
+        # A YAML that is not there is refused before MaxText is imported.
         (("--maxtext", "missing.yml", "a=1"), r"missing.yml: no such file"),
-        pytest.param(
-            ("--maxtext", "model_name=llama2-7b", "attention=flash"),
-            r"Pallas Triton",
-            marks=_IMPORTS_MAXTEXT,
-        ),
-        pytest.param(
-            ("--maxtext", "model_name=llama2-7b", "--shard", "fsdp:4"),
-            r"--shard",
-            marks=_IMPORTS_MAXTEXT,
-        ),
+        _after_maxtext(("--maxtext", "model_name=llama2-7b", "attention=flash"), r"Pallas Triton"),
+        _after_maxtext(("--maxtext", "model_name=llama2-7b", "--shard", "fsdp:4"), r"--shard"),
     ],
 )
 def test_cli_bad_maxtext_input_is_one_line_exit_2(argv, match, capsys, no_compile):
@@ -691,3 +682,24 @@ def test_plan_prints_a_maxtext_plan_as_config_lines():
     assert config_words(lines).splitlines()[1:] == [f"  {x}" for x in lines]
     other = types.SimpleNamespace(policy=rk.policy("dots"), schedule=plan.schedule)
     assert _config_lines(run, other) is None
+
+
+@pytest.mark.parametrize("resolve_or_config", ["resolve", "config"])
+def test_a_yaml_that_is_not_there_is_refused_before_maxtext_is_imported(
+    resolve_or_config, monkeypatch, tmp_path
+):
+    # MaxText's model code takes about 9 s to import: a typo in the YAML's path is one line
+    # before it, by either door (the source's resolve, and the config it builds later).
+    from remat_kit_models.maxtext_source import _config, _source
+
+    def no_import():
+        pytest.fail("MaxText was imported before the YAML was looked for")
+
+    monkeypatch.setattr(_config, "_maxtext", no_import)
+    monkeypatch.setattr(_source, "_maxtext", no_import)
+    spec = MaxTextSpec(f"{tmp_path / 'missing.yml'} a=1")
+    with pytest.raises(BadValue, match=r"missing\.yml: no such file; give a MaxText YAML"):
+        if resolve_or_config == "resolve":
+            _source.resolve(spec)
+        else:
+            _config._config.__wrapped__(spec, ("a=1",))

@@ -156,9 +156,12 @@ def check_yaml(yaml: Path, spec: MaxTextSpec) -> None:
 @functools.cache
 def _config(spec: MaxTextSpec, words: tuple[str, ...]) -> Any:
     """MaxText's config for ``words`` (its ``pyconfig.initialize``), or BadValue."""
-    mt = _maxtext()
-    yaml = Path(mt.pyconfig.__file__).parent / _BASE if spec.yaml == _BASE else Path(spec.yaml)
+    # A user's YAML is looked for before MaxText's model code is imported (seconds).
+    yaml = Path(spec.yaml)
+    if spec.yaml == _BASE:
+        yaml = Path(_maxtext().pyconfig.__file__).parent / _BASE
     check_yaml(yaml, spec)
+    mt = _maxtext()
     try:
         with _quiet():
             cfg = _from_merged(mt, yaml, words)
