@@ -2277,6 +2277,39 @@ def test_a_plan_compiled_to_a_catalogue_policys_program_takes_its_name():
     assert p.policy.name == "dots" and p.source == "catalogue"
 
 
+@pytest.mark.parametrize("programs", [True, False], ids=["fingerprinted", "no-fingerprint"])
+def test_a_catalogue_policy_of_another_program_does_not_take_the_plans_place(programs):
+    """``full`` fits too, at a higher overhead and another compiled program (or none read):
+    the plan is the solver's own, not the next fitting name."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags)
+    real = w.measure_fn
+
+    def measure(policy, schedule, batch):
+        r = real(policy, schedule, batch)
+        return r.replace(meta={**r.meta, "program": repr(sorted(_kept_by(policy, tags)))})
+
+    if programs:
+        w = dataclasses.replace(w, measure_fn=measure)
+    budget = FIXED + 1300 - 300
+    alone = rk.plan(w, 1, budget, offload=False)
+    p = rk.plan(w, 1, budget, offload=False, extra=["full"])  # in time: every extra compiled
+    full = next(c for c in p.candidates if c.policy == "full")
+    assert full.fits and full.overhead > p.overhead  # fits, but costs more
+    assert p.source == "solver" and p.policy == alone.policy
+
+
+def test_a_plans_report_rides_along_outside_its_value():
+    # The compiled report is carried for the tables, not part of what the plan is: two plans
+    # of the same decisions are equal whichever report they hold, and the repr leaves it out
+    # (a whole MemoryReport there would bury the plan's own fields).
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    p = rk.plan(fake3(tags), 1, FIXED + 1000, offload=False)
+    assert p.report is not None
+    assert dataclasses.replace(p, report=None) == p
+    assert "report=" not in repr(p) and repr(dataclasses.replace(p, report=None)) == repr(p)
+
+
 def _kept_by(policy, tags):
     """The tags a policy saves in the fake (what decides its program)."""
     (dec,) = _layer_decisions(tags, policy, rk.parse_schedule("none"), 1)

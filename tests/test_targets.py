@@ -877,3 +877,22 @@ def test_an_int8_product_turns_compute_bound_at_the_books_batch(generation, batc
     bytes_per_row = (4096 + 16384) / facts["hbm_bandwidth"]
     weight = 16384 * 4096 / facts["hbm_bandwidth"]
     assert weight / (ops_per_row - bytes_per_row) == pytest.approx(batch, rel=1e-4)
+
+
+@pytest.mark.parametrize("before", [None, "0"])
+def test_libtpus_start_keeps_its_chatter_back_and_restores_the_environment(
+    before, capfd, monkeypatch
+):
+    # libtpu's start off a TPU VM logs that the VM's metadata is missing, which says nothing
+    # about a compile: kept back. Its multi-process switch is set for the start only.
+    from remat_kit.targets import _platform
+
+    if before is None:
+        monkeypatch.delenv("ALLOW_MULTIPLE_LIBTPU_LOAD", raising=False)
+    else:
+        monkeypatch.setenv("ALLOW_MULTIPLE_LIBTPU_LOAD", before)
+    with _platform._libtpu_start():
+        assert os.environ["ALLOW_MULTIPLE_LIBTPU_LOAD"] == "1"
+        os.write(2, b"Failed to get TPU metadata (tpu-env) from instance metadata\n")
+    assert capfd.readouterr().err == ""
+    assert os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD") == before
