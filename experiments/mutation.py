@@ -333,6 +333,14 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/targets/_prices.py",
+        "max( -> min(",
+        "TPU_PRICE_TABLE_DATE: str = max(p.date for p in TPU_PRICES.values() "
+        "if p.date != _UNDATED)",
+        "every TPU price carries one date (each is _google's, 2026-11-29): the newest is the "
+        "oldest. A price of another date makes it killable, by test_prices' newest-date check",
+    ),
+    Equivalent(
         "remat_kit/search/_boundary.py",
         "False -> True",
         "before = {u: p + xla.get(u, (0, False))[0] for u, p in finite.items()}",

@@ -1200,6 +1200,17 @@ def test_a_model_that_trains_with_dropout_is_given_its_stream(policy):
     assert drawn == {"on": True, "off": False}
 
 
+def test_a_sharded_step_of_a_model_that_trains_with_dropout_is_given_its_stream_too():
+    # Traced, not compiled: over two GPUs (fsdp:2) the step is built through the mesh, and
+    # the dropout stream reaches it there as on one GPU (its masks drawn in the loss).
+    src = sources.from_factory(f"{FACTORIES}:dropout_trained", tags=None, shard="fsdp:2")
+    built = src.build_step(
+        rk.policy("full"), rk.schedules.NO_SCHEDULE, SMALL, rk.target("h100", devices=2)
+    )
+    assert built.step.mesh is not None
+    assert "random_bits" in str(jax.make_jaxpr(built.step.loss_fn)(*built.step.loss_args))
+
+
 def test_flax_own_module_names_are_our_tags():
     # flax's examples build on MultiHeadDotProductAttention (query/key/value/out) and an
     # MlpBlock of two unnamed Dense: the "flax" rule set names them, so "minimal" applies.
