@@ -907,7 +907,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--list", action="store_true", help="print the mutants and stop")
     p.add_argument("--full", action="store_true", help="run the slow tests too (see Group.slow)")
     p.add_argument("--in-place", action="store_true", help="mutate this checkout, not a copy")
-    p.add_argument("--name", default="mutation", help="results/<name>.json")
+    p.add_argument(
+        "--name", default=None, help="results/<name>.json (default: mutation; --rejudge: its file)"
+    )
     p.add_argument("--at", default="", help="only these sampled mutants: path:line,...")
     p.add_argument("--jobs", type=int, default=1, help="private trees run side by side")
     p.add_argument("--sample", type=int, default=0, help="N mutants in all (instead of --cap)")
@@ -1084,7 +1086,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(argv)
     if args.rejudge:
         data = rejudge(args.rejudge, args.source)
-        write_json(args.out / f"{args.name}.json", data)
+        # Judged again in place: the run's own file, unless another name is given.
+        write_json(args.out / f"{args.name}.json" if args.name else args.rejudge, data)
         _show(data, before=False)
         return
     cap = 3 if args.quick else args.cap
@@ -1160,7 +1163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for row in data["summary"]:
             old = before.get(row["module"])
             row["kill_rate_before"] = old["kill_rate"] if old else None
-    write_json(args.out / f"{args.name}.json", data)
+    write_json(args.out / f"{args.name or 'mutation'}.json", data)
     _show(data, bool(args.before))
 
 
