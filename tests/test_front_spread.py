@@ -160,3 +160,26 @@ def test_plan_jobs_reach_the_front(monkeypatch, jobs, spread_jobs):
         w, built = seen["w"], spread.workload_for()  # what a worker builds: the same step
         assert (built.seq, built.target.name) == (64, "h100-80gb")
         assert (built.label, built.n_layers, built.target) == (w.label, w.n_layers, w.target)
+
+
+@pytest.mark.parametrize("first_seconds", [0.0, 0.5, 1e9], ids=["quick", "just-slow", "slow"])
+def test_after_a_slow_first_program_the_rest_go_out_at_once(first_seconds, monkeypatch):
+    # The first program compiles here; when it took the spread's slow_seconds or more, the
+    # rest are sent out while the next compiles here (at_once): none waits on another. A
+    # quick first one: the rest compile here, one by one, as the points are read.
+    from remat_kit.search import _front
+
+    calls = []
+
+    class Spy:
+        spread = rk.sources.Spread(fake, executor=object(), slow_seconds=0.5)
+
+        def compile_all(self, keys, *, at_once=False):
+            calls.append((list(keys), at_once))
+
+    clock = iter([0.0, first_seconds])
+    monkeypatch.setattr(_front.time, "perf_counter", lambda: next(clock))
+    keys = [(rk.policy(p), rk.schedules.NO_SCHEDULE, 2) for p in ("none", "full", "dots")]
+    _front.compile_side_by_side(Spy(), keys)
+    slow = first_seconds >= 0.5
+    assert calls == [(keys[:1], False), *([(keys[1:], True)] if slow else [])]

@@ -2229,6 +2229,23 @@ def test_the_plan_at_the_largest_batch_keeps_the_offload_it_was_given(offload, m
     assert asked == [offload]
 
 
+def test_the_plan_at_the_largest_batch_is_asked_with_every_setting_it_was_given(monkeypatch):
+    # The boundary's plan is made with the caller's headroom, hide and extra policies too,
+    # not plan()'s defaults (a headroom dropped there plans to another budget).
+    from remat_kit.search import _boundary
+
+    asked, real = [], _boundary.plan
+
+    def spy(*args, **kwargs):
+        asked.append({k: kwargs.get(k, "not given") for k in ("headroom", "hide", "extra")})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_boundary, "plan", spy)
+    settings = {"headroom": 0.02, "hide": 0.25, "extra": ("dots",)}
+    rk.search.max_batch_plan(fake3(), limit_bytes=FIXED + 1300, cap=64, **settings)
+    assert asked == [settings]
+
+
 @pytest.mark.parametrize("acted_on", ["full", "the plan"])
 def test_the_plan_at_the_largest_batch_says_whether_xla_s_remat_acted_on_the_plans_program(
     acted_on,
