@@ -315,3 +315,17 @@ def test_a_kind_s_options_are_its_own_then_the_train_options_of_what_it_trains_u
     assert Option("--k", "kv", "k", type=int, params=["a"]).params == ("a",)
     with pytest.raises(BadType, match=r"options holds a str, not an rk\.sources\.Option"):
         SourceKind("x", _Named, lambda s: None, "model", trains=(), options=("--other",))
+
+
+def test_the_training_flags_are_listed_under_training_in_the_help():
+    # A kind's option names its --help group: the train config's flags (every source's)
+    # read under "training", not among a model's own flags.
+    parser, _ = _parser("report")
+    (commands,) = parser._subparsers._group_actions  # argparse's one subparsers action
+    groups = {
+        g.title: {s for a in g._group_actions for s in a.option_strings}
+        for g in commands.choices["report"]._action_groups
+    }
+    training = {"--batch", "--seq", "--optimizer", "--accum", "--precision", "--dropout"}
+    assert training <= groups["training"]
+    assert not training & groups["model"]
