@@ -334,6 +334,13 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/cache/_store.py",
+        "drop prefix=f'.{key[:8]}.'",
+        'fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}.", suffix=".tmp", dir=path.parent)',
+        "the temporary file is replaced onto the entry's path or unlinked, and nothing lists "
+        "the cache's folders: only its name would change",
+    ),
+    Equivalent(
         "remat_kit/targets/_prices.py",
         "max( -> min(",
         "TPU_PRICE_TABLE_DATE: str = max(p.date for p in TPU_PRICES.values() "

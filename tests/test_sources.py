@@ -1211,6 +1211,23 @@ def test_a_sharded_step_of_a_model_that_trains_with_dropout_is_given_its_stream_
     assert "random_bits" in str(jax.make_jaxpr(built.step.loss_fn)(*built.step.loss_args))
 
 
+def test_a_source_made_by_hand_hands_its_factory_no_target_unless_told():
+    # ModelSource(spec, factory) as a user writes it: a factory of one parameter is called
+    # with the policy alone; takes_target=True hands it the target the step is built for.
+    h100 = rk.target("h100")
+    seen = {}
+    for takes in (False, True):
+
+        def mine(policy, target="not given", takes=takes):
+            seen.setdefault(takes, set()).add(getattr(target, "name", target))
+            return nn.Dense(4)
+
+        src = sources.ModelSource("mine", mine, **({"takes_target": True} if takes else {}))
+        src.build(rk.policy("full"), rk.schedules.NO_SCHEDULE, h100)
+    # (A trace of the structure alone leaves a factory's own default: "not given" there too.)
+    assert seen[False] == {"not given"} and h100.name in seen[True]
+
+
 def test_flax_own_module_names_are_our_tags():
     # flax's examples build on MultiHeadDotProductAttention (query/key/value/out) and an
     # MlpBlock of two unnamed Dense: the "flax" rule set names them, so "minimal" applies.
