@@ -334,6 +334,14 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/search/_next.py",
+        "break -> continue",
+        "break",
+        "changes is a Sequence: once compiles reach max_compiles every later change is skipped "
+        "either way; continue only walks the rest of the list, calling nothing",
+        function="next_step",
+    ),
+    Equivalent(
         "remat_kit/cache/_store.py",
         "drop prefix=f'.{key[:8]}.'",
         'fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}.", suffix=".tmp", dir=path.parent)',
