@@ -779,3 +779,15 @@ def test_a_hit_gives_back_the_optional_figures_the_compile_gave(cache_dir, peak,
     assert (hit.xla_peak_bytes, hit.xla_remat_limit_bytes) == (peak, limit)
     # _hand_made: 8 B arguments + 8 outputs + 8 temporaries - 8 aliased.
     assert hit.xla_remat_saved_bytes == 2**20 and hit.peak_bytes == miss.peak_bytes == 16
+
+
+def test_a_store_that_cannot_write_says_so_and_leaves_no_temporary(cache_dir):
+    """Issue 58 mutant _store.py:166 of seed 75 (a failed write read as written): where the
+    entry's path is a directory, the rename fails; ``store`` says False and the temporary it
+    wrote beside the entry is gone."""
+    key = "89abcdef" * 8
+    entry = cache_dir / "v1" / key[:2] / f"{key}.json"  # the layout the test above pins
+    entry.mkdir(parents=True)  # os.replace cannot put a file where a directory is
+    assert cache.store(key, {"b": 2}) is False
+    assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name]
+    assert cache.load(key) is None

@@ -346,6 +346,18 @@ def test_step_with_a_model_or_a_model_flag_is_refused_before_anything_runs(
         assert err.count("\n") == 1
 
 
+def test_a_users_step_names_its_own_tags_checked_against_its_trace(capsys):
+    """A user's step may tag tensors with names of its own (``own_model``): a name outside
+    remat_kit's vocabulary is not refused as a typo of ours but checked against the step's
+    traced program, whose tags the refusal lists (issue 58 mutant _own_step.py:136 of seed
+    75, the vocabulary's refusal instead)."""
+    argv = ["report", "--step", f"{STEPS}:linen_step", "--policy", "names:save=query_proj+ctx"]
+    assert main([*argv, "--batch", "2", "--seq", "32"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("remat-kit: policy 'names:save=query_proj+ctx' names 'ctx'"), err
+    assert f"tags there: {', '.join(sorted(TAGS))}" in err and err.count("\n") == 1
+
+
 def test_fit_for_throughput_varies_the_accumulation_a_users_step_does_not_take(capsys):
     argv = ["fit", "--step", f"{STEPS}:linen_step", "--objective", "throughput"]
     assert main(argv) == 2

@@ -2162,15 +2162,29 @@ def test_the_next_step_is_the_first_change_that_compiles_under_its_limit():
     assert "LoRA rank 16" in step.message and "2 extra compiles" in step.message
 
 
-@pytest.mark.parametrize("budget", [1, 2])
+@pytest.mark.parametrize("budget", [1, 2, None])
 def test_the_next_step_stops_after_its_compiles(budget):
+    """None: the default, two compiles (an answer, not a search: issue 58 mutant _next.py:52
+    of seed 75, a third compile allowed)."""
     limit = rk.target("h100").usable_bytes
     changes = [_change("accum", {"accum": 2 * i, "micro_batch": 1}, limit + 1) for i in (1, 2)]
     late, late_calls = _change("smaller_batch", {"batch": 1}, 1)
-    step = rk.search.next_step([c for c, _ in changes] + [late], max_compiles=budget)
-    assert not step.fits and step.change is None and step.compiles == budget
-    assert sum(len(calls) for _, calls in changes) == budget and late_calls == []
+    given = {} if budget is None else {"max_compiles": budget}
+    step = rk.search.next_step([c for c, _ in changes] + [late], **given)
+    spent = 2 if budget is None else budget
+    assert not step.fits and step.change is None and step.compiles == spent
+    assert sum(len(calls) for _, calls in changes) == spent and late_calls == []
     assert step.note.kind == "next_step_none"
+
+
+def test_a_change_is_what_it_changes_not_how_its_step_is_built():
+    """Two changes of the same kind, figures and batch are the same change whatever builds
+    their step (issue 58 mutant _next.py:71 of seed 75, the builder compared)."""
+    a, _ = _change("lora", {"rank": 16}, 1)
+    b, _ = _change("lora", {"rank": 16}, 2)
+    assert a.workload is not b.workload and a == b
+    assert a != dataclasses.replace(b, data={"rank": 8})
+    assert a != dataclasses.replace(b, batch=2)
 
 
 @pytest.mark.parametrize(
@@ -2807,6 +2821,43 @@ def test_the_two_sides_compiled_side_by_side_are_whole_multiples_of_the_batch_st
     assert fit.batch == 36 and fit.next_peak_bytes == 10_000 + 6300 * 38
     assert sent and all(isinstance(b, int) and b % 2 == 0 for b in sent), sent
     assert set(sent) <= set(measured)
+
+
+@pytest.mark.parametrize("slow_seconds, pairs", [(1.0, True), (1.25, False)])
+def test_a_compile_that_took_exactly_the_spreads_slow_seconds_pairs_the_boundary(
+    monkeypatch, slow_seconds, pairs
+):
+    """The rule is "took ``slow_seconds`` or more" (as ``Spread`` says and ``_front`` does):
+    with a clock on which every compile takes 1.0 s, a spread whose ``slow_seconds`` is 1.0
+    sends the boundary's two sides out together, one of 1.25 does not (issue 58 mutant
+    _batch.py:194 of seed 75, ``<`` read as ``<=``)."""
+    from remat_kit.search import _batch
+    from remat_kit.sources._workload import Workload
+
+    ticks = itertools.count()  # every read of the clock one second on
+    monkeypatch.setattr(_batch, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
+    together = []
+
+    def compile_all(self, keys, *, whole=False, at_once=False):
+        together.append([b for _, _, b in keys])
+        return [self.compiled(*k) for k in keys]
+
+    monkeypatch.setattr(Workload, "compile_all", compile_all)
+
+    def measure(policy, schedule, batch):
+        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
+
+    spread = rk.sources.Spread(lambda: None, executor=object(), slow_seconds=slow_seconds)
+    w = _workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
+    fit = rk.max_batch(
+        dataclasses.replace(w, spread=spread), "full", limit_bytes=10_000 + 6300 * 37
+    )
+    assert fit.batch == 37 and fit.next_peak_bytes == 10_000 + 6300 * 38
+    assert bool(together) is pairs and all(len(b) == 2 for b in together), together
 
 
 def test_when_the_trace_says_not_one_sample_fits_the_smallest_batch_is_compiled_once():

@@ -317,3 +317,12 @@ def test_every_figure_of_a_generation_is_the_one_its_source_states(generation):
     # the limit libtpu's compiler enforces: a device's HBM less the runtime's reserve
     hbm, reserved = SOURCES[generation][5], SOURCES[generation][6]
     assert facts["bytes_limit_per_device"] == hbm - reserved
+
+
+@pytest.mark.parametrize("slices", [0, -1, True, "2", 1.0])
+def test_a_slice_made_directly_checks_its_count(slices):
+    """``Slice`` keeps its own rule, not only ``target()``'s (issue 58 mutant _slices.py:152
+    of seed 75, ``or`` read as ``and``): a count is a positive int, a bool is not one."""
+    with pytest.raises(rk.errors.BadValue, match=rf"slices must be a positive int, got {slices!r}"):
+        rk.targets.Slice("v5e", (2, 2), slices)
+    assert rk.targets.Slice("v5e", (2, 2), 3).slices == 3

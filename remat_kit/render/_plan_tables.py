@@ -148,7 +148,7 @@ def _front_legend(points: list[FrontPoint]) -> str:
 
     Example:
       >>> from remat_kit.search import FrontPoint
-      >>> pts = [FrontPoint("full", "catalogue", 1, 0.1, 0.1, dominated=False),
+      >>> pts = [FrontPoint("full", "catalogue", 1, 0.1, 0.1),  # undominated by default
       ...        FrontPoint("dots", "catalogue", 1, 0.1, 0.1, same_as="full")]
       >>> _front_legend(pts)
       '; * = on the Pareto front; = full: the same program as full'
