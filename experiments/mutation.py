@@ -334,6 +334,44 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/search/_solver.py",
+        "> -> >=",
+        "ks = [0, *range(1, L // 2 + 1)] if splits and L > 1 else [0]",
+        "they differ only at L == 1, where range(1, L // 2 + 1) is range(1, 1): empty, [0] "
+        "either way",
+    ),
+    Equivalent(
+        "remat_kit/search/_solver.py",
+        "1.0 -> 2.0",
+        "scale = max(abs(cap), 1.0)",
+        "only a cap under 2 bytes gets another scale; every byte row is divided by it on both "
+        "sides (the same feasible set), the offload row's k_h * v cancels it, and the tie "
+        "term stays a positive multiple of the same device bytes: a tie-break either way",
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "break -> continue",
+        "break",
+        "held only grows: once held >= n every later side hits the same test, so continue "
+        "skips them all, adding no axis, as break does",
+        function="_torus_axes",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "True -> False",
+        '"xla_llvm_disable_expensive_passes": True,',
+        "LLVM's optimisation of machine code never run: the memory analysis is made from the "
+        "buffer assignment before codegen (the same to the byte, test_codegen), only the "
+        "compile's time changes, which tests do not time (experiments/compile_speed.py does)",
+    ),
+    Equivalent(
+        "remat_kit/targets/_platform.py",
+        "drop platform='tpu'",
+        'return topologies.get_topology_desc(platform="tpu", **dict(args))',
+        "jax 0.12's get_topology_desc takes platform None as 'tpu' (jax/experimental/"
+        "topologies.py: if platform == 'tpu' or platform is None): the same call",
+    ),
+    Equivalent(
         "remat_kit/search/_next.py",
         "break -> continue",
         "break",

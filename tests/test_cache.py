@@ -270,6 +270,19 @@ def test_dir_problem_says_what_keeps_the_cache_dir_from_holding_entries(monkeypa
     assert cache.dir_problem().startswith("cannot be made (")
 
 
+def test_dir_problem_says_a_directory_that_takes_no_file_is_not_writable(monkeypatch, tmp_path):
+    """A directory there whose files cannot be made (a read-only mount; root writes through
+    a mode, so the refusal is made by hand): issue 58 mutant _store.py:79 of seed 76."""
+    import tempfile
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setenv(cache.ENV_DIR, str(tmp_path))
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert cache.dir_problem() == "is not writable (Permission denied)"
+
+
 def test_set_enabled_rejects_a_non_bool():
     with pytest.raises(TypeError, match="True, False or None"):
         cache.set_enabled("no")

@@ -2226,10 +2226,11 @@ def test_a_change_reads_as_its_figures_not_its_step_builder(kind, data):
     assert repr(change) == f"Change(kind={kind!r}, data={data!r}, batch=4)"
 
 
-@pytest.mark.parametrize("offload", [True, False])
+@pytest.mark.parametrize("offload", [True, False, None])
 def test_the_plan_at_the_largest_batch_keeps_the_offload_it_was_given(offload, monkeypatch):
     # max_batch_plan's plan is made with the caller's offload (fake3 could offload: its
-    # host link is given), not plan()'s default.
+    # host link is given), not plan()'s default; None: not given, offload allowed, as
+    # plan() allows it (issue 58 mutant _batch.py:463 of seed 76, the default False).
     from remat_kit.search import _boundary
 
     asked, real = [], _boundary.plan
@@ -2239,8 +2240,9 @@ def test_the_plan_at_the_largest_batch_keeps_the_offload_it_was_given(offload, m
         return real(*args, **kwargs)
 
     monkeypatch.setattr(_boundary, "plan", spy)
-    rk.search.max_batch_plan(fake3(), limit_bytes=FIXED + 1300, cap=64, offload=offload)
-    assert asked == [offload]
+    given = {} if offload is None else {"offload": offload}
+    rk.search.max_batch_plan(fake3(), limit_bytes=FIXED + 1300, cap=64, **given)
+    assert asked == [offload is not False]
 
 
 def test_the_plan_at_the_largest_batch_is_asked_with_every_setting_it_was_given(monkeypatch):

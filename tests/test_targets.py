@@ -549,6 +549,23 @@ def test_a_fraction_that_starves_the_cuda_context_is_refused():
     assert rkt.target("h100", mem_fraction=0.99).usable_bytes == math.floor(H100_TOTAL * 0.99)
 
 
+@pytest.mark.parametrize(
+    ("card", "kept", "most"),
+    [(80 * 2**30, 512 * 2**20, 0.99), (8 * 2**30, 512 * 2**20, 0.93), (2**30, 64 * 2**20, 0.93)],
+)
+def test_what_is_kept_outside_xlas_pool_is_half_a_gib_or_a_sixteenth_of_a_toy_card(
+    card, kept, most
+):
+    """0.5 GiB for the CUDA context, a sixteenth of a card under 8 GiB (a test model's toy
+    target), by hand: 1 GiB keeps 64 MiB, leaving 0.9375 (issue 58 mutant runtime.py:148 of
+    seed 76, the sixteenth multiplied)."""
+    from remat_kit.targets import runtime
+
+    assert runtime.outside_heap_bytes(card) == kept
+    assert runtime.max_mem_fraction(card) == most
+    assert runtime.Runtime(None, "platform").usable_bytes(card) == card - kept
+
+
 @pytest.mark.parametrize(("gib", "needed"), [(60, 0.76), (70, 0.89), (78.3, 0.99), (78.9, None)])
 def test_fraction_to_fit_is_the_smallest_that_holds_the_peak(gib, needed):
     nbytes = int(gib * 2**30)

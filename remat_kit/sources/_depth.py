@@ -321,6 +321,8 @@ def layer_kinds(closed: Any) -> int | None:
       1
       >>> layer_kinds(jax.make_jaxpr(lambda x: other(layer(layer(x))))(1.0))
       2
+      >>> layer_kinds(jax.make_jaxpr(layer)(1.0)) is None  # one layer: nothing to tell apart
+      True
     """
     bodies: list[str] = []
 
