@@ -8,8 +8,13 @@ import re
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import remat_kit_models as models
+
+#: A test that builds or traces a MaxText model imports MaxText's model code first: about 9 s
+#: in a worker (pydantic configs, tokamax, orbax), so it runs in the slow tier.
+IMPORTS_MAXTEXT = pytest.mark.slow
 
 
 def tokens(batch: int = 2, seq: int = 16, vocab: int = 256, seed: int = 1) -> jax.Array:

@@ -21,12 +21,9 @@ import jax
 import pytest
 
 import remat_kit as rk
+from helpers import IMPORTS_MAXTEXT
 from remat_kit.errors import BadValue
 from remat_kit_models.maxtext import CUSTOM_TENSORS, MaxTextSpec, config_lines
-
-# A test that builds or traces a MaxText model imports MaxText's model code first: about 9 s
-# in a worker (pydantic configs, tokamax, orbax), so it runs in the slow tier.
-_IMPORTS_MAXTEXT = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,7 +204,7 @@ def test_accumulation_counts_every_micro_batch(ours, theirs):
 @pytest.mark.parametrize(
     ("words", "quantized"), [("", None), ("quantization=fp8", "fp8"), ("quantization=int8", "int8")]
 )
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_quantization_is_named_in_the_precision_line(words, quantized):
     # Traced, not compiled: MaxText's quantized matmuls are named beside the compute dtype
     # in the precision line every title carries (its config's, whoever set it).
@@ -239,7 +236,7 @@ def test_a_multi_host_mesh_is_maxtexts_across_hosts(theirs):
     assert mesh.axis_names[:2] == ("diloco", "data") and hosts == [{0}, {1}]
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_an_offload_maxtexts_pipeline_cannot_combine_is_refused_before_a_trace():
     # MaxText's pipeline combines a decoder policy with its saved inputs through jax's
     # save_from_both_policies, which takes no offload: one line naming the way that works.
@@ -251,7 +248,7 @@ def test_an_offload_maxtexts_pipeline_cannot_combine_is_refused_before_a_trace()
         src.build_step(policy, rk.parse_schedule("none"), config, target)
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_plan_leaves_out_an_offload_a_pipeline_cannot_take_and_says_why(
     monkeypatch, capsys, no_compile
 ):
@@ -293,7 +290,7 @@ def test_plan_leaves_out_an_offload_a_pipeline_cannot_take_and_says_why(
     )[1] == []  # fmt: skip
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_a_dot_policys_expert_check_traces_a_batch_the_pipeline_takes():
     # The check for recomputed expert GEMMs under a dot policy traces one GPU's micro-batch:
     # on a pipeline never below its micro-batches (4), which MaxText refuses a batch of 1 for.
@@ -309,7 +306,7 @@ def test_a_dot_policys_expert_check_traces_a_batch_the_pipeline_takes():
     assert got == ()  # a dense Llama: no expert GEMMs
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_a_pipelines_iteration_inputs_are_in_the_residual_table_as_jax_keeps_them():
     # Traced, not compiled: under `full` MaxText's pipeline checkpoints each iteration saving
     # its iteration_input and decoder_layer_input (its get_pipeline_remat_policy); a stage's
@@ -350,7 +347,7 @@ def test_a_pipelines_iteration_inputs_are_in_the_residual_table_as_jax_keeps_the
     [(PIPELINE, 4), (f"{LLAMA} dcn_data_parallelism=2 num_slices=2", 2)],
     ids=["pipeline", "two-slices"],
 )
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_layers_are_counted_without_a_probe_maxtext_refuses(words, layers):
     # Read without a compile: the probe is neither a batch-of-one config with 4 micro-batches
     # nor one device with a cross-host axis, which MaxText refuses.
@@ -358,7 +355,7 @@ def test_layers_are_counted_without_a_probe_maxtext_refuses(words, layers):
     assert rk.sources.resolve(MaxTextSpec(words)).n_layers() == layers
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_maxtexts_key_type_holds_for_its_build_only():
     # Traced, not compiled: the train state's keys are MaxText's (unsafe_rbg, 16 bytes), and
     # the process's own key type is what it was before and after the build and trace.
@@ -379,7 +376,7 @@ def test_maxtexts_key_type_holds_for_its_build_only():
     assert str(jax.random.key(0).dtype) == "key<fry>"
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_none_is_the_step_without_a_checkpoint_and_full_a_config_line():
     # Traced, not compiled: under `none` MaxText's step holds no checkpoint at all (its
     # decoder's jax.checkpoint left out); under `full` the config line sets it.
@@ -444,7 +441,7 @@ def test_config_lines(policy, lines):
         assert config_lines(policy) == lines
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_custom_tensors_are_those_maxtexts_custom_policy_reads():
     pytest.importorskip("maxtext")
     from maxtext.configs import pyconfig
@@ -495,7 +492,7 @@ def test_yaml_path_first_then_words():
     assert MaxTextSpec("model_name=llama2-7b").yaml == "base.yml"
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_a_config_read_from_one_read_before_is_maxtexts_own(monkeypatch):
     # A search reads a config per policy and batch; one that differs from a config read
     # before only in the batch, sequence, device count or remat lines is made from that
@@ -582,7 +579,7 @@ def test_maxtexts_reason_for_refusing_a_config_is_kept_whole(tmp_path, monkeypat
 
 def _after_maxtext(argv: tuple[str, ...], match: str) -> object:
     """A refusal MaxText makes itself (its config, its mesh): its model code is imported first."""
-    return pytest.param(argv, match, marks=_IMPORTS_MAXTEXT)
+    return pytest.param(argv, match, marks=IMPORTS_MAXTEXT)
 
 
 @pytest.mark.parametrize(

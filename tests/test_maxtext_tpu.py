@@ -15,13 +15,10 @@ from pathlib import Path
 import pytest
 
 import remat_kit as rk
+from helpers import IMPORTS_MAXTEXT
 from remat_kit.errors import BadValue
 from remat_kit_models.maxtext import MaxTextSpec
 from remat_kit_models.maxtext_source import _config, _mesh
-
-# A test that builds or traces a MaxText model imports MaxText's model code first: about 9 s
-# in a worker (pydantic configs, tokamax, orbax), so it runs in the slow tier.
-_IMPORTS_MAXTEXT = pytest.mark.slow
 
 pytest.importorskip("maxtext")
 pytest.importorskip("libtpu")
@@ -88,7 +85,7 @@ def test_a_tpu_figure_equals_maxtexts_own_tpu_path():
 @pytest.mark.parametrize(
     ("name", "slices", "topology"), [("v5e-4", 1, "v5e-4"), ("v5p-8", 2, "v5p-8")]
 )
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_a_tpu_target_is_maxtexts_tpu_path(name, slices, topology):
     # hardware=tpu and the slice by MaxText's compile_topology name (v5p counts TensorCores),
     # the slices as compile_topology_num_slices; MaxText's own attention default, and none of
@@ -107,7 +104,7 @@ def test_a_tpu_target_is_maxtexts_tpu_path(name, slices, topology):
     } & set(words)
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_a_gpu_target_keeps_the_gpu_path():
     words = _words(rk.target("h100", devices=4))
     assert (words["hardware"], words["attention"]) == ("gpu", "cudnn_flash_jax")
@@ -122,7 +119,7 @@ def test_a_gpu_target_keeps_the_gpu_path():
         ("v5e-4", 2, " dcn_data_parallelism=2"),
     ],
 )
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_the_mesh_is_maxtexts_get_topology_mesh(name, slices, keys):
     # Built, not compiled: MaxText's own get_topology_mesh (libtpu's devices from its
     # accelerator_to_spec_map, its create_device_mesh) for the same config, device by device.
@@ -144,7 +141,7 @@ def test_the_mesh_is_maxtexts_get_topology_mesh(name, slices, keys):
 
 
 @pytest.mark.parametrize("kernel", ["cudnn_flash_jax", "cudnn_flash_te"])
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_a_cudnn_kernel_on_a_tpu_is_one_line(kernel):
     src = rk.sources.resolve(MaxTextSpec(f"{QWEN3} attention={kernel}"))
     with pytest.raises(BadValue, match=rf"attention={kernel} on v5e-4: cuDNN's kernels"):
@@ -156,7 +153,7 @@ def test_compile_topology_is_the_targets():
         MaxTextSpec("model_name=llama2-7b compile_topology_num_slices=2").overrides  # noqa: B018
 
 
-@_IMPORTS_MAXTEXT
+@IMPORTS_MAXTEXT
 def test_no_gpu_notes_on_a_tpu():
     src = rk.sources.resolve(MaxTextSpec(QWEN3))
     assert src.notes(rk.TrainConfig(8, 256), rk.target("v5e-4")) == ()
