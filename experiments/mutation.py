@@ -334,6 +334,30 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/search/_fit.py",
+        "True -> False",
+        "typed = [None if plan else as_policy(p) "
+        "for p, plan in zip(policies, planner, strict=True)]",
+        "planner is made from policies one for one the line before: the two always have the "
+        "same length, so strict never has anything to refuse",
+    ),
+    Equivalent(
+        "remat_kit/cache/_entries.py",
+        "drop program=program",
+        "return dataclasses.replace(",
+        "a hit is read under entry_key(text, ...), a key of the program's text, and its record "
+        "was stored at the miss with program=fingerprint(text)[:16] (to_dict and from_record "
+        "keep it): the record's program is this one",
+        function="compiled_memory",
+    ),
+    Equivalent(
+        "remat_kit/sources/_adapters.py",
+        "0 -> 1",
+        "key = jax.random.key(0)",
+        "the seed of the key an NNX model's own rng state is made concrete with: values, never "
+        "a shape, a dtype or an operation; no figure and no contract reads which seed it is",
+    ),
+    Equivalent(
         "remat_kit/search/_solver.py",
         "> -> >=",
         "ks = [0, *range(1, L // 2 + 1)] if splits and L > 1 else [0]",

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 
 import pytest
 from jax.errors import JaxRuntimeError
@@ -354,3 +355,25 @@ def test_the_longest_sequence_is_verified_by_compiles_made_apart(model, attentio
     assert fit.seq == 3 * step  # the peaks grow with the sequence here
     assert fit.attention == kernel
     assert fit.compiles <= 5, fit.compiles  # four on a line, five on a quadratic
+
+
+def test_a_search_says_the_seconds_it_took():
+    """Its own wall time: positive, within the time measured around the call (issue 58
+    mutant _seq.py:279 of seed 77, the start added instead of taken away)."""
+    t0 = time.perf_counter()
+    fit = rk.search.max_seq(Fake(affine), "full", granularity=64, limit_bytes=FIXED + 2_000_000)
+    assert 0 < fit.seconds <= time.perf_counter() - t0
+
+
+def test_a_search_counts_only_its_own_compiles_on_workloads_built_before():
+    """max_seq_plan hands max_seq the probes the plan goes on using: a search counts what
+    compiled since it began, not what was there (issue 58 mutant _seq.py:279 of seed 77,
+    the compiles before added). Here the second search finds every probe compiled."""
+    from remat_kit.search._seq import _Probes
+
+    fake = Fake(affine)
+    probes = _Probes(fake)
+    first = rk.search.max_seq(probes, "full", granularity=64, limit_bytes=FIXED + 2_000_000)
+    assert first.compiles == len(set(fake.measured)) > 0
+    again = rk.search.max_seq(probes, "full", granularity=64, limit_bytes=FIXED + 2_000_000)
+    assert (again.seq, again.compiles) == (first.seq, 0)

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import jax
@@ -542,6 +543,14 @@ def test_bad_runtime_environment_is_one_clear_error(monkeypatch, env, match):
         rkt.target("h100")
 
 
+@pytest.mark.parametrize("fraction", [True, False, "0.9", [0.9]])
+def test_a_memory_fraction_that_is_no_number_is_refused_naming_it(fraction):
+    """A bool is no fraction (True would read as 1.0), nor is text (issue 58 mutant
+    runtime.py:105 of seed 77, ``or`` read as ``and``)."""
+    with pytest.raises(rk.errors.BadValue, match=rf"memory fraction {re.escape(repr(fraction))} "):
+        rkt.target("h100", mem_fraction=fraction)
+
+
 def test_a_fraction_that_starves_the_cuda_context_is_refused():
     # 0.995 of 79.18 GiB leaves 0.40 GiB, less than the 0.5 GiB kept for the CUDA context.
     with pytest.raises(rk.errors.BadValue, match=r"at most 0\.99"):
@@ -625,6 +634,29 @@ def test_a_local_target_spans_the_devices_asked_for(devices, monkeypatch):
     monkeypatch.setattr(jax, "devices", lambda *args, **kwargs: [one] * 8)
     t = rkt.target("local", devices=devices)
     assert (t.kind, t.devices, t.hosts) == ("local", devices, 1)
+
+
+@pytest.mark.parametrize("cc", ["9.0", (9, 0), "9.x"])
+def test_a_local_gpu_is_what_its_device_says_and_the_table_knows(cc, monkeypatch):
+    """On a GPU (a stand-in device here: CI has none), ``local`` is the device's kind, its
+    allocator's bytes_limit and compute capability, and the table's speeds for that kind; a
+    capability it cannot read is left unknown (issue 58 mutant _named.py:287 of seed 77, the
+    GPU's branch taken for the CPU)."""
+    facts = rkt.GPU_FACTS["h100-80gb"]
+    gpu = types.SimpleNamespace(
+        platform="gpu",
+        device_kind=facts["description"],
+        compute_capability=cc,
+        memory_stats=lambda: {"bytes_limit": 75 * 2**30, "bytes_in_use": 0},
+    )
+    monkeypatch.setattr(jax, "devices", lambda *args, **kwargs: [gpu])
+    t = rkt.target("local")
+    assert (t.kind, t.description, t.memory_bytes) == ("local", facts["description"], 75 * 2**30)
+    assert t.compute_capability == (None if cc == "9.x" else (9, 0))
+    assert (t.hbm_bandwidth, t.peak_bf16_flops) == (
+        facts["hbm_bandwidth"],
+        facts["peak_bf16_flops"],
+    )
 
 
 def test_check_deviceless_passes_here():

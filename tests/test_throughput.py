@@ -281,3 +281,12 @@ def test_the_planner_row_skips_a_micro_batch_it_cannot_plan_and_takes_the_next(m
     assert asked == [21, 16]
     assert (row.micro_batch, row.max_batch) == (16, 21)
     assert row.tried == ((21, 1, None), (16, 1, pytest.approx(_tps("full", 16))))
+
+
+@pytest.mark.parametrize("devices", [1, 4])
+def test_the_answer_names_the_gpus_the_step_runs_on(devices):
+    """The target's device count, as given (issue 58 mutant _throughput.py:307 of seed 77,
+    every count read as one)."""
+    w = dataclasses.replace(fake(), target=rk.target("h100", devices=devices))
+    f = rk.search.fastest(w, ["none"], limit_bytes=LIMIT)
+    assert (f.devices, f.to_dict()["devices"], f.target) == (devices, devices, "h100-80gb")
