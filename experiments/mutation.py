@@ -334,6 +334,13 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/analysis.py",
+        "True -> False",
+        "abstract_args = tuple(abstract(a, s) for a, s in zip(args, in_shardings, strict=True))",
+        "the lines before refuse in_shardings of another length than args (BadValue): the "
+        "two zipped always have the same length, so strict never has anything to refuse",
+    ),
+    Equivalent(
         "remat_kit/search/_fit.py",
         "True -> False",
         "typed = [None if plan else as_policy(p) "

@@ -1430,6 +1430,26 @@ def test_max_batch_starts_where_the_trace_puts_the_boundary(per_sample, limit):
     assert fit.method == "line" and fit.compiles == 3
 
 
+def test_a_trace_that_saves_nothing_per_sample_starts_at_one_sample():
+    """The trace's guess divides the room left by the bytes each sample saves: none saved
+    (everything recomputed) gives no guess, and the search starts at the smallest batch, as
+    without a trace (issue 58 mutant _batch.py:330 of seed 78, two samples first)."""
+    compiled = []
+
+    def peak_of(b):
+        compiled.append(b)
+        return W + G + 3_000 + 1_000 * b
+
+    w = dataclasses.replace(
+        _batch_fake(peak_of),
+        breakdown_fn=lambda b: {"weights": W, "gradients": G},
+        residuals_fn=_traced(0),
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=60_000)
+    assert compiled[0] == 1
+    assert fit.batch == _largest(lambda b: W + G + 3_000 + 1_000 * b, 60_000)
+
+
 def test_a_first_guess_xla_cannot_build_is_not_an_error():
     """The traced guess may be a batch XLA refuses (tiny residuals, a huge guess): the search
     goes on below it."""
