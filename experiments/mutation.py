@@ -334,6 +334,28 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/search/_boundary.py",
+        "min( -> max(",
+        "at = min(short, key=lambda u: min(abs(math.log(u / e)) for e in ends))",
+        "no known point lies inside the bracket (lo, hi): for u <= lo or u >= hi the log "
+        "distances to the two ends differ by the same log(hi / lo), so the farther end orders "
+        "the points as the nearer does (and with one end there is one distance)",
+    ),
+    Equivalent(
+        "remat_kit/sources/_own_step.py",
+        "1 -> 2",
+        "sig.bind(NO_REMAT, TrainConfig(batch=1, seq=1))",
+        "bind checks only that the step's signature takes two arguments; which TrainConfig is "
+        "bound is never read",
+    ),
+    Equivalent(
+        "remat_kit/sources/_workload.py",
+        "True -> False",
+        "index = dict(zip(items, missing, strict=True))",
+        "items is made from missing one for one the line before: the same length, so strict "
+        "never has anything to refuse",
+    ),
+    Equivalent(
         "remat_kit/analysis.py",
         "True -> False",
         "abstract_args = tuple(abstract(a, s) for a, s in zip(args, in_shardings, strict=True))",

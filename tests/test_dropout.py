@@ -80,6 +80,19 @@ def test_dropout_is_applied_and_keyed():
     assert jnp.isfinite(jax.tree.leaves(grads_a)[0]).all()
 
 
+def test_a_dropout_steps_loss_draws_its_masks_from_the_key_it_is_given():
+    """Traced, not compiled: given a key, the loss hands the module its dropout stream (issue
+    58 mutant train.py:317 of seed 79, the key dropped, killed before only by the slow tier's
+    gradients); flax refuses a dropout with no stream."""
+    cfg = models.get_config("tiny-gpt2", layers=2)
+    toks = jax.ShapeDtypeStruct((4, 16), jnp.int32)
+    init = models.build(cfg).init
+    params = jax.eval_shape(lambda t: rk.strip_boxes(init(jax.random.key(0), t)), toks)
+    batch = {"tokens": toks, "targets": toks}
+    loss = jax.eval_shape(_step(rate=0.2).loss_fn, params, {}, batch, _key(3))
+    assert (loss.shape, loss.dtype) == ((), jnp.float32)
+
+
 def test_step_takes_a_key_only_with_dropout():
     with_dropout, without = _step(rate=0.1), _step(rate=0.0)
     assert len(with_dropout.args) == 5 and with_dropout.rng_streams == ("dropout",)

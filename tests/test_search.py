@@ -2150,6 +2150,9 @@ def test_the_lora_hint_is_the_lora_steps_own_breakdown(lora_fixed, offered):
     if offered:
         assert hints["lora"] == {"kind": "lora", "fixed_bytes": lora_fixed, "limit_bytes": limit}
     assert "lora" not in _hints(w, limit)  # no LoRA step: nothing to size it from
+    # No gradients among the parts: LoRA has none to take away (issue 58 mutant
+    # _budget.py:289 of seed 79, a missing part read as one byte).
+    assert "lora" not in _hints(_parts_workload({"weights": 90 * GIB}), limit, lora=lora)
 
 
 def _change(kind, data, peak, fixed=0, batch=1, target="h100"):

@@ -246,9 +246,15 @@ def test_the_longest_sequence_is_the_one_a_scan_finds(seed):
         # (450 - 130) / 30 a unit, less the 50 / 40 the pass takes off a unit: 9.41667, and
         # reach 500 at 40 + (500 - 400) / 9.41667 = 50.6 units.
         ({10: (30, False), 40: (50, True)}, 50),
+        # Two points where the pass fell short: the line starts from the one nearer the
+        # bracket (40, not 80: the nearest, not the farthest, is taken). Before the pass
+        # {10: 130, 20: 200, 40: 450, 80: 1000} rise 870 / 70 a unit, less 50 / 40:
+        # 11.17857, reaching 500 at 40 + 100 / 11.17857 = 48.9 (from 80: 49.8).
+        ({10: (30, False), 40: (50, True), 80: (200, True)}, 48),
     ],
 )
 def test_the_line_past_xla_s_plateau_is_followed_only_from_an_end_on_it(xla, want):
     from remat_kit.search._boundary import _xla_line
 
-    assert _xla_line({10: 100, 20: 200, 40: 400}, xla, 500, 10, 20) == want
+    finite = {10: 100, 20: 200, 40: 400, **({80: 800} if 80 in xla else {})}
+    assert _xla_line(finite, xla, 500, 10, 20) == want

@@ -737,6 +737,25 @@ def test_configure_for_deviceless_leaves_initialized_backends_alone():
     assert proc.stdout.strip() == "None", proc.stderr
 
 
+def test_configure_for_deviceless_stays_hands_off_where_jax_cannot_say(monkeypatch):
+    """jax's private backends_are_initialized failing (a jax that changed it): assume the
+    backends are up and change nothing, neither the platforms nor the process flags (issue
+    58 mutant _platform.py:240 of seed 79, assumed not)."""
+    from jax._src import xla_bridge
+
+    from remat_kit.targets import _platform
+
+    def broken():
+        raise RuntimeError("a private API that changed")
+
+    touched = []
+    monkeypatch.setattr(xla_bridge, "backends_are_initialized", broken)
+    monkeypatch.setattr(_platform, "check_platforms", lambda: touched.append("platforms"))
+    monkeypatch.setattr(_platform, "set_process_flags", lambda: touched.append("flags"))
+    rkt.configure_for_deviceless()
+    assert touched == []
+
+
 @pytest.mark.slow
 def test_a_target_is_a_value_and_a_report_sets_jax_up_when_it_compiles():
     """rk.target() has no side effect; memory_report chooses the platform before it compiles."""

@@ -54,6 +54,10 @@ def test_every_maxtext_compile_topology_name_is_the_slice_maxtext_builds(name):
         ("v5p:4x4x8", ("v5p", (4, 4, 8), 128)),  # libtpu's own spelling of v5p's topology
         ("V5P-8", ("v5p", (2, 2, 1), 4)),
         ("tpu7x-8", ("tpu7x", (2, 2, 1), 8)),  # two devices a chip
+        # Under a host's 2x2x1: one chip, and two in a row (docs/guides/tpu.md's v5p:1x2x1;
+        # issue 58 mutant _slices.py:357 of seed 79).
+        ("v4-2", ("v4", (1, 1, 1), 1)),
+        ("v5p-4", ("v5p", (1, 2, 1), 2)),
     ],
 )
 def test_a_slice_is_named_as_users_name_it(name, expected):
