@@ -7,6 +7,7 @@ session's private compile cache is the root conftest.py's (the doctests share it
 
 import functools
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -255,6 +256,24 @@ def sharded_run():
     """``sharded_run(group)``: the finished run of ``tests/sharded_step.py group``, which the
     session started when it began (this module's state: the test files must not import it)."""
     return _sharded_run
+
+
+@pytest.fixture
+def python_signals():
+    """Python's own handling of the signals that stop a run (Ctrl-C's handler, SIGTERM and
+    SIGHUP at their defaults) in this process for the test, whatever a test before it in
+    this worker left: a run started here inherits an ignored signal (exec keeps SIG_IGN),
+    and the CLI, as a background job or ``nohup`` asks, then leaves it ignored. A CI worker
+    had SIGINT ignored by the time test_stop ran: its Ctrl-C reached nothing, the run ended
+    0."""
+    stopping = {signal.SIGINT: signal.default_int_handler}
+    stopping |= {s: signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP)}
+    before = {s: signal.getsignal(s) for s in stopping}
+    for s, handler in stopping.items():
+        signal.signal(s, handler)
+    yield
+    for s, handler in before.items():
+        signal.signal(s, handler)
 
 
 @pytest.fixture

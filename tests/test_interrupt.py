@@ -15,14 +15,9 @@ from remat_kit.cli import main
 ONE_LINE = "remat-kit: interrupted\n"
 
 
-@pytest.fixture(autouse=True)
-def python_sigint():
-    # Each test starts from Python's own Ctrl-C, whatever a test run before it in this worker
-    # left (a CI run's worker had SIGINT ignored by then, and its children inherit SIG_IGN).
-    before = signal.getsignal(signal.SIGINT)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    yield
-    signal.signal(signal.SIGINT, before)
+# Each test starts from Python's own Ctrl-C, whatever a test before it in this worker left
+# (tests/conftest.py's python_signals).
+pytestmark = pytest.mark.usefixtures("python_signals")
 
 
 @pytest.fixture

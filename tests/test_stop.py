@@ -22,7 +22,9 @@ import pytest
 
 from remat_kit.cli import _interrupt
 
-pytestmark = pytest.mark.slow
+# Each run starts with Python's own handling of the stopping signals, whatever a test before
+# it in this worker left (tests/conftest.py's python_signals).
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("python_signals")]
 
 #: How long a stopped run's processes may take to go (a worker looks at its parent every
 #: 0.5 s; a compile-bound main thread is ended GRACE seconds after the signal).
