@@ -266,8 +266,11 @@ def python_signals():
     and the CLI, as a background job or ``nohup`` asks, then leaves it ignored. A CI worker
     had SIGINT ignored by the time test_stop ran: its Ctrl-C reached nothing, the run ended
     0."""
-    stopping = {signal.SIGINT: signal.default_int_handler}
-    stopping |= {s: signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP)}
+    stopping = {
+        signal.SIGINT: signal.default_int_handler,
+        signal.SIGTERM: signal.SIG_DFL,
+        signal.SIGHUP: signal.SIG_DFL,
+    }
     before = {s: signal.getsignal(s) for s in stopping}
     for s, handler in stopping.items():
         signal.signal(s, handler)

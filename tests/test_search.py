@@ -1436,9 +1436,12 @@ def test_a_trace_that_saves_nothing_per_sample_starts_at_one_sample():
     without a trace (issue 58 mutant _batch.py:330 of seed 78, two samples first)."""
     compiled = []
 
+    def line(b):
+        return W + G + 3_000 + 1_000 * b
+
     def peak_of(b):
         compiled.append(b)
-        return W + G + 3_000 + 1_000 * b
+        return line(b)
 
     w = dataclasses.replace(
         _batch_fake(peak_of),
@@ -1447,7 +1450,7 @@ def test_a_trace_that_saves_nothing_per_sample_starts_at_one_sample():
     )
     fit = rk.max_batch(w, "full", limit_bytes=60_000)
     assert compiled[0] == 1
-    assert fit.batch == _largest(lambda b: W + G + 3_000 + 1_000 * b, 60_000)
+    assert fit.batch == _largest(line, 60_000)
 
 
 def test_a_first_guess_xla_cannot_build_is_not_an_error():
@@ -2815,34 +2818,38 @@ def test_beside_a_fitting_none_the_plan_is_the_cheapest_then_smallest_extra(seed
             assert (n in made) == (not skipped), (why, n, made)
 
 
-def test_the_two_sides_compiled_side_by_side_are_whole_multiples_of_the_batch_step(monkeypatch):
-    """Two accumulation steps: every batch is a multiple of 2. Where the boundary's two sides
-    are compiled side by side (a spread with an executor, every compile slow enough), what is
-    sent is the batch of each side, ``units x 2``: every key a multiple of 2 among the batches
-    the search asked for, and the answer the scan's (by hand: 10,000 + 6,300 x b)."""
+def _side_by_side(monkeypatch, config, slow_seconds):
+    """A step whose peak at batch ``b`` is 10,000 + 6,300 x b, with a spread whose executor is
+    never used: ``Workload.compile_all`` is patched to compile here, recording each call's
+    batches in the list returned beside the workload, and the batches measured in the
+    other."""
     from remat_kit.sources._workload import Workload
 
-    sent = []
+    sent, measured = [], []
 
     def compile_all(self, keys, *, whole=False, at_once=False):
-        sent.extend(b for _, _, b in keys)
+        sent.append([b for _, _, b in keys])
         return [self.compiled(*k) for k in keys]
 
     monkeypatch.setattr(Workload, "compile_all", compile_all)
-    measured = []
 
     def measure(policy, schedule, batch):
         measured.append(batch)
         return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
 
-    spread = rk.sources.Spread(lambda: None, executor=object(), slow_seconds=0.0)  # never used
-    w = _workload(
-        rk.sources.Measured(measure, lambda p, s, b: float(b)),
-        rk.target("h100"),
-        rk.TrainConfig(2, 10, accum=2),
-    )
-    w = dataclasses.replace(w, spread=spread)
+    spread = rk.sources.Spread(lambda: None, executor=object(), slow_seconds=slow_seconds)
+    w = _workload(rk.sources.Measured(measure, lambda p, s, b: float(b)), rk.target("h100"), config)
+    return dataclasses.replace(w, spread=spread), sent, measured
+
+
+def test_the_two_sides_compiled_side_by_side_are_whole_multiples_of_the_batch_step(monkeypatch):
+    """Two accumulation steps: every batch is a multiple of 2. Where the boundary's two sides
+    are compiled side by side (a spread with an executor, every compile slow enough), what is
+    sent is the batch of each side, ``units x 2``: every key a multiple of 2 among the batches
+    the search asked for, and the answer the scan's (by hand: 10,000 + 6,300 x b)."""
+    w, calls, measured = _side_by_side(monkeypatch, rk.TrainConfig(2, 10, accum=2), 0.0)
     fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 37)
+    sent = [b for call in calls for b in call]
     assert fit.batch == 36 and fit.next_peak_bytes == 10_000 + 6300 * 38
     assert sent and all(isinstance(b, int) and b % 2 == 0 for b in sent), sent
     assert set(sent) <= set(measured)
@@ -2857,30 +2864,11 @@ def test_a_compile_that_took_exactly_the_spreads_slow_seconds_pairs_the_boundary
     sends the boundary's two sides out together, one of 1.25 does not (issue 58 mutant
     _batch.py:194 of seed 75, ``<`` read as ``<=``)."""
     from remat_kit.search import _batch
-    from remat_kit.sources._workload import Workload
 
     ticks = itertools.count()  # every read of the clock one second on
     monkeypatch.setattr(_batch, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
-    together = []
-
-    def compile_all(self, keys, *, whole=False, at_once=False):
-        together.append([b for _, _, b in keys])
-        return [self.compiled(*k) for k in keys]
-
-    monkeypatch.setattr(Workload, "compile_all", compile_all)
-
-    def measure(policy, schedule, batch):
-        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
-
-    spread = rk.sources.Spread(lambda: None, executor=object(), slow_seconds=slow_seconds)
-    w = _workload(
-        rk.sources.Measured(measure, lambda p, s, b: float(b)),
-        rk.target("h100"),
-        rk.TrainConfig(1, 10),
-    )
-    fit = rk.max_batch(
-        dataclasses.replace(w, spread=spread), "full", limit_bytes=10_000 + 6300 * 37
-    )
+    w, together, _ = _side_by_side(monkeypatch, rk.TrainConfig(1, 10), slow_seconds)
+    fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 37)
     assert fit.batch == 37 and fit.next_peak_bytes == 10_000 + 6300 * 38
     assert bool(together) is pairs and all(len(b) == 2 for b in together), together
 
