@@ -127,6 +127,30 @@ def test_the_parabola_through_three_peaks_predicts_the_boundary_at_once(limit):
     assert probed == [expect, expect + 1]
 
 
+def test_two_predictions_that_do_not_halve_the_bracket_hand_over_to_the_gallop():
+    """Peaks 100 e^(u/5) from units 1 and 2, limit 1000: the line through the two predicts 33
+    (slope 27: 2 + 851 / 27), far past the boundary; then parabolas through convex points
+    creep up from below (4, then 6), so two predictions took the 31-unit bracket (2, 33) to a
+    27-unit one (6, 33): not half. The search stops following them and gallops up from 6 in
+    steps of 2 then 4 (8 fits, 12 does not), then bisects (10, 11): seven probes, where
+    following the parabola to its sixth prediction (7, 8, 9) takes ten."""
+
+    def y(u):
+        return int(100 * math.exp(u / 5))
+
+    known, probed = {u: y(u) for u in (1, 2)}, []
+
+    def peak(u):
+        probed.append(u)
+        known[u] = y(u)
+        return known[u]
+
+    expect = max(u for u in range(1, 100) if y(u) <= 1000)  # 11: 902 bytes, 12: 1102
+    lo, hi, method, predicted = search(peak, known, 1000, 1000, CURVES["seq"])
+    assert (lo, hi, method) == (expect, expect + 1, "bisection")
+    assert (probed, predicted) == ([33, 4, 6, 8, 12, 10, 11], 6)
+
+
 @pytest.mark.parametrize("limit", [FIXED + 120_000, FIXED + 333_333, FIXED + 2_000_000])
 @pytest.mark.parametrize("step", [16, 128])
 def test_bisection_finds_the_exact_boundary_off_the_curve(limit, step):
