@@ -534,6 +534,38 @@ EQUIVALENT: tuple[Equivalent, ...] = (
             ("drop default=str", "every value in parts is already JSON's (str, int, list)"),
         )
     ),
+    Equivalent(
+        "remat_kit/search/_planner.py",
+        "break -> continue",
+        "break",
+        "ranked is sorted by that bound, smallest first: once one extra's recompute is over the "
+        "best's overhead every later one's is, so continue skips each of them and compiles "
+        "none, as break does",
+        function="_best_of",
+    ),
+    Equivalent(
+        "remat_kit/search/_throughput.py",
+        "> -> >=",
+        "if ways > 1 and global_batch % ways:",
+        "they differ only at ways == 1, where global_batch % 1 is 0: no refusal either way",
+    ),
+    Equivalent(
+        "remat_kit/sources/_adapters.py",
+        "return x -> return None",
+        "return x",
+        "NNXModel is built only from nnx.eval_shape's abstract model (_factory.call_factory), "
+        "whose non-parameter state is ShapeDtypeStructs only (RNG keys and counts, batch "
+        "statistics, a Variable of a Python int or float: checked): the branch is never taken",
+        function="_concrete",
+    ),
+    Equivalent(
+        "remat_kit/search/_batch.py",
+        "0 -> 1",
+        "if slope <= 0 or known[over] >= UNBUILDABLE:",
+        "the slope is bytes per unit of batch (step samples) of a compiled step's forward peak "
+        "over its inputs, which holds each sample's own token ids (4 bytes a token, seq of "
+        "them): at least 4 x seq x step bytes a unit, never in (0, 1]",
+    ),
 )
 
 _COMPARE_SWAP = {

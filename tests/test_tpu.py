@@ -161,6 +161,43 @@ def test_every_generations_stated_limit_is_its_hbm_less_the_reserve_and_what_a_t
 # --- libtpu -------------------------------------------------------------------------------------
 
 
+_JAX_REQUIRES = [  # jax 0.12.0.1's own lines, as importlib.metadata.requires("jax") gives them
+    "jaxlib<=0.12.0.1,>=0.12.0.1",
+    'jaxlib<=0.12.0.1,>=0.12.0.1; extra == "tpu"',
+    'libtpu==0.0.50.*; extra == "tpu"',
+    'requests; extra == "tpu"',
+    'jax-cuda12-plugin[with-cuda]<=0.12.0.1,>=0.12.0.1; extra == "cuda12"',
+]
+
+
+@pytest.mark.parametrize(
+    ("requires", "installed", "pin"),
+    [
+        (_JAX_REQUIRES, "0.0.50.1", ("0.0.50.1", "==0.0.50.*")),
+        # libtpu named only under another extra, or not at all: no pin to hold it to
+        ([r.replace('libtpu==0.0.50.*; extra == "tpu"', 'libtpu==0.0.9; extra == "tpu-old"')
+          for r in _JAX_REQUIRES], "0.0.50.1", ("0.0.50.1", None)),
+        ([r for r in _JAX_REQUIRES if not r.startswith("libtpu")], None, (None, None)),
+    ],
+    ids=["jax-0.12", "another-extra", "none"],
+)  # fmt: skip
+def test_the_libtpu_pin_is_the_one_jaxs_tpu_extra_names(monkeypatch, requires, installed, pin):
+    import importlib.metadata
+
+    def version(name):
+        if name != "libtpu" or installed is None:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return installed
+
+    monkeypatch.setattr(importlib.metadata, "requires", lambda name: requires)
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    _platform._libtpu_pin.cache_clear()
+    try:
+        assert _platform._libtpu_pin() == pin
+    finally:
+        _platform._libtpu_pin.cache_clear()
+
+
 def test_a_missing_libtpu_is_one_line_naming_the_extra(monkeypatch):
     monkeypatch.setattr(_platform, "_libtpu_pin", lambda: (None, "==0.0.50.*"))
     with pytest.raises(TargetError, match=r"needs libtpu.*pip install 'remat-kit\[tpu\]'"):

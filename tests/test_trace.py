@@ -386,6 +386,27 @@ def test_a_collective_in_an_async_start_wrapper_runs_beside_the_stream_too():
     )
 
 
+def test_a_loop_whose_body_gathers_launches_the_gather_beside_and_the_rest_each_trip():
+    # A loop body (not listed in the schedule) that starts an all-gather before its tanh: each
+    # of the 5 trips launches the gather beside the stream and then the body's other kernels,
+    # not the first gather alone; the launches end at step_time's seconds.
+    gather = (
+        "  %ags = (f32[256,256]{1,0}, f32[2048,256]{1,0}) all-gather-start(%x), "
+        "replica_groups=[1,8]<=[8], dimensions={0}\n"
+        "  %agd = f32[2048,256]{1,0} all-gather-done(%ags)\n"
+    )
+    text = _LOOP.replace("  %t = f32[256,256]{1,0} tanh", gather + "  %t = f32[256,256]{1,0} tanh")
+    assert text.count("all-gather-start") == 1
+    speed = speed_of(rk.target("h100"))
+    t = program_timeline(text, _ENTRY, speed)
+    got: dict[tuple[str, bool], int] = {}
+    for launch in t.launches:
+        key = (launch.kernel.name, launch.beside)
+        got[key] = got.get(key, 0) + 1
+    assert got == {("ags", True): 5, ("t", False): 5, ("j", False): 5, ("lt", False): 5}
+    assert t.seconds == pytest.approx(step_time(kernels_of(text), speed).seconds, rel=1e-12)
+
+
 def test_trace_events_follow_the_format():
     doc = trace_events([_synthetic(), _synthetic()], ["full", "none"])
     events = doc["traceEvents"]

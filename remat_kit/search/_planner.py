@@ -457,7 +457,7 @@ def _solve_and_verify(
     split_offset: float | None = None
     host_cap = None if ctx.host_budget is None else float(ctx.host_budget)
     best: tuple[PlanCandidate, Solution] | None = None
-    status: SolverStatus | None = None
+    status: SolverStatus  # the loop solves before anything else: always set after it
     proven = False
     floor_tried = False
     compiles = 0
@@ -497,11 +497,9 @@ def _solve_and_verify(
     return best[0], best[1], _proof(best[1], status, proven, compiles >= max_compiles)
 
 
-def _proof(sol: Solution, last: SolverStatus | None, proven: bool, spent: bool) -> SolverStatus:
+def _proof(sol: Solution, last: SolverStatus, proven: bool, spent: bool) -> SolverStatus:
     """The solver status reported with a plan: the last program, measured against the plan."""
     objective = sol.estimate.overhead
-    if last is None:
-        return SolverStatus("not solved", False, None, objective, None, 0, 0.0, None, 0.0)
     bound = None if last.bound is None else min(last.bound, objective)
     if proven:
         return dataclasses.replace(last, objective=objective, bound=bound, gap=0.0)
