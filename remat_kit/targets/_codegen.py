@@ -63,7 +63,11 @@ block_k 16, which fits such contractions. A process on the card accepts the opti
 autotuner searches more tilings); the tiling is internal to the fusion's kernel, so the
 buffers XLA assigns and the analysis are the same: byte-identical reports, with and without
 it, on the nine programs tried that compile either way (GPT-2, Llama and BERT presets and the
-Megatron shape on H100; A100, RTX 4090, L4, H100; one GPU, fsdp:4, tp:8).
+Megatron shape on H100; A100, RTX 4090, L4, H100; one GPU, fsdp:4, tp:8). On jax 0.12.0.1
+the A100 case above (``report --model llama3-8b --width 6144 --heads 64 --gpus 8 --shard
+tp:8``) compiles without it too, with the stand-in and with ``REMAT_KIT_FULL_CODEGEN=1``, its
+JSON the same to the byte but for the seconds; no program is known there that needs it, and
+it stays for the shapes and XLA versions that do.
 
 Example:
   >>> from remat_kit.targets import analysis_options, target
