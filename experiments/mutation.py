@@ -550,15 +550,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "they differ only at ways == 1, where global_batch % 1 is 0: no refusal either way",
     ),
     Equivalent(
-        "remat_kit/sources/_adapters.py",
-        "return x -> return None",
-        "return x",
-        "NNXModel is built only from nnx.eval_shape's abstract model (_factory.call_factory), "
-        "whose non-parameter state is ShapeDtypeStructs only (RNG keys and counts, batch "
-        "statistics, a Variable of a Python int or float: checked): the branch is never taken",
-        function="_concrete",
-    ),
-    Equivalent(
         "remat_kit/search/_batch.py",
         "0 -> 1",
         "if slope <= 0 or known[over] >= UNBUILDABLE:",

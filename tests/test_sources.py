@@ -17,6 +17,7 @@ import types
 import warnings
 from pathlib import Path
 
+import chex
 import flax.linen as nn
 import flax.traverse_util
 import jax
@@ -1631,6 +1632,27 @@ def test_an_nnx_model_s_other_state_is_kept_or_made_zero_where_abstract(abstract
     model = nnx.eval_shape(Scaled) if abstract else Scaled()
     got = NNXModel(model).apply({"w": jnp.ones((2, 3))}, jnp.array([[1.0, 2.0]]))
     assert got.tolist() == want
+
+
+def test_an_abstract_nnx_models_random_key_is_the_key_of_seed_0():
+    # An NNX model built abstractly holds an abstract PRNG key in its other state; the step
+    # runs it with jax.random.key(0) (its count 0): what the same model built with
+    # nnx.Rngs(0) and called directly draws (issue 58, seed-80 mutant _adapters.py:213).
+    from flax import nnx
+
+    from remat_kit.sources._adapters import NNXModel
+
+    class Noisy(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones((2, 3)))
+            self.rngs = nnx.Rngs(noise=0)
+
+        def __call__(self, x):
+            return x @ self.w[...] + jax.random.uniform(self.rngs.noise(), (1, 3))
+
+    x = jnp.array([[1.0, 2.0]])
+    got = NNXModel(nnx.eval_shape(Noisy)).apply({"w": jnp.ones((2, 3))}, x)
+    chex.assert_trees_all_close(got, Noisy()(x))
 
 
 @pytest.mark.parametrize("strict", [None, False, True])
