@@ -1430,6 +1430,25 @@ def test_max_batch_starts_where_the_trace_puts_the_boundary(per_sample, limit):
     assert fit.method == "line" and fit.compiles == 3
 
 
+def test_a_peak_that_rises_under_a_byte_a_sample_over_the_fixed_parts_is_still_followed():
+    """The second probe follows the line from the fixed parts (weights and gradients, 30,000
+    bytes) through the first peak however shallow it is: half a byte a sample here (30,002
+    at batch 4), so the line meets the 30,100-byte limit at 4 + 98 / 0.5 = 200, not at twice
+    the first batch (issue 58, seed-81 mutant _batch.py:365)."""
+    probed = []
+
+    def peak_of(b):
+        probed.append(b)
+        return W + G + b // 2
+
+    w = dataclasses.replace(
+        _batch_fake(peak_of), breakdown_fn=lambda b: {"weights": W, "gradients": G}
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=W + G + 100, start=4)
+    assert fit.batch == 201  # 201 // 2 = 100 bytes over the fixed parts: the limit
+    assert probed[:2] == [4, 200], probed
+
+
 def test_a_trace_that_saves_nothing_per_sample_starts_at_one_sample():
     """The trace's guess divides the room left by the bytes each sample saves: none saved
     (everything recomputed) gives no guess, and the search starts at the smallest batch, as
