@@ -567,6 +567,27 @@ def test_a_random_step_s_breakdown_precision_and_labels_follow_its_roles(seed):
         assert built.meta["optimizer"] == "own step" and built.attention == "step's own"
 
 
+def test_a_steps_in_shardings_ride_on_its_arguments_as_the_trace_sees_them():
+    # A step that names in_shardings is traced with each argument's leaves carrying theirs
+    # (a trace sees the mesh), the shapes and dtypes as the step gave them (issue 58, seed-81
+    # mutant _own_step.py:370). One CPU device: a mesh of one, the batch axis over it.
+    import numpy as np
+
+    from remat_kit.schedules import NO_SCHEDULE
+
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
+    sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+    x = jax.ShapeDtypeStruct((4, 8), "float32")
+    own = sources.OwnStep(lambda a: a * 2, [x], in_shardings=(sh,))
+    built = sources.from_step(_returning(own)).build_step(
+        rk.policy("full"), NO_SCHEDULE, SMALL, rk.target("h100")
+    )
+    assert isinstance(built.step.args, tuple) and len(built.step.args) == 1
+    (arg,) = built.step.args
+    assert (arg.shape, arg.dtype, arg.sharding) == ((4, 8), np.float32, sh)
+    assert x.sharding is None  # the step's own argument is left as it was
+
+
 def _first_error(out, n):
     """The fragment of the one-line error a step function's ``out`` earns, or None: the
     checks in the order the contract lists them (shape, step, args, donation, loss, shardings,
