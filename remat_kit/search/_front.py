@@ -145,6 +145,8 @@ def pareto_front(
     Example:
       >>> a = FrontPoint("a", "catalogue", 10, 0.2, 0.2)
       >>> b = FrontPoint("b", "catalogue", 12, 0.3, 0.3)
+      >>> a.dominated, b.dominated  # on the front until pareto_front says otherwise
+      (False, False)
       >>> [p.dominated for p in pareto_front([a, b])]
       [False, True]
       >>> c = FrontPoint("c", "catalogue", 10, 0.2, 0.2, program="f00d")
