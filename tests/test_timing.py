@@ -868,3 +868,25 @@ def test_a_tpu_gathers_ring_runs_over_the_longest_torus_axes_its_group_fills(
     rate = 2 * link * 0.90 * axes
     seconds = step_time([k], speed_of(t)).collective_seconds
     assert seconds == pytest.approx(1e9 * (group - 1) / group / rate)
+
+
+def test_the_best_of_a_timed_run_keeps_running_for_its_budget(monkeypatch):
+    # A clock that reads 0, 1, 2 ...: _best warms up once, sets its end at 0 + 20, then runs
+    # at least 3 times and on while the clock (read once more after each run from the
+    # third) is under 20: runs over 1-2, 3-4, 5-6, then 8-9, 11-12, 14-15, 17-18, 20-21 (the
+    # reads 7, 10, 13, 16 and 19 are under 20; 22 is not): 8 runs and the warm-up, each 1 s
+    # (issue 58, seed-82 mutant _model.py:518).
+    from types import SimpleNamespace
+
+    from remat_kit.timing import _model
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(_model, "time", SimpleNamespace(perf_counter=lambda: float(next(ticks))))
+    calls = []
+
+    def fn(x):
+        calls.append(x)
+        return x
+
+    assert _model._best(fn, jnp.zeros(2), 20.0) == 1.0
+    assert len(calls) == 9
