@@ -154,6 +154,8 @@ def fraction_to_fit(nbytes: int, memory_bytes: int) -> float | None:
     Example:
       >>> fraction_to_fit(70 * 2**30, 80 * 2**30)
       0.88
+      >>> fraction_to_fit(29 * 2**30, 100 * 2**30)  # 0.29 of it, in floats, is a byte short
+      0.3
     """
     f = math.ceil(100 * nbytes / memory_bytes) / 100
     while math.floor(memory_bytes * f) < nbytes:  # guard the float rounding at the boundary
