@@ -557,6 +557,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "over its inputs, which holds each sample's own token ids (4 bytes a token, seq of "
         "them): at least 4 x seq x step bytes a unit, never in (0, 1]",
     ),
+    Equivalent(
+        "remat_kit/search/_batch.py",
+        "min( -> max(",
+        "if min(first, second) == 1 and peak(1) > limit and probes.whole(1) > limit:",
+        "they differ only where a first probe over 1 did not fit and the second is 1 (a first "
+        "of 1 that does not fit has a second of 1: max(1, first // 2), or the forward line "
+        "clipped to first - 1): the lines then bracket (0, 1), the search and the boundary's "
+        "check read peaks already known (1 and 2 compiled as the second probe's pair, 1 whole), "
+        "and lo == 0 gives the same no-fit answer with no compile more (48 fake cases: the "
+        "same Fit and compiles)",
+    ),
 )
 
 _COMPARE_SWAP = {

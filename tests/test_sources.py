@@ -1720,6 +1720,38 @@ def test_the_streams_a_model_asks_for_are_found_one_after_the_other(streams):
     assert streams_asked(_Noisy(streams), None, batch=2, seq=4) == streams
 
 
+class _Nesting(nn.Module):
+    """A model that applies a second model inside its own call, giving it ``inner_rngs``
+    (None: no streams) whatever streams it was given itself."""
+
+    inner_rngs: object
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = _Noisy(("noise",))
+        first = _Noisy(("dropout",))
+        h = first(tokens)  # asks for "dropout" once, as a model that drops out does
+        if self.is_initializing():
+            return h
+        p = x.init({"params": jax.random.key(1), "noise": jax.random.key(2)}, tokens)
+        return h + x.apply(p, tokens, rngs=self.inner_rngs)
+
+
+@pytest.mark.parametrize(
+    "inner_rngs",
+    [None, jnp.zeros(3)],
+    ids=["asks-again-for-a-stream-given", "names-no-stream"],
+)
+def test_a_refusal_the_streams_given_do_not_answer_ends_the_search_with_those_found(inner_rngs):
+    # The inner model never sees the outer's streams: flax asks again for "noise" after it
+    # was given (or refuses a key, naming no stream). The streams found so far are the
+    # answer, and the step's own trace reports the rest.
+    from remat_kit.sources._streams import streams_asked
+
+    expected = ("dropout", "noise") if inner_rngs is None else ("dropout",)
+    assert streams_asked(_Nesting(inner_rngs), None, batch=2, seq=4) == expected
+
+
 # --- a factory's model: its layer count, its errors, its target ------------------------------
 
 
