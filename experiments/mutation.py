@@ -568,6 +568,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "and lo == 0 gives the same no-fit answer with no compile more (48 fake cases: the "
         "same Fit and compiles)",
     ),
+    Equivalent(
+        "remat_kit/sources/_factory.py",
+        "0 -> 1",
+        "jax.random.key(0),",
+        "the key is an argument of jax.eval_shape, which traces with its shape and dtype only: "
+        "no value of it reaches the trace that counts the blocks",
+        function="_count_blocks",
+    ),
 )
 
 _COMPARE_SWAP = {
