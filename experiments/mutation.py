@@ -576,6 +576,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "no value of it reaches the trace that counts the blocks",
         function="_count_blocks",
     ),
+    Equivalent(
+        "remat_kit/search/_budget.py",
+        "0 -> 1",
+        "if usable >= need and usable > (here or 0)",
+        "they differ only for a GPU that a process may use exactly one byte of (a memory "
+        "fraction near 4e-11) while it holds the step's fixed parts (usable >= need): at most "
+        "one byte, where a train step's weights, or its compiled peak with the batch's int32 "
+        "token ids, are more",
+    ),
 )
 
 _COMPARE_SWAP = {

@@ -227,6 +227,37 @@ def test_in_flops_an_extra_whose_traced_recompute_is_dearer_than_the_best_is_not
     assert p.policy.name == "none" and "minimal" not in made
 
 
+def test_in_time_an_extra_dearer_in_traced_recompute_is_compiled_and_is_the_plan_if_faster():
+    # In time nothing traced bounds an extra's overhead: recomputing can be faster than
+    # saving. minimal recomputes 50% more FLOPs than none, which fits, yet its predicted step
+    # is faster (1.9 s against 2.0) and its peak smaller: it is compiled and is the plan. In
+    # FLOPs the same workload keeps none, minimal uncompiled (seed-83 mutant _planner.py:570,
+    # the bound applied in time too).
+    made = []
+    flops = {"none": BASE, "full": 2 * BASE, "minimal": 1.5 * BASE}
+    seconds = {"none": 2.0, "full": 2.5, "minimal": 1.9}
+
+    def measure(policy, schedule, batch):
+        made.append(policy.name)
+        peak = FIXED + {"none": 500, "full": 300, "minimal": 400}[policy.name]
+        r = _fake_report(peak, flops[policy.name], policy.spec)
+        return r.replace(step_time=types.SimpleNamespace(seconds=seconds[policy.name]))
+
+    def plan(objective):
+        made.clear()
+        w = _workload(
+            rk.sources.Measured(measure, lambda p, s, b: flops[p.name]),
+            rk.target("h100"),
+            rk.TrainConfig(1, 10),
+        )
+        return rk.plan(w, 1, 10**9, extra=["minimal"], objective=objective)
+
+    p = plan("time")
+    assert (p.policy.name, p.source, p.peak_bytes) == ("minimal", "beside_none", FIXED + 400)
+    assert p.overhead == pytest.approx(-0.05)
+    assert plan("flops").policy.name == "none" and "minimal" not in made
+
+
 def test_a_plan_counts_its_own_compiles_not_the_ones_the_workload_made_before():
     made = []
 
