@@ -585,6 +585,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "one byte, where a train step's weights, or its compiled peak with the batch's int32 "
         "token ids, are more",
     ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "1 -> 2",
+        "(lambda b, u: jax.lax.dynamic_update_index_in_dim(b, u, 1, 0), (2, n, n)),",
+        "a dynamic update's start is clamped so that the update fits (lax.dynamic_update_slice): "
+        "index 2 of an axis of 2 writes slice 1, as index 1 does: the same one loop, in place, "
+        "over the same bytes",
+    ),
 )
 
 _COMPARE_SWAP = {

@@ -104,6 +104,8 @@ def test_on_the_curve_it_expects_the_search_is_exact_in_few_compiles(
     assert fit.compiles == len(set(fake.measured)) <= most
     assert fit.method == method
     assert fit.tokens_per_step == expect and fit.batch == 1 and fit.unit == step
+    # The curve's prediction (in tokens, not units) is the answer itself.
+    assert fit.predicted == expect
 
 
 @pytest.mark.parametrize("limit", [331, 2_000, 50_000])
