@@ -227,6 +227,30 @@ def test_in_flops_an_extra_whose_traced_recompute_is_dearer_than_the_best_is_not
     assert p.policy.name == "none" and "minimal" not in made
 
 
+@pytest.mark.parametrize(
+    ("changes", "extra", "never"),
+    [
+        ({"schedule_kinds": frozenset({"none"})}, ("full", "every:2"), ("full", "every:2")),
+        ({"remat_always": True}, "none", ("none", "none")),
+    ],
+    ids=["a-schedule-it-cannot-build", "none-where-the-trainer-always-remats"],
+)
+def test_an_extra_the_workload_cannot_run_is_never_compiled(changes, extra, never):
+    # Beside the plan, only extras the workload can build are weighed: a schedule it does not
+    # know, or no remat at all for a trainer that always checkpoints (MaxText), is skipped,
+    # not handed to its step (seed-83 mutant _planner.py:570, `and -> or` in the filter).
+    made = []
+
+    def measure(policy, schedule, batch):
+        made.append((policy.spec, schedule.spec))
+        return _fake_measure(policy, schedule, batch)
+
+    w = dataclasses.replace(fake_workload(measure), **changes)
+    p = rk.plan(w, 1, 10**9, extra=[extra, "minimal"])
+    assert p.fits and ("minimal", "none") in made
+    assert never not in made
+
+
 def test_in_time_an_extra_dearer_in_traced_recompute_is_compiled_and_is_the_plan_if_faster():
     # In time nothing traced bounds an extra's overhead: recomputing can be faster than
     # saving. minimal recomputes 50% more FLOPs than none, which fits, yet its predicted step
