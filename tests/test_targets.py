@@ -605,6 +605,15 @@ def test_compile_config_hands_xla_the_runtime_limit(fraction):
     assert f"device_memory_size: {H100_TOTAL}" in t.target_config  # the card itself unchanged
 
 
+@pytest.mark.parametrize("name", ["v5e", "cpu"])
+def test_a_target_without_a_gpu_config_has_none_to_hand_xla(name):
+    # A TPU knows its memory (16 GiB a v5e chip) but has no GPU target config and no
+    # allocator fraction to rewrite it by; the CPU has neither. Nothing is rewritten
+    # (seed-84 mutant _core.py:346, `or -> and`: the TPU's None rewritten by a runtime it lacks).
+    t = rkt.target(name)
+    assert t.target_config is None and t.compile_config is None
+
+
 def test_to_dict_is_json_ready():
     d = rkt.target("a100-40gb", devices=8, hosts=2).to_dict()
     assert "target_config" not in d

@@ -126,6 +126,41 @@ def test_a_global_batch_takes_the_fewest_accumulation_steps_whose_micro_batch_fi
     assert set(made) <= {2, 3, 4, 6}
 
 
+def test_where_the_accumulator_puts_the_fewest_counts_over_the_next_counts_are_compiled():
+    # 56 sequences per optimizer step. none fits 8 per pass alone, but with the accumulator
+    # (200 bytes) 7 x 8 and 8 x 7 are over the limit (1000 + 200 + 800 and + 700 > 1850):
+    # 14 x 4 fits (1600), then 28 x 2: the two that fit are the candidates, and none is the
+    # fastest (560 tokens in 1 + 14 x 0.42 = 6.88 s), not "does not fit even one sequence".
+    f = rk.search.fastest(
+        fake(), ["none", "full"], global_batch=56, accumulate=lambda a: fake(accum=a),
+        limit_bytes=LIMIT,
+    )  # fmt: skip
+    rows = {r.policy: r for r in f.rows}
+    none, full = rows["none"], rows["full"]
+    assert [t[:2] for t in none.tried] == [(8, 7), (7, 8), (4, 14), (2, 28)]
+    assert [t[2] is None for t in none.tried] == [True, True, False, False]
+    assert (none.micro_batch, none.accum, none.batch, none.max_batch) == (4, 14, 56, 8)
+    assert none.tokens_per_second == pytest.approx(_tps("none", 4, 14))
+    # full fits 21 per pass: 14 x 4 and 8 x 7 both fit, and 14 x 4 is the faster.
+    assert [t[:2] for t in full.tried] == [(14, 4), (8, 7)]
+    assert full.tokens_per_second == pytest.approx(_tps("full", 14, 4))
+    assert f.winner is none and f.baseline is none
+    assert fastest_words(f).endswith("no remat at its fastest accumulation is fastest")
+
+
+def test_where_the_accumulator_puts_every_count_over_the_row_says_none_fits_and_its_largest():
+    # A limit of 1150 bytes: none fits 1 sequence per pass alone (1100), full 3 (1120); with
+    # the accumulator every count of a global batch of 4 is over (none 4 x 1: 1300; full
+    # 2 x 2: 1280, 4 x 1: 1240). Each row says nothing fits, with the largest batch alone.
+    f = rk.search.fastest(
+        fake(), ["none", "full"], global_batch=4, accumulate=lambda a: fake(accum=a),
+        limit_bytes=1150,
+    )  # fmt: skip
+    got = {r.policy: (r.fits, r.batch, r.max_batch, r.tokens_per_second) for r in f.rows}
+    assert got == {"none": (False, 0, 1, None), "full": (False, 0, 3, None)}
+    assert f.winner is None and fastest_words(f) == "fastest: nothing fits"
+
+
 def test_a_global_batch_that_fits_in_one_pass_needs_no_accumulation():
     f = rk.search.fastest(
         fake(), ["full"], global_batch=16, accumulate=lambda a: fake(accum=a), limit_bytes=LIMIT

@@ -177,9 +177,10 @@ def fastest(
 
     - without ``global_batch``: the largest micro-batch and the largest power of two under it
       (products tile better on powers of two); the optimizer steps once per micro-batch;
-    - with ``global_batch``: the two smallest accumulation counts whose micro-batch fits (a
-      count divides the global batch over the data-parallel GPUs), each compiled as the
-      accumulating step (the optimizer updates once per ``global_batch``).
+    - with ``global_batch``: the two smallest accumulation counts whose accumulating step
+      fits (a count divides the global batch over the data-parallel GPUs; the optimizer
+      updates once per ``global_batch``), compiled fewest first: where the accumulator puts
+      a count over the limit, the next count's smaller micro-batch is compiled.
 
     ``plan`` stands for the planner: at each candidate micro-batch (those of ``full``, the
     most frugal policy), the plan with the least predicted time that fits (:func:`plan`).
@@ -371,7 +372,12 @@ class _Search:
         return self._accum[accum]
 
     def candidates(self, largest: int) -> list[tuple[int, int]]:
-        """``(micro_batch, accum)`` pairs to compile, given the largest micro-batch that fits."""
+        """``(micro_batch, accum)`` pairs to compile, in order, given the largest micro-batch
+        that fits: the first two whose compiled step fits are the candidates (:meth:`rows`).
+
+        With a global batch these are every accumulation count whose micro-batch fits alone,
+        fewest first: the accumulator may put a count's step over the limit, and the next
+        count's smaller micro-batch may then fit."""
         ways = max(1, int(self.workload.batch_multiple))
         if self.global_batch is None:
             pow2 = 1 << (largest.bit_length() - 1)
@@ -379,29 +385,49 @@ class _Search:
             return [(b, 1) for b in dict.fromkeys((largest, pow2)) if b >= ways]
         per_gpu = self.global_batch // ways
         counts = [a for a in range(1, per_gpu + 1) if per_gpu % a == 0]
-        fitting = [a for a in counts if self.global_batch // a <= largest]
-        return [(self.global_batch // a, a) for a in fitting[:2]]
+        return [(self.global_batch // a, a) for a in counts if self.global_batch // a <= largest]
+
+    def rows(
+        self,
+        pairs: Iterable[tuple[int, int]],
+        row_of: Callable[[int, int], Throughput | None],
+        enough: int,
+    ) -> tuple[Throughput | None, list[tuple[int, int, float | None]]]:
+        """The fastest row of ``pairs`` compiled in order until ``enough`` of them fit
+        (``row_of`` gives None for one over the limit), and what was tried:
+        ``(micro, accum, tokens/s or None)``."""
+        tried: list[tuple[int, int, float | None]] = []
+        best, fitted = None, 0
+        for micro, accum in pairs:
+            if fitted == enough:
+                break
+            row = row_of(micro, accum)
+            if row is None:
+                tried.append((micro, accum, None))  # the accumulator put it over
+                continue
+            fitted += 1
+            tried.append((micro, accum, row.tokens_per_second))
+            if best is None or _faster(row, best):
+                best = row
+        return best, tried
 
     def policy(self, pol: Policy) -> Throughput:
         fit = max_batch(self.workload, pol, self.schedule, limit_bytes=self.limit)
         name = label(pol.spec, self.schedule.spec)
         if not fit.fits:
             return self._none_fits(pol.spec, name, fit.peak_bytes, fit.note)
-        tried = []
-        best = None
-        for micro, accum in self.candidates(fit.batch):
+
+        def row_of(micro: int, accum: int) -> Throughput | None:
             w = self.at(accum)
             r = w.compiled(pol, self.schedule, micro * accum)
             if r.peak_bytes > self.limit:
-                tried.append((micro, accum, None))  # the accumulator put it over
-                continue
+                return None
             row = self._row(pol.spec, self.schedule.spec, name, micro, accum, fit.batch, r)
-            row = dataclasses.replace(
+            return dataclasses.replace(
                 row, recompute_overhead=w.recompute_of(pol, self.schedule, micro * accum)
             )
-            tried.append((micro, accum, row.tokens_per_second))
-            if best is None or _faster(row, best):
-                best = row
+
+        best, tried = self.rows(self.candidates(fit.batch), row_of, enough=2)
         if best is None:
             return self._none_fits(pol.spec, name, fit.peak_bytes, fit.note, largest=fit.batch)
         return dataclasses.replace(best, tried=tuple(tried))
@@ -414,12 +440,10 @@ class _Search:
         fit = max_batch(self.workload, FULL, self.schedule, limit_bytes=self.limit)
         if not fit.fits:
             return self._none_fits(PLAN, PLAN, fit.peak_bytes, fit.note)
-        tried = []
-        best = None
-        for micro, accum in dict.fromkeys([*self.candidates(fit.batch), *hints]):
-            w = self.at(accum)
+
+        def row_of(micro: int, accum: int) -> Throughput | None:
             p = plan(
-                w,
+                self.at(accum),
                 micro * accum,
                 self.limit,
                 offload=self.offload,
@@ -427,8 +451,7 @@ class _Search:
                 extra=[(q, self.schedule) for q in catalogue],
             )
             if not p.fits or p.report is None:
-                tried.append((micro, accum, None))
-                continue
+                return None
             row = self._row(
                 p.policy.spec,
                 p.schedule.spec,
@@ -438,10 +461,15 @@ class _Search:
                 fit.batch,
                 p.report,
             )
-            row = dataclasses.replace(row, recompute_overhead=p.recompute_overhead)
-            tried.append((micro, accum, row.tokens_per_second))
-            if best is None or _faster(row, best):
-                best = row
+            return dataclasses.replace(row, recompute_overhead=p.recompute_overhead)
+
+        best, tried = self.rows(self.candidates(fit.batch), row_of, enough=2)
+        done = {(micro, accum) for micro, accum, _ in tried}
+        rest = [h for h in dict.fromkeys(hints) if h not in done]
+        also, more = self.rows(rest, row_of, enough=len(rest))
+        tried += more
+        if also is not None and (best is None or _faster(also, best)):
+            best = also
         if best is None:
             return self._none_fits(PLAN, PLAN, fit.peak_bytes, fit.note, largest=fit.batch)
         return dataclasses.replace(best, tried=tuple(tried))
