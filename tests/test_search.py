@@ -1902,6 +1902,29 @@ def test_solve_without_splits_never_splits_the_layers(shed):
         assert split.layers > 0
 
 
+def test_in_time_a_recomputed_residual_is_priced_less_the_traffic_it_saves():
+    # In time, recomputing a residual costs its extra compute (the fake's 100 and 400 FLOPs:
+    # 1% and 4% of none's) less what keeping it costs: written in the forward pass, read
+    # back in the backward, both at the HBM's rate, as a fraction of none's traced step.
+    # mlpwi_0 keeps 6 GB: 2 x 6e9 / 3.0e12 B/s = 4 ms of a 1.23 s step; query_proj's 200
+    # bytes next to nothing (seed-84 mutant _costs.py:270, the traffic counted three times).
+    from remat_kit.search._costs import cost_model
+
+    tags = {"mlpwi_0": (6 * 10**9, 100.0, True), "query_proj": (200, 400.0, True)}
+    w = fake3(tags)
+    model = cost_model(w, 1, offload=False, hide=0.0, objective="time")
+    hbm, step = (
+        w.speed.bytes_per_s(),
+        w.traced_seconds(rk.policy("none"), rk.schedules.NO_SCHEDULE, 1),
+    )
+    assert model.objective == "time" and model.size == {"mlpwi_0": 6 * 10**9, "query_proj": 200}
+    assert model.weight["mlpwi_0"] == pytest.approx(0.01 - 2 * 6e9 / hbm / step, rel=1e-9)
+    assert model.weight["query_proj"] == pytest.approx(0.04 - 2 * 200 / hbm / step, rel=1e-9)
+    assert 2 * 6e9 / hbm / step > 0.003  # the traffic is a third of mlpwi_0's recompute
+    flops = cost_model(w, 1, offload=False, hide=0.0, objective="flops")
+    assert flops.weight == pytest.approx({"mlpwi_0": 0.01, "query_proj": 0.04})  # no traffic
+
+
 @pytest.mark.parametrize("shed", [150, 500, 1100])
 def test_solve_tries_every_split_when_no_single_group_fits(shed):
     """A split has room of its own (``split_cap``): where not even the single group that

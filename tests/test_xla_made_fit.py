@@ -271,6 +271,23 @@ def test_plan_front_notes_each_program_xla_made_fit_once():
     )
 
 
+@pytest.mark.parametrize("first", ["repeat", "no-policy", "said"])
+def test_plan_front_notes_every_program_after_one_it_passes_over(first):
+    # A point passed over (a repeat, a point that names no policy, a program already said)
+    # ends nothing: the programs after it are still read (seed-84 mutant _recommend.py:83,
+    # `continue -> break`).
+    budget = 20 * GIB
+    p = _plan(8, budget, 18 * GIB, policy="minimal")
+    before = {
+        "repeat": (_point("dots", 19 * GIB, 4 * GIB, same_as="full"),),
+        "no-policy": (dataclasses.replace(_point("x", 19 * GIB, 4 * GIB), policy=None),),
+        "said": (_point("full", 19 * GIB, 4 * GIB), _point("full", 19 * GIB, 4 * GIB)),
+    }[first]
+    points = (*before, _point("none", 19 * GIB, 4 * GIB), _point("minimal", 18 * GIB, 3 * GIB))
+    got = [n.data["policy"] for n in PlanFront(p, points, 1.0, 1.0).caveats]
+    assert got == (["full", "none", "minimal"] if first == "said" else ["none", "minimal"])
+
+
 @pytest.mark.parametrize(
     ("schedule", "named", "kept"),
     [
