@@ -1,5 +1,7 @@
 """The train step: it trains, its breakdown adds up, LoRA and accumulation behave."""
 
+import types
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -235,6 +237,41 @@ def test_lora_and_accumulation_shrink_the_gpu_peak(small):
 def test_bad_train_config(kwargs, error, match):
     with pytest.raises(error, match=match):
         rk.TrainConfig(**kwargs)
+
+
+_LOGITS = jnp.zeros((1, 2, 3))
+
+
+@pytest.mark.parametrize(
+    ("out", "want"),
+    [
+        (types.SimpleNamespace(logits=_LOGITS, loss=None), _LOGITS),  # Hugging Face's output
+        ((_LOGITS, None), _LOGITS),  # a tuple: the logits first
+        ([_LOGITS], _LOGITS),
+        (_LOGITS, _LOGITS),
+        (jax.ShapeDtypeStruct((1, 2, 3), jnp.float32), None),  # as a trace sees it
+    ],
+    ids=["logits-attribute", "tuple", "list", "array", "shape-struct"],
+)
+def test_the_logits_are_read_from_what_a_model_returns(out, want):
+    got = rk.train.logits_of(out)
+    assert got is (out if want is None else want)
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        types.SimpleNamespace(shape=(1, 2, 3)),  # a shape and no dtype: not an array
+        types.SimpleNamespace(dtype=jnp.float32),  # a dtype and no shape
+        {"logits": _LOGITS},  # a mapping is not read by key
+        (),
+        (None, _LOGITS),  # the logits must come first
+    ],
+    ids=["shape-only", "dtype-only", "dict", "empty-tuple", "logits-second"],
+)
+def test_an_output_that_is_not_logits_is_refused_naming_its_type(out):
+    with pytest.raises(rk.errors.BadValue, match=rf"returned {type(out).__name__}, not logits"):
+        rk.train.logits_of(out)
 
 
 # --- gradient accumulation: its dtype and bytes; donation as the compiled program shows it -------
