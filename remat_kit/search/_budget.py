@@ -294,7 +294,7 @@ def _what_would_fit(
                 "limit_bytes": budget,
             }
         )
-    here = _usable(workload.target)
+    here = workload.target.usable_bytes  # what a process may use: None where not known
     devices = workload.target.devices
     if here is not None and need <= here:
         # The device holds them; the budget asked for less than it gives.
@@ -355,13 +355,5 @@ def _gpus(mem_fraction: float | None) -> list[tuple[Target, int]]:
                 t = t.with_mem_fraction(mem_fraction)
             except BadValue:  # more than that card's allocator may take
                 continue
-        out.append((t, _usable(t) or 0))
+        out.append((t, t.usable_bytes or 0))
     return out
-
-
-def _usable(t: Target) -> int | None:
-    """What a process may use on ``t``: its allocator's share, else the device - headroom."""
-    usable = getattr(t, "usable_bytes", None)
-    if usable is not None:
-        return int(usable)
-    return None if t.memory_bytes is None else int(t.memory_bytes * (1 - DEFAULT_HEADROOM))
