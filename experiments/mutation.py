@@ -593,6 +593,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "index 2 of an axis of 2 writes slice 1, as index 1 does: the same one loop, in place, "
         "over the same bytes",
     ),
+    Equivalent(
+        "remat_kit/cache/_fingerprint.py",
+        "return x -> return None",
+        'return "None"',
+        "a missing callback's words go into a list's repr beside the others': None there reads "
+        "None where 'None' reads 'None', in every program alike, and neither is the words of "
+        "a function (its name and code): the same fingerprints equal and unequal",
+        function="_callable_words",
+    ),
 )
 
 _COMPARE_SWAP = {

@@ -2395,6 +2395,10 @@ def test_the_plan_at_the_largest_batch_says_whether_xla_s_remat_acted_on_the_pla
     # Up to batch 4, full fits at 4; there the plan recomputes only what 4 x 1300 B asks.
     fit, p = rk.search.max_batch_plan(w, limit_bytes=FIXED + 4 * 1300, cap=4, offload=False)
     assert fit.batch == 4 and fit.policy == p.policy.spec and p.policy.name != "full"
+    # The peak and overhead are the plan's, not full's: it keeps more, and recomputes less.
+    full = w.report("full", batch=4)
+    assert fit.peak_bytes == p.peak_bytes > full.peak_bytes
+    assert fit.recompute_overhead == p.recompute_overhead < w.recompute_overhead("full", batch=4)
     on_plan = acted_on == "the plan"
     assert (fit.xla_remat, fit.xla_remat_bytes) == ((True, XLA_CUT) if on_plan else (False, 0))
     assert [n.kind for n in fit.caveats] == (["xla_remat_made_fit"] if on_plan else [])
