@@ -85,8 +85,17 @@ def test_stand_in_writes_an_empty_object_and_asks_the_real_ptxas_its_version(tmp
 
 
 @needs_ptxas
-def test_stand_in_is_made_once_in_place(tmp_path):
-    root = tmp_path / "root"
+@pytest.mark.parametrize("where", ["new", "under-new-folders", "existing"])
+def test_stand_in_is_made_once_in_place(tmp_path, where):
+    # A fresh machine's cache folder and the folders above it may not exist yet; a folder
+    # another run (or another CUDA's stand-in) made already is used as it is.
+    root = (
+        tmp_path / "cache" / "remat_kit" / "root"
+        if where == "under-new-folders"
+        else tmp_path / "root"
+    )
+    if where == "existing":
+        root.mkdir()
     first = codegen.stub_cuda_dir(root)
     assert first is not None and first.parent == root
     script = (first / "bin" / "ptxas").stat().st_mtime_ns
