@@ -713,6 +713,18 @@ def test_front_marks_dominated_points():
     assert out["worse"].dominated_by == "qkv" and out["tie-peak"].dominated_by == "full"
 
 
+
+def test_a_front_point_read_off_shallow_copies_is_a_value_like_any_other():
+    # How its figures were made (the report's depth record, a mapping) travels with a point
+    # but is not part of what it is: a point read off copies is hashable, as every frozen
+    # point is, and equals the same figures from the whole compile (seed-85 mutant
+    # _front.py:117, the record compared: unhashable).
+    whole = rk.search.FrontPoint("full", "catalogue", 30, 0.23, 0.23, policy="full")
+    copies = dataclasses.replace(whole, depth={"mode": "extrapolated", "copies": [1, 2]})
+    assert copies == whole and len({whole, copies}) == 1
+    assert dict.fromkeys([copies])[whole] is None
+
+
 # --- compiled figures: a small bf16 Llama on an H100 --------------------------------------------
 
 
