@@ -713,7 +713,6 @@ def test_front_marks_dominated_points():
     assert out["worse"].dominated_by == "qkv" and out["tie-peak"].dominated_by == "full"
 
 
-
 def test_a_front_point_read_off_shallow_copies_is_a_value_like_any_other():
     # How its figures were made (the report's depth record, a mapping) travels with a point
     # but is not part of what it is: a point read off copies is hashable, as every frozen
