@@ -599,6 +599,43 @@ def test_advice_tokens_per_second_is_the_plans_predicted_step(monkeypatch):
     assert a.mfu == report.step_time.mfu
 
 
+def test_a_target_where_nothing_fits_has_no_step_time(monkeypatch):
+    # Every program over the H100's 59.4 GiB (none 90 GiB, a remat one 70), each with a
+    # predicted step of 2 s: the advice is the smallest that does not fit, and a step that
+    # cannot run has no time, tokens/s or MFU (seed-86 mutant _advise.py:203, `and -> or`:
+    # the step time of a plan that does not fit).
+    from helpers import memory_report, step_time
+
+    def measure(policy, schedule, batch):
+        peak = (70 if policy.is_remat else 90) * GIB
+        return memory_report(
+            peak_bytes=peak, argument_bytes=GIB, temp_bytes=peak - GIB, flops=float(batch),
+            policy=policy.spec, schedule=schedule.spec, step_time=step_time(2.0),
+        )  # fmt: skip
+
+    def residuals(policy, schedule, batch):
+        return rk.residuals.ResidualReport(residuals=(), tags={}, tag_bytes={}, tag_count={})
+
+    w = rk.sources.workload(
+        rk.sources.Measured(
+            measure, lambda p, s, b: float(b), n_layers=1, residuals_fn=residuals,
+            breakdown_fn=lambda b: {"weights": GIB, "gradients": GIB, "optimizer": 0},
+        ),
+        "h100",
+        rk.TrainConfig(1, 16),
+    )  # fmt: skip
+    module = sys.modules["remat_kit.search._advise"]  # the name is also the function's
+    monkeypatch.setattr(module, "max_batch", lambda *a, **k: types.SimpleNamespace(batch=0))
+    (a,) = rk.advise(lambda t: w, 1, targets=["h100"])
+    assert (a.fits, a.plan, a.peak_bytes, a.note.kind) == (
+        False,
+        "full",
+        70 * GIB,
+        "plan_nothing_fits",
+    )
+    assert (a.step_seconds, a.tokens_per_second, a.mfu) == (None, None, None)
+
+
 # --- TPU slices among the targets (issue 62) ------------------------------------------------------
 
 

@@ -676,6 +676,23 @@ def test_speed_of_names_its_fractions_by_generation():
 
 
 @pytest.mark.parametrize(
+    "missing",
+    [
+        {"hbm_bandwidth": None},
+        {"peak_bf16_flops": None},
+        {"hbm_bandwidth": None, "peak_bf16_flops": None},
+    ],
+    ids=["no-hbm-rate", "no-peak", "neither"],
+)
+def test_a_gpu_without_its_peak_or_its_memory_rate_has_no_speed(missing):
+    # A custom GPU given its memory but not both rates: no step is priced, nothing guessed
+    # (seed-86 mutant _speed.py:207, `or -> and`: a Speed built with a rate of None).
+    t = dataclasses.replace(rk.target("h100"), **missing)
+    assert speed_of(t) is None
+    assert speed_of(rk.target("h100")) is not None  # the card as catalogued has both
+
+
+@pytest.mark.parametrize(
     ("name", "link"),
     # NVLink per direction from the datasheets (B200: NVLink 5, 1.8 TB/s both ways; H20:
     # 900 GB/s both ways); PCIe Gen4 x16 for the cards without NVLink between all GPUs.
