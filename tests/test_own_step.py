@@ -578,14 +578,19 @@ def test_a_steps_in_shardings_ride_on_its_arguments_as_the_trace_sees_them():
     mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("data",))
     sh = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
     x = jax.ShapeDtypeStruct((4, 8), "float32")
-    own = sources.OwnStep(lambda a: a * 2, [x], in_shardings=(sh,))
-    built = sources.from_step(_returning(own)).build_step(
-        rk.policy("full"), NO_SCHEDULE, SMALL, rk.target("h100")
-    )
+    out = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    own = sources.OwnStep(lambda a: a * 2, [x], in_shardings=(sh,), out_shardings=out)
+    src = sources.from_step(_returning(own))
+    built = src.build_step(rk.policy("full"), NO_SCHEDULE, SMALL, rk.target("h100"))
     assert isinstance(built.step.args, tuple) and len(built.step.args) == 1
     (arg,) = built.step.args
     assert (arg.shape, arg.dtype, arg.sharding) == ((4, 8), np.float32, sh)
     assert x.sharding is None  # the step's own argument is left as it was
+    # The compile is the step's jax.jit: its in_shardings and out_shardings as given (seed-86
+    # mutant _own_step.py:234, out_shardings dropped); the trace alone takes neither.
+    assert (built.step.in_shardings, built.step.out_shardings) == ((sh,), out)
+    traced = src.build_step(rk.policy("full"), NO_SCHEDULE, SMALL, rk.target("h100"), sharded=False)
+    assert (traced.step.in_shardings, traced.step.out_shardings) == (None, None)
 
 
 def _first_error(out, n):
