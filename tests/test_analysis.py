@@ -537,3 +537,30 @@ def test_a_report_over_two_devices_or_more_says_what_they_exchange(monkeypatch, 
     t = rk.target("h100", devices=devices)
     r = rk.memory_report(lambda a: a * 2, x, target=t, warn=False)
     assert r.meta.get("collectives") == summary
+
+
+def _tagged(x, w):
+    from jax.ad_checkpoint import checkpoint_name
+
+    h = checkpoint_name(jnp.tanh(x @ w), "mlpwi")
+    return checkpoint_name(h @ w.T, "mlpwo").sum()
+
+
+@pytest.mark.parametrize(
+    ("count_flops", "policy", "tags"),
+    [
+        (True, None, ("mlpwi", "mlpwo")),
+        (False, "full", ("mlpwi", "mlpwo")),
+        (False, None, ()),  # nothing asked the jaxpr: no trace is read for tags
+    ],
+)
+def test_a_report_names_the_tags_its_program_carries(count_flops, policy, tags):
+    # The tags are read off the jaxpr the compile was traced from, where one is read (FLOPs
+    # counted, or a policy to check against): sorted, each once (seed-86 mutant
+    # analysis.py:421, `is not -> is`: no tags where a jaxpr was read).
+    x, w = jax.ShapeDtypeStruct((8, 16), jnp.float32), jax.ShapeDtypeStruct((16, 16), jnp.float32)
+    r = rk.memory_report(
+        jax.grad(_tagged, argnums=1), x, w, target="cpu", policy=policy,
+        count_flops=count_flops, warn=False,
+    )  # fmt: skip
+    assert r.tags == tags
