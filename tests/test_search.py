@@ -271,8 +271,8 @@ def test_in_time_an_extra_dearer_in_traced_recompute_is_compiled_and_is_the_plan
     # In time nothing traced bounds an extra's overhead: recomputing can be faster than
     # saving. minimal recomputes 50% more FLOPs than none, which fits, yet its predicted step
     # is faster (1.9 s against 2.0) and its peak smaller: it is compiled and is the plan. In
-    # FLOPs the same workload keeps none, minimal uncompiled (seed-83 mutant _planner.py:570,
-    # the bound applied in time too).
+    # FLOPs the same workload keeps none, minimal uncompiled (the mutant `and -> or` in the
+    # bound's condition, which no sample drew: the bound applied in time too).
     made = []
     flops = {"none": BASE, "full": 2 * BASE, "minimal": 1.5 * BASE}
     seconds = {"none": 2.0, "full": 2.5, "minimal": 1.9}
