@@ -567,6 +567,16 @@ def test_a_random_step_s_breakdown_precision_and_labels_follow_its_roles(seed):
         assert built.meta["optimizer"] == "own step" and built.attention == "step's own"
 
 
+def test_a_step_file_loaded_twice_is_the_same_source():
+    # A source is its spec: each load imports the file again (another function object, as in
+    # a worker process), and the two are equal and hash alike (seed-86 mutant
+    # _own_step.py:132, the function compared: two loads of one step were two sources).
+    a, b = _src("linen_step"), _src("linen_step")
+    assert a.step_fn is not b.step_fn
+    assert a == b and len({a, b}) == 1
+    assert a != _src("tuple_step")
+
+
 def test_a_steps_in_shardings_ride_on_its_arguments_as_the_trace_sees_them():
     # A step that names in_shardings is traced with each argument's leaves carrying theirs
     # (a trace sees the mesh), the shapes and dtypes as the step gave them (issue 58, seed-81

@@ -671,6 +671,11 @@ def test_speed_of_names_its_fractions_by_generation():
     assert (h100.matmul_efficiency, h100.memory_efficiency) == (0.81, 0.90)
     assert (a100.matmul_efficiency, a100.memory_efficiency) == (0.80, 0.85)
     assert h100.units == 132 and a100.units == 108
+    # Half the FP32 lanes' rate, from the target config's SMs x lanes x clock (the H100's 132
+    # x 128 at 1.98 GHz, the A100's 108 x 64 at 1.41, as ../shared/gpu_targets.md states them;
+    # seed-86 mutant _speed.py:207, the lanes read from an empty config).
+    assert h100.alu_ops == pytest.approx(0.5 * 132 * 128 * 1.98e9)
+    assert a100.alu_ops == pytest.approx(0.5 * 108 * 64 * 1.41e9)
     assert h100.device_link == 450e9 and speed_of(rk.target("rtx4090")).device_link == 32e9
     assert speed_of(rk.target("cpu")) is None
 
