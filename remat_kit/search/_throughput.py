@@ -373,7 +373,7 @@ class _Search:
 
     def candidates(self, largest: int) -> list[tuple[int, int]]:
         """``(micro_batch, accum)`` pairs to compile, in order, given the largest micro-batch
-        that fits: the first two whose compiled step fits are the candidates (:meth:`rows`).
+        that fits: the first two whose compiled step fits are the candidates (:func:`_rows`).
 
         With a global batch these are every accumulation count whose micro-batch fits alone,
         fewest first: the accumulator may put a count's step over the limit, and the next
@@ -386,30 +386,6 @@ class _Search:
         per_gpu = self.global_batch // ways
         counts = [a for a in range(1, per_gpu + 1) if per_gpu % a == 0]
         return [(self.global_batch // a, a) for a in counts if self.global_batch // a <= largest]
-
-    def rows(
-        self,
-        pairs: Iterable[tuple[int, int]],
-        row_of: Callable[[int, int], Throughput | None],
-        enough: int,
-    ) -> tuple[Throughput | None, list[tuple[int, int, float | None]]]:
-        """The fastest row of ``pairs`` compiled in order until ``enough`` of them fit
-        (``row_of`` gives None for one over the limit), and what was tried:
-        ``(micro, accum, tokens/s or None)``."""
-        tried: list[tuple[int, int, float | None]] = []
-        best, fitted = None, 0
-        for micro, accum in pairs:
-            if fitted == enough:
-                break
-            row = row_of(micro, accum)
-            if row is None:
-                tried.append((micro, accum, None))  # the accumulator put it over
-                continue
-            fitted += 1
-            tried.append((micro, accum, row.tokens_per_second))
-            if best is None or _faster(row, best):
-                best = row
-        return best, tried
 
     def policy(self, pol: Policy) -> Throughput:
         fit = max_batch(self.workload, pol, self.schedule, limit_bytes=self.limit)
@@ -427,7 +403,7 @@ class _Search:
                 row, recompute_overhead=w.recompute_of(pol, self.schedule, micro * accum)
             )
 
-        best, tried = self.rows(self.candidates(fit.batch), row_of, enough=2)
+        best, tried = _rows(self.candidates(fit.batch), row_of, enough=2)
         if best is None:
             return self._none_fits(pol.spec, name, fit.peak_bytes, fit.note, largest=fit.batch)
         return dataclasses.replace(best, tried=tuple(tried))
@@ -463,10 +439,10 @@ class _Search:
             )
             return dataclasses.replace(row, recompute_overhead=p.recompute_overhead)
 
-        best, tried = self.rows(self.candidates(fit.batch), row_of, enough=2)
+        best, tried = _rows(self.candidates(fit.batch), row_of, enough=2)
         done = {(micro, accum) for micro, accum, _ in tried}
         rest = [h for h in dict.fromkeys(hints) if h not in done]
-        also, more = self.rows(rest, row_of, enough=len(rest))
+        also, more = _rows(rest, row_of, enough=len(rest))
         tried += more
         if also is not None and (best is None or _faster(also, best)):
             best = also
@@ -518,6 +494,30 @@ class _Search:
             recompute_overhead=None,
             note=note,
         )
+
+
+def _rows(
+    pairs: Iterable[tuple[int, int]],
+    row_of: Callable[[int, int], Throughput | None],
+    enough: int,
+) -> tuple[Throughput | None, list[tuple[int, int, float | None]]]:
+    """The fastest row of ``pairs`` (``(micro_batch, accum)``), compiled in order until
+    ``enough`` of them fit (``row_of`` gives None for one over the limit), and what was
+    tried: ``(micro, accum, tokens/s or None)``."""
+    tried: list[tuple[int, int, float | None]] = []
+    best, fitted = None, 0
+    for micro, accum in pairs:
+        if fitted == enough:
+            break
+        row = row_of(micro, accum)
+        if row is None:
+            tried.append((micro, accum, None))  # over the limit (the accumulator, most often)
+            continue
+        fitted += 1
+        tried.append((micro, accum, row.tokens_per_second))
+        if best is None or _faster(row, best):
+            best = row
+    return best, tried
 
 
 def _faster(row: Throughput, best: Throughput) -> bool:
