@@ -2077,6 +2077,16 @@ def test_plan_refuses_a_batch_that_is_not_positive(batch):
         rk.plan(fake3(), batch, 2000)
 
 
+@pytest.mark.parametrize(("multiple", "batch"), [(2, 3), (4, 6), (3, 4)])
+def test_plan_refuses_a_batch_its_accumulation_steps_do_not_divide(multiple, batch):
+    """A workload that accumulates over ``multiple`` micro-batches takes whole ones: a batch
+    they do not divide is refused before any compile, naming both."""
+    w = dataclasses.replace(fake3(), batch_multiple=multiple)
+    with pytest.raises(ValueError, match=rf"batch={batch} is not a multiple of {multiple} "):
+        rk.plan(w, batch, 2000)
+    assert w.compiles == 0
+
+
 @pytest.mark.parametrize(
     ("lo", "hi", "closed"),
     [(3, 4, True), (3, 10, False), (100, None, True), (120, None, True), (50, None, False)],
