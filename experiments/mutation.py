@@ -306,6 +306,20 @@ MODULES: dict[str, Group] = {
                 ),
             ),
             ("_tag_checks.py", ("tests/test_sources.py", "tests/test_depth.py")),
+            # The kinds' options are the CLI's model and training flags: what each sets and how
+            # the CLI names it in front of a refusal is read there.
+            (
+                "_kinds.py",
+                (
+                    "tests/test_sources.py",
+                    "tests/test_pipeline.py",
+                    "tests/test_kinds.py",
+                    "tests/test_own_step.py",
+                    "tests/test_sources_workload.py",
+                    "tests/test_cli.py",
+                    "tests/test_bad_input.py",
+                ),
+            ),
         ),
     ),
 }
