@@ -9,6 +9,7 @@ every search over the family, a batch view compiles nothing of its own.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import threading
 
 import jax
@@ -255,6 +256,29 @@ def test_fit_each_hands_the_planner_no_schedule_and_the_others_the_one_given(mon
     monkeypatch.setattr("remat_kit.search._fit.fit", spy)
     rk.search.fit_each(Family(affine)(512), ["plan", "full"], "every:2")
     assert asked == [("plan", "none", "batch"), ("full", "every:2", "batch")]
+
+
+_OPTIONS = ("headroom", "limit_bytes", "offload", "hide")
+
+
+@pytest.mark.parametrize(
+    "given", [{}, {"headroom": 0.2, "limit_bytes": 10**6, "offload": False, "hide": 0.5}]
+)
+def test_fit_each_hands_each_search_fits_defaults_or_what_it_was_given(given, monkeypatch):
+    """Not given, each search gets :func:`fit`'s own defaults (the planner may offload, as
+    plan() and fit() let it); given, what was given."""
+    asked = []
+
+    def spy(workload, policy, schedule, **kwargs):
+        asked.append({k: kwargs[k] for k in _OPTIONS})
+        return policy
+
+    monkeypatch.setattr("remat_kit.search._fit.fit", spy)
+    rk.search.fit_each(Family(affine)(512), ["plan", "full"], **given)
+    defaults = inspect.signature(rk.search.fit).parameters
+    expected = {k: given.get(k, defaults[k].default) for k in _OPTIONS}
+    assert asked == [expected, expected]
+    assert expected["offload"] is given.get("offload", True)
 
 
 @pytest.mark.parametrize("custom", [False, True])
