@@ -206,6 +206,31 @@ def test_a_sequence_that_cannot_be_built_is_an_upper_bound(refused_above, who):
     assert fit.compiles == len(set(fake.measured)) <= 4 + 2 * math.ceil(math.log2(expect / 100))
 
 
+@pytest.mark.parametrize("refused_above", [777, 5000, 23000])
+def test_after_a_sequence_that_cannot_be_built_the_search_bisects_its_bracket(refused_above):
+    """No curve predicts where XLA starts refusing: the probe after a refused one is the
+    middle of the bracket (in units of the granularity), the largest known to fit and the
+    smallest known not to (a refused one among them), as the probes so far say."""
+    g, limit = 100, 10**12
+    fake = Fake(affine, xla_refuses_above=refused_above)
+    rk.search.max_seq(fake, "full", granularity=g, limit_bytes=limit)
+    units = [s // g for s in fake.built]
+
+    def over(u):
+        return u * g > refused_above or affine(u * g, 1) > limit
+
+    after = 0
+    for i in range(1, len(units)):
+        if not over(units[i - 1]):
+            continue
+        seen = units[:i]
+        lo = max((u for u in seen if not over(u)), default=0)
+        hi = min(u for u in seen if over(u) and u > lo)
+        assert units[i] == (lo + hi) // 2, (i, units)
+        after += 1
+    assert after >= 3  # a halving walk down from the first wild probe, at least
+
+
 def test_refusing_the_shortest_sequence_is_an_error():
     with pytest.raises(BadValue, match="learned positions"):
         rk.search.max_seq(Fake(affine, refuse_above=50), granularity=64, limit_bytes=10**9)
