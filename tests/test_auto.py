@@ -675,16 +675,6 @@ def test_a_slop_factor_is_a_whole_percent_and_travels_with_the_target():
     assert "slop_factor" not in H100.to_dict()  # XLA's default: records read as before
     # a GPU in the process compiles with it too (its own compile options, nothing else)
     assert analysis_options(_local_gpu().with_slop_factor(30)) == {SLOP: 30}
-    for bad in (0, 96, 2.5, True):
-        with pytest.raises(BadValue, match="whole percent in \\[1, 95\\]"):
-            H100.with_slop_factor(bad)
-    # a device in the process that is not a GPU (this CPU: no compute capability) is refused
-    # as the named CPU is (seed-82 mutant _core.py:386)
-    here = rk.target("local")
-    assert here.compute_capability is None
-    for name, t in (("cpu", rk.target("cpu")), ("v5e", rk.target("v5e-4")), ("local", here)):
-        with pytest.raises(BadValue, match=f"GPU targets, not '{name}'"):
-            t.with_slop_factor(50)
 
 
 def _xla_world(monkeypatch, outcomes):

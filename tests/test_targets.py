@@ -983,3 +983,20 @@ def test_libtpus_start_keeps_its_chatter_back_and_restores_the_environment(
         os.write(2, b"Failed to get TPU metadata (tpu-env) from instance metadata\n")
     assert capfd.readouterr().err == ""
     assert os.environ.get("ALLOW_MULTIPLE_LIBTPU_LOAD") == before
+
+
+@pytest.mark.parametrize("bad", [0, 96, 2.5, True])
+def test_a_slop_factor_outside_whole_percents_1_to_95_is_refused(bad):
+    with pytest.raises(rk.errors.BadValue, match=r"whole percent in \[1, 95\]"):
+        rk.target("h100").with_slop_factor(bad)
+
+
+@pytest.mark.parametrize("name", ["cpu", "v5e-4", "local"])
+def test_a_slop_factor_on_a_device_that_is_not_a_gpu_is_refused(name):
+    # XLA's memory-limit slop factor is a GPU compile's option. A device in this process that
+    # is not a GPU (this CPU: no compute capability) is refused as the named CPU and TPU are
+    # (seed-82 and seed-88 mutants _core.py:386, the local test's `and -> or`).
+    t = rk.target(name)
+    assert t.compute_capability is None
+    with pytest.raises(rk.errors.BadValue, match=f"GPU targets, not '{t.name}'"):
+        t.with_slop_factor(50)
