@@ -131,6 +131,17 @@ def test_a_peak_under_the_shapes_parts_says_they_are_an_upper_bound():
     assert note.data == {"peak_bytes": 30, "known_bytes": 31}
 
 
+@pytest.mark.parametrize("missing", ["weights", "optimizer", "batch", "gradients"])
+def test_a_step_whose_roles_are_not_all_known_keeps_those_it_has_and_no_rest(missing):
+    """A user's step that named only some roles: the report carries those, and no
+    ``activations`` (the rest of what is not known is not the activations)."""
+    step = _step()
+    del step.breakdown[missing]
+    r = add_breakdown(_report(100), step)
+    assert dict(r.breakdown) == {k: v for k, v in SHAPES.items() if k != missing}
+    assert r.peak_bytes == 100 and [n.kind for n in r.notes] == []
+
+
 #: The inspector's bytes by category, each a different power of two.
 CATEGORIES = {
     "parameter": 1,
