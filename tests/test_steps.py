@@ -335,6 +335,18 @@ def test_measure_runs_the_steps_the_contract_names_for_random_requests(monkeypat
         pol = rk.policies.as_policy(policy)
         # Remembered on disk unless labelled by the caller.
         assert ("remembered" in names) is (not meta)
+        if not meta:
+            # Remembered under everything that changes the report (seed-88 mutant
+            # _steps.py:142: a report with a baseline answered one asked without).
+            (_, args, kw) = done[names.index("remembered")]
+            assert args[0] == "report" and args[1] is src and args[2] == t
+            assert kw == {
+                "policy": pol.spec,
+                "schedule": "none",
+                "baseline": baseline,
+                "measured_breakdown": measured,
+                "depth": depth,
+            }
         assert ("check_policies" in names) is strict and src.calls[0] == "check"
         read = depth != "full" and not measured
         assert ("by_depth" in names) is read
