@@ -439,3 +439,21 @@ def test_the_plan_at_the_longest_sequence_is_searched_under_the_limit_given():
     assert fit.seq == 54_054 // 64 * 64 == 54_016
     assert fit.peak_bytes == affine(54_016, 1) <= limit < affine(54_016 + 64, 1)
     assert plan.fits and plan.peak_bytes <= limit
+
+
+@pytest.mark.parametrize("limit", [FIXED + 10**6, 2**63])
+def test_a_point_that_cannot_be_built_never_fits_whatever_the_limit(limit):
+    """A budget on a target of no known memory (the CPU) is bounded by no device: a refused
+    point still bounds the bracket from above, and the search bisects down to the last unit
+    that builds (37 here) instead of taking the refusal for a fit."""
+    from remat_kit.search._boundary import bracket
+
+    assert bracket({1: 5, 2: UNBUILDABLE}, limit) == (1, 2)
+    known = {}
+
+    def peak(u):
+        known[u] = 100 + 7 * u if u <= 37 else UNBUILDABLE
+        return known[u]
+
+    peak(1), peak(2)
+    assert search(peak, known, limit, cap=1000, curves=("line",))[:2] == (37, 38)

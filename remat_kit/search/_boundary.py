@@ -43,7 +43,7 @@ AXES = ("batch", "seq")
 #: quadratic in the sequence (einsum attention holds ``batch x heads x seq x seq`` scores).
 CURVES: dict[str, tuple[str, ...]] = {"batch": ("line",), "seq": ("line", "quadratic")}
 
-#: The "peak" of a point XLA or the model refused to build: over any limit.
+#: The "peak" of a point XLA or the model refused to build: over any limit (:func:`bracket`).
 UNBUILDABLE = 1 << 62
 
 #: Model-guided probes (a curve through the compiled peaks) before the search falls back to
@@ -228,6 +228,9 @@ def bracket(known: dict[int, int], limit: int) -> tuple[int, int | None]:
       >>> bracket({1: 5, 2: 9, 4: 30, 3: 12}, limit=10)
       (2, 3)
     """
+    # A point that could not be built never fits, whatever the limit (a budget on a target
+    # of no known memory, the CPU, is not bounded by a device).
+    limit = min(limit, UNBUILDABLE - 1)
     lo = max((u for u, p in known.items() if p <= limit), default=0)
     hi = min((u for u, p in known.items() if p > limit and u > lo), default=None)
     return lo, hi
@@ -310,8 +313,10 @@ def search(
             stride = max(2, moved // 4)
             break
         if refused:
-            # No curve predicts where XLA or the model starts refusing: bisect once.
-            guess, method = (lo + hi) // 2 if hi is not None else 2 * lo, "bisection"
+            # No curve predicts where XLA or the model starts refusing: bisect once. The
+            # refused unit is above lo and never fits (bracket): hi is known, at it or under.
+            assert hi is not None
+            guess, method = (lo + hi) // 2, "bisection"
             widths.clear()
         else:
             if pred is None:
