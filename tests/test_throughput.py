@@ -30,13 +30,14 @@ def _report(policy, peak, seconds):
         temp_bytes=int(peak) - FIXED,
         flops=float("nan"),
         policy=policy,
-        step_time=step_time(seconds),
+        step_time=None if seconds is None else step_time(seconds),
     )
 
 
-def fake(accum=1, penalty=None):
+def fake(accum=1, penalty=None, timeless=()):
     """The step accumulating over ``accum`` micro-batches; ``penalty(policy, micro)`` adds
-    seconds to a micro-batch (a product that tiles badly)."""
+    seconds to a micro-batch (a product that tiles badly); a ``(policy, micro)`` in
+    ``timeless`` has no step time (one the timing model cannot price)."""
 
     def measure(pol, sch, batch):
         per_sample, per_second = POLICIES[pol.spec]
@@ -44,7 +45,7 @@ def fake(accum=1, penalty=None):
         extra = 0.0 if penalty is None else penalty(pol.spec, micro)
         seconds = 1.0 + accum * (PASS + per_second * micro + extra)
         peak = FIXED + (ACCUMULATOR if accum > 1 else 0) + per_sample * micro
-        return _report(pol.spec, peak, seconds)
+        return _report(pol.spec, peak, None if (pol.spec, micro) in timeless else seconds)
 
     return rk.sources.workload(
         rk.sources.Measured(measure, lambda p, s, b: float(b) * (1.2 if p.spec == "full" else 1.0)),
@@ -88,6 +89,17 @@ def test_a_badly_tiled_largest_batch_loses_to_the_power_of_two_under_it():
     assert (row.micro_batch, row.max_batch) == (16, 21)
     assert [t[0] for t in row.tried] == [21, 16]
     assert row.tokens_per_second == pytest.approx(160 / 3.10)
+
+
+@pytest.mark.parametrize(("timeless", "micro"), [((("full", 16),), 21), ((("full", 21),), 16)])
+def test_a_candidate_without_a_step_time_never_wins_over_one_with_a_time(timeless, micro):
+    """full's candidates are 21 and 16; the one the timing model could not price is never
+    the answer, whether it is compiled first or second."""
+    f = rk.search.fastest(fake(timeless=timeless), ["full"], limit_bytes=LIMIT)
+    (row,) = f.rows
+    assert [t[0] for t in row.tried] == [21, 16]
+    assert row.micro_batch == micro
+    assert row.tokens_per_second == pytest.approx(_tps("full", micro))
 
 
 def test_the_baseline_is_searched_when_none_is_not_asked_for():

@@ -261,8 +261,10 @@ def _solve_one(
             if u in model.offloadable:
                 var(g, u, "o")
             if not model.needed[u]:
-                for v in ("n", "y", "h", "z"):
+                for v in ("n", "y", "z"):
                     var(g, u, v)
+                if u in model.offloadable:
+                    var(g, u, "h")  # on the host while needed: only where it can be
     e = len(cols)
     cols.append(("", "", "e"))
     n = len(cols)
@@ -299,16 +301,14 @@ def _solve_one(
                 kept, on_host, recomputed = s, o, r
             else:
                 nv, kept = index[(g, u, "n")], index[(g, u, "y")]
-                on_host, recomputed = index[(g, u, "h")], index[(g, u, "z")]
+                on_host, recomputed = index.get((g, u, "h")), index[(g, u, "z")]
                 for t in decidable:
                     if u in model.needs[t]:
                         row({nv: 1.0, index[(g, t, "r")]: -1.0}, 0.0, np.inf)
                 row({kept: 1.0, s: -1.0, nv: -1.0}, -1.0, np.inf)
                 row({recomputed: 1.0, r: -1.0, nv: -1.0}, -1.0, np.inf)
-                if o is not None:
+                if o is not None:  # an offloadable tensor: on_host is its column
                     row({on_host: 1.0, o: -1.0, nv: -1.0}, -1.0, np.inf)
-                else:
-                    hi[on_host] = 0.0
             device[kept] = device.get(kept, 0.0) + w * model.size[u] / scale
             device[r] = device.get(r, 0.0) + w * model.spill[u] / scale
             c[recomputed] += w * model.weight[u]
