@@ -616,6 +616,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "a function (its name and code): the same fingerprints equal and unequal",
         function="_callable_words",
     ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "True -> False",
+        '(tmp / "nvvm").symlink_to(real / "nvvm", target_is_directory=True)',
+        "Path.symlink_to's target_is_directory is read on Windows only (the pathlib docs: "
+        "ignored on other platforms), and the stand-in serves a CUDA compile, which jax "
+        "builds for Linux alone",
+    ),
 )
 
 _COMPARE_SWAP = {

@@ -1952,6 +1952,20 @@ def test_in_time_a_recomputed_residual_is_priced_less_the_traffic_it_saves():
     assert flops.weight == pytest.approx({"mlpwi_0": 0.01, "query_proj": 0.04})  # no traffic
 
 
+@pytest.mark.parametrize("extra", [0.0, 250.0])
+def test_a_tag_needed_only_through_another_costs_what_the_pair_adds(extra):
+    """out_proj is read only when attn_out is recomputed (NEEDS3): its cost is the FLOPs the
+    pair adds beyond attn_out's own, the fake's ``extra`` (by its rules), none where it adds
+    none (seed-90 mutant _costs.py:298, a floor of 1 FLOP)."""
+    from remat_kit.search._costs import cost_model
+
+    tags = {"attn_out": (300, 1.0, True), "out_proj": (300, extra, False)}
+    model = cost_model(fake3(tags), 1, offload=False, hide=0.0, objective="flops")
+    assert model.needs == {"attn_out": ("out_proj",), "out_proj": ()}
+    assert model.needed == {"attn_out": True, "out_proj": False}
+    assert model.cost == {"attn_out": 1.0, "out_proj": extra}
+
+
 @pytest.mark.parametrize("shed", [150, 500, 1100])
 def test_solve_tries_every_split_when_no_single_group_fits(shed):
     """A split has room of its own (``split_cap``): where not even the single group that
