@@ -624,6 +624,16 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "ignored on other platforms), and the stand-in serves a CUDA compile, which jax "
         "builds for Linux alone",
     ),
+    Equivalent(
+        "remat_kit/targets/_slices.py",
+        "- -> +",
+        "if chips & (chips - 1) and (grid := _sold_grid(layout, count)) is not None:",
+        "chips & (chips + 1) differs from chips & (chips - 1) only at powers of two (which it "
+        "sends to MaxText's table) and at 2^k - 1 chips (which it does not): on maxtext 0.2.5, "
+        "the table's grid of every power-of-two count is _grid's (none of its entries "
+        "differ) and no entry has 2^k - 1 chips; a name outside the table reaches _grid "
+        "either way",
+    ),
 )
 
 _COMPARE_SWAP = {
