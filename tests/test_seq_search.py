@@ -457,3 +457,14 @@ def test_a_point_that_cannot_be_built_never_fits_whatever_the_limit(limit):
 
     peak(1), peak(2)
     assert search(peak, known, limit, cap=1000, curves=("line",))[:2] == (37, 38)
+
+
+@pytest.mark.parametrize("start", [640, 1280])
+def test_a_start_whose_peak_is_the_limit_exactly_fits_and_twice_it_is_probed_next(start):
+    """A peak equal to the limit fits: the second probe is twice the start, and the line
+    through the two puts the boundary at the start, verified by the next sequence (seed-90
+    mutant _seq.py:217, ``<=`` -> ``<``: the start taken as over, five compiles or more)."""
+    fake = Fake(affine)
+    fit = rk.search.max_seq(fake, "full", granularity=64, limit_bytes=affine(start, 1), start=start)
+    assert (fit.seq, fit.peak_bytes) == (start, affine(start, 1))
+    assert fake.measured == [start, 2 * start, start + 64] and fit.compiles == 3

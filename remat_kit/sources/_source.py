@@ -424,7 +424,7 @@ class ModelSource(StepSource):
             block_policies = self._per_layer(pol, sch) if sch.name == "layers" else pol
         # Patched while the factory runs too: an NNX model builds its blocks there, before
         # any trace (a linen model builds them as it is traced, under ``contexts`` below).
-        patch = (self.block, block_policies) if self.block and block_policies else None
+        patch = None if block_policies is None else (self.block, block_policies)
         made = call_factory(self, factory_policy, kwargs, patch)
         kind = "nnx" if isinstance(made, nnx.Module) else "linen"
         if patch is not None and isinstance(made, nn.Module):
