@@ -228,8 +228,9 @@ def bracket(known: dict[int, int], limit: int) -> tuple[int, int | None]:
       >>> bracket({1: 5, 2: 9, 4: 30, 3: 12}, limit=10)
       (2, 3)
     """
-    # A point that could not be built never fits, whatever the limit (a budget on a target
-    # of no known memory, the CPU, is not bounded by a device).
+    # A point that could not be built never fits, whatever the limit: a caller's limit_bytes
+    # is taken as given, and a budget on a target of no known memory (the CPU) is bounded
+    # by no device.
     limit = min(limit, UNBUILDABLE - 1)
     lo = max((u for u, p in known.items() if p <= limit), default=0)
     hi = min((u for u, p in known.items() if p > limit and u > lo), default=None)
