@@ -1375,6 +1375,22 @@ def test_max_batch_falls_back_when_the_line_is_wrong(peak_of, limit):
         assert fit.method == "bisection"
 
 
+@pytest.mark.parametrize("start", [1000, 7])
+def test_a_first_batch_over_the_limit_without_shapes_is_halved_for_the_second(start):
+    """Without the shapes' breakdown there is no line from the inputs: the second probe is
+    half the first, not the smallest batch (seed-91 mutant _batch.py:358, ``max(1, ...)``
+    -> ``min``: batch 1 second)."""
+    asked = []
+
+    def peak_of(b):
+        asked.append(b)
+        return 10_000 + 6300 * b
+
+    fit = rk.max_batch(_batch_fake(peak_of), "full", limit_bytes=10_000 + 6300 * 3 + 5, start=start)
+    assert asked[:2] == [start, start // 2]
+    assert fit.batch == 3
+
+
 #: Weights and gradients of the two-regime fake below, in bytes.
 W = G = 15_000
 
