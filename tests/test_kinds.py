@@ -326,7 +326,7 @@ def test_the_training_flags_are_listed_under_training_in_the_help():
         g.title: {s for a in g._group_actions for s in a.option_strings}
         for g in commands.choices["report"]._action_groups
     }
-    # Each of the train config's (seed-91 mutant _kinds.py:232: --param-dtype's group dropped,
+    # Each of the train config's (seed-91 mutant _kinds.py:232: --dtype's group dropped,
     # listed among the model's flags).
     training = {"--batch", "--seq", "--optimizer", "--lora", "--accum", "--precision"}
     training |= {"--param-dtype", "--dtype", "--dropout"}
