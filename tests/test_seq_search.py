@@ -21,7 +21,7 @@ from jax.errors import JaxRuntimeError
 import remat_kit as rk
 from helpers import memory_report, size_words
 from remat_kit.errors import BadType, BadValue
-from remat_kit.search._boundary import CURVES, UNBUILDABLE, search
+from remat_kit.search._boundary import CURVES, UNBUILDABLE, bracket, search
 
 # --- fake builders: the peak as a formula of the sequence -----------------------------------
 
@@ -446,8 +446,6 @@ def test_a_point_that_cannot_be_built_never_fits_whatever_the_limit(limit):
     """A budget on a target of no known memory (the CPU) is bounded by no device: a refused
     point still bounds the bracket from above, and the search bisects down to the last unit
     that builds (37 here) instead of taking the refusal for a fit."""
-    from remat_kit.search._boundary import bracket
-
     assert bracket({1: 5, 2: UNBUILDABLE}, limit) == (1, 2)
     known = {}
 
