@@ -634,6 +634,16 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "differ) and no entry has 2^k - 1 chips; a name outside the table reaches _grid "
         "either way",
     ),
+    Equivalent(
+        "remat_kit/targets/_slices.py",
+        "1 -> 2",
+        "if chips & (chips - 1) and (grid := _sold_grid(layout, count)) is not None:",
+        "chips & (chips - 2) is 0 exactly where chips & (chips - 1) is, but for one chip (an "
+        "even count is 2m with m a power of two either way; an odd one shares bit 0 with "
+        "chips - 2): the mutant asks MaxText's table for one chip, and on maxtext 0.2.5 each "
+        "one-chip entry's grid (v5e-1, v6e-1 (1, 1); tpu7x-2 (1, 1, 1)) is _grid's; a name "
+        "outside the table reaches _grid either way",
+    ),
 )
 
 _COMPARE_SWAP = {

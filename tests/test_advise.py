@@ -10,6 +10,7 @@ compiles; one test runs the real search on tiny-llama where it refuses from shap
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import math
 import sys
@@ -634,6 +635,29 @@ def test_a_target_where_nothing_fits_has_no_step_time(monkeypatch):
         "plan_nothing_fits",
     )
     assert (a.step_seconds, a.tokens_per_second, a.mfu) == (None, None, None)
+
+
+_PLAN_OPTIONS = ("headroom", "offload", "hide")
+
+
+@pytest.mark.parametrize("given", [{}, {"headroom": 0.2, "offload": False, "hide": 0.5}])
+def test_advise_plans_each_target_with_plans_defaults_or_what_it_was_given(given, monkeypatch):
+    """Not given, each target is planned with :func:`rk.plan`'s own defaults (the planner may
+    offload, as plan() lets it; seed 92's _advise.py:98 made advise's default no offload);
+    given, with what was given."""
+    module = sys.modules["remat_kit.search._advise"]
+    asked = []
+
+    def one(workload_for, batch, headroom, offload, hide, traces, lora_for, t):
+        asked.append({"headroom": headroom, "offload": offload, "hide": hide})
+        return _fits(t.name)
+
+    monkeypatch.setattr(module, "_advise_one", one)
+    rk.advise(lambda t: None, 2, targets=["h100", "a100"], **given)
+    defaults = inspect.signature(rk.plan).parameters
+    expected = {k: given.get(k, defaults[k].default) for k in _PLAN_OPTIONS}
+    assert asked == [expected, expected]
+    assert expected["offload"] is given.get("offload", True)
 
 
 # --- TPU slices among the targets (issue 62) ------------------------------------------------------

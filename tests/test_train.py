@@ -404,6 +404,22 @@ def test_a_mesh_given_is_the_one_the_step_uses_and_none_builds_the_plans():
         _plan_and_mesh("fsdp:1", wrong)
 
 
+def test_a_sharded_step_carries_its_mesh_and_an_unsharded_one_none():
+    """``TrainStep.mesh`` is what its shardings live on (seed 92's train.py:350 dropped
+    it: a sharded step said it had no mesh)."""
+    from remat_kit import sharding
+
+    model = models.build(models.get_config("tiny-llama", layers=1, attention="xla"))
+    config = rk.TrainConfig(batch=2, seq=16)
+    mesh = sharding.parse_shard("fsdp:1").mesh(rk.target("local", devices=1))
+    given = rk.build_train_step(model, config, sharding="fsdp:1", mesh=mesh)
+    assert given.mesh is mesh
+    built = rk.build_train_step(model, config, sharding="fsdp:1")
+    assert dict(built.mesh.shape) == {"fsdp": 1}
+    assert {s.mesh for s in jax.tree.leaves(built.in_shardings)} == {built.mesh}  # its shardings
+    assert rk.build_train_step(model, config).mesh is None
+
+
 def test_a_built_step_carries_the_models_loss():
     """Our step says its loss is given (the residual table and the offload check trace
     ``loss_fn``; a user's own step may come without one): a scalar f32 of the model."""

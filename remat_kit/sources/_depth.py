@@ -174,8 +174,9 @@ def fit_sections(by_depth: Mapping[int, Mapping[Section, int]], layers: int) -> 
                 # The stretch's most bytes, as outside the layers.
                 points.setdefault((phase, "spans some layers"), {})[d] = max(ks.values())
                 continue
-            ends = max(ks[0], ks[d - 1])
-            if any(v > ends for k, v in ks.items() if 0 < k < d - 1):
+            # Every layer is in ks (the phase is not partial): an inner one peaks above
+            # both ends where the largest of them all does.
+            if max(ks.values()) > max(ks[0], ks[d - 1]):
                 return None  # an inner layer peaks: not monotone in the layer index
             points.setdefault((phase, "first layer"), {})[d] = ks[0]
             points.setdefault((phase, "last layer"), {})[d] = ks[d - 1]
