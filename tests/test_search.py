@@ -2176,6 +2176,39 @@ def test_a_boundary_read_off_copies_has_its_two_sides_compiled_whole_side_by_sid
     assert len(set(sides.values())) == 2, _WHOLE_ON  # side by side: not both here
 
 
+def _off_copies(pol, sch, batch):
+    return _held_copies_report(batch, "extrapolated", 1.5)  # 50% over: every probe then whole
+
+
+def _whole_but_18(pol, sch, batch, report, limit):
+    if report is not None and report.meta["depth"]["mode"] != "extrapolated":
+        return report
+    _WHOLE_ON.append((batch, 0))
+    if batch == 18:  # a shape XLA will not build (a kernel grid past the GPU's)
+        raise JaxRuntimeError("INTERNAL: launch needs more blocks")
+    return _held_copies_report(batch, "full", 1.0)
+
+
+def _off_workload():
+    measured = rk.sources.Measured(_off_copies, lambda p, s, b: float(b), verify_fn=_whole_but_18)
+    return _workload(measured, "h100", rk.TrainConfig(1, 16))
+
+
+def test_a_boundary_with_one_side_left_compiles_it_once_where_the_probe_does(pool, monkeypatch):
+    """Side by side needs two programs: where one side of the boundary is compiled already
+    (the first probe, 17, whole: the copies were off), the other (18) is left to the probe,
+    which meets XLA's refusal once (seed 92's _batch.py:201, ``or -> and``: it went through
+    the side-by-side path alone, refused there, then again in the probe)."""
+    _WHOLE_ON.clear()
+    monkeypatch.setattr("remat_kit.cache.compiles", lambda: len(_WHOLE_ON))
+    spread = rk.sources.Spread(_off_workload, executor=pool, slow_seconds=0.0)
+    w = dataclasses.replace(_off_workload(), spread=spread)
+    fit = rk.max_batch(w, "full", limit_bytes=1000 + 100 * 17 + 50, start=17)
+    assert (fit.batch, fit.note.data["next_batch"], fit.next_peak_bytes) == (17, 18, None)
+    # 34 and 35 (the second probe and its next) went side by side, in either order.
+    assert sorted(b for b, _ in _WHOLE_ON) == [17, 18, 34, 35]
+
+
 @pytest.mark.parametrize("limit", [1500, 3000])
 def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(limit):
     """The peak rises 7 bytes a unit to 40 units, then bends up: the line through the first
