@@ -1968,6 +1968,29 @@ def test_in_time_a_recomputed_residual_is_priced_less_the_traffic_it_saves():
     assert flops.weight == pytest.approx({"mlpwi_0": 0.01, "query_proj": 0.04})  # no traffic
 
 
+@pytest.mark.parametrize("objective", ["time", "flops"])
+def test_an_offload_is_priced_at_the_link_rate_its_objective_reads(objective):
+    """In time, as the compiled time model prices an offload: the link at the efficiency
+    transfers reach (timing's speed of the target, 86% on an H100), nothing hidden behind
+    compute; in FLOPs, the card's link with ``hide`` of the step hidden (seed 93's
+    _costs.py:305, ``* -> /``: the link divided by its efficiency, an offload priced as if
+    it moved 35% faster than the link's rate)."""
+    from remat_kit.search._costs import cost_model
+    from remat_kit.timing import speed_of
+
+    w = fake3()
+    model = cost_model(w, 1, offload=True, hide=0.5, objective=objective)
+    speed, step = speed_of(w.target), w.step_seconds(1, objective)
+    moved = 1000.0  # bytes a step sends to the host and back: 2000 B at about 2 kB/s
+    if objective == "time":
+        link = speed.host_link * speed.host_link_efficiency
+        want = 2 * moved / link / step
+    else:
+        want = max(0.0, 2 * moved / LINK3 - 0.5 * step) / step
+    assert speed.host_link == LINK3 and speed.host_link_efficiency == 0.86
+    assert model.exposed(moved) == pytest.approx(want, rel=1e-9) and want > 0.2
+
+
 @pytest.mark.parametrize("extra", [0.0, 250.0])
 def test_a_tag_needed_only_through_another_costs_what_the_pair_adds(extra):
     """out_proj is read only when attn_out is recomputed (NEEDS3): its cost is the FLOPs the
