@@ -635,6 +635,17 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "either way",
     ),
     Equivalent(
+        "remat_kit/search/_boundary.py",
+        "min( -> max(",
+        "key=lambda u: min(abs(math.log(u / e)) for e in ends) if ends else -u,",
+        "no known point lies inside the bracket (lo is the largest that fits, hi the smallest "
+        "that does not), so each other point is below lo or above hi; with both ends known its "
+        "distance to the far end is its distance to the near one plus log(hi / lo), the same "
+        "shift for every point: the order, ties included, and so the points chosen are the "
+        "same; with one end, min and max of one distance are equal",
+        function="_predict",
+    ),
+    Equivalent(
         "remat_kit/targets/_slices.py",
         "1 -> 2",
         "if chips & (chips - 1) and (grid := _sold_grid(layout, count)) is not None:",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import math
 import random
 import re
 import types
@@ -2261,6 +2262,45 @@ def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(lim
     assert (lo, hi) == (answer, answer + 1)
     # the first two, the line's guess, the unit next to the low end, then the gallop
     assert len(probed) <= 4 + 2 * math.ceil(math.log2(answer)), probed
+
+
+def _concave(u):
+    return 100 + int(1110 * math.sqrt(u)) + 11 * u
+
+
+def _bent(u):
+    return 100 + 13 * u + (12 * (u - 13) ** 2 if u > 13 else 0)
+
+
+@pytest.mark.parametrize(
+    ("bytes_at", "limit", "curves", "answer"),
+    [
+        # six lines, each short of the boundary on a concave curve: the seventh is at lo
+        (_concave, 44_282, ("line",), 933),
+        # the third quadratic is at lo, after two that did not halve the bracket (stalled)
+        (_bent, 40_358, ("line", "quadratic"), 70),
+    ],
+)
+def test_a_prediction_at_the_low_end_once_the_curves_ran_out_probes_the_next_unit(
+    bytes_at, limit, curves, answer
+):
+    """Where the predictions ran out or stalled and the last is the bracket's low end, the
+    unit next to it is probed (here it closes the bracket), not galloped past (seed 93's
+    _boundary.py:305, ``or -> and``: a gallop from there, one compile more)."""
+    from remat_kit.search._boundary import search
+
+    assert answer == max(u for u in range(1, 1001) if bytes_at(u) <= limit)  # by hand
+    known, probed = {}, []
+
+    def peak(u):
+        probed.append(u)
+        known[u] = bytes_at(u)
+        return known[u]
+
+    peak(1), peak(2)
+    lo, hi, _, _ = search(peak, known, limit, cap=1000, curves=curves)
+    assert (lo, hi) == (answer, answer + 1)
+    assert probed[-2:] == [answer, answer + 1], probed
 
 
 @pytest.mark.parametrize("seed", range(8))

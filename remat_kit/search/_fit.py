@@ -153,8 +153,7 @@ def fit_each(
       >>> [(f.policy, f.batch > 2) for f in rk.search.fit_each(w, ["full"], limit_bytes=2**20)]
       [('full', True)]
     """
-    planner = [isinstance(p, str) and p == PLAN for p in policies]
-    typed = [None if plan else as_policy(p) for p, plan in zip(policies, planner, strict=True)]
+    typed = [None if isinstance(p, str) and p == PLAN else as_policy(p) for p in policies]
     options = dict(headroom=headroom, limit_bytes=limit_bytes, offload=offload, hide=hide)
     sch = getattr(schedule, "spec", schedule)
     spread = workload.spread
