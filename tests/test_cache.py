@@ -794,6 +794,24 @@ def test_a_hit_gives_back_the_optional_figures_the_compile_gave(cache_dir, peak,
     assert hit.xla_remat_saved_bytes == 2**20 and hit.peak_bytes == miss.peak_bytes == 16
 
 
+def test_an_entry_is_written_as_a_hidden_temporary_beside_it_named_after_its_key(
+    cache_dir, monkeypatch
+):
+    """The record goes to a temporary that a directory listing hides, named after the entry
+    it becomes (what a run killed mid-write leaves says whose it was), then is renamed over
+    the entry (seed 93's _store.py:157 dropped the prefix: a visible ``tmp*.tmp``)."""
+    key = "4567cdef" * 8
+    renamed = []
+    replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (renamed.append((a, b)), replace(a, b)))
+    assert cache.store(key, {"b": 2}) is True
+    ((tmp, entry),) = renamed
+    tmp, entry = Path(tmp), Path(entry)
+    assert entry == cache_dir / "v1" / key[:2] / f"{key}.json" and tmp.parent == entry.parent
+    assert tmp.name.startswith(".4567cdef.") and tmp.name.endswith(".tmp")
+    assert cache.load(key) == {"b": 2}
+
+
 def test_a_store_that_cannot_write_says_so_and_leaves_no_temporary(cache_dir):
     """Issue 58 mutant _store.py:166 of seed 75 (a failed write read as written): where the
     entry's path is a directory, the rename fails; ``store`` says False and the temporary it

@@ -324,6 +324,18 @@ def test_bad_arguments_are_refused_before_any_compile(kwargs, error, match):
     assert fake.measured == []
 
 
+@pytest.mark.parametrize("limit", [10**9, 1000])
+def test_a_cap_of_one_granule_is_a_search_of_one_sequence(limit):
+    """``cap == granularity`` is not below it: one sequence to try, which fits or does not
+    (seed 93's _seq.py:104, ``< -> <=``, refused it)."""
+    fake = Fake(affine, multiple=2)
+    fit = rk.search.max_seq(fake, "full", granularity=64, cap=64, limit_bytes=limit, batch=2)
+    fits = affine(64, 2) <= limit  # by the fake's own rule
+    assert fits is (limit == 10**9)
+    assert fit.seq == (64 if fits else 0)
+    assert fake.measured == [64]
+
+
 @pytest.mark.parametrize(
     ("build", "match"),
     [
