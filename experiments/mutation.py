@@ -377,14 +377,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "two zipped always have the same length, so strict never has anything to refuse",
     ),
     Equivalent(
-        "remat_kit/search/_fit.py",
-        "True -> False",
-        "typed = [None if plan else as_policy(p) "
-        "for p, plan in zip(policies, planner, strict=True)]",
-        "planner is made from policies one for one the line before: the two always have the "
-        "same length, so strict never has anything to refuse",
-    ),
-    Equivalent(
         "remat_kit/cache/_entries.py",
         "drop program=program",
         "return dataclasses.replace(",
@@ -445,21 +437,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "changes is a Sequence: once compiles reach max_compiles every later change is skipped "
         "either way; continue only walks the rest of the list, calling nothing",
         function="next_step",
-    ),
-    Equivalent(
-        "remat_kit/cache/_store.py",
-        "drop prefix=f'.{key[:8]}.'",
-        'fd, tmp = tempfile.mkstemp(prefix=f".{key[:8]}.", suffix=".tmp", dir=path.parent)',
-        "the temporary file is replaced onto the entry's path or unlinked, and nothing lists "
-        "the cache's folders: only its name would change",
-    ),
-    Equivalent(
-        "remat_kit/targets/_prices.py",
-        "max( -> min(",
-        "TPU_PRICE_TABLE_DATE: str = max(p.date for p in TPU_PRICES.values() "
-        "if p.date != _UNDATED)",
-        "every TPU price carries one date (each is _google's, 2026-11-29): the newest is the "
-        "oldest. A price of another date makes it killable, by test_prices' newest-date check",
     ),
     Equivalent(
         "remat_kit/search/_boundary.py",
@@ -633,17 +610,6 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "the table's grid of every power-of-two count is _grid's (none of its entries "
         "differ) and no entry has 2^k - 1 chips; a name outside the table reaches _grid "
         "either way",
-    ),
-    Equivalent(
-        "remat_kit/search/_boundary.py",
-        "min( -> max(",
-        "key=lambda u: min(abs(math.log(u / e)) for e in ends) if ends else -u,",
-        "no known point lies inside the bracket (lo is the largest that fits, hi the smallest "
-        "that does not), so each other point is below lo or above hi; with both ends known its "
-        "distance to the far end is its distance to the near one plus log(hi / lo), the same "
-        "shift for every point: the order, ties included, and so the points chosen are the "
-        "same; with one end, min and max of one distance are equal",
-        function="_predict",
     ),
     Equivalent(
         "remat_kit/targets/_slices.py",
