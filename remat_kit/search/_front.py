@@ -86,7 +86,7 @@ class FrontPoint:
       recompute_overhead: extra FLOPs of recomputation.
       fits: the peak fits the device (None when unknown).
       dominated: another point is at most as large and at most as slow, and better in one.
-      dominated_by: the label of one such point.
+      dominated_by: the label of the first such point, in the order given.
       policy, schedule: the specs compiled (for a plan: the plan's).
       step_seconds: the step time predicted from the compiled kernels
         (:mod:`remat_kit.timing`; None where the target has no speed figures).
