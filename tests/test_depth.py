@@ -556,6 +556,10 @@ def test_the_line_through_two_copies_holds_at_any_two_depths(depths):
         (97_000, 1_000, False),  # 100,000: the copies' error could reach the limit
         (97_000, 3_000, False),
         (90_000, 3_000, True),  # 95,000: far enough under, residual and all
+        # No residual recorded (a depth meta without one): none, to the byte (seed 94's
+        # _depth.py:511 read it as 1 byte).
+        (97_999, None, True),
+        (98_000, None, False),
     ],
 )
 def test_a_verdict_from_copies_settles_only_clear_of_the_limit_by_margin_and_residual(
@@ -565,8 +569,9 @@ def test_a_verdict_from_copies_settles_only_clear_of_the_limit_by_margin_and_res
     # (how far the copies sat off their lines) widens that band, never narrows it.
     assert depth.VERIFY_MARGIN == 0.02
     limit = 100_000
+    recorded = {} if residual is None else {"residual_bytes": residual}
     guess = memory_report(peak_bytes=peak).replace(
-        meta={"depth": {"mode": "extrapolated", "layers": 8, "residual_bytes": residual}}
+        meta={"depth": {"mode": "extrapolated", "layers": 8, **recorded}}
     )
     assert depth.settled(guess, limit) is settles
     calls = []

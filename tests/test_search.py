@@ -2008,6 +2008,20 @@ def test_an_offload_is_priced_at_the_link_rate_its_objective_reads(objective):
     assert model.exposed(moved) == pytest.approx(want, rel=1e-9) and want > 0.2
 
 
+@pytest.mark.parametrize("unknown", ["step_seconds", "link_bandwidth"])
+def test_an_offload_without_a_step_time_or_a_link_costs_without_end(unknown):
+    """Bytes on the host cannot be priced without both the step's time and the link's rate:
+    their cost is infinite, so no plan offloads there (seed 94's _costs.py:190, ``or ->
+    and``: one of the two missing divided by zero or by None); no bytes cost nothing."""
+    from remat_kit.search._costs import cost_model
+
+    model = cost_model(fake3(), 1, offload=True, hide=0.5, objective="flops")
+    assert model.step_seconds and model.link_bandwidth  # both known on the fake
+    blind = dataclasses.replace(model, **{unknown: None})
+    assert blind.exposed(1000.0) == math.inf
+    assert blind.exposed(0.0) == 0.0
+
+
 @pytest.mark.parametrize("extra", [0.0, 250.0])
 def test_a_tag_needed_only_through_another_costs_what_the_pair_adds(extra):
     """out_proj is read only when attn_out is recomputed (NEEDS3): its cost is the FLOPs the
