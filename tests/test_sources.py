@@ -2207,6 +2207,28 @@ def test_a_spread_compiles_beside_this_process_with_workers_or_an_executor(
     assert asked == [("whole", "full", "every:2", 4), ("compiled", "none", "none", 2)]
 
 
+class _Scored(nn.Module):
+    """A model that returns its logits under a key of its own: only an output adapter
+    reads them."""
+
+    @nn.compact
+    def __call__(self, tokens):
+        return {"scores": nn.Dense(64)(nn.Embed(64, 16)(tokens))}
+
+
+def test_a_sources_train_step_reads_the_logits_with_the_output_it_was_given():
+    """The source's ``output`` reaches the step it builds (seed 94's _source.py:91 dropped
+    it: the step read the dict as logits and was refused)."""
+    config = rk.TrainConfig(batch=2, seq=16, optimizer="sgd")
+    given = sources.from_factory(lambda policy: _Scored(), output=lambda o: o["scores"], tags=None)
+    step = given.build("full").train_step(config)
+    assert jax.eval_shape(step.loss_fn, *step.loss_args).shape == ()
+    bare = sources.from_factory(lambda policy: _Scored(), tags=None)
+    unread = bare.build("full").train_step(config)
+    with pytest.raises(BadValue, match="returned dict, not logits"):
+        jax.eval_shape(unread.loss_fn, *unread.loss_args)
+
+
 def test_a_patched_model_is_built_as_a_class_of_its_own_and_a_plain_one_as_it_was_made():
     # nn.jit caches a model's trace under its class and fields: with a patched block, each
     # build is a fresh subclass, so a policy never replays another's trace. Built, not traced.
