@@ -233,7 +233,7 @@ def bracket(known: dict[int, int], limit: int) -> tuple[int, int | None]:
     # by no device.
     limit = min(limit, UNBUILDABLE - 1)
     lo = max((u for u, p in known.items() if p <= limit), default=0)
-    hi = min((u for u, p in known.items() if p > limit and u > lo), default=None)
+    hi = min((u for u in known if u > lo), default=None)  # above lo, none fits
     return lo, hi
 
 
