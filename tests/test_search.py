@@ -1672,6 +1672,17 @@ def test_max_batch_without_a_line_still_finds_the_cap():
     assert fit.batch == 64 and fit.method == "cap" and fit.next_peak_bytes is None
 
 
+@pytest.mark.parametrize("search", ["max_batch", "max_batch_plan"])
+def test_without_a_cap_a_batch_search_stops_at_16384_sequences(search):
+    """A step that fits at any batch (flat here) is answered at the documented default cap,
+    16,384 (seed 95's _batch.py:47, ``1 << 14 -> 2 << 14``, searched twice as far)."""
+    w = _batch_fake(lambda b: 5_000)
+    got = getattr(rk.search, search)(w, limit_bytes=6_000)
+    fit = got[0] if search == "max_batch_plan" else got
+    assert fit.batch == 16_384 == rk.search.DEFAULT_BATCH_CAP == rk.search.AXES["batch"]
+    assert fit.next_peak_bytes is None  # nothing known past the cap
+
+
 @pytest.mark.parametrize("counted", [True, False])
 def test_flops_of_a_compiled_step_are_read_from_its_report(counted):
     """A compiled report counted its step's FLOPs: no second trace (a report without a count,

@@ -43,7 +43,7 @@ Example (``tiny_model`` is a factory ``tiny_model(policy)`` of a small Flax mode
 """
 
 from remat_kit.search._advise import Advice, ScaleOut, advise, gpus_needed
-from remat_kit.search._batch import max_batch, max_batch_plan
+from remat_kit.search._batch import DEFAULT_BATCH_CAP, max_batch, max_batch_plan
 from remat_kit.search._boundary import Fit
 from remat_kit.search._budget import DEFAULT_HEADROOM, check_budget, limit_for, parse_budget
 from remat_kit.search._cost import RANKINGS, Cost, cost_of, rank_costs
@@ -73,6 +73,7 @@ from remat_kit.sources._workload import DEFAULT_HIDE, OBJECTIVES
 __all__ = [
     "AXES",
     "CHANGE_KINDS",
+    "DEFAULT_BATCH_CAP",
     "DEFAULT_GRANULARITY",
     "DEFAULT_HEADROOM",
     "DEFAULT_HIDE",

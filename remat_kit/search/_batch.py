@@ -30,7 +30,11 @@ from remat_kit.sources._workload import DEFAULT_HIDE, FIXED_PARTS, Workload
 #: ``full``: 0.03% at batch 1, but at batch 4 and 17 the copies' lines were 2.3x over.
 COPIES_TOLERANCE = 0.02
 
+#: The largest batch searched (16,384 sequences) where the caller gives no cap.
+DEFAULT_BATCH_CAP = 1 << 14
+
 __all__ = [
+    "DEFAULT_BATCH_CAP",
     "max_batch",
     "max_batch_plan",
 ]
@@ -44,7 +48,7 @@ def max_batch(
     headroom: float = DEFAULT_HEADROOM,
     limit_bytes: int | None = None,
     start: int | None = None,
-    cap: int = 1 << 14,
+    cap: int = DEFAULT_BATCH_CAP,
 ) -> Fit:
     """The largest batch whose compiled peak fits the device minus ``headroom``.
 
@@ -77,7 +81,7 @@ def max_batch(
       limit_bytes: an explicit limit instead of device memory minus headroom.
       start: first batch probed (rounded to ``workload.batch_multiple``); default the traced
         estimate above, or the multiple without a ``residuals_fn``.
-      cap: stop searching above this batch.
+      cap: stop searching above this batch (default :data:`DEFAULT_BATCH_CAP`, 16,384).
 
     Returns:
       A :class:`~remat_kit.search.Fit` along ``batch``; its ``batch`` is 0 when even the
@@ -459,7 +463,7 @@ def max_batch_plan(
     headroom: float = DEFAULT_HEADROOM,
     limit_bytes: int | None = None,
     start: int | None = None,
-    cap: int = 1 << 14,
+    cap: int = DEFAULT_BATCH_CAP,
     offload: bool = True,
     hide: float = DEFAULT_HIDE,
     extra: Iterable[Any] = (),
@@ -474,7 +478,7 @@ def max_batch_plan(
       headroom: fraction of device memory left free.
       limit_bytes: an explicit limit instead of device memory minus headroom.
       start: first batch probed.
-      cap: stop searching above this batch.
+      cap: stop searching above this batch (default :data:`DEFAULT_BATCH_CAP`, 16,384).
       offload, hide, extra: as for :func:`plan`.
 
     Returns:

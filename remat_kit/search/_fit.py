@@ -23,7 +23,7 @@ from typing import Any
 from remat_kit import _workers
 from remat_kit.errors import BadType, BadValue
 from remat_kit.policies import PolicyLike, as_policy
-from remat_kit.search._batch import max_batch, max_batch_plan
+from remat_kit.search._batch import DEFAULT_BATCH_CAP, max_batch, max_batch_plan
 from remat_kit.search._boundary import Fit
 from remat_kit.search._budget import DEFAULT_HEADROOM
 from remat_kit.search._seq import DEFAULT_GRANULARITY, DEFAULT_SEQ_CAP, max_seq, max_seq_plan
@@ -32,7 +32,7 @@ from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 __all__ = ["AXES", "PLAN", "fit", "fit_each"]
 
 #: What :func:`fit` can search, and the largest value it tries on each where no cap is given.
-AXES = {"batch": 1 << 14, "seq": DEFAULT_SEQ_CAP}
+AXES = {"batch": DEFAULT_BATCH_CAP, "seq": DEFAULT_SEQ_CAP}
 
 #: The policy that stands for the planner: the cheapest plan at the boundary of ``full``
 #: (and in ``fastest``'s policies, the planner's per-tag plans).
