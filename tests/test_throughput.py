@@ -330,6 +330,30 @@ def test_the_planner_row_skips_a_micro_batch_it_cannot_plan_and_takes_the_next(m
     assert row.tried == ((21, 1, None), (16, 1, pytest.approx(_tps("full", 16))))
 
 
+@pytest.mark.parametrize("given", [{}, {"offload": False, "hide": 0.25}])
+def test_the_planner_row_plans_with_plans_defaults_or_what_it_was_given(given, monkeypatch):
+    """Not given, the planner row plans with :func:`rk.plan`'s own defaults (it may offload,
+    as plan() lets it; seed 95's _throughput.py:167 made fastest's default no offload);
+    given, with what was given."""
+    import inspect
+    import types
+
+    from remat_kit.search import _throughput
+
+    asked = []
+
+    def plan(w, batch, limit, **kw):
+        asked.append({k: kw[k] for k in ("offload", "hide")})
+        return types.SimpleNamespace(fits=False, report=None)
+
+    monkeypatch.setattr(_throughput, "plan", plan)
+    rk.search.fastest(fake(), ["plan"], limit_bytes=LIMIT, **given)
+    defaults = inspect.signature(rk.plan).parameters
+    expected = {k: given.get(k, defaults[k].default) for k in ("offload", "hide")}
+    assert asked and all(a == expected for a in asked), asked
+    assert expected["offload"] is given.get("offload", True)
+
+
 @pytest.mark.parametrize("devices", [1, 4])
 def test_the_answer_names_the_gpus_the_step_runs_on(devices):
     """The target's device count, as given (issue 58 mutant _throughput.py:307 of seed 77,
