@@ -396,6 +396,38 @@ def test_front_leaves_out_only_the_schedules_the_workload_cannot_build():
     ]
 
 
+_PLANNING = ("headroom", "offload", "hide")
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        rk.search.plan_front,
+        rk.search.front,
+        rk.search.max_batch,
+        rk.search.max_batch_plan,
+        rk.search.max_seq,
+        rk.search.max_seq_plan,
+        rk.search.fit,
+        rk.search.fit_each,
+        rk.search.fastest,
+        rk.search.advise,
+        rk.search.gpus_needed,
+    ],
+    ids=lambda fn: fn.__name__,
+)
+def test_every_search_defaults_its_planning_options_as_plan_does(fn):
+    """Each search that takes ``headroom``, ``offload`` or ``hide`` defaults it as
+    :func:`rk.plan` does, so a call plans alike whichever entry it goes through (seeds 92 and
+    95: advise's and fastest's ``offload`` default turned to False lived)."""
+    ref = inspect.signature(rk.plan).parameters
+    assert tuple(ref[k].default for k in _PLANNING) == (0.0, True, 0.5)  # as plan documents them
+    params = inspect.signature(fn).parameters
+    taken = [k for k in _PLANNING if k in params]
+    assert taken, fn.__name__
+    assert {k: params[k].default for k in taken} == {k: ref[k].default for k in taken}
+
+
 def test_plan_front_shows_the_catalogue_it_is_given():
     w = fake_workload()
     everything = FIXED + sum(b for b, _ in TAGS.values())

@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 
 from remat_kit.policies import NO_REMAT, Policy, policy
 from remat_kit.schedules import NO_SCHEDULE
-from remat_kit.sources._workload import Workload
+from remat_kit.sources._workload import DEFAULT_HIDE, Workload
 
 __all__ = [
     "CostModel",
@@ -129,7 +129,7 @@ class CostModel:
     offloadable: frozenset[str] = frozenset()
     step_seconds: float | None = None
     link_bandwidth: float | None = None
-    hide: float = 0.5
+    hide: float = DEFAULT_HIDE
 
     @property
     def untagged_bytes(self) -> int:

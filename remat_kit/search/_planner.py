@@ -97,11 +97,12 @@ def plan(
       workload: the step (needs ``residuals_fn``).
       batch: the batch to plan for.
       budget: bytes (see :func:`parse_budget`); default device memory minus ``headroom``.
-      headroom: used only when ``budget`` is None.
+      headroom: used only when ``budget`` is None (default 0: the whole device).
       host_budget: bytes of pinned host memory the plan may offload to (None: no limit; 0:
         no offload).
-      offload: allow offloading to host memory.
-      hide: fraction of the step's compute time transfers may take and count as hidden.
+      offload: allow offloading to host memory (default True).
+      hide: fraction of the step's compute time transfers may take and count as hidden
+        (default 0.5).
       extra: policies (names, specs, Policies, or ``(policy, schedule)`` pairs) to compare
         against, e.g. the catalogue.
       max_compiles: compiles allowed for step 4.
