@@ -168,6 +168,11 @@ def test_the_toy_kinds_flag_is_declared_and_parsed_into_its_spec(toy_installed):
     assert spec == toy_installed.ToySpec("toy-64", layers=3, tokens=100)
     # Not given: the spec's default, not the parser's None.
     assert spec_from_args(_report_args("--model", "toy-64"))[1].tokens == 256
+    # A switch takes no value: given, its field is its const (True unless it names another;
+    # seed 95's _kinds.py:139 made that False); not given, the spec's default.
+    assert toy_installed.NORM.const is True
+    assert spec_from_args(_report_args("--model", "toy-64", "--toy-norm"))[1].norm is True
+    assert spec_from_args(_report_args("--model", "toy-64"))[1].norm is False
     with pytest.raises(SystemExit):  # read as its type says: a positive int
         _report_args("--model", "toy-64", "--toy-tokens", "0")
 

@@ -3,9 +3,10 @@
 A toy MLP language model asked for by name, ``--model toy-<width>``. Its kind claims the names
 that start with ``toy-`` (the presets, a fallback, claim the other names without a colon); its
 request is :class:`ToySpec`; its source is a factory's (``rk.sources.from_factory``), so the one
-pipeline measures it like any other. It brings a flag of its own, ``--toy-tokens`` (the spec's
-``tokens``), takes the shared ``--layers``, and brings a note, :data:`SMALL`, worded by its
-own words. Registered in ``toy_kinds-0.dist-info/entry_points.txt``::
+pipeline measures it like any other. It brings flags of its own, ``--toy-tokens`` (the spec's
+``tokens``) and the switch ``--toy-norm`` (``norm``), takes the shared ``--layers``, and brings
+a note, :data:`SMALL`, worded by its own words. Registered in
+``toy_kinds-0.dist-info/entry_points.txt``::
 
     [remat_kit.sources]
     toy = toy_source:TOY
@@ -27,6 +28,7 @@ class ToySpec:
     model: str
     layers: int = 2
     tokens: int = 256
+    norm: bool = False
 
     @property
     def name(self) -> str:
@@ -46,6 +48,7 @@ class _Toy(nn.Module):
     layers: int
     policy: rk.Policy
     tokens: int = 256
+    norm: bool = False
 
     @nn.compact
     def __call__(self, tokens):
@@ -53,6 +56,8 @@ class _Toy(nn.Module):
         block = rk.remat(_Block, self.policy)
         for _ in range(self.layers):
             x = block(self.width)(x)
+        if self.norm:
+            x = nn.LayerNorm()(x)
         return nn.Dense(self.tokens)(x)
 
 
@@ -60,6 +65,9 @@ class _Toy(nn.Module):
 TOKENS = rk.sources.Option(
     "--toy-tokens", "tokens", "the toy's vocabulary", type="positive_int", params=("tokens",)
 )
+
+#: ``--toy-norm``: a switch (no value): given, a LayerNorm before the head.
+NORM = rk.sources.Option("--toy-norm", "norm", "a LayerNorm before the head", type="switch")
 
 #: The toy is no real model: said with its width.
 SMALL = rk.notes.NoteKind(
@@ -73,7 +81,9 @@ def _resolve(spec: ToySpec) -> rk.sources.StepSource:
             f"tokens={spec.tokens}: a toy predicts among 2 tokens or more", param="tokens"
         )
     width = int(spec.model.removeprefix("toy-"))
-    source = rk.sources.from_factory(lambda policy: _Toy(width, spec.layers, policy, spec.tokens))
+    source = rk.sources.from_factory(
+        lambda policy: _Toy(width, spec.layers, policy, spec.tokens, spec.norm)
+    )
     return dataclasses.replace(source, spec=spec.name)  # its name in titles
 
 
@@ -83,6 +93,6 @@ TOY = rk.sources.SourceKind(
     _resolve,
     "model",
     claims=lambda name: name.startswith("toy-"),
-    options=(rk.sources.LAYERS, TOKENS),
+    options=(rk.sources.LAYERS, TOKENS, NORM),
     notes=(SMALL,),
 )
