@@ -2311,19 +2311,10 @@ def test_a_boundary_with_one_side_left_compiles_it_once_where_the_probe_does(poo
     assert sorted(b for b, _ in _WHOLE_ON) == [17, 18, 34, 35]
 
 
-@pytest.mark.parametrize("limit", [1500, 3000])
-def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(limit):
-    """The peak rises 7 bytes a unit to 40 units, then bends up: the line through the first
-    two probes predicts far past the bend, and from then on the line through the bracket
-    predicts its low end again and again. The unit next to that end is probed once; then
-    the search gallops and bisects, about twice the log of the miss in compiles, not one
-    compile per unit up to the boundary."""
-    import math
-
+def _searched_from_two(bytes_at, limit, curves):
+    """The boundary search over units 1-1000 of ``bytes_at`` from probes at 1 and 2: its
+    ``(lo, hi)`` and every unit probed, in order."""
     from remat_kit.search._boundary import search
-
-    def bytes_at(u):
-        return 100 + 7 * u + (20 * (u - 40) ** 2 if u > 40 else 0)
 
     known, probed = {}, []
 
@@ -2333,7 +2324,22 @@ def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(lim
         return known[u]
 
     peak(1), peak(2)
-    lo, hi, _, _ = search(peak, known, limit, cap=1000, curves=("line",))
+    lo, hi, _, _ = search(peak, known, limit, cap=1000, curves=curves)
+    return lo, hi, probed
+
+
+@pytest.mark.parametrize("limit", [1500, 3000])
+def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(limit):
+    """The peak rises 7 bytes a unit to 40 units, then bends up: the line through the first
+    two probes predicts far past the bend, and from then on the line through the bracket
+    predicts its low end again and again. The unit next to that end is probed once; then
+    the search gallops and bisects, about twice the log of the miss in compiles, not one
+    compile per unit up to the boundary."""
+
+    def bytes_at(u):
+        return 100 + 7 * u + (20 * (u - 40) ** 2 if u > 40 else 0)
+
+    lo, hi, probed = _searched_from_two(bytes_at, limit, ("line",))
     answer = max(u for u in range(1, 1001) if bytes_at(u) <= limit)
     assert (lo, hi) == (answer, answer + 1)
     # the first two, the line's guess, the unit next to the low end, then the gallop
@@ -2370,18 +2376,8 @@ def test_a_prediction_at_an_end_once_the_curves_ran_out_probes_the_unit_next_to_
     (lo, or hi - 1), the unit next to that end is probed (here it closes the bracket), not
     galloped from (seed 93's _boundary.py:305, ``or -> and``, and seed 94's, ``>= -> >``:
     a gallop from there, one compile more)."""
-    from remat_kit.search._boundary import search
-
     assert answer == max(u for u in range(1, 1001) if bytes_at(u) <= limit)  # by hand
-    known, probed = {}, []
-
-    def peak(u):
-        probed.append(u)
-        known[u] = bytes_at(u)
-        return known[u]
-
-    peak(1), peak(2)
-    lo, hi, _, _ = search(peak, known, limit, cap=1000, curves=curves)
+    lo, hi, probed = _searched_from_two(bytes_at, limit, curves)
     assert (lo, hi) == (answer, answer + 1)
     assert sorted(probed[-2:]) == [answer, answer + 1], probed
 
