@@ -13,6 +13,7 @@ import itertools
 import math
 import random
 import re
+import threading
 import types
 import warnings
 
@@ -2246,8 +2247,6 @@ def _held_copies(pol, sch, batch):
 def _held_whole(pol, sch, batch, report, limit):
     if report is not None and report.meta["depth"]["mode"] != "extrapolated":
         return report
-    import threading
-
     _WHOLE_ON.append((batch, threading.get_ident()))
     return _held_copies_report(batch, "full", 1.0)
 
@@ -2262,8 +2261,6 @@ def test_a_boundary_read_off_copies_has_its_two_sides_compiled_whole_side_by_sid
 ):
     """Where compiles are slow (any, here) and the boundary was read off copies that held,
     its two sides are compiled whole at once: one here, the other in a worker."""
-    import threading
-
     _WHOLE_ON.clear()
     # Each whole step counts as a compile that missed the cache, as a real one does.
     monkeypatch.setattr("remat_kit.cache.compiles", lambda: len(_WHOLE_ON))
@@ -2283,8 +2280,6 @@ def _off_copies(pol, sch, batch):
 def _whole_but_18(pol, sch, batch, report, limit):
     if report is not None and report.meta["depth"]["mode"] != "extrapolated":
         return report
-    import threading
-
     _WHOLE_ON.append((batch, threading.get_ident()))
     if batch == 18:  # a shape XLA will not build (a kernel grid past the GPU's)
         raise JaxRuntimeError("INTERNAL: launch needs more blocks")
