@@ -1394,7 +1394,7 @@ def _largest(peak_of, limit, cap=1 << 14):
 
 
 @pytest.mark.parametrize("limit", [10_000 + 6300 * n + 5 for n in (3, 147, 9999)])
-@pytest.mark.parametrize("start", [None, 4, 1000])
+@pytest.mark.parametrize("start", [None, 2, 4, 1000])
 def test_max_batch_follows_the_line_in_four_compiles(limit, start):
     def peak_of(b):
         return 10_000 + 6300 * b
@@ -2228,6 +2228,40 @@ def test_the_bracket_is_closed_at_neighbours_or_at_the_cap(lo, hi, closed):
     from remat_kit.search._boundary import _closed
 
     assert _closed(lo, hi, 100) is closed
+
+
+@pytest.mark.parametrize("refused_from", [1, 2])
+def test_peaks_raise_a_refusal_of_the_smallest_unit_and_keep_a_larger_ones_first_line(
+    refused_from,
+):
+    """A refused smallest unit is the caller's error; a larger one is an upper bound with the
+    first line of its refusal, cut to 200 characters (seed-96 screen: ``units == 1`` ->
+    ``== 2`` and ``[:200]`` -> ``[:201]`` lived; max_batch's own error path hid the first)."""
+    from remat_kit.search._boundary import UNBUILDABLE, Peaks
+
+    def measure(units):
+        if units >= refused_from:
+            raise OverflowError("x" * 300 + "\nthe rest")
+        return 10 * units
+
+    peaks = Peaks(measure, (OverflowError,))
+    if refused_from == 1:
+        with pytest.raises(OverflowError, match=r"x{300}"):
+            peaks(1)
+        assert peaks.known == {} and peaks.refused == {}
+    else:
+        assert (peaks(1), peaks(2), peaks(3)) == (10, UNBUILDABLE, UNBUILDABLE)
+        assert peaks.refused == {u: (OverflowError, "x" * 200) for u in (2, 3)}
+
+
+def test_a_point_that_could_not_be_built_never_fits_and_any_built_one_may():
+    """Whatever the limit, an unbuildable point is over it, and a point one byte under that
+    sentinel still fits a limit above it (seed-96 screen: ``UNBUILDABLE - 1`` -> ``- 2``)."""
+    from remat_kit.search._boundary import UNBUILDABLE, bracket
+
+    known = {1: 5, 2: UNBUILDABLE - 1, 3: UNBUILDABLE}
+    assert bracket(known, limit=4 * UNBUILDABLE) == (2, 3)
+    assert bracket(known, limit=UNBUILDABLE - 2) == (1, 2)
 
 
 # A step read off shallow copies that hold (1% over the whole step's 1000 + 100 x batch),
@@ -3195,17 +3229,20 @@ def test_the_two_sides_compiled_side_by_side_are_whole_multiples_of_the_batch_st
     assert set(sent) <= set(measured)
 
 
-@pytest.mark.parametrize("slow_seconds, pairs", [(1.0, True), (1.25, False)])
+@pytest.mark.parametrize(
+    "tick, slow_seconds, pairs", [(1, 1.0, True), (1, 1.25, False), (0, 0.5, False)]
+)
 def test_a_compile_that_took_exactly_the_spreads_slow_seconds_pairs_the_boundary(
-    monkeypatch, slow_seconds, pairs
+    monkeypatch, tick, slow_seconds, pairs
 ):
     """The rule is "took ``slow_seconds`` or more" (as ``Spread`` says and ``_front`` does):
     with a clock on which every compile takes 1.0 s, a spread whose ``slow_seconds`` is 1.0
     sends the boundary's two sides out together, one of 1.25 does not (issue 58 mutant
-    _batch.py:194 of seed 75, ``<`` read as ``<=``)."""
+    _batch.py:194 of seed 75, ``<`` read as ``<=``); on a clock that stands still no compile
+    was slow, so nothing goes out (seed-96 screen: ``slowest = 0.0`` -> ``1.0`` lived)."""
     from remat_kit.search import _batch
 
-    ticks = itertools.count()  # every read of the clock one second on
+    ticks = itertools.count(0, tick)  # every read of the clock ``tick`` seconds on
     monkeypatch.setattr(_batch, "time", types.SimpleNamespace(perf_counter=lambda: next(ticks)))
     w, together, _ = _side_by_side(monkeypatch, rk.TrainConfig(1, 10), slow_seconds)
     fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 37)
@@ -3235,6 +3272,85 @@ def test_when_the_trace_says_not_one_sample_fits_the_smallest_batch_is_compiled_
     fit = rk.max_batch(w, "full", limit_bytes=10_000)
     assert not fit.fits and fit.peak_bytes == 16_300
     assert measured == [1] and fit.compiles == 1
+
+
+@pytest.mark.parametrize(
+    ("grows", "limit", "start", "probes", "method"),
+    [
+        # the line through batches 1 and 2 puts the boundary at 1: it holds, two compiles
+        (6300, 16_305, None, [1, 2], "line"),
+        (6300, 16_305, 1, [1, 2], "line"),
+        # batch 1 does not fit: half of it is still batch 1, the only compile
+        (6300, 5_000, None, [1], ""),
+        # a peak that grows one byte a sample is a line too: 40 fits, 41 does not
+        (1, 10_040, None, [1, 2, 40, 41], "line"),
+    ],
+)
+def test_without_shapes_the_probes_start_at_the_smallest_batch_and_follow_the_line(
+    grows, limit, start, probes, method
+):
+    """Without the shapes' breakdown the first probe is batch 1 (or ``start``), the second
+    twice (or half) it, and the line through them is followed; worked by hand on
+    ``10,000 + grows x batch`` (seed-96 screen: ``max(1, ...)`` -> ``max(2, ...)`` at
+    _batch.py:289, 325, 362 and 396, and ``slope <= 0`` -> ``<= 1`` at 394 lived)."""
+    measured = []
+
+    def measure(policy, schedule, batch):
+        measured.append(batch)
+        return _fake_report(10_000 + grows * batch, float(batch), policy.spec, schedule.spec)
+
+    w = _workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=limit, start=start)
+    assert measured == probes
+    assert fit.batch == (probes[-2] if fit.fits else 0)
+    if method:
+        assert (fit.method, fit.predicted) == (method, fit.batch)
+
+
+@pytest.mark.parametrize(
+    ("traced", "limit", "probes"),
+    [
+        # (74,300 - 5,000) // 7,000 = 10 fits; (79,300 - 73,000) // 6,550 a sample = 0 more:
+        # the second is the next batch, 11, the boundary itself; 12 verifies it
+        (7_000, 79_300, [10, 11, 12]),
+        # 10 does not fit: the line from the inputs through it, 11,300 // 6,800 a sample,
+        # puts the boundary at 1; the line through 10 and 1 agrees, 2 verifies it
+        (1_100, 16_300, [10, 1, 2]),
+        # a trace of one byte a sample is a trace: the first probe is where it puts the
+        # boundary, 5,040 - 5,000 = 40 samples; not even batch 1 fits
+        (1, 5_040, [40, 1]),
+    ],
+)
+def test_with_shapes_the_first_probe_is_the_traces_and_the_second_the_line_from_the_inputs(
+    traced, limit, probes
+):
+    """With the shapes (inputs 5,000 B, gradients 2,500 B) and a trace of ``traced`` bytes a
+    sample, the first probe is where the trace puts the boundary and the second where the
+    line from it does (``_second_probe``), worked by hand on ``10,000 + 6,300 x batch``
+    (seed-96 screen: ``max(first + 1, ...)`` -> ``first + 2`` at _batch.py:371, ``max(1,
+    ...)`` -> ``max(2, ...)`` at 386 and ``per_unit <= 0`` -> ``<= 1`` at 333 lived)."""
+    measured = []
+
+    def measure(policy, schedule, batch):
+        measured.append(batch)
+        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
+
+    def residuals(policy, schedule, batch):
+        saved = rk.residuals.Residual("x", (), "int8", traced * batch, "saved", 1, "")
+        return rk.residuals.ResidualReport((saved,), {}, {}, {})
+
+    parts = {"weights": 2500, "optimizer": 2500, "gradients": 2500}
+    measured_step = rk.sources.Measured(
+        measure, lambda p, s, b: float(b), residuals_fn=residuals, breakdown_fn=lambda b: parts
+    )
+    w = _workload(measured_step, rk.target("h100"), rk.TrainConfig(1, 10))
+    fit = rk.max_batch(w, "full", limit_bytes=limit)
+    assert measured == probes
+    assert fit.batch == _largest(lambda b: 10_000 + 6300 * b, limit)
 
 
 def test_a_plan_that_splits_the_layers_says_what_its_first_layers_decide():

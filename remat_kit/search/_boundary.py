@@ -98,8 +98,8 @@ class Fit:
       >>> f = Fit("batch", "full", "none", batch=8, seq=512, unit=1, peak_bytes=9,
       ...         next_peak_bytes=11, limit_bytes=10, recompute_overhead=0.2, compiles=3,
       ...         seconds=0.1)
-      >>> f.value, f.fits, f.tokens_per_step, f.xla_remat_bytes  # XLA took nothing off
-      (8, True, 4096, 0)
+      >>> f.value, f.fits, f.tokens_per_step, f.xla_remat, f.xla_remat_bytes  # no XLA remat
+      (8, True, 4096, False, 0)
     """
 
     axis: Literal["batch", "seq"]
