@@ -1542,6 +1542,11 @@ def test_max_batch_follows_xla_s_plateau_to_the_boundary_instead_of_doubling(wit
     assert fit.batch == _largest(_xla_plateau, limit) == 51
     assert _xla_plateau(51) <= limit < _xla_plateau(52)
     assert fit.compiles == w.compiles == compiles
+    # The answer carries what XLA's pass took off at 51 (seed-96 screen: either keyword
+    # left out of max_batch's Fit lived).
+    cut = int((_before_xla(51) - _after_xla(51)) * 2**30) if with_xla else 0
+    assert (fit.xla_remat, fit.xla_remat_bytes) == (cut >= 2**20, cut)
+    assert not with_xla or cut >= 2**20
 
 
 def _traced(per_sample):
@@ -3292,15 +3297,20 @@ def test_without_shapes_the_probes_start_at_the_smallest_batch_and_follow_the_li
     """Without the shapes' breakdown the first probe is batch 1 (or ``start``), the second
     twice (or half) it, and the line through them is followed; worked by hand on
     ``10,000 + grows x batch`` (seed-96 screen: ``max(1, ...)`` -> ``max(2, ...)`` at
-    _batch.py:289, 325, 362 and 396, and ``slope <= 0`` -> ``<= 1`` at 394 lived)."""
+    _batch.py:289, 325, 362 and 396, ``slope <= 0`` -> ``<= 1`` at 394, and ``or`` -> ``and``
+    at 326, which read the trace against no inputs, lived)."""
     measured = []
 
     def measure(policy, schedule, batch):
         measured.append(batch)
         return _fake_report(10_000 + grows * batch, float(batch), policy.spec, schedule.spec)
 
+    def residuals(policy, schedule, batch):  # a trace, of no use without the inputs' bytes
+        saved = rk.residuals.Residual("x", (), "int8", grows * batch, "saved", 1, "")
+        return rk.residuals.ResidualReport((saved,), {}, {}, {})
+
     w = _workload(
-        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.sources.Measured(measure, lambda p, s, b: float(b), residuals_fn=residuals),
         rk.target("h100"),
         rk.TrainConfig(1, 10),
     )
