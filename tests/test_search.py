@@ -1515,6 +1515,7 @@ def _plateau_fake(with_xla):
             xla_remat=cut >= 2**20,
             xla_remat_saved_bytes=cut,
             xla_remat_limit_bytes=int(56.4 * 2**30) if cut and batch >= 49 else None,
+            attention="cudnn",
         )
 
     return _workload(
@@ -1546,6 +1547,7 @@ def test_max_batch_follows_xla_s_plateau_to_the_boundary_instead_of_doubling(wit
     # left out of max_batch's Fit lived).
     cut = int((_before_xla(51) - _after_xla(51)) * 2**30) if with_xla else 0
     assert (fit.xla_remat, fit.xla_remat_bytes) == (cut >= 2**20, cut)
+    assert fit.attention == "cudnn"  # as its report says (``attention=`` left out lived too)
     assert not with_xla or cut >= 2**20
 
 
