@@ -3257,6 +3257,31 @@ def test_a_compile_that_took_exactly_the_spreads_slow_seconds_pairs_the_boundary
     assert bool(together) is pairs and all(len(b) == 2 for b in together), together
 
 
+def test_when_nothing_fits_the_answer_carries_the_smallest_batchs_report():
+    """The answer that nothing fits is batch 0 with the smallest batch's figures: its peak,
+    what XLA's pass took off it and the attention it ran (seed-96 screen: each keyword of
+    ``_no_fit``'s Fit left out lived)."""
+
+    def measure(policy, schedule, batch):
+        peak = 10_000 + 6300 * batch
+        return memory_report(
+            peak_bytes=peak,
+            policy=policy.spec,
+            xla_remat=True,
+            xla_remat_saved_bytes=2**21 + batch,
+            attention="cudnn",
+        )
+
+    w = _workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=5_000)
+    assert (fit.batch, fit.fits, fit.peak_bytes, fit.next_peak_bytes) == (0, False, 16_300, 16_300)
+    assert (fit.xla_remat, fit.xla_remat_bytes, fit.attention) == (True, 2**21 + 1, "cudnn")
+
+
 def test_when_the_trace_says_not_one_sample_fits_the_smallest_batch_is_compiled_once():
     """The shapes and the trace put the boundary under one sample (inputs 5,000 B, 6,300 B of
     residuals a sample, a 10,000 B limit): the first compile is the smallest batch, which
