@@ -2271,6 +2271,59 @@ def test_a_point_that_could_not_be_built_never_fits_and_any_built_one_may():
     assert bracket(known, limit=UNBUILDABLE - 2) == (1, 2)
 
 
+@pytest.mark.parametrize(
+    ("known", "limit", "lo", "hi", "want"),
+    [
+        # a line rising one byte a unit still rises: from 2 (101 B), 39 units to 140 B
+        ({1: 100, 2: 101}, 140, 2, None, (41, "line")),
+        # a line that crosses the limit before unit 1: 1 + (100 - 200) / 100 = 0 units
+        ({1: 200, 2: 300}, 100, 0, 1, (0, "line")),
+        # 50 u^2 - 50 u + 100 through 1, 2 and 3 crosses 90 at u = 0.72: 0 units
+        ({1: 100, 2: 200, 3: 400}, 90, 0, 1, (0, "quadratic")),
+    ],
+)
+def test_a_curve_s_prediction_is_its_crossing_rounded_down_and_never_negative(
+    known, limit, lo, hi, want
+):
+    """Worked by hand (seed-96 screen: ``slope > 0`` -> ``> 1`` and both ``max(0, ...)`` ->
+    ``max(1, ...)`` in ``_predict`` lived)."""
+    from remat_kit.search._boundary import _predict
+
+    assert _predict(known, limit, lo, hi, ("line", "quadratic")) == want
+
+
+@pytest.mark.parametrize(
+    ("points", "limit", "want"),
+    [
+        # bends by 1 B over a 201 B rise, under CURVED's 1%: read as a line (None)
+        ([(1, 100), (2, 200), (3, 301)], 1000, None),
+        # (u - 5)^2 + 100 touches 100 at its vertex: the discriminant is 0, the root 5
+        ([(3, 104), (5, 100), (7, 104)], 100, 5.0),
+    ],
+)
+def test_the_parabola_s_root_is_none_when_nearly_straight_and_found_when_it_touches(
+    points, limit, want
+):
+    """Worked by hand (seed-96 screen: ``(x2 - x0) ** 2`` -> ``** 3`` and ``disc < 0`` ->
+    ``< 1`` in ``_quadratic_root`` lived)."""
+    from remat_kit.search._boundary import _quadratic_root
+
+    assert _quadratic_root(points, limit) == want
+
+
+@pytest.mark.parametrize(("limit", "want"), [(117, 56), (50, 0)])
+def test_the_line_past_xla_s_plateau_may_be_shallow_and_is_never_negative(limit, want):
+    """Held at 8 (cut 10 B, not short), short at 40 (cut 10 B): before the pass the peaks
+    rise (124 - 110) / 32 = 0.4375 B a unit, less 10 / 40 = 0.25 the pass takes off: 0.1875
+    B a unit from 114 B at 40, to 117 B at 40 + 3 / 0.1875 = 56; 50 B lies before unit 0
+    (seed-96 screen: ``slope <= 0`` -> ``<= 1`` and ``max(0, ...)`` -> ``max(1, ...)`` in
+    ``_xla_line`` lived)."""
+    from remat_kit.search._boundary import _xla_line
+
+    finite, xla = {8: 100, 16: 110, 40: 114}, {8: (10, False), 40: (10, True)}
+    assert _xla_line(finite, xla, limit, 8, 16) == want
+
+
 # A step read off shallow copies that hold (1% over the whole step's 1000 + 100 x batch),
 # each whole compile recorded with the thread it ran on (module level: a Spread's items).
 _WHOLE_ON: list[tuple[int, int]] = []
