@@ -2737,6 +2737,21 @@ def test_the_plan_at_the_largest_batch_says_whether_xla_s_remat_acted_on_the_pla
     assert [n.kind for n in fit.caveats] == (["xla_remat_made_fit"] if on_plan else [])
 
 
+def test_the_plan_at_the_largest_batch_is_the_plans_schedule_compiles_and_note():
+    """Four layers, a budget a layer split meets best (as
+    test_a_plan_that_splits_the_layers_says_what_its_first_layers_decide finds): at batch 1,
+    where the cap stops full, the fit is rewritten as the plan's: its split schedule, every
+    compile of the search and the plan, and the note that says both (seed-96 screen: each
+    of ``schedule=``, ``compiles=``, ``note=`` left out of plan_at's Fit lived)."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags, layers=4)
+    fit, p = rk.search.max_batch_plan(w, limit_bytes=FIXED + 1300 - 150, cap=1, offload=False)
+    assert p.schedule.name == "layers" and fit.schedule == p.schedule.spec
+    assert fit.compiles == w.compiles > 1  # full's compile, then the plan's
+    assert fit.note.kind == "plan_at_max_batch"
+    assert fit.note.data == {"max_batch": 1, "plan": p.note.to_dict()}
+
+
 def test_a_plan_equal_to_a_catalogue_policy_takes_its_name():
     """The solver's names:save=... list and ``dots`` decide alike (no quirk: the same peak and
     overhead): the plan reads ``dots``, not the list (issue 45)."""
