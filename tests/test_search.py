@@ -3304,6 +3304,17 @@ def test_the_two_sides_compiled_side_by_side_are_whole_multiples_of_the_batch_st
     assert set(sent) <= set(measured)
 
 
+@pytest.mark.parametrize("cap", [2, 50])
+def test_side_by_side_nothing_past_the_cap_is_compiled(monkeypatch, cap):
+    """Where the second probe (cap 2) or the line's (cap 50) is the cap, its other side is
+    past the cap: not sent out beside it (seed-96 screen: ``second < units_cap`` and
+    ``b < cap`` -> ``<=`` lived, each compiling ``cap + 1``)."""
+    w, _, measured = _side_by_side(monkeypatch, rk.TrainConfig(1, 10), 0.0)
+    fit = rk.max_batch(w, "full", limit_bytes=10**9, cap=cap)
+    assert (fit.batch, fit.method) == (cap, "cap")
+    assert max(measured) == cap, measured
+
+
 @pytest.mark.parametrize(
     "tick, slow_seconds, pairs", [(1, 1.0, True), (1, 1.25, False), (0, 0.5, False)]
 )
@@ -3380,6 +3391,8 @@ def test_when_the_trace_says_not_one_sample_fits_the_smallest_batch_is_compiled_
         # the line through batches 1 and 2 puts the boundary at 1: it holds, two compiles
         (6300, 16_305, None, [1, 2], "line"),
         (6300, 16_305, 1, [1, 2], "line"),
+        # a limit of batch 1's peak to the byte: batch 1 fits (``<=``)
+        (6300, 16_300, None, [1, 2], "line"),
         # batch 1 does not fit: half of it is still batch 1, the only compile
         (6300, 5_000, None, [1], ""),
         # a peak that grows one byte a sample is a line too: 40 fits, 41 does not
@@ -3414,6 +3427,26 @@ def test_without_shapes_the_probes_start_at_the_smallest_batch_and_follow_the_li
     assert fit.batch == (probes[-2] if fit.fits else 0)
     if method:
         assert (fit.method, fit.predicted) == (method, fit.batch)
+
+
+def test_a_line_that_runs_past_the_cap_stops_there_and_says_so():
+    """The line through batches 1 and 2 puts the boundary far past the cap (50): batch 50 is
+    compiled, fits, and is the answer, by the cap, with nothing above it (seed-96 screen:
+    ``"line" if b < cap`` -> ``<=`` lived)."""
+    measured = []
+
+    def measure(policy, schedule, batch):
+        measured.append(batch)
+        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
+
+    w = _workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.target("h100"),
+        rk.TrainConfig(1, 10),
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=10**9, cap=50)
+    assert measured == [1, 2, 50]
+    assert (fit.batch, fit.method, fit.next_peak_bytes) == (50, "cap", None)
 
 
 @pytest.mark.parametrize(
