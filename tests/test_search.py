@@ -2435,6 +2435,37 @@ def test_a_curve_that_misses_at_an_end_of_the_bracket_is_galloped_from_there(lim
     assert len(probed) <= 4 + 2 * math.ceil(math.log2(answer)), probed
 
 
+@pytest.mark.parametrize(
+    ("limit", "probes"),
+    [
+        # The line through 1 and 2 (7 B a unit) reaches 1,500 B at 200; the line through 2
+        # and 200 predicts 2, the low end: 3 is probed, fits, and the gallop goes up from it
+        # 2, 4, 8, 16 and 32 units at a time until 65 does not fit; then bisection: 49
+        # (2,063 B) no, 41 yes, 45 yes, 47 (1,409 B) yes, 48 (1,716 B) no.
+        (1500, [1, 2, 200, 3, 5, 9, 17, 33, 65, 49, 41, 45, 47, 48]),
+        # The line through 1 and 2 reaches 520 B at 60 (8,520 B: no); the line through 2 and
+        # 60 predicts 4, then through 4 and 60, 6: both fit, and the bracket went from 58
+        # to 56 to 54 units, not halved in two predictions: stalled. The gallop goes up
+        # from 6 by a quarter of the last move (2 units: at least 2), 2, 4, 8 and 16 at a
+        # time while the bracket is over twice the stride (at 20: 40 > 32, at 36: 24 < 64),
+        # then bisects: 48 (1,716 B) no, 42 (474 B) yes, 45 (915 B) no, 43 (581 B) no.
+        (520, [1, 2, 60, 4, 6, 8, 12, 20, 36, 48, 42, 45, 43]),
+    ],
+)
+def test_the_boundary_search_probes_the_units_worked_out_by_hand(limit, probes):
+    """The peak rises 7 B a unit to 40 units, then bends up by 20 B times the square of the
+    units past 40; the probes, in order, as search's docstring says it makes them (seed-96
+    screen: the gallop's first stride 2 -> 3, its ``2 * stride`` -> ``3 *``, the stall's
+    test and the quarter of the move lived)."""
+
+    def bytes_at(u):
+        return 100 + 7 * u + (20 * (u - 40) ** 2 if u > 40 else 0)
+
+    lo, hi, probed = _searched_from_two(bytes_at, limit, ("line",))
+    assert probed == probes
+    assert bytes_at(lo) <= limit < bytes_at(hi) and hi == lo + 1
+
+
 def _concave(u):
     return 100 + int(1110 * math.sqrt(u)) + 11 * u
 
