@@ -29,6 +29,7 @@ from conftest import small_request
 from helpers import loss_and_grads, memory_report, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit
+from remat_kit.search._boundary import UNBUILDABLE
 from remat_kit.search._front import plan_label
 from remat_kit.sources import workload as _workload  # bound here: tests patch rk.sources
 
@@ -2244,7 +2245,7 @@ def test_peaks_raise_a_refusal_of_the_smallest_unit_and_keep_a_larger_ones_first
     """A refused smallest unit is the caller's error; a larger one is an upper bound with the
     first line of its refusal, cut to 200 characters (seed-96 screen: ``units == 1`` ->
     ``== 2`` and ``[:200]`` -> ``[:201]`` lived; max_batch's own error path hid the first)."""
-    from remat_kit.search._boundary import UNBUILDABLE, Peaks
+    from remat_kit.search._boundary import Peaks
 
     def measure(units):
         if units >= refused_from:
@@ -2264,7 +2265,7 @@ def test_peaks_raise_a_refusal_of_the_smallest_unit_and_keep_a_larger_ones_first
 def test_a_point_that_could_not_be_built_never_fits_and_any_built_one_may():
     """Whatever the limit, an unbuildable point is over it, and a point one byte under that
     sentinel still fits a limit above it (seed-96 screen: ``UNBUILDABLE - 1`` -> ``- 2``)."""
-    from remat_kit.search._boundary import UNBUILDABLE, bracket
+    from remat_kit.search._boundary import bracket
 
     known = {1: 5, 2: UNBUILDABLE - 1, 3: UNBUILDABLE}
     assert bracket(known, limit=4 * UNBUILDABLE) == (2, 3)
@@ -2280,13 +2281,15 @@ def test_a_point_that_could_not_be_built_never_fits_and_any_built_one_may():
         ({1: 200, 2: 300}, 100, 0, 1, (0, "line")),
         # 50 u^2 - 50 u + 100 through 1, 2 and 3 crosses 90 at u = 0.72: 0 units
         ({1: 100, 2: 200, 3: 400}, 90, 0, 1, (0, "quadratic")),
+        # a point that could not be built is no point of a curve: the line through 1 and 2
+        ({1: 100, 2: 200, 5: UNBUILDABLE}, 1000, 2, 5, (10, "line")),
     ],
 )
 def test_a_curve_s_prediction_is_its_crossing_rounded_down_and_never_negative(
     known, limit, lo, hi, want
 ):
-    """Worked by hand (seed-96 screen: ``slope > 0`` -> ``> 1`` and both ``max(0, ...)`` ->
-    ``max(1, ...)`` in ``_predict`` lived)."""
+    """Worked by hand (seed-96 screen: ``slope > 0`` -> ``> 1``, both ``max(0, ...)`` ->
+    ``max(1, ...)`` and ``p < UNBUILDABLE`` -> ``<=`` in ``_predict`` lived)."""
     from remat_kit.search._boundary import _predict
 
     assert _predict(known, limit, lo, hi, ("line", "quadratic")) == want
@@ -2297,6 +2300,8 @@ def test_a_curve_s_prediction_is_its_crossing_rounded_down_and_never_negative(
     [
         # bends by 1 B over a 201 B rise, under CURVED's 1%: read as a line (None)
         ([(1, 100), (2, 200), (3, 301)], 1000, None),
+        # flat: no bend at all, and none allowed over no rise (None, not a division by 0)
+        ([(1, 100), (2, 100), (3, 100)], 200, None),
         # (u - 5)^2 + 100 touches 100 at its vertex: the discriminant is 0, the root 5
         ([(3, 104), (5, 100), (7, 104)], 100, 5.0),
     ],
@@ -2305,7 +2310,7 @@ def test_the_parabola_s_root_is_none_when_nearly_straight_and_found_when_it_touc
     points, limit, want
 ):
     """Worked by hand (seed-96 screen: ``(x2 - x0) ** 2`` -> ``** 3`` and ``disc < 0`` ->
-    ``< 1`` in ``_quadratic_root`` lived)."""
+    ``< 1`` in ``_quadratic_root`` lived, and ``<= CURVED ...`` -> ``<``)."""
     from remat_kit.search._boundary import _quadratic_root
 
     assert _quadratic_root(points, limit) == want
@@ -2322,6 +2327,10 @@ def test_the_line_past_xla_s_plateau_may_be_shallow_and_is_never_negative(limit,
 
     finite, xla = {8: 100, 16: 110, 40: 114}, {8: (10, False), 40: (10, True)}
     assert _xla_line(finite, xla, limit, 8, 16) == want
+    # A cut of 50 B at 40 (peak 100 B): before the pass (150 - 110) / 32 = 1.25 B a unit,
+    # less 50 / 40 = 1.25: flat, no line (``slope <= 0`` -> ``< 0`` divided by it).
+    flat = {8: 100, 16: 110, 40: 100}
+    assert _xla_line(flat, {8: (10, False), 40: (50, True)}, limit, 8, 16) is None
 
 
 # A step read off shallow copies that hold (1% over the whole step's 1000 + 100 x batch),
