@@ -2475,6 +2475,26 @@ def test_the_boundary_search_probes_the_units_worked_out_by_hand(limit, probes):
     assert bytes_at(lo) <= limit < bytes_at(hi) and hi == lo + 1
 
 
+def test_without_a_rising_curve_the_search_doubles_the_largest_that_fits_then_bisects():
+    """Flat at 100 B to 300 units, then over any limit: no line rises through 1 and 3, so
+    the search doubles from 3 (6, 12, ... 384, which does not fit) and bisects 192-384 down
+    to 300 (seed-96 screen: ``toward == "up"`` -> ``!=`` lived: steps of 2, 4, 8 from 3)."""
+    from remat_kit.search._boundary import search
+
+    known, probed = {}, []
+
+    def peak(u):
+        probed.append(u)
+        known[u] = 100 if u <= 300 else 10**6
+        return known[u]
+
+    peak(1), peak(3)
+    lo, hi, method, predicted = search(peak, known, 1000, cap=1000, curves=("line",))
+    assert (lo, hi, method, predicted) == (300, 301, "bisection", None)
+    doubled = [6, 12, 24, 48, 96, 192, 384]
+    assert probed == [1, 3, *doubled, 288, 336, 312, 300, 306, 303, 301]
+
+
 def _concave(u):
     return 100 + int(1110 * math.sqrt(u)) + 11 * u
 
