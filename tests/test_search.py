@@ -3509,12 +3509,42 @@ def test_a_line_that_runs_past_the_cap_stops_there_and_says_so():
     assert (fit.batch, fit.method, fit.next_peak_bytes) == (50, "cap", None)
 
 
+def test_with_two_accumulation_steps_the_search_counts_pairs_and_answers_in_samples():
+    """Every batch a multiple of 2: ``start=8`` is 4 units of 2, the second probe twice it
+    (16), the line through them (12,600 B a unit) reaches the limit at 20 units: batch 40,
+    verified by 42, and the prediction is said in samples, 40 (seed-96 screen: ``start //
+    step`` -> ``*`` and ``predicted * step`` -> ``/`` lived). Its seconds are the search's
+    own, on the clock read around it (``perf_counter() - t0`` -> ``+`` lived)."""
+    import time
+
+    measured = []
+
+    def measure(policy, schedule, batch):
+        measured.append(batch)
+        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
+
+    w = _workload(
+        rk.sources.Measured(measure, lambda p, s, b: float(b)),
+        rk.target("h100"),
+        rk.TrainConfig(2, 10, accum=2),
+    )
+    t0 = time.perf_counter()
+    fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 40 + 5, start=8)
+    took = time.perf_counter() - t0
+    assert measured == [8, 16, 40, 42]
+    assert (fit.batch, fit.unit, fit.method, fit.predicted) == (40, 2, "line", 40)
+    assert 0 <= fit.seconds <= took
+
+
 @pytest.mark.parametrize(
     ("traced", "limit", "probes"),
     [
         # (74,300 - 5,000) // 7,000 = 10 fits; (79,300 - 73,000) // 6,550 a sample = 0 more:
         # the second is the next batch, 11, the boundary itself; 12 verifies it
         (7_000, 79_300, [10, 11, 12]),
+        # (136,000 - 5,000) // 9,000 = 14 fits (98,200 B); (136,000 - 98,200) // 6,478.6 a
+        # sample = 5 more: 19; the line through 14 and 19 reaches the limit at 20; 21 is over
+        (9_000, 136_000, [14, 19, 20, 21]),
         # 10 does not fit: the line from the inputs through it, 11,300 // 6,800 a sample,
         # puts the boundary at 1; the line through 10 and 1 agrees, 2 verifies it
         (1_100, 16_300, [10, 1, 2]),
