@@ -349,6 +349,49 @@ class Equivalent:
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
         "remat_kit/search/_boundary.py",
+        "1 -> 2",
+        "UNBUILDABLE = 1 << 62",
+        "a sentinel over every real peak and limit (4 EiB): 2 << 62 is one too, and nothing "
+        "reads it but comparisons with peaks and limits (bracket clamps the limit under it)",
+    ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
+        "62 -> 63",
+        "UNBUILDABLE = 1 << 62",
+        "a sentinel over every real peak and limit (4 EiB): 1 << 63 is one too, and nothing "
+        "reads it but comparisons with peaks and limits (bracket clamps the limit under it)",
+    ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
+        "0 -> 1",
+        "saved_bytes=self.xla_remat_bytes if self.xla_remat else 0,",
+        "xla_made_fit gives no note for saved bytes under XLA_REMAT_MIN_BYTES (1 MiB): 0 and 1 "
+        "byte both give none",
+    ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
+        "1 -> 2",
+        'self.refused[units] = (type(err), str(err).split("\\n", 1)[0][:200])',
+        "only the first piece of the split is read: a second split point changes the pieces "
+        "after it, never the first",
+    ),
+    Equivalent(
+        "remat_kit/search/_batch.py",
+        "- -> +",
+        "return fallback if guess is None else max(1, min(first - 1, guess))",
+        "first does not fit, so its peak is over the limit and the forward line from the "
+        "inputs through it reaches the limit before first: guess <= first - 1 (or 1 where "
+        "first is 1, which max(1, ...) makes 1 either way); min() is guess with either bound",
+    ),
+    Equivalent(
+        "remat_kit/search/_batch.py",
+        "* -> /",
+        "base = _inputs(workload, over * step)",
+        "_inputs sums the weights, optimizer state and accumulator, which have the "
+        "parameters' shapes whatever the batch: the batch it is asked at is never felt",
+    ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
         "min( -> max(",
         "at = min(short, key=lambda u: min(abs(math.log(u / e)) for e in ends))",
         "no known point lies inside the bracket (lo, hi): for u <= lo or u >= hi the log "
