@@ -2331,6 +2331,13 @@ def test_the_line_past_xla_s_plateau_may_be_shallow_and_is_never_negative(limit,
     # less 50 / 40 = 1.25: flat, no line (``slope <= 0`` -> ``< 0`` divided by it).
     flat = {8: 100, 16: 110, 40: 100}
     assert _xla_line(flat, {8: (10, False), 40: (50, True)}, limit, 8, 16) is None
+    # Short at 6 and at 30: 30 is nearer the bracket 10-20 in ratio (1.5 to 20, where 6 is
+    # 1.67 from 10). Before the pass {6: 80, 10: 130, 20: 200, 30: 350} rise 270 / 24 a
+    # unit, less 50 / 30: 9.583 B a unit from 300 B at 30: 500 B at 50.9 (from 6: 61.6)
+    # (``u / e`` -> ``u * e`` lived: it took 6).
+    finite = {6: 60, 10: 100, 20: 200, 30: 300}
+    xla = {6: (20, True), 10: (30, False), 30: (50, True)}
+    assert _xla_line(finite, xla, 500, 10, 20) == 50
 
 
 # A step read off shallow copies that hold (1% over the whole step's 1000 + 100 x batch),
@@ -2805,9 +2812,10 @@ def test_the_plan_at_the_largest_batch_is_the_plans_schedule_compiles_and_note()
     of ``schedule=``, ``compiles=``, ``note=`` left out of plan_at's Fit lived)."""
     tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
     w = fake3(tags, layers=4)
+    w.report("none", batch=1)  # a compile before the search: not the search's
     fit, p = rk.search.max_batch_plan(w, limit_bytes=FIXED + 1300 - 150, cap=1, offload=False)
     assert p.schedule.name == "layers" and fit.schedule == p.schedule.spec
-    assert fit.compiles == w.compiles > 1  # full's compile, then the plan's
+    assert fit.compiles == w.compiles - 1 > 1  # full's compile, then the plan's
     assert fit.note.kind == "plan_at_max_batch"
     assert fit.note.data == {"max_batch": 1, "plan": p.note.to_dict()}
 
@@ -3398,8 +3406,10 @@ def test_a_compile_that_took_exactly_the_spreads_slow_seconds_pairs_the_boundary
 
 def test_when_nothing_fits_the_answer_carries_the_smallest_batchs_report():
     """The answer that nothing fits is batch 0 with the smallest batch's figures: its peak,
-    what XLA's pass took off it and the attention it ran (seed-96 screen: each keyword of
-    ``_no_fit``'s Fit left out lived)."""
+    what XLA's pass took off it and the attention it ran, the search's own compiles and
+    seconds (seed-96 screen: each keyword of ``_no_fit``'s Fit left out, and ``- before``
+    and ``- t0`` -> ``+``, lived)."""
+    import time
 
     def measure(policy, schedule, batch):
         peak = 10_000 + 6300 * batch
@@ -3416,9 +3426,15 @@ def test_when_nothing_fits_the_answer_carries_the_smallest_batchs_report():
         rk.target("h100"),
         rk.TrainConfig(1, 10),
     )
+    w.compiled(rk.policy("full"), rk.schedule("none"), 7)  # a compile before the search
+    t0 = time.perf_counter()
     fit = rk.max_batch(w, "full", limit_bytes=5_000)
+    took = time.perf_counter() - t0
     assert (fit.batch, fit.fits, fit.peak_bytes, fit.next_peak_bytes) == (0, False, 16_300, 16_300)
     assert (fit.xla_remat, fit.xla_remat_bytes, fit.attention) == (True, 2**21 + 1, "cudnn")
+    # its own compile (batch 1), not the one before; its own seconds
+    assert fit.compiles == 1 and w.compiles == 2
+    assert 0 <= fit.seconds <= took
 
 
 def test_when_the_trace_says_not_one_sample_fits_the_smallest_batch_is_compiled_once():
