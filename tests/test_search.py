@@ -2304,16 +2304,20 @@ def test_a_curve_s_prediction_is_its_crossing_rounded_down_and_never_negative(
         ([(1, 100), (2, 100), (3, 100)], 200, None),
         # (u - 5)^2 + 100 touches 100 at its vertex: the discriminant is 0, the root 5
         ([(3, 104), (5, 100), (7, 104)], 100, 5.0),
+        # bends by 3 B over a 203 B rise: curved (1.5 x 2^2 = 6 > 2.03), whatever the 10 kB
+        # under it; 1.5 u^2 + 95.5 u + 9,903 = 10,400 at (-95.5 + sqrt(12,102.25)) / 3
+        ([(1, 10_000), (2, 10_100), (3, 10_203)], 10_400, (-95.5 + math.sqrt(12_102.25)) / 3),
     ],
 )
 def test_the_parabola_s_root_is_none_when_nearly_straight_and_found_when_it_touches(
     points, limit, want
 ):
     """Worked by hand (seed-96 screen: ``(x2 - x0) ** 2`` -> ``** 3`` and ``disc < 0`` ->
-    ``< 1`` in ``_quadratic_root`` lived, and ``<= CURVED ...`` -> ``<``)."""
+    ``< 1`` in ``_quadratic_root`` lived, and ``<= CURVED ...`` -> ``<``, ``c * (x2 - x0)``
+    -> ``c / ...``, ``y2 - y0`` -> ``y2 + y0``)."""
     from remat_kit.search._boundary import _quadratic_root
 
-    assert _quadratic_root(points, limit) == want
+    assert _quadratic_root(points, limit) == (want if want is None else pytest.approx(want))
 
 
 @pytest.mark.parametrize(("limit", "want"), [(117, 56), (50, 0)])
@@ -3010,7 +3014,7 @@ def test_a_plan_at_the_largest_batch_counts_the_plans_compiles_in_its_seconds(mo
     A fake clock moves 10 s at each compile and at nothing else."""
     import time
 
-    clock, compiled = [0.0], []
+    clock, compiled = [1000.0], []  # not 0: ``perf_counter() + t0`` would read alike
     w = fake3()
     measure = w.measure_fn
 
