@@ -421,6 +421,23 @@ def test_a_gpu_with_no_more_sms_than_nccl_holds_has_no_contention(sms, contentio
     assert speed_of(card).contention == pytest.approx(contention)
 
 
+@pytest.mark.parametrize(("name", "nccl"), [("h100", 16), ("l4", 2)])
+def test_a_gpu_whose_file_names_no_sm_count_is_taken_as_100_sms_throughout(name, nccl):
+    """A custom GPU file with no ``core_count``: 100 SMs, in its units and in what NCCL's
+    share of them costs the compute beside a collective (seed-96 mutant _speed.py:231,
+    ``or 100`` -> ``or 101`` in the contention's own copy of the rule, lived)."""
+    gpu = rk.target(name)
+    card = dataclasses.replace(
+        gpu,
+        target_config="\n".join(
+            line for line in gpu.target_config.splitlines() if "core_count" not in line
+        ),
+    )
+    speed = speed_of(card)
+    assert speed.units == 100
+    assert speed.contention == pytest.approx(100 / (100 - nccl) - 1)
+
+
 # Async pairs as XLA schedules them: a start, what runs before its done, and after; one
 # wrapped in async-start/async-done; two in flight at once.
 _WINDOWS_HLO = """HloModule w

@@ -209,6 +209,7 @@ def speed_of(target: Any) -> Speed | None:
     nvlink = _NVLINK.get(target.description)
     host = target.host_link_bandwidth
     machine = node(target.node) if getattr(target, "node", None) else None
+    units = int(sms) or 100  # a GPU whose file names no SM count: about an A100's (108)
     return Speed(
         name=target.name,
         peak_flops=float(target.peak_bf16_flops),
@@ -217,7 +218,7 @@ def speed_of(target: Any) -> Speed | None:
         memory_bandwidth=float(target.hbm_bandwidth),
         memory_efficiency=0.90 if hopper else 0.85,
         kernel_seconds=3e-6,
-        units=int(sms) or 100,
+        units=units,
         host_link=host,
         host_link_efficiency=0.86,
         device_link=machine.nvlink if machine else nvlink if nvlink else (host or 32e9),
@@ -228,7 +229,7 @@ def speed_of(target: Any) -> Speed | None:
         all_reduce_efficiency=_NVLS if hopper and nvlink else _RING,
         # A collective's NCCL blocks own whole SMs while it runs: the compute beside it has
         # the rest (units / (units - nccl) as long).
-        contention=_contention(int(sms) or 100, _NCCL_SMS if nvlink else _NCCL_SMS_PCIE),
+        contention=_contention(units, _NCCL_SMS if nvlink else _NCCL_SMS_PCIE),
         # half the lanes' rate: integer multiplies and shifts of random-bit generation run at
         # half or quarter rate
         alu_ops=0.5 * sms * lanes * ghz * 1e9,
