@@ -1544,7 +1544,7 @@ def test_max_batch_follows_xla_s_plateau_to_the_boundary_instead_of_doubling(wit
     assert fit.batch == _largest(_xla_plateau, limit) == 51
     assert _xla_plateau(51) <= limit < _xla_plateau(52)
     assert fit.compiles == w.compiles == compiles
-    # The answer carries what XLA's pass took off at 51 (seed-96 screen: either keyword
+    # The answer carries what XLA's pass took off at 51 (screen 96: either keyword
     # left out of max_batch's Fit lived).
     cut = int((_before_xla(51) - _after_xla(51)) * 2**30) if with_xla else 0
     assert (fit.xla_remat, fit.xla_remat_bytes) == (cut >= 2**20, cut)
@@ -2243,7 +2243,7 @@ def test_peaks_raise_a_refusal_of_the_smallest_unit_and_keep_a_larger_ones_first
     refused_from,
 ):
     """A refused smallest unit is the caller's error; a larger one is an upper bound with the
-    first line of its refusal, cut to 200 characters (seed-96 screen: ``units == 1`` ->
+    first line of its refusal, cut to 200 characters (screen 96: ``units == 1`` ->
     ``== 2`` and ``[:200]`` -> ``[:201]`` lived; max_batch's own error path hid the first)."""
     from remat_kit.search._boundary import Peaks
 
@@ -2264,7 +2264,7 @@ def test_peaks_raise_a_refusal_of_the_smallest_unit_and_keep_a_larger_ones_first
 
 def test_a_point_that_could_not_be_built_never_fits_and_any_built_one_may():
     """Whatever the limit, an unbuildable point is over it, and a point one byte under that
-    sentinel still fits a limit above it (seed-96 screen: ``UNBUILDABLE - 1`` -> ``- 2``)."""
+    sentinel still fits a limit above it (screen 96: ``UNBUILDABLE - 1`` -> ``- 2``)."""
     from remat_kit.search._boundary import bracket
 
     known = {1: 5, 2: UNBUILDABLE - 1, 3: UNBUILDABLE}
@@ -2288,7 +2288,7 @@ def test_a_point_that_could_not_be_built_never_fits_and_any_built_one_may():
 def test_a_curve_s_prediction_is_its_crossing_rounded_down_and_never_negative(
     known, limit, lo, hi, want
 ):
-    """Worked by hand (seed-96 screen: ``slope > 0`` -> ``> 1``, both ``max(0, ...)`` ->
+    """Worked by hand (screen 96: ``slope > 0`` -> ``> 1``, both ``max(0, ...)`` ->
     ``max(1, ...)`` and ``p < UNBUILDABLE`` -> ``<=`` in ``_predict`` lived)."""
     from remat_kit.search._boundary import _predict
 
@@ -2312,7 +2312,7 @@ def test_a_curve_s_prediction_is_its_crossing_rounded_down_and_never_negative(
 def test_the_parabola_s_root_is_none_when_nearly_straight_and_found_when_it_touches(
     points, limit, want
 ):
-    """Worked by hand (seed-96 screen: ``(x2 - x0) ** 2`` -> ``** 3`` and ``disc < 0`` ->
+    """Worked by hand (screen 96: ``(x2 - x0) ** 2`` -> ``** 3`` and ``disc < 0`` ->
     ``< 1`` in ``_quadratic_root`` lived, and ``<= CURVED ...`` -> ``<``, ``c * (x2 - x0)``
     -> ``c / ...``, ``y2 - y0`` -> ``y2 + y0``)."""
     from remat_kit.search._boundary import _quadratic_root
@@ -2325,7 +2325,7 @@ def test_the_line_past_xla_s_plateau_may_be_shallow_and_is_never_negative(limit,
     """Held at 8 (cut 10 B, not short), short at 40 (cut 10 B): before the pass the peaks
     rise (124 - 110) / 32 = 0.4375 B a unit, less 10 / 40 = 0.25 the pass takes off: 0.1875
     B a unit from 114 B at 40, to 117 B at 40 + 3 / 0.1875 = 56; 50 B lies before unit 0
-    (seed-96 screen: ``slope <= 0`` -> ``<= 1`` and ``max(0, ...)`` -> ``max(1, ...)`` in
+    (screen 96: ``slope <= 0`` -> ``<= 1`` and ``max(0, ...)`` -> ``max(1, ...)`` in
     ``_xla_line`` lived)."""
     from remat_kit.search._boundary import _xla_line
 
@@ -2489,7 +2489,7 @@ def test_the_boundary_search_probes_the_units_worked_out_by_hand(limit, probes):
 def test_without_a_rising_curve_the_search_doubles_the_largest_that_fits_then_bisects():
     """Flat at 100 B to 300 units, then over any limit: no line rises through 1 and 3, so
     the search doubles from 3 (6, 12, ... 384, which does not fit) and bisects 192-384 down
-    to 300 (seed-96 screen: ``toward == "up"`` -> ``!=`` lived: steps of 2, 4, 8 from 3)."""
+    to 300 (screen 96: ``toward == "up"`` -> ``!=`` lived: steps of 2, 4, 8 from 3)."""
     from remat_kit.search._boundary import search
 
     known, probed = {}, []
@@ -2812,7 +2812,7 @@ def test_the_plan_at_the_largest_batch_is_the_plans_schedule_compiles_and_note()
     """Four layers, a budget a layer split meets best (as
     test_a_plan_that_splits_the_layers_says_what_its_first_layers_decide finds): at batch 1,
     where the cap stops full, the fit is rewritten as the plan's: its split schedule, every
-    compile of the search and the plan, and the note that says both (seed-96 screen: each
+    compile of the search and the plan, and the note that says both (screen 96: each
     of ``schedule=``, ``compiles=``, ``note=`` left out of plan_at's Fit lived)."""
     tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
     w = fake3(tags, layers=4)
@@ -3379,7 +3379,7 @@ def test_the_two_sides_compiled_side_by_side_are_whole_multiples_of_the_batch_st
 @pytest.mark.parametrize("cap", [2, 50])
 def test_side_by_side_nothing_past_the_cap_is_compiled(monkeypatch, cap):
     """Where the second probe (cap 2) or the line's (cap 50) is the cap, its other side is
-    past the cap: not sent out beside it (seed-96 screen: ``second < units_cap`` and
+    past the cap: not sent out beside it (screen 96: ``second < units_cap`` and
     ``b < cap`` -> ``<=`` lived, each compiling ``cap + 1``)."""
     w, _, measured = _side_by_side(monkeypatch, rk.TrainConfig(1, 10), 0.0)
     fit = rk.max_batch(w, "full", limit_bytes=10**9, cap=cap)
@@ -3397,7 +3397,7 @@ def test_a_compile_that_took_exactly_the_spreads_slow_seconds_pairs_the_boundary
     with a clock on which every compile takes 1.0 s, a spread whose ``slow_seconds`` is 1.0
     sends the boundary's two sides out together, one of 1.25 does not (issue 58 mutant
     _batch.py:194 of seed 75, ``<`` read as ``<=``); on a clock that stands still no compile
-    was slow, so nothing goes out (seed-96 screen: ``slowest = 0.0`` -> ``1.0`` lived)."""
+    was slow, so nothing goes out (screen 96: ``slowest = 0.0`` -> ``1.0`` lived)."""
     from remat_kit.search import _batch
 
     ticks = itertools.count(0, tick)  # every read of the clock ``tick`` seconds on
@@ -3411,7 +3411,7 @@ def test_a_compile_that_took_exactly_the_spreads_slow_seconds_pairs_the_boundary
 def test_when_nothing_fits_the_answer_carries_the_smallest_batchs_report():
     """The answer that nothing fits is batch 0 with the smallest batch's figures: its peak,
     what XLA's pass took off it and the attention it ran, the search's own compiles and
-    seconds (seed-96 screen: each keyword of ``_no_fit``'s Fit left out, and ``- before``
+    seconds (screen 96: each keyword of ``_no_fit``'s Fit left out, and ``- before``
     and ``- t0`` -> ``+``, lived)."""
     import time
 
@@ -3484,7 +3484,7 @@ def test_without_shapes_the_probes_start_at_the_smallest_batch_and_follow_the_li
 ):
     """Without the shapes' breakdown the first probe is batch 1 (or ``start``), the second
     twice (or half) it, and the line through them is followed; worked by hand on
-    ``10,000 + grows x batch`` (seed-96 screen: ``max(1, ...)`` -> ``max(2, ...)`` at
+    ``10,000 + grows x batch`` (screen 96: ``max(1, ...)`` -> ``max(2, ...)`` at
     _batch.py:289, 325, 362 and 396, ``slope <= 0`` -> ``<= 1`` at 394, and ``or`` -> ``and``
     at 326, which read the trace against no inputs, lived)."""
     measured = []
@@ -3511,7 +3511,7 @@ def test_without_shapes_the_probes_start_at_the_smallest_batch_and_follow_the_li
 
 def test_a_line_that_runs_past_the_cap_stops_there_and_says_so():
     """The line through batches 1 and 2 puts the boundary far past the cap (50): batch 50 is
-    compiled, fits, and is the answer, by the cap, with nothing above it (seed-96 screen:
+    compiled, fits, and is the answer, by the cap, with nothing above it (screen 96:
     ``"line" if b < cap`` -> ``<=`` lived)."""
     measured = []
 
@@ -3532,7 +3532,7 @@ def test_a_line_that_runs_past_the_cap_stops_there_and_says_so():
 def test_with_two_accumulation_steps_the_search_counts_pairs_and_answers_in_samples():
     """Every batch a multiple of 2: ``start=8`` is 4 units of 2, the second probe twice it
     (16), the line through them (12,600 B a unit) reaches the limit at 20 units: batch 40,
-    verified by 42, and the prediction is said in samples, 40 (seed-96 screen: ``start //
+    verified by 42, and the prediction is said in samples, 40 (screen 96: ``start //
     step`` -> ``*`` and ``predicted * step`` -> ``/`` lived). Its seconds are the search's
     own, on the clock read around it (``perf_counter() - t0`` -> ``+`` lived)."""
     import time
@@ -3579,7 +3579,7 @@ def test_with_shapes_the_first_probe_is_the_traces_and_the_second_the_line_from_
     """With the shapes (inputs 5,000 B, gradients 2,500 B) and a trace of ``traced`` bytes a
     sample, the first probe is where the trace puts the boundary and the second where the
     line from it does (``_second_probe``), worked by hand on ``10,000 + 6,300 x batch``
-    (seed-96 screen: ``max(first + 1, ...)`` -> ``first + 2`` at _batch.py:371, ``max(1,
+    (screen 96: ``max(first + 1, ...)`` -> ``first + 2`` at _batch.py:371, ``max(1,
     ...)`` -> ``max(2, ...)`` at 386 and ``per_unit <= 0`` -> ``<= 1`` at 333 lived)."""
     measured = []
 

@@ -242,7 +242,7 @@ def test_the_longest_sequence_is_the_one_a_scan_finds(seed):
         # even with a point where the pass fell short.
         ({40: (50, True)}, None),
         # A point the pass did not touch (cut 0) is not on the plateau, short or not
-        # (seed-96 screen: ``cut and not short`` -> ``or`` lived).
+        # (screen 96: ``cut and not short`` -> ``or`` lived).
         ({20: (0, False), 40: (50, True)}, None),
         # The bracket's low end held on the plateau by the pass (cut 30, not short): from the
         # short point at 40 the peaks before the pass, {10: 130, 20: 200, 40: 450}, rise
