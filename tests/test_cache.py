@@ -272,11 +272,17 @@ def test_dir_problem_says_what_keeps_the_cache_dir_from_holding_entries(monkeypa
 
 def test_dir_problem_says_a_directory_that_takes_no_file_is_not_writable(monkeypatch, tmp_path):
     """A directory there whose files cannot be made (a read-only mount; root writes through
-    a mode, so the refusal is made by hand): issue 58 mutant _store.py:79 of seed 76."""
+    a mode, so the refusal is made by hand, for that directory only: elsewhere files are
+    made as usual): issue 58 mutant _store.py:79 of seed 76, and seed 96's ``dir=where``
+    left out, which probed the system's temporary directory instead."""
     import tempfile
 
-    def refuse(*args, **kwargs):
-        raise PermissionError(13, "Permission denied")
+    made = tempfile.mkstemp
+
+    def refuse(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == tmp_path:
+            raise PermissionError(13, "Permission denied")
+        return made(*args, dir=dir, **kwargs)
 
     monkeypatch.setenv(cache.ENV_DIR, str(tmp_path))
     monkeypatch.setattr(tempfile, "mkstemp", refuse)
