@@ -205,8 +205,8 @@ def _expand(
                 out.append(p)
                 sub = p + 1
             continue
-        instr = instrs.get(name)
-        if sub < p and instr is not None:
+        instr = instrs[name]  # comp_of holds just the names instrs does: comp is not None
+        if sub < p:
             called = set(_called(instr))
             span = _expand(module, sequence, sub, p, called, instrs, comp_of) if called else []
             if instr.opcode == "while":
