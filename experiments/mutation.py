@@ -349,6 +349,13 @@ class Equivalent:
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
         "remat_kit/search/_boundary.py",
+        "0 -> 1",
+        "xla_remat_bytes=p.report.xla_remat_saved_bytes if p.report is not None else 0,",
+        "p is plan()'s Plan, which always carries the report it compiled (the planner's "
+        "report=r, r = w.compiled(...)): the else is never taken",
+    ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
         "1 -> 2",
         "UNBUILDABLE = 1 << 62",
         "a sentinel over every real peak and limit (4 EiB): 2 << 62 is one too, and nothing "
