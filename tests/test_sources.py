@@ -412,6 +412,16 @@ def test_stale_or_ignored_traces_fail_loudly(name, policies, match):
             checks.check_traced_with(_forward(src, last), last)
 
 
+def test_a_factory_model_that_ignores_its_policy_is_refused_naming_the_step_measured():
+    """Measured through a source, the refusal names what was measured, the model and its
+    batch and sequence, not "the model" (seed-96 mutant _source.py:349, ``what=what`` left
+    out, lived)."""
+    src = sources.from_factory(f"{FACTORIES}:ignores_policy", tags=None)
+    named = f"{src.spec} (b{SMALL.batch} s{SMALL.seq}) traced for policy 'full' holds no"
+    with pytest.raises(BadValue, match=re.escape(named)):
+        sources.measure(src, "full", "cpu", SMALL, warn=False)
+
+
 #: The names MaxText's decoders save under remat_policy="minimal" (``minimal_policy()``).
 MAXTEXT_MINIMAL = ("query_proj", "value_proj", "key_proj", "qkv_proj", "out_proj", "mlpwi_0")
 MAXTEXT_MINIMAL += ("mlpwi_1", "mlpwi", "mlpwo")
