@@ -3465,6 +3465,20 @@ def test_when_the_trace_says_not_one_sample_fits_the_smallest_batch_is_compiled_
     assert measured == [1] and fit.compiles == 1
 
 
+def _recorded_line(grows=6300, config=None, **fns):
+    """A step whose compiled peak at batch ``b`` is ``10,000 + grows x b``, measured through
+    ``rk.sources.Measured`` with ``fns`` (its residuals_fn, breakdown_fn), and the list of
+    the batches it compiles, in order."""
+    measured = []
+
+    def measure(policy, schedule, batch):
+        measured.append(batch)
+        return _fake_report(10_000 + grows * batch, float(batch), policy.spec, schedule.spec)
+
+    step = rk.sources.Measured(measure, lambda p, s, b: float(b), **fns)
+    return _workload(step, rk.target("h100"), config or rk.TrainConfig(1, 10)), measured
+
+
 @pytest.mark.parametrize(
     ("grows", "limit", "start", "probes", "method"),
     [
@@ -3487,21 +3501,12 @@ def test_without_shapes_the_probes_start_at_the_smallest_batch_and_follow_the_li
     ``10,000 + grows x batch`` (screen 96: ``max(1, ...)`` -> ``max(2, ...)`` at
     _batch.py:289, 325, 362 and 396, ``slope <= 0`` -> ``<= 1`` at 394, and ``or`` -> ``and``
     at 326, which read the trace against no inputs, lived)."""
-    measured = []
-
-    def measure(policy, schedule, batch):
-        measured.append(batch)
-        return _fake_report(10_000 + grows * batch, float(batch), policy.spec, schedule.spec)
 
     def residuals(policy, schedule, batch):  # a trace, of no use without the inputs' bytes
         saved = rk.residuals.Residual("x", (), "int8", grows * batch, "saved", 1, "")
         return rk.residuals.ResidualReport((saved,), {}, {}, {})
 
-    w = _workload(
-        rk.sources.Measured(measure, lambda p, s, b: float(b), residuals_fn=residuals),
-        rk.target("h100"),
-        rk.TrainConfig(1, 10),
-    )
+    w, measured = _recorded_line(grows, residuals_fn=residuals)
     fit = rk.max_batch(w, "full", limit_bytes=limit, start=start)
     assert measured == probes
     assert fit.batch == (probes[-2] if fit.fits else 0)
@@ -3513,17 +3518,7 @@ def test_a_line_that_runs_past_the_cap_stops_there_and_says_so():
     """The line through batches 1 and 2 puts the boundary far past the cap (50): batch 50 is
     compiled, fits, and is the answer, by the cap, with nothing above it (screen 96:
     ``"line" if b < cap`` -> ``<=`` lived)."""
-    measured = []
-
-    def measure(policy, schedule, batch):
-        measured.append(batch)
-        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
-
-    w = _workload(
-        rk.sources.Measured(measure, lambda p, s, b: float(b)),
-        rk.target("h100"),
-        rk.TrainConfig(1, 10),
-    )
+    w, measured = _recorded_line()
     fit = rk.max_batch(w, "full", limit_bytes=10**9, cap=50)
     assert measured == [1, 2, 50]
     assert (fit.batch, fit.method, fit.next_peak_bytes) == (50, "cap", None)
@@ -3537,17 +3532,7 @@ def test_with_two_accumulation_steps_the_search_counts_pairs_and_answers_in_samp
     own, on the clock read around it (``perf_counter() - t0`` -> ``+`` lived)."""
     import time
 
-    measured = []
-
-    def measure(policy, schedule, batch):
-        measured.append(batch)
-        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
-
-    w = _workload(
-        rk.sources.Measured(measure, lambda p, s, b: float(b)),
-        rk.target("h100"),
-        rk.TrainConfig(2, 10, accum=2),
-    )
+    w, measured = _recorded_line(config=rk.TrainConfig(2, 10, accum=2))
     t0 = time.perf_counter()
     fit = rk.max_batch(w, "full", limit_bytes=10_000 + 6300 * 40 + 5, start=8)
     took = time.perf_counter() - t0
@@ -3581,21 +3566,13 @@ def test_with_shapes_the_first_probe_is_the_traces_and_the_second_the_line_from_
     line from it does (``_second_probe``), worked by hand on ``10,000 + 6,300 x batch``
     (screen 96: ``max(first + 1, ...)`` -> ``first + 2`` at _batch.py:371, ``max(1,
     ...)`` -> ``max(2, ...)`` at 386 and ``per_unit <= 0`` -> ``<= 1`` at 333 lived)."""
-    measured = []
-
-    def measure(policy, schedule, batch):
-        measured.append(batch)
-        return _fake_report(10_000 + 6300 * batch, float(batch), policy.spec, schedule.spec)
 
     def residuals(policy, schedule, batch):
         saved = rk.residuals.Residual("x", (), "int8", traced * batch, "saved", 1, "")
         return rk.residuals.ResidualReport((saved,), {}, {}, {})
 
     parts = {"weights": 2500, "optimizer": 2500, "gradients": 2500}
-    measured_step = rk.sources.Measured(
-        measure, lambda p, s, b: float(b), residuals_fn=residuals, breakdown_fn=lambda b: parts
-    )
-    w = _workload(measured_step, rk.target("h100"), rk.TrainConfig(1, 10))
+    w, measured = _recorded_line(residuals_fn=residuals, breakdown_fn=lambda b: parts)
     fit = rk.max_batch(w, "full", limit_bytes=limit)
     assert measured == probes
     assert fit.batch == _largest(lambda b: 10_000 + 6300 * b, limit)
