@@ -3465,15 +3465,16 @@ def test_when_the_trace_says_not_one_sample_fits_the_smallest_batch_is_compiled_
     assert measured == [1] and fit.compiles == 1
 
 
-def _recorded_line(grows=6300, config=None, **fns):
-    """A step whose compiled peak at batch ``b`` is ``10,000 + grows x b``, measured through
-    ``rk.sources.Measured`` with ``fns`` (its residuals_fn, breakdown_fn), and the list of
-    the batches it compiles, in order."""
+def _recorded_line(grows=6300, config=None, peak_of=None, **fns):
+    """A step whose compiled peak at batch ``b`` is ``10,000 + grows x b`` (or ``peak_of(b)``),
+    measured through ``rk.sources.Measured`` with ``fns`` (its residuals_fn, breakdown_fn),
+    and the list of the batches it compiles, in order."""
     measured = []
 
     def measure(policy, schedule, batch):
         measured.append(batch)
-        return _fake_report(10_000 + grows * batch, float(batch), policy.spec, schedule.spec)
+        peak = peak_of(batch) if peak_of else 10_000 + grows * batch
+        return _fake_report(peak, float(batch), policy.spec, schedule.spec)
 
     step = rk.sources.Measured(measure, lambda p, s, b: float(b), **fns)
     return _workload(step, rk.target("h100"), config or rk.TrainConfig(1, 10)), measured
@@ -3512,6 +3513,28 @@ def test_without_shapes_the_probes_start_at_the_smallest_batch_and_follow_the_li
     assert fit.batch == (probes[-2] if fit.fits else 0)
     if method:
         assert (fit.method, fit.predicted) == (method, fit.batch)
+
+
+def test_a_first_batch_that_holds_no_more_than_the_fixed_parts_is_doubled_for_the_second():
+    """Small batches can peak at the fixed parts or under (donated buffers): here 7,500 B to
+    batch 10, then 1,000 B a sample. The trace puts the first probe at (20,000 - 5,000) //
+    1,500 = 10, which holds nothing a sample over the fixed parts: no line from it, so the
+    second is twice it, 20 (17,500 B); the line through 10 and 20 reaches 20,000 B at 22,
+    and 23 is over (screen 96: ``per_unit <= 0`` -> ``< 0`` lived: a division by zero)."""
+
+    def residuals(policy, schedule, batch):
+        saved = rk.residuals.Residual("x", (), "int8", 1_500 * batch, "saved", 1, "")
+        return rk.residuals.ResidualReport((saved,), {}, {}, {})
+
+    parts = {"weights": 2500, "optimizer": 2500, "gradients": 2500}
+    w, measured = _recorded_line(
+        peak_of=lambda b: 7_500 + 1_000 * max(0, b - 10),
+        residuals_fn=residuals,
+        breakdown_fn=lambda b: parts,
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=20_000)
+    assert measured == [10, 20, 22, 23]
+    assert (fit.batch, fit.method) == (22, "line")
 
 
 def test_a_line_that_runs_past_the_cap_stops_there_and_says_so():
