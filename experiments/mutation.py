@@ -348,6 +348,14 @@ class Equivalent:
 #: score; the tables show them with their reasons.
 EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
+        "remat_kit/search/_batch.py",
+        ">= -> >",
+        "if workload.breakdown_fn is None or first_peak >= UNBUILDABLE:",
+        "a first batch that could not be built is over the limit, so it goes to the "
+        "not-fits branch, whose _forward_line returns None for a peak at UNBUILDABLE: the "
+        "same fallback either way",
+    ),
+    Equivalent(
         "remat_kit/search/_boundary.py",
         "0 -> 1",
         "xla_remat_bytes=p.report.xla_remat_saved_bytes if p.report is not None else 0,",

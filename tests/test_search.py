@@ -3535,6 +3535,14 @@ def test_a_first_batch_that_holds_no_more_than_the_fixed_parts_is_doubled_for_th
     fit = rk.max_batch(w, "full", limit_bytes=20_000)
     assert measured == [10, 20, 22, 23]
     assert (fit.batch, fit.method) == (22, "line")
+    # A step that holds its inputs (5,000 B) and nothing more, over a 4,000 B limit: the
+    # line from the inputs through batch 1 is flat, no guess; nothing fits, one compile
+    # (``slope <= 0`` -> ``< 0`` in ``_forward_line`` divided by it).
+    w, measured = _recorded_line(
+        peak_of=lambda b: 5_000, residuals_fn=residuals, breakdown_fn=lambda b: parts
+    )
+    fit = rk.max_batch(w, "full", limit_bytes=4_000)
+    assert measured == [1] and not fit.fits
 
 
 def test_a_line_that_runs_past_the_cap_stops_there_and_says_so():
