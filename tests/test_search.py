@@ -2486,6 +2486,20 @@ def test_the_boundary_search_probes_the_units_worked_out_by_hand(limit, probes):
     assert bytes_at(lo) <= limit < bytes_at(hi) and hi == lo + 1
 
 
+def test_an_end_s_neighbour_at_the_limit_to_the_byte_fits_and_the_gallop_goes_up():
+    """7 B a unit to 2 units, 500 B at 3, then 100 kB a unit: at a 500 B limit the line
+    through 1 and 2 predicts 57 (over); the line through 2 and 57 predicts 2, the low end:
+    3 is probed, and at the limit to the byte it fits, so the gallop goes up from it: 5 is
+    over, 4 is over (screen 96: ``known[u] <= limit`` -> ``<`` sent it down from 57)."""
+
+    def bytes_at(u):
+        return 100 + 7 * u if u <= 2 else 500 + 100_000 * (u - 3)
+
+    lo, hi, probed = _searched_from_two(bytes_at, 500, ("line",))
+    assert probed == [1, 2, 57, 3, 5, 4]
+    assert (lo, hi) == (3, 4)
+
+
 def test_without_a_rising_curve_the_search_doubles_the_largest_that_fits_then_bisects():
     """Flat at 100 B to 300 units, then over any limit: no line rises through 1 and 3, so
     the search doubles from 3 (6, 12, ... 384, which does not fit) and bisects 192-384 down
