@@ -119,10 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(mutants)} mutants", flush=True)
 
     by_file: dict[str, dict[int, list[str]]] = {}
+    lock = threading.Lock()
 
     def tests_of(m: mu.Mutant) -> tuple[str, ...]:
-        if m.path not in by_file:
-            by_file[m.path] = data.contexts_by_lineno(str(ROOT / m.path))
+        with lock:  # two jobs may meet a file first at once; coverage's reader is not shared
+            if m.path not in by_file:
+                by_file[m.path] = data.contexts_by_lineno(str(ROOT / m.path))
         ids = sorted(
             {
                 re.sub(r"\|(run|setup|teardown)$", "", c)
@@ -133,7 +135,6 @@ def main(argv: list[str] | None = None) -> None:
         return (*ids, "-m", "not slow") if ids else mu._tier_targets(m.module, m.path, "fast")
 
     rows: list[dict[str, Any]] = []
-    lock = threading.Lock()
     with tempfile.TemporaryDirectory(prefix="mutation_screen_") as tmp:
         free = []
         for j in range(args.jobs):

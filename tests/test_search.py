@@ -674,6 +674,9 @@ def test_a_none_the_traced_bound_overstates_is_compiled_before_nothing_fits():
     p = rk.plan(w, 1, 1500, host_budget=0)
     assert p.fits and p.policy.name == "none" and p.peak_bytes == 1200
     assert calls[-1] == "none" and calls.count("none") == 1  # compiled last, once
+    # Its source is `none` and its status the solve's that came first (screen 97:
+    # _planner.py:170 `is` read as `is not`, 171's `solver=` left out).
+    assert p.source == "none" and p.solver is not None and not p.solver.optimal
 
 
 def test_advise_reports_does_not_fit_as_a_row():
@@ -3768,3 +3771,77 @@ def test_a_first_probe_one_past_the_boundary_is_followed_by_the_boundary_itself(
     )
     assert (fit.batch, fit.next_peak_bytes) == (10, 79_300)
     assert measured == [11, 10] and fit.compiles == 2
+
+
+# --- screen 97: the planner's paths and fields no test read ------------------------------------
+
+
+@pytest.mark.parametrize("hide", [0.0, 1.0])
+def test_a_hide_at_either_end_of_0_to_1_is_taken(hide):
+    """Nothing hidden and the whole step hidden are both fractions of the step (screen 97:
+    _planner.py:215 ``0.0 <= hide <= 1.0`` read with ``<`` at either end)."""
+    assert rk.plan(fake3(), 1, 10**6, hide=hide).source == "none"
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.0, "2"])
+def test_max_compiles_must_be_a_positive_int(bad):
+    """``True`` is an int to Python and 1 to arithmetic, not a count (screen 97: _planner.py:137
+    ``or`` read as ``and`` took it)."""
+    w = fake3()
+    with pytest.raises(rk.errors.BadValue, match=re.escape(f"max_compiles={bad!r} must be")):
+        rk.plan(w, 1, FIXED + 1300, max_compiles=bad)
+    assert w.compiles == 0
+
+
+def test_an_extra_is_a_policy_or_a_policy_schedule_pair_and_nothing_longer():
+    """A Policy object is one extra; a three-item tuple is refused before any compile, not read
+    as its first two (screen 97: _planner.py:244 ``and`` read as ``or``)."""
+    w = fake3()
+    budget = FIXED + 1600 - 300
+    p = rk.plan(w, 1, budget, offload=False, extra=[rk.policy("full")])  # in time: compiled
+    assert "full" in [c.policy for c in p.candidates if c.label == "catalogue"]
+    fresh = fake3()
+    with pytest.raises(TypeError, match=re.escape("got tuple ('full', 'none', 'sqrt')")):
+        rk.plan(fresh, 1, budget, extra=[("full", "none", "sqrt")])
+    assert fresh.compiles == 0
+
+
+def _overstated_none(remat_peak, breakdown=None):
+    """fake_workload whose traced bound of ``none`` (weights 400 + residuals 1300 = 1700 B)
+    overstates its compiled peak (1200 B), every remat program peaking at ``remat_peak``; the
+    policies compiled, in order."""
+    calls = []
+
+    def measure_fn(policy, schedule, batch):
+        calls.append(policy.spec)
+        peak = remat_peak if policy.is_remat else 1200
+        return _fake_report(peak, _fake_flops(policy, schedule, batch), policy.spec, schedule.spec)
+
+    w = dataclasses.replace(fake_workload(), measure_fn=measure_fn)
+    if breakdown is not None:
+        w = dataclasses.replace(w, breakdown_fn=lambda b: breakdown)
+    return w, calls
+
+
+def test_the_bound_of_none_is_its_inputs_less_the_gradients_and_its_saved_residuals():
+    """Gradients are made by the backward pass, not held at the turn (screen 97:
+    _planner.py:196 ``!=`` read as ``==``; the fakes' weights and gradients were equal)."""
+    w, _ = _overstated_none(1600, {"weights": 400, "gradients": 300, "optimizer": 50})
+    assert rk.search._planner._none_lower_bound(w, 1) == 400 + 50 + 800 + 300 + 200
+
+
+def test_a_none_whose_bound_is_the_budget_to_the_byte_is_compiled_first():
+    """A bound equal to the budget does not rule ``none`` out: it is compiled first and is the
+    plan, though remat plans fit too (screen 97: _planner.py:145 ``>`` read as ``>=``)."""
+    w, calls = _overstated_none(1600)
+    p = rk.plan(w, 1, 1700, host_budget=0)
+    assert calls[0] == "none" and p.policy.name == "none" and p.source == "none"
+
+
+def test_a_none_over_its_bound_is_not_compiled_when_a_plan_fits():
+    """Ruled out by its bound, ``none`` is compiled only when nothing else fits (screen 97:
+    _planner.py:163 ``best is None and bounded`` read with ``or``)."""
+    w, calls = _overstated_none(1400)
+    p = rk.plan(w, 1, 1500, host_budget=0)
+    assert p.fits and p.policy.name != "none" and p.peak_bytes == 1400
+    assert "none" not in calls

@@ -37,13 +37,13 @@ __all__ = [
     "plan",
 ]
 
-#: Overheads this close (relative to max(1, overhead)) count as equal, as on the Pareto front.
 #: Compiles the solver's plans may take (step 4 of :func:`plan`) by default.
 MAX_PLAN_COMPILES = 6
 
 #: The schedules of ``full`` tried when no plan of the solver fits, before their FLOPs order.
 FALLBACK_SCHEDULES = ("none", "sqrt", "every:2", "nested:2", "nested:3")
 
+#: Overheads this close (relative to max(1, overhead)) count as equal, as on the Pareto front.
 _RTOL = 1e-6
 
 
