@@ -3910,3 +3910,33 @@ def test_when_only_a_segment_schedule_fits_the_plan_is_it_with_the_solvers_statu
     assert (p.schedule.spec, p.peak_bytes) == (tried[-1].schedule, tried[-1].peak_bytes)
     assert [c.fits for c in tried] == [False] * (len(tried) - 1) + [True]
     assert p.solver is not None and not p.solver.optimal
+
+
+@pytest.mark.parametrize(("layers", "shed"), [(2, 800), (4, 650)])
+def test_layer_splits_are_solved_for_once_a_plan_without_one_fits(layers, shed):
+    """Where a split is cheaper (the brute force says so, over two layers too), the plan has
+    it; the first plan compiled has none, as the docstring's step 4 says (screen 97:
+    _planner.py:466 ``n_layers > 1`` read as ``> 2``, ``is not`` as ``is``, an ``and`` as
+    ``or``)."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    budget = FIXED + 1300 - shed
+    split = _brute_force(tags, budget, layers=layers, splits=True)
+    assert split < _brute_force(tags, budget, layers=layers)
+    p = rk.plan(fake3(tags, layers=layers), 1, budget, objective="flops")
+    solved = [c for c in p.candidates if c.label.startswith("solver")]
+    assert solved[0].label == "solver 1" and solved[0].schedule == "none"
+    assert p.schedule.name == "layers" and p.overhead == pytest.approx(split, abs=1e-9)
+
+
+def test_a_source_that_cannot_build_a_layer_split_is_never_planned_one():
+    """The same step, its source building no ``layers`` schedule: the best plan without a
+    split (screen 97: _planner.py:468's ``splits=`` left out, the solver's default allows
+    them)."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    budget = FIXED + 1300 - 650
+    w = dataclasses.replace(
+        fake3(tags, layers=4), schedule_kinds=frozenset({"none", "every", "nested"})
+    )
+    p = rk.plan(w, 1, budget, objective="flops")
+    assert all(c.schedule == "none" for c in p.candidates if c.label.startswith("solver"))
+    assert p.overhead == pytest.approx(_brute_force(tags, budget, layers=4), abs=1e-9)
