@@ -172,6 +172,9 @@ def test_a_kernel_directory_is_removed_at_exit_by_its_own_process_only(
     monkeypatch.setattr(codegen.multiprocessing.util, "Finalize", finalize)
     made = codegen._kernel_dir.__wrapped__(os.getpid())
     assert made is not None and made.parent == tmp_path and len(hooks) == 2
+    # Named by its owner, as the clean-up of ended processes' directories finds them (screen
+    # 97: _codegen.py:225's `prefix=` left out made a directory nothing would clean).
+    assert codegen._kernel_dirs(os.getpid()) == [made]
     if forked:
         monkeypatch.setattr(codegen.os, "getpid", lambda: os.getppid())
     for hook in hooks:
@@ -489,3 +492,41 @@ def test_a_zombie_is_not_alive_and_a_running_process_is():
         running.kill()
         running.wait()
         ended.wait()
+
+
+@pytest.mark.parametrize(
+    ("stat_line", "alive"),
+    [("4242 (x) Z y) S 1 4242 4242 0 -1", True), ("4242 (x) S y) Z 1 4242 4242 0 -1", False)],
+    ids=["running", "zombie"],
+)
+def test_a_process_is_read_by_the_state_after_its_name_whatever_the_name_holds(
+    monkeypatch, stat_line, alive
+):
+    """/proc/<pid>/stat is ``pid (comm) state ...``, and a process may name itself anything,
+    ``x) Z y`` included: the state is the field after the last parenthesis (screen 97:
+    _codegen.py:333's ``rsplit(")", 1)`` read with 2 took a word of the name)."""
+    monkeypatch.setattr(codegen.os, "kill", lambda pid, sig: None)
+    read = Path.read_text
+
+    def proc(self, *args, **kwargs):
+        return stat_line if str(self) == "/proc/4242/stat" else read(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", proc)
+    assert codegen._alive(4242) is alive
+
+
+@pytest.mark.parametrize("broken", [None, "nvvm-elsewhere", "ptxas-not-runnable"])
+def test_a_stand_in_is_whole_only_with_a_runnable_ptxas_and_the_real_nvvm(tmp_path, broken):
+    """A stand-in another run left is used only when its ``ptxas`` runs and its ``nvvm`` is the
+    real CUDA's; either missing, it is built again (screen 97: _codegen.py:442 ``and`` read as
+    ``or``)."""
+    real, other = tmp_path / "cuda", tmp_path / "other-cuda"
+    for cuda in (real, other):
+        (cuda / "nvvm").mkdir(parents=True)
+    d = tmp_path / "stand-in"
+    (d / "bin").mkdir(parents=True)
+    exe = d / "bin" / "ptxas"
+    exe.write_text("#!/bin/sh\n")
+    exe.chmod(0o644 if broken == "ptxas-not-runnable" else 0o755)
+    (d / "nvvm").symlink_to((other if broken == "nvvm-elsewhere" else real) / "nvvm")
+    assert codegen._complete(d, real) is (broken is None)

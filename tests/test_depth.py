@@ -662,3 +662,40 @@ def test_copies_off_their_lines_by_more_than_half_a_percent_of_the_peak_are_not_
     # 0.5% of a 1,000,000-byte peak is 5,000 bytes (depth.AFFINE_TOLERANCE).
     fit = depth.DepthFit(8, (2, 3), 1_000_000, "backward, layer 0", residual, 4)
     assert fit.affine is affine
+
+
+def _step_time(d):
+    """A copy's predicted step time at ``d`` layers: 1 s + 0.5 s a layer, 3 kernels a layer."""
+    return rk.timing.StepTime(
+        seconds=1.0 + 0.5 * d,
+        matmul_seconds=0.4 * d,
+        attention_seconds=0.1 * d,
+        memory_seconds=1.0,
+        collective_seconds=0.0,
+        collective_hidden_seconds=0.0,
+        transfer_seconds=0.0,
+        launch_seconds=0.0,
+        recompute_seconds=0.0,
+        model_flops=6.0 * d,
+        flops=6.0 * d,
+        kernels=3 * d,
+        device="h100",
+        peak_flops=1e15,
+    )
+
+
+@pytest.mark.parametrize("timed", ["both", "shallow only", "deep only", "neither"])
+def test_the_step_time_is_the_line_through_both_copies_and_absent_unless_both_have_one(timed):
+    """At 8 layers, by hand: 5 s, 3.2 s of matmuls, 24 kernels; a copy without a prediction
+    (no rates for its target) makes none: the deep copy's was the full step's before (screen
+    97: _depth.py:272 ``and`` read as ``or``, ``is not`` as ``is``)."""
+    fit = depth.DepthFit(8, (2, 3), 5000, "backward, layer 0", residual_bytes=0, sections=3)
+    has = {"both": (2, 3), "shallow only": (2,), "deep only": (3,), "neither": ()}[timed]
+    at = lambda d: memory_report(step_time=_step_time(d) if d in has else None)
+    got = depth.extrapolate_report([at(2), at(3)], (2, 3), fit, 0, (10**6, None))
+    if timed != "both":
+        assert got.step_time is None
+        return
+    st = got.step_time
+    assert (st.seconds, st.matmul_seconds, st.kernels) == pytest.approx((5.0, 3.2, 24))
+    assert st.device == "h100" and st.memory_seconds == 1.0

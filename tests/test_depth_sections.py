@@ -7,6 +7,7 @@ import pytest
 
 import remat_kit as rk
 from helpers import memory_report
+from remat_kit.notes import Note
 from remat_kit.sources import _depth as depth
 
 CONFIG = rk.TrainConfig(batch=2, seq=32, optimizer="sgd")
@@ -67,3 +68,32 @@ def test_the_peak_adds_the_line_of_the_copies_bytes_over_their_largest_section(
     assert compiled == list(depth.DEPTHS) == [2, 3]
     assert record["mode"] == "extrapolated" and record["fragmentation_bytes"] == frag
     assert got.peak_bytes == 1000 + 100 * LAYERS + frag
+
+
+def test_the_full_depth_report_words_its_own_notes_and_keeps_the_deepest_copy_s_xla_log(
+    monkeypatch,
+):
+    """A copy's notes are about the copy: the report's own are worded from its figures, and
+    of the copies' only the lines XLA's log printed for the deepest copy are kept (screen 97:
+    _depth.py:463 ``reports[-1]`` read as ``[-2]``, 479 ``==`` as ``!=``, 480's ``notes=``
+    left out)."""
+    compiled = []
+
+    def rows(directory):
+        return [["backward", "before", -1, 1000 + 100 * compiled[-1]]]
+
+    def compile_step(built, dump_to=None):
+        compiled.append(built)
+        notes = (
+            Note("xla_log", {"line": f"XLA's line at {built} layers"}),
+            Note("xla_remat", {"target": "h100-80gb", "saved_bytes": built}),
+        )
+        return memory_report(peak_bytes=1000 + 100 * built, argument_bytes=0, notes=notes)
+
+    monkeypatch.setattr(depth, "_section_rows", rows)
+    pol, sch, t = rk.policy("full"), rk.parse_schedule("none"), rk.target("h100")
+    got, record = depth.by_depth(_Copies(), pol, sch, t, CONFIG, compile_step)
+    assert record["mode"] == "extrapolated" and not got.xla_remat
+    assert [n for n in got.notes if n.kind in ("xla_log", "xla_remat")] == [
+        Note("xla_log", {"line": "XLA's line at 3 layers"})
+    ]

@@ -274,6 +274,8 @@ def extrapolate_report(
             dataclasses.asdict(a.step_time), dataclasses.asdict(b.step_time), da, db, fit.layers
         )
         changes["step_time"] = dataclasses.replace(b.step_time, **st)
+    else:
+        changes["step_time"] = None  # one copy's prediction is not the full step's
     return b.replace(**changes)
 
 
