@@ -679,6 +679,120 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "one-chip entry's grid (v5e-1, v6e-1 (1, 1); tpu7x-2 (1, 1, 1)) is _grid's; a name "
         "outside the table reaches _grid either way",
     ),
+    # Screen 97 (search/_planner.py, sources/_depth.py, targets/_codegen.py).
+    Equivalent(
+        "remat_kit/search/_planner.py",
+        "0 -> 1",
+        "return 0  # nothing traced to bound it with: compile it",
+        "the bound is only compared, `bound > budget`, and plan's budget has passed limit_for, "
+        "which refuses one of 0 or less: a positive int budget is over 0 and over 1 alike",
+    ),
+    Equivalent(
+        "remat_kit/search/_planner.py",
+        "and -> or",
+        "fits=fits and cand.fits,",
+        "with fits True, cand.fits was just set to it (the whole step's verdict); with fits "
+        "False (nothing fits) cand is the smallest of ctx.candidates, none of which fits: a "
+        "fitting one is the solver's best, the fallback's answer or the none returned first",
+    ),
+    Equivalent(
+        "remat_kit/search/_planner.py",
+        "> -> >=",
+        'splits = best is not None and model.n_layers > 1 and w.supports("layers")',
+        "at one layer the solver has no split to try (_solver.solve: ks = [0] unless splits "
+        "and L > 1)",
+    ),
+    Equivalent(
+        "remat_kit/sources/_depth.py",
+        "drop rcond=None",
+        "coef, *_ = np.linalg.lstsq(a, y, rcond=None)",
+        "rcond=None is lstsq's default since numpy 2.0 (the signature here: (a, b, "
+        "rcond=None)), and jax 0.12 needs numpy >= 2.2",
+    ),
+    Equivalent(
+        "remat_kit/sources/_depth.py",
+        "drop strict=True",
+        "for d, copy in zip(DEPTHS, copies, strict=True):",
+        "copies is shallow_copies', one per depth of DEPTHS (a list comprehension over it), "
+        "or None, returned before: the lengths always match",
+    ),
+    Equivalent(
+        "remat_kit/sources/_depth.py",
+        "True -> False",
+        "for d, copy in zip(DEPTHS, copies, strict=True):",
+        "copies is shallow_copies', one per depth of DEPTHS (a list comprehension over it), "
+        "or None, returned before: the lengths always match",
+    ),
+    Equivalent(
+        "remat_kit/sources/_depth.py",
+        "drop strict=True",
+        "for d, r in zip(DEPTHS, reports, strict=True)",
+        "reports gets one report per copy, in the loop over zip(DEPTHS, copies), or the "
+        "function returns first: the lengths always match",
+    ),
+    Equivalent(
+        "remat_kit/sources/_depth.py",
+        "True -> False",
+        "for d, r in zip(DEPTHS, reports, strict=True)",
+        "reports gets one report per copy, in the loop over zip(DEPTHS, copies), or the "
+        "function returns first: the lengths always match",
+    ),
+    Equivalent(
+        "remat_kit/sources/_depth.py",
+        "drop prefix='remat_kit_depth_'",
+        'tempfile.TemporaryDirectory(prefix="remat_kit_depth_") as tmp,',
+        "the dump's directory is read through the `tmp` it yields and removed on the way out; "
+        "nothing looks for it by name",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "0 -> 1",
+        "multiprocessing.util.Finalize(None, remove, exitpriority=0)",
+        "a worker's exit runs every finalizer of priority 0 or more (multiprocessing.util's "
+        "_exit_function: _run_finalizers(0)), in falling priority; remove() reads and "
+        "writes nothing another finalizer does",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "return x -> return None",
+        "return False",
+        "_alive is read once, in remove_kernel_dirs' `and`: None and False are both false",
+        function="_alive",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "1 -> 2",
+        'names = {f.split("=", 1)[0] for f in have.split()}',
+        "only the first piece is read: a second split leaves it as it was",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "1 -> 2",
+        'added = tuple(f for f in PROCESS_FLAGS if f.split("=", 1)[0] not in names)',
+        "only the first piece is read: a second split leaves it as it was",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "16 -> 17",
+        'digest = hashlib.sha256(f"{real}\\n{script}".encode()).hexdigest()[:16]',
+        "the stand-in's directory name: the same inputs give the same name at either length, "
+        "different ones (in 16 hex digits already) different names; nothing reads its length",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "drop prefix='.tmp-'",
+        'tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))',
+        "the building directory is renamed into place or removed; nothing looks for it by "
+        "name (the prefix keeps it from reading as a stand-in's digest in a listing)",
+    ),
+    Equivalent(
+        "remat_kit/targets/_codegen.py",
+        "drop target_is_directory=True",
+        '(tmp / "nvvm").symlink_to(real / "nvvm", target_is_directory=True)',
+        "Path.symlink_to's target_is_directory is read on Windows only (the pathlib docs: "
+        "ignored on other platforms), and the stand-in serves a CUDA compile, which jax "
+        "builds for Linux alone",
+    ),
 )
 
 _COMPARE_SWAP = {

@@ -530,3 +530,40 @@ def test_a_stand_in_is_whole_only_with_a_runnable_ptxas_and_the_real_nvvm(tmp_pa
     exe.chmod(0o644 if broken == "ptxas-not-runnable" else 0o755)
     (d / "nvvm").symlink_to((other if broken == "nvvm-elsewhere" else real) / "nvvm")
     assert codegen._complete(d, real) is (broken is None)
+
+
+@pytest.mark.parametrize(
+    ("environ", "added", "after"),
+    [
+        ({}, codegen.PROCESS_FLAGS, " ".join(codegen.PROCESS_FLAGS)),
+        # The user's value of the same flag stays, whatever it is.
+        (
+            {"XLA_FLAGS": "--xla_gpu_enable_libnvjitlink=true"},
+            (),
+            "--xla_gpu_enable_libnvjitlink=true",
+        ),
+        # Full code generation asked for: nothing added (screen 97: _codegen.py:363's
+        # `return ()` read as `return None`).
+        ({codegen.ENV_FULL: "1", "XLA_FLAGS": "--a=1"}, (), "--a=1"),
+    ],
+    ids=["empty", "the-users-own", "full-codegen"],
+)
+def test_process_flags_are_added_once_and_never_over_the_users(environ, added, after):
+    env = dict(environ)
+    assert codegen.set_process_flags(env) == added
+    assert env["XLA_FLAGS"] == after
+
+
+def test_an_unreadable_temporary_directory_holds_no_kernel_directory(tmp_path, monkeypatch):
+    """Listing the temporary directory fails (a permission, a vanished mount): no kernel
+    directory is found and none removed, without an error (screen 97: _codegen.py:273's
+    ``return []`` read as ``return None``)."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+
+    def refused(self, pattern):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "glob", refused)
+    assert codegen._kernel_dirs() == [] and codegen.remove_kernel_dirs() == []

@@ -97,3 +97,49 @@ def test_the_full_depth_report_words_its_own_notes_and_keeps_the_deepest_copy_s_
     assert [n for n in got.notes if n.kind in ("xla_log", "xla_remat")] == [
         Note("xla_log", {"line": "XLA's line at 3 layers"})
     ]
+
+
+@pytest.mark.parametrize(
+    ("layers", "schedule", "copies"),
+    [
+        (depth.MIN_LAYERS, "none", True),
+        (depth.MIN_LAYERS, "every:2", False),
+        (None, "none", False),
+        (depth.MIN_LAYERS - 1, "none", False),
+    ],
+)
+def test_copies_are_made_only_for_an_unscheduled_stack_of_known_depth(layers, schedule, copies):
+    """A segment schedule changes what a layer holds by its place; an unknown depth or one
+    under MIN_LAYERS has no line to read (screen 97: _depth.py:356, either ``or`` read as
+    ``and``)."""
+    got = depth.shallow_copies(_Copies(layers), rk.parse_schedule(schedule), rk.target("h100"))
+    assert (got is not None) is copies
+    if copies:
+        assert [c.layers for c in got] == list(depth.DEPTHS)
+
+
+@pytest.mark.parametrize(("live_under", "fits"), [(50, False), (150, True)])
+def test_the_verdict_counts_the_copies_bytes_over_their_sections(monkeypatch, live_under, fits):
+    """At 8 layers the sections' line is ``live_under`` bytes under the H100's usable memory
+    and every copy peaks 100 bytes over its largest section: 50 under does not fit, and the
+    report says the fraction that would, read at the whole peak (screen 97: _depth.py:473's
+    ``+ frag`` read as ``- frag``)."""
+    t = rk.target("h100")
+    base = t.usable_bytes - live_under - 100 * LAYERS
+    compiled = []
+
+    def rows(directory):
+        return [["backward", "before", -1, base + 100 * compiled[-1]]]
+
+    def compile_step(built, dump_to=None):
+        compiled.append(built)
+        return memory_report(peak_bytes=base + 100 * built + 100, argument_bytes=0)
+
+    monkeypatch.setattr(depth, "_section_rows", rows)
+    got, record = depth.by_depth(
+        _Copies(), rk.policy("full"), rk.parse_schedule("none"), t, CONFIG, compile_step
+    )
+    assert record["fragmentation_bytes"] == 100
+    assert got.peak_bytes == t.usable_bytes - live_under + 100
+    assert got.fits_with_fraction == (None if fits else t.fraction_to_fit(got.peak_bytes))
+    assert got.fits_with_fraction is None or got.fits_with_fraction > t.mem_fraction

@@ -3955,3 +3955,14 @@ def test_a_source_that_cannot_build_a_layer_split_is_never_planned_one():
     p = rk.plan(w, 1, budget, objective="flops")
     assert all(c.schedule == "none" for c in p.candidates if c.label.startswith("solver"))
     assert p.overhead == pytest.approx(_brute_force(tags, budget, layers=4), abs=1e-9)
+
+
+def test_a_plans_seconds_are_its_own_on_a_clock_that_does_not_start_at_zero(monkeypatch):
+    """On a clock at 10^6 s that moves 1 s a read, the plan took the reads between its start
+    and its answer, not the clock's reading (screen 97: _planner.py:382 ``-`` read as ``+``)."""
+    from remat_kit.search import _planner
+
+    ticks = itertools.count(10**6)
+    monkeypatch.setattr(_planner.time, "perf_counter", lambda: float(next(ticks)))
+    p = rk.plan(fake3(), 1, FIXED + 1600 - 300, offload=False, objective="flops")
+    assert 1.0 <= p.seconds < 1000.0
