@@ -793,6 +793,21 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "ignored on other platforms), and the stand-in serves a CUDA compile, which jax "
         "builds for Linux alone",
     ),
+    Equivalent(
+        "remat_kit/search/_planner.py",
+        "return x -> return None",
+        "return False  # two or three levels of segments over under four layers: every:2 again",
+        "_fits_depth is read once, in _segment_fallback's `if ... and`: None and False are both "
+        "false",
+    ),
+    Equivalent(
+        "remat_kit/search/_planner.py",
+        "return x -> return None",
+        "return False",
+        "_fits_depth is read once, in _segment_fallback's `if ... and`: None and False are both "
+        "false",
+        function="_fits_depth",
+    ),
 )
 
 _COMPARE_SWAP = {

@@ -143,3 +143,19 @@ def test_the_verdict_counts_the_copies_bytes_over_their_sections(monkeypatch, li
     assert got.peak_bytes == t.usable_bytes - live_under + 100
     assert got.fits_with_fraction == (None if fits else t.fraction_to_fit(got.peak_bytes))
     assert got.fits_with_fraction is None or got.fits_with_fraction > t.mem_fraction
+
+
+def test_the_copies_sections_kept_in_the_cache_are_keyed_by_the_code_that_read_them(
+    monkeypatch,
+):
+    """Sections read by another version of the peak package are not read back: the key's code
+    part moves with that package's code (screen 97: _depth.py:493's key read as None, one key
+    for every version)."""
+    here = depth._sections_code()
+    real = depth.cache.code_fingerprint
+    monkeypatch.setattr(
+        depth.cache,
+        "code_fingerprint",
+        lambda package: "another version" if package == "remat_kit.peak" else real(package),
+    )
+    assert isinstance(here, str) and depth._sections_code() not in (here, None)
