@@ -494,9 +494,10 @@ def test_a_model_that_says_nothing_fits_is_calibrated_on_its_smallest_point_and_
     assert [c.label for c in p.candidates] == ["none", "smallest", "solver 2"]
     assert p.source == "solver"
     assert p.fits and p.overhead == pytest.approx(_brute_force(TAGS3, budget, 0), abs=1e-9)
-    # Proven: the plan's own objective, a bound not above it, no gap (screen 97: the proof's
-    # `objective=`, `bound=` and `gap=0.0` left out: the last program's, here HiGHS's bound
-    # within its tolerance under the objective).
+    # Proven: the plan's own objective, a bound not above it, no gap. (Screen 97's mutants
+    # that leave the proof's `objective=`, `bound=` or `gap=0.0` out still live: here the
+    # last program's figures are the plan's; telling them apart needs a proof whose last
+    # program found a dearer assignment.)
     s = p.solver
     assert s.optimal and s.gap == 0.0 and s.objective == pytest.approx(p.overhead, abs=1e-12)
     assert s.bound <= s.objective
