@@ -929,3 +929,21 @@ def test_the_best_of_a_timed_run_keeps_running_for_its_budget(monkeypatch):
 
     assert _model._best(fn, jnp.zeros(2), 20.0) == 1.0
     assert len(calls) == 9
+
+
+def test_a_machine_whose_counts_show_nothing_has_no_alu_or_fresh_page_rate(monkeypatch):
+    """Random bits whose kernels count no operations, and a fill of new pages no slower than
+    the write in place: no rate is measured, 0, which step_time reads as "not priced" (not as
+    1 op or 1 byte a second). (Seed-97 mutant _model.py:440 ``else 0.0 -> 1.0``; its twin at
+    the fresh-page rate, 433.)"""
+    import remat_kit.xla
+    from remat_kit.timing import _model
+
+    monkeypatch.setattr(remat_kit.xla, "kernels_of", lambda text: [])
+    # The update (its argument None) 0.25 s; every other timed run, the fill's included,
+    # 0.125 s: what the update's bandwidth takes to write 256 MiB, to the last bit.
+    monkeypatch.setattr(_model, "_best", lambda fn, x, budget: 0.25 if x is None else 0.125)
+    monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
+    s = _model.measure_cpu_speed(0.2)
+    assert (s.alu_ops, s.fresh_bytes_per_s) == (0.0, 0.0)
+    assert s.sources[0].endswith("fresh pages 0.0 GB/s, random bits 0.0 Gop/s")
