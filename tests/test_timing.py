@@ -947,3 +947,55 @@ def test_a_machine_whose_counts_show_nothing_has_no_alu_or_fresh_page_rate(monke
     s = _model.measure_cpu_speed(0.2)
     assert (s.alu_ops, s.fresh_bytes_per_s) == (0.0, 0.0)
     assert s.sources[0].endswith("fresh pages 0.0 GB/s, random bits 0.0 Gop/s")
+
+
+def _timed(seconds=2.0, model_flops=1e15, peak_flops=1e15, **fields):
+    """A StepTime by hand: ``seconds`` all in matmuls."""
+    from remat_kit.timing import StepTime
+
+    values = dict(
+        seconds=seconds,
+        matmul_seconds=seconds,
+        attention_seconds=0.0,
+        memory_seconds=0.0,
+        collective_seconds=0.0,
+        collective_hidden_seconds=0.0,
+        transfer_seconds=0.0,
+        launch_seconds=0.0,
+        recompute_seconds=0.0,
+        model_flops=model_flops,
+        flops=model_flops,
+        kernels=1,
+        device="h100",
+        peak_flops=peak_flops,
+    )
+    return StepTime(**{**values, **fields})
+
+
+@pytest.mark.parametrize(
+    ("seconds", "model_flops", "peak_flops", "mfu"),
+    [
+        (2.0, 1e15, 1e15, 0.5),
+        (0.5, 2.5e14, 1e15, 0.5),  # under a second: still model FLOPs a second over the peak
+        (0.5, 0.25, 1.0, 0.5),  # a peak of one FLOP a second is a peak
+        (0.0, 1e15, 1e15, 0.0),  # no time, no rate: 0, not a division by zero
+        (2.0, 1e15, 0.0, 0.0),
+    ],
+)
+def test_mfu_is_model_flops_a_second_over_the_peak(seconds, model_flops, peak_flops, mfu):
+    """By hand; 0 where a rate cannot be read (screen 97: _model.py:106, `<= 0` read as
+    `<= 1`)."""
+    assert _timed(seconds, model_flops, peak_flops).mfu == pytest.approx(mfu)
+
+
+def test_a_step_time_saved_before_contention_was_counted_reads_back_with_none():
+    """A step time written before ``contention_seconds`` existed (an older cache entry or
+    results file) reads back with none, and its split still adds up to its seconds (screen
+    97: _model.py:97's default 0.0 read as 1.0)."""
+    from remat_kit.timing import StepTime
+
+    old = _timed().to_dict()
+    del old["contention_seconds"]
+    back = StepTime.from_dict(old)
+    assert back.contention_seconds == 0.0
+    assert sum(back.split().values()) == pytest.approx(back.seconds)
