@@ -815,6 +815,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "var's result is never read: its five calls are statements, and the columns are found "
         "through `index` (seed 97)",
     ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "0.0 -> 1.0",
+        "forward = (compute - recomputed) / 3 / compute if compute > 0 else 0.0",
+        "forward is read only as free * forward, and step_time's free is max(0, compute - "
+        "...): with no compute there is no free compute either, so ahead is 0 whatever the "
+        "fraction",
+    ),
 )
 
 _COMPARE_SWAP = {

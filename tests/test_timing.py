@@ -852,7 +852,8 @@ def test_a_loop_program_without_a_memory_loop_leaves_the_others_their_rates(monk
     # The first of the three loop programs compiles to no memory-bound loop here (a product
     # only): it gives no rate, and the two after it still do. Every timed run takes 0.5 s; the
     # kernels are made by hand, so each rate is its program's memory bytes over 0.5 s, keyed by
-    # the largest loop's kind: 2 x 1000 + 500 bytes (one thread, strided) and 4000 (4 threads).
+    # the largest loop's kind: 2 x 1000 + 500 bytes (one thread, strided) and 4000 (two
+    # threads: threaded from two up; screen 97: _model.py:509's `parts > 1` read as `> 2`).
     import remat_kit.xla
     from remat_kit.timing import _model
 
@@ -863,7 +864,7 @@ def test_a_loop_program_without_a_memory_loop_leaves_the_others_their_rates(monk
         [
             [Kernel("gemm", 1, 2.0, 64)],
             [loop(1000, 2, 1, True), loop(500, 1, 1, False)],
-            [loop(4000, 1, 4, True)],
+            [loop(4000, 1, 2, True)],
         ]
     )
     monkeypatch.setattr(remat_kit.xla, "kernels_of", lambda text: next(kernels))
@@ -999,3 +1000,54 @@ def test_a_step_time_saved_before_contention_was_counted_reads_back_with_none():
     back = StepTime.from_dict(old)
     assert back.contention_seconds == 0.0
     assert sum(back.split().values()) == pytest.approx(back.seconds)
+
+
+@pytest.mark.parametrize(
+    ("group", "run", "stride", "domain", "members"),
+    [
+        (1, 0, 0, 8, 1),  # a collective over one device has one member in its domain
+        (0, 0, 0, 8, 1),  # a group read as none is one device
+        (16, 0, 0, 8, 8),  # one block of 16 ids: the domain's 8
+        (4, 0, 0, 8, 4),
+        (8, 2, 4, 8, 4),  # runs of 2, every 4th id: 2 runs of 2 in ids 0-7
+    ],
+)
+def test_the_members_of_a_group_in_one_nvlink_domain_by_hand(group, run, stride, domain, members):
+    """(Screen 97: _model.py:350's ``max(1, k.group)`` read as ``max(2, ...)`` counted a
+    one-device group as two.)"""
+    from remat_kit.timing import _model
+
+    k = Kernel("collective", 1, 0.0, 64, group=group, run=run, stride=stride)
+    assert _model._in_one_domain(k, domain) == members
+
+
+def test_a_cpu_whose_count_is_unknown_is_measured_as_one_unit(monkeypatch):
+    """``os.cpu_count()`` may answer None: one unit (screen 97: _model.py:452's ``or 1`` read
+    as ``or 2``)."""
+    from remat_kit.timing import _model
+
+    monkeypatch.setattr(_model, "_best", lambda fn, x, budget: 0.25)
+    monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
+    monkeypatch.setattr(_model.os, "cpu_count", lambda: None)
+    assert _model.measure_cpu_speed(0.2).units == 1
+
+
+def test_the_memory_rates_divide_the_bytes_their_programs_move(monkeypatch):
+    """The in-place update reads and writes the buffer the fill then writes afresh: both rates
+    are over that buffer's bytes, as big as it is (every timed run 0.25 s; the update's
+    argument is None, the fill's the buffer)."""
+    from remat_kit.timing import _model
+
+    filled = []
+
+    def best(fn, x, budget):
+        if x is not None and getattr(x, "ndim", 0) == 1 and x.size > 8:
+            filled.append(x.nbytes)
+        return 0.25
+
+    monkeypatch.setattr(_model, "_best", best)
+    monkeypatch.setattr(_model, "_loop_rates", lambda budget: ())
+    s = _model.measure_cpu_speed(0.2)
+    (nbytes,) = filled
+    assert s.memory_bandwidth == pytest.approx(2 * nbytes / 0.25)
+    assert s.fresh_bytes_per_s == pytest.approx(nbytes / (0.25 - nbytes / s.memory_bandwidth))

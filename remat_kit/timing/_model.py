@@ -417,14 +417,14 @@ def measure_cpu_speed(seconds: float = 2.0) -> Speed:
         rates[dtype] = 2.0 * n**3 / _best(product, a, budget / 2)
     flops = rates[jnp.bfloat16]
 
+    size = 256 * 2**20  # the bytes the update and the fill move: one number for both
     update = jax.jit(lambda x: x * 1.0001 + 1.0, donate_argnums=0)
-    state = {"x": jax.device_put(jnp.ones((64 * 2**20,), jnp.float32), cpu)}  # 256 MiB
+    state = {"x": jax.device_put(jnp.ones((size // 4,), jnp.float32), cpu)}
 
     def step(_: Any) -> Any:
         state["x"] = update(state["x"])
         return state["x"]
 
-    size = 256 * 2**20
     bandwidth = 2 * size / _best(step, None, budget)
     # The same bytes written into a new output each call: the allocator maps fresh pages
     # (glibc serves blocks this large from mmap), so the write also faults every page in.
