@@ -823,6 +823,21 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "...): with no compute there is no free compute either, so ahead is 0 whatever the "
         "fraction",
     ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        ">= -> >",
+        "if run >= domain:",
+        "at run == domain the next lines give the same: with no stride, or one of at least the "
+        "run (runs of consecutive ids start a run or more apart), min(run, n) is domain (run "
+        "<= n); a stride under the run would make runs overlap, which no group has",
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        ">= -> >",
+        "if not k.stride or k.stride >= domain:",
+        "at stride == domain the last line's run * (domain // stride) is run: min(n, run) "
+        "either way",
+    ),
 )
 
 _COMPARE_SWAP = {
