@@ -343,6 +343,13 @@ class Equivalent:
     function: str = ""  # the def it is in, where the line's text is not unique in the file
 
 
+#: Why a constant or sign of the CPU benchmark's programs changes nothing it measures.
+_BENCHMARK_ARITHMETIC = (
+    "the CPU benchmark's arithmetic: the same elementwise loop over the same bytes (XLA:CPU "
+    "compiles one fusion whatever the constant or the sign), and the rate is those bytes "
+    "over its time"
+)
+
 #: Mutants that survive because nothing can tell them apart, each with its proof. The kill
 #: rates leave them out of the count (killed / (mutants - equivalent)), the usual mutation
 #: score; the tables show them with their reasons.
@@ -837,6 +844,43 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "if not k.stride or k.stride >= domain:",
         "at stride == domain the last line's run * (domain // stride) is run: min(n, run) "
         "either way",
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "2.0 -> 3.0",
+        "fill = jax.jit(lambda x: jnp.full_like(x, 2.0))",
+        _BENCHMARK_ARITHMETIC,
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "0 -> 1",
+        "key = jax.random.key(0)",
+        _BENCHMARK_ARITHMETIC,
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "+ -> -",
+        "overhead = _best(jax.jit(lambda x: x + 1.0), tiny, budget)",
+        _BENCHMARK_ARITHMETIC,
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "1.0 -> 2.0",
+        "overhead = _best(jax.jit(lambda x: x + 1.0), tiny, budget)",
+        _BENCHMARK_ARITHMETIC,
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "+ -> -",
+        "(lambda b, u: b + u.T, (n, n)),",
+        _BENCHMARK_ARITHMETIC,
+    ),
+    Equivalent(
+        "remat_kit/timing/_model.py",
+        "0 -> 1",
+        "if not k.m or not k.n or units <= 0:",
+        "with one unit the waves' ratio is ceil(tiles / 1) * 1 / tiles = 1.0, the value the "
+        "early return gives",
     ),
 )
 

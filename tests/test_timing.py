@@ -856,7 +856,9 @@ def test_a_loop_program_without_a_memory_loop_leaves_the_others_their_rates(monk
     # The first of the three loop programs compiles to no memory-bound loop here (a product
     # only): it gives no rate, and the two after it still do. Every timed run takes 0.5 s; the
     # kernels are made by hand, so each rate is its program's memory bytes over 0.5 s, keyed by
-    # the largest loop's kind: 2 x 1000 + 500 bytes (one thread, strided) and 4000 (two
+    # the kind of the loop moving the most (launches times bytes: 2 x 1000 over 1 x 1500; by
+    # bytes a launch it would be the other, screen 97: _model.py:502 `*` read as `/`):
+    # 2 x 1000 + 1500 bytes (one thread, strided) and 4000 (two
     # threads: threaded from two up; screen 97: _model.py:509's `parts > 1` read as `> 2`).
     import remat_kit.xla
     from remat_kit.timing import _model
@@ -867,7 +869,7 @@ def test_a_loop_program_without_a_memory_loop_leaves_the_others_their_rates(monk
     kernels = iter(
         [
             [Kernel("gemm", 1, 2.0, 64)],
-            [loop(1000, 2, 1, True), loop(500, 1, 1, False)],
+            [loop(1000, 2, 1, True), loop(1500, 1, 1, False)],
             [loop(4000, 1, 2, True)],
         ]
     )
@@ -880,7 +882,7 @@ def test_a_loop_program_without_a_memory_loop_leaves_the_others_their_rates(monk
     for name in ("ones", "zeros"):
         monkeypatch.setattr(jnp, name, small(getattr(jnp, name)))
     got = _model._loop_rates(0.3)
-    assert got == ((False, True, 2500 / 0.5), (True, True, 4000 / 0.5))
+    assert got == ((False, True, 3500 / 0.5), (True, True, 4000 / 0.5))
 
 
 # (slice, its grid of chips, the group, the torus axes its ring spans): a group fills the
