@@ -83,12 +83,12 @@ def memory_report(target: str | None = "h100", **fields):
     return rk.MemoryReport(**values)
 
 
-def step_time(seconds: float):
+def step_time(seconds: float, **fields):
     """A predicted step time of ``seconds``, all of it matmul at half a 2 TFLOP/s peak (the
-    fakes read only ``seconds``)."""
+    fakes read only ``seconds``); any field may be given."""
     from remat_kit.timing import StepTime
 
-    return StepTime(
+    values = dict(
         seconds=seconds,
         matmul_seconds=seconds,
         attention_seconds=0.0,
@@ -104,6 +104,8 @@ def step_time(seconds: float):
         device="fake",
         peak_flops=2e12,
     )
+    values.update(fields)
+    return StepTime(**values)
 
 
 def axis_groups(mesh, axis: str) -> set:

@@ -14,7 +14,7 @@ import jax
 import pytest
 
 import remat_kit as rk
-from helpers import memory_report
+from helpers import memory_report, step_time
 from remat_kit import cache, sources
 from remat_kit.errors import BadValue
 from remat_kit.peak import Section
@@ -666,16 +666,11 @@ def test_copies_off_their_lines_by_more_than_half_a_percent_of_the_peak_are_not_
 
 def _step_time(d):
     """A copy's predicted step time at ``d`` layers: 1 s + 0.5 s a layer, 3 kernels a layer."""
-    return rk.timing.StepTime(
-        seconds=1.0 + 0.5 * d,
+    return step_time(
+        1.0 + 0.5 * d,
         matmul_seconds=0.4 * d,
         attention_seconds=0.1 * d,
         memory_seconds=1.0,
-        collective_seconds=0.0,
-        collective_hidden_seconds=0.0,
-        transfer_seconds=0.0,
-        launch_seconds=0.0,
-        recompute_seconds=0.0,
         model_flops=6.0 * d,
         flops=6.0 * d,
         kernels=3 * d,

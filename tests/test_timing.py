@@ -956,27 +956,11 @@ def test_a_machine_whose_counts_show_nothing_has_no_alu_or_fresh_page_rate(monke
     assert s.sources[0].endswith("fresh pages 0.0 GB/s, random bits 0.0 Gop/s")
 
 
-def _timed(seconds=2.0, model_flops=1e15, peak_flops=1e15, **fields):
+def _timed(seconds=2.0, model_flops=1e15, peak_flops=1e15):
     """A StepTime by hand: ``seconds`` all in matmuls."""
-    from remat_kit.timing import StepTime
+    from helpers import step_time as made
 
-    values = dict(
-        seconds=seconds,
-        matmul_seconds=seconds,
-        attention_seconds=0.0,
-        memory_seconds=0.0,
-        collective_seconds=0.0,
-        collective_hidden_seconds=0.0,
-        transfer_seconds=0.0,
-        launch_seconds=0.0,
-        recompute_seconds=0.0,
-        model_flops=model_flops,
-        flops=model_flops,
-        kernels=1,
-        device="h100",
-        peak_flops=peak_flops,
-    )
-    return StepTime(**{**values, **fields})
+    return made(seconds, model_flops=model_flops, flops=model_flops, peak_flops=peak_flops)
 
 
 @pytest.mark.parametrize(
