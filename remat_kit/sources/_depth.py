@@ -226,7 +226,8 @@ def extrapolate_report(
 ) -> MemoryReport:
     """The full-depth report from two shallow copies' reports and the peak's fit.
 
-    Affine figures come from the line through the two copies; the peak from ``fit`` plus
+    Affine figures come from the line through the two copies (the predicted step time too,
+    where both copies have one; else none); the peak from ``fit`` plus
     ``fragmentation_bytes``; temp bytes are what the peak leaves after the arguments,
     outputs and aliases. XLA's own peak is absent (no compile made it).
 
