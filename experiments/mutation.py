@@ -882,6 +882,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "with one unit the waves' ratio is ceil(tiles / 1) * 1 / tiles = 1.0, the value the "
         "early return gives",
     ),
+    Equivalent(
+        "remat_kit/search/_throughput.py",
+        "break -> continue",
+        "break",
+        "once fitted == enough nothing after the check runs, so it stays true and continue "
+        "skips every pair left as break does; both callers pass lists (candidates(), rest), "
+        "so no lazy iterable is drained (seed 98)",
+        function="_rows",
+    ),
 )
 
 _COMPARE_SWAP = {

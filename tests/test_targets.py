@@ -1000,3 +1000,10 @@ def test_a_slop_factor_on_a_device_that_is_not_a_gpu_is_refused(name):
     assert t.compute_capability is None
     with pytest.raises(rk.errors.BadValue, match=f"GPU targets, not '{t.name}'"):
         t.with_slop_factor(50)
+
+
+@pytest.mark.parametrize("name", ["cpu", "v5e", "v6e"])
+def test_cudnn_attention_is_never_offered_where_no_nvidia_gpu_is(name):
+    """A CPU, and a TPU, which names no compute capability: no cuDNN (seed-98 mutant
+    _named.py:186 ``or`` read as ``and`` read a TPU's missing capability as a tuple)."""
+    assert rk.cudnn_attention_available(rk.target(name)) is False
