@@ -36,6 +36,25 @@ class _Copies:
         return self.layers
 
 
+def _by_hand(monkeypatch, live, peak, others=(), notes=lambda d: (), t=None):
+    """``by_depth`` over ``_Copies`` on compiles made by hand: at ``d`` layers the backward
+    pass's start holds ``live(d)`` bytes (beside the ``others`` rows), the compiled peak is
+    ``peak(d)`` with ``notes(d)``. Returns (report, record, the depths compiled)."""
+    compiled = []
+
+    def rows(directory):
+        return [["backward", "before", -1, live(compiled[-1])], *others]
+
+    def compile_step(built, dump_to=None):
+        compiled.append(built)
+        return memory_report(peak_bytes=peak(built), argument_bytes=0, notes=notes(built))
+
+    monkeypatch.setattr(depth, "_section_rows", rows)
+    pol, sch = rk.policy("full"), rk.parse_schedule("none")
+    got, record = depth.by_depth(_Copies(), pol, sch, t or rk.target("h100"), CONFIG, compile_step)
+    return got, record, compiled
+
+
 @pytest.mark.parametrize(
     ("over", "frag"),
     [
@@ -53,18 +72,9 @@ def test_the_peak_adds_the_line_of_the_copies_bytes_over_their_largest_section(
 ):
     # At d layers the largest section holds 1000 + 100 d bytes live and the compiled peak is
     # over[d] bytes above it (reserved but free): 1800 live at 8 layers, and ``frag`` more.
-    compiled = []
-
-    def rows(directory):
-        return [["backward", "before", -1, 1000 + 100 * compiled[-1]], *others]
-
-    def compile_step(built, dump_to=None):
-        compiled.append(built)
-        return memory_report(peak_bytes=1000 + 100 * built + over[built], argument_bytes=0)
-
-    monkeypatch.setattr(depth, "_section_rows", rows)
-    pol, sch, t = rk.policy("full"), rk.parse_schedule("none"), rk.target("h100")
-    got, record = depth.by_depth(_Copies(), pol, sch, t, CONFIG, compile_step)
+    got, record, compiled = _by_hand(
+        monkeypatch, lambda d: 1000 + 100 * d, lambda d: 1000 + 100 * d + over[d], others
+    )
     assert compiled == list(depth.DEPTHS) == [2, 3]
     assert record["mode"] == "extrapolated" and record["fragmentation_bytes"] == frag
     assert got.peak_bytes == 1000 + 100 * LAYERS + frag
@@ -77,22 +87,15 @@ def test_the_full_depth_report_words_its_own_notes_and_keeps_the_deepest_copy_s_
     of the copies' only the lines XLA's log printed for the deepest copy are kept (screen 97:
     _depth.py:463 ``reports[-1]`` read as ``[-2]``, 479 ``==`` as ``!=``, 480's ``notes=``
     left out)."""
-    compiled = []
 
-    def rows(directory):
-        return [["backward", "before", -1, 1000 + 100 * compiled[-1]]]
-
-    def compile_step(built, dump_to=None):
-        compiled.append(built)
-        notes = (
-            Note("xla_log", {"line": f"XLA's line at {built} layers"}),
-            Note("xla_remat", {"target": "h100-80gb", "saved_bytes": built}),
+    def notes(d):
+        return (
+            Note("xla_log", {"line": f"XLA's line at {d} layers"}),
+            Note("xla_remat", {"target": "h100-80gb", "saved_bytes": d}),
         )
-        return memory_report(peak_bytes=1000 + 100 * built, argument_bytes=0, notes=notes)
 
-    monkeypatch.setattr(depth, "_section_rows", rows)
-    pol, sch, t = rk.policy("full"), rk.parse_schedule("none"), rk.target("h100")
-    got, record = depth.by_depth(_Copies(), pol, sch, t, CONFIG, compile_step)
+    line = lambda d: 1000 + 100 * d
+    got, record, _ = _by_hand(monkeypatch, line, line, notes=notes)
     assert record["mode"] == "extrapolated" and not got.xla_remat
     assert [n for n in got.notes if n.kind in ("xla_log", "xla_remat")] == [
         Note("xla_log", {"line": "XLA's line at 3 layers"})
@@ -126,18 +129,8 @@ def test_the_verdict_counts_the_copies_bytes_over_their_sections(monkeypatch, li
     ``+ frag`` read as ``- frag``)."""
     t = rk.target("h100")
     base = t.usable_bytes - live_under - 100 * LAYERS
-    compiled = []
-
-    def rows(directory):
-        return [["backward", "before", -1, base + 100 * compiled[-1]]]
-
-    def compile_step(built, dump_to=None):
-        compiled.append(built)
-        return memory_report(peak_bytes=base + 100 * built + 100, argument_bytes=0)
-
-    monkeypatch.setattr(depth, "_section_rows", rows)
-    got, record = depth.by_depth(
-        _Copies(), rk.policy("full"), rk.parse_schedule("none"), t, CONFIG, compile_step
+    got, record, _ = _by_hand(
+        monkeypatch, lambda d: base + 100 * d, lambda d: base + 100 * d + 100, t=t
     )
     assert record["fragmentation_bytes"] == 100
     assert got.peak_bytes == t.usable_bytes - live_under + 100
