@@ -79,8 +79,10 @@ def _drawn() -> set[tuple[str, int, str]]:
 
 def _mutants(files: list[str], again: Path | None) -> list[mu.Mutant]:
     if again is not None:
+        # A survivor is found again by its mutated line's text, not its number: a test or a
+        # fix that adds lines above it must not drop it from the rerun.
         rows = json.loads(again.read_text())["mutants"]
-        keep = {(r["path"], r["line"], r["change"]) for r in rows if r["status"] == "survived"}
+        keep = {(r["path"], r["change"], r["diff"]) for r in rows if r["status"] == "survived"}
         files = sorted({p for p, _, _ in keep})
     else:
         keep = None
@@ -88,10 +90,9 @@ def _mutants(files: list[str], again: Path | None) -> list[mu.Mutant]:
     out = []
     for group in mu.MODULES:
         for m in mu.candidates(group, ROOT):
-            key = (m.path, m.line, m.change)
-            if m.path not in files or (keep is None and key in drawn):
+            if m.path not in files or (keep is None and (m.path, m.line, m.change) in drawn):
                 continue
-            if keep is not None and key not in keep:
+            if keep is not None and (m.path, m.change, mu._diff_line(m, ROOT)) not in keep:
                 continue
             if mu.judged(m, ROOT) is None and mu._apply_text(m, ROOT) is not None:
                 out.append(m)
