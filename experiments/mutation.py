@@ -891,6 +891,22 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         "so no lazy iterable is drained (seed 98)",
         function="_rows",
     ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
+        "> -> >=",
+        'elif toward == "up" and hi - lo > 2 * stride:',
+        "with hi - lo == 2 * stride the gallop's guess lo + stride is the midpoint (lo + hi) "
+        "// 2; the bracket left is at most stride wide, under 2 * (2 * stride), so every "
+        "later step bisects whether toward is kept or cleared (seed 99)",
+    ),
+    Equivalent(
+        "remat_kit/search/_boundary.py",
+        "> -> >=",
+        'elif toward == "down" and hi - lo > 2 * stride:',
+        "with hi - lo == 2 * stride the gallop's guess hi - stride is the midpoint (lo + hi) "
+        "// 2; the bracket left is at most stride wide, under 2 * (2 * stride), so every "
+        "later step bisects whether toward is kept or cleared (seed 99)",
+    ),
 )
 
 _COMPARE_SWAP = {

@@ -634,6 +634,15 @@ def test_cpu_target():
         too_many.mesh()
 
 
+def test_a_cpu_target_on_a_gpu_machine_meshes_the_cpu(monkeypatch):
+    """Where jax's default platform is a GPU (a stand-in here), ``cpu`` still means the host's
+    devices: its mesh asks jax for the CPU platform by name (seed-99 mutant _core.py:223)."""
+    t = rkt.target("cpu")
+    cpus, gpu = jax.devices("cpu"), types.SimpleNamespace(platform="gpu", id=0)
+    monkeypatch.setattr(jax, "devices", lambda backend=None: cpus if backend == "cpu" else [gpu])
+    assert t.mesh().devices.flat[0] == cpus[0]
+
+
 def test_local_target_is_jax_default_device():
     t = rkt.target("local")
     dev = jax.devices()[0]
