@@ -9,7 +9,7 @@ import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
-from helpers import loss_and_grads, on_both_layouts, tokens
+from helpers import loss_and_grads, losses_and_grads, on_both_layouts, tokens
 
 # The *ragged* policies act only on grouped expert GEMMs, which dense models have none of:
 # their gradients and what they keep are tested on MoE models (test_ragged.py).
@@ -40,11 +40,20 @@ def _setup(model: str, scan: bool):
     return cfg, toks, params, loss_and_grads(cfg, params, toks)
 
 
+@functools.cache
+def _gradients(model: str, scan: bool) -> dict:
+    # The gradient cases of one model and layout, compiled as one program (helpers).
+    cfg, toks, params, _ = _setup(model, scan)
+    cases = [c.values[0] for c in GRADIENT_CASES if c.values[1:] == (model, scan)]
+    got = losses_and_grads([cfg.replace(policy=p) for p in cases], params, toks)
+    return dict(zip(cases, got, strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("policy", "model", "scan"), GRADIENT_CASES)
 def test_policy_keeps_gradients(policy, model, scan):
-    cfg, toks, params, (ref_loss, ref_grads) = _setup(model, scan)
-    loss, grads = loss_and_grads(cfg.replace(policy=policy), params, toks)
+    _, _, _, (ref_loss, ref_grads) = _setup(model, scan)
+    loss, grads = _gradients(model, scan)[policy]
     chex.assert_trees_all_close(loss, ref_loss, rtol=1e-6)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
 

@@ -13,7 +13,7 @@ import pytest
 import remat_kit as rk
 import remat_kit_models as models
 import remat_kit_models.hf
-from helpers import loss_and_grads, tokens
+from helpers import loss_and_grads, losses_and_grads, tokens
 from remat_kit.errors import BadValue
 from remat_kit_models.spec import PresetSpec
 
@@ -314,21 +314,31 @@ def test_ragged_and_capacity_agree_without_drops():
     chex.assert_trees_all_close(grads_c, grads_r, **F32)
 
 
+GRADIENT_CASES = [
+    ("full", True),
+    ("minimal", True),
+    ("names:save=moe_mlpwo+router_logits", True),
+    ("minimal", False),  # unrolled: one policy is enough to see the layout work
+]
+
+
+@functools.cache
+def _gradients(impl: str, scan: bool) -> dict:
+    # The gradient cases of one path and layout, compiled as one program (helpers).
+    cfg, toks, params, _ = _setup(impl, scan, router_aux_loss_coef=0.05)
+    cases = [policy for policy, layout in GRADIENT_CASES if layout == scan]
+    got = losses_and_grads([cfg.replace(policy=p) for p in cases], params, toks)
+    return dict(zip(cases, got, strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("policy", "scan"),
-    [
-        ("full", True),
-        ("minimal", True),
-        ("names:save=moe_mlpwo+router_logits", True),
-        ("minimal", False),  # unrolled: one policy is enough to see the layout work
-    ],
-    ids=["full", "minimal", "names", "minimal-unrolled"],
+    ("policy", "scan"), GRADIENT_CASES, ids=["full", "minimal", "names", "minimal-unrolled"]
 )
 @pytest.mark.parametrize("impl", ["ragged", "capacity"])
 def test_policy_keeps_gradients(policy, impl, scan):
-    cfg, toks, params, (ref_loss, ref_grads) = _setup(impl, scan, router_aux_loss_coef=0.05)
-    loss, grads = loss_and_grads(cfg.replace(policy=policy), params, toks)
+    _, _, _, (ref_loss, ref_grads) = _setup(impl, scan, router_aux_loss_coef=0.05)
+    loss, grads = _gradients(impl, scan)[policy]
     chex.assert_trees_all_close(loss, ref_loss, rtol=1e-6)
     chex.assert_trees_all_close(grads, ref_grads, rtol=1e-5, atol=1e-6)
 

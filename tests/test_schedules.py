@@ -9,7 +9,7 @@ import pytest
 
 import remat_kit as rk
 import remat_kit_models as models
-from helpers import loss_and_grads, on_both_layouts, tokens
+from helpers import loss_and_grads, losses_and_grads, on_both_layouts, tokens
 from remat_kit import checks
 
 SCHEDULES = ["every:2", "every:3", "sqrt", "nested:2", "nested:3", "layers:0-1=full,rest=minimal"]
@@ -31,13 +31,21 @@ def _setup(model, scan):
     return cfg, toks, params, key, loss_and_grads(cfg, params, toks, dropout_key=key)
 
 
+@functools.cache
+def _gradients(model: str, scan: bool) -> dict:
+    # The gradient cases of one model and layout, compiled as one program (helpers).
+    cfg, toks, params, key, _ = _setup(model, scan)
+    cases = [c.values[0] for c in GRADIENT_CASES if c.values[1:] == (model, scan)]
+    configs = [cfg.replace(schedule=s, policy="minimal") for s in cases]
+    got = losses_and_grads(configs, params, toks, dropout_key=key)
+    return dict(zip(cases, got, strict=True))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("schedule", "model", "scan"), GRADIENT_CASES)
 def test_schedule_keeps_gradients(schedule, model, scan):
-    cfg, toks, params, key, ref = _setup(model, scan)
-    got = loss_and_grads(
-        cfg.replace(schedule=schedule, policy="minimal"), params, toks, dropout_key=key
-    )
+    ref = _setup(model, scan)[-1]
+    got = _gradients(model, scan)[schedule]
     chex.assert_trees_all_close(got, ref, rtol=1e-5, atol=1e-6)
 
 
