@@ -46,17 +46,26 @@ def _key(seed: int) -> jax.Array:
 
 
 @functools.cache
-def _grad_fn(policy: str, scan: bool):
-    # One jitted gradient per policy and layout: another key is another call, not a compile.
-    return jax.jit(jax.value_and_grad(_step(policy, scan=scan).loss_fn))
+def _grads_fn(scan: bool):
+    # One jitted program per layout holding the gradient under none and under each of its
+    # cases' policies (one compile costs less than one a policy: helpers.losses_and_grads);
+    # another key is another call, not a compile.
+    policies = ("none", *(p for p, layout in CASES if layout == scan))
+    grads = [jax.value_and_grad(_step(p, scan=scan).loss_fn) for p in policies]
+    return policies, jax.jit(lambda *args: tuple(g(*args) for g in grads))
 
 
 @functools.cache
+def _grads_at_key(seed: int, scan: bool) -> dict:
+    policies, fn = _grads_fn(scan)
+    params, batch = _values(scan)
+    return dict(zip(policies, fn(params, {}, batch, _key(seed)), strict=True))
+
+
 def _grads_at(policy: str, seed: int, scan: bool = True):
     # Loss and gradients under ``policy`` at key ``seed``, computed once for the module: the
     # reference under none serves every case of its layout.
-    params, batch = _values(scan)
-    return _grad_fn(policy, scan)(params, {}, batch, _key(seed))
+    return _grads_at_key(seed, scan)[policy]
 
 
 @pytest.mark.slow
