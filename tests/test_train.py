@@ -66,14 +66,16 @@ def test_accumulation_equals_one_big_batch():
     params = module.init(jax.random.key(0), jnp.zeros((4, 16), jnp.int32))
     toks = tokens(batch=4, seq=16)
     batch = {"tokens": toks, "targets": jnp.roll(toks, -1, axis=1)}
-    results = []
-    for accum in (1, 2, 4):
-        step = rk.build_train_step(
+    steps = [
+        rk.build_train_step(
             module, rk.TrainConfig(batch=4, seq=16, optimizer="sgd", accum=accum, learning_rate=0.1)
         )
-        tr, fr = _split(step, params)
-        opt_state = rk.train.make_optimizer("sgd", 0.1).init(tr)
-        results.append(jax.jit(step.fn)(tr, fr, opt_state, batch))
+        for accum in (1, 2, 4)
+    ]
+    tr, fr = _split(steps[0], params)
+    opt_state = rk.train.make_optimizer("sgd", 0.1).init(tr)
+    # The three steps in one program: one compile (helpers.losses_and_grads says why).
+    results = jax.jit(lambda *args: tuple(s.fn(*args) for s in steps))(tr, fr, opt_state, batch)
     for other in results[1:]:
         chex.assert_trees_all_close(other[0], results[0][0], rtol=1e-5, atol=1e-6)
         chex.assert_trees_all_close(other[2], results[0][2], rtol=1e-5)
@@ -197,13 +199,15 @@ def test_lora_gradients_unchanged_by_policy():
     params = _concrete(params, seed=3)  # non-zero B so every adapter has a gradient
     toks = tokens(batch=2, seq=16)
     batch = {"tokens": toks, "targets": toks}
-    grads = []
-    for policy in ("none", "full", "minimal"):
-        step = rk.build_train_step(
+    steps = [
+        rk.build_train_step(
             models.build(cfg.replace(policy=policy)), rk.TrainConfig(batch=2, seq=16, lora=True)
         )
-        tr, fr = _split(step, params)
-        grads.append(jax.jit(jax.grad(step.loss_fn))(tr, fr, batch))
+        for policy in ("none", "full", "minimal")
+    ]
+    tr, fr = _split(steps[0], params)
+    # The three gradients in one program: one compile (helpers.losses_and_grads says why).
+    grads = jax.jit(lambda *args: tuple(jax.grad(s.loss_fn)(*args) for s in steps))(tr, fr, batch)
     for g in grads[1:]:
         chex.assert_trees_all_close(g, grads[0], rtol=1e-5, atol=1e-7)
 
