@@ -156,6 +156,22 @@ def test_offload_moves_bytes_to_host(small):
     assert est["transfer_seconds"] == pytest.approx(2 * off.host_temp_bytes / 64e9, rel=1e-9)
 
 
+@pytest.mark.slow
+def test_a_reduction_over_hosts_is_priced_at_the_network_not_nvlink():
+    """16 H100s on 4 hosts: an all-reduce over all of them leaves each host through its 4
+    GPUs' NICs (seed-100 mutant analysis.py:472: the report priced it as one NVLink domain
+    when the target's hosts were not handed to the step-time model)."""
+    t = rk.target("h100", devices=16, hosts=4)
+    x = jax.ShapeDtypeStruct((16, 2**20), jnp.float32)
+    sharded = NamedSharding(t.mesh(("d",), (16,)), P("d"))
+    r = rk.memory_report(lambda x: x.sum(0), x, target=t, in_shardings=sharded, warn=False)
+    # One all-reduce of the f32 sum (4 MiB) over 16, each GPU sending 2 x 15/16 of it at
+    # 4 GPUs x one 400 Gb/s NIC each x RDMA's 0.92 (remat_kit/timing/_speed.py cites both).
+    assert r.meta["collectives"]["all-reduce"]["bytes"] == 4 * 2**20
+    want = 2 * 4 * 2**20 * 15 / 16 / (4 * 50e9 * 0.92)
+    assert r.step_time.collective_seconds == pytest.approx(want, rel=1e-9)
+
+
 def test_transfer_estimate_counts_both_directions():
     """32e9 B offloaded on an H100 (64e9 B/s each way): 0.5 s out, 0.5 s back."""
     h100 = rk.target("h100")

@@ -765,6 +765,33 @@ def test_jax_platforms_naming_a_gpu_the_machine_lacks_is_refused(
         _platform.check_platforms()
 
 
+@pytest.mark.parametrize(
+    ("devices", "refused"),
+    [
+        ([], True),
+        (["/dev/accel0"], False),  # v4, v5p
+        (["/dev/vfio/0"], False),  # v5e and later
+        (["/dev/accel0", "/dev/vfio/0"], False),
+        (["/dev/nvidia0", "/dev/vfio/vfio"], True),  # a GPU box with VFIO's control node
+    ],
+)
+def test_jax_platforms_naming_a_tpu_the_machine_lacks_is_refused(monkeypatch, devices, refused):
+    """A TPU VM shows its chips as either family of device files, one or the other (seed-100
+    mutant _platform.py:309, ``or`` made ``and``: no test had a machine with only one)."""
+    import fnmatch
+
+    from remat_kit.errors import TargetError
+    from remat_kit.targets import _platform
+
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    monkeypatch.setattr(_platform.glob, "glob", lambda pattern: fnmatch.filter(devices, pattern))
+    if refused:
+        with pytest.raises(TargetError, match=r"^JAX_PLATFORMS=tpu asks jax for a TPU"):
+            _platform.check_platforms()
+    else:
+        _platform.check_platforms()
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(bool(__import__("glob").glob("/dev/nvidia[0-9]*")), reason="a GPU is here")
 def test_jax_platforms_cuda_without_a_gpu_is_one_line_exit_2():

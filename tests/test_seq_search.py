@@ -453,6 +453,16 @@ def test_the_plan_at_the_longest_sequence_is_searched_under_the_limit_given():
     assert plan.fits and plan.peak_bytes <= limit
 
 
+def test_no_plan_is_searched_where_full_remat_fits_no_sequence():
+    """Under a limit that 64 tokens already pass under ``full``, the answer is that nothing
+    fits and no plan (seed-100 mutant _seq.py:346, ``return full, None`` made ``return
+    None``: no test had a limit that small). The peak at 64 is 10,000 + 37 x 64 = 12,368."""
+    fake = Fake(affine)
+    fit, plan = rk.search.max_seq_plan(fake, granularity=64, limit_bytes=FIXED + 37 * 64 - 1)
+    assert plan is None and not fit.fits
+    assert fake.measured == [64]  # the shortest sequence compiled, nothing planned after
+
+
 @pytest.mark.parametrize("limit", [FIXED + 10**6, 2**63])
 def test_a_point_that_cannot_be_built_never_fits_whatever_the_limit(limit):
     """A budget on a target of no known memory (the CPU) is bounded by no device: a refused
