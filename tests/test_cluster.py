@@ -206,7 +206,10 @@ def cluster(tmp_path_factory):
         processes=True,
         threads_per_worker=1,
         host="127.0.0.1",
-        dashboard_address=None,
+        # The scheduler serves HTTP (health, metrics) with the dashboard off too, at :8787
+        # unless told: a port the OS picks, so a second cluster on the machine (another
+        # pytest worker's, a user's) is no warning that 8787 is taken.
+        dashboard_address=":0",
         worker_dashboard_address=None,
         env={"JAX_PLATFORMS": "cpu", cache.ENV_DIR: str(workers_cache)},
     )

@@ -305,7 +305,7 @@ def fastest(
         seq=workload.seq,
         global_batch=global_batch,
         target=workload.target.name,
-        devices=int(getattr(workload.target, "devices", 1) or 1),
+        devices=workload.target.devices,
         compiles=workload.compiles - before + search.extra_compiles() + remote,
         seconds=time.perf_counter() - t0,
     )
