@@ -681,6 +681,34 @@ def test_random_returns_are_taken_or_refused_with_the_first_thing_wrong(seed):
     assert 10 < refused < 80
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Batch:
+    """A batch as a pytree of its own that, like an array, says its shape."""
+
+    tokens: jax.Array
+    mask: jax.Array
+
+    @property
+    def shape(self):
+        return self.tokens.shape
+
+
+def test_a_jitted_steps_batch_with_a_shape_of_its_own_is_read_leaf_by_leaf():
+    """The jit's donation is read off its ArgInfo leaves; a pytree node that has a ``shape``
+    (a user's batch class) is a node, not a leaf (seed-102 mutant _own_step.py:443, the
+    leaf test's ``and`` made ``or``: it took the batch for a leaf and asked it ``donated``)."""
+    from remat_kit.schedules import NO_SCHEDULE
+
+    def step(params, batch):
+        return params + 1.0, (batch.tokens * batch.mask).sum()
+
+    batch = _Batch(*(jax.ShapeDtypeStruct((2, 4), "float32"),) * 2)
+    src = sources.from_step(_returning((jax.jit(step, donate_argnums=0), (_S, batch))))
+    built = src.build_step(rk.policy("none"), NO_SCHEDULE, SMALL, rk.target("h100"))
+    assert built.step.fn is step and tuple(built.step.donate_argnums) == (0,)
+
+
 @pytest.mark.parametrize(
     ("jit_donates", "given", "want"),
     [

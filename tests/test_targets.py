@@ -493,6 +493,22 @@ def test_target_from_config_file(tmp_path):
     assert rkt.target_from_config(str(path), "other").name == "other"
 
 
+@pytest.mark.parametrize(
+    ("description", "want"),
+    [
+        ('device_description_str: "NVIDIA GeForce RTX 4090"\n', "nvidia-geforce-rtx-4090"),
+        ("", "custom-gpu"),
+    ],
+)
+def test_a_config_given_as_text_is_named_by_its_card(description, want):
+    """Text has no file name to lend the target: the card's description names it, else
+    ``custom-gpu`` (seed-102 mutant _custom.py:121, an ``or`` of the fallbacks made ``and``:
+    every named config came from a file or with a name)."""
+    text = "gpu_device_info {\n  core_count: 128\n}\ndevice_memory_size: 25757220864\n"
+    got = rkt.target_from_config(text + description)
+    assert (got.name, got.memory_bytes) == (want, 25757220864)
+
+
 def test_target_from_config_errors(tmp_path):
     bad = tmp_path / "bad.txtpb"
     bad.write_text('gpu_device_info {\n  core_count: 132\n}\ndevice_description_str: "X"\n')
