@@ -742,51 +742,35 @@ def test_ctrl_c_while_the_command_loads_is_one_line(monkeypatch, capsys):
 @pytest.mark.parametrize(
     ("platforms", "devices", "refused"),
     [
-        ("cuda", [], True),
-        ("cuda,cpu", [], True),
-        ("GPU", [], True),
-        ("cpu", [], False),
-        ("", [], False),
-        ("cuda", ["/dev/nvidia0"], False),  # a GPU box: jax starts its CUDA platform
+        ("cuda", [], "GPU"),
+        ("cuda,cpu", [], "GPU"),
+        ("GPU", [], "GPU"),
+        ("cpu", [], None),
+        ("", [], None),
+        ("cuda", ["/dev/nvidia0"], None),  # a GPU box: jax starts its CUDA platform
+        # A TPU VM shows its chips as either family of device files, one or the other
+        # (seed-100 mutant _platform.py:309, ``or`` made ``and``: no test had only one).
+        ("tpu", [], "TPU"),
+        ("tpu", ["/dev/accel0"], None),  # v4, v5p
+        ("tpu", ["/dev/vfio/0"], None),  # v5e and later
+        ("tpu", ["/dev/accel0", "/dev/vfio/0"], None),
+        ("tpu", ["/dev/nvidia0", "/dev/vfio/vfio"], "TPU"),  # a GPU box, VFIO's control node
     ],
 )
-def test_jax_platforms_naming_a_gpu_the_machine_lacks_is_refused(
+def test_jax_platforms_naming_a_device_the_machine_lacks_is_refused(
     monkeypatch, platforms, devices, refused
 ):
-    from remat_kit.errors import TargetError
-    from remat_kit.targets import _platform
-
-    monkeypatch.setenv("JAX_PLATFORMS", platforms)
-    monkeypatch.setattr(_platform.glob, "glob", lambda pattern: devices)
-    if refused:
-        with pytest.raises(TargetError, match=rf"^JAX_PLATFORMS={platforms} asks jax for a GPU"):
-            _platform.check_platforms()
-    else:
-        _platform.check_platforms()
-
-
-@pytest.mark.parametrize(
-    ("devices", "refused"),
-    [
-        ([], True),
-        (["/dev/accel0"], False),  # v4, v5p
-        (["/dev/vfio/0"], False),  # v5e and later
-        (["/dev/accel0", "/dev/vfio/0"], False),
-        (["/dev/nvidia0", "/dev/vfio/vfio"], True),  # a GPU box with VFIO's control node
-    ],
-)
-def test_jax_platforms_naming_a_tpu_the_machine_lacks_is_refused(monkeypatch, devices, refused):
-    """A TPU VM shows its chips as either family of device files, one or the other (seed-100
-    mutant _platform.py:309, ``or`` made ``and``: no test had a machine with only one)."""
     import fnmatch
 
     from remat_kit.errors import TargetError
     from remat_kit.targets import _platform
 
-    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    monkeypatch.setenv("JAX_PLATFORMS", platforms)
     monkeypatch.setattr(_platform.glob, "glob", lambda pattern: fnmatch.filter(devices, pattern))
     if refused:
-        with pytest.raises(TargetError, match=r"^JAX_PLATFORMS=tpu asks jax for a TPU"):
+        with pytest.raises(
+            TargetError, match=rf"^JAX_PLATFORMS={platforms} asks jax for a {refused}"
+        ):
             _platform.check_platforms()
     else:
         _platform.check_platforms()
