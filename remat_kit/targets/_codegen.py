@@ -12,10 +12,14 @@ byte, in about 55% of the time when
   answered by the real one; ``nvvm/`` links to the real libdevice);
 - ``xla_backend_optimization_level`` is 0 and ``xla_llvm_disable_expensive_passes`` is set
   (LLVM's optimisation of code that will not run);
-- ``xla_gpu_autotune_level`` is 0. jax 0.12's XLA (``ConfigAssignerPass``) no longer takes a
-  Triton GEMM's first configuration as it is when there is no card: it compiles candidates to
-  PTX until one compiles (``ConfigAssigner::GetFirstCompilableConfig``), 31% of a deviceless
-  compile under ``perf``. At level 0 it takes the configuration without compiling it.
+- ``xla_gpu_autotune_level`` is 0. jax 0.12's XLA (its ``config-assigner`` pass) no longer
+  takes a Triton GEMM's first configuration as it is when there is no card: it compiles the
+  fusion with candidates until one compiles ("Using first compilable config" in its log). At
+  the default level it also sends other fusions through it: 91 module compiles for one
+  tiny-llama step, 17 at level 0 (one per unique GEMM fusion, and the program's own). Level 0
+  does not skip those 16: they are still about 60% of XLA's compile of that step and of
+  llama3-8b's (``experiments/compile_phases.py``, results/compile_phases.json), and no option
+  of this XLA skips them (its per-fusion autotune cache is written only by a tuning run).
   Measured: ``compare --model llama3-8b --target h100 --batch 4 --seq 2048`` on jax 0.12.0.1,
   the eleven rows' JSON equal to the byte (peaks, kernels, step times), 46 s -> 28 s.
 
@@ -67,7 +71,10 @@ Megatron shape on H100; A100, RTX 4090, L4, H100; one GPU, fsdp:4, tp:8). On jax
 the A100 case above (``report --model llama3-8b --width 6144 --heads 64 --gpus 8 --shard
 tp:8``) compiles without it too, with the stand-in and with ``REMAT_KIT_FULL_CODEGEN=1``, its
 JSON the same to the byte but for the seconds; no program is known there that needs it, and
-it stays for the shapes and XLA versions that do.
+it stays for the shapes and XLA versions that do. (The default-config path above is XLA's
+before jax 0.12; jax 0.12.0.1's compiles candidates until one compiles, as said above, and
+with this option they start at the smallest tiling: block_m 16, block_n 8, block_k 16, the
+configuration its log shows chosen for each of a small two-layer gradient's seven GEMMs.)
 
 Example:
   >>> from remat_kit.targets import analysis_options, target
