@@ -330,6 +330,23 @@ def test_the_planner_row_skips_a_micro_batch_it_cannot_plan_and_takes_the_next(m
     assert row.tried == ((21, 1, None), (16, 1, pytest.approx(_tps("full", 16))))
 
 
+def test_a_planner_row_that_plans_no_micro_batch_says_none_fits_and_full_s_largest(monkeypatch):
+    """full fits 21, but no plan fits at 21 or 16: the row is there, without a time, and says
+    21 was full's largest (issue 58 mutant _throughput.py:450 of seed 103, the row dropped)."""
+    import types
+
+    from remat_kit.search import _throughput
+
+    monkeypatch.setattr(
+        _throughput, "plan", lambda *a, **k: types.SimpleNamespace(fits=False, report=None)
+    )
+    f = rk.search.fastest(fake(), ["plan"], limit_bytes=LIMIT)
+    (row,) = f.rows
+    assert (row.policy, row.batch, row.max_batch, row.step_seconds) == ("plan", 0, 21, None)
+    assert row.peak_bytes == FIXED + 40 * 21
+    assert f.winner is None
+
+
 @pytest.mark.parametrize("given", [{}, {"offload": False, "hide": 0.25}])
 def test_the_planner_row_plans_with_plans_defaults_or_what_it_was_given(given, monkeypatch):
     """Not given, the planner row plans with :func:`rk.plan`'s own defaults (it may offload,

@@ -360,6 +360,21 @@ def test_every_figure_of_a_generation_is_the_one_its_source_states(generation):
     assert facts["bytes_limit_per_device"] == hbm - reserved
 
 
+@pytest.mark.parametrize(
+    ("name", "generation"),
+    [("v4-8", "v4"), ("v5e-4", "v5e"), ("v5p-8", "v5p"), ("v6e-1", "v6e"), ("tpu7x-8", "tpu7x")],
+)
+def test_a_slice_s_target_prices_one_device_of_its_chip(name, generation):
+    """A target's HBM bandwidth and bf16 peak are a JAX device's: a chip's as the source states
+    them over its devices per chip (two TensorCores, two devices on TPU7x; one under megacore)
+    (issue 58 mutant _named.py:268 of seed 103, the bf16 peak multiplied by the count)."""
+    per_chip, hbm = SOURCES[generation][1], SOURCES[generation][5]
+    t = rk.target(name)
+    assert t.hbm_bandwidth == SOURCES[generation][7] / per_chip
+    assert t.peak_bf16_flops == SOURCES[generation][8] / per_chip
+    assert t.memory_bytes == hbm
+
+
 @pytest.mark.parametrize("slices", [0, -1, True, "2", 1.0])
 def test_a_slice_made_directly_checks_its_count(slices):
     """``Slice`` keeps its own rule, not only ``target()``'s (issue 58 mutant _slices.py:152

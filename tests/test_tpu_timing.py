@@ -364,3 +364,14 @@ def test_a_tpu_loop_runs_as_often_as_its_counter_says(start, limit, step, trips)
     (dot,) = [k for k in kernels_of(_counted_loop(start, limit, step)) if k.kind == "gemm"]
     assert dot.count == trips
     assert dot.flops == 2 * 64 * 64 * 64
+
+
+@pytest.mark.parametrize(("slice_", "peak"), [("v5e-4", 197e12), ("v5p-8", 459e12)])
+def test_an_f32_product_runs_as_one_bf16_pass_on_a_tpu(slice_, peak):
+    """jax's default precision runs an f32 product on the MXU as one bf16 pass: the same rate
+    as bf16, 0.90 of the chip's published bf16 peak (assumed), where an H100's TF32 tensor
+    cores run f32 at half its bf16 rate (issue 58 mutant _speed.py:293 of seed 103, the
+    ratio doubled)."""
+    tpu, h100 = speed_of(rk.target(slice_)), speed_of(rk.target("h100"))
+    assert tpu.matmul_flops_per_s("f32") == tpu.matmul_flops_per_s("bf16") == 0.90 * peak
+    assert h100.matmul_flops_per_s("f32") == h100.matmul_flops_per_s("bf16") / 2
