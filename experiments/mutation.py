@@ -600,6 +600,15 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         function="_best_of",
     ),
     Equivalent(
+        "remat_kit/search/_solver.py",
+        "and -> or",
+        "if model.step_seconds and model.link_bandwidth:",
+        "the block runs only where host bytes are modelled (some tag offloadable), and "
+        "cost_model makes a tag offloadable only when both the step time and the link are "
+        "known (can_offload = offload and bool(step) and bool(link)); the planner solves "
+        "only cost_model's models: where the branch is reached both are true, and or is and",
+    ),
+    Equivalent(
         "remat_kit/search/_throughput.py",
         "> -> >=",
         "if ways > 1 and global_batch % ways:",

@@ -268,6 +268,18 @@ def test_does_not_fit_and_xla_remat_are_reported():
     assert r.xla_remat_limit_bytes == int((r.usable_bytes - io) * 0.95) + r.output_bytes
 
 
+def test_the_compile_seconds_are_the_time_the_report_took_to_compile():
+    """A report's compile_seconds lie inside the wall time of the call that made it (issue 58
+    mutant analysis.py:417 of seed 104, the start added to the end instead of taken off)."""
+    import time
+
+    x = jax.ShapeDtypeStruct((48, 40), jnp.float32)
+    start = time.perf_counter()
+    r = rk.memory_report(lambda a: jnp.tanh(a @ a.T).sum(), x, target="cpu", warn=False)
+    wall = time.perf_counter() - start
+    assert 0 < r.compile_seconds <= wall
+
+
 def test_cpu_target_has_no_fit():
     r = rk.memory_report(
         _mlp,

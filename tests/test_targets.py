@@ -708,13 +708,28 @@ def test_check_deviceless_passes_here():
     rkt.check_deviceless(rkt.target("cpu"))
 
 
+_NO_TOPOLOGY = NotImplementedError("topology not implemented for cuda")
+
+
 @pytest.mark.parametrize(
-    ("installed", "match"),
-    [(False, r"pip install 'jax\[cuda12\]'"), (True, "JAX_PLATFORMS=cpu")],
+    ("error", "installed", "match"),
+    [
+        (_NO_TOPOLOGY, False, r"pip install 'jax\[cuda12\]'"),
+        (_NO_TOPOLOGY, True, "JAX_PLATFORMS=cpu"),
+        # Either sign alone is the probe's: the type, or the words in the runtime's error
+        # (issue 58 mutant _platform.py:207 of seed 104, ``or`` read as ``and``).
+        (NotImplementedError("no topology for this client"), True, "JAX_PLATFORMS=cpu"),
+        (RuntimeError("UNIMPLEMENTED: Not Implemented for this backend"), True, "JAX_PLATFORMS"),
+        (
+            RuntimeError("INVALID_ARGUMENT: bad core_count\nmore"),
+            True,
+            r"^XLA rejected the target config of 'h200': INVALID_ARGUMENT: bad core_count$",
+        ),
+    ],
 )
-def test_failures_become_actionable_target_errors(monkeypatch, installed, match):
+def test_failures_become_actionable_target_errors(monkeypatch, error, installed, match):
     def broken(config, topology):
-        raise NotImplementedError("topology not implemented for cuda")
+        raise error
 
     monkeypatch.setattr(rkt._platform, "_cached_topology", broken)
     monkeypatch.setattr(rkt._platform, "_cuda_plugin_installed", lambda: installed)

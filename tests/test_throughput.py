@@ -327,6 +327,9 @@ def test_the_planner_row_skips_a_micro_batch_it_cannot_plan_and_takes_the_next(m
     (row,) = f.rows
     assert asked == [21, 16]
     assert (row.micro_batch, row.max_batch) == (16, 21)
+    # the plan's own overhead, not one worked out again for its policy (issue 58 mutant
+    # _throughput.py:440 of seed 104, the plan's figure dropped)
+    assert row.recompute_overhead == 0.2
     assert row.tried == ((21, 1, None), (16, 1, pytest.approx(_tps("full", 16))))
 
 
