@@ -205,12 +205,14 @@ MODULES: dict[str, Group] = {
     "timing": Group(
         ("remat_kit/timing",),
         # The traces and the validation read the model's kernels and speeds too; the oracle
-        # prices random steps by hand.
+        # prices random steps by hand; test_tpu_timing prices TPU kernels and rates (seed
+        # 104's _speed.py:295, a TPU's MXU size lost, died only there).
         (
             "tests/test_timing.py",
             "tests/test_timing_oracle.py",
             "tests/test_trace.py",
             "tests/test_validate.py",
+            "tests/test_tpu_timing.py",
         ),
         by_file=(
             ("_xla_schedule.py", ("tests/test_xla_schedule.py", "tests/test_timing.py")),
