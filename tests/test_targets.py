@@ -533,15 +533,24 @@ def test_fits_is_judged_against_the_allocators_share(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("env", "fraction", "source"),
+    ("env", "fraction", "source", "setting"),
     [
-        ({}, 0.75, "default"),
-        ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"}, 0.9, "XLA_PYTHON_CLIENT_MEM_FRACTION"),
-        ({"XLA_CLIENT_MEM_FRACTION": "0.5"}, 0.5, "XLA_CLIENT_MEM_FRACTION"),
-        ({"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"}, None, "platform allocator"),
+        ({}, 0.75, "default", "XLA_PYTHON_CLIENT_MEM_FRACTION=0.75"),
+        ({"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"}, 0.9, "XLA_PYTHON_CLIENT_MEM_FRACTION", None),
+        ({"XLA_CLIENT_MEM_FRACTION": "0.5"}, 0.5, "XLA_CLIENT_MEM_FRACTION", None),
+        (
+            {"XLA_PYTHON_CLIENT_ALLOCATOR": "platform"},
+            None,
+            "platform allocator",
+            "XLA_PYTHON_CLIENT_ALLOCATOR=platform",
+        ),
     ],
 )
-def test_runtime_follows_the_environment_jax_reads(monkeypatch, env, fraction, source):
+def test_runtime_follows_the_environment_jax_reads(monkeypatch, env, fraction, source, setting):
+    """A target's runtime is the one jax starts with in this environment, and says the
+    setting that selects it, as a does-not-fit note words it (a fraction by the variable
+    jaxlib reads under either name); issue 58 mutant runtime.py:124 of seed 104, ``is None``
+    read as ``is not None``."""
     for var in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.delenv("XLA_PYTHON_CLIENT_ALLOCATOR", raising=False)
@@ -552,6 +561,7 @@ def test_runtime_follows_the_environment_jax_reads(monkeypatch, env, fraction, s
     expected = H100_TOTAL - 512 * 2**20 if fraction is None else math.floor(H100_TOTAL * fraction)
     assert t.usable_bytes == expected
     assert t.to_dict()["usable_bytes"] == expected
+    assert t.runtime.setting() == (setting or f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction}")
 
 
 @pytest.mark.parametrize(
