@@ -602,6 +602,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         function="_best_of",
     ),
     Equivalent(
+        "remat_kit/sources/_loading.py",
+        "or -> and",
+        "if loader is None or loader.loader is None:",
+        "load_factory hands _load_file only locations ending in .py, for which "
+        "importlib.util.spec_from_file_location always returns a spec with a source loader: "
+        "loader is never None there, so the first operand is False either way",
+    ),
+    Equivalent(
         "remat_kit/search/_solver.py",
         "and -> or",
         "if model.step_seconds and model.link_bandwidth:",
