@@ -14,7 +14,7 @@ Each program is compiled three times (two with ``--quick``) in one process, each
 fresh remat_kit cache (a new directory) so nothing is read back; the first compile of the
 process, which loads the CUDA plugin, is left out. Only XLA's own events are timed: the
 profiler's Python tracer slows the tracing and lowering around them several times over.
-Writes results/compile_phases.json.
+Writes results/compile_phases.json and a PNG.
 
 Usage::
 
@@ -32,7 +32,7 @@ import statistics
 import tempfile
 from collections.abc import Sequence
 
-from common import parse, table, write_json
+from common import parse, save_png, table, write_json
 
 #: The tests' SMALL workload (tests/conftest.py) and the README's main job, one GPU.
 PROGRAMS = {
@@ -129,6 +129,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(rows, list(rows[0]), "a deviceless H100 compile by XLA phase, median seconds"))
     print(summary)
     write_json(args.out / "compile_phases.json", {"summary": summary, "rows": rows})
+    plot(rows, args.out / "compile_phases.png")
+
+
+def plot(rows: list[dict], path) -> None:
+    """Per program and policy, XLA's compile split into config-assigner and the rest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    x = np.arange(len(rows))
+    assigner = np.array([r["config_assigner_s"] for r in rows])
+    rest = np.array([r["compile_s"] for r in rows]) - assigner
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ax.bar(x, assigner, 0.6, label="config-assigner (candidate compiles)")
+    ax.bar(x, rest, 0.6, bottom=assigner, label="the rest of the compile")
+    for i, r in enumerate(rows):
+        ax.text(i, r["compile_s"], f"{r['config_assigner_share']:.0%}", ha="center", va="bottom")
+    ax.set_xticks(x, [f"{r['program']}\n{r['policy']}" for r in rows], fontsize=7)
+    ax.set_ylabel("seconds (median, XLA's trace)")
+    ax.set_title("one deviceless H100 compile, by XLA phase")
+    ax.legend()
+    fig.tight_layout()
+    save_png(fig, path)
 
 
 if __name__ == "__main__":
