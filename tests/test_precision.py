@@ -258,3 +258,13 @@ def test_the_title_from_the_request_names_the_state_the_compiled_step_has(optimi
     step = rk.build_train_step(models.build(models.get_config("tiny-llama")), config)
     assert step.precision["optimizer_state"] == state
     assert ("no optimizer state" in precision_words(record)) == (state == "-")
+
+
+def test_a_request_s_record_is_the_built_step_s_unless_the_model_is_the_users_code():
+    """planned_precision's default is a model of ours, which computes in the regime's dtype
+    (issue 58 mutant train.py:170 ``own_compute`` False -> True of seed 106)."""
+    config = rk.TrainConfig(2, 32, optimizer="adamw", precision=regime())
+    step = rk.build_train_step(models.build(models.get_config("tiny-llama")), config)
+    assert rk.train.planned_precision(config) == dict(step.precision)
+    own = rk.train.planned_precision(config, own_compute=True)
+    assert own == {**step.precision, "compute": "module's own"}

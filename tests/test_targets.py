@@ -825,6 +825,33 @@ def test_configure_for_deviceless_stays_hands_off_where_jax_cannot_say(monkeypat
     assert touched == []
 
 
+@pytest.mark.parametrize(
+    ("env", "platforms"),
+    [
+        ({"JAX_PLATFORMS": "cuda"}, "cuda"),  # the user's choice, kept
+        ({"JAX_SKIP_CUDA_CONSTRAINTS_CHECK": "1"}, None),  # jax told not to probe: left alone
+        ({}, "cpu"),  # nothing chose: the CPU platform
+    ],
+)
+def test_configure_for_deviceless_keeps_what_either_variable_chose(monkeypatch, env, platforms):
+    """Either variable set before jax starts is a choice made: neither is overwritten (issue
+    58 mutant _platform.py:66 `or` -> `and` of seed 106)."""
+    from remat_kit.targets import _platform
+
+    for name in ("JAX_PLATFORMS", "JAX_SKIP_CUDA_CONSTRAINTS_CHECK"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    # A process whose jax has not started (nor been imported): the steps before the choice
+    # are tested above and in a fresh process.
+    monkeypatch.setattr(_platform, "_backends_initialized", lambda: False)
+    monkeypatch.setattr(_platform, "check_platforms", lambda: None)
+    monkeypatch.setattr(_platform, "set_process_flags", lambda: None)
+    monkeypatch.delitem(sys.modules, "jax")
+    rkt.configure_for_deviceless()
+    assert os.environ.get("JAX_PLATFORMS") == platforms
+
+
 @pytest.mark.slow
 def test_a_target_is_a_value_and_a_report_sets_jax_up_when_it_compiles():
     """rk.target() has no side effect; memory_report chooses the platform before it compiles."""
