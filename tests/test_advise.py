@@ -867,6 +867,19 @@ def test_a_scale_out_that_fits_says_its_step_time_and_tokens_per_second():
     assert got.tokens_per_second == pytest.approx(8 * 16 / 0.5)
 
 
+@pytest.mark.parametrize(("need", "devices"), [(20, 32), (100, None)])
+def test_a_scale_out_tries_the_powers_of_two_up_to_64_by_default(need, devices):
+    """A step ``need`` times one GPU's usable memory: the first power of two at or over it,
+    each count up to it compiled; none when 64 is too few (issue 58 mutant _advise.py:297
+    of seed 107, 32 -> 33 in the default counts)."""
+    usable = rk.target("h100").usable_bytes
+    got = rk.search.gpus_needed(lambda n: _scaled_step(n, need * usable, 0.5), batch=64)
+    counts = [2**i for i in range(7)]  # 1, 2, 4, ... 64
+    assert got.devices == devices
+    assert [n for n, _ in got.tried] == [n for n in counts if n <= (devices or 64)]
+    assert [peak for _, peak in got.tried] == [need * usable // n for n, _ in got.tried]
+
+
 @pytest.mark.parametrize("headroom", [0.0, 0.25])
 def test_advise_plans_each_target_to_its_memory_less_the_headroom(headroom):
     """The plan's budget is the target's usable memory less ``headroom`` of it (by hand)."""

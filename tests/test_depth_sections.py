@@ -152,3 +152,26 @@ def test_the_copies_sections_kept_in_the_cache_are_keyed_by_the_code_that_read_t
         lambda package: "another version" if package == "remat_kit.peak" else real(package),
     )
     assert isinstance(here, str) and depth._sections_code() not in (here, None)
+
+
+def test_a_dump_s_sections_are_kept_as_rows_that_read_back_as_they_were(monkeypatch):
+    """What the cache keeps of a copy's dump: ``[phase, role, layer, bytes]`` rows, in the
+    sections' order, JSON as they are (issue 58 mutant _depth.py:489 of seed 107, killed by
+    a compile only)."""
+    import json
+
+    from remat_kit.peak import Section
+
+    sections = {
+        Section("forward", "layer", 1): 30,
+        Section("backward", "before", -1): 70,
+        Section("forward", "before", -1): 10,
+    }
+    monkeypatch.setattr(depth, "live_sections", lambda d: sections if d == "the-dump" else {})
+    rows = depth._section_rows("the-dump")
+    assert rows == [
+        ["backward", "before", -1, 70],
+        ["forward", "before", -1, 10],
+        ["forward", "layer", 1, 30],
+    ]
+    assert json.loads(json.dumps(rows)) == rows

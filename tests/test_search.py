@@ -143,6 +143,14 @@ def test_a_headroom_leaves_that_fraction_of_the_usable_memory_free(headroom):
     assert rk.search.limit_for(rk.target("h100"), 10**9, headroom) == 10**9  # a budget is kept
 
 
+@pytest.mark.parametrize("budget", [0, -1])
+def test_a_budget_of_no_bytes_or_fewer_is_refused(budget):
+    # Zero bytes leaves nothing to plan in (issue 58 mutant _budget.py:159 of seed 107,
+    # `<= 0` -> `< 0`, accepted it).
+    with pytest.raises(rk.errors.BadValue, match=rf"^budget={budget} must be positive$"):
+        rk.search.limit_for(rk.target("h100"), budget, 0.0)
+
+
 def test_max_batch_when_nothing_fits():
     fit = rk.max_batch(fake_workload(), "full", limit_bytes=FIXED - 1)
     assert fit.batch == 0 and not fit.fits
