@@ -2445,3 +2445,24 @@ def test_a_factory_name_missing_from_its_file_lists_only_the_files_own_public_ca
     offered = r"has no 'missing'; callables there: build_gpt, build_llama$"
     with pytest.raises(BadValue, match=offered):
         rk.sources.from_factory(f"{path}:missing")
+
+
+def test_a_factory_file_imports_its_own_folder_s_modules_first(tmp_path, monkeypatch):
+    """A factory file runs as ``python file.py`` would: a module beside it wins over one of
+    the same name earlier on sys.path (issue 58 mutant _loading.py:119 of seed 107, the
+    folder put second)."""
+    mine, other = tmp_path / "mine", tmp_path / "other"
+    for folder, width in ((mine, 16), (other, 99)):
+        folder.mkdir()
+        (folder / "rk_widths_here.py").write_text(f"WIDTH = {width}\n")
+    (mine / "model.py").write_text(
+        "import rk_widths_here\ndef build(policy):\n    return rk_widths_here.WIDTH\n"
+    )
+    monkeypatch.syspath_prepend(str(other))  # the process's first folder holds another one
+    monkeypatch.delitem(sys.modules, "rk_widths_here", raising=False)
+    try:
+        factory = rk.sources.load_factory(f"{mine / 'model.py'}:build")
+        assert factory(None) == 16
+        assert sys.path[0] == str(other)  # the factory's folder is gone from sys.path again
+    finally:
+        sys.modules.pop("rk_widths_here", None)
