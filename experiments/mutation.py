@@ -602,6 +602,14 @@ EQUIVALENT: tuple[Equivalent, ...] = (
         function="_best_of",
     ),
     Equivalent(
+        "remat_kit/search/_planner.py",
+        "0 -> 1",
+        "return 0  # nothing traced to bound it with: compile it",
+        "plan() compares the bound with a budget from limit_for, which refuses an explicit "
+        "budget of 0 bytes or less and gives 0 otherwise only for a target of under 2 usable "
+        "bytes: for every budget of 1 byte or more, 1 > budget is false as 0 > budget is",
+    ),
+    Equivalent(
         "remat_kit/sources/_loading.py",
         "or -> and",
         "if loader is None or loader.loader is None:",

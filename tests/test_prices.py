@@ -4,6 +4,7 @@ import dataclasses
 import datetime
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -51,6 +52,42 @@ def test_table_entries_name_provider_source_and_date(name):
     assert p.date == "undated" or _is_iso_date(p.date), p.date
     assert 0.1 < p.usd_per_gpu_hour < 20  # dollars per GPU-hour, not per 8-GPU instance
     assert p.note.strip()  # which product, read where
+
+
+def _recorded_prices() -> dict[str, dict]:
+    """Each GPU's price as the recorded runs that docs/ quote priced it: the ``cost`` of
+    results/advise_llama3-8b_b32_s4096.json's rows and of results/batch_vs_remat.json."""
+    results = Path(__file__).resolve().parents[1] / "results"
+    found = {}
+
+    def walk(value):
+        if isinstance(value, dict):
+            price = value.get("price")
+            if isinstance(price, dict) and "usd_per_gpu_hour" in price and "target" in value:
+                found.setdefault(value["target"], []).append(price)
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for name in ("advise_llama3-8b_b32_s4096.json", "batch_vs_remat.json"):
+        walk(json.loads((results / name).read_text()))
+    return found
+
+
+_RECORDED = _recorded_prices()
+
+
+@pytest.mark.parametrize("name", sorted(_RECORDED))
+def test_the_table_prices_each_gpu_as_the_recorded_runs_docs_quote_did(name):
+    """A price changed in a table changes dollar figures docs/ shows: the runs are made
+    again with it (issue 58 mutant _prices.py:133 of seed 108, a100-40gb's 1.99 -> 2.99)."""
+    from remat_kit.targets._prices import TPU_PRICES
+
+    assert {json.dumps(p, sort_keys=True) for p in _RECORDED[name]} == {
+        json.dumps({**PRICES, **TPU_PRICES}[name].to_dict(), sort_keys=True)
+    }
 
 
 def test_table_date_is_the_newest_entry():
