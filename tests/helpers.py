@@ -219,3 +219,15 @@ def maxtext_tpu_devices(name: str):
         num_slices=1,
         wrap=spec.wrap,
     ).devices
+
+
+def changed(workload, **changes):
+    """``workload`` (of a ``Measured`` step) with some of its fields changed: the Workload's
+    own (``target``, ``spread``...) on it, the rest (callbacks, ``n_layers``,
+    ``schedule_kinds``) on its Measured step; a new workload, caches empty."""
+    import dataclasses
+
+    own = {f.name for f in dataclasses.fields(workload) if f.init}
+    mine = {k: changes.pop(k) for k in list(changes) if k in own}
+    source = dataclasses.replace(workload.source, **changes) if changes else workload.source
+    return dataclasses.replace(workload, source=source, **mine)

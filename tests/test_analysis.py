@@ -382,14 +382,8 @@ def _zigzag(batch: int) -> int:
 class _FakeWorkload:
     """What max_batch asks of a Workload, with _zigzag as the compiled peak (no compile)."""
 
-    batch_multiple, seq, breakdown_fn, residuals_fn, verify_fn, spread = (
-        1,
-        8,
-        None,
-        None,
-        None,
-        None,
-    )
+    batch_multiple, seq, spread = 1, 8, None
+    shapes_known = plannable = estimates = False
     target = rk.target("h100")
 
     def __init__(self):

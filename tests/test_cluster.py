@@ -364,7 +364,7 @@ def _fake_row(self, pol):
     """A policy's throughput row without its search: the batch tells the policies apart; a
     compile counted as the search would."""
     cache._entries._compiled += 1
-    self.workload._reports[("fake", pol.spec)] = None  # counts as one compile
+    self.workload._cache.reports[("fake", pol.spec)] = None  # counts as one compile
     batch = {"none": 2, "full": 8, "minimal": 4}[pol.spec]
     row = self._none_fits(pol.spec, pol.spec, 2**20, None, largest=batch)
     return dataclasses.replace(row, batch=batch, micro_batch=batch, accum=1)

@@ -24,9 +24,9 @@ FIXED = 10_000
 
 
 class Family:
-    """Workloads ``seq -> Workload`` whose peak is ``peak_of(seq, batch)``, each made with a
-    ``resize`` that builds the next (as ``rk.sources.workload`` makes them); counts builds and
-    "compiles" (measure calls)."""
+    """Workloads ``seq -> Workload`` whose peak is ``peak_of(seq, batch)``, of Measured steps
+    each with a ``resize`` that measures the next (as a model source builds them); counts
+    builds and "compiles" (measure calls)."""
 
     def __init__(self, peak_of, multiple=1):
         self.peak_of = peak_of
@@ -35,6 +35,11 @@ class Family:
         self.measured: list[tuple[int, int]] = []
 
     def __call__(self, seq):
+        config = rk.TrainConfig(self.multiple, seq, accum=self.multiple)
+        return rk.sources.workload(self.step(seq), rk.target("h100"), config)
+
+    def step(self, seq):
+        """The Measured step at ``seq``; its ``resize`` measures the next."""
         self.built.append(seq)
 
         def measure(policy, schedule, batch):
@@ -42,12 +47,7 @@ class Family:
             peak = int(self.peak_of(seq, batch))
             return memory_report(peak_bytes=peak, policy=policy.spec, flops=float(seq * batch))
 
-        w = rk.sources.workload(
-            rk.sources.Measured(measure, lambda p, s, b: float(seq * b)),
-            rk.target("h100"),
-            rk.TrainConfig(self.multiple, seq, accum=self.multiple),
-        )
-        return dataclasses.replace(w, resize=self)
+        return rk.sources.Measured(measure, lambda p, s, b: float(seq * b), resize=self.step)
 
 
 def affine(seq, batch):
@@ -143,11 +143,14 @@ def test_a_measured_step_has_no_other_sequence():
         w.at(seq=32)
 
 
-def test_a_resize_that_builds_another_sequence_is_a_type_error():
+@pytest.mark.parametrize("gave", [None, "a step", 3])
+def test_a_resize_that_gives_no_measured_step_is_a_type_error_naming_what_it_gave(gave):
     make = Family(affine)
-    w = dataclasses.replace(make(64), resize=lambda seq: make(seq + 1))
-    with pytest.raises(BadType, match=r"resize\(128\) gave seq=129, not a Workload at seq=128"):
+    w = make(64)
+    w = dataclasses.replace(w, source=dataclasses.replace(w.source, resize=lambda seq: gave))
+    with pytest.raises(BadType, match=rf"resize\(128\) gave {type(gave).__name__}, not a Measured"):
         w.at(seq=128)
+    assert [x.seq for x in w.family] == [64]
 
 
 def test_the_door_builds_the_same_step_at_another_sequence():

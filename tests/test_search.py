@@ -26,7 +26,7 @@ from jax.errors import JaxRuntimeError
 import remat_kit as rk
 import remat_kit_models as models
 from conftest import small_request
-from helpers import loss_and_grads, memory_report, tokens
+from helpers import changed, loss_and_grads, memory_report, tokens
 from remat_kit.cli import main
 from remat_kit.errors import DoesNotFit
 from remat_kit.search._boundary import UNBUILDABLE
@@ -275,7 +275,7 @@ def test_an_extra_the_workload_cannot_run_is_never_compiled(changes, extra, neve
         made.append((policy.spec, schedule.spec))
         return _fake_measure(policy, schedule, batch)
 
-    w = dataclasses.replace(fake_workload(measure), **changes)
+    w = changed(fake_workload(measure), **changes)
     p = rk.plan(w, 1, 10**9, extra=[extra, "minimal"])
     assert p.fits and ("minimal", "none") in made
     assert never not in made
@@ -401,7 +401,7 @@ def test_with_no_budget_nothing_fits_what_a_process_may_use_though_the_device_wo
 
 
 def test_front_leaves_out_only_the_schedules_the_workload_cannot_build():
-    w = dataclasses.replace(fake_workload(), schedule_kinds=frozenset({"none", "every"}))
+    w = changed(fake_workload(), schedule_kinds=frozenset({"none", "every"}))
     pts = rk.front(w, 1, policies=("full",), schedules=[("full", "sqrt"), ("full", "every:2")])
     assert [(p.kind, p.policy, p.schedule) for p in pts] == [
         ("catalogue", "full", "none"),
@@ -461,7 +461,7 @@ def test_the_time_objective_is_the_predicted_step_time_over_none_s():
         seconds = 2.0 if policy.name == "none" else 2.5
         return r.replace(step_time=types.SimpleNamespace(seconds=seconds))
 
-    w = dataclasses.replace(fake_workload(), measure_fn=measure)
+    w = changed(fake_workload(), measure_fn=measure)
     full = w.report("full", "none", 1)
     assert w.overhead_of(full, 1, objective="time") == pytest.approx(0.25)
     flops = (BASE + sum(c for _, c in TAGS.values())) / BASE - 1  # 5.01%
@@ -533,7 +533,7 @@ def _nothing_fits_at_depth(layers):
 
         return call
 
-    w = dataclasses.replace(
+    w = changed(
         fake_workload(),
         measure_fn=depth_checked(_fake_measure),
         flops_fn=depth_checked(_fake_flops),
@@ -572,7 +572,7 @@ def test_plan_never_returns_a_compiled_peak_over_budget():
     One layer in the planner's model, so no per-layer split can undercut the over-budget plan:
     keeping it would be keeping the cheapest program compiled.
     """
-    w = dataclasses.replace(fake_workload(), measure_fn=_penalized_measure, n_layers=1)
+    w = changed(fake_workload(), measure_fn=_penalized_measure, n_layers=1)
     budget = FIXED + 500
     p = rk.plan(w, 1, budget, offload=False, objective="flops")
     over = [c for c in p.candidates if c.estimated_peak_bytes is not None and not c.fits]
@@ -595,7 +595,7 @@ def test_budget_below_weights_names_the_bytes_and_what_fits():
 
 def test_check_budget_raises_does_not_fit_with_the_parts():
     parts = {"weights": 10, "gradients": 10, "optimizer": 20, "grad_accumulator": 5}
-    w = dataclasses.replace(
+    w = changed(
         fake_workload(),
         # "activations" and unknown keys are not fixed: they must not count.
         breakdown_fn=lambda b: {**parts, "batch": 3 * b, "activations": 999, "other": 7},
@@ -621,7 +621,7 @@ def _counted(peak_of_full, peak_of_none=None):
         peak = peak_of_full if policy.is_remat or peak_of_none is None else peak_of_none
         return _fake_report(peak, 0.0, policy.spec, schedule.spec)
 
-    w = dataclasses.replace(fake_workload(), measure_fn=measure_fn)
+    w = changed(fake_workload(), measure_fn=measure_fn)
     return w, calls
 
 
@@ -689,7 +689,7 @@ def test_a_none_the_traced_bound_overstates_is_compiled_before_nothing_fits():
         calls.append(policy.spec)
         return _fake_report(1600 if policy.is_remat else 1200, 0.0, policy.spec, schedule.spec)
 
-    w = dataclasses.replace(fake_workload(), measure_fn=measure_fn)
+    w = changed(fake_workload(), measure_fn=measure_fn)
     assert rk.search._planner._none_lower_bound(w, 1) == 400 + 800 + 300 + 200
     p = rk.plan(w, 1, 1500, host_budget=0)
     assert p.fits and p.policy.name == "none" and p.peak_bytes == 1200
@@ -704,7 +704,7 @@ def test_advise_reports_does_not_fit_as_a_row():
     made = []
 
     def workload_for(t):
-        w = dataclasses.replace(
+        w = changed(
             fake_workload(),
             target=t,
             breakdown_fn=lambda b: {"weights": weights, "gradients": weights},
@@ -725,7 +725,7 @@ def test_advise_branches_on_the_type_not_the_text():
         raise ValueError("looks like whatever the policy, but is not a DoesNotFit")
 
     def workload_for(t):
-        return dataclasses.replace(fake_workload(), measure_fn=measure, target=t)
+        return changed(fake_workload(), measure_fn=measure, target=t)
 
     with pytest.raises(ValueError, match="is not a DoesNotFit"):
         rk.advise(workload_for, 1, targets=["h100"])
@@ -1489,9 +1489,7 @@ def test_max_batch_follows_the_forward_line_when_the_first_overshoots(forward_ba
     def peak_of(b):
         return max(W + G + 3_000 + 1_000 * b, forward_base + 2_000 * b)
 
-    w = dataclasses.replace(
-        _batch_fake(peak_of), breakdown_fn=lambda b: {"weights": W, "gradients": G}
-    )
+    w = changed(_batch_fake(peak_of), breakdown_fn=lambda b: {"weights": W, "gradients": G})
     fit = rk.max_batch(w, "full", limit_bytes=limit, start=4)
     assert fit.batch == _largest(peak_of, limit)
     assert peak_of(fit.batch) <= limit < peak_of(fit.batch + 1)
@@ -1604,7 +1602,7 @@ def test_max_batch_starts_where_the_trace_puts_the_boundary(per_sample, limit):
     def peak_of(b):
         return max(W + G + 3_000 + 1_000 * b, W + 2_000 * b)
 
-    w = dataclasses.replace(
+    w = changed(
         _batch_fake(peak_of),
         breakdown_fn=lambda b: {"weights": W, "gradients": G},
         residuals_fn=_traced(per_sample),
@@ -1626,9 +1624,7 @@ def test_a_peak_that_rises_under_a_byte_a_sample_over_the_fixed_parts_is_still_f
         probed.append(b)
         return W + G + b // 2
 
-    w = dataclasses.replace(
-        _batch_fake(peak_of), breakdown_fn=lambda b: {"weights": W, "gradients": G}
-    )
+    w = changed(_batch_fake(peak_of), breakdown_fn=lambda b: {"weights": W, "gradients": G})
     fit = rk.max_batch(w, "full", limit_bytes=W + G + 100, start=4)
     assert fit.batch == 201  # 201 // 2 = 100 bytes over the fixed parts: the limit
     assert probed[:2] == [4, 200], probed
@@ -1647,7 +1643,7 @@ def test_a_trace_that_saves_nothing_per_sample_starts_at_one_sample():
         compiled.append(b)
         return line(b)
 
-    w = dataclasses.replace(
+    w = changed(
         _batch_fake(peak_of),
         breakdown_fn=lambda b: {"weights": W, "gradients": G},
         residuals_fn=_traced(0),
@@ -1687,7 +1683,7 @@ def test_a_residual_trace_that_fails_only_loses_the_estimate():
     def peak_of(b):
         return 10_000 + 6300 * b
 
-    w = dataclasses.replace(
+    w = changed(
         _batch_fake(peak_of),
         breakdown_fn=lambda b: {"weights": W, "gradients": G},
         residuals_fn=residuals_fn,
@@ -1785,12 +1781,12 @@ def test_advise_traces_an_identical_step_once():
         return wrapped
 
     def workload_for(t):
-        return dataclasses.replace(
+        return changed(
             fake3(),
             target=t,
-            flops_fn=count("flops", lambda p, s, b: fake3().flops_fn(p, s, b)),
-            residuals_fn=count("residuals", fake3().residuals_fn),
-            measure_fn=count("compiles", fake3().measure_fn),
+            flops_fn=count("flops", lambda p, s, b: fake3().source.flops_fn(p, s, b)),
+            residuals_fn=count("residuals", fake3().source.residuals_fn),
+            measure_fn=count("compiles", fake3().source.measure_fn),
         )
 
     rk.advise(workload_for, 1, targets=["h100"])
@@ -2246,7 +2242,8 @@ def test_plan_refuses_a_batch_that_is_not_positive(batch):
 def test_plan_refuses_a_batch_its_accumulation_steps_do_not_divide(multiple, batch):
     """A workload that accumulates over ``multiple`` micro-batches takes whole ones: a batch
     they do not divide is refused before any compile, naming both."""
-    w = dataclasses.replace(fake3(), batch_multiple=multiple)
+    w = fake3()
+    w = changed(w, config=dataclasses.replace(w.config, batch=multiple, accum=multiple))
     with pytest.raises(ValueError, match=rf"batch={batch} is not a multiple of {multiple} "):
         rk.plan(w, batch, 2000)
     assert w.compiles == 0
@@ -2625,11 +2622,11 @@ def test_a_plan_never_names_a_tag_outside_every_checkpoint():
 
 def _parts_workload(parts, target=None, measure_fn=None):
     """The fake step with the breakdown ``parts`` on ``target`` (default one H100)."""
-    w = dataclasses.replace(fake_workload(), breakdown_fn=lambda b: dict(parts))
+    w = changed(fake_workload(), breakdown_fn=lambda b: dict(parts))
     if target is not None:
         w = dataclasses.replace(w, target=target)
     if measure_fn is not None:
-        w = dataclasses.replace(w, measure_fn=measure_fn)
+        w = changed(w, measure_fn=measure_fn)
     return w
 
 
@@ -2885,7 +2882,7 @@ def test_a_plan_compiled_to_a_catalogue_policys_program_takes_its_name():
     noise: the catalogue's name, not the solver's list."""
     tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
     w = fake3(tags)
-    real = w.measure_fn
+    real = w.source.measure_fn
 
     def measure(policy, schedule, batch):
         r = real(policy, schedule, batch)
@@ -2893,7 +2890,7 @@ def test_a_plan_compiled_to_a_catalogue_policys_program_takes_its_name():
         noise = 1.0 + 1e-3 * (policy.name == "dots")
         return r.replace(meta={**r.meta, "program": repr(kept)}, flops=r.flops * noise)
 
-    w = dataclasses.replace(w, measure_fn=measure)
+    w = changed(w, measure_fn=measure)
     budget = FIXED + 1300 - 300
     p = rk.plan(w, 1, budget, offload=False, extra=["dots", "full"], objective="flops")
     assert p.policy.name == "dots" and p.source == "catalogue"
@@ -2905,14 +2902,14 @@ def test_a_catalogue_policy_of_another_program_does_not_take_the_plans_place(pro
     the plan is the solver's own, not the next fitting name."""
     tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
     w = fake3(tags)
-    real = w.measure_fn
+    real = w.source.measure_fn
 
     def measure(policy, schedule, batch):
         r = real(policy, schedule, batch)
         return r.replace(meta={**r.meta, "program": repr(sorted(_kept_by(policy, tags)))})
 
     if programs:
-        w = dataclasses.replace(w, measure_fn=measure)
+        w = changed(w, measure_fn=measure)
     budget = FIXED + 1300 - 300
     alone = rk.plan(w, 1, budget, offload=False)
     p = rk.plan(w, 1, budget, offload=False, extra=["full"])  # in time: every extra compiled
@@ -3058,7 +3055,7 @@ def test_a_plan_at_the_largest_batch_counts_the_plans_compiles_in_its_seconds(mo
 
     clock, compiled = [1000.0], []  # not 0: ``perf_counter() + t0`` would read alike
     w = fake3()
-    measure = w.measure_fn
+    measure = w.source.measure_fn
 
     def timed(policy, schedule, batch):
         clock[0] += 10.0
@@ -3066,7 +3063,7 @@ def test_a_plan_at_the_largest_batch_counts_the_plans_compiles_in_its_seconds(mo
         return measure(policy, schedule, batch)
 
     monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
-    w = dataclasses.replace(w, measure_fn=timed)
+    w = changed(w, measure_fn=timed)
     # Up to batch 4, full fits at 4; there the plan recomputes only what 4 x 1300 B asks.
     fit, p = rk.search.max_batch_plan(w, limit_bytes=FIXED + 4 * 1300, cap=4, offload=False)
     assert p is not None and p.policy.name != "full" and compiled[-1] != "full"
@@ -3842,9 +3839,9 @@ def _overstated_none(remat_peak, breakdown=None):
         peak = remat_peak if policy.is_remat else 1200
         return _fake_report(peak, _fake_flops(policy, schedule, batch), policy.spec, schedule.spec)
 
-    w = dataclasses.replace(fake_workload(), measure_fn=measure_fn)
+    w = changed(fake_workload(), measure_fn=measure_fn)
     if breakdown is not None:
-        w = dataclasses.replace(w, breakdown_fn=lambda b: breakdown)
+        w = changed(w, breakdown_fn=lambda b: breakdown)
     return w, calls
 
 
@@ -3886,7 +3883,7 @@ def _copies_then_whole(w, over=500, host=7):
             peak_bytes=report.peak_bytes + over, host_temp_bytes=report.host_temp_bytes + host
         )
 
-    return dataclasses.replace(w, verify_fn=verify), whole
+    return changed(w, verify_fn=verify), whole
 
 
 def test_a_plan_whose_whole_step_is_over_the_budget_does_not_fit_and_carries_its_figures():
@@ -3923,7 +3920,7 @@ def test_when_only_a_segment_schedule_fits_the_plan_is_it_with_the_solvers_statu
         bad = policy.is_remat and schedule.name == "none"
         return r.replace(peak_bytes=r.peak_bytes + 10_000) if bad else r
 
-    w = dataclasses.replace(fake_workload(), measure_fn=measure)
+    w = changed(fake_workload(), measure_fn=measure)
     p = rk.plan(w, 1, 6000, host_budget=0, objective="flops")
     tried = [c for c in p.candidates if c.label == "schedule"]
     assert p.fits and p.source == "schedule" and p.policy.name == "full"
@@ -3958,9 +3955,7 @@ def test_a_source_that_cannot_build_a_layer_split_is_never_planned_one():
     them)."""
     tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
     budget = FIXED + 1300 - 650
-    w = dataclasses.replace(
-        fake3(tags, layers=4), schedule_kinds=frozenset({"none", "every", "nested"})
-    )
+    w = changed(fake3(tags, layers=4), schedule_kinds=frozenset({"none", "every", "nested"}))
     p = rk.plan(w, 1, budget, objective="flops")
     assert all(c.schedule == "none" for c in p.candidates if c.label.startswith("solver"))
     assert p.overhead == pytest.approx(_brute_force(tags, budget, layers=4), abs=1e-9)

@@ -132,8 +132,8 @@ def test_the_largest_batch_is_the_one_a_scan_finds(seed):
         # Lines, a gallop and a bisection: a number of compiles that grows with the
         # logarithm of the batch, never a scan.
         assert fit.compiles <= 2 * (cap // multiple).bit_length() + 10, case
-        shapes = w.breakdown_fn is not None
-        exact = w.verify_fn is None and want
+        shapes = w.shapes_known
+        exact = not w.estimates and want
         if exact and (kind == "affine" or (kind == "forward" and shapes)):
             # A straight line through two exact peaks is the boundary (on a forward-pass
             # line past a point, the shapes' line from the inputs finds it): the batch it

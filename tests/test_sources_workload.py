@@ -21,12 +21,12 @@ import pytest
 
 import remat_kit as rk
 import remat_kit._workers
-from helpers import memory_report
+from helpers import changed, memory_report
 from remat_kit.errors import BadType, BadValue
 from remat_kit.flops import FlopCount
 from remat_kit.policies import as_policy
 from remat_kit.schedules import NO_SCHEDULE, parse_schedule
-from remat_kit.sources import Measured, Workload
+from remat_kit.sources import Measured, Workload, _steps
 from remat_kit.sources._spread import Spread
 from remat_kit.timing import StepTime, speed_of, traced_seconds
 
@@ -179,27 +179,49 @@ def test_a_custom_policy_is_told_apart_by_its_function_and_compiled_here():
 # --- the public fields ---------------------------------------------------------------------
 
 PUBLIC = [
-    *("measure_fn", "flops_fn", "target", "seq", "n_layers", "batch_multiple", "sequences_fn"),
-    *("residuals_fn", "breakdown_fn", "label", "schedule_kinds", "verify_fn", "remat_always"),
-    *("spread", "batch", "resize"),
+    *("source", "target", "config", "strict", "depth", "label", "spread", "residual_ways"),
 ]
 
 
 def test_a_workload_is_made_and_shown_by_its_public_fields_only():
-    # Its caches are its own: no one hands them in, and its repr does not list them.
+    # (source, target, config) and how to read it; its caches are its own: no one hands them
+    # in, and its repr does not list them.
     assert list(inspect.signature(Workload).parameters) == PUBLIC
     w = _Step().make()
     w.compiled(as_policy("full"), NO_SCHEDULE, 1)
     shown = repr(w)
-    assert shown.startswith("Workload(measure_fn=") and "spread=None, batch=1)" in shown
-    for private in ("_reports", "_flops", "_residuals", "_memo", "_verified", "_now", "_family"):
+    assert shown.startswith("Workload(source=Measured(") and "residual_ways=1)" in shown
+    for private in ("_answers", "_named", "_cache", "_family"):
         assert f", {private}=" not in shown
-    # A workload made by hand without sizes: one sequence of one token, one layer, batch 1.
+    # A workload made by hand without sizes: one layer, batch 1, its config's sequence.
     m = Measured(lambda *a: None, lambda *a: 1.0)
     assert (m.n_layers, m.schedule_kinds, m.label, m.verify_fn) == (1, None, "", None)
-    bare = Workload(lambda *a: None, lambda *a: 1.0, H100)
-    assert (bare.seq, bare.n_layers, bare.batch_multiple, bare.batch) == (1, 1, 1, 1)
-    assert (bare.remat_always, bare.spread, bare.resize, bare.label) == (False, None, None, "")
+    assert m.remat_always is False
+    bare = Workload(m, H100, rk.TrainConfig(1, 3))
+    assert (bare.seq, bare.n_layers, bare.batch_multiple, bare.batch) == (3, 1, 1, 1)
+    assert (bare.remat_always, bare.spread, bare.label) == (False, None, "")
+    assert (bare.plannable, bare.shapes_known, bare.estimates) == (False, False, False)
+    assert (bare.strict, bare.depth, bare.residual_ways) == (False, "auto", 1)
+    # What the Measured step says, the workload says.
+    said = Measured(
+        lambda *a: None,
+        lambda *a: 1.0,
+        residuals_fn=lambda *a: None,
+        breakdown_fn=lambda b: {},
+        verify_fn=lambda *a: None,
+        n_layers=4,
+        schedule_kinds=frozenset({"none"}),
+        label="mine",
+        remat_always=True,
+    )
+    w = Workload(said, H100, rk.TrainConfig(6, 3, accum=3))
+    assert (w.n_layers, w.batch_multiple, w.schedule_kinds, w.label) == (
+        4,
+        3,
+        frozenset({"none"}),
+        "mine",
+    )
+    assert (w.remat_always, w.plannable, w.shapes_known, w.estimates) == (True,) * 4
 
 
 # --- costs ---------------------------------------------------------------------------------
@@ -359,8 +381,8 @@ def test_traces_and_breakdowns_are_asked_once_and_answer_what_the_callbacks_said
     assert other.traced_count(full, NO_SCHEDULE, 2).total == 1.0
     assert other.traced_count(none, NO_SCHEDULE, 2).total == 16.0
     assert other.traced_residuals(full, NO_SCHEDULE, 2) == ("kept", "full", 2)
-    with pytest.raises(BadValue, match="no residuals_fn"):
-        dataclasses.replace(other, residuals_fn=None).residuals("full")
+    with pytest.raises(BadValue, match=r"has no residuals \(a Measured step without residuals_fn"):
+        changed(other, residuals_fn=None).residuals("full")
     # A Schedule, a spec or a bare kind.
     for spec, ok in [("none", True), ("every:2", True), ("every", True), ("layers", False)]:
         assert w.supports(spec) is ok and other.supports(spec)
@@ -383,31 +405,48 @@ def test_a_breakdown_without_its_function_is_the_full_policy_s_compile():
 # --- at: views and the family by sequence --------------------------------------------------
 
 
-def _family_workload(seq: int, multiple: int, built: list[int]) -> Workload:
-    """A Workload at ``seq`` whose ``resize`` builds the others (and records each seq)."""
+class _Sized(rk.sources.StepSource):
+    """A source that records each sequence a workload is made at (its ``check``); its steps
+    are never built: ``_sized_steps`` stands in for ``_steps.measure``."""
 
-    def resize(s: int) -> Workload:
-        built.append(s)
-        return _family_workload(s, multiple, built)
+    spec = "sized"
+    schedule_kinds = frozenset({"none"})
 
-    return Workload(
-        lambda p, s, b: memory_report(policy=p.spec, meta={"seq": seq, "batch": b}),
-        lambda p, s, b: 1.0,
-        H100,
-        seq=seq,
-        batch_multiple=multiple,
-        batch=multiple,
-        sequences_fn=lambda b: 3 * b,
-        resize=resize,
-    )
+    def __init__(self):
+        self.built: list[int] = []
+
+    def check(self, config, target):
+        self.built.append(config.seq)
+
+    def label(self, config, target):
+        return f"sized s{config.seq}"
+
+    def sequences_per_step(self, config, target):
+        return 3 * config.batch  # its own accumulation trains three times the batch
+
+
+@pytest.fixture
+def sized(monkeypatch):
+    """Makes a Workload of a :class:`_Sized` source at (seq, multiple): the batch is a
+    multiple of its accumulation steps; each report names the seq and batch it was made at."""
+
+    def measure(src, pol, t, config, **kw):
+        return memory_report(policy=pol.spec, meta={"seq": config.seq, "batch": config.batch})
+
+    monkeypatch.setattr(_steps, "measure", measure)
+
+    def make(seq: int, multiple: int) -> Workload:
+        config = rk.TrainConfig(batch=multiple, seq=seq, accum=multiple)
+        return rk.sources.workload(_Sized(), H100, config)
+
+    return make
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_at_gives_views_that_share_caches_and_builds_each_sequence_once(seed):
+def test_at_gives_views_that_share_caches_and_builds_each_sequence_once(seed, sized):
     rng = random.Random(seed)
     multiple = rng.choice([1, 2, 4])
-    built: list[int] = []
-    w = _family_workload(16, multiple, built)
+    w = sized(16, multiple)
     full = as_policy("full")
     current = w
     for _ in range(40):
@@ -424,13 +463,15 @@ def test_at_gives_views_that_share_caches_and_builds_each_sequence_once(seed):
         assert (got is base) is (want_batch == base.batch)
         r = got.report(full)
         assert r is base.report(full, batch=want_batch) and r.meta["seq"] == want_seq
-        assert got.tokens(5) == 15 * want_seq
+        assert got.tokens(5 * multiple) == 15 * multiple * want_seq
         # A search's scratch space is the workload's: its views share it.
         got.memo.setdefault("probes", []).append(want_batch)
         assert base.memo["probes"][-1] == want_batch
         current = got
-    assert sorted(built) == sorted(set(built)) and 16 not in built
-    assert [x.seq for x in w.family] == sorted({16, *built})
+    built = w.source.built
+    assert built[0] == 16 and sorted(built) == sorted(set(built))
+    assert [x.seq for x in w.family] == sorted(built)
+    assert all(x.label == f"sized s{x.seq}" for x in w.family)
     assert all(x.family == w.family for x in w.family)
 
 
@@ -444,8 +485,8 @@ def test_at_gives_views_that_share_caches_and_builds_each_sequence_once(seed):
         ({"batch": 6}, BadValue, r"batch=6 does not split into the step's 4 .* multiple of 4"),
     ],
 )
-def test_at_refuses_sizes_that_are_not_whole_multiples(kwargs, error, match):
-    w = _family_workload(16, 4, [])
+def test_at_refuses_sizes_that_are_not_whole_multiples(kwargs, error, match, sized):
+    w = sized(16, 4)
     with pytest.raises(error, match=match):
         w.at(**kwargs)
     if "batch" in kwargs and "split" not in match:
@@ -454,14 +495,11 @@ def test_at_refuses_sizes_that_are_not_whole_multiples(kwargs, error, match):
             w.report("full", batch=kwargs["batch"])
 
 
-def test_a_measured_step_is_for_its_own_sequence_and_a_bad_resize_is_named():
+def test_a_measured_step_is_for_its_own_sequence_and_a_named_one_keeps_its_name(sized):
     w = rk.sources.workload(Measured(lambda *a: None, lambda *a: 1.0), H100, rk.TrainConfig(2, 16))
     assert w.at(seq=16) is w and w.tokens(2) == 32
     with pytest.raises(BadValue, match="seq=32: this workload's figures are for seq=16 only"):
         w.at(seq=32)
-    wrong = dataclasses.replace(w, resize=lambda s: _family_workload(s + 1, 1, []))
-    with pytest.raises(BadType, match=r"resize\(32\) gave seq=33, not a Workload at seq=32"):
-        wrong.at(seq=32)
-    wrong = dataclasses.replace(w, resize=lambda s: "a workload")
-    with pytest.raises(BadType, match=r"resize\(8\) gave str"):
-        wrong.at(seq=8)
+    # A label given at the door is the family's; the source's own is each sequence's.
+    named = rk.sources.workload(_Sized(), H100, rk.TrainConfig(1, 16), label="mine")
+    assert (named.at(seq=32).label, sized(16, 1).at(seq=32).label) == ("mine", "sized s32")

@@ -121,6 +121,8 @@ def test_the_door_hands_each_callback_the_source_target_and_config_at_its_batch(
             calls.append((name, args, kw))
             if name == "measure":
                 return memory_report(policy=args[1].spec)
+            if name == "breakdown":
+                return {"weights": 1}
             return FlopCount(1.0, 1.0, 0.0, 0.0) if name == "step_flop_count" else (name, args)
 
         return fn
@@ -157,7 +159,7 @@ def test_the_door_hands_each_callback_the_source_target_and_config_at_its_batch(
         w.residuals(full, batch=batch)
         share = max(accum, batch // ways)
         assert calls[-1] == ("residuals", (src, full, t, at(share), NO_SCHEDULE), {})
-    w.breakdown_fn(8)
+    assert w.breakdown(8) == {"weights": 1}
     assert calls[-1] == ("breakdown", (src, at(8), t), {})
     # A final answer is the step compiled whole, asked of the same source.
     got = w.verified(full, NO_SCHEDULE, 8, limit=123)
@@ -204,17 +206,21 @@ def test_a_measured_step_takes_the_config_s_batch_sequence_and_accumulation(labe
         3,
         5,
     )
-    assert (w.label, w.schedule_kinds, w.resize, w.remat_always) == (
+    assert (w.label, w.schedule_kinds, w.remat_always, w.source) == (
         want,
         frozenset({"none"}),
-        None,
         False,
+        m,
     )
-    assert (w.residuals_fn, w.breakdown_fn, w.verify_fn) == (
-        m.residuals_fn,
-        m.breakdown_fn,
-        m.verify_fn,
+    # Its callbacks are what the workload asks: the batch as given, no other sequence.
+    assert (w.residuals("full", batch=3), w.breakdown(3), w.plannable, w.estimates) == (
+        "r",
+        {},
+        True,
+        True,
     )
+    with pytest.raises(rk.errors.BadValue, match="for seq=24 only"):
+        w.at(seq=48)
 
 
 class _PlanOf:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import remat_kit as rk
-from helpers import memory_report, step_time
+from helpers import changed, memory_report, step_time
 from remat_kit.cli import main
 from remat_kit.errors import BadValue
 from remat_kit.render import fastest_words, throughput_table
@@ -205,12 +205,12 @@ def test_bad_arguments_are_refused_before_any_compile(kwargs, match):
 
 
 def test_a_global_batch_must_split_over_the_data_parallel_gpus():
-    w = dataclasses.replace(fake(), batch_multiple=4)  # 4 data-parallel GPUs
+    w = changed(fake(), batch_ways=4)  # 4 data-parallel GPUs
     with pytest.raises(BadValue, match="does not split over 4 data-parallel GPUs"):
         rk.search.fastest(w, ["none"], global_batch=6, accumulate=fake, limit_bytes=LIMIT)
 
     def on_four(accum):
-        return dataclasses.replace(fake(accum=accum), batch_multiple=4)
+        return changed(fake(accum=accum), batch_ways=4)
 
     # a multiple of the four is taken: searched, its global batch kept
     f = rk.search.fastest(w, ["none"], global_batch=8, accumulate=on_four, limit_bytes=LIMIT)

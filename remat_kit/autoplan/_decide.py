@@ -285,11 +285,11 @@ def _plan(
     step_fn.__name__ = name
     source = sources.from_step(step_fn)
     w = sources.workload(source, target, TrainConfig(batch=1, seq=1))
-    if layout is not None and w.residuals_fn is not None:
+    if layout is not None and w.plannable:
         batch = (roles or {}).get("batch")
         at = None if batch is None else tuple(np.atleast_1d(batch).tolist())
         ways = layout.ways(shapes, at)
-        w = dataclasses.replace(w, residuals_fn=_per_device(w.residuals_fn, ways))
+        w = dataclasses.replace(w, residual_ways=ways)
     none = w.compiled(NO_REMAT, NO_SCHEDULE, 1) if budget.form == "activations" else None
     fixed = None
     if none is not None:
@@ -358,27 +358,6 @@ def _plan(
         mesh={} if layout is None else layout.axes,
         **chosen,
     )
-
-
-def _per_device(residuals_fn: Callable[..., Any], ways: int) -> Callable[..., Any]:
-    """``residuals_fn`` with its bytes one device's share: the traced residuals are the
-    whole batch's, a device keeps ``1 / ways`` of them (the planner's model only: every
-    plan is compiled sharded)."""
-    if ways <= 1:
-        return residuals_fn
-
-    def share(*args: Any) -> Any:
-        r = residuals_fn(*args)
-        kept = tuple(dataclasses.replace(x, nbytes=-(-x.nbytes // ways)) for x in r.residuals)
-        per_tag = {k: -(-v // ways) for k, v in r.tag_bytes.items()}
-        return dataclasses.replace(
-            r,
-            residuals=kept,
-            tag_bytes=per_tag,
-            segment_offloaded_bytes=-(-r.segment_offloaded_bytes // ways),
-        )
-
-    return share
 
 
 @dataclasses.dataclass(frozen=True)

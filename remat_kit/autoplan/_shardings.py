@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -241,6 +241,50 @@ class Layout:
         }
 
 
+def _one_named_mesh(
+    name: str, wide: Sequence[tuple[str, Any]], given: tuple[Sequence[Any], Sequence[Any]]
+) -> Mesh:
+    """The one mesh of a step's multi-device shardings ``wide`` (where, sharding), each of them
+    and every sharding the jit was ``given`` (in, out) a NamedSharding on it.
+
+    Raises:
+      ShardedStep: a sharding that is not a NamedSharding, or two meshes.
+    """
+    n = max(_spans(s) for _, s in wide)
+    for where, s in wide:
+        if not isinstance(s, NamedSharding):
+            raise ShardedStep(
+                f"rk.auto({name}): its {where} hold a {type(s).__name__} over {_spans(s)} "
+                "devices, which is planned only as a NamedSharding: give NamedSharding(mesh, "
+                "PartitionSpec(...)) over a jax.sharding.Mesh",
+                step=name,
+                devices=_spans(s),
+                where=where,
+            )
+    mesh = wide[0][1].mesh
+    for where, s in wide:
+        if s.mesh.abstract_mesh != mesh.abstract_mesh:
+            raise ShardedStep(
+                f"rk.auto({name}): its {where} are on a mesh ({_mesh_words(s.mesh)}) other than "
+                f"its {wide[0][0]}' ({_mesh_words(mesh)}): put the step's shardings on one "
+                "mesh",
+                step=name,
+                devices=n,
+                where=where,
+            )
+    for where, group in zip(("in_shardings", "out_shardings"), given, strict=True):
+        for s in group:
+            if s is not None and not isinstance(s, NamedSharding):
+                raise ShardedStep(
+                    f"rk.auto({name}): its {where} mix a {type(s).__name__} into a step on the "
+                    f"mesh {_mesh_words(mesh)}: give every sharding as a NamedSharding on it",
+                    step=name,
+                    devices=n,
+                    where=where,
+                )
+    return mesh
+
+
 def layout_of(name: str, options: Mapping[str, Any], args: tuple[Any, ...]) -> Layout | None:
     """The layout of a step whose shardings span several devices; None for one device.
 
@@ -278,38 +322,7 @@ def layout_of(name: str, options: Mapping[str, Any], args: tuple[Any, ...]) -> L
     ]
     if not wide:
         return None
-    n = max(_spans(s) for _, s in wide)
-    for where, s in wide:
-        if not isinstance(s, NamedSharding):
-            raise ShardedStep(
-                f"rk.auto({name}): its {where} hold a {type(s).__name__} over {_spans(s)} "
-                "devices, which is planned only as a NamedSharding: give NamedSharding(mesh, "
-                "PartitionSpec(...)) over a jax.sharding.Mesh",
-                step=name,
-                devices=_spans(s),
-                where=where,
-            )
-    mesh = wide[0][1].mesh
-    for where, s in wide:
-        if s.mesh.abstract_mesh != mesh.abstract_mesh:
-            raise ShardedStep(
-                f"rk.auto({name}): its {where} are on a mesh ({_mesh_words(s.mesh)}) other than "
-                f"its {wide[0][0]}' ({_mesh_words(mesh)}): put the step's shardings on one "
-                "mesh",
-                step=name,
-                devices=n,
-                where=where,
-            )
-    for where, group in (("in_shardings", picked), ("out_shardings", outs)):
-        for s in group:
-            if s is not None and not isinstance(s, NamedSharding):
-                raise ShardedStep(
-                    f"rk.auto({name}): its {where} mix a {type(s).__name__} into a step on the "
-                    f"mesh {_mesh_words(mesh)}: give every sharding as a NamedSharding on it",
-                    step=name,
-                    devices=n,
-                    where=where,
-                )
+    mesh = _one_named_mesh(name, wide, (picked, outs))
     replicated = NamedSharding(mesh, PartitionSpec())
     from_args = False
     placed = []

@@ -229,7 +229,7 @@ def _share_traces(w: Workload, batch: int, traces: dict[Any, tuple[dict, dict]])
     target are made once (one trace per target tells them apart). Compiles are never shared:
     they depend on the target.
     """
-    if w.residuals_fn is None:
+    if not w.plannable:
         return
     try:
         res = w.traced_residuals(NO_REMAT, NO_SCHEDULE, batch)

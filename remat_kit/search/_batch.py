@@ -60,7 +60,7 @@ def max_batch(
        is at or just past the boundary. The second is where that compile puts the boundary:
        on the line from the inputs through it when it does not fit (a large batch peaks at
        the end of the forward pass), else from the activations per sample it shows besides
-       the fixed parts (without a ``breakdown_fn``: twice ``start``, or half);
+       the fixed parts (without shapes, ``Workload.shapes_known``: twice ``start``, or half);
     2. the line predicts the largest batch ``b`` under the limit;
     3. ``b`` and ``b + 1`` are compiled: when ``b`` fits and ``b + 1`` does not, that is the
        answer (four compiles in all);
@@ -70,7 +70,7 @@ def max_batch(
     Every probe is a compiled report for the workload's target, cached in the workload; the
     answer always rests on two compiled peaks, ``b`` fitting and ``b + 1`` not (or ``cap``).
     Where a probe's peak was read off shallow copies of an unrolled model
-    (``Workload.verify_fn``), those two are compiled whole, and the search goes on where
+    (``Workload.estimates``), those two are compiled whole, and the search goes on where
     that moves the boundary.
 
     Args:
@@ -80,7 +80,7 @@ def max_batch(
       headroom: fraction of device memory left free (see ``DEFAULT_HEADROOM``).
       limit_bytes: an explicit limit instead of device memory minus headroom.
       start: first batch probed (rounded to ``workload.batch_multiple``); default the traced
-        estimate above, or the multiple without a ``residuals_fn``.
+        estimate above, or the multiple without residuals.
       cap: stop searching above this batch (default :data:`DEFAULT_BATCH_CAP`, 16,384).
 
     Returns:
@@ -169,7 +169,7 @@ class _Batches:
     """The compiled peaks of one workload's step by units of its batch multiple.
 
     ``peak`` compiles a point as the workload does (off shallow copies of an unrolled
-    model where it has a ``verify_fn``); ``whole`` compiles it whole, as an answer must
+    model where it ``estimates``); ``whole`` compiles it whole, as an answer must
     rest on. The first figure from copies is checked against the whole step: where the
     copies are far off (XLA orders a shallow step differently at this batch), a search on
     them would go astray, and every later probe is compiled whole instead.
@@ -186,7 +186,7 @@ class _Batches:
         self.slowest = 0.0  # seconds of the slowest compile here so far
         # Every probe is the full step's compile: no copies to read (a scanned model, or
         # --depth full), or the copies were off and every later probe is compiled whole.
-        self.full_probes = workload.verify_fn is None
+        self.full_probes = not workload.estimates
 
     def pair(self, a: int, b: int) -> None:
         """Compiles units ``a`` and ``b`` side by side, where they are still to be compiled
@@ -197,7 +197,7 @@ class _Batches:
         spread = w.spread
         if spread is None or not spread.side_by_side or self.slowest < spread.slow_seconds:
             return
-        whole = w.verify_fn is not None
+        whole = w.estimates
         if not self.full_probes and not all(u in known for u in (a, b)):
             return  # these probes are read off shallow copies: cheap, one by one
         todo = [u for u in (a, b) if u and u not in self.exact and known.get(u) != UNBUILDABLE]
@@ -219,10 +219,10 @@ class _Batches:
             self.slowest = max(self.slowest, time.perf_counter() - t0)
 
     def whole(self, units: int) -> int:
-        """The full step's peak at ``units`` (compiled whole once; without a ``verify_fn``
-        every peak is)."""
+        """The full step's peak at ``units`` (compiled whole once; where the workload's probes
+        are not estimates, every peak is)."""
         w, known = self.workload, self.peak.known
-        if w.verify_fn is None:
+        if not w.estimates:
             self.exact.add(units)
             return self.peak(units)
         if units not in self.exact and known.get(units) != UNBUILDABLE:
@@ -253,7 +253,7 @@ class _Batches:
             r = w.compiled(self.pol, self.sch, b)
         self.peak.known[units] = r.peak_bytes
         self._xla(units, r)
-        if not self.copies and w.verify_fn is not None:
+        if not self.copies and w.estimates:
             with self._timed():  # the first full-depth compile: how slow they are
                 full = w.verified(self.pol, self.sch, b)
             if full is not r:
@@ -323,7 +323,7 @@ def _first_probe(
     """
     if start is not None:
         return min(max(1, start // step), cap)
-    if workload.breakdown_fn is None or workload.residuals_fn is None:
+    if not workload.shapes_known or not workload.plannable:
         return 1
     try:
         res = workload.traced_residuals(pol, sch, step)
@@ -348,7 +348,7 @@ def _second_probe(
     """Where to compile the second point of the line (in units of ``step``).
 
     Near the boundary, when the shapes say what the step holds besides activations (the
-    workload's ``breakdown_fn``, no compile), so that the line is accurate there and the
+    workload's shapes, no compile), so that the line is accurate there and the
     second point is often one of the two batches that verify it:
 
     - ``first`` fits: activations per sample are about ``(peak - fixed) / batch``, with every
@@ -360,7 +360,7 @@ def _second_probe(
     """
     fits = first_peak <= limit
     fallback = min(first * 2, cap) if fits else max(1, first // 2)
-    if workload.breakdown_fn is None or first_peak >= UNBUILDABLE:
+    if not workload.shapes_known or first_peak >= UNBUILDABLE:
         return fallback
     if not fits:
         guess = _forward_line(workload, {first: first_peak}, first, step, limit)
@@ -377,7 +377,7 @@ def _forward_line(
     """The largest batch (in units) under ``limit`` on the line from the bytes that are inputs
     whatever the batch (weights, optimizer state, accumulator: the fixed parts less the
     gradients, from shapes) through the compiled peak at ``over``; None without shapes."""
-    if workload.breakdown_fn is None:
+    if not workload.shapes_known:
         return None
     base = _inputs(workload, over * step)
     slope = (known[over] - base) / over
@@ -400,7 +400,7 @@ def _verify_boundary(
     probes: _Batches, limit: int, lo: int, hi: int | None, cap: int
 ) -> tuple[int, int | None]:
     """``(lo, hi)`` resting on peaks of the full step (``probes.whole``) where some were read
-    off shallow copies of an unrolled model (``Workload.verify_fn``): both sides are
+    off shallow copies of an unrolled model (``Workload.estimates``): both sides are
     compiled whole. Where that moves the boundary the copies were off here: their peaks are
     dropped, and the search goes on from the line through the last two whole peaks, then
     by the boundary search, compiling whole."""

@@ -203,7 +203,7 @@ def cost_model(
     residuals and FLOPs at most, no compile.
 
     Args:
-      workload: the step (needs ``residuals_fn``).
+      workload: the step (needs residuals: ``Workload.plannable``).
       batch: the batch size.
       offload: allow offloading (only where the target's host link and peak FLOPs are known).
       hide: fraction of the step's compute time transfers may take and stay hidden.
@@ -215,7 +215,7 @@ def cost_model(
       The CostModel.
 
     Raises:
-      ValueError: the workload has no ``residuals_fn``.
+      BadValue: the workload has no residuals (``Workload.plannable``).
 
     Example:
       >>> m = cost_model(w, 2, offload=False, hide=0.5)

@@ -94,7 +94,7 @@ def plan(
        by what it is shown beside.
 
     Args:
-      workload: the step (needs ``residuals_fn``).
+      workload: the step (needs residuals: ``Workload.plannable``).
       batch: the batch to plan for.
       budget: bytes (see :func:`parse_budget`); default device memory minus ``headroom``.
       headroom: used only when ``budget`` is None (default 0: the whole device).
@@ -190,7 +190,7 @@ def _none_lower_bound(workload: Workload, batch: int) -> int:
     residual XLA never materialises, a parameter's transpose fused into its matmul, makes it
     overstate: the llama3.2-1b preset's tied head, 501 MiB).
     """
-    if workload.residuals_fn is None:
+    if not workload.plannable:
         return 0  # nothing traced to bound it with: compile it
     parts = workload.breakdown(batch)
     inputs = sum(v for k, v in parts.items() if k in FIXED_PARTS and k != "gradients")
@@ -392,7 +392,7 @@ class _PlanContext:
 def _decided(w: Workload, r: Any, batch: int) -> tuple[str, ...]:
     """The report's tags a policy decides on: those inside a checkpoint (a tag outside every
     checkpoint, the head after the stack, is kept whatever the policy says)."""
-    if w.residuals_fn is None:
+    if not w.plannable:
         return tuple(r.tags)
     inside = w.traced_residuals(FULL, NO_SCHEDULE, batch).checkpointed
     return tuple(t for t in r.tags if not inside or t in inside)
@@ -426,7 +426,7 @@ def _tag_decisions(w: Workload, batch: int, pol: Policy, tags: Sequence[str]) ->
     """
     if not pol.is_remat:
         return dict.fromkeys(tags, "save")
-    if pol.tags or pol.name == "full" or w.residuals_fn is None:
+    if pol.tags or pol.name == "full" or not w.plannable:
         return {t: decide(pol, t) for t in tags}
     traced = w.traced_residuals(pol, NO_SCHEDULE, batch).tags
     word = {"saved": "save", "offloaded": "offload", "not needed": "save"}

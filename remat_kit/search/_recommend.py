@@ -116,16 +116,16 @@ def compile_bound(
     ``none`` once, the solver's plans (``MAX_PLAN_COMPILES``), ``full`` and its segment
     schedules (``FALLBACK_SCHEDULES``) and the catalogue (compiled beside the plan and shown on
     the front: the same programs); twice as many where a peak read off shallow copies of an
-    unrolled model may be compiled whole to confirm it (``Workload.verify_fn``).
+    unrolled model may be compiled whole to confirm it (``Workload.estimates``).
 
     Example:
-      >>> compile_bound(w, ["full", "minimal"]), w.verify_fn is not None  # 1 + 6 + 5 + 2, x 2
+      >>> compile_bound(w, ["full", "minimal"]), w.estimates  # 1 + 6 + 5 + 2, x 2
       (28, True)
     """
     if sweep:
         return None
     programs = 1 + MAX_PLAN_COMPILES + len(FALLBACK_SCHEDULES) + len(list(catalogue))
-    return programs * (2 if workload.verify_fn is not None else 1)
+    return programs * (2 if workload.estimates else 1)
 
 
 def plan_front(
@@ -161,7 +161,7 @@ def plan_front(
     corrections).
 
     Args:
-      workload: the step (needs ``residuals_fn``).
+      workload: the step (needs residuals: ``Workload.plannable``).
       batch: the batch to plan for.
       budget: bytes; default device memory minus ``headroom``.
       catalogue: policies compiled beside the plan (names, specs or Policies).

@@ -308,7 +308,7 @@ def max_seq_plan(
 
     Args:
       build: a Workload or a builder ``seq -> Workload``, as for :func:`max_seq` (its
-        workloads need a ``residuals_fn``, as ``rk.sources.workload`` gives them).
+        workloads need residuals (``Workload.plannable``), as ``rk.sources.workload`` gives them).
       batch, granularity, headroom, limit_bytes, start, cap: as for :func:`max_seq`.
       offload, hide, extra: as for :func:`plan`.
 

@@ -364,6 +364,27 @@ class MeshPlan:
             yield
 
 
+def _read_axis(item: str, spec: str) -> tuple[str, int | None]:
+    """One ``kind[:size]`` item of ``spec``: its axis and size (None where left open)."""
+    kind, colon, size = (p.strip() for p in item.partition(":"))
+    if kind not in STRATEGIES:
+        close = difflib.get_close_matches(kind, STRATEGIES, n=1)
+        hint = f" Did you mean {close[0]}?" if close else ""
+        raise BadValue(
+            f"unknown sharding axis {kind!r} in {spec!r}.{hint} Valid: "
+            f"{', '.join(STRATEGIES)} ({_EXAMPLES})",
+            param="shard",
+        )
+    if not colon:
+        return kind, None
+    if not size.isdigit() or int(size) < 1:
+        raise BadValue(
+            f"cannot read size {size!r} of axis {kind!r} in {spec!r}: expected a positive int",
+            param="shard",
+        )
+    return kind, int(size)
+
+
 def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
     """Reads a sharding spec: ``dp:8``, ``fsdp:8``, ``tp:8``, ``cp:8``, ``fsdp:4,tp:2``, ...
 
@@ -401,26 +422,7 @@ def parse_shard(spec: str | MeshPlan, devices: int | None = None) -> MeshPlan:
     items = [s.strip() for s in re.split(r"[,+]", spec.strip().lower()) if s.strip()]
     if not items:
         raise BadValue(f"empty shard spec {spec!r} ({_EXAMPLES})", param="shard")
-    axes: list[tuple[str, int | None]] = []
-    for item in items:
-        kind, colon, size = (p.strip() for p in item.partition(":"))
-        if kind not in STRATEGIES:
-            close = difflib.get_close_matches(kind, STRATEGIES, n=1)
-            hint = f" Did you mean {close[0]}?" if close else ""
-            raise BadValue(
-                f"unknown sharding axis {kind!r} in {spec!r}.{hint} Valid: "
-                f"{', '.join(STRATEGIES)} ({_EXAMPLES})",
-                param="shard",
-            )
-        if not colon:
-            axes.append((kind, None))
-            continue
-        if not size.isdigit() or int(size) < 1:
-            raise BadValue(
-                f"cannot read size {size!r} of axis {kind!r} in {spec!r}: expected a positive int",
-                param="shard",
-            )
-        axes.append((kind, int(size)))
+    axes = [_read_axis(item, spec) for item in items]
     kinds = [k for k, _ in axes]
     dups = sorted({k for k in kinds if kinds.count(k) > 1})
     if dups:

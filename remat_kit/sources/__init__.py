@@ -59,6 +59,7 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
         resolve,
     )
     from remat_kit.sources._loading import load_factory, patched_block
+    from remat_kit.sources._measured import Measured
     from remat_kit.sources._own_step import ROLES, OwnStep, OwnStepSource, from_step
     from remat_kit.sources._protocol import SourceStep, StepSource
     from remat_kit.sources._source import (
@@ -77,7 +78,6 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
         step_flop_count,
         step_flops,
         with_baseline,
-        workload,
     )
     from remat_kit.sources._tag_checks import (
         buildable_policies,
@@ -85,7 +85,7 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
         tags,
         usable_policies,
     )
-    from remat_kit.sources._workload import Measured, Workload
+    from remat_kit.sources._workload import Workload, workload
 
 #: Where each public name lives: the private module it is imported from on first use.
 _HOME: dict[str, str] = {
@@ -130,12 +130,12 @@ _HOME: dict[str, str] = {
     "step_flop_count": "_steps",
     "step_flops": "_steps",
     "with_baseline": "_steps",
-    "workload": "_steps",
+    "workload": "_workload",
     "buildable_policies": "_tag_checks",
     "check_policies": "_tag_checks",
     "tags": "_tag_checks",
     "usable_policies": "_tag_checks",
-    "Measured": "_workload",
+    "Measured": "_measured",
     "Workload": "_workload",
 }
 

@@ -560,7 +560,7 @@ def verify(
 def verify_search(
     report: MemoryReport | None, compile_full: Callable[[], MemoryReport], limit: int | None
 ) -> MemoryReport:
-    """A search's check of a report (``rk.Workload.verify_fn``): with no ``report``, the
+    """A search's check of a report (``rk.Workload.estimates``): with no ``report``, the
     step compiled whole; with no ``limit``, a final answer (:func:`verify` ``always``);
     else :func:`verify` against ``limit``."""
     if report is None:

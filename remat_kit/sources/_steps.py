@@ -19,7 +19,7 @@ import dataclasses
 import functools
 import math
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -42,11 +42,10 @@ from remat_kit.sources._depth import (
     verify,
     verify_search,
 )
+from remat_kit.sources._measured import Answers
 from remat_kit.sources._protocol import SourceStep, StepSource
 from remat_kit.sources._remember import _remembered
-from remat_kit.sources._source import from_factory
 from remat_kit.sources._tag_checks import check_policies
-from remat_kit.sources._workload import Measured, Workload
 from remat_kit.targets import Target, as_target
 from remat_kit.train import TrainConfig
 
@@ -58,7 +57,6 @@ __all__ = [
     "step_flop_count",
     "step_flops",
     "with_baseline",
-    "workload",
 ]
 
 
@@ -450,105 +448,50 @@ def breakdown(source: StepSource, config: TrainConfig, target: Target | str) -> 
     return dict(built.step.breakdown)
 
 
-def workload(
-    source: StepSource | Measured | str | Callable[..., Any],
-    target: Target | str,
-    config: TrainConfig,
-    *,
-    strict: bool = False,
-    label: str | None = None,
-    depth: str = "auto",
-) -> Workload:
-    """The train step of a source as an ``rk.Workload`` for ``rk.plan``, ``rk.max_batch``,
-    ``rk.front`` and ``rk.advise``: one call from a model to the search, and the only way to
-    a Workload.
+def answers_of(
+    src: StepSource, t: Target, config: TrainConfig, *, strict: bool, depth: str
+) -> Answers:
+    """What a Workload of ``src`` on ``t`` asks of its step, at any batch of ``config``.
 
-    ``config.batch`` is only a default: the search sets the batch. Under a mesh plan the
-    batch is a multiple of the data-parallel ways, and the planner sizes the residuals of one
-    device's share. Schedules the source cannot build are left out of the search; per-layer
-    splits need a known layer count.
-
-    Args:
-      source: a StepSource, what :func:`from_factory` takes, or a :class:`Measured` step
-        (callbacks in place of a model: its figures are for ``target`` and ``config.seq``;
-        the batch is a multiple of ``config.accum``).
-      target: where to compile.
-      config: sequence, optimizer, precision, accumulation (``batch`` is overridden).
-      strict: a policy matching no tag is an error (the CLI), not a warning.
-      label: a name for tables (default: the source's label).
-      depth: how an unrolled model is compiled (see :func:`measure`).
-
-    Returns:
-      The Workload.
-
-    Raises:
-      BadValue: a config the source refuses before anything is traced (its ``check``: a
-        preset's sizes and attention kernel for the target; a step of your own given an
-        optimizer, accumulation or precision of ours).
+    Probes of an unrolled model are read off shallow copies where ``depth`` is ``auto``
+    (``estimate``), final answers compiled whole (``verify``); residuals are one device's
+    share of the batch (tp splits it further; compiles verify).
 
     Example:
-      >>> w = workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
-      >>> w.report("full", batch=2).policy, w.label
-      ('full', 'tiny_model s16 adamw')
+      >>> a = answers_of(rk.sources.from_factory(tiny_model), rk.target("h100"),
+      ...     rk.TrainConfig(batch=2, seq=16), strict=False, depth="auto")
+      >>> a.label, a.batch_multiple, a.resizes
+      ('tiny_model s16 adamw', 1, True)
     """
-    t = as_target(target)
-    if isinstance(source, Measured):
-        return _measured(source, t, config, label)
-    src = source if isinstance(source, StepSource) else from_factory(source)
-    src.check(config, t)
     probes = "estimate" if check_depth(depth) == "auto" else depth
     ways = src.batch_ways(t)
 
     def at(batch: int) -> TrainConfig:
         return dataclasses.replace(config, batch=batch)
 
-    def residuals_fn(pol: Policy, sch: Schedule, batch: int) -> ResidualReport:
-        # One device's share of the batch (tp splits it further; compiles verify).
+    def probe(pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
+        return measure(src, pol, t, at(batch), schedule=sch, strict=strict, warn=False,
+                       depth=probes)  # fmt: skip
+
+    def whole(pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
+        return measure(src, pol, t, at(batch), schedule=sch, strict=strict, warn=False,
+                       depth="full")  # fmt: skip
+
+    def residuals_of(pol: Policy, sch: Schedule, batch: int) -> ResidualReport:
         return residuals(src, pol, t, at(max(src.smallest_batch(config, t), batch // ways)), sch)
 
     n_layers = src.n_layers() if "layers" in src.schedule_kinds else None
-    return Workload(
-        # Probes from copies as they are; final answers compiled whole (verify_fn).
-        lambda p, s, b: measure(
-            src, p, t, at(b), schedule=s, strict=strict, warn=False, depth=probes
-        ),
-        lambda p, s, b: step_flop_count(src, p, t, at(b), s),
-        target=t,
-        seq=config.seq,
+    return Answers(
+        measure=probe,
+        flops=lambda p, s, b: step_flop_count(src, p, t, at(b), s),
+        residuals=residuals_of,
+        breakdown=lambda b: breakdown(src, at(b), t),
+        verify=lambda p, s, b, r, limit: verify_search(r, lambda: whole(p, s, b), limit),
+        sequences=lambda b: src.sequences_per_step(at(b), t),
         n_layers=n_layers or 1,
         batch_multiple=config.accum * ways,
-        sequences_fn=lambda b: src.sequences_per_step(at(b), t),
-        residuals_fn=residuals_fn,
-        breakdown_fn=lambda b: breakdown(src, at(b), t),
-        label=label or src.label(config, t),
         schedule_kinds=src.schedule_kinds,
         remat_always=src.remat_always,
-        batch=config.batch,
-        # The same source, target and config at another sequence (Workload.at).
-        resize=lambda seq: workload(
-            src, t, dataclasses.replace(config, seq=seq), strict=strict, label=label, depth=depth
-        ),
-        verify_fn=lambda p, s, b, r, limit: verify_search(
-            r,
-            lambda: measure(src, p, t, at(b), schedule=s, strict=strict, warn=False, depth="full"),
-            limit,
-        ),
-    )
-
-
-def _measured(m: Measured, t: Target, config: TrainConfig, label: str | None) -> Workload:
-    """The Workload of a step measured by hand (its callbacks, on ``t`` at ``config.seq``)."""
-    return Workload(
-        m.measure_fn,
-        m.flops_fn,
-        target=t,
-        seq=config.seq,
-        n_layers=m.n_layers,
-        batch_multiple=config.accum,
-        residuals_fn=m.residuals_fn,
-        breakdown_fn=m.breakdown_fn,
-        label=m.label if label is None else label,
-        schedule_kinds=m.schedule_kinds,
-        verify_fn=m.verify_fn,
-        batch=config.batch,
+        label=src.label(config, t),
+        resizes=True,
     )

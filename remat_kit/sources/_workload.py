@@ -1,11 +1,12 @@
 """The Workload: a training step the search may compile or trace for any policy and batch.
 
 A :class:`Workload` is the cached view of (source, target, train config): the step compiled
-(``measure_fn``) or traced (``flops_fn``, ``residuals_fn``, ``breakdown_fn``) for a policy, a
-layer schedule and a batch size, on the target. It caches every answer, so a plan, a max-batch
-search and a Pareto front over the same workload share their compiles. There is one door,
-``rk.sources.workload(source, target, config)``: a model source, or a :class:`Measured` step
-(hand-made callbacks, the adapter for figures remat_kit does not make).
+or traced (FLOPs, residuals, the fixed parts' bytes) for a policy, a layer schedule and a
+batch size, on the target. It caches every answer, so a plan, a max-batch search and a Pareto
+front over the same workload share their compiles. There is one door, :func:`workload`: a
+model source, or a :class:`Measured` step (hand-made callbacks, the adapter for figures
+remat_kit does not make); what either answers is asked in one place
+(:meth:`Measured.answers`, ``sources._steps.answers_of``).
 
 Its public methods take what users write (a policy name, a Policy, a jax callable) and
 normalise it once; the typed ones (:meth:`Workload.compiled`, :meth:`Workload.traced_flops`,
@@ -34,15 +35,20 @@ from remat_kit.flops import FlopCount
 from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import ResidualReport
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
-from remat_kit.sources._depth import extrapolated
+from remat_kit.sources._depth import check_depth, extrapolated
+from remat_kit.sources._measured import Answers, Measured
+from remat_kit.sources._protocol import StepSource
+from remat_kit.sources._source import from_factory
 from remat_kit.sources._spread import Spread, compile_in_worker
-from remat_kit.targets import Target
+from remat_kit.sources._steps import answers_of
+from remat_kit.targets import Target, as_target
+from remat_kit.train import TrainConfig
 
 __all__ = [
     "DEFAULT_HIDE",
     "OBJECTIVES",
-    "Measured",
     "Workload",
+    "workload",
 ]
 
 #: What a search minimises: ``time``, the step's predicted time (recomputed products,
@@ -65,112 +71,45 @@ SCHEDULE_KINDS = ("none", "every", "sqrt", "nested", "layers")
 #: What no policy removes, as named in a breakdown.
 FIXED_PARTS = ("weights", "gradients", "optimizer", "batch", "grad_accumulator")
 
-MeasureFn = Callable[[Policy, Schedule, int], MemoryReport]
-FlopsFn = Callable[[Policy, Schedule, int], "FlopCount | float"]
-ResidualsFn = Callable[[Policy, Schedule, int], ResidualReport]
-BreakdownFn = Callable[[int], Mapping[str, int]]
-VerifyFn = Callable[[Policy, Schedule, int, MemoryReport, "int | None"], MemoryReport]
 
+@dataclasses.dataclass
+class _Caches:
+    """Every answer of one (source, target, config) at one sequence, shared by its batch
+    views: compiled reports and traces by (policy, schedule, batch), the full-depth
+    verifications, the searches' scratch (:attr:`Workload.memo`), what compiles now."""
 
-@dataclasses.dataclass(frozen=True)
-class Measured:
-    """A step measured by hand: a source of its own, for :func:`~remat_kit.sources.workload`.
-
-    Where the figures come from somewhere other than a model remat_kit builds (a formula in a
-    test, a simulator, another tool's compiles), these callbacks stand in for the model
-    source: ``rk.sources.workload(Measured(...), target, config)`` makes the same Workload a
-    model source makes, the one way into the search. Each callback takes what the search
-    holds, ``(policy, schedule, batch)`` (a Policy, a Schedule, an int), for the workload's
-    target and sequence.
-
-    Attributes:
-      measure_fn: ``(policy, schedule, batch) -> MemoryReport``, as compiled for the target.
-      flops_fn: ``(policy, schedule, batch) -> FlopCount`` (or a bare number of FLOPs) of the
-        whole step. The split by kind prices each at its rate for the ``time`` objective; a
-        bare number is priced as matrix products.
-      residuals_fn: ``(policy, schedule, batch) -> ResidualReport`` of one micro-batch;
-        needed by ``rk.plan``.
-      breakdown_fn: ``batch -> {"weights", "gradients", "optimizer", "batch",
-        "grad_accumulator"}`` bytes; rejects budgets below what no policy can go under.
-      verify_fn: ``(policy, schedule, batch, report, limit) -> MemoryReport``: the final
-        figure where ``measure_fn``'s is an estimate (see :class:`Workload`); None: every
-        report is final.
-      n_layers: layers of the stack (the granularity of layer schedules a plan may use).
-      schedule_kinds: the schedule names ``measure_fn`` can build; None: all.
-      label: a name for tables.
-
-    Example:
-      >>> from remat_kit.sources import Measured, workload
-      >>> def measure_fn(policy, schedule, batch):
-      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
-      ...     return rk.memory_report(step.fn, *step.args, target="h100", policy=policy)
-      >>> def flops_fn(policy, schedule, batch):
-      ...     step = rk.build_train_step(tiny_model(policy), rk.TrainConfig(batch, 16))
-      ...     return rk.count_flops(step.fn, *step.args).total
-      >>> w = workload(Measured(measure_fn, flops_fn), "h100", rk.TrainConfig(batch=2, seq=16))
-      >>> w.report("full", batch=2).policy, w.compiles
-      ('full', 1)
-      >>> w.recompute_overhead("full", batch=2) > 0
-      True
-    """
-
-    measure_fn: MeasureFn
-    flops_fn: FlopsFn
-    residuals_fn: ResidualsFn | None = None
-    breakdown_fn: BreakdownFn | None = None
-    verify_fn: VerifyFn | None = None
-    n_layers: int = 1
-    schedule_kinds: frozenset[str] | None = None
-    label: str = ""
+    reports: dict[Hashable, MemoryReport] = dataclasses.field(default_factory=dict)
+    flops: dict[Hashable, FlopCount] = dataclasses.field(default_factory=dict)
+    residuals: dict[Hashable, ResidualReport] = dataclasses.field(default_factory=dict)
+    memo: dict[Hashable, Any] = dataclasses.field(default_factory=dict)
+    verified: set[Hashable] = dataclasses.field(default_factory=set)
+    now: list[tuple[str, str, int]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Workload:
     """A training step the search may compile for any policy, schedule and batch size.
 
-    The cached view of (source, target, train config), made by
-    :func:`~remat_kit.sources.workload`, the one door: from a model source, or from a
-    :class:`Measured` step (callbacks). Every answer is cached in this object, keyed by
-    (policy spec, schedule, batch), so searches over the same workload share compiles and
-    traces.
+    The cached view of (source, target, train config), made by :func:`workload`, the one
+    door: from a model source, or from a :class:`Measured` step (callbacks). Every answer is
+    cached in this object, keyed by (policy spec, schedule, batch), so searches over the same
+    workload share compiles and traces.
 
     Attributes:
-      measure_fn: ``(policy, schedule, batch) -> MemoryReport`` compiled for ``target``.
-      flops_fn: ``(policy, schedule, batch) -> FlopCount`` (or a bare number of FLOPs) of the
-        whole step, traced, not compiled. The split by kind prices each at its rate for the
-        ``time`` objective; a bare number is priced as matrix products.
-      target: where ``measure_fn`` compiles.
-      seq: tokens per sequence (tokens per step = batch x seq).
-      n_layers: layers of the stack (the granularity of layer schedules a plan may use).
-      batch_multiple: batch sizes must be multiples of this (gradient accumulation steps).
-      sequences_fn: ``batch -> sequences`` one step trains, where the source's own config
-        trains more than the batch (its own gradient accumulation over micro-batches of
-        that batch); None: the batch. What tokens and tokens/s count (:meth:`tokens`).
-      residuals_fn: ``(policy, schedule, batch) -> ResidualReport`` of one micro-batch, traced;
-        needed by :func:`plan`.
-      breakdown_fn: ``batch -> {"weights", "gradients", "optimizer", "batch",
-        "grad_accumulator"}`` bytes from shapes, traced; used to reject budgets below what
-        no policy can go under.
-      label: a name for tables (model, sequence, optimizer).
-      schedule_kinds: the schedule names (``none``, ``every``, ``sqrt``, ``nested``,
-        ``layers``) ``measure_fn`` can build; None: all. A factory's model may take none
-        (``rk.sources``): the search then leaves schedules out.
-      verify_fn: ``(policy, schedule, batch, report, limit) -> MemoryReport``: the report
-        ``measure_fn`` gave, or the same step compiled whole where ``measure_fn`` read it
-        off shallow copies of an unrolled model (``rk.sources``: ``depth="auto"``) and the
-        verdict against ``limit`` bytes is not a clear "fits", or, with ``limit`` None,
-        whatever it is (a final answer); with ``report`` None, the step compiled whole.
-        None: every report is final as it is.
-      remat_always: the model's own trainer checkpoints every layer (MaxText): ``none`` is
-        compiled as the baseline figures are read against, never given as a plan.
+      source: the step: a model source (``rk.sources.StepSource``) or a :class:`Measured` one.
+      target: where the step compiles.
+      config: sequence, optimizer, precision, accumulation; its ``batch`` is the one
+        :meth:`report`, :meth:`flops`, :meth:`residuals` and :meth:`recompute_overhead` use
+        where none is given (:meth:`at` gives the same step at another).
+      strict: a policy matching no tag is an error (the CLI), not a warning.
+      depth: how an unrolled model is compiled (``rk.sources.measure``): with ``auto``,
+        probes are read off shallow copies and final answers compiled whole.
+      label: a name for tables; None: the source's own (set at construction).
       spread: where programs a search needs at once (:meth:`compile_all`) may compile
         besides this process: local workers or a cluster (None: here, one by one).
-      batch: the batch :meth:`report`, :meth:`flops`, :meth:`residuals` and
-        :meth:`recompute_overhead` use where none is given (the door sets the config's);
-        :meth:`at` gives the same step at another.
-      resize: ``seq -> Workload``: the same source, target and config at another sequence
-        (the door sets it; :meth:`at` calls it once per sequence); None: the figures are for
-        ``seq`` only (a :class:`Measured` step).
+      residual_ways: devices one step's traced residuals split over where the source's
+        batch cannot (a sharded step of your own, whose shapes are fixed: ``rk.auto``); the
+        planner then sizes one device's share.
 
     Example:
       >>> w = rk.sources.workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
@@ -180,42 +119,84 @@ class Workload:
       True
     """
 
-    measure_fn: MeasureFn
-    flops_fn: FlopsFn
+    source: StepSource | Measured
     target: Target
-    seq: int = 1
-    n_layers: int = 1
-    batch_multiple: int = 1
-    sequences_fn: Callable[[int], int] | None = None
-    residuals_fn: ResidualsFn | None = None
-    breakdown_fn: BreakdownFn | None = None
-    label: str = ""
-    schedule_kinds: frozenset[str] | None = None
-    verify_fn: VerifyFn | None = None
-    remat_always: bool = False
+    config: TrainConfig
+    strict: bool = False
+    depth: str = "auto"
+    label: str | None = None
     spread: Spread | None = None
-    batch: int = 1
-    resize: Callable[[int], Workload] | None = dataclasses.field(default=None, repr=False)
-    _reports: dict[Hashable, MemoryReport] = dataclasses.field(
-        default_factory=dict, init=False, repr=False
-    )
-    _flops: dict[Hashable, FlopCount] = dataclasses.field(
-        default_factory=dict, init=False, repr=False
-    )
-    _residuals: dict[Hashable, ResidualReport] = dataclasses.field(
-        default_factory=dict, init=False, repr=False
-    )
-    _memo: dict[Hashable, Any] = dataclasses.field(default_factory=dict, init=False, repr=False)
-    _verified: set[Hashable] = dataclasses.field(default_factory=set, init=False, repr=False)
-    _now: list[tuple[str, str, int]] = dataclasses.field(
-        default_factory=list, init=False, repr=False
-    )
+    residual_ways: int = 1
+    _answers: Answers = dataclasses.field(init=False, repr=False)
+    _named: bool = dataclasses.field(init=False, repr=False)
+    _cache: _Caches = dataclasses.field(default_factory=_Caches, init=False, repr=False)
     # The workloads of one (source, target, config) by sequence, shared by every one of
     # them and by their batch views: at(seq=) builds each sequence once.
     _family: dict[int, Workload] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if isinstance(self.source, Measured):
+            answers = self.source.answers(self.config.accum)
+        else:
+            self.source.check(self.config, self.target)
+            answers = answers_of(
+                self.source, self.target, self.config, strict=self.strict, depth=self.depth
+            )
+        object.__setattr__(self, "_answers", answers)
+        object.__setattr__(self, "_named", self.label is not None)
+        if self.label is None:
+            object.__setattr__(self, "label", answers.label)
         self._family[self.seq] = self
+
+    @property
+    def seq(self) -> int:
+        """Tokens per sequence (tokens per step = batch x seq)."""
+        return self.config.seq
+
+    @property
+    def batch(self) -> int:
+        """The batch this view's methods use where none is given (the config's)."""
+        return self.config.batch
+
+    @property
+    def n_layers(self) -> int:
+        """Layers of the stack (the granularity of layer schedules a plan may use)."""
+        return self._answers.n_layers
+
+    @property
+    def batch_multiple(self) -> int:
+        """Batch sizes must be multiples of this (accumulation steps x data-parallel ways)."""
+        return self._answers.batch_multiple
+
+    @property
+    def schedule_kinds(self) -> frozenset[str] | None:
+        """The schedule kinds (``none``, ``every``, ``sqrt``, ``nested``, ``layers``) the
+        source can build; None: all. A factory's model may take none: the search then leaves
+        schedules out."""
+        return self._answers.schedule_kinds
+
+    @property
+    def remat_always(self) -> bool:
+        """The model's own trainer checkpoints every layer (MaxText): ``none`` is compiled as
+        the baseline figures are read against, never given as a plan."""
+        return self._answers.remat_always
+
+    @property
+    def plannable(self) -> bool:
+        """Whether the step's residuals can be traced (what ``rk.plan`` needs)."""
+        return self._answers.residuals is not None
+
+    @property
+    def shapes_known(self) -> bool:
+        """Whether the fixed parts (weights, gradients, optimizer...) come from shapes,
+        without a compile: what lets a budget below them be refused at once."""
+        return self._answers.breakdown is not None
+
+    @property
+    def estimates(self) -> bool:
+        """Whether a compiled probe may be an estimate read off shallow copies of an unrolled
+        model, to be compiled whole for a final answer (:meth:`verified`, :meth:`whole`)."""
+        return self._answers.verify is not None
 
     def at(self, *, batch: int | None = None, seq: int | None = None) -> Workload:
         """The same step at another batch or sequence: what the searches probe.
@@ -235,7 +216,7 @@ class Workload:
         Raises:
           BadType: a size that is not an int.
           BadValue: a size below 1, a batch that does not split into ``batch_multiple``, a
-            sequence for a workload without ``resize``, or one the source refuses (its own
+            sequence for a Measured step without ``resize``, or one the source refuses (its own
             error, e.g. past a model's learned positions).
 
         Example:
@@ -261,7 +242,7 @@ class Workload:
         if want == w.batch:
             return w
         view = copy.copy(base)  # shallow: the caches and the family are the same objects
-        object.__setattr__(view, "batch", want)
+        object.__setattr__(view, "config", dataclasses.replace(base.config, batch=want))
         return view
 
     @property
@@ -276,29 +257,43 @@ class Workload:
         return tuple(self._family[s] for s in sorted(self._family))
 
     def _resized(self, seq: int) -> Workload:
-        """The family's workload at ``seq``, built by ``resize`` (see :meth:`at`)."""
-        if self.resize is None:
+        """The family's workload at ``seq``: the same source, target and options (see
+        :meth:`at`)."""
+        if not self._answers.resizes:
             raise BadValue(
                 f"seq={seq}: this workload's figures are for seq={self.seq} only (a Measured "
-                "step); make one per sequence with rk.sources.workload",
+                "step without resize); give it a resize, or make one per sequence",
                 param="seq",
             )
-        w = self.resize(seq)
-        if not isinstance(w, Workload) or w.seq != seq:
-            got = type(w).__name__ if not isinstance(w, Workload) else f"seq={w.seq}"
-            raise BadType(f"resize({seq}) gave {got}, not a Workload at seq={seq}", param="resize")
+        base = self._family[self.seq]  # the family's own: its config's batch, not a view's
+        source = base.source
+        if isinstance(source, Measured):
+            source = source.resize(seq)  # type: ignore[misc]
+            if not isinstance(source, Measured):
+                raise BadType(
+                    f"resize({seq}) gave {type(source).__name__}, not a Measured step",
+                    param="resize",
+                )
+        w = dataclasses.replace(
+            base,
+            source=source,
+            config=dataclasses.replace(base.config, seq=seq),
+            label=base.label if base._named else None,
+        )
         object.__setattr__(w, "_family", self._family)
         self._family[seq] = w
         return w
 
     def tokens(self, batch: int) -> int:
-        """Tokens one step trains at ``batch``: its sequences (``sequences_fn``) x ``seq``.
+        """Tokens one step trains at ``batch``: its sequences x ``seq`` (a source's own
+        gradient accumulation may train more sequences than the batch).
 
         Example:
           >>> w.tokens(2)
           32
         """
-        sequences = batch if self.sequences_fn is None else self.sequences_fn(batch)
+        count = self._answers.sequences
+        sequences = batch if count is None else count(batch)
         return int(sequences) * self.seq
 
     def report(
@@ -327,7 +322,7 @@ class Workload:
         """What the policy keeps for the backward pass, by tag (traced, cached).
 
         Raises:
-          ValueError: the workload has no ``residuals_fn``.
+          BadValue: the workload has no residuals (:attr:`plannable`).
         """
         return self.traced_residuals(
             as_policy(policy), parse_schedule(schedule), self._batch(batch)
@@ -339,16 +334,16 @@ class Workload:
     def breakdown(self, batch: int) -> dict[str, int]:
         """Bytes of weights/gradients/optimizer/batch/accumulator (shapes; or one compile)."""
         key = ("breakdown", batch)
-        if key not in self._memo:
-            if self.breakdown_fn is not None:
-                parts = dict(self.breakdown_fn(batch))
+        if key not in self._cache.memo:
+            if self.shapes_known:
+                parts = dict(self._answers.breakdown(batch))
             else:
                 parts = dict(self.compiled(FULL, NO_SCHEDULE, batch).breakdown)
-            self._memo[key] = {k: int(v) for k, v in parts.items() if k != "activations"}
-        return dict(self._memo[key])
+            self._cache.memo[key] = {k: int(v) for k, v in parts.items() if k != "activations"}
+        return dict(self._cache.memo[key])
 
     def supports(self, schedule: Any) -> bool:
-        """Whether ``measure_fn`` can build ``schedule`` (see ``schedule_kinds``).
+        """Whether the source can build ``schedule`` (see :attr:`schedule_kinds`).
 
         Args:
           schedule: a Schedule, a spec (``"every:2"``) or a bare kind (``"layers"``).
@@ -367,7 +362,7 @@ class Workload:
     @property
     def compiles(self) -> int:
         """Number of programs compiled so far (full-depth verifications included)."""
-        return len(self._reports) + len(self._verified)
+        return len(self._cache.reports) + len(self._cache.verified)
 
     @property
     def compiling(self) -> tuple[str, str, int] | None:
@@ -378,15 +373,15 @@ class Workload:
           >>> w.compiling is None  # between compiles
           True
         """
-        return self._now[-1] if self._now else None
+        return self._cache.now[-1] if self._cache.now else None
 
     @contextlib.contextmanager
     def _compiling(self, pol: Policy, sch: Schedule, batch: int) -> Iterator[None]:
-        self._now.append((pol.spec, sch.spec, int(batch)))
+        self._cache.now.append((pol.spec, sch.spec, int(batch)))
         try:
             yield
         finally:
-            self._now.pop()
+            self._cache.now.pop()
 
     def step_seconds(self, batch: int, objective: str = "time") -> float | None:
         """The compute time of the step without remat (an estimate from its trace).
@@ -457,12 +452,12 @@ class Workload:
     def memo(self) -> dict[Hashable, Any]:
         """Scratch space the searches keep with the workload (cost models, the planner's
         corrections), so later searches over the same workload start from them."""
-        return self._memo
+        return self._cache.memo
 
     def trace_caches(self) -> tuple[dict[Hashable, FlopCount], dict[Hashable, ResidualReport]]:
         """The traced FLOPs and residuals by (policy, schedule, batch): the live dicts, so
         workloads whose steps trace alike (the same model on other GPUs) can share them."""
-        return self._flops, self._residuals
+        return self._cache.flops, self._cache.residuals
 
     def adopt_traces(
         self, flops: Mapping[Hashable, FlopCount], residuals: Mapping[Hashable, ResidualReport]
@@ -470,17 +465,17 @@ class Workload:
         """Takes traced FLOPs and residuals of a workload whose steps trace the same
         (:meth:`trace_caches`); what this one traced already is kept."""
         for k, v in flops.items():
-            self._flops.setdefault(k, v)
+            self._cache.flops.setdefault(k, v)
         for k, v in residuals.items():
-            self._residuals.setdefault(k, v)
+            self._cache.residuals.setdefault(k, v)
 
     def compiled(self, pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
         """The compiled report of a typed (policy, schedule, batch) (cached)."""
         key = _key(pol, sch, batch)
-        if key not in self._reports:
+        if key not in self._cache.reports:
             with self._compiling(pol, sch, batch):
-                self._reports[key] = self.measure_fn(pol, sch, batch)
-        return self._reports[key]
+                self._cache.reports[key] = self._answers.measure(pol, sch, batch)
+        return self._cache.reports[key]
 
     def verified(
         self, pol: Policy, sch: Schedule, batch: int, limit: int | None = None
@@ -488,37 +483,37 @@ class Workload:
         """The compiled report of a typed (policy, schedule, batch) whose verdict against
         ``limit`` bytes (None: whatever it is, the answer is final) is the full step's: a
         report read off shallow copies is replaced by the full-depth compile where
-        ``verify_fn`` says so (cached in its place)."""
+        the source says so (cached in its place: :attr:`estimates`)."""
         key = _key(pol, sch, batch)
         report = self.compiled(pol, sch, batch)
-        if self.verify_fn is not None and key not in self._verified:
+        if self.estimates and key not in self._cache.verified:
             with self._compiling(pol, sch, batch):
-                full = self.verify_fn(pol, sch, batch, report, limit)
+                full = self._answers.verify(pol, sch, batch, report, limit)
             if full is not report:
-                self._reports[key] = report = full
-                self._verified.add(key)
+                self._cache.reports[key] = report = full
+                self._cache.verified.add(key)
         return report
 
     def whole(self, pol: Policy, sch: Schedule, batch: int) -> MemoryReport:
         """The full step's compiled report of a typed (policy, schedule, batch), not read off
-        shallow copies: ``verify_fn`` asked to compile it whole (cached); without one, the
+        shallow copies: the source asked to compile it whole (cached); without one, the
         compiled report."""
         key = _key(pol, sch, batch)
-        if self.verify_fn is None or key in self._reports:
+        if not self.estimates or key in self._cache.reports:
             return self.verified(pol, sch, batch)
         with self._compiling(pol, sch, batch):
-            self._reports[key] = self.verify_fn(pol, sch, batch, None, None)
-        return self._reports[key]
+            self._cache.reports[key] = self._answers.verify(pol, sch, batch, None, None)
+        return self._cache.reports[key]
 
     def has(self, pol: Policy, sch: Schedule, batch: int, *, whole: bool = False) -> bool:
         """Whether the report of a typed (policy, schedule, batch) is compiled already (with
         ``whole``: the full step's, where this workload reads probes off shallow copies)."""
         key = _key(pol, sch, batch)
-        if key not in self._reports:
+        if key not in self._cache.reports:
             return False
-        if not whole or self.verify_fn is None or key in self._verified:
+        if not whole or not self.estimates or key in self._cache.verified:
             return True
-        return not extrapolated(self._reports[key])
+        return not extrapolated(self._cache.reports[key])
 
     def compile_all(
         self,
@@ -588,22 +583,22 @@ class Workload:
         """A report compiled elsewhere (a worker) joins the caches, as :meth:`whole` or
         :meth:`compiled` would have kept it here."""
         key = _key(pol, sch, batch)
-        held = self._reports.get(key)
+        held = self._cache.reports.get(key)
         if held is report or (held is not None and not whole):
             return
-        if held is not None and self.verify_fn is not None and extrapolated(held):
-            self._verified.add(key)  # the copies' compile and the whole one: two programs
+        if held is not None and self.estimates and extrapolated(held):
+            self._cache.verified.add(key)  # the copies' compile and the whole one: two programs
         elif held is not None:
             return
-        self._reports[key] = report
+        self._cache.reports[key] = report
 
     def traced_flops(self, pol: Policy, sch: Schedule, batch: int) -> float:
         """FLOPs of a typed (policy, schedule, batch), from its compiled report when there is
         one, else traced (cached)."""
         key = _key(pol, sch, batch)
-        if key not in self._flops:
+        if key not in self._cache.flops:
             # A compiled report counted the FLOPs of the same step from its own trace.
-            compiled = self._reports.get(key)
+            compiled = self._cache.reports.get(key)
             if compiled is not None and math.isfinite(compiled.flops):
                 return float(compiled.flops)
         return self.traced_count(pol, sch, batch).total
@@ -611,13 +606,13 @@ class Workload:
     def traced_count(self, pol: Policy, sch: Schedule, batch: int) -> FlopCount:
         """The FLOPs of a typed (policy, schedule, batch) by kind (traced, cached)."""
         key = _key(pol, sch, batch)
-        if key not in self._flops:
-            counted = self.flops_fn(pol, sch, batch)
+        if key not in self._cache.flops:
+            counted = self._answers.flops(pol, sch, batch)
             if not isinstance(counted, FlopCount):
                 n = float(counted)  # a bare number: priced as products
                 counted = FlopCount(total=n, matmul=n, attention_kernel=0.0, other=0.0)
-            self._flops[key] = counted
-        return self._flops[key]
+            self._cache.flops[key] = counted
+        return self._cache.flops[key]
 
     def traced_seconds(self, pol: Policy, sch: Schedule, batch: int) -> float | None:
         """The compute time of a typed (policy, schedule, batch) from its trace, each kind of
@@ -635,9 +630,9 @@ class Workload:
         """The target's rates (:func:`remat_kit.timing.speed_of`; None: not known)."""
         from remat_kit.timing import speed_of
 
-        if "speed" not in self._memo:
-            self._memo["speed"] = speed_of(self.target)
-        return self._memo["speed"]
+        if "speed" not in self._cache.memo:
+            self._cache.memo["speed"] = speed_of(self.target)
+        return self._cache.memo["speed"]
 
     def recompute_of(self, pol: Policy, sch: Schedule, batch: int) -> float:
         """Extra FLOPs of recomputation of a typed (policy, schedule, batch), as a fraction."""
@@ -647,17 +642,19 @@ class Workload:
         """What a typed (policy, schedule) keeps for the backward pass (traced, cached).
 
         Raises:
-          BadValue: the workload has no ``residuals_fn``.
+          BadValue: the workload has no residuals (:attr:`plannable`).
         """
-        if self.residuals_fn is None:
+        if not self.plannable:
             raise BadValue(
-                "this Workload has no residuals_fn; rk.plan needs residual sizes",
+                "this Workload has no residuals (a Measured step without residuals_fn); "
+                "rk.plan needs residual sizes",
                 param="residuals_fn",
             )
         key = _key(pol, sch, batch)
-        if key not in self._residuals:
-            self._residuals[key] = self.residuals_fn(pol, sch, batch)
-        return self._residuals[key]
+        if key not in self._cache.residuals:
+            traced = self._answers.residuals(pol, sch, batch)  # type: ignore[misc]
+            self._cache.residuals[key] = _share(traced, self.residual_ways)
+        return self._cache.residuals[key]
 
     def _exposed_fraction(
         self, host_bytes: int, batch: int, hide: float, objective: str = "time"
@@ -671,6 +668,53 @@ class Workload:
         return max(0.0, transfer - hide * step) / step
 
 
+def workload(
+    source: StepSource | Measured | str | Callable[..., Any],
+    target: Target | str,
+    config: TrainConfig,
+    *,
+    strict: bool = False,
+    label: str | None = None,
+    depth: str = "auto",
+) -> Workload:
+    """The train step of a source as an ``rk.Workload`` for ``rk.plan``, ``rk.max_batch``,
+    ``rk.front`` and ``rk.advise``: one call from a model to the search, and the only way to
+    a Workload.
+
+    ``config.batch`` is only a default: the search sets the batch. Under a mesh plan the
+    batch is a multiple of the data-parallel ways, and the planner sizes the residuals of one
+    device's share. Schedules the source cannot build are left out of the search; per-layer
+    splits need a known layer count.
+
+    Args:
+      source: a StepSource, what :func:`from_factory` takes, or a :class:`Measured` step
+        (callbacks in place of a model: its figures are for ``target`` and ``config.seq``;
+        the batch is a multiple of ``config.accum``).
+      target: where to compile.
+      config: sequence, optimizer, precision, accumulation (``batch`` is overridden).
+      strict: a policy matching no tag is an error (the CLI), not a warning.
+      label: a name for tables (default: the source's label).
+      depth: how an unrolled model is compiled (see ``rk.sources.measure``).
+
+    Returns:
+      The Workload.
+
+    Raises:
+      BadValue: a config the source refuses before anything is traced (its ``check``: a
+        preset's sizes and attention kernel for the target; a step of your own given an
+        optimizer, accumulation or precision of ours), or an unknown ``depth``.
+
+    Example:
+      >>> w = workload(tiny_model, "h100", rk.TrainConfig(batch=2, seq=16))
+      >>> w.report("full", batch=2).policy, w.label
+      ('full', 'tiny_model s16 adamw')
+    """
+    t = as_target(target)
+    check_depth(depth)
+    src = source if isinstance(source, (StepSource, Measured)) else from_factory(source)
+    return Workload(src, t, config, strict=strict, depth=depth, label=label)
+
+
 def _size(name: str, value: Any) -> int:
     """A batch or sequence, checked once at the public edge."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -678,6 +722,20 @@ def _size(name: str, value: Any) -> int:
     if value < 1:
         raise BadValue(f"{name}={value} must be at least 1", param=name)
     return value
+
+
+def _share(r: ResidualReport, ways: int) -> ResidualReport:
+    """``r``'s bytes one device's share: traced residuals are the whole batch's, a device
+    keeps ``1 / ways`` of them (the planner's model only: every plan is compiled sharded)."""
+    if ways <= 1:
+        return r
+    kept = tuple(dataclasses.replace(x, nbytes=-(-x.nbytes // ways)) for x in r.residuals)
+    return dataclasses.replace(
+        r,
+        residuals=kept,
+        tag_bytes={k: -(-v // ways) for k, v in r.tag_bytes.items()},
+        segment_offloaded_bytes=-(-r.segment_offloaded_bytes // ways),
+    )
 
 
 def _key(pol: Policy, sch: Schedule, batch: int) -> Hashable:

@@ -173,22 +173,29 @@ def read_hlo(
             if fail is not None:
                 raise fail(lineno, line, "an HLO instruction's shape and opcode")
             continue
-        shape, opcode, operand_text, attrs = parts
-        inside = operand_text.strip()
-        instr = HloInstruction(
-            name=m.group(2),
-            shape=shape,
-            opcode=opcode,
-            operands=_operands(operand_text),
-            attrs=attrs,
-            is_root=bool(m.group(1)),
-            index=int(inside) if opcode == "parameter" and inside.isdigit() else None,
-            computation=comp,
-            operand_text=operand_text,
-        )
+        instr = _instruction(m.group(2), bool(m.group(1)), comp, parts)
         comps[comp].append(instr)
         shapes[instr.name] = instr.shape
     return HloModule(entry, {k: tuple(v) for k, v in comps.items()}, shapes)
+
+
+def _instruction(
+    name: str, is_root: bool, comp: str, parts: tuple[str, str, str, str]
+) -> HloInstruction:
+    """The instruction ``name`` of computation ``comp`` from its line's split ``parts``."""
+    shape, opcode, operand_text, attrs = parts
+    inside = operand_text.strip()
+    return HloInstruction(
+        name=name,
+        shape=shape,
+        opcode=opcode,
+        operands=_operands(operand_text),
+        attrs=attrs,
+        is_root=is_root,
+        index=int(inside) if opcode == "parameter" and inside.isdigit() else None,
+        computation=comp,
+        operand_text=operand_text,
+    )
 
 
 def _split_instruction(rest: str) -> tuple[str, str, str, str] | None:
