@@ -359,7 +359,7 @@ EQUIVALENT: tuple[Equivalent, ...] = (
     Equivalent(
         "remat_kit/search/_batch.py",
         ">= -> >",
-        "if workload.breakdown_fn is None or first_peak >= UNBUILDABLE:",
+        "if not workload.shapes_known or first_peak >= UNBUILDABLE:",
         "a first batch that could not be built is over the limit, so it goes to the "
         "not-fits branch, whose _forward_line returns None for a peak at UNBUILDABLE: the "
         "same fallback either way",

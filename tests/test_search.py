@@ -3970,3 +3970,25 @@ def test_a_plans_seconds_are_its_own_on_a_clock_that_does_not_start_at_zero(monk
     monkeypatch.setattr(_planner.time, "perf_counter", lambda: float(next(ticks)))
     p = rk.plan(fake3(), 1, FIXED + 1600 - 300, offload=False, objective="flops")
     assert 1.0 <= p.seconds < 1000.0
+
+
+@pytest.mark.parametrize(("extra", "kept"), [(40, 40), (120, 120), (-40, 0)])
+def test_a_split_s_extra_bytes_are_kept_for_the_next_plan_as_measured_never_below_none(
+    extra, kept
+):
+    """A layer split's programs hold ``extra`` bytes a plan without one does not (two scans
+    over two slices of the stacked weights): the planner keeps what it measured in the
+    workload's memo, where the next plan at this batch starts from; a split measured smaller
+    counts as none (seed-109 mutant _planner.py:490, ``max(0, ...)`` read as ``min``)."""
+    tags = {t: TAGS3[t] for t in ("mlpwi_0", "query_proj", "context")}
+    w = fake3(tags, layers=4)
+    real = w.source.measure_fn
+
+    def measure(policy, schedule, batch):
+        r = real(policy, schedule, batch)
+        return r.replace(peak_bytes=r.peak_bytes + extra) if schedule.name == "layers" else r
+
+    w = changed(w, measure_fn=measure)
+    p = rk.plan(w, 1, FIXED + 1300 - 650 + max(extra, 0), objective="flops")
+    assert any(c.schedule.startswith("layers") for c in p.candidates)
+    assert w.memo[("plan split extra", 1)] == kept

@@ -224,6 +224,11 @@ def test_max_batch_compiles_the_boundary_side_by_side_only_where_compiles_are_sl
 
 
 def test_a_spread_checks_its_values():
+    # Named alone, it compiles here: one job, no executor, the default slow mark (seed-109
+    # mutant _spread.py:71, one job read as two: every spread workload started workers).
+    alone = rk.sources.Spread(flat)
+    assert (alone.jobs, alone.executor, alone.side_by_side) == (1, None, False)
+    assert rk.sources.Spread(flat, jobs=2).side_by_side
     with pytest.raises(TypeError, match="jobs must be a positive int, got 0"):
         rk.sources.Spread(flat, jobs=0)
     with pytest.raises(TypeError, match="workload_for must be callable, got 3"):

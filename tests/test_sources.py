@@ -2466,3 +2466,24 @@ def test_a_factory_file_imports_its_own_folder_s_modules_first(tmp_path, monkeyp
         assert sys.path[0] == str(other)  # the factory's folder is gone from sys.path again
     finally:
         sys.modules.pop("rk_widths_here", None)
+
+
+def test_a_sources_tags_are_traced_on_its_unsharded_step(monkeypatch):
+    """Tags name what the model computes, not how it is laid out: they are traced on the step
+    built unsharded, which needs none of a mesh's devices (seed-109 mutant
+    _tag_checks.py:65, ``sharded=False`` read as ``True``)."""
+    from remat_kit.sources import _tag_checks
+
+    src = rk.sources.from_factory("tests/data/factories.py:untagged")
+    built = []
+    real = type(src).build_step
+
+    def build_step(self, *args, sharded=True, **kw):
+        built.append(sharded)
+        return real(self, *args, sharded=sharded, **kw)
+
+    monkeypatch.setattr(type(src), "build_step", build_step)
+    # Traced here, not read back from an earlier session's answer on disk.
+    monkeypatch.setattr(_tag_checks, "_remembered", lambda kind, s, t, c, compute: compute())
+    rk.sources.tags(src, rk.TrainConfig(batch=2, seq=16), "h100")
+    assert built == [False]

@@ -50,6 +50,7 @@ from remat_kit.peak._tags import (
 from remat_kit.peak._types import (
     CATEGORIES,
     FRAGMENTATION,
+    PeakBuffer,
     PeakReport,
 )
 from remat_kit.xla import xla_peak as xla_peak_of
@@ -164,6 +165,62 @@ def _merge(intervals: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def _check_blocks(
+    allocs: Mapping[int, Allocation],
+    stats: Any,
+    n_args: int,
+    libtpu: TpuTemp | None,
+    ba_file: str,
+) -> tuple[int, int]:
+    """The device and host temp blocks' bytes of a buffer assignment, each checked against the
+    memory analysis ``stats`` (and the parameters against its ``n_args`` argument leaves).
+
+    Raises:
+      InspectError: a figure the dump and the memory analysis disagree on.
+    """
+    arg, temp = int(stats.argument_size_in_bytes), int(stats.temp_size_in_bytes)
+    params = {a.parameter: a for a in allocs.values() if a.parameter is not None}
+    param_total = sum(a.size for a in params.values() if a.color == DEVICE)
+    if param_total != arg:
+        raise InspectError(
+            f"{ba_file}: parameter allocations hold {param_total} bytes but the memory "
+            f"analysis says {arg} argument bytes"
+        )
+    if sorted(params) != list(range(n_args)):
+        raise InspectError(
+            f"{ba_file}: entry parameters {sorted(params)[:8]}... do not match the "
+            f"{n_args} argument leaves that reach the program"
+        )
+    # An offload policy's residuals get a temp block of their own in host memory (another
+    # color): the memory analysis counts it as host temp, not in ``temp``, and so does this.
+    temp_blocks = sum(
+        a.size for a in allocs.values() if "preallocated-temp" in a.kinds and a.color == DEVICE
+    )
+    host_blocks = sum(
+        a.size for a in allocs.values() if "preallocated-temp" in a.kinds and a.color != DEVICE
+    )
+    if libtpu is not None:
+        if libtpu.temp != temp:
+            raise InspectError(
+                f"{ba_file}: libtpu's rule gives {libtpu.temp} bytes of temp (the HBM temp "
+                f"block's {libtpu.block} rounded up to {libtpu.align} plus "
+                f"{libtpu.fragmentation} of fragmentation) but the memory analysis says {temp}"
+            )
+    elif temp_blocks and temp_blocks != temp:
+        raise InspectError(
+            f"{ba_file}: the preallocated temp block is {temp_blocks} bytes but the memory "
+            f"analysis says {temp}"
+        )
+    host_temp = int(getattr(stats, "host_temp_size_in_bytes", host_blocks) or 0)
+    if host_blocks != host_temp:
+        raise InspectError(
+            f"{ba_file}: the host-memory temp block is {host_blocks} bytes but the memory "
+            f"analysis says {host_temp} host temp bytes"
+        )
+
+    return temp_blocks, host_blocks
+
+
 def analyse(
     texts: Mapping[str, list[str]],
     dump: DumpFiles,
@@ -224,64 +281,14 @@ def analyse(
     peak_bytes = arg + out + temp - alias
     xla_peak = xla_peak_of(stats)
 
-    params = {a.parameter: a for a in allocs.values() if a.parameter is not None}
-    param_total = sum(a.size for a in params.values() if a.color == DEVICE)
-    if param_total != arg:
-        raise InspectError(
-            f"{ba_file}: parameter allocations hold {param_total} bytes but the memory "
-            f"analysis says {arg} argument bytes"
-        )
-    if sorted(params) != list(range(len(arg_leaves))):
-        raise InspectError(
-            f"{ba_file}: entry parameters {sorted(params)[:8]}... do not match the "
-            f"{len(arg_leaves)} argument leaves that reach the program"
-        )
-    # An offload policy's residuals get a temp block of their own in host memory (another
-    # color): the memory analysis counts it as host temp, not in ``temp``, and so does this.
-    temp_blocks = sum(
-        a.size for a in allocs.values() if "preallocated-temp" in a.kinds and a.color == DEVICE
-    )
-    host_blocks = sum(
-        a.size for a in allocs.values() if "preallocated-temp" in a.kinds and a.color != DEVICE
-    )
-    if libtpu is not None:
-        if libtpu.temp != temp:
-            raise InspectError(
-                f"{ba_file}: libtpu's rule gives {libtpu.temp} bytes of temp (the HBM temp "
-                f"block's {libtpu.block} rounded up to {libtpu.align} plus "
-                f"{libtpu.fragmentation} of fragmentation) but the memory analysis says {temp}"
-            )
-    elif temp_blocks and temp_blocks != temp:
-        raise InspectError(
-            f"{ba_file}: the preallocated temp block is {temp_blocks} bytes but the memory "
-            f"analysis says {temp}"
-        )
-    host_temp = int(getattr(stats, "host_temp_size_in_bytes", host_blocks) or 0)
-    if host_blocks != host_temp:
-        raise InspectError(
-            f"{ba_file}: the host-memory temp block is {host_blocks} bytes but the memory "
-            f"analysis says {host_temp} host temp bytes"
-        )
+    temp_blocks, host_blocks = _check_blocks(allocs, stats, len(arg_leaves), libtpu, ba_file)
 
     n = len(live.sequence)
     phases = phases_of(live.sequence, hlo)
     first_backward = next((p.start for p in phases if p.name == "backward"), None)
     lv = _live_values(values, allocs, live, n)
-    timeline, temp_live = _timeline(lv, n)
-    if temp_blocks and int(temp_live.max()) > temp:
-        worst = int(temp_live.argmax())
-        raise InspectError(
-            f"{os.path.basename(dump.live_range)}: {int(temp_live.max())} temp bytes live at "
-            f"position {worst}, more than the {temp}-byte temp block: the live ranges were "
-            "not read as XLA meant them"
-        )
-    pos = int(timeline.argmax())
-    live_peak = int(timeline[pos])
-    if live_peak > peak_bytes:
-        raise InspectError(
-            f"{os.path.basename(dump.live_range)}: {live_peak} bytes live at position {pos}, "
-            f"more than the program's {peak_bytes} (argument + output + temp - alias)"
-        )
+    lr_file = os.path.basename(dump.live_range)
+    timeline, pos, live_peak = _live_peak(lv, n, temp if temp_blocks else None, peak_bytes, lr_file)
 
     ctx = _Context(
         allocs,
@@ -294,28 +301,8 @@ def analyse(
         _layers_by_shape(hlo, arg_leaves),
         _carried(hlo),
     )
-    buffers = [_describe(v, size, span, ctx) for v, size, span in _attribute(lv, pos)]
-    buffers += [
-        _parameter_buffer(a, ctx)
-        for a in allocs.values()
-        if a.parameter is not None and a.color == DEVICE
-    ]
-    buffers = [b for b in buffers if b.size_bytes > 0]
-    buffers.sort(key=lambda b: (-b.size_bytes, b.name))
-    if sum(b.size_bytes for b in buffers) != live_peak:
-        raise InspectError(
-            f"{os.path.basename(dump.live_range)}: the buffers live at position {pos} hold "
-            f"{sum(b.size_bytes for b in buffers)} bytes, not the {live_peak} counted there"
-        )
-
-    by_category = dict.fromkeys(CATEGORIES, 0)
-    by_layer: dict[str, int] = {}
-    for b in buffers:
-        by_category[b.category] += b.size_bytes
-        by_layer[b.layer] = by_layer.get(b.layer, 0) + b.size_bytes
-    by_category[FRAGMENTATION] = peak_bytes - live_peak
-    by_layer = dict(sorted(by_layer.items(), key=lambda kv: -kv[1]))
-    by_layer[FRAGMENTATION] = peak_bytes - live_peak
+    buffers = _buffers_at(lv, pos, live_peak, allocs, ctx, lr_file)
+    by_category, by_layer = _sums(buffers, peak_bytes - live_peak)
 
     at = live.sequence[pos]
     instr = hlo.instructions.get(at)
@@ -349,6 +336,78 @@ def analyse(
         host_temp_bytes=host_blocks,
         series=kept_series,
     )
+
+
+def _live_peak(
+    lv: _Live, n: int, temp: int | None, peak_bytes: int, lr_file: str
+) -> tuple[np.ndarray, int, int]:
+    """The bytes live at each of the ``n`` positions, the peak's position and its bytes,
+    checked: no more temp live than the temp block's ``temp`` bytes (None: no block), no
+    more live than the program's ``peak_bytes``.
+
+    Raises:
+      InspectError: the live ranges hold more than the memory analysis allows.
+    """
+    timeline, temp_live = _timeline(lv, n)
+    if temp is not None and int(temp_live.max()) > temp:
+        worst = int(temp_live.argmax())
+        raise InspectError(
+            f"{lr_file}: {int(temp_live.max())} temp bytes live at "
+            f"position {worst}, more than the {temp}-byte temp block: the live ranges were "
+            "not read as XLA meant them"
+        )
+    pos = int(timeline.argmax())
+    live_peak = int(timeline[pos])
+    if live_peak > peak_bytes:
+        raise InspectError(
+            f"{lr_file}: {live_peak} bytes live at position {pos}, "
+            f"more than the program's {peak_bytes} (argument + output + temp - alias)"
+        )
+
+    return timeline, pos, live_peak
+
+
+def _buffers_at(
+    lv: _Live, pos: int, live_peak: int, allocs: Mapping[int, Allocation], ctx: _Context,
+    lr_file: str,
+) -> list[PeakBuffer]:  # fmt: skip
+    """The buffers live at position ``pos`` (the parameters included), largest first,
+    checked to hold the ``live_peak`` bytes counted there.
+
+    Raises:
+      InspectError: they do not.
+    """
+    buffers = [_describe(v, size, span, ctx) for v, size, span in _attribute(lv, pos)]
+    buffers += [
+        _parameter_buffer(a, ctx)
+        for a in allocs.values()
+        if a.parameter is not None and a.color == DEVICE
+    ]
+    buffers = [b for b in buffers if b.size_bytes > 0]
+    buffers.sort(key=lambda b: (-b.size_bytes, b.name))
+    if sum(b.size_bytes for b in buffers) != live_peak:
+        raise InspectError(
+            f"{lr_file}: the buffers live at position {pos} hold "
+            f"{sum(b.size_bytes for b in buffers)} bytes, not the {live_peak} counted there"
+        )
+
+    return buffers
+
+
+def _sums(
+    buffers: Sequence[PeakBuffer], fragmentation: int
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The live bytes by category (every category named) and by layer (largest first), each
+    with the ``fragmentation`` the peak holds besides them."""
+    by_category = dict.fromkeys(CATEGORIES, 0)
+    by_layer: dict[str, int] = {}
+    for b in buffers:
+        by_category[b.category] += b.size_bytes
+        by_layer[b.layer] = by_layer.get(b.layer, 0) + b.size_bytes
+    by_category[FRAGMENTATION] = fragmentation
+    by_layer = dict(sorted(by_layer.items(), key=lambda kv: -kv[1]))
+    by_layer[FRAGMENTATION] = fragmentation
+    return by_category, by_layer
 
 
 def _on_tpu(

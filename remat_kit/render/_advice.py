@@ -41,6 +41,24 @@ ADVISE_DROP: tuple[str, ...] = (*DROP_FIRST, "max batch", "GiB")
 _PLAN_WIDTH = 24
 
 
+def _advise_columns(
+    rows: Sequence[Advice], why: str, figures: tuple[str, str], priced: Mapping[str, Cost]
+) -> list[str]:
+    """The ``advise`` table's columns some row fills: the plan's ``figures`` (fixed, peak)
+    where a row has a plan, the max batch, what would fit instead, the costs."""
+    fixed, peak = figures
+    columns = ["target", "GiB", fixed, "fits", why]
+    if any(a.plan is not None for a in rows):
+        columns += [peak, "recompute"]
+    if any(a.max_batch for a in rows):
+        columns.append("max batch")
+    if any(not a.fits for a in rows):
+        columns.append("instead")
+    if any(c.tokens_per_second for c in priced.values()):
+        columns += ["tok/s (est.)", "$/GPU-h", "$/Mtok"]
+    return columns
+
+
 def advise_table(
     rows: Sequence[Advice],
     opts: RunOptions,
@@ -92,16 +110,8 @@ def advise_table(
     # One unit for the step's figures (fixed part, peak), chosen by the largest of them.
     mem = byte_unit(b for a in rows for b in (a.fixed_bytes, a.peak_bytes))
     fixed, peak = f"fixed {mem.name}", f"peak {mem.name}"
-    columns = ["target", "GiB", fixed, "fits", why]
-    if planned:
-        columns += [peak, "recompute"]
-    if any(a.max_batch for a in rows):
-        columns.append("max batch")
-    if misses:
-        columns.append("instead")
     priced = costs or {}
-    if any(c.tokens_per_second for c in priced.values()):
-        columns += ["tok/s (est.)", "$/GPU-h", "$/Mtok"]
+    columns = _advise_columns(rows, why, (fixed, peak), priced)
     for col in columns:
         # The GPU, its plan and what would do instead are the answer: never cut, a long plan
         # broken between its tokens (remat_kit.render._wrap.cell).

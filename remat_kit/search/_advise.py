@@ -21,9 +21,10 @@ from concurrent.futures import Executor
 from typing import Any
 
 from remat_kit import _workers
+from remat_kit.analysis import MemoryReport
 from remat_kit.errors import BadType, DoesNotFit
 from remat_kit.notes import Note, words
-from remat_kit.policies import FULL, NO_REMAT, PolicyLike, as_policy
+from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.schedules import NO_SCHEDULE
 from remat_kit.search._batch import max_batch
 from remat_kit.search._budget import DEFAULT_HEADROOM, limit_for
@@ -289,6 +290,40 @@ class ScaleOut:
         return {**out, "note": self.note.to_dict(), "message": self.message}
 
 
+def _fits_on(
+    w: Workload,
+    n: int,
+    b: int,
+    pol: Policy,
+    report: MemoryReport,
+    tried: tuple[tuple[int, int], ...],
+) -> ScaleOut:
+    """The answer of :func:`gpus_needed` where ``n`` GPUs fit: ``report`` compiled at global
+    batch ``b``, after the counts ``tried``."""
+    st, name = report.step_time, w.target.name
+    return ScaleOut(
+        name,
+        n,
+        b,
+        pol.spec,
+        report.peak_bytes,
+        tried,
+        Note(
+            "scale_out_fits",
+            {
+                "target": name,
+                "devices": n,
+                "device": w.target.device_word,
+                "peak_bytes": report.peak_bytes,
+                "policy": pol.spec,
+                "batch": b,
+            },
+        ),
+        step_seconds=None if st is None else st.seconds,
+        tokens_per_second=None if st is None else st.tokens_per_second(w.tokens(b)),
+    )
+
+
 def gpus_needed(
     workload_for: Callable[[int], Workload],
     batch: int,
@@ -337,28 +372,7 @@ def gpus_needed(
         peak = report.peak_bytes
         tried.append((n, peak))
         if peak <= limit:
-            st = report.step_time
-            return ScaleOut(
-                name,
-                n,
-                b,
-                pol.spec,
-                peak,
-                tuple(tried),
-                Note(
-                    "scale_out_fits",
-                    {
-                        "target": name,
-                        "devices": n,
-                        "device": w.target.device_word,
-                        "peak_bytes": peak,
-                        "policy": pol.spec,
-                        "batch": b,
-                    },
-                ),
-                step_seconds=None if st is None else st.seconds,
-                tokens_per_second=None if st is None else st.tokens_per_second(w.tokens(b)),
-            )
+            return _fits_on(w, n, b, pol, report, tuple(tried))
     return ScaleOut(
         name,
         None,

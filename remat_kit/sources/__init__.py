@@ -39,6 +39,7 @@ from remat_kit._lazy import loader
 if TYPE_CHECKING:  # what the names below are, for readers and type checkers
     from remat_kit.sources._adapters import MADE_INPUTS
     from remat_kit.sources._depth import DEPTH_MODES
+    from remat_kit.sources._door import workload
     from remat_kit.sources._environ import ALLOCATOR_VARS, EnvSet
     from remat_kit.sources._kinds import (
         ENTRY_POINTS,
@@ -85,7 +86,7 @@ if TYPE_CHECKING:  # what the names below are, for readers and type checkers
         tags,
         usable_policies,
     )
-    from remat_kit.sources._workload import Workload, workload
+    from remat_kit.sources._workload import Workload
 
 #: Where each public name lives: the private module it is imported from on first use.
 _HOME: dict[str, str] = {
@@ -130,7 +131,7 @@ _HOME: dict[str, str] = {
     "step_flop_count": "_steps",
     "step_flops": "_steps",
     "with_baseline": "_steps",
-    "workload": "_workload",
+    "workload": "_door",
     "buildable_policies": "_tag_checks",
     "check_policies": "_tag_checks",
     "tags": "_tag_checks",
