@@ -44,24 +44,13 @@ __all__ = [
 ]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Inspects one policy (or two with ``--diff``): prints tables, writes --json/--plot.
-
-    Args:
-      args: parsed arguments of the ``inspect`` parser.
-
-    Returns:
-      The exit code (0).
+def _checked(args: argparse.Namespace) -> tuple[ModelRun, list[str], str | None, str | None]:
+    """Every value of ``inspect``, checked before anything is traced: the model run, the
+    policies (one, or two with ``--diff``), the ``--trace`` file and the ``--xprof`` folder.
 
     Raises:
-      BadValue: an unknown model, policy or target, or ``--shard`` given (the CLI prints
-        it on one line).
-      InspectError: XLA's dump could not be produced or read.
-
-    Example:
-      ``remat-kit inspect --model tiny-llama --diff full none`` parses its flags and calls this.
+      BadValue: a value that cannot be used, named with what would be valid.
     """
-    # Every value, output paths included, is checked before the first trace or compile.
     if getattr(args, "shard", None):
         raise BadValue("inspect reads one device's buffers: drop --shard (report/fit take it)")
     if getattr(args, "node", None):
@@ -88,6 +77,28 @@ def run(args: argparse.Namespace) -> int:
     sources.check_policies(run.source, run.config, run.target, policies)
     if getattr(args, "top", 10) < 1:
         raise BadValue(f"--top {args.top} must be positive: the number of buffers shown")
+    return run, policies, trace, xprof
+
+
+def run(args: argparse.Namespace) -> int:
+    """Inspects one policy (or two with ``--diff``): prints tables, writes --json/--plot.
+
+    Args:
+      args: parsed arguments of the ``inspect`` parser.
+
+    Returns:
+      The exit code (0).
+
+    Raises:
+      BadValue: an unknown model, policy or target, or ``--shard`` given (the CLI prints
+        it on one line).
+      InspectError: XLA's dump could not be produced or read.
+
+    Example:
+      ``remat-kit inspect --model tiny-llama --diff full none`` parses its flags and calls this.
+    """
+    # Every value, output paths included, is checked before the first trace or compile.
+    run, policies, trace, xprof = _checked(args)
     tgt = run.target  # the one report compiles for (its allocator fraction included)
     schedule = parse_schedule(getattr(args, "schedule", "none"))
     reports = [

@@ -442,22 +442,9 @@ def by_depth(
                 "layers": layers,
             }
         return None, {"mode": "full", "reason": "no_copies"}
-    reports, sections = [], {}
-    for d, copy in zip(DEPTHS, copies, strict=True):
-        built = copy.build_step(pol, sch, config, t)
-        # A copy's sections are kept on disk with its analysis (remat_kit.cache), under its
-        # program: the same copy again (another depth mode, a later run) is not compiled.
-        with (
-            tempfile.TemporaryDirectory(prefix="remat_kit_depth_") as tmp,
-            cache.dump_read(_section_rows, _sections_code()) as read,
-        ):
-            r = compile_step(built, tmp)
-            if read.value is None:  # compiled here, not by remat_kit.cache
-                read.value = _section_rows(tmp)
-        sections[d] = {Section(p, role, k): b for p, role, k, b in read.value}
-        if r.xla_remat:
-            return None, {"mode": "full", "reason": "xla_remat", "at_layers": d}
-        reports.append(r)
+    reports, sections, remat_at = _compile_copies(copies, pol, sch, t, config, compile_step)
+    if remat_at is not None:
+        return None, {"mode": "full", "reason": "xla_remat", "at_layers": remat_at}
     fit = fit_sections(sections, layers)
     if fit is None:
         return None, {"mode": "full", "reason": "misaligned"}
@@ -481,6 +468,36 @@ def by_depth(
     )
     notes = [*report_notes(report, pol, t), *(n for n in deep.notes if n.kind == "xla_log")]
     return report.replace(notes=tuple(notes)), dict(report.meta.depth or {}, mode="extrapolated")
+
+
+def _compile_copies(
+    copies: Sequence[StepSource],
+    pol: Policy,
+    sch: Schedule,
+    t: Target,
+    config: TrainConfig,
+    compile_step: Callable[[SourceStep, str], MemoryReport],
+) -> tuple[list[MemoryReport], dict[int, dict[Section, int]], int | None]:
+    """Each shallow copy (at :data:`DEPTHS`) compiled: its report and its live sections, and
+    the depth at which XLA's own remat pass acted (the copies stop there; None: it did not).
+    """
+    reports, sections = [], {}
+    for d, copy in zip(DEPTHS, copies, strict=True):
+        built = copy.build_step(pol, sch, config, t)
+        # A copy's sections are kept on disk with its analysis (remat_kit.cache), under its
+        # program: the same copy again (another depth mode, a later run) is not compiled.
+        with (
+            tempfile.TemporaryDirectory(prefix="remat_kit_depth_") as tmp,
+            cache.dump_read(_section_rows, _sections_code()) as read,
+        ):
+            r = compile_step(built, tmp)
+            if read.value is None:  # compiled here, not by remat_kit.cache
+                read.value = _section_rows(tmp)
+        sections[d] = {Section(p, role, k): b for p, role, k, b in read.value}
+        if r.xla_remat:
+            return reports, sections, d
+        reports.append(r)
+    return reports, sections, None
 
 
 def _section_rows(directory: str) -> list[list[Any]]:

@@ -155,19 +155,16 @@ def measure(
     return report
 
 
-def _measure(
+def _labels(
     source: StepSource,
-    pol: Policy,
-    sch: Schedule,
-    t: Target,
+    built: SourceStep,
     config: TrainConfig,
-    baseline: float | None,
-    measured_breakdown: bool,
+    t: Target,
     meta: Mapping[str, Any] | None,
-    depth: str,
-) -> MemoryReport:
-    built = source.build_step(pol, sch, config, t)
-    source.check_step(built, f"{source.spec} (b{config.batch} s{config.seq})")
+) -> dict[str, Any]:
+    """What a report of ``built`` says of its step (``meta``): the model, the sequences and
+    tokens one step trains, the optimizer, the precision, jax's remat implementation, the
+    mesh; then the source's own and the caller's ``meta``."""
     step = built.step
     sequences = source.sequences_per_step(config, t)
     labels: dict[str, Any] = {
@@ -191,6 +188,24 @@ def _measure(
             batch_per_device=config.batch // step.plan.data_size,
         )
     labels.update(meta or {})
+    return labels
+
+
+def _measure(
+    source: StepSource,
+    pol: Policy,
+    sch: Schedule,
+    t: Target,
+    config: TrainConfig,
+    baseline: float | None,
+    measured_breakdown: bool,
+    meta: Mapping[str, Any] | None,
+    depth: str,
+) -> MemoryReport:
+    built = source.build_step(pol, sch, config, t)
+    source.check_step(built, f"{source.spec} (b{config.batch} s{config.seq})")
+    step = built.step
+    labels = _labels(source, built, config, t, meta)
 
     def compile_step(b: SourceStep, dump_to: str | None = None) -> MemoryReport:
         # A shallow copy's report carries the full model's labels: lines through them
