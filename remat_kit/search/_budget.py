@@ -294,31 +294,10 @@ def _what_would_fit(
                 "limit_bytes": budget,
             }
         )
-    here = workload.target.usable_bytes  # what a process may use: None where not known
     devices = workload.target.devices
-    if here is not None and need <= here:
-        # The device holds them; the budget asked for less than it gives.
-        hints.append(
-            {
-                "kind": "larger_budget",
-                "target": workload.target.name,
-                "usable_bytes": here,
-                "fixed_bytes": need,
-                "budget_gib": max(1, math.ceil(need / GIB)),
-            }
-        )
-    else:
-        # A GPU whose usable memory (the same limit every report's fits uses) holds the fixed
-        # parts as this step's mesh splits them.
-        bigger = [
-            [t.name, usable]
-            for t, usable in _gpus(workload.target.mem_fraction)
-            if usable >= need and usable > (here or 0)
-        ]
-        if bigger:
-            # The smallest that hold them: the cheapest change of GPU.
-            bigger.sort(key=lambda g: (g[1], g[0]))
-            hints.append({"kind": "bigger_gpu", "gpus": bigger[:BIGGER_SHOWN], "fixed_bytes": need})
+    hint = _device_hint(workload.target, need)
+    if hint is not None:
+        hints.append(hint)
     # Sharded over all GPUs (FSDP/ZeRO-3) the fixed parts of all of them split evenly: the
     # fewest GPUs in all, more than now, that puts each GPU's share under the limit.
     total = fixed * devices
@@ -338,6 +317,33 @@ def _what_would_fit(
             {"kind": "no_realistic", "budget_bytes": budget, "fixed_bytes": fixed, "gpus": n}
         )
     return hints
+
+
+def _device_hint(target: Target, need: int) -> dict[str, Any] | None:
+    """A budget the device gives where it holds the ``need`` bytes of this step
+    (``larger_budget``), else the smallest GPUs that hold them (``bigger_gpu``); None: none
+    does."""
+    here = target.usable_bytes  # what a process may use: None where not known
+    if here is not None and need <= here:  # the budget asked for less than the device gives
+        return {
+            "kind": "larger_budget",
+            "target": target.name,
+            "usable_bytes": here,
+            "fixed_bytes": need,
+            "budget_gib": max(1, math.ceil(need / GIB)),
+        }
+    # A GPU whose usable memory (the same limit every report's fits uses) holds the fixed
+    # parts as this step's mesh splits them.
+    bigger = [
+        [t.name, usable]
+        for t, usable in _gpus(target.mem_fraction)
+        if usable >= need and usable > (here or 0)
+    ]
+    if bigger:
+        # The smallest that hold them: the cheapest change of GPU.
+        bigger.sort(key=lambda g: (g[1], g[0]))
+        return {"kind": "bigger_gpu", "gpus": bigger[:BIGGER_SHOWN], "fixed_bytes": need}
+    return None
 
 
 #: GPUs a ``bigger_gpu`` hint names at most (the smallest that hold the fixed parts).
