@@ -3973,9 +3973,7 @@ def test_a_plans_seconds_are_its_own_on_a_clock_that_does_not_start_at_zero(monk
 
 
 @pytest.mark.parametrize(("extra", "kept"), [(40, 40), (120, 120), (-40, 0)])
-def test_a_split_s_extra_bytes_are_kept_for_the_next_plan_as_measured_never_below_none(
-    extra, kept
-):
+def test_a_split_s_extra_bytes_are_kept_for_the_next_plan_as_measured_never_below_none(extra, kept):
     """A layer split's programs hold ``extra`` bytes a plan without one does not (two scans
     over two slices of the stacked weights): the planner keeps what it measured in the
     workload's memo, where the next plan at this batch starts from; a split measured smaller
