@@ -224,6 +224,22 @@ def test_a_workload_is_made_and_shown_by_its_public_fields_only():
     assert (w.remat_always, w.plannable, w.shapes_known, w.estimates) == (True,) * 4
 
 
+@pytest.mark.parametrize(
+    ("changes", "error", "match"),
+    [
+        ({"residual_ways": 0}, BadValue, "residual_ways=0 must be a positive int"),
+        ({"residual_ways": True}, BadValue, "residual_ways=True must be a positive int"),
+        ({"depth": "deep"}, BadValue, "deep"),
+        ({"target": "h100"}, BadType, "a Workload takes a Target and a TrainConfig, got str"),
+        ({"config": (1, 3)}, BadType, "got Target and tuple: make it with rk.sources.workload"),
+    ],
+)
+def test_a_workload_made_by_hand_refuses_what_the_door_would(changes, error, match):
+    fields = {"source": Measured(lambda *a: None, lambda *a: 1.0), "target": H100}
+    with pytest.raises(error, match=match):
+        Workload(**{**fields, "config": rk.TrainConfig(1, 3), **changes})
+
+
 # --- costs ---------------------------------------------------------------------------------
 
 

@@ -3,10 +3,10 @@
 A :class:`Workload` is the cached view of (source, target, train config): the step compiled
 or traced (FLOPs, residuals, the fixed parts' bytes) for a policy, a layer schedule and a
 batch size, on the target. It caches every answer, so a plan, a max-batch search and a Pareto
-front over the same workload share their compiles. There is one door, :func:`workload`: a
-model source, or a :class:`Measured` step (hand-made callbacks, the adapter for figures
-remat_kit does not make); what either answers is asked in one place
-(:meth:`Measured.answers`, ``sources._steps.answers_of``).
+front over the same workload share their compiles. There is one door,
+:func:`~remat_kit.sources.workload`: a model source, or a :class:`Measured` step (hand-made
+callbacks, the adapter for figures remat_kit does not make); what either answers is asked in
+one place (:meth:`Measured.answers`, ``sources._steps.answers_of``).
 
 Its public methods take what users write (a policy name, a Policy, a jax callable) and
 normalise it once; the typed ones (:meth:`Workload.compiled`, :meth:`Workload.traced_flops`,
@@ -35,7 +35,7 @@ from remat_kit.flops import FlopCount
 from remat_kit.policies import FULL, NO_REMAT, Policy, PolicyLike, as_policy
 from remat_kit.residuals import ResidualReport
 from remat_kit.schedules import NO_SCHEDULE, Schedule, parse_schedule
-from remat_kit.sources._depth import extrapolated
+from remat_kit.sources._depth import check_depth, extrapolated
 from remat_kit.sources._measured import Answers, Measured
 from remat_kit.sources._protocol import StepSource
 from remat_kit.sources._spread import Spread, compile_in_worker
@@ -88,10 +88,11 @@ class _Caches:
 class Workload:
     """A training step the search may compile for any policy, schedule and batch size.
 
-    The cached view of (source, target, train config), made by :func:`workload`, the one
-    door: from a model source, or from a :class:`Measured` step (callbacks). Every answer is
-    cached in this object, keyed by (policy spec, schedule, batch), so searches over the same
-    workload share compiles and traces.
+    The cached view of (source, target, train config), made by
+    :func:`~remat_kit.sources.workload`, the one door: from a model source, or from a
+    :class:`Measured` step (callbacks). Every answer is cached in this object, keyed by
+    (policy spec, schedule, batch), so searches over the same workload share compiles and
+    traces. Made by hand, it refuses what the door would.
 
     Attributes:
       source: the step: a model source (``rk.sources.StepSource``) or a :class:`Measured` one.
@@ -133,6 +134,16 @@ class Workload:
     _family: dict[int, Workload] = dataclasses.field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.target, Target) or not isinstance(self.config, TrainConfig):
+            raise BadType(
+                f"a Workload takes a Target and a TrainConfig, got {type(self.target).__name__} "
+                f"and {type(self.config).__name__}: make it with rk.sources.workload",
+                param="target" if not isinstance(self.target, Target) else "config",
+            )
+        check_depth(self.depth)
+        ways = self.residual_ways
+        if isinstance(ways, bool) or not isinstance(ways, int) or ways < 1:
+            raise BadValue(f"residual_ways={ways!r} must be a positive int", param="residual_ways")
         if isinstance(self.source, Measured):
             answers = self.source.answers(self.config.accum)
         else:
