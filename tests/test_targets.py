@@ -1086,3 +1086,25 @@ def test_cudnn_attention_is_never_offered_where_no_nvidia_gpu_is(name):
     """A CPU, and a TPU, which names no compute capability: no cuDNN (seed-98 mutant
     _named.py:186 ``or`` read as ``and`` read a TPU's missing capability as a tuple)."""
     assert rk.cudnn_attention_available(rk.target(name)) is False
+
+
+@pytest.mark.parametrize(
+    ("name", "env", "fraction", "source"),
+    [
+        ("h100", {}, 0.75, "default"),
+        ("h100", {"XLA_PYTHON_CLIENT_MEM_FRACTION": ".9"}, 0.9, "XLA_PYTHON_CLIENT_MEM_FRACTION"),
+        ("cpu", {}, None, None),
+    ],
+)
+def test_a_targets_record_says_its_allocators_share_and_where_it_came_from(
+    monkeypatch, name, env, fraction, source
+):
+    """A GPU's record carries its runtime's fraction and the variable (or default) it came
+    from; a target without a preallocating allocator says none (seed-110 mutant
+    _core.py:373, ``is None`` read as ``is not``)."""
+    for var in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+    d = rkt.target(name).to_dict()
+    assert (d["mem_fraction"], d["mem_fraction_source"]) == (fraction, source)
