@@ -11,6 +11,7 @@ train step and never imports ``models``.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from remat_kit import sources
@@ -44,7 +45,7 @@ __all__ = [
 ]
 
 
-def _checked(args: argparse.Namespace) -> tuple[ModelRun, list[str], str | None, str | None]:
+def _checked(args: argparse.Namespace) -> tuple[ModelRun, list[str], Path | None, Path | None]:
     """Every value of ``inspect``, checked before anything is traced: the model run, the
     policies (one, or two with ``--diff``), the ``--trace`` file and the ``--xprof`` folder.
 

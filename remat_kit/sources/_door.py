@@ -65,6 +65,6 @@ def workload(
       ('full', 'tiny_model s16 adamw')
     """
     t = as_target(target)
-    check_depth(depth)
+    check_depth(depth)  # before a factory file is imported (the Workload checks it again)
     src = source if isinstance(source, (StepSource, Measured)) else from_factory(source)
     return Workload(src, t, config, strict=strict, depth=depth, label=label)
